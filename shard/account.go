@@ -1,0 +1,473 @@
+package shard
+
+import (
+	"slices"
+	"strings"
+)
+
+// Receipt is what a charge's caller keeps to refund it later: the event and
+// which grants paid how much. Refunds of client ids need no receipt (the
+// account remembers them); generated ids are not remembered, so their refund
+// carries the receipt the charge returned.
+type Receipt struct {
+	EventID string
+	Units   int64
+	Period  Period
+	Wall    int64
+	Key     string
+	Route   string
+	Allocs  []Alloc
+}
+
+// event is what the dedup window remembers of a client-id charge.
+type event struct {
+	units    int64
+	seq      uint64
+	period   Period
+	chargeAt int64
+	refunded bool
+	key      string
+	route    string
+	allocs   []Alloc
+}
+
+// grant is one spendable pot: the plan's monthly quota for a period, or bought
+// credits.
+type grant struct {
+	id        string
+	monthly   bool
+	startsAt  int64
+	expiresAt int64 // 0: never
+	units     int64
+	used      int64 // settled use seeded from the ledger plus this owner's own
+	allowance int64 // reservations mode: reserved for this node and not spent
+	// exhaustedUntil (Now.Mono) is set when the ledger had no free units: until
+	// then a shortfall answers QuotaExceeded without asking again. Volatile.
+	exhaustedUntil int64
+}
+
+func (g *grant) active(wall int64) bool {
+	return g.startsAt <= wall && (g.expiresAt == 0 || wall < g.expiresAt)
+}
+
+func (g *grant) free() int64 { return max(0, g.units-g.used) }
+
+// Account is the state of one account at its owner. The zero value is not
+// usable: make one with NewAccount.
+type Account struct {
+	cfg      AccountConfig
+	period   Period // the latest period seen; never goes back
+	// seen is the latest wall reading seen (Unix ns). The dedup window is
+	// measured from it, so a clock that jumps back neither revives an id that
+	// was forgotten nor forgets one early.
+	seen int64
+	bucket   Bucket
+	grants   []grant // sorted by expiry (never last), then id
+	routes   map[string]int64
+	dedup    idWindow[event]
+	refunded idWindow[struct{}] // ids refunded through a receipt
+	// LastSeq is the log sequence of the last record this account emitted or
+	// replayed; a checkpoint covers the records up to it.
+	LastSeq uint64
+}
+
+// NewAccount makes the state for cfg. The first operation opens its period.
+func NewAccount(cfg AccountConfig) *Account {
+	a := &Account{}
+	a.Configure(cfg)
+	return a
+}
+
+// ID is the account's id.
+func (a *Account) ID() string { return a.cfg.ID }
+
+// Plan is the account's current plan.
+func (a *Account) Plan() Plan { return a.cfg.Plan }
+
+// Configure applies a new config: an upgrade applies at once, a downgrade
+// below what is used blocks further charges and erases nothing.
+func (a *Account) Configure(cfg AccountConfig) {
+	a.cfg = cfg
+	if !cfg.Plan.Rate.Unlimited() && a.bucket.init {
+		a.bucket.clamp(&a.cfg.Plan)
+	}
+	kept := a.grants[:0]
+	for _, g := range a.grants {
+		if g.monthly {
+			g.units = cfg.Plan.MonthlyQuota
+			kept = append(kept, g)
+		} else if c, ok := findCredit(cfg.Credits, g.id); ok {
+			g.units, g.startsAt, g.expiresAt = c.Units, c.StartsAt, c.ExpiresAt
+			kept = append(kept, g)
+		}
+	}
+	clear(a.grants[len(kept):])
+	a.grants = kept
+	for _, c := range cfg.Credits {
+		if a.grant(c.ID) == nil {
+			a.grants = append(a.grants, grant{id: c.ID, startsAt: c.StartsAt, expiresAt: c.ExpiresAt, units: c.Units, used: c.Used})
+		}
+	}
+	a.sortGrants()
+}
+
+func findCredit(cs []GrantConfig, id string) (GrantConfig, bool) {
+	for _, c := range cs {
+		if c.ID == id {
+			return c, true
+		}
+	}
+	return GrantConfig{}, false
+}
+
+func (a *Account) sortGrants() {
+	slices.SortFunc(a.grants, func(x, y grant) int {
+		if x.expiresAt != y.expiresAt {
+			switch {
+			case x.expiresAt == 0:
+				return 1
+			case y.expiresAt == 0:
+				return -1
+			case x.expiresAt < y.expiresAt:
+				return -1
+			}
+			return 1
+		}
+		return strings.Compare(x.id, y.id)
+	})
+}
+
+func (a *Account) grant(id string) *grant {
+	for i := range a.grants {
+		if a.grants[i].id == id {
+			return &a.grants[i]
+		}
+	}
+	return nil
+}
+
+// advance moves the account to the period of wall unless it has seen a later
+// one, and returns the period and the wall reading to use: never before the
+// period's start, so a clock that jumped back cannot reactivate old grants.
+func (a *Account) advance(wall int64) (Period, int64) {
+	if p := PeriodOf(wall); p > a.period {
+		a.rollTo(p)
+	}
+	a.seen = max(a.seen, wall)
+	return a.period, max(wall, a.period.Start())
+}
+
+// rollTo opens period p: a fresh monthly grant and zeroed route usage. Monthly
+// grants of periods before the previous one are dropped (refunds of them are
+// still logged and settled; there is just nothing left here to credit).
+func (a *Account) rollTo(p Period) {
+	a.period = p
+	clear(a.routes)
+	id := MonthlyGrantID(p)
+	if a.grant(id) == nil {
+		a.grants = append(a.grants, grant{id: id, monthly: true, startsAt: p.Start(), expiresAt: p.End(),
+			units: a.cfg.Plan.MonthlyQuota, used: a.cfg.MonthlyUsed[id]})
+	}
+	a.grants = slices.DeleteFunc(a.grants, func(g grant) bool {
+		return g.monthly && g.expiresAt <= (p-1).Start() && g.allowance == 0
+	})
+	a.sortGrants()
+}
+
+// Charge decides req at now. On OK it fills rec with the record to log;
+// otherwise rec is left with Type 0 and the state is unchanged, except that a
+// new period may have opened and the bucket refilled.
+func (a *Account) Charge(req *Charge, now Now, params *Params, rec *Record) Decision {
+	rec.Type = 0
+	p, wall := a.advance(now.Wall)
+	d := Decision{Reset: p.End() / 1e9}
+	if req.Units < 0 || req.EventID == "" {
+		d.Reason = Invalid
+		return d
+	}
+	plan := &a.cfg.Plan
+	if req.ClientID {
+		a.dedup.expire(a.seen, params.DedupWindow, params.DedupMax)
+		if e, ok := a.dedup.get(req.EventID, a.seen, params.DedupWindow); ok {
+			d.Reason, d.Units, d.Seq = Replayed, e.units, e.seq
+			a.fill(&d, now, wall)
+			return d
+		}
+	}
+	if !plan.Rate.Unlimited() {
+		a.bucket.refill(plan, now.Mono)
+		if ok, wait := a.bucket.allow(plan); !ok {
+			d.Reason, d.RetryAfter = RateLimited, wait
+			a.fill(&d, now, wall)
+			return d
+		}
+	}
+	rec.reset(RecCharge, a.cfg.ID, now.Wall)
+	if req.Units > 0 {
+		if short, exhausted := a.allocate(req.Units, wall, now.Mono, params, rec); short > 0 {
+			rec.Type = 0
+			d.Reason, d.Shortfall = a.refusal(exhausted, params), short
+			if d.Reason == QuotaExceeded {
+				d.Shortfall = 0
+				d.RetryAfter = Never
+				if plan.MonthlyQuota > 0 {
+					d.RetryAfter = p.End() - wall
+				}
+			}
+			a.fill(&d, now, wall)
+			return d
+		}
+		a.spend(rec.Allocs, 1, params)
+	}
+	if !plan.Rate.Unlimited() {
+		a.bucket.take(plan)
+	}
+	if req.Units == 0 {
+		rec.Type = 0 // rate limited but free: nothing to bill, nothing to log
+	} else {
+		a.addRoute(req.Route, req.Units)
+		rec.EventID, rec.ClientID, rec.Key, rec.Route = req.EventID, req.ClientID, req.Key, req.Route
+		rec.Units, rec.Period = req.Units, p
+		if req.ClientID {
+			a.dedup.put(req.EventID, a.seen, event{units: req.Units, period: p, chargeAt: now.Wall,
+				key: req.Key, route: req.Route, allocs: slices.Clone(rec.Allocs)})
+		}
+	}
+	d.Reason, d.Units = OK, req.Units
+	a.fill(&d, now, wall)
+	return d
+}
+
+func (a *Account) refusal(exhausted bool, params *Params) Reason {
+	if a.cfg.Plan.Hard && params.Reservations && !exhausted {
+		return NeedReservation
+	}
+	return QuotaExceeded
+}
+
+// reserved reports whether hard grants are spent from the allowance.
+func (a *Account) reserved(params *Params) bool { return params.Reservations && a.cfg.Plan.Hard }
+
+// allocate plans where units come from, soonest-expiring active grant first,
+// into rec.Allocs, without changing anything. It returns what is missing, and
+// whether every grant that could supply it is known to be exhausted.
+func (a *Account) allocate(units, wall, mono int64, params *Params, rec *Record) (short int64, exhausted bool) {
+	reserved := a.reserved(params)
+	exhausted = true
+	rest := units
+	for i := range a.grants {
+		g := &a.grants[i]
+		if !g.active(wall) {
+			continue
+		}
+		avail := g.free()
+		if reserved {
+			avail = g.allowance
+			if g.exhaustedUntil <= mono && g.free() > g.allowance {
+				exhausted = false
+			}
+		}
+		if take := min(avail, rest); take > 0 {
+			rec.Allocs = append(rec.Allocs, Alloc{Grant: g.id, Units: take})
+			rest -= take
+		}
+		if rest == 0 {
+			return 0, exhausted
+		}
+	}
+	if a.cfg.Plan.Hard {
+		return rest, exhausted
+	}
+	// Soft: the overage goes on the current monthly grant.
+	rec.Allocs = appendAlloc(rec.Allocs, MonthlyGrantID(a.period), rest)
+	return 0, exhausted
+}
+
+func appendAlloc(as []Alloc, id string, units int64) []Alloc {
+	for i := range as {
+		if as[i].Grant == id {
+			as[i].Units += units
+			return as
+		}
+	}
+	return append(as, Alloc{Grant: id, Units: units})
+}
+
+// spend applies allocations: sign 1 spends, -1 returns.
+func (a *Account) spend(allocs []Alloc, sign int64, params *Params) {
+	reserved := a.reserved(params)
+	for _, al := range allocs {
+		g := a.grant(al.Grant)
+		if g == nil {
+			continue
+		}
+		g.used += sign * al.Units
+		if reserved {
+			g.allowance -= sign * al.Units
+		}
+	}
+}
+
+func (a *Account) addRoute(route string, units int64) {
+	if a.routes == nil {
+		a.routes = make(map[string]int64)
+	}
+	a.routes[route] += units
+}
+
+// fill writes the balance and bucket views into d.
+func (a *Account) fill(d *Decision, now Now, wall int64) {
+	for i := range a.grants {
+		if g := &a.grants[i]; g.active(wall) {
+			d.Limit += g.units
+			d.Remaining += g.free()
+		}
+	}
+	if plan := &a.cfg.Plan; !plan.Rate.Unlimited() {
+		a.bucket.refill(plan, now.Mono)
+		a.bucket.fill(plan, d)
+	}
+}
+
+// Refund returns an event's units to the grants that paid them, once. The
+// account finds the event in its dedup window (client ids) or takes it from
+// receipt (which may be nil).
+func (a *Account) Refund(eventID string, receipt *Receipt, now Now, params *Params, rec *Record) Decision {
+	rec.Type = 0
+	p, wall := a.advance(now.Wall)
+	d := Decision{Reset: p.End() / 1e9}
+	a.dedup.expire(a.seen, params.DedupWindow, params.DedupMax)
+	a.refunded.expire(a.seen, params.DedupWindow, params.DedupMax)
+	rec.reset(RecRefund, a.cfg.ID, now.Wall)
+	rec.EventID = eventID
+	if e, ok := a.dedup.get(eventID, a.seen, params.DedupWindow); ok {
+		if e.refunded {
+			d.Reason = AlreadyRefunded
+		} else {
+			e.refunded = true
+			a.dedup.update(eventID, e)
+			rec.Units, rec.Period, rec.ChargeWall, rec.Key, rec.Route = e.units, e.period, e.chargeAt, e.key, e.route
+			rec.Allocs = append(rec.Allocs, e.allocs...)
+		}
+	} else if receipt != nil && receipt.EventID == eventID {
+		if _, done := a.refunded.get(eventID, a.seen, params.DedupWindow); done {
+			d.Reason = AlreadyRefunded
+		} else {
+			a.refunded.put(eventID, a.seen, struct{}{})
+			rec.Units, rec.Period, rec.ChargeWall, rec.Key, rec.Route = receipt.Units, receipt.Period, receipt.Wall, receipt.Key, receipt.Route
+			rec.Allocs = append(rec.Allocs, receipt.Allocs...)
+		}
+	} else {
+		d.Reason = UnknownEvent
+	}
+	if d.Reason != OK {
+		rec.Type = 0
+		a.fill(&d, now, wall)
+		return d
+	}
+	a.unspend(rec, params)
+	d.Reason, d.Units = Refunded, rec.Units
+	a.fill(&d, now, wall)
+	return d
+}
+
+func (a *Account) unspend(rec *Record, params *Params) {
+	a.spend(rec.Allocs, -1, params)
+	if rec.Period == a.period && a.routes != nil {
+		a.routes[rec.Route] -= rec.Units
+	}
+}
+
+// Reserve changes this node's allowance on grant id by delta (positive: the
+// ledger reserved more; negative: released). It reports false, with no
+// record, when the account has no such grant.
+func (a *Account) Reserve(grantID string, delta int64, now Now, rec *Record) bool {
+	rec.Type = 0
+	a.advance(now.Wall)
+	g := a.grant(grantID)
+	if g == nil {
+		return false
+	}
+	g.allowance += delta
+	if delta > 0 {
+		g.exhaustedUntil = 0
+	}
+	rec.reset(RecReserve, a.cfg.ID, now.Wall)
+	rec.Grant, rec.Delta = grantID, delta
+	return true
+}
+
+// MarkExhausted records that the ledger had no free units for grant id: until
+// mono, a shortfall on it answers QuotaExceeded without asking again.
+func (a *Account) MarkExhausted(grantID string, untilMono int64) {
+	if g := a.grant(grantID); g != nil {
+		g.exhaustedUntil = untilMono
+	}
+}
+
+// SeedUsed sets the settled use of grant id as the ledger reports it, for an
+// account this node (re)gains: its own count would be stale.
+func (a *Account) SeedUsed(grantID string, used int64) {
+	if g := a.grant(grantID); g != nil {
+		g.used = used
+	}
+}
+
+// GrantView is a read-only view of one grant.
+type GrantView struct {
+	ID                string
+	Monthly           bool
+	StartsAt, Expires int64
+	Units, Used       int64
+	Allowance         int64
+}
+
+// Grants lists the account's grants, soonest-expiring first.
+func (a *Account) Grants() []GrantView {
+	out := make([]GrantView, len(a.grants))
+	for i, g := range a.grants {
+		out[i] = GrantView{ID: g.id, Monthly: g.monthly, StartsAt: g.startsAt, Expires: g.expiresAt, Units: g.units, Used: g.used, Allowance: g.allowance}
+	}
+	return out
+}
+
+// ActiveGrants lists the grants a charge at now could spend.
+func (a *Account) ActiveGrants(now Now) []GrantView {
+	_, wall := a.advance(now.Wall)
+	var out []GrantView
+	for _, g := range a.Grants() {
+		if (&grant{startsAt: g.StartsAt, expiresAt: g.Expires}).active(wall) {
+			out = append(out, g)
+		}
+	}
+	return out
+}
+
+// Usage is the account's current period as its owner sees it.
+type Usage struct {
+	Period    Period
+	Limit     int64
+	Used      int64
+	Remaining int64
+	Reset     int64 // Unix seconds
+	Routes    map[string]int64
+}
+
+// Usage reports the current period's usage at now.
+func (a *Account) Usage(now Now) Usage {
+	p, wall := a.advance(now.Wall)
+	u := Usage{Period: p, Reset: p.End() / 1e9, Routes: make(map[string]int64, len(a.routes))}
+	for i := range a.grants {
+		if g := &a.grants[i]; g.active(wall) {
+			u.Limit += g.units
+			u.Remaining += g.free()
+		}
+	}
+	for r, n := range a.routes {
+		if n != 0 {
+			u.Routes[r] = n
+			u.Used += n
+		}
+	}
+	return u
+}

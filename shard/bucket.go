@@ -1,0 +1,70 @@
+package shard
+
+// Bucket is a token bucket in exact integer arithmetic.
+//
+// Credit is counted in "token·ns / Per" units: one token is worth Per credit
+// and the bucket gains Tokens credit per elapsed nanosecond, so over any
+// window t a continuously hammered bucket that started full admits exactly
+// Burst + floor(t·Tokens/Per) requests, with no float rounding. Plan.Validate
+// keeps Burst·Per under 2^62, so nothing here overflows.
+//
+// A new bucket is full. Time comes from the monotonic reading only (G9).
+type Bucket struct {
+	credit int64
+	last   int64 // Now.Mono of the last refill
+	init   bool
+}
+
+func capacity(p *Plan) int64 { return p.Burst * int64(p.Rate.Per) }
+
+// refill brings the bucket up to mono. A monotonic reading that goes back
+// (which a real monotonic clock never does) adds nothing.
+func (b *Bucket) refill(p *Plan, mono int64) {
+	c := capacity(p)
+	if !b.init {
+		b.credit, b.last, b.init = c, mono, true
+		return
+	}
+	elapsed := mono - b.last
+	if elapsed <= 0 {
+		return
+	}
+	b.last = mono
+	if b.credit >= c {
+		b.credit = c
+		return
+	}
+	need := c - b.credit
+	if elapsed >= (need+p.Rate.Tokens-1)/p.Rate.Tokens {
+		b.credit = c
+		return
+	}
+	b.credit += elapsed * p.Rate.Tokens
+}
+
+// allow reports whether one token is there, and if not, the ns until it is.
+func (b *Bucket) allow(p *Plan) (bool, int64) {
+	per := int64(p.Rate.Per)
+	if b.credit >= per {
+		return true, 0
+	}
+	return false, (per - b.credit + p.Rate.Tokens - 1) / p.Rate.Tokens
+}
+
+func (b *Bucket) take(p *Plan) { b.credit -= int64(p.Rate.Per) }
+
+// clamp fits the credit under a (possibly smaller) new capacity.
+func (b *Bucket) clamp(p *Plan) {
+	if c := capacity(p); b.credit > c {
+		b.credit = c
+	}
+}
+
+// fill writes the bucket's view into d for the RateLimit headers.
+func (b *Bucket) fill(p *Plan, d *Decision) {
+	per := int64(p.Rate.Per)
+	d.RateBurst = p.Burst
+	d.RateRemaining = b.credit / per
+	d.RateReset = (capacity(p) - b.credit + p.Rate.Tokens - 1) / p.Rate.Tokens
+	d.RateWindow = capacity(p) / p.Rate.Tokens
+}

@@ -1,0 +1,231 @@
+package shard
+
+import (
+	"encoding/binary"
+	"fmt"
+)
+
+// RecordType says what a Record changed.
+type RecordType uint8
+
+// Record types. The numbers are part of the log format: never reuse one.
+const (
+	RecCharge  RecordType = 1 // units spent from grants
+	RecRefund  RecordType = 2 // an event's units returned to its grants
+	RecReserve RecordType = 3 // this node's allowance on a grant changed by Delta
+)
+
+func (t RecordType) String() string {
+	switch t {
+	case RecCharge:
+		return "charge"
+	case RecRefund:
+		return "refund"
+	case RecReserve:
+		return "reserve"
+	}
+	return fmt.Sprintf("rectype(%d)", uint8(t))
+}
+
+// Alloc is the part of a charge that one grant paid.
+type Alloc struct {
+	Grant string
+	Units int64
+}
+
+// Record is one state change to log before answering. Strings refer to the
+// caller's request and the account's grants: Encode copies them out.
+type Record struct {
+	Type     RecordType
+	Wall     int64 // when it happened, Unix ns
+	Account  string
+	EventID  string // charge, refund
+	ClientID bool   // charge: EventID came from the client
+	Key      string // charge, refund: API key id
+	Route    string // charge, refund
+	Units    int64  // charge, refund: total units
+	Period   Period // charge, refund: the period the charge was billed in
+	// ChargeWall is, on a refund, when the refunded charge happened (so usage
+	// by day is corrected on the right day).
+	ChargeWall int64
+	Allocs     []Alloc // charge, refund: per grant; sums to Units
+	Grant      string  // reserve
+	Delta      int64   // reserve: allowance change (negative: released)
+
+	allocBuf [4]Alloc
+}
+
+// reset clears r for reuse, keeping its inline allocation buffer.
+func (r *Record) reset(t RecordType, account string, wall int64) {
+	*r = Record{Type: t, Account: account, Wall: wall, allocBuf: r.allocBuf}
+	r.Allocs = r.allocBuf[:0]
+}
+
+// AppendEncode appends the binary form of r to dst. The layout, after the
+// wal's frame (version byte, checksum):
+//
+//	charge:  type=1 | wall varint | account | event | flags byte (bit 0: client id) | key | route
+//	         | units uvarint | period uvarint | n uvarint | n × (grant | units uvarint)
+//	refund:  type=2 | wall varint | account | event | key | route | units uvarint | period uvarint
+//	         | charge wall varint | n uvarint | n × (grant | units uvarint)
+//	reserve: type=3 | wall varint | account | grant | delta varint
+//
+// where a string is a uvarint length followed by its bytes.
+func (r *Record) AppendEncode(dst []byte) []byte {
+	dst = append(dst, byte(r.Type))
+	dst = binary.AppendVarint(dst, r.Wall)
+	dst = appendString(dst, r.Account)
+	switch r.Type {
+	case RecCharge:
+		dst = appendString(dst, r.EventID)
+		var flags byte
+		if r.ClientID {
+			flags |= 1
+		}
+		dst = append(dst, flags)
+		dst = appendString(dst, r.Key)
+		dst = appendString(dst, r.Route)
+		dst = binary.AppendUvarint(dst, uint64(r.Units))
+		dst = binary.AppendUvarint(dst, uint64(r.Period))
+		dst = appendAllocs(dst, r.Allocs)
+	case RecRefund:
+		dst = appendString(dst, r.EventID)
+		dst = appendString(dst, r.Key)
+		dst = appendString(dst, r.Route)
+		dst = binary.AppendUvarint(dst, uint64(r.Units))
+		dst = binary.AppendUvarint(dst, uint64(r.Period))
+		dst = binary.AppendVarint(dst, r.ChargeWall)
+		dst = appendAllocs(dst, r.Allocs)
+	case RecReserve:
+		dst = appendString(dst, r.Grant)
+		dst = binary.AppendVarint(dst, r.Delta)
+	}
+	return dst
+}
+
+func appendString(dst []byte, s string) []byte {
+	dst = binary.AppendUvarint(dst, uint64(len(s)))
+	return append(dst, s...)
+}
+
+func appendAllocs(dst []byte, as []Alloc) []byte {
+	dst = binary.AppendUvarint(dst, uint64(len(as)))
+	for _, a := range as {
+		dst = appendString(dst, a.Grant)
+		dst = binary.AppendUvarint(dst, uint64(a.Units))
+	}
+	return dst
+}
+
+// Decode reads a record written by AppendEncode. The strings are copies, so
+// r does not refer to b afterwards.
+func (r *Record) Decode(b []byte) error {
+	d := decoder{b: b}
+	t := RecordType(d.byte())
+	r.reset(t, "", 0)
+	r.Wall = d.varint()
+	r.Account = d.string()
+	switch t {
+	case RecCharge:
+		r.EventID = d.string()
+		r.ClientID = d.byte()&1 != 0
+		r.Key, r.Route = d.string(), d.string()
+		r.Units, r.Period = d.count(), Period(d.count())
+		r.Allocs = d.allocs(r.Allocs)
+	case RecRefund:
+		r.EventID = d.string()
+		r.Key, r.Route = d.string(), d.string()
+		r.Units, r.Period = d.count(), Period(d.count())
+		r.ChargeWall = d.varint()
+		r.Allocs = d.allocs(r.Allocs)
+	case RecReserve:
+		r.Grant = d.string()
+		r.Delta = d.varint()
+	default:
+		return fmt.Errorf("%w: unknown type %d", ErrCorruptRecord, t)
+	}
+	if d.err != nil {
+		return fmt.Errorf("%w: %s record: %v", ErrCorruptRecord, t, d.err)
+	}
+	if len(d.b) != 0 {
+		return fmt.Errorf("%w: %s record: %d trailing bytes", ErrCorruptRecord, t, len(d.b))
+	}
+	return nil
+}
+
+// decoder reads the primitives of the record format, remembering the first
+// error so callers check once.
+type decoder struct {
+	b   []byte
+	err error
+}
+
+func (d *decoder) fail(what string) {
+	if d.err == nil {
+		d.err = fmt.Errorf("truncated or malformed %s", what)
+	}
+	d.b = nil
+}
+
+func (d *decoder) byte() byte {
+	if len(d.b) < 1 {
+		d.fail("byte")
+		return 0
+	}
+	c := d.b[0]
+	d.b = d.b[1:]
+	return c
+}
+
+func (d *decoder) varint() int64 {
+	v, n := binary.Varint(d.b)
+	if n <= 0 {
+		d.fail("varint")
+		return 0
+	}
+	d.b = d.b[n:]
+	return v
+}
+
+func (d *decoder) uvarint() uint64 {
+	v, n := binary.Uvarint(d.b)
+	if n <= 0 {
+		d.fail("uvarint")
+		return 0
+	}
+	d.b = d.b[n:]
+	return v
+}
+
+// count reads a non-negative int64.
+func (d *decoder) count() int64 {
+	v := d.uvarint()
+	if v > 1<<62 {
+		d.fail("count")
+		return 0
+	}
+	return int64(v)
+}
+
+func (d *decoder) string() string {
+	n := d.uvarint()
+	if n > uint64(len(d.b)) {
+		d.fail("string")
+		return ""
+	}
+	s := string(d.b[:n])
+	d.b = d.b[n:]
+	return s
+}
+
+func (d *decoder) allocs(dst []Alloc) []Alloc {
+	n := d.uvarint()
+	if n > uint64(len(d.b)) { // each alloc takes at least 2 bytes
+		d.fail("allocations")
+		return dst
+	}
+	for i := uint64(0); i < n && d.err == nil; i++ {
+		dst = append(dst, Alloc{Grant: d.string(), Units: d.count()})
+	}
+	return dst
+}

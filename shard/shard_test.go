@@ -1,0 +1,378 @@
+package shard
+
+import (
+	"fmt"
+	"testing"
+	"time"
+)
+
+func at(s string) Now {
+	t, err := time.Parse(time.RFC3339, s)
+	if err != nil {
+		panic(err)
+	}
+	return Now{Wall: t.UnixNano(), Mono: t.UnixNano()}
+}
+
+func hardPlan(quota int64) Plan { return Plan{ID: "p", MonthlyQuota: quota, Hard: true} }
+
+func charge(a *Account, id string, units int64, now Now, p *Params) (Decision, Record) {
+	var rec Record
+	d := a.Charge(&Charge{EventID: id, ClientID: true, Key: "k1", Route: "GET /x", Units: units}, now, p, &rec)
+	return d, rec
+}
+
+func TestRefusedChargeLeavesNoTraceAndItsIDIsReusable(t *testing.T) {
+	p := DefaultParams()
+	a := NewAccount(AccountConfig{ID: "a", Plan: hardPlan(10)})
+	now := at("2026-06-10T00:00:00Z")
+	if d, _ := charge(a, "e1", 8, now, &p); d.Reason != OK || d.Remaining != 2 {
+		t.Fatalf("first charge: %+v", d)
+	}
+	d, rec := charge(a, "e2", 5, now, &p)
+	if d.Reason != QuotaExceeded || rec.Type != 0 {
+		t.Fatalf("too big: got %v with record type %v, want quota_exceeded and no record", d.Reason, rec.Type)
+	}
+	if d.Remaining != 2 {
+		t.Fatalf("refusal changed the balance: remaining %d", d.Remaining)
+	}
+	d, rec = charge(a, "e2", 2, now, &p)
+	if d.Reason != OK || rec.Type != RecCharge || rec.Units != 2 || d.Remaining != 0 {
+		t.Fatalf("same id, smaller: %+v %+v", d, rec)
+	}
+}
+
+func TestRetriesCostOnce(t *testing.T) {
+	p := DefaultParams()
+	a := NewAccount(AccountConfig{ID: "a", Plan: hardPlan(100)})
+	now := at("2026-06-10T00:00:00Z")
+	records := 0
+	for i := 0; i < 5; i++ {
+		d, rec := charge(a, "same", 7, now, &p)
+		if !d.Reason.Accepted() || d.Units != 7 {
+			t.Fatalf("try %d: %+v", i, d)
+		}
+		if rec.Type == RecCharge {
+			records++
+		}
+		if i > 0 && d.Reason != Replayed {
+			t.Fatalf("try %d: %v, want replayed", i, d.Reason)
+		}
+	}
+	if u := a.Usage(now); u.Used != 7 || u.Remaining != 93 || records != 1 {
+		t.Fatalf("used %d remaining %d records %d, want 7, 93, 1", u.Used, u.Remaining, records)
+	}
+}
+
+func TestRefundTwiceReturnsOnce(t *testing.T) {
+	p := DefaultParams()
+	a := NewAccount(AccountConfig{ID: "a", Plan: hardPlan(10)})
+	now := at("2026-06-10T00:00:00Z")
+	charge(a, "e", 4, now, &p)
+	var rec Record
+	d := a.Refund("e", nil, now, &p, &rec)
+	if d.Reason != Refunded || d.Units != 4 || rec.Type != RecRefund || d.Remaining != 10 {
+		t.Fatalf("first refund: %+v rec %v", d, rec.Type)
+	}
+	d = a.Refund("e", nil, now, &p, &rec)
+	if d.Reason != AlreadyRefunded || rec.Type != 0 || d.Remaining != 10 {
+		t.Fatalf("second refund: %+v rec %v", d, rec.Type)
+	}
+}
+
+func TestRefundByReceiptOnce(t *testing.T) {
+	p := DefaultParams()
+	a := NewAccount(AccountConfig{ID: "a", Plan: hardPlan(10)})
+	now := at("2026-06-10T00:00:00Z")
+	var rec Record
+	d := a.Charge(&Charge{EventID: "gen-1", Units: 3, Route: "r"}, now, &p, &rec)
+	if d.Reason != OK {
+		t.Fatal(d.Reason)
+	}
+	rc := &Receipt{EventID: "gen-1", Units: 3, Period: rec.Period, Wall: rec.Wall, Route: "r", Allocs: append([]Alloc(nil), rec.Allocs...)}
+	if d := a.Refund("gen-1", nil, now, &p, &rec); d.Reason != UnknownEvent {
+		t.Fatalf("generated id without receipt: %v, want unknown_event", d.Reason)
+	}
+	if d := a.Refund("gen-1", rc, now, &p, &rec); d.Reason != Refunded || d.Remaining != 10 {
+		t.Fatalf("with receipt: %+v", d)
+	}
+	if d := a.Refund("gen-1", rc, now, &p, &rec); d.Reason != AlreadyRefunded || d.Remaining != 10 {
+		t.Fatalf("receipt twice: %+v", d)
+	}
+}
+
+// The example of the issue: 60 units a month, weights 1, 2 and 25.
+func TestMonthlyQuotaWithWeights(t *testing.T) {
+	p := DefaultParams()
+	a := NewAccount(AccountConfig{ID: "a", Plan: hardPlan(60)})
+	now := at("2026-06-28T12:00:00Z")
+	steps := []struct {
+		route     string
+		units     int64
+		want      Reason
+		remaining int64
+	}{
+		{"GET /v1/tasks", 1, OK, 59},
+		{"POST /v1/tasks", 2, OK, 57},
+		{"POST /v1/exports", 25, OK, 32},
+		{"POST /v1/exports", 25, OK, 7},
+		{"POST /v1/exports", 25, QuotaExceeded, 7},
+		{"GET /v1/tasks", 1, OK, 6},
+	}
+	for i, s := range steps {
+		var rec Record
+		d := a.Charge(&Charge{EventID: fmt.Sprint("e", i), Route: s.route, Units: s.units}, now, &p, &rec)
+		if d.Reason != s.want || d.Remaining != s.remaining || d.Limit != 60 {
+			t.Fatalf("step %d %s: %v remaining %d limit %d, want %v %d 60", i, s.route, d.Reason, d.Remaining, d.Limit, s.want, s.remaining)
+		}
+		if d.Reason == QuotaExceeded && d.RetryAfter != int64(216000*time.Second) {
+			t.Fatalf("retry after %v, want 216000s (to 1 July 00:00 UTC)", time.Duration(d.RetryAfter))
+		}
+	}
+	u := a.Usage(now)
+	want := map[string]int64{"GET /v1/tasks": 2, "POST /v1/tasks": 2, "POST /v1/exports": 50}
+	if fmt.Sprint(u.Routes) != fmt.Sprint(want) || u.Used != 54 {
+		t.Fatalf("usage %v (used %d), want %v", u.Routes, u.Used, want)
+	}
+}
+
+func TestPeriodBoundaryIsMidnightUTC(t *testing.T) {
+	p := DefaultParams()
+	a := NewAccount(AccountConfig{ID: "a", Plan: hardPlan(5)})
+	if d, _ := charge(a, "e1", 5, at("2026-07-31T23:59:59Z"), &p); d.Reason != OK {
+		t.Fatal(d.Reason)
+	}
+	if d, _ := charge(a, "e2", 1, at("2026-07-31T23:59:59.999999999Z"), &p); d.Reason != QuotaExceeded {
+		t.Fatalf("last ns of July: %v, want quota_exceeded (still the old period)", d.Reason)
+	}
+	d, rec := charge(a, "e3", 1, at("2026-08-01T00:00:00Z"), &p)
+	if d.Reason != OK || d.Remaining != 4 || rec.Period.String() != "2026-08" {
+		t.Fatalf("1 August 00:00:00: %+v period %s", d, rec.Period)
+	}
+	if got := time.Unix(d.Reset, 0).UTC().Format(time.RFC3339); got != "2026-09-01T00:00:00Z" {
+		t.Fatalf("reset %s", got)
+	}
+}
+
+func TestClockJumpBackNeverReturnsToAnEarlierPeriod(t *testing.T) {
+	p := DefaultParams()
+	a := NewAccount(AccountConfig{ID: "a", Plan: hardPlan(5)})
+	charge(a, "e1", 5, at("2026-06-30T23:00:00Z"), &p)
+	charge(a, "e2", 5, at("2026-07-01T00:00:01Z"), &p)
+	// The wall clock jumps back into June: the account stays in July, whose
+	// grant is spent, and the June grant is not spendable again.
+	d, rec := charge(a, "e3", 1, at("2026-06-15T00:00:00Z"), &p)
+	if d.Reason != QuotaExceeded || rec.Type != 0 {
+		t.Fatalf("after a jump back: %v, want quota_exceeded", d.Reason)
+	}
+	if u := a.Usage(at("2026-06-15T00:00:00Z")); u.Period.String() != "2026-07" {
+		t.Fatalf("period went back to %s", u.Period)
+	}
+}
+
+func TestCreditsSoonestExpiringFirstAndNeverExpired(t *testing.T) {
+	p := DefaultParams()
+	jun := at("2026-06-10T00:00:00Z")
+	cfg := AccountConfig{ID: "a", Plan: hardPlan(10), Credits: []GrantConfig{
+		{ID: "old", Units: 100, StartsAt: at("2026-01-01T00:00:00Z").Wall, ExpiresAt: at("2026-06-01T00:00:00Z").Wall},
+		{ID: "late", Units: 20, StartsAt: at("2026-01-01T00:00:00Z").Wall, ExpiresAt: at("2026-12-01T00:00:00Z").Wall},
+		{ID: "soon", Units: 5, StartsAt: at("2026-01-01T00:00:00Z").Wall, ExpiresAt: at("2026-06-20T00:00:00Z").Wall},
+	}}
+	a := NewAccount(cfg)
+	_, rec := charge(a, "e1", 12, jun, &p)
+	want := "[{soon 5} {m:2026-06 7}]"
+	if got := fmt.Sprint(rec.Allocs); got != want {
+		t.Fatalf("allocation %s, want %s (soonest-expiring first, expired credit untouched)", got, want)
+	}
+	_, rec = charge(a, "e2", 10, jun, &p)
+	if got := fmt.Sprint(rec.Allocs); got != "[{m:2026-06 3} {late 7}]" {
+		t.Fatalf("second allocation %s", got)
+	}
+	if d, _ := charge(a, "e3", 14, jun, &p); d.Reason != QuotaExceeded {
+		t.Fatalf("13 left in all, 14 asked: %v", d.Reason)
+	}
+}
+
+func TestSoftPlanRecordsOverage(t *testing.T) {
+	p := DefaultParams()
+	a := NewAccount(AccountConfig{ID: "a", Plan: Plan{ID: "s", MonthlyQuota: 3}})
+	now := at("2026-06-10T00:00:00Z")
+	charge(a, "e1", 2, now, &p)
+	d, rec := charge(a, "e2", 4, now, &p)
+	if d.Reason != OK || fmt.Sprint(rec.Allocs) != "[{m:2026-06 4}]" || d.Remaining != 0 {
+		t.Fatalf("soft overage: %+v %v", d, rec.Allocs)
+	}
+	if g := a.Grants()[0]; g.Used != 6 || g.Units != 3 {
+		t.Fatalf("grant %+v, want used 6 of 3 (3 overage)", g)
+	}
+}
+
+func TestPlanChangeMidPeriod(t *testing.T) {
+	p := DefaultParams()
+	a := NewAccount(AccountConfig{ID: "a", Plan: hardPlan(10)})
+	now := at("2026-06-10T00:00:00Z")
+	charge(a, "e1", 8, now, &p)
+	a.Configure(AccountConfig{ID: "a", Plan: hardPlan(5)})
+	if d, _ := charge(a, "e2", 1, now, &p); d.Reason != QuotaExceeded || d.Remaining != 0 {
+		t.Fatalf("after a downgrade below usage: %+v", d)
+	}
+	if u := a.Usage(now); u.Used != 8 {
+		t.Fatalf("downgrade erased usage: %d", u.Used)
+	}
+	a.Configure(AccountConfig{ID: "a", Plan: hardPlan(20)})
+	if d, _ := charge(a, "e3", 12, now, &p); d.Reason != OK || d.Remaining != 0 {
+		t.Fatalf("after an upgrade: %+v", d)
+	}
+}
+
+func TestReservationsMode(t *testing.T) {
+	p := DefaultParams()
+	p.Reservations = true
+	a := NewAccount(AccountConfig{ID: "a", Plan: hardPlan(10)})
+	now := at("2026-06-10T00:00:00Z")
+	d, _ := charge(a, "e1", 3, now, &p)
+	if d.Reason != NeedReservation || d.Shortfall != 3 {
+		t.Fatalf("no allowance: %+v", d)
+	}
+	var rec Record
+	if !a.Reserve(MonthlyGrantID(PeriodOf(now.Wall)), 4, now, &rec) || rec.Type != RecReserve {
+		t.Fatal("reserve failed")
+	}
+	if d, _ := charge(a, "e1", 3, now, &p); d.Reason != OK {
+		t.Fatalf("with allowance: %v", d.Reason)
+	}
+	d, _ = charge(a, "e2", 3, now, &p)
+	if d.Reason != NeedReservation || d.Shortfall != 2 {
+		t.Fatalf("allowance short by 2: %+v", d)
+	}
+	a.MarkExhausted(MonthlyGrantID(PeriodOf(now.Wall)), now.Mono+int64(time.Second))
+	if d, _ := charge(a, "e2", 3, now, &p); d.Reason != QuotaExceeded {
+		t.Fatalf("exhausted: %v", d.Reason)
+	}
+	if d, _ := charge(a, "e2", 1, now, &p); d.Reason != OK {
+		t.Fatalf("one unit still reserved: %v", d.Reason)
+	}
+}
+
+func TestRateLimitRefusalTakesNoToken(t *testing.T) {
+	p := DefaultParams()
+	a := NewAccount(AccountConfig{ID: "a", Plan: Plan{ID: "r", Rate: Rate{Tokens: 1, Per: time.Second}, Burst: 2, MonthlyQuota: 1, Hard: true}})
+	now := at("2026-06-10T00:00:00Z")
+	if d, _ := charge(a, "e1", 1, now, &p); d.Reason != OK || d.RateRemaining != 1 {
+		t.Fatalf("first charge: %+v", d)
+	}
+	for i := 0; i < 3; i++ { // quota refusals take no token
+		if d, _ := charge(a, fmt.Sprint("q", i), 1, now, &p); d.Reason != QuotaExceeded {
+			t.Fatalf("%v", d.Reason)
+		}
+	}
+	if d, _ := charge(a, "free1", 0, now, &p); d.Reason != OK {
+		t.Fatalf("weight 0 with a token left: %v", d.Reason)
+	}
+	d, rec := charge(a, "free2", 0, now, &p)
+	if d.Reason != RateLimited || d.RetryAfter != int64(time.Second) || rec.Type != 0 {
+		t.Fatalf("empty bucket: %+v", d)
+	}
+}
+
+func TestRecordRoundTrip(t *testing.T) {
+	recs := []Record{
+		{Type: RecCharge, Wall: 123, Account: "acct", EventID: "ev", ClientID: true, Key: "k", Route: "GET /x", Units: 9, Period: 24317, Allocs: []Alloc{{"m:2026-06", 4}, {"c1", 5}}},
+		{Type: RecRefund, Wall: -5, Account: "a", EventID: "e", Key: "k", Route: "r", Units: 3, Period: 1, ChargeWall: 99, Allocs: []Alloc{{"g", 3}}},
+		{Type: RecReserve, Wall: 7, Account: "a", Grant: "g", Delta: -40},
+	}
+	for _, r := range recs {
+		b := r.AppendEncode(nil)
+		var got Record
+		if err := got.Decode(b); err != nil {
+			t.Fatal(err)
+		}
+		if fmt.Sprintf("%+v", got.AppendEncode(nil)) != fmt.Sprintf("%+v", b) {
+			t.Fatalf("round trip of %+v gave %+v", r, got)
+		}
+		for i := 0; i < len(b); i++ {
+			if err := got.Decode(b[:i]); err == nil {
+				t.Fatalf("%s truncated to %d bytes decoded without error", r.Type, i)
+			}
+		}
+	}
+}
+
+func FuzzRecordDecode(f *testing.F) {
+	r := Record{Type: RecCharge, Wall: 1, Account: "a", EventID: "e", Units: 2, Allocs: []Alloc{{"g", 2}}}
+	f.Add(r.AppendEncode(nil))
+	f.Add([]byte{3, 0, 1, 'a', 1, 'g', 4})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		var rec Record
+		if rec.Decode(b) != nil {
+			return
+		}
+		var again Record
+		if err := again.Decode(rec.AppendEncode(nil)); err != nil {
+			t.Fatalf("re-encoding a decoded record does not decode: %v", err)
+		}
+	})
+}
+
+func TestCheckpointRestoresState(t *testing.T) {
+	p := DefaultParams()
+	p.Reservations = true
+	cfg := AccountConfig{ID: "a", Plan: hardPlan(100), Credits: []GrantConfig{{ID: "c", Units: 10}}}
+	a := NewAccount(cfg)
+	now := at("2026-06-10T00:00:00Z")
+	var rec Record
+	a.Reserve("c", 10, now, &rec)
+	a.Reserve(MonthlyGrantID(PeriodOf(now.Wall)), 50, now, &rec)
+	charge(a, "e1", 12, now, &p)
+	charge(a, "e2", 1, now, &p)
+	a.Refund("e2", nil, now, &p, &rec)
+	a.LastSeq = 42
+	b := NewAccount(cfg)
+	if err := b.RestoreCheckpoint(a.AppendCheckpoint(nil)); err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprint(a.Grants(), a.Usage(now), a.LastSeq) != fmt.Sprint(b.Grants(), b.Usage(now), b.LastSeq) {
+		t.Fatalf("restored %v %v, want %v %v", b.Grants(), b.Usage(now), a.Grants(), a.Usage(now))
+	}
+	if d, _ := charge(b, "e1", 12, now, &p); d.Reason != Replayed {
+		t.Fatalf("dedup lost in checkpoint: %v", d.Reason)
+	}
+	if d := b.Refund("e2", nil, now, &p, &rec); d.Reason != AlreadyRefunded {
+		t.Fatalf("refund flag lost: %v", d.Reason)
+	}
+	if err := b.RestoreCheckpoint([]byte{1, 2}); err == nil {
+		t.Fatal("a truncated checkpoint restored without error")
+	}
+}
+
+var sinkDecision Decision
+
+// go test ./shard -run NONE -bench Charge -benchmem
+func BenchmarkCharge(b *testing.B) {
+	for _, mode := range []string{"hard", "hard-reserved", "soft-ratelimited"} {
+		b.Run(mode, func(b *testing.B) {
+			p := DefaultParams()
+			plan := Plan{ID: "p", MonthlyQuota: 1 << 60, Hard: true}
+			if mode == "soft-ratelimited" {
+				plan = Plan{ID: "p", MonthlyQuota: 1 << 60, Rate: Rate{Tokens: 1 << 20, Per: time.Nanosecond}, Burst: 1 << 20}
+			}
+			p.Reservations = mode == "hard-reserved"
+			a := NewAccount(AccountConfig{ID: "acct", Plan: plan})
+			now := at("2026-06-10T00:00:00Z")
+			var rec Record
+			if p.Reservations {
+				a.Reserve(MonthlyGrantID(PeriodOf(now.Wall)), 1<<60, now, &rec)
+			}
+			req := Charge{EventID: "evt", Key: "key", Route: "GET /v1/tasks", Units: 1}
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				now.Mono++
+				sinkDecision = a.Charge(&req, now, &p, &rec)
+			}
+			if sinkDecision.Reason != OK {
+				b.Fatal(sinkDecision.Reason)
+			}
+		})
+	}
+}

@@ -1,0 +1,187 @@
+package shard
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Now is a reading of the two clocks a decision needs. The caller reads them;
+// this package never does.
+type Now struct {
+	// Wall is Unix nanoseconds (UTC). It names the period and stamps records.
+	Wall int64
+	// Mono is nanoseconds on a monotonic clock with an arbitrary origin. It
+	// drives the token bucket, so a wall-clock jump never refills a bucket.
+	Mono int64
+}
+
+// Rate is Tokens per Per. The zero Rate means no rate limit.
+type Rate struct {
+	Tokens int64
+	Per    time.Duration
+}
+
+// Unlimited reports whether r sets no rate limit.
+func (r Rate) Unlimited() bool { return r.Tokens <= 0 }
+
+// String formats r as "10/s", "100/1m0s".
+func (r Rate) String() string {
+	if r.Unlimited() {
+		return "unlimited"
+	}
+	if r.Per == time.Second {
+		return fmt.Sprintf("%d/s", r.Tokens)
+	}
+	return fmt.Sprintf("%d/%s", r.Tokens, r.Per)
+}
+
+// Plan is what an account pays for: a request rate with a burst, and a monthly
+// quota of units that is either hard (refuse past it) or soft (record overage).
+type Plan struct {
+	ID           string
+	Rate         Rate
+	Burst        int64
+	MonthlyQuota int64
+	Hard         bool
+}
+
+// maxBucketScale bounds Burst*Per so the bucket's integer arithmetic cannot
+// overflow (see Bucket).
+const maxBucketScale = int64(1) << 62
+
+// Validate says what is wrong with p, if anything.
+func (p Plan) Validate() error {
+	switch {
+	case p.MonthlyQuota < 0:
+		return fmt.Errorf("shard: plan %q: monthly quota %d is negative", p.ID, p.MonthlyQuota)
+	case p.Rate.Tokens < 0 || p.Burst < 0:
+		return fmt.Errorf("shard: plan %q: rate and burst must not be negative", p.ID)
+	case p.Rate.Unlimited():
+		return nil
+	case p.Rate.Per <= 0:
+		return fmt.Errorf("shard: plan %q: rate %d per %s: the period must be positive", p.ID, p.Rate.Tokens, p.Rate.Per)
+	case p.Burst < 1:
+		return fmt.Errorf("shard: plan %q: a rate limit needs a burst of at least 1", p.ID)
+	case p.Burst > maxBucketScale/int64(p.Rate.Per):
+		return fmt.Errorf("shard: plan %q: burst %d over %s is too large (burst x period must stay under 2^62 ns)", p.ID, p.Burst, p.Rate.Per)
+	}
+	return nil
+}
+
+// GrantConfig is a grant of bought credits: Units to spend between StartsAt
+// and ExpiresAt (Unix nanoseconds; ExpiresAt 0 means never).
+type GrantConfig struct {
+	ID        string
+	Units     int64
+	StartsAt  int64
+	ExpiresAt int64
+	// Used is the settled use the ledger knows. It seeds a new Account and is
+	// ignored afterwards (the owner's own count is newer).
+	Used int64
+}
+
+// AccountConfig is everything the config snapshot says about one account.
+type AccountConfig struct {
+	ID      string
+	Plan    Plan
+	Credits []GrantConfig
+	// MonthlyUsed seeds the current period's monthly grant of a new Account
+	// with the ledger's settled use, keyed by grant id (MonthlyGrantID).
+	MonthlyUsed map[string]int64
+}
+
+// Params are the owner's settings that every account shares.
+type Params struct {
+	// Reservations makes hard grants spendable only from the allowance the
+	// ledger reserved for this node (clusters). Off, the account's own count is
+	// the authority (one node with nobody else to share with).
+	Reservations bool
+	// DedupWindow is how long client-supplied event ids are remembered, in ns.
+	DedupWindow int64
+	// DedupMax bounds the remembered client ids per account; the oldest go first.
+	DedupMax int
+}
+
+// DefaultParams remembers client ids for 24 hours, at most 100,000 per account.
+func DefaultParams() Params {
+	return Params{DedupWindow: int64(24 * time.Hour), DedupMax: 100_000}
+}
+
+// Reason is the outcome of an operation.
+type Reason uint8
+
+// Reasons. The first five are the answers a caller sees for a charge.
+const (
+	OK              Reason = iota // charged
+	Replayed                      // a retry of a charged event: charged nothing now
+	RateLimited                   // the token bucket is empty
+	QuotaExceeded                 // not enough units under a hard limit
+	UnknownAccount                // no such account in the config
+	NeedReservation               // reservations mode: ask the ledger for Shortfall more units, then charge again
+	Refunded                      // the refund returned the units
+	AlreadyRefunded               // a second refund: nothing changed
+	UnknownEvent                  // the account does not remember this event
+	Invalid                       // the request is malformed (negative units, empty id)
+)
+
+var reasonNames = [...]string{"ok", "replayed", "rate_limited", "quota_exceeded", "unknown_account", "need_reservation", "refunded", "already_refunded", "unknown_event", "invalid"}
+
+func (r Reason) String() string {
+	if int(r) < len(reasonNames) {
+		return reasonNames[r]
+	}
+	return fmt.Sprintf("reason(%d)", r)
+}
+
+// ParseReason is the inverse of Reason.String.
+func ParseReason(s string) (Reason, bool) {
+	for i, n := range reasonNames {
+		if n == s {
+			return Reason(i), true
+		}
+	}
+	return 0, false
+}
+
+// Accepted reports whether the charge may go on (OK or Replayed).
+func (r Reason) Accepted() bool { return r == OK || r == Replayed }
+
+// Charge asks for Units on behalf of an account.
+type Charge struct {
+	EventID string
+	// ClientID marks EventID as supplied by the client (Idempotency-Key):
+	// only those are deduplicated. Generated ids are unique by construction.
+	ClientID bool
+	Key      string // the API key's id (never the plaintext), for usage by key
+	Route    string // the route pattern, for usage by route
+	Units    int64
+}
+
+// Decision is the answer to a charge or a refund.
+type Decision struct {
+	Reason Reason
+	Units  int64 // charged, replayed or refunded units
+	// Seq is the log sequence the answer depends on: the caller must wait until
+	// it is durable before answering. Zero means nothing to wait for.
+	Seq        uint64
+	Limit      int64 // units of the active grants
+	Remaining  int64 // units left in the active grants (never negative)
+	Reset      int64 // end of the current period, Unix seconds
+	RetryAfter int64 // ns until a retry can succeed; 0: now; Never: not by waiting
+	Shortfall  int64 // NeedReservation: units missing
+
+	RateBurst     int64 // 0 when unlimited
+	RateRemaining int64 // whole tokens left after this request
+	RateReset     int64 // ns until the bucket is full again
+	RateWindow    int64 // ns for Burst tokens to refill (RateLimit-Policy's w)
+}
+
+// Never is RetryAfter for a refusal that waiting does not fix.
+const Never = -1
+
+// Errors.
+var (
+	// ErrCorruptRecord is returned when a record or checkpoint does not decode.
+	ErrCorruptRecord = errors.New("shard: corrupt record")
+)
