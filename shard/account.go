@@ -55,12 +55,12 @@ func (g *grant) free() int64 { return max(0, g.units-g.used) }
 // Account is the state of one account at its owner. The zero value is not
 // usable: make one with NewAccount.
 type Account struct {
-	cfg      AccountConfig
-	period   Period // the latest period seen; never goes back
+	cfg    AccountConfig
+	period Period // the latest period seen; never goes back
 	// seen is the latest wall reading seen (Unix ns). The dedup window is
 	// measured from it, so a clock that jumps back neither revives an id that
 	// was forgotten nor forgets one early.
-	seen int64
+	seen     int64
 	bucket   Bucket
 	grants   []grant // sorted by expiry (never last), then id
 	routes   map[string]int64
