@@ -1,0 +1,105 @@
+// Package wal is a node's local log: the records of charges and refunds that
+// are not yet settled into the ledger, a checkpoint per account, and a few
+// meta values, all in one Pebble DB under the node's data dir.
+//
+// A record's payload is opaque bytes to wal (shard encodes it); wal frames
+// it, numbers it, makes it durable, hands it to the settler in order, and
+// deletes it once settled.
+//
+// # Usage
+//
+//	l, err := wal.Open(wal.Options{Dir: "/var/lib/quotad", NodeID: "node-1"})
+//	if err != nil {
+//		return err
+//	}
+//	defer l.Close()
+//
+//	seq, err := l.Append(record) // under the account's lock: fixes the order
+//	if err != nil {
+//		return err
+//	}
+//	// release the account's lock, then:
+//	if err := l.WaitDurable(ctx, seq); err != nil {
+//		return err // do not acknowledge the charge
+//	}
+//	// acknowledge the charge
+//
+//	// The settler ships (SettledSeq(), DurableSeq()] and then deletes it:
+//	upto := l.DurableSeq()
+//	err = l.Scan(l.SettledSeq(), upto, func(seq uint64, payload []byte) error {
+//		return batch.Add(seq, payload) // payload is valid only during the call
+//	})
+//	// ... commit the batch to the ledger, then:
+//	err = l.Settle(upto, checkpoints)
+//
+// # Layout
+//
+// Every key starts with a one-byte prefix naming its kind. Every value is a
+// frame that carries a version and a checksum of its body.
+//
+//	key                                        value (a frame)
+//	+-----+-----------------------------+      body
+//	| 'r' | seq, 8 bytes, big-endian    |  ->  record payload
+//	+-----+-----------------------------+
+//	| 'c' | account, bytes              |  ->  seq (8 bytes, big-endian) | data
+//	+-----+-----------------------------+
+//	| 'm' | name, bytes                 |  ->  meta value
+//	+-----+-----------------------------+
+//
+//	frame
+//	+---------+------------------------+-----------------+
+//	| version | crc32c(body)           | body            |
+//	| 1 byte  | 4 bytes, little-endian | the rest        |
+//	| = 1     | Castagnoli polynomial  |                 |
+//	+---------+------------------------+-----------------+
+//
+// Big-endian sequence numbers make Pebble's key order the sequence order, so
+// a scan is one bounded iterator and a settle is one DeleteRange. The meta
+// names wal owns start with "wal.": wal.node_id, wal.incarnation (128 random
+// bits in hex, made when the dir is created), wal.settled_seq (8 bytes,
+// big-endian) and wal.format (the layout version, 1). PutMeta stores other
+// names, such as the last good config snapshot.
+//
+// # Durability contract
+//
+//   - A record is durable, and may be acknowledged, only once WaitDurable for
+//     its seq returned nil. Append never waits for an fsync.
+//   - The committer goroutine is the only writer of records. It commits them
+//     in sequence order, each batch with pebble.Sync.
+//   - DurableSeq advances only after Pebble's Commit returned. Pebble shows a
+//     write to readers before its fsync is done, so "what an iterator sees" is
+//     not durable; Scan never reads past DurableSeq.
+//   - A failed commit makes the log unusable: the waiters of its records and
+//     every later Append and WaitDurable get an error naming the failure.
+//     Pebble itself reports a failed WAL fsync through Logger.Fatalf; the
+//     logger wal gives Pebble calls Options.Exit there and never returns,
+//     since Pebble would otherwise report the failed fsync as a success.
+//   - Settle, PutCheckpoints and PutMeta commit with pebble.Sync.
+//   - Options.NoSync (benchmarks only) commits records without fsync; a
+//     kill -9 then loses records whose WaitDurable returned nil.
+//
+// After a crash Pebble replays its WAL and drops a torn final batch, so Open
+// finds a prefix of the committed batches: every record acknowledged before
+// the crash, and possibly some records committed but never acknowledged
+// (clients retry with an event id, and replay deduplicates). Open checks the
+// frame of every unsettled record and that their sequence has no gap, and
+// fails with an error wrapping ErrCorrupt (see IsCorrupt) that names the data
+// dir and the sequence if not. The sequence resumes after
+// max(last record, settled mark), so a settled seq is never reused.
+//
+// # Concurrency
+//
+// All methods of Log are safe for concurrent use. Append assigns sequence
+// numbers in call order under one mutex; callers that need a per-account
+// order call it under their own lock and wait outside it (early lock
+// release). The mutex guards the queue of pending Pebble batches, which
+// Append fills and the committer takes whole; the committer commits outside
+// the mutex, so appends go on during an fsync and the next commit carries
+// all of them (group commit). A commit holds at most MaxBatchBytes, and
+// Append blocks while MaxPendingBytes are queued or being committed.
+//
+// The committer owns durableSeq; Settle (serialized by its own mutex) owns
+// the settled mark. Close drains the queue, so the waiters of queued records
+// get their answer, waits for the committer and for calls in progress, then
+// closes Pebble.
+package wal

@@ -1,0 +1,59 @@
+package wal
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+)
+
+// frameVersion is the only frame layout this package writes and reads.
+const frameVersion = 1
+
+// frameHeaderLen is the version byte plus the crc32c.
+const frameHeaderLen = 1 + 4
+
+// castagnoli is the crc32c table (hardware accelerated on amd64 and arm64).
+// It is immutable after init.
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+var (
+	errShortFrame  = errors.New("frame shorter than its header")
+	errBadChecksum = errors.New("checksum mismatch")
+)
+
+// checksum returns the crc32c of payload.
+func checksum(payload []byte) uint32 {
+	return crc32.Checksum(payload, castagnoli)
+}
+
+// encodeFrameInto writes the frame of payload, whose checksum is crc, into
+// dst, which must be exactly frameHeaderLen+len(payload) bytes.
+func encodeFrameInto(dst []byte, crc uint32, payload []byte) {
+	dst[0] = frameVersion
+	binary.LittleEndian.PutUint32(dst[1:frameHeaderLen], crc)
+	copy(dst[frameHeaderLen:], payload)
+}
+
+// encodeFrame returns a new frame holding payload.
+func encodeFrame(payload []byte) []byte {
+	dst := make([]byte, frameHeaderLen+len(payload))
+	encodeFrameInto(dst, checksum(payload), payload)
+	return dst
+}
+
+// decodeFrame checks frame and returns its payload, which aliases frame.
+func decodeFrame(frame []byte) ([]byte, error) {
+	if len(frame) < frameHeaderLen {
+		return nil, fmt.Errorf("%w (%d bytes)", errShortFrame, len(frame))
+	}
+	if v := frame[0]; v != frameVersion {
+		return nil, fmt.Errorf("unknown frame version %d", v)
+	}
+	payload := frame[frameHeaderLen:]
+	stored := binary.LittleEndian.Uint32(frame[1:frameHeaderLen])
+	if got := checksum(payload); got != stored {
+		return nil, fmt.Errorf("%w: stored %08x, computed %08x", errBadChecksum, stored, got)
+	}
+	return payload, nil
+}

@@ -1,0 +1,356 @@
+package wal
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+
+	"github.com/cockroachdb/pebble/v2"
+)
+
+// Log is a node's local log. All methods are safe for concurrent use.
+type Log struct {
+	opts        Options // with defaults
+	db          *pebble.DB
+	fsCloser    io.Closer // disk-health checker around opts.FS
+	writeOpts   *pebble.WriteOptions
+	incarnation string
+	log         *slog.Logger
+
+	// lastSeq is written only under mu; read without it by LastSeq.
+	lastSeq atomic.Uint64
+	// durableSeq is written only by the committer, after Commit returned.
+	durableSeq atomic.Uint64
+	// settledSeq is written only under settleMu.
+	settledSeq atomic.Uint64
+	// notify is closed and replaced whenever durableSeq advances or the log
+	// fails or closes. Waiters load it before they check their condition.
+	notify atomic.Pointer[chan struct{}]
+	// stopped, once set (under mu), is why waiters stop waiting: the failure,
+	// or ErrClosed after the committer drained the queue and exited.
+	stopped atomic.Pointer[error]
+
+	commits     atomic.Uint64
+	fsyncs      atomic.Uint64
+	appendWaits atomic.Uint64
+
+	mu sync.Mutex // protects the fields below, down to the blank line
+	// queue holds record batches not yet taken by the committer, oldest
+	// first; Append fills the last one.
+	queue []*pendingBatch
+	// pendingBytes counts bytes queued or being committed.
+	pendingBytes int
+	// failure, once set, makes the log unusable. It names the failed commit.
+	failure error
+	// closing is set when Close begins: Append refuses, the committer drains
+	// the queue and exits.
+	closing bool
+	// closed is set when the committer has exited.
+	closed bool
+	// work wakes the committer: queue not empty, or closing.
+	work sync.Cond
+	// space wakes blocked Appends: pendingBytes fell, or failure, or closing.
+	space sync.Cond
+
+	// settleMu serializes Settle so that the settled mark only moves forward.
+	settleMu sync.Mutex
+	// marks tracks cumulative record bytes for Stats.Bytes.
+	marks byteMarks
+
+	// users counts calls that use db outside the committer; Close waits for
+	// them before it closes db. Add happens only under mu while !closing.
+	users     sync.WaitGroup
+	done      chan struct{} // closed when the committer exits
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// Open opens or creates the log in opts.Dir. It validates the frame of every
+// unsettled record, so that real corruption is found at start, and resumes
+// the sequence after max(last record, settled mark).
+func Open(opts Options) (*Log, error) {
+	opts, err := opts.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	if err := opts.FS.MkdirAll(opts.Dir, 0o755); err != nil {
+		return nil, fmt.Errorf("wal: create dir %s: %w", opts.Dir, err)
+	}
+	po, fsCloser := opts.pebbleOptions()
+	db, err := pebble.Open(opts.Dir, po)
+	if err != nil {
+		_ = fsCloser.Close()
+		return nil, openError(opts.Dir, err)
+	}
+	l := newLog(opts, db, fsCloser)
+	if err := l.recover(); err != nil {
+		return nil, errors.Join(err, l.closeDB())
+	}
+	go l.run()
+	return l, nil
+}
+
+// openError wraps an error of pebble.Open, marking Pebble's corruption.
+func openError(dir string, err error) error {
+	if pebble.IsCorruptionError(err) {
+		return fmt.Errorf("%w: dir %s: pebble: %w", ErrCorrupt, dir, err)
+	}
+	return fmt.Errorf("wal: open pebble in %s: %w", dir, err)
+}
+
+func newLog(opts Options, db *pebble.DB, fsCloser io.Closer) *Log {
+	l := &Log{
+		opts:      opts,
+		db:        db,
+		fsCloser:  fsCloser,
+		writeOpts: pebble.Sync,
+		log:       opts.Logger.With("component", "wal", "dir", opts.Dir),
+		done:      make(chan struct{}),
+	}
+	if opts.NoSync {
+		l.writeOpts = pebble.NoSync
+	}
+	l.work.L = &l.mu
+	l.space.L = &l.mu
+	ch := make(chan struct{})
+	l.notify.Store(&ch)
+	return l
+}
+
+// recover reads or creates the meta keys, then scans the unsettled records.
+func (l *Log) recover() error {
+	if err := l.loadMeta(); err != nil {
+		return err
+	}
+	settled := l.settledSeq.Load()
+	last, bytes, err := l.validateRecords(settled)
+	if err != nil {
+		return err
+	}
+	last = max(last, settled)
+	l.lastSeq.Store(last)
+	l.durableSeq.Store(last)
+	l.marks.reset(settled)
+	l.marks.add(last, bytes)
+	l.log.Info("opened", "node", l.opts.NodeID, "incarnation", l.incarnation,
+		"settled", settled, "last", last, "unsettled_bytes", bytes)
+	return nil
+}
+
+// validateRecords checks every record after settled: its frame, and that the
+// sequence has no gap. Records are committed in sequence order and Pebble
+// recovers a prefix of its WAL, so a gap means lost data.
+func (l *Log) validateRecords(settled uint64) (last uint64, bytes uint64, err error) {
+	last = settled
+	err = l.iterRecords(settled, ^uint64(0), func(seq uint64, payload []byte) error {
+		if seq != last+1 {
+			return corruptRecord(l.opts.Dir, last+1, errors.New("missing record (gap in sequence)"))
+		}
+		last = seq
+		bytes += uint64(recordKeyLen + frameHeaderLen + len(payload))
+		return nil
+	})
+	return last, bytes, err
+}
+
+// loadMeta checks the node id and format of an existing dir, or initializes
+// a new one, and loads the incarnation and the settled mark.
+func (l *Log) loadMeta() error {
+	node, ok, err := l.getMeta(metaNodeID)
+	if err != nil {
+		return err
+	}
+	if !ok {
+		return l.initMeta()
+	}
+	if string(node) != l.opts.NodeID {
+		return fmt.Errorf("%w: data dir %s belongs to node %q, not %q",
+			ErrNodeMismatch, l.opts.Dir, node, l.opts.NodeID)
+	}
+	if err := l.checkFormat(); err != nil {
+		return err
+	}
+	inc, err := l.mustMeta(metaIncarnation)
+	if err != nil {
+		return err
+	}
+	l.incarnation = string(inc)
+	settled, err := l.mustMeta(metaSettledSeq)
+	if err != nil {
+		return err
+	}
+	s, err := decodeU64(settled)
+	if err != nil {
+		return corruptKey(l.opts.Dir, "meta "+metaSettledSeq, err)
+	}
+	l.settledSeq.Store(s)
+	return nil
+}
+
+// checkFormat refuses a dir written in another layout.
+func (l *Log) checkFormat() error {
+	v, err := l.mustMeta(metaFormat)
+	if err != nil {
+		return err
+	}
+	if f, err := decodeU64(v); err != nil || f != formatVersion {
+		return fmt.Errorf("wal: dir %s has format %x, this build reads format %d",
+			l.opts.Dir, v, formatVersion)
+	}
+	return nil
+}
+
+// mustMeta returns a meta value that every initialized dir has.
+func (l *Log) mustMeta(name string) ([]byte, error) {
+	v, ok, err := l.getMeta(name)
+	if err == nil && !ok {
+		err = corruptKey(l.opts.Dir, "meta "+name, errors.New("missing"))
+	}
+	return v, err
+}
+
+// initMeta writes the meta of a new dir in one synced batch. A crash before
+// the batch is durable leaves a dir that the next Open initializes again.
+func (l *Log) initMeta() error {
+	inc, err := newIncarnation()
+	if err != nil {
+		return err
+	}
+	b := l.db.NewBatch()
+	defer b.Close()
+	for name, v := range map[string][]byte{
+		metaNodeID:      []byte(l.opts.NodeID),
+		metaIncarnation: []byte(inc),
+		metaFormat:      encodeU64(formatVersion),
+		metaSettledSeq:  encodeU64(0),
+	} {
+		if err := b.Set(prefixKey(prefixMeta, name), encodeFrame(v), nil); err != nil {
+			return err
+		}
+	}
+	if err := b.Commit(pebble.Sync); err != nil {
+		return fmt.Errorf("wal: initialize %s: %w", l.opts.Dir, err)
+	}
+	l.incarnation = inc
+	return nil
+}
+
+// newIncarnation returns a random 128-bit id in hex.
+func newIncarnation() (string, error) {
+	var b [16]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return "", fmt.Errorf("wal: make incarnation: %w", err)
+	}
+	return hex.EncodeToString(b[:]), nil
+}
+
+// Incarnation returns the random 128-bit hex id made when the dir was
+// created. It is stable across reopens and differs for every new dir.
+func (l *Log) Incarnation() string { return l.incarnation }
+
+// NodeID returns the node id the dir belongs to.
+func (l *Log) NodeID() string { return l.opts.NodeID }
+
+// Dir returns the data dir.
+func (l *Log) Dir() string { return l.opts.Dir }
+
+// LastSeq returns the last sequence number assigned by Append (or recovered
+// by Open).
+func (l *Log) LastSeq() uint64 { return l.lastSeq.Load() }
+
+// DurableSeq returns the sequence number through which records are durable.
+// It advances only after Pebble's Commit returned: Pebble shows a write to
+// readers before it is durable.
+func (l *Log) DurableSeq() uint64 { return l.durableSeq.Load() }
+
+// SettledSeq returns the settled mark: records up to it are deleted.
+func (l *Log) SettledSeq() uint64 { return l.settledSeq.Load() }
+
+// acquire registers a call that uses db, or fails once Close has begun.
+func (l *Log) acquire() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closing {
+		return ErrClosed
+	}
+	l.users.Add(1)
+	return nil
+}
+
+// release ends a call registered by acquire.
+func (l *Log) release() { l.users.Done() }
+
+// wake closes the notify channel and installs a new one.
+func (l *Log) wake() {
+	ch := make(chan struct{})
+	close(*l.notify.Swap(&ch))
+}
+
+// Close commits what is queued (so its waiters get their answer), stops the
+// committer and waits for it, waits for calls in progress, and closes Pebble.
+// Later calls return the first call's result.
+func (l *Log) Close() error {
+	l.closeOnce.Do(func() { l.closeErr = l.close() })
+	return l.closeErr
+}
+
+func (l *Log) close() error {
+	l.mu.Lock()
+	l.closing = true
+	l.work.Broadcast()
+	l.space.Broadcast()
+	l.mu.Unlock()
+	<-l.done
+	l.mu.Lock()
+	l.closed = true
+	l.stopLocked(ErrClosed)
+	l.mu.Unlock()
+	l.wake()
+	l.users.Wait()
+	return l.closeDB()
+}
+
+// closeDB closes Pebble, then the disk-health checker.
+func (l *Log) closeDB() error {
+	err := l.db.Close()
+	return errors.Join(err, l.fsCloser.Close())
+}
+
+// WaitDurable returns nil once DurableSeq() >= seq. It returns an error if
+// the log failed or closed before that, or when ctx is done. A record that is
+// durable stays durable: WaitDurable returns nil for it even after a failure.
+func (l *Log) WaitDurable(ctx context.Context, seq uint64) error {
+	for {
+		ch := *l.notify.Load()
+		if l.durableSeq.Load() >= seq {
+			return nil
+		}
+		if err := l.waitErr(); err != nil {
+			return fmt.Errorf("wal: wait for seq %d: %w", seq, err)
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return fmt.Errorf("wal: wait for seq %d: %w", seq, ctx.Err())
+		}
+	}
+}
+
+// waitErr returns why a waiter can stop waiting, or nil.
+func (l *Log) waitErr() error {
+	if p := l.stopped.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// stopLocked records why waiters stop waiting, keeping the first reason.
+func (l *Log) stopLocked(err error) {
+	l.stopped.CompareAndSwap(nil, &err)
+}

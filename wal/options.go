@@ -1,0 +1,171 @@
+package wal
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2"
+	"github.com/cockroachdb/pebble/v2/vfs"
+)
+
+// Defaults for the zero values of Options.
+const (
+	DefaultMaxBatchBytes   = 4 << 20
+	DefaultMaxPendingBytes = 64 << 20
+)
+
+// Options configures Open. Only Dir and NodeID are required.
+type Options struct {
+	// Dir is the data dir. It is created if missing.
+	Dir string
+
+	// NodeID names the node that owns Dir. It is stored when the dir is
+	// created; a later Open with another NodeID fails with an error wrapping
+	// ErrNodeMismatch.
+	NodeID string
+
+	// NoSync commits records with pebble.NoSync. FOR BENCHMARKS ONLY: Pebble
+	// then keeps records in an in-process buffer, and a kill -9 loses records
+	// whose WaitDurable already returned nil, which breaks G2. Settle,
+	// PutCheckpoints and PutMeta stay synced.
+	NoSync bool
+
+	// FS is the file system Pebble uses. If nil, vfs.Default. Tests pass
+	// vfs.NewCrashableMem() and reopen from its CrashClone.
+	FS vfs.FS
+
+	// Logger receives Pebble's messages and wal's own. If nil, they are
+	// discarded (never the process-wide slog.Default()).
+	Logger *slog.Logger
+
+	// Exit is called by the Logger given to Pebble when Pebble reports a fatal
+	// error (for example a failed WAL fsync). If nil, os.Exit. If Exit returns
+	// (tests), the Logger panics instead of returning: a Fatalf that returns
+	// lets Pebble report a failed fsync as a successful commit.
+	Exit func(code int)
+
+	// MaxBatchBytes bounds the bytes of records the committer writes in one
+	// commit; it is also the largest payload Append takes. If 0,
+	// DefaultMaxBatchBytes.
+	MaxBatchBytes int
+
+	// MaxPendingBytes is the back-pressure bound: Append blocks while this many
+	// bytes are queued or being committed. If 0, DefaultMaxPendingBytes.
+	MaxPendingBytes int
+
+	// OnCommit, if not nil, is called by the committer goroutine after each
+	// successful commit of records, with the number of records, their bytes and
+	// the duration of the Pebble commit. It must not block and must not call
+	// Close.
+	OnCommit func(records, bytes int, took time.Duration)
+}
+
+// withDefaults checks o and fills in its zero fields.
+func (o Options) withDefaults() (Options, error) {
+	if o.Dir == "" {
+		return o, errors.New("wal: Options.Dir is required")
+	}
+	if o.NodeID == "" {
+		return o, errors.New("wal: Options.NodeID is required")
+	}
+	if o.MaxBatchBytes < 0 || o.MaxPendingBytes < 0 {
+		return o, fmt.Errorf("wal: negative MaxBatchBytes (%d) or MaxPendingBytes (%d)",
+			o.MaxBatchBytes, o.MaxPendingBytes)
+	}
+	if o.FS == nil {
+		o.FS = vfs.Default
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	if o.Exit == nil {
+		o.Exit = os.Exit
+	}
+	if o.MaxBatchBytes == 0 {
+		o.MaxBatchBytes = DefaultMaxBatchBytes
+	}
+	if o.MaxPendingBytes == 0 {
+		o.MaxPendingBytes = DefaultMaxPendingBytes
+	}
+	return o, nil
+}
+
+// diskSlowThreshold is how long a write may take before Pebble's disk-health
+// checker reports it through EventListener.DiskSlow (Pebble's own default).
+const diskSlowThreshold = 5 * time.Second
+
+// pebbleOptions returns the Pebble options for a log, and the closer of the
+// disk-health checker wrapped around o.FS, which the caller closes after the
+// DB (or after a failed pebble.Open: Pebble would leak its goroutine then).
+//
+// The DB holds a short queue of records that are deleted at each settle, a
+// few checkpoints and a few meta keys, so it needs little memory and no
+// filters.
+func (o Options) pebbleOptions() (*pebble.Options, io.Closer) {
+	po := &pebble.Options{
+		Logger: pebbleLogger{log: o.Logger, exit: o.Exit},
+		// Pinned, so that a Pebble upgrade never changes the format of a new
+		// dir behind our back; Pebble upgrades old dirs itself.
+		FormatMajorVersion: pebble.FormatNewest,
+		// Pebble commits a batch of at least half a memtable as a flushable
+		// batch and rotates the memtable for it: keep our largest commit well
+		// below that.
+		MemTableSize: uint64(max(16<<20, 4*o.MaxBatchBytes)),
+		CacheSize:    8 << 20,
+		// The WAL is what makes a commit durable: never disable it.
+		DisableWAL: false,
+	}
+	po.EventListener = o.eventListener()
+	fs, closer := vfs.WithDiskHealthChecks(o.FS, diskSlowThreshold, nil,
+		func(info vfs.DiskSlowInfo) { po.EventListener.DiskSlow(info) })
+	po.FS = fs
+	return po, closer
+}
+
+// eventListener logs the Pebble events an operator needs.
+func (o Options) eventListener() *pebble.EventListener {
+	log := o.Logger.With("component", "pebble")
+	return &pebble.EventListener{
+		BackgroundError: func(err error) { log.Error("background error", "err", err) },
+		DiskSlow: func(info pebble.DiskSlowInfo) {
+			log.Warn("disk slow", "path", info.Path, "op", info.OpType.String(), "took", info.Duration)
+		},
+		WriteStallBegin: func(info pebble.WriteStallBeginInfo) {
+			log.Warn("write stall begin", "reason", info.Reason)
+		},
+		WriteStallEnd: func() { log.Warn("write stall end") },
+	}
+}
+
+// pebbleLogger adapts slog to pebble.Logger.
+type pebbleLogger struct {
+	log  *slog.Logger
+	exit func(code int)
+}
+
+// fatalError is the panic value of pebbleLogger.Fatalf when exit returns.
+type fatalError struct{ msg string }
+
+func (e fatalError) Error() string { return "wal: pebble fatal error: " + e.msg }
+
+func (p pebbleLogger) Infof(format string, args ...any) {
+	p.log.Info(fmt.Sprintf(format, args...), "component", "pebble")
+}
+
+func (p pebbleLogger) Errorf(format string, args ...any) {
+	p.log.Error(fmt.Sprintf(format, args...), "component", "pebble")
+}
+
+// Fatalf logs, calls exit and, if exit returns, panics. It never returns:
+// Pebble calls it, for example, when a WAL fsync fails, and carries on as if
+// the commit succeeded if it returns.
+func (p pebbleLogger) Fatalf(format string, args ...any) {
+	msg := fmt.Sprintf(format, args...)
+	p.log.Error(msg, "component", "pebble", "fatal", true)
+	p.exit(1)
+	panic(fatalError{msg: msg})
+}

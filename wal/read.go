@@ -1,0 +1,124 @@
+package wal
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/cockroachdb/pebble/v2"
+)
+
+// Scan calls fn for each record with after < seq <= min(upto, DurableSeq()),
+// in sequence order. payload is valid only during fn. A frame that fails its
+// checksum or has an unknown version stops the scan with an error wrapping
+// ErrCorrupt that names the data dir and the sequence. An error from fn stops
+// the scan and is returned as is. fn must not call Close.
+func (l *Log) Scan(after, upto uint64, fn func(seq uint64, payload []byte) error) error {
+	if err := l.acquire(); err != nil {
+		return err
+	}
+	defer l.release()
+	return l.iterRecords(after, min(upto, l.DurableSeq()), fn)
+}
+
+// iterRecords calls fn for each record in (after, upto], checking its key
+// and frame.
+func (l *Log) iterRecords(after, upto uint64, fn func(seq uint64, payload []byte) error) error {
+	if after >= upto {
+		return nil
+	}
+	it, err := l.db.NewIter(&pebble.IterOptions{
+		LowerBound: recordKeyAfter(after),
+		UpperBound: recordKeyAfter(upto),
+	})
+	if err != nil {
+		return fmt.Errorf("wal: scan %s: %w", l.opts.Dir, err)
+	}
+	err = l.eachRecord(it, fn)
+	return errors.Join(err, it.Close())
+}
+
+// eachRecord runs fn over the records of it.
+func (l *Log) eachRecord(it *pebble.Iterator, fn func(seq uint64, payload []byte) error) error {
+	for valid := it.First(); valid; valid = it.Next() {
+		seq, err := parseRecordKey(it.Key())
+		if err != nil {
+			return corruptKey(l.opts.Dir, "record key", err)
+		}
+		v, err := it.ValueAndErr()
+		if err != nil {
+			return fmt.Errorf("wal: read record seq %d in %s: %w", seq, l.opts.Dir, err)
+		}
+		payload, err := decodeFrame(v)
+		if err != nil {
+			return corruptRecord(l.opts.Dir, seq, err)
+		}
+		if err := fn(seq, payload); err != nil {
+			return err
+		}
+	}
+	return it.Error()
+}
+
+// GetMeta returns a copy of the meta value name, and whether it exists.
+func (l *Log) GetMeta(name string) ([]byte, bool, error) {
+	if err := l.acquire(); err != nil {
+		return nil, false, err
+	}
+	defer l.release()
+	return l.getMeta(name)
+}
+
+func (l *Log) getMeta(name string) ([]byte, bool, error) {
+	v, closer, err := l.db.Get(prefixKey(prefixMeta, name))
+	if errors.Is(err, pebble.ErrNotFound) {
+		return nil, false, nil
+	}
+	if err != nil {
+		return nil, false, fmt.Errorf("wal: get meta %q in %s: %w", name, l.opts.Dir, err)
+	}
+	defer closer.Close()
+	payload, err := decodeFrame(v)
+	if err != nil {
+		return nil, false, corruptKey(l.opts.Dir, fmt.Sprintf("meta %q", name), err)
+	}
+	return append([]byte(nil), payload...), true, nil
+}
+
+// PutMeta stores v under name, synced. Names starting with "wal." belong to
+// the log itself and are refused.
+func (l *Log) PutMeta(name string, v []byte) error {
+	if name == "" || strings.HasPrefix(name, reservedMetaPrefix) {
+		return fmt.Errorf("wal: meta name %q is empty or reserved", name)
+	}
+	return l.write(func(b *pebble.Batch) error {
+		return b.Set(prefixKey(prefixMeta, name), encodeFrame(v), nil)
+	})
+}
+
+// write fills a batch with fill and commits it synced, whatever NoSync says.
+func (l *Log) write(fill func(b *pebble.Batch) error) error {
+	if err := l.acquire(); err != nil {
+		return err
+	}
+	defer l.release()
+	if err := l.waitErr(); err != nil && !errors.Is(err, ErrClosed) {
+		return err
+	}
+	b := l.db.NewBatch()
+	defer b.Close()
+	if err := fill(b); err != nil {
+		return err
+	}
+	if err := l.commitBatchSync(b); err != nil {
+		return fmt.Errorf("wal: commit to %s: %w", l.opts.Dir, err)
+	}
+	return nil
+}
+
+// commitBatchSync commits b with pebble.Sync, turning a Fatalf panic into an
+// error like commitBatch.
+func (l *Log) commitBatchSync(b *pebble.Batch) (err error) {
+	defer recoverFatal(&err)
+	return b.Commit(pebble.Sync)
+}
