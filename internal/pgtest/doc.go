@@ -1,0 +1,92 @@
+// Package pgtest runs a throwaway PostgreSQL server from the local binaries,
+// for tests that need the real ledger database.
+//
+// # Use in a test package
+//
+// One server serves a whole test package. TestMain hands control to Main,
+// which starts that server the first time a test asks for it and stops it
+// (and removes its files) after the last test:
+//
+//	func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
+//
+//	func TestSettle(t *testing.T) {
+//		dsn := pgtest.NewDB(t) // a fresh, empty database, dropped when t ends
+//		conn, err := pgx.Connect(t.Context(), dsn)
+//		...
+//	}
+//
+// A test that takes the server down (to check behaviour while the ledger is
+// away) uses PackageServer(t) and calls Stop and Start on it. Such a test must
+// not run in parallel with others that use the server; if it leaves the server
+// stopped, PackageServer's cleanup starts it again for the next test.
+//
+// Tests that need a server of their own (to Close it, say) call Start.
+//
+// # Missing binaries
+//
+// The binaries are looked up as initdb on PATH, then in
+// /usr/lib/postgresql/<version>/bin (where Debian's postgresql package puts
+// them). When they are missing, NewDB and PackageServer skip the test with
+//
+//	SKIP: Postgres binaries not found (initdb on PATH); set QUOTARING_REQUIRE_PG=1 to make this a failure
+//
+// and Main repeats it on stderr after the run, so the skip is seen without -v.
+// With QUOTARING_REQUIRE_PG=1 in the environment (CI sets it) the same
+// tests fail instead: a machine without Postgres must not pass the ledger
+// tests by skipping them.
+//
+// # Running as root, and why not runuser
+//
+// postgres and initdb refuse to run as root. When the test process is root,
+// pgtest creates the server's directory, gives it to the "postgres" OS user,
+// and starts initdb and postgres as that user. It does what
+// `runuser -u postgres -- postgres ...` would do, but in-process: the child is
+// forked with syscall.Credential set to postgres's uid and gid. Without a
+// runuser process in between, the process pgtest holds is the postmaster
+// itself, so it can signal the postmaster by its own PID and wait for it,
+// and the kernel's parent-death signal (below) reaches the postmaster rather
+// than a runuser that might not pass it on. The directory's ancestors must be
+// searchable by that user: the default, os.TempDir(), is; a t.TempDir() is
+// not (it is mode 0700), so do not pass one as Options.Dir when running as root.
+//
+// # What the server is
+//
+//   - It listens on 127.0.0.1 only, on a port that was free when it started
+//     (kept across Stop and Start); unix-domain sockets are off, so nothing
+//     is written outside its directory.
+//   - Authentication is trust for user postgres: DSN gives
+//     postgres://postgres@127.0.0.1:PORT/db?sslmode=disable.
+//   - It is tuned for speed, not durability: initdb --no-sync, and fsync,
+//     synchronous_commit and full_page_writes off. A crash of the machine can
+//     corrupt it; a crash of the test cannot matter, since the data is thrown
+//     away. Do not use these settings to measure durability.
+//   - timezone is UTC, and the locale is C.
+//
+// Start returns once a connection succeeds (a connect loop with a deadline,
+// never a fixed sleep); on this project's 2-core machine initdb plus start
+// takes about 0.6 s.
+//
+// # Cleanup when a test process dies
+//
+// Close stops the postmaster (fast shutdown) and removes the directory. When
+// the test process dies without calling Close (a panic, a -timeout, kill -9),
+// two things stop a postmaster from running forever:
+//
+//  1. On Linux the postmaster is started with a parent-death signal (SIGINT:
+//     fast shutdown), so the kernel stops it when the test process exits. The
+//     caveat: the kernel sends the signal when the OS thread that started the
+//     child exits, which in Go happens only if a goroutine locked to that
+//     thread ends without unlocking it.
+//  2. Every server directory is named quotaring-pgtest-* and holds a file
+//     "owner" naming the test process (PID and start time, so a reused PID is
+//     not taken for the owner). Start looks at the other such directories in
+//     the same parent: where the owner is gone, it stops the postmaster named
+//     in that directory's postmaster.pid (only after checking that the process
+//     is a postgres whose working directory is that data directory) and
+//     removes the directory. Nothing else is ever signalled.
+//
+// # Concurrency
+//
+// A Server's methods are safe for concurrent use; Stop, Start and Close are
+// serialized. Port, Addr and DSN never change after Start returns.
+package pgtest
