@@ -397,6 +397,30 @@ func (a *Account) Reserve(grantID string, delta int64, now Now, rec *Record) boo
 	return true
 }
 
+// Allowance is this node's unspent reservation over the grants active at
+// wall (reservations mode).
+func (a *Account) Allowance(wall int64) int64 {
+	var n int64
+	for i := range a.grants {
+		if g := &a.grants[i]; g.active(wall) {
+			n += g.allowance
+		}
+	}
+	return n
+}
+
+// Allowances lists every grant holding an allowance, active or not: what a
+// release hands back.
+func (a *Account) Allowances() []Alloc {
+	var out []Alloc
+	for _, g := range a.grants {
+		if g.allowance != 0 {
+			out = append(out, Alloc{Grant: g.id, Units: g.allowance})
+		}
+	}
+	return out
+}
+
 // MarkExhausted records that the ledger had no free units for grant id: until
 // mono, a shortfall on it answers QuotaExceeded without asking again.
 func (a *Account) MarkExhausted(grantID string, untilMono int64) {

@@ -1,0 +1,82 @@
+package engine
+
+import (
+	"sync/atomic"
+	"time"
+
+	"github.com/quotaring/quotaring/shard"
+)
+
+// Clock reads the two clocks a decision needs. Implementations must be safe
+// for concurrent use.
+type Clock interface {
+	Now() shard.Now
+}
+
+// SystemClock is the real clock: the wall reading from time.Now (never below
+// the highest wall reading it has returned, so a jump back stands still
+// instead of going back), the monotonic one from time.Since a fixed start.
+// Offset shifts the wall reading: it exists for the chaos tests' clock skew
+// and month jumps (libfaketime does not reach Go programs).
+type SystemClock struct {
+	start  time.Time
+	offset atomic.Int64 // ns added to the wall reading
+	high   atomic.Int64 // highest wall reading returned
+}
+
+// NewSystemClock starts a system clock.
+func NewSystemClock() *SystemClock { return &SystemClock{start: time.Now()} }
+
+// SetOffset shifts the wall reading by d (tests and chaos only).
+func (c *SystemClock) SetOffset(d time.Duration) { c.offset.Store(int64(d)) }
+
+// SetFloor raises the lowest wall reading the clock will return, e.g. to the
+// last wall reading persisted before a restart.
+func (c *SystemClock) SetFloor(wall int64) {
+	for {
+		h := c.high.Load()
+		if wall <= h || c.high.CompareAndSwap(h, wall) {
+			return
+		}
+	}
+}
+
+// Now implements Clock.
+func (c *SystemClock) Now() shard.Now {
+	wall := time.Now().UnixNano() + c.offset.Load()
+	for {
+		h := c.high.Load()
+		if wall <= h {
+			wall = h
+			break
+		}
+		if c.high.CompareAndSwap(h, wall) {
+			break
+		}
+	}
+	return shard.Now{Wall: wall, Mono: int64(time.Since(c.start))}
+}
+
+// ManualClock is a clock tests move by hand.
+type ManualClock struct {
+	wall, mono atomic.Int64
+}
+
+// NewManualClock starts at wall.
+func NewManualClock(wall time.Time) *ManualClock {
+	c := &ManualClock{}
+	c.wall.Store(wall.UnixNano())
+	return c
+}
+
+// Now implements Clock.
+func (c *ManualClock) Now() shard.Now { return shard.Now{Wall: c.wall.Load(), Mono: c.mono.Load()} }
+
+// Advance moves both clocks forward by d.
+func (c *ManualClock) Advance(d time.Duration) {
+	c.wall.Add(int64(d))
+	c.mono.Add(int64(d))
+}
+
+// SetWall sets the wall reading only (a jump), leaving the monotonic one.
+func (c *ManualClock) SetWall(t time.Time) { c.wall.Store(t.UnixNano()) }

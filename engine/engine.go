@@ -1,0 +1,444 @@
+package engine
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/base32"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cespare/xxhash/v2"
+
+	"github.com/quotaring/quotaring/shard"
+	"github.com/quotaring/quotaring/snapshot"
+	"github.com/quotaring/quotaring/wal"
+)
+
+// Errors a caller can act on.
+var (
+	// ErrNotOwner: this node does not own the account (any more). Retry at the
+	// owner; never charge here.
+	ErrNotOwner = errors.New("engine: not the owner of this account")
+	// ErrQuotaUnavailable: the account needs a reservation and the ledger
+	// could not be reached. Answer quota-unavailable (503) and retry later.
+	ErrQuotaUnavailable = errors.New("engine: quota unavailable: the ledger could not reserve units")
+	// ErrClosed: the engine is closed.
+	ErrClosed = errors.New("engine: closed")
+)
+
+// Reserver reserves and releases units of an account's grants in the ledger
+// for this node. Implementations are safe for concurrent use and may block
+// on the network.
+type Reserver interface {
+	// Reserve reserves up to req.Need more units of the account's grants
+	// active at req.Wall, soonest-expiring first. It may reserve less (what is
+	// free); Exhausted names grants with nothing free left.
+	Reserve(ctx context.Context, req ReserveRequest) (ReserveResult, error)
+	// Release hands allowances back to the ledger.
+	Release(ctx context.Context, account string, allocs []shard.Alloc) error
+}
+
+// ReserveRequest asks for units.
+type ReserveRequest struct {
+	Account string
+	Wall    int64
+	Need    int64
+}
+
+// ReserveResult is what the ledger reserved.
+type ReserveResult struct {
+	Granted   []shard.Alloc
+	Exhausted []string
+}
+
+// Options configure an Engine.
+type Options struct {
+	Log *wal.Log // required
+	// Clock defaults to a SystemClock.
+	Clock Clock
+	// Stripes is the number of lock stripes (default 256).
+	Stripes int
+	// Params are shared by all accounts; Params.Reservations is set from
+	// Reserver != nil. Zero DedupWindow/DedupMax take shard.DefaultParams.
+	Params shard.Params
+	// Reserver, when set, makes hard limits spend only reserved units.
+	Reserver Reserver
+	// ReserveWindow is the span of recent use a reservation should cover
+	// twice over (about the settle interval; default 1 s).
+	ReserveWindow time.Duration
+	// ExhaustedBackoff is how long a grant the ledger called exhausted is not
+	// asked about again (default 1 s).
+	ExhaustedBackoff time.Duration
+	// Owns reports whether this node owns an account now. It is called under
+	// the account's stripe lock; nil means every account.
+	Owns func(account string) bool
+	// Logger defaults to discarding.
+	Logger *slog.Logger
+}
+
+// Result is the answer to a charge.
+type Result struct {
+	shard.Decision
+	EventID string
+	// Receipt refunds this charge later (nil unless it charged units).
+	Receipt *shard.Receipt
+}
+
+// Engine owns the accounts of one node. Its methods are safe for concurrent
+// use.
+type Engine struct {
+	opts     Options
+	log      *wal.Log
+	clock    Clock
+	params   shard.Params
+	snap     atomic.Pointer[snapshot.Snapshot]
+	stripes  []stripe
+	idPrefix string
+	idSeq    atomic.Uint64
+	flights  flightGroup
+	stats    Stats
+
+	topups chan string
+	ctx    context.Context // canceled by Close: stops the top-up loop and its ledger calls
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	closed atomic.Bool
+}
+
+// stripe is one lock's worth of accounts.
+type stripe struct {
+	mu sync.Mutex // protects accounts, rec and buf, and every *entry in accounts
+	// accounts holds the state of the accounts hashed to this stripe.
+	accounts map[string]*entry
+	rec      shard.Record // scratch, reused for every decision
+	buf      []byte       // scratch for encoding
+}
+
+// entry is an account plus what the driver keeps beside it.
+type entry struct {
+	acct    *shard.Account
+	dirty   bool  // changed since its last checkpoint
+	chunk   int64 // size of its last reservation
+	topping bool  // a top-up is queued
+	// use in the current and previous ReserveWindow, for sizing reservations
+	winStart, winUnits, prevUnits int64
+}
+
+// Stats are counters for metrics.
+type Stats struct {
+	Charges, Refunds, Replayed, Refused, Reservations, ReserveErrors, TopUps atomic.Int64
+}
+
+// Open recovers the engine from its log: the last good snapshot, the
+// checkpoints, then every record above them.
+func Open(opts Options) (*Engine, error) {
+	if opts.Log == nil {
+		return nil, errors.New("engine: Options.Log is required")
+	}
+	e := &Engine{opts: opts, log: opts.Log, clock: opts.Clock, params: opts.Params}
+	e.ctx, e.cancel = context.WithCancel(context.Background())
+	e.fillDefaults()
+	prefix := make([]byte, 5)
+	if _, err := rand.Read(prefix); err != nil {
+		return nil, fmt.Errorf("engine: event id prefix: %w", err)
+	}
+	e.idPrefix = base32.HexEncoding.WithPadding(base32.NoPadding).EncodeToString(prefix) + "-"
+	if err := e.recover(); err != nil {
+		e.cancel()
+		return nil, err
+	}
+	if opts.Reserver != nil {
+		e.topups = make(chan string, 4096)
+		e.wg.Add(1)
+		go e.topupLoop()
+	}
+	return e, nil
+}
+
+func (e *Engine) fillDefaults() {
+	if e.clock == nil {
+		e.clock = NewSystemClock()
+	}
+	if e.opts.Stripes <= 0 {
+		e.opts.Stripes = 256
+	}
+	def := shard.DefaultParams()
+	if e.params.DedupWindow <= 0 {
+		e.params.DedupWindow = def.DedupWindow
+	}
+	if e.params.DedupMax <= 0 {
+		e.params.DedupMax = def.DedupMax
+	}
+	e.params.Reservations = e.opts.Reserver != nil
+	if e.opts.ReserveWindow <= 0 {
+		e.opts.ReserveWindow = time.Second
+	}
+	if e.opts.ExhaustedBackoff <= 0 {
+		e.opts.ExhaustedBackoff = time.Second
+	}
+	if e.opts.Logger == nil {
+		e.opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	e.stripes = make([]stripe, e.opts.Stripes)
+	for i := range e.stripes {
+		e.stripes[i].accounts = make(map[string]*entry)
+	}
+}
+
+// Close stops the top-up loop. It does not close the log (its opener does).
+func (e *Engine) Close() error {
+	if e.closed.Swap(true) {
+		return nil
+	}
+	e.cancel()
+	e.wg.Wait()
+	return nil
+}
+
+// Log is the engine's log.
+func (e *Engine) Log() *wal.Log { return e.log }
+
+// Clock is the engine's clock.
+func (e *Engine) Clock() Clock { return e.clock }
+
+// Stats are the engine's counters.
+func (e *Engine) Stats() *Stats { return &e.stats }
+
+// Snapshot is the config the engine serves from (nil before the first).
+func (e *Engine) Snapshot() *snapshot.Snapshot { return e.snap.Load() }
+
+func (e *Engine) stripeFor(account string) *stripe {
+	return &e.stripes[xxhash.Sum64String(account)%uint64(len(e.stripes))]
+}
+
+// entryLocked finds or makes the account's entry from the snapshot.
+// REQUIRES: st.mu held.
+func (e *Engine) entryLocked(st *stripe, account string) (*entry, bool) {
+	snap := e.snap.Load()
+	if snap == nil || !snap.HasAccount(account) {
+		return nil, false
+	}
+	if ent, ok := st.accounts[account]; ok {
+		return ent, true
+	}
+	cfg, _ := snap.AccountConfig(account)
+	ent := &entry{acct: shard.NewAccount(cfg)}
+	st.accounts[account] = ent
+	return ent, true
+}
+
+func (e *Engine) ownsLocked(account string) bool {
+	return e.opts.Owns == nil || e.opts.Owns(account)
+}
+
+func (e *Engine) newEventID() string {
+	return e.idPrefix + strconv.FormatUint(e.idSeq.Add(1), 36)
+}
+
+// appendLocked logs st.rec for ent. REQUIRES: st.mu held, st.rec.Type != 0.
+func (e *Engine) appendLocked(st *stripe, ent *entry) (uint64, error) {
+	st.buf = st.rec.AppendEncode(st.buf[:0])
+	seq, err := e.log.Append(st.buf)
+	if err != nil {
+		return 0, fmt.Errorf("engine: log %s for account %q: %w", st.rec.Type, st.rec.Account, err)
+	}
+	ent.acct.LastSeq = seq
+	ent.dirty = true
+	return seq, nil
+}
+
+// maxReserveRounds bounds how often one charge asks the ledger: after a
+// reservation the next decision is OK or QuotaExceeded unless concurrent
+// charges took the units first.
+const maxReserveRounds = 3
+
+// Charge decides req for account and, when it charged, waits until the
+// record is durable. An empty EventID gets a unique generated one. Errors are
+// ErrNotOwner, ErrQuotaUnavailable, log failures and ctx's.
+func (e *Engine) Charge(ctx context.Context, account string, req shard.Charge) (Result, error) {
+	if req.EventID == "" {
+		req.EventID, req.ClientID = e.newEventID(), false
+	}
+	for round := 0; ; round++ {
+		res, err := e.chargeOnce(account, &req)
+		if err != nil {
+			return res, err
+		}
+		if res.Reason != shard.NeedReservation {
+			e.count(res.Reason)
+			if res.Seq > 0 {
+				if err := e.log.WaitDurable(ctx, res.Seq); err != nil {
+					return Result{}, fmt.Errorf("engine: charge %q of account %q not durable: %w", req.EventID, account, err)
+				}
+			}
+			return res, nil
+		}
+		if round == maxReserveRounds {
+			return res, fmt.Errorf("%w: account %q: units reserved were taken by concurrent charges %d times", ErrQuotaUnavailable, account, round)
+		}
+		if err := e.reserve(ctx, account, res.Shortfall); err != nil {
+			return res, err
+		}
+	}
+}
+
+func (e *Engine) count(r shard.Reason) {
+	switch r {
+	case shard.OK:
+		e.stats.Charges.Add(1)
+	case shard.Replayed:
+		e.stats.Replayed.Add(1)
+	default:
+		e.stats.Refused.Add(1)
+	}
+}
+
+func (e *Engine) chargeOnce(account string, req *shard.Charge) (Result, error) {
+	st := e.stripeFor(account)
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if !e.ownsLocked(account) {
+		return Result{}, fmt.Errorf("%w: %q", ErrNotOwner, account)
+	}
+	ent, ok := e.entryLocked(st, account)
+	if !ok {
+		return Result{Decision: shard.Decision{Reason: shard.UnknownAccount}, EventID: req.EventID}, nil
+	}
+	now := e.clock.Now()
+	d := ent.acct.Charge(req, now, &e.params, &st.rec)
+	res := Result{Decision: d, EventID: req.EventID}
+	if st.rec.Type == 0 {
+		return res, nil
+	}
+	seq, err := e.appendLocked(st, ent)
+	if err != nil {
+		return Result{}, err
+	}
+	res.Seq = seq
+	r := &st.rec
+	res.Receipt = &shard.Receipt{EventID: r.EventID, Units: r.Units, Period: r.Period, Wall: r.Wall, Key: r.Key, Route: r.Route, Allocs: slices.Clone(r.Allocs)}
+	if e.params.Reservations {
+		e.noteSpendLocked(account, ent, req.Units, now)
+	}
+	return res, nil
+}
+
+// Refund returns the units of an event once and waits until the refund is
+// durable. receipt may be nil for client-supplied event ids.
+func (e *Engine) Refund(ctx context.Context, account, eventID string, receipt *shard.Receipt) (shard.Decision, error) {
+	st := e.stripeFor(account)
+	st.mu.Lock()
+	if !e.ownsLocked(account) {
+		st.mu.Unlock()
+		return shard.Decision{}, fmt.Errorf("%w: %q", ErrNotOwner, account)
+	}
+	ent, ok := e.entryLocked(st, account)
+	if !ok {
+		st.mu.Unlock()
+		return shard.Decision{Reason: shard.UnknownAccount}, nil
+	}
+	d := ent.acct.Refund(eventID, receipt, e.clock.Now(), &e.params, &st.rec)
+	if st.rec.Type != 0 {
+		seq, err := e.appendLocked(st, ent)
+		if err != nil {
+			st.mu.Unlock()
+			return shard.Decision{}, err
+		}
+		d.Seq = seq
+		e.stats.Refunds.Add(1)
+	}
+	st.mu.Unlock()
+	if d.Seq > 0 {
+		if err := e.log.WaitDurable(ctx, d.Seq); err != nil {
+			return shard.Decision{}, fmt.Errorf("engine: refund %q of account %q not durable: %w", eventID, account, err)
+		}
+	}
+	return d, nil
+}
+
+// Usage reports an account's current period from the state that enforces.
+func (e *Engine) Usage(account string) (shard.Usage, bool, error) {
+	st := e.stripeFor(account)
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if !e.ownsLocked(account) {
+		return shard.Usage{}, false, fmt.Errorf("%w: %q", ErrNotOwner, account)
+	}
+	ent, ok := e.entryLocked(st, account)
+	if !ok {
+		return shard.Usage{}, false, nil
+	}
+	return ent.acct.Usage(e.clock.Now()), true, nil
+}
+
+// AccountView is an account as the status page and tests see it.
+type AccountView struct {
+	ID     string
+	Usage  shard.Usage
+	Grants []shard.GrantView
+}
+
+// Accounts lists the accounts this node holds state for, sorted by id.
+func (e *Engine) Accounts() []AccountView {
+	now := e.clock.Now()
+	var out []AccountView
+	for i := range e.stripes {
+		st := &e.stripes[i]
+		st.mu.Lock()
+		for id, ent := range st.accounts {
+			out = append(out, AccountView{ID: id, Usage: ent.acct.Usage(now), Grants: ent.acct.Grants()})
+		}
+		st.mu.Unlock()
+	}
+	slices.SortFunc(out, func(a, b AccountView) int { return cmpString(a.ID, b.ID) })
+	return out
+}
+
+func cmpString(a, b string) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// SetSnapshot makes s the config to serve from, keeps it in the log as the
+// last good one, and applies it to every account this node holds.
+func (e *Engine) SetSnapshot(s *snapshot.Snapshot) error {
+	data, err := s.Encode()
+	if err != nil {
+		return fmt.Errorf("engine: encode snapshot %d: %w", s.Version, err)
+	}
+	if err := e.log.PutMeta(metaSnapshot, data); err != nil {
+		return fmt.Errorf("engine: keep snapshot %d: %w", s.Version, err)
+	}
+	e.applySnapshot(s)
+	return nil
+}
+
+func (e *Engine) applySnapshot(s *snapshot.Snapshot) {
+	e.snap.Store(s)
+	for i := range e.stripes {
+		st := &e.stripes[i]
+		st.mu.Lock()
+		for id, ent := range st.accounts {
+			if cfg, ok := s.AccountConfig(id); ok {
+				ent.acct.Configure(cfg)
+			}
+		}
+		st.mu.Unlock()
+	}
+}
+
+const (
+	metaSnapshot = "engine.snapshot"
+	metaWall     = "engine.wall"
+)

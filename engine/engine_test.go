@@ -1,0 +1,248 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/quotaring/quotaring/shard"
+	"github.com/quotaring/quotaring/snapshot"
+	"github.com/quotaring/quotaring/wal"
+)
+
+// testSnapshot has one plan per account: hard monthly quota, no rate limit,
+// and the weights of the README's example.
+func testSnapshot(t testing.TB, quotas map[string]int64) *snapshot.Snapshot {
+	s := &snapshot.Snapshot{Version: 1, Routes: snapshot.Routes{Default: 1, Weights: map[string]int64{
+		"GET /v1/tasks": 1, "POST /v1/tasks": 2, "POST /v1/exports": 25,
+	}}}
+	for id, q := range quotas {
+		s.Plans = append(s.Plans, snapshot.Plan{ID: "plan-" + id, MonthlyQuota: q, Hard: true})
+		s.Accounts = append(s.Accounts, snapshot.Account{ID: id, Plan: "plan-" + id})
+	}
+	if err := s.Build(); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func openLog(t testing.TB, dir string) *wal.Log {
+	l, err := wal.Open(wal.Options{Dir: dir, NodeID: "n1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+func openEngine(t testing.TB, dir string, clock Clock, s *snapshot.Snapshot) *Engine {
+	l := openLog(t, dir)
+	e, err := Open(Options{Log: l, Clock: clock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s != nil {
+		if err := e.SetSnapshot(s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() { e.Close(); l.Close() })
+	return e
+}
+
+func countRecords(t testing.TB, l *wal.Log, typ shard.RecordType) (n int, units int64) {
+	var rec shard.Record
+	err := l.Scan(l.SettledSeq(), l.DurableSeq(), func(_ uint64, p []byte) error {
+		if err := rec.Decode(p); err != nil {
+			return err
+		}
+		if rec.Type == typ {
+			n++
+			units += rec.Units
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n, units
+}
+
+func TestExactQuotaUnderConcurrency(t *testing.T) {
+	e := openEngine(t, t.TempDir(), NewManualClock(time.Date(2026, 6, 10, 0, 0, 0, 0, time.UTC)), testSnapshot(t, map[string]int64{"acme": 20}))
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	ok := 0
+	for i := 0; i < 100; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			res, err := e.Charge(context.Background(), "acme", shard.Charge{Route: "GET /v1/tasks", Units: 1})
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			if res.Reason == shard.OK {
+				mu.Lock()
+				ok++
+				mu.Unlock()
+			} else if res.Reason != shard.QuotaExceeded {
+				t.Errorf("reason %v", res.Reason)
+			}
+		}()
+	}
+	wg.Wait()
+	u, _, _ := e.Usage("acme")
+	n, units := countRecords(t, e.Log(), shard.RecCharge)
+	if ok != 20 || u.Used != 20 || n != 20 || units != 20 {
+		t.Fatalf("%d succeeded, counter %d, %d charge records of %d units; want 20 each", ok, u.Used, n, units)
+	}
+}
+
+func TestWeightsAndMonthEnd(t *testing.T) {
+	clock := NewManualClock(time.Date(2026, 6, 28, 12, 0, 0, 0, time.UTC))
+	s := testSnapshot(t, map[string]int64{"acme": 60})
+	e := openEngine(t, t.TempDir(), clock, s)
+	call := func(method, path string) Result {
+		route, units := s.Routes.Match(method, path)
+		res, err := e.Charge(context.Background(), "acme", shard.Charge{Route: route, Units: units})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res
+	}
+	for i, c := range []struct {
+		method, path string
+		want         shard.Reason
+		left         int64
+	}{
+		{"GET", "/v1/tasks", shard.OK, 59},
+		{"POST", "/v1/tasks", shard.OK, 57},
+		{"POST", "/v1/exports", shard.OK, 32},
+		{"POST", "/v1/exports", shard.OK, 7},
+		{"POST", "/v1/exports", shard.QuotaExceeded, 7},
+		{"GET", "/v1/tasks", shard.OK, 6},
+	} {
+		res := call(c.method, c.path)
+		if res.Reason != c.want || res.Remaining != c.left {
+			t.Fatalf("step %d %s %s: %v with %d left, want %v with %d", i, c.method, c.path, res.Reason, res.Remaining, c.want, c.left)
+		}
+		if res.Reason == shard.QuotaExceeded && time.Duration(res.RetryAfter) != 216000*time.Second {
+			t.Fatalf("retry after %v, want 216000s", time.Duration(res.RetryAfter))
+		}
+	}
+	clock.SetWall(time.Date(2026, 6, 30, 23, 59, 59, 0, time.UTC))
+	if res := call("GET", "/v1/tasks"); res.Reason != shard.OK || res.Remaining != 5 {
+		t.Fatalf("23:59:59 on the 30th is still June: %+v", res.Decision)
+	}
+	clock.SetWall(time.Date(2026, 7, 1, 0, 0, 0, 0, time.UTC))
+	if res := call("GET", "/v1/tasks"); res.Reason != shard.OK || res.Remaining != 59 {
+		t.Fatalf("00:00:00 on 1 July starts at zero: %+v", res.Decision)
+	}
+}
+
+func TestRetryRefundAndRestart(t *testing.T) {
+	dir := t.TempDir()
+	clock := NewManualClock(time.Date(2026, 6, 10, 0, 0, 0, 0, time.UTC))
+	s := testSnapshot(t, map[string]int64{"acme": 100})
+	ctx := context.Background()
+	l := openLog(t, dir)
+	e, err := Open(Options{Log: l, Clock: clock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.SetSnapshot(s); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 5; i++ {
+		res, err := e.Charge(ctx, "acme", shard.Charge{EventID: "retry-me", ClientID: true, Units: 10})
+		if err != nil || !res.Reason.Accepted() {
+			t.Fatalf("try %d: %v %v", i, res.Reason, err)
+		}
+	}
+	gen, _ := e.Charge(ctx, "acme", shard.Charge{Units: 7})
+	if d, _ := e.Refund(ctx, "acme", gen.EventID, gen.Receipt); d.Reason != shard.Refunded {
+		t.Fatalf("refund by receipt: %v", d.Reason)
+	}
+	if d, _ := e.Refund(ctx, "acme", "retry-me", nil); d.Reason != shard.Refunded || d.Units != 10 {
+		t.Fatalf("refund: %+v", d)
+	}
+	if d, _ := e.Refund(ctx, "acme", "retry-me", nil); d.Reason != shard.AlreadyRefunded {
+		t.Fatalf("second refund: %v", d.Reason)
+	}
+	if _, err := e.Charge(ctx, "acme", shard.Charge{EventID: "kept", ClientID: true, Units: 3}); err != nil {
+		t.Fatal(err)
+	}
+	before, _, _ := e.Usage("acme")
+	e.Close()
+	l.Close()
+
+	// Restart from the data dir alone: no snapshot given, the kept one is used.
+	e2 := openEngine(t, dir, clock, nil)
+	after, ok, err := e2.Usage("acme")
+	if err != nil || !ok || fmt.Sprint(after) != fmt.Sprint(before) {
+		t.Fatalf("after restart %+v (known %v, %v), before %+v", after, ok, err, before)
+	}
+	if res, _ := e2.Charge(ctx, "acme", shard.Charge{EventID: "kept", ClientID: true, Units: 3}); res.Reason != shard.Replayed {
+		t.Fatalf("a retry after restart: %v, want replayed", res.Reason)
+	}
+	if d, _ := e2.Refund(ctx, "acme", "retry-me", nil); d.Reason != shard.AlreadyRefunded {
+		t.Fatalf("refund after restart: %v, want already_refunded", d.Reason)
+	}
+}
+
+func TestSettleCheckpointsAndTruncates(t *testing.T) {
+	dir := t.TempDir()
+	clock := NewManualClock(time.Date(2026, 6, 10, 0, 0, 0, 0, time.UTC))
+	s := testSnapshot(t, map[string]int64{"a": 1000, "b": 1000})
+	ctx := context.Background()
+	l := openLog(t, dir)
+	e, _ := Open(Options{Log: l, Clock: clock})
+	e.SetSnapshot(s)
+	for i := 0; i < 10; i++ {
+		e.Charge(ctx, "a", shard.Charge{EventID: fmt.Sprint("a", i), ClientID: true, Units: 1})
+	}
+	if err := e.Settle(ctx, l.DurableSeq()); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 5; i++ {
+		e.Charge(ctx, "b", shard.Charge{Units: 2})
+		e.Charge(ctx, "a", shard.Charge{Units: 1})
+	}
+	if n, _ := countRecords(t, l, shard.RecCharge); n != 10 {
+		t.Fatalf("%d records left after settling the first 10, want 10", n)
+	}
+	ua, _, _ := e.Usage("a")
+	ub, _, _ := e.Usage("b")
+	e.Close()
+	l.Close()
+	e2 := openEngine(t, dir, clock, nil)
+	ua2, _, _ := e2.Usage("a")
+	ub2, _, _ := e2.Usage("b")
+	if ua2.Used != ua.Used || ub2.Used != ub.Used || ua.Used != 15 || ub.Used != 10 {
+		t.Fatalf("after restart a=%d b=%d, before a=%d b=%d (want 15, 10)", ua2.Used, ub2.Used, ua.Used, ub.Used)
+	}
+	if res, _ := e2.Charge(ctx, "a", shard.Charge{EventID: "a3", ClientID: true, Units: 1}); res.Reason != shard.Replayed {
+		t.Fatalf("client id from a settled, checkpointed record: %v, want replayed", res.Reason)
+	}
+}
+
+func TestUnknownAccount(t *testing.T) {
+	e := openEngine(t, t.TempDir(), NewManualClock(time.Now()), testSnapshot(t, map[string]int64{"a": 1}))
+	res, err := e.Charge(context.Background(), "nobody", shard.Charge{Units: 1})
+	if err != nil || res.Reason != shard.UnknownAccount {
+		t.Fatalf("%v %v", res.Reason, err)
+	}
+}
+
+func TestNotOwnerRefuses(t *testing.T) {
+	l := openLog(t, t.TempDir())
+	defer l.Close()
+	e, _ := Open(Options{Log: l, Clock: NewManualClock(time.Now()), Owns: func(string) bool { return false }})
+	defer e.Close()
+	e.SetSnapshot(testSnapshot(t, map[string]int64{"a": 1}))
+	if _, err := e.Charge(context.Background(), "a", shard.Charge{Units: 1}); err == nil {
+		t.Fatal("charged an account it does not own")
+	}
+}

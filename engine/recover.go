@@ -1,0 +1,80 @@
+package engine
+
+import (
+	"encoding/binary"
+	"fmt"
+
+	"github.com/quotaring/quotaring/shard"
+	"github.com/quotaring/quotaring/snapshot"
+	"github.com/quotaring/quotaring/wal"
+)
+
+// recover rebuilds the accounts: last good snapshot, checkpoints, then the
+// records above each account's checkpoint.
+func (e *Engine) recover() error {
+	data, ok, err := e.log.GetMeta(metaSnapshot)
+	if err != nil {
+		return fmt.Errorf("engine: read the kept snapshot: %w", err)
+	}
+	if ok {
+		s, err := snapshot.Decode(data)
+		if err != nil {
+			return fmt.Errorf("engine: the snapshot kept in %s does not decode (%w); move the data dir aside only if its unsettled records are settled elsewhere", e.log.Dir(), err)
+		}
+		e.snap.Store(s)
+	}
+	if err := e.log.Checkpoints(e.restore); err != nil {
+		return fmt.Errorf("engine: restore checkpoints: %w", err)
+	}
+	var rec shard.Record
+	highWall := int64(0)
+	if b, ok, err := e.log.GetMeta(metaWall); err == nil && ok && len(b) == 8 {
+		highWall = int64(binary.BigEndian.Uint64(b))
+	}
+	err = e.log.Scan(e.log.SettledSeq(), e.log.DurableSeq(), func(seq uint64, payload []byte) error {
+		if err := rec.Decode(payload); err != nil {
+			return fmt.Errorf("%w: record %d in %s: %v", wal.ErrCorrupt, seq, e.log.Dir(), err)
+		}
+		highWall = max(highWall, rec.Wall)
+		ent := e.recoveredEntry(rec.Account)
+		if seq > ent.acct.LastSeq {
+			ent.acct.ApplyRecord(seq, &rec, &e.params)
+			ent.dirty = true
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("engine: replay: %w", err)
+	}
+	if f, ok := e.clock.(interface{ SetFloor(int64) }); ok && highWall > 0 {
+		f.SetFloor(highWall)
+	}
+	return nil
+}
+
+func (e *Engine) restore(cp wal.Checkpoint) error {
+	ent := e.recoveredEntry(cp.Account)
+	if err := ent.acct.RestoreCheckpoint(cp.Data); err != nil {
+		return fmt.Errorf("%w: in %s: %v", wal.ErrCorrupt, e.log.Dir(), err)
+	}
+	return nil
+}
+
+// recoveredEntry finds or makes the entry for an account found in the log,
+// configured from the snapshot if it has the account (the state is kept even
+// if the account is gone from the config: its records still settle).
+func (e *Engine) recoveredEntry(account string) *entry {
+	st := e.stripeFor(account)
+	if ent, ok := st.accounts[account]; ok {
+		return ent
+	}
+	cfg := shard.AccountConfig{ID: account}
+	if s := e.snap.Load(); s != nil {
+		if c, ok := s.AccountConfig(account); ok {
+			cfg = c
+		}
+	}
+	ent := &entry{acct: shard.NewAccount(cfg)}
+	st.accounts[account] = ent
+	return ent
+}

@@ -1,0 +1,223 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"sync"
+
+	"github.com/quotaring/quotaring/shard"
+)
+
+// reserve asks the ledger for shortfall units plus a chunk sized to recent
+// use, and logs what it got. Concurrent callers for one account share one
+// round trip.
+func (e *Engine) reserve(ctx context.Context, account string, shortfall int64) error {
+	return e.flights.do(ctx, account, func() error { return e.reserveOnce(ctx, account, shortfall) })
+}
+
+func (e *Engine) reserveOnce(ctx context.Context, account string, shortfall int64) error {
+	st := e.stripeFor(account)
+	st.mu.Lock()
+	if !e.ownsLocked(account) {
+		st.mu.Unlock()
+		return fmt.Errorf("%w: %q", ErrNotOwner, account)
+	}
+	ent, ok := e.entryLocked(st, account)
+	if !ok {
+		st.mu.Unlock()
+		return nil
+	}
+	now := e.clock.Now()
+	need := shortfall + ent.chunkLocked(now.Mono, int64(e.opts.ReserveWindow))
+	st.mu.Unlock()
+
+	e.stats.Reservations.Add(1)
+	res, err := e.opts.Reserver.Reserve(ctx, ReserveRequest{Account: account, Wall: now.Wall, Need: need})
+	if err != nil {
+		e.stats.ReserveErrors.Add(1)
+		return fmt.Errorf("%w: account %q: %v", ErrQuotaUnavailable, account, err)
+	}
+	giveBack, err := e.applyReservation(account, need, res)
+	if len(giveBack) > 0 {
+		if rerr := e.opts.Reserver.Release(ctx, account, giveBack); rerr != nil {
+			e.opts.Logger.Warn("reservation left stranded in the ledger; it returns at this node's next restart or with quotad revoke",
+				"account", account, "allocs", giveBack, "err", rerr)
+		}
+	}
+	return err
+}
+
+// applyReservation logs the granted units as allowance. Units for a grant
+// this node does not know (its snapshot is older than the ledger's) or for an
+// account it no longer owns are handed back.
+func (e *Engine) applyReservation(account string, need int64, res ReserveResult) (giveBack []shard.Alloc, err error) {
+	st := e.stripeFor(account)
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	ent, ok := e.entryLocked(st, account)
+	if !ok || !e.ownsLocked(account) {
+		return res.Granted, nil
+	}
+	now := e.clock.Now()
+	for _, g := range res.Granted {
+		if g.Units == 0 {
+			continue
+		}
+		if !ent.acct.Reserve(g.Grant, g.Units, now, &st.rec) {
+			giveBack = append(giveBack, g)
+			continue
+		}
+		if _, err := e.appendLocked(st, ent); err != nil {
+			return giveBack, err
+		}
+		ent.chunk = max(ent.chunk, g.Units)
+	}
+	for _, id := range res.Exhausted {
+		ent.acct.MarkExhausted(id, now.Mono+int64(e.opts.ExhaustedBackoff))
+	}
+	return giveBack, nil
+}
+
+// chunkLocked is twice the units the account used in the last window: a
+// reservation that lasts about two settle intervals.
+func (ent *entry) chunkLocked(mono, window int64) int64 {
+	ent.rollLocked(mono, window)
+	return 2 * max(ent.winUnits, ent.prevUnits)
+}
+
+func (ent *entry) rollLocked(mono, window int64) {
+	switch {
+	case mono-ent.winStart >= 2*window:
+		ent.prevUnits, ent.winUnits, ent.winStart = 0, 0, mono
+	case mono-ent.winStart >= window:
+		ent.prevUnits, ent.winUnits, ent.winStart = ent.winUnits, 0, ent.winStart+window
+	}
+}
+
+// noteSpendLocked tracks use and queues a top-up when less than half of the
+// last reservation is left. REQUIRES: the stripe lock.
+func (e *Engine) noteSpendLocked(account string, ent *entry, units int64, now shard.Now) {
+	ent.rollLocked(now.Mono, int64(e.opts.ReserveWindow))
+	ent.winUnits += units
+	if ent.topping || ent.chunk == 0 || !ent.acct.Plan().Hard || ent.acct.Allowance(now.Wall)*2 > ent.chunk {
+		return
+	}
+	select {
+	case e.topups <- account:
+		ent.topping = true
+	default: // the loop is behind; the next charge tries again
+	}
+}
+
+// topupLoop reserves ahead for accounts that spent half their reservation.
+func (e *Engine) topupLoop() {
+	defer e.wg.Done()
+	for {
+		select {
+		case <-e.ctx.Done():
+			return
+		case account := <-e.topups:
+			e.stats.TopUps.Add(1)
+			if err := e.reserve(e.ctx, account, 0); err != nil {
+				e.opts.Logger.Debug("top-up failed; the next charge that needs units will ask", "account", account, "err", err)
+			}
+			st := e.stripeFor(account)
+			st.mu.Lock()
+			if ent, ok := st.accounts[account]; ok {
+				ent.topping = false
+			}
+			st.mu.Unlock()
+		}
+	}
+}
+
+// Release hands the account's allowance back to the ledger: first logged
+// here (so a crash can only strand units, never let this node spend units
+// the ledger gave back), then released there. Used on handoff.
+func (e *Engine) Release(ctx context.Context, account string) error {
+	allocs, seq, err := e.zeroAllowance(account)
+	if err != nil || len(allocs) == 0 {
+		return err
+	}
+	if err := e.log.WaitDurable(ctx, seq); err != nil {
+		return fmt.Errorf("engine: release of account %q: %w", account, err)
+	}
+	if err := e.opts.Reserver.Release(ctx, account, allocs); err != nil {
+		return fmt.Errorf("engine: release of account %q in the ledger (the units stay reserved until this node restarts or quotad revoke): %w", account, err)
+	}
+	return nil
+}
+
+func (e *Engine) zeroAllowance(account string) ([]shard.Alloc, uint64, error) {
+	st := e.stripeFor(account)
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	ent, ok := st.accounts[account]
+	if !ok {
+		return nil, 0, nil
+	}
+	now := e.clock.Now()
+	allocs := ent.acct.Allowances()
+	var seq uint64
+	for _, a := range allocs {
+		ent.acct.Reserve(a.Grant, -a.Units, now, &st.rec)
+		s, err := e.appendLocked(st, ent)
+		if err != nil {
+			return nil, 0, err
+		}
+		seq = s
+	}
+	ent.chunk = 0
+	return allocs, seq, nil
+}
+
+// AccountIDs lists the accounts this node holds state for.
+func (e *Engine) AccountIDs() []string {
+	var ids []string
+	for i := range e.stripes {
+		st := &e.stripes[i]
+		st.mu.Lock()
+		for id := range st.accounts {
+			ids = append(ids, id)
+		}
+		st.mu.Unlock()
+	}
+	return ids
+}
+
+// flightGroup runs one call per key at a time; callers that arrive while it
+// runs wait for it and share its error (groupcache's singleflight).
+type flightGroup struct {
+	mu    sync.Mutex // protects calls
+	calls map[string]*flight
+}
+
+type flight struct {
+	done chan struct{}
+	err  error
+}
+
+func (g *flightGroup) do(ctx context.Context, key string, fn func() error) error {
+	g.mu.Lock()
+	if f, ok := g.calls[key]; ok {
+		g.mu.Unlock()
+		select {
+		case <-f.done:
+			return f.err
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	if g.calls == nil {
+		g.calls = make(map[string]*flight)
+	}
+	f := &flight{done: make(chan struct{})}
+	g.calls[key] = f
+	g.mu.Unlock()
+	f.err = fn()
+	g.mu.Lock()
+	delete(g.calls, key)
+	g.mu.Unlock()
+	close(f.done)
+	return f.err
+}

@@ -1,0 +1,69 @@
+package engine
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+
+	"github.com/quotaring/quotaring/wal"
+)
+
+// Settle is called once the ledger holds every record up to upto: it writes
+// a checkpoint of each account that changed since its last one, then the
+// log keeps the settled mark and drops the records up to upto, in one synced
+// batch.
+//
+// A checkpoint may include records above upto (the account kept charging);
+// recovery replays only records above each account's checkpoint. It is
+// written only once every record it includes is durable: a checkpoint must
+// never remember a charge (or a client id) whose record could still be lost.
+func (e *Engine) Settle(ctx context.Context, upto uint64) error {
+	cps, maxSeq := e.checkpoints()
+	if err := e.log.WaitDurable(ctx, maxSeq); err != nil {
+		e.redirty(cps)
+		return fmt.Errorf("engine: settle to %d: wait for checkpointed records: %w", upto, err)
+	}
+	if err := e.log.Settle(upto, cps); err != nil {
+		e.redirty(cps)
+		return fmt.Errorf("engine: settle to %d: %w", upto, err)
+	}
+	var wall [8]byte
+	binary.BigEndian.PutUint64(wall[:], uint64(e.clock.Now().Wall))
+	if err := e.log.PutMeta(metaWall, wall[:]); err != nil {
+		return fmt.Errorf("engine: keep the clock's high-water mark: %w", err)
+	}
+	return nil
+}
+
+// checkpoints collects the changed accounts' states and clears their dirty
+// marks.
+func (e *Engine) checkpoints() ([]wal.Checkpoint, uint64) {
+	var cps []wal.Checkpoint
+	var maxSeq uint64
+	for i := range e.stripes {
+		st := &e.stripes[i]
+		st.mu.Lock()
+		for id, ent := range st.accounts {
+			if !ent.dirty {
+				continue
+			}
+			ent.dirty = false
+			cps = append(cps, wal.Checkpoint{Account: id, Seq: ent.acct.LastSeq, Data: ent.acct.AppendCheckpoint(nil)})
+			maxSeq = max(maxSeq, ent.acct.LastSeq)
+		}
+		st.mu.Unlock()
+	}
+	return cps, maxSeq
+}
+
+// redirty marks accounts whose checkpoint was not written as changed again.
+func (e *Engine) redirty(cps []wal.Checkpoint) {
+	for _, cp := range cps {
+		st := e.stripeFor(cp.Account)
+		st.mu.Lock()
+		if ent, ok := st.accounts[cp.Account]; ok {
+			ent.dirty = true
+		}
+		st.mu.Unlock()
+	}
+}

@@ -1,0 +1,273 @@
+// Package snapshot is the config a node serves from: plans, accounts and
+// their credit grants, API keys (by SHA-256 hash) and the versioned route
+// weights.
+//
+// The ledger is the source (package flush reads it every few seconds); the
+// last good snapshot is kept in the node's log, so a node restarted while the
+// ledger is down still knows its accounts (G8). A Snapshot is immutable once
+// built: swap a pointer to change it.
+//
+//	s, err := snapshot.Decode(data) // validates
+//	key, ok := s.Key(snapshot.HashKey("qr_live_..."))
+//	route, units := s.Routes.Match("POST", "/v1/exports")
+//	cfg, ok := s.AccountConfig(key.Account) // what shard needs
+package snapshot
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/quotaring/quotaring/shard"
+)
+
+// Plan is a plan as configured. Rate is "10/s", "600/1m", or "" for none.
+type Plan struct {
+	ID           string `json:"id"`
+	Rate         string `json:"rate,omitempty"`
+	Burst        int64  `json:"burst,omitempty"`
+	MonthlyQuota int64  `json:"monthly_quota"`
+	Hard         bool   `json:"hard"`
+}
+
+// Grant is a grant of bought credits.
+type Grant struct {
+	ID        string    `json:"id"`
+	Units     int64     `json:"units"`
+	StartsAt  time.Time `json:"starts_at"`
+	ExpiresAt time.Time `json:"expires_at,omitzero"`
+	Used      int64     `json:"used,omitempty"` // settled, as the ledger knew it
+}
+
+// Account is an account as configured.
+type Account struct {
+	ID      string  `json:"id"`
+	Plan    string  `json:"plan"`
+	Credits []Grant `json:"credits,omitempty"`
+	// MonthlyUsed is the settled use of monthly grants the ledger knows, by
+	// grant id ("m:2026-06"), to seed an account a node starts to serve.
+	MonthlyUsed map[string]int64 `json:"monthly_used,omitempty"`
+}
+
+// Key is an API key: only its hash is stored.
+type Key struct {
+	ID      string `json:"id"`
+	Hash    string `json:"hash"` // hex SHA-256 of the plaintext
+	Account string `json:"account"`
+}
+
+// Snapshot is the whole config at one version.
+type Snapshot struct {
+	Version  int64     `json:"version"`
+	Plans    []Plan    `json:"plans"`
+	Accounts []Account `json:"accounts"`
+	Keys     []Key     `json:"keys"`
+	Routes   Routes    `json:"routes"`
+
+	plans    map[string]shard.Plan
+	accounts map[string]*Account
+	keys     map[string]*Key
+}
+
+// HashKey is the hex SHA-256 of a plaintext API key.
+func HashKey(plaintext string) string {
+	sum := sha256.Sum256([]byte(plaintext))
+	return hex.EncodeToString(sum[:])
+}
+
+// ParseRate reads "10/s", "600/m", "100/1m30s", "5/h" or "" (no limit).
+func ParseRate(s string) (shard.Rate, error) {
+	if s == "" {
+		return shard.Rate{}, nil
+	}
+	n, per, ok := strings.Cut(s, "/")
+	var r shard.Rate
+	if _, err := fmt.Sscanf(n, "%d", &r.Tokens); err != nil || !ok || r.Tokens <= 0 {
+		return r, fmt.Errorf("rate %q: want TOKENS/PERIOD such as 10/s or 600/m", s)
+	}
+	switch per {
+	case "s":
+		r.Per = time.Second
+	case "m":
+		r.Per = time.Minute
+	case "h":
+		r.Per = time.Hour
+	default:
+		d, err := time.ParseDuration(per)
+		if err != nil || d <= 0 {
+			return r, fmt.Errorf("rate %q: period %q is not s, m, h or a positive duration", s, per)
+		}
+		r.Per = d
+	}
+	return r, nil
+}
+
+// ErrInvalid wraps every validation error.
+var ErrInvalid = errors.New("snapshot: invalid config")
+
+// Build validates s and indexes it. Every error names the row at fault.
+func (s *Snapshot) Build() error {
+	s.plans = make(map[string]shard.Plan, len(s.Plans))
+	for _, p := range s.Plans {
+		rate, err := ParseRate(p.Rate)
+		if err != nil {
+			return fmt.Errorf("%w: plan %q: %v", ErrInvalid, p.ID, err)
+		}
+		sp := shard.Plan{ID: p.ID, Rate: rate, Burst: p.Burst, MonthlyQuota: p.MonthlyQuota, Hard: p.Hard}
+		if !rate.Unlimited() && sp.Burst == 0 {
+			sp.Burst = max(1, rate.Tokens) // a sane default: one period's worth
+		}
+		if err := sp.Validate(); err != nil {
+			return fmt.Errorf("%w: %v", ErrInvalid, err)
+		}
+		if _, dup := s.plans[p.ID]; dup || p.ID == "" {
+			return fmt.Errorf("%w: plan id %q is empty or used twice", ErrInvalid, p.ID)
+		}
+		s.plans[p.ID] = sp
+	}
+	s.accounts = make(map[string]*Account, len(s.Accounts))
+	for i := range s.Accounts {
+		a := &s.Accounts[i]
+		if _, ok := s.plans[a.Plan]; !ok {
+			return fmt.Errorf("%w: account %q names plan %q, which does not exist", ErrInvalid, a.ID, a.Plan)
+		}
+		if _, dup := s.accounts[a.ID]; dup || a.ID == "" {
+			return fmt.Errorf("%w: account id %q is empty or used twice", ErrInvalid, a.ID)
+		}
+		for _, g := range a.Credits {
+			if g.ID == "" || strings.HasPrefix(g.ID, "m:") || g.Units < 0 || (!g.ExpiresAt.IsZero() && !g.ExpiresAt.After(g.StartsAt)) {
+				return fmt.Errorf("%w: account %q: grant %q needs an id not starting with m:, units >= 0 and expires_at after starts_at", ErrInvalid, a.ID, g.ID)
+			}
+		}
+		s.accounts[a.ID] = a
+	}
+	s.keys = make(map[string]*Key, len(s.Keys))
+	for i := range s.Keys {
+		k := &s.Keys[i]
+		if b, err := hex.DecodeString(k.Hash); err != nil || len(b) != sha256.Size {
+			return fmt.Errorf("%w: key %q: hash must be 64 hex digits of SHA-256", ErrInvalid, k.ID)
+		}
+		if _, ok := s.accounts[k.Account]; !ok {
+			return fmt.Errorf("%w: key %q names account %q, which does not exist", ErrInvalid, k.ID, k.Account)
+		}
+		s.keys[k.Hash] = k
+	}
+	return s.Routes.build()
+}
+
+// Decode reads and validates a snapshot.
+func Decode(b []byte) (*Snapshot, error) {
+	s := &Snapshot{Routes: Routes{Default: 1}} // unknown routes cost 1 unless configured
+	if err := json.Unmarshal(b, s); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrInvalid, err)
+	}
+	if err := s.Build(); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// Encode writes s as JSON.
+func (s *Snapshot) Encode() ([]byte, error) { return json.Marshal(s) }
+
+// Key finds a key by the hex SHA-256 of its plaintext.
+func (s *Snapshot) Key(hash string) (Key, bool) {
+	k, ok := s.keys[hash]
+	if !ok {
+		return Key{}, false
+	}
+	return *k, true
+}
+
+// HasAccount reports whether the account is configured.
+func (s *Snapshot) HasAccount(id string) bool { _, ok := s.accounts[id]; return ok }
+
+// AccountConfig is what shard needs to know about an account.
+func (s *Snapshot) AccountConfig(id string) (shard.AccountConfig, bool) {
+	a, ok := s.accounts[id]
+	if !ok {
+		return shard.AccountConfig{}, false
+	}
+	cfg := shard.AccountConfig{ID: a.ID, Plan: s.plans[a.Plan], MonthlyUsed: a.MonthlyUsed}
+	for _, g := range a.Credits {
+		gc := shard.GrantConfig{ID: g.ID, Units: g.Units, StartsAt: g.StartsAt.UnixNano(), Used: g.Used}
+		if !g.ExpiresAt.IsZero() {
+			gc.ExpiresAt = g.ExpiresAt.UnixNano()
+		}
+		cfg.Credits = append(cfg.Credits, gc)
+	}
+	return cfg, true
+}
+
+// AccountIDs lists the configured accounts, sorted.
+func (s *Snapshot) AccountIDs() []string {
+	ids := make([]string, 0, len(s.accounts))
+	for id := range s.accounts {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids)
+	return ids
+}
+
+// Routes maps requests to units. Patterns are Go 1.22 ServeMux patterns
+// ("POST /v1/exports", "GET /v1/tasks/{id}"); the most specific pattern wins,
+// as in net/http. A request no pattern matches costs Default.
+type Routes struct {
+	Version int64            `json:"version"`
+	Default int64            `json:"default"`
+	Weights map[string]int64 `json:"weights"`
+
+	mux *http.ServeMux
+}
+
+// DefaultRoute names requests that match no pattern.
+const DefaultRoute = "*"
+
+func (r *Routes) build() (err error) {
+	r.mux = http.NewServeMux()
+	nop := http.HandlerFunc(func(http.ResponseWriter, *http.Request) {})
+	for p, w := range r.Weights {
+		if w < 0 {
+			return fmt.Errorf("%w: route %q: weight %d is negative", ErrInvalid, p, w)
+		}
+		if err := register(r.mux, p, nop); err != nil {
+			return fmt.Errorf("%w: route %q: %v", ErrInvalid, p, err)
+		}
+	}
+	if r.Default < 0 {
+		return fmt.Errorf("%w: default route weight %d is negative", ErrInvalid, r.Default)
+	}
+	return nil
+}
+
+// register turns ServeMux's panic on a bad or conflicting pattern into an error.
+func register(mux *http.ServeMux, pattern string, h http.Handler) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("%v", p)
+		}
+	}()
+	mux.Handle(pattern, h)
+	return nil
+}
+
+// Match names the route of a request and its units.
+func (r *Routes) Match(method, path string) (route string, units int64) {
+	if r.mux == nil {
+		return DefaultRoute, r.Default
+	}
+	req := &http.Request{Method: method, URL: &url.URL{Path: path}, Host: "quotaring"}
+	if _, pattern := r.mux.Handler(req); pattern != "" {
+		if w, ok := r.Weights[pattern]; ok {
+			return pattern, w
+		}
+	}
+	return DefaultRoute, r.Default
+}
