@@ -1,0 +1,241 @@
+package ring
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"time"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/hashicorp/memberlist"
+)
+
+// Presets name memberlist timings (see the package doc for what they give).
+const (
+	// PresetLAN is memberlist.DefaultLANConfig unchanged: production.
+	PresetLAN = "lan"
+	// PresetLocal is memberlist.DefaultLocalConfig tightened for tests on
+	// loopback: a dead node is declared dead in about 1-3 s.
+	PresetLocal = "local"
+)
+
+// maxNodeIDLen bounds Config.NodeID: the name travels in every gossip
+// message about the node.
+const maxNodeIDLen = 128
+
+// defaultBroadcastWait bounds SetState and Leave when their context has no
+// deadline: memberlist can only wait for its broadcast with a timeout.
+const defaultBroadcastWait = 5 * time.Second
+
+// Resolver looks up the addresses of a join name. *net.Resolver implements
+// it; tests substitute a fake to stand in for a headless Service.
+type Resolver interface {
+	LookupHost(ctx context.Context, host string) (addrs []string, err error)
+}
+
+// Config configures a Ring. Start from DefaultConfig or LocalConfig and set
+// NodeID, Meta and Join.
+type Config struct {
+	// NodeID is the memberlist node name. Members are keyed by it, never by
+	// IP (several nodes may share 127.0.0.1). Unique in the cluster; at most
+	// 128 bytes of printable UTF-8 without spaces.
+	NodeID string
+
+	// BindAddr and BindPort are where memberlist listens (TCP and UDP).
+	// BindPort 0 picks a free port. Ignored when Transport is set.
+	BindAddr string
+	BindPort int
+
+	// AdvertiseAddr and AdvertisePort are the address others reach this node
+	// at. Empty AdvertiseAddr: the bound address (or, bound to 0.0.0.0, a
+	// private IP of the host) and the bound port.
+	AdvertiseAddr string
+	AdvertisePort int
+
+	// Meta carries the node's RPC, HTTP and admin addresses and its initial
+	// State (empty means StateJoining). ID and GossipAddr are filled in by
+	// the ring from NodeID and the advertised address.
+	Meta Meta
+
+	// Join lists seeds: "host:port", or a DNS name (such as a Kubernetes
+	// headless Service) whose every A/AAAA record is a seed. A name without
+	// a port uses this node's gossip port. Empty: this is the first node.
+	Join []string
+
+	// Preset selects memberlist timings: PresetLAN or PresetLocal.
+	Preset string
+
+	// PartitionCount, ReplicationFactor and Load shape the ring (see Layout
+	// and the package doc). Every node must use the same values.
+	PartitionCount    int
+	ReplicationFactor int
+	Load              float64
+
+	// RejoinInterval is how often the node re-joins the seeds and the
+	// members it last knew that are not alive now, so that the two sides of
+	// a healed partition merge again. Must be positive.
+	RejoinInterval time.Duration
+
+	// ForgetAfter is how long a member that stopped being alive stays a
+	// rejoin target. Must be at least RejoinInterval.
+	ForgetAfter time.Duration
+
+	// Transport, if set, replaces memberlist's NetTransport (tests, the
+	// FaultTransport). The ring takes ownership: Close shuts it down.
+	Transport memberlist.Transport
+
+	// Resolver resolves join names. If nil, a new net.Resolver is used.
+	Resolver Resolver
+
+	// Logger receives the ring's and memberlist's logs. If nil, logs are
+	// discarded.
+	Logger *slog.Logger
+}
+
+// DefaultConfig returns the production configuration: memberlist's LAN
+// timings on 0.0.0.0:7946 and DefaultLayout.
+func DefaultConfig() Config {
+	l := DefaultLayout()
+	return Config{
+		BindAddr:          "0.0.0.0",
+		BindPort:          7946,
+		Meta:              Meta{State: StateJoining},
+		Preset:            PresetLAN,
+		PartitionCount:    l.PartitionCount,
+		ReplicationFactor: l.ReplicationFactor,
+		Load:              l.Load,
+		RejoinInterval:    10 * time.Second,
+		ForgetAfter:       time.Hour,
+	}
+}
+
+// LocalConfig returns a configuration for tests and demos on one machine:
+// 127.0.0.1 on a free port, tight timings, a fast rejoin.
+func LocalConfig() Config {
+	c := DefaultConfig()
+	c.BindAddr = "127.0.0.1"
+	c.BindPort = 0
+	c.Preset = PresetLocal
+	c.RejoinInterval = 500 * time.Millisecond
+	c.ForgetAfter = 10 * time.Minute
+	return c
+}
+
+// Layout returns the ring shape the config describes.
+func (c Config) Layout() Layout {
+	return Layout{PartitionCount: c.PartitionCount, ReplicationFactor: c.ReplicationFactor, Load: c.Load}
+}
+
+// Validate reports every problem with c, joined. New calls it.
+func (c Config) Validate() error {
+	var errs []error
+	if err := validateNodeID(c.NodeID); err != nil {
+		errs = append(errs, err)
+	}
+	if c.Preset != PresetLAN && c.Preset != PresetLocal {
+		errs = append(errs, fmt.Errorf("ring: Preset %q: want %q or %q", c.Preset, PresetLAN, PresetLocal))
+	}
+	if c.Transport == nil && net.ParseIP(c.BindAddr) == nil {
+		errs = append(errs, fmt.Errorf("ring: BindAddr %q: want an IP address", c.BindAddr))
+	}
+	if c.BindPort < 0 || c.BindPort > 65535 || c.AdvertisePort < 0 || c.AdvertisePort > 65535 {
+		errs = append(errs, fmt.Errorf("ring: ports %d/%d: want 0-65535", c.BindPort, c.AdvertisePort))
+	}
+	if c.AdvertiseAddr != "" {
+		if net.ParseIP(c.AdvertiseAddr) == nil {
+			errs = append(errs, fmt.Errorf("ring: AdvertiseAddr %q: want an IP address", c.AdvertiseAddr))
+		}
+		if c.AdvertisePort == 0 && c.BindPort == 0 {
+			errs = append(errs, errors.New("ring: AdvertiseAddr set with AdvertisePort and BindPort both 0: the advertised port is unknown"))
+		}
+	}
+	for _, j := range c.Join {
+		if j == "" {
+			errs = append(errs, errors.New("ring: empty Join entry"))
+		} else if _, _, err := splitSeed(j, 1); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := c.Layout().Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	m := c.Meta
+	if m.State == "" {
+		m.State = StateJoining
+	}
+	if _, err := encodeMeta(m, 0); err != nil {
+		errs = append(errs, err)
+	}
+	if c.RejoinInterval <= 0 {
+		errs = append(errs, fmt.Errorf("ring: RejoinInterval %v: must be positive", c.RejoinInterval))
+	}
+	if c.ForgetAfter < c.RejoinInterval {
+		errs = append(errs, fmt.Errorf("ring: ForgetAfter %v: must be at least RejoinInterval (%v)", c.ForgetAfter, c.RejoinInterval))
+	}
+	return errors.Join(errs...)
+}
+
+func validateNodeID(id string) error {
+	if id == "" {
+		return errors.New("ring: NodeID is empty")
+	}
+	if len(id) > maxNodeIDLen {
+		return fmt.Errorf("ring: NodeID is %d bytes, at most %d", len(id), maxNodeIDLen)
+	}
+	if !utf8.ValidString(id) {
+		return fmt.Errorf("ring: NodeID %q is not UTF-8", id)
+	}
+	for _, r := range id {
+		if !unicode.IsPrint(r) || unicode.IsSpace(r) {
+			return fmt.Errorf("ring: NodeID %q has a space or control character", id)
+		}
+	}
+	return nil
+}
+
+// memberlistConfig builds memberlist's configuration from c (validated).
+func (c Config) memberlistConfig() *memberlist.Config {
+	var mc *memberlist.Config
+	switch c.Preset {
+	case PresetLocal:
+		mc = localPreset()
+	default:
+		mc = memberlist.DefaultLANConfig()
+	}
+	mc.Name = c.NodeID
+	mc.BindAddr = c.BindAddr
+	mc.BindPort = c.BindPort
+	mc.AdvertiseAddr = c.AdvertiseAddr
+	mc.AdvertisePort = c.AdvertisePort
+	if c.AdvertisePort == 0 {
+		mc.AdvertisePort = c.BindPort
+	}
+	mc.Transport = c.Transport
+	return mc
+}
+
+// localPreset is memberlist.DefaultLocalConfig tightened for loopback tests.
+// With n <= 10 members memberlist's suspicion timeout is
+// SuspicionMult*ProbeInterval, shortened by peers' confirmations from
+// SuspicionMaxTimeoutMult times that:
+//
+//	probe every 200 ms, ack within 100 ms
+//	suspicion: 600 ms when a peer confirms, 1.8 s when none can
+//
+// so the majority declares a silent node dead in about 1-1.5 s and an
+// isolated node declares the others dead in about 2-2.5 s.
+func localPreset() *memberlist.Config {
+	mc := memberlist.DefaultLocalConfig()
+	mc.ProbeInterval = 200 * time.Millisecond
+	mc.ProbeTimeout = 100 * time.Millisecond
+	mc.SuspicionMult = 3
+	mc.SuspicionMaxTimeoutMult = 3
+	mc.GossipInterval = 50 * time.Millisecond
+	mc.PushPullInterval = 2 * time.Second
+	mc.GossipToTheDeadTime = 5 * time.Second
+	mc.TCPTimeout = time.Second
+	return mc
+}

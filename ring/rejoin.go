@@ -1,0 +1,195 @@
+package ring
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Rejoin contacts, one by one, every seed address and every member this node
+// knew that is not alive now (for at most ForgetAfter after it stopped
+// being alive), skipping itself and alive members, and merges state with
+// each (a memberlist push-pull join). It returns how many answered. The
+// error is nil when one did or when there was nobody to contact; otherwise
+// it joins the resolution and join errors.
+//
+// The rejoin loop calls it every RejoinInterval: memberlist stops talking to
+// a member once it declared it dead and reaped it, so without this the two
+// sides of a healed partition would stay apart. Each join is bounded by
+// memberlist's TCPTimeout, not by ctx; ctx is checked between targets.
+func (r *Ring) Rejoin(ctx context.Context) (int, error) {
+	targets, errs := r.rejoinTargets(ctx)
+	joined := 0
+	for _, addr := range targets {
+		if err := ctx.Err(); err != nil {
+			errs = append(errs, err)
+			break
+		}
+		n, err := r.joinOne(addr)
+		if errors.Is(err, ErrClosed) || errors.Is(err, ErrLeft) {
+			return joined, err
+		}
+		joined += n
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if joined > 0 || len(errs) == 0 {
+		return joined, nil
+	}
+	return 0, errors.Join(errs...)
+}
+
+func (r *Ring) joinOne(addr string) (int, error) {
+	r.lifeMu.RLock()
+	defer r.lifeMu.RUnlock()
+	if err := r.lifeErrLocked(); err != nil {
+		return 0, err
+	}
+	n, err := r.ml.Join([]string{addr})
+	if err != nil {
+		return n, fmt.Errorf("join %s: %w", addr, err)
+	}
+	return n, nil
+}
+
+// rejoinTargets lists gossip addresses to contact: resolved seeds, then
+// known members that are not alive, minus this node and alive members. It
+// also forgets members that have not been alive for ForgetAfter.
+func (r *Ring) rejoinTargets(ctx context.Context) ([]string, []error) {
+	snap := r.state.Load()
+	self := r.Self().GossipAddr
+	skip := map[string]bool{self: true}
+	for _, m := range snap.members {
+		skip[m.GossipAddr] = true
+	}
+	var targets []string
+	add := func(addr string) {
+		if !skip[addr] {
+			skip[addr] = true
+			targets = append(targets, addr)
+		}
+	}
+
+	var errs []error
+	_, port, _ := net.SplitHostPort(self)
+	defPort, _ := strconv.Atoi(port)
+	for _, seed := range r.cfg.Join {
+		addrs, err := r.resolveSeed(ctx, seed, defPort)
+		if err != nil {
+			errs = append(errs, err)
+		}
+		for _, a := range addrs {
+			add(a)
+		}
+	}
+
+	now := r.now()
+	r.knownMu.Lock()
+	var names []string
+	for name, k := range r.known {
+		switch {
+		case snap.member(name):
+		case now.Sub(k.lastAlive) > r.cfg.ForgetAfter:
+			delete(r.known, name)
+			r.log.Info("forgetting member", "member", name, "addr", k.addr)
+		default:
+			names = append(names, name)
+		}
+	}
+	slices.Sort(names)
+	for _, name := range names {
+		add(r.known[name].addr)
+	}
+	r.knownMu.Unlock()
+	return targets, errs
+}
+
+// resolveSeed turns a Join entry into gossip addresses: an IP or host with
+// an optional port (defPort when absent); a host name stands for all its
+// addresses.
+func (r *Ring) resolveSeed(ctx context.Context, seed string, defPort int) ([]string, error) {
+	host, port, err := splitSeed(seed, defPort)
+	if err != nil {
+		return nil, err
+	}
+	if ip := net.ParseIP(host); ip != nil {
+		return []string{net.JoinHostPort(ip.String(), port)}, nil
+	}
+	ips, err := r.resolver.LookupHost(ctx, host)
+	if err != nil {
+		return nil, fmt.Errorf("resolve %s: %w", host, err)
+	}
+	out := make([]string, 0, len(ips))
+	for _, ip := range ips {
+		out = append(out, net.JoinHostPort(ip, port))
+	}
+	return out, nil
+}
+
+// splitSeed splits "host:port", "host", "[v6]:port" or a bare IPv6 address.
+func splitSeed(seed string, defPort int) (host, port string, err error) {
+	if ip := net.ParseIP(strings.TrimSuffix(strings.TrimPrefix(seed, "["), "]")); ip != nil {
+		return ip.String(), strconv.Itoa(defPort), nil
+	}
+	if !strings.Contains(seed, ":") {
+		return seed, strconv.Itoa(defPort), nil
+	}
+	host, port, err = net.SplitHostPort(seed)
+	if err != nil {
+		return "", "", fmt.Errorf("ring: join address %q: %w", seed, err)
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+		return "", "", fmt.Errorf("ring: join address %q: port must be 1-65535", seed)
+	}
+	if host == "" {
+		return "", "", fmt.Errorf("ring: join address %q: empty host", seed)
+	}
+	return host, port, nil
+}
+
+// joinBudget bounds the join New makes before returning.
+func (r *Ring) joinBudget() time.Duration {
+	return max(r.cfg.RejoinInterval, 3*r.tcpTimeout)
+}
+
+// rejoinLoop calls Rejoin every RejoinInterval until Close. It logs a
+// warning when the node is alone and cannot reach anyone, once per episode.
+func (r *Ring) rejoinLoop() {
+	defer r.wg.Done()
+	t := time.NewTicker(r.cfg.RejoinInterval)
+	defer t.Stop()
+	stranded := false
+	for {
+		select {
+		case <-r.stop:
+			return
+		case <-t.C:
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), r.joinBudget())
+		n, err := r.Rejoin(ctx)
+		cancel()
+		if errors.Is(err, ErrClosed) || errors.Is(err, ErrLeft) {
+			return
+		}
+		alone := len(r.state.Load().members) <= 1
+		switch {
+		case err != nil && alone && !stranded:
+			stranded = true
+			r.log.Warn("alone and cannot reach any seed or former member; still trying", "err", err)
+		case err != nil:
+			r.log.Debug("rejoin failed", "err", err)
+		case n > 0:
+			if stranded {
+				r.log.Info("reached the cluster again", "contacted", n)
+			}
+			stranded = false
+			r.log.Debug("rejoined", "contacted", n)
+		}
+	}
+}

@@ -1,0 +1,585 @@
+package ring
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/memberlist"
+)
+
+// ErrClosed is returned by methods of a Ring that was closed, or that left
+// the cluster where the method needs membership.
+var ErrClosed = errors.New("ring: closed")
+
+// ErrLeft is returned by SetState and Rejoin after Leave.
+var ErrLeft = errors.New("ring: left the cluster")
+
+// View is a consistent snapshot of the ring as this node sees it.
+type View struct {
+	// Epoch names the serving set (see the package doc); 0 when nobody
+	// serves.
+	Epoch uint64
+	// Members are all alive members in any state, sorted by ID.
+	Members []Meta
+	// Serving are the IDs on the ring, sorted.
+	Serving []string
+	// Owners maps partition -> owner ID; empty when nobody serves.
+	Owners []string
+}
+
+// Ring is this node's membership and its view of the ring. Its methods are
+// safe for concurrent use. Lookups (Owner, Partition, OwnerOfPartition,
+// Epoch, View, Self) read an immutable snapshot and never block on the
+// network or on a rebuild.
+type Ring struct {
+	cfg      Config
+	layout   Layout
+	log      *slog.Logger
+	resolver Resolver
+	now      func() time.Time
+	ml       *memberlist.Memberlist
+	// tcpTimeout is memberlist's bound on one join attempt.
+	tcpTimeout time.Duration
+
+	// state is the current snapshot. Written only by the rebuild goroutine
+	// (and New before it starts), read by anyone.
+	state atomic.Pointer[snapshot]
+
+	selfMu sync.Mutex
+	// protects self and selfMeta (read by memberlist through NodeMeta)
+	self     Meta
+	selfMeta []byte
+
+	eventsMu sync.Mutex
+	// protects pending: the latest memberlist event per node name, not yet
+	// applied by the rebuild goroutine
+	pending map[string]nodeEvent
+	kick    chan struct{} // capacity 1: "pending is not empty"
+
+	subMu sync.Mutex
+	// protects subs and subsClosed, sending on and closing subscriber
+	// channels, and publishing a snapshot (so a Subscribe sees a snapshot
+	// and exactly the Changes after it)
+	subs       map[*subscriber]struct{}
+	subsClosed bool
+
+	knownMu sync.Mutex
+	// protects known: gossip address and last time alive of every member
+	// seen, the rejoin targets
+	known map[string]knownMember
+
+	lifeMu sync.RWMutex
+	// protects closed and left. Held for reading across memberlist calls
+	// that must not overlap Shutdown (memberlist.Leave panics after it),
+	// for writing by Leave and Close.
+	closed bool
+	left   bool
+
+	stop chan struct{} // closed by Close: goroutines return
+	wg   sync.WaitGroup
+}
+
+// snapshot is one published state of the ring. Immutable once stored.
+type snapshot struct {
+	table   *Table // serving members; the last good table when err != nil
+	members []Meta // every alive member, sorted by ID
+	err     error  // why table does not match members, if it doesn't
+	changed chan struct{}
+}
+
+// nodeEvent is a memberlist event, copied out of the callback.
+type nodeEvent struct {
+	alive bool
+	name  string
+	addr  string // gossip address host:port
+	meta  []byte
+}
+
+type knownMember struct {
+	addr      string
+	lastAlive time.Time
+}
+
+// New validates cfg, starts memberlist, joins the seeds and starts the
+// ring's goroutines. A join that reaches no seed is not an error: it is
+// logged and retried every RejoinInterval. An empty cfg.Join starts a new
+// cluster.
+func New(cfg Config) (*Ring, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.Meta.State == "" {
+		cfg.Meta.State = StateJoining
+	}
+	cfg.Join = slices.Clone(cfg.Join)
+	logger := cfg.Logger
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	logger = logger.With("component", "ring", "node", cfg.NodeID)
+	r := &Ring{
+		cfg:      cfg,
+		layout:   cfg.Layout(),
+		log:      logger,
+		resolver: cfg.Resolver,
+		now:      time.Now,
+		pending:  make(map[string]nodeEvent),
+		kick:     make(chan struct{}, 1),
+		subs:     make(map[*subscriber]struct{}),
+		known:    make(map[string]knownMember),
+		stop:     make(chan struct{}),
+	}
+	if r.resolver == nil {
+		r.resolver = &net.Resolver{}
+	}
+	empty, err := NewTable(r.layout, nil)
+	if err != nil {
+		return nil, err
+	}
+	r.state.Store(&snapshot{table: empty, changed: make(chan struct{})})
+	r.self = cfg.Meta
+	r.self.ID = cfg.NodeID
+	if r.selfMeta, err = encodeMeta(r.self, r.layout.fingerprint()); err != nil {
+		return nil, err
+	}
+
+	mc := cfg.memberlistConfig()
+	mc.Delegate = delegate{r}
+	mc.Events = delegate{r}
+	mc.Conflict = delegate{r}
+	mc.Logger = newStdLogger(logger.With("component", "memberlist"))
+	ml, err := memberlist.Create(mc)
+	if err != nil {
+		if cfg.Transport != nil {
+			_ = cfg.Transport.Shutdown()
+		}
+		return nil, fmt.Errorf("ring: start memberlist: %w", err)
+	}
+	r.ml = ml
+	r.tcpTimeout = mc.TCPTimeout
+	r.selfMu.Lock()
+	r.self.GossipAddr = ml.LocalNode().Address()
+	r.selfMu.Unlock()
+
+	r.wg.Add(1)
+	go r.run()
+
+	// memberlist announced this node to itself in Create; wait until the
+	// first snapshot has it, so Self, View and Subscribe start coherent.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := r.await(ctx, func(s *snapshot) bool { return s.member(cfg.NodeID) }); err != nil {
+		_ = r.Close(context.Background())
+		return nil, fmt.Errorf("ring: local node never appeared: %w", err)
+	}
+
+	if len(cfg.Join) > 0 {
+		jctx, jcancel := context.WithTimeout(context.Background(), r.joinBudget())
+		n, err := r.Rejoin(jctx)
+		jcancel()
+		if err != nil {
+			r.log.Warn("could not join the cluster yet; retrying", "join", cfg.Join, "every", cfg.RejoinInterval, "err", err)
+		} else {
+			r.log.Info("joined the cluster", "contacted", n)
+		}
+	}
+
+	r.wg.Add(1)
+	go r.rejoinLoop()
+	return r, nil
+}
+
+// Self returns this node's meta as it gossips it.
+func (r *Ring) Self() Meta {
+	r.selfMu.Lock()
+	defer r.selfMu.Unlock()
+	return r.self
+}
+
+// Owner returns the member that owns account, or false when no member is
+// serving.
+func (r *Ring) Owner(account string) (Meta, bool) {
+	return r.state.Load().table.Owner(account)
+}
+
+// Partition returns the partition account hashes to. It depends only on the
+// layout, never on membership.
+func (r *Ring) Partition(account string) int {
+	return r.layout.Partition(account)
+}
+
+// OwnerOfPartition returns the owner of partition p, or false when no member
+// is serving or p is out of range.
+func (r *Ring) OwnerOfPartition(p int) (Meta, bool) {
+	return r.state.Load().table.OwnerOfPartition(p)
+}
+
+// Epoch returns the epoch of the current ring: see the package doc.
+func (r *Ring) Epoch() uint64 {
+	return r.state.Load().table.Epoch()
+}
+
+// Table returns the current partition table, for callers that make several
+// lookups that must agree with each other.
+func (r *Ring) Table() *Table {
+	return r.state.Load().table
+}
+
+// Layout returns the ring's layout.
+func (r *Ring) Layout() Layout { return r.layout }
+
+// View returns a consistent snapshot. The slices are the caller's.
+func (r *Ring) View() View {
+	s := r.state.Load()
+	v := View{
+		Epoch:   s.table.Epoch(),
+		Members: slices.Clone(s.members),
+		Owners:  s.table.Owners(),
+	}
+	for _, m := range s.table.members {
+		v.Serving = append(v.Serving, m.ID)
+	}
+	return v
+}
+
+// Err returns why the ring does not reflect the current serving members
+// (for example ErrTooManyMembers), or nil when it does. While Err is not
+// nil, the ring keeps the last table that could be built.
+func (r *Ring) Err() error {
+	return r.state.Load().err
+}
+
+// Subscribe returns a channel of this node's partition changes and a cancel
+// func that closes it. The first Change describes the current ownership (all
+// Gained). The channel holds up to buf Changes (at least 1); when it is
+// full, the queued Changes and the new one are composed into one (see
+// Change), so a slow subscriber never blocks the ring and never misses a
+// lost partition. The channel is closed by cancel and by Close.
+func (r *Ring) Subscribe(buf int) (<-chan Change, func()) {
+	s := &subscriber{ch: make(chan Change, max(buf, 1))}
+	r.subMu.Lock()
+	defer r.subMu.Unlock()
+	if r.subsClosed {
+		s.close()
+		return s.ch, func() {}
+	}
+	cur := r.state.Load().table
+	s.ch <- Change{Epoch: cur.Epoch(), Gained: cur.PartitionsOf(r.cfg.NodeID)}
+	r.subs[s] = struct{}{}
+	return s.ch, func() {
+		r.subMu.Lock()
+		defer r.subMu.Unlock()
+		delete(r.subs, s)
+		s.close()
+	}
+}
+
+// SetState changes this node's state and gossips it. It returns once the
+// local ring reflects the new state and memberlist has sent the update, or
+// when ctx ends (without a deadline, the broadcast wait is bounded by 5 s).
+// An error from the broadcast leaves the state set: the update still spreads
+// by gossip and push-pull.
+func (r *Ring) SetState(ctx context.Context, s State) error {
+	if !s.Valid() {
+		return fmt.Errorf("ring: invalid state %q", s)
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	r.lifeMu.RLock()
+	if err := r.lifeErrLocked(); err != nil {
+		r.lifeMu.RUnlock()
+		return err
+	}
+	r.selfMu.Lock()
+	self := r.self
+	self.State = s
+	enc, err := encodeMeta(self, r.layout.fingerprint())
+	if err == nil {
+		r.self, r.selfMeta = self, enc
+	}
+	r.selfMu.Unlock()
+	if err != nil {
+		r.lifeMu.RUnlock()
+		return err
+	}
+	bErr := r.ml.UpdateNode(broadcastWait(ctx))
+	r.lifeMu.RUnlock()
+
+	id := r.cfg.NodeID
+	if err := r.await(ctx, func(snap *snapshot) bool {
+		m, ok := snap.lookup(id)
+		return ok && m.State == s
+	}); err != nil {
+		return fmt.Errorf("ring: set state %s: %w", s, err)
+	}
+	if bErr != nil {
+		return fmt.Errorf("ring: set state %s: broadcast: %w", s, bErr)
+	}
+	r.log.Info("state changed", "state", s)
+	return nil
+}
+
+// Leave announces that this node leaves the cluster, and returns once the
+// local ring no longer has it (its subscribers have been told they lost
+// every partition) and the announcement went out, or when ctx ends. The
+// node stops rejoining. Call Close afterwards.
+func (r *Ring) Leave(ctx context.Context) error {
+	r.lifeMu.Lock()
+	if r.closed {
+		r.lifeMu.Unlock()
+		return ErrClosed
+	}
+	r.left = true
+	err := r.ml.Leave(broadcastWait(ctx))
+	r.lifeMu.Unlock()
+
+	id := r.cfg.NodeID
+	if werr := r.await(ctx, func(s *snapshot) bool { return !s.member(id) }); werr != nil {
+		return fmt.Errorf("ring: leave: %w", werr)
+	}
+	if err != nil {
+		return fmt.Errorf("ring: leave: %w", err)
+	}
+	r.log.Info("left the cluster")
+	return nil
+}
+
+// Close stops the ring's goroutines, shuts memberlist (and its transport)
+// down and closes subscriber channels. Without a Leave first, the others
+// find this node dead by failure detection. It returns when every goroutine
+// of the ring has exited, or with ctx's error if ctx ends first. Closing
+// twice is a no-op.
+func (r *Ring) Close(ctx context.Context) error {
+	r.lifeMu.Lock()
+	if r.closed {
+		r.lifeMu.Unlock()
+		return nil
+	}
+	r.closed = true
+	r.lifeMu.Unlock()
+
+	close(r.stop)
+	var err error
+	if r.ml != nil {
+		err = r.ml.Shutdown()
+	}
+	r.subMu.Lock()
+	r.subsClosed = true
+	for s := range r.subs {
+		s.close()
+		delete(r.subs, s)
+	}
+	r.subMu.Unlock()
+
+	done := make(chan struct{})
+	go func() {
+		r.wg.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+		return err
+	case <-ctx.Done():
+		return fmt.Errorf("ring: close: %w", ctx.Err())
+	}
+}
+
+// lifeErrLocked returns why memberlist may not be used.
+//
+// REQUIRES: r.lifeMu held.
+func (r *Ring) lifeErrLocked() error {
+	switch {
+	case r.closed:
+		return ErrClosed
+	case r.left:
+		return ErrLeft
+	}
+	return nil
+}
+
+// broadcastWait turns ctx's deadline into memberlist's timeout.
+func broadcastWait(ctx context.Context) time.Duration {
+	if d, ok := ctx.Deadline(); ok {
+		return max(time.Until(d), time.Millisecond)
+	}
+	return defaultBroadcastWait
+}
+
+// await blocks until cond holds for the current snapshot, ctx ends or the
+// ring closes.
+func (r *Ring) await(ctx context.Context, cond func(*snapshot) bool) error {
+	for {
+		s := r.state.Load()
+		if cond(s) {
+			return nil
+		}
+		select {
+		case <-s.changed:
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-r.stop:
+			return ErrClosed
+		}
+	}
+}
+
+// queue records a memberlist event for the rebuild goroutine. It runs inside
+// memberlist's callbacks, so it only copies and signals: it must not call
+// back into memberlist (Members() there deadlocks) nor block.
+func (r *Ring) queue(n *memberlist.Node, alive bool) {
+	ev := nodeEvent{alive: alive, name: n.Name, addr: n.Address(), meta: slices.Clone(n.Meta)}
+	r.eventsMu.Lock()
+	r.pending[n.Name] = ev
+	r.eventsMu.Unlock()
+	select {
+	case r.kick <- struct{}{}:
+	default:
+	}
+}
+
+func (r *Ring) takeEvents() map[string]nodeEvent {
+	r.eventsMu.Lock()
+	defer r.eventsMu.Unlock()
+	evs := r.pending
+	r.pending = make(map[string]nodeEvent)
+	return evs
+}
+
+// run is the rebuild goroutine: the only writer of r.state. It owns
+// members.
+func (r *Ring) run() {
+	defer r.wg.Done()
+	members := make(map[string]Meta)
+	warned := make(map[string]string) // node -> last meta complaint, to log once
+	for {
+		select {
+		case <-r.stop:
+			return
+		case <-r.kick:
+		}
+		r.apply(members, warned, r.takeEvents())
+		r.publish(members)
+	}
+}
+
+// apply folds events into members and the rejoin targets.
+func (r *Ring) apply(members map[string]Meta, warned map[string]string, evs map[string]nodeEvent) {
+	now := r.now()
+	r.knownMu.Lock()
+	defer r.knownMu.Unlock()
+	for name, ev := range evs {
+		if name != r.cfg.NodeID {
+			r.known[name] = knownMember{addr: ev.addr, lastAlive: now}
+		}
+		if !ev.alive {
+			delete(members, name)
+			delete(warned, name)
+			continue
+		}
+		m, fp, err := decodeMeta(name, ev.addr, ev.meta)
+		var complaint string
+		switch {
+		case err != nil:
+			complaint = "unreadable node meta: member is kept but never serves"
+		case fp != r.layout.fingerprint():
+			complaint = "member uses another ring layout (PartitionCount, ReplicationFactor or Load): its owners differ from ours"
+		}
+		if complaint != "" && warned[name] != complaint {
+			r.log.Error(complaint, "member", name, "addr", ev.addr)
+		}
+		warned[name] = complaint
+		members[name] = m
+	}
+}
+
+// publish builds the snapshot for members, stores it, and tells subscribers
+// how this node's partitions moved.
+func (r *Ring) publish(members map[string]Meta) {
+	old := r.state.Load()
+	all := make([]Meta, 0, len(members))
+	var serving []Meta
+	for _, m := range members {
+		all = append(all, m)
+		if m.State == StateServing {
+			serving = append(serving, m)
+		}
+	}
+	slices.SortFunc(all, func(a, b Meta) int { return strings.Compare(a.ID, b.ID) })
+
+	next := &snapshot{members: all, changed: make(chan struct{})}
+	if t, ok := old.table.withMembers(serving); ok {
+		next.table = t
+	} else if t, err := NewTable(r.layout, serving); err != nil {
+		next.table, next.err = old.table, err
+		if old.err == nil || old.err.Error() != err.Error() {
+			r.log.Error("cannot build ring; keeping the last one", "serving", len(serving), "kept_epoch", old.table.Epoch(), "err", err)
+		}
+	} else {
+		next.table = t
+	}
+
+	r.subMu.Lock()
+	r.state.Store(next)
+	if next.table.Epoch() != old.table.Epoch() {
+		c := diffChange(old.table, next.table, r.cfg.NodeID)
+		for s := range r.subs {
+			s.deliver(c)
+		}
+		r.log.Info("ring changed", "epoch", next.table.Epoch(), "serving", len(next.table.members),
+			"gained", len(c.Gained), "lost", len(c.Lost))
+	}
+	r.subMu.Unlock()
+	close(old.changed)
+}
+
+// lookup returns the alive member id.
+func (s *snapshot) lookup(id string) (Meta, bool) {
+	i, ok := slices.BinarySearchFunc(s.members, id, func(m Meta, id string) int { return strings.Compare(m.ID, id) })
+	if !ok {
+		return Meta{}, false
+	}
+	return s.members[i], true
+}
+
+func (s *snapshot) member(id string) bool {
+	_, ok := s.lookup(id)
+	return ok
+}
+
+// delegate adapts Ring to memberlist's Delegate, EventDelegate and
+// ConflictDelegate without putting those methods on Ring's API. Every
+// method is called from memberlist's goroutines and returns at once.
+type delegate struct{ r *Ring }
+
+// NodeMeta returns the encoded self meta; Config.Validate and SetState
+// guarantee it fits limit.
+func (d delegate) NodeMeta(limit int) []byte {
+	d.r.selfMu.Lock()
+	defer d.r.selfMu.Unlock()
+	return d.r.selfMeta
+}
+
+func (delegate) NotifyMsg([]byte)                           {}
+func (delegate) GetBroadcasts(overhead, limit int) [][]byte { return nil }
+func (delegate) LocalState(join bool) []byte                { return nil }
+func (delegate) MergeRemoteState(buf []byte, join bool)     {}
+
+func (d delegate) NotifyJoin(n *memberlist.Node)   { d.r.queue(n, true) }
+func (d delegate) NotifyUpdate(n *memberlist.Node) { d.r.queue(n, true) }
+func (d delegate) NotifyLeave(n *memberlist.Node)  { d.r.queue(n, false) }
+
+// NotifyConflict reports two nodes claiming one name: they would share an
+// owner identity, so it is logged as an error.
+func (d delegate) NotifyConflict(existing, other *memberlist.Node) {
+	d.r.log.Error("two nodes claim the same NodeID", "id", existing.Name,
+		"existing", existing.Address(), "other", other.Address())
+}
