@@ -117,6 +117,43 @@ func TestServerLifecycle(t *testing.T) {
 	}
 }
 
+// TestStartAfterCrash: a postmaster that exits behind pgtest's back is seen
+// as stopped, and Start brings it back with the committed data.
+func TestStartAfterCrash(t *testing.T) {
+	RequireBinaries(t)
+	ctx := t.Context()
+	s, err := Start(ctx, Options{Logf: t.Logf})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	dsn, err := s.NewDatabase(ctx, "crash")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := connect(t, dsn).Exec(ctx, "CREATE TABLE t (v int); INSERT INTO t VALUES (7)"); err != nil {
+		t.Fatal(err)
+	}
+
+	s.mu.Lock()
+	p, exited := s.cmd.Process, s.exited
+	s.mu.Unlock()
+	if err := p.Signal(syscall.SIGQUIT); err != nil { // immediate shutdown: no checkpoint
+		t.Fatal(err)
+	}
+	<-exited
+	if s.Running() {
+		t.Fatal("Running() after the postmaster exited")
+	}
+	if err := s.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var v int
+	if err := connect(t, dsn).QueryRow(ctx, "SELECT v FROM t").Scan(&v); err != nil || v != 7 {
+		t.Fatalf("after crash recovery: v = %d, err = %v; want 7", v, err)
+	}
+}
+
 func dbNameOf(t *testing.T, dsn string) string {
 	t.Helper()
 	u, err := url.Parse(dsn)
@@ -164,16 +201,15 @@ func TestNewDB(t *testing.T) {
 }
 
 func TestPackageServerRestartedAfterTest(t *testing.T) {
-	var s *Server
+	s := PackageServer(t) // here first, so that missing binaries skip this test too
 	t.Run("stops it", func(t *testing.T) {
-		s = PackageServer(t)
-		if err := s.Stop(t.Context()); err != nil {
+		if err := PackageServer(t).Stop(t.Context()); err != nil {
 			t.Fatal(err)
 		}
+		if s.Running() {
+			t.Fatal("Running() after Stop")
+		}
 	})
-	if s == nil {
-		t.Fatal("inner test did not run")
-	}
 	if !s.Running() {
 		t.Fatal("package server left stopped after the test that stopped it")
 	}

@@ -183,6 +183,9 @@ func RequireBinaries(t testing.TB) bool {
 		return true
 	}
 	if skip, msg := unavailable(err, os.Getenv(RequireEnv) == "1"); skip {
+		if p := current.Load(); p != nil {
+			p.skipped.Add(1) // for Main's summary
+		}
 		t.Skip(msg)
 	} else {
 		t.Fatal(msg)
