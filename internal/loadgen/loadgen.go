@@ -1,0 +1,242 @@
+// Package loadgen drives a function from many goroutines for a while and
+// reports throughput and latency percentiles, printing a progress line as it
+// goes. quotad bench uses it for every target (the engine in-process, the
+// classic SQL design, a running cluster), so their figures compare.
+//
+//	rep, err := loadgen.Run(ctx, loadgen.Config{Concurrency: 64, Duration: 10 * time.Second, Progress: os.Stderr},
+//		func(ctx context.Context, worker int, i int64) (ops int, err error) { ...; return 1, nil })
+//	fmt.Println(rep)
+package loadgen
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"math"
+	"math/bits"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Config says how hard and how long to drive.
+type Config struct {
+	Concurrency int           // goroutines (default 1)
+	Duration    time.Duration // how long (default 5 s)
+	Warmup      time.Duration // run this long first without measuring
+	// Progress, when set, gets a line every ProgressEvery (default 1 s),
+	// rewritten in place with \r when Interactive.
+	Progress      io.Writer
+	ProgressEvery time.Duration
+	Interactive   bool
+	Label         string
+}
+
+// Func does one call. It returns how many operations the call carried (a
+// batched call may carry many; 0 is counted as 1).
+type Func func(ctx context.Context, worker int, i int64) (ops int, err error)
+
+// Report is the outcome of a run.
+type Report struct {
+	Label          string
+	Calls, Ops     int64
+	Errors         int64
+	FirstErr       error
+	Elapsed        time.Duration
+	CallsPerSec    float64
+	OpsPerSec      float64
+	P50, P99, P999 time.Duration
+	Max            time.Duration
+}
+
+func (r Report) String() string {
+	return fmt.Sprintf("%-18s %10.0f ops/s %10.0f calls/s  p50 %-9s p99 %-9s p999 %-9s errors %d",
+		r.Label, r.OpsPerSec, r.CallsPerSec, round(r.P50), round(r.P99), round(r.P999), r.Errors)
+}
+
+func round(d time.Duration) time.Duration {
+	switch {
+	case d > 10*time.Millisecond:
+		return d.Round(100 * time.Microsecond)
+	case d > 100*time.Microsecond:
+		return d.Round(time.Microsecond)
+	}
+	return d.Round(100 * time.Nanosecond)
+}
+
+// Run drives fn until cfg.Duration passes or ctx ends.
+func Run(ctx context.Context, cfg Config, fn Func) (Report, error) {
+	if cfg.Concurrency <= 0 {
+		cfg.Concurrency = 1
+	}
+	if cfg.Duration <= 0 {
+		cfg.Duration = 5 * time.Second
+	}
+	if cfg.ProgressEvery <= 0 {
+		cfg.ProgressEvery = time.Second
+	}
+	if cfg.Warmup > 0 {
+		wctx, cancel := context.WithTimeout(ctx, cfg.Warmup)
+		drive(wctx, cfg.Concurrency, fn, &Histogram{}, &counters{})
+		cancel()
+	}
+	runCtx, cancel := context.WithTimeout(ctx, cfg.Duration)
+	defer cancel()
+	var hist Histogram
+	var c counters
+	start := time.Now()
+	done := make(chan struct{})
+	var pwg sync.WaitGroup
+	if cfg.Progress != nil {
+		pwg.Add(1)
+		go func() {
+			defer pwg.Done()
+			progress(cfg, &c, start, done)
+		}()
+	}
+	drive(runCtx, cfg.Concurrency, fn, &hist, &c)
+	close(done)
+	pwg.Wait()
+	elapsed := time.Since(start)
+	rep := Report{Label: cfg.Label, Calls: c.calls.Load(), Ops: c.ops.Load(), Errors: c.errors.Load(), Elapsed: elapsed,
+		P50: hist.Quantile(0.50), P99: hist.Quantile(0.99), P999: hist.Quantile(0.999), Max: hist.Max()}
+	if e := c.firstErr.Load(); e != nil {
+		rep.FirstErr = *e
+	}
+	rep.CallsPerSec = float64(rep.Calls) / elapsed.Seconds()
+	rep.OpsPerSec = float64(rep.Ops) / elapsed.Seconds()
+	if ctx.Err() != nil {
+		return rep, ctx.Err()
+	}
+	return rep, nil
+}
+
+type counters struct {
+	calls, ops, errors atomic.Int64
+	firstErr           atomic.Pointer[error]
+}
+
+func drive(ctx context.Context, n int, fn Func, hist *Histogram, c *counters) {
+	var wg sync.WaitGroup
+	for w := 0; w < n; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var local Histogram
+			defer hist.Merge(&local)
+			for i := int64(0); ctx.Err() == nil; i++ {
+				t0 := time.Now()
+				ops, err := fn(ctx, w, i)
+				if ctx.Err() != nil && err != nil {
+					return // cut short by the end of the run: not an error
+				}
+				local.Record(time.Since(t0))
+				c.calls.Add(1)
+				c.ops.Add(int64(max(ops, 1)))
+				if err != nil {
+					c.errors.Add(1)
+					c.firstErr.CompareAndSwap(nil, &err)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+func progress(cfg Config, c *counters, start time.Time, done <-chan struct{}) {
+	t := time.NewTicker(cfg.ProgressEvery)
+	defer t.Stop()
+	var lastOps int64
+	last := start
+	for {
+		select {
+		case <-done:
+			if cfg.Interactive {
+				fmt.Fprint(cfg.Progress, "\r\033[K")
+			}
+			return
+		case now := <-t.C:
+			ops := c.ops.Load()
+			rate := float64(ops-lastOps) / now.Sub(last).Seconds()
+			lastOps, last = ops, now
+			line := fmt.Sprintf("%s %5.1fs/%s  %10.0f ops/s  %d ops  %d errors", cfg.Label,
+				now.Sub(start).Seconds(), cfg.Duration, rate, ops, c.errors.Load())
+			if cfg.Interactive {
+				fmt.Fprint(cfg.Progress, "\r\033[K"+line)
+			} else {
+				fmt.Fprintln(cfg.Progress, line)
+			}
+		}
+	}
+}
+
+// Histogram records durations in log-linear buckets (16 per power of two, so
+// about 4 % resolution) from 1 ns to hours. Merge is safe for concurrent use;
+// Record is not (each worker keeps its own).
+type Histogram struct {
+	mu     sync.Mutex // protects counts, n and max during Merge and reads
+	counts [64 * 16]int64
+	n      int64
+	max    time.Duration
+}
+
+func bucketOf(d time.Duration) int {
+	v := uint64(max(d, 1))
+	exp := bits.Len64(v) - 1 // v in [2^exp, 2^(exp+1))
+	if exp < 4 {
+		return int(v)
+	}
+	frac := (v >> (exp - 4)) & 15
+	return exp*16 + int(frac)
+}
+
+func bucketValue(b int) time.Duration {
+	exp, frac := b/16, b%16
+	if exp < 4 {
+		return time.Duration(b)
+	}
+	lo := (uint64(16) + uint64(frac)) << (exp - 4)
+	return time.Duration(lo + (uint64(1)<<(exp-4))/2)
+}
+
+// Record adds one duration.
+func (h *Histogram) Record(d time.Duration) {
+	h.counts[bucketOf(d)]++
+	h.n++
+	h.max = max(h.max, d)
+}
+
+// Merge adds o into h.
+func (h *Histogram) Merge(o *Histogram) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for i, c := range o.counts {
+		h.counts[i] += c
+	}
+	h.n += o.n
+	h.max = max(h.max, o.max)
+}
+
+// Count is the number of durations recorded.
+func (h *Histogram) Count() int64 { h.mu.Lock(); defer h.mu.Unlock(); return h.n }
+
+// Max is the largest duration recorded.
+func (h *Histogram) Max() time.Duration { h.mu.Lock(); defer h.mu.Unlock(); return h.max }
+
+// Quantile is the q-quantile (0..1) to the histogram's resolution.
+func (h *Histogram) Quantile(q float64) time.Duration {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.n == 0 {
+		return 0
+	}
+	rank := int64(math.Ceil(q * float64(h.n)))
+	var seen int64
+	for i, c := range h.counts {
+		seen += c
+		if seen >= rank && c > 0 {
+			return min(bucketValue(i), h.max)
+		}
+	}
+	return h.max
+}

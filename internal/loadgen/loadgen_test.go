@@ -1,0 +1,40 @@
+package loadgen
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+)
+
+func TestHistogramQuantiles(t *testing.T) {
+	var h Histogram
+	for i := 1; i <= 1000; i++ {
+		h.Record(time.Duration(i) * time.Microsecond)
+	}
+	for _, c := range []struct {
+		q    float64
+		want time.Duration
+	}{{0.5, 500 * time.Microsecond}, {0.99, 990 * time.Microsecond}, {0.999, 999 * time.Microsecond}} {
+		got := h.Quantile(c.q)
+		if diff := float64(got-c.want) / float64(c.want); diff < -0.05 || diff > 0.05 {
+			t.Errorf("q%.3f = %v, want %v within 5%%", c.q, got, c.want)
+		}
+	}
+}
+
+func TestRunCountsOpsAndErrors(t *testing.T) {
+	boom := errors.New("boom")
+	rep, err := Run(context.Background(), Config{Concurrency: 4, Duration: 50 * time.Millisecond}, func(ctx context.Context, w int, i int64) (int, error) {
+		if i == 3 {
+			return 10, boom
+		}
+		return 10, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Calls == 0 || rep.Ops != rep.Calls*10 || rep.Errors != 4 || !errors.Is(rep.FirstErr, boom) {
+		t.Fatalf("%+v", rep)
+	}
+}
