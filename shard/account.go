@@ -217,7 +217,8 @@ func (a *Account) Charge(req *Charge, now Now, params *Params, rec *Record) Deci
 			a.fill(&d, now, wall)
 			return d
 		}
-		a.spend(rec.Allocs, 1, params)
+		rec.Reserved = a.reserved(params)
+		a.spend(rec.Allocs, 1, rec.Reserved)
 	}
 	if !plan.Rate.Unlimited() {
 		a.bucket.take(plan)
@@ -293,9 +294,9 @@ func appendAlloc(as []Alloc, id string, units int64) []Alloc {
 	return append(as, Alloc{Grant: id, Units: units})
 }
 
-// spend applies allocations: sign 1 spends, -1 returns.
-func (a *Account) spend(allocs []Alloc, sign int64, params *Params) {
-	reserved := a.reserved(params)
+// spend applies allocations: sign 1 spends, -1 returns. reserved says the
+// units come from (or go back to) this node's allowance.
+func (a *Account) spend(allocs []Alloc, sign int64, reserved bool) {
 	for _, al := range allocs {
 		g := a.grant(al.Grant)
 		if g == nil {
@@ -365,14 +366,15 @@ func (a *Account) Refund(eventID string, receipt *Receipt, now Now, params *Para
 		a.fill(&d, now, wall)
 		return d
 	}
-	a.unspend(rec, params)
+	rec.Reserved = a.reserved(params)
+	a.unspend(rec)
 	d.Reason, d.Units = Refunded, rec.Units
 	a.fill(&d, now, wall)
 	return d
 }
 
-func (a *Account) unspend(rec *Record, params *Params) {
-	a.spend(rec.Allocs, -1, params)
+func (a *Account) unspend(rec *Record) {
+	a.spend(rec.Allocs, -1, rec.Reserved)
 	if rec.Period == a.period && a.routes != nil {
 		a.routes[rec.Route] -= rec.Units
 	}

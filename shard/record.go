@@ -41,6 +41,10 @@ type Record struct {
 	Account  string
 	EventID  string // charge, refund
 	ClientID bool   // charge: EventID came from the client
+	// Reserved says the units came from (charge) or went back to (refund)
+	// this node's reservation: the ledger moves them between used and this
+	// node's reserved units accordingly.
+	Reserved bool
 	Key      string // charge, refund: API key id
 	Route    string // charge, refund
 	Units    int64  // charge, refund: total units
@@ -64,10 +68,10 @@ func (r *Record) reset(t RecordType, account string, wall int64) {
 // AppendEncode appends the binary form of r to dst. The layout, after the
 // wal's frame (version byte, checksum):
 //
-//	charge:  type=1 | wall varint | account | event | flags byte (bit 0: client id) | key | route
-//	         | units uvarint | period uvarint | n uvarint | n × (grant | units uvarint)
-//	refund:  type=2 | wall varint | account | event | key | route | units uvarint | period uvarint
-//	         | charge wall varint | n uvarint | n × (grant | units uvarint)
+//	charge:  type=1 | wall varint | account | event | flags byte (bit 0: client id, bit 1: reserved)
+//	         | key | route | units uvarint | period uvarint | n uvarint | n × (grant | units uvarint)
+//	refund:  type=2 | wall varint | account | event | flags byte (bit 1: reserved) | key | route
+//	         | units uvarint | period uvarint | charge wall varint | n uvarint | n × (grant | units uvarint)
 //	reserve: type=3 | wall varint | account | grant | delta varint
 //
 // where a string is a uvarint length followed by its bytes.
@@ -78,11 +82,7 @@ func (r *Record) AppendEncode(dst []byte) []byte {
 	switch r.Type {
 	case RecCharge:
 		dst = appendString(dst, r.EventID)
-		var flags byte
-		if r.ClientID {
-			flags |= 1
-		}
-		dst = append(dst, flags)
+		dst = append(dst, r.flags())
 		dst = appendString(dst, r.Key)
 		dst = appendString(dst, r.Route)
 		dst = binary.AppendUvarint(dst, uint64(r.Units))
@@ -90,6 +90,7 @@ func (r *Record) AppendEncode(dst []byte) []byte {
 		dst = appendAllocs(dst, r.Allocs)
 	case RecRefund:
 		dst = appendString(dst, r.EventID)
+		dst = append(dst, r.flags())
 		dst = appendString(dst, r.Key)
 		dst = appendString(dst, r.Route)
 		dst = binary.AppendUvarint(dst, uint64(r.Units))
@@ -101,6 +102,21 @@ func (r *Record) AppendEncode(dst []byte) []byte {
 		dst = binary.AppendVarint(dst, r.Delta)
 	}
 	return dst
+}
+
+func (r *Record) flags() byte {
+	var f byte
+	if r.ClientID {
+		f |= 1
+	}
+	if r.Reserved {
+		f |= 2
+	}
+	return f
+}
+
+func (r *Record) setFlags(f byte) {
+	r.ClientID, r.Reserved = f&1 != 0, f&2 != 0
 }
 
 func appendString(dst []byte, s string) []byte {
@@ -128,12 +144,13 @@ func (r *Record) Decode(b []byte) error {
 	switch t {
 	case RecCharge:
 		r.EventID = d.string()
-		r.ClientID = d.byte()&1 != 0
+		r.setFlags(d.byte())
 		r.Key, r.Route = d.string(), d.string()
 		r.Units, r.Period = d.count(), Period(d.count())
 		r.Allocs = d.allocs(r.Allocs)
 	case RecRefund:
 		r.EventID = d.string()
+		r.setFlags(d.byte())
 		r.Key, r.Route = d.string(), d.string()
 		r.Units, r.Period = d.count(), Period(d.count())
 		r.ChargeWall = d.varint()

@@ -17,7 +17,7 @@ func (a *Account) ApplyRecord(seq uint64, rec *Record, params *Params) {
 			a.rollTo(rec.Period)
 		}
 		a.seen = max(a.seen, rec.Wall)
-		a.spend(rec.Allocs, 1, params)
+		a.spend(rec.Allocs, 1, rec.Reserved)
 		if rec.Period == a.period {
 			a.addRoute(rec.Route, rec.Units)
 		}
@@ -36,7 +36,7 @@ func (a *Account) ApplyRecord(seq uint64, rec *Record, params *Params) {
 		} else {
 			a.refunded.put(rec.EventID, a.seen, struct{}{})
 		}
-		a.unspend(rec, params)
+		a.unspend(rec)
 	case RecReserve:
 		a.advance(rec.Wall)
 		if g := a.grant(rec.Grant); g != nil {

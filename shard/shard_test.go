@@ -278,7 +278,7 @@ func TestRateLimitRefusalTakesNoToken(t *testing.T) {
 func TestRecordRoundTrip(t *testing.T) {
 	recs := []Record{
 		{Type: RecCharge, Wall: 123, Account: "acct", EventID: "ev", ClientID: true, Key: "k", Route: "GET /x", Units: 9, Period: 24317, Allocs: []Alloc{{"m:2026-06", 4}, {"c1", 5}}},
-		{Type: RecRefund, Wall: -5, Account: "a", EventID: "e", Key: "k", Route: "r", Units: 3, Period: 1, ChargeWall: 99, Allocs: []Alloc{{"g", 3}}},
+		{Type: RecRefund, Wall: -5, Account: "a", EventID: "e", Reserved: true, Key: "k", Route: "r", Units: 3, Period: 1, ChargeWall: 99, Allocs: []Alloc{{"g", 3}}},
 		{Type: RecReserve, Wall: 7, Account: "a", Grant: "g", Delta: -40},
 	}
 	for _, r := range recs {
