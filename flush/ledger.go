@@ -1,0 +1,270 @@
+package flush
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/quotaring/quotaring/shard"
+	"github.com/quotaring/quotaring/snapshot"
+)
+
+// Ledger is the shared store every node settles into: config (plans,
+// accounts, keys, grants, route weights), grants with their used and
+// reserved units, each node's reservations and settled mark, daily usage
+// aggregates, the event log and the alerts sent. Postgres (pgx) and SQLite
+// (modernc.org/sqlite) implement it and pass one conformance suite
+// (RunConformance).
+//
+// Every method is safe for concurrent use. Errors from an unreachable
+// database wrap ErrUnavailable; a commit whose outcome is unknown (the
+// connection broke during COMMIT) is reported as an error too: the caller
+// retries the same batch, and the settled mark makes the retry a no-op.
+type Ledger interface {
+	// Migrate applies the embedded migrations up to this binary's version,
+	// under a lock (an advisory lock on Postgres). A ledger at a newer
+	// version than this binary knows fails with ErrSchemaTooNew.
+	Migrate(ctx context.Context) error
+	// SchemaVersion is the ledger's applied migration version.
+	SchemaVersion(ctx context.Context) (int, error)
+
+	// RegisterNode records (node, incarnation) if new and returns its settled
+	// mark (0 for a new incarnation). Heartbeat refreshes heartbeat_at.
+	RegisterNode(ctx context.Context, node, incarnation string) (settled uint64, err error)
+
+	// Settle applies one batch exactly once, in one transaction (see Batch).
+	Settle(ctx context.Context, b *Batch) (SettleResult, error)
+
+	// Reserve reserves up to Need units of the account's grants active at
+	// Wall for node, soonest-expiring first, creating the period's monthly
+	// grant from the plan if it does not exist yet. It keeps
+	// used + reserved <= units per grant with a conditional update.
+	Reserve(ctx context.Context, node string, req ReserveRequest) (ReserveResult, error)
+	// Release hands units of node's reservations back.
+	Release(ctx context.Context, node, account string, allocs []shard.Alloc) error
+	// ReleaseNode frees every reservation node holds (quotad revoke, and a
+	// node's reset at start) and reports the units per account.
+	ReleaseNode(ctx context.Context, node string) ([]Released, error)
+	// Reservations lists the reservations held, for the status page, revoke
+	// and the chaos checkers.
+	Reservations(ctx context.Context) ([]Reservation, error)
+
+	// Snapshot reads the config a node serves from at wall: plans, accounts
+	// with their credit grants (and the settled use of credit grants and of
+	// the monthly grants of the period of wall and the one before), keys by
+	// hash, and the active route weights.
+	Snapshot(ctx context.Context, wall time.Time) (*snapshot.Snapshot, error)
+
+	// Admin changes the config; each bumps the config version.
+	UpsertPlan(ctx context.Context, p snapshot.Plan) error
+	UpsertAccount(ctx context.Context, id, plan string) error
+	// AddKey stores a key by the hex SHA-256 of its plaintext.
+	AddKey(ctx context.Context, k snapshot.Key) error
+	RevokeKey(ctx context.Context, keyID string) error
+	AddGrant(ctx context.Context, account string, g snapshot.Grant) error
+	// SetRoutes makes a new version of the route weights the active one and
+	// returns its version.
+	SetRoutes(ctx context.Context, defaultUnits int64, weights map[string]int64) (version int64, err error)
+
+	// Usage reads the settled usage of an account for a period, by route.
+	Usage(ctx context.Context, account string, period shard.Period) (AccountUsage, error)
+	// Grants lists an account's grants with used and reserved units.
+	Grants(ctx context.Context, account string) ([]GrantRow, error)
+	// Reconcile proves "counter equals log" (G6): for every grant, its used
+	// units against the sum of the event log's unrefunded allocations to it;
+	// for every account and period, the daily usage aggregates against the
+	// event log's unrefunded charges of that period. It returns every row;
+	// Diff marks the ones that disagree.
+	Reconcile(ctx context.Context) ([]ReconcileRow, error)
+	// Events lists the event log of an account (tests, chaos checkers).
+	Events(ctx context.Context, account string) ([]EventRow, error)
+	// Nodes lists the nodes and their settled marks.
+	Nodes(ctx context.Context) ([]NodeRow, error)
+
+	// RecordAlert records that the alert (account, period, threshold) was
+	// sent; it reports false if it was already recorded (send once).
+	RecordAlert(ctx context.Context, account string, period shard.Period, threshold int, at time.Time) (bool, error)
+
+	Close() error
+}
+
+// Errors.
+var (
+	// ErrUnavailable wraps failures to reach the database.
+	ErrUnavailable = errors.New("flush: ledger unavailable")
+	// ErrSchemaTooNew: the ledger was migrated by a newer quotad.
+	ErrSchemaTooNew = errors.New("flush: the ledger's schema is newer than this quotad")
+	// ErrMarkConflict: the settled mark of (node, incarnation) is neither the
+	// batch's Prev nor at or past its Next: another process settles as this
+	// node. The node must stop.
+	ErrMarkConflict = errors.New("flush: settled mark conflict: another process settles as this node")
+	// ErrNotFound: no such account, plan, key or grant.
+	ErrNotFound = errors.New("flush: not found")
+	// ErrInvalid: a config change that would make the config invalid.
+	ErrInvalid = errors.New("flush: invalid")
+)
+
+// Batch is the records of one node in (Prev, Next] of its log.
+//
+// Settle, in one transaction:
+//  1. UPDATE nodes SET settled_seq = Next WHERE node = Node AND incarnation =
+//     Incarnation AND settled_seq = Prev. No row: if the mark is already >=
+//     Next the batch was applied before (SettleResult.Applied = false, nothing
+//     else happens); otherwise ErrMarkConflict.
+//  2. With Events on: insert the charges into the event log, ON CONFLICT
+//     (account, event id) DO NOTHING; a charge whose event id the log already
+//     holds from another origin (node, incarnation, seq) is a Duplicate: it
+//     is not billed (no usage, no used units) but its Reserved units still
+//     leave this node's reservation. Refunds: an event found unrefunded is
+//     marked refunded and its units return to its grants (used -=); found
+//     already refunded, the refund is a DuplicateRefund and changes nothing
+//     (the node takes the units back out of its allowance); not found (its
+//     charge is still in another node's unsettled log), a refunded tombstone
+//     row is inserted with the units, grants untouched, so that the charge
+//     arriving later is a Duplicate.
+//     With Events off: charges and refunds all apply, no dedup.
+//  3. Daily usage aggregates (account, key, route, UTC day): units and
+//     requests, one upsert of all rows (UNNEST on Postgres); refunds
+//     subtract on the day of the charge.
+//  4. Grants, locked in (account, grant) order: used += billed units per
+//     allocation (monthly grants are created from the plan if missing);
+//     for Reserved allocations this node's reservation and the grant's
+//     reserved total move by the same units (never below zero).
+type Batch struct {
+	Node, Incarnation string
+	Prev, Next        uint64
+	Events            bool // keep the event log (default on; --events=off)
+	Charges           []Charge
+	Refunds           []Refund
+}
+
+// Charge is a settled charge record.
+type Charge struct {
+	Seq      uint64
+	Account  string
+	EventID  string
+	ClientID bool
+	Key      string
+	Route    string
+	Units    int64
+	Wall     int64 // Unix ns
+	Period   shard.Period
+	Reserved bool
+	Allocs   []shard.Alloc
+}
+
+// Refund is a settled refund record.
+type Refund struct {
+	Seq        uint64
+	Account    string
+	EventID    string
+	Key        string
+	Route      string
+	Units      int64
+	Wall       int64
+	ChargeWall int64
+	Period     shard.Period
+	Reserved   bool
+	Allocs     []shard.Alloc
+}
+
+// EventRef names an event.
+type EventRef struct {
+	Account, EventID string
+	Units            int64
+	Allocs           []shard.Alloc
+	Reserved         bool
+}
+
+// SettleResult says what a Settle did.
+type SettleResult struct {
+	// Applied is false when the batch had been applied before.
+	Applied bool
+	// Duplicates are charges not billed because their event id was already
+	// in the event log from elsewhere (a retry that reached a new owner).
+	Duplicates []EventRef
+	// DuplicateRefunds are refunds of events already refunded.
+	DuplicateRefunds []EventRef
+	// RoundTrips is the number of statements sent (for benchmarks).
+	RoundTrips int
+}
+
+// ReserveRequest asks for units for an account.
+type ReserveRequest struct {
+	Account string
+	Wall    time.Time
+	Need    int64
+}
+
+// ReserveResult is what Reserve did.
+type ReserveResult struct {
+	Granted   []shard.Alloc // per grant, in spending order; units > 0
+	Exhausted []string      // active grants with nothing free left
+}
+
+// Released is what ReleaseNode freed for one account.
+type Released struct {
+	Account string
+	Grant   string
+	Units   int64
+}
+
+// Reservation is one node's hold on one grant.
+type Reservation struct {
+	Node, Account, Grant string
+	Units                int64
+}
+
+// GrantRow is a grant as the ledger has it.
+type GrantRow struct {
+	Account, Grant string
+	Monthly        bool
+	Period         string // monthly grants
+	Units          int64
+	Used           int64
+	Reserved       int64
+	StartsAt       time.Time
+	ExpiresAt      time.Time // zero: never
+}
+
+// AccountUsage is settled usage for one period.
+type AccountUsage struct {
+	Account string
+	Period  shard.Period
+	Units   int64
+	ByRoute map[string]int64
+}
+
+// ReconcileRow compares one counter with the event log.
+type ReconcileRow struct {
+	Account string
+	// Kind is "grant" (Scope is a grant id; Counter is its used units) or
+	// "usage" (Scope is a period "2026-06"; Counter is the sum of its daily
+	// aggregates).
+	Kind    string
+	Scope   string
+	Counter int64
+	Events  int64 // the event log's unrefunded units for the same scope
+	Diff    bool
+}
+
+// EventRow is one row of the event log.
+type EventRow struct {
+	Account, EventID string
+	Key, Route       string
+	Units            int64
+	ChargedAt        time.Time
+	Period           string
+	Node             string
+	Incarnation      string
+	Seq              uint64
+	Refunded         bool
+	Tombstone        bool // inserted by a refund that arrived before its charge
+}
+
+// NodeRow is one (node, incarnation).
+type NodeRow struct {
+	Node, Incarnation string
+	Settled           uint64
+	Heartbeat         time.Time
+}
