@@ -98,6 +98,7 @@ type Engine struct {
 	clock    Clock
 	params   shard.Params
 	snap     atomic.Pointer[snapshot.Snapshot]
+	kept     atomic.Bool // snap is the one kept in the log
 	stripes  []stripe
 	idPrefix string
 	idSeq    atomic.Uint64
@@ -411,8 +412,13 @@ func cmpString(a, b string) int {
 }
 
 // SetSnapshot makes s the config to serve from, keeps it in the log as the
-// last good one, and applies it to every account this node holds.
+// last good one (when its version is new), and applies it to every account
+// this node holds.
 func (e *Engine) SetSnapshot(s *snapshot.Snapshot) error {
+	if old := e.snap.Load(); old != nil && old.Version == s.Version && e.kept.Load() {
+		e.applySnapshot(s) // same config; fresher settled use for new accounts
+		return nil
+	}
 	data, err := s.Encode()
 	if err != nil {
 		return fmt.Errorf("engine: encode snapshot %d: %w", s.Version, err)
@@ -421,6 +427,7 @@ func (e *Engine) SetSnapshot(s *snapshot.Snapshot) error {
 		return fmt.Errorf("engine: keep snapshot %d: %w", s.Version, err)
 	}
 	e.applySnapshot(s)
+	e.kept.Store(true)
 	return nil
 }
 

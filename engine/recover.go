@@ -22,6 +22,7 @@ func (e *Engine) recover() error {
 			return fmt.Errorf("engine: the snapshot kept in %s does not decode (%w); move the data dir aside only if its unsettled records are settled elsewhere", e.log.Dir(), err)
 		}
 		e.snap.Store(s)
+		e.kept.Store(true)
 	}
 	if err := e.log.Checkpoints(e.restore); err != nil {
 		return fmt.Errorf("engine: restore checkpoints: %w", err)

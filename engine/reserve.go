@@ -135,6 +135,9 @@ func (e *Engine) topupLoop() {
 // here (so a crash can only strand units, never let this node spend units
 // the ledger gave back), then released there. Used on handoff.
 func (e *Engine) Release(ctx context.Context, account string) error {
+	if e.opts.Reserver == nil {
+		return nil
+	}
 	allocs, seq, err := e.zeroAllowance(account)
 	if err != nil || len(allocs) == 0 {
 		return err
@@ -220,4 +223,67 @@ func (g *flightGroup) do(ctx context.Context, key string, fn func() error) error
 	g.mu.Unlock()
 	close(f.done)
 	return f.err
+}
+
+// TakeBack removes units from the account's allowance without asking the
+// ledger: the settler calls it for a refund the ledger found to be a
+// duplicate (the units had been credited here but not there). It logs the
+// change like any reservation change.
+func (e *Engine) TakeBack(ctx context.Context, account string, allocs []shard.Alloc) error {
+	st := e.stripeFor(account)
+	st.mu.Lock()
+	ent, ok := st.accounts[account]
+	if !ok {
+		st.mu.Unlock()
+		return nil
+	}
+	now := e.clock.Now()
+	var seq uint64
+	for _, a := range allocs {
+		if !ent.acct.Reserve(a.Grant, -a.Units, now, &st.rec) {
+			continue
+		}
+		s, err := e.appendLocked(st, ent)
+		if err != nil {
+			st.mu.Unlock()
+			return err
+		}
+		seq = s
+	}
+	st.mu.Unlock()
+	if seq == 0 {
+		return nil
+	}
+	return e.log.WaitDurable(ctx, seq)
+}
+
+// ReleaseAll hands every allowance back (graceful shutdown, and the reset at
+// start once the log is settled). It returns the first error and goes on
+// with the other accounts.
+func (e *Engine) ReleaseAll(ctx context.Context) error {
+	var first error
+	for _, id := range e.AccountIDs() {
+		if err := e.Release(ctx, id); err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
+}
+
+// ZeroAllowances sets every local allowance to zero (logged) without telling
+// the ledger: used at start, right before the ledger frees all of this
+// node's reservations in one statement.
+func (e *Engine) ZeroAllowances(ctx context.Context) error {
+	var last uint64
+	for _, id := range e.AccountIDs() {
+		_, seq, err := e.zeroAllowance(id)
+		if err != nil {
+			return err
+		}
+		last = max(last, seq)
+	}
+	if last == 0 {
+		return nil
+	}
+	return e.log.WaitDurable(ctx, last)
 }

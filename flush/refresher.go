@@ -1,0 +1,85 @@
+package flush
+
+import (
+	"context"
+	"log/slog"
+	"sync/atomic"
+	"time"
+
+	"github.com/quotaring/quotaring/engine"
+)
+
+// Refresher reads the config snapshot from the ledger every Interval and
+// hands it to the engine. When the ledger is down the engine keeps serving
+// the last good snapshot (kept in its log, so also after a restart).
+type Refresher struct {
+	Ledger   Ledger
+	Engine   *engine.Engine
+	Interval time.Duration // default 3 s
+	Logger   *slog.Logger
+
+	lastOK atomic.Int64
+	errors atomic.Int64
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// RefreshOnce reads and applies one snapshot.
+func (r *Refresher) RefreshOnce(ctx context.Context) error {
+	s, err := r.Ledger.Snapshot(ctx, time.Unix(0, r.Engine.Clock().Now().Wall).UTC())
+	if err == nil {
+		err = r.Engine.SetSnapshot(s)
+	}
+	if err != nil {
+		r.errors.Add(1)
+		return err
+	}
+	r.lastOK.Store(time.Now().UnixNano())
+	return nil
+}
+
+// LastSuccess is when a snapshot was last applied (zero: never).
+func (r *Refresher) LastSuccess() time.Time {
+	if ns := r.lastOK.Load(); ns > 0 {
+		return time.Unix(0, ns)
+	}
+	return time.Time{}
+}
+
+// Errors counts failed refreshes.
+func (r *Refresher) Errors() int64 { return r.errors.Load() }
+
+// Start runs the loop until Close.
+func (r *Refresher) Start() {
+	if r.Interval <= 0 {
+		r.Interval = 3 * time.Second
+	}
+	if r.Logger == nil {
+		r.Logger = slog.New(slog.DiscardHandler)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	r.cancel, r.done = cancel, make(chan struct{})
+	go func() {
+		defer close(r.done)
+		t := time.NewTicker(r.Interval)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				if err := r.RefreshOnce(ctx); err != nil && ctx.Err() == nil {
+					r.Logger.Warn("config snapshot refresh failed; serving the last good one", "err", err)
+				}
+			}
+		}
+	}()
+}
+
+// Close stops the loop and waits for it.
+func (r *Refresher) Close() {
+	if r.cancel != nil {
+		r.cancel()
+		<-r.done
+	}
+}

@@ -1,0 +1,45 @@
+package flush
+
+import (
+	"context"
+	"time"
+
+	"github.com/quotaring/quotaring/engine"
+	"github.com/quotaring/quotaring/shard"
+)
+
+// Reserver gives an engine its reservations from the ledger, as node.
+type Reserver struct {
+	Ledger Ledger
+	Node   string
+	// Timeout bounds one call (default 2 s), so a charge waiting for its
+	// first reservation fails as quota-unavailable instead of hanging.
+	Timeout time.Duration
+}
+
+var _ engine.Reserver = (*Reserver)(nil)
+
+func (r *Reserver) timeout() time.Duration {
+	if r.Timeout <= 0 {
+		return 2 * time.Second
+	}
+	return r.Timeout
+}
+
+// Reserve implements engine.Reserver.
+func (r *Reserver) Reserve(ctx context.Context, req engine.ReserveRequest) (engine.ReserveResult, error) {
+	ctx, cancel := context.WithTimeout(ctx, r.timeout())
+	defer cancel()
+	res, err := r.Ledger.Reserve(ctx, r.Node, ReserveRequest{Account: req.Account, Wall: time.Unix(0, req.Wall).UTC(), Need: req.Need})
+	if err != nil {
+		return engine.ReserveResult{}, err
+	}
+	return engine.ReserveResult{Granted: res.Granted, Exhausted: res.Exhausted}, nil
+}
+
+// Release implements engine.Reserver.
+func (r *Reserver) Release(ctx context.Context, account string, allocs []shard.Alloc) error {
+	ctx, cancel := context.WithTimeout(ctx, r.timeout())
+	defer cancel()
+	return r.Ledger.Release(ctx, r.Node, account, allocs)
+}

@@ -1,0 +1,295 @@
+package flush
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/quotaring/quotaring/engine"
+	"github.com/quotaring/quotaring/shard"
+)
+
+// SettlerOptions configure a Settler.
+type SettlerOptions struct {
+	Ledger Ledger
+	Engine *engine.Engine
+	// Interval between settles (default 1 s). A settle also starts early when
+	// the unsettled log holds MaxBatch records.
+	Interval time.Duration
+	// MaxBatch bounds the records of one settle (default 100,000).
+	MaxBatch int
+	// Events keeps the event log in the ledger (default true via
+	// DefaultSettlerOptions; false keeps aggregates only and gives up the
+	// ledger's duplicate catch).
+	Events bool
+	// MaxBackoff caps the wait between failed settles (default 30 s).
+	MaxBackoff time.Duration
+	Logger     *slog.Logger
+	// OnSettle, when set, hears every attempt (for metrics).
+	OnSettle func(SettleReport)
+}
+
+// SettleReport describes one attempt.
+type SettleReport struct {
+	Records    int
+	Charges    int
+	Duplicates int
+	Applied    bool
+	Took       time.Duration
+	RoundTrips int
+	Err        error
+}
+
+// Settler ships one node's log to the ledger.
+type Settler struct {
+	opts   SettlerOptions
+	log    logView
+	node   string
+	inc    string
+	mu     sync.Mutex // serialises SettleOnce
+	failed atomic.Int64
+	lastOK atomic.Int64 // Unix ns of the last successful settle
+	stats  SettlerStats
+
+	kick   chan struct{}
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// SettlerStats are counters for metrics.
+type SettlerStats struct {
+	Settles, Errors, Records, Duplicates, DuplicateRefunds atomic.Int64
+}
+
+type logView interface {
+	SettledSeq() uint64
+	DurableSeq() uint64
+	Scan(after, upto uint64, fn func(seq uint64, payload []byte) error) error
+	NodeID() string
+	Incarnation() string
+}
+
+// NewSettler checks the options. Start runs the loop; SettleOnce is the step.
+func NewSettler(opts SettlerOptions) (*Settler, error) {
+	if opts.Ledger == nil || opts.Engine == nil {
+		return nil, errors.New("flush: a Settler needs a Ledger and an Engine")
+	}
+	if opts.Interval <= 0 {
+		opts.Interval = time.Second
+	}
+	if opts.MaxBatch <= 0 {
+		opts.MaxBatch = 100_000
+	}
+	if opts.MaxBackoff <= 0 {
+		opts.MaxBackoff = 30 * time.Second
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	l := opts.Engine.Log()
+	return &Settler{opts: opts, log: l, node: l.NodeID(), inc: l.Incarnation(), kick: make(chan struct{}, 1)}, nil
+}
+
+// Stats are the settler's counters.
+func (s *Settler) Stats() *SettlerStats { return &s.stats }
+
+// LastSuccess is when the last settle succeeded (zero if never).
+func (s *Settler) LastSuccess() time.Time {
+	if ns := s.lastOK.Load(); ns > 0 {
+		return time.Unix(0, ns)
+	}
+	return time.Time{}
+}
+
+// Register tells the ledger about this (node, incarnation) and catches the
+// local settled mark up with the ledger's: a crash between a ledger commit
+// and the local mark leaves the ledger ahead.
+func (s *Settler) Register(ctx context.Context) error {
+	mark, err := s.opts.Ledger.RegisterNode(ctx, s.node, s.inc)
+	if err != nil {
+		return fmt.Errorf("flush: register node %s: %w", s.node, err)
+	}
+	return s.catchUp(ctx, mark)
+}
+
+func (s *Settler) catchUp(ctx context.Context, mark uint64) error {
+	local := s.log.SettledSeq()
+	switch {
+	case mark <= local:
+		return nil
+	case mark > s.log.DurableSeq():
+		return fmt.Errorf("%w: the ledger has node %s (incarnation %s) settled to %d, but its log ends at %d: is another process running with this node id and data dir?",
+			ErrMarkConflict, s.node, s.inc, mark, s.log.DurableSeq())
+	}
+	s.opts.Logger.Info("the ledger had settled further than this node's log knew; marking locally", "ledger", mark, "local", local)
+	return s.opts.Engine.Settle(ctx, mark)
+}
+
+// SettleOnce settles what is durable and unsettled now, in batches of at
+// most MaxBatch, and returns the number of records settled.
+func (s *Settler) SettleOnce(ctx context.Context) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	total := 0
+	for {
+		n, more, err := s.settleBatch(ctx)
+		total += n
+		if err != nil || !more {
+			return total, err
+		}
+	}
+}
+
+func (s *Settler) settleBatch(ctx context.Context) (n int, more bool, err error) {
+	prev, durable := s.log.SettledSeq(), s.log.DurableSeq()
+	if durable <= prev {
+		return 0, false, nil
+	}
+	next := min(durable, prev+uint64(s.opts.MaxBatch))
+	b, err := s.batch(prev, next)
+	if err != nil {
+		return 0, false, err
+	}
+	t0 := time.Now()
+	res, err := s.opts.Ledger.Settle(ctx, b)
+	rep := SettleReport{Records: int(next - prev), Charges: len(b.Charges), Duplicates: len(res.Duplicates),
+		Applied: res.Applied, Took: time.Since(t0), RoundTrips: res.RoundTrips, Err: err}
+	if errors.Is(err, ErrMarkConflict) {
+		if mark, rerr := s.opts.Ledger.RegisterNode(ctx, s.node, s.inc); rerr == nil && mark > prev && mark <= durable {
+			err = s.catchUp(ctx, mark) // the ledger is ahead within our log: mark locally and go on
+			return 0, err == nil, err
+		}
+	}
+	if err == nil {
+		err = s.afterCommit(ctx, next, res)
+	}
+	s.report(rep, err)
+	if err != nil {
+		return 0, false, fmt.Errorf("flush: settle (%d, %d] of node %s: %w", prev, next, s.node, err)
+	}
+	return int(next - prev), next < durable, nil
+}
+
+func (s *Settler) afterCommit(ctx context.Context, next uint64, res SettleResult) error {
+	if len(res.Duplicates) > 0 {
+		s.opts.Logger.Warn("charges already billed elsewhere were not billed again (retries that reached a new owner)", "count", len(res.Duplicates))
+	}
+	for _, r := range res.DuplicateRefunds {
+		if r.Reserved {
+			if err := s.opts.Engine.TakeBack(ctx, r.Account, r.Allocs); err != nil {
+				return err
+			}
+		}
+	}
+	s.stats.Duplicates.Add(int64(len(res.Duplicates)))
+	s.stats.DuplicateRefunds.Add(int64(len(res.DuplicateRefunds)))
+	return s.opts.Engine.Settle(ctx, next)
+}
+
+func (s *Settler) report(rep SettleReport, err error) {
+	rep.Err = err
+	if err != nil {
+		s.stats.Errors.Add(1)
+	} else {
+		s.stats.Settles.Add(1)
+		s.stats.Records.Add(int64(rep.Records))
+		s.lastOK.Store(time.Now().UnixNano())
+	}
+	if s.opts.OnSettle != nil {
+		s.opts.OnSettle(rep)
+	}
+}
+
+// batch reads (prev, next] into a Batch. Reservation records stay local: the
+// ledger changed them when they were made.
+func (s *Settler) batch(prev, next uint64) (*Batch, error) {
+	b := &Batch{Node: s.node, Incarnation: s.inc, Prev: prev, Next: next, Events: s.opts.Events}
+	var rec shard.Record
+	err := s.log.Scan(prev, next, func(seq uint64, p []byte) error {
+		if err := rec.Decode(p); err != nil {
+			return fmt.Errorf("record %d: %w", seq, err)
+		}
+		switch rec.Type {
+		case shard.RecCharge:
+			b.Charges = append(b.Charges, Charge{Seq: seq, Account: rec.Account, EventID: rec.EventID, ClientID: rec.ClientID,
+				Key: rec.Key, Route: rec.Route, Units: rec.Units, Wall: rec.Wall, Period: rec.Period, Reserved: rec.Reserved,
+				Allocs: append([]shard.Alloc(nil), rec.Allocs...)})
+		case shard.RecRefund:
+			b.Refunds = append(b.Refunds, Refund{Seq: seq, Account: rec.Account, EventID: rec.EventID, Key: rec.Key, Route: rec.Route,
+				Units: rec.Units, Wall: rec.Wall, ChargeWall: rec.ChargeWall, Period: rec.Period, Reserved: rec.Reserved,
+				Allocs: append([]shard.Alloc(nil), rec.Allocs...)})
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return b, nil
+}
+
+// Kick asks the loop to settle now (the unsettled log grew past MaxBatch).
+func (s *Settler) Kick() {
+	select {
+	case s.kick <- struct{}{}:
+	default:
+	}
+}
+
+// Start runs the settle loop until Close.
+func (s *Settler) Start() {
+	ctx, cancel := context.WithCancel(context.Background())
+	s.cancel, s.done = cancel, make(chan struct{})
+	go s.loop(ctx)
+}
+
+func (s *Settler) loop(ctx context.Context) {
+	defer close(s.done)
+	wait := s.opts.Interval
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		case <-s.kick:
+		}
+		if _, err := s.SettleOnce(ctx); err != nil && ctx.Err() == nil {
+			fails := s.failed.Add(1)
+			wait = backoff(s.opts.Interval, s.opts.MaxBackoff, fails)
+			s.opts.Logger.Warn("settle failed; the records stay in the log and are retried", "err", err, "retry_in", wait)
+		} else {
+			s.failed.Store(0)
+			wait = s.opts.Interval
+		}
+		if !t.Stop() {
+			select {
+			case <-t.C:
+			default:
+			}
+		}
+		t.Reset(wait)
+	}
+}
+
+// backoff doubles from base per failure up to max, with jitter.
+func backoff(base, maxWait time.Duration, fails int64) time.Duration {
+	d := base << min(fails, 16)
+	d = min(d, maxWait)
+	return d/2 + time.Duration(rand.Int64N(int64(d/2)+1))
+}
+
+// Close stops the loop and waits for it. It does not settle: call
+// SettleOnce for the final settle.
+func (s *Settler) Close() {
+	if s.cancel == nil {
+		return
+	}
+	s.cancel()
+	<-s.done
+}
