@@ -161,7 +161,6 @@ func (r *Ring) joinBudget() time.Duration {
 // rejoinLoop calls Rejoin every RejoinInterval until Close. It logs a
 // warning when the node is alone and cannot reach anyone, once per episode.
 func (r *Ring) rejoinLoop() {
-	defer r.wg.Done()
 	t := time.NewTicker(r.cfg.RejoinInterval)
 	defer t.Stop()
 	stranded := false

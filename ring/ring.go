@@ -84,7 +84,9 @@ type Ring struct {
 	left   bool
 
 	stop chan struct{} // closed by Close: goroutines return
-	wg   sync.WaitGroup
+	// exited has one channel per goroutine the ring started, closed as it
+	// returns. Appended to only by New, before the Ring is shared.
+	exited []chan struct{}
 }
 
 // snapshot is one published state of the ring. Immutable once stored.
@@ -169,8 +171,7 @@ func New(cfg Config) (*Ring, error) {
 	r.self.GossipAddr = ml.LocalNode().Address()
 	r.selfMu.Unlock()
 
-	r.wg.Add(1)
-	go r.run()
+	r.spawn(r.run)
 
 	// memberlist announced this node to itself in Create; wait until the
 	// first snapshot has it, so Self, View and Subscribe start coherent.
@@ -192,9 +193,18 @@ func New(cfg Config) (*Ring, error) {
 		}
 	}
 
-	r.wg.Add(1)
-	go r.rejoinLoop()
+	r.spawn(r.rejoinLoop)
 	return r, nil
+}
+
+// spawn runs f in a goroutine that Close waits for.
+func (r *Ring) spawn(f func()) {
+	done := make(chan struct{})
+	r.exited = append(r.exited, done)
+	go func() {
+		defer close(done)
+		f()
+	}()
 }
 
 // Self returns this node's meta as it gossips it.
@@ -380,17 +390,14 @@ func (r *Ring) Close(ctx context.Context) error {
 	}
 	r.subMu.Unlock()
 
-	done := make(chan struct{})
-	go func() {
-		r.wg.Wait()
-		close(done)
-	}()
-	select {
-	case <-done:
-		return err
-	case <-ctx.Done():
-		return fmt.Errorf("ring: close: %w", ctx.Err())
+	for _, done := range r.exited {
+		select {
+		case <-done:
+		case <-ctx.Done():
+			return fmt.Errorf("ring: close: %w", ctx.Err())
+		}
 	}
+	return err
 }
 
 // lifeErrLocked returns why memberlist may not be used.
@@ -457,7 +464,6 @@ func (r *Ring) takeEvents() map[string]nodeEvent {
 // run is the rebuild goroutine: the only writer of r.state. It owns
 // members.
 func (r *Ring) run() {
-	defer r.wg.Done()
 	members := make(map[string]Meta)
 	warned := make(map[string]string) // node -> last meta complaint, to log once
 	for {

@@ -407,19 +407,27 @@ func TestCloseStopsEverything(t *testing.T) {
 	if _, open := <-ch; open {
 		t.Fatal("Subscribe after Close returned an open channel")
 	}
-	if stacks := ringGoroutines(); stacks != "" {
-		t.Fatalf("goroutines of the ring still running after Close:\n%s", stacks)
-	}
+	// A goroutine that closed its exit channel may still be on its way out
+	// of the runtime for a moment, hence a short condition wait.
+	eventually(t, time.Second, func() error {
+		if stacks := ringGoroutines(); stacks != "" {
+			return fmt.Errorf("goroutines started by the ring still running after Close:\n%s", stacks)
+		}
+		return nil
+	})
 }
 
-// ringGoroutines returns the stacks of goroutines running this package's
-// non-test code.
+// ringGoroutines returns the stacks of goroutines that this package's
+// non-test code started. (memberlist's own goroutines, such as its
+// suspicion timers, may still call into the ring's callbacks after
+// Shutdown; they are not the ring's to stop.)
 func ringGoroutines() string {
 	buf := make([]byte, 1<<20)
 	buf = buf[:runtime.Stack(buf, true)]
 	var out []string
 	for _, g := range strings.Split(string(buf), "\n\n") {
-		if strings.Contains(g, "quotaring/ring.(*Ring)") || strings.Contains(g, "quotaring/ring.(*FaultTransport)") {
+		if strings.Contains(g, "created by github.com/quotaring/quotaring/ring.") &&
+			!strings.Contains(g, "created by github.com/quotaring/quotaring/ring.Test") {
 			out = append(out, g)
 		}
 	}
