@@ -22,6 +22,7 @@ func newStdLogger(l *slog.Logger) *log.Logger {
 
 func (w slogWriter) Write(p []byte) (int, error) {
 	level, msg := splitLevel(bytes.TrimSpace(p))
+	msg = bytes.TrimPrefix(msg, []byte("memberlist: "))
 	ctx := context.Background()
 	if w.log.Enabled(ctx, level) {
 		w.log.Log(ctx, level, string(msg))

@@ -23,6 +23,12 @@ import (
 // sides of a healed partition would stay apart. Each join is bounded by
 // memberlist's TCPTimeout, not by ctx; ctx is checked between targets.
 func (r *Ring) Rejoin(ctx context.Context) (int, error) {
+	r.lifeMu.RLock()
+	err := r.lifeErrLocked()
+	r.lifeMu.RUnlock()
+	if err != nil {
+		return 0, err
+	}
 	targets, errs := r.rejoinTargets(ctx)
 	joined := 0
 	for _, addr := range targets {

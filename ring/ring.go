@@ -15,8 +15,7 @@ import (
 	"github.com/hashicorp/memberlist"
 )
 
-// ErrClosed is returned by methods of a Ring that was closed, or that left
-// the cluster where the method needs membership.
+// ErrClosed is returned by methods of a Ring after Close.
 var ErrClosed = errors.New("ring: closed")
 
 // ErrLeft is returned by SetState and Rejoin after Leave.
@@ -122,11 +121,12 @@ func New(cfg Config) (*Ring, error) {
 		cfg.Meta.State = StateJoining
 	}
 	cfg.Join = slices.Clone(cfg.Join)
-	logger := cfg.Logger
-	if logger == nil {
-		logger = slog.New(slog.DiscardHandler)
+	base := cfg.Logger
+	if base == nil {
+		base = slog.New(slog.DiscardHandler)
 	}
-	logger = logger.With("component", "ring", "node", cfg.NodeID)
+	base = base.With("node", cfg.NodeID)
+	logger := base.With("component", "ring")
 	r := &Ring{
 		cfg:      cfg,
 		layout:   cfg.Layout(),
@@ -157,7 +157,7 @@ func New(cfg Config) (*Ring, error) {
 	mc.Delegate = delegate{r}
 	mc.Events = delegate{r}
 	mc.Conflict = delegate{r}
-	mc.Logger = newStdLogger(logger.With("component", "memberlist"))
+	mc.Logger = newStdLogger(base.With("component", "memberlist"))
 	ml, err := memberlist.Create(mc)
 	if err != nil {
 		if cfg.Transport != nil {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"log/slog"
 	"math"
 	"math/rand/v2"
 	"os"
@@ -456,5 +457,25 @@ func BenchmarkNewTable(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+func TestSplitLevel(t *testing.T) {
+	for _, tc := range []struct {
+		in    string
+		level slog.Level
+		msg   string
+	}{
+		{"[DEBUG] memberlist: hi", slog.LevelDebug, "memberlist: hi"},
+		{"[WARN] x", slog.LevelWarn, "x"},
+		{"[ERR] x", slog.LevelError, "x"},
+		{"[INFO] x", slog.LevelInfo, "x"},
+		{"plain", slog.LevelInfo, "plain"},
+		{"[ODD] x", slog.LevelInfo, "[ODD] x"},
+	} {
+		level, msg := splitLevel([]byte(tc.in))
+		if level != tc.level || string(msg) != tc.msg {
+			t.Errorf("splitLevel(%q) = %v %q", tc.in, level, msg)
+		}
 	}
 }
