@@ -84,7 +84,8 @@ type Config struct {
 	ForgetAfter time.Duration
 
 	// Transport, if set, replaces memberlist's NetTransport (tests, the
-	// FaultTransport). The ring takes ownership: Close shuts it down.
+	// FaultTransport). The ring takes ownership: Close, or New when it
+	// fails, shuts it down.
 	Transport memberlist.Transport
 
 	// Resolver resolves join names. If nil, a new net.Resolver is used.

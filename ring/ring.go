@@ -113,7 +113,14 @@ type knownMember struct {
 // ring's goroutines. A join that reaches no seed is not an error: it is
 // logged and retried every RejoinInterval. An empty cfg.Join starts a new
 // cluster.
-func New(cfg Config) (*Ring, error) {
+func New(cfg Config) (r *Ring, err error) {
+	// New owns cfg.Transport even when it fails: shut it down then (a second
+	// Shutdown after memberlist's own is a no-op).
+	defer func() {
+		if err != nil && cfg.Transport != nil {
+			_ = cfg.Transport.Shutdown()
+		}
+	}()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -127,7 +134,7 @@ func New(cfg Config) (*Ring, error) {
 	}
 	base = base.With("node", cfg.NodeID)
 	logger := base.With("component", "ring")
-	r := &Ring{
+	r = &Ring{
 		cfg:      cfg,
 		layout:   cfg.Layout(),
 		log:      logger,
@@ -160,9 +167,6 @@ func New(cfg Config) (*Ring, error) {
 	mc.Logger = newStdLogger(base.With("component", "memberlist"))
 	ml, err := memberlist.Create(mc)
 	if err != nil {
-		if cfg.Transport != nil {
-			_ = cfg.Transport.Shutdown()
-		}
 		return nil, fmt.Errorf("ring: start memberlist: %w", err)
 	}
 	r.ml = ml

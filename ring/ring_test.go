@@ -446,9 +446,19 @@ func TestNewRefusesBadConfig(t *testing.T) {
 			cfg := LocalConfig()
 			cfg.NodeID = "x"
 			mutate(&cfg)
+			ft, err := NewFaultNetTransport("127.0.0.1", 0, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cfg.Transport = ft
 			if r, err := New(cfg); err == nil {
 				_ = r.Close(context.Background())
 				t.Fatal("New accepted a bad config")
+			}
+			select {
+			case <-ft.done:
+			default:
+				t.Fatal("New failed but left its transport running")
 			}
 		})
 	}
