@@ -381,6 +381,21 @@ func TestCloseStopsEverything(t *testing.T) {
 	n1.serve(t)
 	n2.serve(t)
 	eventually(t, 10*time.Second, func() error { return agree([]*node{n1, n2}, "node-1", "node-2") })
+	e := n2.Epoch()
+
+	// Close without Leave is a crash to the others: node-2 takes over every
+	// partition once it declares node-1 dead.
+	if err := n1.Close(testCtx(t, 5*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, func() error { return agree([]*node{n2}, "node-2") })
+	if n2.Epoch() == e {
+		t.Fatal("epoch did not change when a serving member crashed")
+	}
+	if got := len(n2.owned); got != n2.Layout().PartitionCount {
+		t.Fatalf("survivor tracks %d partitions, want all", got)
+	}
+
 	for _, n := range []*node{n1, n2} {
 		if err := n.Close(testCtx(t, 5*time.Second)); err != nil {
 			t.Fatal(err)
