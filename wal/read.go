@@ -3,6 +3,7 @@ package wal
 import (
 	"errors"
 	"fmt"
+	"io"
 	"strings"
 
 	"github.com/cockroachdb/pebble/v2"
@@ -35,7 +36,7 @@ func (l *Log) iterRecords(after, upto uint64, fn func(seq uint64, payload []byte
 		return fmt.Errorf("wal: scan %s: %w", l.opts.Dir, err)
 	}
 	err = l.eachRecord(it, fn)
-	return errors.Join(err, it.Close())
+	return closeAfter(err, it)
 }
 
 // eachRecord runs fn over the records of it.
@@ -121,4 +122,13 @@ func (l *Log) write(fill func(b *pebble.Batch) error) error {
 func (l *Log) commitBatchSync(b *pebble.Batch) (err error) {
 	defer recoverFatal(&err)
 	return b.Commit(pebble.Sync)
+}
+
+// closeAfter closes c and returns err, or the error of Close if err is nil,
+// so that an error from a callback comes back unwrapped.
+func closeAfter(err error, c io.Closer) error {
+	if cerr := c.Close(); err == nil {
+		return cerr
+	}
+	return err
 }

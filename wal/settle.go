@@ -89,7 +89,7 @@ func (l *Log) Checkpoints(fn func(cp Checkpoint) error) error {
 		return fmt.Errorf("wal: read checkpoints in %s: %w", l.opts.Dir, err)
 	}
 	err = l.eachCheckpoint(it, fn)
-	return errors.Join(err, it.Close())
+	return closeAfter(err, it)
 }
 
 func (l *Log) eachCheckpoint(it *pebble.Iterator, fn func(cp Checkpoint) error) error {

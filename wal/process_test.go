@@ -1,0 +1,178 @@
+package wal
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+)
+
+// childDirEnv switches the test binary into the child of
+// TestProcessKillKeepsAcked: it appends to the log in that dir until killed.
+const childDirEnv = "WAL_TEST_CHILD_DIR"
+
+// childAppenders is the number of goroutines in the child. Each waits for
+// its record before appending the next, so one commit holds at most this
+// many records.
+const childAppenders = 8
+
+func TestMain(m *testing.M) {
+	if dir := os.Getenv(childDirEnv); dir != "" {
+		os.Exit(runChild(dir))
+	}
+	os.Exit(m.Run())
+}
+
+// runChild appends from childAppenders goroutines and prints each seq to
+// stdout once WaitDurable returned nil for it. It runs until killed.
+func runChild(dir string) int {
+	l, err := Open(Options{Dir: dir, NodeID: "child"})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	var mu sync.Mutex // serializes the lines on stdout
+	errs := make(chan error, childAppenders)
+	for w := range childAppenders {
+		go func() {
+			for i := 0; ; i++ {
+				seq, err := l.Append(fmt.Appendf(nil, "w%d-%d", w, i))
+				if err == nil {
+					err = l.WaitDurable(context.Background(), seq)
+				}
+				if err != nil {
+					errs <- err
+					return
+				}
+				mu.Lock()
+				fmt.Fprintln(os.Stdout, seq) // os.Stdout is unbuffered
+				mu.Unlock()
+			}
+		}()
+	}
+	fmt.Fprintln(os.Stderr, <-errs)
+	return 3
+}
+
+// TestProcessKillKeepsAcked runs this test binary as a child that appends
+// and prints each durable seq, kills it with SIGKILL after a seeded number
+// of lines, and requires every printed seq after reopening the dir. It then
+// cuts a few bytes off the newest Pebble WAL file of a copy of the dir: that
+// tears the final commit, and Open must still succeed.
+func TestProcessKillKeepsAcked(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts child processes")
+	}
+	for _, seed := range []uint64{1, 2, 3, 4} {
+		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(seed, 0))
+			dir := t.TempDir()
+			printed := runAndKill(t, dir, 1+rng.IntN(3000))
+			torn := t.TempDir()
+			if err := os.CopyFS(torn, os.DirFS(dir)); err != nil {
+				t.Fatal(err)
+			}
+			checkKilledDir(t, dir, printed)
+			checkTornDir(t, torn, printed)
+		})
+	}
+}
+
+// runAndKill starts the child on dir, kills it once it printed killAfter
+// lines, and returns every seq it printed.
+func runAndKill(t *testing.T, dir string, killAfter int) []uint64 {
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), childDirEnv+"="+dir)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var printed []uint64
+	sc := bufio.NewScanner(out)
+	for sc.Scan() {
+		seq, err := strconv.ParseUint(sc.Text(), 10, 64)
+		if err != nil {
+			t.Fatalf("child printed %q", sc.Text())
+		}
+		printed = append(printed, seq)
+		if len(printed) == killAfter {
+			_ = cmd.Process.Kill() // SIGKILL; lines already in the pipe are still read
+		}
+	}
+	err = cmd.Wait()
+	if len(printed) < killAfter {
+		t.Fatalf("child exited by itself after %d lines: %v\n%s", len(printed), err, stderr.String())
+	}
+	t.Logf("killed after %d lines, %d read in all", killAfter, len(printed))
+	return printed
+}
+
+// checkKilledDir requires every printed seq, a gap-free log, and a sequence
+// that resumes above them.
+func checkKilledDir(t *testing.T, dir string, printed []uint64) {
+	l := mustOpen(t, Options{Dir: dir, NodeID: "child"})
+	recs := readAll(t, l)
+	for _, seq := range printed {
+		if _, ok := recs[seq]; !ok {
+			t.Fatalf("seq %d was printed as durable but is missing after the kill", seq)
+		}
+	}
+	requireContiguous(t, recs, 0, l.LastSeq())
+	if seq := appendDurable(t, l, []byte("after")); seq != l.LastSeq() || seq <= slices.Max(printed) {
+		t.Fatalf("sequence resumed at %d, printed up to %d", seq, slices.Max(printed))
+	}
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// checkTornDir truncates the newest WAL file of dir and requires that Open
+// succeeds and loses at most the final commit (at most childAppenders
+// records, all above every record kept).
+func checkTornDir(t *testing.T, dir string, printed []uint64) {
+	name := newestWALFile(t, dir)
+	fi, err := os.Stat(name)
+	if err != nil || fi.Size() < 8 {
+		t.Fatalf("newest WAL %s: %v, %v", name, fi, err)
+	}
+	if err := os.Truncate(name, fi.Size()-3); err != nil {
+		t.Fatal(err)
+	}
+	l := mustOpen(t, Options{Dir: dir, NodeID: "child"})
+	recs := readAll(t, l)
+	requireContiguous(t, recs, 0, l.LastSeq())
+	var lost []uint64
+	for _, seq := range printed {
+		if _, ok := recs[seq]; !ok {
+			lost = append(lost, seq)
+		}
+	}
+	if len(lost) > childAppenders || len(lost) > 0 && slices.Min(lost) <= l.LastSeq() {
+		t.Fatalf("truncating %s lost %v with %d kept: more than one commit", name, lost, l.LastSeq())
+	}
+	t.Logf("truncated %s (%d bytes): opened with %d records, lost printed %v", filepath.Base(name), fi.Size(), len(recs), lost)
+}
+
+// newestWALFile returns the Pebble WAL file with the highest number in dir.
+func newestWALFile(t *testing.T, dir string) string {
+	logs, err := filepath.Glob(filepath.Join(dir, "*.log"))
+	if err != nil || len(logs) == 0 {
+		t.Fatalf("no WAL file in %s: %v", dir, err)
+	}
+	slices.SortFunc(logs, strings.Compare)
+	return logs[len(logs)-1]
+}

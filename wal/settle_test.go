@@ -1,0 +1,135 @@
+package wal
+
+import (
+	"errors"
+	"testing"
+
+	"github.com/cockroachdb/pebble/v2/vfs"
+)
+
+func TestSettle(t *testing.T) {
+	fs := vfs.NewMem()
+	l := mustOpen(t, testOpts(fs))
+	for i := range 10 {
+		appendDurable(t, l, payloadFor(uint64(i+1)))
+	}
+	cps := []Checkpoint{{Account: "acct-1", Seq: 3, Data: []byte("a1")}, {Account: "acct-2", Seq: 4, Data: []byte("a2")}}
+	if err := l.Settle(4, cps); err != nil {
+		t.Fatal(err)
+	}
+	requireContiguous(t, readAll(t, l), 4, 10)
+	if st := l.Stats(); st.Records != 6 || st.SettledSeq != 4 {
+		t.Fatalf("Stats after settle = %+v, want 6 records, settled 4", st)
+	}
+	for _, bad := range []uint64{3, 11} {
+		if err := l.Settle(bad, nil); err == nil {
+			t.Fatalf("Settle(%d) with settled 4, durable 10 succeeded", bad)
+		}
+	}
+	// Settling to the mark again only writes checkpoints.
+	if err := l.Settle(4, []Checkpoint{{Account: "acct-3", Seq: 4, Data: []byte("a3")}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Settle(4, []Checkpoint{{Account: ""}}); err == nil {
+		t.Fatal("Settle with an empty account succeeded")
+	}
+	_ = l.Close()
+
+	l = mustOpen(t, testOpts(fs))
+	if l.SettledSeq() != 4 || l.LastSeq() != 10 {
+		t.Fatalf("after reopen settled %d last %d, want 4 and 10", l.SettledSeq(), l.LastSeq())
+	}
+	requireContiguous(t, readAll(t, l), 4, 10)
+	want := map[string]Checkpoint{
+		"acct-1": {"acct-1", 3, []byte("a1")},
+		"acct-2": {"acct-2", 4, []byte("a2")},
+		"acct-3": {"acct-3", 4, []byte("a3")},
+	}
+	requireCheckpoints(t, l, want)
+
+	// Settle everything: no record is left, yet the sequence is not reused.
+	if err := l.Settle(10, nil); err != nil {
+		t.Fatal(err)
+	}
+	_ = l.Close()
+	l = mustOpen(t, testOpts(fs))
+	if got := readAll(t, l); len(got) != 0 {
+		t.Fatalf("records left after settling all: %v", got)
+	}
+	if seq := appendDurable(t, l, []byte("next")); seq != 11 {
+		t.Fatalf("first seq after settle and reopen = %d, want 11", seq)
+	}
+	if st := l.Stats(); st.Records != 1 || st.Bytes != recordKeyLen+frameHeaderLen+4 {
+		t.Fatalf("Stats = %+v, want 1 record of %d bytes", st, recordKeyLen+frameHeaderLen+4)
+	}
+}
+
+func requireCheckpoints(t *testing.T, l *Log, want map[string]Checkpoint) {
+	t.Helper()
+	got := map[string]Checkpoint{}
+	var order []string
+	err := l.Checkpoints(func(cp Checkpoint) error {
+		got[cp.Account] = cp
+		order = append(order, cp.Account)
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != len(want) {
+		t.Fatalf("checkpoints = %v, want %v", got, want)
+	}
+	for a, w := range want {
+		if g := got[a]; g.Seq != w.Seq || string(g.Data) != string(w.Data) {
+			t.Fatalf("checkpoint %s = %+v, want %+v", a, g, w)
+		}
+	}
+	for i := 1; i < len(order); i++ {
+		if order[i-1] >= order[i] {
+			t.Fatalf("checkpoints not in account order: %v", order)
+		}
+	}
+}
+
+func TestPutCheckpointsReplaces(t *testing.T) {
+	l := mustOpen(t, testOpts(vfs.NewMem()))
+	if err := l.PutCheckpoints([]Checkpoint{{Account: "a", Seq: 1, Data: []byte("old")}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.PutCheckpoints([]Checkpoint{{Account: "a", Seq: 2, Data: []byte("new")}, {Account: "b", Seq: 2}}); err != nil {
+		t.Fatal(err)
+	}
+	requireCheckpoints(t, l, map[string]Checkpoint{"a": {"a", 2, []byte("new")}, "b": {"b", 2, nil}})
+	stop := errors.New("stop")
+	if err := l.Checkpoints(func(Checkpoint) error { return stop }); err != stop {
+		t.Fatalf("Checkpoints did not return fn's error: %v", err)
+	}
+}
+
+func TestByteMarks(t *testing.T) {
+	var m byteMarks
+	m.reset(0)
+	m.add(10, 100) // records 1..10: 100 bytes
+	m.add(20, 300) // records 11..20: 300 bytes
+	if got := m.unsettled(); got != 400 {
+		t.Fatalf("unsettled = %d, want 400", got)
+	}
+	m.settle(15) // half of the second commit: about 150 of its 300 bytes
+	if got := m.unsettled(); got != 150 {
+		t.Fatalf("unsettled after settle(15) = %d, want 150", got)
+	}
+	m.settle(20)
+	if got := m.unsettled(); got != 0 {
+		t.Fatalf("unsettled after settling all = %d", got)
+	}
+	for i := uint64(1); i <= 3*maxMarks; i++ {
+		m.add(20+i, 10)
+	}
+	if len(m.marks) > maxMarks+1 || m.unsettled() != 30*maxMarks {
+		t.Fatalf("after %d commits: %d marks, %d bytes", 3*maxMarks, len(m.marks), m.unsettled())
+	}
+	m.settle(20 + 3*maxMarks/2)
+	if got := m.unsettled(); got < 14*maxMarks || got > 16*maxMarks {
+		t.Fatalf("after thinning, half settled: %d bytes, want about %d", got, 15*maxMarks)
+	}
+}
