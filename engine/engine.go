@@ -263,6 +263,56 @@ const maxReserveRounds = 3
 // record is durable. An empty EventID gets a unique generated one. Errors are
 // ErrNotOwner, ErrQuotaUnavailable, log failures and ctx's.
 func (e *Engine) Charge(ctx context.Context, account string, req shard.Charge) (Result, error) {
+	res, err := e.decide(ctx, account, req)
+	if err != nil {
+		return res, err
+	}
+	if res.Seq > 0 {
+		if err := e.log.WaitDurable(ctx, res.Seq); err != nil {
+			return Result{}, fmt.Errorf("engine: charge %q of account %q not durable: %w", res.EventID, account, err)
+		}
+	}
+	return res, nil
+}
+
+// Request is one charge of a batch.
+type Request struct {
+	Account string
+	Charge  shard.Charge
+}
+
+// Outcome is the answer to one charge of a batch.
+type Outcome struct {
+	Result
+	Err error
+}
+
+// ChargeMany decides a batch of charges (any accounts), then waits once for
+// the last record among them: one durability wait for the whole batch, as a
+// forwarded batch from another node wants.
+func (e *Engine) ChargeMany(ctx context.Context, reqs []Request) []Outcome {
+	out := make([]Outcome, len(reqs))
+	var last uint64
+	for i := range reqs {
+		out[i].Result, out[i].Err = e.decide(ctx, reqs[i].Account, reqs[i].Charge)
+		last = max(last, out[i].Seq)
+	}
+	if last == 0 {
+		return out
+	}
+	if err := e.log.WaitDurable(ctx, last); err != nil {
+		for i := range out {
+			if out[i].Err == nil && out[i].Seq > 0 {
+				out[i] = Outcome{Err: fmt.Errorf("engine: charge %q of account %q not durable: %w", out[i].EventID, reqs[i].Account, err)}
+			}
+		}
+	}
+	return out
+}
+
+// decide applies a charge and logs it, asking for a reservation when the
+// account needs one, without waiting for durability.
+func (e *Engine) decide(ctx context.Context, account string, req shard.Charge) (Result, error) {
 	if req.EventID == "" {
 		req.EventID, req.ClientID = e.newEventID(), false
 	}
@@ -273,11 +323,6 @@ func (e *Engine) Charge(ctx context.Context, account string, req shard.Charge) (
 		}
 		if res.Reason != shard.NeedReservation {
 			e.count(res.Reason)
-			if res.Seq > 0 {
-				if err := e.log.WaitDurable(ctx, res.Seq); err != nil {
-					return Result{}, fmt.Errorf("engine: charge %q of account %q not durable: %w", req.EventID, account, err)
-				}
-			}
 			return res, nil
 		}
 		if round == maxReserveRounds {

@@ -1,0 +1,64 @@
+package router
+
+import (
+	"github.com/quotaring/quotaring/engine"
+	"github.com/quotaring/quotaring/router/pb"
+	"github.com/quotaring/quotaring/shard"
+)
+
+var reasonToPB = map[shard.Reason]pb.Reason{
+	shard.OK: pb.Reason_OK, shard.Replayed: pb.Reason_REPLAYED, shard.RateLimited: pb.Reason_RATE_LIMITED,
+	shard.QuotaExceeded: pb.Reason_QUOTA_EXCEEDED, shard.UnknownAccount: pb.Reason_UNKNOWN_ACCOUNT,
+	shard.Refunded: pb.Reason_REFUNDED, shard.AlreadyRefunded: pb.Reason_ALREADY_REFUNDED,
+	shard.UnknownEvent: pb.Reason_UNKNOWN_EVENT, shard.Invalid: pb.Reason_INVALID,
+}
+
+var reasonFromPB = map[pb.Reason]shard.Reason{
+	pb.Reason_OK: shard.OK, pb.Reason_REPLAYED: shard.Replayed, pb.Reason_RATE_LIMITED: shard.RateLimited,
+	pb.Reason_QUOTA_EXCEEDED: shard.QuotaExceeded, pb.Reason_UNKNOWN_ACCOUNT: shard.UnknownAccount,
+	pb.Reason_REFUNDED: shard.Refunded, pb.Reason_ALREADY_REFUNDED: shard.AlreadyRefunded,
+	pb.Reason_UNKNOWN_EVENT: shard.UnknownEvent, pb.Reason_INVALID: shard.Invalid,
+}
+
+func decisionToPB(d *shard.Decision) *pb.Decision {
+	return &pb.Decision{Reason: reasonToPB[d.Reason], Units: d.Units, Limit: d.Limit, Remaining: d.Remaining, Reset_: d.Reset,
+		RetryAfter: d.RetryAfter, RateBurst: d.RateBurst, RateRemaining: d.RateRemaining, RateReset: d.RateReset, RateWindow: d.RateWindow}
+}
+
+func decisionFromPB(d *pb.Decision) shard.Decision {
+	if d == nil {
+		return shard.Decision{Reason: shard.Invalid}
+	}
+	return shard.Decision{Reason: reasonFromPB[d.Reason], Units: d.Units, Limit: d.Limit, Remaining: d.Remaining, Reset: d.Reset_,
+		RetryAfter: d.RetryAfter, RateBurst: d.RateBurst, RateRemaining: d.RateRemaining, RateReset: d.RateReset, RateWindow: d.RateWindow}
+}
+
+func receiptToPB(r *shard.Receipt) *pb.Receipt {
+	if r == nil {
+		return nil
+	}
+	out := &pb.Receipt{EventId: r.EventID, Units: r.Units, Period: int32(r.Period), Wall: r.Wall, Key: r.Key, Route: r.Route}
+	for _, a := range r.Allocs {
+		out.Allocs = append(out.Allocs, &pb.Alloc{Grant: a.Grant, Units: a.Units})
+	}
+	return out
+}
+
+func receiptFromPB(r *pb.Receipt) *shard.Receipt {
+	if r == nil {
+		return nil
+	}
+	out := &shard.Receipt{EventID: r.EventId, Units: r.Units, Period: shard.Period(r.Period), Wall: r.Wall, Key: r.Key, Route: r.Route}
+	for _, a := range r.Allocs {
+		out.Allocs = append(out.Allocs, shard.Alloc{Grant: a.Grant, Units: a.Units})
+	}
+	return out
+}
+
+func chargeToPB(c *ChargeRequest) *pb.ChargeRequest {
+	return &pb.ChargeRequest{Account: c.Account, EventId: c.EventID, ClientId: c.ClientID, Key: c.Key, Route: c.Route, Units: c.Units}
+}
+
+func chargeFromPB(c *pb.ChargeRequest) engine.Request {
+	return engine.Request{Account: c.Account, Charge: shard.Charge{EventID: c.EventId, ClientID: c.ClientId, Key: c.Key, Route: c.Route, Units: c.Units}}
+}

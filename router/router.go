@@ -1,0 +1,320 @@
+package router
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync/atomic"
+	"time"
+
+	"github.com/quotaring/quotaring/engine"
+	"github.com/quotaring/quotaring/ring"
+	"github.com/quotaring/quotaring/router/pb"
+	"github.com/quotaring/quotaring/shard"
+)
+
+// Errors callers act on.
+var (
+	// ErrUnavailable: the charge could not be decided now (no serving owner,
+	// the owner unreachable, the ledger unable to reserve, ownership moving).
+	// Answer quota-unavailable (503) and retry; nothing was charged, or the
+	// outcome is unknown and a retry with the same event id is safe.
+	ErrUnavailable = errors.New("router: quota unavailable")
+	// ErrInternal: the owner failed (its log, its shutdown).
+	ErrInternal = errors.New("router: internal error at the owner")
+	errClosed   = errors.New("router: closed")
+)
+
+// Ring is what the router needs of the ring (ring.Ring implements it).
+type Ring interface {
+	Owner(account string) (ring.Meta, bool)
+	Epoch() uint64
+	Self() ring.Meta
+	View() ring.View
+	Layout() ring.Layout
+}
+
+// Config configures a Router.
+type Config struct {
+	Engine *engine.Engine // required
+	Ring   Ring           // required
+	// MaxBatch bounds the charges of one forwarded call (default 512).
+	MaxBatch int
+	// MaxInflight bounds the calls in flight to one peer (default 4).
+	MaxInflight int
+	// CallTimeout bounds one forwarded call (default 5 s).
+	CallTimeout time.Duration
+	// Faults, when set, cuts RPC traffic for partition tests.
+	Faults *Faults
+	Logger *slog.Logger
+}
+
+// ChargeRequest is one charge.
+type ChargeRequest struct {
+	Account string
+	// EventID empty: the owner makes a unique one. ClientID marks it as the
+	// client's (Idempotency-Key): retries with it are billed once.
+	EventID  string
+	ClientID bool
+	Key      string // API key id
+	Route    string
+	Units    int64
+}
+
+// ChargeResult is the owner's decision.
+type ChargeResult struct {
+	shard.Decision
+	EventID string
+	// Receipt refunds the charge (set when units were charged).
+	Receipt *shard.Receipt
+	// Node is the node that decided.
+	Node string
+}
+
+// RefundRequest refunds one event; Receipt is needed for generated ids.
+type RefundRequest struct {
+	Account string
+	EventID string
+	Receipt *shard.Receipt
+}
+
+// UsageResult is an account's current period at its owner.
+type UsageResult struct {
+	shard.Usage
+	Known bool
+	Node  string
+}
+
+// Stats are counters for metrics.
+type Stats struct {
+	Local, Forwarded, WrongOwner, ForwardErrors atomic.Int64
+}
+
+// Router sends each charge to its account's owner: decided here when this
+// node owns the account, forwarded once otherwise. It also serves the
+// internal gRPC API (Server) that other nodes and embedded clients call.
+type Router struct {
+	cfg    Config
+	self   string
+	peers  *peers
+	stats  Stats
+	cancel context.CancelFunc
+}
+
+// New makes a router.
+func New(cfg Config) (*Router, error) {
+	if cfg.Engine == nil || cfg.Ring == nil {
+		return nil, errors.New("router: Config.Engine and Config.Ring are required")
+	}
+	if cfg.MaxBatch <= 0 {
+		cfg.MaxBatch = 512
+	}
+	if cfg.MaxInflight <= 0 {
+		cfg.MaxInflight = 4
+	}
+	if cfg.CallTimeout <= 0 {
+		cfg.CallTimeout = 5 * time.Second
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &Router{cfg: cfg, self: cfg.Ring.Self().ID, cancel: cancel}
+	opts := peerOptions{maxInflight: cfg.MaxInflight, maxBatch: cfg.MaxBatch, callTimeout: cfg.CallTimeout, epoch: cfg.Ring.Epoch, hops: 1}
+	if cfg.Faults != nil {
+		opts.dialer = cfg.Faults.dial
+	}
+	r.peers = newPeers(ctx, opts)
+	return r, nil
+}
+
+// Close stops forwarding and closes peer connections.
+func (r *Router) Close() error {
+	r.cancel()
+	return r.peers.close()
+}
+
+// Stats are the router's counters.
+func (r *Router) Stats() *Stats { return &r.stats }
+
+// maxAttempts bounds how often one charge looks for its owner: the local
+// view, then at most two WrongOwner redirections. Never a loop.
+const maxAttempts = 3
+
+// Charge decides req at its owner.
+func (r *Router) Charge(ctx context.Context, req ChargeRequest) (ChargeResult, error) {
+	target := "" // an RPC address a WrongOwner answer named
+	for attempt := 0; attempt < maxAttempts; attempt++ {
+		if target == "" {
+			owner, ok := r.cfg.Ring.Owner(req.Account)
+			if !ok {
+				return ChargeResult{}, fmt.Errorf("%w: no serving node owns account %q (the cluster is starting or has no serving members)", ErrUnavailable, req.Account)
+			}
+			if owner.ID == r.self {
+				res, err := r.chargeLocal(ctx, req)
+				if errors.Is(err, engine.ErrNotOwner) {
+					continue // the ring moved under us: look again
+				}
+				return res, err
+			}
+			target = owner.RPCAddr
+		}
+		rep, err := r.forwardCharge(ctx, target, req)
+		if err != nil {
+			return ChargeResult{}, err
+		}
+		if wo := rep.WrongOwner; wo != nil {
+			r.stats.WrongOwner.Add(1)
+			target = wo.OwnerRpc
+			if wo.OwnerId == r.self || target == "" {
+				target = ""
+			}
+			continue
+		}
+		return resultFromPB(rep)
+	}
+	return ChargeResult{}, fmt.Errorf("%w: ownership of account %q is moving; retry", ErrUnavailable, req.Account)
+}
+
+func (r *Router) chargeLocal(ctx context.Context, req ChargeRequest) (ChargeResult, error) {
+	r.stats.Local.Add(1)
+	res, err := r.cfg.Engine.Charge(ctx, req.Account, shard.Charge{EventID: req.EventID, ClientID: req.ClientID, Key: req.Key, Route: req.Route, Units: req.Units})
+	if err != nil {
+		return ChargeResult{}, mapEngineErr(err)
+	}
+	return ChargeResult{Decision: res.Decision, EventID: res.EventID, Receipt: res.Receipt, Node: r.self}, nil
+}
+
+func mapEngineErr(err error) error {
+	switch {
+	case errors.Is(err, engine.ErrNotOwner):
+		return err
+	case errors.Is(err, engine.ErrQuotaUnavailable):
+		return fmt.Errorf("%w: %v", ErrUnavailable, err)
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return err
+	}
+	return fmt.Errorf("%w: %v", ErrInternal, err)
+}
+
+func (r *Router) forwardCharge(ctx context.Context, addr string, req ChargeRequest) (*pb.ChargeReply, error) {
+	p, err := r.peers.get(addr)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrUnavailable, err)
+	}
+	r.stats.Forwarded.Add(1)
+	rep, err := p.charges.do(ctx, chargeToPB(&req))
+	if err != nil {
+		r.stats.ForwardErrors.Add(1)
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		return nil, fmt.Errorf("%w: the owner of account %q at %s did not answer (%v); the outcome is unknown, retry with the same event id", ErrUnavailable, req.Account, addr, err)
+	}
+	return rep, nil
+}
+
+func resultFromPB(rep *pb.ChargeReply) (ChargeResult, error) {
+	if e := rep.Error; e != nil {
+		if e.Code == pb.Error_QUOTA_UNAVAILABLE {
+			return ChargeResult{}, fmt.Errorf("%w: %s (at %s)", ErrUnavailable, e.Message, rep.Node)
+		}
+		return ChargeResult{}, fmt.Errorf("%w: %s (at %s)", ErrInternal, e.Message, rep.Node)
+	}
+	return ChargeResult{Decision: decisionFromPB(rep.Decision), EventID: rep.EventId, Receipt: receiptFromPB(rep.Receipt), Node: rep.Node}, nil
+}
+
+// Refund refunds an event at its owner.
+func (r *Router) Refund(ctx context.Context, req RefundRequest) (shard.Decision, error) {
+	target := ""
+	for attempt := 0; attempt < maxAttempts; attempt++ {
+		if target == "" {
+			owner, ok := r.cfg.Ring.Owner(req.Account)
+			if !ok {
+				return shard.Decision{}, fmt.Errorf("%w: no serving node owns account %q", ErrUnavailable, req.Account)
+			}
+			if owner.ID == r.self {
+				d, err := r.cfg.Engine.Refund(ctx, req.Account, req.EventID, req.Receipt)
+				if errors.Is(err, engine.ErrNotOwner) {
+					continue
+				}
+				if err != nil {
+					return d, mapEngineErr(err)
+				}
+				return d, nil
+			}
+			target = owner.RPCAddr
+		}
+		p, err := r.peers.get(target)
+		if err != nil {
+			return shard.Decision{}, fmt.Errorf("%w: %v", ErrUnavailable, err)
+		}
+		r.stats.Forwarded.Add(1)
+		rep, err := p.refunds.do(ctx, &pb.RefundRequest{Account: req.Account, EventId: req.EventID, Receipt: receiptToPB(req.Receipt)})
+		if err != nil {
+			r.stats.ForwardErrors.Add(1)
+			return shard.Decision{}, fmt.Errorf("%w: the owner of account %q at %s did not answer: %v", ErrUnavailable, req.Account, target, err)
+		}
+		if wo := rep.WrongOwner; wo != nil {
+			r.stats.WrongOwner.Add(1)
+			target = wo.OwnerRpc
+			if wo.OwnerId == r.self {
+				target = ""
+			}
+			continue
+		}
+		if e := rep.Error; e != nil {
+			return shard.Decision{}, fmt.Errorf("%w: %s (at %s)", ErrInternal, e.Message, rep.Node)
+		}
+		return decisionFromPB(rep.Decision), nil
+	}
+	return shard.Decision{}, fmt.Errorf("%w: ownership of account %q is moving; retry", ErrUnavailable, req.Account)
+}
+
+// Usage reads an account's current period at its owner.
+func (r *Router) Usage(ctx context.Context, account string) (UsageResult, error) {
+	target := ""
+	for attempt := 0; attempt < maxAttempts; attempt++ {
+		if target == "" {
+			owner, ok := r.cfg.Ring.Owner(account)
+			if !ok {
+				return UsageResult{}, fmt.Errorf("%w: no serving node owns account %q", ErrUnavailable, account)
+			}
+			if owner.ID == r.self {
+				u, known, err := r.cfg.Engine.Usage(account)
+				if errors.Is(err, engine.ErrNotOwner) {
+					continue
+				}
+				return UsageResult{Usage: u, Known: known, Node: r.self}, err
+			}
+			target = owner.RPCAddr
+		}
+		p, err := r.peers.get(target)
+		if err != nil {
+			return UsageResult{}, fmt.Errorf("%w: %v", ErrUnavailable, err)
+		}
+		ctx, cancel := context.WithTimeout(ctx, r.cfg.CallTimeout)
+		rep, err := p.client.Usage(ctx, &pb.UsageRequest{Epoch: r.cfg.Ring.Epoch(), Account: account, Hops: 1})
+		cancel()
+		if err != nil {
+			return UsageResult{}, fmt.Errorf("%w: the owner of account %q at %s did not answer: %v", ErrUnavailable, account, target, err)
+		}
+		if wo := rep.WrongOwner; wo != nil {
+			target = wo.OwnerRpc
+			if wo.OwnerId == r.self {
+				target = ""
+			}
+			continue
+		}
+		return usageFromPB(rep), nil
+	}
+	return UsageResult{}, fmt.Errorf("%w: ownership of account %q is moving; retry", ErrUnavailable, account)
+}
+
+func usageFromPB(rep *pb.UsageReply) UsageResult {
+	u := UsageResult{Known: rep.Known, Node: rep.Node}
+	u.Period, _ = shard.ParsePeriod(rep.Period)
+	u.Limit, u.Used, u.Remaining, u.Reset, u.Routes = rep.Limit, rep.Used, rep.Remaining, rep.Reset_, rep.Routes
+	return u
+}

@@ -1,0 +1,154 @@
+package router
+
+import (
+	"context"
+	"errors"
+	"sync"
+
+	"github.com/quotaring/quotaring/engine"
+	"github.com/quotaring/quotaring/router/pb"
+)
+
+// Server returns the gRPC service of this node: register it on a
+// grpc.Server. It decides for the accounts this node owns and answers
+// WrongOwner for the others; it never forwards, so a request takes at most
+// one hop (the forwarding node's).
+func (r *Router) Server() pb.QuotaServer { return &server{r: r} }
+
+type server struct {
+	pb.UnimplementedQuotaServer
+	r *Router
+}
+
+// wrongOwner names who owns account in this node's view, or nil if it is us.
+func (s *server) wrongOwner(account string) *pb.WrongOwner {
+	rg := s.r.cfg.Ring
+	owner, ok := rg.Owner(account)
+	if ok && owner.ID == s.r.self {
+		return nil
+	}
+	return &pb.WrongOwner{Epoch: rg.Epoch(), OwnerId: owner.ID, OwnerRpc: owner.RPCAddr}
+}
+
+func (s *server) Charge(ctx context.Context, b *pb.ChargeBatch) (*pb.ChargeReplies, error) {
+	out := &pb.ChargeReplies{Replies: make([]*pb.ChargeReply, len(b.Charges)), Epoch: s.r.cfg.Ring.Epoch()}
+	var reqs []engine.Request
+	var idx []int
+	var routed []int
+	for i, c := range b.Charges {
+		if wo := s.wrongOwner(c.Account); wo != nil {
+			if b.Route && b.Hops == 0 {
+				routed = append(routed, i)
+				continue
+			}
+			out.Replies[i] = &pb.ChargeReply{WrongOwner: wo, Node: s.r.self}
+			continue
+		}
+		reqs = append(reqs, chargeFromPB(c))
+		idx = append(idx, i)
+	}
+	for j, o := range s.r.cfg.Engine.ChargeMany(ctx, reqs) {
+		i := idx[j]
+		if o.Err != nil {
+			out.Replies[i] = s.errorReply(reqs[j].Account, o.Err)
+			continue
+		}
+		s.r.stats.Local.Add(1)
+		out.Replies[i] = &pb.ChargeReply{Decision: decisionToPB(&o.Decision), EventId: o.EventID, Receipt: receiptToPB(o.Receipt), Node: s.r.self}
+	}
+	s.route(ctx, b.Charges, routed, out.Replies)
+	return out, nil
+}
+
+// route forwards the charges at idx to their owners, concurrently (each
+// joins its owner's coalesced batch), one hop.
+func (s *server) route(ctx context.Context, charges []*pb.ChargeRequest, idx []int, replies []*pb.ChargeReply) {
+	var wg sync.WaitGroup
+	for _, i := range idx {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c := charges[i]
+			res, err := s.r.Charge(ctx, ChargeRequest{Account: c.Account, EventID: c.EventId, ClientID: c.ClientId, Key: c.Key, Route: c.Route, Units: c.Units})
+			if err != nil {
+				code := pb.Error_INTERNAL
+				if errors.Is(err, ErrUnavailable) {
+					code = pb.Error_QUOTA_UNAVAILABLE
+				}
+				replies[i] = &pb.ChargeReply{Error: &pb.Error{Code: code, Message: err.Error()}, Node: s.r.self}
+				return
+			}
+			replies[i] = &pb.ChargeReply{Decision: decisionToPB(&res.Decision), EventId: res.EventID, Receipt: receiptToPB(res.Receipt), Node: res.Node}
+		}()
+	}
+	wg.Wait()
+}
+
+func (s *server) errorReply(account string, err error) *pb.ChargeReply {
+	if errors.Is(err, engine.ErrNotOwner) {
+		return &pb.ChargeReply{WrongOwner: s.wrongOwner(account), Node: s.r.self}
+	}
+	return &pb.ChargeReply{Error: errorToPB(err), Node: s.r.self}
+}
+
+func errorToPB(err error) *pb.Error {
+	code := pb.Error_INTERNAL
+	if errors.Is(err, engine.ErrQuotaUnavailable) {
+		code = pb.Error_QUOTA_UNAVAILABLE
+	}
+	return &pb.Error{Code: code, Message: err.Error()}
+}
+
+func (s *server) Refund(ctx context.Context, b *pb.RefundBatch) (*pb.RefundReplies, error) {
+	out := &pb.RefundReplies{Replies: make([]*pb.RefundReply, len(b.Refunds)), Epoch: s.r.cfg.Ring.Epoch()}
+	for i, rf := range b.Refunds {
+		if wo := s.wrongOwner(rf.Account); wo != nil {
+			out.Replies[i] = &pb.RefundReply{WrongOwner: wo, Node: s.r.self}
+			continue
+		}
+		d, err := s.r.cfg.Engine.Refund(ctx, rf.Account, rf.EventId, receiptFromPB(rf.Receipt))
+		switch {
+		case errors.Is(err, engine.ErrNotOwner):
+			out.Replies[i] = &pb.RefundReply{WrongOwner: s.wrongOwner(rf.Account), Node: s.r.self}
+		case err != nil:
+			out.Replies[i] = &pb.RefundReply{Error: errorToPB(err), Node: s.r.self}
+		default:
+			out.Replies[i] = &pb.RefundReply{Decision: decisionToPB(&d), Node: s.r.self}
+		}
+	}
+	return out, nil
+}
+
+func (s *server) Usage(ctx context.Context, req *pb.UsageRequest) (*pb.UsageReply, error) {
+	if wo := s.wrongOwner(req.Account); wo != nil {
+		return &pb.UsageReply{WrongOwner: wo, Node: s.r.self}, nil
+	}
+	u, known, err := s.r.cfg.Engine.Usage(req.Account)
+	if errors.Is(err, engine.ErrNotOwner) {
+		return &pb.UsageReply{WrongOwner: s.wrongOwner(req.Account), Node: s.r.self}, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	return &pb.UsageReply{Known: known, Period: u.Period.String(), Limit: u.Limit, Used: u.Used, Remaining: u.Remaining,
+		Reset_: u.Reset, Routes: u.Routes, Node: s.r.self}, nil
+}
+
+func (s *server) RingView(context.Context, *pb.RingViewRequest) (*pb.RingViewReply, error) {
+	v := s.r.cfg.Ring.View()
+	rep := &pb.RingViewReply{Epoch: v.Epoch, PartitionCount: uint32(s.r.cfg.Ring.Layout().PartitionCount), Hash: "xxhash64 % partition_count"}
+	index := map[string]int32{}
+	for i, m := range v.Members {
+		index[m.ID] = int32(i)
+		rep.Members = append(rep.Members, &pb.Member{Id: m.ID, RpcAddr: m.RPCAddr, HttpAddr: m.HTTPAddr, AdminAddr: m.AdminAddr, State: string(m.State)})
+	}
+	rep.Owners = make([]int32, len(v.Owners))
+	for p, id := range v.Owners {
+		if i, ok := index[id]; ok {
+			rep.Owners[p] = i
+		} else {
+			rep.Owners[p] = -1
+		}
+	}
+	return rep, nil
+}
