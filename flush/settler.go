@@ -53,7 +53,8 @@ type Settler struct {
 	inc    string
 	mu     sync.Mutex // serialises SettleOnce
 	failed atomic.Int64
-	lastOK atomic.Int64 // Unix ns of the last successful settle
+	lastOK  atomic.Int64 // Unix ns of the last successful settle
+	lastErr atomic.Int64 // Unix ns of the last failed one
 	stats  SettlerStats
 
 	kick   chan struct{}
@@ -105,6 +106,10 @@ func (s *Settler) LastSuccess() time.Time {
 	}
 	return time.Time{}
 }
+
+// Healthy reports whether the last settle attempt succeeded (true before
+// any failure).
+func (s *Settler) Healthy() bool { return s.lastErr.Load() <= s.lastOK.Load() }
 
 // Register tells the ledger about this (node, incarnation) and catches the
 // local settled mark up with the ledger's: a crash between a ledger commit
@@ -195,6 +200,7 @@ func (s *Settler) report(rep SettleReport, err error) {
 	rep.Err = err
 	if err != nil {
 		s.stats.Errors.Add(1)
+		s.lastErr.Store(time.Now().UnixNano())
 	} else {
 		s.stats.Settles.Add(1)
 		s.stats.Records.Add(int64(rep.Records))
