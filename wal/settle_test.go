@@ -133,3 +133,38 @@ func TestByteMarks(t *testing.T) {
 		t.Fatalf("after thinning, half settled: %d bytes, want about %d", got, 15*maxMarks)
 	}
 }
+
+func TestScanBounds(t *testing.T) {
+	l := mustOpen(t, testOpts(vfs.NewMem()))
+	for i := range 10 {
+		appendDurable(t, l, payloadFor(uint64(i+1)))
+	}
+	scan := func(after, upto uint64) []uint64 {
+		var seqs []uint64
+		err := l.Scan(after, upto, func(seq uint64, p []byte) error {
+			if string(p) != string(payloadFor(seq)) {
+				t.Fatalf("record %d = %q", seq, p)
+			}
+			seqs = append(seqs, seq)
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return seqs
+	}
+	for _, tc := range []struct {
+		after, upto uint64
+		n           int
+		first       uint64
+	}{{3, 6, 3, 4}, {0, 100, 10, 1}, {10, 20, 0, 0}, {5, 5, 0, 0}, {6, 2, 0, 0}, {0, 1, 1, 1}} {
+		got := scan(tc.after, tc.upto)
+		if len(got) != tc.n || tc.n > 0 && got[0] != tc.first {
+			t.Fatalf("Scan(%d, %d) = %v, want %d records from %d", tc.after, tc.upto, got, tc.n, tc.first)
+		}
+	}
+	stop := errors.New("stop")
+	if err := l.Scan(0, 10, func(uint64, []byte) error { return stop }); err != stop {
+		t.Fatalf("Scan did not return fn's error as is: %v", err)
+	}
+}
