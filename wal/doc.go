@@ -27,10 +27,12 @@
 //	// The settler ships (SettledSeq(), DurableSeq()] and then deletes it:
 //	upto := l.DurableSeq()
 //	err = l.Scan(l.SettledSeq(), upto, func(seq uint64, payload []byte) error {
-//		return batch.Add(seq, payload) // payload is valid only during the call
+//		return ship(seq, payload) // payload is valid only during the call
 //	})
-//	// ... commit the batch to the ledger, then:
+//	// ... once the ledger committed them:
 //	err = l.Settle(upto, checkpoints)
+//
+// Example_settle shows the whole cycle, runnable.
 //
 // # Layout
 //
@@ -66,6 +68,7 @@
 //     its seq returned nil. Append never waits for an fsync.
 //   - The committer goroutine is the only writer of records. It commits them
 //     in sequence order, each batch with pebble.Sync.
+//     A record appended during a commit goes into the next one.
 //   - DurableSeq advances only after Pebble's Commit returned. Pebble shows a
 //     write to readers before its fsync is done, so "what an iterator sees" is
 //     not durable; Scan never reads past DurableSeq.

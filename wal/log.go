@@ -51,8 +51,6 @@ type Log struct {
 	// closing is set when Close begins: Append refuses, the committer drains
 	// the queue and exits.
 	closing bool
-	// closed is set when the committer has exited.
-	closed bool
 	// work wakes the committer: queue not empty, or closing.
 	work sync.Cond
 	// space wakes blocked Appends: pendingBytes fell, or failure, or closing.
@@ -308,8 +306,7 @@ func (l *Log) close() error {
 	l.mu.Unlock()
 	<-l.done
 	l.mu.Lock()
-	l.closed = true
-	l.stopLocked(ErrClosed)
+	l.stopLocked(ErrClosed) // after the drain: waiters of drained records got nil
 	l.mu.Unlock()
 	l.wake()
 	l.users.Wait()

@@ -118,6 +118,13 @@ func (o Options) pebbleOptions() (*pebble.Options, io.Closer) {
 		CacheSize:    8 << 20,
 		// The WAL is what makes a commit durable: never disable it.
 		DisableWAL: false,
+		// No artificial delay between WAL syncs: the committer already
+		// gathers everything that arrives during an fsync.
+		WALMinSyncInterval: nil,
+		// Table stats stay on (the default): they are how Pebble finds the
+		// sstables wholly covered by a settle's DeleteRange and drops them
+		// without rewriting them. No bloom filters (the default): records are
+		// read by range, never by point lookups of missing keys.
 	}
 	po.EventListener = o.eventListener()
 	fs, closer := vfs.WithDiskHealthChecks(o.FS, diskSlowThreshold, nil,
