@@ -1,0 +1,674 @@
+package flush
+
+// Postgres is the production ledger (pgx, pgxpool). Dialect notes:
+//
+//   - Transactions run at READ COMMITTED. Every writer locks grants with
+//     SELECT ... ORDER BY account_id, grant_id FOR UPDATE before it touches
+//     grants or reservations, and writes usage and events in key order, so
+//     settles, reserves and releases wait for each other instead of
+//     deadlocking.
+//   - Statements that belong together go out as one pgx.Batch (one network
+//     round trip), the transaction's BEGIN included (Batch.BeginTx). COMMIT is
+//     always its own simple query "commit": the fault proxy's commit cut
+//     relies on that.
+//   - A Commit error means the outcome is unknown, whatever the error says:
+//     pgx reports a connection broken during COMMIT with an error for which
+//     pgconn.SafeToRetry is true although the commit happened. Settle returns
+//     the error and the caller retries the same batch; the settled mark makes
+//     the retry a no-op. Nothing here branches on SafeToRetry.
+//   - The event log is partitioned by month (see Settle and the migration);
+//     its duplicate catch works within a month.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/quotaring/quotaring/shard"
+	"github.com/quotaring/quotaring/snapshot"
+)
+
+// Advisory lock keys (pg_advisory_lock takes one bigint). Fixed forever: two
+// quotad versions must agree on them.
+const (
+	migrateLockKey   int64 = 0x71756f7461_01 // "quota" 01: Migrate
+	partitionLockKey int64 = 0x71756f7461_02 // "quota" 02: creating event partitions
+)
+
+// defaultConnectTimeout bounds a connection attempt when neither the DSN
+// (connect_timeout) nor PGOptions says otherwise, so a ledger that does not
+// answer fails fast instead of hanging a start or a settle.
+const defaultConnectTimeout = 5 * time.Second
+
+// PGOptions configures OpenPostgres. The zero value is ready to use.
+type PGOptions struct {
+	// MaxConns bounds the pool; 0 means pgxpool's default, max(4, NumCPU).
+	MaxConns int32
+	// Logger receives migrations applied, partitions created and commits whose
+	// outcome is unknown. If nil, nothing is logged.
+	Logger *slog.Logger
+	// ConnectTimeout bounds each connection attempt. 0 means the DSN's
+	// connect_timeout, or 5 s if it has none.
+	ConnectTimeout time.Duration
+}
+
+// Postgres is the Ledger on PostgreSQL. Its methods are safe for concurrent
+// use.
+type Postgres struct {
+	pool       *pgxpool.Pool
+	log        *slog.Logger
+	where      string // host:port/db as user, for messages (never the password)
+	migrations []migration
+
+	mu sync.Mutex // protects partitions
+	// partitions holds the months whose event partition is known to exist.
+	partitions map[shard.Period]bool
+}
+
+var _ Ledger = (*Postgres)(nil)
+
+// OpenPostgres connects to the ledger at dsn (postgres://...). It pings the
+// server, so an unreachable one fails here with an error that wraps
+// ErrUnavailable and names the host and database. It does not migrate.
+func OpenPostgres(ctx context.Context, dsn string, opts PGOptions) (*Postgres, error) {
+	ms, err := loadMigrations(dialectPostgres)
+	if err != nil {
+		return nil, err
+	}
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		return nil, fmt.Errorf("flush: the Postgres DSN %s does not parse: %s: check its form, postgres://USER:PASSWORD@HOST:PORT/DB?sslmode=disable",
+			redactDSN(dsn), scrubPassword(err.Error(), dsn))
+	}
+	switch {
+	case opts.ConnectTimeout > 0:
+		cfg.ConnConfig.ConnectTimeout = opts.ConnectTimeout
+	case cfg.ConnConfig.ConnectTimeout == 0:
+		cfg.ConnConfig.ConnectTimeout = defaultConnectTimeout
+	}
+	if opts.MaxConns > 0 {
+		cfg.MaxConns = opts.MaxConns
+	}
+	cc := cfg.ConnConfig
+	p := &Postgres{
+		log:        orDiscard(opts.Logger),
+		where:      fmt.Sprintf("%s/%s as user %s", net.JoinHostPort(cc.Host, fmt.Sprint(cc.Port)), cc.Database, cc.User),
+		migrations: ms,
+		partitions: make(map[shard.Period]bool),
+	}
+	p.pool, err = pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("flush: Postgres ledger at %s: %s", p.where, scrubPassword(err.Error(), dsn))
+	}
+	pctx, cancel := context.WithTimeout(ctx, cfg.ConnConfig.ConnectTimeout+time.Second)
+	defer cancel()
+	if err := p.pool.Ping(pctx); err != nil {
+		p.pool.Close()
+		return nil, fmt.Errorf("%w: cannot connect to Postgres at %s: %s: check that the server is up and reachable from here, "+
+			"and the user, password, database name and sslmode in the DSN", ErrUnavailable, p.where, scrubPassword(err.Error(), dsn))
+	}
+	return p, nil
+}
+
+// scrubPassword removes the DSN's password from a message, on top of pgx's
+// own best-effort redaction.
+func scrubPassword(msg, dsn string) string {
+	if cfg, err := pgconn.ParseConfig(dsn); err == nil && cfg.Password != "" {
+		msg = strings.ReplaceAll(msg, cfg.Password, "xxxxx")
+	}
+	return userinfoPassword.ReplaceAllString(msg, ":xxxxx@")
+}
+
+// Close closes the pool.
+func (p *Postgres) Close() error {
+	p.pool.Close()
+	return nil
+}
+
+// fail wraps a database error for the caller: errors this package made pass
+// through; connection failures wrap ErrUnavailable; the rest get the
+// operation's name.
+func (p *Postgres) fail(op string, err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case ours(err):
+		return err
+	case pgUnavailable(err):
+		return fmt.Errorf("%w: %s at %s: %w", ErrUnavailable, op, p.where, err)
+	}
+	return fmt.Errorf("flush: %s: %w", op, err)
+}
+
+// ours reports whether err already carries one of the package's sentinels.
+func ours(err error) bool {
+	for _, s := range []error{ErrUnavailable, ErrSchemaTooNew, ErrMarkConflict, ErrNotFound, ErrInvalid} {
+		if errors.Is(err, s) {
+			return true
+		}
+	}
+	return false
+}
+
+// pgUnavailable reports whether err means the server could not be reached
+// or the connection broke, rather than that it refused a statement.
+func pgUnavailable(err error) bool {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		// 08: connection exception; 57P01-03: shutting down or starting;
+		// 53300: too many connections.
+		return strings.HasPrefix(pgErr.Code, "08") || strings.HasPrefix(pgErr.Code, "57P0") || pgErr.Code == "53300"
+	}
+	var connErr *pgconn.ConnectError
+	var netErr net.Error
+	return errors.As(err, &connErr) || errors.As(err, &netErr) || errors.Is(err, io.EOF) ||
+		errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, context.DeadlineExceeded) || pgconn.Timeout(err) ||
+		strings.Contains(err.Error(), "conn closed")
+}
+
+// pgCode is the SQLSTATE of err, or "".
+func pgCode(err error) string {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return pgErr.Code
+	}
+	return ""
+}
+
+// SQLSTATEs the admin methods turn into sentinels.
+const (
+	sqlUniqueViolation     = "23505"
+	sqlForeignKeyViolation = "23503"
+	sqlCheckViolation      = "23514"
+	sqlUndefinedTable      = "42P01"
+)
+
+// nop is a batch callback that only checks the statement succeeded.
+func nop(pgconn.CommandTag) error { return nil }
+
+// sendTx sends b, which must begin with Batch.BeginTx, runs its callbacks,
+// and returns the transaction it began for the caller to go on with. The
+// caller must Rollback the transaction (deferred) in every case.
+func (p *Postgres) sendTx(ctx context.Context, b *pgx.Batch) (pgx.Tx, error) {
+	br := p.pool.SendBatch(ctx, b)
+	tx := br.Tx()
+	return tx, br.Close()
+}
+
+// inTx runs the statements queued on b (after BeginTx) and commits.
+func (p *Postgres) inTx(ctx context.Context, b *pgx.Batch) error {
+	tx, err := p.sendTx(ctx, b)
+	defer tx.Rollback(ctx)
+	if err != nil {
+		return err
+	}
+	return tx.Commit(ctx)
+}
+
+// --- Migrations -------------------------------------------------------------
+
+// Migrate applies the embedded migrations under pg_advisory_lock, one
+// transaction per file.
+func (p *Postgres) Migrate(ctx context.Context) error {
+	conn, err := p.pool.Acquire(ctx)
+	if err != nil {
+		return p.fail("migrate", err)
+	}
+	defer conn.Release()
+	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock($1)", migrateLockKey); err != nil {
+		return p.fail("migrate: take the migration lock", err)
+	}
+	defer func() {
+		// The lock belongs to the session: if it cannot be released, close
+		// the connection rather than hand a locked session back to the pool.
+		if _, err := conn.Exec(context.WithoutCancel(ctx), "SELECT pg_advisory_unlock($1)", migrateLockKey); err != nil {
+			conn.Conn().Close(context.WithoutCancel(ctx))
+		}
+	}()
+	if _, err := conn.Exec(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (
+		version    integer PRIMARY KEY,
+		applied_at timestamptz NOT NULL DEFAULT now())`); err != nil {
+		return p.fail("migrate: create schema_migrations", err)
+	}
+	var applied int
+	if err := conn.QueryRow(ctx, "SELECT coalesce(max(version), 0) FROM schema_migrations").Scan(&applied); err != nil {
+		return p.fail("migrate: read schema version", err)
+	}
+	todo, err := pending(p.migrations, applied)
+	if err != nil {
+		return err
+	}
+	for _, m := range todo {
+		if err := p.applyMigration(ctx, conn.Conn(), m); err != nil {
+			return p.fail("migrate: apply "+dialectPostgres+"/"+m.name, err)
+		}
+		p.log.Info("flush: applied migration", "ledger", "postgres", "version", m.version, "file", m.name)
+	}
+	return nil
+}
+
+func (p *Postgres) applyMigration(ctx context.Context, conn *pgx.Conn, m migration) error {
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, m.sql); err != nil { // no arguments: simple protocol, several statements
+		return err
+	}
+	if _, err := tx.Exec(ctx, "INSERT INTO schema_migrations (version) VALUES ($1)", m.version); err != nil {
+		return err
+	}
+	return tx.Commit(ctx)
+}
+
+// SchemaVersion is the highest applied migration, 0 for an empty database.
+func (p *Postgres) SchemaVersion(ctx context.Context) (int, error) {
+	var v int
+	err := p.pool.QueryRow(ctx, "SELECT coalesce(max(version), 0) FROM schema_migrations").Scan(&v)
+	if pgCode(err) == sqlUndefinedTable {
+		return 0, nil
+	}
+	return v, p.fail("read schema version", err)
+}
+
+// execTestSQL runs SQL for the conformance suite's corruption tests.
+func (p *Postgres) execTestSQL(ctx context.Context, query string) error {
+	_, err := p.pool.Exec(ctx, query)
+	return err
+}
+
+// --- Nodes and alerts -------------------------------------------------------
+
+// RegisterNode records (node, incarnation) if new, refreshes its heartbeat,
+// and returns its settled mark.
+func (p *Postgres) RegisterNode(ctx context.Context, node, incarnation string) (uint64, error) {
+	if node == "" || incarnation == "" {
+		return 0, fmt.Errorf("%w: register node: node and incarnation must be set", ErrInvalid)
+	}
+	var seq int64
+	err := p.pool.QueryRow(ctx, `INSERT INTO nodes (node_id, incarnation) VALUES ($1, $2)
+		ON CONFLICT (node_id, incarnation) DO UPDATE SET heartbeat_at = now()
+		RETURNING settled_seq`, node, incarnation).Scan(&seq)
+	return uint64(seq), p.fail("register node "+node+"/"+incarnation, err)
+}
+
+// Nodes lists every (node, incarnation) with its settled mark.
+func (p *Postgres) Nodes(ctx context.Context) ([]NodeRow, error) {
+	rows, _ := p.pool.Query(ctx, `SELECT node_id, incarnation, settled_seq, heartbeat_at FROM nodes ORDER BY node_id, incarnation`)
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (NodeRow, error) {
+		var n NodeRow
+		var seq int64
+		err := r.Scan(&n.Node, &n.Incarnation, &seq, &n.Heartbeat)
+		n.Settled = uint64(seq)
+		return n, err
+	})
+	return out, p.fail("list nodes", err)
+}
+
+// RecordAlert records an alert once per (account, period, threshold).
+func (p *Postgres) RecordAlert(ctx context.Context, account string, period shard.Period, threshold int, at time.Time) (bool, error) {
+	ct, err := p.pool.Exec(ctx, `INSERT INTO alerts (account_id, period, threshold, sent_at) VALUES ($1, $2, $3, $4)
+		ON CONFLICT (account_id, period, threshold) DO NOTHING`, account, period.String(), threshold, at)
+	if err != nil {
+		return false, p.fail("record alert", err)
+	}
+	return ct.RowsAffected() == 1, nil
+}
+
+// --- Admin ------------------------------------------------------------------
+
+// bumpConfigSQL is the first statement of every admin transaction: it bumps
+// the config version and, by locking its one row, serializes admin changes.
+const bumpConfigSQL = `UPDATE config_version SET version = version + 1 WHERE id = 1`
+
+// admin runs an admin change: the config bump, then queue's statements, in
+// one transaction.
+func (p *Postgres) admin(ctx context.Context, op string, queue func(b *pgx.Batch)) error {
+	b := &pgx.Batch{}
+	b.BeginTx(pgx.TxOptions{})
+	b.Queue(bumpConfigSQL).Exec(nop)
+	queue(b)
+	return p.fail(op, p.inTx(ctx, b))
+}
+
+// UpsertPlan creates or changes a plan. A new monthly quota also applies to
+// the monthly grants of the current and later periods of the plan's
+// accounts (a grant that has not expired), so that what nodes can reserve
+// follows the plan they are told about.
+func (p *Postgres) UpsertPlan(ctx context.Context, plan snapshot.Plan) error {
+	if err := validatePlan(&plan); err != nil {
+		return err
+	}
+	return p.admin(ctx, "upsert plan "+plan.ID, func(b *pgx.Batch) {
+		b.Queue(`INSERT INTO plans (plan_id, rate, burst, monthly_quota, hard) VALUES ($1, $2, $3, $4, $5)
+			ON CONFLICT (plan_id) DO UPDATE SET rate = excluded.rate, burst = excluded.burst,
+				monthly_quota = excluded.monthly_quota, hard = excluded.hard`,
+			plan.ID, plan.Rate, plan.Burst, plan.MonthlyQuota, plan.Hard).Exec(nop)
+		b.Queue(`UPDATE grants g SET units = $2 FROM accounts a
+			WHERE a.plan_id = $1 AND g.account_id = a.account_id AND g.kind = 'monthly' AND g.expires_at > now()`,
+			plan.ID, plan.MonthlyQuota).Exec(nop)
+	})
+}
+
+// UpsertAccount creates an account or moves it to another plan (its
+// unexpired monthly grants take the new plan's quota).
+func (p *Postgres) UpsertAccount(ctx context.Context, id, plan string) error {
+	if id == "" || plan == "" {
+		return fmt.Errorf("%w: an account needs an id and a plan", ErrInvalid)
+	}
+	err := p.admin(ctx, "upsert account "+id, func(b *pgx.Batch) {
+		b.Queue(`INSERT INTO accounts (account_id, plan_id) VALUES ($1, $2)
+			ON CONFLICT (account_id) DO UPDATE SET plan_id = excluded.plan_id`, id, plan).Exec(nop)
+		b.Queue(`UPDATE grants g SET units = p.monthly_quota FROM plans p
+			WHERE p.plan_id = $2 AND g.account_id = $1 AND g.kind = 'monthly' AND g.expires_at > now()`, id, plan).Exec(nop)
+	})
+	if pgCode(err) == sqlForeignKeyViolation {
+		return fmt.Errorf("%w: account %q: plan %q does not exist", ErrNotFound, id, plan)
+	}
+	return err
+}
+
+// AddKey stores a key by its hash.
+func (p *Postgres) AddKey(ctx context.Context, k snapshot.Key) error {
+	if err := validateKey(&k); err != nil {
+		return err
+	}
+	err := p.admin(ctx, "add key "+k.ID, func(b *pgx.Batch) {
+		b.Queue(`INSERT INTO api_keys (key_id, key_hash, account_id) VALUES ($1, $2, $3)`, k.ID, k.Hash, k.Account).Exec(nop)
+	})
+	switch pgCode(err) {
+	case sqlForeignKeyViolation:
+		return fmt.Errorf("%w: key %q: account %q does not exist", ErrNotFound, k.ID, k.Account)
+	case sqlUniqueViolation:
+		return fmt.Errorf("%w: key %q: a key with this id or hash is already stored", ErrInvalid, k.ID)
+	}
+	return err
+}
+
+// RevokeKey revokes a key; revoking a revoked key changes nothing.
+func (p *Postgres) RevokeKey(ctx context.Context, keyID string) error {
+	var found bool
+	err := p.admin(ctx, "revoke key "+keyID, func(b *pgx.Batch) {
+		b.Queue(`UPDATE api_keys SET revoked_at = coalesce(revoked_at, now()) WHERE key_id = $1`, keyID).
+			Exec(func(ct pgconn.CommandTag) error {
+				if found = ct.RowsAffected() == 1; !found {
+					return fmt.Errorf("%w: key %q", ErrNotFound, keyID)
+				}
+				return nil
+			})
+	})
+	return err
+}
+
+// AddGrant adds a credit grant to an account.
+func (p *Postgres) AddGrant(ctx context.Context, account string, g snapshot.Grant) error {
+	if err := validateGrant(account, &g); err != nil {
+		return err
+	}
+	err := p.admin(ctx, "add grant "+account+"/"+g.ID, func(b *pgx.Batch) {
+		b.Queue(`INSERT INTO grants (account_id, grant_id, kind, units, starts_at, expires_at) VALUES ($1, $2, 'credit', $3, $4, $5)`,
+			account, g.ID, g.Units, g.StartsAt, nullTime(g.ExpiresAt)).Exec(nop)
+	})
+	switch pgCode(err) {
+	case sqlForeignKeyViolation:
+		return fmt.Errorf("%w: grant %q: account %q does not exist", ErrNotFound, g.ID, account)
+	case sqlUniqueViolation:
+		return fmt.Errorf("%w: account %q already has a grant %q", ErrInvalid, account, g.ID)
+	}
+	return err
+}
+
+// SetRoutes stores a new version of the route weights and makes it active.
+func (p *Postgres) SetRoutes(ctx context.Context, defaultUnits int64, weights map[string]int64) (int64, error) {
+	if err := validateRoutes(defaultUnits, weights); err != nil {
+		return 0, err
+	}
+	patterns := make([]string, 0, len(weights))
+	units := make([]int64, 0, len(weights))
+	for pat, u := range weights {
+		patterns = append(patterns, pat)
+		units = append(units, u)
+	}
+	var version int64
+	err := p.admin(ctx, "set routes", func(b *pgx.Batch) {
+		b.Queue(`UPDATE route_versions SET active = false WHERE active`).Exec(nop)
+		b.Queue(`WITH v AS (
+				INSERT INTO route_versions (version, default_units, active)
+				SELECT coalesce(max(version), 0) + 1, $1, true FROM route_versions
+				RETURNING version
+			), w AS (
+				INSERT INTO route_weights (version, pattern, units)
+				SELECT v.version, t.pattern, t.units FROM v, unnest($2::text[], $3::bigint[]) AS t(pattern, units)
+			)
+			SELECT version FROM v`, defaultUnits, patterns, units).QueryRow(func(r pgx.Row) error { return r.Scan(&version) })
+	})
+	return version, err
+}
+
+// nullTime maps the zero time to NULL ("never").
+func nullTime(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	return &t
+}
+
+// --- Reads ------------------------------------------------------------------
+
+// Snapshot reads the config in one REPEATABLE READ transaction, so every
+// table is seen at the same instant.
+func (p *Postgres) Snapshot(ctx context.Context, wall time.Time) (*snapshot.Snapshot, error) {
+	s := &snapshot.Snapshot{Routes: snapshot.Routes{Default: 1}}
+	accounts := make(map[string]int) // account id -> index in s.Accounts
+	cur, prev := monthlyUsedPeriods(wall)
+
+	b := &pgx.Batch{}
+	b.BeginTx(pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	b.Queue(`SELECT version FROM config_version WHERE id = 1`).QueryRow(func(r pgx.Row) error { return r.Scan(&s.Version) })
+	b.Queue(`SELECT plan_id, rate, burst, monthly_quota, hard FROM plans ORDER BY plan_id`).Query(func(rows pgx.Rows) error {
+		var pl snapshot.Plan
+		_, err := pgx.ForEachRow(rows, []any{&pl.ID, &pl.Rate, &pl.Burst, &pl.MonthlyQuota, &pl.Hard}, func() error {
+			s.Plans = append(s.Plans, pl)
+			return nil
+		})
+		return err
+	})
+	b.Queue(`SELECT account_id, plan_id FROM accounts ORDER BY account_id`).Query(func(rows pgx.Rows) error {
+		var a snapshot.Account
+		_, err := pgx.ForEachRow(rows, []any{&a.ID, &a.Plan}, func() error {
+			accounts[a.ID] = len(s.Accounts)
+			s.Accounts = append(s.Accounts, snapshot.Account{ID: a.ID, Plan: a.Plan})
+			return nil
+		})
+		return err
+	})
+	b.Queue(`SELECT account_id, grant_id, units, used, starts_at, expires_at FROM grants
+		WHERE kind = 'credit' ORDER BY account_id, grant_id`).Query(func(rows pgx.Rows) error {
+		var account string
+		var g snapshot.Grant
+		var expires *time.Time
+		_, err := pgx.ForEachRow(rows, []any{&account, &g.ID, &g.Units, &g.Used, &g.StartsAt, &expires}, func() error {
+			g.StartsAt = g.StartsAt.UTC()
+			g.ExpiresAt = time.Time{}
+			if expires != nil {
+				g.ExpiresAt = expires.UTC()
+			}
+			i := accounts[account]
+			s.Accounts[i].Credits = append(s.Accounts[i].Credits, g)
+			return nil
+		})
+		return err
+	})
+	b.Queue(`SELECT account_id, grant_id, used FROM grants WHERE kind = 'monthly' AND period IN ($1, $2)
+		ORDER BY account_id, grant_id`, cur.String(), prev.String()).Query(func(rows pgx.Rows) error {
+		var account, grant string
+		var used int64
+		_, err := pgx.ForEachRow(rows, []any{&account, &grant, &used}, func() error {
+			a := &s.Accounts[accounts[account]]
+			if a.MonthlyUsed == nil {
+				a.MonthlyUsed = make(map[string]int64)
+			}
+			a.MonthlyUsed[grant] = used
+			return nil
+		})
+		return err
+	})
+	b.Queue(`SELECT key_id, key_hash, account_id FROM api_keys WHERE revoked_at IS NULL ORDER BY key_id`).Query(func(rows pgx.Rows) error {
+		var k snapshot.Key
+		_, err := pgx.ForEachRow(rows, []any{&k.ID, &k.Hash, &k.Account}, func() error {
+			s.Keys = append(s.Keys, k)
+			return nil
+		})
+		return err
+	})
+	b.Queue(`SELECT v.version, v.default_units, w.pattern, w.units
+		FROM route_versions v LEFT JOIN route_weights w ON w.version = v.version
+		WHERE v.active ORDER BY w.pattern`).Query(func(rows pgx.Rows) error {
+		var pattern *string
+		var units *int64
+		_, err := pgx.ForEachRow(rows, []any{&s.Routes.Version, &s.Routes.Default, &pattern, &units}, func() error {
+			if pattern != nil {
+				if s.Routes.Weights == nil {
+					s.Routes.Weights = make(map[string]int64)
+				}
+				s.Routes.Weights[*pattern] = *units
+			}
+			return nil
+		})
+		return err
+	})
+	tx, err := p.sendTx(ctx, b)
+	tx.Rollback(ctx) // read only: nothing to commit
+	if err != nil {
+		return nil, p.fail("read snapshot", err)
+	}
+	return buildSnapshot(s)
+}
+
+// accountExistsSQL is queued before reads of one account, to tell "no
+// such account" from "nothing yet".
+const accountExistsSQL = `SELECT EXISTS (SELECT 1 FROM accounts WHERE account_id = $1)`
+
+func queueAccountExists(b *pgx.Batch, account string) {
+	b.Queue(accountExistsSQL, account).QueryRow(func(r pgx.Row) error {
+		var ok bool
+		if err := r.Scan(&ok); err != nil {
+			return err
+		}
+		if !ok {
+			return fmt.Errorf("%w: account %q", ErrNotFound, account)
+		}
+		return nil
+	})
+}
+
+// Usage sums an account's daily aggregates over a period, by route.
+func (p *Postgres) Usage(ctx context.Context, account string, period shard.Period) (AccountUsage, error) {
+	u := AccountUsage{Account: account, Period: period, ByRoute: make(map[string]int64)}
+	b := &pgx.Batch{}
+	queueAccountExists(b, account)
+	b.Queue(`SELECT route, sum(units)::bigint FROM usage_daily
+		WHERE account_id = $1 AND day >= $2::date AND day < $3::date GROUP BY route`,
+		account, time.Unix(0, period.Start()).UTC(), time.Unix(0, period.End()).UTC()).Query(func(rows pgx.Rows) error {
+		var route string
+		var units int64
+		_, err := pgx.ForEachRow(rows, []any{&route, &units}, func() error {
+			u.ByRoute[route] = units
+			u.Units += units
+			return nil
+		})
+		return err
+	})
+	err := p.pool.SendBatch(ctx, b).Close()
+	return u, p.fail("read usage of "+account, err)
+}
+
+// Grants lists an account's grants.
+func (p *Postgres) Grants(ctx context.Context, account string) ([]GrantRow, error) {
+	var out []GrantRow
+	b := &pgx.Batch{}
+	queueAccountExists(b, account)
+	b.Queue(`SELECT account_id, grant_id, kind = 'monthly', coalesce(period, ''), units, used, reserved, starts_at, expires_at
+		FROM grants WHERE account_id = $1 ORDER BY grant_id`, account).Query(func(rows pgx.Rows) error {
+		var err error
+		out, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (GrantRow, error) {
+			var g GrantRow
+			var expires *time.Time
+			err := r.Scan(&g.Account, &g.Grant, &g.Monthly, &g.Period, &g.Units, &g.Used, &g.Reserved, &g.StartsAt, &expires)
+			g.StartsAt = g.StartsAt.UTC()
+			if expires != nil {
+				g.ExpiresAt = expires.UTC()
+			}
+			return g, err
+		})
+		return err
+	})
+	err := p.pool.SendBatch(ctx, b).Close()
+	return out, p.fail("read grants of "+account, err)
+}
+
+// Reconcile compares the counters with the event log (G6), in one
+// REPEATABLE READ transaction. Usage is compared by UTC month of the charge
+// (the month of the day its aggregate is on).
+func (p *Postgres) Reconcile(ctx context.Context) ([]ReconcileRow, error) {
+	var out []ReconcileRow
+	collect := func(kind string) func(pgx.Rows) error {
+		return func(rows pgx.Rows) error {
+			r := ReconcileRow{Kind: kind}
+			_, err := pgx.ForEachRow(rows, []any{&r.Account, &r.Scope, &r.Counter, &r.Events}, func() error {
+				r.Diff = r.Counter != r.Events
+				out = append(out, r)
+				return nil
+			})
+			return err
+		}
+	}
+	b := &pgx.Batch{}
+	b.BeginTx(pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	b.Queue(`WITH ev AS (
+			SELECT e.account_id, a.grant_id, sum(a.units)::bigint AS units
+			FROM events e, unnest(e.grant_ids, e.grant_units) AS a(grant_id, units)
+			WHERE NOT e.refunded
+			GROUP BY 1, 2
+		)
+		SELECT coalesce(g.account_id, ev.account_id), coalesce(g.grant_id, ev.grant_id), coalesce(g.used, 0), coalesce(ev.units, 0)
+		FROM grants g FULL JOIN ev ON ev.account_id = g.account_id AND ev.grant_id = g.grant_id
+		ORDER BY 1, 2`).Query(collect("grant"))
+	b.Queue(`WITH u AS (
+			SELECT account_id, to_char(day, 'YYYY-MM') AS period, sum(units)::bigint AS units FROM usage_daily GROUP BY 1, 2
+		), ev AS (
+			SELECT account_id, to_char(charged_at AT TIME ZONE 'UTC', 'YYYY-MM') AS period, sum(units)::bigint AS units
+			FROM events WHERE NOT refunded GROUP BY 1, 2
+		)
+		SELECT coalesce(u.account_id, ev.account_id), coalesce(u.period, ev.period), coalesce(u.units, 0), coalesce(ev.units, 0)
+		FROM u FULL JOIN ev ON ev.account_id = u.account_id AND ev.period = u.period
+		ORDER BY 1, 2`).Query(collect("usage"))
+	tx, err := p.sendTx(ctx, b)
+	tx.Rollback(ctx)
+	return out, p.fail("reconcile", err)
+}
+
+// Events lists an account's event log, tombstones included.
+func (p *Postgres) Events(ctx context.Context, account string) ([]EventRow, error) {
+	rows, _ := p.pool.Query(ctx, `SELECT account_id, event_id, key_id, route, units, charged_at, period, node_id, incarnation, seq, refunded, tombstone
+		FROM events WHERE account_id = $1 ORDER BY charged_at, node_id, incarnation, seq`, account)
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (EventRow, error) {
+		var e EventRow
+		var seq int64
+		err := r.Scan(&e.Account, &e.EventID, &e.Key, &e.Route, &e.Units, &e.ChargedAt, &e.Period, &e.Node, &e.Incarnation, &seq, &e.Refunded, &e.Tombstone)
+		e.Seq, e.ChargedAt = uint64(seq), e.ChargedAt.UTC()
+		return e, err
+	})
+	return out, p.fail("read events of "+account, err)
+}

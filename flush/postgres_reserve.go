@@ -1,0 +1,174 @@
+package flush
+
+// Reservations on Postgres. Every method locks the grants it touches with
+// SELECT ... ORDER BY grant_id FOR UPDATE first (the order Settle uses), and
+// keeps grants.reserved equal to the sum of the grant's reservations.
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/quotaring/quotaring/shard"
+)
+
+// pgActiveGrantsSQL locks the account's grants active at $2. They are
+// locked in grant id order, like everywhere else; Go sorts them into
+// spending order afterwards.
+const pgActiveGrantsSQL = `SELECT grant_id, units, used, reserved, expires_at FROM grants
+WHERE account_id = $1 AND starts_at <= $2 AND (expires_at IS NULL OR expires_at > $2)
+ORDER BY grant_id
+FOR UPDATE`
+
+// pgReserveSQL is the conditional update that keeps used + reserved <=
+// units: a grant that would go over is not updated (and Reserve fails
+// rather than hand out units it does not have).
+const pgReserveSQL = `UPDATE grants g SET reserved = g.reserved + d.units
+FROM unnest($2::text[], $3::bigint[]) AS d(grant_id, units)
+WHERE g.account_id = $1 AND g.grant_id = d.grant_id AND g.used + g.reserved + d.units <= g.units`
+
+const pgAddReservationSQL = `INSERT INTO reservations (account_id, grant_id, node_id, units)
+SELECT $1, d.grant_id, $4, d.units FROM unnest($2::text[], $3::bigint[]) AS d(grant_id, units)
+ON CONFLICT (account_id, grant_id, node_id) DO UPDATE SET units = reservations.units + excluded.units`
+
+// pgSumReservedSQL sets the grants' reserved totals from their reservations.
+const pgSumReservedSQL = `UPDATE grants g
+SET reserved = (SELECT coalesce(sum(r.units), 0) FROM reservations r WHERE r.account_id = g.account_id AND r.grant_id = g.grant_id)
+WHERE g.account_id = $1 AND g.grant_id = ANY($2::text[])`
+
+// Reserve reserves up to req.Need units for node from the account's active
+// grants, soonest-expiring first.
+func (p *Postgres) Reserve(ctx context.Context, node string, req ReserveRequest) (ReserveResult, error) {
+	var res ReserveResult
+	if node == "" || req.Account == "" {
+		return res, fmt.Errorf("%w: reserve: node and account must be set", ErrInvalid)
+	}
+	op := fmt.Sprintf("reserve %d units of %s for %s", req.Need, req.Account, node)
+	wall := req.Wall.UTC()
+	per := shard.PeriodOf(wall.UnixNano())
+	var active []activeGrant
+
+	b := &pgx.Batch{}
+	b.BeginTx(pgx.TxOptions{})
+	queueAccountExists(b, req.Account)
+	queueMonthly(b, []grantKey{{req.Account, shard.MonthlyGrantID(per)}})
+	b.Queue(pgActiveGrantsSQL, req.Account, wall).Query(func(rows pgx.Rows) error {
+		var g activeGrant
+		var expires *time.Time
+		_, err := pgx.ForEachRow(rows, []any{&g.id, &g.units, &g.used, &g.reserved, &expires}, func() error {
+			g.expires = 0
+			if expires != nil {
+				g.expires = expires.UnixNano()
+			}
+			active = append(active, g)
+			return nil
+		})
+		return err
+	})
+	tx, err := p.sendTx(ctx, b)
+	defer tx.Rollback(ctx)
+	if err != nil {
+		return res, p.fail(op, err)
+	}
+	sortSpending(active)
+	res.Granted, res.Exhausted = reserveTake(active, req.Need)
+	if len(res.Granted) > 0 {
+		ids, units := allocColumns(res.Granted)
+		q := &pgx.Batch{}
+		q.Queue(pgReserveSQL, req.Account, ids, units).Exec(func(ct pgconn.CommandTag) error {
+			if int(ct.RowsAffected()) != len(ids) {
+				// Cannot happen under the row locks; refuse rather than overshoot.
+				return fmt.Errorf("a grant of %s changed under its row lock", req.Account)
+			}
+			return nil
+		})
+		q.Queue(pgAddReservationSQL, req.Account, ids, units, node).Exec(nop)
+		if err := tx.SendBatch(ctx, q).Close(); err != nil {
+			return ReserveResult{}, p.fail(op, err)
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return ReserveResult{}, p.fail(op+": commit (outcome unknown: the units may be reserved; ReleaseNode frees them)", err)
+	}
+	return res, nil
+}
+
+// allocColumns turns allocations into the grant and units arrays of an
+// UNNEST, merging repeated grants, in grant order.
+func allocColumns(allocs []shard.Alloc) (ids []string, units []int64) {
+	sum := make(map[string]int64, len(allocs))
+	for _, a := range allocs {
+		sum[a.Grant] += a.Units
+	}
+	ids = slices.Sorted(maps.Keys(sum))
+	units = make([]int64, len(ids))
+	for i, id := range ids {
+		units[i] = sum[id]
+	}
+	return ids, units
+}
+
+// Release hands units of node's reservations on an account's grants back,
+// never below zero.
+func (p *Postgres) Release(ctx context.Context, node, account string, allocs []shard.Alloc) error {
+	if len(allocs) == 0 {
+		return nil
+	}
+	ids, units := allocColumns(allocs)
+	accounts := make([]string, len(ids))
+	for i := range accounts {
+		accounts[i] = account
+	}
+	b := &pgx.Batch{}
+	b.BeginTx(pgx.TxOptions{})
+	b.Queue(pgLockGrantsSQL, accounts, ids).Exec(nop)
+	b.Queue(`UPDATE reservations r SET units = GREATEST(r.units - d.units, 0)
+		FROM unnest($3::text[], $4::bigint[]) AS d(grant_id, units)
+		WHERE r.account_id = $1 AND r.node_id = $2 AND r.grant_id = d.grant_id`, account, node, ids, units).Exec(nop)
+	b.Queue(pgSumReservedSQL, account, ids).Exec(nop)
+	return p.fail(fmt.Sprintf("release %s's reservations of %s", node, account), p.inTx(ctx, b))
+}
+
+// ReleaseNode frees every reservation node holds.
+func (p *Postgres) ReleaseNode(ctx context.Context, node string) ([]Released, error) {
+	var out []Released
+	b := &pgx.Batch{}
+	b.BeginTx(pgx.TxOptions{})
+	b.Queue(`SELECT 1 FROM grants WHERE (account_id, grant_id) IN (SELECT account_id, grant_id FROM reservations WHERE node_id = $1)
+		ORDER BY account_id, grant_id FOR UPDATE`, node).Exec(nop)
+	b.Queue(`WITH del AS (
+			DELETE FROM reservations WHERE node_id = $1 RETURNING account_id, grant_id, units
+		), upd AS (
+			UPDATE grants g SET reserved = GREATEST(g.reserved - del.units, 0)
+			FROM del WHERE g.account_id = del.account_id AND g.grant_id = del.grant_id
+		)
+		SELECT account_id, grant_id, units FROM del WHERE units > 0 ORDER BY account_id, grant_id`, node).Query(func(rows pgx.Rows) error {
+		var r Released
+		_, err := pgx.ForEachRow(rows, []any{&r.Account, &r.Grant, &r.Units}, func() error {
+			out = append(out, r)
+			return nil
+		})
+		return err
+	})
+	if err := p.inTx(ctx, b); err != nil {
+		return nil, p.fail("release the reservations of "+node, err)
+	}
+	return out, nil
+}
+
+// Reservations lists the reservations held (units > 0).
+func (p *Postgres) Reservations(ctx context.Context) ([]Reservation, error) {
+	rows, _ := p.pool.Query(ctx, `SELECT node_id, account_id, grant_id, units FROM reservations WHERE units > 0
+		ORDER BY node_id, account_id, grant_id`)
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Reservation, error) {
+		var v Reservation
+		err := r.Scan(&v.Node, &v.Account, &v.Grant, &v.Units)
+		return v, err
+	})
+	return out, p.fail("list reservations", err)
+}

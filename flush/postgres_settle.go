@@ -1,0 +1,633 @@
+package flush
+
+// Settle on Postgres: the statements, in network round trips ("|" separates
+// statements sent together in one pgx.Batch).
+//
+// Events on (E = there are charges, R = there are refunds):
+//
+//	1. BEGIN | mark | CREATE TEMP TABLE settle_charges ... ON COMMIT DROP (E)
+//	2. COPY settle_charges FROM STDIN (binary)                             (E)
+//	3. WITH ins AS (INSERT INTO events SELECT ... FROM settle_charges
+//	       ON CONFLICT DO NOTHING RETURNING seq) SELECT the staged rows not
+//	       in ins, with the origin of the row they collided with          (E)
+//	   | refunds: one statement over UNNEST arrays that marks found and
+//	       unrefunded events refunded, inserts tombstones for the missing
+//	       ones, and says which was which                                 (R)
+//	4. usage upsert | create missing monthly grants | lock grants FOR UPDATE
+//	   | reservations update/insert | grants update
+//	5. COMMIT
+//
+// Events off: nothing depends on the event log, so everything is known
+// before the first statement and the whole settle is two round trips:
+//
+//	1. BEGIN | mark | usage upsert | monthly grants | lock | reservations | grants
+//	2. COMMIT
+//
+// If the mark shows the batch applied before (or a conflict), the
+// statements queued behind it are rolled back unread. SettleResult.RoundTrips
+// counts statements (BEGIN, COPY and COMMIT count one each), so it is at
+// most 12 whatever the batch size; creating a month's event partition, the
+// first time a node settles into that month, adds two more.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/quotaring/quotaring/shard"
+)
+
+// pgMarkSQL moves the settled mark from Prev to Next and reads it, in one
+// statement. The subquery sees the mark as it was when the statement began.
+const pgMarkSQL = `WITH upd AS (
+	UPDATE nodes SET settled_seq = $4, heartbeat_at = now()
+	WHERE node_id = $1 AND incarnation = $2 AND settled_seq = $3
+	RETURNING 1
+)
+SELECT (SELECT count(*) FROM upd), (SELECT settled_seq FROM nodes WHERE node_id = $1 AND incarnation = $2)`
+
+const pgStagingSQL = `CREATE TEMP TABLE settle_charges (
+	account_id text, event_id text, client_id boolean, key_id text, route text, units bigint,
+	charged_at timestamptz, period text, period_start date, seq bigint, grant_ids text[], grant_units bigint[]
+) ON COMMIT DROP`
+
+var pgStagingColumns = []string{"account_id", "event_id", "client_id", "key_id", "route", "units",
+	"charged_at", "period", "period_start", "seq", "grant_ids", "grant_units"}
+
+// pgInsertChargesSQL inserts the staged charges and returns the ones that
+// were not inserted, with the origin of the row already there (NULL when it
+// came in this very statement: the same event id twice in one batch, or a
+// concurrent settle).
+const pgInsertChargesSQL = `WITH ins AS (
+	INSERT INTO events (account_id, event_id, client_id, key_id, route, units, charged_at, period, period_start,
+		node_id, incarnation, seq, grant_ids, grant_units)
+	SELECT account_id, event_id, client_id, key_id, route, units, charged_at, period, period_start,
+		$1, $2, seq, grant_ids, grant_units
+	FROM settle_charges
+	ORDER BY account_id, event_id
+	ON CONFLICT DO NOTHING
+	RETURNING seq
+), dup AS MATERIALIZED (
+	SELECT s.seq, s.account_id, s.event_id, s.period_start FROM settle_charges s
+	WHERE NOT EXISTS (SELECT 1 FROM ins WHERE ins.seq = s.seq)
+)
+SELECT d.seq, e.node_id, e.incarnation, e.seq
+FROM dup d LEFT JOIN events e
+	ON e.account_id = d.account_id AND e.event_id = d.event_id AND e.period_start = d.period_start`
+
+// pgRefundsSQL applies refunds: found and unrefunded -> refunded (returning
+// the event as the log has it); not found -> a tombstone; found refunded ->
+// a duplicate refund. $1, $2: node, incarnation; $3..$12: the refunds;
+// $13..$15: their allocations, flattened (refund ordinal, grant, units), for
+// the tombstones.
+const pgRefundsSQL = `WITH r AS (
+	SELECT * FROM unnest($3::int[], $4::text[], $5::text[], $6::date[], $7::text[], $8::text[], $9::bigint[],
+		$10::timestamptz[], $11::text[], $12::bigint[])
+		AS r(ord, account_id, event_id, period_start, key_id, route, units, charged_at, period, seq)
+), a AS (
+	SELECT * FROM unnest($13::int[], $14::text[], $15::bigint[]) WITH ORDINALITY AS a(ord, grant_id, units, i)
+), cur AS MATERIALIZED (
+	SELECT r.ord, r.seq, e.refunded
+	FROM r LEFT JOIN events e
+		ON e.account_id = r.account_id AND e.event_id = r.event_id AND e.period_start = r.period_start
+), upd AS (
+	UPDATE events e SET refunded = true, refunded_at = now()
+	FROM r
+	WHERE e.account_id = r.account_id AND e.event_id = r.event_id AND e.period_start = r.period_start
+		AND NOT e.refunded
+	RETURNING r.ord, e.key_id, e.route, e.charged_at, e.units, e.grant_ids, e.grant_units
+), tomb AS (
+	INSERT INTO events (account_id, event_id, client_id, key_id, route, units, charged_at, period, period_start,
+		node_id, incarnation, seq, grant_ids, grant_units, refunded, refunded_at, tombstone)
+	SELECT r.account_id, r.event_id, false, r.key_id, r.route, r.units, r.charged_at, r.period, r.period_start,
+		$1, $2, r.seq,
+		coalesce((SELECT array_agg(a.grant_id ORDER BY a.i) FROM a WHERE a.ord = r.ord), '{}'),
+		coalesce((SELECT array_agg(a.units ORDER BY a.i) FROM a WHERE a.ord = r.ord), '{}'),
+		true, now(), true
+	FROM r JOIN cur ON cur.ord = r.ord
+	WHERE cur.refunded IS NULL
+	ORDER BY r.account_id, r.event_id
+	ON CONFLICT DO NOTHING
+	RETURNING seq
+)
+SELECT cur.ord, cur.refunded, u.ord IS NOT NULL, t.seq IS NOT NULL,
+	u.key_id, u.route, u.charged_at, u.units, u.grant_ids, u.grant_units
+FROM cur
+LEFT JOIN upd u ON u.ord = cur.ord
+LEFT JOIN tomb t ON t.seq = cur.seq`
+
+const pgUsageSQL = `INSERT INTO usage_daily AS u (account_id, key_id, route, day, units, requests)
+SELECT t.account_id, t.key_id, t.route, date '1970-01-01' + t.day, t.units, t.requests
+FROM unnest($1::text[], $2::text[], $3::text[], $4::int[], $5::bigint[], $6::bigint[])
+	AS t(account_id, key_id, route, day, units, requests)
+ORDER BY 1, 2, 3, 4
+ON CONFLICT (account_id, key_id, route, day) DO UPDATE
+SET units = u.units + excluded.units, requests = u.requests + excluded.requests`
+
+// pgMonthlySQL creates monthly grants from their account's plan if they do
+// not exist yet. An account that does not exist gets none (and the lock
+// statement then reports the grant missing).
+const pgMonthlySQL = `INSERT INTO grants (account_id, grant_id, kind, period, units, starts_at, expires_at)
+SELECT m.account_id, m.grant_id, 'monthly', m.period, p.monthly_quota, m.starts_at, m.expires_at
+FROM unnest($1::text[], $2::text[], $3::text[], $4::timestamptz[], $5::timestamptz[])
+	AS m(account_id, grant_id, period, starts_at, expires_at)
+JOIN accounts a ON a.account_id = m.account_id
+JOIN plans p ON p.plan_id = a.plan_id
+ORDER BY m.account_id, m.grant_id
+ON CONFLICT (account_id, grant_id) DO NOTHING`
+
+// pgLockGrantsSQL locks grants in (account, grant) order, the one order
+// every writer uses, and returns the ones it found.
+const pgLockGrantsSQL = `SELECT g.account_id, g.grant_id FROM grants g
+JOIN unnest($1::text[], $2::text[]) AS k(account_id, grant_id)
+	ON g.account_id = k.account_id AND g.grant_id = k.grant_id
+ORDER BY g.account_id, g.grant_id
+FOR UPDATE OF g`
+
+// pgReservationsSQL moves node $1's reservations by the deltas, never below
+// zero, and creates the rows that a positive delta needs. The grants are
+// locked first, so no one else writes these rows meanwhile.
+const pgReservationsSQL = `WITH d AS (
+	SELECT * FROM unnest($2::text[], $3::text[], $4::bigint[]) AS d(account_id, grant_id, delta)
+), upd AS (
+	UPDATE reservations r SET units = GREATEST(r.units + d.delta, 0)
+	FROM d
+	WHERE r.account_id = d.account_id AND r.grant_id = d.grant_id AND r.node_id = $1
+	RETURNING r.account_id, r.grant_id
+)
+INSERT INTO reservations (account_id, grant_id, node_id, units)
+SELECT d.account_id, d.grant_id, $1, d.delta FROM d
+WHERE d.delta > 0 AND NOT EXISTS (SELECT 1 FROM upd WHERE upd.account_id = d.account_id AND upd.grant_id = d.grant_id)`
+
+// pgGrantsSQL adds the used deltas and sets reserved to the sum of the
+// grant's reservations, which keeps the two equal whatever was floored.
+const pgGrantsSQL = `UPDATE grants g
+SET used = g.used + d.used,
+	reserved = (SELECT coalesce(sum(r.units), 0) FROM reservations r WHERE r.account_id = g.account_id AND r.grant_id = g.grant_id)
+FROM unnest($1::text[], $2::text[], $3::bigint[]) AS d(account_id, grant_id, used)
+WHERE g.account_id = d.account_id AND g.grant_id = d.grant_id`
+
+// errAppliedBefore stops a batch's callbacks when the mark says the batch
+// is in the ledger already.
+var errAppliedBefore = errors.New("flush: batch applied before")
+
+// errMarkRace: the mark did not move and still reads Prev, which happens
+// when a concurrent transaction moved it after this statement's snapshot.
+var errMarkRace = errors.New("flush: settled mark moved concurrently")
+
+// Settle applies a batch exactly once (see Batch and the file comment).
+func (p *Postgres) Settle(ctx context.Context, b *Batch) (SettleResult, error) {
+	var res SettleResult
+	if err := validateBatch(b); err != nil {
+		return res, err
+	}
+	op := fmt.Sprintf("settle %s/%s (%d, %d]", b.Node, b.Incarnation, b.Prev, b.Next)
+	if b.Events {
+		n, err := p.ensurePartitions(ctx, b)
+		res.RoundTrips += n
+		if err != nil {
+			return res, p.fail(op+": create event partitions", err)
+		}
+	}
+	s := &pgSettle{p: p, b: b, res: &res, plan: newSettlePlan()}
+	err := s.run(ctx)
+	if errors.Is(err, errMarkRace) {
+		err = p.recheckMark(ctx, b, &res)
+	}
+	if err != nil && !errors.Is(err, ErrMarkConflict) && !errors.Is(err, ErrInvalid) {
+		res = SettleResult{RoundTrips: res.RoundTrips}
+	}
+	return res, p.fail(op, err)
+}
+
+// pgSettle is one Settle call's state.
+type pgSettle struct {
+	p    *Postgres
+	b    *Batch
+	res  *SettleResult
+	plan *settlePlan
+}
+
+func (s *pgSettle) run(ctx context.Context) error {
+	b := s.b
+	withLog := b.Events && len(b.Charges)+len(b.Refunds) > 0
+	first := &pgx.Batch{}
+	first.BeginTx(pgx.TxOptions{})
+	first.Queue(pgMarkSQL, b.Node, b.Incarnation, int64(b.Prev), int64(b.Next)).QueryRow(s.readMark)
+	if withLog && len(b.Charges) > 0 {
+		first.Queue(pgStagingSQL).Exec(nop)
+	}
+	if !withLog {
+		s.planWithoutLog()
+		s.queueApply(first)
+	}
+	s.res.RoundTrips += first.Len()
+	tx, err := s.p.sendTx(ctx, first)
+	defer tx.Rollback(ctx)
+	if errors.Is(err, errAppliedBefore) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	s.res.Applied = true
+	if withLog {
+		if err := s.settleLog(ctx, tx); err != nil {
+			return err
+		}
+	}
+	s.res.RoundTrips++
+	if err := tx.Commit(ctx); err != nil {
+		// The outcome is unknown (see the package notes): the caller
+		// retries this batch, and the mark makes a committed one a no-op.
+		s.p.log.Warn("flush: settle commit failed, outcome unknown; the batch will be retried",
+			"node", b.Node, "incarnation", b.Incarnation, "prev", b.Prev, "next", b.Next, "err", err)
+		return fmt.Errorf("commit (outcome unknown: retry the same batch): %w", err)
+	}
+	return nil
+}
+
+// readMark reads the mark statement: applied, applied before, or conflict.
+func (s *pgSettle) readMark(r pgx.Row) error {
+	var moved int64
+	var mark *int64
+	if err := r.Scan(&moved, &mark); err != nil {
+		return err
+	}
+	if moved == 1 {
+		return nil
+	}
+	return markOutcome(s.b, mark, true)
+}
+
+// markOutcome decides what a mark that did not move means. mark is nil
+// when the node is not registered. racy says the reading may predate a
+// concurrent move (then a mark still at Prev is a race, not a conflict).
+func markOutcome(b *Batch, mark *int64, racy bool) error {
+	switch {
+	case mark == nil:
+		return fmt.Errorf("%w: node %q incarnation %q is not registered (call RegisterNode before settling batch (%d, %d])",
+			ErrNotFound, b.Node, b.Incarnation, b.Prev, b.Next)
+	case uint64(*mark) >= b.Next:
+		return errAppliedBefore
+	case uint64(*mark) == b.Prev && racy:
+		return errMarkRace
+	}
+	return fmt.Errorf("%w: node %q incarnation %q: the ledger's mark is %d, the batch is (%d, %d]",
+		ErrMarkConflict, b.Node, b.Incarnation, *mark, b.Prev, b.Next)
+}
+
+// recheckMark reads the mark afresh after errMarkRace.
+func (p *Postgres) recheckMark(ctx context.Context, b *Batch, res *SettleResult) error {
+	var mark *int64
+	res.RoundTrips++
+	err := p.pool.QueryRow(ctx, `SELECT settled_seq FROM nodes WHERE node_id = $1 AND incarnation = $2`, b.Node, b.Incarnation).Scan(&mark)
+	if errors.Is(err, pgx.ErrNoRows) {
+		mark, err = nil, nil
+	}
+	if err != nil {
+		return err
+	}
+	switch err := markOutcome(b, mark, false); {
+	case errors.Is(err, errAppliedBefore):
+		return nil
+	case err != nil:
+		return err
+	}
+	return fmt.Errorf("the settled mark of %s/%s moved and moved back under a concurrent settle: retry the batch", b.Node, b.Incarnation)
+}
+
+// planWithoutLog plans a batch with the event log off: no dedup, every
+// charge is billed and every refund applies.
+func (s *pgSettle) planWithoutLog() {
+	for i := range s.b.Charges {
+		s.plan.billCharge(&s.b.Charges[i])
+	}
+	for i := range s.b.Refunds {
+		r := &s.b.Refunds[i]
+		s.plan.applyRefund(r, eventOfRefund(r))
+	}
+}
+
+// settleLog writes the event log (steps 2 and 3 of the file comment), plans
+// the aggregates from what it found, and applies them (step 4).
+func (s *pgSettle) settleLog(ctx context.Context, tx pgx.Tx) error {
+	b := s.b
+	if len(b.Charges) > 0 {
+		s.res.RoundTrips++
+		if _, err := tx.CopyFrom(ctx, pgx.Identifier{"settle_charges"}, pgStagingColumns, &chargeRows{charges: b.Charges}); err != nil {
+			return fmt.Errorf("copy charges: %w", err)
+		}
+	}
+	dups := make(map[uint64]origin)
+	refunds, outcomes := s.dedupRefunds()
+	second := &pgx.Batch{}
+	if len(b.Charges) > 0 {
+		second.Queue(pgInsertChargesSQL, b.Node, b.Incarnation).Query(func(rows pgx.Rows) error {
+			var seq int64
+			var o origin
+			_, err := pgx.ForEachRow(rows, []any{&seq, &o.node, &o.incarnation, &o.seq}, func() error {
+				dups[uint64(seq)] = o
+				return nil
+			})
+			return err
+		})
+	}
+	if len(refunds) > 0 {
+		s.queueRefunds(second, refunds, outcomes)
+	}
+	if second.Len() > 0 {
+		s.res.RoundTrips += second.Len()
+		if err := tx.SendBatch(ctx, second).Close(); err != nil {
+			return err
+		}
+	}
+
+	for i := range b.Charges {
+		c := &b.Charges[i]
+		o, dup := dups[c.Seq]
+		switch {
+		case !dup:
+			s.plan.billCharge(c)
+		case o.node != nil && *o.node == b.Node && *o.incarnation == b.Incarnation && uint64(*o.seq) == c.Seq:
+			// This very record is in the log already (settled in another
+			// batch range): it was billed then.
+		default:
+			s.res.Duplicates = append(s.res.Duplicates, chargeRef(c))
+			s.plan.reservedCharge(c)
+		}
+	}
+	for i := range b.Refunds {
+		r := &b.Refunds[i]
+		switch o := outcomes[i]; o.kind {
+		case refundApplied:
+			s.plan.applyRefund(r, o.event)
+		case refundTombstone:
+			s.plan.reservedRefund(r)
+		case refundDuplicate:
+			s.res.DuplicateRefunds = append(s.res.DuplicateRefunds, refundRef(r))
+		default:
+			return fmt.Errorf("refund of %s/%s: the event changed under a concurrent settle: retry the batch", r.Account, r.EventID)
+		}
+	}
+
+	third := &pgx.Batch{}
+	s.queueApply(third)
+	if third.Len() == 0 {
+		return nil
+	}
+	s.res.RoundTrips += third.Len()
+	return tx.SendBatch(ctx, third).Close()
+}
+
+// origin is where an event row came from; nil fields: no row visible.
+type origin struct {
+	node, incarnation *string
+	seq               *int64
+}
+
+type refundKind uint8
+
+const (
+	refundPending refundKind = iota // not decided: a concurrent settle interfered
+	refundApplied
+	refundTombstone
+	refundDuplicate
+)
+
+type refundOutcome struct {
+	kind  refundKind
+	event refundedEvent // refundApplied: the event as the log has it
+}
+
+// dedupRefunds returns the indexes of the refunds to send (the first of
+// each event) and an outcome slot per refund; later refunds of the same
+// event in the batch are duplicates already.
+func (s *pgSettle) dedupRefunds() (send []int, outcomes []refundOutcome) {
+	outcomes = make([]refundOutcome, len(s.b.Refunds))
+	seen := make(map[refundKey]bool, len(s.b.Refunds))
+	for i := range s.b.Refunds {
+		r := &s.b.Refunds[i]
+		k := refundKey{r.Account, r.EventID, r.Period}
+		if seen[k] {
+			outcomes[i].kind = refundDuplicate
+			continue
+		}
+		seen[k] = true
+		send = append(send, i)
+	}
+	return send, outcomes
+}
+
+// queueRefunds queues pgRefundsSQL for the refunds at the given indexes; its
+// callback fills their outcomes.
+func (s *pgSettle) queueRefunds(q *pgx.Batch, send []int, outcomes []refundOutcome) {
+	n := len(send)
+	ords, accounts, events, starts := make([]int32, n), make([]string, n), make([]string, n), make([]time.Time, n)
+	keys, routes, units, charged := make([]string, n), make([]string, n), make([]int64, n), make([]time.Time, n)
+	periods, seqs := make([]string, n), make([]int64, n)
+	var aOrd []int32
+	var aGrant []string
+	var aUnits []int64
+	for j, i := range send {
+		r := &s.b.Refunds[i]
+		ords[j], accounts[j], events[j], starts[j] = int32(i), r.Account, r.EventID, periodDate(r.Period)
+		keys[j], routes[j], units[j], charged[j] = r.Key, r.Route, r.Units, time.Unix(0, r.ChargeWall).UTC()
+		periods[j], seqs[j] = r.Period.String(), int64(r.Seq)
+		for _, a := range r.Allocs {
+			aOrd, aGrant, aUnits = append(aOrd, int32(i)), append(aGrant, a.Grant), append(aUnits, a.Units)
+		}
+	}
+	q.Queue(pgRefundsSQL, s.b.Node, s.b.Incarnation, ords, accounts, events, starts, keys, routes, units, charged, periods, seqs,
+		aOrd, aGrant, aUnits).Query(func(rows pgx.Rows) error {
+		for rows.Next() {
+			var ord int32
+			var wasRefunded *bool
+			var applied, tombstoned bool
+			var key, route *string
+			var chargedAt *time.Time
+			var evUnits *int64
+			var grantIDs []string
+			var grantUnits []int64
+			if err := rows.Scan(&ord, &wasRefunded, &applied, &tombstoned, &key, &route, &chargedAt, &evUnits, &grantIDs, &grantUnits); err != nil {
+				return err
+			}
+			o := &outcomes[ord]
+			switch {
+			case applied:
+				o.kind = refundApplied
+				o.event = refundedEvent{key: *key, route: *route, chargeWall: chargedAt.UnixNano(), units: *evUnits}
+				for k := range min(len(grantIDs), len(grantUnits)) {
+					o.event.allocs = append(o.event.allocs, shard.Alloc{Grant: grantIDs[k], Units: grantUnits[k]})
+				}
+			case tombstoned:
+				o.kind = refundTombstone
+			case wasRefunded != nil && *wasRefunded:
+				o.kind = refundDuplicate
+			}
+		}
+		return rows.Err()
+	})
+}
+
+// queueApply queues step 4: usage, monthly grants, grant locks,
+// reservations, grants. The lock statement checks that every grant the
+// batch names exists.
+func (s *pgSettle) queueApply(q *pgx.Batch) {
+	usage := s.plan.usageRows()
+	if len(usage) > 0 {
+		n := len(usage)
+		accounts, keys, routes, days, units, requests := make([]string, n), make([]string, n), make([]string, n), make([]int32, n), make([]int64, n), make([]int64, n)
+		for i, u := range usage {
+			accounts[i], keys[i], routes[i], days[i], units[i], requests[i] = u.account, u.key, u.route, u.day, u.units, u.requests
+		}
+		q.Queue(pgUsageSQL, accounts, keys, routes, days, units, requests).Exec(nop)
+	}
+	grants := s.plan.grantRows()
+	if len(grants) == 0 {
+		return
+	}
+	queueMonthly(q, grantKeysOf(grants))
+	n := len(grants)
+	accounts, ids, used := make([]string, n), make([]string, n), make([]int64, n)
+	var rAccounts, rIDs []string
+	var rDelta []int64
+	for i, g := range grants {
+		accounts[i], ids[i], used[i] = g.account, g.grant, g.used
+		if g.reserved != 0 {
+			rAccounts, rIDs, rDelta = append(rAccounts, g.account), append(rIDs, g.grant), append(rDelta, g.reserved)
+		}
+	}
+	queueLockGrants(q, accounts, ids)
+	if len(rAccounts) > 0 {
+		q.Queue(pgReservationsSQL, s.b.Node, rAccounts, rIDs, rDelta).Exec(nop)
+	}
+	q.Queue(pgGrantsSQL, accounts, ids, used).Exec(nop)
+}
+
+func grantKeysOf(rows []grantRow) []grantKey {
+	keys := make([]grantKey, len(rows))
+	for i, r := range rows {
+		keys[i] = r.grantKey
+	}
+	return keys
+}
+
+// queueMonthly queues the creation of the monthly grants among keys
+// (sorted) that do not exist yet.
+func queueMonthly(q *pgx.Batch, keys []grantKey) {
+	var accounts, ids, periods []string
+	var starts, ends []time.Time
+	for _, k := range keys {
+		if per, ok := monthlyPeriod(k.grant); ok {
+			accounts, ids, periods = append(accounts, k.account), append(ids, k.grant), append(periods, per.String())
+			starts, ends = append(starts, time.Unix(0, per.Start()).UTC()), append(ends, time.Unix(0, per.End()).UTC())
+		}
+	}
+	if len(accounts) > 0 {
+		q.Queue(pgMonthlySQL, accounts, ids, periods, starts, ends).Exec(nop)
+	}
+}
+
+// queueLockGrants locks the grants (sorted, distinct) and fails if any is
+// missing: settling units into a grant the ledger does not have would lose
+// them.
+func queueLockGrants(q *pgx.Batch, accounts, ids []string) {
+	q.Queue(pgLockGrantsSQL, accounts, ids).Query(func(rows pgx.Rows) error {
+		found := make(map[grantKey]bool, len(accounts))
+		var k grantKey
+		if _, err := pgx.ForEachRow(rows, []any{&k.account, &k.grant}, func() error {
+			found[k] = true
+			return nil
+		}); err != nil {
+			return err
+		}
+		for i := range accounts {
+			if !found[grantKey{accounts[i], ids[i]}] {
+				return fmt.Errorf("%w: grant %q of account %q (no such account, or a grant that was never added)", ErrNotFound, ids[i], accounts[i])
+			}
+		}
+		return nil
+	})
+}
+
+// periodDate is the first day of a period, as a date.
+func periodDate(p shard.Period) time.Time { return time.Unix(0, p.Start()).UTC() }
+
+// chargeRows feeds the charges to CopyFrom, reusing one row buffer (pgx
+// encodes each row before asking for the next).
+type chargeRows struct {
+	charges []Charge
+	i       int
+	row     [12]any
+	ids     []string
+	units   []int64
+}
+
+func (c *chargeRows) Next() bool { c.i++; return c.i <= len(c.charges) }
+func (c *chargeRows) Err() error { return nil }
+
+func (c *chargeRows) Values() ([]any, error) {
+	ch := &c.charges[c.i-1]
+	c.ids, c.units = c.ids[:0], c.units[:0]
+	for _, a := range ch.Allocs {
+		c.ids, c.units = append(c.ids, a.Grant), append(c.units, a.Units)
+	}
+	c.row = [12]any{ch.Account, ch.EventID, ch.ClientID, ch.Key, ch.Route, ch.Units,
+		time.Unix(0, ch.Wall).UTC(), ch.Period.String(), periodDate(ch.Period), int64(ch.Seq), c.ids, c.units}
+	return c.row[:], nil
+}
+
+// ensurePartitions creates the event partitions of the batch's months that
+// this process has not seen yet, each in its own short transaction under an
+// advisory lock (so two nodes creating the same month do not collide). It
+// runs before the settle transaction: DDL inside it would hold a lock on
+// the events table until commit. It returns the statements sent.
+func (p *Postgres) ensurePartitions(ctx context.Context, b *Batch) (int, error) {
+	var missing []shard.Period
+	p.mu.Lock()
+	add := func(per shard.Period) {
+		if !p.partitions[per] && !slices.Contains(missing, per) {
+			missing = append(missing, per)
+		}
+	}
+	for i := range b.Charges {
+		add(b.Charges[i].Period)
+	}
+	for i := range b.Refunds {
+		add(b.Refunds[i].Period)
+	}
+	p.mu.Unlock()
+	if len(missing) == 0 {
+		return 0, nil
+	}
+	slices.Sort(missing)
+	q := &pgx.Batch{}
+	q.BeginTx(pgx.TxOptions{})
+	q.Queue(`SELECT pg_advisory_xact_lock($1)`, partitionLockKey).Exec(nop)
+	for _, per := range missing {
+		q.Queue(partitionDDL(per)).Exec(nop)
+	}
+	n := q.Len() + 1
+	if err := p.inTx(ctx, q); err != nil {
+		return n, err
+	}
+	p.mu.Lock()
+	for _, per := range missing {
+		p.partitions[per] = true
+	}
+	p.mu.Unlock()
+	p.log.Info("flush: event partitions ready", "periods", fmt.Sprint(missing))
+	return n, nil
+}
+
+// partitionDDL creates the event partition of one month if it is missing.
+func partitionDDL(per shard.Period) string {
+	name := pgx.Identifier{fmt.Sprintf("events_p%04d_%02d", int(per)/12, int(per)%12+1)}.Sanitize()
+	return fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s PARTITION OF events FOR VALUES FROM ('%s') TO ('%s')`,
+		name, periodDate(per).Format(time.DateOnly), periodDate(per+1).Format(time.DateOnly))
+}

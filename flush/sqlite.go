@@ -1,0 +1,682 @@
+package flush
+
+// SQLite is the embedded ledger for one machine (quotad demo, single-node
+// installs), on modernc.org/sqlite: pure Go, nothing to install. Dialect
+// notes:
+//
+//   - SQLite has one writer. Every write transaction holds SQLite.writeMu and
+//     begins with BEGIN IMMEDIATE (the DSN's _txlock), so writers queue here
+//     instead of failing with SQLITE_BUSY; readers use deferred read-only
+//     transactions and, in WAL mode, never wait for the writer.
+//   - The journal is WAL with synchronous=FULL: a commit is on disk when
+//     Commit returns, like a Postgres commit.
+//   - Statements run one per row inside the transaction: in-process round
+//     trips cost microseconds, so SettleResult.RoundTrips grows with the batch
+//     here (it counts statements), unlike on Postgres.
+//   - Times are INTEGER Unix nanoseconds, days TEXT 'YYYY-MM-DD', an event's
+//     allocations JSON text. The event log is not partitioned: duplicates are
+//     caught across months too.
+//   - ":memory:" gives a private in-memory ledger (tests): one connection,
+//     since each SQLite connection to ":memory:" is a database of its own.
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"time"
+
+	"modernc.org/sqlite"
+
+	"github.com/quotaring/quotaring/shard"
+	"github.com/quotaring/quotaring/snapshot"
+)
+
+// SQLiteOptions configures OpenSQLite. The zero value is ready to use.
+type SQLiteOptions struct {
+	// Logger receives migrations applied. If nil, nothing is logged.
+	Logger *slog.Logger
+	// BusyTimeout bounds how long a statement waits for a lock another
+	// process holds; 0 means 10 s.
+	BusyTimeout time.Duration
+	// Now reads the clock for heartbeats and timestamps the ledger writes
+	// itself (created_at, refunded_at). If nil, time.Now.
+	Now func() time.Time
+}
+
+// SQLite is the Ledger on SQLite. Its methods are safe for concurrent use.
+type SQLite struct {
+	db         *sql.DB
+	path       string
+	log        *slog.Logger
+	now        func() time.Time
+	migrations []migration
+
+	// writeMu is held for every write transaction: SQLite has one writer,
+	// and queueing here beats retrying on SQLITE_BUSY.
+	writeMu sync.Mutex
+}
+
+var _ Ledger = (*SQLite)(nil)
+
+// OpenSQLite opens (creating if needed) the ledger file at path, or a
+// private in-memory ledger for ":memory:". It does not migrate.
+func OpenSQLite(ctx context.Context, path string, opts SQLiteOptions) (*SQLite, error) {
+	ms, err := loadMigrations(dialectSQLite)
+	if err != nil {
+		return nil, err
+	}
+	if path == "" || strings.ContainsAny(path, "?#") {
+		return nil, fmt.Errorf("%w: SQLite ledger path %q: want a file path without ? or #, or :memory:", ErrInvalid, path)
+	}
+	busy := opts.BusyTimeout
+	if busy <= 0 {
+		busy = 10 * time.Second
+	}
+	params := fmt.Sprintf("_pragma=busy_timeout(%d)&_pragma=foreign_keys(1)&_pragma=synchronous(FULL)&_txlock=immediate", busy.Milliseconds())
+	dsn := "file:" + path + "?" + params + "&_pragma=journal_mode(WAL)"
+	if path == ":memory:" {
+		dsn = "file::memory:?" + params
+	}
+	db, err := sql.Open("sqlite", dsn)
+	if err != nil {
+		return nil, fmt.Errorf("flush: open SQLite ledger %s: %w", path, err)
+	}
+	if path == ":memory:" {
+		db.SetMaxOpenConns(1)
+	} else {
+		db.SetMaxOpenConns(8)
+		db.SetMaxIdleConns(8)
+	}
+	if err := db.PingContext(ctx); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("%w: cannot open the SQLite ledger at %s: %v: check that its directory exists and is writable by this user",
+			ErrUnavailable, path, err)
+	}
+	now := opts.Now
+	if now == nil {
+		now = time.Now
+	}
+	return &SQLite{db: db, path: path, log: orDiscard(opts.Logger), now: now, migrations: ms}, nil
+}
+
+// Close closes the database.
+func (s *SQLite) Close() error { return s.db.Close() }
+
+// SQLite result codes the ledger tells apart (extended codes: primary | sub<<8).
+const (
+	sqliteBusy         = 5
+	sqliteLocked       = 6
+	sqliteReadOnly     = 8
+	sqliteIOErr        = 10
+	sqliteFull         = 13
+	sqliteCantOpen     = 14
+	sqliteConstraintFK = 19 | 3<<8
+	sqliteConstraintPK = 19 | 6<<8
+	sqliteConstraintUq = 19 | 8<<8
+)
+
+func sqliteCode(err error) int {
+	var e *sqlite.Error
+	if errors.As(err, &e) {
+		return e.Code()
+	}
+	return 0
+}
+
+// fail wraps an error as Postgres.fail does.
+func (s *SQLite) fail(op string, err error) error {
+	if err == nil || ours(err) {
+		return err
+	}
+	switch sqliteCode(err) & 0xff {
+	case sqliteBusy, sqliteLocked, sqliteReadOnly, sqliteIOErr, sqliteFull, sqliteCantOpen:
+		return fmt.Errorf("%w: %s in %s: %w", ErrUnavailable, op, s.path, err)
+	}
+	return fmt.Errorf("flush: %s: %w", op, err)
+}
+
+// write runs fn in a write transaction (BEGIN IMMEDIATE) and commits.
+func (s *SQLite) write(ctx context.Context, fn func(tx *sql.Tx) error) error {
+	s.writeMu.Lock()
+	defer s.writeMu.Unlock()
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback()
+	if err := fn(tx); err != nil {
+		return err
+	}
+	return tx.Commit()
+}
+
+// read runs fn in a read-only transaction, which sees one snapshot.
+func (s *SQLite) read(ctx context.Context, fn func(tx *sql.Tx) error) error {
+	tx, err := s.db.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback()
+	return fn(tx)
+}
+
+// --- Migrations -------------------------------------------------------------
+
+// Migrate applies the embedded migrations, each in a BEGIN IMMEDIATE
+// transaction, which is the lock: the version is read again inside it.
+func (s *SQLite) Migrate(ctx context.Context) error {
+	if _, err := s.db.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (
+		version    INTEGER PRIMARY KEY,
+		applied_at INTEGER NOT NULL)`); err != nil {
+		return s.fail("migrate: create schema_migrations", err)
+	}
+	for {
+		var applied int
+		var todo []migration
+		err := s.write(ctx, func(tx *sql.Tx) error {
+			if err := tx.QueryRowContext(ctx, "SELECT coalesce(max(version), 0) FROM schema_migrations").Scan(&applied); err != nil {
+				return err
+			}
+			var err error
+			if todo, err = pending(s.migrations, applied); err != nil || len(todo) == 0 {
+				return err
+			}
+			m := todo[0]
+			if _, err := tx.ExecContext(ctx, m.sql); err != nil {
+				return fmt.Errorf("apply %s/%s: %w", dialectSQLite, m.name, err)
+			}
+			_, err = tx.ExecContext(ctx, "INSERT INTO schema_migrations (version, applied_at) VALUES (?, ?)", m.version, s.now().UnixNano())
+			return err
+		})
+		if err != nil {
+			return s.fail("migrate", err)
+		}
+		if len(todo) == 0 {
+			return nil
+		}
+		s.log.Info("flush: applied migration", "ledger", "sqlite", "version", todo[0].version, "file", todo[0].name)
+	}
+}
+
+// SchemaVersion is the highest applied migration, 0 for an empty database.
+func (s *SQLite) SchemaVersion(ctx context.Context) (int, error) {
+	var v int
+	err := s.db.QueryRowContext(ctx, "SELECT coalesce(max(version), 0) FROM schema_migrations").Scan(&v)
+	if err != nil && strings.Contains(err.Error(), "no such table") {
+		return 0, nil
+	}
+	return v, s.fail("read schema version", err)
+}
+
+// execTestSQL runs SQL for the conformance suite's corruption tests.
+func (s *SQLite) execTestSQL(ctx context.Context, query string) error {
+	s.writeMu.Lock()
+	defer s.writeMu.Unlock()
+	_, err := s.db.ExecContext(ctx, query)
+	return err
+}
+
+// --- Nodes and alerts -------------------------------------------------------
+
+// RegisterNode records (node, incarnation) if new, refreshes its heartbeat,
+// and returns its settled mark.
+func (s *SQLite) RegisterNode(ctx context.Context, node, incarnation string) (uint64, error) {
+	if node == "" || incarnation == "" {
+		return 0, fmt.Errorf("%w: register node: node and incarnation must be set", ErrInvalid)
+	}
+	var seq int64
+	err := s.write(ctx, func(tx *sql.Tx) error {
+		now := s.now().UnixNano()
+		return tx.QueryRowContext(ctx, `INSERT INTO nodes (node_id, incarnation, heartbeat_at, created_at) VALUES (?, ?, ?, ?)
+			ON CONFLICT (node_id, incarnation) DO UPDATE SET heartbeat_at = excluded.heartbeat_at
+			RETURNING settled_seq`, node, incarnation, now, now).Scan(&seq)
+	})
+	return uint64(seq), s.fail("register node "+node+"/"+incarnation, err)
+}
+
+// Nodes lists every (node, incarnation) with its settled mark.
+func (s *SQLite) Nodes(ctx context.Context) ([]NodeRow, error) {
+	var out []NodeRow
+	err := s.read(ctx, func(tx *sql.Tx) error {
+		return queryEach(ctx, tx, `SELECT node_id, incarnation, settled_seq, heartbeat_at FROM nodes ORDER BY node_id, incarnation`, nil,
+			func(scan func(...any) error) error {
+				var n NodeRow
+				var seq, hb int64
+				if err := scan(&n.Node, &n.Incarnation, &seq, &hb); err != nil {
+					return err
+				}
+				n.Settled, n.Heartbeat = uint64(seq), time.Unix(0, hb).UTC()
+				out = append(out, n)
+				return nil
+			})
+	})
+	return out, s.fail("list nodes", err)
+}
+
+// RecordAlert records an alert once per (account, period, threshold).
+func (s *SQLite) RecordAlert(ctx context.Context, account string, period shard.Period, threshold int, at time.Time) (bool, error) {
+	var n int64
+	err := s.write(ctx, func(tx *sql.Tx) error {
+		r, err := tx.ExecContext(ctx, `INSERT INTO alerts (account_id, period, threshold, sent_at) VALUES (?, ?, ?, ?)
+			ON CONFLICT (account_id, period, threshold) DO NOTHING`, account, period.String(), threshold, at.UnixNano())
+		if err == nil {
+			n, err = r.RowsAffected()
+		}
+		return err
+	})
+	return n == 1, s.fail("record alert", err)
+}
+
+// queryEach runs a query and calls fn with a scanner for every row.
+func queryEach(ctx context.Context, tx *sql.Tx, query string, args []any, fn func(scan func(...any) error) error) error {
+	rows, err := tx.QueryContext(ctx, query, args...)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		if err := fn(rows.Scan); err != nil {
+			return err
+		}
+	}
+	return rows.Err()
+}
+
+// --- Admin ------------------------------------------------------------------
+
+// admin runs an admin change and the config bump in one write transaction.
+func (s *SQLite) admin(ctx context.Context, op string, fn func(tx *sql.Tx) error) error {
+	return s.fail(op, s.write(ctx, func(tx *sql.Tx) error {
+		if _, err := tx.ExecContext(ctx, `UPDATE config_version SET version = version + 1 WHERE id = 1`); err != nil {
+			return err
+		}
+		return fn(tx)
+	}))
+}
+
+// UpsertPlan creates or changes a plan (see Postgres.UpsertPlan).
+func (s *SQLite) UpsertPlan(ctx context.Context, p snapshot.Plan) error {
+	if err := validatePlan(&p); err != nil {
+		return err
+	}
+	return s.admin(ctx, "upsert plan "+p.ID, func(tx *sql.Tx) error {
+		if _, err := tx.ExecContext(ctx, `INSERT INTO plans (plan_id, rate, burst, monthly_quota, hard) VALUES (?, ?, ?, ?, ?)
+			ON CONFLICT (plan_id) DO UPDATE SET rate = excluded.rate, burst = excluded.burst,
+				monthly_quota = excluded.monthly_quota, hard = excluded.hard`,
+			p.ID, p.Rate, p.Burst, p.MonthlyQuota, p.Hard); err != nil {
+			return err
+		}
+		_, err := tx.ExecContext(ctx, `UPDATE grants SET units = ?
+			WHERE kind = 'monthly' AND expires_at > ? AND account_id IN (SELECT account_id FROM accounts WHERE plan_id = ?)`,
+			p.MonthlyQuota, s.now().UnixNano(), p.ID)
+		return err
+	})
+}
+
+// UpsertAccount creates an account or moves it to another plan.
+func (s *SQLite) UpsertAccount(ctx context.Context, id, plan string) error {
+	if id == "" || plan == "" {
+		return fmt.Errorf("%w: an account needs an id and a plan", ErrInvalid)
+	}
+	return s.admin(ctx, "upsert account "+id, func(tx *sql.Tx) error {
+		var quota int64
+		err := tx.QueryRowContext(ctx, `SELECT monthly_quota FROM plans WHERE plan_id = ?`, plan).Scan(&quota)
+		if errors.Is(err, sql.ErrNoRows) {
+			return fmt.Errorf("%w: account %q: plan %q does not exist", ErrNotFound, id, plan)
+		}
+		if err != nil {
+			return err
+		}
+		if _, err := tx.ExecContext(ctx, `INSERT INTO accounts (account_id, plan_id) VALUES (?, ?)
+			ON CONFLICT (account_id) DO UPDATE SET plan_id = excluded.plan_id`, id, plan); err != nil {
+			return err
+		}
+		_, err = tx.ExecContext(ctx, `UPDATE grants SET units = ? WHERE account_id = ? AND kind = 'monthly' AND expires_at > ?`,
+			quota, id, s.now().UnixNano())
+		return err
+	})
+}
+
+// AddKey stores a key by its hash.
+func (s *SQLite) AddKey(ctx context.Context, k snapshot.Key) error {
+	if err := validateKey(&k); err != nil {
+		return err
+	}
+	return s.admin(ctx, "add key "+k.ID, func(tx *sql.Tx) error {
+		if err := s.needAccount(ctx, tx, k.Account); err != nil {
+			return fmt.Errorf("key %q: %w", k.ID, err)
+		}
+		_, err := tx.ExecContext(ctx, `INSERT INTO api_keys (key_id, key_hash, account_id, created_at) VALUES (?, ?, ?, ?)`,
+			k.ID, k.Hash, k.Account, s.now().UnixNano())
+		if c := sqliteCode(err); c == sqliteConstraintUq || c == sqliteConstraintPK {
+			return fmt.Errorf("%w: key %q: a key with this id or hash is already stored", ErrInvalid, k.ID)
+		}
+		return err
+	})
+}
+
+// needAccount fails with ErrNotFound if the account does not exist.
+func (s *SQLite) needAccount(ctx context.Context, q interface {
+	QueryRowContext(context.Context, string, ...any) *sql.Row
+}, account string) error {
+	var ok bool
+	if err := q.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM accounts WHERE account_id = ?)`, account).Scan(&ok); err != nil {
+		return err
+	}
+	if !ok {
+		return fmt.Errorf("%w: account %q", ErrNotFound, account)
+	}
+	return nil
+}
+
+// RevokeKey revokes a key; revoking a revoked key changes nothing.
+func (s *SQLite) RevokeKey(ctx context.Context, keyID string) error {
+	return s.admin(ctx, "revoke key "+keyID, func(tx *sql.Tx) error {
+		r, err := tx.ExecContext(ctx, `UPDATE api_keys SET revoked_at = coalesce(revoked_at, ?) WHERE key_id = ?`, s.now().UnixNano(), keyID)
+		if err != nil {
+			return err
+		}
+		if n, _ := r.RowsAffected(); n == 0 {
+			return fmt.Errorf("%w: key %q", ErrNotFound, keyID)
+		}
+		return nil
+	})
+}
+
+// AddGrant adds a credit grant to an account.
+func (s *SQLite) AddGrant(ctx context.Context, account string, g snapshot.Grant) error {
+	if err := validateGrant(account, &g); err != nil {
+		return err
+	}
+	return s.admin(ctx, "add grant "+account+"/"+g.ID, func(tx *sql.Tx) error {
+		if err := s.needAccount(ctx, tx, account); err != nil {
+			return fmt.Errorf("grant %q: %w", g.ID, err)
+		}
+		_, err := tx.ExecContext(ctx, `INSERT INTO grants (account_id, grant_id, kind, units, starts_at, expires_at) VALUES (?, ?, 'credit', ?, ?, ?)`,
+			account, g.ID, g.Units, g.StartsAt.UnixNano(), nullNanos(g.ExpiresAt))
+		if sqliteCode(err) == sqliteConstraintPK {
+			return fmt.Errorf("%w: account %q already has a grant %q", ErrInvalid, account, g.ID)
+		}
+		return err
+	})
+}
+
+// nullNanos maps the zero time to NULL ("never"), others to Unix ns.
+func nullNanos(t time.Time) any {
+	if t.IsZero() {
+		return nil
+	}
+	return t.UnixNano()
+}
+
+// SetRoutes stores a new version of the route weights and makes it active.
+func (s *SQLite) SetRoutes(ctx context.Context, defaultUnits int64, weights map[string]int64) (int64, error) {
+	if err := validateRoutes(defaultUnits, weights); err != nil {
+		return 0, err
+	}
+	var version int64
+	err := s.admin(ctx, "set routes", func(tx *sql.Tx) error {
+		if _, err := tx.ExecContext(ctx, `UPDATE route_versions SET active = 0 WHERE active`); err != nil {
+			return err
+		}
+		if err := tx.QueryRowContext(ctx, `INSERT INTO route_versions (version, default_units, created_at, active)
+			SELECT coalesce(max(version), 0) + 1, ?, ?, 1 FROM route_versions RETURNING version`,
+			defaultUnits, s.now().UnixNano()).Scan(&version); err != nil {
+			return err
+		}
+		for pattern, units := range weights {
+			if _, err := tx.ExecContext(ctx, `INSERT INTO route_weights (version, pattern, units) VALUES (?, ?, ?)`, version, pattern, units); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	return version, err
+}
+
+// --- Reads ------------------------------------------------------------------
+
+// Snapshot reads the config in one read transaction.
+func (s *SQLite) Snapshot(ctx context.Context, wall time.Time) (*snapshot.Snapshot, error) {
+	snap := &snapshot.Snapshot{Routes: snapshot.Routes{Default: 1}}
+	accounts := make(map[string]int)
+	cur, prev := monthlyUsedPeriods(wall)
+	err := s.read(ctx, func(tx *sql.Tx) error {
+		if err := tx.QueryRowContext(ctx, `SELECT version FROM config_version WHERE id = 1`).Scan(&snap.Version); err != nil {
+			return err
+		}
+		if err := queryEach(ctx, tx, `SELECT plan_id, rate, burst, monthly_quota, hard FROM plans ORDER BY plan_id`, nil,
+			func(scan func(...any) error) error {
+				var p snapshot.Plan
+				err := scan(&p.ID, &p.Rate, &p.Burst, &p.MonthlyQuota, &p.Hard)
+				snap.Plans = append(snap.Plans, p)
+				return err
+			}); err != nil {
+			return err
+		}
+		if err := queryEach(ctx, tx, `SELECT account_id, plan_id FROM accounts ORDER BY account_id`, nil,
+			func(scan func(...any) error) error {
+				var a snapshot.Account
+				err := scan(&a.ID, &a.Plan)
+				accounts[a.ID] = len(snap.Accounts)
+				snap.Accounts = append(snap.Accounts, a)
+				return err
+			}); err != nil {
+			return err
+		}
+		if err := queryEach(ctx, tx, `SELECT account_id, grant_id, units, used, starts_at, expires_at FROM grants
+			WHERE kind = 'credit' ORDER BY account_id, grant_id`, nil,
+			func(scan func(...any) error) error {
+				var account string
+				var g snapshot.Grant
+				var starts int64
+				var expires sql.NullInt64
+				if err := scan(&account, &g.ID, &g.Units, &g.Used, &starts, &expires); err != nil {
+					return err
+				}
+				g.StartsAt = time.Unix(0, starts).UTC()
+				if expires.Valid {
+					g.ExpiresAt = time.Unix(0, expires.Int64).UTC()
+				}
+				a := &snap.Accounts[accounts[account]]
+				a.Credits = append(a.Credits, g)
+				return nil
+			}); err != nil {
+			return err
+		}
+		if err := queryEach(ctx, tx, `SELECT account_id, grant_id, used FROM grants WHERE kind = 'monthly' AND period IN (?, ?)
+			ORDER BY account_id, grant_id`, []any{cur.String(), prev.String()},
+			func(scan func(...any) error) error {
+				var account, grant string
+				var used int64
+				if err := scan(&account, &grant, &used); err != nil {
+					return err
+				}
+				a := &snap.Accounts[accounts[account]]
+				if a.MonthlyUsed == nil {
+					a.MonthlyUsed = make(map[string]int64)
+				}
+				a.MonthlyUsed[grant] = used
+				return nil
+			}); err != nil {
+			return err
+		}
+		if err := queryEach(ctx, tx, `SELECT key_id, key_hash, account_id FROM api_keys WHERE revoked_at IS NULL ORDER BY key_id`, nil,
+			func(scan func(...any) error) error {
+				var k snapshot.Key
+				err := scan(&k.ID, &k.Hash, &k.Account)
+				snap.Keys = append(snap.Keys, k)
+				return err
+			}); err != nil {
+			return err
+		}
+		return queryEach(ctx, tx, `SELECT v.version, v.default_units, w.pattern, w.units
+			FROM route_versions v LEFT JOIN route_weights w ON w.version = v.version
+			WHERE v.active ORDER BY w.pattern`, nil,
+			func(scan func(...any) error) error {
+				var pattern sql.NullString
+				var units sql.NullInt64
+				if err := scan(&snap.Routes.Version, &snap.Routes.Default, &pattern, &units); err != nil {
+					return err
+				}
+				if pattern.Valid {
+					if snap.Routes.Weights == nil {
+						snap.Routes.Weights = make(map[string]int64)
+					}
+					snap.Routes.Weights[pattern.String] = units.Int64
+				}
+				return nil
+			})
+	})
+	if err != nil {
+		return nil, s.fail("read snapshot", err)
+	}
+	return buildSnapshot(snap)
+}
+
+// Usage sums an account's daily aggregates over a period, by route.
+func (s *SQLite) Usage(ctx context.Context, account string, period shard.Period) (AccountUsage, error) {
+	u := AccountUsage{Account: account, Period: period, ByRoute: make(map[string]int64)}
+	err := s.read(ctx, func(tx *sql.Tx) error {
+		if err := s.needAccount(ctx, tx, account); err != nil {
+			return err
+		}
+		return queryEach(ctx, tx, `SELECT route, sum(units) FROM usage_daily WHERE account_id = ? AND day >= ? AND day < ? GROUP BY route`,
+			[]any{account, dayString(dayOf(period.Start())), dayString(dayOf(period.End()))},
+			func(scan func(...any) error) error {
+				var route string
+				var units int64
+				err := scan(&route, &units)
+				u.ByRoute[route] = units
+				u.Units += units
+				return err
+			})
+	})
+	return u, s.fail("read usage of "+account, err)
+}
+
+// Grants lists an account's grants.
+func (s *SQLite) Grants(ctx context.Context, account string) ([]GrantRow, error) {
+	var out []GrantRow
+	err := s.read(ctx, func(tx *sql.Tx) error {
+		if err := s.needAccount(ctx, tx, account); err != nil {
+			return err
+		}
+		return queryEach(ctx, tx, `SELECT account_id, grant_id, kind = 'monthly', coalesce(period, ''), units, used, reserved, starts_at, expires_at
+			FROM grants WHERE account_id = ? ORDER BY grant_id`, []any{account},
+			func(scan func(...any) error) error {
+				var g GrantRow
+				var starts int64
+				var expires sql.NullInt64
+				if err := scan(&g.Account, &g.Grant, &g.Monthly, &g.Period, &g.Units, &g.Used, &g.Reserved, &starts, &expires); err != nil {
+					return err
+				}
+				g.StartsAt = time.Unix(0, starts).UTC()
+				if expires.Valid {
+					g.ExpiresAt = time.Unix(0, expires.Int64).UTC()
+				}
+				out = append(out, g)
+				return nil
+			})
+	})
+	return out, s.fail("read grants of "+account, err)
+}
+
+// Reconcile compares the counters with the event log (G6), in one read
+// transaction; usage by UTC month of the charge.
+func (s *SQLite) Reconcile(ctx context.Context) ([]ReconcileRow, error) {
+	var out []ReconcileRow
+	collect := func(kind string) func(scan func(...any) error) error {
+		return func(scan func(...any) error) error {
+			r := ReconcileRow{Kind: kind}
+			err := scan(&r.Account, &r.Scope, &r.Counter, &r.Events)
+			r.Diff = r.Counter != r.Events
+			out = append(out, r)
+			return err
+		}
+	}
+	err := s.read(ctx, func(tx *sql.Tx) error {
+		// SQLite has no FULL JOIN before 3.39; a UNION of both sides does.
+		if err := queryEach(ctx, tx, `WITH ev AS (
+				SELECT e.account_id, json_extract(a.value, '$.grant') AS grant_id, sum(json_extract(a.value, '$.units')) AS units
+				FROM events e, json_each(e.allocations) a
+				WHERE NOT e.refunded
+				GROUP BY 1, 2
+			), k AS (
+				SELECT account_id, grant_id FROM grants UNION SELECT account_id, grant_id FROM ev
+			)
+			SELECT k.account_id, k.grant_id, coalesce(g.used, 0), coalesce(ev.units, 0)
+			FROM k
+			LEFT JOIN grants g ON g.account_id = k.account_id AND g.grant_id = k.grant_id
+			LEFT JOIN ev ON ev.account_id = k.account_id AND ev.grant_id = k.grant_id
+			ORDER BY 1, 2`, nil, collect("grant")); err != nil {
+			return err
+		}
+		return queryEach(ctx, tx, `WITH u AS (
+				SELECT account_id, substr(day, 1, 7) AS period, sum(units) AS units FROM usage_daily GROUP BY 1, 2
+			), ev AS (
+				SELECT account_id, strftime('%Y-%m', charged_at / 1000000000, 'unixepoch') AS period, sum(units) AS units
+				FROM events WHERE NOT refunded GROUP BY 1, 2
+			), k AS (
+				SELECT account_id, period FROM u UNION SELECT account_id, period FROM ev
+			)
+			SELECT k.account_id, k.period, coalesce(u.units, 0), coalesce(ev.units, 0)
+			FROM k
+			LEFT JOIN u ON u.account_id = k.account_id AND u.period = k.period
+			LEFT JOIN ev ON ev.account_id = k.account_id AND ev.period = k.period
+			ORDER BY 1, 2`, nil, collect("usage"))
+	})
+	return out, s.fail("reconcile", err)
+}
+
+// Events lists an account's event log, tombstones included.
+func (s *SQLite) Events(ctx context.Context, account string) ([]EventRow, error) {
+	var out []EventRow
+	err := s.read(ctx, func(tx *sql.Tx) error {
+		return queryEach(ctx, tx, `SELECT account_id, event_id, key_id, route, units, charged_at, period, node_id, incarnation, seq, refunded, tombstone
+			FROM events WHERE account_id = ? ORDER BY charged_at, node_id, incarnation, seq`, []any{account},
+			func(scan func(...any) error) error {
+				var e EventRow
+				var charged, seq int64
+				if err := scan(&e.Account, &e.EventID, &e.Key, &e.Route, &e.Units, &charged, &e.Period, &e.Node, &e.Incarnation, &seq, &e.Refunded, &e.Tombstone); err != nil {
+					return err
+				}
+				e.ChargedAt, e.Seq = time.Unix(0, charged).UTC(), uint64(seq)
+				out = append(out, e)
+				return nil
+			})
+	})
+	return out, s.fail("read events of "+account, err)
+}
+
+// allocJSON is an allocation as the events table stores it.
+type allocJSON struct {
+	Grant string `json:"grant"`
+	Units int64  `json:"units"`
+}
+
+func encodeAllocs(as []shard.Alloc) string {
+	js := make([]allocJSON, len(as))
+	for i, a := range as {
+		js[i] = allocJSON(a)
+	}
+	b, _ := json.Marshal(js) // cannot fail: strings and integers
+	return string(b)
+}
+
+func decodeAllocs(s string) ([]shard.Alloc, error) {
+	var js []allocJSON
+	if err := json.Unmarshal([]byte(s), &js); err != nil {
+		return nil, fmt.Errorf("event allocations %q: %w", s, err)
+	}
+	as := make([]shard.Alloc, len(js))
+	for i, j := range js {
+		as[i] = shard.Alloc(j)
+	}
+	return as, nil
+}

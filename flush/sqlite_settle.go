@@ -1,0 +1,376 @@
+package flush
+
+// Settle and reservations on SQLite: the same steps as on Postgres (see
+// postgres_settle.go), one statement per row inside one BEGIN IMMEDIATE
+// transaction. With one writer, no row locks are needed: the transaction
+// sees and changes the ledger alone.
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+
+	"github.com/quotaring/quotaring/shard"
+)
+
+// Settle applies a batch exactly once (see Batch).
+func (s *SQLite) Settle(ctx context.Context, b *Batch) (SettleResult, error) {
+	var res SettleResult
+	if err := validateBatch(b); err != nil {
+		return res, err
+	}
+	op := fmt.Sprintf("settle %s/%s (%d, %d]", b.Node, b.Incarnation, b.Prev, b.Next)
+	st := &sqliteSettle{s: s, b: b, res: &res, plan: newSettlePlan(), now: s.now().UnixNano()}
+	err := s.write(ctx, func(tx *sql.Tx) error {
+		res.RoundTrips = 1 // BEGIN
+		st.tx = tx
+		if err := st.run(ctx); err != nil {
+			return err
+		}
+		res.RoundTrips++ // COMMIT
+		return nil
+	})
+	if errors.Is(err, errAppliedBefore) {
+		return SettleResult{RoundTrips: res.RoundTrips}, nil
+	}
+	if err != nil {
+		return SettleResult{RoundTrips: res.RoundTrips}, s.fail(op, err)
+	}
+	res.Applied = true
+	return res, nil
+}
+
+// sqliteSettle is one Settle call's state.
+type sqliteSettle struct {
+	s    *SQLite
+	b    *Batch
+	tx   *sql.Tx
+	res  *SettleResult
+	plan *settlePlan
+	now  int64
+}
+
+func (st *sqliteSettle) exec(ctx context.Context, query string, args ...any) (sql.Result, error) {
+	st.res.RoundTrips++
+	return st.tx.ExecContext(ctx, query, args...)
+}
+
+func (st *sqliteSettle) queryRow(ctx context.Context, query string, args ...any) *sql.Row {
+	st.res.RoundTrips++
+	return st.tx.QueryRowContext(ctx, query, args...)
+}
+
+func (st *sqliteSettle) run(ctx context.Context) error {
+	b := st.b
+	r, err := st.exec(ctx, `UPDATE nodes SET settled_seq = ?, heartbeat_at = ? WHERE node_id = ? AND incarnation = ? AND settled_seq = ?`,
+		int64(b.Next), st.now, b.Node, b.Incarnation, int64(b.Prev))
+	if err != nil {
+		return err
+	}
+	if n, _ := r.RowsAffected(); n == 0 {
+		var mark *int64
+		err := st.queryRow(ctx, `SELECT settled_seq FROM nodes WHERE node_id = ? AND incarnation = ?`, b.Node, b.Incarnation).Scan(&mark)
+		if err != nil && !errors.Is(err, sql.ErrNoRows) {
+			return err
+		}
+		return markOutcome(b, mark, false)
+	}
+	if b.Events {
+		if err := st.logCharges(ctx); err != nil {
+			return err
+		}
+		if err := st.logRefunds(ctx); err != nil {
+			return err
+		}
+	} else {
+		for i := range b.Charges {
+			st.plan.billCharge(&b.Charges[i])
+		}
+		for i := range b.Refunds {
+			r := &b.Refunds[i]
+			st.plan.applyRefund(r, eventOfRefund(r))
+		}
+	}
+	if err := st.applyUsage(ctx); err != nil {
+		return err
+	}
+	return st.applyGrants(ctx)
+}
+
+// logCharges inserts the charges into the event log; a charge whose event
+// id is there already from another origin is a duplicate.
+func (st *sqliteSettle) logCharges(ctx context.Context) error {
+	if len(st.b.Charges) == 0 {
+		return nil
+	}
+	ins, err := st.tx.PrepareContext(ctx, `INSERT INTO events (account_id, event_id, client_id, key_id, route, units, charged_at, period,
+			node_id, incarnation, seq, allocations)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+		ON CONFLICT (account_id, event_id) DO NOTHING`)
+	if err != nil {
+		return err
+	}
+	defer ins.Close()
+	for i := range st.b.Charges {
+		c := &st.b.Charges[i]
+		st.res.RoundTrips++
+		r, err := ins.ExecContext(ctx, c.Account, c.EventID, c.ClientID, c.Key, c.Route, c.Units, c.Wall, c.Period.String(),
+			st.b.Node, st.b.Incarnation, int64(c.Seq), encodeAllocs(c.Allocs))
+		if err != nil {
+			return err
+		}
+		if n, _ := r.RowsAffected(); n == 1 {
+			st.plan.billCharge(c)
+			continue
+		}
+		var node, inc string
+		var seq int64
+		if err := st.queryRow(ctx, `SELECT node_id, incarnation, seq FROM events WHERE account_id = ? AND event_id = ?`,
+			c.Account, c.EventID).Scan(&node, &inc, &seq); err != nil {
+			return err
+		}
+		if node == st.b.Node && inc == st.b.Incarnation && uint64(seq) == c.Seq {
+			continue // this very record was settled before, in another range
+		}
+		st.res.Duplicates = append(st.res.Duplicates, chargeRef(c))
+		st.plan.reservedCharge(c)
+	}
+	return nil
+}
+
+// logRefunds applies the refunds to the event log: found unrefunded ->
+// refunded; found refunded -> duplicate refund; not found -> tombstone.
+func (st *sqliteSettle) logRefunds(ctx context.Context) error {
+	for i := range st.b.Refunds {
+		r := &st.b.Refunds[i]
+		var ev refundedEvent
+		var allocs string
+		err := st.queryRow(ctx, `UPDATE events SET refunded = 1, refunded_at = ?
+			WHERE account_id = ? AND event_id = ? AND NOT refunded
+			RETURNING key_id, route, charged_at, units, allocations`, st.now, r.Account, r.EventID).
+			Scan(&ev.key, &ev.route, &ev.chargeWall, &ev.units, &allocs)
+		switch {
+		case err == nil:
+			if ev.allocs, err = decodeAllocs(allocs); err != nil {
+				return err
+			}
+			st.plan.applyRefund(r, ev)
+			continue
+		case !errors.Is(err, sql.ErrNoRows):
+			return err
+		}
+		var exists bool
+		if err := st.queryRow(ctx, `SELECT EXISTS (SELECT 1 FROM events WHERE account_id = ? AND event_id = ?)`, r.Account, r.EventID).Scan(&exists); err != nil {
+			return err
+		}
+		if exists {
+			st.res.DuplicateRefunds = append(st.res.DuplicateRefunds, refundRef(r))
+			continue
+		}
+		if _, err := st.exec(ctx, `INSERT INTO events (account_id, event_id, client_id, key_id, route, units, charged_at, period,
+				node_id, incarnation, seq, allocations, refunded, refunded_at, tombstone)
+			VALUES (?, ?, 0, ?, ?, ?, ?, ?, ?, ?, ?, ?, 1, ?, 1)`,
+			r.Account, r.EventID, r.Key, r.Route, r.Units, r.ChargeWall, r.Period.String(),
+			st.b.Node, st.b.Incarnation, int64(r.Seq), encodeAllocs(r.Allocs), st.now); err != nil {
+			return err
+		}
+		st.plan.reservedRefund(r)
+	}
+	return nil
+}
+
+func (st *sqliteSettle) applyUsage(ctx context.Context) error {
+	rows := st.plan.usageRows()
+	if len(rows) == 0 {
+		return nil
+	}
+	up, err := st.tx.PrepareContext(ctx, `INSERT INTO usage_daily (account_id, key_id, route, day, units, requests) VALUES (?, ?, ?, ?, ?, ?)
+		ON CONFLICT (account_id, key_id, route, day) DO UPDATE
+		SET units = units + excluded.units, requests = requests + excluded.requests`)
+	if err != nil {
+		return err
+	}
+	defer up.Close()
+	for _, u := range rows {
+		st.res.RoundTrips++
+		if _, err := up.ExecContext(ctx, u.account, u.key, u.route, dayString(u.day), u.units, u.requests); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// applyGrants creates missing monthly grants, then per grant: used, the
+// node's reservation (never below zero), and reserved as the sum of the
+// reservations.
+func (st *sqliteSettle) applyGrants(ctx context.Context) error {
+	for _, g := range st.plan.grantRows() {
+		if per, ok := monthlyPeriod(g.grant); ok {
+			if _, err := st.exec(ctx, sqliteMonthlySQL, g.grant, per.String(), per.Start(), per.End(), g.account); err != nil {
+				return err
+			}
+		}
+		r, err := st.exec(ctx, `UPDATE grants SET used = used + ? WHERE account_id = ? AND grant_id = ?`, g.used, g.account, g.grant)
+		if err != nil {
+			return err
+		}
+		if n, _ := r.RowsAffected(); n == 0 {
+			return fmt.Errorf("%w: grant %q of account %q (no such account, or a grant that was never added)", ErrNotFound, g.grant, g.account)
+		}
+		if g.reserved == 0 {
+			continue
+		}
+		st.res.RoundTrips += 2
+		if err := moveReservation(ctx, st.tx, st.b.Node, g.account, g.grant, g.reserved); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// sqliteMonthlySQL creates a monthly grant from the account's plan if it
+// does not exist. Arguments: grant id, period, starts, expires, account.
+const sqliteMonthlySQL = `INSERT INTO grants (account_id, grant_id, kind, period, units, starts_at, expires_at)
+SELECT a.account_id, ?, 'monthly', ?, p.monthly_quota, ?, ?
+FROM accounts a JOIN plans p ON p.plan_id = a.plan_id
+WHERE a.account_id = ?
+ON CONFLICT (account_id, grant_id) DO NOTHING`
+
+// moveReservation moves node's reservation on a grant by delta (never
+// below zero) and sets the grant's reserved total to the sum of its
+// reservations.
+func moveReservation(ctx context.Context, tx *sql.Tx, node, account, grant string, delta int64) error {
+	if _, err := tx.ExecContext(ctx, `INSERT INTO reservations (account_id, grant_id, node_id, units) VALUES (?, ?, ?, max(?, 0))
+		ON CONFLICT (account_id, grant_id, node_id) DO UPDATE SET units = max(units + ?, 0)`,
+		account, grant, node, delta, delta); err != nil {
+		return err
+	}
+	_, err := tx.ExecContext(ctx, `UPDATE grants SET reserved = (SELECT coalesce(sum(units), 0) FROM reservations r
+		WHERE r.account_id = grants.account_id AND r.grant_id = grants.grant_id)
+		WHERE account_id = ? AND grant_id = ?`, account, grant)
+	return err
+}
+
+// Reserve reserves up to req.Need units for node from the account's active
+// grants, soonest-expiring first.
+func (s *SQLite) Reserve(ctx context.Context, node string, req ReserveRequest) (ReserveResult, error) {
+	var res ReserveResult
+	if node == "" || req.Account == "" {
+		return res, fmt.Errorf("%w: reserve: node and account must be set", ErrInvalid)
+	}
+	wall := req.Wall.UnixNano()
+	per := shard.PeriodOf(wall)
+	err := s.write(ctx, func(tx *sql.Tx) error {
+		if err := s.needAccount(ctx, tx, req.Account); err != nil {
+			return err
+		}
+		if _, err := tx.ExecContext(ctx, sqliteMonthlySQL, shard.MonthlyGrantID(per), per.String(), per.Start(), per.End(), req.Account); err != nil {
+			return err
+		}
+		var active []activeGrant
+		if err := queryEach(ctx, tx, `SELECT grant_id, units, used, reserved, coalesce(expires_at, 0) FROM grants
+			WHERE account_id = ? AND starts_at <= ? AND (expires_at IS NULL OR expires_at > ?) ORDER BY grant_id`,
+			[]any{req.Account, wall, wall}, func(scan func(...any) error) error {
+				var g activeGrant
+				err := scan(&g.id, &g.units, &g.used, &g.reserved, &g.expires)
+				active = append(active, g)
+				return err
+			}); err != nil {
+			return err
+		}
+		sortSpending(active)
+		res.Granted, res.Exhausted = reserveTake(active, req.Need)
+		for _, a := range res.Granted {
+			r, err := tx.ExecContext(ctx, `UPDATE grants SET reserved = reserved + ?
+				WHERE account_id = ? AND grant_id = ? AND used + reserved + ? <= units`, a.Units, req.Account, a.Grant, a.Units)
+			if err != nil {
+				return err
+			}
+			if n, _ := r.RowsAffected(); n != 1 {
+				return fmt.Errorf("grant %s of %s changed inside its transaction", a.Grant, req.Account)
+			}
+			if _, err := tx.ExecContext(ctx, `INSERT INTO reservations (account_id, grant_id, node_id, units) VALUES (?, ?, ?, ?)
+				ON CONFLICT (account_id, grant_id, node_id) DO UPDATE SET units = units + excluded.units`,
+				req.Account, a.Grant, node, a.Units); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return ReserveResult{}, s.fail(fmt.Sprintf("reserve %d units of %s for %s", req.Need, req.Account, node), err)
+	}
+	return res, nil
+}
+
+// Release hands units of node's reservations on an account's grants back,
+// never below zero.
+func (s *SQLite) Release(ctx context.Context, node, account string, allocs []shard.Alloc) error {
+	if len(allocs) == 0 {
+		return nil
+	}
+	ids, units := allocColumns(allocs)
+	return s.fail(fmt.Sprintf("release %s's reservations of %s", node, account), s.write(ctx, func(tx *sql.Tx) error {
+		for i, id := range ids {
+			var held int64
+			err := tx.QueryRowContext(ctx, `SELECT units FROM reservations WHERE account_id = ? AND grant_id = ? AND node_id = ?`,
+				account, id, node).Scan(&held)
+			if errors.Is(err, sql.ErrNoRows) {
+				continue
+			}
+			if err != nil {
+				return err
+			}
+			if err := moveReservation(ctx, tx, node, account, id, -min(units[i], held)); err != nil {
+				return err
+			}
+		}
+		return nil
+	}))
+}
+
+// ReleaseNode frees every reservation node holds.
+func (s *SQLite) ReleaseNode(ctx context.Context, node string) ([]Released, error) {
+	var out []Released
+	err := s.write(ctx, func(tx *sql.Tx) error {
+		if err := queryEach(ctx, tx, `DELETE FROM reservations WHERE node_id = ? RETURNING account_id, grant_id, units`, []any{node},
+			func(scan func(...any) error) error {
+				var r Released
+				err := scan(&r.Account, &r.Grant, &r.Units)
+				if r.Units > 0 {
+					out = append(out, r)
+				}
+				return err
+			}); err != nil {
+			return err
+		}
+		for _, r := range out {
+			if _, err := tx.ExecContext(ctx, `UPDATE grants SET reserved = max(reserved - ?, 0) WHERE account_id = ? AND grant_id = ?`,
+				r.Units, r.Account, r.Grant); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, s.fail("release the reservations of "+node, err)
+	}
+	sortReleased(out)
+	return out, nil
+}
+
+// Reservations lists the reservations held (units > 0).
+func (s *SQLite) Reservations(ctx context.Context) ([]Reservation, error) {
+	var out []Reservation
+	err := s.read(ctx, func(tx *sql.Tx) error {
+		return queryEach(ctx, tx, `SELECT node_id, account_id, grant_id, units FROM reservations WHERE units > 0
+			ORDER BY node_id, account_id, grant_id`, nil, func(scan func(...any) error) error {
+			var v Reservation
+			err := scan(&v.Node, &v.Account, &v.Grant, &v.Units)
+			out = append(out, v)
+			return err
+		})
+	})
+	return out, s.fail("list reservations", err)
+}
