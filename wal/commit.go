@@ -28,29 +28,33 @@ func (l *Log) Append(payload []byte) (seq uint64, err error) {
 		return 0, fmt.Errorf("wal: payload of %d bytes exceeds MaxBatchBytes (%d)",
 			len(payload), l.opts.MaxBatchBytes)
 	}
-	size := recordKeyLen + frameHeaderLen + len(payload)
 	crc := checksum(payload) // outside the lock: it reads the whole payload
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if err := l.waitSpaceLocked(); err != nil {
 		return 0, err
 	}
-	seq = l.lastSeq.Load() + 1
+	return l.addLocked(payload, crc), nil
+}
+
+// addLocked assigns the next seq to payload and writes its key and frame
+// into the tail batch of the queue.
+func (l *Log) addLocked(payload []byte, crc uint32) uint64 {
+	seq := l.lastSeq.Load() + 1
+	size := recordKeyLen + frameHeaderLen + len(payload)
 	pb := l.tailLocked(size)
 	op := pb.b.SetDeferred(recordKeyLen, frameHeaderLen+len(payload))
 	putRecordKey(op.Key, seq)
 	encodeFrameInto(op.Value, crc, payload)
-	if err := op.Finish(); err != nil { // a no-op for unindexed batches
-		return 0, fmt.Errorf("wal: append seq %d: %w", seq, err)
-	}
-	pb.last, pb.n, pb.bytes = seq, pb.n+1, pb.bytes+size
-	if pb.n == 1 {
+	_ = op.Finish() // only adds to a batch index; batches from NewBatch have none
+	if pb.n == 0 {
 		pb.first = seq
 	}
+	pb.last, pb.n, pb.bytes = seq, pb.n+1, pb.bytes+size
 	l.pendingBytes += size
 	l.lastSeq.Store(seq)
 	l.work.Signal()
-	return seq, nil
+	return seq
 }
 
 // waitSpaceLocked blocks while MaxPendingBytes are pending, and returns an
