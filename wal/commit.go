@@ -1,16 +1,18 @@
 package wal
 
 import (
+	"encoding/binary"
 	"fmt"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
 )
 
-// pendingBatch is a Pebble batch of consecutive records waiting for the
-// committer.
+// pendingBatch is a run of consecutive records waiting for the committer.
+// It becomes one chunk: one Pebble key for the whole run (see doc.go), so a
+// commit costs one memtable insert however many records it carries.
 type pendingBatch struct {
-	b           *pebble.Batch
+	buf         []byte // the chunk's entries: uvarint frame length, frame
 	first, last uint64 // sequence numbers of the first and last record
 	n           int    // records
 	bytes       int    // key and frame bytes of the records
@@ -43,10 +45,8 @@ func (l *Log) addLocked(payload []byte, crc uint32) uint64 {
 	seq := l.lastSeq.Load() + 1
 	size := recordKeyLen + frameHeaderLen + len(payload)
 	pb := l.tailLocked(size)
-	op := pb.b.SetDeferred(recordKeyLen, frameHeaderLen+len(payload))
-	putRecordKey(op.Key, seq)
-	encodeFrameInto(op.Value, crc, payload)
-	_ = op.Finish() // only adds to a batch index; batches from NewBatch have none
+	pb.buf = binary.AppendUvarint(pb.buf, uint64(frameHeaderLen+len(payload)))
+	pb.buf = appendFrame(pb.buf, crc, payload)
 	if pb.n == 0 {
 		pb.first = seq
 	}
@@ -83,7 +83,10 @@ func (l *Log) tailLocked(size int) *pendingBatch {
 			return pb
 		}
 	}
-	pb := &pendingBatch{b: l.db.NewBatch()}
+	pb := &pendingBatch{}
+	if n := len(l.spare); n > 0 {
+		pb.buf, l.spare = l.spare[n-1][:0], l.spare[:n-1]
+	}
 	l.queue = append(l.queue, pb)
 	return pb
 }
@@ -125,11 +128,17 @@ func (l *Log) next() *pendingBatch {
 // Commit returned.
 func (l *Log) commit(pb *pendingBatch) error {
 	start := time.Now()
-	if err := l.commitBatch(pb.b); err != nil {
+	b := l.db.NewBatch()
+	op := b.SetDeferred(recordKeyLen, uvarintLen(uint64(pb.n))+len(pb.buf))
+	putRecordKey(op.Key, pb.first)
+	copy(op.Value[binary.PutUvarint(op.Value, uint64(pb.n)):], pb.buf)
+	_ = op.Finish() // only adds to a batch index; batches from NewBatch have none
+	err := l.commitBatch(b)
+	_ = b.Close() // returns the batch to Pebble's pool; never fails
+	if err != nil {
 		return err
 	}
 	took := time.Since(start)
-	_ = pb.b.Close() // returns the batch to Pebble's pool; never fails
 	l.marks.add(pb.last, uint64(pb.bytes))
 	l.durableSeq.Store(pb.last)
 	l.wake()
@@ -139,6 +148,9 @@ func (l *Log) commit(pb *pendingBatch) error {
 	}
 	l.mu.Lock()
 	l.pendingBytes -= pb.bytes
+	if len(l.spare) < maxSpareBuffers && cap(pb.buf) <= 2*l.opts.MaxBatchBytes {
+		l.spare = append(l.spare, pb.buf)
+	}
 	l.space.Broadcast()
 	l.mu.Unlock()
 	if l.opts.OnCommit != nil {
@@ -177,12 +189,21 @@ func (l *Log) fail(pb *pendingBatch, cause error) {
 	l.mu.Lock()
 	l.failure = err
 	l.stopLocked(err)
-	for _, q := range l.queue {
-		_ = q.b.Close()
-	}
 	l.queue = nil
 	l.pendingBytes = 0
 	l.space.Broadcast()
 	l.mu.Unlock()
 	l.wake()
+}
+
+// maxSpareBuffers bounds the chunk buffers kept for reuse.
+const maxSpareBuffers = 4
+
+// uvarintLen is the length of v's uvarint encoding.
+func uvarintLen(v uint64) int {
+	n := 1
+	for ; v >= 0x80; v >>= 7 {
+		n++
+	}
+	return n
 }

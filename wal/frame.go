@@ -20,6 +20,7 @@ var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 var (
 	errShortFrame  = errors.New("frame shorter than its header")
 	errBadChecksum = errors.New("checksum mismatch")
+	errBadChunk    = errors.New("malformed chunk")
 )
 
 // checksum returns the crc32c of payload.
@@ -33,6 +34,13 @@ func encodeFrameInto(dst []byte, crc uint32, payload []byte) {
 	dst[0] = frameVersion
 	binary.LittleEndian.PutUint32(dst[1:frameHeaderLen], crc)
 	copy(dst[frameHeaderLen:], payload)
+}
+
+// appendFrame appends the frame of payload, whose checksum is crc, to dst.
+func appendFrame(dst []byte, crc uint32, payload []byte) []byte {
+	dst = append(dst, frameVersion)
+	dst = binary.LittleEndian.AppendUint32(dst, crc)
+	return append(dst, payload...)
 }
 
 // encodeFrame returns a new frame holding payload.
@@ -56,4 +64,31 @@ func decodeFrame(frame []byte) ([]byte, error) {
 		return nil, fmt.Errorf("%w: stored %08x, computed %08x", errBadChecksum, stored, got)
 	}
 	return payload, nil
+}
+
+// chunk reads the records of one chunk value: uvarint count, then count
+// times (uvarint frame length, frame). The record at index i has sequence
+// first+i.
+type chunk struct {
+	rest  []byte
+	count uint64
+}
+
+func openChunk(v []byte) (chunk, error) {
+	n, k := binary.Uvarint(v)
+	if k <= 0 || n == 0 {
+		return chunk{}, fmt.Errorf("%w: no record count", errBadChunk)
+	}
+	return chunk{rest: v[k:], count: n}, nil
+}
+
+// next returns the next frame of the chunk.
+func (c *chunk) next() ([]byte, error) {
+	n, k := binary.Uvarint(c.rest)
+	if k <= 0 || n > uint64(len(c.rest)-k) {
+		return nil, fmt.Errorf("%w: truncated entry", errBadChunk)
+	}
+	f := c.rest[k : k+int(n)]
+	c.rest = c.rest[k+int(n):]
+	return f, nil
 }

@@ -8,7 +8,7 @@ import (
 // Key prefixes. Each kind of key lives under its own one-byte prefix, so a
 // bounded iterator over one prefix never sees another kind.
 const (
-	prefixRecord     = 'r' // 'r' + seq (8 bytes, big-endian)
+	prefixRecord     = 'r' // 'r' + first seq of a chunk (8 bytes, big-endian)
 	prefixCheckpoint = 'c' // 'c' + account
 	prefixMeta       = 'm' // 'm' + name
 )
@@ -27,7 +27,8 @@ const (
 
 // formatVersion is the layout of keys and values described in doc.go. It is
 // stored in meta when the dir is created; Open refuses any other.
-const formatVersion = 1
+// Version 2 keys chunks of records by their first sequence.
+const formatVersion = 2
 
 // putRecordKey writes the key of seq into dst, which has recordKeyLen bytes.
 func putRecordKey(dst []byte, seq uint64) {

@@ -46,6 +46,8 @@ type Log struct {
 	queue []*pendingBatch
 	// pendingBytes counts bytes queued or being committed.
 	pendingBytes int
+	// spare holds committed chunk buffers for reuse.
+	spare [][]byte
 	// failure, once set, makes the log unusable. It names the failed commit.
 	failure error
 	// closing is set when Close begins: Append refuses, the committer drains

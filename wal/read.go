@@ -23,42 +23,90 @@ func (l *Log) Scan(after, upto uint64, fn func(seq uint64, payload []byte) error
 }
 
 // iterRecords calls fn for each record in (after, upto], checking its key
-// and frame.
+// and frame. Records live in chunks keyed by their first sequence: the scan
+// starts at the chunk holding after+1 and skips what is at or below after.
 func (l *Log) iterRecords(after, upto uint64, fn func(seq uint64, payload []byte) error) error {
 	if after >= upto {
 		return nil
 	}
 	it, err := l.db.NewIter(&pebble.IterOptions{
-		LowerBound: recordKeyAfter(after),
+		LowerBound: recordKey(0),
 		UpperBound: recordKeyAfter(upto),
 	})
 	if err != nil {
 		return fmt.Errorf("wal: scan %s: %w", l.opts.Dir, err)
 	}
-	err = l.eachRecord(it, fn)
+	valid := it.SeekLT(recordKeyAfter(after + 1))
+	if !valid {
+		valid = it.First()
+	}
+	err = l.eachRecord(it, valid, after, upto, fn)
 	return closeAfter(err, it)
 }
 
-// eachRecord runs fn over the records of it.
-func (l *Log) eachRecord(it *pebble.Iterator, fn func(seq uint64, payload []byte) error) error {
-	for valid := it.First(); valid; valid = it.Next() {
-		seq, err := parseRecordKey(it.Key())
+// eachRecord runs fn over the records of the chunks of it in (after, upto].
+func (l *Log) eachRecord(it *pebble.Iterator, valid bool, after, upto uint64, fn func(seq uint64, payload []byte) error) error {
+	for ; valid; valid = it.Next() {
+		first, err := parseRecordKey(it.Key())
 		if err != nil {
 			return corruptKey(l.opts.Dir, "record key", err)
 		}
 		v, err := it.ValueAndErr()
 		if err != nil {
-			return fmt.Errorf("wal: read record seq %d in %s: %w", seq, l.opts.Dir, err)
+			return fmt.Errorf("wal: read records from seq %d in %s: %w", first, l.opts.Dir, err)
 		}
-		payload, err := decodeFrame(v)
+		c, err := openChunk(v)
 		if err != nil {
-			return corruptRecord(l.opts.Dir, seq, err)
+			return corruptRecord(l.opts.Dir, first, err)
 		}
-		if err := fn(seq, payload); err != nil {
-			return err
+		for i := uint64(0); i < c.count; i++ {
+			seq := first + i
+			frame, err := c.next()
+			if err != nil {
+				return corruptRecord(l.opts.Dir, seq, err)
+			}
+			if seq <= after {
+				continue
+			}
+			if seq > upto {
+				return nil
+			}
+			payload, err := decodeFrame(frame)
+			if err != nil {
+				return corruptRecord(l.opts.Dir, seq, err)
+			}
+			if err := fn(seq, payload); err != nil {
+				return err
+			}
 		}
 	}
 	return it.Error()
+}
+
+// lastOfChunkAt returns the last sequence of the chunk holding seq (0 when
+// no chunk starts at or before seq).
+func (l *Log) lastOfChunkAt(seq uint64) (first, last uint64, err error) {
+	it, err := l.db.NewIter(&pebble.IterOptions{LowerBound: recordKey(0), UpperBound: recordKeyAfter(seq)})
+	if err != nil {
+		return 0, 0, err
+	}
+	defer it.Close()
+	if !it.Last() {
+		return 0, 0, it.Error()
+	}
+	first, err = parseRecordKey(it.Key())
+	if err != nil {
+		return 0, 0, corruptKey(l.opts.Dir, "record key", err)
+	}
+	v, err := it.ValueAndErr()
+	if err != nil {
+		return 0, 0, err
+	}
+	c, err := openChunk(v)
+	if err != nil {
+		return 0, 0, corruptRecord(l.opts.Dir, first, err)
+	}
+	return first, first + c.count - 1, nil
 }
 
 // GetMeta returns a copy of the meta value name, and whether it exists.

@@ -30,6 +30,18 @@ func (l *Log) Settle(upto uint64, cps []Checkpoint) error {
 	if upto == settled && len(cps) == 0 {
 		return nil
 	}
+	// Records live in chunks: delete the chunks that end at or before upto;
+	// a chunk that straddles upto stays, and scans skip its settled part.
+	end := recordKeyAfter(upto)
+	if upto > settled {
+		first, last, err := l.lastOfChunkAt(upto)
+		if err != nil {
+			return fmt.Errorf("wal: settle to %d in %s: %w", upto, l.opts.Dir, err)
+		}
+		if last > upto {
+			end = recordKey(first)
+		}
+	}
 	err := l.write(func(b *pebble.Batch) error {
 		if err := putCheckpoints(b, cps); err != nil {
 			return err
@@ -40,7 +52,7 @@ func (l *Log) Settle(upto uint64, cps []Checkpoint) error {
 		if err := b.Set(prefixKey(prefixMeta, metaSettledSeq), encodeFrame(encodeU64(upto)), nil); err != nil {
 			return err
 		}
-		return b.DeleteRange(recordKey(0), recordKeyAfter(upto), nil)
+		return b.DeleteRange(recordKey(0), end, nil)
 	})
 	if err != nil {
 		return err
