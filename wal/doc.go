@@ -71,7 +71,7 @@
 // bits in hex, made when the dir is created), wal.settled_seq (8 bytes,
 // big-endian) and wal.format (the layout version, 2). PutMeta stores other
 // names, such as the last good config snapshot. Layout version 2 (chunks)
-replaced version 1 (a key per record); Open refuses a dir of another version.
+// replaced version 1 (a key per record); Open refuses a dir of another version.
 //
 // # Durability contract
 //
