@@ -79,6 +79,11 @@ func Open(opts Options) (*Log, error) {
 	if err != nil {
 		return nil, err
 	}
+	if opts.AnyNode {
+		if _, err := opts.FS.Stat(opts.FS.PathJoin(opts.Dir, "CURRENT")); err != nil {
+			return nil, fmt.Errorf("wal: %s is not a quotad data dir: %w", opts.Dir, err)
+		}
+	}
 	if err := opts.FS.MkdirAll(opts.Dir, 0o755); err != nil {
 		return nil, fmt.Errorf("wal: create dir %s: %w", opts.Dir, err)
 	}
@@ -167,7 +172,13 @@ func (l *Log) loadMeta() error {
 		return err
 	}
 	if !ok {
+		if l.opts.AnyNode {
+			return fmt.Errorf("wal: %s is not a quotad data dir (no node id in it)", l.opts.Dir)
+		}
 		return l.initMeta()
+	}
+	if l.opts.AnyNode {
+		l.opts.NodeID = string(node)
 	}
 	if string(node) != l.opts.NodeID {
 		return fmt.Errorf("%w: data dir %s belongs to node %q, not %q",

@@ -450,3 +450,23 @@ func (o Options) withDefaultsMust(t *testing.T) Options {
 	}
 	return o
 }
+
+func TestAnyNodeOpensAStoppedNodesDir(t *testing.T) {
+	dir := t.TempDir()
+	l, err := Open(Options{Dir: dir, NodeID: "node-7"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.Close()
+	r, err := Open(Options{Dir: dir, AnyNode: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if r.NodeID() != "node-7" {
+		t.Fatalf("NodeID %q, want the stored node-7", r.NodeID())
+	}
+	if _, err := Open(Options{Dir: t.TempDir() + "/missing", AnyNode: true}); err == nil {
+		t.Fatal("AnyNode opened a dir that is not a data dir")
+	}
+}

@@ -28,6 +28,11 @@ type Options struct {
 	// ErrNodeMismatch.
 	NodeID string
 
+	// AnyNode opens an existing dir whatever node it belongs to (NodeID then
+	// reports the stored one): for tools that read a stopped node's log, such
+	// as quotad reconcile. A dir that does not exist yet is refused.
+	AnyNode bool
+
 	// NoSync commits records with pebble.NoSync. FOR BENCHMARKS ONLY: Pebble
 	// then keeps records in an in-process buffer, and a kill -9 loses records
 	// whose WaitDurable already returned nil, which breaks G2. Settle,
@@ -69,7 +74,7 @@ func (o Options) withDefaults() (Options, error) {
 	if o.Dir == "" {
 		return o, errors.New("wal: Options.Dir is required")
 	}
-	if o.NodeID == "" {
+	if o.NodeID == "" && !o.AnyNode {
 		return o, errors.New("wal: Options.NodeID is required")
 	}
 	if o.MaxBatchBytes < 0 || o.MaxPendingBytes < 0 {
