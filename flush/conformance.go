@@ -1,0 +1,950 @@
+package flush
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/quotaring/quotaring/shard"
+	"github.com/quotaring/quotaring/snapshot"
+)
+
+// RunConformance runs the ledger conformance suite: every behaviour the
+// Ledger contract promises, each as a parallel subtest. open must return a
+// fresh, empty ledger (not migrated) for the subtest it is given;
+// RunConformance migrates it and closes it when the subtest ends.
+//
+// The subtests that corrupt rows on purpose (a schema from the future, a
+// malformed plan, a counter that disagrees with the log) need to run SQL
+// directly; they are skipped for a Ledger that is not one of this package's.
+func RunConformance(t *testing.T, open func(t *testing.T) Ledger) {
+	tests := []struct {
+		name string
+		fn   func(t *testing.T, l Ledger)
+	}{
+		{"Migrate", confMigrate},
+		{"AdminAndSnapshot", confAdminSnapshot},
+		{"SnapshotRejectsMalformedRow", confSnapshotMalformed},
+		{"SettleOnce", confSettleOnce},
+		{"SettleRejectsMalformedBatch", confSettleInvalid},
+		{"Duplicates", confDuplicates},
+		{"Refunds", confRefunds},
+		{"TombstoneThenCharge", confTombstone},
+		{"ConcurrentReservations", confConcurrentReservations},
+		{"GrantOrder", confGrantOrder},
+		{"EventsOff", confEventsOff},
+		{"UsageAndReconcile", confUsageReconcile},
+		{"NodesReservationsAlerts", confNodesAlerts},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			l := open(t)
+			t.Cleanup(func() {
+				if err := l.Close(); err != nil {
+					t.Errorf("close: %v", err)
+				}
+			})
+			if err := l.Migrate(t.Context()); err != nil {
+				t.Fatalf("migrate: %v", err)
+			}
+			tc.fn(t, l)
+		})
+	}
+}
+
+// testSQL is implemented by this package's ledgers for the suite's
+// corruption tests.
+type testSQL interface {
+	execTestSQL(ctx context.Context, query string) error
+}
+
+func mustExecSQL(t *testing.T, l Ledger, query string) {
+	t.Helper()
+	x, ok := l.(testSQL)
+	if !ok {
+		t.Skipf("%T cannot run SQL directly", l)
+	}
+	if err := x.execTestSQL(t.Context(), query); err != nil {
+		t.Fatalf("%s: %v", query, err)
+	}
+}
+
+// Fixtures: June 2026, UTC, whole seconds (Postgres keeps microseconds).
+const (
+	confPeriod = shard.Period(2026*12 + 5) // 2026-06
+	confJune   = "m:2026-06"               // its monthly grant
+)
+
+// confWallTime is when the suite's charges happen, mid-June 2026.
+func confWallTime() time.Time { return time.Date(2026, 6, 15, 12, 0, 0, 0, time.UTC) }
+
+const confRoute = "GET /v1/items"
+
+// confSetup makes plan "basic" (quota units a month, hard) and the accounts.
+func confSetup(t *testing.T, l Ledger, quota int64, accounts ...string) {
+	t.Helper()
+	ctx := t.Context()
+	if err := l.UpsertPlan(ctx, snapshot.Plan{ID: "basic", Rate: "10/s", Burst: 20, MonthlyQuota: quota, Hard: true}); err != nil {
+		t.Fatalf("upsert plan: %v", err)
+	}
+	for _, a := range accounts {
+		if err := l.UpsertAccount(ctx, a, "basic"); err != nil {
+			t.Fatalf("upsert account %s: %v", a, err)
+		}
+	}
+}
+
+// confNode registers a node and returns a settler for it that hands out
+// sequence numbers and ranges.
+func confNode(t *testing.T, l Ledger, node string) *confSettler {
+	t.Helper()
+	mark, err := l.RegisterNode(t.Context(), node, node+"-inc")
+	if err != nil {
+		t.Fatalf("register %s: %v", node, err)
+	}
+	return &confSettler{l: l, node: node, inc: node + "-inc", next: mark, events: true}
+}
+
+type confSettler struct {
+	l         Ledger
+	node, inc string
+	events    bool
+
+	mu   sync.Mutex // protects next; serializes settles, as one node does
+	next uint64
+}
+
+// rec is a record to settle: a charge or a refund.
+type rec struct {
+	refund   bool
+	account  string
+	event    string
+	units    int64
+	allocs   []shard.Alloc
+	reserved bool
+	wall     time.Time
+	route    string
+}
+
+func chargeOf(account, event string, units int64, grant string) rec {
+	return rec{account: account, event: event, units: units, allocs: []shard.Alloc{{Grant: grant, Units: units}}, wall: confWallTime(), route: confRoute}
+}
+
+func refundOf(account, event string, units int64, grant string) rec {
+	r := chargeOf(account, event, units, grant)
+	r.refund = true
+	return r
+}
+
+func (r rec) withReserved() rec { r.reserved = true; return r }
+
+// batch numbers recs from the settler's mark without moving it.
+func (s *confSettler) batchLocked(recs ...rec) *Batch {
+	b := &Batch{Node: s.node, Incarnation: s.inc, Prev: s.next, Next: s.next + uint64(len(recs)), Events: s.events}
+	for i, r := range recs {
+		seq := s.next + uint64(i) + 1
+		wall := r.wall.UnixNano()
+		if r.refund {
+			b.Refunds = append(b.Refunds, Refund{Seq: seq, Account: r.account, EventID: r.event, Key: "key-" + r.account, Route: r.route,
+				Units: r.units, Wall: wall + int64(time.Minute), ChargeWall: wall, Period: shard.PeriodOf(wall), Reserved: r.reserved, Allocs: r.allocs})
+			continue
+		}
+		b.Charges = append(b.Charges, Charge{Seq: seq, Account: r.account, EventID: r.event, ClientID: true, Key: "key-" + r.account,
+			Route: r.route, Units: r.units, Wall: wall, Period: shard.PeriodOf(wall), Reserved: r.reserved, Allocs: r.allocs})
+	}
+	return b
+}
+
+// settle settles recs as the node's next batch and checks it applied.
+func (s *confSettler) settle(t *testing.T, recs ...rec) SettleResult {
+	t.Helper()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	b := s.batchLocked(recs...)
+	res, err := s.l.Settle(t.Context(), b)
+	if err != nil {
+		t.Fatalf("settle %s (%d, %d]: %v", s.node, b.Prev, b.Next, err)
+	}
+	if !res.Applied {
+		t.Fatalf("settle %s (%d, %d]: Applied = false for a new batch", s.node, b.Prev, b.Next)
+	}
+	if res.RoundTrips <= 0 {
+		t.Errorf("settle %s: RoundTrips = %d, want > 0", s.node, res.RoundTrips)
+	}
+	s.next = b.Next
+	return res
+}
+
+func grantOf(t *testing.T, l Ledger, account, grant string) GrantRow {
+	t.Helper()
+	gs, err := l.Grants(t.Context(), account)
+	if err != nil {
+		t.Fatalf("grants of %s: %v", account, err)
+	}
+	for _, g := range gs {
+		if g.Grant == grant {
+			return g
+		}
+	}
+	t.Fatalf("account %s has no grant %s (has %+v)", account, grant, gs)
+	return GrantRow{}
+}
+
+func usageOf(t *testing.T, l Ledger, account string) AccountUsage {
+	t.Helper()
+	u, err := l.Usage(t.Context(), account, confPeriod)
+	if err != nil {
+		t.Fatalf("usage of %s: %v", account, err)
+	}
+	return u
+}
+
+func eventsOf(t *testing.T, l Ledger, account string) []EventRow {
+	t.Helper()
+	es, err := l.Events(t.Context(), account)
+	if err != nil {
+		t.Fatalf("events of %s: %v", account, err)
+	}
+	return es
+}
+
+func reservationOf(t *testing.T, l Ledger, node, account, grant string) int64 {
+	t.Helper()
+	rs, err := l.Reservations(t.Context())
+	if err != nil {
+		t.Fatalf("reservations: %v", err)
+	}
+	for _, r := range rs {
+		if r.Node == node && r.Account == account && r.Grant == grant {
+			return r.Units
+		}
+	}
+	return 0
+}
+
+// wantGrant checks a grant's used and reserved units.
+func wantGrant(t *testing.T, l Ledger, account, grant string, used, reserved int64) {
+	t.Helper()
+	g := grantOf(t, l, account, grant)
+	if g.Used != used || g.Reserved != reserved {
+		t.Errorf("grant %s/%s: used %d reserved %d, want used %d reserved %d", account, grant, g.Used, g.Reserved, used, reserved)
+	}
+}
+
+func wantUsage(t *testing.T, l Ledger, account string, units int64) {
+	t.Helper()
+	if u := usageOf(t, l, account); u.Units != units {
+		t.Errorf("usage of %s in %s: %d units (%v), want %d", account, confPeriod, u.Units, u.ByRoute, units)
+	}
+}
+
+// wantReconciled checks that every counter equals the event log.
+func wantReconciled(t *testing.T, l Ledger) {
+	t.Helper()
+	rows, err := l.Reconcile(t.Context())
+	if err != nil {
+		t.Fatalf("reconcile: %v", err)
+	}
+	for _, r := range rows {
+		if r.Diff {
+			t.Errorf("reconcile: %+v differs", r)
+		}
+	}
+}
+
+func wantErrIs(t *testing.T, what string, err, target error) {
+	t.Helper()
+	if !errors.Is(err, target) {
+		t.Errorf("%s: error %v, want one that wraps %q", what, err, target)
+	}
+}
+
+// --- the subtests -----------------------------------------------------------
+
+func confMigrate(t *testing.T, l Ledger) {
+	ctx := t.Context()
+	v, err := l.SchemaVersion(ctx)
+	if err != nil || v < 1 {
+		t.Fatalf("SchemaVersion after Migrate = %d, %v; want >= 1", v, err)
+	}
+	if err := l.Migrate(ctx); err != nil {
+		t.Fatalf("second Migrate: %v", err)
+	}
+	if v2, err := l.SchemaVersion(ctx); err != nil || v2 != v {
+		t.Fatalf("SchemaVersion after a second Migrate = %d, %v; want %d", v2, err, v)
+	}
+	mustExecSQL(t, l, `INSERT INTO schema_migrations (version, applied_at) VALUES (9999, CURRENT_TIMESTAMP)`)
+	err = l.Migrate(ctx)
+	wantErrIs(t, "Migrate on a ledger from the future", err, ErrSchemaTooNew)
+	want := fmt.Sprintf("the ledger is at schema 9999, this quotad knows up to %d: run a newer quotad (never point an older one at it)", v)
+	if err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("Migrate error %q does not say %q", err, want)
+	}
+}
+
+func confAdminSnapshot(t *testing.T, l Ledger) {
+	ctx := t.Context()
+	for _, p := range []snapshot.Plan{
+		{ID: "free", Rate: "5/s", Burst: 10, MonthlyQuota: 100, Hard: true},
+		{ID: "pro", Rate: "600/m", MonthlyQuota: 10_000, Hard: false},
+	} {
+		if err := l.UpsertPlan(ctx, p); err != nil {
+			t.Fatalf("upsert plan %s: %v", p.ID, err)
+		}
+	}
+	wantErrIs(t, "UpsertPlan with rate \"ten per second\"", l.UpsertPlan(ctx, snapshot.Plan{ID: "bad", Rate: "ten per second"}), ErrInvalid)
+	wantErrIs(t, "UpsertPlan with a negative quota", l.UpsertPlan(ctx, snapshot.Plan{ID: "bad", MonthlyQuota: -1}), ErrInvalid)
+
+	for a, p := range map[string]string{"acct-1": "free", "acct-2": "pro"} {
+		if err := l.UpsertAccount(ctx, a, p); err != nil {
+			t.Fatalf("upsert account %s: %v", a, err)
+		}
+	}
+	wantErrIs(t, "UpsertAccount on a missing plan", l.UpsertAccount(ctx, "acct-3", "gold"), ErrNotFound)
+
+	keys := []snapshot.Key{
+		{ID: "key-1", Hash: snapshot.HashKey("qr_live_one"), Account: "acct-1"},
+		{ID: "key-2", Hash: snapshot.HashKey("qr_live_two"), Account: "acct-2"},
+	}
+	for _, k := range keys {
+		if err := l.AddKey(ctx, k); err != nil {
+			t.Fatalf("add key %s: %v", k.ID, err)
+		}
+	}
+	wantErrIs(t, "AddKey with a plaintext for a hash", l.AddKey(ctx, snapshot.Key{ID: "key-3", Hash: "qr_live_three", Account: "acct-1"}), ErrInvalid)
+	wantErrIs(t, "AddKey twice", l.AddKey(ctx, keys[0]), ErrInvalid)
+	wantErrIs(t, "AddKey to a missing account", l.AddKey(ctx, snapshot.Key{ID: "key-4", Hash: snapshot.HashKey("x"), Account: "nobody"}), ErrNotFound)
+	if err := l.RevokeKey(ctx, "key-2"); err != nil {
+		t.Fatalf("revoke key-2: %v", err)
+	}
+	if err := l.RevokeKey(ctx, "key-2"); err != nil {
+		t.Errorf("revoking a revoked key: %v, want nil", err)
+	}
+	wantErrIs(t, "RevokeKey of a missing key", l.RevokeKey(ctx, "key-9"), ErrNotFound)
+
+	credit := snapshot.Grant{ID: "credits-1", Units: 500, StartsAt: confWallTime().AddDate(0, -1, 0), ExpiresAt: confWallTime().AddDate(1, 0, 0)}
+	forever := snapshot.Grant{ID: "credits-2", Units: 50, StartsAt: confWallTime().AddDate(0, -1, 0)}
+	for _, g := range []snapshot.Grant{credit, forever} {
+		if err := l.AddGrant(ctx, "acct-1", g); err != nil {
+			t.Fatalf("add grant %s: %v", g.ID, err)
+		}
+	}
+	wantErrIs(t, "AddGrant with a monthly id", l.AddGrant(ctx, "acct-1", snapshot.Grant{ID: confJune, Units: 1, StartsAt: confWallTime()}), ErrInvalid)
+	wantErrIs(t, "AddGrant expiring before it starts", l.AddGrant(ctx, "acct-1", snapshot.Grant{ID: "c", Units: 1, StartsAt: confWallTime(), ExpiresAt: confWallTime().Add(-time.Hour)}), ErrInvalid)
+	wantErrIs(t, "AddGrant twice", l.AddGrant(ctx, "acct-1", credit), ErrInvalid)
+	wantErrIs(t, "AddGrant to a missing account", l.AddGrant(ctx, "nobody", snapshot.Grant{ID: "c", Units: 1, StartsAt: confWallTime()}), ErrNotFound)
+
+	v1, err := l.SetRoutes(ctx, 1, map[string]int64{"POST /v1/exports": 10})
+	if err != nil {
+		t.Fatalf("set routes: %v", err)
+	}
+	v2, err := l.SetRoutes(ctx, 2, map[string]int64{"GET /v1/items/{id}": 3, "GET /v1/health": 0})
+	if err != nil || v2 <= v1 {
+		t.Fatalf("set routes again: version %d, %v; want above %d", v2, err, v1)
+	}
+	_, err = l.SetRoutes(ctx, 1, map[string]int64{"GET /v1/items": -1})
+	wantErrIs(t, "SetRoutes with a negative weight", err, ErrInvalid)
+
+	n := confNode(t, l, "node-a")
+	n.settle(t, chargeOf("acct-1", "e1", 7, confJune), chargeOf("acct-1", "e2", 4, "credits-1"))
+
+	before, err := l.Snapshot(ctx, confWallTime())
+	if err != nil {
+		t.Fatalf("snapshot: %v", err)
+	}
+	if got := planIDs(before.Plans); !slices.Equal(got, []string{"free", "pro"}) {
+		t.Errorf("snapshot plans %v, want [free pro]", got)
+	}
+	if p := before.Plans[0]; p != (snapshot.Plan{ID: "free", Rate: "5/s", Burst: 10, MonthlyQuota: 100, Hard: true}) {
+		t.Errorf("snapshot plan free = %+v", p)
+	}
+	if len(before.Accounts) != 2 {
+		t.Fatalf("snapshot accounts %+v, want acct-1 and acct-2", before.Accounts)
+	}
+	a1 := before.Accounts[0]
+	wantCredits := []snapshot.Grant{
+		{ID: "credits-1", Units: 500, StartsAt: credit.StartsAt, ExpiresAt: credit.ExpiresAt, Used: 4},
+		{ID: "credits-2", Units: 50, StartsAt: forever.StartsAt},
+	}
+	if a1.ID != "acct-1" || a1.Plan != "free" || !slices.EqualFunc(a1.Credits, wantCredits, grantsEqual) {
+		t.Errorf("snapshot account %+v, want acct-1 on free with credits %+v", a1, wantCredits)
+	}
+	if a1.MonthlyUsed[confJune] != 7 {
+		t.Errorf("snapshot MonthlyUsed of acct-1 = %v, want %s: 7", a1.MonthlyUsed, confJune)
+	}
+	if k, ok := before.Key(snapshot.HashKey("qr_live_one")); !ok || k.ID != "key-1" || k.Account != "acct-1" {
+		t.Errorf("snapshot key for qr_live_one = %+v, %v", k, ok)
+	}
+	if _, ok := before.Key(snapshot.HashKey("qr_live_two")); ok || len(before.Keys) != 1 {
+		t.Errorf("snapshot has the revoked key-2 (keys %+v)", before.Keys)
+	}
+	if r := before.Routes; r.Version != v2 || r.Default != 2 || len(r.Weights) != 2 || r.Weights["GET /v1/items/{id}"] != 3 {
+		t.Errorf("snapshot routes %+v, want version %d, default 2, the two weights of that version", r, v2)
+	}
+	if route, units := before.Routes.Match("GET", "/v1/items/42"); route != "GET /v1/items/{id}" || units != 3 {
+		t.Errorf("snapshot routes match GET /v1/items/42 = %s %d", route, units)
+	}
+
+	// A month later the June grant is the previous period's: still reported.
+	if s, err := l.Snapshot(ctx, confWallTime().AddDate(0, 1, 0)); err != nil || s.Accounts[0].MonthlyUsed[confJune] != 7 {
+		t.Errorf("snapshot in July: %v; MonthlyUsed %v, want %s: 7", err, s.Accounts[0].MonthlyUsed, confJune)
+	}
+	if s, err := l.Snapshot(ctx, confWallTime().AddDate(0, 2, 0)); err != nil || len(s.Accounts[0].MonthlyUsed) != 0 {
+		t.Errorf("snapshot in August: %v; MonthlyUsed %v, want none", err, s.Accounts[0].MonthlyUsed)
+	}
+
+	if err := l.UpsertPlan(ctx, snapshot.Plan{ID: "free", Rate: "5/s", Burst: 10, MonthlyQuota: 200, Hard: true}); err != nil {
+		t.Fatal(err)
+	}
+	after, err := l.Snapshot(ctx, confWallTime())
+	if err != nil || after.Version <= before.Version {
+		t.Fatalf("snapshot after an admin change: version %v (%v), want above %d", after, err, before.Version)
+	}
+}
+
+func planIDs(ps []snapshot.Plan) []string {
+	ids := make([]string, len(ps))
+	for i, p := range ps {
+		ids[i] = p.ID
+	}
+	return ids
+}
+
+func grantsEqual(a, b snapshot.Grant) bool {
+	return a.ID == b.ID && a.Units == b.Units && a.Used == b.Used && a.StartsAt.Equal(b.StartsAt) && a.ExpiresAt.Equal(b.ExpiresAt)
+}
+
+func confSnapshotMalformed(t *testing.T, l Ledger) {
+	ctx := t.Context()
+	confSetup(t, l, 100, "acct-1")
+	mustExecSQL(t, l, `INSERT INTO plans (plan_id, rate, burst, monthly_quota, hard) VALUES ('broken', 'ten per second', 0, 0, false)`)
+	_, err := l.Snapshot(ctx, confWallTime())
+	wantErrIs(t, "snapshot with a malformed plan row", err, ErrInvalid)
+	if err == nil || !strings.Contains(err.Error(), `plan "broken"`) || !strings.Contains(err.Error(), "ten per second") {
+		t.Errorf("snapshot error %q should name the plan row and its bad rate", err)
+	}
+	// Nothing was lost: fixing the row gives the whole config back.
+	mustExecSQL(t, l, `UPDATE plans SET rate = '10/s' WHERE plan_id = 'broken'`)
+	s, err := l.Snapshot(ctx, confWallTime())
+	if err != nil || len(s.Plans) != 2 || !s.HasAccount("acct-1") {
+		t.Errorf("snapshot after the fix: %v, %v", s, err)
+	}
+}
+
+func confSettleOnce(t *testing.T, l Ledger) {
+	ctx := t.Context()
+	confSetup(t, l, 100, "acct-1")
+	n := confNode(t, l, "node-a")
+	n.mu.Lock()
+	b := n.batchLocked(chargeOf("acct-1", "e1", 3, confJune), chargeOf("acct-1", "e2", 4, confJune))
+	n.mu.Unlock()
+	res, err := l.Settle(ctx, b)
+	if err != nil || !res.Applied {
+		t.Fatalf("first settle: %+v, %v", res, err)
+	}
+	res, err = l.Settle(ctx, b)
+	if err != nil || res.Applied || len(res.Duplicates) != 0 {
+		t.Fatalf("the same batch again: %+v, %v; want Applied false and nothing else", res, err)
+	}
+	wantGrant(t, l, "acct-1", confJune, 7, 0)
+	wantUsage(t, l, "acct-1", 7)
+	if es := eventsOf(t, l, "acct-1"); len(es) != 2 {
+		t.Errorf("events: %+v, want 2", es)
+	}
+	if mark, err := l.RegisterNode(ctx, "node-a", "node-a-inc"); err != nil || mark != 2 {
+		t.Errorf("RegisterNode after the settle: mark %d, %v; want 2", mark, err)
+	}
+	// An earlier batch (a retry whose first try committed) is a no-op too.
+	early := *b
+	early.Prev, early.Next, early.Charges = 0, 1, b.Charges[:1]
+	if res, err := l.Settle(ctx, &early); err != nil || res.Applied {
+		t.Errorf("a batch below the mark: %+v, %v; want Applied false", res, err)
+	}
+	// A batch that does not start at the mark: another process settles as
+	// this node.
+	gap := *b
+	gap.Prev, gap.Next = 5, 7
+	gap.Charges = []Charge{b.Charges[0]}
+	gap.Charges[0].Seq = 6
+	_, err = l.Settle(ctx, &gap)
+	wantErrIs(t, "a batch (5, 7] on mark 2", err, ErrMarkConflict)
+	if err != nil && !strings.Contains(err.Error(), "node-a") {
+		t.Errorf("mark conflict error %q should name the node", err)
+	}
+	wantGrant(t, l, "acct-1", confJune, 7, 0)
+
+	// A new incarnation of the same node id starts at 0.
+	if mark, err := l.RegisterNode(ctx, "node-a", "node-a-inc2"); err != nil || mark != 0 {
+		t.Errorf("RegisterNode of a new incarnation: %d, %v; want 0", mark, err)
+	}
+	unreg := *b
+	unreg.Node = "node-z"
+	if _, err := l.Settle(ctx, &unreg); err == nil {
+		t.Errorf("settle of an unregistered node succeeded")
+	}
+}
+
+func confSettleInvalid(t *testing.T, l Ledger) {
+	ctx := t.Context()
+	confSetup(t, l, 100, "acct-1")
+	n := confNode(t, l, "node-a")
+	n.mu.Lock()
+	b := n.batchLocked(chargeOf("acct-1", "e1", 3, confJune), chargeOf("acct-1", "e2", 4, confJune))
+	n.mu.Unlock()
+	bad := *b
+	bad.Charges = slices.Clone(b.Charges)
+	bad.Charges[1].Seq = bad.Charges[0].Seq
+	_, err := l.Settle(ctx, &bad)
+	wantErrIs(t, "a batch with a seq twice", err, ErrInvalid)
+	bad.Charges[1].Seq = 99
+	_, err = l.Settle(ctx, &bad)
+	wantErrIs(t, "a batch with a seq out of its range", err, ErrInvalid)
+	missing := *b
+	missing.Charges = []Charge{b.Charges[0]}
+	missing.Charges[0].Allocs = []shard.Alloc{{Grant: "credits-none", Units: 3}}
+	_, err = l.Settle(ctx, &missing)
+	wantErrIs(t, "a charge to a grant the ledger does not have", err, ErrNotFound)
+	if res, err := l.Settle(ctx, b); err != nil || !res.Applied {
+		t.Errorf("the good batch after the bad ones: %+v, %v", res, err)
+	}
+	wantGrant(t, l, "acct-1", confJune, 7, 0)
+}
+
+func confDuplicates(t *testing.T, l Ledger) {
+	ctx := t.Context()
+	confSetup(t, l, 100, "acct-1")
+	a, b := confNode(t, l, "node-a"), confNode(t, l, "node-b")
+	for _, n := range []*confSettler{a, b} {
+		res, err := l.Reserve(ctx, n.node, ReserveRequest{Account: "acct-1", Wall: confWallTime(), Need: 10})
+		if err != nil || len(res.Granted) != 1 || res.Granted[0] != (shard.Alloc{Grant: confJune, Units: 10}) {
+			t.Fatalf("reserve for %s: %+v, %v", n.node, res, err)
+		}
+	}
+	wantGrant(t, l, "acct-1", confJune, 0, 20)
+
+	// The client retried e1 after a failover: both nodes charged it.
+	a.settle(t, chargeOf("acct-1", "e1", 4, confJune).withReserved())
+	res := b.settle(t, chargeOf("acct-1", "e1", 4, confJune).withReserved(), chargeOf("acct-1", "e2", 1, confJune).withReserved())
+	if len(res.Duplicates) != 1 || res.Duplicates[0].EventID != "e1" || res.Duplicates[0].Units != 4 || !res.Duplicates[0].Reserved {
+		t.Fatalf("node-b's duplicates: %+v, want e1 (4 units, reserved)", res.Duplicates)
+	}
+	// Billed once; both nodes' reservations paid for their charges.
+	wantGrant(t, l, "acct-1", confJune, 5, 11)
+	if got := reservationOf(t, l, "node-a", "acct-1", confJune); got != 6 {
+		t.Errorf("node-a's reservation %d, want 6", got)
+	}
+	if got := reservationOf(t, l, "node-b", "acct-1", confJune); got != 5 {
+		t.Errorf("node-b's reservation %d, want 5 (10 - 4 duplicate - 1)", got)
+	}
+	wantUsage(t, l, "acct-1", 5)
+	es := eventsOf(t, l, "acct-1")
+	if len(es) != 2 || es[0].EventID != "e1" || es[0].Node != "node-a" {
+		t.Errorf("events %+v, want e1 from node-a and e2", es)
+	}
+
+	// The same event twice in one batch: the second is the duplicate.
+	res = a.settle(t, chargeOf("acct-1", "e3", 2, confJune), chargeOf("acct-1", "e3", 2, confJune))
+	if len(res.Duplicates) != 1 || res.Duplicates[0].EventID != "e3" {
+		t.Errorf("duplicates within a batch: %+v, want e3 once", res.Duplicates)
+	}
+	wantGrant(t, l, "acct-1", confJune, 7, 11)
+	wantReconciled(t, l)
+}
+
+func confRefunds(t *testing.T, l Ledger) {
+	ctx := t.Context()
+	confSetup(t, l, 100, "acct-1")
+	n := confNode(t, l, "node-a")
+	if _, err := l.Reserve(ctx, "node-a", ReserveRequest{Account: "acct-1", Wall: confWallTime(), Need: 20}); err != nil {
+		t.Fatal(err)
+	}
+	n.settle(t, chargeOf("acct-1", "e1", 5, confJune).withReserved(), chargeOf("acct-1", "e2", 3, confJune).withReserved())
+	wantGrant(t, l, "acct-1", confJune, 8, 12)
+
+	// The upstream failed: e1 is refunded to the node's reservation.
+	res := n.settle(t, refundOf("acct-1", "e1", 5, confJune).withReserved())
+	if len(res.DuplicateRefunds) != 0 {
+		t.Errorf("first refund reported as duplicate: %+v", res.DuplicateRefunds)
+	}
+	wantGrant(t, l, "acct-1", confJune, 3, 17)
+	wantUsage(t, l, "acct-1", 3)
+
+	// Refunded again (a retry at another owner): nothing changes, and the
+	// node hears about it to take the units back out of its allowance.
+	res = n.settle(t, refundOf("acct-1", "e1", 5, confJune).withReserved())
+	if len(res.DuplicateRefunds) != 1 || res.DuplicateRefunds[0].EventID != "e1" || !res.DuplicateRefunds[0].Reserved {
+		t.Errorf("second refund of e1: duplicate refunds %+v, want e1", res.DuplicateRefunds)
+	}
+	wantGrant(t, l, "acct-1", confJune, 3, 17)
+	wantUsage(t, l, "acct-1", 3)
+
+	// Charge and refund in one batch; and two refunds of it in one batch.
+	res = n.settle(t, chargeOf("acct-1", "e3", 2, confJune), refundOf("acct-1", "e3", 2, confJune), refundOf("acct-1", "e3", 2, confJune))
+	if len(res.DuplicateRefunds) != 1 {
+		t.Errorf("two refunds of e3 in one batch: duplicate refunds %+v, want one", res.DuplicateRefunds)
+	}
+	wantGrant(t, l, "acct-1", confJune, 3, 17)
+	wantUsage(t, l, "acct-1", 3)
+	for _, e := range eventsOf(t, l, "acct-1") {
+		if want := e.EventID != "e2"; e.Refunded != want || e.Tombstone {
+			t.Errorf("event %s: refunded %v tombstone %v, want refunded %v", e.EventID, e.Refunded, e.Tombstone, want)
+		}
+	}
+	wantReconciled(t, l)
+}
+
+func confTombstone(t *testing.T, l Ledger) {
+	ctx := t.Context()
+	confSetup(t, l, 100, "acct-1")
+	a, b := confNode(t, l, "node-a"), confNode(t, l, "node-b")
+	for _, node := range []string{"node-a", "node-b"} {
+		if _, err := l.Reserve(ctx, node, ReserveRequest{Account: "acct-1", Wall: confWallTime(), Need: 10}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// node-a charged e1 but has not settled it; node-b, the new owner,
+	// refunds it first.
+	res := b.settle(t, refundOf("acct-1", "e1", 4, confJune).withReserved())
+	if len(res.DuplicateRefunds) != 0 {
+		t.Errorf("refund before its charge reported as duplicate: %+v", res.DuplicateRefunds)
+	}
+	es := eventsOf(t, l, "acct-1")
+	if len(es) != 1 || !es[0].Tombstone || !es[0].Refunded {
+		t.Fatalf("events after an early refund: %+v, want one refunded tombstone", es)
+	}
+	wantGrant(t, l, "acct-1", confJune, 0, 24) // node-b got its 4 units back into its allowance
+	wantUsage(t, l, "acct-1", 0)
+
+	// The charge arrives: a duplicate, billed zero.
+	res = a.settle(t, chargeOf("acct-1", "e1", 4, confJune).withReserved())
+	if len(res.Duplicates) != 1 || res.Duplicates[0].EventID != "e1" {
+		t.Errorf("the charge after its tombstone: duplicates %+v, want e1", res.Duplicates)
+	}
+	wantGrant(t, l, "acct-1", confJune, 0, 20)
+	wantUsage(t, l, "acct-1", 0)
+	if got := reservationOf(t, l, "node-a", "acct-1", confJune); got != 6 {
+		t.Errorf("node-a's reservation %d, want 6", got)
+	}
+	// A second refund of it is a duplicate.
+	res = b.settle(t, refundOf("acct-1", "e1", 4, confJune))
+	if len(res.DuplicateRefunds) != 1 {
+		t.Errorf("refund after the tombstone: duplicate refunds %+v, want e1", res.DuplicateRefunds)
+	}
+	wantGrant(t, l, "acct-1", confJune, 0, 20)
+	wantReconciled(t, l)
+}
+
+// confConcurrentReservations: 2 nodes and 200 goroutines reserve 1..5
+// units at a time from one grant of 1,000 and settle what they reserved.
+func confConcurrentReservations(t *testing.T, l Ledger) {
+	ctx := t.Context()
+	confSetup(t, l, 0, "acct-1")
+	const units = 1000
+	if err := l.AddGrant(ctx, "acct-1", snapshot.Grant{ID: "pool", Units: units, StartsAt: confWallTime().AddDate(0, -1, 0)}); err != nil {
+		t.Fatal(err)
+	}
+	nodes := []*confSettler{confNode(t, l, "node-a"), confNode(t, l, "node-b")}
+	var settled, released, events atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, 200)
+	for g := range 200 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs <- reserveAndSettle(ctx, l, nodes[g%2], g, &settled, &released, &events)
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Error(err)
+		}
+	}
+	g := grantOf(t, l, "acct-1", "pool")
+	if g.Used != settled.Load() || g.Reserved != 0 || g.Used > units {
+		t.Errorf("after all: used %d reserved %d; want used = settled = %d, reserved 0, used <= %d", g.Used, g.Reserved, settled.Load(), units)
+	}
+	for _, n := range nodes {
+		if rs, err := l.ReleaseNode(ctx, n.node); err != nil || len(rs) != 0 {
+			t.Errorf("ReleaseNode %s after everything was settled or released: %+v, %v", n.node, rs, err)
+		}
+	}
+	if es := eventsOf(t, l, "acct-1"); int64(len(es)) != events.Load() {
+		t.Errorf("%d events, want %d", len(es), events.Load())
+	}
+	wantReconciled(t, l)
+}
+
+func reserveAndSettle(ctx context.Context, l Ledger, n *confSettler, g int, settled, released, events *atomic.Int64) error {
+	rng := rand.New(rand.NewPCG(uint64(g), 42))
+	for i := 0; ; i++ {
+		res, err := l.Reserve(ctx, n.node, ReserveRequest{Account: "acct-1", Wall: confWallTime(), Need: 1 + rng.Int64N(5)})
+		if err != nil {
+			return fmt.Errorf("goroutine %d: reserve: %w", g, err)
+		}
+		var got int64
+		for _, a := range res.Granted {
+			if a.Grant != "pool" {
+				return fmt.Errorf("goroutine %d: granted %+v from a grant with no units", g, a)
+			}
+			got += a.Units
+		}
+		if got == 0 {
+			return nil
+		}
+		if err := checkGrantInvariant(ctx, l); err != nil {
+			return fmt.Errorf("goroutine %d after reserve: %w", g, err)
+		}
+		charge := got
+		if got > 1 && rng.IntN(4) == 0 { // sometimes give one unit back instead of spending it
+			charge--
+			if err := l.Release(ctx, n.node, "acct-1", []shard.Alloc{{Grant: "pool", Units: 1}}); err != nil {
+				return fmt.Errorf("goroutine %d: release: %w", g, err)
+			}
+			released.Add(1)
+		}
+		if err := n.settleErr(ctx, chargeOf("acct-1", fmt.Sprintf("g%d-%d", g, i), charge, "pool").withReserved()); err != nil {
+			return fmt.Errorf("goroutine %d: %w", g, err)
+		}
+		settled.Add(charge)
+		events.Add(1)
+		if err := checkGrantInvariant(ctx, l); err != nil {
+			return fmt.Errorf("goroutine %d after settle: %w", g, err)
+		}
+	}
+}
+
+// settleErr is settle for goroutines: it returns errors instead of failing.
+func (s *confSettler) settleErr(ctx context.Context, recs ...rec) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	b := s.batchLocked(recs...)
+	res, err := s.l.Settle(ctx, b)
+	if err != nil {
+		return fmt.Errorf("settle %s (%d, %d]: %w", s.node, b.Prev, b.Next, err)
+	}
+	if !res.Applied || len(res.Duplicates) > 0 {
+		return fmt.Errorf("settle %s (%d, %d]: %+v, want applied without duplicates", s.node, b.Prev, b.Next, res)
+	}
+	s.next = b.Next
+	return nil
+}
+
+func checkGrantInvariant(ctx context.Context, l Ledger) error {
+	gs, err := l.Grants(ctx, "acct-1")
+	if err != nil {
+		return err
+	}
+	for _, g := range gs {
+		if g.Used+g.Reserved > g.Units {
+			return fmt.Errorf("grant %s: used %d + reserved %d > units %d", g.Grant, g.Used, g.Reserved, g.Units)
+		}
+	}
+	return nil
+}
+
+func confGrantOrder(t *testing.T, l Ledger) {
+	ctx := t.Context()
+	confSetup(t, l, 10, "acct-1")
+	month := time.Date(2026, 6, 1, 0, 0, 0, 0, time.UTC)
+	for _, g := range []snapshot.Grant{
+		{ID: "soon", Units: 5, StartsAt: month, ExpiresAt: time.Date(2026, 6, 20, 0, 0, 0, 0, time.UTC)},
+		{ID: "forever", Units: 100, StartsAt: month},
+		{ID: "expired", Units: 50, StartsAt: month.AddDate(0, -1, 0), ExpiresAt: time.Date(2026, 6, 10, 0, 0, 0, 0, time.UTC)},
+		{ID: "later", Units: 50, StartsAt: time.Date(2026, 6, 16, 0, 0, 0, 0, time.UTC)},
+	} {
+		if err := l.AddGrant(ctx, "acct-1", g); err != nil {
+			t.Fatal(err)
+		}
+	}
+	reserve := func(wall time.Time, need int64) ReserveResult {
+		t.Helper()
+		res, err := l.Reserve(ctx, "node-a", ReserveRequest{Account: "acct-1", Wall: wall, Need: need})
+		if err != nil {
+			t.Fatalf("reserve %d: %v", need, err)
+		}
+		return res
+	}
+	wantRes := func(what string, got ReserveResult, granted []shard.Alloc, exhausted []string) {
+		t.Helper()
+		if !slices.Equal(got.Granted, granted) || !slices.Equal(got.Exhausted, exhausted) {
+			t.Errorf("%s: granted %v exhausted %v; want granted %v exhausted %v", what, got.Granted, got.Exhausted, granted, exhausted)
+		}
+	}
+	// Soonest expiry first: soon (June 20), the monthly grant (July 1), then
+	// the grant that never expires. expired and later are not active.
+	wantRes("reserve 12", reserve(confWallTime(), 12), []shard.Alloc{{Grant: "soon", Units: 5}, {Grant: confJune, Units: 7}}, []string{"soon"})
+	wantRes("reserve 20", reserve(confWallTime(), 20), []shard.Alloc{{Grant: confJune, Units: 3}, {Grant: "forever", Units: 17}}, []string{"soon", confJune})
+	wantRes("reserve 1 after soon expired", reserve(time.Date(2026, 6, 25, 0, 0, 0, 0, time.UTC), 1),
+		[]shard.Alloc{{Grant: "forever", Units: 1}}, []string{confJune})
+	wantRes("reserve 1000", reserve(confWallTime(), 1000), []shard.Alloc{{Grant: "forever", Units: 82}}, []string{"soon", confJune, "forever"})
+	wantRes("reserve when all is taken", reserve(confWallTime(), 1), nil, []string{"soon", confJune, "forever"})
+	wantGrant(t, l, "acct-1", "expired", 0, 0)
+	wantGrant(t, l, "acct-1", "later", 0, 0)
+	wantGrant(t, l, "acct-1", "forever", 0, 100)
+	if g := grantOf(t, l, "acct-1", confJune); !g.Monthly || g.Period != "2026-06" || g.Units != 10 ||
+		!g.StartsAt.Equal(time.Date(2026, 6, 1, 0, 0, 0, 0, time.UTC)) || !g.ExpiresAt.Equal(time.Date(2026, 7, 1, 0, 0, 0, 0, time.UTC)) {
+		t.Errorf("monthly grant %+v, want 10 units over June 2026", g)
+	}
+
+	if err := l.Release(ctx, "node-a", "acct-1", []shard.Alloc{{Grant: "forever", Units: 30}, {Grant: "soon", Units: 1000}}); err != nil {
+		t.Fatal(err)
+	}
+	wantGrant(t, l, "acct-1", "forever", 0, 70)
+	wantGrant(t, l, "acct-1", "soon", 0, 0) // never below zero
+	wantRes("reserve 8 after a release", reserve(confWallTime(), 8), []shard.Alloc{{Grant: "soon", Units: 5}, {Grant: "forever", Units: 3}}, []string{"soon", confJune})
+
+	_, err := l.Reserve(ctx, "node-a", ReserveRequest{Account: "nobody", Wall: confWallTime(), Need: 1})
+	wantErrIs(t, "reserve for a missing account", err, ErrNotFound)
+}
+
+func confEventsOff(t *testing.T, l Ledger) {
+	confSetup(t, l, 100, "acct-1")
+	n := confNode(t, l, "node-a")
+	n.events = false
+	if _, err := l.Reserve(t.Context(), "node-a", ReserveRequest{Account: "acct-1", Wall: confWallTime(), Need: 10}); err != nil {
+		t.Fatal(err)
+	}
+	res := n.settle(t, chargeOf("acct-1", "e1", 3, confJune).withReserved(), chargeOf("acct-1", "e2", 4, confJune).withReserved(),
+		refundOf("acct-1", "e1", 3, confJune).withReserved())
+	if len(res.Duplicates)+len(res.DuplicateRefunds) != 0 {
+		t.Errorf("events off: %+v, want no duplicates", res)
+	}
+	wantGrant(t, l, "acct-1", confJune, 4, 6)
+	wantUsage(t, l, "acct-1", 4)
+	// No dedup without the log: the same id again is billed again.
+	n.settle(t, chargeOf("acct-1", "e2", 4, confJune))
+	wantGrant(t, l, "acct-1", confJune, 8, 6)
+	if es := eventsOf(t, l, "acct-1"); len(es) != 0 {
+		t.Errorf("events off wrote %d event rows", len(es))
+	}
+}
+
+func confUsageReconcile(t *testing.T, l Ledger) {
+	ctx := t.Context()
+	confSetup(t, l, 100, "acct-1", "acct-2")
+	n := confNode(t, l, "node-a")
+	export := chargeOf("acct-1", "e3", 10, confJune)
+	export.route = "POST /v1/exports"
+	nextDay := chargeOf("acct-1", "e4", 2, confJune)
+	nextDay.wall = confWallTime().Add(24 * time.Hour)
+	n.settle(t, chargeOf("acct-1", "e1", 1, confJune), chargeOf("acct-1", "e2", 1, confJune), export, nextDay,
+		chargeOf("acct-2", "e1", 5, confJune))
+	refund := refundOf("acct-1", "e3", 10, confJune)
+	refund.route = "POST /v1/exports"
+	n.settle(t, refund)
+	july := chargeOf("acct-1", "e5", 6, "m:2026-07")
+	july.wall = confWallTime().AddDate(0, 1, 0)
+	n.settle(t, july)
+
+	u := usageOf(t, l, "acct-1")
+	if u.Units != 4 || u.ByRoute[confRoute] != 4 || u.ByRoute["POST /v1/exports"] != 0 || u.Period != confPeriod {
+		t.Errorf("usage of acct-1 in June: %+v, want 4 units, all on %s", u, confRoute)
+	}
+	if u, err := l.Usage(ctx, "acct-1", confPeriod+1); err != nil || u.Units != 6 {
+		t.Errorf("usage of acct-1 in July: %+v, %v; want 6", u, err)
+	}
+	if _, err := l.Usage(ctx, "nobody", confPeriod); !errors.Is(err, ErrNotFound) {
+		t.Errorf("usage of a missing account: %v, want ErrNotFound", err)
+	}
+	rows, err := l.Reconcile(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]int64{"acct-1 grant m:2026-06": 4, "acct-1 grant m:2026-07": 6, "acct-2 grant m:2026-06": 5,
+		"acct-1 usage 2026-06": 4, "acct-1 usage 2026-07": 6, "acct-2 usage 2026-06": 5}
+	for _, r := range rows {
+		k := r.Account + " " + r.Kind + " " + r.Scope
+		if w, ok := want[k]; !ok || r.Counter != w || r.Events != w || r.Diff {
+			t.Errorf("reconcile row %+v, want counter = events = %d", r, w)
+		}
+		delete(want, k)
+	}
+	if len(want) > 0 {
+		t.Errorf("reconcile is missing rows for %v", want)
+	}
+
+	mustExecSQL(t, l, `UPDATE grants SET used = used + 1 WHERE account_id = 'acct-1' AND grant_id = 'm:2026-06'`)
+	mustExecSQL(t, l, `UPDATE usage_daily SET units = units + 2 WHERE account_id = 'acct-2'`)
+	rows, err = l.Reconcile(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var diffs []ReconcileRow
+	for _, r := range rows {
+		if r.Diff {
+			diffs = append(diffs, r)
+		}
+	}
+	wantDiffs := []ReconcileRow{
+		{Account: "acct-1", Kind: "grant", Scope: confJune, Counter: 5, Events: 4, Diff: true},
+		{Account: "acct-2", Kind: "usage", Scope: "2026-06", Counter: 7, Events: 5, Diff: true},
+	}
+	slices.SortFunc(diffs, func(a, b ReconcileRow) int { return strings.Compare(a.Account, b.Account) })
+	if !slices.Equal(diffs, wantDiffs) {
+		t.Errorf("reconcile after corrupting two counters: %+v, want %+v", diffs, wantDiffs)
+	}
+}
+
+func confNodesAlerts(t *testing.T, l Ledger) {
+	ctx := t.Context()
+	confSetup(t, l, 100, "acct-1", "acct-2")
+	a := confNode(t, l, "node-a")
+	confNode(t, l, "node-b")
+	a.settle(t, chargeOf("acct-1", "e1", 1, confJune))
+	nodes, err := l.Nodes(ctx)
+	if err != nil || len(nodes) != 2 || nodes[0].Node != "node-a" || nodes[0].Settled != 1 || nodes[1].Settled != 0 ||
+		nodes[0].Incarnation != "node-a-inc" || nodes[0].Heartbeat.IsZero() {
+		t.Errorf("nodes: %+v, %v", nodes, err)
+	}
+
+	for _, r := range []struct {
+		node, account string
+		need          int64
+	}{{"node-a", "acct-1", 5}, {"node-a", "acct-2", 7}, {"node-b", "acct-1", 3}} {
+		if _, err := l.Reserve(ctx, r.node, ReserveRequest{Account: r.account, Wall: confWallTime(), Need: r.need}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rs, err := l.Reservations(ctx)
+	want := []Reservation{{"node-a", "acct-1", confJune, 5}, {"node-a", "acct-2", confJune, 7}, {"node-b", "acct-1", confJune, 3}}
+	if err != nil || !slices.Equal(rs, want) {
+		t.Errorf("reservations %+v, %v; want %+v", rs, err, want)
+	}
+	freed, err := l.ReleaseNode(ctx, "node-a")
+	wantFreed := []Released{{"acct-1", confJune, 5}, {"acct-2", confJune, 7}}
+	if err != nil || !slices.Equal(freed, wantFreed) {
+		t.Errorf("ReleaseNode node-a: %+v, %v; want %+v", freed, err, wantFreed)
+	}
+	wantGrant(t, l, "acct-1", confJune, 1, 3)
+	wantGrant(t, l, "acct-2", confJune, 0, 0)
+	if rs, err := l.Reservations(ctx); err != nil || len(rs) != 1 || rs[0].Node != "node-b" {
+		t.Errorf("reservations after releasing node-a: %+v, %v", rs, err)
+	}
+	if freed, err := l.ReleaseNode(ctx, "node-a"); err != nil || len(freed) != 0 {
+		t.Errorf("ReleaseNode twice: %+v, %v", freed, err)
+	}
+
+	for i, c := range []struct {
+		account   string
+		threshold int
+		want      bool
+	}{{"acct-1", 80, true}, {"acct-1", 80, false}, {"acct-1", 100, true}, {"acct-2", 80, true}} {
+		got, err := l.RecordAlert(ctx, c.account, confPeriod, c.threshold, confWallTime())
+		if err != nil || got != c.want {
+			t.Errorf("alert %d (%s %d%%): %v, %v; want %v", i, c.account, c.threshold, got, err, c.want)
+		}
+	}
+	if got, err := l.RecordAlert(ctx, "acct-1", confPeriod+1, 80, confWallTime().AddDate(0, 1, 0)); err != nil || !got {
+		t.Errorf("alert in the next period: %v, %v; want true", got, err)
+	}
+}

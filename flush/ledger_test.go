@@ -1,0 +1,263 @@
+package flush
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/quotaring/quotaring/internal/faultproxy"
+	"github.com/quotaring/quotaring/internal/pgtest"
+	"github.com/quotaring/quotaring/shard"
+)
+
+func TestSQLiteConformance(t *testing.T) {
+	RunConformance(t, func(t *testing.T) Ledger {
+		l, err := OpenSQLite(t.Context(), filepath.Join(t.TempDir(), "ledger.db"), SQLiteOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l
+	})
+}
+
+func TestPostgresConformance(t *testing.T) {
+	RunConformance(t, func(t *testing.T) Ledger { return openPG(t, pgtest.NewDB(t)) })
+}
+
+func openPG(t testing.TB, dsn string) *Postgres {
+	t.Helper()
+	l, err := OpenPostgres(context.Background(), dsn, PGOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+func TestSQLiteInMemory(t *testing.T) {
+	ctx := t.Context()
+	l, err := OpenSQLite(ctx, ":memory:", SQLiteOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if err := l.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	confSetup(t, l, 10, "acct-1")
+	n := confNode(t, l, "node-a")
+	n.settle(t, chargeOf("acct-1", "e1", 3, confJune))
+	wantGrant(t, l, "acct-1", confJune, 3, 0)
+}
+
+// TestPostgresCommitReplyLost: the COMMIT of a settle happens but its reply
+// is lost. Settle must report an error (the outcome is unknown), and the
+// retry of the same batch must find it applied: counted once.
+func TestPostgresCommitReplyLost(t *testing.T) {
+	ctx := t.Context()
+	dsn := pgtest.NewDB(t)
+	srv := pgtest.PackageServer(t)
+	proxy, err := faultproxy.New("127.0.0.1:0", srv.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer proxy.Close()
+	l := openPG(t, strings.Replace(dsn, srv.Addr(), proxy.Addr(), 1))
+	defer l.Close()
+	if err := l.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	confSetup(t, l, 100, "acct-1")
+	n := confNode(t, l, "node-a")
+	n.settle(t, chargeOf("acct-1", "e0", 1, confJune)) // partitions and statements in place
+
+	n.mu.Lock()
+	b := n.batchLocked(chargeOf("acct-1", "e1", 3, confJune), chargeOf("acct-1", "e2", 4, confJune))
+	n.mu.Unlock()
+	proxy.CutAfterCommit(1)
+	if res, err := l.Settle(ctx, b); err == nil {
+		t.Fatalf("settle whose commit reply was lost: %+v, nil error; want an error", res)
+	}
+	if st := proxy.Stats(); st.Cuts == 0 {
+		t.Fatalf("the proxy cut nothing: %+v", st)
+	}
+	res, err := l.Settle(ctx, b)
+	if err != nil || res.Applied {
+		t.Fatalf("retry of the batch: %+v, %v; want Applied false (the lost commit happened)", res, err)
+	}
+	wantGrant(t, l, "acct-1", confJune, 8, 0)
+	wantUsage(t, l, "acct-1", 8)
+	if es := eventsOf(t, l, "acct-1"); len(es) != 3 {
+		t.Errorf("%d events, want 3", len(es))
+	}
+	wantReconciled(t, l)
+}
+
+// TestPostgresConnectErrors: a DSN that does not parse or does not connect
+// fails fast with a message that names the host and database, says what to
+// check, and never shows the password.
+func TestPostgresConnectErrors(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	// A listener that accepts and never answers: only the connect timeout
+	// ends the wait.
+	silent, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { silent.Close() }) // not defer: the subtests run after this function returns
+	go func() {
+		var conns []net.Conn
+		defer func() {
+			for _, c := range conns {
+				c.Close()
+			}
+		}()
+		for {
+			c, err := silent.Accept()
+			if err != nil {
+				return
+			}
+			conns = append(conns, c)
+		}
+	}()
+	refused, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	refusedAddr := refused.Addr().String()
+	refused.Close()
+
+	for _, c := range []struct {
+		name, dsn   string
+		unavailable bool
+		mention     []string
+	}{
+		{"refused", "postgres://quota:s3cret-pw@" + refusedAddr + "/ledgerdb?sslmode=disable", true, []string{refusedAddr, "ledgerdb", "check"}},
+		{"silent", "postgres://quota:s3cret-pw@" + silent.Addr().String() + "/ledgerdb?sslmode=disable", true, []string{silent.Addr().String(), "ledgerdb"}},
+		{"unparsable", "postgres://quota:s3cret-pw@127.0.0.1:notaport/ledgerdb", false, []string{"does not parse", "postgres://USER:PASSWORD@HOST:PORT/DB"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			began := time.Now()
+			l, err := OpenPostgres(ctx, c.dsn, PGOptions{ConnectTimeout: 500 * time.Millisecond})
+			took := time.Since(began)
+			if err == nil {
+				l.Close()
+				t.Fatal("OpenPostgres succeeded")
+			}
+			t.Logf("error after %v: %v", took.Round(time.Millisecond), err)
+			if took > 5*time.Second {
+				t.Errorf("took %v: the connect timeout does not bound it", took)
+			}
+			if errors.Is(err, ErrUnavailable) != c.unavailable {
+				t.Errorf("wraps ErrUnavailable: %v, want %v", errors.Is(err, ErrUnavailable), c.unavailable)
+			}
+			if strings.Contains(err.Error(), "s3cret-pw") {
+				t.Errorf("the error shows the password")
+			}
+			for _, m := range c.mention {
+				if !strings.Contains(err.Error(), m) {
+					t.Errorf("the error does not mention %q", m)
+				}
+			}
+		})
+	}
+}
+
+// TestPostgresRoundTripsConstant: a settle sends the same number of
+// statements for 10 charges as for 5,000, with the event log on and off.
+func TestPostgresRoundTripsConstant(t *testing.T) {
+	ctx := t.Context()
+	l := openPG(t, pgtest.NewDB(t))
+	defer l.Close()
+	if err := l.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	accounts := make([]string, 50)
+	for i := range accounts {
+		accounts[i] = fmt.Sprintf("acct-%d", i)
+	}
+	confSetup(t, l, 1_000_000, accounts...)
+	for _, events := range []bool{true, false} {
+		n := confNode(t, l, fmt.Sprintf("node-events-%v", events))
+		n.events = events
+		n.settle(t, chargeOf(accounts[0], "warm", 1, confJune)) // partitions and monthly grants in place
+		var trips []int
+		for _, size := range []int{10, 5000} {
+			recs := make([]rec, 0, size+2)
+			for i := range size {
+				recs = append(recs, chargeOf(accounts[i%len(accounts)], fmt.Sprintf("e%d-%d", size, i), 1, confJune).withReserved())
+			}
+			recs = append(recs, refundOf(accounts[0], fmt.Sprintf("e%d-0", size), 1, confJune), refundOf(accounts[1], "never-charged", 1, confJune))
+			trips = append(trips, n.settle(t, recs...).RoundTrips)
+		}
+		if trips[0] != trips[1] {
+			t.Errorf("events %v: %d statements for 10 charges, %d for 5,000", events, trips[0], trips[1])
+		}
+		t.Logf("events %v: %d statements per settle", events, trips[0])
+	}
+}
+
+func TestOpen(t *testing.T) {
+	ctx := t.Context()
+	l, err := Open(ctx, "sqlite:"+filepath.Join(t.TempDir(), "a.db"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := l.(*SQLite); !ok {
+		t.Errorf("sqlite: gave %T", l)
+	}
+	l.Close()
+	l, err = Open(ctx, filepath.Join(t.TempDir(), "b.db"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := l.(*SQLite); !ok {
+		t.Errorf("a .db path gave %T", l)
+	}
+	l.Close()
+	_, err = Open(ctx, "mysql://root:hunter2@db/ledger", nil)
+	if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "postgres://") || !strings.Contains(err.Error(), "sqlite:") ||
+		strings.Contains(err.Error(), "hunter2") {
+		t.Errorf("an unknown ledger: %v; want ErrInvalid naming both forms, without the password", err)
+	}
+}
+
+func TestPostgresOpen(t *testing.T) {
+	l, err := Open(t.Context(), pgtest.NewDB(t), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if _, ok := l.(*Postgres); !ok {
+		t.Errorf("postgres:// gave %T", l)
+	}
+}
+
+func TestDayOf(t *testing.T) {
+	for _, c := range []struct {
+		wall time.Time
+		want string
+	}{
+		{time.Date(2026, 6, 15, 0, 0, 0, 0, time.UTC), "2026-06-15"},
+		{time.Date(2026, 6, 15, 23, 59, 59, 999999999, time.UTC), "2026-06-15"},
+		{time.Date(1969, 12, 31, 23, 0, 0, 0, time.UTC), "1969-12-31"},
+	} {
+		if got := dayString(dayOf(c.wall.UnixNano())); got != c.want {
+			t.Errorf("day of %v = %s, want %s", c.wall, got, c.want)
+		}
+	}
+	if p, ok := monthlyPeriod("m:2026-06"); !ok || p != shard.Period(2026*12+5) {
+		t.Errorf("monthlyPeriod(m:2026-06) = %v, %v", p, ok)
+	}
+	for _, bad := range []string{"credits", "m:2026-6", "m:june"} {
+		if _, ok := monthlyPeriod(bad); ok {
+			t.Errorf("monthlyPeriod(%q) ok", bad)
+		}
+	}
+}
