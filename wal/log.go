@@ -8,10 +8,12 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 
 	"github.com/cockroachdb/pebble/v2"
+	"github.com/cockroachdb/pebble/v2/vfs"
 )
 
 // Log is a node's local log. All methods are safe for concurrent use.
@@ -79,10 +81,8 @@ func Open(opts Options) (*Log, error) {
 	if err != nil {
 		return nil, err
 	}
-	if opts.AnyNode {
-		if _, err := opts.FS.Stat(opts.FS.PathJoin(opts.Dir, "CURRENT")); err != nil {
-			return nil, fmt.Errorf("wal: %s is not a quotad data dir: %w", opts.Dir, err)
-		}
+	if opts.AnyNode && !hasManifest(opts.FS, opts.Dir) {
+		return nil, fmt.Errorf("wal: %s is not a quotad data dir (no Pebble MANIFEST in it)", opts.Dir)
 	}
 	if err := opts.FS.MkdirAll(opts.Dir, 0o755); err != nil {
 		return nil, fmt.Errorf("wal: create dir %s: %w", opts.Dir, err)
@@ -363,4 +363,18 @@ func (l *Log) waitErr() error {
 // stopLocked records why waiters stop waiting, keeping the first reason.
 func (l *Log) stopLocked(err error) {
 	l.stopped.CompareAndSwap(nil, &err)
+}
+
+// hasManifest reports whether dir holds a Pebble DB.
+func hasManifest(fs vfs.FS, dir string) bool {
+	names, err := fs.List(dir)
+	if err != nil {
+		return false
+	}
+	for _, n := range names {
+		if strings.HasPrefix(n, "MANIFEST-") {
+			return true
+		}
+	}
+	return false
 }
