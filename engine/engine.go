@@ -80,6 +80,10 @@ type Options struct {
 	Owns func(account string) bool
 	// Logger defaults to discarding.
 	Logger *slog.Logger
+	// OnCharge, when set, hears every charge once it is answered (after
+	// durability): its decision, or the error, and how long it took. For
+	// metrics and alerts; it must not block.
+	OnCharge func(account string, d *shard.Decision, err error, took time.Duration)
 }
 
 // Result is the answer to a charge.
@@ -127,6 +131,10 @@ type entry struct {
 	dirty   bool  // changed since its last checkpoint
 	chunk   int64 // size of its last reservation
 	topping bool  // a top-up is queued
+	// waiting is the units of charges blocked on a reservation right now: a
+	// reservation asks for all of them, so concurrent first charges share
+	// one round trip instead of taking turns.
+	waiting int64
 	// use in the current and previous ReserveWindow, for sizing reservations
 	winStart, winUnits, prevUnits int64
 }
@@ -256,23 +264,40 @@ func (e *Engine) appendLocked(st *stripe, ent *entry) (uint64, error) {
 
 // maxReserveRounds bounds how often one charge asks the ledger: after a
 // reservation the next decision is OK or QuotaExceeded unless concurrent
-// charges took the units first.
-const maxReserveRounds = 3
+// charges took the units first (each round reserves for every charge
+// waiting, so that takes a burst of first charges).
+const maxReserveRounds = 5
+
+// wait adds delta to the units of the account's charges waiting for a
+// reservation.
+func (e *Engine) wait(account string, delta int64) {
+	st := e.stripeFor(account)
+	st.mu.Lock()
+	if ent, ok := st.accounts[account]; ok {
+		ent.waiting = max(0, ent.waiting+delta)
+	}
+	st.mu.Unlock()
+}
 
 // Charge decides req for account and, when it charged, waits until the
 // record is durable. An empty EventID gets a unique generated one. Errors are
 // ErrNotOwner, ErrQuotaUnavailable, log failures and ctx's.
 func (e *Engine) Charge(ctx context.Context, account string, req shard.Charge) (Result, error) {
+	t0 := time.Now()
 	res, err := e.decide(ctx, account, req)
-	if err != nil {
-		return res, err
-	}
-	if res.Seq > 0 {
-		if err := e.log.WaitDurable(ctx, res.Seq); err != nil {
-			return Result{}, fmt.Errorf("engine: charge %q of account %q not durable: %w", res.EventID, account, err)
+	if err == nil && res.Seq > 0 {
+		if werr := e.log.WaitDurable(ctx, res.Seq); werr != nil {
+			res, err = Result{}, fmt.Errorf("engine: charge %q of account %q not durable: %w", res.EventID, account, werr)
 		}
 	}
-	return res, nil
+	e.heard(account, &res.Decision, err, t0)
+	return res, err
+}
+
+func (e *Engine) heard(account string, d *shard.Decision, err error, t0 time.Time) {
+	if e.opts.OnCharge != nil {
+		e.opts.OnCharge(account, d, err, time.Since(t0))
+	}
 }
 
 // Request is one charge of a batch.
@@ -291,21 +316,24 @@ type Outcome struct {
 // the last record among them: one durability wait for the whole batch, as a
 // forwarded batch from another node wants.
 func (e *Engine) ChargeMany(ctx context.Context, reqs []Request) []Outcome {
+	t0 := time.Now()
 	out := make([]Outcome, len(reqs))
 	var last uint64
 	for i := range reqs {
 		out[i].Result, out[i].Err = e.decide(ctx, reqs[i].Account, reqs[i].Charge)
 		last = max(last, out[i].Seq)
 	}
-	if last == 0 {
-		return out
-	}
-	if err := e.log.WaitDurable(ctx, last); err != nil {
-		for i := range out {
-			if out[i].Err == nil && out[i].Seq > 0 {
-				out[i] = Outcome{Err: fmt.Errorf("engine: charge %q of account %q not durable: %w", out[i].EventID, reqs[i].Account, err)}
+	if last > 0 {
+		if err := e.log.WaitDurable(ctx, last); err != nil {
+			for i := range out {
+				if out[i].Err == nil && out[i].Seq > 0 {
+					out[i] = Outcome{Err: fmt.Errorf("engine: charge %q of account %q not durable: %w", out[i].EventID, reqs[i].Account, err)}
+				}
 			}
 		}
+	}
+	for i := range out {
+		e.heard(reqs[i].Account, &out[i].Decision, out[i].Err, t0)
 	}
 	return out
 }
@@ -326,9 +354,12 @@ func (e *Engine) decide(ctx context.Context, account string, req shard.Charge) (
 			return res, nil
 		}
 		if round == maxReserveRounds {
+			e.wait(account, -res.Shortfall)
 			return res, fmt.Errorf("%w: account %q: units reserved were taken by concurrent charges %d times", ErrQuotaUnavailable, account, round)
 		}
-		if err := e.reserve(ctx, account, res.Shortfall); err != nil {
+		err = e.reserve(ctx, account, res.Shortfall)
+		e.wait(account, -res.Shortfall)
+		if err != nil {
 			return res, err
 		}
 	}
@@ -359,6 +390,9 @@ func (e *Engine) chargeOnce(account string, req *shard.Charge) (Result, error) {
 	now := e.clock.Now()
 	d := ent.acct.Charge(req, now, &e.params, &st.rec)
 	res := Result{Decision: d, EventID: req.EventID}
+	if d.Reason == shard.NeedReservation {
+		ent.waiting += d.Shortfall // until the caller's reservation round trip ends (wait)
+	}
 	if st.rec.Type == 0 {
 		return res, nil
 	}
@@ -421,6 +455,23 @@ func (e *Engine) Usage(account string) (shard.Usage, bool, error) {
 		return shard.Usage{}, false, nil
 	}
 	return ent.acct.Usage(e.clock.Now()), true, nil
+}
+
+// AllowanceHeld is the sum of the units this node holds reserved and has
+// not spent, over every account (for metrics and the status page).
+func (e *Engine) AllowanceHeld() int64 {
+	var n int64
+	for i := range e.stripes {
+		st := &e.stripes[i]
+		st.mu.Lock()
+		for _, ent := range st.accounts {
+			for _, a := range ent.acct.Allowances() {
+				n += a.Units
+			}
+		}
+		st.mu.Unlock()
+	}
+	return n
 }
 
 // AccountView is an account as the status page and tests see it.

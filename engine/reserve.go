@@ -28,7 +28,7 @@ func (e *Engine) reserveOnce(ctx context.Context, account string, shortfall int6
 		return nil
 	}
 	now := e.clock.Now()
-	need := shortfall + ent.chunkLocked(now.Mono, int64(e.opts.ReserveWindow))
+	need := max(shortfall, ent.waiting) + ent.chunkLocked(now.Mono, int64(e.opts.ReserveWindow))
 	st.mu.Unlock()
 
 	e.stats.Reservations.Add(1)

@@ -36,7 +36,7 @@ func sources(t *testing.T) []file {
 		if d.IsDir() || !strings.HasSuffix(p, ".go") || strings.HasSuffix(p, "_test.go") || strings.HasSuffix(p, ".pb.go") {
 			return nil
 		}
-		f, err := parser.ParseFile(fset, p, nil, parser.SkipObjectResolution)
+		f, err := parser.ParseFile(fset, p, nil, parser.SkipObjectResolution|parser.ParseComments)
 		if err != nil {
 			return err
 		}
@@ -135,7 +135,7 @@ func TestNoPackageLevelMutableState(t *testing.T) {
 		pkg := filepath.ToSlash(filepath.Dir(f.path))
 		for _, d := range f.ast.Decls {
 			gd, ok := d.(*ast.GenDecl)
-			if !ok || gd.Tok != token.VAR {
+			if !ok || gd.Tok != token.VAR || isEmbed(gd) {
 				continue
 			}
 			for _, spec := range gd.Specs {
@@ -154,6 +154,29 @@ func TestNoPackageLevelMutableState(t *testing.T) {
 			}
 		}
 	}
+}
+
+// isEmbed reports a //go:embed variable (read-only files in the binary).
+func isEmbed(gd *ast.GenDecl) bool {
+	docs := []*ast.CommentGroup{gd.Doc}
+	for _, s := range gd.Specs {
+		docs = append(docs, s.(*ast.ValueSpec).Doc)
+	}
+	for _, d := range docs {
+		if d != nil && hasEmbed(d) {
+			return true
+		}
+	}
+	return false
+}
+
+func hasEmbed(d *ast.CommentGroup) bool {
+	for _, c := range d.List {
+		if strings.HasPrefix(c.Text, "//go:embed") {
+			return true
+		}
+	}
+	return false
 }
 
 func immutableInit(e ast.Expr) bool {

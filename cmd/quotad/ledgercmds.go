@@ -1,0 +1,217 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"sort"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/quotaring/quotaring/flush"
+	"github.com/quotaring/quotaring/shard"
+	"github.com/quotaring/quotaring/wal"
+)
+
+func ledgerFlag(cmd *cobra.Command, p *string) {
+	cmd.Flags().StringVar(p, "ledger", "", "the ledger: postgres://USER:PASSWORD@HOST:PORT/DB or sqlite:/path/ledger.db (required)")
+}
+
+func openLedger(ctx context.Context, dsn string) (flush.Ledger, error) {
+	if dsn == "" {
+		return nil, fmt.Errorf("--ledger is required: postgres://USER:PASSWORD@HOST:PORT/DB or sqlite:/path/ledger.db (QUOTAD_LEDGER)")
+	}
+	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	return flush.Open(ctx, dsn, nil)
+}
+
+func newMigrateCmd() *cobra.Command {
+	var dsn string
+	cmd := &cobra.Command{
+		Use:   "migrate",
+		Short: "Apply the ledger's schema migrations and exit",
+		Long: `Apply the embedded schema migrations to the ledger, under a lock (several
+nodes starting at once are safe; quotad serve also migrates at start). A ledger
+migrated by a newer quotad is refused: run the newer one.`,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			l, err := openLedger(cmd.Context(), dsn)
+			if err != nil {
+				return err
+			}
+			defer l.Close()
+			if err := l.Migrate(cmd.Context()); err != nil {
+				return err
+			}
+			v, err := l.SchemaVersion(cmd.Context())
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "ledger at schema version %d\n", v)
+			return nil
+		},
+	}
+	ledgerFlag(cmd, &dsn)
+	return cmd
+}
+
+func newReconcileCmd() *cobra.Command {
+	var dsn string
+	var dataDirs []string
+	var all bool
+	cmd := &cobra.Command{
+		Use:   "reconcile",
+		Short: "Prove that the ledger's counters equal its event log, or name the difference",
+		Long: `Compare, per grant, the ledger's used units with the sum of the event log's
+unrefunded allocations to it, and per account and month the daily usage
+aggregates with the event log. With --data-dir (of stopped nodes), also list
+what each node's log holds that is not settled yet.
+
+Exits 0 when everything agrees, 3 when a difference is found, 1 on errors.`,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return runReconcile(cmd.Context(), cmd.OutOrStdout(), dsn, dataDirs, all)
+		},
+	}
+	ledgerFlag(cmd, &dsn)
+	cmd.Flags().StringSliceVar(&dataDirs, "data-dir", nil, "data dirs of stopped nodes whose unsettled records to list")
+	cmd.Flags().BoolVar(&all, "all", false, "print every row, not only differences")
+	return cmd
+}
+
+func runReconcile(ctx context.Context, out io.Writer, dsn string, dataDirs []string, all bool) error {
+	l, err := openLedger(ctx, dsn)
+	if err != nil {
+		return err
+	}
+	defer l.Close()
+	rows, err := l.Reconcile(ctx)
+	if err != nil {
+		return err
+	}
+	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ACCOUNT\tKIND\tSCOPE\tCOUNTER\tEVENT LOG\tDIFFERENCE")
+	diffs := 0
+	for _, r := range rows {
+		if r.Diff {
+			diffs++
+		}
+		if r.Diff || all {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%+d\n", r.Account, r.Kind, r.Scope, r.Counter, r.Events, r.Counter-r.Events)
+		}
+	}
+	tw.Flush()
+	for _, dir := range dataDirs {
+		if err := printUnsettled(out, dir); err != nil {
+			return err
+		}
+	}
+	fmt.Fprintf(out, "\n%d rows compared, %d differences\n", len(rows), diffs)
+	if diffs > 0 {
+		return &exitError{code: 3, err: fmt.Errorf("reconcile: %d differences between counters and the event log", diffs)}
+	}
+	return nil
+}
+
+// printUnsettled lists a stopped node's unsettled charges per account.
+func printUnsettled(out io.Writer, dir string) error {
+	meta, err := os.Stat(dir)
+	if err != nil || !meta.IsDir() {
+		return fmt.Errorf("--data-dir %s: not a directory", dir)
+	}
+	l, err := wal.Open(wal.Options{Dir: dir, AnyNode: true})
+	if err != nil {
+		return fmt.Errorf("open %s (is its node still running? stop it first): %w", dir, err)
+	}
+	defer l.Close()
+	units := map[string]int64{}
+	var rec shard.Record
+	err = l.Scan(l.SettledSeq(), l.DurableSeq(), func(_ uint64, p []byte) error {
+		if err := rec.Decode(p); err != nil {
+			return err
+		}
+		switch rec.Type {
+		case shard.RecCharge:
+			units[rec.Account] += rec.Units
+		case shard.RecRefund:
+			units[rec.Account] -= rec.Units
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "\nnode %s (%s): %d records not settled yet\n", l.NodeID(), dir, l.DurableSeq()-l.SettledSeq())
+	ids := make([]string, 0, len(units))
+	for id := range units {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids)
+	for _, id := range ids {
+		fmt.Fprintf(out, "  %s: %+d units pending\n", id, units[id])
+	}
+	return nil
+}
+
+func newRevokeCmd() *cobra.Command {
+	var dsn, nodeID string
+	var dryRun bool
+	cmd := &cobra.Command{
+		Use:   "revoke",
+		Short: "Free a lost node's reservations",
+		Long: `Free every reservation a node holds in the ledger. Use it for a node that is
+gone for good (its disk lost): its reservations otherwise stay frozen so that
+nobody can overshoot a hard limit. Freeing them may let through, twice, up
+to the units the lost node had reserved but not settled: the command says how
+many. A node that comes back frees and re-reserves by itself; never revoke a
+node that is running.`,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if nodeID == "" {
+				return fmt.Errorf("--node is required: the id of the lost node")
+			}
+			l, err := openLedger(cmd.Context(), dsn)
+			if err != nil {
+				return err
+			}
+			defer l.Close()
+			return runRevoke(cmd.Context(), cmd.OutOrStdout(), l, nodeID, dryRun)
+		},
+	}
+	ledgerFlag(cmd, &dsn)
+	cmd.Flags().StringVar(&nodeID, "node", "", "the lost node's id (required)")
+	cmd.Flags().BoolVar(&dryRun, "dry-run", false, "only list what would be freed")
+	return cmd
+}
+
+func runRevoke(ctx context.Context, out io.Writer, l flush.Ledger, nodeID string, dryRun bool) error {
+	held, err := l.Reservations(ctx)
+	if err != nil {
+		return err
+	}
+	var total int64
+	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ACCOUNT\tGRANT\tUNITS")
+	for _, r := range held {
+		if r.Node == nodeID && r.Units != 0 {
+			fmt.Fprintf(tw, "%s\t%s\t%d\n", r.Account, r.Grant, r.Units)
+			total += r.Units
+		}
+	}
+	tw.Flush()
+	if dryRun {
+		fmt.Fprintf(out, "dry run: node %s holds %d units; revoking may let up to %d units through twice\n", nodeID, total, total)
+		return nil
+	}
+	freed, err := l.ReleaseNode(ctx, nodeID)
+	if err != nil {
+		return err
+	}
+	var n int64
+	for _, f := range freed {
+		n += f.Units
+	}
+	fmt.Fprintf(out, "revoked node %s: freed %d units; up to %d units may be let through twice (what it had charged but not settled)\n", nodeID, n, n)
+	return nil
+}

@@ -1,0 +1,137 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/quotaring/quotaring/node"
+	"github.com/quotaring/quotaring/ring"
+)
+
+type serveFlags struct {
+	nodeID, dataDir, ledger                  string
+	rpcAddr, httpAddr, adminAddr, gossipAddr string
+	join                                     []string
+	ringPreset                               string
+	settleInterval, snapshotInterval         time.Duration
+	walSync, events                          bool
+	drainTimeout, settleTimeout              time.Duration
+	testFaults                               bool
+	logLevel, logFormat                      string
+	upstream, adminToken                     string
+}
+
+func newServeCmd() *cobra.Command {
+	var f serveFlags
+	cmd := &cobra.Command{
+		Use:   "serve",
+		Short: "Run a node of the cluster",
+		Long: `Run a quotaring node: it joins the cluster (gossip), owns the accounts the
+ring gives it, decides their charges from memory, logs every charge to its data
+dir before answering, and settles batches into the ledger exactly once.
+
+The ledger is a Postgres DSN (every cluster of more than one host) or a SQLite
+file (one machine). With the ledger down the node keeps serving from memory,
+its log, its reservations and the config snapshot kept in its data dir, and
+settles later.
+
+SIGTERM drains: the node stops taking requests, lets in-flight ones finish,
+hands its reservations back, settles everything, leaves the ring and exits 0;
+if the final settle fails, it exits 1 and the records stay in the data dir
+for the next start.`,
+		Example: `  quotad serve --node-id q1 --data-dir /var/lib/quotad --ledger postgres://quotad@db/quotaring \
+      --join quotad-gossip.default.svc.cluster.local`,
+		RunE: func(cmd *cobra.Command, _ []string) error { return runServe(cmd.Context(), f) },
+	}
+	host, _ := os.Hostname()
+	fl := cmd.Flags()
+	fl.StringVar(&f.nodeID, "node-id", host, "this node's id, unique in the cluster and stable across restarts (its data dir remembers it)")
+	fl.StringVar(&f.dataDir, "data-dir", "", "where the node keeps its log (required; keep it on a persistent volume)")
+	fl.StringVar(&f.ledger, "ledger", "", "the ledger: postgres://USER:PASSWORD@HOST:PORT/DB or sqlite:/path/ledger.db (required)")
+	fl.StringVar(&f.rpcAddr, "rpc-addr", ":7400", "internal gRPC address (node to node, embedded clients)")
+	fl.StringVar(&f.httpAddr, "http-addr", ":8080", "public HTTP address (the proxy)")
+	fl.StringVar(&f.adminAddr, "admin-addr", ":9090", "admin address: /healthz, /readyz, /metrics, /debug/pprof")
+	fl.StringVar(&f.gossipAddr, "gossip-addr", ":7946", "gossip (memberlist) address, TCP and UDP")
+	fl.StringSliceVar(&f.join, "join", nil, "seeds to join: host:port list, or a DNS name with many A records (a headless Service); empty for the first node")
+	fl.StringVar(&f.ringPreset, "ring-preset", ring.PresetLAN, "gossip timings: lan (production) or local (tests on one machine)")
+	fl.DurationVar(&f.settleInterval, "settle-interval", time.Second, "how often to settle the log into the ledger (also the span a reservation is sized to cover twice)")
+	fl.DurationVar(&f.snapshotInterval, "snapshot-interval", 3*time.Second, "how often to read the config (plans, accounts, keys, weights) from the ledger")
+	fl.BoolVar(&f.walSync, "wal-sync", true, "fsync the log before answering; false is for benchmarks only: a crash then LOSES acknowledged charges")
+	fl.BoolVar(&f.events, "events", true, "keep the event log in the ledger (off: daily aggregates only, and no duplicate catch at settle)")
+	fl.DurationVar(&f.drainTimeout, "drain-timeout", 10*time.Second, "on SIGTERM, how long in-flight requests may take to finish")
+	fl.DurationVar(&f.settleTimeout, "settle-timeout", 20*time.Second, "on SIGTERM, how long the final settle may take")
+	fl.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
+	fl.StringVar(&f.logFormat, "log-format", "text", "text or json")
+	fl.BoolVar(&f.testFaults, "test-faults", false, "expose fault injection on the admin port (/test/...): for chaos tests only, never in production")
+	fl.MarkHidden("test-faults")
+	return cmd
+}
+
+func newLogger(level, format string) (*slog.Logger, error) {
+	var lv slog.Level
+	if err := lv.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("--log-level %q: want debug, info, warn or error", level)
+	}
+	opts := &slog.HandlerOptions{Level: lv}
+	switch format {
+	case "text":
+		return slog.New(slog.NewTextHandler(os.Stderr, opts)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(os.Stderr, opts)), nil
+	}
+	return nil, fmt.Errorf("--log-format %q: want text or json", format)
+}
+
+func (f *serveFlags) config(logger *slog.Logger) (node.Config, error) {
+	if f.dataDir == "" {
+		return node.Config{}, errors.New("--data-dir is required: the node's log lives there (QUOTAD_DATA_DIR)")
+	}
+	if f.ledger == "" {
+		return node.Config{}, errors.New("--ledger is required: postgres://USER:PASSWORD@HOST:PORT/DB or sqlite:/path/ledger.db (QUOTAD_LEDGER)")
+	}
+	if f.nodeID == "" || strings.ContainsAny(f.nodeID, " \t\n/") {
+		return node.Config{}, fmt.Errorf("--node-id %q: want a non-empty id without spaces or slashes", f.nodeID)
+	}
+	if f.ringPreset != ring.PresetLAN && f.ringPreset != ring.PresetLocal {
+		return node.Config{}, fmt.Errorf("--ring-preset %q: want lan or local", f.ringPreset)
+	}
+	for name, d := range map[string]time.Duration{"settle-interval": f.settleInterval, "snapshot-interval": f.snapshotInterval,
+		"drain-timeout": f.drainTimeout, "settle-timeout": f.settleTimeout} {
+		if d <= 0 {
+			return node.Config{}, fmt.Errorf("--%s %s: want a positive duration such as 1s", name, d)
+		}
+	}
+	return node.Config{ID: f.nodeID, DataDir: f.dataDir, Ledger: f.ledger,
+		RPCAddr: f.rpcAddr, HTTPAddr: f.httpAddr, AdminAddr: f.adminAddr, GossipAddr: f.gossipAddr,
+		Join: f.join, RingPreset: f.ringPreset, SettleInterval: f.settleInterval, SnapshotInterval: f.snapshotInterval,
+		NoSync: !f.walSync, EventsOff: !f.events, DrainTimeout: f.drainTimeout, SettleTimeout: f.settleTimeout,
+		TestFaults: f.testFaults, Logger: logger}, nil
+}
+
+func runServe(ctx context.Context, f serveFlags) error {
+	logger, err := newLogger(f.logLevel, f.logFormat)
+	if err != nil {
+		return err
+	}
+	cfg, err := f.config(logger)
+	if err != nil {
+		return err
+	}
+	n, err := node.Start(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	<-ctx.Done() // SIGTERM or SIGINT
+	logger.Info("signal received: draining")
+	budget := cfg.DrainTimeout + cfg.SettleTimeout + 10*time.Second
+	sctx, cancel := context.WithTimeout(context.Background(), budget)
+	defer cancel()
+	return n.Shutdown(sctx)
+}

@@ -1,0 +1,96 @@
+package node
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/pprof"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// adminHandler serves the admin port: liveness, readiness, metrics, pprof,
+// and (behind TestFaults) fault injection.
+func (n *Node) adminHandler() *http.ServeMux {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		// Liveness: the process answers. Never depends on Postgres.
+		fmt.Fprintln(w, "ok")
+	})
+	mux.HandleFunc("GET /readyz", n.readyz)
+	mux.Handle("GET /metrics", promhttp.HandlerFor(n.reg, promhttp.HandlerOpts{Registry: n.reg}))
+	mux.HandleFunc("GET /debug/pprof/", pprof.Index)
+	mux.HandleFunc("GET /debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("GET /debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
+	if n.cfg.TestFaults {
+		mux.HandleFunc("POST /test/block", n.testBlock)
+		mux.HandleFunc("POST /test/heal", n.testHeal)
+		mux.HandleFunc("POST /test/clock", n.testClock)
+	}
+	return mux
+}
+
+// readyz: the ring is joined and this node serves, its state is loaded, and
+// it has a config snapshot. The ledger being down does not make it unready
+// (G8): it serves from memory, its log and its reservations.
+func (n *Node) readyz(w http.ResponseWriter, _ *http.Request) {
+	var why []string
+	if !n.ready.Load() {
+		why = append(why, "starting")
+	}
+	if n.draining.Load() {
+		why = append(why, "draining")
+	}
+	if n.eng != nil && n.eng.Snapshot() == nil {
+		why = append(why, "no config snapshot yet (the ledger has not been reached and the data dir keeps none)")
+	}
+	if len(why) > 0 {
+		http.Error(w, "not ready: "+strings.Join(why, "; "), http.StatusServiceUnavailable)
+		return
+	}
+	fmt.Fprintln(w, "ready")
+}
+
+// testBlock cuts this node's traffic (gossip and RPC) to the given
+// addresses: ?gossip=host:port,...&rpc=host:port,...
+func (n *Node) testBlock(w http.ResponseWriter, r *http.Request) {
+	for _, a := range splitList(r.URL.Query().Get("gossip")) {
+		if err := n.gossipF.Block(a); err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+	}
+	n.faults.Block(splitList(r.URL.Query().Get("rpc"))...)
+	fmt.Fprintln(w, "blocked")
+}
+
+func (n *Node) testHeal(w http.ResponseWriter, _ *http.Request) {
+	n.gossipF.UnblockAll()
+	n.faults.Unblock()
+	fmt.Fprintln(w, "healed")
+}
+
+// testClock shifts the wall clock: ?offset=-36h (G9 tests, month jumps).
+func (n *Node) testClock(w http.ResponseWriter, r *http.Request) {
+	d, err := time.ParseDuration(r.URL.Query().Get("offset"))
+	if err != nil || n.sys == nil {
+		http.Error(w, "want ?offset=DURATION on a node with the system clock", http.StatusBadRequest)
+		return
+	}
+	n.sys.SetOffset(d)
+	json.NewEncoder(w).Encode(map[string]any{"offset": d.String(), "wall": time.Unix(0, n.clock.Now().Wall).UTC()})
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}

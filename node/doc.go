@@ -1,0 +1,30 @@
+// Package node assembles one quotad: its data dir (wal), the engine, the
+// ledger connection (flush: settler, reserver, snapshot refresher), the ring
+// (membership and ownership), the router (internal gRPC and forwarding) and
+// its HTTP servers (the public front and the admin port).
+//
+// It exists so that quotad serve, quotad demo and the tests build a node the
+// same way, and so that several nodes can run in one process (nothing here
+// is global).
+//
+// # Start
+//
+//	bind the RPC, HTTP, admin and gossip listeners
+//	open the log (recovery: checkpoints + replay) and the engine
+//	connect the ledger and migrate; register (node, incarnation); settle what
+//	  the log holds; free this node's old reservations; read the snapshot.
+//	  With the ledger down, serve from the snapshot kept in the log and keep
+//	  trying in the background (G8).
+//	join the ring as joining, start the servers, then become serving
+//
+// # Shutdown (SIGTERM)
+//
+//	state draining: the ring stops giving this node accounts
+//	stop the HTTP front and the gRPC server, letting in-flight calls finish
+//	  (DrainTimeout)
+//	hand every reservation back; settle everything (SettleTimeout)
+//	leave the ring; close
+//
+// If the final settle fails (ledger down), the records stay in the log for
+// the next start and Shutdown returns an error, so quotad exits non-zero.
+package node

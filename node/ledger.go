@@ -1,0 +1,146 @@
+package node
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/quotaring/quotaring/engine"
+	"github.com/quotaring/quotaring/flush"
+	"github.com/quotaring/quotaring/shard"
+)
+
+// connectLedger reaches the ledger once: open, migrate, register, settle
+// what the log holds, free this node's old reservations (only before
+// serving: see resetReservations), read the snapshot, and start the settle
+// and refresh loops. It reports whether it succeeded.
+func (n *Node) connectLedger(ctx context.Context, beforeServing bool) bool {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	l, err := flush.Open(ctx, n.cfg.Ledger, n.log.With("component", "ledger"))
+	if err == nil {
+		if err = l.Migrate(ctx); err != nil {
+			l.Close()
+		}
+	}
+	if err != nil {
+		n.log.Warn("ledger not reached", "err", err)
+		return false
+	}
+	settler, err := flush.NewSettler(flush.SettlerOptions{Ledger: l, Engine: n.eng, Interval: n.cfg.SettleInterval,
+		Events: !n.cfg.EventsOff, Logger: n.log.With("component", "settler"), OnSettle: n.metrics.onSettle})
+	if err == nil {
+		err = settler.Register(ctx)
+	}
+	if err == nil {
+		_, err = settler.SettleOnce(ctx)
+	}
+	if err == nil && beforeServing {
+		err = n.resetReservations(ctx, l)
+	}
+	refresher := &flush.Refresher{Ledger: l, Engine: n.eng, Interval: n.cfg.SnapshotInterval, Logger: n.log.With("component", "snapshot")}
+	if err == nil {
+		err = refresher.RefreshOnce(ctx)
+	}
+	if err != nil {
+		n.log.Warn("ledger reached but not usable yet", "err", err)
+		l.Close()
+		return false
+	}
+	n.ledger.Store(&ledgerBox{l: l})
+	n.mu.Lock()
+	n.settler, n.refresher = settler, refresher
+	n.mu.Unlock()
+	settler.Start()
+	refresher.Start()
+	n.log.Info("ledger connected", "settled", n.wal.SettledSeq())
+	return true
+}
+
+// resetReservations frees every reservation this node holds in the ledger,
+// after zeroing the local allowances (logged first, so a crash in between
+// only strands units). Units reserved by a top-up whose local record was
+// lost in a crash come back this way. It runs only when the log is settled
+// and before serving: while charges are unsettled, their units still sit in
+// the reservation, and freeing them would let another node spend them.
+func (n *Node) resetReservations(ctx context.Context, l flush.Ledger) error {
+	if n.wal.DurableSeq() != n.wal.SettledSeq() {
+		return fmt.Errorf("node: %d records still unsettled; not resetting reservations", n.wal.DurableSeq()-n.wal.SettledSeq())
+	}
+	if err := n.eng.ZeroAllowances(ctx); err != nil {
+		return err
+	}
+	freed, err := l.ReleaseNode(ctx, n.cfg.ID)
+	if err != nil {
+		return fmt.Errorf("node: free this node's old reservations: %w", err)
+	}
+	var units int64
+	for _, f := range freed {
+		units += f.Units
+	}
+	if units > 0 {
+		n.log.Info("freed reservations this node held before it started", "units", units, "grants", len(freed))
+	}
+	return nil
+}
+
+// retryLedger keeps trying to reach the ledger while it is down at start.
+func (n *Node) retryLedger(ctx context.Context) {
+	t := time.NewTicker(n.cfg.LedgerRetry)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			if n.connectLedger(ctx, false) {
+				return
+			}
+		}
+	}
+}
+
+// nodeReserver is the engine's Reserver: the ledger's when reached,
+// unavailable before.
+type nodeReserver Node
+
+func (r *nodeReserver) reserver() (*flush.Reserver, error) {
+	n := (*Node)(r)
+	l := n.Ledger()
+	if l == nil {
+		return nil, fmt.Errorf("%w: the ledger has not been reached yet", flush.ErrUnavailable)
+	}
+	return &flush.Reserver{Ledger: l, Node: n.cfg.ID}, nil
+}
+
+func (r *nodeReserver) Reserve(ctx context.Context, req engine.ReserveRequest) (engine.ReserveResult, error) {
+	rs, err := r.reserver()
+	if err != nil {
+		return engine.ReserveResult{}, err
+	}
+	return rs.Reserve(ctx, req)
+}
+
+func (r *nodeReserver) Release(ctx context.Context, account string, allocs []shard.Alloc) error {
+	rs, err := r.reserver()
+	if err != nil {
+		return err
+	}
+	return rs.Release(ctx, account, allocs)
+}
+
+// Settler is the node's settler, or nil before the ledger was reached.
+func (n *Node) Settler() *flush.Settler {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.settler
+}
+
+// SettleNow settles what is durable now (tests and shutdown).
+func (n *Node) SettleNow(ctx context.Context) (int, error) {
+	s := n.Settler()
+	if s == nil {
+		return 0, fmt.Errorf("%w: the ledger has not been reached", flush.ErrUnavailable)
+	}
+	return s.SettleOnce(ctx)
+}

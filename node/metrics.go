@@ -1,0 +1,211 @@
+package node
+
+import (
+	"errors"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/quotaring/quotaring/engine"
+	"github.com/quotaring/quotaring/flush"
+	"github.com/quotaring/quotaring/ring"
+	"github.com/quotaring/quotaring/router"
+	"github.com/quotaring/quotaring/shard"
+)
+
+// metrics are the node's Prometheus metrics, on its own registry (several
+// nodes run in one process in tests and the demo). The names are listed in
+// deploy/metrics.txt, which the dashboard and the alert rules are checked
+// against.
+type metrics struct {
+	charges        *prometheus.CounterVec
+	chargeSeconds  prometheus.Histogram
+	commitSeconds  prometheus.Histogram
+	commitRecords  prometheus.Histogram
+	settleSeconds  prometheus.Histogram
+	settleRecords  prometheus.Histogram
+	ringChanges    prometheus.Counter
+	reconcileDiffs prometheus.Gauge
+	// HTTPRequests and ProxySeconds are the HTTP front's (router).
+	HTTPRequests *prometheus.CounterVec
+	ProxySeconds prometheus.Histogram
+}
+
+// newMetrics makes the metrics; the gauges read the node's parts when
+// scraped, so they may be registered before those parts exist.
+func newMetrics(n *Node) *metrics {
+	m := &metrics{
+		charges: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "quotaring_charges_total",
+			Help: "Charges answered by this node as the owner, by result (ok, replayed, refused) and reason."}, []string{"result", "reason"}),
+		chargeSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "quotaring_charge_duration_seconds",
+			Help: "Time to decide a charge and make it durable.", Buckets: prometheus.ExponentialBuckets(20e-6, 2, 16)}),
+		commitSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "quotaring_log_commit_duration_seconds",
+			Help: "Time of one log commit (with fsync unless --wal-sync=false).", Buckets: prometheus.ExponentialBuckets(20e-6, 2, 16)}),
+		commitRecords: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "quotaring_log_commit_records",
+			Help: "Records per log commit (group commit).", Buckets: prometheus.ExponentialBuckets(1, 4, 10)}),
+		settleSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "quotaring_settle_duration_seconds",
+			Help: "Time of one settle transaction.", Buckets: prometheus.ExponentialBuckets(0.001, 2, 14)}),
+		settleRecords: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "quotaring_settle_batch_records",
+			Help: "Records per settle batch.", Buckets: prometheus.ExponentialBuckets(1, 4, 10)}),
+		ringChanges: prometheus.NewCounter(prometheus.CounterOpts{Name: "quotaring_ring_changes_total", Help: "Ownership changes this node saw."}),
+		reconcileDiffs: prometheus.NewGauge(prometheus.GaugeOpts{Name: "quotaring_reconcile_differences",
+			Help: "Differences between the ledger's counters and its event log at the last periodic reconcile (quotad reconcile names them)."}),
+		HTTPRequests: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "quotaring_http_requests_total",
+			Help: "Requests answered by the HTTP front, by status code."}, []string{"code"}),
+		ProxySeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "quotaring_proxy_duration_seconds",
+			Help: "Time the HTTP front adds to a request (everything but the upstream).", Buckets: prometheus.ExponentialBuckets(20e-6, 2, 16)}),
+	}
+	counter := func(name, help string, f func() float64) prometheus.Collector {
+		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help}, f)
+	}
+	gauge := func(name, help string, f func() float64) prometheus.Collector {
+		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, f)
+	}
+	engStat := func(f func(*engine.Stats) int64) func() float64 {
+		return func() float64 {
+			if n.eng == nil {
+				return 0
+			}
+			return float64(f(n.eng.Stats()))
+		}
+	}
+	settleStat := func(f func(*flush.SettlerStats) int64) func() float64 {
+		return func() float64 {
+			if s := n.Settler(); s != nil {
+				return float64(f(s.Stats()))
+			}
+			return 0
+		}
+	}
+	routerStat := func(f func(*routerStats) int64) func() float64 {
+		return func() float64 {
+			if n.router == nil {
+				return 0
+			}
+			return float64(f(n.router.Stats()))
+		}
+	}
+	n.reg.MustRegister(
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		m.charges, m.chargeSeconds, m.commitSeconds, m.commitRecords, m.settleSeconds, m.settleRecords,
+		m.ringChanges, m.reconcileDiffs, m.HTTPRequests, m.ProxySeconds,
+		counter("quotaring_refunds_total", "Refunds applied.", engStat(func(s *engine.Stats) int64 { return s.Refunds.Load() })),
+		counter("quotaring_reservation_requests_total", "Reservation round trips to the ledger.", engStat(func(s *engine.Stats) int64 { return s.Reservations.Load() })),
+		counter("quotaring_reservation_errors_total", "Reservation round trips that failed.", engStat(func(s *engine.Stats) int64 { return s.ReserveErrors.Load() })),
+		counter("quotaring_settle_errors_total", "Settles that failed (retried with backoff).", settleStat(func(s *flush.SettlerStats) int64 { return s.Errors.Load() })),
+		counter("quotaring_duplicate_events_total", "Charges found already billed at settle (a retry that reached a new owner) and not billed again.",
+			settleStat(func(s *flush.SettlerStats) int64 { return s.Duplicates.Load() })),
+		counter("quotaring_duplicate_refunds_total", "Refunds found already applied at settle.", settleStat(func(s *flush.SettlerStats) int64 { return s.DuplicateRefunds.Load() })),
+		counter("quotaring_forwarded_total", "Calls forwarded to another owner.", routerStat(func(s *routerStats) int64 { return s.Forwarded.Load() })),
+		counter("quotaring_wrong_owner_total", "WrongOwner answers received.", routerStat(func(s *routerStats) int64 { return s.WrongOwner.Load() })),
+		counter("quotaring_forward_errors_total", "Forwarded calls that failed.", routerStat(func(s *routerStats) int64 { return s.ForwardErrors.Load() })),
+		gauge("quotaring_unsettled_records", "Records in the log not yet settled.", func() float64 {
+			if n.wal == nil {
+				return 0
+			}
+			return float64(n.wal.DurableSeq() - n.wal.SettledSeq())
+		}),
+		gauge("quotaring_unsettled_bytes", "Bytes of the records not yet settled (estimate).", func() float64 {
+			if n.wal == nil {
+				return 0
+			}
+			return float64(n.wal.Stats().Bytes)
+		}),
+		gauge("quotaring_settle_lag_seconds", "Seconds since the last successful settle (since start if none).", func() float64 {
+			last := n.started
+			if s := n.Settler(); s != nil && !s.LastSuccess().IsZero() {
+				last = s.LastSuccess()
+			}
+			if n.wal != nil && n.wal.DurableSeq() == n.wal.SettledSeq() {
+				return 0 // nothing waits
+			}
+			return time.Since(last).Seconds()
+		}),
+		gauge("quotaring_reservations_held_units", "Units this node holds reserved in the ledger and has not spent.", func() float64 {
+			if n.eng == nil {
+				return 0
+			}
+			return float64(n.eng.AllowanceHeld())
+		}),
+		gauge("quotaring_ledger_up", "1 when the ledger has been reached and the last settle succeeded.", func() float64 {
+			if s := n.Settler(); s != nil && s.Healthy() {
+				return 1
+			}
+			return 0
+		}),
+		gauge("quotaring_ready", "1 when /readyz answers 200.", func() float64 {
+			if n.Ready() {
+				return 1
+			}
+			return 0
+		}),
+		gauge("quotaring_ring_epoch", "The ring epoch this node sees (a name, not ordered; low 52 bits).", func() float64 {
+			if r := n.Ring(); r != nil {
+				return float64(r.Epoch() & (1<<52 - 1))
+			}
+			return 0
+		}),
+		gauge("quotaring_owned_partitions", "Partitions this node owns.", func() float64 {
+			if r := n.Ring(); r != nil {
+				return float64(len(r.Table().PartitionsOf(n.cfg.ID)))
+			}
+			return 0
+		}),
+		ringMembers{n: n, desc: prometheus.NewDesc("quotaring_ring_members", "Alive members by state.", []string{"state"}, nil)},
+	)
+	return m
+}
+
+// ringMembers exports quotaring_ring_members{state}.
+type ringMembers struct {
+	n    *Node
+	desc *prometheus.Desc
+}
+
+func (c ringMembers) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+func (c ringMembers) Collect(ch chan<- prometheus.Metric) {
+	counts := map[ring.State]int{ring.StateJoining: 0, ring.StateServing: 0, ring.StateDraining: 0}
+	if r := c.n.Ring(); r != nil {
+		for _, m := range r.View().Members {
+			counts[m.State]++
+		}
+	}
+	for st, k := range counts {
+		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(k), string(st))
+	}
+}
+
+func (m *metrics) onCharge(_ string, d *shard.Decision, err error, took time.Duration) {
+	switch {
+	case err != nil && errors.Is(err, engine.ErrQuotaUnavailable):
+		m.charges.WithLabelValues("refused", "unavailable").Inc()
+		return
+	case err != nil:
+		return
+	case d.Reason == shard.OK:
+		m.charges.WithLabelValues("ok", "ok").Inc()
+	case d.Reason == shard.Replayed:
+		m.charges.WithLabelValues("replayed", "replayed").Inc()
+	default:
+		m.charges.WithLabelValues("refused", d.Reason.String()).Inc()
+	}
+	m.chargeSeconds.Observe(took.Seconds())
+}
+
+func (m *metrics) onCommit(records, _ int, took time.Duration) {
+	m.commitSeconds.Observe(took.Seconds())
+	m.commitRecords.Observe(float64(records))
+}
+
+func (m *metrics) onSettle(r flush.SettleReport) {
+	if r.Err == nil {
+		m.settleSeconds.Observe(r.Took.Seconds())
+		m.settleRecords.Observe(float64(r.Records))
+	}
+}
+
+func (m *metrics) ringChange(ring.Change) { m.ringChanges.Inc() }
+
+type routerStats = router.Stats

@@ -1,0 +1,323 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+
+	"github.com/quotaring/quotaring/engine"
+	"github.com/quotaring/quotaring/flush"
+	"github.com/quotaring/quotaring/ring"
+	"github.com/quotaring/quotaring/router"
+	"github.com/quotaring/quotaring/router/pb"
+	"github.com/quotaring/quotaring/wal"
+)
+
+// Config configures a node. Zero durations take the defaults in brackets.
+type Config struct {
+	ID      string // unique in the cluster; the data dir remembers it
+	DataDir string
+	// Ledger is a Postgres DSN (postgres://...) or a SQLite path
+	// (sqlite:/path/ledger.db or a path ending in .db).
+	Ledger string
+	// Listen addresses, host:port (port 0: any free port).
+	RPCAddr, HTTPAddr, AdminAddr, GossipAddr string
+	// Join lists seeds (host:port or DNS names); empty for the first node.
+	Join []string
+	// RingPreset is "lan" (production) or "local" (loopback tests) ["lan"].
+	RingPreset string
+	// SettleInterval between settles [1s]; SnapshotInterval between config
+	// reads [3s].
+	SettleInterval, SnapshotInterval time.Duration
+	// NoSync logs with pebble.NoSync: benchmarks only, loses acknowledged
+	// charges on a crash.
+	NoSync bool
+	// EventsOff keeps aggregates only in the ledger (no event log, no
+	// duplicate catch at settle).
+	EventsOff bool
+	// DrainTimeout bounds waiting for in-flight calls at shutdown [10s];
+	// SettleTimeout the final settle [20s].
+	DrainTimeout, SettleTimeout time.Duration
+	// LedgerRetry is the wait between attempts to reach the ledger when it is
+	// down [2s].
+	LedgerRetry time.Duration
+	// TestFaults exposes fault injection on the admin port (/test/...): for
+	// the chaos tests only.
+	TestFaults bool
+	// Clock defaults to the system clock (with a test offset behind
+	// TestFaults).
+	Clock  engine.Clock
+	Logger *slog.Logger
+	// Front, when set, builds the public HTTP handler (package router's
+	// proxy); nil serves 404 problem answers.
+	Front func(*Node) (http.Handler, error)
+}
+
+// Node is one running quotad.
+type Node struct {
+	cfg     Config
+	log     *slog.Logger
+	clock   engine.Clock
+	sys     *engine.SystemClock // nil when cfg.Clock was given
+	wal     *wal.Log
+	eng     *engine.Engine
+	ring    atomic.Pointer[ring.Ring]
+	router  *router.Router
+	faults  *router.Faults
+	gossipF *ring.FaultTransport
+	grpcSrv *grpc.Server
+	httpSrv *http.Server
+	admin   *http.Server
+	lis     struct{ rpc, http, admin net.Listener }
+	reg     *prometheus.Registry
+	metrics *metrics
+
+	ledger    atomic.Pointer[ledgerBox]
+	mu        sync.Mutex // protects settler and refresher (set once the ledger is reached)
+	settler   *flush.Settler
+	refresher *flush.Refresher
+
+	started  time.Time
+	ready    atomic.Bool
+	draining atomic.Bool
+	ctx      context.Context // canceled by Shutdown: stops background loops
+	cancel   context.CancelFunc
+	wg       sync.WaitGroup
+}
+
+type ledgerBox struct{ l flush.Ledger }
+
+func (c *Config) defaults() error {
+	if c.ID == "" || c.DataDir == "" || c.Ledger == "" {
+		return errors.New("node: --node-id, --data-dir and --ledger are required")
+	}
+	if c.RingPreset == "" {
+		c.RingPreset = ring.PresetLAN
+	}
+	for _, d := range []*time.Duration{&c.SettleInterval, &c.DrainTimeout, &c.SettleTimeout, &c.SnapshotInterval, &c.LedgerRetry} {
+		if *d < 0 {
+			return fmt.Errorf("node: durations must not be negative (got %s)", *d)
+		}
+	}
+	setDefault(&c.SettleInterval, time.Second)
+	setDefault(&c.SnapshotInterval, 3*time.Second)
+	setDefault(&c.DrainTimeout, 10*time.Second)
+	setDefault(&c.SettleTimeout, 20*time.Second)
+	setDefault(&c.LedgerRetry, 2*time.Second)
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	for name, a := range map[string]*string{"rpc": &c.RPCAddr, "http": &c.HTTPAddr, "admin": &c.AdminAddr, "gossip": &c.GossipAddr} {
+		if *a == "" {
+			return fmt.Errorf("node: the %s listen address is required (host:port; port 0 picks a free one)", name)
+		}
+		if _, _, err := net.SplitHostPort(*a); err != nil {
+			return fmt.Errorf("node: %s address %q: %v (want host:port)", name, *a, err)
+		}
+	}
+	return nil
+}
+
+func setDefault(d *time.Duration, v time.Duration) {
+	if *d == 0 {
+		*d = v
+	}
+}
+
+// Start brings a node up (see the package doc). On error everything it
+// started is stopped again.
+func Start(ctx context.Context, cfg Config) (n *Node, err error) {
+	if err := cfg.defaults(); err != nil {
+		return nil, err
+	}
+	n = &Node{cfg: cfg, log: cfg.Logger.With("node", cfg.ID), reg: prometheus.NewRegistry(), started: time.Now()}
+	n.metrics = newMetrics(n)
+	n.ctx, n.cancel = context.WithCancel(context.Background())
+	defer func() {
+		if err != nil {
+			n.abort()
+		}
+	}()
+	if err := n.listen(); err != nil {
+		return nil, err
+	}
+	if err := n.openEngine(); err != nil {
+		return nil, err
+	}
+	if !n.connectLedger(ctx, true) {
+		if n.eng.Snapshot() == nil {
+			n.log.Warn("the ledger is unreachable and this data dir keeps no config snapshot: not ready until the ledger answers")
+		} else {
+			n.log.Warn("the ledger is unreachable: serving from the config snapshot kept in the data dir, settling later (G8)")
+		}
+		n.goLoop(n.retryLedger)
+	}
+	if err := n.joinRing(); err != nil {
+		return nil, err
+	}
+	if err := n.serve(); err != nil {
+		return nil, err
+	}
+	if err := n.Ring().SetState(ctx, ring.StateServing); err != nil {
+		return nil, fmt.Errorf("node: become serving: %w", err)
+	}
+	n.ready.Store(true)
+	n.log.Info("serving", "rpc", n.RPCAddr(), "http", n.HTTPAddr(), "admin", n.AdminAddr(), "gossip", n.GossipAddr(),
+		"incarnation", n.wal.Incarnation())
+	return n, nil
+}
+
+func (n *Node) listen() error {
+	var err error
+	if n.lis.rpc, err = net.Listen("tcp", n.cfg.RPCAddr); err != nil {
+		return fmt.Errorf("node: listen for RPC on %s: %w", n.cfg.RPCAddr, err)
+	}
+	if n.lis.http, err = net.Listen("tcp", n.cfg.HTTPAddr); err != nil {
+		return fmt.Errorf("node: listen for HTTP on %s: %w", n.cfg.HTTPAddr, err)
+	}
+	if n.lis.admin, err = net.Listen("tcp", n.cfg.AdminAddr); err != nil {
+		return fmt.Errorf("node: listen for the admin port on %s: %w", n.cfg.AdminAddr, err)
+	}
+	return nil
+}
+
+func (n *Node) openEngine() error {
+	var err error
+	n.wal, err = wal.Open(wal.Options{Dir: n.cfg.DataDir, NodeID: n.cfg.ID, NoSync: n.cfg.NoSync, Logger: n.log.With("component", "wal"),
+		OnCommit: n.metrics.onCommit})
+	if err != nil {
+		return fmt.Errorf("node: open the data dir: %w", err)
+	}
+	n.clock = n.cfg.Clock
+	if n.clock == nil {
+		n.sys = engine.NewSystemClock()
+		n.clock = n.sys
+	}
+	n.eng, err = engine.Open(engine.Options{
+		Log: n.wal, Clock: n.clock, Reserver: (*nodeReserver)(n), ReserveWindow: n.cfg.SettleInterval,
+		Owns: n.owns, Logger: n.log.With("component", "engine"), OnCharge: n.metrics.onCharge,
+	})
+	if err != nil {
+		return fmt.Errorf("node: recover the engine: %w", err)
+	}
+	return nil
+}
+
+// owns is the engine's ownership check: serving, and the owner in this
+// node's view of the ring.
+func (n *Node) owns(account string) bool {
+	r := n.ring.Load()
+	if r == nil || n.draining.Load() {
+		return false
+	}
+	m, ok := r.Owner(account)
+	return ok && m.ID == n.cfg.ID
+}
+
+func (n *Node) joinRing() error {
+	rc := ring.DefaultConfig()
+	if n.cfg.RingPreset == ring.PresetLocal {
+		rc = ring.LocalConfig()
+	}
+	host, portStr, _ := net.SplitHostPort(n.cfg.GossipAddr)
+	port, _ := strconv.Atoi(portStr)
+	rc.NodeID, rc.BindAddr, rc.BindPort, rc.Join = n.cfg.ID, host, port, n.cfg.Join
+	rc.Meta = ring.Meta{RPCAddr: n.RPCAddr(), HTTPAddr: n.HTTPAddr(), AdminAddr: n.AdminAddr(), State: ring.StateJoining}
+	rc.Logger = n.log.With("component", "ring")
+	if n.cfg.TestFaults {
+		t, err := ring.NewFaultNetTransport(host, port, rc.Logger)
+		if err != nil {
+			return fmt.Errorf("node: gossip transport on %s: %w", n.cfg.GossipAddr, err)
+		}
+		n.gossipF, rc.Transport = t, t
+		n.faults = router.NewFaults()
+	}
+	r, err := ring.New(rc)
+	if err != nil {
+		return fmt.Errorf("node: join the ring: %w", err)
+	}
+	n.ring.Store(r)
+	n.router, err = router.New(router.Config{Engine: n.eng, Ring: r, Faults: n.faults, Logger: n.log.With("component", "router")})
+	if err != nil {
+		return err
+	}
+	changes, cancel := r.Subscribe(64)
+	n.goLoop(func(ctx context.Context) {
+		defer cancel()
+		n.followRing(ctx, changes)
+	})
+	return nil
+}
+
+func (n *Node) serve() error {
+	n.grpcSrv = grpc.NewServer()
+	pb.RegisterQuotaServer(n.grpcSrv, n.router.Server())
+	go n.grpcSrv.Serve(n.lis.rpc)
+	front := http.Handler(http.HandlerFunc(noFront))
+	if n.cfg.Front != nil {
+		h, err := n.cfg.Front(n)
+		if err != nil {
+			return err
+		}
+		front = h
+	}
+	n.httpSrv = &http.Server{Handler: front, ReadHeaderTimeout: 10 * time.Second}
+	go n.httpSrv.Serve(n.lis.http)
+	n.admin = &http.Server{Handler: n.adminHandler(), ReadHeaderTimeout: 10 * time.Second}
+	go n.admin.Serve(n.lis.admin)
+	return nil
+}
+
+func noFront(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(http.StatusNotFound)
+	fmt.Fprint(w, `{"type":"about:blank","title":"no upstream configured","status":404,"detail":"this node serves no HTTP front: start it with --upstream"}`)
+}
+
+// goLoop runs fn in a goroutine that Shutdown stops and waits for.
+func (n *Node) goLoop(fn func(ctx context.Context)) {
+	n.wg.Add(1)
+	go func() {
+		defer n.wg.Done()
+		fn(n.ctx)
+	}()
+}
+
+// Accessors.
+func (n *Node) ID() string                     { return n.cfg.ID }
+func (n *Node) Engine() *engine.Engine         { return n.eng }
+func (n *Node) Ring() *ring.Ring               { return n.ring.Load() }
+func (n *Node) Router() *router.Router         { return n.router }
+func (n *Node) Registry() *prometheus.Registry { return n.reg }
+func (n *Node) RPCAddr() string                { return n.lis.rpc.Addr().String() }
+func (n *Node) HTTPAddr() string               { return n.lis.http.Addr().String() }
+func (n *Node) AdminAddr() string              { return n.lis.admin.Addr().String() }
+
+// GossipAddr is where memberlist listens (known once the ring is up).
+func (n *Node) GossipAddr() string {
+	if r := n.Ring(); r != nil {
+		return r.Self().GossipAddr
+	}
+	return n.cfg.GossipAddr
+}
+
+// Ledger is the ledger, or nil while it has not been reached.
+func (n *Node) Ledger() flush.Ledger {
+	if b := n.ledger.Load(); b != nil {
+		return b.l
+	}
+	return nil
+}
+
+// Ready reports whether the node serves: joined, state loaded, a snapshot.
+func (n *Node) Ready() bool { return n.ready.Load() && !n.draining.Load() && n.eng.Snapshot() != nil }

@@ -1,0 +1,134 @@
+package node
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/quotaring/quotaring/flush"
+	"github.com/quotaring/quotaring/ring"
+	"github.com/quotaring/quotaring/router"
+	"github.com/quotaring/quotaring/shard"
+	"github.com/quotaring/quotaring/snapshot"
+)
+
+// seedLedger creates the ledger with one hard plan per quota.
+func seedLedger(t *testing.T, dsn string, accounts map[string]int64) {
+	t.Helper()
+	ctx := context.Background()
+	l, err := flush.Open(ctx, dsn, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if err := l.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for id, q := range accounts {
+		if err := l.UpsertPlan(ctx, snapshot.Plan{ID: "plan-" + id, MonthlyQuota: q, Hard: true}); err != nil {
+			t.Fatal(err)
+		}
+		if err := l.UpsertAccount(ctx, id, "plan-"+id); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func startNodes(t *testing.T, dsn string, n int) []*Node {
+	t.Helper()
+	dir := t.TempDir()
+	var nodes []*Node
+	for i := 0; i < n; i++ {
+		cfg := Config{ID: fmt.Sprint("n", i+1), DataDir: filepath.Join(dir, fmt.Sprint("n", i+1)), Ledger: dsn,
+			RPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", AdminAddr: "127.0.0.1:0", GossipAddr: "127.0.0.1:0",
+			RingPreset: ring.PresetLocal, SettleInterval: 100 * time.Millisecond, SnapshotInterval: 200 * time.Millisecond}
+		if i > 0 {
+			cfg.Join = []string{nodes[0].GossipAddr()}
+		}
+		nd, err := Start(context.Background(), cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		nodes = append(nodes, nd)
+	}
+	t.Cleanup(func() {
+		for _, nd := range nodes {
+			nd.Shutdown(context.Background())
+		}
+	})
+	waitFor(t, 20*time.Second, "one ring of all nodes", func() bool {
+		e := nodes[0].Ring().Epoch()
+		for _, nd := range nodes {
+			if nd.Ring().Epoch() != e || len(nd.Ring().View().Serving) != n {
+				return false
+			}
+		}
+		return true
+	})
+	return nodes
+}
+
+func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", timeout, what)
+		}
+		<-tick.C
+	}
+}
+
+func TestClusterInProcessExactQuota(t *testing.T) {
+	dsn := "sqlite:" + filepath.Join(t.TempDir(), "ledger.db")
+	seedLedger(t, dsn, map[string]int64{"acme": 20})
+	nodes := startNodes(t, dsn, 3)
+	ctx := context.Background()
+	var ok, refused atomic.Int64
+	var wg sync.WaitGroup
+	for i := 0; i < 100; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			res, err := nodes[i%3].Router().Charge(ctx, router.ChargeRequest{Account: "acme", Route: "GET /x", Units: 1})
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			switch res.Reason {
+			case shard.OK:
+				ok.Add(1)
+			case shard.QuotaExceeded:
+				refused.Add(1)
+			default:
+				t.Errorf("reason %v", res.Reason)
+			}
+		}()
+	}
+	wg.Wait()
+	if ok.Load() != 20 || refused.Load() != 80 {
+		t.Fatalf("%d ok, %d refused; want 20 and 80", ok.Load(), refused.Load())
+	}
+	for _, nd := range nodes {
+		if _, err := nd.SettleNow(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	grants, err := nodes[0].Ledger().Grants(ctx, "acme")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var used int64
+	for _, g := range grants {
+		used += g.Used
+	}
+	if used != 20 {
+		t.Fatalf("ledger used %d, want 20 (%+v)", used, grants)
+	}
+}

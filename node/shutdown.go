@@ -1,0 +1,156 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/quotaring/quotaring/ring"
+)
+
+// Shutdown stops the node gracefully (see the package doc). It returns an
+// error when the final settle failed: the records stay in the log for the
+// next start.
+func (n *Node) Shutdown(ctx context.Context) error {
+	t0 := time.Now()
+	n.draining.Store(true)
+	r := n.Ring()
+	if r != nil {
+		if err := r.SetState(ctx, ring.StateDraining); err != nil {
+			n.log.Warn("could not announce draining", "err", err)
+		}
+	}
+	n.drain(ctx)
+	var errs []error
+	if n.eng != nil && n.Ledger() != nil {
+		rctx, cancel := context.WithTimeout(ctx, n.cfg.SettleTimeout)
+		if err := n.eng.ReleaseAll(rctx); err != nil {
+			n.log.Warn("handing back reservations failed; they return at the next start or with quotad revoke", "err", err)
+		}
+		cancel()
+	}
+	n.stopLoops()
+	settleErr := n.finalSettle(ctx)
+	if settleErr != nil {
+		errs = append(errs, settleErr)
+	}
+	if r != nil {
+		lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		if err := r.Leave(lctx); err != nil && !errors.Is(err, ring.ErrLeft) {
+			n.log.Warn("leaving the ring", "err", err)
+		}
+		cancel()
+	}
+	errs = append(errs, n.closeAll())
+	n.log.Info("stopped", "took", time.Since(t0).Round(time.Millisecond), "final_settle_ok", settleErr == nil)
+	return errors.Join(errs...)
+}
+
+// drain stops taking requests and waits for in-flight ones.
+func (n *Node) drain(ctx context.Context) {
+	dctx, cancel := context.WithTimeout(ctx, n.cfg.DrainTimeout)
+	defer cancel()
+	if n.httpSrv != nil {
+		n.httpSrv.Shutdown(dctx)
+	}
+	if n.grpcSrv != nil {
+		done := make(chan struct{})
+		go func() { n.grpcSrv.GracefulStop(); close(done) }()
+		select {
+		case <-done:
+		case <-dctx.Done():
+			n.grpcSrv.Stop()
+		}
+	}
+}
+
+// stopLoops stops the settle and refresh loops and the node's goroutines.
+func (n *Node) stopLoops() {
+	n.cancel()
+	n.mu.Lock()
+	s, rf := n.settler, n.refresher
+	n.mu.Unlock()
+	if s != nil {
+		s.Close()
+	}
+	if rf != nil {
+		rf.Close()
+	}
+	n.wg.Wait()
+}
+
+// finalSettle settles everything durable, within SettleTimeout.
+func (n *Node) finalSettle(ctx context.Context) error {
+	if n.wal == nil {
+		return nil
+	}
+	s := n.Settler()
+	left := n.wal.DurableSeq() - n.wal.SettledSeq()
+	if s == nil {
+		if left == 0 {
+			return nil
+		}
+		return fmt.Errorf("node: final settle: the ledger was never reached; %d records stay in %s for the next start", left, n.cfg.DataDir)
+	}
+	sctx, cancel := context.WithTimeout(ctx, n.cfg.SettleTimeout)
+	defer cancel()
+	if _, err := s.SettleOnce(sctx); err != nil {
+		left = n.wal.DurableSeq() - n.wal.SettledSeq()
+		n.log.Error("final settle failed; the records stay in the log for the next start", "unsettled", left, "err", err)
+		return fmt.Errorf("node: final settle failed, %d records stay in %s for the next start: %w", left, n.cfg.DataDir, err)
+	}
+	n.log.Info("final settle done", "settled_seq", n.wal.SettledSeq())
+	return nil
+}
+
+// closeAll closes everything that is open, in reverse order of opening.
+func (n *Node) closeAll() error {
+	var errs []error
+	if n.admin != nil {
+		n.admin.Close()
+	}
+	if n.router != nil {
+		n.router.Close()
+	}
+	if r := n.Ring(); r != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		if err := r.Close(ctx); err != nil && !errors.Is(err, ring.ErrClosed) {
+			errs = append(errs, err)
+		}
+		cancel()
+	}
+	if n.eng != nil {
+		n.eng.Close()
+	}
+	if n.wal != nil {
+		errs = append(errs, n.wal.Close())
+	}
+	if l := n.Ledger(); l != nil {
+		l.Close()
+	}
+	for _, l := range []interface{ Close() error }{n.lis.rpc, n.lis.http, n.lis.admin} {
+		if l != nil {
+			l.Close()
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// abort undoes a Start that failed half way.
+func (n *Node) abort() {
+	n.stopLoops()
+	if n.grpcSrv != nil {
+		n.grpcSrv.Stop()
+	}
+	if n.httpSrv != nil {
+		n.httpSrv.Close()
+	}
+	n.closeAll()
+}
+
+// Kill stops the node abruptly, without draining or settling: the records
+// stay in the log (tests of crash recovery in one process).
+func (n *Node) Kill() {
+	n.abort()
+}
