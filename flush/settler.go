@@ -47,15 +47,15 @@ type SettleReport struct {
 
 // Settler ships one node's log to the ledger.
 type Settler struct {
-	opts   SettlerOptions
-	log    logView
-	node   string
-	inc    string
-	mu     sync.Mutex // serialises SettleOnce
-	failed atomic.Int64
+	opts    SettlerOptions
+	log     logView
+	node    string
+	inc     string
+	mu      sync.Mutex // serialises SettleOnce
+	failed  atomic.Int64
 	lastOK  atomic.Int64 // Unix ns of the last successful settle
 	lastErr atomic.Int64 // Unix ns of the last failed one
-	stats  SettlerStats
+	stats   SettlerStats
 
 	kick   chan struct{}
 	cancel context.CancelFunc
