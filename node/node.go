@@ -20,6 +20,7 @@ import (
 	"github.com/quotaring/quotaring/ring"
 	"github.com/quotaring/quotaring/router"
 	"github.com/quotaring/quotaring/router/pb"
+	"github.com/quotaring/quotaring/shard"
 	"github.com/quotaring/quotaring/wal"
 )
 
@@ -81,6 +82,10 @@ type Node struct {
 	lis     struct{ rpc, http, admin net.Listener }
 	reg     *prometheus.Registry
 	metrics *metrics
+
+	// chargeHooks hear every answered charge (set before Start returns,
+	// read-only afterwards).
+	chargeHooks []func(account string, d *shard.Decision, err error)
 
 	ledger    atomic.Pointer[ledgerBox]
 	mu        sync.Mutex // protects settler and refresher (set once the ledger is reached)
@@ -205,12 +210,21 @@ func (n *Node) openEngine() error {
 	}
 	n.eng, err = engine.Open(engine.Options{
 		Log: n.wal, Clock: n.clock, Reserver: (*nodeReserver)(n), ReserveWindow: n.cfg.SettleInterval,
-		Owns: n.owns, Logger: n.log.With("component", "engine"), OnCharge: n.metrics.onCharge,
+		Owns: n.owns, Logger: n.log.With("component", "engine"), OnCharge: n.onCharge,
 	})
 	if err != nil {
 		return fmt.Errorf("node: recover the engine: %w", err)
 	}
 	return nil
+}
+
+// onCharge hears every charge the engine answered: metrics, and (when
+// configured) the quota alerts.
+func (n *Node) onCharge(account string, d *shard.Decision, err error, took time.Duration) {
+	n.metrics.onCharge(account, d, err, took)
+	for _, h := range n.chargeHooks {
+		h(account, d, err)
+	}
 }
 
 // owns is the engine's ownership check: serving, and the owner in this
