@@ -32,6 +32,10 @@ type SettlerOptions struct {
 	Logger     *slog.Logger
 	// OnSettle, when set, hears every attempt (for metrics).
 	OnSettle func(SettleReport)
+	// AfterCommit, when set, runs after the ledger committed a batch and
+	// before it is marked settled locally: a failpoint for the test that kills
+	// a node exactly there.
+	AfterCommit func()
 }
 
 // SettleReport describes one attempt.
@@ -171,6 +175,9 @@ func (s *Settler) settleBatch(ctx context.Context) (n int, more bool, err error)
 		}
 	}
 	if err == nil {
+		if s.opts.AfterCommit != nil {
+			s.opts.AfterCommit()
+		}
 		err = s.afterCommit(ctx, next, res)
 	}
 	s.report(rep, err)

@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/pprof"
+	"os"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -30,6 +32,7 @@ func (n *Node) adminHandler() *http.ServeMux {
 		mux.HandleFunc("POST /test/block", n.testBlock)
 		mux.HandleFunc("POST /test/heal", n.testHeal)
 		mux.HandleFunc("POST /test/clock", n.testClock)
+		mux.HandleFunc("POST /test/crash-after-commit", n.testCrashAfterCommit)
 	}
 	return mux
 }
@@ -93,4 +96,20 @@ func splitList(s string) []string {
 		}
 	}
 	return out
+}
+
+// testCrashAfterCommit arms a failpoint: the next settle kills this process
+// with SIGKILL after the ledger committed and before the local mark.
+func (n *Node) testCrashAfterCommit(w http.ResponseWriter, _ *http.Request) {
+	n.crashAfterCommit.Store(true)
+	fmt.Fprintln(w, "armed")
+}
+
+// afterCommitFailpoint is the settler's AfterCommit hook.
+func (n *Node) afterCommitFailpoint() {
+	if n.crashAfterCommit.Load() {
+		n.log.Warn("test failpoint: SIGKILL between the ledger commit and the local mark")
+		syscall.Kill(os.Getpid(), syscall.SIGKILL)
+		select {} // the signal is on its way
+	}
 }

@@ -15,6 +15,12 @@ import (
 // serving: see resetReservations), read the snapshot, and start the settle
 // and refresh loops. It reports whether it succeeded.
 func (n *Node) connectLedger(ctx context.Context, beforeServing bool) bool {
+	ok, _ := n.tryLedger(ctx, beforeServing)
+	return ok
+}
+
+// tryLedger is connectLedger with the reason it failed.
+func (n *Node) tryLedger(ctx context.Context, beforeServing bool) (bool, error) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	l, err := flush.Open(ctx, n.cfg.Ledger, n.log.With("component", "ledger"))
@@ -24,11 +30,13 @@ func (n *Node) connectLedger(ctx context.Context, beforeServing bool) bool {
 		}
 	}
 	if err != nil {
-		n.log.Warn("ledger not reached", "err", err)
-		return false
+		n.log.Warn("ledger not reached; serving from the data dir meanwhile and trying again", "err", err,
+			"what_to_check", "the --ledger address, the database's reachability from this host, and its credentials")
+		return false, err
 	}
 	settler, err := flush.NewSettler(flush.SettlerOptions{Ledger: l, Engine: n.eng, Interval: n.cfg.SettleInterval,
-		Events: !n.cfg.EventsOff, Logger: n.log.With("component", "settler"), OnSettle: n.metrics.onSettle})
+		Events: !n.cfg.EventsOff, Logger: n.log.With("component", "settler"), OnSettle: n.metrics.onSettle,
+		AfterCommit: n.afterCommitFailpoint})
 	if err == nil {
 		err = settler.Register(ctx)
 	}
@@ -45,7 +53,7 @@ func (n *Node) connectLedger(ctx context.Context, beforeServing bool) bool {
 	if err != nil {
 		n.log.Warn("ledger reached but not usable yet", "err", err)
 		l.Close()
-		return false
+		return false, err
 	}
 	n.ledger.Store(&ledgerBox{l: l})
 	n.mu.Lock()
@@ -54,7 +62,7 @@ func (n *Node) connectLedger(ctx context.Context, beforeServing bool) bool {
 	settler.Start()
 	refresher.Start()
 	n.log.Info("ledger connected", "settled", n.wal.SettledSeq())
-	return true
+	return true, nil
 }
 
 // resetReservations frees every reservation this node holds in the ledger,

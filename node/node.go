@@ -92,12 +92,14 @@ type Node struct {
 	settler   *flush.Settler
 	refresher *flush.Refresher
 
-	started  time.Time
-	ready    atomic.Bool
-	draining atomic.Bool
-	ctx      context.Context // canceled by Shutdown: stops background loops
-	cancel   context.CancelFunc
-	wg       sync.WaitGroup
+	started time.Time
+	ready   atomic.Bool
+	// crashAfterCommit arms the test failpoint of the settler (TestFaults).
+	crashAfterCommit atomic.Bool
+	draining         atomic.Bool
+	ctx              context.Context // canceled by Shutdown: stops background loops
+	cancel           context.CancelFunc
+	wg               sync.WaitGroup
 }
 
 type ledgerBox struct{ l flush.Ledger }
@@ -159,7 +161,10 @@ func Start(ctx context.Context, cfg Config) (n *Node, err error) {
 	if err := n.openEngine(); err != nil {
 		return nil, err
 	}
-	if !n.connectLedger(ctx, true) {
+	if ok, err := n.tryLedger(ctx, true); !ok {
+		if errors.Is(err, flush.ErrSchemaTooNew) || errors.Is(err, flush.ErrMarkConflict) {
+			return nil, fmt.Errorf("node: %w", err) // waiting will not fix these
+		}
 		if n.eng.Snapshot() == nil {
 			n.log.Warn("the ledger is unreachable and this data dir keeps no config snapshot: not ready until the ledger answers")
 		} else {

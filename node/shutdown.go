@@ -23,13 +23,7 @@ func (n *Node) Shutdown(ctx context.Context) error {
 	}
 	n.drain(ctx)
 	var errs []error
-	if n.eng != nil && n.Ledger() != nil {
-		rctx, cancel := context.WithTimeout(ctx, n.cfg.SettleTimeout)
-		if err := n.eng.ReleaseAll(rctx); err != nil {
-			n.log.Warn("handing back reservations failed; they return at the next start or with quotad revoke", "err", err)
-		}
-		cancel()
-	}
+	n.releaseAll(ctx)
 	n.stopLoops()
 	settleErr := n.finalSettle(ctx)
 	if settleErr != nil {
@@ -45,6 +39,23 @@ func (n *Node) Shutdown(ctx context.Context) error {
 	errs = append(errs, n.closeAll())
 	n.log.Info("stopped", "took", time.Since(t0).Round(time.Millisecond), "final_settle_ok", settleErr == nil)
 	return errors.Join(errs...)
+}
+
+// releaseAll hands every reservation back so the new owners find the units
+// free, unless the ledger looks down: then the node keeps them (its log
+// replays them at the next start, and the ledger still holds them for it),
+// rather than zeroing them here and stranding them there.
+func (n *Node) releaseAll(ctx context.Context) {
+	s := n.Settler()
+	if n.eng == nil || s == nil || !s.Healthy() {
+		n.log.Warn("the ledger looks down: keeping this node's reservations for its next start")
+		return
+	}
+	rctx, cancel := context.WithTimeout(ctx, n.cfg.SettleTimeout)
+	defer cancel()
+	if err := n.eng.ReleaseAll(rctx); err != nil {
+		n.log.Warn("handing back reservations failed; they return at the next start or with quotad revoke", "err", err)
+	}
 }
 
 // drain stops taking requests and waits for in-flight ones.

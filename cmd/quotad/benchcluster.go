@@ -1,0 +1,245 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"math/rand/v2"
+
+	"sync"
+	"time"
+
+	"github.com/spf13/cobra"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/quotaring/quotaring/internal/loadgen"
+	"github.com/quotaring/quotaring/ring"
+	"github.com/quotaring/quotaring/router/pb"
+	"github.com/quotaring/quotaring/snapshot"
+)
+
+type benchClusterFlags struct {
+	nodes       []string
+	ledger      string
+	setup       bool
+	accounts    int
+	concurrency string
+	duration    time.Duration
+	spread      string
+	mode        string
+	batch       int
+	prefix      string
+}
+
+func newBenchClusterCmd() *cobra.Command {
+	var f benchClusterFlags
+	cmd := &cobra.Command{
+		Use:   "cluster",
+		Short: "Load a running cluster over its internal RPC and print charges/s and latency",
+		Long: `Drive a running cluster with charges over the internal gRPC API and print
+charges/s and p50/p99/p999 latency per concurrency, with a progress line.
+
+Modes:
+  routed  every call goes to one node (--nodes' first), which decides the
+          accounts it owns and forwards the others to their owners (one hop)
+  direct  the bench learns the ring (RingView) and sends each call to the
+          owner of its accounts, like the embedded client
+
+--setup creates the bench plan and accounts in the ledger first (needs
+--ledger); the nodes pick them up at their next config refresh.`,
+		Example: `  quotad bench cluster --nodes 127.0.0.10:7400,127.0.0.11:7400 --ledger postgres://... --setup \
+      --accounts 10000 --concurrency 1,8,64,512 --mode routed --batch 1`,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return runBenchCluster(cmd.Context(), cmd.OutOrStdout(), cmd.ErrOrStderr(), f)
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringSliceVar(&f.nodes, "nodes", nil, "RPC addresses of nodes (host:port); routed mode calls the first")
+	fl.StringVar(&f.ledger, "ledger", "", "the ledger, for --setup")
+	fl.BoolVar(&f.setup, "setup", false, "create the bench plan and accounts in the ledger before running")
+	fl.IntVar(&f.accounts, "accounts", 10000, "accounts the charges spread over")
+	fl.StringVar(&f.concurrency, "concurrency", "1,8,64,512", "comma-separated numbers of concurrent callers")
+	fl.DurationVar(&f.duration, "duration", 10*time.Second, "how long each concurrency runs")
+	fl.StringVar(&f.spread, "spread", "uniform", "how calls pick accounts: uniform or zipf")
+	fl.StringVar(&f.mode, "mode", "routed", "routed (through one node) or direct (to the owner)")
+	fl.IntVar(&f.batch, "batch", 1, "charges per call")
+	fl.StringVar(&f.prefix, "account-prefix", "bench-", "account ids are PREFIX1 .. PREFIXN")
+	return cmd
+}
+
+func runBenchCluster(ctx context.Context, out, progress io.Writer, f benchClusterFlags) error {
+	concs, err := parseInts(f.concurrency, "concurrency")
+	if err != nil {
+		return err
+	}
+	switch {
+	case len(f.nodes) == 0:
+		return fmt.Errorf("--nodes is required: the RPC address of at least one node")
+	case f.accounts <= 0 || f.batch <= 0:
+		return fmt.Errorf("--accounts and --batch must be positive")
+	case f.spread != "uniform" && f.spread != "zipf":
+		return fmt.Errorf("--spread %q: want uniform or zipf", f.spread)
+	case f.mode != "routed" && f.mode != "direct":
+		return fmt.Errorf("--mode %q: want routed or direct", f.mode)
+	}
+	accounts := make([]string, f.accounts)
+	for i := range accounts {
+		accounts[i] = fmt.Sprintf("%s%d", f.prefix, i+1)
+	}
+	if f.setup {
+		if err := setupBenchAccounts(ctx, progress, f.ledger, accounts); err != nil {
+			return err
+		}
+	}
+	conns := map[string]pb.QuotaClient{}
+	var closers []*grpc.ClientConn
+	defer func() {
+		for _, c := range closers {
+			c.Close()
+		}
+	}()
+	dial := func(addr string) (pb.QuotaClient, error) {
+		if c, ok := conns[addr]; ok {
+			return c, nil
+		}
+		cc, err := grpc.NewClient("passthrough:///"+addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			return nil, err
+		}
+		closers = append(closers, cc)
+		conns[addr] = pb.NewQuotaClient(cc)
+		return conns[addr], nil
+	}
+	first, err := dial(f.nodes[0])
+	if err != nil {
+		return err
+	}
+	var owners func(account string) string
+	if f.mode == "direct" {
+		if owners, err = ownerTable(ctx, first); err != nil {
+			return err
+		}
+		for _, a := range accounts {
+			if _, err := dial(owners(a)); err != nil {
+				return err
+			}
+		}
+	}
+	fmt.Fprintf(out, "quotad bench cluster: %d accounts (%s), mode %s, %d charges per call, %s per run\n\n", f.accounts, f.spread, f.mode, f.batch, f.duration)
+	fmt.Fprintf(out, "%6s %12s %12s %10s %10s %10s %8s\n", "conc", "charges/s", "calls/s", "p50", "p99", "p999", "errors")
+	for _, c := range concs {
+		pick := picker(f.spread, len(accounts), c)
+		rep, err := loadgen.Run(ctx, loadgen.Config{Concurrency: c, Duration: f.duration, Warmup: f.duration / 10, Progress: progress,
+			Interactive: isTerminal(progress), Label: fmt.Sprintf("x%d", c)}, func(ctx context.Context, w int, i int64) (int, error) {
+			reqs := make([]*pb.ChargeRequest, f.batch)
+			for k := range reqs {
+				reqs[k] = &pb.ChargeRequest{Account: accounts[pick(w)], Route: "POST /bench", Units: 1}
+			}
+			return f.batch, benchCall(ctx, f.mode, first, owners, conns, reqs)
+		})
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(out, "%6d %12.0f %12.0f %10s %10s %10s %8d\n", c, rep.OpsPerSec, rep.CallsPerSec, fmtDur(rep.P50), fmtDur(rep.P99), fmtDur(rep.P999), rep.Errors)
+		if rep.Errors > 0 {
+			fmt.Fprintf(out, "       first error: %v\n", rep.FirstErr)
+		}
+	}
+	return nil
+}
+
+// benchCall sends one call's charges: routed through the first node, or
+// grouped by owner in direct mode.
+func benchCall(ctx context.Context, mode string, first pb.QuotaClient, owners func(string) string, conns map[string]pb.QuotaClient, reqs []*pb.ChargeRequest) error {
+	groups := map[pb.QuotaClient][]*pb.ChargeRequest{first: reqs}
+	if mode == "direct" {
+		groups = map[pb.QuotaClient][]*pb.ChargeRequest{}
+		for _, r := range reqs {
+			c := conns[owners(r.Account)]
+			groups[c] = append(groups[c], r)
+		}
+	}
+	for c, rs := range groups {
+		rep, err := c.Charge(ctx, &pb.ChargeBatch{Charges: rs, Route: mode == "routed"})
+		if err != nil {
+			return err
+		}
+		for _, r := range rep.Replies {
+			switch {
+			case r.Error != nil:
+				return fmt.Errorf("%s: %s", r.Error.Code, r.Error.Message)
+			case r.WrongOwner != nil:
+				return fmt.Errorf("wrong owner: %s owns it now (the ring moved during the bench)", r.WrongOwner.OwnerId)
+			case r.Decision.Reason != pb.Reason_OK:
+				return fmt.Errorf("refused: %s", r.Decision.Reason)
+			}
+		}
+	}
+	return nil
+}
+
+// ownerTable reads the ring from a node: account -> owner RPC address.
+func ownerTable(ctx context.Context, c pb.QuotaClient) (func(string) string, error) {
+	v, err := c.RingView(ctx, &pb.RingViewRequest{})
+	if err != nil {
+		return nil, fmt.Errorf("ring view: %w", err)
+	}
+	layout := ring.DefaultLayout()
+	if int(v.PartitionCount) != layout.PartitionCount {
+		return nil, fmt.Errorf("the cluster uses %d partitions, this quotad %d", v.PartitionCount, layout.PartitionCount)
+	}
+	return func(account string) string {
+		i := v.Owners[layout.Partition(account)]
+		if i < 0 {
+			return ""
+		}
+		return v.Members[i].RpcAddr
+	}, nil
+}
+
+// picker returns a per-worker account chooser.
+func picker(spread string, n, workers int) func(w int) int {
+	var mu sync.Mutex // protects rngs (one per worker, created lazily)
+	rngs := make([]*rand.Rand, workers)
+	zipfs := make([]*rand.Zipf, workers)
+	return func(w int) int {
+		mu.Lock()
+		if rngs[w] == nil {
+			rngs[w] = rand.New(rand.NewPCG(uint64(w), 42))
+			if spread == "zipf" && n > 1 {
+				zipfs[w] = rand.NewZipf(rngs[w], 1.1, 1, uint64(n-1))
+			}
+		}
+		r, z := rngs[w], zipfs[w]
+		mu.Unlock()
+		if z != nil {
+			return int(z.Uint64())
+		}
+		return r.IntN(n)
+	}
+}
+
+func setupBenchAccounts(ctx context.Context, progress io.Writer, dsn string, accounts []string) error {
+	l, err := openLedger(ctx, dsn)
+	if err != nil {
+		return err
+	}
+	defer l.Close()
+	if err := l.Migrate(ctx); err != nil {
+		return err
+	}
+	if err := l.UpsertPlan(ctx, snapshot.Plan{ID: "bench", MonthlyQuota: 1 << 50, Hard: true}); err != nil {
+		return err
+	}
+	for i, a := range accounts {
+		if err := l.UpsertAccount(ctx, a, "bench"); err != nil {
+			return err
+		}
+		if (i+1)%1000 == 0 {
+			fmt.Fprintf(progress, "setup: %d of %d accounts\n", i+1, len(accounts))
+		}
+	}
+	fmt.Fprintf(progress, "setup: %d accounts on plan bench; nodes see them at their next config refresh\n", len(accounts))
+	return nil
+}
