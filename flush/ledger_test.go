@@ -261,3 +261,59 @@ func TestDayOf(t *testing.T) {
 		}
 	}
 }
+
+// TestPostgresUnavailable: with the server down, calls fail with
+// ErrUnavailable (nodes keep serving and settle later, G8); once it is back
+// the same Ledger works again without being reopened.
+func TestPostgresUnavailable(t *testing.T) {
+	ctx := t.Context()
+	dsn := pgtest.NewDB(t)
+	srv := pgtest.PackageServer(t)
+	l := openPG(t, dsn)
+	defer l.Close()
+	if err := l.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	confSetup(t, l, 100, "acct-1")
+	n := confNode(t, l, "node-a")
+	n.settle(t, chargeOf("acct-1", "e1", 1, confJune))
+
+	if err := srv.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	n.mu.Lock()
+	b := n.batchLocked(chargeOf("acct-1", "e2", 2, confJune))
+	n.mu.Unlock()
+	if _, err := l.Settle(ctx, b); !errors.Is(err, ErrUnavailable) {
+		t.Errorf("settle with the server down: %v, want ErrUnavailable", err)
+	}
+	if _, err := l.Snapshot(ctx, confWallTime()); !errors.Is(err, ErrUnavailable) {
+		t.Errorf("snapshot with the server down: %v, want ErrUnavailable", err)
+	}
+	if _, err := l.Reserve(ctx, "node-a", ReserveRequest{Account: "acct-1", Wall: confWallTime(), Need: 1}); !errors.Is(err, ErrUnavailable) {
+		t.Errorf("reserve with the server down: %v, want ErrUnavailable", err)
+	}
+
+	if err := srv.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var res SettleResult
+	var err error
+	for range 3 { // the pool finds out about its dead connections one by one
+		if res, err = l.Settle(ctx, b); err == nil {
+			break
+		}
+	}
+	if err != nil || !res.Applied {
+		t.Fatalf("settle after the server came back: %+v, %v", res, err)
+	}
+	n.next = b.Next
+	wantGrant(t, l, "acct-1", confJune, 3, 0)
+}
+
+func TestSQLiteUnavailable(t *testing.T) {
+	_, err := OpenSQLite(t.Context(), filepath.Join(t.TempDir(), "missing-dir", "ledger.db"), SQLiteOptions{})
+	if !errors.Is(err, ErrUnavailable) || !strings.Contains(err.Error(), "missing-dir") {
+		t.Errorf("open in a missing directory: %v; want ErrUnavailable naming the path", err)
+	}
+}

@@ -634,7 +634,9 @@ func (p *Postgres) Grants(ctx context.Context, account string) ([]GrantRow, erro
 
 // Reconcile compares the counters with the event log (G6), in one
 // REPEATABLE READ transaction. Usage is compared by UTC month of the charge
-// (the month of the day its aggregate is on).
+// (the month of the day its aggregate is on). Batches settled with the event
+// log off count without leaving events, so their accounts show as Diff: the
+// log cannot vouch for them.
 func (p *Postgres) Reconcile(ctx context.Context) ([]ReconcileRow, error) {
 	var out []ReconcileRow
 	collect := func(kind string) func(pgx.Rows) error {
