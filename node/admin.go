@@ -28,6 +28,7 @@ func (n *Node) adminHandler() *http.ServeMux {
 	mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
 	mux.HandleFunc("GET /debug/pprof/symbol", pprof.Symbol)
 	mux.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
+	n.adminAPI(mux) // /admin/v1/ (adminapi.go)
 	if n.cfg.TestFaults {
 		mux.HandleFunc("POST /test/block", n.testBlock)
 		mux.HandleFunc("POST /test/heal", n.testHeal)

@@ -62,6 +62,21 @@ type Config struct {
 	// Front, when set, builds the public HTTP handler (package router's
 	// proxy); nil serves 404 problem answers.
 	Front func(*Node) (http.Handler, error)
+
+	// The admin API (adminapi.go) and quota alerts (alerts.go).
+	//
+	// AdminToken is the bearer token of the admin API under /admin/v1/ on
+	// the admin port; empty disables the API (every call answers 403).
+	AdminToken string
+	// AlertWebhook is the URL quota alerts are POSTed to; empty sends and
+	// records none. AlertSecret signs them (required with a webhook).
+	AlertWebhook, AlertSecret string
+	// AlertThresholds are the percentages of a period's quota that alert,
+	// once per account, period and threshold each [80, 100].
+	AlertThresholds []int
+	// AlertRetry is the first wait before a failed webhook is retried; it
+	// doubles per attempt, with jitter, for 8 attempts [2s].
+	AlertRetry time.Duration
 }
 
 // Node is one running quotad.
@@ -86,6 +101,8 @@ type Node struct {
 	// chargeHooks hear every answered charge (set before Start returns,
 	// read-only afterwards).
 	chargeHooks []func(account string, d *shard.Decision, err error)
+	// alerts sends quota alerts (alerts.go); nil without AlertWebhook.
+	alerts *alerter
 
 	ledger    atomic.Pointer[ledgerBox]
 	mu        sync.Mutex // protects settler and refresher (set once the ledger is reached)
@@ -155,6 +172,13 @@ func Start(ctx context.Context, cfg Config) (n *Node, err error) {
 			n.abort()
 		}
 	}()
+	// The admin API's token and the quota alerts (adminapi.go, alerts.go).
+	if err := checkAdminToken(cfg.AdminToken); err != nil {
+		return nil, err
+	}
+	if err := n.startAlerts(); err != nil {
+		return nil, err
+	}
 	if err := n.listen(); err != nil {
 		return nil, err
 	}

@@ -1,0 +1,788 @@
+package node
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/base32"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/quotaring/quotaring/flush"
+	"github.com/quotaring/quotaring/shard"
+	"github.com/quotaring/quotaring/snapshot"
+)
+
+// The admin API: JSON over HTTP on the admin port, under /admin/v1/, behind
+// a bearer token (Config.AdminToken). It changes the config in the ledger;
+// every node applies a change at its next snapshot refresh
+// (Config.SnapshotInterval, 3 s by default), so an answer means "stored",
+// not "in force everywhere yet".
+//
+//	GET    /admin/v1/plans                     list plans
+//	GET    /admin/v1/plans/{id}                one plan
+//	PUT    /admin/v1/plans/{id}                {rate, burst, monthly_quota, hard}
+//	GET    /admin/v1/accounts                  list accounts and their plans
+//	GET    /admin/v1/accounts/{id}             plan, keys, grants, settled usage (?period=2026-06)
+//	PUT    /admin/v1/accounts/{id}             {plan}
+//	POST   /admin/v1/accounts/{id}/keys        a new API key: the plaintext is in this answer only
+//	DELETE /admin/v1/keys/{key_id}             revoke a key
+//	POST   /admin/v1/accounts/{id}/grants      {units, starts_at, expires_at, id}: credits
+//	GET    /admin/v1/routes                    the active route weights
+//	PUT    /admin/v1/routes                    {default, weights}: a new version
+//	GET    /admin/v1/reservations              units each node holds
+//	GET    /admin/v1/nodes                     nodes, settled marks, ring state
+//
+// Errors are RFC 9457 problem+json: 400 bad input (the "field" member names
+// it), 401 missing or wrong token, 403 API disabled (no token configured),
+// 404 not found, 405 wrong method, 413 body too large, 503 ledger not
+// reached or unavailable (with Retry-After).
+
+// adminTokenMin is the shortest admin token accepted: a short token can be
+// guessed.
+const adminTokenMin = 16
+
+// checkAdminToken refuses a token too short to be safe; empty disables the
+// API.
+func checkAdminToken(token string) error {
+	if token != "" && len(token) < adminTokenMin {
+		return fmt.Errorf("node: --admin-token is %d characters; use at least %d random ones (openssl rand -hex 32)", len(token), adminTokenMin)
+	}
+	return nil
+}
+
+// adminFunc is an endpoint: it gets a reached ledger and returns either
+// nothing (it answered) or an error adminProblem turns into an answer.
+type adminFunc func(ctx context.Context, w http.ResponseWriter, r *http.Request, l flush.Ledger) error
+
+// adminAPI registers the admin API on mux.
+func (n *Node) adminAPI(mux *http.ServeMux) {
+	routes := []struct {
+		method, path string
+		h            adminFunc
+	}{
+		{"GET", "/admin/v1/plans", n.listPlans},
+		{"GET", "/admin/v1/plans/{id}", n.getPlan},
+		{"PUT", "/admin/v1/plans/{id}", n.putPlan},
+		{"GET", "/admin/v1/accounts", n.listAccounts},
+		{"GET", "/admin/v1/accounts/{id}", n.getAccount},
+		{"PUT", "/admin/v1/accounts/{id}", n.putAccount},
+		{"POST", "/admin/v1/accounts/{id}/keys", n.createKey},
+		{"DELETE", "/admin/v1/keys/{key_id}", n.revokeKey},
+		{"POST", "/admin/v1/accounts/{id}/grants", n.addGrant},
+		{"GET", "/admin/v1/routes", n.getRoutes},
+		{"PUT", "/admin/v1/routes", n.putRoutes},
+		{"GET", "/admin/v1/reservations", n.listReservations},
+		{"GET", "/admin/v1/nodes", n.listNodes},
+	}
+	allow := map[string][]string{}
+	for _, rt := range routes {
+		mux.Handle(rt.method+" "+rt.path, n.adminEndpoint(rt.h))
+		allow[rt.path] = append(allow[rt.path], rt.method)
+	}
+	// Every other method on a known path, and every unknown path, answers a
+	// problem too (after the token check, so the API's shape is not shown
+	// to strangers), not ServeMux's plain text.
+	for path, methods := range allow {
+		methods := strings.Join(methods, ", ")
+		mux.Handle(path, n.adminAuth(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Allow", methods)
+			writeProblem(w, r, &adminProblem{Status: http.StatusMethodNotAllowed, Type: "method-not-allowed",
+				Detail: fmt.Sprintf("%s %s is not supported; use %s", r.Method, r.URL.Path, methods)})
+		})))
+	}
+	mux.Handle("/admin/v1/", n.adminAuth(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		writeProblem(w, r, &adminProblem{Status: http.StatusNotFound, Type: "not-found",
+			Detail: fmt.Sprintf("no admin endpoint %s %s (see the README's admin API section)", r.Method, r.URL.Path)})
+	})))
+}
+
+// adminAuth checks the bearer token in constant time.
+func (n *Node) adminAuth(h http.Handler) http.Handler {
+	want := sha256.Sum256([]byte(n.cfg.AdminToken))
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if n.cfg.AdminToken == "" {
+			writeProblem(w, r, &adminProblem{Status: http.StatusForbidden, Type: "admin-disabled",
+				Detail: "the admin API is disabled on this node: start quotad serve with --admin-token TOKEN (or QUOTAD_ADMIN_TOKEN), then send Authorization: Bearer TOKEN"})
+			return
+		}
+		scheme, token, ok := strings.Cut(r.Header.Get("Authorization"), " ")
+		if !ok || !strings.EqualFold(scheme, "Bearer") || token == "" {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="quotaring-admin"`)
+			writeProblem(w, r, &adminProblem{Status: http.StatusUnauthorized, Type: "unauthorized",
+				Detail: "send the admin token as Authorization: Bearer TOKEN (quotad admin reads it from --token or QUOTAD_ADMIN_TOKEN)"})
+			return
+		}
+		// Hash both sides so the comparison takes the same time whatever
+		// the length of the token sent.
+		got := sha256.Sum256([]byte(strings.TrimSpace(token)))
+		if subtle.ConstantTimeCompare(got[:], want[:]) != 1 {
+			n.log.Warn("admin API: wrong token", "remote", r.RemoteAddr, "method", r.Method, "path", r.URL.Path)
+			w.Header().Set("WWW-Authenticate", `Bearer realm="quotaring-admin", error="invalid_token"`)
+			writeProblem(w, r, &adminProblem{Status: http.StatusUnauthorized, Type: "unauthorized",
+				Detail: "the admin token is wrong: use the one the node was started with (--admin-token)"})
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+// adminEndpoint wraps an endpoint: token, reached ledger, time bound,
+// errors as problems.
+func (n *Node) adminEndpoint(h adminFunc) http.Handler {
+	return n.adminAuth(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		l := n.Ledger()
+		if l == nil {
+			w.Header().Set("Retry-After", "5")
+			writeProblem(w, r, &adminProblem{Status: http.StatusServiceUnavailable, Type: "ledger-unavailable",
+				Detail: "this node has not reached the ledger yet (it keeps trying); retry in a few seconds, or ask another node"})
+			return
+		}
+		ctx, cancel := context.WithTimeout(r.Context(), 30*time.Second)
+		defer cancel()
+		if err := h(ctx, w, r, l); err != nil {
+			p := n.problemOf(r, err)
+			if p.Status == http.StatusServiceUnavailable {
+				w.Header().Set("Retry-After", "5")
+			}
+			writeProblem(w, r, p)
+		}
+	}))
+}
+
+// adminProblem is an RFC 9457 problem. Field, when set, names the input at
+// fault (a JSON member, a path segment or a query parameter).
+type adminProblem struct {
+	Type     string `json:"type"`
+	Title    string `json:"title"`
+	Status   int    `json:"status"`
+	Detail   string `json:"detail"`
+	Instance string `json:"instance,omitempty"`
+	Field    string `json:"field,omitempty"`
+}
+
+func (p *adminProblem) Error() string { return p.Detail }
+
+// badInput is a 400 naming the field at fault.
+func badInput(field, format string, args ...any) *adminProblem {
+	return &adminProblem{Status: http.StatusBadRequest, Type: "invalid-request", Field: field,
+		Detail: field + ": " + fmt.Sprintf(format, args...)}
+}
+
+// problemOf maps an endpoint's error to a problem: its own, or the ledger's
+// sentinels.
+func (n *Node) problemOf(r *http.Request, err error) *adminProblem {
+	var p *adminProblem
+	var tooBig *http.MaxBytesError
+	switch {
+	case errors.As(err, &p):
+		return p
+	case errors.As(err, &tooBig):
+		return &adminProblem{Status: http.StatusRequestEntityTooLarge, Type: "body-too-large",
+			Detail: fmt.Sprintf("the body is larger than %d bytes", tooBig.Limit)}
+	case errors.Is(err, flush.ErrInvalid):
+		return &adminProblem{Status: http.StatusBadRequest, Type: "invalid-request", Detail: ledgerDetail(err)}
+	case errors.Is(err, flush.ErrNotFound):
+		return &adminProblem{Status: http.StatusNotFound, Type: "not-found", Detail: ledgerDetail(err)}
+	case errors.Is(err, flush.ErrUnavailable), errors.Is(err, context.DeadlineExceeded):
+		n.log.Warn("admin API: ledger unavailable", "method", r.Method, "path", r.URL.Path, "err", err)
+		return &adminProblem{Status: http.StatusServiceUnavailable, Type: "ledger-unavailable",
+			Detail: "the ledger did not answer (" + err.Error() + "); nothing was changed unless a retry shows otherwise: retry in a few seconds"}
+	}
+	n.log.Error("admin API: internal error", "method", r.Method, "path", r.URL.Path, "err", err)
+	return &adminProblem{Status: http.StatusInternalServerError, Type: "internal-error", Detail: err.Error()}
+}
+
+// ledgerDetail strips the package prefixes from a ledger error.
+func ledgerDetail(err error) string {
+	s := err.Error()
+	for _, p := range []string{"flush: invalid: ", "flush: not found: ", "flush: "} {
+		s = strings.ReplaceAll(s, p, "")
+	}
+	return s
+}
+
+func writeProblem(w http.ResponseWriter, r *http.Request, p *adminProblem) {
+	if p.Title == "" {
+		p.Title = http.StatusText(p.Status)
+	}
+	p.Instance = r.URL.Path
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(p.Status)
+	json.NewEncoder(w).Encode(p)
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) error {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+// maxAdminBody bounds a request body.
+const maxAdminBody = 1 << 20
+
+// decodeBody reads one JSON object into v, refusing unknown members (a typo
+// such as "montly_quota" would otherwise be silently ignored).
+func decodeBody(w http.ResponseWriter, r *http.Request, v any) error {
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxAdminBody))
+	dec.DisallowUnknownFields()
+	err := dec.Decode(v)
+	var syntax *json.SyntaxError
+	var typ *json.UnmarshalTypeError
+	switch {
+	case err == nil:
+		if _, err := dec.Token(); err != io.EOF {
+			return badInput("body", "one JSON object expected, found more after it")
+		}
+		return nil
+	case errors.Is(err, io.EOF):
+		return badInput("body", "empty: send a JSON object")
+	case errors.As(err, &syntax):
+		return badInput("body", "not valid JSON at byte %d: %v", syntax.Offset, err)
+	case errors.As(err, &typ):
+		field := typ.Field
+		if field == "" {
+			return badInput("body", "want a JSON object, got %s", typ.Value)
+		}
+		return badInput(field, "want %s, got %s", jsonKind(typ.Type.Kind().String()), typ.Value)
+	case strings.HasPrefix(err.Error(), "json: unknown field "):
+		field := strings.Trim(strings.TrimPrefix(err.Error(), "json: unknown field "), `"`)
+		return badInput(field, "unknown member (check its spelling)")
+	}
+	var tooBig *http.MaxBytesError
+	if errors.As(err, &tooBig) {
+		return err
+	}
+	return badInput("body", "%v", err)
+}
+
+func jsonKind(goKind string) string {
+	switch {
+	case strings.HasPrefix(goKind, "int"), strings.HasPrefix(goKind, "uint"):
+		return "an integer"
+	case goKind == "bool":
+		return "true or false"
+	case goKind == "string":
+		return "a string"
+	case goKind == "map", goKind == "struct":
+		return "an object"
+	}
+	return "a " + goKind
+}
+
+// checkID validates an id from the path: printable, no spaces or slashes.
+func checkID(field, id string) error {
+	if id == "" || len(id) > 200 {
+		return badInput(field, "must be 1 to 200 characters")
+	}
+	for _, c := range id {
+		if c <= ' ' || c == '/' || c == 0x7f {
+			return badInput(field, "%q: must not contain spaces, slashes or control characters", id)
+		}
+	}
+	return nil
+}
+
+// wall is the node's wall clock, as a time.
+func (n *Node) wall() time.Time { return time.Unix(0, n.clock.Now().Wall).UTC() }
+
+// configSnapshot reads the config as the ledger has it now (not the node's
+// copy, which may be a refresh behind a change just made).
+func (n *Node) configSnapshot(ctx context.Context, l flush.Ledger) (*snapshot.Snapshot, error) {
+	return l.Snapshot(ctx, n.wall())
+}
+
+// --- Plans ------------------------------------------------------------------
+
+// planBody is a plan as PUT takes it. Hard and MonthlyQuota are required: a
+// missing one is more likely a mistake than a wish for the zero value.
+type planBody struct {
+	Rate         string `json:"rate"`
+	Burst        *int64 `json:"burst"`
+	MonthlyQuota *int64 `json:"monthly_quota"`
+	Hard         *bool  `json:"hard"`
+}
+
+func (n *Node) listPlans(ctx context.Context, w http.ResponseWriter, r *http.Request, l flush.Ledger) error {
+	s, err := n.configSnapshot(ctx, l)
+	if err != nil {
+		return err
+	}
+	return writeJSON(w, http.StatusOK, map[string]any{"plans": nonNil(s.Plans)})
+}
+
+func (n *Node) getPlan(ctx context.Context, w http.ResponseWriter, r *http.Request, l flush.Ledger) error {
+	s, err := n.configSnapshot(ctx, l)
+	if err != nil {
+		return err
+	}
+	id := r.PathValue("id")
+	for _, p := range s.Plans {
+		if p.ID == id {
+			return writeJSON(w, http.StatusOK, p)
+		}
+	}
+	return &adminProblem{Status: http.StatusNotFound, Type: "not-found", Detail: fmt.Sprintf("plan %q does not exist", id)}
+}
+
+func (n *Node) putPlan(ctx context.Context, w http.ResponseWriter, r *http.Request, l flush.Ledger) error {
+	id := r.PathValue("id")
+	if err := checkID("id", id); err != nil {
+		return err
+	}
+	var b planBody
+	if err := decodeBody(w, r, &b); err != nil {
+		return err
+	}
+	p := snapshot.Plan{ID: id, Rate: b.Rate}
+	rate, err := snapshot.ParseRate(b.Rate)
+	if err != nil {
+		return badInput("rate", "%v (or leave it out for no rate limit)", err)
+	}
+	switch {
+	case b.MonthlyQuota == nil:
+		return badInput("monthly_quota", "required: units per calendar month (0 for a plan that runs on credits only)")
+	case *b.MonthlyQuota < 0:
+		return badInput("monthly_quota", "%d is negative", *b.MonthlyQuota)
+	case b.Hard == nil:
+		return badInput("hard", "required: true refuses requests past the quota, false lets them through and records overage")
+	case b.Burst != nil && *b.Burst < 0:
+		return badInput("burst", "%d is negative", *b.Burst)
+	case b.Burst != nil && *b.Burst > 0 && rate.Unlimited():
+		return badInput("burst", "a burst needs a rate (such as \"10/s\")")
+	}
+	p.MonthlyQuota, p.Hard = *b.MonthlyQuota, *b.Hard
+	if b.Burst != nil {
+		p.Burst = *b.Burst
+	}
+	if err := l.UpsertPlan(ctx, p); err != nil {
+		return err
+	}
+	n.log.Info("admin API: plan set", "plan", id, "rate", p.Rate, "burst", p.Burst, "monthly_quota", p.MonthlyQuota, "hard", p.Hard, "remote", r.RemoteAddr)
+	return writeJSON(w, http.StatusOK, p)
+}
+
+// --- Accounts ---------------------------------------------------------------
+
+type accountBody struct {
+	Plan string `json:"plan"`
+}
+
+// AccountView is GET /admin/v1/accounts/{id}.
+type AccountView struct {
+	ID     string        `json:"id"`
+	Plan   snapshot.Plan `json:"plan"`
+	Keys   []KeyView     `json:"keys"`
+	Grants []GrantView   `json:"grants"`
+	Usage  UsageView     `json:"usage"`
+}
+
+// KeyView is a key as the admin API shows it: never the plaintext.
+type KeyView struct {
+	ID   string `json:"key_id"`
+	Hash string `json:"hash"`
+}
+
+// GrantView is a grant with its used (settled) and reserved units.
+type GrantView struct {
+	ID        string    `json:"id"`
+	Monthly   bool      `json:"monthly"`
+	Period    string    `json:"period,omitempty"`
+	Units     int64     `json:"units"`
+	Used      int64     `json:"used"`
+	Reserved  int64     `json:"reserved"`
+	StartsAt  time.Time `json:"starts_at"`
+	ExpiresAt time.Time `json:"expires_at,omitzero"`
+}
+
+// UsageView is an account's settled usage of a period, by route. It trails
+// the charges by up to one settle interval.
+type UsageView struct {
+	Period  string           `json:"period"`
+	Units   int64            `json:"units"`
+	ByRoute map[string]int64 `json:"by_route"`
+}
+
+func (n *Node) listAccounts(ctx context.Context, w http.ResponseWriter, r *http.Request, l flush.Ledger) error {
+	s, err := n.configSnapshot(ctx, l)
+	if err != nil {
+		return err
+	}
+	type row struct {
+		ID   string `json:"id"`
+		Plan string `json:"plan"`
+	}
+	out := make([]row, 0, len(s.Accounts))
+	for _, a := range s.Accounts {
+		out = append(out, row{a.ID, a.Plan})
+	}
+	return writeJSON(w, http.StatusOK, map[string]any{"accounts": out})
+}
+
+func (n *Node) getAccount(ctx context.Context, w http.ResponseWriter, r *http.Request, l flush.Ledger) error {
+	id := r.PathValue("id")
+	period := shard.PeriodOf(n.clock.Now().Wall)
+	if q := r.URL.Query().Get("period"); q != "" {
+		p, ok := shard.ParsePeriod(q)
+		if !ok {
+			return badInput("period", "%q: want a month such as 2026-06", q)
+		}
+		period = p
+	}
+	s, err := n.configSnapshot(ctx, l)
+	if err != nil {
+		return err
+	}
+	v := AccountView{ID: id, Keys: []KeyView{}, Grants: []GrantView{}}
+	i := slices.IndexFunc(s.Accounts, func(a snapshot.Account) bool { return a.ID == id })
+	if i < 0 {
+		return &adminProblem{Status: http.StatusNotFound, Type: "not-found", Detail: fmt.Sprintf("account %q does not exist", id)}
+	}
+	for _, p := range s.Plans {
+		if p.ID == s.Accounts[i].Plan {
+			v.Plan = p
+		}
+	}
+	for _, k := range s.Keys {
+		if k.Account == id {
+			v.Keys = append(v.Keys, KeyView{ID: k.ID, Hash: k.Hash})
+		}
+	}
+	grants, err := l.Grants(ctx, id)
+	if err != nil {
+		return err
+	}
+	for _, g := range grants {
+		v.Grants = append(v.Grants, GrantView{ID: g.Grant, Monthly: g.Monthly, Period: g.Period, Units: g.Units, Used: g.Used,
+			Reserved: g.Reserved, StartsAt: g.StartsAt, ExpiresAt: g.ExpiresAt})
+	}
+	u, err := l.Usage(ctx, id, period)
+	if err != nil {
+		return err
+	}
+	v.Usage = UsageView{Period: period.String(), Units: u.Units, ByRoute: u.ByRoute}
+	if v.Usage.ByRoute == nil {
+		v.Usage.ByRoute = map[string]int64{}
+	}
+	return writeJSON(w, http.StatusOK, v)
+}
+
+func (n *Node) putAccount(ctx context.Context, w http.ResponseWriter, r *http.Request, l flush.Ledger) error {
+	id := r.PathValue("id")
+	if err := checkID("id", id); err != nil {
+		return err
+	}
+	var b accountBody
+	if err := decodeBody(w, r, &b); err != nil {
+		return err
+	}
+	if b.Plan == "" {
+		return badInput("plan", "required: the id of an existing plan")
+	}
+	if err := l.UpsertAccount(ctx, id, b.Plan); err != nil {
+		if errors.Is(err, flush.ErrNotFound) { // the only thing that can be missing is the plan
+			return badInput("plan", "plan %q does not exist: create it first with PUT /admin/v1/plans/%s", b.Plan, b.Plan)
+		}
+		return err
+	}
+	n.log.Info("admin API: account set", "account", id, "plan", b.Plan, "remote", r.RemoteAddr)
+	return writeJSON(w, http.StatusOK, map[string]string{"id": id, "plan": b.Plan})
+}
+
+// --- Keys -------------------------------------------------------------------
+
+// KeyPrefix starts every API key quotaring makes, so a leaked key is easy to
+// recognize (secret scanners, logs).
+const KeyPrefix = "qr_live_"
+
+// NewKey is the answer to POST /admin/v1/accounts/{id}/keys. Key, the
+// plaintext, is shown in this answer only: the ledger keeps its SHA-256.
+type NewKey struct {
+	KeyID   string `json:"key_id"`
+	Key     string `json:"key"`
+	Hash    string `json:"hash"`
+	Account string `json:"account"`
+}
+
+const base62 = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+
+// newKeyPlaintext makes KeyPrefix + 43 base62 characters from crypto/rand:
+// 256 bits. Bytes are drawn by rejection (>= 248 is thrown away) so every
+// character is equally likely.
+func newKeyPlaintext() string {
+	const n = 43
+	out := make([]byte, 0, len(KeyPrefix)+n)
+	out = append(out, KeyPrefix...)
+	buf := make([]byte, 64)
+	for len(out) < cap(out) {
+		rand.Read(buf) // never fails (crypto/rand since Go 1.24)
+		for _, b := range buf {
+			if b < 248 && len(out) < cap(out) {
+				out = append(out, base62[b%62])
+			}
+		}
+	}
+	return string(out)
+}
+
+// newID is prefix + 16 lower-case base32 characters from crypto/rand.
+func newID(prefix string) string {
+	b := make([]byte, 10)
+	rand.Read(b)
+	return prefix + strings.ToLower(base32.StdEncoding.WithPadding(base32.NoPadding).EncodeToString(b))
+}
+
+func (n *Node) createKey(ctx context.Context, w http.ResponseWriter, r *http.Request, l flush.Ledger) error {
+	account := r.PathValue("id")
+	if r.ContentLength > 0 {
+		var empty struct{}
+		if err := decodeBody(w, r, &empty); err != nil {
+			return err
+		}
+	}
+	plain := newKeyPlaintext()
+	k := snapshot.Key{ID: newID("key_"), Hash: snapshot.HashKey(plain), Account: account}
+	if err := l.AddKey(ctx, k); err != nil {
+		return err
+	}
+	n.log.Info("admin API: key created", "account", account, "key_id", k.ID, "remote", r.RemoteAddr)
+	return writeJSON(w, http.StatusCreated, NewKey{KeyID: k.ID, Key: plain, Hash: k.Hash, Account: account})
+}
+
+func (n *Node) revokeKey(ctx context.Context, w http.ResponseWriter, r *http.Request, l flush.Ledger) error {
+	id := r.PathValue("key_id")
+	if err := l.RevokeKey(ctx, id); err != nil {
+		return err
+	}
+	n.log.Info("admin API: key revoked", "key_id", id, "remote", r.RemoteAddr)
+	return writeJSON(w, http.StatusOK, map[string]any{"key_id": id, "revoked": true})
+}
+
+// --- Grants -----------------------------------------------------------------
+
+// grantBody is a credit grant as POST takes it. Times are RFC 3339; StartsAt
+// defaults to now, ExpiresAt to never, ID to a generated one.
+type grantBody struct {
+	ID        string `json:"id"`
+	Units     *int64 `json:"units"`
+	StartsAt  string `json:"starts_at"`
+	ExpiresAt string `json:"expires_at"`
+}
+
+func parseTime(field, s string) (time.Time, error) {
+	t, err := time.Parse(time.RFC3339Nano, s)
+	if err != nil {
+		return t, badInput(field, "%q: want an RFC 3339 time such as 2026-07-01T00:00:00Z", s)
+	}
+	return t.UTC(), nil
+}
+
+func (n *Node) addGrant(ctx context.Context, w http.ResponseWriter, r *http.Request, l flush.Ledger) error {
+	account := r.PathValue("id")
+	var b grantBody
+	if err := decodeBody(w, r, &b); err != nil {
+		return err
+	}
+	g := snapshot.Grant{ID: b.ID, StartsAt: n.wall()}
+	var err error
+	switch {
+	case b.Units == nil:
+		return badInput("units", "required: the number of units granted")
+	case *b.Units <= 0:
+		return badInput("units", "%d: want a positive number of units", *b.Units)
+	case g.ID == "":
+		g.ID = newID("g_")
+	case strings.HasPrefix(g.ID, "m:"):
+		return badInput("id", "%q: ids starting with m: name monthly grants; choose another", g.ID)
+	default:
+		if err := checkID("id", g.ID); err != nil {
+			return err
+		}
+	}
+	g.Units = *b.Units
+	if b.StartsAt != "" {
+		if g.StartsAt, err = parseTime("starts_at", b.StartsAt); err != nil {
+			return err
+		}
+	}
+	if b.ExpiresAt != "" {
+		if g.ExpiresAt, err = parseTime("expires_at", b.ExpiresAt); err != nil {
+			return err
+		}
+		if !g.ExpiresAt.After(g.StartsAt) {
+			return badInput("expires_at", "%s is not after starts_at %s", g.ExpiresAt.Format(time.RFC3339), g.StartsAt.Format(time.RFC3339))
+		}
+	}
+	if err := l.AddGrant(ctx, account, g); err != nil {
+		return err
+	}
+	n.log.Info("admin API: grant added", "account", account, "grant", g.ID, "units", g.Units, "remote", r.RemoteAddr)
+	return writeJSON(w, http.StatusCreated, map[string]any{"account": account, "id": g.ID, "units": g.Units,
+		"starts_at": g.StartsAt, "expires_at": nullTime(g.ExpiresAt)})
+}
+
+func nullTime(t time.Time) any {
+	if t.IsZero() {
+		return nil
+	}
+	return t
+}
+
+// --- Routes -----------------------------------------------------------------
+
+type routesBody struct {
+	Default *int64           `json:"default"`
+	Weights map[string]int64 `json:"weights"`
+}
+
+// RoutesView is the active route weights.
+type RoutesView struct {
+	Version int64            `json:"version"`
+	Default int64            `json:"default"`
+	Weights map[string]int64 `json:"weights"`
+}
+
+func (n *Node) getRoutes(ctx context.Context, w http.ResponseWriter, r *http.Request, l flush.Ledger) error {
+	s, err := n.configSnapshot(ctx, l)
+	if err != nil {
+		return err
+	}
+	return writeJSON(w, http.StatusOK, RoutesView{Version: s.Routes.Version, Default: s.Routes.Default, Weights: nonNilMap(s.Routes.Weights)})
+}
+
+// validRoutes checks route weights with snapshot.Routes' own rules (Go 1.22
+// ServeMux patterns), one pattern at a time first so that the answer names
+// the bad one, then together for conflicts between patterns.
+func validRoutes(def int64, weights map[string]int64) error {
+	if def < 0 {
+		return badInput("default", "%d is negative", def)
+	}
+	patterns := make([]string, 0, len(weights))
+	for p := range weights {
+		patterns = append(patterns, p)
+	}
+	slices.Sort(patterns)
+	for _, p := range patterns {
+		field := fmt.Sprintf("weights[%q]", p)
+		if weights[p] < 0 {
+			return badInput(field, "weight %d is negative (0 means rate limited but not billed)", weights[p])
+		}
+		one := snapshot.Snapshot{Routes: snapshot.Routes{Default: def, Weights: map[string]int64{p: weights[p]}}}
+		if err := one.Build(); err != nil {
+			return badInput(field, "%q is not a valid pattern (want \"METHOD /path\" as in Go's http.ServeMux, such as \"POST /v1/exports\" or \"GET /v1/tasks/{id}\"): %v",
+				p, strings.TrimPrefix(err.Error(), snapshot.ErrInvalid.Error()+": "))
+		}
+	}
+	all := snapshot.Snapshot{Routes: snapshot.Routes{Default: def, Weights: weights}}
+	if err := all.Build(); err != nil {
+		return badInput("weights", "%v", strings.TrimPrefix(err.Error(), snapshot.ErrInvalid.Error()+": "))
+	}
+	return nil
+}
+
+func (n *Node) putRoutes(ctx context.Context, w http.ResponseWriter, r *http.Request, l flush.Ledger) error {
+	var b routesBody
+	if err := decodeBody(w, r, &b); err != nil {
+		return err
+	}
+	def := int64(1) // unknown routes cost 1 unless configured otherwise
+	if b.Default != nil {
+		def = *b.Default
+	}
+	if err := validRoutes(def, b.Weights); err != nil {
+		return err
+	}
+	version, err := l.SetRoutes(ctx, def, b.Weights)
+	if err != nil {
+		return err
+	}
+	n.log.Info("admin API: routes set", "version", version, "default", def, "patterns", len(b.Weights), "remote", r.RemoteAddr)
+	return writeJSON(w, http.StatusOK, RoutesView{Version: version, Default: def, Weights: nonNilMap(b.Weights)})
+}
+
+// --- Cluster ----------------------------------------------------------------
+
+func (n *Node) listReservations(ctx context.Context, w http.ResponseWriter, r *http.Request, l flush.Ledger) error {
+	rs, err := l.Reservations(ctx)
+	if err != nil {
+		return err
+	}
+	type row struct {
+		Node    string `json:"node"`
+		Account string `json:"account"`
+		Grant   string `json:"grant"`
+		Units   int64  `json:"units"`
+	}
+	out := make([]row, 0, len(rs))
+	for _, x := range rs {
+		out = append(out, row{x.Node, x.Account, x.Grant, x.Units})
+	}
+	return writeJSON(w, http.StatusOK, map[string]any{"reservations": out})
+}
+
+// NodeView is a (node, incarnation) of the ledger with, for its latest
+// incarnation, its state in this node's view of the ring (joining, serving,
+// draining, or "" when it is not a member now).
+type NodeView struct {
+	Node        string    `json:"node"`
+	Incarnation string    `json:"incarnation"`
+	SettledSeq  uint64    `json:"settled_seq"`
+	HeartbeatAt time.Time `json:"heartbeat_at"`
+	State       string    `json:"state"`
+	AdminAddr   string    `json:"admin_addr,omitempty"`
+}
+
+func (n *Node) listNodes(ctx context.Context, w http.ResponseWriter, r *http.Request, l flush.Ledger) error {
+	rows, err := l.Nodes(ctx)
+	if err != nil {
+		return err
+	}
+	members := map[string][2]string{}
+	if rg := n.Ring(); rg != nil {
+		for _, m := range rg.View().Members {
+			members[m.ID] = [2]string{string(m.State), m.AdminAddr}
+		}
+	}
+	// The ring knows node ids, not incarnations: its state goes to the
+	// incarnation that heartbeat last.
+	latest := map[string]time.Time{}
+	for _, x := range rows {
+		if x.Heartbeat.After(latest[x.Node]) || latest[x.Node].IsZero() {
+			latest[x.Node] = x.Heartbeat
+		}
+	}
+	out := make([]NodeView, 0, len(rows))
+	for _, x := range rows {
+		v := NodeView{Node: x.Node, Incarnation: x.Incarnation, SettledSeq: x.Settled, HeartbeatAt: x.Heartbeat}
+		if x.Heartbeat.Equal(latest[x.Node]) {
+			v.State, v.AdminAddr = members[x.Node][0], members[x.Node][1]
+		}
+		out = append(out, v)
+	}
+	return writeJSON(w, http.StatusOK, map[string]any{"nodes": out})
+}
+
+func nonNil[T any](s []T) []T {
+	if s == nil {
+		return []T{}
+	}
+	return s
+}
+
+func nonNilMap(m map[string]int64) map[string]int64 {
+	if m == nil {
+		return map[string]int64{}
+	}
+	return m
+}

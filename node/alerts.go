@@ -1,0 +1,479 @@
+package node
+
+import (
+	"bytes"
+	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net/http"
+	"net/url"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/quotaring/quotaring/shard"
+)
+
+// Quota alerts.
+//
+// The node that answers a charge (the account's owner) sees the account's
+// use of the period, Limit - Remaining over Limit, in the decision. When it
+// reaches one of Config.AlertThresholds (percent, [80, 100]), the alert
+// (account, period, threshold) is due. The charge hook only enqueues it on a
+// bounded queue, never blocking the charge; a full queue drops it with a log
+// line and quotaring_alerts_dropped_total, and a later charge of the account
+// queues it again.
+//
+// One goroutine (run) owns the queue's other end and every delivery in
+// flight. For each alert it first claims it in the ledger
+// (Ledger.RecordAlert: only the first claim in the cluster wins, so two
+// nodes that both see a crossing, say around an ownership move, send it
+// once), then POSTs it to the webhook, retrying with exponential backoff and
+// jitter while the receiver fails (5xx, 429, network errors) for at most
+// alertAttempts attempts; a 4xx other than 429 is final.
+//
+// NB: the claim comes before the send, so the cluster sends an alert at most
+// once: an alert whose claim won but whose deliveries all failed, or whose
+// node stopped before delivering it, is lost (logged, and counted in
+// quotaring_alerts_failed_total). Sending first would risk a second webhook
+// per crossing instead; receivers should still be idempotent on (account,
+// period, threshold), since a reply lost after the receiver took the alert
+// is retried.
+//
+// Each node remembers in memory which alerts of the current period it has
+// queued, claimed or found claimed, so that the ledger is asked once per
+// account, period and threshold, not on every charge.
+//
+// # Wire format
+//
+//	POST <AlertWebhook>
+//	Content-Type: application/json
+//	X-Quotaring-Timestamp: 1782648000            (Unix seconds, when this attempt was signed)
+//	X-Quotaring-Signature: sha256=<hex HMAC-SHA256(AlertSecret, timestamp + "." + body)>
+//
+//	{"account":"acme","period":"2026-06","threshold":80,"used":48,"limit":60,"at":"2026-06-28T12:00:00Z"}
+//
+// A receiver recomputes the HMAC over the timestamp header, a dot and the raw
+// body, compares it in constant time (hmac.Equal) and rejects timestamps too
+// far from its clock (say 5 minutes) against replays. Every attempt is signed
+// afresh. See README-admin.md for Go code.
+
+// Alert is the JSON body of a quota alert webhook.
+type Alert struct {
+	Account   string    `json:"account"`
+	Period    string    `json:"period"`    // "2026-06", a calendar month in UTC
+	Threshold int       `json:"threshold"` // percent of the period's quota
+	Used      int64     `json:"used"`      // units used when the threshold was crossed
+	Limit     int64     `json:"limit"`     // units of the active grants (quota and credits)
+	At        time.Time `json:"at"`        // when the node saw the crossing
+}
+
+// Alert headers.
+const (
+	AlertSignatureHeader = "X-Quotaring-Signature"
+	AlertTimestampHeader = "X-Quotaring-Timestamp"
+)
+
+// SignAlert is the X-Quotaring-Signature value of body signed at timestamp
+// (the X-Quotaring-Timestamp value): "sha256=" + hex HMAC-SHA256(secret,
+// timestamp + "." + body).
+func SignAlert(secret []byte, timestamp string, body []byte) string {
+	m := hmac.New(sha256.New, secret)
+	m.Write([]byte(timestamp))
+	m.Write([]byte{'.'})
+	m.Write(body)
+	return "sha256=" + hex.EncodeToString(m.Sum(nil))
+}
+
+const (
+	// alertQueueSize bounds the alerts waiting for the sender, and (again)
+	// the deliveries it holds in flight.
+	alertQueueSize = 1024
+	// alertAttempts bounds the claim attempts and the send attempts of one
+	// alert: with the default AlertRetry of 2s, the waits are about 2, 4, 8,
+	// 16, 32, 60 and 60 s (jittered), a little over 3 minutes in all.
+	alertAttempts = 8
+	// alertMaxWait caps one backoff wait.
+	alertMaxWait = time.Minute
+	// alertTimeout bounds one webhook call, and one claim.
+	alertTimeout = 10 * time.Second
+	// maxThresholds is the width of alertMemo.done.
+	maxThresholds = 32
+)
+
+// alerter is a node's quota alerts: the charge hook (onCharge) and the
+// sender (run).
+type alerter struct {
+	n          *Node
+	log        *slog.Logger
+	url        string
+	secret     []byte
+	thresholds []int // ascending, 1..100
+	retry      time.Duration
+	client     *http.Client
+	// queue is written by onCharge (never blocking) and read by run only.
+	queue chan queuedAlert
+
+	mu sync.Mutex // protects memo and latest
+	// memo holds, per account, the thresholds of period latest this node has
+	// queued, claimed or found claimed (bit i: thresholds[i]).
+	memo   map[string]alertMemo
+	latest shard.Period
+
+	stats alertStats
+}
+
+type alertMemo struct {
+	period shard.Period
+	done   uint32
+}
+
+type queuedAlert struct {
+	Alert
+	period shard.Period
+	bit    uint32
+}
+
+// alertStats count what the alerter did (metrics and tests).
+type alertStats struct {
+	Queued      atomic.Int64 // alerts handed to the sender
+	Dropped     atomic.Int64 // alerts dropped because the queue was full
+	Sent        atomic.Int64 // webhooks the receiver took (2xx)
+	AlreadySent atomic.Int64 // claims another node (or an earlier run) had made
+	Failed      atomic.Int64 // alerts given up: claim or delivery
+	Attempts    atomic.Int64 // webhook calls made
+}
+
+// delivery is one alert the sender works on.
+type delivery struct {
+	a        queuedAlert
+	claimed  bool // the ledger's claim was won: now deliver
+	attempts int  // of the current stage (claim, then send)
+	next     time.Time
+	body     []byte
+}
+
+// startAlerts validates the alert config and, with a webhook, hooks the
+// alerter to every answered charge and starts its sender.
+func (n *Node) startAlerts() error {
+	c := &n.cfg
+	if c.AlertWebhook == "" {
+		if c.AlertSecret != "" {
+			n.log.Warn("--alert-secret is set without --alert-webhook: no alerts are sent")
+		}
+		return nil
+	}
+	u, err := url.Parse(c.AlertWebhook)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return fmt.Errorf("node: --alert-webhook %q: want an absolute http:// or https:// URL", c.AlertWebhook)
+	}
+	if c.AlertSecret == "" {
+		return fmt.Errorf("node: --alert-webhook needs --alert-secret (QUOTAD_ALERT_SECRET): alerts are signed so the receiver can tell them from forgeries")
+	}
+	thresholds, err := alertThresholds(c.AlertThresholds)
+	if err != nil {
+		return err
+	}
+	if c.AlertRetry < 0 {
+		return fmt.Errorf("node: alert retry %s must not be negative", c.AlertRetry)
+	}
+	setDefault(&c.AlertRetry, 2*time.Second)
+	a := &alerter{n: n, log: n.log.With("component", "alerts"), url: c.AlertWebhook, secret: []byte(c.AlertSecret),
+		thresholds: thresholds, retry: c.AlertRetry, client: &http.Client{Timeout: alertTimeout},
+		queue: make(chan queuedAlert, alertQueueSize), memo: make(map[string]alertMemo)}
+	counter := func(name, help string, v *atomic.Int64) prometheus.Collector {
+		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help}, func() float64 { return float64(v.Load()) })
+	}
+	if err := registerAll(n.reg,
+		counter("quotaring_alerts_sent_total", "Quota alert webhooks the receiver accepted (2xx).", &a.stats.Sent),
+		counter("quotaring_alerts_dropped_total", "Quota alerts dropped because the alert queue was full (queued again by a later charge).", &a.stats.Dropped),
+		counter("quotaring_alerts_failed_total", "Quota alerts given up after their retries (ledger claim or webhook).", &a.stats.Failed),
+		counter("quotaring_alerts_already_sent_total", "Quota alerts this node saw but another node (or an earlier start) had already claimed.", &a.stats.AlreadySent),
+		counter("quotaring_alert_attempts_total", "Webhook calls made for quota alerts, retries included.", &a.stats.Attempts),
+	); err != nil {
+		return fmt.Errorf("node: alert metrics: %w", err)
+	}
+	n.alerts = a
+	n.chargeHooks = append(n.chargeHooks, a.onCharge)
+	n.goLoop(a.run)
+	n.log.Info("quota alerts on", "webhook", redactURL(u), "thresholds", thresholds)
+	return nil
+}
+
+func registerAll(reg *prometheus.Registry, cs ...prometheus.Collector) error {
+	for _, c := range cs {
+		if err := reg.Register(c); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// redactURL hides a password and the query (which may carry a token).
+func redactURL(u *url.URL) string {
+	r := *u
+	r.RawQuery = ""
+	if r.User != nil {
+		r.User = url.User(r.User.Username())
+	}
+	return r.String()
+}
+
+// alertThresholds checks and sorts thresholds; nil means 80 and 100.
+func alertThresholds(in []int) ([]int, error) {
+	if len(in) == 0 {
+		return []int{80, 100}, nil
+	}
+	out := slices.Clone(in)
+	slices.Sort(out)
+	out = slices.Compact(out)
+	if len(out) > maxThresholds {
+		return nil, fmt.Errorf("node: --alert-thresholds: at most %d thresholds", maxThresholds)
+	}
+	for _, t := range out {
+		if t < 1 || t > 100 {
+			return nil, fmt.Errorf("node: --alert-thresholds: %d is not a percentage from 1 to 100 (such as 80,100)", t)
+		}
+	}
+	return out, nil
+}
+
+// reached reports whether used units reach pct percent of limit (limit > 0),
+// in integers without overflow: used >= ceil(limit * pct / 100).
+func reached(used, limit int64, pct int) bool {
+	q, r := limit/100, limit%100
+	p := int64(pct)
+	return used >= q*p+(r*p+99)/100
+}
+
+// onCharge is the charge hook: it runs on the charge path, after the answer
+// is durable, for every charge this node answered as the owner. It never
+// blocks: most calls return after a few comparisons, without a lock.
+func (a *alerter) onCharge(account string, d *shard.Decision, err error) {
+	if err != nil || d == nil || d.Limit <= 0 || d.Reset <= 0 {
+		return
+	}
+	used := d.Limit - d.Remaining
+	var crossed uint32
+	for i, t := range a.thresholds {
+		if !reached(used, d.Limit, t) {
+			break // ascending
+		}
+		crossed |= 1 << i
+	}
+	if crossed == 0 {
+		return
+	}
+	// Reset is the end of the decision's period (Unix seconds), so the
+	// period is the decision's own, not a second reading of the clock.
+	period := shard.PeriodOf(d.Reset*int64(time.Second) - 1)
+	fresh := a.mark(account, period, crossed)
+	if fresh == 0 {
+		return
+	}
+	at := time.Unix(0, a.n.clock.Now().Wall).UTC()
+	for i, t := range a.thresholds {
+		bit := uint32(1) << i
+		if fresh&bit == 0 {
+			continue
+		}
+		qa := queuedAlert{Alert: Alert{Account: account, Period: period.String(), Threshold: t, Used: used, Limit: d.Limit, At: at},
+			period: period, bit: bit}
+		select {
+		case a.queue <- qa:
+			a.stats.Queued.Add(1)
+		default:
+			a.stats.Dropped.Add(1)
+			a.unmark(account, period, bit) // a later charge queues it again
+			a.log.Warn("alert queue full: alert dropped for now (the account's next charge queues it again)",
+				"account", account, "period", period.String(), "threshold", t)
+		}
+	}
+}
+
+// mark records the crossed thresholds of account in period and returns the
+// ones not recorded before.
+func (a *alerter) mark(account string, period shard.Period, crossed uint32) uint32 {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if period > a.latest {
+		// A new month: forget the old one, so the memo holds at most the
+		// accounts that crossed a threshold this month.
+		for acct, m := range a.memo {
+			if m.period < period {
+				delete(a.memo, acct)
+			}
+		}
+		a.latest = period
+	}
+	m := a.memo[account]
+	switch {
+	case m.period > period:
+		return 0 // a late answer from a month already over
+	case m.period < period:
+		m = alertMemo{period: period}
+	}
+	fresh := crossed &^ m.done
+	m.done |= crossed
+	a.memo[account] = m
+	return fresh
+}
+
+// unmark forgets a threshold, so that a later charge queues it again.
+func (a *alerter) unmark(account string, period shard.Period, bit uint32) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if m, ok := a.memo[account]; ok && m.period == period {
+		m.done &^= bit
+		a.memo[account] = m
+	}
+}
+
+// run is the sender: the only reader of the queue and the only owner of the
+// deliveries in flight. It returns when ctx is canceled (Shutdown); what is
+// still pending then is not sent (logged).
+func (a *alerter) run(ctx context.Context) {
+	var pending []*delivery
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	for {
+		in := a.queue
+		if len(pending) >= alertQueueSize {
+			in = nil // back-pressure: the queue fills and the hook drops
+		}
+		var due <-chan time.Time
+		if len(pending) > 0 {
+			next := pending[0].next
+			for _, d := range pending[1:] {
+				if d.next.Before(next) {
+					next = d.next
+				}
+			}
+			timer.Reset(time.Until(next))
+			due = timer.C
+		}
+		select {
+		case <-ctx.Done():
+			if n := len(pending) + len(a.queue); n > 0 {
+				a.log.Warn("stopping with quota alerts not delivered", "alerts", n)
+			}
+			return
+		case qa := <-in:
+			pending = append(pending, &delivery{a: qa, next: time.Now()})
+		case <-due:
+		}
+		now := time.Now()
+		pending = slices.DeleteFunc(pending, func(d *delivery) bool {
+			if d.next.After(now) || ctx.Err() != nil {
+				return false
+			}
+			return a.step(ctx, d)
+		})
+	}
+}
+
+// step makes one attempt at d (a claim, then a send) and reports whether d
+// is finished (delivered, found claimed, or given up).
+func (a *alerter) step(ctx context.Context, d *delivery) (done bool) {
+	al := &d.a
+	logger := a.log.With("account", al.Account, "period", al.Period, "threshold", al.Threshold)
+	d.attempts++
+	if !d.claimed {
+		won, err := a.claim(ctx, al)
+		switch {
+		case err != nil && d.attempts >= alertAttempts:
+			a.stats.Failed.Add(1)
+			a.unmark(al.Account, al.period, al.bit) // never claimed: a later charge may try again
+			logger.Error("alert not claimed in the ledger after retries: not sent", "attempts", d.attempts, "err", err)
+			return true
+		case err != nil:
+			d.next = time.Now().Add(a.backoff(d.attempts))
+			logger.Warn("alert claim failed; retrying", "attempt", d.attempts, "err", err)
+			return false
+		case !won:
+			a.stats.AlreadySent.Add(1)
+			logger.Debug("alert already claimed by another node or an earlier start: not sent again")
+			return true
+		}
+		d.claimed, d.attempts = true, 1
+		body, err := json.Marshal(al.Alert)
+		if err != nil {
+			panic(err) // plain fields: cannot fail
+		}
+		d.body = body
+	}
+	status, err := a.send(ctx, d.body)
+	switch {
+	case err == nil && status < 300:
+		a.stats.Sent.Add(1)
+		logger.Info("alert sent", "attempts", d.attempts)
+		return true
+	case err == nil && status < 500 && status != http.StatusTooManyRequests:
+		a.stats.Failed.Add(1)
+		logger.Error("alert refused by the webhook: not retried (a 4xx answer is final; check the receiver's signature check and secret)", "status", status)
+		return true
+	case d.attempts >= alertAttempts:
+		a.stats.Failed.Add(1)
+		logger.Error("alert not delivered after retries: given up", "attempts", d.attempts, "status", status, "err", err)
+		return true
+	}
+	d.next = time.Now().Add(a.backoff(d.attempts))
+	logger.Warn("alert webhook failed; retrying", "attempt", d.attempts, "status", status, "err", err, "retry_in", time.Until(d.next).Round(time.Millisecond))
+	return false
+}
+
+// claim records the alert in the ledger; only the first claim in the
+// cluster wins.
+func (a *alerter) claim(ctx context.Context, al *queuedAlert) (bool, error) {
+	l := a.n.Ledger()
+	if l == nil {
+		return false, fmt.Errorf("the ledger has not been reached yet")
+	}
+	ctx, cancel := context.WithTimeout(ctx, alertTimeout)
+	defer cancel()
+	return l.RecordAlert(ctx, al.Account, al.period, al.Threshold, al.At)
+}
+
+// send makes one webhook call, signed now.
+func (a *alerter) send(ctx context.Context, body []byte) (status int, err error) {
+	a.stats.Attempts.Add(1)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, a.url, bytes.NewReader(body))
+	if err != nil {
+		return 0, err
+	}
+	ts := strconv.FormatInt(time.Now().Unix(), 10)
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("User-Agent", "quotaring-alerts/1")
+	req.Header.Set(AlertTimestampHeader, ts)
+	req.Header.Set(AlertSignatureHeader, SignAlert(a.secret, ts, body))
+	resp, err := a.client.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10)) // let the connection be reused
+	resp.Body.Close()
+	return resp.StatusCode, nil
+}
+
+// backoff is the wait after the given failed attempt: AlertRetry doubled
+// per attempt, capped at alertMaxWait, with "equal jitter" (half fixed,
+// half random) so that nodes retrying a receiver that came back do not all
+// call it at once.
+func (a *alerter) backoff(attempt int) time.Duration {
+	d := a.retry << min(attempt-1, 20)
+	if d <= 0 || d > alertMaxWait {
+		d = alertMaxWait
+	}
+	half := d / 2
+	return half + rand.N(half+1)
+}
