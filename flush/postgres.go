@@ -563,7 +563,7 @@ func (p *Postgres) Snapshot(ctx context.Context, wall time.Time) (*snapshot.Snap
 		return err
 	})
 	tx, err := p.sendTx(ctx, b)
-	tx.Rollback(ctx) // read only: nothing to commit
+	defer tx.Rollback(ctx) // read only: nothing to commit
 	if err != nil {
 		return nil, p.fail("read snapshot", err)
 	}
@@ -671,7 +671,7 @@ func (p *Postgres) Reconcile(ctx context.Context) ([]ReconcileRow, error) {
 		FROM u FULL JOIN ev ON ev.account_id = u.account_id AND ev.period = u.period
 		ORDER BY 1, 2`).Query(collect("usage"))
 	tx, err := p.sendTx(ctx, b)
-	tx.Rollback(ctx)
+	defer tx.Rollback(ctx) // read only
 	return out, p.fail("reconcile", err)
 }
 

@@ -40,8 +40,9 @@ package flush
 // statements queued behind it are rolled back unread. SettleResult.RoundTrips
 // counts statements (BEGIN, COPY and COMMIT count one each): at most 11 with
 // the event log (15 when a duplicate sends the batch through staging) and 8
-// without, whatever the batch size. Creating a month's event partition, the
-// first time this process settles into that month, adds three more.
+// without, whatever the batch size. Creating event partitions, the first
+// time this process settles into a month, adds 3 statements plus one per
+// month (BEGIN | advisory lock | CREATE TABLE ... PARTITION OF, then COMMIT).
 
 import (
 	"context"
@@ -69,6 +70,7 @@ const pgStagingSQL = `CREATE TEMP TABLE settle_charges (
 	charged_at timestamptz, period text, period_start date, seq bigint, grant_ids text[], grant_units bigint[]
 ) ON COMMIT DROP`
 
+// pgStagingColumns are the columns of settle_charges, in COPY order.
 var pgStagingColumns = []string{"account_id", "event_id", "client_id", "key_id", "route", "units",
 	"charged_at", "period", "period_start", "seq", "grant_ids", "grant_units"}
 
