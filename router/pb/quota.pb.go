@@ -1417,6 +1417,124 @@ func (x *RingViewReply) GetHash() string {
 	return ""
 }
 
+type ConfigRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The version the caller holds (0: none). A node at the same version
+	// answers unchanged and sends no snapshot.
+	KnownVersion  int64 `protobuf:"varint,1,opt,name=known_version,json=knownVersion,proto3" json:"known_version,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ConfigRequest) Reset() {
+	*x = ConfigRequest{}
+	mi := &file_quota_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ConfigRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ConfigRequest) ProtoMessage() {}
+
+func (x *ConfigRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_quota_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ConfigRequest.ProtoReflect.Descriptor instead.
+func (*ConfigRequest) Descriptor() ([]byte, []int) {
+	return file_quota_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *ConfigRequest) GetKnownVersion() int64 {
+	if x != nil {
+		return x.KnownVersion
+	}
+	return 0
+}
+
+type ConfigReply struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// 0 when the node has no snapshot yet (it has not reached the ledger and
+	// its data dir keeps none).
+	Version   int64 `protobuf:"varint,1,opt,name=version,proto3" json:"version,omitempty"`
+	Unchanged bool  `protobuf:"varint,2,opt,name=unchanged,proto3" json:"unchanged,omitempty"`
+	// The snapshot as package snapshot encodes it (JSON); empty when unchanged
+	// or when the node has none.
+	Snapshot      []byte `protobuf:"bytes,3,opt,name=snapshot,proto3" json:"snapshot,omitempty"`
+	Node          string `protobuf:"bytes,4,opt,name=node,proto3" json:"node,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ConfigReply) Reset() {
+	*x = ConfigReply{}
+	mi := &file_quota_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ConfigReply) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ConfigReply) ProtoMessage() {}
+
+func (x *ConfigReply) ProtoReflect() protoreflect.Message {
+	mi := &file_quota_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ConfigReply.ProtoReflect.Descriptor instead.
+func (*ConfigReply) Descriptor() ([]byte, []int) {
+	return file_quota_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *ConfigReply) GetVersion() int64 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
+func (x *ConfigReply) GetUnchanged() bool {
+	if x != nil {
+		return x.Unchanged
+	}
+	return false
+}
+
+func (x *ConfigReply) GetSnapshot() []byte {
+	if x != nil {
+		return x.Snapshot
+	}
+	return nil
+}
+
+func (x *ConfigReply) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
 var File_quota_proto protoreflect.FileDescriptor
 
 const file_quota_proto_rawDesc = "" +
@@ -1533,7 +1651,14 @@ const file_quota_proto_rawDesc = "" +
 	"\amembers\x18\x02 \x03(\v2\x14.quotaring.v1.MemberR\amembers\x12\x16\n" +
 	"\x06owners\x18\x03 \x03(\x05R\x06owners\x12'\n" +
 	"\x0fpartition_count\x18\x04 \x01(\rR\x0epartitionCount\x12\x12\n" +
-	"\x04hash\x18\x05 \x01(\tR\x04hash*\xb5\x01\n" +
+	"\x04hash\x18\x05 \x01(\tR\x04hash\"4\n" +
+	"\rConfigRequest\x12#\n" +
+	"\rknown_version\x18\x01 \x01(\x03R\fknownVersion\"u\n" +
+	"\vConfigReply\x12\x18\n" +
+	"\aversion\x18\x01 \x01(\x03R\aversion\x12\x1c\n" +
+	"\tunchanged\x18\x02 \x01(\bR\tunchanged\x12\x1a\n" +
+	"\bsnapshot\x18\x03 \x01(\fR\bsnapshot\x12\x12\n" +
+	"\x04node\x18\x04 \x01(\tR\x04node*\xb5\x01\n" +
 	"\x06Reason\x12\x16\n" +
 	"\x12REASON_UNSPECIFIED\x10\x00\x12\x06\n" +
 	"\x02OK\x10\x01\x12\f\n" +
@@ -1544,12 +1669,13 @@ const file_quota_proto_rawDesc = "" +
 	"\bREFUNDED\x10\x06\x12\x14\n" +
 	"\x10ALREADY_REFUNDED\x10\a\x12\x11\n" +
 	"\rUNKNOWN_EVENT\x10\b\x12\v\n" +
-	"\aINVALID\x10\t2\x92\x02\n" +
+	"\aINVALID\x10\t2\xd4\x02\n" +
 	"\x05Quota\x12@\n" +
 	"\x06Charge\x12\x19.quotaring.v1.ChargeBatch\x1a\x1b.quotaring.v1.ChargeReplies\x12@\n" +
 	"\x06Refund\x12\x19.quotaring.v1.RefundBatch\x1a\x1b.quotaring.v1.RefundReplies\x12=\n" +
 	"\x05Usage\x12\x1a.quotaring.v1.UsageRequest\x1a\x18.quotaring.v1.UsageReply\x12F\n" +
-	"\bRingView\x12\x1d.quotaring.v1.RingViewRequest\x1a\x1b.quotaring.v1.RingViewReplyB*Z(github.com/quotaring/quotaring/router/pbb\x06proto3"
+	"\bRingView\x12\x1d.quotaring.v1.RingViewRequest\x1a\x1b.quotaring.v1.RingViewReply\x12@\n" +
+	"\x06Config\x12\x1b.quotaring.v1.ConfigRequest\x1a\x19.quotaring.v1.ConfigReplyB*Z(github.com/quotaring/quotaring/router/pbb\x06proto3"
 
 var (
 	file_quota_proto_rawDescOnce sync.Once
@@ -1564,7 +1690,7 @@ func file_quota_proto_rawDescGZIP() []byte {
 }
 
 var file_quota_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_quota_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
+var file_quota_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
 var file_quota_proto_goTypes = []any{
 	(Reason)(0),             // 0: quotaring.v1.Reason
 	(Error_Code)(0),         // 1: quotaring.v1.Error.Code
@@ -1586,7 +1712,9 @@ var file_quota_proto_goTypes = []any{
 	(*RingViewRequest)(nil), // 17: quotaring.v1.RingViewRequest
 	(*Member)(nil),          // 18: quotaring.v1.Member
 	(*RingViewReply)(nil),   // 19: quotaring.v1.RingViewReply
-	nil,                     // 20: quotaring.v1.UsageReply.RoutesEntry
+	(*ConfigRequest)(nil),   // 20: quotaring.v1.ConfigRequest
+	(*ConfigReply)(nil),     // 21: quotaring.v1.ConfigReply
+	nil,                     // 22: quotaring.v1.UsageReply.RoutesEntry
 }
 var file_quota_proto_depIdxs = []int32{
 	2,  // 0: quotaring.v1.ChargeBatch.charges:type_name -> quotaring.v1.ChargeRequest
@@ -1605,18 +1733,20 @@ var file_quota_proto_depIdxs = []int32{
 	8,  // 13: quotaring.v1.RefundReply.error:type_name -> quotaring.v1.Error
 	13, // 14: quotaring.v1.RefundReplies.replies:type_name -> quotaring.v1.RefundReply
 	7,  // 15: quotaring.v1.UsageReply.wrong_owner:type_name -> quotaring.v1.WrongOwner
-	20, // 16: quotaring.v1.UsageReply.routes:type_name -> quotaring.v1.UsageReply.RoutesEntry
+	22, // 16: quotaring.v1.UsageReply.routes:type_name -> quotaring.v1.UsageReply.RoutesEntry
 	18, // 17: quotaring.v1.RingViewReply.members:type_name -> quotaring.v1.Member
 	3,  // 18: quotaring.v1.Quota.Charge:input_type -> quotaring.v1.ChargeBatch
 	12, // 19: quotaring.v1.Quota.Refund:input_type -> quotaring.v1.RefundBatch
 	15, // 20: quotaring.v1.Quota.Usage:input_type -> quotaring.v1.UsageRequest
 	17, // 21: quotaring.v1.Quota.RingView:input_type -> quotaring.v1.RingViewRequest
-	10, // 22: quotaring.v1.Quota.Charge:output_type -> quotaring.v1.ChargeReplies
-	14, // 23: quotaring.v1.Quota.Refund:output_type -> quotaring.v1.RefundReplies
-	16, // 24: quotaring.v1.Quota.Usage:output_type -> quotaring.v1.UsageReply
-	19, // 25: quotaring.v1.Quota.RingView:output_type -> quotaring.v1.RingViewReply
-	22, // [22:26] is the sub-list for method output_type
-	18, // [18:22] is the sub-list for method input_type
+	20, // 22: quotaring.v1.Quota.Config:input_type -> quotaring.v1.ConfigRequest
+	10, // 23: quotaring.v1.Quota.Charge:output_type -> quotaring.v1.ChargeReplies
+	14, // 24: quotaring.v1.Quota.Refund:output_type -> quotaring.v1.RefundReplies
+	16, // 25: quotaring.v1.Quota.Usage:output_type -> quotaring.v1.UsageReply
+	19, // 26: quotaring.v1.Quota.RingView:output_type -> quotaring.v1.RingViewReply
+	21, // 27: quotaring.v1.Quota.Config:output_type -> quotaring.v1.ConfigReply
+	23, // [23:28] is the sub-list for method output_type
+	18, // [18:23] is the sub-list for method input_type
 	18, // [18:18] is the sub-list for extension type_name
 	18, // [18:18] is the sub-list for extension extendee
 	0,  // [0:18] is the sub-list for field type_name
@@ -1633,7 +1763,7 @@ func file_quota_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_quota_proto_rawDesc), len(file_quota_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   19,
+			NumMessages:   21,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

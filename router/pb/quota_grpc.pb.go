@@ -27,6 +27,7 @@ const (
 	Quota_Refund_FullMethodName   = "/quotaring.v1.Quota/Refund"
 	Quota_Usage_FullMethodName    = "/quotaring.v1.Quota/Usage"
 	Quota_RingView_FullMethodName = "/quotaring.v1.Quota/RingView"
+	Quota_Config_FullMethodName   = "/quotaring.v1.Quota/Config"
 )
 
 // QuotaClient is the client API for Quota service.
@@ -41,6 +42,9 @@ type QuotaClient interface {
 	Usage(ctx context.Context, in *UsageRequest, opts ...grpc.CallOption) (*UsageReply, error)
 	// RingView is the node's view of the ring, for clients that pick owners.
 	RingView(ctx context.Context, in *RingViewRequest, opts ...grpc.CallOption) (*RingViewReply, error)
+	// Config is the node's config snapshot (keys by hash, routes, plans), for
+	// embedded clients that run the HTTP middleware themselves.
+	Config(ctx context.Context, in *ConfigRequest, opts ...grpc.CallOption) (*ConfigReply, error)
 }
 
 type quotaClient struct {
@@ -91,6 +95,16 @@ func (c *quotaClient) RingView(ctx context.Context, in *RingViewRequest, opts ..
 	return out, nil
 }
 
+func (c *quotaClient) Config(ctx context.Context, in *ConfigRequest, opts ...grpc.CallOption) (*ConfigReply, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ConfigReply)
+	err := c.cc.Invoke(ctx, Quota_Config_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // QuotaServer is the server API for Quota service.
 // All implementations must embed UnimplementedQuotaServer
 // for forward compatibility.
@@ -103,6 +117,9 @@ type QuotaServer interface {
 	Usage(context.Context, *UsageRequest) (*UsageReply, error)
 	// RingView is the node's view of the ring, for clients that pick owners.
 	RingView(context.Context, *RingViewRequest) (*RingViewReply, error)
+	// Config is the node's config snapshot (keys by hash, routes, plans), for
+	// embedded clients that run the HTTP middleware themselves.
+	Config(context.Context, *ConfigRequest) (*ConfigReply, error)
 	mustEmbedUnimplementedQuotaServer()
 }
 
@@ -124,6 +141,9 @@ func (UnimplementedQuotaServer) Usage(context.Context, *UsageRequest) (*UsageRep
 }
 func (UnimplementedQuotaServer) RingView(context.Context, *RingViewRequest) (*RingViewReply, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method RingView not implemented")
+}
+func (UnimplementedQuotaServer) Config(context.Context, *ConfigRequest) (*ConfigReply, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method Config not implemented")
 }
 func (UnimplementedQuotaServer) mustEmbedUnimplementedQuotaServer() {}
 func (UnimplementedQuotaServer) testEmbeddedByValue()               {}
@@ -218,6 +238,24 @@ func _Quota_RingView_Handler(srv interface{}, ctx context.Context, dec func(inte
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Quota_Config_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ConfigRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(QuotaServer).Config(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Quota_Config_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(QuotaServer).Config(ctx, req.(*ConfigRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Quota_ServiceDesc is the grpc.ServiceDesc for Quota service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -240,6 +278,10 @@ var Quota_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "RingView",
 			Handler:    _Quota_RingView_Handler,
+		},
+		{
+			MethodName: "Config",
+			Handler:    _Quota_Config_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

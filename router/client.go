@@ -1,0 +1,434 @@
+package router
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/quotaring/quotaring/ring"
+	"github.com/quotaring/quotaring/router/pb"
+	"github.com/quotaring/quotaring/shard"
+	"github.com/quotaring/quotaring/snapshot"
+)
+
+// DialOptions configure a Client. Zero values take the defaults in brackets.
+type DialOptions struct {
+	// CallTimeout bounds one RPC [5s].
+	CallTimeout time.Duration
+	// RefreshInterval is how often the client reads the ring view and the
+	// config snapshot [3s]. Negative: never in the background (call
+	// Client.Refresh).
+	RefreshInterval time.Duration
+	// MaxBatch bounds the charges of one call to an owner [512]; MaxInflight
+	// the calls in flight to one owner [4]. Calls beyond it are coalesced
+	// into the next batch.
+	MaxBatch, MaxInflight int
+	// Dialer, when set, opens connections to nodes (tests, custom networks).
+	Dialer func(ctx context.Context, addr string) (net.Conn, error)
+	Logger *slog.Logger
+}
+
+// ClientStats are a Client's counters.
+type ClientStats struct {
+	// WrongOwner counts answers naming another owner; Unreachable calls to
+	// an owner that failed; Refreshes ring views read.
+	WrongOwner, Unreachable, Refreshes atomic.Int64
+}
+
+// Client is the embedded client: it learns the ring from any node, picks
+// each account's owner itself, and calls the owner directly over gRPC with
+// the same coalescing as nodes (so a charge takes one hop, not two). It
+// follows WrongOwner answers and never decides anything itself: when no
+// owner answers, the error is ErrUnavailable.
+//
+// It implements Charger and ConfigSource, so Middleware(FrontOptions{Charger:
+// c, Config: c}) runs the HTTP front inside a Go program. Its methods are
+// safe for concurrent use.
+type Client struct {
+	opts  DialOptions
+	seeds []string
+	peers *peers
+	stats ClientStats
+
+	view atomic.Pointer[clientView]
+	snap atomic.Pointer[snapshot.Snapshot]
+	// refreshMu serializes reading the ring view, so many calls that fail
+	// together cause one refresh.
+	refreshMu sync.Mutex
+
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// clientView is one ring view, as a node answered it (immutable).
+type clientView struct {
+	epoch   uint64
+	layout  ring.Layout // only PartitionCount is used
+	members []*pb.Member
+	owners  []int32 // partition -> index into members, -1: none
+}
+
+// owner returns the RPC address of account's owner in v.
+func (v *clientView) owner(account string) (string, bool) {
+	if v == nil || len(v.owners) == 0 {
+		return "", false
+	}
+	i := v.owners[v.layout.Partition(account)]
+	if i < 0 || int(i) >= len(v.members) {
+		return "", false
+	}
+	return v.members[i].RpcAddr, true
+}
+
+// Dial connects to a cluster with default options: see DialOptions.Dial.
+func Dial(ctx context.Context, seeds ...string) (*Client, error) {
+	return DialOptions{}.Dial(ctx, seeds...)
+}
+
+// Dial learns the ring from the first seed (RPC address, host:port) that
+// answers and reads the config snapshot; ctx bounds only that. Afterwards
+// the client refreshes both every RefreshInterval, from any node it knows.
+func (o DialOptions) Dial(ctx context.Context, seeds ...string) (*Client, error) {
+	if len(seeds) == 0 {
+		return nil, errors.New("router: Dial needs at least one seed (a node's RPC address, host:port)")
+	}
+	if o.CallTimeout < 0 || o.MaxBatch < 0 || o.MaxInflight < 0 {
+		return nil, errors.New("router: DialOptions must not be negative (but RefreshInterval)")
+	}
+	setDefaultDuration(&o.CallTimeout, 5*time.Second)
+	setDefaultDuration(&o.RefreshInterval, 3*time.Second)
+	if o.MaxBatch == 0 {
+		o.MaxBatch = 512
+	}
+	if o.MaxInflight == 0 {
+		o.MaxInflight = 4
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	bg, cancel := context.WithCancel(context.Background())
+	c := &Client{opts: o, seeds: seeds, cancel: cancel, done: make(chan struct{})}
+	c.peers = newPeers(bg, peerOptions{maxInflight: o.MaxInflight, maxBatch: o.MaxBatch, callTimeout: o.CallTimeout,
+		dialer: o.Dialer, epoch: c.epoch, hops: 0})
+	if err := c.refreshView(ctx, ""); err != nil {
+		close(c.done)
+		c.Close()
+		return nil, err
+	}
+	if err := c.refreshConfig(ctx); err != nil {
+		c.opts.Logger.Warn("no config snapshot yet; the middleware answers quota-unavailable until one arrives", "err", err)
+	}
+	if o.RefreshInterval > 0 {
+		go c.loop(bg)
+	} else {
+		close(c.done)
+	}
+	return c, nil
+}
+
+// Close stops the refresh loop and closes the connections. Calls in flight
+// fail.
+func (c *Client) Close() error {
+	c.cancel()
+	<-c.done
+	return c.peers.close()
+}
+
+// Stats are the client's counters.
+func (c *Client) Stats() *ClientStats { return &c.stats }
+
+// Snapshot is the last config snapshot read from a node, or nil (ConfigSource).
+func (c *Client) Snapshot() *snapshot.Snapshot { return c.snap.Load() }
+
+// Epoch is the epoch of the client's ring view.
+func (c *Client) Epoch() uint64 { return c.epoch() }
+
+func (c *Client) epoch() uint64 {
+	if v := c.view.Load(); v != nil {
+		return v.epoch
+	}
+	return 0
+}
+
+// Refresh reads the ring view and the config snapshot once; the background
+// loop calls it every RefreshInterval.
+func (c *Client) Refresh(ctx context.Context) error {
+	return errors.Join(c.refreshView(ctx, ""), c.refreshConfig(ctx))
+}
+
+func (c *Client) loop(ctx context.Context) {
+	defer close(c.done)
+	t := time.NewTicker(c.opts.RefreshInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			if err := c.Refresh(ctx); err != nil && ctx.Err() == nil {
+				c.opts.Logger.Warn("refresh failed; keeping the last ring view and config", "err", err)
+			}
+		}
+	}
+}
+
+// Charge decides req at its account's owner. An empty EventID gets a
+// random one here (not at the owner), so that the one retry the client makes
+// when an owner stops answering and the ring names another carries the same
+// id, and the ledger bills the event once even if both owners applied it.
+func (c *Client) Charge(ctx context.Context, req ChargeRequest) (ChargeResult, error) {
+	if req.EventID == "" {
+		req.EventID, req.ClientID = "c"+rand.Text(), false
+	}
+	in := chargeToPB(&req)
+	var res ChargeResult
+	err := c.route(ctx, req.Account, func(ctx context.Context, p *peer) (*pb.WrongOwner, error) {
+		rep, err := p.charges.do(ctx, in)
+		if err != nil {
+			return nil, &rpcError{err}
+		}
+		if rep.WrongOwner != nil {
+			return rep.WrongOwner, nil
+		}
+		res, err = resultFromPB(rep)
+		return nil, err
+	})
+	return res, err
+}
+
+// Refund refunds an event at its account's owner (once: see shard).
+func (c *Client) Refund(ctx context.Context, req RefundRequest) (shard.Decision, error) {
+	in := &pb.RefundRequest{Account: req.Account, EventId: req.EventID, Receipt: receiptToPB(req.Receipt)}
+	var d shard.Decision
+	err := c.route(ctx, req.Account, func(ctx context.Context, p *peer) (*pb.WrongOwner, error) {
+		rep, err := p.refunds.do(ctx, in)
+		if err != nil {
+			return nil, &rpcError{err}
+		}
+		if rep.WrongOwner != nil {
+			return rep.WrongOwner, nil
+		}
+		if e := rep.Error; e != nil {
+			if e.Code == pb.Error_QUOTA_UNAVAILABLE {
+				return nil, fmt.Errorf("%w: %s (at %s)", ErrUnavailable, e.Message, rep.Node)
+			}
+			return nil, fmt.Errorf("%w: %s (at %s)", ErrInternal, e.Message, rep.Node)
+		}
+		d = decisionFromPB(rep.Decision)
+		return nil, nil
+	})
+	return d, err
+}
+
+// Usage reads an account's current period at its owner.
+func (c *Client) Usage(ctx context.Context, account string) (UsageResult, error) {
+	var u UsageResult
+	err := c.route(ctx, account, func(ctx context.Context, p *peer) (*pb.WrongOwner, error) {
+		ctx, cancel := context.WithTimeout(ctx, c.opts.CallTimeout)
+		defer cancel()
+		rep, err := p.client.Usage(ctx, &pb.UsageRequest{Epoch: c.epoch(), Account: account})
+		if err != nil {
+			return nil, &rpcError{err}
+		}
+		if rep.WrongOwner != nil {
+			return rep.WrongOwner, nil
+		}
+		u = usageFromPB(rep)
+		return nil, nil
+	})
+	return u, err
+}
+
+// rpcError marks a call that got no answer (the owner may or may not have
+// applied it).
+type rpcError struct{ err error }
+
+func (e *rpcError) Error() string { return e.err.Error() }
+func (e *rpcError) Unwrap() error { return e.err }
+
+// route runs call at account's owner: the owner in the client's view; after
+// WrongOwner, the owner that answer names (having refreshed the view from
+// the node that answered); after no answer, once more at the owner a fresh
+// view names if it is another node. At most maxAttempts calls, never a loop.
+func (c *Client) route(ctx context.Context, account string, call func(context.Context, *peer) (*pb.WrongOwner, error)) error {
+	v := c.view.Load()
+	target := ""
+	refreshed := false
+	for attempt := 0; attempt < maxAttempts; attempt++ {
+		if target == "" {
+			addr, ok := v.owner(account)
+			if !ok && !refreshed {
+				refreshed = true
+				c.refreshAfter(ctx, v, "", "")
+				v = c.view.Load()
+				addr, ok = v.owner(account)
+			}
+			if !ok {
+				return fmt.Errorf("%w: no serving node owns account %q in the client's view (epoch %d)", ErrUnavailable, account, v.epoch)
+			}
+			target = addr
+		}
+		p, err := c.peers.get(target)
+		if err != nil {
+			return fmt.Errorf("%w: %v", ErrUnavailable, err)
+		}
+		wo, err := call(ctx, p)
+		var rpcErr *rpcError
+		switch {
+		case err == nil && wo == nil:
+			return nil
+		case err != nil && !errors.As(err, &rpcErr):
+			return err // the owner answered with an error
+		case err != nil:
+			c.stats.Unreachable.Add(1)
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			if !refreshed {
+				refreshed = true
+				c.refreshAfter(ctx, v, "", target)
+				v = c.view.Load()
+				if addr, ok := v.owner(account); ok && addr != target {
+					target = addr
+					continue
+				}
+			}
+			return fmt.Errorf("%w: the owner of account %q at %s did not answer (%v); the outcome is unknown, retry with the same event id",
+				ErrUnavailable, account, target, rpcErr.err)
+		default:
+			c.stats.WrongOwner.Add(1)
+			c.refreshAfter(ctx, v, target, "")
+			v = c.view.Load()
+			target = wo.OwnerRpc // empty: nobody serves it in that node's view; look in the fresh one
+		}
+	}
+	return fmt.Errorf("%w: ownership of account %q is moving; retry", ErrUnavailable, account)
+}
+
+// refreshAfter reads a new ring view unless another call replaced seen
+// meanwhile. It asks prefer first and avoid last.
+func (c *Client) refreshAfter(ctx context.Context, seen *clientView, prefer, avoid string) {
+	c.refreshMu.Lock()
+	defer c.refreshMu.Unlock()
+	if c.view.Load() != seen {
+		return
+	}
+	if err := c.refreshViewLocked(ctx, prefer, avoid); err != nil {
+		c.opts.Logger.Warn("ring view refresh failed", "err", err)
+	}
+}
+
+func (c *Client) refreshView(ctx context.Context, prefer string) error {
+	c.refreshMu.Lock()
+	defer c.refreshMu.Unlock()
+	return c.refreshViewLocked(ctx, prefer, "")
+}
+
+// refreshViewLocked asks prefer, then the known members, then the seeds,
+// and keeps the first answer. REQUIRES: c.refreshMu held.
+func (c *Client) refreshViewLocked(ctx context.Context, prefer, avoid string) error {
+	var errs []error
+	for _, addr := range c.sources(prefer, avoid) {
+		v, err := c.readView(ctx, addr)
+		if err == nil {
+			c.view.Store(v)
+			c.stats.Refreshes.Add(1)
+			return nil
+		}
+		errs = append(errs, err)
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	return fmt.Errorf("router: no node answered for the ring view: %w", errors.Join(errs...))
+}
+
+// sources lists the addresses to ask, each once: prefer, the members of the
+// current view, the seeds, and avoid last.
+func (c *Client) sources(prefer, avoid string) []string {
+	seen := map[string]bool{"": true, avoid: true}
+	var out []string
+	add := func(a string) {
+		if !seen[a] {
+			seen[a] = true
+			out = append(out, a)
+		}
+	}
+	add(prefer)
+	if v := c.view.Load(); v != nil {
+		for _, m := range v.members {
+			add(m.RpcAddr)
+		}
+	}
+	for _, s := range c.seeds {
+		add(s)
+	}
+	if avoid != "" {
+		out = append(out, avoid)
+	}
+	return out
+}
+
+// ringHash is how a RingView says accounts map to partitions.
+const ringHash = "xxhash64 % partition_count"
+
+func (c *Client) readView(ctx context.Context, addr string) (*clientView, error) {
+	p, err := c.peers.get(addr)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, c.opts.CallTimeout)
+	defer cancel()
+	rep, err := p.client.RingView(ctx, &pb.RingViewRequest{})
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", addr, err)
+	}
+	if rep.Hash != ringHash || rep.PartitionCount == 0 || (len(rep.Owners) != 0 && len(rep.Owners) != int(rep.PartitionCount)) {
+		return nil, fmt.Errorf("%s: a ring view this client cannot read (hash %q, %d partitions, %d owners)", addr, rep.Hash, rep.PartitionCount, len(rep.Owners))
+	}
+	return &clientView{epoch: rep.Epoch, layout: ring.Layout{PartitionCount: int(rep.PartitionCount)}, members: rep.Members, owners: rep.Owners}, nil
+}
+
+// refreshConfig reads the config snapshot from the first node that has one,
+// sending the version held so an unchanged config costs no bytes. A node's
+// answer replaces the held snapshot whenever its version differs (a ledger
+// rebuilt from scratch starts again at a lower version).
+func (c *Client) refreshConfig(ctx context.Context) error {
+	var known int64
+	if s := c.snap.Load(); s != nil {
+		known = s.Version
+	}
+	var errs []error
+	for _, addr := range c.sources("", "") {
+		p, err := c.peers.get(addr)
+		if err != nil {
+			return err
+		}
+		cctx, cancel := context.WithTimeout(ctx, c.opts.CallTimeout)
+		rep, err := p.client.Config(cctx, &pb.ConfigRequest{KnownVersion: known})
+		cancel()
+		switch {
+		case err != nil:
+			errs = append(errs, fmt.Errorf("%s: %w", addr, err))
+			continue
+		case rep.Unchanged:
+			return nil
+		case len(rep.Snapshot) == 0:
+			errs = append(errs, fmt.Errorf("%s: the node has no config snapshot yet", addr))
+			continue
+		}
+		s, err := snapshot.Decode(rep.Snapshot)
+		if err != nil {
+			return fmt.Errorf("router: config version %d from %s: %w", rep.Version, addr, err)
+		}
+		c.snap.Store(s)
+		return nil
+	}
+	return fmt.Errorf("router: no node gave a config snapshot: %w", errors.Join(errs...))
+}

@@ -1,0 +1,27 @@
+package router
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/quotaring/quotaring/router/pb"
+)
+
+// Config answers the node's config snapshot, for embedded clients
+// (Client.Snapshot). Key hashes travel, never plaintext keys. A client that
+// already holds this version gets "unchanged" and no bytes, so polling every
+// few seconds costs an encoding only when the config changed.
+func (s *server) Config(_ context.Context, req *pb.ConfigRequest) (*pb.ConfigReply, error) {
+	snap := s.r.cfg.Engine.Snapshot()
+	if snap == nil {
+		return &pb.ConfigReply{Node: s.r.self}, nil
+	}
+	if req.KnownVersion == snap.Version {
+		return &pb.ConfigReply{Version: snap.Version, Unchanged: true, Node: s.r.self}, nil
+	}
+	data, err := snap.Encode()
+	if err != nil {
+		return nil, fmt.Errorf("router: encode config version %d: %w", snap.Version, err)
+	}
+	return &pb.ConfigReply{Version: snap.Version, Snapshot: data, Node: s.r.self}, nil
+}

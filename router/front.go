@@ -1,0 +1,503 @@
+package router
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/quotaring/quotaring/engine"
+	"github.com/quotaring/quotaring/shard"
+	"github.com/quotaring/quotaring/snapshot"
+)
+
+// Charger decides charges at their owners: *Router on a node, *Client in a
+// program. Its methods are safe for concurrent use and block until the owner
+// answers or ctx ends.
+type Charger interface {
+	Charge(ctx context.Context, req ChargeRequest) (ChargeResult, error)
+	Refund(ctx context.Context, req RefundRequest) (shard.Decision, error)
+	Usage(ctx context.Context, account string) (UsageResult, error)
+}
+
+// ConfigSource gives the current config snapshot, or nil when there is none
+// yet: *engine.Engine on a node, *Client in a program. Snapshot must be
+// cheap and safe for concurrent use; it is called on every request.
+type ConfigSource interface {
+	Snapshot() *snapshot.Snapshot
+}
+
+// Bill-on policies (FrontOptions.BillOn): when a charged request keeps its
+// charge.
+const (
+	// BillOnSuccess refunds when the upstream answers 5xx, fails or times
+	// out, and for gRPC when the final grpc-status is not 0 (the default).
+	BillOnSuccess = "success"
+	// BillOn2xx refunds everything that is not 2xx or 3xx.
+	BillOn2xx = "2xx"
+	// BillOnAlways never refunds what the upstream answered.
+	BillOnAlways = "always"
+)
+
+// FrontOptions configure Middleware and NewProxy. Zero values take the
+// defaults in brackets.
+type FrontOptions struct {
+	// Charger decides and refunds charges (required).
+	Charger Charger
+	// Config resolves API keys (by SHA-256 hash) and route weights
+	// (required).
+	Config ConfigSource
+	// UsagePath answers the caller's usage as JSON (GET) ["/v1/usage"].
+	UsagePath string
+	// QuotaStatus is the status of a quota-exceeded refusal: 429, 402 or 403
+	// [429]. Rate-limited refusals are always 429.
+	QuotaStatus int
+	// BillOn is BillOnSuccess, BillOn2xx or BillOnAlways [BillOnSuccess].
+	BillOn string
+	// MaxBodyBytes bounds a request body [10 MiB]; negative: no bound. A
+	// larger Content-Length is refused with 413 before anything is charged;
+	// a body without one that grows past the bound is cut off, answered 413
+	// and refunded whatever BillOn says.
+	MaxBodyBytes int64
+	// UpstreamTimeout bounds the wait for the upstream's response headers
+	// (NewProxy only) [30s]. Streaming bodies are not cut off by it.
+	UpstreamTimeout time.Duration
+	// Transport carries proxied requests (NewProxy only). Nil: a clone of
+	// http.DefaultTransport with ResponseHeaderTimeout = UpstreamTimeout and
+	// room for many idle connections to the upstream.
+	Transport http.RoundTripper
+	// StripAPIKeyHeader removes X-Api-Key before the upstream sees the
+	// request (NewProxy only). Authorization is always forwarded: upstreams
+	// may need it.
+	StripAPIKeyHeader bool
+	// ChargeTimeout bounds a charge, RefundTimeout a refund [10s each]. Both
+	// outlive the client's connection on purpose: see Middleware.
+	ChargeTimeout, RefundTimeout time.Duration
+	// OnRequest, when set, hears every answer: its status (499 when the
+	// client went away first) and the time the front added (everything but
+	// the wrapped handler or the upstream). It must not block.
+	OnRequest func(code int, added time.Duration)
+	Logger    *slog.Logger
+}
+
+// DefaultMaxBodyBytes is FrontOptions.MaxBodyBytes's default.
+const DefaultMaxBodyBytes = 10 << 20
+
+// statusClientClosed is what OnRequest hears when the client went away
+// before an answer (nginx's 499).
+const statusClientClosed = 499
+
+func (o *FrontOptions) defaults() error {
+	if o.Charger == nil || o.Config == nil {
+		return errors.New("router: FrontOptions.Charger and FrontOptions.Config are required")
+	}
+	if o.UsagePath == "" {
+		o.UsagePath = "/v1/usage"
+	}
+	if !strings.HasPrefix(o.UsagePath, "/") {
+		return fmt.Errorf("router: usage path %q must start with /", o.UsagePath)
+	}
+	switch o.QuotaStatus {
+	case 0:
+		o.QuotaStatus = http.StatusTooManyRequests
+	case http.StatusTooManyRequests, http.StatusPaymentRequired, http.StatusForbidden:
+	default:
+		return fmt.Errorf("router: quota status %d: want 429, 402 or 403", o.QuotaStatus)
+	}
+	switch o.BillOn {
+	case "":
+		o.BillOn = BillOnSuccess
+	case BillOnSuccess, BillOn2xx, BillOnAlways:
+	default:
+		return fmt.Errorf("router: bill-on %q: want success, 2xx or always", o.BillOn)
+	}
+	if o.MaxBodyBytes == 0 {
+		o.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	for _, d := range []*time.Duration{&o.UpstreamTimeout, &o.ChargeTimeout, &o.RefundTimeout} {
+		if *d < 0 {
+			return fmt.Errorf("router: front timeouts must not be negative (got %s)", *d)
+		}
+	}
+	setDefaultDuration(&o.UpstreamTimeout, 30*time.Second)
+	setDefaultDuration(&o.ChargeTimeout, 10*time.Second)
+	setDefaultDuration(&o.RefundTimeout, 10*time.Second)
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	return nil
+}
+
+func setDefaultDuration(d *time.Duration, v time.Duration) {
+	if *d == 0 {
+		*d = v
+	}
+}
+
+// Caller is what the front decided about a request it let through; the
+// wrapped handler reads it with CallerFrom.
+type Caller struct {
+	Account string
+	KeyID   string
+	Route   string // the route pattern that matched ("*" for none)
+	Units   int64  // what the request costs
+	// EventID names the charge (the Idempotency-Key when one was sent).
+	EventID string
+	// Replayed: a retry of an event already charged; nothing was charged now.
+	Replayed bool
+	Decision shard.Decision
+}
+
+type callerKey struct{}
+
+// CallerFrom returns the Caller the middleware attached to a request's
+// context.
+func CallerFrom(ctx context.Context) (*Caller, bool) {
+	c, ok := ctx.Value(callerKey{}).(*Caller)
+	return c, ok
+}
+
+// Middleware returns the HTTP front as middleware: every request must carry
+// an API key; its account is charged the route's units before next runs,
+// and refunded after next returns when BillOn says the answer was a failure.
+//
+// In order, for each request:
+//
+//	UsagePath: answer the caller's usage (JSON), charge nothing
+//	API key: X-Api-Key, else Authorization: Bearer  (none or unknown: 401)
+//	Idempotency-Key: 1..255 printable ASCII, else 400; it becomes the event id
+//	Content-Length over MaxBodyBytes: 413
+//	route and units: the snapshot's route weights
+//	charge at the owner: refused -> problem+json, next never runs
+//	set RateLimit-Policy, RateLimit, X-Quota-*; call next
+//	refund once if next's answer is a failure under BillOn
+//
+// The charge and the refund run on a context detached from the client's
+// (bounded by ChargeTimeout and RefundTimeout): a client that hangs up
+// mid-charge must not leave a charge whose outcome the front never learns.
+// A charge that completes for a client already gone is refunded at once.
+// The refund comes after next's answer is flushed, so it delays no client.
+func Middleware(opts FrontOptions) (func(http.Handler) http.Handler, error) {
+	if err := opts.defaults(); err != nil {
+		return nil, err
+	}
+	return func(next http.Handler) http.Handler { return &front{opts: opts, next: next} }, nil
+}
+
+type front struct {
+	opts FrontOptions
+	next http.Handler
+}
+
+// charged is one request's charge, refunded at most once.
+type charged struct {
+	Caller
+	receipt  *shard.Receipt
+	refunded bool
+}
+
+func (f *front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	start := time.Now()
+	if r.URL.Path == f.opts.UsagePath {
+		f.observe(f.serveUsage(w, r), time.Since(start))
+		return
+	}
+	c, prob := f.admit(r)
+	if prob != nil {
+		if c != nil {
+			setQuotaHeaders(w.Header(), &c.Decision)
+		}
+		prob.write(w)
+		f.observe(prob.Status, time.Since(start))
+		return
+	}
+	if r.Context().Err() != nil { // the client left while we charged
+		f.refund(r, c, "the client went away before the request was served")
+		f.observe(statusClientClosed, time.Since(start))
+		return
+	}
+	setQuotaHeaders(w.Header(), &c.Decision)
+	rec := &recorder{ResponseWriter: w}
+	var body *limitedBody
+	if f.opts.MaxBodyBytes > 0 && r.Body != nil && r.ContentLength != 0 {
+		body = &limitedBody{ReadCloser: http.MaxBytesReader(w, r.Body, f.opts.MaxBodyBytes)}
+		r.Body = body
+	}
+	r = r.WithContext(context.WithValue(r.Context(), callerKey{}, &c.Caller))
+	var t time.Time
+	var inNext time.Duration
+	defer func() {
+		p := recover()
+		if inNext == 0 && !t.IsZero() {
+			inNext = time.Since(t)
+		}
+		if p != nil && (p != http.ErrAbortHandler || rec.writeErr == nil) {
+			rec.failed = true // NB: an abort after a failed write is the client leaving, not the upstream failing
+		}
+		f.finish(rec, r, c, body)
+		f.observe(rec.code(r), time.Since(start)-inNext)
+		if p != nil {
+			panic(p)
+		}
+	}()
+	t = time.Now()
+	f.next.ServeHTTP(rec, r)
+	inNext = time.Since(t)
+}
+
+// admit resolves the key and the route, and charges. A refusal comes back
+// as a problem (with the charge's decision when there is one).
+func (f *front) admit(r *http.Request) (*charged, *Problem) {
+	plain, ok := apiKey(r.Header)
+	if !ok {
+		return nil, unknownKey(true)
+	}
+	snap := f.opts.Config.Snapshot()
+	if snap == nil {
+		return nil, unavailable("This node has no config yet (it has not reached the ledger); retry in a second.")
+	}
+	key, ok := snap.Key(snapshot.HashKey(plain))
+	if !ok {
+		return nil, unknownKey(false)
+	}
+	eventID, prob := idempotencyKey(r.Header)
+	if prob != nil {
+		return nil, prob
+	}
+	if f.opts.MaxBodyBytes > 0 && r.ContentLength > f.opts.MaxBodyBytes {
+		return nil, tooLarge(f.opts.MaxBodyBytes)
+	}
+	route, units := snap.Routes.Match(r.Method, r.URL.Path)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), f.opts.ChargeTimeout)
+	defer cancel()
+	res, err := f.opts.Charger.Charge(ctx, ChargeRequest{Account: key.Account, EventID: eventID, ClientID: eventID != "",
+		Key: key.ID, Route: route, Units: units})
+	if err != nil {
+		if errors.Is(err, ErrUnavailable) || errors.Is(err, context.DeadlineExceeded) {
+			f.opts.Logger.Warn("charge undecided", "account", key.Account, "err", err)
+			return nil, unavailable("The quota service cannot decide this request now; nothing was charged. Retry in a second.")
+		}
+		f.opts.Logger.Error("charge failed", "account", key.Account, "err", err)
+		return nil, internalError()
+	}
+	c := &charged{Caller: Caller{Account: key.Account, KeyID: key.ID, Route: route, Units: units, EventID: res.EventID,
+		Replayed: res.Reason == shard.Replayed, Decision: res.Decision}}
+	if !res.Reason.Accepted() {
+		return c, refusal(&res.Decision, units, f.opts.QuotaStatus)
+	}
+	if res.Reason == shard.OK {
+		c.receipt = res.Receipt
+	}
+	return c, nil
+}
+
+// apiKey reads the API key: X-Api-Key, else Authorization: Bearer. X-Api-Key
+// wins so that an upstream's own bearer token can travel beside it.
+func apiKey(h http.Header) (string, bool) {
+	if k := strings.TrimSpace(h.Get("X-Api-Key")); k != "" {
+		return k, true
+	}
+	auth := h.Get("Authorization")
+	if len(auth) > len("Bearer ") && strings.EqualFold(auth[:len("Bearer ")], "Bearer ") {
+		k := strings.TrimSpace(auth[len("Bearer "):])
+		return k, k != ""
+	}
+	return "", false
+}
+
+// maxIdempotencyKey bounds an Idempotency-Key's length.
+const maxIdempotencyKey = 255
+
+// idempotencyKey validates the Idempotency-Key header: at most one, 1..255
+// printable ASCII characters. A value in double quotes (the IETF draft sends
+// it as a structured-field string) is the same key as without them. Event ids
+// are per account, so one value from two accounts names two events.
+func idempotencyKey(h http.Header) (string, *Problem) {
+	vals := h.Values("Idempotency-Key")
+	switch len(vals) {
+	case 0:
+		return "", nil
+	case 1:
+	default:
+		return "", badRequest("Send at most one Idempotency-Key header.")
+	}
+	k := vals[0]
+	if len(k) >= 2 && k[0] == '"' && k[len(k)-1] == '"' {
+		k = k[1 : len(k)-1]
+	}
+	if k == "" || len(k) > maxIdempotencyKey {
+		return "", badRequest(fmt.Sprintf("The Idempotency-Key must be 1 to %d characters long (got %d).", maxIdempotencyKey, len(k)))
+	}
+	for i := 0; i < len(k); i++ {
+		if k[i] < 0x20 || k[i] > 0x7e {
+			return "", badRequest(fmt.Sprintf("The Idempotency-Key may hold printable ASCII only (byte %d is 0x%02x).", i, k[i]))
+		}
+	}
+	return k, nil
+}
+
+// finish answers a cut-off body with 413 if next did not answer, and refunds
+// under the bill-on policy.
+func (f *front) finish(rec *recorder, r *http.Request, c *charged, body *limitedBody) {
+	tripped := body != nil && body.tripped.Load()
+	if tripped && !rec.wrote {
+		tooLarge(f.opts.MaxBodyBytes).write(rec)
+	}
+	if c.receipt == nil {
+		return // replayed, or a weight-0 route: nothing of ours to return
+	}
+	why := ""
+	switch {
+	case tripped:
+		why = "the request body was over the limit"
+	case f.opts.BillOn == BillOnAlways:
+	case rec.failed:
+		why = "the upstream failed"
+	case f.opts.BillOn == BillOn2xx && (rec.code(r) < 200 || rec.code(r) >= 400):
+		why = fmt.Sprintf("the answer was %d (bill-on 2xx)", rec.code(r))
+	case f.opts.BillOn == BillOnSuccess && rec.code(r) >= 500:
+		why = fmt.Sprintf("the answer was %d", rec.code(r))
+	case f.opts.BillOn == BillOnSuccess && rec.grpcFailed():
+		why = "the gRPC status was " + rec.grpcStatus()
+	}
+	if why == "" {
+		return
+	}
+	if rec.wrote && rec.writeErr == nil {
+		_ = http.NewResponseController(rec.ResponseWriter).Flush() // answer the client before the refund round trip
+	}
+	f.refund(r, c, why)
+}
+
+// refund returns c's units once.
+func (f *front) refund(r *http.Request, c *charged, why string) {
+	if c.refunded || c.receipt == nil {
+		return
+	}
+	c.refunded = true
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), f.opts.RefundTimeout)
+	defer cancel()
+	d, err := f.opts.Charger.Refund(ctx, RefundRequest{Account: c.Account, EventID: c.EventID, Receipt: c.receipt})
+	if err != nil || (d.Reason != shard.Refunded && d.Reason != shard.AlreadyRefunded) {
+		// NB: the charge stands; an operator can refund the event by id.
+		f.opts.Logger.Warn("refund failed: the charge stands", "account", c.Account, "event", c.EventID,
+			"units", c.Units, "why", why, "reason", d.Reason, "err", err)
+		return
+	}
+	f.opts.Logger.Debug("refunded", "account", c.Account, "event", c.EventID, "units", c.Units, "why", why)
+}
+
+func (f *front) observe(code int, added time.Duration) {
+	if f.opts.OnRequest != nil {
+		f.opts.OnRequest(code, added)
+	}
+}
+
+// recorder wraps the handler's ResponseWriter: it remembers the status,
+// whether anything was written, write errors, and whether the proxy's
+// ErrorHandler ran. Unwrap lets http.ResponseController reach Flush,
+// Hijack and deadlines of the writer below.
+type recorder struct {
+	http.ResponseWriter
+	status   int
+	wrote    bool
+	failed   bool // the upstream failed (ErrorHandler) or the handler panicked
+	writeErr error
+}
+
+func (w *recorder) WriteHeader(code int) {
+	if !w.wrote && (code >= 200 || code == http.StatusSwitchingProtocols) {
+		w.status, w.wrote = code, true // 1xx other than 101 are interim: the final status is still to come
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *recorder) Write(b []byte) (int, error) {
+	if !w.wrote {
+		w.status, w.wrote = http.StatusOK, true
+	}
+	n, err := w.ResponseWriter.Write(b)
+	if err != nil && w.writeErr == nil {
+		w.writeErr = err
+	}
+	return n, err
+}
+
+// Flush implements http.Flusher for handlers that type-assert it.
+func (w *recorder) Flush() {
+	if !w.wrote {
+		w.status, w.wrote = http.StatusOK, true
+	}
+	if err := http.NewResponseController(w.ResponseWriter).Flush(); err != nil && w.writeErr == nil {
+		w.writeErr = err
+	}
+}
+
+func (w *recorder) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// code is the status the client got (net/http sends 200 for a handler that
+// wrote nothing), or 499 when the client left first.
+func (w *recorder) code(r *http.Request) int {
+	switch {
+	case w.wrote:
+		return w.status
+	case r.Context().Err() != nil:
+		return statusClientClosed
+	}
+	return http.StatusOK
+}
+
+// grpcStatus is the final grpc-status of a gRPC answer: the trailer (which
+// ReverseProxy and grpc-go put into the header map after the body, plain or
+// with http.TrailerPrefix), or the Grpc-Status header of a trailers-only
+// answer. Empty when there is none.
+func (w *recorder) grpcStatus() string {
+	h := w.Header()
+	if v := h.Values(http.TrailerPrefix + "Grpc-Status"); len(v) > 0 {
+		return v[len(v)-1]
+	}
+	if v := h.Values("Grpc-Status"); len(v) > 0 {
+		return v[len(v)-1]
+	}
+	return ""
+}
+
+// grpcFailed reports a gRPC answer (Content-Type application/grpc...) whose
+// final status is not OK; a gRPC answer with no status at all was cut off.
+func (w *recorder) grpcFailed() bool {
+	if !strings.HasPrefix(w.Header().Get("Content-Type"), "application/grpc") {
+		return false
+	}
+	return w.grpcStatus() != "0"
+}
+
+// limitedBody notes when http.MaxBytesReader cut the body off. tripped is
+// atomic: http.Transport reads a proxied body on its own goroutine.
+type limitedBody struct {
+	io.ReadCloser
+	tripped atomic.Bool
+}
+
+func (b *limitedBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			b.tripped.Store(true)
+		}
+	}
+	return n, err
+}
+
+// What implements the front's seams.
+var (
+	_ Charger      = (*Router)(nil)
+	_ Charger      = (*Client)(nil)
+	_ ConfigSource = (*Client)(nil)
+	_ ConfigSource = (*engine.Engine)(nil)
+)

@@ -1,0 +1,194 @@
+package router
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/quotaring/quotaring/shard"
+)
+
+// Problem types of the HTTP front's refusals (RFC 9457 "type" members). Each
+// names one cause, so a client can switch on it.
+const (
+	problemBase = "https://quotaring.dev/problems/"
+	// ProblemQuotaExceeded: the account's quota or credits do not cover the
+	// request (FrontOptions.QuotaStatus: 429, 402 or 403).
+	ProblemQuotaExceeded = problemBase + "quota-exceeded"
+	// ProblemRateLimited: the account's token bucket is empty (429).
+	ProblemRateLimited = problemBase + "rate-limited"
+	// ProblemUnknownKey: no API key, or one the config does not know (401).
+	ProblemUnknownKey = problemBase + "unknown-key"
+	// ProblemQuotaUnavailable: the charge could not be decided now (503,
+	// Retry-After 1); nothing was charged.
+	ProblemQuotaUnavailable = problemBase + "quota-unavailable"
+	// ProblemBadRequest: a malformed header, such as Idempotency-Key (400).
+	ProblemBadRequest = problemBase + "bad-request"
+	// ProblemPayloadTooLarge: the body is over FrontOptions.MaxBodyBytes (413).
+	ProblemPayloadTooLarge = problemBase + "payload-too-large"
+	// ProblemUpstreamUnavailable: the upstream failed or timed out (502 or
+	// 504); the charge was refunded.
+	ProblemUpstreamUnavailable = problemBase + "upstream-unavailable"
+	// ProblemInternal: the quota service failed (500).
+	ProblemInternal = problemBase + "internal-error"
+)
+
+// Problem is an RFC 9457 problem detail, the body of every refusal
+// (Content-Type application/problem+json).
+type Problem struct {
+	Type     string `json:"type"`
+	Title    string `json:"title"`
+	Status   int    `json:"status"`
+	Detail   string `json:"detail,omitempty"`
+	Instance string `json:"instance,omitempty"`
+
+	// retryAfter is the Retry-After header in seconds; negative: none.
+	retryAfter int64
+}
+
+func newProblem(typ, title string, status int, detail string) *Problem {
+	return &Problem{Type: typ, Title: title, Status: status, Detail: detail, retryAfter: -1}
+}
+
+// write answers p. The headers already set on w (the quota headers) stay.
+func (p *Problem) write(w http.ResponseWriter) {
+	h := w.Header()
+	h.Set("Content-Type", "application/problem+json")
+	h.Set("Cache-Control", "no-store")
+	h.Del("Content-Length")
+	if p.retryAfter >= 0 {
+		h.Set("Retry-After", strconv.FormatInt(p.retryAfter, 10))
+	}
+	if p.Status == http.StatusUnauthorized {
+		h.Set("WWW-Authenticate", `Bearer realm="quotaring"`)
+	}
+	body, err := json.Marshal(p)
+	if err != nil { // NB: only strings and ints: cannot fail
+		body = []byte(`{"type":"about:blank","status":500}`)
+	}
+	w.WriteHeader(p.Status)
+	_, _ = w.Write(append(body, '\n'))
+}
+
+// ceilSeconds rounds a duration in ns up to whole seconds, as HTTP's
+// delta-seconds need (a client that waits less than RetryAfter is refused
+// again).
+func ceilSeconds(ns int64) int64 {
+	if ns <= 0 {
+		return 0
+	}
+	return (ns + int64(time.Second) - 1) / int64(time.Second)
+}
+
+// rateLimitHeaders formats the RateLimit-Policy and RateLimit fields of the
+// IETF httpapi draft (draft-ietf-httpapi-ratelimit-headers): structured
+// field lists with one item, the policy "burst":
+//
+//	RateLimit-Policy: "burst";q=<burst>;w=<seconds for a full refill>
+//	RateLimit: "burst";r=<tokens left>;t=<seconds until full>
+//
+// ok is false when the plan has no rate limit (then neither is sent).
+func rateLimitHeaders(d *shard.Decision) (policy, limit string, ok bool) {
+	if d.RateBurst <= 0 {
+		return "", "", false
+	}
+	b := make([]byte, 0, 48)
+	b = append(b, `"burst";q=`...)
+	b = strconv.AppendInt(b, d.RateBurst, 10)
+	b = append(b, ";w="...)
+	b = strconv.AppendInt(b, max(1, ceilSeconds(d.RateWindow)), 10)
+	policy = string(b)
+	b = append(b[:0], `"burst";r=`...)
+	b = strconv.AppendInt(b, max(0, d.RateRemaining), 10)
+	b = append(b, ";t="...)
+	b = strconv.AppendInt(b, ceilSeconds(d.RateReset), 10)
+	return policy, string(b), true
+}
+
+// formatReset formats Unix seconds as RFC 3339 in UTC.
+func formatReset(unix int64) string { return time.Unix(unix, 0).UTC().Format(time.RFC3339) }
+
+// setQuotaHeaders puts the rate-limit and quota fields of d on h.
+func setQuotaHeaders(h http.Header, d *shard.Decision) {
+	if policy, limit, ok := rateLimitHeaders(d); ok {
+		h.Set("RateLimit-Policy", policy)
+		h.Set("RateLimit", limit)
+	}
+	setQuotaFields(h, d.Limit, d.Remaining, d.Reset)
+}
+
+// setQuotaFields sets X-Quota-Limit, X-Quota-Remaining and X-Quota-Reset
+// (the end of the period, RFC 3339 UTC).
+func setQuotaFields(h http.Header, limit, remaining, reset int64) {
+	h.Set("X-Quota-Limit", strconv.FormatInt(limit, 10))
+	h.Set("X-Quota-Remaining", strconv.FormatInt(max(0, remaining), 10))
+	if reset > 0 {
+		h.Set("X-Quota-Reset", formatReset(reset))
+	}
+}
+
+// frontHeaders are the response fields the front owns; an upstream's own
+// values for them are dropped so a client never sees two.
+var frontHeaders = []string{"RateLimit-Policy", "RateLimit", "X-Quota-Limit", "X-Quota-Remaining", "X-Quota-Reset"}
+
+// refusal turns a refused decision into its problem. units is what the
+// request would have cost.
+func refusal(d *shard.Decision, units int64, quotaStatus int) *Problem {
+	switch d.Reason {
+	case shard.RateLimited:
+		wait := max(1, ceilSeconds(d.RetryAfter))
+		p := newProblem(ProblemRateLimited, "Rate limited", http.StatusTooManyRequests,
+			fmt.Sprintf("The account's rate limit (a burst of %d requests) is used up; retry in %d s.", d.RateBurst, wait))
+		p.retryAfter = wait
+		return p
+	case shard.QuotaExceeded:
+		p := newProblem(ProblemQuotaExceeded, "Quota exceeded", quotaStatus, "")
+		if d.RetryAfter == shard.Never {
+			p.Detail = fmt.Sprintf("This request costs %d units and the account has %d left of %d; its credits are used up and waiting does not renew them.",
+				units, max(0, d.Remaining), d.Limit)
+			return p
+		}
+		p.retryAfter = max(1, ceilSeconds(d.RetryAfter))
+		p.Detail = fmt.Sprintf("This request costs %d units and the account has %d left of %d this period; the quota renews at %s.",
+			units, max(0, d.Remaining), d.Limit, formatReset(d.Reset))
+		return p
+	case shard.UnknownAccount:
+		p := newProblem(ProblemQuotaUnavailable, "Quota unavailable", http.StatusServiceUnavailable,
+			"The owner of this key's account has not loaded its config yet; retry in a second.")
+		p.retryAfter = 1
+		return p
+	}
+	return newProblem(ProblemInternal, "Internal error", http.StatusInternalServerError,
+		fmt.Sprintf("The quota service answered %q; this is a bug, please report it.", d.Reason))
+}
+
+func unknownKey(missing bool) *Problem {
+	if missing {
+		return newProblem(ProblemUnknownKey, "Unknown API key", http.StatusUnauthorized,
+			"No API key was sent: send it as 'Authorization: Bearer <key>' or 'X-Api-Key: <key>'.")
+	}
+	return newProblem(ProblemUnknownKey, "Unknown API key", http.StatusUnauthorized,
+		"The API key is not known (revoked, mistyped, or created less than a few seconds ago).")
+}
+
+func unavailable(detail string) *Problem {
+	p := newProblem(ProblemQuotaUnavailable, "Quota unavailable", http.StatusServiceUnavailable, detail)
+	p.retryAfter = 1
+	return p
+}
+
+func internalError() *Problem {
+	return newProblem(ProblemInternal, "Internal error", http.StatusInternalServerError,
+		"The quota service failed to decide this request; nothing was charged. Retry later.")
+}
+
+func tooLarge(limit int64) *Problem {
+	return newProblem(ProblemPayloadTooLarge, "Payload too large", http.StatusRequestEntityTooLarge,
+		fmt.Sprintf("The request body is over the limit of %d bytes; nothing was charged.", limit))
+}
+
+func badRequest(detail string) *Problem {
+	return newProblem(ProblemBadRequest, "Bad request", http.StatusBadRequest, detail)
+}

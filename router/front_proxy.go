@@ -1,0 +1,133 @@
+package router
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"sync"
+)
+
+// Request headers the proxy sets for the upstream. Whatever the client sent
+// under these names is dropped first, so the upstream can trust them.
+const (
+	// HeaderAccount names the account the request was charged to.
+	HeaderAccount = "X-Quota-Account"
+	// HeaderEvent names the charge (the Idempotency-Key when one was sent).
+	HeaderEvent = "X-Quota-Event"
+)
+
+// NewProxy returns the clustered proxy: Middleware(opts) around an
+// httputil.ReverseProxy to upstream (http or https).
+//
+// What the upstream receives: the request as the client sent it (method,
+// path joined to upstream's path, query, body streamed, Authorization and
+// every end-to-end header; X-Api-Key too unless StripAPIKeyHeader), Host set
+// to the upstream's host, X-Forwarded-For/-Host/-Proto naming the client, and
+// X-Quota-Account and X-Quota-Event. ReverseProxy drops hop-by-hop headers
+// both ways and handles protocol upgrades.
+//
+// Responses stream: ReverseProxy flushes at once for text/event-stream and
+// for bodies of unknown length (chunked answers, gRPC), so Server-Sent
+// Events and streaming RPCs are not buffered. Trailers pass through; the
+// front reads grpc-status from them.
+//
+// The upstream failing (refused connection, reset, no response headers
+// within UpstreamTimeout) is answered 502 or 504 problem+json
+// (upstream-unavailable) and refunded unless BillOn is "always".
+func NewProxy(upstream *url.URL, opts FrontOptions) (http.Handler, error) {
+	if upstream == nil || (upstream.Scheme != "http" && upstream.Scheme != "https") || upstream.Host == "" {
+		return nil, fmt.Errorf("router: upstream %v: want an absolute http:// or https:// URL", upstream)
+	}
+	if err := opts.defaults(); err != nil {
+		return nil, err
+	}
+	transport := opts.Transport
+	if transport == nil {
+		t := http.DefaultTransport.(*http.Transport).Clone()
+		t.ResponseHeaderTimeout = opts.UpstreamTimeout
+		// NB: the default of 2 idle connections per host makes a busy proxy
+		// open and close a connection for most requests.
+		t.MaxIdleConns, t.MaxIdleConnsPerHost = 1024, 512
+		transport = t
+	}
+	log := opts.Logger
+	rp := &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.SetURL(upstream)
+			pr.SetXForwarded()
+			h := pr.Out.Header
+			h.Del(HeaderAccount)
+			h.Del(HeaderEvent)
+			if c, ok := CallerFrom(pr.In.Context()); ok {
+				h.Set(HeaderAccount, c.Account)
+				h.Set(HeaderEvent, c.EventID)
+			}
+			if opts.StripAPIKeyHeader {
+				h.Del("X-Api-Key")
+			}
+		},
+		Transport:  transport,
+		BufferPool: newBufferPool(),
+		ModifyResponse: func(res *http.Response) error {
+			for _, k := range frontHeaders {
+				res.Header.Del(k)
+			}
+			return nil
+		},
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			upstreamError(w, r, err, opts.MaxBodyBytes, opts.BillOn != BillOnAlways, log)
+		},
+		ErrorLog: slog.NewLogLogger(log.With("component", "proxy").Handler(), slog.LevelWarn),
+	}
+	mw, err := Middleware(opts)
+	if err != nil {
+		return nil, err
+	}
+	return mw(rp), nil
+}
+
+// upstreamError is the ReverseProxy's ErrorHandler: the upstream gave no
+// answer. It marks the request failed (refund) and answers problem+json.
+func upstreamError(w http.ResponseWriter, r *http.Request, err error, maxBody int64, refunds bool, log *slog.Logger) {
+	rec, _ := w.(*recorder)
+	if rec != nil {
+		rec.failed = true
+	}
+	var mbe *http.MaxBytesError
+	if lb, ok := r.Body.(*limitedBody); errors.As(err, &mbe) || (ok && lb.tripped.Load()) {
+		tooLarge(maxBody).write(w)
+		return
+	}
+	if r.Context().Err() != nil {
+		return // the client went away; nobody reads an answer
+	}
+	var ne net.Error
+	timeout := errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout())
+	log.Warn("upstream failed", "method", r.Method, "path", r.URL.Path, "timeout", timeout, "err", err)
+	charge := " The charge is refunded."
+	if !refunds {
+		charge = " The charge stands (bill-on always)."
+	}
+	if timeout {
+		newProblem(ProblemUpstreamUnavailable, "Upstream timed out", http.StatusGatewayTimeout,
+			"The upstream did not answer in time."+charge).write(w)
+		return
+	}
+	newProblem(ProblemUpstreamUnavailable, "Upstream unavailable", http.StatusBadGateway,
+		"The upstream could not be reached or failed to answer."+charge).write(w)
+}
+
+// bufferPool reuses ReverseProxy's copy buffers (32 KiB each).
+type bufferPool struct{ p sync.Pool }
+
+func newBufferPool() *bufferPool {
+	return &bufferPool{p: sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}}
+}
+
+func (b *bufferPool) Get() []byte  { return *(b.p.Get().(*[]byte)) }
+func (b *bufferPool) Put(x []byte) { b.p.Put(&x) }

@@ -1,0 +1,87 @@
+package router
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+
+	"github.com/quotaring/quotaring/snapshot"
+)
+
+// UsageReport is the usage endpoint's answer: the current period of the
+// caller's account, from the owner's state (the one that enforces).
+type UsageReport struct {
+	Account   string `json:"account"`
+	Period    string `json:"period"` // the UTC month, "2026-06"
+	Used      int64  `json:"used"`
+	Limit     int64  `json:"limit"` // units of the active grants (monthly quota and credits)
+	Remaining int64  `json:"remaining"`
+	Reset     string `json:"reset"` // end of the period, RFC 3339 UTC
+	// Routes are the units used by route pattern ("*": no pattern matched).
+	Routes map[string]int64 `json:"routes"`
+}
+
+// serveUsage answers UsagePath for the caller's key and returns the status.
+func (f *front) serveUsage(w http.ResponseWriter, r *http.Request) int {
+	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+		w.Header().Set("Allow", "GET, HEAD")
+		p := newProblem("about:blank", "Method Not Allowed", http.StatusMethodNotAllowed, "The usage endpoint answers GET.")
+		p.write(w)
+		return p.Status
+	}
+	rep, prob := f.usage(r)
+	if prob != nil {
+		prob.write(w)
+		return prob.Status
+	}
+	h := w.Header()
+	setQuotaFields(h, rep.Limit, rep.Remaining, rep.resetUnix)
+	h.Set("Content-Type", "application/json")
+	h.Set("Cache-Control", "no-store")
+	body, _ := json.Marshal(rep.UsageReport)
+	w.WriteHeader(http.StatusOK)
+	if r.Method == http.MethodGet {
+		_, _ = w.Write(append(body, '\n'))
+	}
+	return http.StatusOK
+}
+
+type usageAnswer struct {
+	UsageReport
+	resetUnix int64
+}
+
+func (f *front) usage(r *http.Request) (*usageAnswer, *Problem) {
+	plain, ok := apiKey(r.Header)
+	if !ok {
+		return nil, unknownKey(true)
+	}
+	snap := f.opts.Config.Snapshot()
+	if snap == nil {
+		return nil, unavailable("This node has no config yet (it has not reached the ledger); retry in a second.")
+	}
+	key, ok := snap.Key(snapshot.HashKey(plain))
+	if !ok {
+		return nil, unknownKey(false)
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), f.opts.ChargeTimeout)
+	defer cancel()
+	u, err := f.opts.Charger.Usage(ctx, key.Account)
+	switch {
+	case err != nil && (errors.Is(err, ErrUnavailable) || errors.Is(err, context.DeadlineExceeded)):
+		f.opts.Logger.Warn("usage undecided", "account", key.Account, "err", err)
+		return nil, unavailable("The quota service cannot read this account's usage now; retry in a second.")
+	case err != nil:
+		f.opts.Logger.Error("usage failed", "account", key.Account, "err", err)
+		return nil, internalError()
+	case !u.Known:
+		return nil, unavailable("The owner of this key's account has not loaded its config yet; retry in a second.")
+	}
+	routes := u.Routes
+	if routes == nil {
+		routes = map[string]int64{}
+	}
+	return &usageAnswer{resetUnix: u.Reset, UsageReport: UsageReport{Account: key.Account, Period: u.Period.String(),
+		Used: u.Used, Limit: u.Limit, Remaining: max(0, u.Remaining), Reset: formatReset(u.Reset), Routes: routes}}, nil
+}
