@@ -364,3 +364,16 @@ func (n *Node) Ledger() flush.Ledger {
 
 // Ready reports whether the node serves: joined, state loaded, a snapshot.
 func (n *Node) Ready() bool { return n.ready.Load() && !n.draining.Load() && n.eng.Snapshot() != nil }
+
+// FrontOptions are the parts of the public HTTP front this node supplies:
+// its router charges, its engine's snapshot resolves keys and route weights,
+// its metrics hear every answer, and its logger. The caller adds the policy
+// (bill-on, quota status, limits) and builds the front in Config.Front, e.g.
+// router.NewProxy(upstream, n.FrontOptions()).
+func (n *Node) FrontOptions() router.FrontOptions {
+	return router.FrontOptions{Charger: n.router, Config: n.eng, Logger: n.log.With("component", "front"),
+		OnRequest: func(code int, added time.Duration) {
+			n.metrics.HTTPRequests.WithLabelValues(strconv.Itoa(code)).Inc()
+			n.metrics.ProxySeconds.Observe(added.Seconds())
+		}}
+}
