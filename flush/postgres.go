@@ -412,17 +412,15 @@ func (p *Postgres) AddKey(ctx context.Context, k snapshot.Key) error {
 
 // RevokeKey revokes a key; revoking a revoked key changes nothing.
 func (p *Postgres) RevokeKey(ctx context.Context, keyID string) error {
-	var found bool
-	err := p.admin(ctx, "revoke key "+keyID, func(b *pgx.Batch) {
+	return p.admin(ctx, "revoke key "+keyID, func(b *pgx.Batch) {
 		b.Queue(`UPDATE api_keys SET revoked_at = coalesce(revoked_at, now()) WHERE key_id = $1`, keyID).
 			Exec(func(ct pgconn.CommandTag) error {
-				if found = ct.RowsAffected() == 1; !found {
+				if ct.RowsAffected() == 0 {
 					return fmt.Errorf("%w: key %q", ErrNotFound, keyID)
 				}
 				return nil
 			})
 	})
-	return err
 }
 
 // AddGrant adds a credit grant to an account.
