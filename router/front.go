@@ -92,10 +92,18 @@ const DefaultMaxBodyBytes = 10 << 20
 // before an answer (nginx's 499).
 const statusClientClosed = 499
 
+// Check validates the policy fields (all but Charger and Config), so a
+// command line can refuse bad flags before it starts a node.
+func (o FrontOptions) Check() error { return o.policyDefaults() }
+
 func (o *FrontOptions) defaults() error {
 	if o.Charger == nil || o.Config == nil {
 		return errors.New("router: FrontOptions.Charger and FrontOptions.Config are required")
 	}
+	return o.policyDefaults()
+}
+
+func (o *FrontOptions) policyDefaults() error {
 	if o.UsagePath == "" {
 		o.UsagePath = "/v1/usage"
 	}

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
+	"net/url"
 	"os"
 	"strings"
 	"time"
@@ -13,6 +15,7 @@ import (
 
 	"github.com/quotaring/quotaring/node"
 	"github.com/quotaring/quotaring/ring"
+	"github.com/quotaring/quotaring/router"
 )
 
 type serveFlags struct {
@@ -26,6 +29,7 @@ type serveFlags struct {
 	testFaults                               bool
 	logLevel, logFormat                      string
 	upstream, adminToken                     string
+	front                                    frontFlags
 }
 
 func newServeCmd() *cobra.Command {
@@ -71,6 +75,7 @@ for the next start.`,
 	fl.StringVar(&f.logFormat, "log-format", "text", "text or json")
 	fl.BoolVar(&f.testFaults, "test-faults", false, "expose fault injection on the admin port (/test/...): for chaos tests only, never in production")
 	fl.MarkHidden("test-faults")
+	f.front.register(cmd, &f.upstream)
 	return cmd
 }
 
@@ -124,6 +129,9 @@ func runServe(ctx context.Context, f serveFlags) error {
 	if err != nil {
 		return err
 	}
+	if cfg.Front, err = f.front.build(f.upstream); err != nil {
+		return err
+	}
 	n, err := node.Start(ctx, cfg)
 	if err != nil {
 		return err
@@ -134,4 +142,56 @@ func runServe(ctx context.Context, f serveFlags) error {
 	sctx, cancel := context.WithTimeout(context.Background(), budget)
 	defer cancel()
 	return n.Shutdown(sctx)
+}
+
+// frontFlags configure the public HTTP front: the proxy to --upstream
+// (router.NewProxy).
+type frontFlags struct {
+	usagePath, billOn string
+	quotaStatus       int
+	maxBodyBytes      int64
+	upstreamTimeout   time.Duration
+	stripAPIKey       bool
+}
+
+func (ff *frontFlags) register(cmd *cobra.Command, upstream *string) {
+	fl := cmd.Flags()
+	fl.StringVar(upstream, "upstream", "", "the API to proxy to on --http-addr (http://host:port[/base]); empty serves no front (404)")
+	fl.StringVar(&ff.usagePath, "usage-path", "/v1/usage", "path that answers the caller's usage as JSON (GET), never proxied")
+	fl.IntVar(&ff.quotaStatus, "quota-status", http.StatusTooManyRequests, "status of a quota-exceeded refusal: 429, 402 or 403 (rate limits are always 429)")
+	fl.StringVar(&ff.billOn, "bill-on", router.BillOnSuccess, "when a request keeps its charge: success (refund 5xx, upstream failures and gRPC errors), 2xx (refund anything but 2xx/3xx) or always")
+	fl.Int64Var(&ff.maxBodyBytes, "max-body-bytes", router.DefaultMaxBodyBytes, "largest request body; larger is refused with 413 and not charged (-1: no limit)")
+	fl.DurationVar(&ff.upstreamTimeout, "upstream-timeout", 30*time.Second, "how long to wait for the upstream's response headers before answering 504 and refunding")
+	fl.BoolVar(&ff.stripAPIKey, "strip-api-key-header", false, "remove X-Api-Key before proxying (Authorization is always forwarded)")
+	cmd.Example += `
+
+  # the proxy in front of an API on port 8081
+  quotad serve --node-id q1 --data-dir ./q1 --ledger sqlite:./ledger.db --upstream http://127.0.0.1:8081`
+}
+
+// build returns node.Config.Front, or nil without --upstream. It validates
+// the flags now, so a bad value fails before the node starts.
+func (ff *frontFlags) build(upstream string) (func(*node.Node) (http.Handler, error), error) {
+	if upstream == "" {
+		return nil, nil
+	}
+	u, err := url.Parse(upstream)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, fmt.Errorf("--upstream %q: want an absolute http:// or https:// URL", upstream)
+	}
+	if ff.upstreamTimeout <= 0 {
+		return nil, fmt.Errorf("--upstream-timeout %s: want a positive duration such as 30s", ff.upstreamTimeout)
+	}
+	if ff.maxBodyBytes == 0 {
+		return nil, errors.New("--max-body-bytes 0: want a positive size, or -1 for no limit")
+	}
+	opts := func(o router.FrontOptions) router.FrontOptions {
+		o.UsagePath, o.QuotaStatus, o.BillOn = ff.usagePath, ff.quotaStatus, ff.billOn
+		o.MaxBodyBytes, o.UpstreamTimeout, o.StripAPIKeyHeader = ff.maxBodyBytes, ff.upstreamTimeout, ff.stripAPIKey
+		return o
+	}
+	if err := opts(router.FrontOptions{}).Check(); err != nil {
+		return nil, err
+	}
+	return func(n *node.Node) (http.Handler, error) { return router.NewProxy(u, opts(n.FrontOptions())) }, nil
 }
