@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"regexp"
 	"slices"
 	"strings"
 	"time"
@@ -248,6 +249,8 @@ func decodeBody(w http.ResponseWriter, r *http.Request, v any) error {
 		return nil
 	case errors.Is(err, io.EOF):
 		return badInput("body", "empty: send a JSON object")
+	case errors.Is(err, io.ErrUnexpectedEOF):
+		return badInput("body", "the JSON ends too early (a missing } or value?)")
 	case errors.As(err, &syntax):
 		return badInput("body", "not valid JSON at byte %d: %v", syntax.Offset, err)
 	case errors.As(err, &typ):
@@ -554,7 +557,7 @@ func (n *Node) createKey(ctx context.Context, w http.ResponseWriter, r *http.Req
 	plain := newKeyPlaintext()
 	k := snapshot.Key{ID: newID("key_"), Hash: snapshot.HashKey(plain), Account: account}
 	if err := l.AddKey(ctx, k); err != nil {
-		return err
+		return noAccount(err, account)
 	}
 	n.log.Info("admin API: key created", "account", account, "key_id", k.ID, "remote", r.RemoteAddr)
 	return writeJSON(w, http.StatusCreated, NewKey{KeyID: k.ID, Key: plain, Hash: k.Hash, Account: account})
@@ -563,10 +566,22 @@ func (n *Node) createKey(ctx context.Context, w http.ResponseWriter, r *http.Req
 func (n *Node) revokeKey(ctx context.Context, w http.ResponseWriter, r *http.Request, l flush.Ledger) error {
 	id := r.PathValue("key_id")
 	if err := l.RevokeKey(ctx, id); err != nil {
+		if errors.Is(err, flush.ErrNotFound) {
+			return &adminProblem{Status: http.StatusNotFound, Type: "not-found", Detail: fmt.Sprintf("key %q does not exist", id)}
+		}
 		return err
 	}
 	n.log.Info("admin API: key revoked", "key_id", id, "remote", r.RemoteAddr)
 	return writeJSON(w, http.StatusOK, map[string]any{"key_id": id, "revoked": true})
+}
+
+// noAccount says which account is missing when the ledger did not find it.
+func noAccount(err error, account string) error {
+	if errors.Is(err, flush.ErrNotFound) {
+		return &adminProblem{Status: http.StatusNotFound, Type: "not-found",
+			Detail: fmt.Sprintf("account %q does not exist: create it first with PUT /admin/v1/accounts/%s", account, account)}
+	}
+	return err
 }
 
 // --- Grants -----------------------------------------------------------------
@@ -584,6 +599,10 @@ func parseTime(field, s string) (time.Time, error) {
 	t, err := time.Parse(time.RFC3339Nano, s)
 	if err != nil {
 		return t, badInput(field, "%q: want an RFC 3339 time such as 2026-07-01T00:00:00Z", s)
+	}
+	// The ledger stores Unix nanoseconds, which end in April 2262.
+	if t.Year() < 1970 || t.Year() > 2261 {
+		return t, badInput(field, "%q: want a time from 1970 to 2261 (leave expires_at out for a grant that never expires)", s)
 	}
 	return t.UTC(), nil
 }
@@ -625,7 +644,10 @@ func (n *Node) addGrant(ctx context.Context, w http.ResponseWriter, r *http.Requ
 		}
 	}
 	if err := l.AddGrant(ctx, account, g); err != nil {
-		return err
+		if errors.Is(err, flush.ErrInvalid) && b.ID != "" { // checked above but for its uniqueness
+			return badInput("id", "%s", ledgerDetail(err))
+		}
+		return noAccount(err, account)
 	}
 	n.log.Info("admin API: grant added", "account", account, "grant", g.ID, "units", g.Units, "remote", r.RemoteAddr)
 	return writeJSON(w, http.StatusCreated, map[string]any{"account": account, "id": g.ID, "units": g.Units,
@@ -661,6 +683,10 @@ func (n *Node) getRoutes(ctx context.Context, w http.ResponseWriter, r *http.Req
 	return writeJSON(w, http.StatusOK, RoutesView{Version: s.Routes.Version, Default: s.Routes.Default, Weights: nonNilMap(s.Routes.Weights)})
 }
 
+// registeredAt is ServeMux's note of where a conflicting pattern was
+// registered: our own source, no help to the caller.
+var registeredAt = regexp.MustCompile(` \(registered at [^)]*\)`)
+
 // validRoutes checks route weights with snapshot.Routes' own rules (Go 1.22
 // ServeMux patterns), one pattern at a time first so that the answer names
 // the bad one, then together for conflicts between patterns.
@@ -680,13 +706,15 @@ func validRoutes(def int64, weights map[string]int64) error {
 		}
 		one := snapshot.Snapshot{Routes: snapshot.Routes{Default: def, Weights: map[string]int64{p: weights[p]}}}
 		if err := one.Build(); err != nil {
-			return badInput(field, "%q is not a valid pattern (want \"METHOD /path\" as in Go's http.ServeMux, such as \"POST /v1/exports\" or \"GET /v1/tasks/{id}\"): %v",
-				p, strings.TrimPrefix(err.Error(), snapshot.ErrInvalid.Error()+": "))
+			why := strings.TrimPrefix(err.Error(), fmt.Sprintf("%v: route %q: ", snapshot.ErrInvalid, p))
+			return badInput(field, "not a valid pattern (want \"METHOD /path\" as in Go's http.ServeMux, such as \"POST /v1/exports\" or \"GET /v1/tasks/{id}\"): %s", why)
 		}
 	}
 	all := snapshot.Snapshot{Routes: snapshot.Routes{Default: def, Weights: weights}}
 	if err := all.Build(); err != nil {
-		return badInput("weights", "%v", strings.TrimPrefix(err.Error(), snapshot.ErrInvalid.Error()+": "))
+		why := strings.TrimPrefix(err.Error(), snapshot.ErrInvalid.Error()+": ")
+		why = registeredAt.ReplaceAllString(why, "")
+		return badInput("weights", "%s", strings.ReplaceAll(why, "\n", " "))
 	}
 	return nil
 }

@@ -1,0 +1,316 @@
+package node
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/quotaring/quotaring/ring"
+	"github.com/quotaring/quotaring/router"
+	"github.com/quotaring/quotaring/shard"
+	"github.com/quotaring/quotaring/snapshot"
+)
+
+// startNodesWith starts len(mods) nodes on one SQLite ledger, node i
+// configured by mods[i], and waits for one ring of all of them.
+func startNodesWith(t *testing.T, dsn string, mods ...func(*Config)) []*Node {
+	t.Helper()
+	dir := t.TempDir()
+	var nodes []*Node
+	t.Cleanup(func() {
+		for _, nd := range nodes {
+			nd.Shutdown(context.Background())
+		}
+	})
+	for i, mod := range mods {
+		cfg := Config{ID: fmt.Sprint("n", i+1), DataDir: filepath.Join(dir, fmt.Sprint("n", i+1)), Ledger: dsn,
+			RPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", AdminAddr: "127.0.0.1:0", GossipAddr: "127.0.0.1:0",
+			RingPreset: ring.PresetLocal, SettleInterval: 100 * time.Millisecond, SnapshotInterval: 100 * time.Millisecond}
+		if i > 0 {
+			cfg.Join = []string{nodes[0].GossipAddr()}
+		}
+		if mod != nil {
+			mod(&cfg)
+		}
+		nd, err := Start(context.Background(), cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		nodes = append(nodes, nd)
+	}
+	waitFor(t, 20*time.Second, "one ring of all nodes", func() bool {
+		e := nodes[0].Ring().Epoch()
+		for _, nd := range nodes {
+			if nd.Ring().Epoch() != e || len(nd.Ring().View().Serving) != len(nodes) {
+				return false
+			}
+		}
+		return true
+	})
+	return nodes
+}
+
+const testAdminToken = "test-admin-token-0123456789abcdef"
+
+// adminCall makes one admin API call and decodes the JSON answer into out
+// (when not nil); it returns the status and the raw body.
+func adminCall(t *testing.T, nd *Node, token, method, path string, body any, out any) (int, []byte) {
+	t.Helper()
+	var rd io.Reader
+	switch b := body.(type) {
+	case nil:
+	case string:
+		rd = strings.NewReader(b)
+	default:
+		j, err := json.Marshal(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rd = bytes.NewReader(j)
+	}
+	req, err := http.NewRequest(method, "http://"+nd.AdminAddr()+path, rd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ct := resp.Header.Get("Content-Type")
+	if resp.StatusCode >= 400 && ct != "application/problem+json" {
+		t.Fatalf("%s %s: %d with Content-Type %q, want application/problem+json: %s", method, path, resp.StatusCode, ct, raw)
+	}
+	if out != nil && resp.StatusCode < 400 {
+		if err := json.Unmarshal(raw, out); err != nil {
+			t.Fatalf("%s %s: %v in %s", method, path, err, raw)
+		}
+	}
+	return resp.StatusCode, raw
+}
+
+// wantProblem checks a problem answer's status and the field it names.
+func wantProblem(t *testing.T, nd *Node, method, path string, body any, status int, field string) adminProblem {
+	t.Helper()
+	got, raw := adminCall(t, nd, testAdminToken, method, path, body, nil)
+	t.Logf("%s %s -> %s", method, path, raw)
+	var p adminProblem
+	if err := json.Unmarshal(raw, &p); err != nil {
+		t.Fatalf("%s %s: not a problem: %s", method, path, raw)
+	}
+	if got != status || p.Status != status || p.Field != field || p.Detail == "" {
+		t.Fatalf("%s %s: got %d field %q (%s), want %d naming %q", method, path, got, p.Field, raw, status, field)
+	}
+	return p
+}
+
+func TestAdminAPI(t *testing.T) {
+	dsn := "sqlite:" + filepath.Join(t.TempDir(), "ledger.db")
+	// n1 serves the admin API; n2 has no token (the API is off there).
+	nodes := startNodesWith(t, dsn, func(c *Config) { c.AdminToken = testAdminToken }, nil)
+	n1, n2 := nodes[0], nodes[1]
+	ctx := context.Background()
+
+	t.Run("auth", func(t *testing.T) {
+		status, raw := adminCall(t, n2, testAdminToken, "GET", "/admin/v1/plans", nil, nil)
+		if status != http.StatusForbidden || !strings.Contains(string(raw), "--admin-token") {
+			t.Fatalf("no token configured: %d %s, want 403 saying how to enable it", status, raw)
+		}
+		if status, raw := adminCall(t, n1, "", "GET", "/admin/v1/plans", nil, nil); status != http.StatusUnauthorized {
+			t.Fatalf("no token sent: %d %s", status, raw)
+		}
+		if status, raw := adminCall(t, n1, "wrong-token-wrong-token", "GET", "/admin/v1/plans", nil, nil); status != http.StatusUnauthorized {
+			t.Fatalf("wrong token: %d %s", status, raw)
+		}
+		// Unknown paths and methods answer problems too, after the token check.
+		if status, _ := adminCall(t, n1, "", "GET", "/admin/v1/nope", nil, nil); status != http.StatusUnauthorized {
+			t.Fatalf("unknown path without token: %d", status)
+		}
+		wantProblem(t, n1, "GET", "/admin/v1/nope", nil, http.StatusNotFound, "")
+		wantProblem(t, n1, "DELETE", "/admin/v1/plans", nil, http.StatusMethodNotAllowed, "")
+	})
+
+	t.Run("bad input", func(t *testing.T) {
+		wantProblem(t, n1, "PUT", "/admin/v1/plans/gold", map[string]any{"rate": "ten", "monthly_quota": 5, "hard": true}, 400, "rate")
+		wantProblem(t, n1, "PUT", "/admin/v1/plans/gold", map[string]any{"monthly_quota": 5}, 400, "hard")
+		wantProblem(t, n1, "PUT", "/admin/v1/plans/gold", map[string]any{"hard": true}, 400, "monthly_quota")
+		wantProblem(t, n1, "PUT", "/admin/v1/plans/gold", map[string]any{"montly_quota": 5, "hard": true}, 400, "montly_quota")
+		wantProblem(t, n1, "PUT", "/admin/v1/plans/gold", map[string]any{"monthly_quota": "lots", "hard": true}, 400, "monthly_quota")
+		wantProblem(t, n1, "PUT", "/admin/v1/plans/gold", map[string]any{"monthly_quota": -1, "hard": true}, 400, "monthly_quota")
+		wantProblem(t, n1, "PUT", "/admin/v1/plans/gold", `{"monthly_quota": 5,`, 400, "body")
+		wantProblem(t, n1, "PUT", "/admin/v1/accounts/acme", map[string]any{"plan": "no-such-plan"}, 400, "plan")
+		wantProblem(t, n1, "PUT", "/admin/v1/accounts/acme", map[string]any{}, 400, "plan")
+		wantProblem(t, n1, "PUT", "/admin/v1/routes", map[string]any{"weights": map[string]int{"GET /v1/{id": 2}}, 400, `weights["GET /v1/{id"]`)
+		wantProblem(t, n1, "PUT", "/admin/v1/routes", map[string]any{"weights": map[string]int{"GET /x": -2}}, 400, `weights["GET /x"]`)
+		wantProblem(t, n1, "PUT", "/admin/v1/routes", map[string]any{"default": -1}, 400, "default")
+		wantProblem(t, n1, "PUT", "/admin/v1/routes", map[string]any{"weights": map[string]int{"GET /v1/{a}": 1, "GET /v1/{b}": 2}}, 400, "weights")
+		wantProblem(t, n1, "POST", "/admin/v1/accounts/ghost/keys", nil, 404, "")
+		wantProblem(t, n1, "DELETE", "/admin/v1/keys/key_nope", nil, 404, "")
+		wantProblem(t, n1, "GET", "/admin/v1/accounts/ghost", nil, 404, "")
+	})
+
+	// The config: a plan, an account, a key, a grant, the routes.
+	var plan snapshot.Plan
+	if status, raw := adminCall(t, n1, testAdminToken, "PUT", "/admin/v1/plans/gold",
+		map[string]any{"rate": "100/s", "burst": 100, "monthly_quota": 60, "hard": true}, &plan); status != 200 || plan.MonthlyQuota != 60 {
+		t.Fatalf("put plan: %d %s", status, raw)
+	}
+	if status, raw := adminCall(t, n1, testAdminToken, "PUT", "/admin/v1/accounts/acme", map[string]any{"plan": "gold"}, nil); status != 200 {
+		t.Fatalf("put account: %d %s", status, raw)
+	}
+	var key NewKey
+	if status, raw := adminCall(t, n1, testAdminToken, "POST", "/admin/v1/accounts/acme/keys", nil, &key); status != http.StatusCreated {
+		t.Fatalf("create key: %d %s", status, raw)
+	}
+	if !strings.HasPrefix(key.Key, KeyPrefix) || len(key.Key) != len(KeyPrefix)+43 || key.Hash != snapshot.HashKey(key.Key) || key.Account != "acme" {
+		t.Fatalf("new key %+v", key)
+	}
+	var grant struct{ ID string }
+	if status, raw := adminCall(t, n1, testAdminToken, "POST", "/admin/v1/accounts/acme/grants",
+		map[string]any{"units": 40, "expires_at": "2200-01-01T00:00:00Z"}, &grant); status != http.StatusCreated || grant.ID == "" {
+		t.Fatalf("add grant: %d %s", status, raw)
+	}
+	wantProblem(t, n1, "POST", "/admin/v1/accounts/acme/grants", map[string]any{"units": 5, "expires_at": "tomorrow"}, 400, "expires_at")
+	wantProblem(t, n1, "POST", "/admin/v1/accounts/acme/grants", map[string]any{"units": 5, "expires_at": "2999-01-01T00:00:00Z"}, 400, "expires_at")
+	wantProblem(t, n1, "POST", "/admin/v1/accounts/acme/grants", map[string]any{"units": -5}, 400, "units")
+	wantProblem(t, n1, "POST", "/admin/v1/accounts/acme/grants", map[string]any{"units": 5, "id": grant.ID}, 400, "id")
+	var routes RoutesView
+	if status, raw := adminCall(t, n1, testAdminToken, "PUT", "/admin/v1/routes",
+		map[string]any{"default": 1, "weights": map[string]int{"POST /v1/exports": 25, "GET /v1/tasks": 1}}, &routes); status != 200 || routes.Version == 0 {
+		t.Fatalf("put routes: %d %s", status, raw)
+	}
+
+	// The ledger keeps only the key's hash.
+	snap, err := n1.Ledger().Snapshot(ctx, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	enc, _ := snap.Encode()
+	if k, ok := snap.Key(key.Hash); !ok || k.ID != key.KeyID || k.Account != "acme" || bytes.Contains(enc, []byte(key.Key)) {
+		t.Fatalf("ledger key %+v %v; the plaintext must not be stored", k, ok)
+	}
+
+	// Both nodes pick the change up at their next refresh.
+	for _, nd := range nodes {
+		waitFor(t, 10*time.Second, nd.ID()+" applying the admin changes", func() bool {
+			s := nd.Engine().Snapshot()
+			if s == nil || s.Routes.Version != routes.Version {
+				return false
+			}
+			_, units := s.Routes.Match("POST", "/v1/exports")
+			k, ok := s.Key(key.Hash)
+			cfg, _ := s.AccountConfig("acme")
+			return units == 25 && ok && k.Account == "acme" && cfg.Plan.MonthlyQuota == 60 && len(cfg.Credits) == 1
+		})
+	}
+
+	// A charge for the new account works through the node without the API.
+	res, err := n2.Router().Charge(ctx, router.ChargeRequest{Account: "acme", Key: key.KeyID, Route: "POST /v1/exports", Units: 25})
+	if err != nil || res.Reason != shard.OK || res.Limit != 100 || res.Remaining != 75 {
+		t.Fatalf("charge: %+v %v", res, err)
+	}
+	for _, nd := range nodes {
+		if _, err := nd.SettleNow(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	var acct AccountView
+	if status, raw := adminCall(t, n1, testAdminToken, "GET", "/admin/v1/accounts/acme", nil, &acct); status != 200 {
+		t.Fatalf("get account: %d %s", status, raw)
+	} else if bytes.Contains(raw, []byte(key.Key)) {
+		t.Fatal("the account view shows the key's plaintext")
+	}
+	var used int64
+	for _, g := range acct.Grants {
+		used += g.Used
+	}
+	if acct.Plan.ID != "gold" || len(acct.Keys) != 1 || acct.Keys[0].ID != key.KeyID || len(acct.Grants) != 2 || used != 25 ||
+		acct.Usage.Units != 25 || acct.Usage.ByRoute["POST /v1/exports"] != 25 {
+		t.Fatalf("account view %+v", acct)
+	}
+
+	var plans struct{ Plans []snapshot.Plan }
+	if adminCall(t, n1, testAdminToken, "GET", "/admin/v1/plans", nil, &plans); len(plans.Plans) != 1 || plans.Plans[0].ID != "gold" {
+		t.Fatalf("plans %+v", plans)
+	}
+	var ns struct{ Nodes []NodeView }
+	adminCall(t, n1, testAdminToken, "GET", "/admin/v1/nodes", nil, &ns)
+	if len(ns.Nodes) != 2 || ns.Nodes[0].State != "serving" || ns.Nodes[1].State != "serving" {
+		t.Fatalf("nodes %+v", ns)
+	}
+	var rs struct{ Reservations []map[string]any }
+	if status, raw := adminCall(t, n1, testAdminToken, "GET", "/admin/v1/reservations", nil, &rs); status != 200 || len(rs.Reservations) == 0 {
+		t.Fatalf("reservations: %d %s", status, raw)
+	}
+
+	// Revoking the key takes it out of the nodes' snapshots.
+	if status, raw := adminCall(t, n1, testAdminToken, "DELETE", "/admin/v1/keys/"+key.KeyID, nil, nil); status != 200 {
+		t.Fatalf("revoke: %d %s", status, raw)
+	}
+	waitFor(t, 10*time.Second, "the revoked key leaving n2's snapshot", func() bool {
+		_, ok := n2.Engine().Snapshot().Key(key.Hash)
+		return !ok
+	})
+
+	// Without a webhook, crossing 80 % sends and records nothing.
+	if res, err := n1.Router().Charge(ctx, router.ChargeRequest{Account: "acme", Route: "POST /v1/exports", Units: 60}); err != nil || res.Reason != shard.OK {
+		t.Fatalf("charge to 85 %%: %+v %v", res, err)
+	}
+	if n1.alerts != nil || n2.alerts != nil {
+		t.Fatal("an alerter runs without a webhook")
+	}
+	first, err := n1.Ledger().RecordAlert(ctx, "acme", shard.PeriodOf(n1.clock.Now().Wall), 80, time.Now())
+	if err != nil || !first {
+		t.Fatalf("an alert was recorded without a webhook (%v, %v)", first, err)
+	}
+}
+
+func TestAdminTokenTooShort(t *testing.T) {
+	if err := checkAdminToken("short"); err == nil || !strings.Contains(err.Error(), "openssl rand") {
+		t.Fatalf("short token: %v", err)
+	}
+	if checkAdminToken("") != nil || checkAdminToken(testAdminToken) != nil {
+		t.Fatal("empty (disabled) and long tokens are fine")
+	}
+}
+
+func TestNewKeyPlaintext(t *testing.T) {
+	seen := map[string]bool{}
+	for range 1000 {
+		k := newKeyPlaintext()
+		if !strings.HasPrefix(k, KeyPrefix) || len(k) != len(KeyPrefix)+43 || seen[k] {
+			t.Fatalf("key %q (or a repeat)", k)
+		}
+		for _, c := range k[len(KeyPrefix):] {
+			if !strings.ContainsRune(base62, c) {
+				t.Fatalf("key %q has %q", k, c)
+			}
+		}
+		seen[k] = true
+	}
+}
+
+func TestAdminLedgerNotReached(t *testing.T) {
+	nodes := startNodesWith(t, "postgres://quotad@127.0.0.1:1/nowhere?connect_timeout=1", func(c *Config) {
+		c.AdminToken, c.LedgerRetry = testAdminToken, time.Hour
+	})
+	p := wantProblem(t, nodes[0], "GET", "/admin/v1/plans", nil, http.StatusServiceUnavailable, "")
+	if p.Type != "ledger-unavailable" {
+		t.Fatalf("problem %+v", p)
+	}
+}
