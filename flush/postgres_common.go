@@ -204,8 +204,11 @@ func (p *settlePlan) addGrants(account string, allocs []shard.Alloc, used, reser
 // billCharge adds a charge that is billed.
 func (p *settlePlan) billCharge(c *Charge) {
 	p.addUsage(c.Account, c.Key, c.Route, dayOf(c.Wall), c.Units, 1)
-	p.addGrants(c.Account, c.Allocs, 1, 0)
-	p.reservedCharge(c)
+	var reserved int64
+	if c.Reserved {
+		reserved = -1
+	}
+	p.addGrants(c.Account, c.Allocs, 1, reserved) // one map pass: used up, reservation down
 }
 
 // reservedCharge takes a charge's reserved units off the node's
