@@ -1,0 +1,220 @@
+package router_test
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"net/http"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/quotaring/quotaring/engine"
+	"github.com/quotaring/quotaring/router"
+	"github.com/quotaring/quotaring/snapshot"
+)
+
+func monthly(id string, units int64) snapshot.Plan {
+	return snapshot.Plan{ID: id, MonthlyQuota: units, Hard: true}
+}
+
+// Show 1 and 4: a month of 60 units through the proxy of a node that does
+// not own the account, then the new period.
+func TestProxyMonthlyQuota(t *testing.T) {
+	up := newUpstream(t)
+	acme := account{id: "acme", key: keyOf("acme"), plan: monthly("m60", 60)}
+	c := startCluster(t, []account{acme}, clusterOptions{nodes: 3, clock: engine.NewManualClock(june28), upstream: up.URL})
+	via := c.notOwner(t, acme.id)
+	proxy := "http://" + via.HTTPAddr()
+
+	steps := []struct {
+		what, method, path string
+		status             int
+		remaining          string
+	}{
+		{"a read", "GET", "/v1/tasks", 200, "59"},
+		{"a write", "POST", "/v1/tasks", 200, "57"},
+		{"an export", "POST", "/v1/exports", 200, "32"},
+		{"a second export", "POST", "/v1/exports", 200, "7"},
+		{"a third export", "POST", "/v1/exports", 429, "7"},
+		{"a read after the refusal", "GET", "/v1/tasks", 200, "6"},
+	}
+	for _, s := range steps {
+		a := do(t, proxy, s.method, s.path, acme.key, nil)
+		expect(t, s.what, a, s.status, s.remaining)
+		if got := a.header.Get("X-Quota-Limit"); got != "60" {
+			t.Fatalf("%s: X-Quota-Limit %q, want 60", s.what, got)
+		}
+		if got := a.header.Get("X-Quota-Reset"); got != "2026-07-01T00:00:00Z" {
+			t.Fatalf("%s: X-Quota-Reset %q", s.what, got)
+		}
+		if a.header.Get("RateLimit") != "" || a.header.Get("RateLimit-Policy") != "" {
+			t.Fatalf("%s: RateLimit headers for a plan without a rate limit: %v", s.what, a.header)
+		}
+		if s.status != 429 {
+			continue
+		}
+		if a.problem.Type != router.ProblemQuotaExceeded || a.problem.Status != 429 || a.header.Get("Retry-After") != "216000" {
+			t.Fatalf("%s: %+v, Retry-After %q; want quota-exceeded, 429, 216000", s.what, a.problem, a.header.Get("Retry-After"))
+		}
+		if !strings.Contains(a.problem.Detail, "costs 25 units") {
+			t.Fatalf("detail %q does not say what the request costs", a.problem.Detail)
+		}
+	}
+	if via.Router().Stats().Forwarded.Load() == 0 {
+		t.Fatalf("the proxy's node forwarded nothing: it should not own %q", acme.id)
+	}
+	if n := up.count("POST /v1/exports"); n != 2 {
+		t.Fatalf("the upstream served %d exports, want 2 (the refused one must not reach it)", n)
+	}
+	if n := up.sawAccount("acme"); n != 5 {
+		t.Fatalf("the upstream saw X-Quota-Account acme %d times, want 5", n)
+	}
+
+	u := do(t, proxy, "GET", "/v1/usage", acme.key, nil).usage(t)
+	want := router.UsageReport{Account: "acme", Period: "2026-06", Used: 54, Limit: 60, Remaining: 6, Reset: "2026-07-01T00:00:00Z",
+		Routes: map[string]int64{"POST /v1/exports": 50, "POST /v1/tasks": 2, "GET /v1/tasks": 2}}
+	if !reflect.DeepEqual(u, want) {
+		t.Fatalf("usage\n got %+v\nwant %+v", u, want)
+	}
+
+	// Show 4: the new period, one second in.
+	c.clock.Advance(time.Date(2026, 7, 1, 0, 0, 1, 0, time.UTC).Sub(june28))
+	expect(t, "a read on 1 July", do(t, proxy, "GET", "/v1/tasks", acme.key, nil), 200, "59")
+	if u := do(t, proxy, "GET", "/v1/usage", acme.key, nil).usage(t); u.Period != "2026-07" || u.Used != 1 || u.Reset != "2026-08-01T00:00:00Z" {
+		t.Fatalf("July usage %+v", u)
+	}
+	a := do(t, proxy, "GET", "/v1/tasks", "qr_test_nobody", nil)
+	if a.status != 401 || a.problem.Type != router.ProblemUnknownKey || a.header.Get("Content-Type") != "application/problem+json" {
+		t.Fatalf("unknown key: %d %+v %v", a.status, a.problem, a.header)
+	}
+}
+
+// Show 2: one Idempotency-Key bills once per account, and is scoped by
+// account.
+func TestProxyIdempotencyKey(t *testing.T) {
+	up := newUpstream(t)
+	a1 := account{id: "idem-a", key: keyOf("idem-a"), plan: monthly("m100", 100)}
+	a2 := account{id: "idem-b", key: keyOf("idem-b"), plan: monthly("m100", 100)}
+	c := startCluster(t, []account{a1, a2}, clusterOptions{nodes: 3, clock: engine.NewManualClock(june28), upstream: up.URL})
+	proxy := "http://" + c.nodes[0].HTTPAddr()
+
+	for i := 0; i < 2; i++ {
+		expect(t, fmt.Sprint("write ", i+1, " of account a"), do(t, proxy, "POST", "/v1/tasks", a1.key, nil, "Idempotency-Key: order-42"), 200, "98")
+	}
+	expect(t, "the same key from account b", do(t, proxy, "POST", "/v1/tasks", a2.key, nil, "Idempotency-Key: order-42"), 200, "98")
+	expect(t, "the key in quotes (the IETF draft's form) is the same key",
+		do(t, proxy, "POST", "/v1/tasks", a2.key, nil, `Idempotency-Key: "order-42"`), 200, "98")
+	expect(t, "another key", do(t, proxy, "POST", "/v1/tasks", a1.key, nil, "Idempotency-Key: order-43"), 200, "96")
+	for _, a := range []account{a1, a2} {
+		u := do(t, proxy, "GET", "/v1/usage", a.key, nil).usage(t)
+		want := map[string]int64{"POST /v1/tasks": 2}
+		if a == a1 {
+			want["POST /v1/tasks"] = 4
+		}
+		if !reflect.DeepEqual(u.Routes, want) {
+			t.Fatalf("%s: usage %+v, want routes %v", a.id, u, want)
+		}
+	}
+	if n := up.count("POST /v1/tasks"); n != 5 {
+		t.Fatalf("the upstream served %d writes, want 5 (a replay is served again, not billed again)", n)
+	}
+}
+
+// Show 3: an upstream 500 and a gRPC error in the trailers are refunded,
+// once each; a gRPC OK is billed.
+func TestProxyRefundsFailures(t *testing.T) {
+	up := newUpstream(t)
+	acct := account{id: "refunds", key: keyOf("refunds"), plan: monthly("m100", 100)}
+	c := startCluster(t, []account{acct}, clusterOptions{nodes: 3, clock: engine.NewManualClock(june28), upstream: up.URL})
+	proxy := "http://" + c.notOwner(t, acct.id).HTTPAddr()
+
+	before := c.refunds()
+	a := do(t, proxy, "POST", "/v1/fail", acct.key, nil)
+	expect(t, "an upstream 500", a, 500, "95") // the headers show the charge; the refund follows the answer
+	waitFor(t, 5*time.Second, "the refund of the 500", func() bool { return c.refunds() == before+1 })
+
+	a = do(t, proxy, "POST", "/v1/grpc", acct.key, nil)
+	if a.status != 200 || a.trailer.Get("Grpc-Status") != "13" || a.header.Get("Content-Type") != "application/grpc" {
+		t.Fatalf("gRPC answer %d, trailer %v, header %v", a.status, a.trailer, a.header)
+	}
+	waitFor(t, 5*time.Second, "the refund of grpc-status 13", func() bool { return c.refunds() == before+2 })
+
+	a = do(t, proxy, "POST", "/v1/grpc-ok", acct.key, nil)
+	if a.status != 200 || a.trailer.Get("Grpc-Status") != "0" {
+		t.Fatalf("gRPC OK answer %d, trailer %v", a.status, a.trailer)
+	}
+	u := do(t, proxy, "GET", "/v1/usage", acct.key, nil).usage(t)
+	if u.Used != 3 || !reflect.DeepEqual(u.Routes, map[string]int64{"POST /v1/grpc-ok": 3}) {
+		t.Fatalf("usage %+v: want only the gRPC OK billed", u)
+	}
+	if got := c.refunds(); got != before+2 {
+		t.Fatalf("%d refunds, want exactly 2", got-before)
+	}
+}
+
+// Show 7: bad input gets a clear problem, and nothing is charged that was
+// not served.
+func TestProxyBadInput(t *testing.T) {
+	up := newUpstream(t)
+	acct := account{id: "careless", key: keyOf("careless"), plan: monthly("m100", 100)}
+	c := startCluster(t, []account{acct}, clusterOptions{nodes: 3, clock: engine.NewManualClock(june28), upstream: up.URL,
+		front: func(o *router.FrontOptions) { o.MaxBodyBytes, o.UpstreamTimeout = 1024, 300*time.Millisecond }})
+	proxy := "http://" + c.notOwner(t, acct.id).HTTPAddr()
+
+	cases := []struct {
+		what    string
+		key     string
+		path    string
+		body    func() io.Reader
+		headers []string
+		status  int
+		typ     string
+		detail  string
+	}{
+		{what: "no key", path: "/v1/tasks", status: 401, typ: router.ProblemUnknownKey, detail: "Authorization: Bearer"},
+		{what: "an Idempotency-Key of 256 characters", key: acct.key, path: "/v1/tasks",
+			headers: []string{"Idempotency-Key: " + strings.Repeat("k", 256)}, status: 400, typ: router.ProblemBadRequest, detail: "1 to 255"},
+		{what: "an Idempotency-Key with a non-ASCII byte", key: acct.key, path: "/v1/tasks",
+			headers: []string{"Idempotency-Key: caf\xe9"}, status: 400, typ: router.ProblemBadRequest, detail: "printable ASCII"},
+		{what: "two Idempotency-Keys", key: acct.key, path: "/v1/tasks",
+			headers: []string{"Idempotency-Key: a", "Idempotency-Key: b"}, status: 400, typ: router.ProblemBadRequest, detail: "at most one"},
+		{what: "a body over the limit with a Content-Length", key: acct.key, path: "/v1/upload",
+			body: func() io.Reader { return bytes.NewReader(make([]byte, 2048)) }, status: 413, typ: router.ProblemPayloadTooLarge, detail: "1024 bytes"},
+		{what: "a chunked body that grows over the limit", key: acct.key, path: "/v1/upload",
+			body: func() io.Reader { return io.MultiReader(bytes.NewReader(make([]byte, 2048))) }, status: 413, typ: router.ProblemPayloadTooLarge},
+		{what: "an upstream that hangs", key: acct.key, path: "/v1/hang", status: 504, typ: router.ProblemUpstreamUnavailable, detail: "in time"},
+	}
+	for _, tc := range cases {
+		var body io.Reader
+		if tc.body != nil {
+			body = tc.body()
+		}
+		a := do(t, proxy, "POST", tc.path, tc.key, body, tc.headers...)
+		if a.status != tc.status || a.problem.Type != tc.typ || a.problem.Status != tc.status || !strings.Contains(a.problem.Detail, tc.detail) {
+			t.Fatalf("%s: %d %+v; want %d %s with %q in the detail", tc.what, a.status, a.problem, tc.status, tc.typ, tc.detail)
+		}
+		if ct := a.header.Get("Content-Type"); ct != "application/problem+json" {
+			t.Fatalf("%s: Content-Type %q", tc.what, ct)
+		}
+		if tc.status == 401 && a.header.Get("WWW-Authenticate") == "" {
+			t.Fatalf("%s: no WWW-Authenticate", tc.what)
+		}
+	}
+	if up.count("POST /v1/upload") > 1 {
+		t.Fatalf("the upstream saw %d uploads: the one with a Content-Length over the limit must not reach it", up.count("POST /v1/upload"))
+	}
+	if up.hanging.Load() != 1 {
+		t.Fatalf("the hanging upstream was called %d times", up.hanging.Load())
+	}
+	// The chunked body and the hang were charged, then refunded.
+	waitFor(t, 5*time.Second, "two refunds", func() bool { return c.refunds() == 2 })
+	u := do(t, proxy, "GET", "/v1/usage", acct.key, nil).usage(t)
+	if u.Used != 0 || u.Remaining != 100 {
+		t.Fatalf("usage %+v: nothing was served, nothing may be charged", u)
+	}
+	if a := do(t, proxy, "DELETE", "/v1/usage", acct.key, nil); a.status != http.StatusMethodNotAllowed || a.header.Get("Allow") == "" {
+		t.Fatalf("DELETE usage: %d %v", a.status, a.header)
+	}
+}
