@@ -1,0 +1,364 @@
+package node
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"math"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/quotaring/quotaring/engine"
+	"github.com/quotaring/quotaring/flush"
+	"github.com/quotaring/quotaring/router"
+	"github.com/quotaring/quotaring/shard"
+)
+
+const testAlertSecret = "whsec-test-0123456789"
+
+// verifyAlert is what a receiver does (the README shows the same code): it
+// checks the timestamp is recent and the signature is the HMAC-SHA256 of
+// timestamp + "." + body. It does not use SignAlert on purpose.
+func verifyAlert(secret []byte, h http.Header, body []byte, now time.Time) error {
+	ts := h.Get("X-Quotaring-Timestamp")
+	sec, err := strconv.ParseInt(ts, 10, 64)
+	if err != nil {
+		return errors.New("missing or malformed X-Quotaring-Timestamp")
+	}
+	if d := now.Sub(time.Unix(sec, 0)); d > 5*time.Minute || d < -5*time.Minute {
+		return errors.New("timestamp too far from now: a replay?")
+	}
+	mac := hmac.New(sha256.New, secret)
+	mac.Write([]byte(ts + "."))
+	mac.Write(body)
+	want := "sha256=" + hex.EncodeToString(mac.Sum(nil))
+	if !hmac.Equal([]byte(h.Get("X-Quotaring-Signature")), []byte(want)) {
+		return errors.New("bad signature")
+	}
+	return nil
+}
+
+// receiver is a webhook receiver that fails its first failFirst calls.
+type receiver struct {
+	failFirst int
+	status    int // answer after the failures (0: 204)
+
+	mu    sync.Mutex // protects the fields below
+	calls int
+	got   []Alert
+	bad   []string
+}
+
+func (rc *receiver) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	body, _ := io.ReadAll(r.Body)
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	rc.calls++
+	if rc.calls <= rc.failFirst {
+		http.Error(w, "down for maintenance", http.StatusServiceUnavailable)
+		return
+	}
+	if rc.status != 0 {
+		w.WriteHeader(rc.status)
+		return
+	}
+	if err := verifyAlert([]byte(testAlertSecret), r.Header, body, time.Now()); err != nil {
+		rc.bad = append(rc.bad, err.Error())
+		http.Error(w, err.Error(), http.StatusUnauthorized)
+		return
+	}
+	var a Alert
+	if err := json.Unmarshal(body, &a); err != nil {
+		rc.bad = append(rc.bad, err.Error())
+	}
+	rc.got = append(rc.got, a)
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (rc *receiver) alerts() []Alert {
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	return slices.Clone(rc.got)
+}
+
+func (rc *receiver) callCount() int {
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	return rc.calls
+}
+
+func sumStats(nodes []*Node, f func(*alertStats) int64) int64 {
+	var n int64
+	for _, nd := range nodes {
+		n += f(&nd.alerts.stats)
+	}
+	return n
+}
+
+func TestAlertsOncePerThresholdAndPeriod(t *testing.T) {
+	rc := &receiver{failFirst: 2}
+	srv := httptest.NewServer(rc)
+	defer srv.Close()
+	dsn := "sqlite:" + filepath.Join(t.TempDir(), "ledger.db")
+	seedLedger(t, dsn, map[string]int64{"acme": 10})
+	clock := engine.NewManualClock(time.Date(2026, 6, 10, 12, 0, 0, 0, time.UTC))
+	cfg := func(c *Config) {
+		c.Clock, c.AlertWebhook, c.AlertSecret, c.AlertRetry = clock, srv.URL+"/hooks/quota", testAlertSecret, 5*time.Millisecond
+	}
+	nodes := startNodesWith(t, dsn, cfg, cfg)
+	ctx := context.Background()
+	charge := func(n int, want shard.Reason) {
+		t.Helper()
+		for range n {
+			res, err := nodes[0].Router().Charge(ctx, router.ChargeRequest{Account: "acme", Route: "GET /x", Units: 1})
+			if err != nil || res.Reason != want {
+				t.Fatalf("charge: %v %v, want %v", res.Reason, err, want)
+			}
+		}
+	}
+	queued := func() int64 { return sumStats(nodes, func(s *alertStats) int64 { return s.Queued.Load() }) }
+	waitAlerts := func(n int) {
+		t.Helper()
+		waitFor(t, 20*time.Second, strconv.Itoa(n)+" alerts at the receiver", func() bool { return len(rc.alerts()) >= n })
+	}
+
+	charge(7, shard.OK) // 70 %
+	if q := queued(); q != 0 {
+		t.Fatalf("%d alerts queued below 80 %%", q)
+	}
+	charge(1, shard.OK) // 80 %: the receiver fails twice, then takes it
+	waitAlerts(1)
+	charge(2, shard.OK) // 100 %
+	waitAlerts(2)
+	charge(3, shard.QuotaExceeded) // past 100 %: nothing more, and no ledger round trip
+	if q := queued(); q != 2 {
+		t.Fatalf("%d alerts queued after 100 %%, want 2", q)
+	}
+
+	// The other node sees the same crossing (as after an ownership move):
+	// the ledger says it was sent, so it sends nothing.
+	owner, _ := nodes[0].Ring().Owner("acme")
+	other := nodes[0]
+	if owner.ID == other.ID() {
+		other = nodes[1]
+	}
+	june := shard.PeriodOf(clock.Now().Wall)
+	other.alerts.onCharge("acme", &shard.Decision{Reason: shard.OK, Limit: 10, Remaining: 0, Reset: june.End() / 1e9}, nil)
+	waitFor(t, 10*time.Second, "the other node's claims to fail", func() bool { return other.alerts.stats.AlreadySent.Load() == 2 })
+
+	// July: alerts again.
+	clock.SetWall(time.Date(2026, 7, 1, 0, 0, 1, 0, time.UTC))
+	charge(8, shard.OK)
+	waitAlerts(3)
+	charge(2, shard.OK)
+	waitAlerts(4)
+	charge(1, shard.QuotaExceeded)
+
+	got := rc.alerts()
+	type k struct {
+		period    string
+		threshold int
+	}
+	want := map[k]int64{{"2026-06", 80}: 8, {"2026-06", 100}: 10, {"2026-07", 80}: 8, {"2026-07", 100}: 10}
+	for _, a := range got {
+		used, ok := want[k{a.Period, a.Threshold}]
+		if !ok || a.Account != "acme" || a.Used != used || a.Limit != 10 || a.At.IsZero() {
+			t.Errorf("unexpected or repeated alert %+v", a)
+		}
+		delete(want, k{a.Period, a.Threshold})
+	}
+	if len(got) != 4 || len(want) != 0 {
+		t.Fatalf("alerts %+v; missing %v", got, want)
+	}
+	if len(rc.bad) > 0 {
+		t.Fatalf("the receiver refused signatures: %v", rc.bad)
+	}
+	if c := rc.callCount(); c != 6 {
+		t.Fatalf("%d webhook calls, want 6 (2 failures, 4 alerts)", c)
+	}
+	if s, f, d := sumStats(nodes, func(s *alertStats) int64 { return s.Sent.Load() }),
+		sumStats(nodes, func(s *alertStats) int64 { return s.Failed.Load() }),
+		sumStats(nodes, func(s *alertStats) int64 { return s.Dropped.Load() }); s != 4 || f != 0 || d != 0 {
+		t.Fatalf("sent %d failed %d dropped %d", s, f, d)
+	}
+}
+
+// testAlerter starts an alerter on a bare node: ledger l (nil: not reached),
+// a manual clock, small retry waits.
+func testAlerter(t *testing.T, url string, l flush.Ledger) *alerter {
+	t.Helper()
+	n := &Node{cfg: Config{AlertWebhook: url, AlertSecret: testAlertSecret, AlertRetry: time.Millisecond},
+		log: slog.New(slog.DiscardHandler), reg: prometheus.NewRegistry(),
+		clock: engine.NewManualClock(time.Date(2026, 6, 10, 12, 0, 0, 0, time.UTC))}
+	n.ctx, n.cancel = context.WithCancel(context.Background())
+	if l != nil {
+		n.ledger.Store(&ledgerBox{l: l})
+	}
+	if err := n.startAlerts(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { n.cancel(); n.wg.Wait() }) // the sender's stop path
+	return n.alerts
+}
+
+func testLedger(t *testing.T) flush.Ledger {
+	t.Helper()
+	dsn := "sqlite:" + filepath.Join(t.TempDir(), "ledger.db")
+	seedLedger(t, dsn, nil)
+	l, err := flush.Open(context.Background(), dsn, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	return l
+}
+
+var june2026 = shard.PeriodOf(time.Date(2026, 6, 10, 0, 0, 0, 0, time.UTC).UnixNano())
+
+func decision(used, limit int64, p shard.Period) *shard.Decision {
+	return &shard.Decision{Reason: shard.OK, Limit: limit, Remaining: limit - used, Reset: p.End() / 1e9}
+}
+
+func TestAlertRetriesAreBounded(t *testing.T) {
+	for _, tc := range []struct {
+		name           string
+		status         int
+		wantAttempts   int64
+		wantRecvCalled int
+	}{
+		{"5xx retried until given up", http.StatusBadGateway, alertAttempts, alertAttempts},
+		{"429 retried", http.StatusTooManyRequests, alertAttempts, alertAttempts},
+		{"4xx final", http.StatusUnauthorized, 1, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rc := &receiver{status: tc.status}
+			srv := httptest.NewServer(rc)
+			defer srv.Close()
+			a := testAlerter(t, srv.URL, testLedger(t))
+			a.onCharge("acme", decision(9, 10, june2026), nil)
+			waitFor(t, 10*time.Second, "the alert given up", func() bool { return a.stats.Failed.Load() == 1 })
+			if n := a.stats.Attempts.Load(); n != tc.wantAttempts || rc.callCount() != tc.wantRecvCalled {
+				t.Fatalf("%d attempts, %d calls; want %d", n, rc.callCount(), tc.wantAttempts)
+			}
+		})
+	}
+}
+
+func TestAlertClaimRetriedThenForgotten(t *testing.T) {
+	rc := &receiver{}
+	srv := httptest.NewServer(rc)
+	defer srv.Close()
+	a := testAlerter(t, srv.URL, nil) // the ledger is never reached
+	a.onCharge("acme", decision(8, 10, june2026), nil)
+	waitFor(t, 10*time.Second, "the claim given up", func() bool { return a.stats.Failed.Load() == 1 })
+	if rc.callCount() != 0 {
+		t.Fatal("an unclaimed alert was sent")
+	}
+	// Never claimed, so forgotten: the next charge queues it again.
+	a.onCharge("acme", decision(8, 10, june2026), nil)
+	if q := a.stats.Queued.Load(); q != 2 {
+		t.Fatalf("queued %d, want 2", q)
+	}
+}
+
+func TestAlertQueueFullDrops(t *testing.T) {
+	a := &alerter{n: &Node{clock: engine.NewManualClock(time.Unix(0, 0))}, log: slog.New(slog.DiscardHandler),
+		thresholds: []int{80, 100}, queue: make(chan queuedAlert, 1), memo: map[string]alertMemo{}}
+	a.onCharge("acme", decision(10, 10, june2026), nil) // both thresholds at once; room for one
+	if q, d := a.stats.Queued.Load(), a.stats.Dropped.Load(); q != 1 || d != 1 {
+		t.Fatalf("queued %d dropped %d", q, d)
+	}
+	if qa := <-a.queue; qa.Threshold != 80 {
+		t.Fatalf("queued %+v", qa)
+	}
+	a.onCharge("acme", decision(10, 10, june2026), nil) // the dropped one again
+	if qa := <-a.queue; qa.Threshold != 100 || a.stats.Queued.Load() != 2 {
+		t.Fatalf("queued %+v", qa)
+	}
+	a.onCharge("acme", decision(10, 10, june2026), nil)   // nothing new
+	a.onCharge("acme", decision(10, 10, june2026-1), nil) // a late answer from May
+	if len(a.queue) != 0 {
+		t.Fatal("queued again")
+	}
+	// A new month forgets the old one's memo.
+	a.onCharge("other", decision(9, 10, june2026+1), nil)
+	if _, ok := a.memo["acme"]; ok || len(a.queue) != 1 {
+		t.Fatalf("memo %v, queue %d", a.memo, len(a.queue))
+	}
+}
+
+func TestReached(t *testing.T) {
+	for _, tc := range []struct {
+		used, limit int64
+		pct         int
+		want        bool
+	}{
+		{79, 100, 80, false}, {80, 100, 80, true}, {100, 100, 100, true}, {99, 100, 100, false},
+		{7, 9, 80, false}, {8, 9, 80, true}, // 7.2 units is 80 %: 8 reaches it
+		{0, 1, 1, false}, {1, 1, 1, true},
+		{math.MaxInt64 / 10 * 8, math.MaxInt64 / 10 * 10, 80, true},
+		{math.MaxInt64 - 1, math.MaxInt64, 100, false}, {math.MaxInt64, math.MaxInt64, 100, true},
+	} {
+		if got := reached(tc.used, tc.limit, tc.pct); got != tc.want {
+			t.Errorf("reached(%d, %d, %d) = %v", tc.used, tc.limit, tc.pct, got)
+		}
+	}
+}
+
+func TestAlertConfig(t *testing.T) {
+	if got, _ := alertThresholds(nil); !slices.Equal(got, []int{80, 100}) {
+		t.Fatalf("default %v", got)
+	}
+	if got, _ := alertThresholds([]int{100, 50, 100}); !slices.Equal(got, []int{50, 100}) {
+		t.Fatalf("sorted %v", got)
+	}
+	for _, bad := range [][]int{{0}, {101}, {-5, 80}} {
+		if _, err := alertThresholds(bad); err == nil {
+			t.Errorf("%v accepted", bad)
+		}
+	}
+	for _, c := range []Config{
+		{AlertWebhook: "http://example.com/hook"},                                  // no secret
+		{AlertWebhook: "example.com/hook", AlertSecret: "s"},                       // not absolute
+		{AlertWebhook: "ftp://example.com/", AlertSecret: "s"},                     // not http
+		{AlertWebhook: "http://x/", AlertSecret: "s", AlertThresholds: []int{120}}, // not a percentage
+	} {
+		n := &Node{cfg: c, log: slog.New(slog.DiscardHandler), reg: prometheus.NewRegistry()}
+		if err := n.startAlerts(); err == nil {
+			t.Errorf("config %+v accepted", c)
+		}
+	}
+}
+
+func TestSignAlert(t *testing.T) {
+	body := []byte(`{"account":"acme"}`)
+	h := http.Header{}
+	ts := strconv.FormatInt(time.Now().Unix(), 10)
+	h.Set(AlertTimestampHeader, ts)
+	h.Set(AlertSignatureHeader, SignAlert([]byte(testAlertSecret), ts, body))
+	if err := verifyAlert([]byte(testAlertSecret), h, body, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if verifyAlert([]byte("another secret"), h, body, time.Now()) == nil || verifyAlert([]byte(testAlertSecret), h, []byte(`{}`), time.Now()) == nil ||
+		verifyAlert([]byte(testAlertSecret), h, body, time.Now().Add(time.Hour)) == nil {
+		t.Fatal("a wrong secret, body or time verified")
+	}
+	// A fixed vector, so a change of the scheme shows up here. The same from
+	// a shell: printf '%s' '1782648000.{}' | openssl dgst -sha256 -hmac secret
+	if got := SignAlert([]byte("secret"), "1782648000", []byte(`{}`)); got != "sha256=be889f8acb309578e1f217b21414ba89c31573e08b7b5f993feba197d36de7ba" {
+		t.Fatalf("vector: %s", got)
+	}
+}
