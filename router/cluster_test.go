@@ -70,8 +70,11 @@ func seed(t testing.TB, dsn string, accounts []account) {
 // cluster is n in-process nodes on one SQLite ledger, each with the proxy
 // to upstream as its front.
 type cluster struct {
-	nodes []*node.Node
-	clock *engine.ManualClock
+	nodes    []*node.Node
+	clock    *engine.ManualClock
+	dir, dsn string
+	opts     clusterOptions
+	accounts []account
 }
 
 type clusterOptions struct {
@@ -85,48 +88,79 @@ type clusterOptions struct {
 func startCluster(t testing.TB, accounts []account, o clusterOptions) *cluster {
 	t.Helper()
 	dir := t.TempDir()
-	dsn := "sqlite:" + filepath.Join(dir, "ledger.db")
-	seed(t, dsn, accounts)
-	c := &cluster{clock: o.clock}
+	c := &cluster{clock: o.clock, dir: dir, dsn: "sqlite:" + filepath.Join(dir, "ledger.db"), opts: o, accounts: accounts}
+	seed(t, c.dsn, accounts)
 	t.Cleanup(func() {
 		for _, nd := range c.nodes {
 			nd.Shutdown(context.Background())
 		}
 	})
 	for i := 0; i < o.nodes; i++ {
-		cfg := node.Config{ID: fmt.Sprint("n", i+1), DataDir: filepath.Join(dir, fmt.Sprint("n", i+1)), Ledger: dsn,
-			RPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", AdminAddr: "127.0.0.1:0", GossipAddr: "127.0.0.1:0",
-			RingPreset: ring.PresetLocal, SettleInterval: 100 * time.Millisecond, SnapshotInterval: 200 * time.Millisecond,
-			NoSync: o.noSync}
-		if o.clock != nil {
-			cfg.Clock = o.clock
-		}
-		if o.upstream != "" {
-			u, err := url.Parse(o.upstream)
-			if err != nil {
-				t.Fatal(err)
-			}
-			cfg.Front = func(n *node.Node) (http.Handler, error) {
-				opts := n.FrontOptions()
-				if o.front != nil {
-					o.front(&opts)
-				}
-				return router.NewProxy(u, opts)
-			}
-		}
-		if i > 0 {
-			cfg.Join = []string{c.nodes[0].GossipAddr()}
-		}
-		nd, err := node.Start(context.Background(), cfg)
+		c.add(t)
+	}
+	return c
+}
+
+// add starts one more node, joins it to the others and waits until every
+// node sees one ring and has every key.
+func (c *cluster) add(t testing.TB) *node.Node {
+	t.Helper()
+	id := fmt.Sprint("n", len(c.nodes)+1)
+	cfg := node.Config{ID: id, DataDir: filepath.Join(c.dir, id), Ledger: c.dsn,
+		RPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", AdminAddr: "127.0.0.1:0", GossipAddr: "127.0.0.1:0",
+		RingPreset: ring.PresetLocal, SettleInterval: 100 * time.Millisecond, SnapshotInterval: 200 * time.Millisecond,
+		NoSync: c.opts.noSync}
+	if c.clock != nil {
+		cfg.Clock = c.clock
+	}
+	if c.opts.upstream != "" {
+		u, err := url.Parse(c.opts.upstream)
 		if err != nil {
 			t.Fatal(err)
 		}
-		c.nodes = append(c.nodes, nd)
+		cfg.Front = func(n *node.Node) (http.Handler, error) {
+			opts := n.FrontOptions()
+			if c.opts.front != nil {
+				c.opts.front(&opts)
+			}
+			return router.NewProxy(u, opts)
+		}
 	}
+	if len(c.nodes) > 0 {
+		cfg.Join = []string{c.nodes[0].GossipAddr()}
+	}
+	nd, err := node.Start(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.nodes = append(c.nodes, nd)
+	c.settle(t)
+	return nd
+}
+
+// stop shuts nd down and waits until the others see a ring without it.
+func (c *cluster) stop(t testing.TB, nd *node.Node) {
+	t.Helper()
+	if err := nd.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	for i, x := range c.nodes {
+		if x == nd {
+			c.nodes = append(c.nodes[:i], c.nodes[i+1:]...)
+			break
+		}
+	}
+	c.settle(t)
+}
+
+// settle waits until every node sees one ring of all of them and holds
+// every key.
+func (c *cluster) settle(t testing.TB) {
+	t.Helper()
 	waitFor(t, 20*time.Second, "one ring of all nodes", func() bool {
 		e := c.nodes[0].Ring().Epoch()
 		for _, nd := range c.nodes {
-			if nd.Ring().Epoch() != e || len(nd.Ring().View().Serving) != o.nodes {
+			if nd.Ring().Epoch() != e || len(nd.Ring().View().Serving) != len(c.nodes) {
 				return false
 			}
 		}
@@ -138,7 +172,7 @@ func startCluster(t testing.TB, accounts []account, o clusterOptions) *cluster {
 			if s == nil {
 				return false
 			}
-			for _, a := range accounts {
+			for _, a := range c.accounts {
 				if _, ok := s.Key(snapshot.HashKey(a.key)); !ok {
 					return false
 				}
@@ -146,7 +180,6 @@ func startCluster(t testing.TB, accounts []account, o clusterOptions) *cluster {
 		}
 		return true
 	})
-	return c
 }
 
 // owner is the node that owns account.

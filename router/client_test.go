@@ -1,0 +1,244 @@
+package router_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http/httptest"
+	"reflect"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/quotaring/quotaring/engine"
+	"github.com/quotaring/quotaring/router"
+	"github.com/quotaring/quotaring/shard"
+	"github.com/quotaring/quotaring/snapshot"
+)
+
+func dial(t testing.TB, o router.DialOptions, seeds ...string) *router.Client {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := o.Dial(ctx, seeds...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// Show 5: the embedded client, connected to one node, with the middleware
+// around a local handler, answers as the proxy does, while the accounts are
+// owned by the other nodes.
+func TestEmbeddedMiddlewareMatchesProxy(t *testing.T) {
+	up := newUpstream(t)
+	plan := snapshot.Plan{ID: "rate", Rate: "3/m", Burst: 3, MonthlyQuota: 60, Hard: true}
+	viaProxy := account{id: "via-proxy", key: keyOf("via-proxy"), plan: plan}
+	embedded := account{id: "embedded", key: keyOf("embedded"), plan: plan}
+	c := startCluster(t, []account{viaProxy, embedded}, clusterOptions{nodes: 3, clock: engine.NewManualClock(june28), upstream: up.URL})
+	seedNode := c.notOwner(t, viaProxy.id, embedded.id)
+	proxy := "http://" + seedNode.HTTPAddr()
+
+	client := dial(t, router.DialOptions{RefreshInterval: -1}, seedNode.RPCAddr())
+	if s := client.Snapshot(); s == nil || !s.HasAccount(embedded.id) {
+		t.Fatalf("the client has no config snapshot with %q", embedded.id)
+	}
+	mw, err := router.Middleware(router.FrontOptions{Charger: client, Config: client})
+	if err != nil {
+		t.Fatal(err)
+	}
+	local := httptest.NewServer(mw(newUpstream(t)))
+	defer local.Close()
+
+	steps := []struct{ method, path string }{
+		{"GET", "/v1/tasks"}, {"POST", "/v1/tasks"}, {"POST", "/v1/exports"},
+		{"GET", "/v1/tasks"}, // the bucket of 3 is empty: rate-limited
+		{"GET", "/v1/usage"},
+	}
+	compare := func(what string, p, m answer) {
+		t.Helper()
+		if p.status != m.status || p.problem != m.problem {
+			t.Fatalf("%s: proxy %d %+v, middleware %d %+v", what, p.status, p.problem, m.status, m.problem)
+		}
+		for _, h := range []string{"RateLimit-Policy", "RateLimit", "X-Quota-Limit", "X-Quota-Remaining", "X-Quota-Reset", "Retry-After", "Content-Type"} {
+			if p.header.Get(h) != m.header.Get(h) {
+				t.Fatalf("%s: %s: proxy %q, middleware %q", what, h, p.header.Get(h), m.header.Get(h))
+			}
+		}
+	}
+	for i, s := range steps {
+		what := fmt.Sprint("step ", i+1, ": ", s.method, " ", s.path)
+		p := do(t, proxy, s.method, s.path, viaProxy.key, nil)
+		m := do(t, local.URL, s.method, s.path, embedded.key, nil)
+		compare(what, p, m)
+		if s.path == "/v1/usage" {
+			pu, mu := p.usage(t), m.usage(t)
+			pu.Account = mu.Account
+			if !reflect.DeepEqual(pu, mu) || mu.Used != 28 {
+				t.Fatalf("usage: proxy %+v, middleware %+v", pu, mu)
+			}
+		}
+	}
+	last := do(t, local.URL, "GET", "/v1/tasks", embedded.key, nil)
+	if last.status != 429 || last.problem.Type != router.ProblemRateLimited || last.header.Get("Retry-After") != "20" ||
+		last.header.Get("RateLimit-Policy") != `"burst";q=3;w=60` || last.header.Get("RateLimit") != `"burst";r=0;t=60` {
+		t.Fatalf("rate-limited: %d %+v %v", last.status, last.problem, last.header)
+	}
+	compare("an unknown key", do(t, proxy, "GET", "/v1/tasks", "qr_nope", nil), do(t, local.URL, "GET", "/v1/tasks", "qr_nope", nil))
+	compare("no key", do(t, proxy, "GET", "/v1/tasks", "", nil), do(t, local.URL, "GET", "/v1/tasks", "", nil))
+
+	// A token later both go on.
+	c.clock.Advance(20 * time.Second)
+	compare("after 20 s", do(t, proxy, "GET", "/v1/tasks", viaProxy.key, nil), do(t, local.URL, "GET", "/v1/tasks", embedded.key, nil))
+
+	// The client's own calls: the owners decided, never the seed node.
+	u, err := client.Usage(context.Background(), embedded.id)
+	if err != nil || u.Used != 29 || u.Node != c.owner(t, embedded.id).ID() || u.Node == seedNode.ID() {
+		t.Fatalf("client usage %+v, %v; want 29 used, decided at the owner", u, err)
+	}
+	if n := client.Stats().WrongOwner.Load(); n != 0 {
+		t.Fatalf("%d WrongOwner answers in a stable ring", n)
+	}
+}
+
+// The client charges at the owner, refunds once, and dedups client ids.
+func TestClientChargeRefundUsage(t *testing.T) {
+	acct := account{id: "direct", key: keyOf("direct"), plan: monthly("m10", 10)}
+	c := startCluster(t, []account{acct}, clusterOptions{nodes: 3, clock: engine.NewManualClock(june28)})
+	client := dial(t, router.DialOptions{}, c.notOwner(t, acct.id).RPCAddr())
+	ctx := context.Background()
+
+	res, err := client.Charge(ctx, router.ChargeRequest{Account: acct.id, Route: "GET /x", Units: 4})
+	if err != nil || res.Reason != shard.OK || res.Remaining != 6 || res.Receipt == nil || res.Node != c.owner(t, acct.id).ID() {
+		t.Fatalf("charge: %+v, %v", res, err)
+	}
+	for i := 0; i < 2; i++ {
+		d, err := client.Refund(ctx, router.RefundRequest{Account: acct.id, EventID: res.EventID, Receipt: res.Receipt})
+		want := []shard.Reason{shard.Refunded, shard.AlreadyRefunded}[i]
+		if err != nil || d.Reason != want {
+			t.Fatalf("refund %d: %+v, %v; want %s", i+1, d, err, want)
+		}
+	}
+	for i := 0; i < 2; i++ {
+		res, err := client.Charge(ctx, router.ChargeRequest{Account: acct.id, EventID: "once", ClientID: true, Units: 3})
+		want := []shard.Reason{shard.OK, shard.Replayed}[i]
+		if err != nil || res.Reason != want || res.Remaining != 7 {
+			t.Fatalf("charge %d with a client id: %+v, %v; want %s and 7 left", i+1, res, err, want)
+		}
+	}
+	res, err = client.Charge(ctx, router.ChargeRequest{Account: acct.id, Units: 8})
+	if err != nil || res.Reason != shard.QuotaExceeded || res.RetryAfter != int64(60*time.Hour) {
+		t.Fatalf("over the quota: %+v, %v", res, err)
+	}
+	if res, err := client.Charge(ctx, router.ChargeRequest{Account: "nobody", Units: 1}); err != nil || res.Reason != shard.UnknownAccount {
+		t.Fatalf("unknown account: %+v, %v", res, err)
+	}
+	if u, err := client.Usage(ctx, acct.id); err != nil || !u.Known || u.Used != 3 || u.Remaining != 7 {
+		t.Fatalf("usage %+v, %v", u, err)
+	}
+}
+
+// A client with an old ring view follows WrongOwner to the new owner.
+func TestClientFollowsWrongOwner(t *testing.T) {
+	var accounts []account
+	for i := 0; i < 40; i++ {
+		id := fmt.Sprint("acct-", i)
+		accounts = append(accounts, account{id: id, key: keyOf(id), plan: monthly("m100", 100)})
+	}
+	c := startCluster(t, accounts, clusterOptions{nodes: 2})
+	client := dial(t, router.DialOptions{RefreshInterval: -1}, c.nodes[0].RPCAddr())
+	before := map[string]string{}
+	for _, a := range accounts {
+		before[a.id] = c.owner(t, a.id).ID()
+	}
+	epoch := client.Epoch()
+	c.add(t)
+	if client.Epoch() != epoch {
+		t.Fatal("the client refreshed on its own")
+	}
+	moved := ""
+	for _, a := range accounts {
+		if c.owner(t, a.id).ID() != before[a.id] {
+			moved = a.id
+			break
+		}
+	}
+	if moved == "" {
+		t.Fatal("no account moved to the new node")
+	}
+	res, err := client.Charge(context.Background(), router.ChargeRequest{Account: moved, Units: 1})
+	if err != nil || res.Reason != shard.OK || res.Node != c.owner(t, moved).ID() {
+		t.Fatalf("charge of moved account %s: %+v, %v; want OK at %s", moved, res, err, c.owner(t, moved).ID())
+	}
+	if client.Stats().WrongOwner.Load() == 0 || client.Epoch() == epoch {
+		t.Fatalf("no WrongOwner followed (%d) or the view was not refreshed", client.Stats().WrongOwner.Load())
+	}
+}
+
+// An owner that does not answer: the client refreshes its view once and
+// retries at the owner the ring now names; if the ring still names the
+// silent owner, the answer is ErrUnavailable and nobody else decides.
+func TestClientUnreachableOwner(t *testing.T) {
+	var accounts []account
+	for i := 0; i < 12; i++ {
+		id := fmt.Sprint("acct-", i)
+		accounts = append(accounts, account{id: id, key: keyOf(id), plan: monthly("m100", 100)})
+	}
+	c := startCluster(t, accounts, clusterOptions{nodes: 3})
+	ctx := context.Background()
+
+	// A silent owner still on the ring: blocked by the client's dialer.
+	target := accounts[0].id
+	owner := c.owner(t, target)
+	var blocked atomic.Value
+	blocked.Store(owner.RPCAddr())
+	dialer := func(ctx context.Context, addr string) (net.Conn, error) {
+		if addr == blocked.Load().(string) {
+			return nil, errors.New("blocked by the test")
+		}
+		var d net.Dialer
+		return d.DialContext(ctx, "tcp", addr)
+	}
+	seed := c.notOwner(t, target)
+	client := dial(t, router.DialOptions{RefreshInterval: -1, CallTimeout: time.Second, Dialer: dialer}, seed.RPCAddr())
+	_, err := client.Charge(ctx, router.ChargeRequest{Account: target, Units: 1})
+	if !errors.Is(err, router.ErrUnavailable) {
+		t.Fatalf("charge at a silent owner: %v, want ErrUnavailable", err)
+	}
+	u, err := owner.Router().Usage(ctx, target)
+	if err != nil || u.Used != 0 {
+		t.Fatalf("usage at the owner %+v, %v: nothing may have been charged", u, err)
+	}
+
+	// The owner leaves: the client's view is stale, its dial fails, and the
+	// fresh view names the survivor that took the account over.
+	blocked.Store("")
+	c.stop(t, owner)
+	res, err := client.Charge(ctx, router.ChargeRequest{Account: target, Units: 1})
+	if err != nil || res.Reason != shard.OK || res.Node != c.owner(t, target).ID() {
+		t.Fatalf("charge after the owner left: %+v, %v", res, err)
+	}
+	if client.Stats().Unreachable.Load() < 2 {
+		t.Fatalf("Unreachable %d, want the two failed calls counted", client.Stats().Unreachable.Load())
+	}
+}
+
+// Dial fails clearly when no seed answers.
+func TestDialNoSeed(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := (router.DialOptions{CallTimeout: time.Second}).Dial(ctx, addr); err == nil {
+		t.Fatal("Dial to a closed port succeeded")
+	}
+	if _, err := router.Dial(ctx); err == nil {
+		t.Fatal("Dial without seeds succeeded")
+	}
+}
