@@ -1,0 +1,470 @@
+package router
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/quotaring/quotaring/shard"
+	"github.com/quotaring/quotaring/snapshot"
+)
+
+func TestRateLimitHeaders(t *testing.T) {
+	for _, tc := range []struct {
+		d             shard.Decision
+		policy, limit string
+	}{
+		{shard.Decision{}, "", ""}, // no rate limit: no fields
+		{shard.Decision{RateBurst: 10, RateRemaining: 3, RateReset: int64(700 * time.Millisecond), RateWindow: int64(time.Second)},
+			`"burst";q=10;w=1`, `"burst";r=3;t=1`},
+		{shard.Decision{RateBurst: 3, RateRemaining: 0, RateReset: int64(60 * time.Second), RateWindow: int64(60 * time.Second)},
+			`"burst";q=3;w=60`, `"burst";r=0;t=60`},
+		{shard.Decision{RateBurst: 5, RateRemaining: 5, RateReset: 0, RateWindow: int64(1500 * time.Millisecond)},
+			`"burst";q=5;w=2`, `"burst";r=5;t=0`}, // full bucket: t=0; windows round up
+		{shard.Decision{RateBurst: 100, RateRemaining: -1, RateReset: 1, RateWindow: 1},
+			`"burst";q=100;w=1`, `"burst";r=0;t=1`}, // never a negative r, never w=0
+	} {
+		policy, limit, ok := rateLimitHeaders(&tc.d)
+		if policy != tc.policy || limit != tc.limit || ok != (tc.policy != "") {
+			t.Errorf("%+v: %q %q %v; want %q %q", tc.d, policy, limit, ok, tc.policy, tc.limit)
+		}
+	}
+}
+
+func TestQuotaHeaders(t *testing.T) {
+	h := http.Header{}
+	setQuotaHeaders(h, &shard.Decision{Limit: 60, Remaining: -2, Reset: time.Date(2026, 7, 1, 0, 0, 0, 0, time.UTC).Unix(),
+		RateBurst: 2, RateRemaining: 1, RateReset: int64(time.Second), RateWindow: int64(2 * time.Second)})
+	want := http.Header{
+		"Ratelimit-Policy":  {`"burst";q=2;w=2`},
+		"Ratelimit":         {`"burst";r=1;t=1`},
+		"X-Quota-Limit":     {"60"},
+		"X-Quota-Remaining": {"0"},
+		"X-Quota-Reset":     {"2026-07-01T00:00:00Z"},
+	}
+	if !equalHeaders(h, want) {
+		t.Fatalf("got %v\nwant %v", h, want)
+	}
+}
+
+func equalHeaders(a, b http.Header) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if strings.Join(v, ",") != strings.Join(b[k], ",") {
+			return false
+		}
+	}
+	return true
+}
+
+func TestCeilSeconds(t *testing.T) {
+	for ns, want := range map[int64]int64{-5: 0, 0: 0, 1: 1, int64(time.Second): 1, int64(time.Second) + 1: 2, int64(216000 * time.Second): 216000} {
+		if got := ceilSeconds(ns); got != want {
+			t.Errorf("ceilSeconds(%d) = %d, want %d", ns, got, want)
+		}
+	}
+}
+
+// The problem bodies, byte for byte.
+func TestProblemBodies(t *testing.T) {
+	reset := time.Date(2026, 7, 1, 0, 0, 0, 0, time.UTC).Unix()
+	for _, tc := range []struct {
+		name       string
+		p          *Problem
+		retryAfter string
+		body       string
+	}{
+		{"rate limited", refusal(&shard.Decision{Reason: shard.RateLimited, RetryAfter: int64(1200 * time.Millisecond), RateBurst: 5}, 1, 429), "2",
+			`{"type":"https://quotaring.dev/problems/rate-limited","title":"Rate limited","status":429,"detail":"The account's rate limit (a burst of 5 requests) is used up; retry in 2 s."}`},
+		{"quota exceeded", refusal(&shard.Decision{Reason: shard.QuotaExceeded, RetryAfter: int64(216000 * time.Second), Limit: 60, Remaining: 7, Reset: reset}, 25, 402), "216000",
+			`{"type":"https://quotaring.dev/problems/quota-exceeded","title":"Quota exceeded","status":402,"detail":"This request costs 25 units and the account has 7 left of 60 this period; the quota renews at 2026-07-01T00:00:00Z."}`},
+		{"credits used up", refusal(&shard.Decision{Reason: shard.QuotaExceeded, RetryAfter: shard.Never, Limit: 10, Remaining: 0, Reset: reset}, 3, 403), "",
+			`{"type":"https://quotaring.dev/problems/quota-exceeded","title":"Quota exceeded","status":403,"detail":"This request costs 3 units and the account has 0 left of 10; its credits are used up and waiting does not renew them."}`},
+		{"account not loaded", refusal(&shard.Decision{Reason: shard.UnknownAccount}, 1, 429), "1",
+			`{"type":"https://quotaring.dev/problems/quota-unavailable","title":"Quota unavailable","status":503,"detail":"The owner of this key's account has not loaded its config yet; retry in a second."}`},
+		{"missing key", unknownKey(true), "",
+			`{"type":"https://quotaring.dev/problems/unknown-key","title":"Unknown API key","status":401,"detail":"No API key was sent: send it as 'Authorization: Bearer \u003ckey\u003e' or 'X-Api-Key: \u003ckey\u003e'."}`},
+		{"unavailable", unavailable("x"), "1", `{"type":"https://quotaring.dev/problems/quota-unavailable","title":"Quota unavailable","status":503,"detail":"x"}`},
+		{"too large", tooLarge(1024), "",
+			`{"type":"https://quotaring.dev/problems/payload-too-large","title":"Payload too large","status":413,"detail":"The request body is over the limit of 1024 bytes; nothing was charged."}`},
+	} {
+		w := httptest.NewRecorder()
+		tc.p.write(w)
+		if got := strings.TrimSpace(w.Body.String()); got != tc.body {
+			t.Errorf("%s: body\n got %s\nwant %s", tc.name, got, tc.body)
+		}
+		if w.Header().Get("Retry-After") != tc.retryAfter || w.Header().Get("Content-Type") != "application/problem+json" {
+			t.Errorf("%s: headers %v, want Retry-After %q", tc.name, w.Header(), tc.retryAfter)
+		}
+		if (tc.p.Status == 401) != (w.Header().Get("WWW-Authenticate") != "") {
+			t.Errorf("%s: WWW-Authenticate %q", tc.name, w.Header().Get("WWW-Authenticate"))
+		}
+	}
+}
+
+func TestIdempotencyKeyHeader(t *testing.T) {
+	for _, tc := range []struct {
+		vals []string
+		want string
+		ok   bool
+	}{
+		{nil, "", true},
+		{[]string{"order-42"}, "order-42", true},
+		{[]string{`"order-42"`}, "order-42", true},
+		{[]string{"with space and ~!"}, "with space and ~!", true},
+		{[]string{strings.Repeat("k", 255)}, strings.Repeat("k", 255), true},
+		{[]string{strings.Repeat("k", 256)}, "", false},
+		{[]string{""}, "", false},
+		{[]string{`""`}, "", false},
+		{[]string{"tab\there"}, "", false},
+		{[]string{"caf\xc3\xa9"}, "", false},
+		{[]string{"a", "b"}, "", false},
+	} {
+		h := http.Header{}
+		for _, v := range tc.vals {
+			h.Add("Idempotency-Key", v)
+		}
+		got, p := idempotencyKey(h)
+		if got != tc.want || (p == nil) != tc.ok || (p != nil && (p.Status != 400 || p.Type != ProblemBadRequest)) {
+			t.Errorf("%q: %q, %+v; want %q ok=%v", tc.vals, got, p, tc.want, tc.ok)
+		}
+	}
+}
+
+func TestAPIKeyHeader(t *testing.T) {
+	for _, tc := range []struct {
+		headers map[string]string
+		want    string
+	}{
+		{map[string]string{"Authorization": "Bearer k1"}, "k1"},
+		{map[string]string{"Authorization": "bearer  k1 "}, "k1"},
+		{map[string]string{"X-Api-Key": "k2"}, "k2"},
+		{map[string]string{"X-Api-Key": "k2", "Authorization": "Bearer upstream-jwt"}, "k2"},
+		{map[string]string{"Authorization": "Basic dXNlcjpwdw=="}, ""},
+		{map[string]string{"Authorization": "Bearer "}, ""},
+		{map[string]string{}, ""},
+	} {
+		h := http.Header{}
+		for k, v := range tc.headers {
+			h.Set(k, v)
+		}
+		if got, ok := apiKey(h); got != tc.want || ok != (tc.want != "") {
+			t.Errorf("%v: %q %v, want %q", tc.headers, got, ok, tc.want)
+		}
+	}
+}
+
+func TestFrontOptionsCheck(t *testing.T) {
+	for _, o := range []FrontOptions{
+		{QuotaStatus: 500}, {BillOn: "never"}, {UsagePath: "v1/usage"}, {UpstreamTimeout: -time.Second},
+	} {
+		if err := o.Check(); err == nil {
+			t.Errorf("%+v: no error", o)
+		}
+	}
+	for _, o := range []FrontOptions{{}, {QuotaStatus: 402, BillOn: BillOn2xx}, {QuotaStatus: 403, BillOn: BillOnAlways, MaxBodyBytes: -1}} {
+		if err := o.Check(); err != nil {
+			t.Errorf("%+v: %v", o, err)
+		}
+	}
+	if _, err := Middleware(FrontOptions{}); err == nil {
+		t.Error("Middleware without a Charger and a Config: no error")
+	}
+}
+
+// fakeCharger answers every charge with decision (or err) and records
+// refunds.
+type fakeCharger struct {
+	decision shard.Decision
+	err      error
+	// gate, when set, holds every charge until it is closed.
+	gate chan struct{}
+
+	mu      sync.Mutex // protects charges and refunds
+	charges []ChargeRequest
+	refunds []RefundRequest
+}
+
+func (f *fakeCharger) Charge(_ context.Context, req ChargeRequest) (ChargeResult, error) {
+	if f.gate != nil {
+		<-f.gate
+	}
+	f.mu.Lock()
+	f.charges = append(f.charges, req)
+	f.mu.Unlock()
+	if f.err != nil {
+		return ChargeResult{}, f.err
+	}
+	res := ChargeResult{Decision: f.decision, EventID: req.EventID, Node: "fake"}
+	if res.EventID == "" {
+		res.EventID = "gen-1"
+	}
+	if f.decision.Reason == shard.OK && req.Units > 0 {
+		res.Receipt = &shard.Receipt{EventID: res.EventID, Units: req.Units}
+	}
+	return res, nil
+}
+
+func (f *fakeCharger) Refund(_ context.Context, req RefundRequest) (shard.Decision, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.refunds = append(f.refunds, req)
+	return shard.Decision{Reason: shard.Refunded}, nil
+}
+
+func (f *fakeCharger) Usage(context.Context, string) (UsageResult, error) {
+	return UsageResult{Known: true, Usage: shard.Usage{Period: shard.PeriodOf(time.Date(2026, 6, 1, 0, 0, 0, 0, time.UTC).UnixNano()),
+		Limit: 100, Used: 2, Remaining: 98, Reset: time.Date(2026, 7, 1, 0, 0, 0, 0, time.UTC).Unix(),
+		Routes: map[string]int64{"POST /v1/tasks": 2}}}, nil
+}
+
+func (f *fakeCharger) counts() (charges, refunds int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.charges), len(f.refunds)
+}
+
+type staticConfig struct{ s *snapshot.Snapshot }
+
+func (c staticConfig) Snapshot() *snapshot.Snapshot { return c.s }
+
+func testConfig(t *testing.T) staticConfig {
+	t.Helper()
+	s, err := snapshot.Decode([]byte(`{"version":1,"plans":[{"id":"p","monthly_quota":100,"hard":true}],
+		"accounts":[{"id":"acme","plan":"p"}],"keys":[{"id":"k1","hash":"` + snapshot.HashKey("secret") + `","account":"acme"}],
+		"routes":{"version":1,"default":1,"weights":{"POST /v1/tasks":2,"GET /v1/free":0}}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return staticConfig{s}
+}
+
+func okDecision() shard.Decision {
+	return shard.Decision{Reason: shard.OK, Limit: 100, Remaining: 98, Reset: time.Date(2026, 7, 1, 0, 0, 0, 0, time.UTC).Unix()}
+}
+
+// serve runs one request through Middleware(opts)(h) and returns the
+// recorder; a panic in h is recovered (as net/http would) and returned.
+func serve(t *testing.T, opts FrontOptions, h http.Handler, req *http.Request) (w *httptest.ResponseRecorder, panicked any) {
+	t.Helper()
+	mw, err := Middleware(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w = httptest.NewRecorder()
+	func() {
+		defer func() { panicked = recover() }()
+		mw(h).ServeHTTP(w, req)
+	}()
+	return w, panicked
+}
+
+func newRequest(method, path string, body io.Reader) *http.Request {
+	r := httptest.NewRequest(method, path, body)
+	r.Header.Set("Authorization", "Bearer secret")
+	return r
+}
+
+// Which answers are refunded under each bill-on policy, and that a refund
+// happens at most once.
+func TestBillOnPolicies(t *testing.T) {
+	status := func(code int) http.HandlerFunc {
+		return func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(code) }
+	}
+	grpc := func(trailer string, trailersOnly bool) http.HandlerFunc {
+		return func(w http.ResponseWriter, _ *http.Request) {
+			w.Header().Set("Content-Type", "application/grpc+proto")
+			if trailersOnly {
+				w.Header().Set("Grpc-Status", trailer)
+				w.WriteHeader(200)
+				return
+			}
+			w.WriteHeader(200)
+			w.Write([]byte{0, 0, 0, 0, 0})
+			if trailer != "" {
+				w.Header().Set(http.TrailerPrefix+"Grpc-Status", trailer)
+			}
+		}
+	}
+	handlers := map[string]http.Handler{
+		"200":                  status(200),
+		"204":                  status(204),
+		"302":                  status(302),
+		"404":                  status(404),
+		"500":                  status(500),
+		"503":                  status(503),
+		"nothing written":      http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}),
+		"interim 103 then 500": http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(103); w.WriteHeader(500) }),
+		"grpc 0":               grpc("0", false),
+		"grpc 13 trailer":      grpc("13", false),
+		"grpc 5 trailers-only": grpc("5", true),
+		"grpc cut off":         grpc("", false),
+		"panic":                http.HandlerFunc(func(http.ResponseWriter, *http.Request) { panic("boom") }),
+		"abort after a write": http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+			w.Write([]byte("partial"))
+			panic(http.ErrAbortHandler)
+		}),
+	}
+	// refunded per policy: success, 2xx, always.
+	want := map[string][3]bool{
+		"200": {false, false, false}, "204": {false, false, false}, "302": {false, false, false},
+		"404": {false, true, false}, "500": {true, true, false}, "503": {true, true, false},
+		"nothing written": {false, false, false}, "interim 103 then 500": {true, true, false},
+		"grpc 0": {false, false, false}, "grpc 13 trailer": {true, false, false}, "grpc 5 trailers-only": {true, false, false},
+		"grpc cut off": {true, false, false}, "panic": {true, true, false}, "abort after a write": {true, true, false},
+	}
+	for name, h := range handlers {
+		for i, policy := range []string{BillOnSuccess, BillOn2xx, BillOnAlways} {
+			ch := &fakeCharger{decision: okDecision()}
+			_, p := serve(t, FrontOptions{Charger: ch, Config: testConfig(t), BillOn: policy}, h, newRequest("POST", "/v1/tasks", nil))
+			if (p != nil) != (name == "panic" || name == "abort after a write") {
+				t.Errorf("%s: panic %v", name, p)
+			}
+			charges, refunds := ch.counts()
+			if charges != 1 || refunds != map[bool]int{false: 0, true: 1}[want[name][i]] {
+				t.Errorf("%s, bill-on %s: %d charges, %d refunds; want refunded=%v", name, policy, charges, refunds, want[name][i])
+			}
+			if refunds == 1 && (ch.refunds[0].EventID != "gen-1" || ch.refunds[0].Receipt == nil || ch.refunds[0].Account != "acme") {
+				t.Errorf("%s: refund %+v", name, ch.refunds[0])
+			}
+		}
+	}
+}
+
+// A replayed charge is never refunded by its retry, and a weight-0 route
+// has nothing to refund.
+func TestNoRefundWithoutACharge(t *testing.T) {
+	fail := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(500) })
+	d := okDecision()
+	d.Reason = shard.Replayed
+	ch := &fakeCharger{decision: d}
+	req := newRequest("POST", "/v1/tasks", nil)
+	req.Header.Set("Idempotency-Key", "k")
+	serve(t, FrontOptions{Charger: ch, Config: testConfig(t)}, fail, req)
+	ch2 := &fakeCharger{decision: okDecision()}
+	serve(t, FrontOptions{Charger: ch2, Config: testConfig(t)}, fail, newRequest("GET", "/v1/free", nil))
+	if _, r := ch.counts(); r != 0 {
+		t.Errorf("a replay was refunded")
+	}
+	if _, r := ch2.counts(); r != 0 {
+		t.Errorf("a weight-0 request was refunded")
+	}
+	if ch.charges[0].EventID != "k" || !ch.charges[0].ClientID || ch2.charges[0].Units != 0 || ch2.charges[0].Route != "GET /v1/free" {
+		t.Errorf("charges %+v %+v", ch.charges, ch2.charges)
+	}
+}
+
+// Refusals and failures to decide: problem+json, next never runs, nothing
+// to refund.
+func TestRefusalsNeverCallNext(t *testing.T) {
+	next := http.HandlerFunc(func(http.ResponseWriter, *http.Request) { t.Error("next ran") })
+	quota := okDecision()
+	quota.Reason, quota.RetryAfter, quota.Remaining = shard.QuotaExceeded, int64(time.Hour), 1
+	for _, tc := range []struct {
+		name    string
+		ch      *fakeCharger
+		cfg     ConfigSource
+		status  int
+		typ     string
+		headers []string // that must be present
+	}{
+		{"quota exceeded (402)", &fakeCharger{decision: quota}, testConfig(t), 402, ProblemQuotaExceeded, []string{"Retry-After", "X-Quota-Remaining"}},
+		{"ErrUnavailable", &fakeCharger{err: ErrUnavailable}, testConfig(t), 503, ProblemQuotaUnavailable, []string{"Retry-After"}},
+		{"ErrInternal", &fakeCharger{err: ErrInternal}, testConfig(t), 500, ProblemInternal, nil},
+		{"no snapshot yet", &fakeCharger{}, staticConfig{}, 503, ProblemQuotaUnavailable, []string{"Retry-After"}},
+	} {
+		var seen []int
+		opts := FrontOptions{Charger: tc.ch, Config: tc.cfg, QuotaStatus: 402, OnRequest: func(code int, _ time.Duration) { seen = append(seen, code) }}
+		w, _ := serve(t, opts, next, newRequest("POST", "/v1/tasks", nil))
+		var p Problem
+		if err := json.Unmarshal(w.Body.Bytes(), &p); err != nil || w.Code != tc.status || p.Type != tc.typ || p.Status != tc.status {
+			t.Errorf("%s: %d %s", tc.name, w.Code, w.Body)
+		}
+		for _, h := range tc.headers {
+			if w.Header().Get(h) == "" {
+				t.Errorf("%s: no %s", tc.name, h)
+			}
+		}
+		if _, r := tc.ch.counts(); r != 0 || len(seen) != 1 || seen[0] != tc.status {
+			t.Errorf("%s: %d refunds, OnRequest heard %v", tc.name, r, seen)
+		}
+	}
+}
+
+// A client that hangs up while its charge is in flight: the charge
+// completes (its outcome is known), next never runs, and it is refunded.
+func TestClientGoneDuringCharge(t *testing.T) {
+	ch := &fakeCharger{decision: okDecision(), gate: make(chan struct{})}
+	ctx, cancel := context.WithCancel(context.Background())
+	req := newRequest("POST", "/v1/tasks", nil).WithContext(ctx)
+	var code int
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		serve(t, FrontOptions{Charger: ch, Config: testConfig(t), OnRequest: func(c int, _ time.Duration) { code = c }},
+			http.HandlerFunc(func(http.ResponseWriter, *http.Request) { t.Error("next ran for a client that left") }), req)
+	}()
+	cancel()
+	close(ch.gate)
+	<-done
+	if c, r := ch.counts(); c != 1 || r != 1 || code != 499 {
+		t.Fatalf("%d charges, %d refunds, code %d; want 1, 1, 499", c, r, code)
+	}
+}
+
+// A chunked body over the limit that the handler cannot read: 413 and a
+// refund; a Content-Length over it: 413 before any charge.
+func TestMaxBodyBytes(t *testing.T) {
+	reader := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if _, err := io.ReadAll(r.Body); err == nil {
+			t.Error("read the whole body past the limit")
+		}
+	})
+	ch := &fakeCharger{decision: okDecision()}
+	req := newRequest("POST", "/v1/tasks", io.MultiReader(strings.NewReader(strings.Repeat("x", 100))))
+	req.ContentLength = -1
+	w, _ := serve(t, FrontOptions{Charger: ch, Config: testConfig(t), MaxBodyBytes: 10, BillOn: BillOnAlways}, reader, req)
+	if c, r := ch.counts(); w.Code != 413 || c != 1 || r != 1 {
+		t.Fatalf("chunked: %d, %d charges, %d refunds (even under bill-on always)", w.Code, c, r)
+	}
+	ch = &fakeCharger{decision: okDecision()}
+	w, _ = serve(t, FrontOptions{Charger: ch, Config: testConfig(t), MaxBodyBytes: 10}, reader, newRequest("POST", "/v1/tasks", strings.NewReader(strings.Repeat("x", 11))))
+	if c, _ := ch.counts(); w.Code != 413 || c != 0 {
+		t.Fatalf("Content-Length: %d, %d charges", w.Code, c)
+	}
+}
+
+func TestUsageEndpoint(t *testing.T) {
+	ch := &fakeCharger{}
+	w, _ := serve(t, FrontOptions{Charger: ch, Config: testConfig(t), UsagePath: "/usage"}, http.NotFoundHandler(), newRequest("GET", "/usage", nil))
+	want := `{"account":"acme","period":"2026-06","used":2,"limit":100,"remaining":98,"reset":"2026-07-01T00:00:00Z","routes":{"POST /v1/tasks":2}}`
+	if got := strings.TrimSpace(w.Body.String()); w.Code != 200 || got != want || w.Header().Get("X-Quota-Remaining") != "98" {
+		t.Fatalf("usage: %d %s %v\nwant %s", w.Code, got, w.Header(), want)
+	}
+	if c, _ := ch.counts(); c != 0 {
+		t.Fatal("the usage endpoint charged")
+	}
+	r := httptest.NewRequest("GET", "/usage", nil)
+	w, _ = serve(t, FrontOptions{Charger: ch, Config: testConfig(t), UsagePath: "/usage"}, http.NotFoundHandler(), r)
+	if w.Code != 401 {
+		t.Fatalf("usage without a key: %d", w.Code)
+	}
+}
+
+func TestCallerInContext(t *testing.T) {
+	ch := &fakeCharger{decision: okDecision()}
+	var got *Caller
+	h := http.HandlerFunc(func(_ http.ResponseWriter, r *http.Request) { got, _ = CallerFrom(r.Context()) })
+	serve(t, FrontOptions{Charger: ch, Config: testConfig(t)}, h, newRequest("POST", "/v1/tasks/", nil))
+	if got == nil || got.Account != "acme" || got.KeyID != "k1" || got.Route != "*" || got.Units != 1 || got.EventID != "gen-1" {
+		t.Fatalf("caller %+v", got)
+	}
+}
