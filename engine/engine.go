@@ -55,6 +55,10 @@ type ReserveRequest struct {
 type ReserveResult struct {
 	Granted   []shard.Alloc
 	Exhausted []string
+	// HeldElsewhere are grants with nothing free while other nodes hold
+	// reservations on them: a charge short of units answers
+	// ErrQuotaUnavailable, not QuotaExceeded.
+	HeldElsewhere []string
 }
 
 // Options configure an Engine.

@@ -44,7 +44,19 @@ func (e *Engine) reserveOnce(ctx context.Context, account string, shortfall int6
 				"account", account, "allocs", giveBack, "err", rerr)
 		}
 	}
+	if err == nil && len(res.HeldElsewhere) > 0 && granted(res) < shortfall {
+		return fmt.Errorf("%w: account %q: the units it lacks are reserved by other nodes (an owner handing over, or a lost node: quotad revoke); retry shortly",
+			ErrQuotaUnavailable, account)
+	}
 	return err
+}
+
+func granted(res ReserveResult) int64 {
+	var n int64
+	for _, g := range res.Granted {
+		n += g.Units
+	}
+	return n
 }
 
 // applyReservation logs the granted units as allowance. Units for a grant

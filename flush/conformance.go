@@ -39,6 +39,7 @@ func RunConformance(t *testing.T, open func(t *testing.T) Ledger) {
 		{"TombstoneThenCharge", confTombstone},
 		{"ConcurrentReservations", confConcurrentReservations},
 		{"GrantOrder", confGrantOrder},
+		{"HeldElsewhere", confHeldElsewhere},
 		{"EventsOff", confEventsOff},
 		{"UsageAndReconcile", confUsageReconcile},
 		{"NodesReservationsAlerts", confNodesAlerts},
@@ -805,6 +806,28 @@ func confGrantOrder(t *testing.T, l Ledger) {
 
 	_, err := l.Reserve(ctx, "node-a", ReserveRequest{Account: "nobody", Wall: confWallTime(), Need: 1})
 	wantErrIs(t, "reserve for a missing account", err, ErrNotFound)
+}
+
+// confHeldElsewhere: a grant with nothing free because another node holds
+// it is held elsewhere, not exhausted; once released it is free again.
+func confHeldElsewhere(t *testing.T, l Ledger) {
+	ctx := t.Context()
+	confSetup(t, l, 10, "acct-1")
+	res, err := l.Reserve(ctx, "node-a", ReserveRequest{Account: "acct-1", Wall: confWallTime(), Need: 10})
+	if err != nil || !slices.Equal(res.Exhausted, []string{confJune}) || len(res.HeldElsewhere) != 0 {
+		t.Fatalf("node-a takes all 10: %+v %v; want exhausted for node-a itself", res, err)
+	}
+	res, err = l.Reserve(ctx, "node-b", ReserveRequest{Account: "acct-1", Wall: confWallTime(), Need: 3})
+	if err != nil || len(res.Granted) != 0 || len(res.Exhausted) != 0 || !slices.Equal(res.HeldElsewhere, []string{confJune}) {
+		t.Fatalf("node-b while node-a holds everything: %+v %v; want held elsewhere", res, err)
+	}
+	if err := l.Release(ctx, "node-a", "acct-1", []shard.Alloc{{Grant: confJune, Units: 4}}); err != nil {
+		t.Fatal(err)
+	}
+	res, err = l.Reserve(ctx, "node-b", ReserveRequest{Account: "acct-1", Wall: confWallTime(), Need: 3})
+	if err != nil || !slices.Equal(res.Granted, []shard.Alloc{{Grant: confJune, Units: 3}}) {
+		t.Fatalf("node-b after node-a released 4: %+v %v", res, err)
+	}
 }
 
 func confEventsOff(t *testing.T, l Ledger) {

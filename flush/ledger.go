@@ -199,7 +199,12 @@ type ReserveRequest struct {
 // ReserveResult is what Reserve did.
 type ReserveResult struct {
 	Granted   []shard.Alloc // per grant, in spending order; units > 0
-	Exhausted []string      // active grants with nothing free left
+	Exhausted []string      // active grants with nothing free left, nothing held by other nodes
+	// HeldElsewhere are active grants with nothing free left while other
+	// nodes still hold reservations on them (an owner that has not handed
+	// its reservation back yet, or a lost node's frozen one): a charge that
+	// needs them is unavailable for now, not over quota.
+	HeldElsewhere []string
 }
 
 // Released is what ReleaseNode freed for one account.

@@ -323,26 +323,31 @@ func refundRef(r *Refund) EventRef {
 // grants, given in spending order (soonest expiry first, never-expiring
 // last, then by id): min(free, rest) from each. It returns what to take and
 // which grants have nothing free afterwards.
-func reserveTake(grants []activeGrant, need int64) (granted []shard.Alloc, exhausted []string) {
+func reserveTake(grants []activeGrant, need int64) (res ReserveResult) {
 	rest := max(need, 0)
 	for _, g := range grants {
 		free := max(g.units-g.used-g.reserved, 0)
 		take := min(free, rest)
 		if take > 0 {
-			granted = append(granted, shard.Alloc{Grant: g.id, Units: take})
+			res.Granted = append(res.Granted, shard.Alloc{Grant: g.id, Units: take})
 			rest -= take
 		}
 		if free-take == 0 {
-			exhausted = append(exhausted, g.id)
+			if g.reserved > g.mine {
+				res.HeldElsewhere = append(res.HeldElsewhere, g.id)
+			} else {
+				res.Exhausted = append(res.Exhausted, g.id)
+			}
 		}
 	}
-	return granted, exhausted
+	return res
 }
 
 // activeGrant is a grant Reserve may take from.
 type activeGrant struct {
 	id                    string
 	units, used, reserved int64
+	mine                  int64 // of reserved, what the reserving node holds
 	expires               int64 // Unix ns; 0: never
 }
 

@@ -20,10 +20,11 @@ import (
 // pgActiveGrantsSQL locks the account's grants active at $2. They are
 // locked in grant id order, like everywhere else; Go sorts them into
 // spending order afterwards.
-const pgActiveGrantsSQL = `SELECT grant_id, units, used, reserved, expires_at FROM grants
-WHERE account_id = $1 AND starts_at <= $2 AND (expires_at IS NULL OR expires_at > $2)
-ORDER BY grant_id
-FOR UPDATE`
+const pgActiveGrantsSQL = `SELECT g.grant_id, g.units, g.used, g.reserved, g.expires_at, coalesce(r.units, 0) FROM grants g
+LEFT JOIN reservations r ON r.account_id = g.account_id AND r.grant_id = g.grant_id AND r.node_id = $3
+WHERE g.account_id = $1 AND g.starts_at <= $2 AND (g.expires_at IS NULL OR g.expires_at > $2)
+ORDER BY g.grant_id
+FOR UPDATE OF g`
 
 // pgReserveSQL is the conditional update that keeps used + reserved <=
 // units: a grant that would go over is not updated (and Reserve fails
@@ -57,10 +58,10 @@ func (p *Postgres) Reserve(ctx context.Context, node string, req ReserveRequest)
 	b.BeginTx(pgx.TxOptions{})
 	queueAccountExists(b, req.Account)
 	queueMonthly(b, []grantKey{{req.Account, shard.MonthlyGrantID(per)}})
-	b.Queue(pgActiveGrantsSQL, req.Account, wall).Query(func(rows pgx.Rows) error {
+	b.Queue(pgActiveGrantsSQL, req.Account, wall, node).Query(func(rows pgx.Rows) error {
 		var g activeGrant
 		var expires *time.Time
-		_, err := pgx.ForEachRow(rows, []any{&g.id, &g.units, &g.used, &g.reserved, &expires}, func() error {
+		_, err := pgx.ForEachRow(rows, []any{&g.id, &g.units, &g.used, &g.reserved, &expires, &g.mine}, func() error {
 			g.expires = 0
 			if expires != nil {
 				g.expires = expires.UnixNano()
@@ -76,7 +77,7 @@ func (p *Postgres) Reserve(ctx context.Context, node string, req ReserveRequest)
 		return res, p.fail(op, err)
 	}
 	sortSpending(active)
-	res.Granted, res.Exhausted = reserveTake(active, req.Need)
+	res = reserveTake(active, req.Need)
 	if len(res.Granted) > 0 {
 		ids, units := allocColumns(res.Granted)
 		q := &pgx.Batch{}

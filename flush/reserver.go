@@ -34,7 +34,7 @@ func (r *Reserver) Reserve(ctx context.Context, req engine.ReserveRequest) (engi
 	if err != nil {
 		return engine.ReserveResult{}, err
 	}
-	return engine.ReserveResult{Granted: res.Granted, Exhausted: res.Exhausted}, nil
+	return engine.ReserveResult{Granted: res.Granted, Exhausted: res.Exhausted, HeldElsewhere: res.HeldElsewhere}, nil
 }
 
 // Release implements engine.Reserver.

@@ -269,18 +269,19 @@ func (s *SQLite) Reserve(ctx context.Context, node string, req ReserveRequest) (
 			return err
 		}
 		var active []activeGrant
-		if err := queryEach(ctx, tx, `SELECT grant_id, units, used, reserved, coalesce(expires_at, 0) FROM grants
-			WHERE account_id = ? AND starts_at <= ? AND (expires_at IS NULL OR expires_at > ?) ORDER BY grant_id`,
-			[]any{req.Account, wall, wall}, func(scan func(...any) error) error {
+		if err := queryEach(ctx, tx, `SELECT g.grant_id, g.units, g.used, g.reserved, coalesce(g.expires_at, 0), coalesce(r.units, 0) FROM grants g
+			LEFT JOIN reservations r ON r.account_id = g.account_id AND r.grant_id = g.grant_id AND r.node_id = ?
+			WHERE g.account_id = ? AND g.starts_at <= ? AND (g.expires_at IS NULL OR g.expires_at > ?) ORDER BY g.grant_id`,
+			[]any{node, req.Account, wall, wall}, func(scan func(...any) error) error {
 				var g activeGrant
-				err := scan(&g.id, &g.units, &g.used, &g.reserved, &g.expires)
+				err := scan(&g.id, &g.units, &g.used, &g.reserved, &g.expires, &g.mine)
 				active = append(active, g)
 				return err
 			}); err != nil {
 			return err
 		}
 		sortSpending(active)
-		res.Granted, res.Exhausted = reserveTake(active, req.Need)
+		res = reserveTake(active, req.Need)
 		for _, a := range res.Granted {
 			r, err := tx.ExecContext(ctx, `UPDATE grants SET reserved = reserved + ?
 				WHERE account_id = ? AND grant_id = ? AND used + reserved + ? <= units`, a.Units, req.Account, a.Grant, a.Units)
