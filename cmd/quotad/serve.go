@@ -30,6 +30,7 @@ type serveFlags struct {
 	logLevel, logFormat                      string
 	upstream, adminToken                     string
 	front                                    frontFlags
+	adminAPI                                 serveAdminFlags // admin.go
 }
 
 func newServeCmd() *cobra.Command {
@@ -61,7 +62,7 @@ for the next start.`,
 	fl.StringVar(&f.ledger, "ledger", "", "the ledger: postgres://USER:PASSWORD@HOST:PORT/DB or sqlite:/path/ledger.db (required)")
 	fl.StringVar(&f.rpcAddr, "rpc-addr", ":7400", "internal gRPC address (node to node, embedded clients)")
 	fl.StringVar(&f.httpAddr, "http-addr", ":8080", "public HTTP address (the proxy)")
-	fl.StringVar(&f.adminAddr, "admin-addr", ":9090", "admin address: /healthz, /readyz, /metrics, /debug/pprof")
+	fl.StringVar(&f.adminAddr, "admin-addr", ":9090", "admin address: /healthz, /readyz, /metrics, /debug/pprof, and the admin API (/admin/v1/, with --admin-token)")
 	fl.StringVar(&f.gossipAddr, "gossip-addr", ":7946", "gossip (memberlist) address, TCP and UDP")
 	fl.StringSliceVar(&f.join, "join", nil, "seeds to join: host:port list, or a DNS name with many A records (a headless Service); empty for the first node")
 	fl.StringVar(&f.ringPreset, "ring-preset", ring.PresetLAN, "gossip timings: lan (production) or local (tests on one machine)")
@@ -76,6 +77,7 @@ for the next start.`,
 	fl.BoolVar(&f.testFaults, "test-faults", false, "expose fault injection on the admin port (/test/...): for chaos tests only, never in production")
 	fl.MarkHidden("test-faults")
 	f.front.register(cmd, &f.upstream)
+	f.adminAPI.register(cmd, &f.adminToken)
 	return cmd
 }
 
@@ -132,6 +134,7 @@ func runServe(ctx context.Context, f serveFlags) error {
 	if cfg.Front, err = f.front.build(f.upstream); err != nil {
 		return err
 	}
+	f.adminAPI.apply(&cfg, f.adminToken)
 	n, err := node.Start(ctx, cfg)
 	if err != nil {
 		return err

@@ -1,0 +1,617 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
+	"github.com/quotaring/quotaring/node"
+	"github.com/quotaring/quotaring/snapshot"
+)
+
+// --- quotad serve: the admin API's and the alerts' flags -------------------
+
+// serveAdminFlags are quotad serve's flags for the admin API and the quota
+// alerts (node.Config.AdminToken, AlertWebhook, AlertSecret,
+// AlertThresholds).
+type serveAdminFlags struct {
+	webhook, secret string
+	thresholds      []int
+}
+
+func (af *serveAdminFlags) register(cmd *cobra.Command, token *string) {
+	fl := cmd.Flags()
+	fl.StringVar(token, "admin-token", "", "bearer token of the admin API (/admin/v1/ on --admin-addr; quotad admin --token); empty disables the API. "+
+		"At least 16 random characters (openssl rand -hex 32); prefer QUOTAD_ADMIN_TOKEN, which ps does not show")
+	fl.StringVar(&af.webhook, "alert-webhook", "", "URL to POST quota alerts to (JSON, signed with --alert-secret); empty sends none")
+	fl.StringVar(&af.secret, "alert-secret", "", "HMAC-SHA256 key that signs alerts (X-Quotaring-Signature); required with --alert-webhook; prefer QUOTAD_ALERT_SECRET")
+	fl.IntSliceVar(&af.thresholds, "alert-thresholds", []int{80, 100}, "percentages of a period's quota that alert, once per account and month each")
+}
+
+func (af *serveAdminFlags) apply(cfg *node.Config, token string) {
+	cfg.AdminToken, cfg.AlertWebhook, cfg.AlertSecret, cfg.AlertThresholds = token, af.webhook, af.secret, af.thresholds
+}
+
+// --- quotad admin -------------------------------------------------------------
+
+// adminClient talks to a node's admin API.
+type adminClient struct {
+	addr, token string
+	json        bool
+	timeout     time.Duration
+	http        *http.Client
+}
+
+// adminEnv are the admin flags with environment twins, QUOTAD_ADMIN_<NAME>.
+var adminEnv = []string{"addr", "token", "json", "timeout"}
+
+func newAdminCmd() *cobra.Command {
+	c := &adminClient{}
+	cmd := &cobra.Command{
+		Use:   "admin",
+		Short: "Manage plans, accounts, API keys, grants and route weights through a node's admin API",
+		Long: `quotad admin talks to the admin API of any node (its --admin-addr, under
+/admin/v1/) with the token the node was started with (--admin-token).
+
+Changes are stored in the ledger at once; every node applies them at its next
+config refresh (--snapshot-interval, 3s by default), so allow a few seconds
+before a new key or plan is in force everywhere.
+
+Output is a table for people, or the API's JSON with --json for scripts.
+Errors are the server's explanation of what to fix.
+
+Its flags' environment twins are QUOTAD_ADMIN_ADDR, QUOTAD_ADMIN_TOKEN,
+QUOTAD_ADMIN_JSON and QUOTAD_ADMIN_TIMEOUT (QUOTAD_ADMIN_TOKEN is also what
+quotad serve reads for --admin-token).`,
+		Example: `  export QUOTAD_ADMIN_ADDR=http://127.0.0.1:9090 QUOTAD_ADMIN_TOKEN=...
+  quotad admin plans set pro --rate 10/s --burst 20 --quota 100000 --hard
+  quotad admin accounts set acme --plan pro
+  quotad admin keys create acme
+  quotad admin grants add acme --units 5000 --expires 2027-01-01
+  quotad admin routes set --default 1 'GET /v1/tasks=1' 'POST /v1/exports=25'
+  quotad admin accounts show acme`,
+		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error { return c.init(cmd.Flags()) },
+	}
+	pf := cmd.PersistentFlags()
+	pf.StringVar(&c.addr, "addr", "http://127.0.0.1:9090", "a node's admin address (its --admin-addr)")
+	pf.StringVar(&c.token, "token", "", "the admin token (the node's --admin-token); prefer QUOTAD_ADMIN_TOKEN, which ps does not show")
+	pf.BoolVar(&c.json, "json", false, "print the API's JSON answer instead of a table")
+	pf.DurationVar(&c.timeout, "timeout", 30*time.Second, "how long to wait for the node's answer")
+	cmd.AddCommand(newAdminPlansCmd(c), newAdminAccountsCmd(c), newAdminKeysCmd(c), newAdminGrantsCmd(c), newAdminRoutesCmd(c),
+		&cobra.Command{
+			Use:   "reservations",
+			Short: "List the units each node holds reserved, per account and grant",
+			Long: `List the reservations in the ledger: units of hard-limited grants that a node
+may spend without asking the ledger. A node that is gone for good keeps its
+reservations frozen until it comes back or 'quotad revoke --node ID' frees them.`,
+			Args: cobra.NoArgs,
+			RunE: func(cmd *cobra.Command, _ []string) error { return c.reservations(cmd) },
+		},
+		&cobra.Command{
+			Use:   "nodes",
+			Short: "List the nodes the ledger knows, their settled marks and ring state",
+			Args:  cobra.NoArgs,
+			RunE:  func(cmd *cobra.Command, _ []string) error { return c.nodes(cmd) },
+		})
+	return cmd
+}
+
+// init binds the environment twins (quotad admin's own names, not the root's
+// QUOTAD_<FLAG>, so that QUOTAD_ADMIN_TOKEN serves both serve and admin).
+func (c *adminClient) init(fs *pflag.FlagSet) error {
+	var errs []error
+	for _, name := range adminEnv {
+		f := fs.Lookup(name)
+		if f == nil || f.Changed {
+			continue
+		}
+		env := "QUOTAD_ADMIN_" + strings.ToUpper(name)
+		if v := os.Getenv(env); v != "" { // empty counts as unset
+			if err := fs.Set(name, v); err != nil {
+				errs = append(errs, fmt.Errorf("environment %s=%q: %v", env, v, err))
+			}
+		}
+	}
+	if c.addr == "" {
+		errs = append(errs, errors.New("--addr is empty: give a node's admin address, such as http://127.0.0.1:9090"))
+	} else if !strings.Contains(c.addr, "://") {
+		c.addr = "http://" + c.addr
+	}
+	c.addr = strings.TrimRight(c.addr, "/")
+	c.http = &http.Client{Timeout: c.timeout}
+	return errors.Join(errs...)
+}
+
+// problem is the part of an RFC 9457 answer the client shows.
+type problem struct {
+	Status int    `json:"status"`
+	Detail string `json:"detail"`
+	Title  string `json:"title"`
+}
+
+// do calls the API. On success it returns the raw answer and, when out is
+// not nil, decodes it there; on failure an error carrying the server's
+// problem detail.
+func (c *adminClient) do(ctx context.Context, method, path string, body, out any) ([]byte, error) {
+	var rd io.Reader
+	if body != nil {
+		b, err := json.Marshal(body)
+		if err != nil {
+			return nil, err
+		}
+		rd = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, c.addr+path, rd)
+	if err != nil {
+		return nil, fmt.Errorf("--addr %q: %v", c.addr, err)
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	req.Header.Set("Accept", "application/json")
+	if c.token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.token)
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("cannot reach the admin API at %s (is a node's --admin-addr there? set --addr or QUOTAD_ADMIN_ADDR): %w", c.addr, err)
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(io.LimitReader(resp.Body, 32<<20))
+	if err != nil {
+		return nil, fmt.Errorf("%s %s: reading the answer: %w", method, path, err)
+	}
+	if resp.StatusCode >= 300 {
+		var p problem
+		if strings.HasPrefix(resp.Header.Get("Content-Type"), "application/problem+json") && json.Unmarshal(raw, &p) == nil && p.Detail != "" {
+			msg := p.Detail
+			if resp.StatusCode == http.StatusUnauthorized && c.token == "" {
+				msg += " (no token given: set --token or QUOTAD_ADMIN_TOKEN)"
+			}
+			return nil, fmt.Errorf("%s (HTTP %d)", msg, resp.StatusCode)
+		}
+		snippet := strings.TrimSpace(string(raw[:min(len(raw), 200)]))
+		return nil, fmt.Errorf("%s %s%s: HTTP %d %s (is --addr a node's admin address?)", method, c.addr, path, resp.StatusCode, snippet)
+	}
+	if out != nil {
+		if err := json.Unmarshal(raw, out); err != nil {
+			return nil, fmt.Errorf("%s %s: unexpected answer: %v", method, path, err)
+		}
+	}
+	return raw, nil
+}
+
+// run calls the API and prints: the raw JSON with --json, else table(out).
+func (c *adminClient) run(cmd *cobra.Command, method, path string, body, out any, table func(w io.Writer)) error {
+	raw, err := c.do(cmd.Context(), method, path, body, out)
+	if err != nil {
+		return err
+	}
+	if c.json {
+		_, err := cmd.OutOrStdout().Write(raw)
+		return err
+	}
+	tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+	table(tw)
+	return tw.Flush()
+}
+
+// refreshNote ends every change's message.
+const refreshNote = "nodes apply it at their next config refresh (a few seconds)"
+
+func pathID(id string) string { return strings.ReplaceAll(id, "/", "%2F") }
+
+// --- plans ------------------------------------------------------------------
+
+func newAdminPlansCmd(c *adminClient) *cobra.Command {
+	cmd := &cobra.Command{Use: "plans", Short: "Create, change and list plans (rate, burst, monthly quota, hard or soft)"}
+	var rate string
+	var burst, quota int64
+	var hard, soft bool
+	set := &cobra.Command{
+		Use:   "set ID --quota UNITS (--hard | --soft) [--rate N/PERIOD] [--burst N]",
+		Short: "Create a plan or change it (every account on it follows)",
+		Long: `Create a plan or replace its settings. Every account on the plan follows,
+including the current month's quota (a lower quota can leave an account over it:
+it is refused until the next month under --hard).
+
+--rate is TOKENS/PERIOD: 10/s, 600/m, 5/h or 100/1m30s; without it there is no
+rate limit. --burst defaults to one period's worth of tokens.
+--hard refuses requests past the monthly quota; --soft lets them through and
+records the overage for billing.`,
+		Example: `  quotad admin plans set pro --rate 10/s --burst 20 --quota 100000 --hard
+  quotad admin plans set credits-only --quota 0 --hard
+  quotad admin plans set metered --rate 50/s --quota 1000000 --soft`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			body := map[string]any{"monthly_quota": quota, "hard": hard && !soft}
+			if rate != "" {
+				body["rate"] = rate
+			}
+			if cmd.Flags().Changed("burst") {
+				body["burst"] = burst
+			}
+			var p snapshot.Plan
+			return c.run(cmd, "PUT", "/admin/v1/plans/"+pathID(args[0]), body, &p, func(w io.Writer) {
+				fmt.Fprintf(w, "plan %s set: %s; %s\n", p.ID, describePlan(p), refreshNote)
+			})
+		},
+	}
+	fl := set.Flags()
+	fl.StringVar(&rate, "rate", "", "requests allowed per period: 10/s, 600/m, 5/h (empty: no rate limit)")
+	fl.Int64Var(&burst, "burst", 0, "requests allowed at once (default: one period's worth of --rate)")
+	fl.Int64Var(&quota, "quota", 0, "units per calendar month (UTC); 0 for a plan that runs on granted credits only")
+	fl.BoolVar(&hard, "hard", false, "refuse requests past the monthly quota")
+	fl.BoolVar(&soft, "soft", false, "let requests past the monthly quota through and record the overage")
+	set.MarkFlagRequired("quota")
+	set.MarkFlagsOneRequired("hard", "soft")
+	set.MarkFlagsMutuallyExclusive("hard", "soft")
+
+	list := &cobra.Command{
+		Use:   "list",
+		Short: "List the plans",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var out struct{ Plans []snapshot.Plan }
+			return c.run(cmd, "GET", "/admin/v1/plans", nil, &out, func(w io.Writer) {
+				fmt.Fprintln(w, "PLAN\tRATE\tBURST\tMONTHLY QUOTA\tLIMIT")
+				for _, p := range out.Plans {
+					fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%s\n", p.ID, orDash(p.Rate), burstText(p), p.MonthlyQuota, hardText(p.Hard))
+				}
+			})
+		},
+	}
+	cmd.AddCommand(set, list)
+	return cmd
+}
+
+func describePlan(p snapshot.Plan) string {
+	rate := "no rate limit"
+	if p.Rate != "" {
+		rate = "rate " + p.Rate + ", burst " + burstText(p)
+	}
+	return fmt.Sprintf("%s, %d units a month, %s", rate, p.MonthlyQuota, hardText(p.Hard))
+}
+
+func burstText(p snapshot.Plan) string {
+	switch {
+	case p.Rate == "":
+		return "-"
+	case p.Burst == 0:
+		return "default"
+	}
+	return strconv.FormatInt(p.Burst, 10)
+}
+
+func hardText(hard bool) string {
+	if hard {
+		return "hard"
+	}
+	return "soft"
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+// --- accounts ---------------------------------------------------------------
+
+func newAdminAccountsCmd(c *adminClient) *cobra.Command {
+	cmd := &cobra.Command{Use: "accounts", Short: "Create accounts, move them between plans, show their keys, grants and usage"}
+	var plan string
+	set := &cobra.Command{
+		Use:     "set ID --plan PLAN",
+		Short:   "Create an account or move it to another plan",
+		Example: `  quotad admin accounts set acme --plan pro`,
+		Args:    cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var out struct{ ID, Plan string }
+			return c.run(cmd, "PUT", "/admin/v1/accounts/"+pathID(args[0]), map[string]string{"plan": plan}, &out, func(w io.Writer) {
+				fmt.Fprintf(w, "account %s is on plan %s; %s\n", out.ID, out.Plan, refreshNote)
+			})
+		},
+	}
+	set.Flags().StringVar(&plan, "plan", "", "the plan's id (create it with quotad admin plans set)")
+	set.MarkFlagRequired("plan")
+
+	var period string
+	show := &cobra.Command{
+		Use:   "show ID",
+		Short: "Show an account: plan, keys, grants (used and reserved units) and settled usage",
+		Long: `Show an account as the ledger has it: its plan, its keys (ids and hashes; the
+plaintext is never stored), its grants with their used (settled) and reserved
+units, and its settled usage by route for a month (the current one by default).
+Settled figures trail the charges by up to one settle interval.`,
+		Example: `  quotad admin accounts show acme
+  quotad admin accounts show acme --period 2026-05 --json`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			path := "/admin/v1/accounts/" + pathID(args[0])
+			if period != "" {
+				path += "?period=" + period
+			}
+			var v node.AccountView
+			return c.run(cmd, "GET", path, nil, &v, func(w io.Writer) { printAccount(w, &v) })
+		},
+	}
+	show.Flags().StringVar(&period, "period", "", "the month of the usage shown, such as 2026-06 (default: the current one)")
+
+	list := &cobra.Command{
+		Use:   "list",
+		Short: "List the accounts and their plans",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var out struct{ Accounts []struct{ ID, Plan string } }
+			return c.run(cmd, "GET", "/admin/v1/accounts", nil, &out, func(w io.Writer) {
+				fmt.Fprintln(w, "ACCOUNT\tPLAN")
+				for _, a := range out.Accounts {
+					fmt.Fprintf(w, "%s\t%s\n", a.ID, a.Plan)
+				}
+			})
+		},
+	}
+	cmd.AddCommand(set, show, list)
+	return cmd
+}
+
+func printAccount(w io.Writer, v *node.AccountView) {
+	fmt.Fprintf(w, "account\t%s\n", v.ID)
+	fmt.Fprintf(w, "plan\t%s (%s)\n", v.Plan.ID, describePlan(v.Plan))
+	fmt.Fprintf(w, "usage\t%d units settled in %s\n", v.Usage.Units, v.Usage.Period)
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "KEY ID\tSHA-256")
+	for _, k := range v.Keys {
+		fmt.Fprintf(w, "%s\t%s\n", k.ID, k.Hash)
+	}
+	if len(v.Keys) == 0 {
+		fmt.Fprintln(w, "(none)\t")
+	}
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "GRANT\tKIND\tUNITS\tUSED\tRESERVED\tSTARTS\tEXPIRES")
+	for _, g := range v.Grants {
+		kind, expires := "credits", "never"
+		if g.Monthly {
+			kind = "monthly " + g.Period
+		}
+		if !g.ExpiresAt.IsZero() {
+			expires = g.ExpiresAt.Format(time.RFC3339)
+		}
+		fmt.Fprintf(w, "%s\t%s\t%d\t%d\t%d\t%s\t%s\n", g.ID, kind, g.Units, g.Used, g.Reserved, g.StartsAt.Format(time.RFC3339), expires)
+	}
+	if len(v.Grants) == 0 {
+		fmt.Fprintln(w, "(none yet: the month's grant appears with the first charge)")
+	}
+	if len(v.Usage.ByRoute) > 0 {
+		fmt.Fprintln(w)
+		fmt.Fprintln(w, "ROUTE\tUNITS")
+		routes := make([]string, 0, len(v.Usage.ByRoute))
+		for r := range v.Usage.ByRoute {
+			routes = append(routes, r)
+		}
+		slices.Sort(routes)
+		for _, r := range routes {
+			fmt.Fprintf(w, "%s\t%d\n", r, v.Usage.ByRoute[r])
+		}
+	}
+}
+
+// --- keys -------------------------------------------------------------------
+
+func newAdminKeysCmd(c *adminClient) *cobra.Command {
+	cmd := &cobra.Command{Use: "keys", Short: "Create and revoke API keys"}
+	create := &cobra.Command{
+		Use:   "create ACCOUNT",
+		Short: "Create an API key for an account and print it, once",
+		Long: `Create an API key (qr_live_ followed by 43 random characters) for an account.
+The key is printed once: quotaring stores only its SHA-256 hash and cannot show
+it again. Hand it to the customer now, or create another later.
+
+The reminder goes to stderr, so that
+  quotad admin keys create acme --json | jq -r .key
+prints the key alone.`,
+		Example: `  quotad admin keys create acme`,
+		Args:    cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var k node.NewKey
+			err := c.run(cmd, "POST", "/admin/v1/accounts/"+pathID(args[0])+"/keys", nil, &k, func(w io.Writer) {
+				fmt.Fprintf(w, "account\t%s\nkey id\t%s\nkey\t%s\n", k.Account, k.KeyID, k.Key)
+			})
+			if err == nil {
+				fmt.Fprintf(cmd.ErrOrStderr(), "\nStore this key now: it is shown only once (the ledger keeps its SHA-256 hash, not the key).\n"+
+					"It works on every node within a few seconds; revoke it with: quotad admin keys revoke %s\n", k.KeyID)
+			}
+			return err
+		},
+	}
+	revoke := &cobra.Command{
+		Use:     "revoke KEY_ID",
+		Short:   "Revoke an API key (by its id, not the key itself)",
+		Example: `  quotad admin keys revoke key_5xq2m7d3kq0a4g8r`,
+		Args:    cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return c.run(cmd, "DELETE", "/admin/v1/keys/"+pathID(args[0]), nil, nil, func(w io.Writer) {
+				fmt.Fprintf(w, "key %s revoked; %s\n", args[0], refreshNote)
+			})
+		},
+	}
+	cmd.AddCommand(create, revoke)
+	return cmd
+}
+
+// --- grants -----------------------------------------------------------------
+
+// parseWhen reads RFC 3339 or a date (midnight UTC) and returns RFC 3339.
+func parseWhen(flag, s string) (string, error) {
+	if t, err := time.Parse(time.RFC3339, s); err == nil {
+		return t.UTC().Format(time.RFC3339), nil
+	}
+	if t, err := time.Parse("2006-01-02", s); err == nil {
+		return t.Format(time.RFC3339), nil
+	}
+	return "", fmt.Errorf("--%s %q: want a date (2027-01-01, midnight UTC) or an RFC 3339 time (2027-01-01T00:00:00Z)", flag, s)
+}
+
+func newAdminGrantsCmd(c *adminClient) *cobra.Command {
+	cmd := &cobra.Command{Use: "grants", Short: "Grant credits to accounts"}
+	var units int64
+	var starts, expires, id string
+	add := &cobra.Command{
+		Use:   "add ACCOUNT --units N [--starts T] [--expires T] [--id ID]",
+		Short: "Grant an account units to spend (bought credits)",
+		Long: `Grant an account units to spend between --starts (default now) and --expires
+(default never). A charge spends from the active grant that expires soonest,
+the month's quota included.`,
+		Example: `  quotad admin grants add acme --units 5000
+  quotad admin grants add acme --units 100000 --starts 2026-07-01 --expires 2027-07-01 --id order-1234`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			body := map[string]any{"units": units}
+			for _, f := range []struct{ flag, val, field string }{{"starts", starts, "starts_at"}, {"expires", expires, "expires_at"}} {
+				if f.val != "" {
+					t, err := parseWhen(f.flag, f.val)
+					if err != nil {
+						return err
+					}
+					body[f.field] = t
+				}
+			}
+			if id != "" {
+				body["id"] = id
+			}
+			var g struct {
+				Account   string     `json:"account"`
+				ID        string     `json:"id"`
+				Units     int64      `json:"units"`
+				StartsAt  time.Time  `json:"starts_at"`
+				ExpiresAt *time.Time `json:"expires_at"`
+			}
+			return c.run(cmd, "POST", "/admin/v1/accounts/"+pathID(args[0])+"/grants", body, &g, func(w io.Writer) {
+				until := "never expires"
+				if g.ExpiresAt != nil {
+					until = "until " + g.ExpiresAt.Format(time.RFC3339)
+				}
+				fmt.Fprintf(w, "grant %s: %d units for %s from %s, %s; %s\n", g.ID, g.Units, g.Account, g.StartsAt.Format(time.RFC3339), until, refreshNote)
+			})
+		},
+	}
+	fl := add.Flags()
+	fl.Int64Var(&units, "units", 0, "units granted (required)")
+	fl.StringVar(&starts, "starts", "", "when the units become spendable (default now)")
+	fl.StringVar(&expires, "expires", "", "when unspent units lapse (default never)")
+	fl.StringVar(&id, "id", "", "the grant's id, such as an order number; unique per account (default generated)")
+	add.MarkFlagRequired("units")
+	cmd.AddCommand(add)
+	return cmd
+}
+
+// --- routes -----------------------------------------------------------------
+
+func newAdminRoutesCmd(c *adminClient) *cobra.Command {
+	cmd := &cobra.Command{Use: "routes", Short: "Set and show the units each route costs"}
+	var def int64
+	set := &cobra.Command{
+		Use:   "set [--default UNITS] 'METHOD /pattern=UNITS'...",
+		Short: "Replace the route weights with a new version",
+		Long: `Replace the whole route table with a new version (it is not merged with the
+old one). Patterns are Go http.ServeMux patterns: "POST /v1/exports",
+"GET /v1/tasks/{id}", "/v1/files/" (a prefix); the most specific pattern wins.
+A weight of 0 rate-limits a route without billing it. Requests that match no
+pattern cost --default.`,
+		Example: `  quotad admin routes set --default 1 'GET /v1/tasks=1' 'POST /v1/tasks=2' 'POST /v1/exports=25'
+  quotad admin routes set --default 0 'GET /v1/health=0'`,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			weights := make(map[string]int64, len(args))
+			for _, a := range args {
+				i := strings.LastIndex(a, "=")
+				if i < 0 {
+					return fmt.Errorf("%q: want 'METHOD /pattern=UNITS', such as 'POST /v1/exports=25'", a)
+				}
+				n, err := strconv.ParseInt(strings.TrimSpace(a[i+1:]), 10, 64)
+				if err != nil {
+					return fmt.Errorf("%q: the units after = must be a whole number", a)
+				}
+				p := strings.TrimSpace(a[:i])
+				if _, dup := weights[p]; dup {
+					return fmt.Errorf("%q is given twice", p)
+				}
+				weights[p] = n
+			}
+			var v node.RoutesView
+			return c.run(cmd, "PUT", "/admin/v1/routes", map[string]any{"default": def, "weights": weights}, &v, func(w io.Writer) {
+				fmt.Fprintf(w, "route weights version %d is active: %d patterns, default %d; %s\n", v.Version, len(v.Weights), v.Default, refreshNote)
+			})
+		},
+	}
+	set.Flags().Int64Var(&def, "default", 1, "units for requests that match no pattern")
+	show := &cobra.Command{
+		Use:   "show",
+		Short: "Show the active route weights",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var v node.RoutesView
+			return c.run(cmd, "GET", "/admin/v1/routes", nil, &v, func(w io.Writer) {
+				fmt.Fprintf(w, "version %d, default %d\n\nPATTERN\tUNITS\n", v.Version, v.Default)
+				patterns := make([]string, 0, len(v.Weights))
+				for p := range v.Weights {
+					patterns = append(patterns, p)
+				}
+				slices.Sort(patterns)
+				for _, p := range patterns {
+					fmt.Fprintf(w, "%s\t%d\n", p, v.Weights[p])
+				}
+			})
+		},
+	}
+	cmd.AddCommand(set, show)
+	return cmd
+}
+
+// --- cluster ----------------------------------------------------------------
+
+func (c *adminClient) reservations(cmd *cobra.Command) error {
+	var out struct {
+		Reservations []struct {
+			Node, Account, Grant string
+			Units                int64
+		}
+	}
+	return c.run(cmd, "GET", "/admin/v1/reservations", nil, &out, func(w io.Writer) {
+		fmt.Fprintln(w, "NODE\tACCOUNT\tGRANT\tUNITS")
+		var total int64
+		for _, r := range out.Reservations {
+			fmt.Fprintf(w, "%s\t%s\t%s\t%d\n", r.Node, r.Account, r.Grant, r.Units)
+			total += r.Units
+		}
+		fmt.Fprintf(w, "\t\ttotal\t%d\n", total)
+	})
+}
+
+func (c *adminClient) nodes(cmd *cobra.Command) error {
+	var out struct{ Nodes []node.NodeView }
+	return c.run(cmd, "GET", "/admin/v1/nodes", nil, &out, func(w io.Writer) {
+		fmt.Fprintln(w, "NODE\tINCARNATION\tSTATE\tSETTLED SEQ\tLAST HEARTBEAT\tADMIN ADDR")
+		for _, n := range out.Nodes {
+			state := n.State
+			if state == "" {
+				state = "-"
+			}
+			fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%s\t%s\n", n.Node, n.Incarnation, state, n.SettledSeq, n.HeartbeatAt.Format(time.RFC3339), orDash(n.AdminAddr))
+		}
+	})
+}

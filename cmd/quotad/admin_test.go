@@ -1,0 +1,165 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/quotaring/quotaring/node"
+	"github.com/quotaring/quotaring/ring"
+	"github.com/quotaring/quotaring/snapshot"
+)
+
+const adminTestToken = "cli-test-token-0123456789abcdef"
+
+// startAdminTestNode starts one in-process node with a SQLite ledger and the
+// admin API on.
+func startAdminTestNode(t *testing.T) *node.Node {
+	t.Helper()
+	dir := t.TempDir()
+	n, err := node.Start(context.Background(), node.Config{ID: "n1", DataDir: filepath.Join(dir, "n1"),
+		Ledger:  "sqlite:" + filepath.Join(dir, "ledger.db"),
+		RPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", AdminAddr: "127.0.0.1:0", GossipAddr: "127.0.0.1:0",
+		RingPreset: ring.PresetLocal, SettleInterval: 100 * time.Millisecond, SnapshotInterval: 100 * time.Millisecond,
+		AdminToken: adminTestToken})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { n.Shutdown(context.Background()) })
+	return n
+}
+
+// quotadAdmin runs `quotad admin ARGS...` in-process against n.
+func quotadAdmin(t *testing.T, n *node.Node, token string, args ...string) (stdout, stderr string, err error) {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	root := newRootCmd()
+	root.SetArgs(append([]string{"admin", "--addr", n.AdminAddr(), "--token", token}, args...))
+	root.SetOut(&out)
+	root.SetErr(&errOut)
+	err = root.ExecuteContext(context.Background())
+	return out.String(), errOut.String(), err
+}
+
+func mustAdmin(t *testing.T, n *node.Node, args ...string) string {
+	t.Helper()
+	out, _, err := quotadAdmin(t, n, adminTestToken, args...)
+	t.Logf("$ quotad admin %s\n%s", strings.Join(args, " "), out)
+	if err != nil {
+		t.Fatalf("quotad admin %s: %v", strings.Join(args, " "), err)
+	}
+	return out
+}
+
+func TestQuotadAdmin(t *testing.T) {
+	for _, env := range adminEnv {
+		t.Setenv("QUOTAD_ADMIN_"+strings.ToUpper(env), "") // not from the caller's shell
+	}
+	n := startAdminTestNode(t)
+	ctx := context.Background()
+
+	if out := mustAdmin(t, n, "plans", "set", "pro", "--rate", "10/s", "--burst", "20", "--quota", "1000", "--hard"); !strings.Contains(out, "plan pro set: rate 10/s, burst 20, 1000 units a month, hard") {
+		t.Fatalf("plans set: %q", out)
+	}
+	mustAdmin(t, n, "plans", "set", "metered", "--quota", "50", "--soft")
+	if out := mustAdmin(t, n, "plans", "list"); !strings.Contains(out, "pro") || !strings.Contains(out, "metered") || !strings.Contains(out, "soft") {
+		t.Fatalf("plans list: %q", out)
+	}
+	if out := mustAdmin(t, n, "accounts", "set", "acme", "--plan", "pro"); !strings.Contains(out, "account acme is on plan pro") {
+		t.Fatalf("accounts set: %q", out)
+	}
+
+	// The key is printed once, with the reminder on stderr.
+	out, warn, err := quotadAdmin(t, n, adminTestToken, "keys", "create", "acme")
+	if err != nil || !strings.Contains(warn, "shown only once") {
+		t.Fatalf("keys create: %v, stderr %q", err, warn)
+	}
+	var key string
+	for _, line := range strings.Split(out, "\n") {
+		if f := strings.Fields(line); len(f) == 2 && f[0] == "key" {
+			key = f[1]
+		}
+	}
+	if !strings.HasPrefix(key, node.KeyPrefix) {
+		t.Fatalf("keys create printed %q", out)
+	}
+	snap, err := n.Ledger().Snapshot(ctx, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	k, ok := snap.Key(snapshot.HashKey(key))
+	if !ok || k.Account != "acme" {
+		t.Fatalf("the printed key is not in the ledger (by hash): %+v", snap.Keys)
+	}
+
+	if out := mustAdmin(t, n, "grants", "add", "acme", "--units", "500", "--expires", "2200-01-01", "--id", "order-1"); !strings.Contains(out, "grant order-1: 500 units for acme") {
+		t.Fatalf("grants add: %q", out)
+	}
+	if out := mustAdmin(t, n, "routes", "set", "--default", "1", "GET /v1/tasks=1", "POST /v1/exports=25"); !strings.Contains(out, "2 patterns, default 1") {
+		t.Fatalf("routes set: %q", out)
+	}
+	if out := mustAdmin(t, n, "routes", "show"); !strings.Contains(out, "POST /v1/exports") {
+		t.Fatalf("routes show: %q", out)
+	}
+
+	out = mustAdmin(t, n, "accounts", "show", "acme")
+	for _, want := range []string{"plan     pro (rate 10/s, burst 20, 1000 units a month, hard)", k.ID, "order-1", "credits", "500", "2200-01-01T00:00:00Z"} {
+		if !strings.Contains(out, want) {
+			t.Fatalf("accounts show lacks %q:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, key) {
+		t.Fatal("accounts show prints the key's plaintext")
+	}
+	var v node.AccountView
+	if err := json.Unmarshal([]byte(mustAdmin(t, n, "accounts", "show", "acme", "--json")), &v); err != nil || v.Plan.ID != "pro" || len(v.Grants) != 1 {
+		t.Fatalf("accounts show --json: %+v %v", v, err)
+	}
+	if out := mustAdmin(t, n, "nodes"); !strings.Contains(out, "n1") || !strings.Contains(out, "serving") {
+		t.Fatalf("nodes: %q", out)
+	}
+	if out := mustAdmin(t, n, "reservations"); !strings.Contains(out, "total") {
+		t.Fatalf("reservations: %q", out)
+	}
+	if out := mustAdmin(t, n, "keys", "revoke", k.ID); !strings.Contains(out, "revoked") {
+		t.Fatalf("keys revoke: %q", out)
+	}
+
+	// Errors are the server's detail.
+	for _, tc := range []struct {
+		token string
+		args  []string
+		want  string
+	}{
+		{adminTestToken, []string{"plans", "set", "x", "--rate", "ten", "--quota", "5", "--hard"}, `rate "ten": want TOKENS/PERIOD`},
+		{adminTestToken, []string{"accounts", "set", "beta", "--plan", "nope"}, `plan "nope" does not exist`},
+		{adminTestToken, []string{"accounts", "show", "ghost"}, `account "ghost" does not exist (HTTP 404)`},
+		{adminTestToken, []string{"routes", "set", "GET /v1/{id=2"}, "not a valid pattern"},
+		{adminTestToken, []string{"routes", "set", "GET /v1/x"}, "want 'METHOD /pattern=UNITS'"},
+		{adminTestToken, []string{"grants", "add", "acme", "--units", "5", "--expires", "soon"}, "--expires \"soon\""},
+		{adminTestToken, []string{"plans", "set", "x", "--quota", "5"}, "hard soft"},
+		{"wrong-token", []string{"plans", "list"}, "the admin token is wrong"},
+		{"", []string{"plans", "list"}, "no token given: set --token or QUOTAD_ADMIN_TOKEN"},
+	} {
+		_, _, err := quotadAdmin(t, n, tc.token, tc.args...)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("quotad admin %s: %v, want an error with %q", strings.Join(tc.args, " "), err, tc.want)
+		}
+	}
+}
+
+func TestQuotadAdminUnreachable(t *testing.T) {
+	var out bytes.Buffer
+	root := newRootCmd()
+	root.SetArgs([]string{"admin", "--addr", "127.0.0.1:1", "--token", "x", "plans", "list"})
+	root.SetOut(&out)
+	root.SetErr(&out)
+	err := root.ExecuteContext(context.Background())
+	if err == nil || !strings.Contains(err.Error(), "cannot reach the admin API at http://127.0.0.1:1") {
+		t.Fatalf("%v", err)
+	}
+}
