@@ -124,7 +124,7 @@ type alerter struct {
 	// queue is written by onCharge (never blocking) and read by run only.
 	queue chan queuedAlert
 
-	mu sync.Mutex // protects memo and latest
+	mu sync.RWMutex // protects memo and latest
 	// memo holds, per account, the thresholds of period latest this node has
 	// queued, claimed or found claimed (bit i: thresholds[i]).
 	memo   map[string]alertMemo
@@ -304,6 +304,15 @@ func (a *alerter) onCharge(account string, d *shard.Decision, err error) {
 // mark records the crossed thresholds of account in period and returns the
 // ones not recorded before.
 func (a *alerter) mark(account string, period shard.Period, crossed uint32) uint32 {
+	// Every charge of an account past a threshold lands here: a shared lock
+	// answers the common "already known" case without serializing them.
+	a.mu.RLock()
+	m, ok := a.memo[account]
+	known := ok && (m.period > period || m.period == period && crossed&^m.done == 0)
+	a.mu.RUnlock()
+	if known {
+		return 0
+	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if period > a.latest {
@@ -316,7 +325,7 @@ func (a *alerter) mark(account string, period shard.Period, crossed uint32) uint
 		}
 		a.latest = period
 	}
-	m := a.memo[account]
+	m = a.memo[account]
 	switch {
 	case m.period > period:
 		return 0 // a late answer from a month already over
