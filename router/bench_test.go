@@ -1,0 +1,208 @@
+package router_test
+
+// The proxy's cost: latency it adds at a fixed request rate, and its
+// throughput, each against calling the same upstream directly.
+//
+//	go test -run '^$' -bench 'BenchmarkProxy' -benchtime 1x -timeout 10m ./router/
+//
+// Each benchmark runs once (-benchtime 1x): a fixed-duration measurement,
+// not b.N iterations. Everything (load generator, upstream, nodes) shares one
+// machine, so the numbers are an upper bound on what the proxy adds.
+
+import (
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/quotaring/quotaring/snapshot"
+)
+
+// BenchmarkProxyLatency measures the latency the proxy adds (p50, p99) at
+// 2,000 requests/s, open loop: requests leave on schedule whether or not
+// earlier ones have returned, and latency counts from the scheduled time,
+// so queueing is not hidden (no coordinated omission).
+func BenchmarkProxyLatency(b *testing.B) {
+	for _, bc := range benchCases {
+		b.Run(bc.String()+"/rate=2000", func(b *testing.B) {
+			proxy, direct := benchSetup(b, bc)
+			const rate, warmup, measure = 2000, time.Second, 4 * time.Second
+			openLoop(b, direct, rate, warmup)
+			d := openLoop(b, direct, rate, measure)
+			openLoop(b, proxy, rate, warmup)
+			p := openLoop(b, proxy, rate, measure)
+			b.ReportMetric(float64(pct(p, 50)-pct(d, 50))/1e3, "added-p50-µs")
+			b.ReportMetric(float64(pct(p, 99)-pct(d, 99))/1e3, "added-p99-µs")
+			b.ReportMetric(float64(pct(d, 50))/1e3, "direct-p50-µs")
+			b.ReportMetric(float64(pct(d, 99))/1e3, "direct-p99-µs")
+			b.ReportMetric(float64(pct(p, 50))/1e3, "proxy-p50-µs")
+			b.ReportMetric(float64(pct(p, 99))/1e3, "proxy-p99-µs")
+			b.ReportMetric(0, "ns/op")
+		})
+	}
+}
+
+// BenchmarkProxyThroughput measures requests/s through the proxy and
+// directly, closed loop with 32 concurrent clients, and their ratio.
+func BenchmarkProxyThroughput(b *testing.B) {
+	for _, bc := range benchCases {
+		b.Run(bc.String(), func(b *testing.B) {
+			proxy, direct := benchSetup(b, bc)
+			const workers, d = 32, 3 * time.Second
+			closedLoop(b, direct, workers, time.Second)
+			directRPS := closedLoop(b, direct, workers, d)
+			closedLoop(b, proxy, workers, time.Second)
+			proxyRPS := closedLoop(b, proxy, workers, d)
+			b.ReportMetric(directRPS, "direct-req/s")
+			b.ReportMetric(proxyRPS, "proxy-req/s")
+			b.ReportMetric(proxyRPS/directRPS, "ratio")
+			b.ReportMetric(0, "ns/op")
+		})
+	}
+}
+
+// benchCase is one cluster shape.
+type benchCase struct {
+	nodes  int
+	noSync bool // --wal-sync=false: no fsync before answering (benchmarks only)
+	soft   bool // a soft quota: no reservations in the ledger
+}
+
+func (bc benchCase) String() string {
+	plan := "hard"
+	if bc.soft {
+		plan = "soft"
+	}
+	return fmt.Sprintf("nodes=%d/wal-sync=%v/quota=%s", bc.nodes, !bc.noSync, plan)
+}
+
+var benchCases = []benchCase{
+	{nodes: 1}, {nodes: 1, noSync: true}, {nodes: 1, soft: true}, {nodes: 3},
+}
+
+// target is one way to reach the upstream: a URL and the keys to spread
+// requests over (none for the direct way).
+type target struct {
+	url    string
+	keys   []string
+	client *http.Client
+}
+
+func (t *target) send(i int) error {
+	req, _ := http.NewRequest("GET", t.url+"/v1/tasks", nil)
+	if len(t.keys) > 0 {
+		req.Header.Set("Authorization", "Bearer "+t.keys[i%len(t.keys)])
+	}
+	res, err := t.client.Do(req)
+	if err != nil {
+		return err
+	}
+	_, _ = io.Copy(io.Discard, res.Body)
+	res.Body.Close()
+	if res.StatusCode != http.StatusOK {
+		return fmt.Errorf("status %d", res.StatusCode)
+	}
+	return nil
+}
+
+// benchSetup starts the upstream and the cluster with 12 accounts of
+// a quota too large to run out; on three nodes the proxy is node 1 and most accounts are
+// owned by the others, so most charges are forwarded.
+func benchSetup(b *testing.B, bc benchCase) (proxy, direct *target) {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"tasks":[]}`)
+	}))
+	b.Cleanup(up.Close)
+	var accounts []account
+	var keys []string
+	for i := 0; i < 12; i++ {
+		id := fmt.Sprint("bench-", i)
+		accounts = append(accounts, account{id: id, key: keyOf(id), plan: snapshot.Plan{ID: "big", MonthlyQuota: 1 << 40, Hard: !bc.soft}})
+		keys = append(keys, keyOf(id))
+	}
+	// NB: the default settle interval (1 s), which also sizes reservations.
+	c := startCluster(b, accounts, clusterOptions{nodes: bc.nodes, upstream: up.URL, noSync: bc.noSync, settle: time.Second})
+	newClient := func() *http.Client {
+		tr := http.DefaultTransport.(*http.Transport).Clone()
+		tr.MaxIdleConns, tr.MaxIdleConnsPerHost = 512, 512
+		b.Cleanup(tr.CloseIdleConnections)
+		return &http.Client{Transport: tr}
+	}
+	proxy = &target{url: "http://" + c.nodes[0].HTTPAddr(), keys: keys, client: newClient()}
+	direct = &target{url: up.URL, client: newClient()}
+	// Warm every account up (its first charge waits for a reservation).
+	for i := range keys {
+		if err := proxy.send(i); err != nil {
+			b.Fatal(err)
+		}
+	}
+	return proxy, direct
+}
+
+// openLoop sends rate requests/s for d, each at its scheduled time, and
+// returns their latencies from that time.
+func openLoop(b *testing.B, t *target, rate int, d time.Duration) []time.Duration {
+	n := int(d.Seconds() * float64(rate))
+	interval := time.Second / time.Duration(rate)
+	lat := make([]time.Duration, n)
+	var failed atomic.Int64
+	var wg sync.WaitGroup
+	start := time.Now()
+	for i := 0; i < n; i++ {
+		at := start.Add(time.Duration(i) * interval)
+		if w := time.Until(at); w > 0 {
+			time.Sleep(w)
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := t.send(i); err != nil {
+				failed.Add(1)
+			}
+			lat[i] = time.Since(at)
+		}()
+	}
+	wg.Wait()
+	if f := failed.Load(); f > 0 {
+		b.Fatalf("%d of %d requests failed", f, n)
+	}
+	return lat
+}
+
+// closedLoop runs workers that each send back to back for d and returns
+// the requests/s.
+func closedLoop(b *testing.B, t *target, workers int, d time.Duration) float64 {
+	var done, failed atomic.Int64
+	var wg sync.WaitGroup
+	stop := time.Now().Add(d)
+	for w := 0; w < workers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := w; time.Now().Before(stop); i += workers {
+				if err := t.send(i); err != nil {
+					failed.Add(1)
+					continue
+				}
+				done.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	if f := failed.Load(); f > 0 {
+		b.Fatalf("%d requests failed", f)
+	}
+	return float64(done.Load()) / d.Seconds()
+}
+
+// pct is the p-th percentile of lat (sorted in place).
+func pct(lat []time.Duration, p int) time.Duration {
+	slices.Sort(lat)
+	return lat[(len(lat)-1)*p/100]
+}
