@@ -217,8 +217,8 @@ func (f *front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	c, prob := f.admit(r)
 	if prob != nil {
-		if c != nil {
-			setQuotaHeaders(w.Header(), &c.Decision)
+		if c != nil && (c.Decision.Reason == shard.RateLimited || c.Decision.Reason == shard.QuotaExceeded) {
+			setQuotaHeaders(w.Header(), &c.Decision) // the owner's state; other refusals have none
 		}
 		prob.write(w)
 		f.observe(prob.Status, time.Since(start))
@@ -441,7 +441,8 @@ func (w *recorder) Flush() {
 	if !w.wrote {
 		w.status, w.wrote = http.StatusOK, true
 	}
-	if err := http.NewResponseController(w.ResponseWriter).Flush(); err != nil && w.writeErr == nil {
+	err := http.NewResponseController(w.ResponseWriter).Flush()
+	if err != nil && !errors.Is(err, http.ErrNotSupported) && w.writeErr == nil {
 		w.writeErr = err
 	}
 }

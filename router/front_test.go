@@ -380,6 +380,8 @@ func TestRefusalsNeverCallNext(t *testing.T) {
 		{"ErrUnavailable", &fakeCharger{err: ErrUnavailable}, testConfig(t), 503, ProblemQuotaUnavailable, []string{"Retry-After"}},
 		{"ErrInternal", &fakeCharger{err: ErrInternal}, testConfig(t), 500, ProblemInternal, nil},
 		{"no snapshot yet", &fakeCharger{}, staticConfig{}, 503, ProblemQuotaUnavailable, []string{"Retry-After"}},
+		{"account not loaded at the owner", &fakeCharger{decision: shard.Decision{Reason: shard.UnknownAccount}}, testConfig(t), 503,
+			ProblemQuotaUnavailable, []string{"Retry-After"}},
 	} {
 		var seen []int
 		opts := FrontOptions{Charger: tc.ch, Config: tc.cfg, QuotaStatus: 402, OnRequest: func(code int, _ time.Duration) { seen = append(seen, code) }}
@@ -392,6 +394,9 @@ func TestRefusalsNeverCallNext(t *testing.T) {
 			if w.Header().Get(h) == "" {
 				t.Errorf("%s: no %s", tc.name, h)
 			}
+		}
+		if quota := w.Header().Get("X-Quota-Limit") != ""; quota != (tc.typ == ProblemQuotaExceeded) {
+			t.Errorf("%s: X-Quota-Limit %q: quota headers only with the owner's decision", tc.name, w.Header().Get("X-Quota-Limit"))
 		}
 		if _, r := tc.ch.counts(); r != 0 || len(seen) != 1 || seen[0] != tc.status {
 			t.Errorf("%s: %d refunds, OnRequest heard %v", tc.name, r, seen)
