@@ -9,7 +9,8 @@
 #                           [--detach] [--keep] [--timeout SECONDS]
 #   deploy/local/cluster.sh stop --dir DIR [--keep]
 #
-# start (the default) runs in the foreground: Ctrl-C (or SIGTERM) stops the
+# start (the default) runs in the foreground: Ctrl-C (or SIGTERM; a script that
+# starts it in the background, where SIGINT is ignored, sends SIGTERM) stops the
 # nodes gracefully, then Postgres, and removes DIR. With --detach it returns
 # once the cluster is ready and leaves it running; `cluster.sh stop --dir DIR`
 # stops it. Either way only the processes it started are signalled (their PIDs
@@ -85,17 +86,18 @@ marker=.quotaring-local-cluster
 
 # ---------------------------------------------------------------- processes
 
-# is_ours PID WHAT: the process PID is alive and is what we started (its
-# command line names our dir, or for Postgres its data dir is ours). A PID in
-# DIR/pids that has been reused by someone else's process is never signalled.
+# is_ours PID WHAT: the process PID is alive and is what we started: a
+# quotad serve whose data dir is in our dir, or the postgres whose data dir is
+# ours. A PID in DIR/pids that has been reused by someone else's process is
+# never signalled.
 is_ours() {
 	local pid=$1 what=$2 cmdline
 	[[ $pid =~ ^[0-9]+$ ]] || return 1
 	[[ -r /proc/$pid/cmdline ]] || return 1
 	cmdline=$(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null) || return 1
 	case $what in
-	postgres) [[ $cmdline == *postgres* && $cmdline == *"$dir/pg/data"* ]] ;;
-	*) [[ $cmdline == *quotad* && $cmdline == *"$dir/"* ]] ;;
+	postgres) [[ $cmdline == *postgres* && $cmdline == *" -D $dir/pg/data "* ]] ;;
+	*) [[ $cmdline == *" serve "* && $cmdline == *" --data-dir $dir/nodes/"* ]] ;;
 	esac
 }
 
@@ -165,7 +167,7 @@ stop_all() {
 		for pid in "${pids[@]}"; do
 			if alive "$pid"; then left+=("$pid"); fi
 		done
-		pids=(${left[@]+"${left[@]}"})
+		pids=("${left[@]}")
 		((${#pids[@]} == 0)) && break
 		if ((waited >= stop_wait * 10)); then
 			say "node(s) ${pids[*]} still running after ${stop_wait}s: killing them (their records stay in their logs)"
@@ -178,8 +180,6 @@ stop_all() {
 		sleep 0.1
 		waited=$((waited + 1))
 	done
-	# Reap the nodes that are our children, so they leave no zombies.
-	wait 2>/dev/null || true
 	if [[ -f $pidfile ]]; then
 		pid=$(awk '$1 == "postgres" {print $2}' "$pidfile")
 		if [[ -n $pid ]] && is_ours "$pid" postgres; then
@@ -441,30 +441,24 @@ node_pids=()
 while read -r name pid; do
 	[[ $name == postgres ]] || node_pids+=("$pid")
 done <"$dir/pids"
+reported=()
 while :; do
-	any=false
-	for pid in "${node_pids[@]}"; do
-		alive "$pid" && any=true
+	live=()
+	for ((i = 1; i <= nodes; i++)); do
+		pid=${node_pids[$((i - 1))]}
+		if alive "$pid"; then
+			live+=("$pid")
+		elif [[ -z ${reported[$i]:-} ]]; then
+			say "node q$i exited (see $dir/nodes/q$i/quotad.log); the others keep running"
+			reported[$i]=1
+		fi
 	done
-	if ! $any; then
+	if ((${#live[@]} == 0)); then
 		say "every node has exited"
 		stop_all
 		exit 1
 	fi
-	# wait -n returns when a node exits or a signal arrives (the trap runs).
-	set +e
-	wait -n "${node_pids[@]}" 2>/dev/null
-	rc=$?
-	set -e
-	if ((rc != 127)); then
-		for ((i = 1; i <= nodes; i++)); do
-			pid=${node_pids[$((i - 1))]}
-			if ! alive "$pid" && [[ ! -e $dir/nodes/q$i/.reported ]]; then
-				say "node q$i exited (see $dir/nodes/q$i/quotad.log); the others keep running"
-				touch "$dir/nodes/q$i/.reported"
-			fi
-		done
-	else
-		sleep 1
-	fi
+	# Returns when one of the live nodes exits, or when a signal arrives (the
+	# trap then stops everything).
+	wait -n "${live[@]}" 2>/dev/null || true
 done
