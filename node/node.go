@@ -315,6 +315,7 @@ func (n *Node) serve() error {
 		front = h
 	}
 	n.httpSrv = &http.Server{Handler: front, ReadHeaderTimeout: 10 * time.Second}
+	n.httpSrv.Protocols = frontProtocols()
 	go n.httpSrv.Serve(n.lis.http)
 	n.admin = &http.Server{Handler: n.adminHandler(), ReadHeaderTimeout: 10 * time.Second}
 	go n.admin.Serve(n.lis.admin)
@@ -364,6 +365,15 @@ func (n *Node) Ledger() flush.Ledger {
 
 // Ready reports whether the node serves: joined, state loaded, a snapshot.
 func (n *Node) Ready() bool { return n.ready.Load() && !n.draining.Load() && n.eng.Snapshot() != nil }
+
+// frontProtocols are HTTP/1 and HTTP/2 without TLS (h2c, prior knowledge),
+// so gRPC clients can call through the front to an h2c:// upstream.
+func frontProtocols() *http.Protocols {
+	p := new(http.Protocols)
+	p.SetHTTP1(true)
+	p.SetUnencryptedHTTP2(true)
+	return p
+}
 
 // FrontOptions are the parts of the public HTTP front this node supplies:
 // its router charges, its engine's snapshot resolves keys and route weights,

@@ -29,7 +29,7 @@ var june28 = time.Date(2026, 6, 28, 12, 0, 0, 0, time.UTC)
 
 // weights are the scenario's route weights.
 var weights = map[string]int64{"GET /v1/tasks": 1, "POST /v1/tasks": 2, "POST /v1/exports": 25, "POST /v1/fail": 5, "POST /v1/grpc": 3,
-	"POST /v1/grpc-ok": 3, "POST /v1/hang": 4, "POST /v1/upload": 1}
+	"POST /v1/grpc-ok": 3, "POST /v1/hang": 4, "POST /v1/upload": 1, "POST /quotaring.v1.Quota/Usage": 3}
 
 // account is one seeded account with one key.
 type account struct {

@@ -220,7 +220,7 @@ func (f *front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if c != nil && (c.Decision.Reason == shard.RateLimited || c.Decision.Reason == shard.QuotaExceeded) {
 			setQuotaHeaders(w.Header(), &c.Decision) // the owner's state; other refusals have none
 		}
-		prob.write(w)
+		prob.write(w, r)
 		f.observe(prob.Status, time.Since(start))
 		return
 	}
@@ -354,7 +354,7 @@ func idempotencyKey(h http.Header) (string, *Problem) {
 func (f *front) finish(rec *recorder, r *http.Request, c *charged, body *limitedBody) {
 	tripped := body != nil && body.tripped.Load()
 	if tripped && !rec.wrote {
-		tooLarge(f.opts.MaxBodyBytes).write(rec)
+		tooLarge(f.opts.MaxBodyBytes).write(rec, r)
 	}
 	if c.receipt == nil {
 		return // replayed, or a weight-0 route: nothing of ours to return
@@ -479,7 +479,7 @@ func (w *recorder) grpcStatus() string {
 // grpcFailed reports a gRPC answer (Content-Type application/grpc...) whose
 // final status is not OK; a gRPC answer with no status at all was cut off.
 func (w *recorder) grpcFailed() bool {
-	if !strings.HasPrefix(w.Header().Get("Content-Type"), "application/grpc") {
+	if !isGRPC(w.Header().Get("Content-Type")) {
 		return false
 	}
 	return w.grpcStatus() != "0"

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/quotaring/quotaring/shard"
@@ -52,8 +53,16 @@ func newProblem(typ, title string, status int, detail string) *Problem {
 	return &Problem{Type: typ, Title: title, Status: status, Detail: detail, retryAfter: -1}
 }
 
-// write answers p. The headers already set on w (the quota headers) stay.
-func (p *Problem) write(w http.ResponseWriter) {
+// write answers p: problem+json, or for a gRPC request (Content-Type
+// application/grpc...) a trailers-only gRPC answer whose grpc-status a gRPC
+// client understands (RESOURCE_EXHAUSTED for quota and rate, UNAUTHENTICATED
+// for keys...). The headers already set on w (the quota headers) stay; they
+// reach a gRPC client as metadata. r may be nil.
+func (p *Problem) write(w http.ResponseWriter, r *http.Request) {
+	if r != nil && isGRPC(r.Header.Get("Content-Type")) {
+		p.writeGRPC(w)
+		return
+	}
 	h := w.Header()
 	h.Set("Content-Type", "application/problem+json")
 	h.Set("Cache-Control", "no-store")
@@ -191,4 +200,58 @@ func tooLarge(limit int64) *Problem {
 
 func badRequest(detail string) *Problem {
 	return newProblem(ProblemBadRequest, "Bad request", http.StatusBadRequest, detail)
+}
+
+func isGRPC(contentType string) bool { return strings.HasPrefix(contentType, "application/grpc") }
+
+// gRPC status codes (google.golang.org/grpc/codes), by problem type.
+var grpcCodes = map[string]int{
+	ProblemQuotaExceeded:       8,  // RESOURCE_EXHAUSTED
+	ProblemRateLimited:         8,  // RESOURCE_EXHAUSTED
+	ProblemPayloadTooLarge:     8,  // RESOURCE_EXHAUSTED, as gRPC answers a message over its limit
+	ProblemUnknownKey:          16, // UNAUTHENTICATED
+	ProblemQuotaUnavailable:    14, // UNAVAILABLE
+	ProblemUpstreamUnavailable: 14, // UNAVAILABLE (DEADLINE_EXCEEDED for 504)
+	ProblemBadRequest:          3,  // INVALID_ARGUMENT
+	ProblemInternal:            13, // INTERNAL
+}
+
+// writeGRPC answers p as a trailers-only gRPC response: HTTP 200 with
+// grpc-status and grpc-message (the problem's title and detail) in the
+// headers, as gRPC servers answer a call that fails before any message;
+// X-Quota-Problem carries the problem type.
+func (p *Problem) writeGRPC(w http.ResponseWriter) {
+	code, ok := grpcCodes[p.Type]
+	switch {
+	case p.Type == ProblemUpstreamUnavailable && p.Status == http.StatusGatewayTimeout:
+		code = 4 // DEADLINE_EXCEEDED
+	case !ok:
+		code = 2 // UNKNOWN
+	}
+	h := w.Header()
+	h.Del("Content-Length")
+	h.Set("Content-Type", "application/grpc")
+	h.Set("Grpc-Status", strconv.Itoa(code))
+	h.Set("Grpc-Message", grpcMessage(p.Title+": "+p.Detail))
+	h.Set("X-Quota-Problem", p.Type)
+	if p.retryAfter >= 0 {
+		h.Set("Retry-After", strconv.FormatInt(p.retryAfter, 10))
+	}
+	w.WriteHeader(http.StatusOK)
+}
+
+// grpcMessage percent-encodes s as the gRPC wire spec requires of
+// grpc-message: bytes outside printable ASCII, and '%'.
+func grpcMessage(s string) string {
+	const hex = "0123456789ABCDEF"
+	b := make([]byte, 0, len(s))
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c < 0x20 || c > 0x7e || c == '%' {
+			b = append(b, '%', hex[c>>4], hex[c&15])
+			continue
+		}
+		b = append(b, c)
+	}
+	return string(b)
 }

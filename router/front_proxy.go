@@ -22,7 +22,9 @@ const (
 )
 
 // NewProxy returns the clustered proxy: Middleware(opts) around an
-// httputil.ReverseProxy to upstream (http or https).
+// httputil.ReverseProxy to upstream: http://, https:// (HTTP/2 when the
+// upstream offers it), or h2c:// for HTTP/2 without TLS, which gRPC servers
+// without TLS need.
 //
 // What the upstream receives: the request as the client sent it (method,
 // path joined to upstream's path, query, body streamed, Authorization and
@@ -40,11 +42,17 @@ const (
 // within UpstreamTimeout) is answered 502 or 504 problem+json
 // (upstream-unavailable) and refunded unless BillOn is "always".
 func NewProxy(upstream *url.URL, opts FrontOptions) (http.Handler, error) {
-	if upstream == nil || (upstream.Scheme != "http" && upstream.Scheme != "https") || upstream.Host == "" {
-		return nil, fmt.Errorf("router: upstream %v: want an absolute http:// or https:// URL", upstream)
+	if upstream == nil || (upstream.Scheme != "http" && upstream.Scheme != "https" && upstream.Scheme != "h2c") || upstream.Host == "" {
+		return nil, fmt.Errorf("router: upstream %v: want an absolute http://, https:// or h2c:// URL", upstream)
 	}
 	if err := opts.defaults(); err != nil {
 		return nil, err
+	}
+	h2c := upstream.Scheme == "h2c"
+	if h2c {
+		u := *upstream
+		u.Scheme = "http"
+		upstream = &u
 	}
 	transport := opts.Transport
 	if transport == nil {
@@ -53,6 +61,10 @@ func NewProxy(upstream *url.URL, opts FrontOptions) (http.Handler, error) {
 		// NB: the default of 2 idle connections per host makes a busy proxy
 		// open and close a connection for most requests.
 		t.MaxIdleConns, t.MaxIdleConnsPerHost = 1024, 512
+		if h2c {
+			t.Protocols = new(http.Protocols)
+			t.Protocols.SetUnencryptedHTTP2(true) // and not HTTP/1: every request is h2c
+		}
 		transport = t
 	}
 	log := opts.Logger
@@ -100,7 +112,7 @@ func upstreamError(w http.ResponseWriter, r *http.Request, err error, maxBody in
 	}
 	var mbe *http.MaxBytesError
 	if lb, ok := r.Body.(*limitedBody); errors.As(err, &mbe) || (ok && lb.tripped.Load()) {
-		tooLarge(maxBody).write(w)
+		tooLarge(maxBody).write(w, r)
 		return
 	}
 	if r.Context().Err() != nil {
@@ -115,11 +127,11 @@ func upstreamError(w http.ResponseWriter, r *http.Request, err error, maxBody in
 	}
 	if timeout {
 		newProblem(ProblemUpstreamUnavailable, "Upstream timed out", http.StatusGatewayTimeout,
-			"The upstream did not answer in time."+charge).write(w)
+			"The upstream did not answer in time."+charge).write(w, r)
 		return
 	}
 	newProblem(ProblemUpstreamUnavailable, "Upstream unavailable", http.StatusBadGateway,
-		"The upstream could not be reached or failed to answer."+charge).write(w)
+		"The upstream could not be reached or failed to answer."+charge).write(w, r)
 }
 
 // bufferPool reuses ReverseProxy's copy buffers (32 KiB each).

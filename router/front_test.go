@@ -97,7 +97,7 @@ func TestProblemBodies(t *testing.T) {
 			`{"type":"https://quotaring.dev/problems/payload-too-large","title":"Payload too large","status":413,"detail":"The request body is over the limit of 1024 bytes; nothing was charged."}`},
 	} {
 		w := httptest.NewRecorder()
-		tc.p.write(w)
+		tc.p.write(w, nil)
 		if got := strings.TrimSpace(w.Body.String()); got != tc.body {
 			t.Errorf("%s: body\n got %s\nwant %s", tc.name, got, tc.body)
 		}
@@ -471,5 +471,32 @@ func TestCallerInContext(t *testing.T) {
 	serve(t, FrontOptions{Charger: ch, Config: testConfig(t)}, h, newRequest("POST", "/v1/tasks/", nil))
 	if got == nil || got.Account != "acme" || got.KeyID != "k1" || got.Route != "*" || got.Units != 1 || got.EventID != "gen-1" {
 		t.Fatalf("caller %+v", got)
+	}
+}
+
+// A gRPC caller gets refusals as trailers-only gRPC answers.
+func TestProblemAsGRPC(t *testing.T) {
+	req := httptest.NewRequest("POST", "/pkg.Svc/Method", nil)
+	req.Header.Set("Content-Type", "application/grpc+proto")
+	for _, tc := range []struct {
+		p    *Problem
+		code string
+	}{
+		{refusal(&shard.Decision{Reason: shard.RateLimited, RetryAfter: 1, RateBurst: 1}, 1, 429), "8"},
+		{unknownKey(true), "16"},
+		{unavailable("down"), "14"},
+		{newProblem(ProblemUpstreamUnavailable, "Upstream timed out", 504, "late"), "4"},
+		{internalError(), "13"},
+	} {
+		w := httptest.NewRecorder()
+		tc.p.write(w, req)
+		h := w.Header()
+		if w.Code != 200 || h.Get("Grpc-Status") != tc.code || h.Get("Content-Type") != "application/grpc" || w.Body.Len() != 0 ||
+			h.Get("X-Quota-Problem") != tc.p.Type {
+			t.Errorf("%s: %d %v %q", tc.p.Type, w.Code, h, w.Body)
+		}
+	}
+	if got := grpcMessage("50% off: café\n"); got != "50%25 off: caf%C3%A9%0A" {
+		t.Errorf("grpcMessage: %q", got)
 	}
 }

@@ -27,12 +27,12 @@ func (f *front) serveUsage(w http.ResponseWriter, r *http.Request) int {
 	if r.Method != http.MethodGet && r.Method != http.MethodHead {
 		w.Header().Set("Allow", "GET, HEAD")
 		p := newProblem("about:blank", "Method Not Allowed", http.StatusMethodNotAllowed, "The usage endpoint answers GET.")
-		p.write(w)
+		p.write(w, r)
 		return p.Status
 	}
 	rep, prob := f.usage(r)
 	if prob != nil {
-		prob.write(w)
+		prob.write(w, r)
 		return prob.Status
 	}
 	h := w.Header()

@@ -159,7 +159,7 @@ type frontFlags struct {
 
 func (ff *frontFlags) register(cmd *cobra.Command, upstream *string) {
 	fl := cmd.Flags()
-	fl.StringVar(upstream, "upstream", "", "the API to proxy to on --http-addr (http://host:port[/base]); empty serves no front (404)")
+	fl.StringVar(upstream, "upstream", "", "the API to proxy to on --http-addr: http://host:port[/base], https://..., or h2c://host:port for a gRPC server without TLS; empty serves no front (404)")
 	fl.StringVar(&ff.usagePath, "usage-path", "/v1/usage", "path that answers the caller's usage as JSON (GET), never proxied")
 	fl.IntVar(&ff.quotaStatus, "quota-status", http.StatusTooManyRequests, "status of a quota-exceeded refusal: 429, 402 or 403 (rate limits are always 429)")
 	fl.StringVar(&ff.billOn, "bill-on", router.BillOnSuccess, "when a request keeps its charge: success (refund 5xx, upstream failures and gRPC errors), 2xx (refund anything but 2xx/3xx) or always")
@@ -179,8 +179,8 @@ func (ff *frontFlags) build(upstream string) (func(*node.Node) (http.Handler, er
 		return nil, nil
 	}
 	u, err := url.Parse(upstream)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return nil, fmt.Errorf("--upstream %q: want an absolute http:// or https:// URL", upstream)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https" && u.Scheme != "h2c") || u.Host == "" {
+		return nil, fmt.Errorf("--upstream %q: want an absolute http://, https:// or h2c:// URL", upstream)
 	}
 	if ff.upstreamTimeout <= 0 {
 		return nil, fmt.Errorf("--upstream-timeout %s: want a positive duration such as 30s", ff.upstreamTimeout)
