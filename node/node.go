@@ -33,6 +33,9 @@ type Config struct {
 	Ledger string
 	// Listen addresses, host:port (port 0: any free port).
 	RPCAddr, HTTPAddr, AdminAddr, GossipAddr string
+	// AdvertiseHost is the host or IP other nodes reach this one at, for
+	// listeners on every address (":7400"); empty: the first private IPv4.
+	AdvertiseHost string
 	// Join lists seeds (host:port or DNS names); empty for the first node.
 	Join []string
 	// RingPreset is "lan" (production) or "local" (loopback tests) ["lan"].
@@ -160,11 +163,11 @@ func setDefault(d *time.Duration, v time.Duration) {
 
 // Start brings a node up (see the package doc). On error everything it
 // started is stopped again.
-func Start(ctx context.Context, cfg Config) (n *Node, err error) {
+func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	if err := cfg.defaults(); err != nil {
 		return nil, err
 	}
-	n = &Node{cfg: cfg, log: cfg.Logger.With("node", cfg.ID), reg: prometheus.NewRegistry(), started: time.Now()}
+	n := &Node{cfg: cfg, log: cfg.Logger.With("node", cfg.ID), reg: prometheus.NewRegistry(), started: time.Now()}
 	n.metrics = newMetrics(n)
 	n.ctx, n.cancel = context.WithCancel(context.Background())
 	defer func() {
@@ -274,8 +277,22 @@ func (n *Node) joinRing() error {
 	}
 	host, portStr, _ := net.SplitHostPort(n.cfg.GossipAddr)
 	port, _ := strconv.Atoi(portStr)
+	if host == "" {
+		host = "0.0.0.0"
+	}
+	if ip := net.ParseIP(host); ip != nil && ip.IsUnspecified() {
+		rc.AdvertiseAddr = n.advertiseHost()
+		if port == 0 { // memberlist would pick one, but the ring must advertise it
+			p, err := freeGossipPort(host)
+			if err != nil {
+				return err
+			}
+			port = p
+		}
+	}
 	rc.NodeID, rc.BindAddr, rc.BindPort, rc.Join = n.cfg.ID, host, port, n.cfg.Join
-	rc.Meta = ring.Meta{RPCAddr: n.RPCAddr(), HTTPAddr: n.HTTPAddr(), AdminAddr: n.AdminAddr(), State: ring.StateJoining}
+	rc.Meta = ring.Meta{RPCAddr: n.advertised(n.RPCAddr()), HTTPAddr: n.advertised(n.HTTPAddr()), AdminAddr: n.advertised(n.AdminAddr()),
+		State: ring.StateJoining}
 	rc.Logger = n.log.With("component", "ring")
 	if n.cfg.TestFaults {
 		t, err := ring.NewFaultNetTransport(host, port, rc.Logger)
@@ -320,6 +337,64 @@ func (n *Node) serve() error {
 	n.admin = &http.Server{Handler: n.adminHandler(), ReadHeaderTimeout: 10 * time.Second}
 	go n.admin.Serve(n.lis.admin)
 	return nil
+}
+
+// freeGossipPort finds a port free for both TCP and UDP on host.
+func freeGossipPort(host string) (int, error) {
+	for range 20 {
+		l, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
+		if err != nil {
+			return 0, fmt.Errorf("node: find a gossip port on %s: %w", host, err)
+		}
+		port := l.Addr().(*net.TCPAddr).Port
+		u, err := net.ListenPacket("udp", net.JoinHostPort(host, strconv.Itoa(port)))
+		l.Close()
+		if err == nil {
+			u.Close()
+			return port, nil
+		}
+	}
+	return 0, fmt.Errorf("node: no port on %s free for both TCP and UDP", host)
+}
+
+// advertised is the address others reach a listener at: the listener's own,
+// unless it listens on every address (":7400", "0.0.0.0:7400"), then the
+// advertise host with its port.
+func (n *Node) advertised(listen string) string {
+	host, port, err := net.SplitHostPort(listen)
+	if err != nil {
+		return listen
+	}
+	if ip := net.ParseIP(host); host != "" && (ip == nil || !ip.IsUnspecified()) {
+		return listen
+	}
+	return net.JoinHostPort(n.advertiseHost(), port)
+}
+
+// advertiseHost is Config.AdvertiseHost, or the host's first private IPv4
+// address (what memberlist picks too), or 127.0.0.1.
+func (n *Node) advertiseHost() string {
+	if n.cfg.AdvertiseHost != "" {
+		return n.cfg.AdvertiseHost
+	}
+	addrs, _ := net.InterfaceAddrs()
+	var public string
+	for _, a := range addrs {
+		ipn, ok := a.(*net.IPNet)
+		if !ok || ipn.IP.To4() == nil || ipn.IP.IsLoopback() || ipn.IP.IsLinkLocalUnicast() {
+			continue
+		}
+		if ipn.IP.IsPrivate() {
+			return ipn.IP.String()
+		}
+		if public == "" {
+			public = ipn.IP.String()
+		}
+	}
+	if public != "" {
+		return public
+	}
+	return "127.0.0.1"
 }
 
 func noFront(w http.ResponseWriter, r *http.Request) {

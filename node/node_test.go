@@ -3,6 +3,7 @@ package node
 import (
 	"context"
 	"fmt"
+	"net"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
@@ -130,5 +131,30 @@ func TestClusterInProcessExactQuota(t *testing.T) {
 	}
 	if used != 20 {
 		t.Fatalf("ledger used %d, want 20 (%+v)", used, grants)
+	}
+}
+
+// Listeners on every address (":0", like the defaults ":7400") advertise a
+// reachable host, never "[::]", and a Start that fails after the node is
+// built returns an error instead of panicking.
+func TestAdvertisesReachableAddresses(t *testing.T) {
+	dsn := "sqlite:" + filepath.Join(t.TempDir(), "ledger.db")
+	seedLedger(t, dsn, map[string]int64{"a": 1})
+	nd, err := Start(context.Background(), Config{ID: "n1", DataDir: t.TempDir(), Ledger: dsn, RingPreset: ring.PresetLocal,
+		RPCAddr: ":0", HTTPAddr: ":0", AdminAddr: ":0", GossipAddr: ":0", AdvertiseHost: "127.0.0.1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nd.Shutdown(context.Background())
+	self := nd.Ring().Self()
+	for _, a := range []string{self.RPCAddr, self.HTTPAddr, self.AdminAddr, self.GossipAddr} {
+		if host, _, _ := net.SplitHostPort(a); host != "127.0.0.1" {
+			t.Errorf("advertised %q, want host 127.0.0.1", a)
+		}
+	}
+	_, err = Start(context.Background(), Config{ID: "n1", DataDir: t.TempDir(), Ledger: dsn,
+		RPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", AdminAddr: "127.0.0.1:0", GossipAddr: "not-an-ip:0"})
+	if err == nil {
+		t.Fatal("a node with a bad gossip address started")
 	}
 }

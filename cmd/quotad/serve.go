@@ -22,6 +22,7 @@ type serveFlags struct {
 	nodeID, dataDir, ledger                  string
 	rpcAddr, httpAddr, adminAddr, gossipAddr string
 	join                                     []string
+	advertiseHost                            string
 	ringPreset                               string
 	settleInterval, snapshotInterval         time.Duration
 	walSync, events                          bool
@@ -64,6 +65,7 @@ for the next start.`,
 	fl.StringVar(&f.httpAddr, "http-addr", ":8080", "public HTTP address (the proxy)")
 	fl.StringVar(&f.adminAddr, "admin-addr", ":9090", "admin address: /healthz, /readyz, /metrics, /debug/pprof, and the admin API (/admin/v1/, with --admin-token)")
 	fl.StringVar(&f.gossipAddr, "gossip-addr", ":7946", "gossip (memberlist) address, TCP and UDP")
+	fl.StringVar(&f.advertiseHost, "advertise-host", "", "the host or IP other nodes reach this one at, when the addresses listen on all interfaces (\":7400\"); default: the first private IPv4 address")
 	fl.StringSliceVar(&f.join, "join", nil, "seeds to join: host:port list, or a DNS name with many A records (a headless Service); empty for the first node")
 	fl.StringVar(&f.ringPreset, "ring-preset", ring.PresetLAN, "gossip timings: lan (production) or local (tests on one machine)")
 	fl.DurationVar(&f.settleInterval, "settle-interval", time.Second, "how often to settle the log into the ledger (also the span a reservation is sized to cover twice)")
@@ -117,7 +119,7 @@ func (f *serveFlags) config(logger *slog.Logger) (node.Config, error) {
 	}
 	return node.Config{ID: f.nodeID, DataDir: f.dataDir, Ledger: f.ledger,
 		RPCAddr: f.rpcAddr, HTTPAddr: f.httpAddr, AdminAddr: f.adminAddr, GossipAddr: f.gossipAddr,
-		Join: f.join, RingPreset: f.ringPreset, SettleInterval: f.settleInterval, SnapshotInterval: f.snapshotInterval,
+		Join: f.join, AdvertiseHost: f.advertiseHost, RingPreset: f.ringPreset, SettleInterval: f.settleInterval, SnapshotInterval: f.snapshotInterval,
 		NoSync: !f.walSync, EventsOff: !f.events, DrainTimeout: f.drainTimeout, SettleTimeout: f.settleTimeout,
 		TestFaults: f.testFaults, Logger: logger}, nil
 }
