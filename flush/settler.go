@@ -265,12 +265,20 @@ func (s *Settler) loop(ctx context.Context) {
 	wait := s.opts.Interval
 	t := time.NewTimer(wait)
 	defer t.Stop()
+	// check looks at the log's size between settles: a log that reached
+	// MaxBatch records settles at once rather than at the next tick.
+	check := time.NewTicker(max(s.opts.Interval/10, 10*time.Millisecond))
+	defer check.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		case <-s.kick:
+		case <-check.C:
+			if s.failed.Load() > 0 || s.log.DurableSeq()-s.log.SettledSeq() < uint64(s.opts.MaxBatch) {
+				continue
+			}
 		}
 		if _, err := s.SettleOnce(ctx); err != nil && ctx.Err() == nil {
 			fails := s.failed.Add(1)
