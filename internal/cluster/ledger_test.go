@@ -60,7 +60,7 @@ func TestLedgerDown(t *testing.T) {
 		t.Fatal("G8: no charge was acknowledged while the ledger was down")
 	}
 	if refused > 0 {
-		t.Fatalf("%d charges were refused as over quota, with quotas of 2^30", refused)
+		t.Fatalf("%d charges were refused (%v), with quotas of 2^30 and no rate limit", refused, l.reasons)
 	}
 	tc.settleAll(60 * time.Second)
 	l.check(t, quota)

@@ -19,6 +19,7 @@ type load struct {
 	acked    map[string]map[string]bool
 	unknown  map[string]map[string]bool
 	refused  int
+	reasons  map[string]int // refusals by reason
 	errs     int
 	lastErr  error
 	cancel   context.CancelFunc
@@ -27,7 +28,8 @@ type load struct {
 
 func startLoad(tc *testCluster, accounts []string, workers int, seed uint64) *load {
 	ctx, cancel := context.WithCancel(context.Background())
-	l := &load{tc: tc, accounts: accounts, acked: map[string]map[string]bool{}, unknown: map[string]map[string]bool{}, cancel: cancel, done: make(chan struct{})}
+	l := &load{tc: tc, accounts: accounts, acked: map[string]map[string]bool{}, unknown: map[string]map[string]bool{},
+		reasons: map[string]int{}, cancel: cancel, done: make(chan struct{})}
 	var wg sync.WaitGroup
 	for w := 0; w < workers; w++ {
 		wg.Add(1)
@@ -41,8 +43,8 @@ func startLoad(tc *testCluster, accounts []string, workers int, seed uint64) *lo
 				}
 				acct := accounts[rng.IntN(len(accounts))]
 				id := fmt.Sprintf("w%d-%d", w, i)
-				o, _, err := tc.charge(context.Background(), n, acct, id, 1)
-				l.record(acct, id, o, err)
+				o, rep, err := tc.charge(context.Background(), n, acct, id, 1)
+				l.record(acct, id, o, rep.GetDecision().GetReason().String(), err)
 			}
 		}()
 	}
@@ -50,7 +52,7 @@ func startLoad(tc *testCluster, accounts []string, workers int, seed uint64) *lo
 	return l
 }
 
-func (l *load) record(acct, id string, o outcome, err error) {
+func (l *load) record(acct, id string, o outcome, reason string, err error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	switch o {
@@ -61,6 +63,7 @@ func (l *load) record(acct, id string, o outcome, err error) {
 		l.acked[acct][id] = true
 	case refused:
 		l.refused++
+		l.reasons[reason]++
 	default:
 		if l.unknown[acct] == nil {
 			l.unknown[acct] = map[string]bool{}
