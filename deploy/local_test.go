@@ -251,9 +251,18 @@ func TestLocalCluster(t *testing.T) {
 	env := clusterEnv(t, dir)
 	checkReady(t, env, nodes)
 
-	// Later: a benchmark run against the cluster goes here (issue 7, Show 4),
-	// e.g. quotad bench cluster --nodes env["QUOTARING_RPC_ADDRS"]
-	// --ledger env["QUOTARING_LEDGER"] --setup --duration 3s.
+	// A benchmark runs against it for a few seconds (issue 7, Show 4).
+	bench := exec.CommandContext(ctx, env["QUOTARING_QUOTAD"], "bench", "cluster", "--nodes", env["QUOTARING_RPC_ADDRS"],
+		"--ledger", env["QUOTARING_LEDGER"], "--setup", "--accounts", "200", "--concurrency", "8", "--duration", "3s")
+	bench.Env = cleanEnv()
+	benchOut, err := bench.CombinedOutput()
+	if err != nil {
+		t.Fatalf("quotad bench cluster against the local cluster: %v\n%s", err, benchOut)
+	}
+	if !strings.Contains(string(benchOut), "charges/s") || strings.Contains(string(benchOut), "first error") {
+		t.Fatalf("quotad bench cluster printed no clean result:\n%s", benchOut)
+	}
+	t.Logf("bench against the local cluster:\n%s", benchOut)
 
 	// Ctrl-C.
 	if err := cmd.Process.Signal(syscall.SIGINT); err != nil {

@@ -3,6 +3,7 @@ package node
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"time"
 
 	"github.com/quotaring/quotaring/engine"
@@ -151,4 +152,42 @@ func (n *Node) SettleNow(ctx context.Context) (int, error) {
 		return 0, fmt.Errorf("%w: the ledger has not been reached", flush.ErrUnavailable)
 	}
 	return s.SettleOnce(ctx)
+}
+
+// reconcileLoop checks the ledger's counters against its event log every
+// ReconcileInterval (each node at a random offset) and exports the number of
+// differences for the alert rule; quotad reconcile names them.
+func (n *Node) reconcileLoop(ctx context.Context) {
+	every := n.cfg.ReconcileInterval
+	t := time.NewTimer(time.Duration(rand.Int64N(int64(every))) + every/10)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		t.Reset(every)
+		l := n.Ledger()
+		if l == nil {
+			continue
+		}
+		rctx, cancel := context.WithTimeout(ctx, every/2)
+		rows, err := l.Reconcile(rctx)
+		cancel()
+		if err != nil {
+			n.log.Warn("periodic reconcile failed", "err", err)
+			continue
+		}
+		diffs := 0
+		for _, r := range rows {
+			if r.Diff {
+				diffs++
+			}
+		}
+		n.metrics.reconcileDiffs.Set(float64(diffs))
+		if diffs > 0 {
+			n.log.Error("the ledger's counters differ from its event log; run quotad reconcile to see where", "differences", diffs)
+		}
+	}
 }

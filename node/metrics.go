@@ -56,6 +56,15 @@ func newMetrics(n *Node) *metrics {
 		ProxySeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "quotaring_proxy_duration_seconds",
 			Help: "Time the HTTP front adds to a request (everything but the upstream).", Buckets: prometheus.ExponentialBuckets(20e-6, 2, 16)}),
 	}
+	// Zero series for the labels dashboards and alerts expect, before the
+	// first charge or request.
+	for _, rr := range [][2]string{{"ok", "ok"}, {"replayed", "replayed"}, {"refused", "rate_limited"}, {"refused", "quota_exceeded"},
+		{"refused", "unknown_account"}, {"refused", "unavailable"}} {
+		m.charges.WithLabelValues(rr[0], rr[1])
+	}
+	for _, code := range []string{"200", "429", "503"} {
+		m.HTTPRequests.WithLabelValues(code)
+	}
 	counter := func(name, help string, f func() float64) prometheus.Collector {
 		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help}, f)
 	}

@@ -55,6 +55,10 @@ type Config struct {
 	// LedgerRetry is the wait between attempts to reach the ledger when it is
 	// down [2s].
 	LedgerRetry time.Duration
+	// ReconcileInterval is how often the node checks the ledger's counters
+	// against its event log and exports the number of differences
+	// (quotaring_reconcile_differences) [15m]; negative turns it off.
+	ReconcileInterval time.Duration
 	// TestFaults exposes fault injection on the admin port (/test/...): for
 	// the chaos tests only.
 	TestFaults bool
@@ -131,7 +135,7 @@ func (c *Config) defaults() error {
 	if c.RingPreset == "" {
 		c.RingPreset = ring.PresetLAN
 	}
-	for _, d := range []*time.Duration{&c.SettleInterval, &c.DrainTimeout, &c.SettleTimeout, &c.SnapshotInterval, &c.LedgerRetry} {
+	for _, d := range []*time.Duration{&c.SettleInterval, &c.DrainTimeout, &c.SettleTimeout, &c.SnapshotInterval, &c.LedgerRetry} { // ReconcileInterval < 0 means off
 		if *d < 0 {
 			return fmt.Errorf("node: durations must not be negative (got %s)", *d)
 		}
@@ -141,6 +145,7 @@ func (c *Config) defaults() error {
 	setDefault(&c.DrainTimeout, 10*time.Second)
 	setDefault(&c.SettleTimeout, 20*time.Second)
 	setDefault(&c.LedgerRetry, 2*time.Second)
+	setDefault(&c.ReconcileInterval, 15*time.Minute)
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -207,6 +212,9 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	}
 	if err := n.Ring().SetState(ctx, ring.StateServing); err != nil {
 		return nil, fmt.Errorf("node: become serving: %w", err)
+	}
+	if n.cfg.ReconcileInterval > 0 {
+		n.goLoop(n.reconcileLoop)
 	}
 	n.ready.Store(true)
 	n.log.Info("serving", "rpc", n.RPCAddr(), "http", n.HTTPAddr(), "admin", n.AdminAddr(), "gossip", n.GossipAddr(),

@@ -115,6 +115,11 @@ func runBenchCluster(ctx context.Context, out, progress io.Writer, f benchCluste
 	if err != nil {
 		return err
 	}
+	if f.setup {
+		if err := waitKnown(ctx, progress, first, accounts[len(accounts)-1]); err != nil {
+			return err
+		}
+	}
 	var owners func(account string) string
 	if f.mode == "direct" {
 		if owners, err = ownerTable(ctx, first); err != nil {
@@ -242,4 +247,26 @@ func setupBenchAccounts(ctx context.Context, progress io.Writer, dsn string, acc
 	}
 	fmt.Fprintf(progress, "setup: %d accounts on plan bench; nodes see them at their next config refresh\n", len(accounts))
 	return nil
+}
+
+// waitKnown waits (bounded) until the cluster's config has the account: the
+// nodes read the ledger's config every few seconds.
+func waitKnown(ctx context.Context, progress io.Writer, c pb.QuotaClient, account string) error {
+	deadline := time.Now().Add(60 * time.Second)
+	t := time.NewTicker(200 * time.Millisecond)
+	defer t.Stop()
+	for {
+		rep, err := c.Charge(ctx, &pb.ChargeBatch{Route: true, Charges: []*pb.ChargeRequest{{Account: account, Route: "setup", Units: 0}}})
+		if err == nil && len(rep.Replies) == 1 && rep.Replies[0].GetDecision().GetReason() == pb.Reason_OK {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the cluster did not learn account %s within 60s of --setup (is --snapshot-interval very long?)", account)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
 }

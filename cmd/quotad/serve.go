@@ -23,6 +23,7 @@ type serveFlags struct {
 	rpcAddr, httpAddr, adminAddr, gossipAddr string
 	join                                     []string
 	advertiseHost                            string
+	reconcileInterval                        time.Duration
 	ringPreset                               string
 	settleInterval, snapshotInterval         time.Duration
 	walSync, events                          bool
@@ -74,6 +75,7 @@ for the next start.`,
 	fl.BoolVar(&f.events, "events", true, "keep the event log in the ledger (off: daily aggregates only, and no duplicate catch at settle)")
 	fl.DurationVar(&f.drainTimeout, "drain-timeout", 10*time.Second, "on SIGTERM, how long in-flight requests may take to finish")
 	fl.DurationVar(&f.settleTimeout, "settle-timeout", 20*time.Second, "on SIGTERM, how long the final settle may take")
+	fl.DurationVar(&f.reconcileInterval, "reconcile-interval", 15*time.Minute, "how often to check the ledger's counters against its event log (exported as quotaring_reconcile_differences); 0 turns it off")
 	fl.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
 	fl.StringVar(&f.logFormat, "log-format", "text", "text or json")
 	fl.BoolVar(&f.testFaults, "test-faults", false, "expose fault injection on the admin port (/test/...): for chaos tests only, never in production")
@@ -119,7 +121,7 @@ func (f *serveFlags) config(logger *slog.Logger) (node.Config, error) {
 	}
 	return node.Config{ID: f.nodeID, DataDir: f.dataDir, Ledger: f.ledger,
 		RPCAddr: f.rpcAddr, HTTPAddr: f.httpAddr, AdminAddr: f.adminAddr, GossipAddr: f.gossipAddr,
-		Join: f.join, AdvertiseHost: f.advertiseHost, RingPreset: f.ringPreset, SettleInterval: f.settleInterval, SnapshotInterval: f.snapshotInterval,
+		Join: f.join, AdvertiseHost: f.advertiseHost, ReconcileInterval: reconcileInterval(f.reconcileInterval), RingPreset: f.ringPreset, SettleInterval: f.settleInterval, SnapshotInterval: f.snapshotInterval,
 		NoSync: !f.walSync, EventsOff: !f.events, DrainTimeout: f.drainTimeout, SettleTimeout: f.settleTimeout,
 		TestFaults: f.testFaults, Logger: logger}, nil
 }
@@ -199,4 +201,12 @@ func (ff *frontFlags) build(upstream string) (func(*node.Node) (http.Handler, er
 		return nil, err
 	}
 	return func(n *node.Node) (http.Handler, error) { return router.NewProxy(u, opts(n.FrontOptions())) }, nil
+}
+
+// reconcileInterval maps the flag's 0 (off) to node.Config's negative.
+func reconcileInterval(d time.Duration) time.Duration {
+	if d == 0 {
+		return -1
+	}
+	return d
 }

@@ -1,0 +1,135 @@
+package cluster
+
+import (
+	"bufio"
+	"context"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/quotaring/quotaring/snapshot"
+)
+
+// Every metric the dashboard and the alert rules use (deploy/metrics.txt)
+// is exported by a running node.
+func TestMetricsMatchTheDeployList(t *testing.T) {
+	tc := newTestCluster(t, 1)
+	_, file, _, _ := runtime.Caller(0)
+	f, err := os.Open(filepath.Join(filepath.Dir(file), "..", "..", "deploy", "metrics.txt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	_, body, err := tc.Nodes[0].AdminGet(context.Background(), "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	exported := map[string]bool{}
+	for _, line := range strings.Split(body, "\n") {
+		if name, ok := strings.CutPrefix(line, "# TYPE "); ok {
+			exported[strings.Fields(name)[0]] = true
+		}
+	}
+	sc := bufio.NewScanner(f)
+	n := 0
+	for sc.Scan() {
+		name := strings.TrimSpace(sc.Text())
+		if name == "" || strings.HasPrefix(name, "#") {
+			continue
+		}
+		n++
+		if !exported[name] {
+			t.Errorf("deploy/metrics.txt lists %s, which the node does not export", name)
+		}
+	}
+	if n < 20 {
+		t.Fatalf("read only %d names from deploy/metrics.txt", n)
+	}
+}
+
+// SIGTERM under load: in-flight requests finish, everything is settled,
+// reservations are handed back, and the process exits 0 within its budget.
+// With the ledger down it exits non-zero and its records are still there at
+// the next start.
+func TestSIGTERMUnderLoad(t *testing.T) {
+	tc := newTestCluster(t, 3)
+	const quota = 1000
+	accounts := accountIDs("term-", 100)
+	tc.hardAccounts(snapshot.Plan{ID: "term", MonthlyQuota: quota, Hard: true}, accounts...)
+	l := startLoad(tc, accounts, 12, 5)
+	l.waitAcked(t, 1000, 60*time.Second)
+	ctx := context.Background()
+	victim := tc.Nodes[0]
+	t0 := time.Now()
+	code, err := victim.Terminate(ctx)
+	took := time.Since(t0)
+	// The budget: --drain-timeout 10s + --settle-timeout 20s + the 10s margin of quotad serve.
+	if code != 0 || took > 40*time.Second {
+		t.Fatalf("SIGTERM under load: exit %d after %s (%v)\n%s", code, took, err, victim.LogTail(20))
+	}
+	t.Logf("drained, settled and exited 0 in %s", took.Round(time.Millisecond))
+	log := victim.LogTail(400)
+	if !strings.Contains(log, "final settle done") {
+		t.Fatalf("no final settle in the log:\n%s", victim.LogTail(20))
+	}
+	held, err := tc.ledger.Reservations(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range held {
+		if r.Node == victim.ID {
+			t.Fatalf("the stopped node still holds %d units of %s/%s", r.Units, r.Account, r.Grant)
+		}
+	}
+	l.waitAcked(t, 500, 60*time.Second)
+	l.stop()
+	tc.settleAll(30 * time.Second)
+	l.check(t, quota)
+}
+
+func TestSIGTERMWithTheLedgerDown(t *testing.T) {
+	tc := newTestCluster(t, 1)
+	tc.hardAccounts(snapshot.Plan{ID: "down", MonthlyQuota: 1 << 30, Hard: true}, "kept")
+	ctx := context.Background()
+	n := tc.Nodes[0]
+	for i := 0; i < 20; i++ {
+		if o, _, err := tc.charge(ctx, n, "kept", "", 1); o != acked {
+			t.Fatal(err)
+		}
+	}
+	tc.settleAll(30 * time.Second)
+	srv := tcServer(t)
+	if err := srv.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	acknowledged := 0
+	for i := 0; i < 200 && acknowledged < 10; i++ { // what the node holds reserved still charges
+		if o, _, _ := tc.charge(ctx, n, "kept", "", 1); o == acked {
+			acknowledged++
+		}
+	}
+	if acknowledged == 0 {
+		t.Fatal("no charge acknowledged against the reservation with the ledger down")
+	}
+	code, _ := n.Terminate(ctx)
+	if code == 0 {
+		t.Fatalf("exit 0 with the ledger down and %d charges unsettled:\n%s", acknowledged, n.LogTail(20))
+	}
+	if !strings.Contains(n.LogTail(100), "final settle failed") {
+		t.Fatalf("the log does not say the final settle failed:\n%s", n.LogTail(20))
+	}
+	if err := srv.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	tc.converge(30 * time.Second)
+	tc.settleAll(30 * time.Second)
+	if u := tc.used("kept"); u != int64(20+acknowledged) {
+		t.Fatalf("after the restart the ledger holds %d units, want the %d acknowledged", u, 20+acknowledged)
+	}
+}
