@@ -35,8 +35,10 @@ type Options struct {
 
 	// NoSync commits records with pebble.NoSync. FOR BENCHMARKS ONLY: Pebble
 	// then keeps records in an in-process buffer, and a kill -9 loses records
-	// whose WaitDurable already returned nil, which breaks G2. Settle,
-	// PutCheckpoints and PutMeta stay synced.
+	// whose WaitDurable already returned nil, which breaks G2. Since nothing
+	// is durable then anyway, WaitDurable returns as soon as the record is
+	// queued (DurableSeq, and so Scan and Settle, still follow the commits).
+	// Settle, PutCheckpoints and PutMeta stay synced.
 	NoSync bool
 
 	// FS is the file system Pebble uses. If nil, vfs.Default. Tests pass
