@@ -299,3 +299,21 @@ func (e *Engine) ZeroAllowances(ctx context.Context) error {
 	}
 	return e.log.WaitDurable(ctx, last)
 }
+
+// Prefetch reserves units for an account ahead of its first charge (a new
+// owner taking over an account that was active elsewhere). It does nothing
+// for accounts this node does not own or whose plan is not hard.
+func (e *Engine) Prefetch(ctx context.Context, account string, units int64) error {
+	if e.opts.Reserver == nil || units <= 0 {
+		return nil
+	}
+	st := e.stripeFor(account)
+	st.mu.Lock()
+	ent, ok := e.entryLocked(st, account)
+	hard := ok && ent.acct.Plan().Hard && e.ownsLocked(account)
+	st.mu.Unlock()
+	if !hard {
+		return nil
+	}
+	return e.reserve(ctx, account, units)
+}

@@ -821,8 +821,15 @@ func confHeldElsewhere(t *testing.T, l Ledger) {
 	if err != nil || len(res.Granted) != 0 || len(res.Exhausted) != 0 || !slices.Equal(res.HeldElsewhere, []string{confJune}) {
 		t.Fatalf("node-b while node-a holds everything: %+v %v; want held elsewhere", res, err)
 	}
+	before := time.Now().Add(-time.Minute)
 	if err := l.Release(ctx, "node-a", "acct-1", []shard.Alloc{{Grant: confJune, Units: 4}}); err != nil {
 		t.Fatal(err)
+	}
+	if hs, err := l.Handoffs(ctx, before); err != nil || !slices.Equal(hs, []Handoff{{Account: "acct-1", Units: 4}}) {
+		t.Fatalf("handoffs after a release of 4: %+v %v", hs, err)
+	}
+	if hs, err := l.Handoffs(ctx, time.Now().Add(time.Hour)); err != nil || len(hs) != 0 {
+		t.Fatalf("handoffs since a later time: %+v %v", hs, err)
 	}
 	res, err = l.Reserve(ctx, "node-b", ReserveRequest{Account: "acct-1", Wall: confWallTime(), Need: 3})
 	if err != nil || !slices.Equal(res.Granted, []shard.Alloc{{Grant: confJune, Units: 3}}) {

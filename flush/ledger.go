@@ -40,8 +40,13 @@ type Ledger interface {
 	// grant from the plan if it does not exist yet. It keeps
 	// used + reserved <= units per grant with a conditional update.
 	Reserve(ctx context.Context, node string, req ReserveRequest) (ReserveResult, error)
-	// Release hands units of node's reservations back.
+	// Release hands units of node's reservations back, and notes the
+	// account as handed off (Handoffs): an owner releases when it loses an
+	// account or stops.
 	Release(ctx context.Context, node, account string, allocs []shard.Alloc) error
+	// Handoffs lists the accounts released since the given time with the units
+	// released: the next owner reserves ahead for them.
+	Handoffs(ctx context.Context, since time.Time) ([]Handoff, error)
 	// ReleaseNode frees every reservation node holds (quotad revoke, and a
 	// node's reset at start) and reports the units per account.
 	ReleaseNode(ctx context.Context, node string) ([]Released, error)
@@ -205,6 +210,12 @@ type ReserveResult struct {
 	// its reservation back yet, or a lost node's frozen one): a charge that
 	// needs them is unavailable for now, not over quota.
 	HeldElsewhere []string
+}
+
+// Handoff is an account an owner handed back, and how many units it held.
+type Handoff struct {
+	Account string
+	Units   int64
 }
 
 // Released is what ReleaseNode freed for one account.

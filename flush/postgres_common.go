@@ -441,3 +441,11 @@ func sortReleased(rs []Released) {
 		return compareGrantKeys(grantKey{a.Account, a.Grant}, grantKey{b.Account, b.Grant})
 	})
 }
+
+func sumUnits(units []int64) int64 {
+	var n int64
+	for _, u := range units {
+		n += u
+	}
+	return n
+}

@@ -132,7 +132,21 @@ func (p *Postgres) Release(ctx context.Context, node, account string, allocs []s
 		FROM unnest($3::text[], $4::bigint[]) AS d(grant_id, units)
 		WHERE r.account_id = $1 AND r.node_id = $2 AND r.grant_id = d.grant_id`, account, node, ids, units).Exec(nop)
 	b.Queue(pgSumReservedSQL, account, ids).Exec(nop)
+	b.Queue(`INSERT INTO handoffs (account_id, units, released_at) VALUES ($1, $2, now())
+		ON CONFLICT (account_id) DO UPDATE SET units = excluded.units, released_at = excluded.released_at`, account, sumUnits(units)).Exec(nop)
 	return p.fail(fmt.Sprintf("release %s's reservations of %s", node, account), p.inTx(ctx, b))
+}
+
+// Handoffs lists the accounts released since the given time, with the units
+// released.
+func (p *Postgres) Handoffs(ctx context.Context, since time.Time) ([]Handoff, error) {
+	rows, _ := p.pool.Query(ctx, `SELECT account_id, units FROM handoffs WHERE released_at >= $1 ORDER BY account_id`, since)
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Handoff, error) {
+		var h Handoff
+		err := r.Scan(&h.Account, &h.Units)
+		return h, err
+	})
+	return out, p.fail("list handoffs", err)
 }
 
 // ReleaseNode frees every reservation node holds.

@@ -10,6 +10,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/quotaring/quotaring/shard"
 )
@@ -327,8 +328,27 @@ func (s *SQLite) Release(ctx context.Context, node, account string, allocs []sha
 				return err
 			}
 		}
-		return nil
+		_, err := tx.ExecContext(ctx, `INSERT INTO handoffs (account_id, units, released_at) VALUES (?, ?, ?)
+			ON CONFLICT (account_id) DO UPDATE SET units = excluded.units, released_at = excluded.released_at`,
+			account, sumUnits(units), s.now().UnixNano())
+		return err
 	}))
+}
+
+// Handoffs lists the accounts released since the given time, with the units
+// released.
+func (s *SQLite) Handoffs(ctx context.Context, since time.Time) ([]Handoff, error) {
+	var out []Handoff
+	err := s.read(ctx, func(tx *sql.Tx) error {
+		return queryEach(ctx, tx, `SELECT account_id, units FROM handoffs WHERE released_at >= ? ORDER BY account_id`,
+			[]any{since.UnixNano()}, func(scan func(...any) error) error {
+				var h Handoff
+				err := scan(&h.Account, &h.Units)
+				out = append(out, h)
+				return err
+			})
+	})
+	return out, s.fail("list handoffs", err)
 }
 
 // ReleaseNode frees every reservation node holds.

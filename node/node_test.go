@@ -158,3 +158,30 @@ func TestAdvertisesReachableAddresses(t *testing.T) {
 		t.Fatal("a node with a bad gossip address started")
 	}
 }
+
+// An owner that leaves hands its reservations back and notes the handoff;
+// the node that gains the account reserves for it before its first charge.
+func TestGainedAccountsAreReservedAhead(t *testing.T) {
+	dsn := "sqlite:" + filepath.Join(t.TempDir(), "ledger.db")
+	seedLedger(t, dsn, map[string]int64{"busy": 1000})
+	nodes := startNodes(t, dsn, 2)
+	ctx := context.Background()
+	for i := 0; i < 50; i++ {
+		if res, err := nodes[0].Router().Charge(ctx, router.ChargeRequest{Account: "busy", Units: 1}); err != nil || res.Reason != shard.OK {
+			t.Fatalf("charge %d: %v %v", i, res.Reason, err)
+		}
+	}
+	owner, other := nodes[0], nodes[1]
+	if m, _ := owner.Ring().Owner("busy"); m.ID != owner.ID() {
+		owner, other = nodes[1], nodes[0]
+	}
+	if other.Engine().AllowanceHeld() != 0 {
+		t.Fatal("the non-owner holds a reservation before the handoff")
+	}
+	if err := owner.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 20*time.Second, "the remaining node to reserve ahead for the account it gained", func() bool {
+		return other.Engine().AllowanceHeld() > 0
+	})
+}

@@ -2,6 +2,8 @@ package node
 
 import (
 	"context"
+	"sync"
+	"time"
 
 	"github.com/quotaring/quotaring/ring"
 )
@@ -10,9 +12,11 @@ import (
 // deciding for their accounts at once (the engine checks the ring under each
 // account's lock, so in-flight charges finish and new ones are refused),
 // then hands their reservations back and settles, so the new owner finds
-// the units free. Gained partitions need nothing up front: the first charge
-// of an account reserves (one ledger round trip), and the engine tops up in
-// the background from then on.
+// the units free. On gaining partitions it reserves ahead, in the
+// background, for their accounts that an owner handed back recently (the
+// ledger's handoffs, with the units the old owner held), so their first
+// charges do not wait for the ledger; other accounts reserve on their first
+// charge (one round trip), and the engine tops up from then on.
 func (n *Node) followRing(ctx context.Context, changes <-chan ring.Change) {
 	for {
 		select {
@@ -25,6 +29,9 @@ func (n *Node) followRing(ctx context.Context, changes <-chan ring.Change) {
 			n.metrics.ringChange(c)
 			if len(c.Lost) > 0 {
 				n.releaseLost(ctx, c.Lost)
+			}
+			if len(c.Gained) > 0 {
+				n.prefetchGained(ctx, c.Gained)
 			}
 		}
 	}
@@ -52,5 +59,52 @@ func (n *Node) releaseLost(ctx context.Context, lost []int) {
 	}
 	if released > 0 {
 		n.log.Info("lost partitions: reservations handed back", "partitions", len(lost), "accounts", released)
+	}
+}
+
+// handoffWindow is how far back a handoff counts as recent activity.
+const handoffWindow = 10 * time.Minute
+
+// prefetchConcurrency bounds the reservations a gain sends at once.
+const prefetchConcurrency = 8
+
+func (n *Node) prefetchGained(ctx context.Context, gained []int) {
+	l := n.Ledger()
+	if l == nil {
+		return
+	}
+	// Bounded: a loss queued behind this must not wait long.
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	hs, err := l.Handoffs(ctx, time.Now().Add(-handoffWindow))
+	if err != nil {
+		n.log.Debug("no handoffs to prefetch for", "err", err)
+		return
+	}
+	r := n.Ring()
+	set := make(map[int]bool, len(gained))
+	for _, p := range gained {
+		set[p] = true
+	}
+	sem := make(chan struct{}, prefetchConcurrency)
+	var wg sync.WaitGroup
+	count := 0
+	for _, h := range hs {
+		if !set[r.Partition(h.Account)] {
+			continue
+		}
+		count++
+		sem <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			if err := n.eng.Prefetch(ctx, h.Account, h.Units); err != nil {
+				n.log.Debug("prefetch for a gained account failed; its first charge will reserve", "account", h.Account, "err", err)
+			}
+		}()
+	}
+	wg.Wait()
+	if count > 0 {
+		n.log.Info("gained partitions: reserved ahead for recently handed-off accounts", "partitions", len(gained), "accounts", count)
 	}
 }
