@@ -84,8 +84,9 @@ type clusterOptions struct {
 	upstream string              // "" serves no front
 	front    func(*router.FrontOptions)
 	noSync   bool
-	// settle is the settle interval (and the reservation window) [100ms].
-	settle time.Duration
+	// settle is the settle interval (and the reservation window) [100ms];
+	// snapshot the config refresh interval [200ms].
+	settle, snapshot time.Duration
 }
 
 func startCluster(t testing.TB, accounts []account, o clusterOptions) *cluster {
@@ -111,7 +112,7 @@ func (c *cluster) add(t testing.TB) *node.Node {
 	id := fmt.Sprint("n", len(c.nodes)+1)
 	cfg := node.Config{ID: id, DataDir: filepath.Join(c.dir, id), Ledger: c.dsn,
 		RPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", AdminAddr: "127.0.0.1:0", GossipAddr: "127.0.0.1:0",
-		RingPreset: ring.PresetLocal, SettleInterval: cmp.Or(c.opts.settle, 100*time.Millisecond), SnapshotInterval: 200 * time.Millisecond,
+		RingPreset: ring.PresetLocal, SettleInterval: cmp.Or(c.opts.settle, 100*time.Millisecond), SnapshotInterval: cmp.Or(c.opts.snapshot, 200*time.Millisecond),
 		NoSync: c.opts.noSync}
 	if c.clock != nil {
 		cfg.Clock = c.clock
