@@ -160,7 +160,7 @@ func TestProxyBadInput(t *testing.T) {
 	up := newUpstream(t)
 	acct := account{id: "careless", key: keyOf("careless"), plan: monthly("m100", 100)}
 	c := startCluster(t, []account{acct}, clusterOptions{nodes: 3, clock: engine.NewManualClock(june28), upstream: up.URL,
-		front: func(o *router.FrontOptions) { o.MaxBodyBytes, o.UpstreamTimeout = 1024, 300*time.Millisecond }})
+		front: func(o *router.FrontOptions) { o.MaxBodyBytes, o.UpstreamTimeout = 1024, time.Second }})
 	proxy := "http://" + c.notOwner(t, acct.id).HTTPAddr()
 
 	cases := []struct {
