@@ -214,12 +214,20 @@ func writeProblem(w http.ResponseWriter, r *http.Request, p *adminProblem) {
 	if p.Title == "" {
 		p.Title = http.StatusText(p.Status)
 	}
+	// The same namespace as the HTTP front's problem types.
+	if !strings.HasPrefix(p.Type, problemBase) {
+		p.Type = problemBase + p.Type
+	}
 	p.Instance = r.URL.Path
 	w.Header().Set("Content-Type", "application/problem+json")
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(p.Status)
 	json.NewEncoder(w).Encode(p)
 }
+
+// problemBase prefixes problem types, as the HTTP front's do
+// (router/front_headers.go).
+const problemBase = "https://quotaring.dev/problems/"
 
 func writeJSON(w http.ResponseWriter, status int, v any) error {
 	w.Header().Set("Content-Type", "application/json")

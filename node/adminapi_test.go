@@ -310,7 +310,7 @@ func TestAdminLedgerNotReached(t *testing.T) {
 		c.AdminToken, c.LedgerRetry = testAdminToken, time.Hour
 	})
 	p := wantProblem(t, nodes[0], "GET", "/admin/v1/plans", nil, http.StatusServiceUnavailable, "")
-	if p.Type != "ledger-unavailable" {
+	if p.Type != problemBase+"ledger-unavailable" {
 		t.Fatalf("problem %+v", p)
 	}
 }
