@@ -1,6 +1,7 @@
 package router
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -73,12 +74,20 @@ func (p *Problem) write(w http.ResponseWriter, r *http.Request) {
 	if p.Status == http.StatusUnauthorized {
 		h.Set("WWW-Authenticate", `Bearer realm="quotaring"`)
 	}
-	body, err := json.Marshal(p)
-	if err != nil { // NB: only strings and ints: cannot fail
-		body = []byte(`{"type":"about:blank","status":500}`)
-	}
 	w.WriteHeader(p.Status)
-	_, _ = w.Write(append(body, '\n'))
+	_, _ = w.Write(encodeJSON(p))
+}
+
+// encodeJSON encodes v and a newline without HTML escaping, so a detail
+// reads "Bearer <key>", not "Bearer \u003ckey\u003e".
+func encodeJSON(v any) []byte {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil { // NB: only strings, ints and maps of them: cannot fail
+		return []byte(`{"type":"about:blank","status":500}` + "\n")
+	}
+	return buf.Bytes()
 }
 
 // ceilSeconds rounds a duration in ns up to whole seconds, as HTTP's

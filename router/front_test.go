@@ -91,7 +91,7 @@ func TestProblemBodies(t *testing.T) {
 		{"account not loaded", refusal(&shard.Decision{Reason: shard.UnknownAccount}, 1, 429), "1",
 			`{"type":"https://quotaring.dev/problems/quota-unavailable","title":"Quota unavailable","status":503,"detail":"The owner of this key's account has not loaded its config yet; retry in a second."}`},
 		{"missing key", unknownKey(true), "",
-			`{"type":"https://quotaring.dev/problems/unknown-key","title":"Unknown API key","status":401,"detail":"No API key was sent: send it as 'Authorization: Bearer \u003ckey\u003e' or 'X-Api-Key: \u003ckey\u003e'."}`},
+			`{"type":"https://quotaring.dev/problems/unknown-key","title":"Unknown API key","status":401,"detail":"No API key was sent: send it as 'Authorization: Bearer <key>' or 'X-Api-Key: <key>'."}`},
 		{"unavailable", unavailable("x"), "1", `{"type":"https://quotaring.dev/problems/quota-unavailable","title":"Quota unavailable","status":503,"detail":"x"}`},
 		{"too large", tooLarge(1024), "",
 			`{"type":"https://quotaring.dev/problems/payload-too-large","title":"Payload too large","status":413,"detail":"The request body is over the limit of 1024 bytes; nothing was charged."}`},

@@ -2,7 +2,6 @@ package router
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"net/http"
 
@@ -39,10 +38,10 @@ func (f *front) serveUsage(w http.ResponseWriter, r *http.Request) int {
 	setQuotaFields(h, rep.Limit, rep.Remaining, rep.resetUnix)
 	h.Set("Content-Type", "application/json")
 	h.Set("Cache-Control", "no-store")
-	body, _ := json.Marshal(rep.UsageReport)
+	body := encodeJSON(rep.UsageReport)
 	w.WriteHeader(http.StatusOK)
 	if r.Method == http.MethodGet {
-		_, _ = w.Write(append(body, '\n'))
+		_, _ = w.Write(body)
 	}
 	return http.StatusOK
 }
