@@ -62,6 +62,11 @@ func (n *Node) tryLedger(ctx context.Context, beforeServing bool) (bool, error) 
 	n.mu.Unlock()
 	settler.Start()
 	refresher.Start()
+	if !beforeServing {
+		// Reached late: accounts that moved away while the ledger was down
+		// still hold the allowance this node replayed; hand it back.
+		n.releaseNotOwned(ctx)
+	}
 	n.log.Info("ledger connected", "settled", n.wal.SettledSeq())
 	return true, nil
 }

@@ -37,6 +37,29 @@ func (n *Node) followRing(ctx context.Context, changes <-chan ring.Change) {
 	}
 }
 
+// releaseNotOwned hands back the allowance of every account this node holds
+// state for but does not own now. It first waits until the node serves (the
+// ledger may answer before the ring is joined, when nothing looks owned).
+func (n *Node) releaseNotOwned(ctx context.Context) {
+	t := time.NewTicker(50 * time.Millisecond)
+	defer t.Stop()
+	for !n.ready.Load() {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+	for _, id := range n.eng.AccountIDs() {
+		if n.owns(id) {
+			continue
+		}
+		if err := n.eng.Release(ctx, id); err != nil {
+			n.log.Warn("handing back the reservation of an account owned elsewhere failed", "account", id, "err", err)
+		}
+	}
+}
+
 func (n *Node) releaseLost(ctx context.Context, lost []int) {
 	r := n.Ring()
 	set := make(map[int]bool, len(lost))
