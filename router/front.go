@@ -231,12 +231,12 @@ func (f *front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	setQuotaHeaders(w.Header(), &c.Decision)
 	rec := &recorder{ResponseWriter: w}
+	r = r.WithContext(context.WithValue(r.Context(), callerKey{}, &c.Caller)) // a copy: the caller's request stays as it was
 	var body *limitedBody
 	if f.opts.MaxBodyBytes > 0 && r.Body != nil && r.ContentLength != 0 {
 		body = &limitedBody{ReadCloser: http.MaxBytesReader(w, r.Body, f.opts.MaxBodyBytes)}
 		r.Body = body
 	}
-	r = r.WithContext(context.WithValue(r.Context(), callerKey{}, &c.Caller))
 	var t time.Time
 	var inNext time.Duration
 	defer func() {
@@ -288,7 +288,7 @@ func (f *front) admit(r *http.Request) (*charged, *Problem) {
 	if err != nil {
 		if errors.Is(err, ErrUnavailable) || errors.Is(err, context.DeadlineExceeded) {
 			f.opts.Logger.Warn("charge undecided", "account", key.Account, "err", err)
-			return nil, unavailable("The quota service cannot decide this request now; nothing was charged. Retry in a second.")
+			return nil, unavailable("The quota service cannot decide this request now. Retry in a second; with the same Idempotency-Key a retry is never billed twice.")
 		}
 		f.opts.Logger.Error("charge failed", "account", key.Account, "err", err)
 		return nil, internalError()

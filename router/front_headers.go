@@ -24,7 +24,8 @@ const (
 	// ProblemUnknownKey: no API key, or one the config does not know (401).
 	ProblemUnknownKey = problemBase + "unknown-key"
 	// ProblemQuotaUnavailable: the charge could not be decided now (503,
-	// Retry-After 1); nothing was charged.
+	// Retry-After 1): nothing was charged, or an owner that stopped
+	// answering may have charged it (retry with the same Idempotency-Key).
 	ProblemQuotaUnavailable = problemBase + "quota-unavailable"
 	// ProblemBadRequest: a malformed header, such as Idempotency-Key (400).
 	ProblemBadRequest = problemBase + "bad-request"
