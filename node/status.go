@@ -1,0 +1,443 @@
+package node
+
+import (
+	"bytes"
+	"context"
+	_ "embed"
+	"fmt"
+	"html/template"
+	"net/http"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/quotaring/quotaring/ring"
+)
+
+// The status page: GET /status on the admin port. One server-rendered HTML
+// page (html/template, inline CSS and SVG, no script, no external asset)
+// that refreshes itself every 2 s: the members and their states, which
+// share of the ring each one owns, the accounts this node owns with their
+// usage, how far its log is behind the ledger, and the reservations held.
+// It reads only what the node already has in memory, plus two ledger reads
+// bounded by statusLedgerTimeout, so it renders with the ledger down (G8).
+//
+// Like /metrics it names accounts: the admin port is for operators, never
+// for the public.
+
+//go:embed status.tmpl
+var statusTemplateText string
+
+var statusTemplate = template.Must(template.New("status").Funcs(template.FuncMap{
+	"thousands": thousands,
+	"sub":       func(a, b int64) int64 { return a - b },
+}).Parse(statusTemplateText))
+
+// statusLedgerTimeout bounds the page's ledger reads (reservations).
+const statusLedgerTimeout = 500 * time.Millisecond
+
+// statusMaxAccounts bounds the accounts listed (the busiest first).
+const statusMaxAccounts = 200
+
+// statusMaxReservations bounds the reservation rows listed.
+const statusMaxReservations = 60
+
+// memberColors tell members apart in the ring strip and the share bars.
+var memberColors = []string{"#2f6fde", "#e07b20", "#2a9d5b", "#b23ab0", "#c93c3c", "#1c9aa8", "#8a6d1f", "#5b5fc7"}
+
+type statusData struct {
+	Node        string
+	State       string // serving, draining, starting
+	Now         string
+	Uptime      string
+	Incarnation string
+	Epoch       string
+	RingErr     string
+	Addrs       ring.Meta
+
+	Members    []statusMember
+	Partitions int
+	Strip      []statusRun // the ring, partition by partition (runs of one owner)
+	Unowned    int         // partitions without an owner (nobody serves)
+
+	Accounts      []statusAccount
+	AccountsOwned int // owned accounts with state here (before the cap)
+	AccountsMore  int // not listed (over statusMaxAccounts)
+
+	Unsettled      uint64
+	UnsettledBytes string
+	DurableSeq     uint64
+	SettledSeq     uint64
+	LastSettle     string
+	SettleLag      string
+	LedgerValue    string // up, down, not reached
+	LedgerState    string // what it means
+	LedgerOK       bool
+	Charges        int64
+	Refused        int64
+	Refunds        int64
+
+	HeldHere     int64
+	Reservations []statusReservation
+	ResByNode    []statusNodeHold
+	ResMore      int
+	ResErr       string
+}
+
+type statusMember struct {
+	ID, State, Color  string
+	RPC, HTTP, Admin  string
+	StatusURL         string
+	Self              bool
+	Partitions        int
+	Share             float64 // percent of partitions
+	ShareText, Serves string
+}
+
+// statusRun is a run of consecutive partitions with one owner, drawn as
+// one rectangle of the strip.
+type statusRun struct {
+	X, W  int
+	Color string
+	Title string
+}
+
+type statusAccount struct {
+	ID, Plan, Kind string // Kind: hard or soft
+	Used, Limit    int64
+	Remaining      int64
+	Percent        float64 // of the limit, capped at 100 for the bar
+	Over           bool    // used beyond the limit (soft plans bill it as overage)
+	PercentText    string
+	Grants         []statusGrant
+	Routes         string
+}
+
+type statusGrant struct {
+	ID         string
+	Used       int64
+	Units      int64
+	Reserved   int64 // allowance held here, unspent
+	Expires    string
+	Percent    float64
+	Monthly    bool
+	Exhausted  bool
+	UsedOfText string
+}
+
+type statusReservation struct {
+	Node, Account, Grant string
+	Units                int64
+}
+
+type statusNodeHold struct {
+	Node  string
+	Units int64
+	Rows  int
+}
+
+func (n *Node) statusPage(w http.ResponseWriter, r *http.Request) {
+	d := n.statusData(r.Context())
+	var buf bytes.Buffer
+	if err := statusTemplate.Execute(&buf, d); err != nil {
+		http.Error(w, "status page: "+err.Error(), http.StatusInternalServerError)
+		return
+	}
+	h := w.Header()
+	h.Set("Content-Type", "text/html; charset=utf-8")
+	h.Set("Cache-Control", "no-store")
+	// NB: the page has no script and loads nothing from elsewhere; say so,
+	// so a browser refuses anything that slips in.
+	h.Set("Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'; img-src data:")
+	w.Write(buf.Bytes())
+}
+
+func (n *Node) statusData(ctx context.Context) *statusData {
+	now := time.Now()
+	d := &statusData{Node: n.cfg.ID, Now: now.UTC().Format("2006-01-02 15:04:05 UTC"),
+		Uptime: time.Since(n.started).Round(time.Second).String(), State: "serving",
+		LedgerValue: "not reached", LedgerState: "serving from the data dir's config snapshot until it answers"}
+	switch {
+	case n.draining.Load():
+		d.State = "draining"
+	case !n.Ready():
+		d.State = "starting"
+	}
+	if n.wal != nil {
+		d.Incarnation = n.wal.Incarnation()
+		d.DurableSeq, d.SettledSeq = n.wal.DurableSeq(), n.wal.SettledSeq()
+		d.Unsettled = d.DurableSeq - min(d.SettledSeq, d.DurableSeq)
+		d.UnsettledBytes = byteSize(n.wal.Stats().Bytes)
+	}
+	owned := func(string) bool { return true }
+	if r := n.Ring(); r != nil {
+		n.statusRing(d, r)
+		owned = n.owns
+	}
+	if s := n.Settler(); s != nil {
+		d.LedgerOK = s.Healthy()
+		d.LedgerValue = "up"
+		if !d.LedgerOK {
+			d.LedgerValue = "down"
+		}
+		d.LedgerState = fmt.Sprintf("settled up to seq %s of this incarnation", thousands(d.SettledSeq))
+		if !d.LedgerOK {
+			d.LedgerState = "the last settle failed: serving from memory and the log, settling later (G8)"
+		}
+		if t := s.LastSuccess(); !t.IsZero() {
+			d.LastSettle = since(now, t) + " ago"
+		}
+	}
+	if d.LastSettle == "" {
+		d.LastSettle = "none yet"
+	}
+	d.SettleLag = "0 s"
+	if d.Unsettled > 0 {
+		last := n.started
+		if s := n.Settler(); s != nil && !s.LastSuccess().IsZero() {
+			last = s.LastSuccess()
+		}
+		d.SettleLag = since(now, last)
+	}
+	if n.eng != nil {
+		st := n.eng.Stats()
+		d.Charges, d.Refused, d.Refunds = st.Charges.Load(), st.Refused.Load(), st.Refunds.Load()
+		d.HeldHere = n.eng.AllowanceHeld()
+		n.statusAccounts(d, owned)
+	}
+	n.statusReservations(ctx, d)
+	return d
+}
+
+// statusRing fills the members, their shares and the strip.
+func (n *Node) statusRing(d *statusData, r *ring.Ring) {
+	v := r.View()
+	d.Epoch = fmt.Sprintf("%016x", v.Epoch)
+	if err := r.Err(); err != nil {
+		d.RingErr = err.Error()
+	}
+	d.Addrs = r.Self()
+	d.Partitions = len(v.Owners)
+	if d.Partitions == 0 {
+		d.Partitions = r.Layout().PartitionCount
+	}
+	counts := make(map[string]int, len(v.Members))
+	for _, o := range v.Owners {
+		counts[o]++
+	}
+	colors := make(map[string]string, len(v.Members))
+	for i, m := range v.Members {
+		colors[m.ID] = memberColors[i%len(memberColors)]
+		sm := statusMember{ID: m.ID, State: string(m.State), Color: colors[m.ID], RPC: m.RPCAddr, HTTP: m.HTTPAddr, Admin: m.AdminAddr,
+			Self: m.ID == n.cfg.ID, Partitions: counts[m.ID]}
+		if m.AdminAddr != "" {
+			sm.StatusURL = "http://" + m.AdminAddr + "/status"
+		}
+		if d.Partitions > 0 {
+			sm.Share = 100 * float64(sm.Partitions) / float64(d.Partitions)
+		}
+		sm.ShareText = fmt.Sprintf("%.1f %%", sm.Share)
+		switch m.State {
+		case ring.StateServing:
+			sm.Serves = "owns accounts"
+		case ring.StateJoining:
+			sm.Serves = "loading its log; owns nothing yet"
+		case ring.StateDraining:
+			sm.Serves = "handing its accounts over"
+		}
+		d.Members = append(d.Members, sm)
+	}
+	for i := 0; i < len(v.Owners); {
+		j := i
+		for j < len(v.Owners) && v.Owners[j] == v.Owners[i] {
+			j++
+		}
+		owner := v.Owners[i]
+		run := statusRun{X: i, W: j - i, Color: colors[owner], Title: fmt.Sprintf("partitions %d-%d: %s", i, j-1, owner)}
+		if owner == "" {
+			run.Color, run.Title = "#cccccc", fmt.Sprintf("partitions %d-%d: no owner", i, j-1)
+			d.Unowned += j - i
+		} else if run.Color == "" {
+			run.Color = "#888888" // an owner this view lists no meta for
+		}
+		d.Strip = append(d.Strip, run)
+		i = j
+	}
+	if len(v.Owners) == 0 {
+		d.Unowned = d.Partitions
+		d.Strip = []statusRun{{X: 0, W: d.Partitions, Color: "#cccccc", Title: "no member serves: nobody owns a partition"}}
+	}
+}
+
+// statusAccounts lists the accounts this node owns, busiest first.
+func (n *Node) statusAccounts(d *statusData, owned func(string) bool) {
+	snap := n.eng.Snapshot()
+	var list []statusAccount
+	for _, a := range n.eng.Accounts() {
+		if !owned(a.ID) {
+			continue // state kept from before a ring change; its owner is elsewhere now
+		}
+		sa := statusAccount{ID: a.ID, Used: a.Usage.Used, Limit: a.Usage.Limit, Remaining: a.Usage.Remaining, Kind: "hard"}
+		if snap != nil {
+			if cfg, ok := snap.AccountConfig(a.ID); ok {
+				sa.Plan = cfg.Plan.ID
+				if !cfg.Plan.Hard {
+					sa.Kind = "soft"
+				}
+			}
+		}
+		switch {
+		case sa.Limit > 0:
+			sa.Percent = 100 * float64(sa.Used) / float64(sa.Limit)
+			sa.PercentText = fmt.Sprintf("%.0f %%", sa.Percent)
+		case sa.Used > 0:
+			sa.Percent, sa.PercentText = 100, "no quota"
+		default:
+			sa.PercentText = "no quota"
+		}
+		if sa.Used > sa.Limit {
+			sa.Over = true
+		}
+		sa.Percent = min(sa.Percent, 100)
+		wall := n.clock.Now().Wall
+		for _, g := range a.Grants {
+			if g.Expires != 0 && g.Expires <= wall || g.StartsAt > wall {
+				continue // not active now
+			}
+			sg := statusGrant{ID: g.ID, Used: g.Used, Units: g.Units, Reserved: g.Allowance, Monthly: g.Monthly,
+				UsedOfText: fmt.Sprintf("%s / %s", thousands(g.Used), thousands(g.Units)), Exhausted: g.Units > 0 && g.Used >= g.Units}
+			if g.Units > 0 {
+				sg.Percent = min(100, 100*float64(g.Used)/float64(g.Units))
+			}
+			if g.Expires != 0 {
+				sg.Expires = time.Unix(0, g.Expires).UTC().Format("2006-01-02")
+			}
+			sa.Grants = append(sa.Grants, sg)
+		}
+		sa.Routes = routesText(a.Usage.Routes)
+		list = append(list, sa)
+	}
+	d.AccountsOwned = len(list)
+	slices.SortStableFunc(list, func(a, b statusAccount) int {
+		if a.Used != b.Used {
+			return int(b.Used - a.Used)
+		}
+		return strings.Compare(a.ID, b.ID)
+	})
+	if len(list) > statusMaxAccounts {
+		d.AccountsMore = len(list) - statusMaxAccounts
+		list = list[:statusMaxAccounts]
+	}
+	d.Accounts = list
+}
+
+// statusReservations reads the reservations the ledger holds, per node.
+func (n *Node) statusReservations(ctx context.Context, d *statusData) {
+	l := n.Ledger()
+	if l == nil {
+		d.ResErr = "the ledger has not been reached yet"
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, statusLedgerTimeout)
+	defer cancel()
+	rs, err := l.Reservations(ctx)
+	if err != nil {
+		d.ResErr = "the ledger did not answer: " + err.Error()
+		return
+	}
+	byNode := map[string]*statusNodeHold{}
+	var rows []statusReservation
+	for _, r := range rs {
+		if r.Units == 0 {
+			continue
+		}
+		h := byNode[r.Node]
+		if h == nil {
+			h = &statusNodeHold{Node: r.Node}
+			byNode[r.Node] = h
+		}
+		h.Units += r.Units
+		h.Rows++
+		rows = append(rows, statusReservation(r))
+	}
+	for _, h := range byNode {
+		d.ResByNode = append(d.ResByNode, *h)
+	}
+	slices.SortFunc(d.ResByNode, func(a, b statusNodeHold) int { return strings.Compare(a.Node, b.Node) })
+	slices.SortFunc(rows, func(a, b statusReservation) int {
+		if c := strings.Compare(a.Node, b.Node); c != 0 {
+			return c
+		}
+		if c := strings.Compare(a.Account, b.Account); c != 0 {
+			return c
+		}
+		return strings.Compare(a.Grant, b.Grant)
+	})
+	if len(rows) > statusMaxReservations {
+		d.ResMore = len(rows) - statusMaxReservations
+		rows = rows[:statusMaxReservations]
+	}
+	d.Reservations = rows
+}
+
+func routesText(routes map[string]int64) string {
+	type rt struct {
+		name  string
+		units int64
+	}
+	var rs []rt
+	for k, v := range routes {
+		rs = append(rs, rt{k, v})
+	}
+	slices.SortFunc(rs, func(a, b rt) int {
+		if a.units != b.units {
+			return int(b.units - a.units)
+		}
+		return strings.Compare(a.name, b.name)
+	})
+	var parts []string
+	for i, r := range rs {
+		if i == 4 {
+			parts = append(parts, fmt.Sprintf("+%d more", len(rs)-4))
+			break
+		}
+		parts = append(parts, fmt.Sprintf("%s: %s", r.name, thousands(r.units)))
+	}
+	return strings.Join(parts, " · ")
+}
+
+func since(now, t time.Time) string {
+	d := now.Sub(t)
+	if d < 10*time.Second {
+		return fmt.Sprintf("%.1f s", d.Seconds())
+	}
+	return d.Round(time.Second).String()
+}
+
+func byteSize(b uint64) string {
+	switch {
+	case b >= 1<<20:
+		return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20))
+	case b >= 1<<10:
+		return fmt.Sprintf("%.1f KiB", float64(b)/(1<<10))
+	}
+	return fmt.Sprintf("%d B", b)
+}
+
+// thousands formats 1234567 as "1,234,567" (any integer type).
+func thousands(v any) string {
+	s := fmt.Sprint(v)
+	neg := strings.HasPrefix(s, "-")
+	s = strings.TrimPrefix(s, "-")
+	var b strings.Builder
+	for i, c := range s {
+		if i > 0 && (len(s)-i)%3 == 0 {
+			b.WriteByte(',')
+		}
+		b.WriteRune(c)
+	}
+	if neg {
+		return "-" + b.String()
+	}
+	return b.String()
+}
