@@ -2,7 +2,6 @@ package cluster
 
 import (
 	"context"
-	"fmt"
 	"testing"
 	"time"
 
@@ -79,7 +78,9 @@ func TestIsolatedNodeRejoins(t *testing.T) {
 	l.waitAcked(t, 500, 60*time.Second)
 	ctx := context.Background()
 	iso, others := tc.Nodes[2], tc.Nodes[:2]
-	partition(t, ctx, iso, others...)
+	if err := Partition(ctx, iso, others...); err != nil {
+		t.Fatal(err)
+	}
 	// Both sides see the other dead: the majority owns everything, the
 	// isolated node owns everything on its side (quotas stay exact through
 	// the reservations in the ledger, which both sides still reach).
@@ -91,8 +92,8 @@ func TestIsolatedNodeRejoins(t *testing.T) {
 	l.waitAcked(t, 500, 60*time.Second)
 	healed := time.Now()
 	for _, n := range tc.Nodes {
-		if code, body, err := n.AdminPost(ctx, "/test/heal"); err != nil || code != 200 {
-			t.Fatalf("heal %s: %d %s %v", n.ID, code, body, err)
+		if err := n.Heal(ctx); err != nil {
+			t.Fatal(err)
 		}
 	}
 	tc.converge(30 * time.Second)
@@ -104,25 +105,4 @@ func TestIsolatedNodeRejoins(t *testing.T) {
 	l.stop()
 	tc.settleAll(30 * time.Second)
 	l.check(t, quota)
-}
-
-// partition cuts gossip and RPC between a and each of bs, both ways.
-func partition(t *testing.T, ctx context.Context, a *Node, bs ...*Node) {
-	t.Helper()
-	block := func(from *Node, to ...*Node) {
-		var g, r string
-		for i, n := range to {
-			if i > 0 {
-				g, r = g+",", r+","
-			}
-			g, r = g+n.Gossip, r+n.RPC
-		}
-		if code, body, err := from.AdminPost(ctx, fmt.Sprintf("/test/block?gossip=%s&rpc=%s", g, r)); err != nil || code != 200 {
-			t.Fatalf("block on %s: %d %s %v", from.ID, code, body, err)
-		}
-	}
-	block(a, bs...)
-	for _, b := range bs {
-		block(b, a)
-	}
 }

@@ -3,8 +3,6 @@ package cluster
 import (
 	"context"
 	"errors"
-	"fmt"
-	"sync"
 	"testing"
 	"time"
 
@@ -21,9 +19,7 @@ type testCluster struct {
 	t      *testing.T
 	dsn    string
 	ledger flush.Ledger
-	mu     sync.Mutex // protects clients
-	// clients holds one gRPC client per node RPC address.
-	clients map[string]pb.QuotaClient
+	conns  *Conns
 }
 
 func newTestCluster(t *testing.T, nodes int, args ...string) *testCluster {
@@ -43,7 +39,8 @@ func newTestCluster(t *testing.T, nodes int, args ...string) *testCluster {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tc := &testCluster{Cluster: c, t: t, dsn: dsn, ledger: l, clients: map[string]pb.QuotaClient{}}
+	tc := &testCluster{Cluster: c, t: t, dsn: dsn, ledger: l, conns: &Conns{}}
+	t.Cleanup(tc.conns.Close)
 	t.Cleanup(func() {
 		if t.Failed() {
 			for _, n := range c.Nodes {
@@ -117,17 +114,10 @@ func (tc *testCluster) nodeByID(id string) *Node {
 }
 
 func (tc *testCluster) client(n *Node) pb.QuotaClient {
-	tc.mu.Lock()
-	defer tc.mu.Unlock()
-	if c, ok := tc.clients[n.RPC]; ok {
-		return c
-	}
-	conn, c, err := n.Dial()
+	c, err := tc.conns.Client(n.RPC)
 	if err != nil {
 		tc.t.Fatal(err)
 	}
-	tc.t.Cleanup(func() { conn.Close() })
-	tc.clients[n.RPC] = c
 	return c
 }
 
@@ -142,40 +132,39 @@ const (
 
 // charge sends one charge through node n, which routes it to the owner.
 func (tc *testCluster) charge(ctx context.Context, n *Node, account, eventID string, units int64) (outcome, *pb.ChargeReply, error) {
+	op := tc.chargeOp(ctx, n, account, eventID, units)
+	switch op.Status {
+	case StatusOK:
+		return acked, op.reply, nil
+	case StatusRefused:
+		return refused, op.reply, nil
+	}
+	return unavailable, op.reply, errors.New(op.Reason + ": " + op.Err)
+}
+
+// chargeOp is charge as a history records it.
+func (tc *testCluster) chargeOp(ctx context.Context, n *Node, account, eventID string, units int64) chargedOp {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	rep, err := tc.client(n).Charge(ctx, &pb.ChargeBatch{Route: true, Charges: []*pb.ChargeRequest{
-		{Account: account, EventId: eventID, ClientId: eventID != "", Route: "POST /test", Units: units}}})
-	if err != nil {
-		return unavailable, nil, err
-	}
-	r := rep.Replies[0]
-	switch {
-	case r.Error != nil:
-		return unavailable, r, errors.New(r.Error.Message)
-	case r.WrongOwner != nil:
-		return unavailable, r, fmt.Errorf("wrong owner %s", r.WrongOwner.OwnerId)
-	case r.Decision.Reason == pb.Reason_OK || r.Decision.Reason == pb.Reason_REPLAYED:
-		return acked, r, nil
-	}
-	return refused, r, nil
+	var op Op
+	rep := tc.conns.ChargeRouted(ctx, n, &pb.ChargeRequest{Account: account, EventId: eventID, ClientId: eventID != "",
+		Route: "POST /test", Units: units}, &op)
+	return chargedOp{Op: op, reply: rep}
+}
+
+type chargedOp struct {
+	Op
+	reply *pb.ChargeReply
 }
 
 // settleAll waits until every running node's log is settled.
 func (tc *testCluster) settleAll(timeout time.Duration) {
 	tc.t.Helper()
-	tc.eventually(timeout, "every running node's log settled", func() bool {
-		for _, n := range tc.Nodes {
-			if !n.Running() {
-				continue
-			}
-			_, body, err := n.AdminGet(context.Background(), "/metrics")
-			if err != nil || !metricIs(body, "quotaring_unsettled_records", 0) {
-				return false
-			}
-		}
-		return true
-	})
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	if err := tc.WaitSettled(ctx); err != nil {
+		tc.t.Fatalf("waiting for every running node's log to be settled: %v", err)
+	}
 }
 
 // used is the ledger's used units over the account's grants.
@@ -207,29 +196,3 @@ func (tc *testCluster) eventually(timeout time.Duration, what string, cond func(
 		<-tick.C
 	}
 }
-
-// metricIs reports whether an exposition has the sample name with value v.
-func metricIs(body, name string, v float64) bool {
-	var got float64
-	for _, line := range splitLines(body) {
-		if n, err := fmt.Sscanf(line, name+" %g", &got); n == 1 && err == nil {
-			return got == v
-		}
-	}
-	return false
-}
-
-func splitLines(s string) []string {
-	var out []string
-	start := 0
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\n' {
-			out = append(out, s[start:i])
-			start = i + 1
-		}
-	}
-	return append(out, s[start:])
-}
-
-// tcServer is the package's Postgres (for tests that stop and start it).
-func tcServer(t *testing.T) *pgtest.Server { return pgtest.PackageServer(t) }

@@ -10,26 +10,25 @@ import (
 )
 
 // load charges many accounts from many goroutines through random running
-// nodes, with a unique client event id per attempt, and remembers per
-// account what was acknowledged and what had an unknown outcome.
+// nodes, with a unique client event id per attempt, and records every
+// charge in a History for the checkers (check.go).
 type load struct {
 	tc       *testCluster
 	accounts []string
-	mu       sync.Mutex // protects the maps and counters below
-	acked    map[string]map[string]bool
-	unknown  map[string]map[string]bool
+	hist     *History
+	mu       sync.Mutex // protects the counters below
+	acked    int
 	refused  int
 	reasons  map[string]int // refusals by reason
 	errs     int
-	lastErr  error
+	lastErr  string
 	cancel   context.CancelFunc
 	done     chan struct{}
 }
 
 func startLoad(tc *testCluster, accounts []string, workers int, seed uint64) *load {
 	ctx, cancel := context.WithCancel(context.Background())
-	l := &load{tc: tc, accounts: accounts, acked: map[string]map[string]bool{}, unknown: map[string]map[string]bool{},
-		reasons: map[string]int{}, cancel: cancel, done: make(chan struct{})}
+	l := &load{tc: tc, accounts: accounts, hist: NewHistory(), reasons: map[string]int{}, cancel: cancel, done: make(chan struct{})}
 	var wg sync.WaitGroup
 	for w := 0; w < workers; w++ {
 		wg.Add(1)
@@ -42,9 +41,10 @@ func startLoad(tc *testCluster, accounts []string, workers int, seed uint64) *lo
 					continue
 				}
 				acct := accounts[rng.IntN(len(accounts))]
-				id := fmt.Sprintf("w%d-%d", w, i)
-				o, rep, err := tc.charge(context.Background(), n, acct, id, 1)
-				l.record(acct, id, o, rep.GetDecision().GetReason().String(), err)
+				start := l.hist.Now()
+				op := tc.chargeOp(context.Background(), n, acct, fmt.Sprintf("w%d-%d", w, i), 1).Op
+				op.Worker, op.Start, op.End = w, start, l.hist.Now()
+				l.record(op)
 			}
 		}()
 	}
@@ -52,25 +52,19 @@ func startLoad(tc *testCluster, accounts []string, workers int, seed uint64) *lo
 	return l
 }
 
-func (l *load) record(acct, id string, o outcome, reason string, err error) {
+func (l *load) record(op Op) {
+	l.hist.Add(op)
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	switch o {
-	case acked:
-		if l.acked[acct] == nil {
-			l.acked[acct] = map[string]bool{}
-		}
-		l.acked[acct][id] = true
-	case refused:
+	switch op.Status {
+	case StatusOK:
+		l.acked++
+	case StatusRefused:
 		l.refused++
-		l.reasons[reason]++
+		l.reasons[op.Reason]++
 	default:
-		if l.unknown[acct] == nil {
-			l.unknown[acct] = map[string]bool{}
-		}
-		l.unknown[acct][id] = true
 		l.errs++
-		l.lastErr = err
+		l.lastErr = op.Reason + ": " + op.Err
 	}
 }
 
@@ -83,53 +77,34 @@ func (l *load) stop() {
 func (l *load) total() (acked, refused, errs int) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	for _, m := range l.acked {
-		acked += len(m)
-	}
-	return acked, l.refused, l.errs
+	return l.acked, l.refused, l.errs
 }
 
-// check requires, per account: no more acknowledged than the quota (G1);
-// every acknowledged charge in the ledger's event log exactly once, and
-// nothing else there but charges whose outcome the client did not learn
-// (G2, G3); the grant's used units equal to the event log (G6); and no
-// reservation left once every node is settled and stopped or drained.
+// check runs the checkers of G1 (no account acknowledged more than its hard
+// quota), G2 (every acknowledged charge in the ledger's event log exactly
+// once), G3 (nothing else there but charges whose outcome the client did not
+// learn) and G6 (the grants' used units equal the event log) over the
+// history and the settled ledger.
 func (l *load) check(t *testing.T, quota int64) {
 	t.Helper()
-	ctx := context.Background()
+	st, err := ReadLedger(context.Background(), l.tc.ledger, l.accounts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	in := &CheckInput{Ops: l.hist.Ops(), Accounts: map[string]Limits{}, Ledger: st}
 	for _, a := range l.accounts {
-		acked, unknown := l.acked[a], l.unknown[a]
-		if int64(len(acked)) > quota {
-			t.Fatalf("G1: account %s: %d charges acknowledged against a hard quota of %d", a, len(acked), quota)
-		}
-		events, err := l.tc.ledger.Events(ctx, a)
-		if err != nil {
-			t.Fatal(err)
-		}
-		seen := map[string]int{}
-		var units int64
-		for _, e := range events {
-			seen[e.EventID]++
-			if !e.Refunded {
-				units += e.Units
+		in.Accounts[a] = Limits{Hard: true, Quota: quota}
+	}
+	for _, r := range Check(in, "G1", "G2", "G3", "G6") {
+		t.Logf("%s %s: %s", r.ID, r.Verdict, r.Summary)
+		if r.Verdict == Violated {
+			for _, v := range r.Violations {
+				t.Errorf("%s: account %s event %s: %s", r.ID, v.Account, v.Event, v.Detail)
 			}
 		}
-		for id := range acked {
-			if seen[id] != 1 {
-				t.Fatalf("G2: account %s: acknowledged charge %s is in the ledger %d times", a, id, seen[id])
-			}
-		}
-		for id, k := range seen {
-			if k > 1 {
-				t.Fatalf("G3: account %s: event %s billed %d times", a, id, k)
-			}
-			if !acked[id] && !unknown[id] {
-				t.Fatalf("account %s: event %s is billed but was refused to the client", a, id)
-			}
-		}
-		if u := l.tc.used(a); u != units || u > quota {
-			t.Fatalf("account %s: ledger used %d, event log %d units, quota %d", a, u, units, quota)
-		}
+	}
+	if t.Failed() {
+		t.FailNow()
 	}
 }
 

@@ -1,0 +1,124 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	"github.com/quotaring/quotaring/router/pb"
+)
+
+// Conns keeps one gRPC connection per node RPC address. Its methods are
+// safe for concurrent use.
+type Conns struct {
+	mu sync.Mutex // protects m
+	m  map[string]*grpc.ClientConn
+}
+
+// Client returns a client for the RPC address addr, dialling it the first
+// time (grpc.NewClient connects lazily and reconnects by itself).
+func (cs *Conns) Client(addr string) (pb.QuotaClient, error) {
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	if c, ok := cs.m[addr]; ok {
+		return pb.NewQuotaClient(c), nil
+	}
+	c, err := grpc.NewClient("passthrough:///"+addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return nil, err
+	}
+	if cs.m == nil {
+		cs.m = map[string]*grpc.ClientConn{}
+	}
+	cs.m[addr] = c
+	return pb.NewQuotaClient(c), nil
+}
+
+// Close closes every connection.
+func (cs *Conns) Close() {
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	for _, c := range cs.m {
+		c.Close()
+	}
+	cs.m = nil
+}
+
+// ChargeRouted sends one charge through node n with Route set (n forwards
+// it to the owner, one hop) and fills op's outcome from the answer.
+func (cs *Conns) ChargeRouted(ctx context.Context, n *Node, req *pb.ChargeRequest, op *Op) *pb.ChargeReply {
+	op.Kind, op.Via, op.Node, op.Account, op.EventID, op.Units = OpCharge, "grpc", n.ID, req.Account, req.EventId, req.Units
+	cl, err := cs.Client(n.RPC)
+	if err != nil {
+		ClassifyCharge(op, nil, err)
+		return nil
+	}
+	rep, err := cl.Charge(ctx, &pb.ChargeBatch{Route: true, Charges: []*pb.ChargeRequest{req}})
+	var r *pb.ChargeReply
+	if err == nil {
+		r = rep.Replies[0]
+	}
+	ClassifyCharge(op, r, err)
+	return r
+}
+
+// ClassifyCharge fills op's Status, Reason, Decider, Remaining, Reset and
+// Err from a charge's answer or error. Only a decision says what happened:
+// an error of any kind, WrongOwner and quota-unavailable (which a node that
+// forwarded says when the owner did not answer) are unknown outcomes.
+func ClassifyCharge(op *Op, r *pb.ChargeReply, err error) {
+	switch {
+	case err != nil:
+		op.Status, op.Reason, op.Err = StatusUnknown, transportReason(err), err.Error()
+	case r.Error != nil:
+		op.Status, op.Reason, op.Err = StatusUnknown, strings.ToLower(r.Error.Code.String()), r.Error.Message
+	case r.WrongOwner != nil:
+		op.Status, op.Reason, op.Err = StatusUnknown, "wrong_owner", "owner "+r.WrongOwner.OwnerId
+	default:
+		d := r.Decision
+		op.Decider, op.Remaining, op.Reset = r.Node, d.GetRemaining(), d.GetReset_()
+		op.Reason = strings.ToLower(d.GetReason().String())
+		if r.EventId != "" && op.EventID == "" {
+			op.EventID = r.EventId
+		}
+		switch d.GetReason() {
+		case pb.Reason_OK, pb.Reason_REPLAYED:
+			op.Status = StatusOK
+		default:
+			op.Status = StatusRefused
+		}
+	}
+}
+
+// ClassifyRefund fills op's outcome from a refund's answer or error.
+func ClassifyRefund(op *Op, r *pb.RefundReply, err error) {
+	switch {
+	case err != nil:
+		op.Status, op.Reason, op.Err = StatusUnknown, transportReason(err), err.Error()
+	case r.Error != nil:
+		op.Status, op.Reason, op.Err = StatusUnknown, strings.ToLower(r.Error.Code.String()), r.Error.Message
+	case r.WrongOwner != nil:
+		op.Status, op.Reason, op.Err = StatusUnknown, "wrong_owner", "owner "+r.WrongOwner.OwnerId
+	default:
+		op.Decider, op.Reason = r.Node, strings.ToLower(r.Decision.GetReason().String())
+		op.Remaining, op.Reset = r.Decision.GetRemaining(), r.Decision.GetReset_()
+		op.Status = StatusRefused
+		if r.Decision.GetReason() == pb.Reason_REFUNDED {
+			op.Status = StatusOK
+		}
+	}
+}
+
+// transportReason names a call's failure: timeout or transport.
+func transportReason(err error) string {
+	if errors.Is(err, context.DeadlineExceeded) || status.Code(err) == codes.DeadlineExceeded {
+		return "timeout"
+	}
+	return "transport"
+}
