@@ -1,350 +1,570 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
 
-	"github.com/quotaring/quotaring/engine"
-	"github.com/quotaring/quotaring/shard"
+	"github.com/quotaring/quotaring/flush"
+	"github.com/quotaring/quotaring/internal/cluster"
 	"github.com/quotaring/quotaring/snapshot"
-	"github.com/quotaring/quotaring/wal"
 )
 
 type demoFlags struct {
-	dir        string
-	keep       bool
-	duration   time.Duration
-	crashChild bool
+	dir      string
+	keep     bool
+	duration time.Duration
+	nodes    int
+	plain    bool
 }
 
 func newDemoCmd() *cobra.Command {
 	var f demoFlags
 	cmd := &cobra.Command{
 		Use:   "demo",
-		Short: "Show the guarantees at work on this machine, with nothing to install",
-		Long: `Run quotaring's engine on a local data dir and show, step by step:
-exact quotas under concurrency, a retry billed once, a refund, a month rolling
-over at 00:00 UTC, and a real crash (SIGKILL) with nothing acknowledged lost.`,
+		Short: "Run a small quotaring cluster on this machine and watch its guarantees hold, with nothing to install",
+		Long: `quotad demo starts a cluster of quotad processes on loopback (127.0.0.10, .11,
+...), each with its own data dir, sharing one SQLite ledger, in front of a
+small sample API. Simulated customers send real HTTP requests with real API
+keys through the nodes' proxies:
+
+  free-co   a free plan with a hard monthly quota, which it runs out of
+  acme      a paying plan plus prepaid credits; a flaky route gets refunds
+  globex    a soft quota: past it, usage is billed as overage
+  retry-co  sends every request 3 times with one Idempotency-Key
+  spam-co   hammers far past its rate limit
+
+Half way through, one node is killed with SIGKILL: its accounts move to the
+others (requests are refused quota-unavailable meanwhile, never decided
+twice), then it is restarted with its data dir. At the end every node
+settles and the demo compares what clients were told with what the ledger
+holds: acknowledged against settled units, overshoot past hard limits, lost
+usage, and a reconcile of counters against the event log. It exits 1 if
+anything is off.
+
+While it runs, it prints a proxy address with curl commands and a key of
+your own to try, and each node's status page (http://ADMIN/status).
+
+On a terminal the view refreshes in place; otherwise (logs, CI, --plain) it
+prints plain lines.`,
+		Example: `  go run ./cmd/quotad demo
+  quotad demo --duration 30s --nodes 5
+  quotad demo --keep --dir /tmp/qdemo     # keep data dirs, node logs and the ledger`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if f.crashChild {
-				return demoCrashChild(cmd.Context(), f.dir, cmd.OutOrStdout())
-			}
 			return runDemo(cmd.Context(), cmd.OutOrStdout(), f)
 		},
 	}
 	fl := cmd.Flags()
-	fl.StringVar(&f.dir, "dir", "", "data directory (default: a temp dir, removed at the end unless --keep)")
-	fl.BoolVar(&f.keep, "keep", false, "keep the data directory")
-	fl.DurationVar(&f.duration, "duration", 3*time.Second, "how long the throughput step runs")
-	fl.BoolVar(&f.crashChild, "crash-child", false, "internal: the process the demo kills")
-	fl.MarkHidden("crash-child")
+	fl.DurationVar(&f.duration, "duration", 60*time.Second, "how long the customers' traffic runs (10s to 30m); a node is killed at 40% and restarted a while later")
+	fl.IntVar(&f.nodes, "nodes", 3, "quotad processes to run (1 to 9); with 1 there is no failover to show")
+	fl.StringVar(&f.dir, "dir", "", "where the data dirs, node logs and the ledger go: a new or empty directory (default: a temp dir)")
+	fl.BoolVar(&f.keep, "keep", false, "keep the directory at the end (it is also kept when the demo fails)")
+	fl.BoolVar(&f.plain, "plain", false, "print plain lines even on a terminal (no live view)")
 	return cmd
 }
 
-type demo struct {
-	out  io.Writer
-	step int
-}
-
-func (d *demo) title(s string) {
-	d.step++
-	fmt.Fprintf(d.out, "\n%d. %s\n", d.step, s)
-}
-
-func (d *demo) say(format string, args ...any) { fmt.Fprintf(d.out, "   "+format+"\n", args...) }
-
-func demoSnapshot() *snapshot.Snapshot {
-	s := &snapshot.Snapshot{Version: 1,
-		Plans: []snapshot.Plan{
-			{ID: "free", MonthlyQuota: 20, Hard: true, Rate: "5/s", Burst: 100},
-			{ID: "pro", MonthlyQuota: 60, Hard: true},
-			{ID: "crash", MonthlyQuota: 1 << 40, Hard: true},
-		},
-		Accounts: []snapshot.Account{{ID: "free-co", Plan: "free"}, {ID: "pro-co", Plan: "pro"}, {ID: "crash-co", Plan: "crash"}},
-		Routes: snapshot.Routes{Default: 1, Weights: map[string]int64{
-			"GET /v1/tasks": 1, "POST /v1/tasks": 2, "POST /v1/exports": 25,
-		}},
+func (f demoFlags) validate() error {
+	if f.nodes < 1 || f.nodes > 9 {
+		return fmt.Errorf("--nodes %d: want 1 to 9", f.nodes)
 	}
-	if err := s.Build(); err != nil {
-		panic(err)
+	if f.duration < 10*time.Second || f.duration > 30*time.Minute {
+		return fmt.Errorf("--duration %s: want 10s to 30m", f.duration)
+	}
+	return nil
+}
+
+// demoRun is one run of the demo.
+type demoRun struct {
+	f      demoFlags
+	out    io.Writer
+	st     style
+	live   bool
+	width  int
+	step   int
+	dir    string
+	dsn    string
+	cs     []*customer
+	api    *demoAPI
+	c      *cluster.Cluster
+	events *eventLog
+	tr     *traffic
+	mon    *monitor
+	victim *cluster.Node
+	// tryIt is the block of curl commands and addresses shown while the
+	// traffic runs.
+	tryIt []string
+}
+
+func (d *demoRun) title(format string, args ...any) {
+	d.step++
+	fmt.Fprintf(d.out, "\n%s\n", d.st.bold(fmt.Sprintf("%d. ", d.step)+fmt.Sprintf(format, args...)))
+}
+
+func (d *demoRun) say(format string, args ...any) { fmt.Fprintf(d.out, "   "+format+"\n", args...) }
+
+func runDemo(ctx context.Context, out io.Writer, f demoFlags) (err error) {
+	if err := f.validate(); err != nil {
+		return err
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return fmt.Errorf("demo: cannot find this program to start nodes from: %w", err)
+	}
+	d := &demoRun{f: f, out: out}
+	if tty, width := terminalWidth(out); tty && !f.plain {
+		d.live, d.width, d.st = true, width, style{on: true}
+	}
+	dir, removeDir, err := demoDir(f.dir)
+	if err != nil {
+		return err
+	}
+	d.dir, d.dsn = dir, "sqlite:"+filepath.Join(dir, "ledger.db")
+	defer func() {
+		switch {
+		case err != nil:
+			fmt.Fprintf(out, "\nThe demo failed; its data dirs, node logs (n1.log, ...) and ledger are kept in %s\n", dir)
+		case f.keep:
+			fmt.Fprintf(out, "\nKept in %s: data dirs, node logs (n1.log, ...) and the ledger (quotad reconcile --ledger %s).\n", dir, d.dsn)
+		default:
+			removeDir()
+		}
+	}()
+	fmt.Fprintf(out, "%s\n", d.st.bold(fmt.Sprintf("quotaring demo: %d quotad processes on this machine, one SQLite ledger, a sample API, 5 customers", f.nodes)))
+	fmt.Fprintf(out, "Everything runs under %s; nothing else is touched.\n", dir)
+
+	d.cs = demoCustomers(f.duration)
+	if err := d.seed(ctx); err != nil {
+		return err
+	}
+	if d.api, err = startDemoAPI(); err != nil {
+		return err
+	}
+	defer d.api.Close()
+	if err := d.startCluster(ctx, self); err != nil {
+		return err
+	}
+	defer func() {
+		if d.c != nil { // not stopped by the end phase: an error or an interrupt
+			d.c.Stop(context.Background())
+		}
+	}()
+	d.showTryIt()
+	if err := d.runTraffic(ctx); err != nil {
+		return err
+	}
+	return d.finish(ctx)
+}
+
+// demoDir makes the demo's directory and returns how to remove what the
+// demo made there.
+func demoDir(dir string) (string, func(), error) {
+	if dir == "" {
+		dir, err := os.MkdirTemp("", "quotad-demo-")
+		if err != nil {
+			return "", nil, err
+		}
+		return dir, func() { os.RemoveAll(dir) }, nil
+	}
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return "", nil, err
+	}
+	entries, err := os.ReadDir(abs)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		if err := os.MkdirAll(abs, 0o755); err != nil {
+			return "", nil, err
+		}
+		return abs, func() { os.RemoveAll(abs) }, nil
+	case err != nil:
+		return "", nil, fmt.Errorf("--dir %s: %w", dir, err)
+	case len(entries) > 0:
+		return "", nil, fmt.Errorf("--dir %s is not empty: the demo starts from a fresh ledger; give a new or empty directory", dir)
+	}
+	return abs, func() { // it existed: leave it, empty it
+		entries, _ := os.ReadDir(abs)
+		for _, e := range entries {
+			os.RemoveAll(filepath.Join(abs, e.Name()))
+		}
+	}, nil
+}
+
+// seed writes the plans, accounts, keys (their hashes), credits and route
+// weights to the ledger before any node starts, as an operator would with
+// quotad admin.
+func (d *demoRun) seed(ctx context.Context) error {
+	d.title("The ledger: plans, accounts, API keys, credits and route weights (%s)", d.dsn)
+	l, err := flush.Open(ctx, d.dsn, nil)
+	if err != nil {
+		return err
+	}
+	defer l.Close()
+	if err := l.Migrate(ctx); err != nil {
+		return err
+	}
+	now := time.Now().UTC()
+	for _, c := range d.cs {
+		if err := l.UpsertPlan(ctx, c.Plan); err != nil {
+			return fmt.Errorf("demo: plan %s: %w", c.Plan.ID, err)
+		}
+		if err := l.UpsertAccount(ctx, c.ID, c.Plan.ID); err != nil {
+			return fmt.Errorf("demo: account %s: %w", c.ID, err)
+		}
+		if err := l.AddKey(ctx, snapshot.Key{ID: c.ID + "-key", Hash: snapshot.HashKey(c.Key), Account: c.ID}); err != nil {
+			return fmt.Errorf("demo: key of %s: %w", c.ID, err)
+		}
+		if c.Credits > 0 {
+			g := snapshot.Grant{ID: "prepaid", Units: c.Credits, StartsAt: now.Add(-time.Hour), ExpiresAt: now.AddDate(0, 0, 90)}
+			if err := l.AddGrant(ctx, c.ID, g); err != nil {
+				return fmt.Errorf("demo: credits of %s: %w", c.ID, err)
+			}
+		}
+	}
+	if _, err := l.SetRoutes(ctx, 1, demoRoutes); err != nil {
+		return err
+	}
+	for _, c := range d.cs {
+		rate := "no rate limit"
+		if c.Plan.Rate != "" {
+			rate = fmt.Sprintf("%s burst %d", c.Plan.Rate, c.Plan.Burst)
+		}
+		units := fmt.Sprintf("%s units/month", thousandsI(c.Plan.MonthlyQuota))
+		if c.Credits > 0 {
+			units += fmt.Sprintf(" + %s prepaid", thousandsI(c.Credits))
+		}
+		d.say("%-9s %-13s %-32s %-15s  %s", c.ID, c.planText(), units, rate, d.st.dim(c.About))
+	}
+	d.say("routes: GET /v1/tasks 1 unit, POST /v1/tasks 2, POST /v1/exports 10, GET /v1/reports 5 (fails 1 time in %d: refunded)", demoReportFailEvery)
+	d.say("keys are stored as SHA-256 hashes; the plaintexts live only in this process")
+	return nil
+}
+
+func (d *demoRun) startCluster(ctx context.Context, self string) error {
+	d.title("%d quotad processes on loopback, one data dir each, in front of the sample API on %s", d.f.nodes, d.api.addr)
+	t0 := time.Now()
+	c, err := cluster.Start(ctx, cluster.Options{Binary: self, Nodes: d.f.nodes, Ledger: d.dsn, Dir: d.dir,
+		SettleInterval: time.Second,
+		// NB: the cluster package logs at debug for tests; at the demo's
+		// rates that is megabytes of JSON for nothing.
+		Args: []string{"--upstream", "http://" + d.api.addr, "--log-level", "info"}})
+	if err != nil {
+		return err
+	}
+	d.c = c
+	wctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	if err := c.WaitConverged(wctx); err != nil {
+		for _, n := range c.Nodes {
+			fmt.Fprintf(d.out, "--- %s (%s) log ends:\n%s\n", n.ID, n.LogPath, n.LogTail(15))
+		}
+		return fmt.Errorf("demo: the cluster did not form: %w", err)
+	}
+	d.events = &eventLog{}
+	if !d.live {
+		d.events.plain = d.out
+	}
+	var proxies []string
+	for _, n := range c.Nodes {
+		proxies = append(proxies, n.HTTP)
+	}
+	d.tr = newTraffic(proxies, d.events)
+	d.mon = newMonitor(c, d.cs, d.tr, d.events)
+	d.mon.tick(ctx)
+	d.say("one ring after %.1fs (gossip: memberlist; ring: consistent hashing over 1,021 partitions)", time.Since(t0).Seconds())
+	for _, n := range c.Nodes {
+		d.say("%-3s pid %-7d proxy http://%-21s status page http://%s/status   owns %s",
+			n.ID, n.PID(), n.HTTP, n.Admin, strings.Join(orNone(d.mon.ownedBy(n.ID)), ", "))
+	}
+	d.say("node logs: %s", filepath.Join(d.dir, "n1.log")+", ...")
+	return nil
+}
+
+func orNone(s []string) []string {
+	if len(s) == 0 {
+		return []string{"none of the demo accounts"}
 	}
 	return s
 }
 
-func runDemo(ctx context.Context, out io.Writer, f demoFlags) error {
-	dir := f.dir
-	if dir == "" {
-		var err error
-		if dir, err = os.MkdirTemp("", "quotad-demo-"); err != nil {
-			return err
-		}
-		if !f.keep {
-			defer os.RemoveAll(dir)
+func (d *demoRun) showTryIt() {
+	var you *customer
+	for _, c := range d.cs {
+		if c.hand {
+			you = c
 		}
 	}
-	d := &demo{out: out}
-	fmt.Fprintf(out, "quotaring demo: one node's exact engine (data dir %s)\n", dir)
-	clock := engine.NewManualClock(time.Date(2026, 6, 28, 12, 0, 0, 0, time.UTC))
-	l, err := wal.Open(wal.Options{Dir: filepath.Join(dir, "node"), NodeID: "demo"})
-	if err != nil {
-		return err
+	n := d.c.Nodes[0] // never killed: the others joined through it
+	d.tryIt = []string{
+		d.st.bold("TRY IT") + " (your own key, account \"you\": 1,000 units/month, hard, 10 requests/s; left out of the totals)",
+		fmt.Sprintf("  curl -i -H 'X-Api-Key: %s' http://%s/v1/tasks", you.Key, n.HTTP),
+		fmt.Sprintf("  curl -H 'X-Api-Key: %s' http://%s/v1/usage", you.Key, n.HTTP),
+		fmt.Sprintf("  curl -i -X POST -H 'X-Api-Key: %s' -H 'Idempotency-Key: order-1' http://%s/v1/tasks   # twice: billed once", you.Key, n.HTTP),
+		fmt.Sprintf("%s http://%s/status  (every node has one)", d.st.bold("STATUS PAGE"), n.Admin),
 	}
-	defer l.Close()
-	e, err := engine.Open(engine.Options{Log: l, Clock: clock})
-	if err != nil {
-		return err
+	d.title("Try it by hand while it runs")
+	for _, l := range d.tryIt[1:] {
+		d.say("%s", strings.TrimSpace(l))
 	}
-	defer e.Close()
-	s := demoSnapshot()
-	if err := e.SetSnapshot(s); err != nil {
-		return err
-	}
-	for _, step := range []func(context.Context, *demo, *engine.Engine, *engine.ManualClock, *snapshot.Snapshot) error{
-		demoExact, demoRetry, demoWeights, demoRollover,
-	} {
-		if err := step(ctx, d, e, clock, s); err != nil {
-			return err
-		}
-	}
-	if err := demoCrash(ctx, d, filepath.Join(dir, "crash")); err != nil {
-		return err
-	}
-	return demoSpeed(ctx, d, f.duration)
+	d.say("(the key works until the demo ends; it prints these again in its view)")
 }
 
-func demoExact(ctx context.Context, d *demo, e *engine.Engine, _ *engine.ManualClock, _ *snapshot.Snapshot) error {
-	d.title("Exact quota under concurrency")
-	d.say("100 clients of free-co (hard quota: 20 units a month) send GET /v1/tasks at once.")
-	var wg sync.WaitGroup
-	counts := make(map[shard.Reason]int)
-	var mu sync.Mutex
-	var firstErr error
-	for i := 0; i < 100; i++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			res, err := e.Charge(ctx, "free-co", shard.Charge{Route: "GET /v1/tasks", Units: 1})
-			mu.Lock()
-			defer mu.Unlock()
-			if err != nil && firstErr == nil {
-				firstErr = err
+// failoverPlan says when the victim is killed and restarted (offsets into
+// the traffic), or ok false when there is nothing to fail over to.
+func failoverPlan(nodes int, dur time.Duration) (kill, restart time.Duration, ok bool) {
+	if nodes < 2 {
+		return 0, 0, false
+	}
+	kill = dur * 4 / 10
+	restart = kill + max(6*time.Second, dur/5)
+	if restart > dur-4*time.Second {
+		return 0, 0, false
+	}
+	return kill, restart, true
+}
+
+// pickVictim chooses the node to kill: never n1 (the others joined
+// through it), preferably the owner of free-co (its reservation freezes:
+// the hard quota's story) and not the owner of acme (whose flaky route
+// refunds: a refund in flight to a node being killed cannot complete, and
+// the client could not know it was billed).
+func (d *demoRun) pickVictim() *cluster.Node {
+	var best *cluster.Node
+	bestScore := -1 << 30
+	for _, n := range d.c.Nodes[1:] {
+		score := 0
+		for _, a := range d.mon.ownedBy(n.ID) {
+			switch a {
+			case "free-co":
+				score += 3
+			case "acme":
+				score -= 10
+			default:
+				score++
 			}
-			counts[res.Reason]++
-		}()
+		}
+		if score > bestScore {
+			best, bestScore = n, score
+		}
 	}
-	wg.Wait()
-	if firstErr != nil {
-		return firstErr
-	}
-	u, _, _ := e.Usage("free-co")
-	d.say("-> %d ok, %d quota_exceeded; the counter reads %d of %d. Never 21.", counts[shard.OK], counts[shard.QuotaExceeded], u.Used, u.Limit)
-	if counts[shard.OK] != 20 {
-		return fmt.Errorf("demo: %d charges went through a quota of 20", counts[shard.OK])
-	}
-	return nil
+	return best
 }
 
-func demoRetry(ctx context.Context, d *demo, e *engine.Engine, _ *engine.ManualClock, _ *snapshot.Snapshot) error {
-	d.title("A retry is billed once")
-	d.say("pro-co sends POST /v1/tasks (2 units) five times with Idempotency-Key: order-42.")
-	var answers []string
-	for i := 0; i < 5; i++ {
-		res, err := e.Charge(ctx, "pro-co", shard.Charge{EventID: "order-42", ClientID: true, Route: "POST /v1/tasks", Units: 2})
-		if err != nil {
-			return err
-		}
-		answers = append(answers, res.Reason.String())
+func (d *demoRun) runTraffic(ctx context.Context) error {
+	kill, restart, failover := failoverPlan(d.f.nodes, d.f.duration)
+	d.title("Traffic for %s through all %d proxies", d.f.duration, d.f.nodes)
+	if failover {
+		d.victim = d.pickVictim()
+		d.say("at t=%.0fs %s is killed with SIGKILL; at t=%.0fs it restarts with its data dir", kill.Seconds(), d.victim.ID, restart.Seconds())
+	} else {
+		d.say("(no node is killed: %s)", map[bool]string{true: "one node has nothing to fail over to", false: "--duration is too short for a kill and a restart"}[d.f.nodes < 2])
 	}
-	u, _, _ := e.Usage("pro-co")
-	d.say("-> %s; billed %d units once.", strings.Join(answers, ", "), u.Used)
-	d.title("A refund, once")
-	r1, err := e.Refund(ctx, "pro-co", "order-42", nil)
-	if err != nil {
-		return err
+	if !d.live {
+		d.say("plain output: a status line every %s, events as they happen", plainEvery(d.f.duration))
 	}
-	r2, err := e.Refund(ctx, "pro-co", "order-42", nil)
-	if err != nil {
-		return err
-	}
-	u, _, _ = e.Usage("pro-co")
-	d.say("The upstream failed, so order-42 is refunded twice: %s, then %s; used is back to %d.", r1.Reason, r2.Reason, u.Used)
-	return nil
-}
-
-func demoWeights(ctx context.Context, d *demo, e *engine.Engine, clock *engine.ManualClock, s *snapshot.Snapshot) error {
-	d.title("Route weights against a monthly quota (pro-co: 60 units, it is 28 June 12:00 UTC)")
-	for _, r := range []string{"GET /v1/tasks", "POST /v1/tasks", "POST /v1/exports", "POST /v1/exports", "POST /v1/exports", "GET /v1/tasks"} {
-		method, path, _ := strings.Cut(r, " ")
-		route, units := s.Routes.Match(method, path)
-		res, err := e.Charge(ctx, "pro-co", shard.Charge{Route: route, Units: units})
-		if err != nil {
-			return err
-		}
-		extra := ""
-		if res.Reason == shard.QuotaExceeded {
-			extra = fmt.Sprintf("  Retry-After: %d s (00:00 UTC on 1 July)", res.RetryAfter/1e9)
-		}
-		d.say("%-18s %2d units -> %-15s %2d left%s", r, units, res.Reason, res.Remaining, extra)
-	}
-	return nil
-}
-
-func demoRollover(ctx context.Context, d *demo, e *engine.Engine, clock *engine.ManualClock, _ *snapshot.Snapshot) error {
-	d.title("The month rolls over at 00:00:00 UTC on the 1st")
-	for _, t := range []time.Time{time.Date(2026, 6, 30, 23, 59, 59, 0, time.UTC), time.Date(2026, 7, 1, 0, 0, 0, 0, time.UTC)} {
-		clock.SetWall(t)
-		res, err := e.Charge(ctx, "pro-co", shard.Charge{Route: "GET /v1/tasks", Units: 1})
-		if err != nil {
-			return err
-		}
-		d.say("%s  GET /v1/tasks -> %s, %d of %d left", t.Format(time.RFC3339), res.Reason, res.Remaining, res.Limit)
-	}
-	clock.SetWall(time.Date(2026, 6, 15, 0, 0, 0, 0, time.UTC))
-	u, _, _ := e.Usage("pro-co")
-	d.say("The wall clock jumps back to 15 June: the account stays in %s (periods never go back).", u.Period)
-	return nil
-}
-
-func demoCrash(ctx context.Context, d *demo, dir string) error {
-	d.title("A real crash: kill -9 while charging")
-	self, err := os.Executable()
-	if err != nil {
-		return err
-	}
-	cmd := exec.CommandContext(ctx, self, "demo", "--crash-child", "--dir", dir)
-	cmd.Stderr = os.Stderr
-	pipe, err := cmd.StdoutPipe()
-	if err != nil {
-		return err
-	}
-	if err := cmd.Start(); err != nil {
-		return err
-	}
-	acked := map[string]bool{}
-	sc := bufio.NewScanner(pipe)
-	killed := false
-	for sc.Scan() {
-		if id, ok := strings.CutPrefix(sc.Text(), "ack "); ok {
-			acked[id] = true
-		}
-		if !killed && len(acked) >= 5000 {
-			cmd.Process.Signal(syscall.SIGKILL)
-			killed = true
-		}
-	}
-	werr := cmd.Wait()
-	if !killed {
-		return fmt.Errorf("demo: the charging process ended by itself: %v", werr)
-	}
-	d.say("A child process charged crash-co from 64 goroutines; it was killed with SIGKILL")
-	d.say("after %d acknowledged charges. Reopening its data dir...", len(acked))
-	l, err := wal.Open(wal.Options{Dir: dir, NodeID: "demo-crash"})
-	if err != nil {
-		return err
-	}
-	defer l.Close()
-	e, err := engine.Open(engine.Options{Log: l})
-	if err != nil {
-		return err
-	}
-	defer e.Close()
-	var rec shard.Record
-	inLog := map[string]bool{}
-	err = l.Scan(0, l.DurableSeq(), func(_ uint64, p []byte) error {
-		if err := rec.Decode(p); err != nil {
-			return err
-		}
-		inLog[rec.EventID] = true
-		return nil
-	})
-	if err != nil {
-		return err
-	}
-	lost := 0
-	for id := range acked {
-		if !inLog[id] {
-			lost++
-		}
-	}
-	u, _, _ := e.Usage("crash-co")
-	d.say("-> recovered %d charges (counter %d): %d acknowledged lost; %d durable but unanswered", len(inLog), u.Used, lost, len(inLog)-len(acked))
-	d.say("   (those were in flight when the process died; a client retry with the same id is replayed, not billed twice).")
-	if lost > 0 {
-		return fmt.Errorf("demo: %d acknowledged charges were lost", lost)
-	}
-	return nil
-}
-
-// demoCrashChild charges as fast as it can, printing each acknowledged event.
-func demoCrashChild(ctx context.Context, dir string, out io.Writer) error {
-	if dir == "" {
-		return errors.New("--crash-child needs --dir")
-	}
-	l, err := wal.Open(wal.Options{Dir: dir, NodeID: "demo-crash"})
-	if err != nil {
-		return err
-	}
-	e, err := engine.Open(engine.Options{Log: l})
-	if err != nil {
-		return err
-	}
-	if err := e.SetSnapshot(demoSnapshot()); err != nil {
-		return err
-	}
-	w := bufio.NewWriter(out)
-	var mu sync.Mutex // protects w
+	stop := make(chan struct{})
 	var wg sync.WaitGroup
-	for g := 0; g < 64; g++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := 0; ctx.Err() == nil && i < 1_000_000; i++ {
-				id := fmt.Sprintf("g%d-%d", g, i)
-				if res, err := e.Charge(ctx, "crash-co", shard.Charge{EventID: id, ClientID: true, Units: 1}); err != nil || res.Reason != shard.OK {
-					return
-				}
-				mu.Lock()
-				fmt.Fprintln(w, "ack", id)
-				w.Flush()
-				mu.Unlock()
-			}
-		}()
+	start := time.Now()
+	d.events.start, d.tr.start = start, start
+	d.events.add("traffic starts: %d customers through the proxies of %s", len(d.cs)-1, nodeIDs(d.c.Nodes))
+	for _, c := range d.cs {
+		d.tr.run(c, stop, &wg)
 	}
+	scriptDone := make(chan struct{})
+	go func() {
+		defer close(scriptDone)
+		if failover {
+			d.failover(ctx, start, kill, restart)
+		}
+	}()
+	err := d.watch(ctx, start, stop)
+	d.tr.stopRetrying(time.Now().Add(20 * time.Second))
+	d.mon.setPhase("traffic stopped; requests in doubt are retried with their keys")
 	wg.Wait()
-	return nil
+	<-scriptDone
+	d.mon.tick(context.WithoutCancel(ctx))
+	d.showFinalView(time.Since(start))
+	if err != nil {
+		return err
+	}
+	return ctx.Err()
 }
 
-func demoSpeed(ctx context.Context, d *demo, dur time.Duration) error {
-	d.title(fmt.Sprintf("Speed: %s of charges from 64 callers, log on Sync, against one SQL transaction per charge", dur))
-	f := benchEngineFlags{duration: dur, accounts: 1000}
-	dir, err := os.MkdirTemp("", "quotad-demo-bench-")
-	if err != nil {
-		return err
+func plainEvery(dur time.Duration) time.Duration {
+	return max(5*time.Second, (dur / 6).Round(time.Second))
+}
+
+func nodeIDs(ns []*cluster.Node) string {
+	var ids []string
+	for _, n := range ns {
+		ids = append(ids, n.ID)
 	}
-	defer os.RemoveAll(dir)
-	eng, fs, err := benchOne(ctx, "engine", 64, f, filepath.Join(dir, "engine"), nil, false)
-	if err != nil {
-		return err
+	return strings.Join(ids, ", ")
+}
+
+// watch samples and shows the cluster until the traffic's time is up, then
+// closes stop.
+func (d *demoRun) watch(ctx context.Context, start time.Time, stop chan struct{}) error {
+	defer close(stop)
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	every := plainEvery(d.f.duration)
+	nextPlain := every
+	if d.live {
+		fmt.Fprint(d.out, "\x1b[?25l\x1b[2J") // hide the cursor, clear once
+		defer fmt.Fprint(d.out, "\x1b[?25h")
 	}
-	cl, _, err := benchOne(ctx, "sqlite-file", 64, f, filepath.Join(dir, "sqlite"), nil, false)
-	if err != nil {
-		return err
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-tick.C:
+		}
+		elapsed := time.Since(start)
+		d.mon.tick(ctx)
+		if d.live {
+			d.drawLive(elapsed)
+		} else if elapsed >= nextPlain-100*time.Millisecond {
+			for _, l := range d.mon.plainLines(elapsed) {
+				fmt.Fprintln(d.out, "   "+l)
+			}
+			nextPlain += every
+		}
+		if elapsed >= d.f.duration {
+			return nil
+		}
 	}
-	d.say("engine:                   %9.0f charges/s, p99 %s, %.1f fsyncs per 1,000 charges", eng.OpsPerSec, fmtDur(eng.P99), fs)
-	d.say("classic (SQLite, a file): %9.0f charges/s, p99 %s", cl.OpsPerSec, fmtDur(cl.P99))
-	d.say("-> %.0fx the throughput, every charge still durable before it is answered.", eng.OpsPerSec/cl.OpsPerSec)
-	fmt.Fprintln(d.out, "\nNext: quotad bench engine (full sweep).")
-	return nil
+}
+
+func (d *demoRun) drawLive(elapsed time.Duration) {
+	lines := d.mon.frame(d.st, nil, min(elapsed, d.f.duration), d.f.duration, d.tryIt, 8, d.width)
+	var b strings.Builder
+	b.WriteString("\x1b[H")
+	for _, l := range lines {
+		b.WriteString(l)
+		b.WriteString("\x1b[K\n")
+	}
+	b.WriteString("\x1b[J")
+	io.WriteString(d.out, b.String())
+}
+
+// showFinalView prints the view once more as it stands after the traffic:
+// on a terminal in place of the live one; otherwise as the record of the
+// run in the log.
+func (d *demoRun) showFinalView(elapsed time.Duration) {
+	if d.live {
+		d.drawLive(elapsed)
+		return
+	}
+	d.title("The view at the end (on a terminal it refreshes in place while the traffic runs)")
+	for _, l := range d.mon.frame(d.st, nil, min(elapsed, d.f.duration), d.f.duration, nil, 0, 0) {
+		fmt.Fprintln(d.out, "   "+l)
+	}
+}
+
+// failover kills the victim with SIGKILL, follows its accounts to their new
+// owners, and restarts it with its data dir.
+func (d *demoRun) failover(ctx context.Context, start time.Time, kill, restart time.Duration) {
+	v := d.victim
+	if !sleepUntil(ctx, start.Add(kill)) {
+		return
+	}
+	owned := d.mon.ownedBy(v.ID)
+	unsettled := d.mon.node(d.indexOf(v)).unsettled
+	pid := v.PID()
+	t0 := time.Now()
+	if err := v.Kill(); err != nil {
+		d.events.add("could not kill %s: %v", v.ID, err)
+		return
+	}
+	for _, c := range d.cs {
+		c.resetSeen("quota-unavailable")
+	}
+	d.mon.setPhase("%s was killed (SIGKILL)", v.ID)
+	d.events.add("SIGKILL %s (pid %d), no warning: it owned %s; its log held ~%.0f records not yet settled",
+		v.ID, pid, strings.Join(orNone(owned), ", "), unsettled)
+	// The survivors notice through gossip; until then, calls to the dead
+	// owner fail and the front answers quota-unavailable.
+	for ctx.Err() == nil && time.Since(t0) < 30*time.Second {
+		if d.survivorsDropped(ctx, v.ID) {
+			d.events.add("the others declared %s dead after %.1fs and took its partitions; its accounts' reserved units stay frozen in the ledger until it returns", v.ID, time.Since(t0).Seconds())
+			d.mon.setPhase("%s is down; its accounts moved", v.ID)
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if !sleepUntil(ctx, start.Add(restart)) {
+		return
+	}
+	t1 := time.Now()
+	d.events.add("restarting %s with its data dir (its log, its incarnation)", v.ID)
+	d.mon.setPhase("%s restarting", v.ID)
+	if err := v.Start(ctx); err != nil {
+		d.events.add("could not restart %s: %v", v.ID, err)
+		return
+	}
+	rctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	if err := v.WaitReady(rctx); err != nil {
+		d.events.add("%s did not get ready: %v", v.ID, err)
+		return
+	}
+	settled := scrapeMetrics(ctx, v)["quotaring_settle_batch_records_sum"]
+	d.events.add("%s ready after %.1fs: it replayed its log and settled %.0f records into the ledger before taking accounts again: nothing acknowledged was lost",
+		v.ID, time.Since(t1).Seconds(), settled)
+	if err := d.c.WaitConverged(rctx); err == nil {
+		d.events.add("one ring again: %s serves its partitions (%s)", v.ID, strings.Join(orNone(d.ownersAfter(ctx, v.ID)), ", "))
+	}
+	d.mon.setPhase("%s", "")
+}
+
+func (d *demoRun) ownersAfter(ctx context.Context, id string) []string {
+	d.mon.tick(ctx)
+	return d.mon.ownedBy(id)
+}
+
+func (d *demoRun) indexOf(n *cluster.Node) int {
+	for i, o := range d.c.Nodes {
+		if o == n {
+			return i
+		}
+	}
+	return 0
+}
+
+// survivorsDropped reports whether every running node's ring has left id
+// out of its serving members.
+func (d *demoRun) survivorsDropped(ctx context.Context, id string) bool {
+	for _, n := range d.c.Nodes {
+		if n.ID == id || !n.Running() {
+			continue
+		}
+		v, err := n.RingView(ctx)
+		if err != nil {
+			return false
+		}
+		for _, m := range v.Members {
+			if m.Id == id && m.State == "serving" {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+func sleepUntil(ctx context.Context, t time.Time) bool {
+	select {
+	case <-ctx.Done():
+		return false
+	case <-time.After(time.Until(t)):
+		return true
+	}
 }

@@ -1,0 +1,104 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"sync/atomic"
+	"time"
+
+	"github.com/quotaring/quotaring/router"
+)
+
+// The demo's sample upstream: the API the quotad nodes proxy to. It knows
+// nothing about quotas; it trusts the two headers the proxy sets
+// (X-Quota-Account, X-Quota-Event) and echoes them, so the demo's clients
+// can tell its answers from the front's.
+//
+//	GET  /v1/tasks     list tasks                         1 unit
+//	POST /v1/tasks     create a task                      2 units
+//	POST /v1/exports   start an export (slower)          10 units
+//	GET  /v1/reports   build a report: fails 1 time in 8  5 units, refunded when it fails
+
+const (
+	// demoServedBy marks every answer of the sample API: a 2xx without it
+	// did not come from the upstream.
+	demoServedBy = "X-Demo-Served-By"
+	// demoEventHeader echoes the event id the proxy charged.
+	demoEventHeader = "X-Demo-Event"
+	// demoReportFailEvery: GET /v1/reports answers 500 once in this many.
+	demoReportFailEvery = 8
+)
+
+// demoRoutes are the route weights the demo puts in the ledger.
+var demoRoutes = map[string]int64{
+	"GET /v1/tasks":    1,
+	"POST /v1/tasks":   2,
+	"POST /v1/exports": 10,
+	"GET /v1/reports":  5,
+}
+
+type demoAPI struct {
+	srv    *http.Server
+	addr   string
+	tasks  atomic.Int64
+	served atomic.Int64
+	failed atomic.Int64
+}
+
+func startDemoAPI() (*demoAPI, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, fmt.Errorf("demo: the sample API cannot listen on 127.0.0.1: %w", err)
+	}
+	a := &demoAPI{addr: l.Addr().String()}
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /v1/tasks", func(w http.ResponseWriter, r *http.Request) {
+		a.reply(w, r, http.StatusOK, map[string]any{"tasks": []map[string]any{
+			{"id": "task-1", "title": "write the quarterly report", "done": false},
+			{"id": "task-2", "title": "renew the certificate", "done": true},
+		}})
+	})
+	mux.HandleFunc("POST /v1/tasks", func(w http.ResponseWriter, r *http.Request) {
+		a.reply(w, r, http.StatusCreated, map[string]any{"id": fmt.Sprintf("task-%d", 2+a.tasks.Add(1)), "done": false})
+	})
+	mux.HandleFunc("POST /v1/exports", func(w http.ResponseWriter, r *http.Request) {
+		time.Sleep(time.Duration(20+rand.IntN(30)) * time.Millisecond) // heavier work, heavier weight
+		a.reply(w, r, http.StatusAccepted, map[string]any{"export": fmt.Sprintf("exp-%d", a.served.Load()), "status": "queued"})
+	})
+	mux.HandleFunc("GET /v1/reports", func(w http.ResponseWriter, r *http.Request) {
+		if rand.IntN(demoReportFailEvery) == 0 {
+			a.failed.Add(1)
+			a.reply(w, r, http.StatusInternalServerError, map[string]any{"error": "the report generator crashed"})
+			return
+		}
+		a.reply(w, r, http.StatusOK, map[string]any{"report": "usage-by-day", "rows": 31})
+	})
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		a.reply(w, r, http.StatusNotFound, map[string]any{"error": "no such endpoint: try GET /v1/tasks"})
+	})
+	a.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go a.srv.Serve(l)
+	return a, nil
+}
+
+func (a *demoAPI) reply(w http.ResponseWriter, r *http.Request, code int, body map[string]any) {
+	a.served.Add(1)
+	body["account"] = r.Header.Get(router.HeaderAccount)
+	body["event"] = r.Header.Get(router.HeaderEvent)
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set(demoServedBy, "sample-api")
+	h.Set(demoEventHeader, r.Header.Get(router.HeaderEvent))
+	w.WriteHeader(code)
+	json.NewEncoder(w).Encode(body)
+}
+
+func (a *demoAPI) Close() {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	a.srv.Shutdown(ctx)
+}
