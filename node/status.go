@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/quotaring/quotaring/ring"
+	"github.com/quotaring/quotaring/shard"
 )
 
 // The status page: GET /status on the admin port. One server-rendered HTML
@@ -277,7 +278,17 @@ func (n *Node) statusAccounts(d *statusData, owned func(string) bool) {
 		if !owned(a.ID) {
 			continue // state kept from before a ring change; its owner is elsewhere now
 		}
-		sa := statusAccount{ID: a.ID, Used: a.Usage.Used, Limit: a.Usage.Limit, Remaining: a.Usage.Remaining, Kind: "hard"}
+		// NB: used is what the active grants have spent (the settled use the
+		// ledger knew when this node took the account, plus its own charges);
+		// Usage.Used sums only the route counters of this node's charges.
+		var used int64
+		wall := n.clock.Now().Wall
+		for _, g := range a.Grants {
+			if grantActive(g, wall) {
+				used += g.Used
+			}
+		}
+		sa := statusAccount{ID: a.ID, Used: used, Limit: a.Usage.Limit, Remaining: a.Usage.Remaining, Kind: "hard"}
 		if snap != nil {
 			if cfg, ok := snap.AccountConfig(a.ID); ok {
 				sa.Plan = cfg.Plan.ID
@@ -299,10 +310,9 @@ func (n *Node) statusAccounts(d *statusData, owned func(string) bool) {
 			sa.Over = true
 		}
 		sa.Percent = min(sa.Percent, 100)
-		wall := n.clock.Now().Wall
 		for _, g := range a.Grants {
-			if g.Expires != 0 && g.Expires <= wall || g.StartsAt > wall {
-				continue // not active now
+			if !grantActive(g, wall) {
+				continue
 			}
 			sg := statusGrant{ID: g.ID, Used: g.Used, Units: g.Units, Reserved: g.Allowance, Monthly: g.Monthly,
 				UsedOfText: fmt.Sprintf("%s / %s", thousands(g.Used), thousands(g.Units)), Exhausted: g.Units > 0 && g.Used >= g.Units}
@@ -378,6 +388,10 @@ func (n *Node) statusReservations(ctx context.Context, d *statusData) {
 		rows = rows[:statusMaxReservations]
 	}
 	d.Reservations = rows
+}
+
+func grantActive(g shard.GrantView, wall int64) bool {
+	return g.StartsAt <= wall && (g.Expires == 0 || wall < g.Expires)
 }
 
 func routesText(routes map[string]int64) string {
