@@ -406,7 +406,7 @@ func (e *Engine) chargeOnce(account string, req *shard.Charge) (Result, error) {
 	}
 	res.Seq = seq
 	r := &st.rec
-	res.Receipt = &shard.Receipt{EventID: r.EventID, Units: r.Units, Period: r.Period, Wall: r.Wall, Key: r.Key, Route: r.Route, Allocs: slices.Clone(r.Allocs)}
+	res.Receipt = &shard.Receipt{EventID: r.EventID, Gen: r.Gen, Units: r.Units, Period: r.Period, Wall: r.Wall, Key: r.Key, Route: r.Route, Allocs: slices.Clone(r.Allocs)}
 	if e.params.Reservations {
 		e.noteSpendLocked(account, ent, req.Units, now)
 	}

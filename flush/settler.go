@@ -229,11 +229,11 @@ func (s *Settler) batch(prev, next uint64) (*Batch, error) {
 		}
 		switch rec.Type {
 		case shard.RecCharge:
-			b.Charges = append(b.Charges, Charge{Seq: seq, Account: rec.Account, EventID: rec.EventID, ClientID: rec.ClientID,
+			b.Charges = append(b.Charges, Charge{Seq: seq, Account: rec.Account, EventID: shard.LedgerEventID(rec.EventID, rec.Gen), ClientID: rec.ClientID,
 				Key: rec.Key, Route: rec.Route, Units: rec.Units, Wall: rec.Wall, Period: rec.Period, Reserved: rec.Reserved,
 				Allocs: append([]shard.Alloc(nil), rec.Allocs...)})
 		case shard.RecRefund:
-			b.Refunds = append(b.Refunds, Refund{Seq: seq, Account: rec.Account, EventID: rec.EventID, Key: rec.Key, Route: rec.Route,
+			b.Refunds = append(b.Refunds, Refund{Seq: seq, Account: rec.Account, EventID: shard.LedgerEventID(rec.EventID, rec.Gen), Key: rec.Key, Route: rec.Route,
 				Units: rec.Units, Wall: rec.Wall, ChargeWall: rec.ChargeWall, Period: rec.Period, Reserved: rec.Reserved,
 				Allocs: append([]shard.Alloc(nil), rec.Allocs...)})
 		}

@@ -11,6 +11,7 @@ import (
 // carries the receipt the charge returned.
 type Receipt struct {
 	EventID string
+	Gen     uint32 // the charge's generation of a client id (see Record.Gen)
 	Units   int64
 	Period  Period
 	Wall    int64
@@ -21,6 +22,7 @@ type Receipt struct {
 
 // event is what the dedup window remembers of a client-id charge.
 type event struct {
+	gen      uint32 // generation: a refunded client id charged again is a new one
 	units    int64
 	seq      uint64
 	period   Period
@@ -186,12 +188,18 @@ func (a *Account) Charge(req *Charge, now Now, params *Params, rec *Record) Deci
 		return d
 	}
 	plan := &a.cfg.Plan
+	var gen uint32
 	if req.ClientID {
 		a.dedup.expire(a.seen, params.DedupWindow, params.DedupMax)
 		if e, ok := a.dedup.get(req.EventID, a.seen, params.DedupWindow); ok {
-			d.Reason, d.Units, d.Seq = Replayed, e.units, e.seq
-			a.fill(&d, now, wall)
-			return d
+			if !e.refunded {
+				d.Reason, d.Units, d.Seq = Replayed, e.units, e.seq
+				a.fill(&d, now, wall)
+				return d
+			}
+			// Refunded (the work failed): a retry with the same id is a new
+			// charge, the id's next generation, not a free replay.
+			gen = e.gen + 1
 		}
 	}
 	if !plan.Rate.Unlimited() {
@@ -228,9 +236,9 @@ func (a *Account) Charge(req *Charge, now Now, params *Params, rec *Record) Deci
 	} else {
 		a.addRoute(req.Route, req.Units)
 		rec.EventID, rec.ClientID, rec.Key, rec.Route = req.EventID, req.ClientID, req.Key, req.Route
-		rec.Units, rec.Period = req.Units, p
+		rec.Units, rec.Period, rec.Gen = req.Units, p, gen
 		if req.ClientID {
-			a.dedup.put(req.EventID, a.seen, event{units: req.Units, period: p, chargeAt: now.Wall,
+			a.dedup.put(req.EventID, a.seen, event{gen: gen, units: req.Units, period: p, chargeAt: now.Wall,
 				key: req.Key, route: req.Route, allocs: slices.Clone(rec.Allocs)})
 		}
 	}
@@ -347,7 +355,7 @@ func (a *Account) Refund(eventID string, receipt *Receipt, now Now, params *Para
 		} else {
 			e.refunded = true
 			a.dedup.update(eventID, e)
-			rec.Units, rec.Period, rec.ChargeWall, rec.Key, rec.Route = e.units, e.period, e.chargeAt, e.key, e.route
+			rec.Units, rec.Period, rec.ChargeWall, rec.Key, rec.Route, rec.Gen = e.units, e.period, e.chargeAt, e.key, e.route, e.gen
 			rec.Allocs = append(rec.Allocs, e.allocs...)
 		}
 	} else if receipt != nil && receipt.EventID == eventID {
@@ -355,7 +363,7 @@ func (a *Account) Refund(eventID string, receipt *Receipt, now Now, params *Para
 			d.Reason = AlreadyRefunded
 		} else {
 			a.refunded.put(eventID, a.seen, struct{}{})
-			rec.Units, rec.Period, rec.ChargeWall, rec.Key, rec.Route = receipt.Units, receipt.Period, receipt.Wall, receipt.Key, receipt.Route
+			rec.Units, rec.Period, rec.ChargeWall, rec.Key, rec.Route, rec.Gen = receipt.Units, receipt.Period, receipt.Wall, receipt.Key, receipt.Route, receipt.Gen
 			rec.Allocs = append(rec.Allocs, receipt.Allocs...)
 		}
 	} else {

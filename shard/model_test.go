@@ -103,8 +103,8 @@ func (m *model) step(now Now) Period {
 
 func (m *model) charge(id string, units int64, now Now) (Reason, int64) {
 	p := m.step(now)
-	if _, ok := m.event(id, now); ok {
-		return Replayed, m.remaining()
+	if e, ok := m.event(id, now); ok && !e.refunded {
+		return Replayed, m.remaining() // a refunded id is charged again: a retry of failed work
 	}
 	if m.rate > 0 && m.milli < 1000 {
 		return RateLimited, m.remaining()

@@ -3,6 +3,7 @@ package shard
 import (
 	"encoding/binary"
 	"fmt"
+	"strconv"
 )
 
 // RecordType says what a Record changed.
@@ -41,6 +42,10 @@ type Record struct {
 	Account  string
 	EventID  string // charge, refund
 	ClientID bool   // charge: EventID came from the client
+	// Gen is the generation of a client id: 0 for its first charge, n after
+	// n refunded charges of the same id (a retry of work that failed is
+	// charged again). The ledger's event id is LedgerEventID(EventID, Gen).
+	Gen uint32
 	// Reserved says the units came from (charge) or went back to (refund)
 	// this node's reservation: the ledger moves them between used and this
 	// node's reserved units accordingly.
@@ -68,10 +73,12 @@ func (r *Record) reset(t RecordType, account string, wall int64) {
 // AppendEncode appends the binary form of r to dst. The layout, after the
 // wal's frame (version byte, checksum):
 //
-//	charge:  type=1 | wall varint | account | event | flags byte (bit 0: client id, bit 1: reserved)
-//	         | key | route | units uvarint | period uvarint | n uvarint | n × (grant | units uvarint)
-//	refund:  type=2 | wall varint | account | event | flags byte (bit 1: reserved) | key | route
-//	         | units uvarint | period uvarint | charge wall varint | n uvarint | n × (grant | units uvarint)
+//	charge:  type=1 | wall varint | account | event | flags byte (bit 0: client id, bit 1: reserved,
+//	         bit 2: a generation follows) | [gen uvarint] | key | route | units uvarint | period uvarint
+//	         | n uvarint | n × (grant | units uvarint)
+//	refund:  type=2 | wall varint | account | event | flags byte (bit 1: reserved, bit 2: generation)
+//	         | [gen uvarint] | key | route | units uvarint | period uvarint | charge wall varint
+//	         | n uvarint | n × (grant | units uvarint)
 //	reserve: type=3 | wall varint | account | grant | delta varint
 //
 // where a string is a uvarint length followed by its bytes.
@@ -82,7 +89,7 @@ func (r *Record) AppendEncode(dst []byte) []byte {
 	switch r.Type {
 	case RecCharge:
 		dst = appendString(dst, r.EventID)
-		dst = append(dst, r.flags())
+		dst = r.appendFlags(dst)
 		dst = appendString(dst, r.Key)
 		dst = appendString(dst, r.Route)
 		dst = binary.AppendUvarint(dst, uint64(r.Units))
@@ -90,7 +97,7 @@ func (r *Record) AppendEncode(dst []byte) []byte {
 		dst = appendAllocs(dst, r.Allocs)
 	case RecRefund:
 		dst = appendString(dst, r.EventID)
-		dst = append(dst, r.flags())
+		dst = r.appendFlags(dst)
 		dst = appendString(dst, r.Key)
 		dst = appendString(dst, r.Route)
 		dst = binary.AppendUvarint(dst, uint64(r.Units))
@@ -104,7 +111,7 @@ func (r *Record) AppendEncode(dst []byte) []byte {
 	return dst
 }
 
-func (r *Record) flags() byte {
+func (r *Record) appendFlags(dst []byte) []byte {
 	var f byte
 	if r.ClientID {
 		f |= 1
@@ -112,11 +119,36 @@ func (r *Record) flags() byte {
 	if r.Reserved {
 		f |= 2
 	}
-	return f
+	if r.Gen != 0 {
+		f |= 4
+	}
+	dst = append(dst, f)
+	if r.Gen != 0 {
+		dst = binary.AppendUvarint(dst, uint64(r.Gen))
+	}
+	return dst
 }
 
-func (r *Record) setFlags(f byte) {
+func (d *decoder) flags(r *Record) {
+	f := d.byte()
 	r.ClientID, r.Reserved = f&1 != 0, f&2 != 0
+	if f&4 != 0 {
+		g := d.uvarint()
+		if g == 0 || g > 1<<31 {
+			d.fail("generation")
+		}
+		r.Gen = uint32(g)
+	}
+}
+
+// LedgerEventID is the event id the ledger keeps for a charge: the id
+// itself for its first generation, then id + U+001F + the generation (a unit
+// separator, which an Idempotency-Key, printable ASCII, cannot contain).
+func LedgerEventID(id string, gen uint32) string {
+	if gen == 0 {
+		return id
+	}
+	return id + "\x1f" + strconv.FormatUint(uint64(gen), 10)
 }
 
 func appendString(dst []byte, s string) []byte {
@@ -144,13 +176,13 @@ func (r *Record) Decode(b []byte) error {
 	switch t {
 	case RecCharge:
 		r.EventID = d.string()
-		r.setFlags(d.byte())
+		d.flags(r)
 		r.Key, r.Route = d.string(), d.string()
 		r.Units, r.Period = d.count(), Period(d.count())
 		r.Allocs = d.allocs(r.Allocs)
 	case RecRefund:
 		r.EventID = d.string()
-		r.setFlags(d.byte())
+		d.flags(r)
 		r.Key, r.Route = d.string(), d.string()
 		r.Units, r.Period = d.count(), Period(d.count())
 		r.ChargeWall = d.varint()

@@ -23,14 +23,14 @@ func (a *Account) ApplyRecord(seq uint64, rec *Record, params *Params) {
 		}
 		if rec.ClientID {
 			a.dedup.expire(a.seen, params.DedupWindow, params.DedupMax)
-			a.dedup.put(rec.EventID, a.seen, event{units: rec.Units, seq: seq, period: rec.Period, chargeAt: rec.Wall,
+			a.dedup.put(rec.EventID, a.seen, event{gen: rec.Gen, units: rec.Units, seq: seq, period: rec.Period, chargeAt: rec.Wall,
 				key: rec.Key, route: rec.Route, allocs: slices.Clone(rec.Allocs)})
 		}
 	case RecRefund:
 		a.advance(rec.Wall)
 		a.dedup.expire(a.seen, params.DedupWindow, params.DedupMax)
 		a.refunded.expire(a.seen, params.DedupWindow, params.DedupMax)
-		if e, ok := a.dedup.get(rec.EventID, a.seen, params.DedupWindow); ok {
+		if e, ok := a.dedup.get(rec.EventID, a.seen, params.DedupWindow); ok && e.gen == rec.Gen {
 			e.refunded = true
 			a.dedup.update(rec.EventID, e)
 		} else {
@@ -48,7 +48,7 @@ func (a *Account) ApplyRecord(seq uint64, rec *Record, params *Params) {
 	}
 }
 
-const checkpointVersion = 1
+const checkpointVersion = 2
 
 // AppendCheckpoint appends the account's durable state (everything but the
 // config, which comes from the snapshot, and the bucket, which restarts
@@ -57,7 +57,7 @@ const checkpointVersion = 1
 //	version=1 | last seq uvarint | period uvarint | latest wall varint
 //	| n × grant (id | monthly byte | starts varint | expires varint | units varint | used varint | allowance varint)
 //	| n × route (route | units varint)
-//	| n × client id (id | wall varint | units varint | seq uvarint | period uvarint | charge wall varint
+//	| n × client id (id | gen uvarint | wall varint | units varint | seq uvarint | period uvarint | charge wall varint
 //	                 | refunded byte | key | route | n × (grant | units uvarint))
 //	| n × refunded id (id | wall varint)
 func (a *Account) AppendCheckpoint(dst []byte) []byte {
@@ -81,6 +81,7 @@ func (a *Account) AppendCheckpoint(dst []byte) []byte {
 	dst = binary.AppendUvarint(dst, uint64(a.dedup.len()))
 	a.dedup.each(func(id string, wall int64, e event) {
 		dst = appendString(dst, id)
+		dst = binary.AppendUvarint(dst, uint64(e.gen))
 		dst = binary.AppendVarint(dst, wall)
 		dst = binary.AppendVarint(dst, e.units)
 		dst = binary.AppendUvarint(dst, e.seq)
@@ -128,8 +129,8 @@ func (a *Account) RestoreCheckpoint(b []byte) error {
 		n.addRoute(d.string(), d.varint())
 	}
 	for i, k := 0, d.count(); i < int(k) && d.err == nil; i++ {
-		id, wall := d.string(), d.varint()
-		e := event{units: d.varint(), seq: d.uvarint(), period: Period(d.count()), chargeAt: d.varint()}
+		id, gen, wall := d.string(), uint32(d.uvarint()), d.varint()
+		e := event{gen: gen, units: d.varint(), seq: d.uvarint(), period: Period(d.count()), chargeAt: d.varint()}
 		e.refunded = d.byte() == 1
 		e.key, e.route = d.string(), d.string()
 		e.allocs = d.allocs(nil)

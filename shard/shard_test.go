@@ -278,7 +278,7 @@ func TestRateLimitRefusalTakesNoToken(t *testing.T) {
 func TestRecordRoundTrip(t *testing.T) {
 	recs := []Record{
 		{Type: RecCharge, Wall: 123, Account: "acct", EventID: "ev", ClientID: true, Key: "k", Route: "GET /x", Units: 9, Period: 24317, Allocs: []Alloc{{"m:2026-06", 4}, {"c1", 5}}},
-		{Type: RecRefund, Wall: -5, Account: "a", EventID: "e", Reserved: true, Key: "k", Route: "r", Units: 3, Period: 1, ChargeWall: 99, Allocs: []Alloc{{"g", 3}}},
+		{Type: RecRefund, Wall: -5, Account: "a", EventID: "e", Reserved: true, Gen: 3, Key: "k", Route: "r", Units: 3, Period: 1, ChargeWall: 99, Allocs: []Alloc{{"g", 3}}},
 		{Type: RecReserve, Wall: 7, Account: "a", Grant: "g", Delta: -40},
 	}
 	for _, r := range recs {
@@ -374,5 +374,35 @@ func BenchmarkCharge(b *testing.B) {
 				b.Fatal(sinkDecision.Reason)
 			}
 		})
+	}
+}
+
+// A refunded client id is charged again on retry (the work it paid for
+// failed), as the id's next generation; the ledger sees distinct event ids.
+func TestRetryAfterRefundIsChargedAgain(t *testing.T) {
+	p := DefaultParams()
+	a := NewAccount(AccountConfig{ID: "a", Plan: hardPlan(10)})
+	now := at("2026-06-10T00:00:00Z")
+	for gen := uint32(0); gen < 3; gen++ {
+		d, rec := charge(a, "job-7", 2, now, &p)
+		if d.Reason != OK || rec.Gen != gen || d.Remaining != 8 {
+			t.Fatalf("generation %d: %+v gen %d", gen, d, rec.Gen)
+		}
+		if d, _ := charge(a, "job-7", 2, now, &p); d.Reason != Replayed {
+			t.Fatalf("generation %d retried before a refund: %v, want replayed", gen, d.Reason)
+		}
+		if d := a.Refund("job-7", nil, now, &p, &rec); d.Reason != Refunded || rec.Gen != gen {
+			t.Fatalf("refund of generation %d: %v (record gen %d)", gen, d.Reason, rec.Gen)
+		}
+	}
+	if LedgerEventID("job-7", 0) != "job-7" || LedgerEventID("job-7", 2) != "job-7\x1f2" {
+		t.Fatal("ledger event ids")
+	}
+	b := NewAccount(AccountConfig{ID: "a", Plan: hardPlan(10)})
+	if err := b.RestoreCheckpoint(a.AppendCheckpoint(nil)); err != nil {
+		t.Fatal(err)
+	}
+	if _, rec := charge(b, "job-7", 2, now, &p); rec.Gen != 3 {
+		t.Fatalf("after a checkpoint the next generation is %d, want 3", rec.Gen)
 	}
 }

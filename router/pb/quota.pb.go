@@ -476,14 +476,16 @@ func (x *Alloc) GetUnits() int64 {
 }
 
 type Receipt struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	EventId       string                 `protobuf:"bytes,1,opt,name=event_id,json=eventId,proto3" json:"event_id,omitempty"`
-	Units         int64                  `protobuf:"varint,2,opt,name=units,proto3" json:"units,omitempty"`
-	Period        int32                  `protobuf:"varint,3,opt,name=period,proto3" json:"period,omitempty"`
-	Wall          int64                  `protobuf:"varint,4,opt,name=wall,proto3" json:"wall,omitempty"`
-	Key           string                 `protobuf:"bytes,5,opt,name=key,proto3" json:"key,omitempty"`
-	Route         string                 `protobuf:"bytes,6,opt,name=route,proto3" json:"route,omitempty"`
-	Allocs        []*Alloc               `protobuf:"bytes,7,rep,name=allocs,proto3" json:"allocs,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	EventId string                 `protobuf:"bytes,1,opt,name=event_id,json=eventId,proto3" json:"event_id,omitempty"`
+	Units   int64                  `protobuf:"varint,2,opt,name=units,proto3" json:"units,omitempty"`
+	Period  int32                  `protobuf:"varint,3,opt,name=period,proto3" json:"period,omitempty"`
+	Wall    int64                  `protobuf:"varint,4,opt,name=wall,proto3" json:"wall,omitempty"`
+	Key     string                 `protobuf:"bytes,5,opt,name=key,proto3" json:"key,omitempty"`
+	Route   string                 `protobuf:"bytes,6,opt,name=route,proto3" json:"route,omitempty"`
+	Allocs  []*Alloc               `protobuf:"bytes,7,rep,name=allocs,proto3" json:"allocs,omitempty"`
+	// The generation of a client id charged again after a refund.
+	Gen           uint32 `protobuf:"varint,8,opt,name=gen,proto3" json:"gen,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -565,6 +567,13 @@ func (x *Receipt) GetAllocs() []*Alloc {
 		return x.Allocs
 	}
 	return nil
+}
+
+func (x *Receipt) GetGen() uint32 {
+	if x != nil {
+		return x.Gen
+	}
+	return 0
 }
 
 // WrongOwner: the node asked does not own the account in its view; owner is
@@ -1570,7 +1579,7 @@ const file_quota_proto_rawDesc = "" +
 	"rateWindow\"3\n" +
 	"\x05Alloc\x12\x14\n" +
 	"\x05grant\x18\x01 \x01(\tR\x05grant\x12\x14\n" +
-	"\x05units\x18\x02 \x01(\x03R\x05units\"\xbb\x01\n" +
+	"\x05units\x18\x02 \x01(\x03R\x05units\"\xcd\x01\n" +
 	"\aReceipt\x12\x19\n" +
 	"\bevent_id\x18\x01 \x01(\tR\aeventId\x12\x14\n" +
 	"\x05units\x18\x02 \x01(\x03R\x05units\x12\x16\n" +
@@ -1578,7 +1587,8 @@ const file_quota_proto_rawDesc = "" +
 	"\x04wall\x18\x04 \x01(\x03R\x04wall\x12\x10\n" +
 	"\x03key\x18\x05 \x01(\tR\x03key\x12\x14\n" +
 	"\x05route\x18\x06 \x01(\tR\x05route\x12+\n" +
-	"\x06allocs\x18\a \x03(\v2\x13.quotaring.v1.AllocR\x06allocs\"Z\n" +
+	"\x06allocs\x18\a \x03(\v2\x13.quotaring.v1.AllocR\x06allocs\x12\x10\n" +
+	"\x03gen\x18\b \x01(\rR\x03gen\"Z\n" +
 	"\n" +
 	"WrongOwner\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x12\x19\n" +
