@@ -71,6 +71,7 @@ func (e *Engine) applyReservation(account string, need int64, res ReserveResult)
 		return res.Granted, nil
 	}
 	now := e.clock.Now()
+	var total int64
 	for _, g := range res.Granted {
 		if g.Units == 0 {
 			continue
@@ -82,7 +83,10 @@ func (e *Engine) applyReservation(account string, need int64, res ReserveResult)
 		if _, err := e.appendLocked(st, ent); err != nil {
 			return giveBack, err
 		}
-		ent.chunk = max(ent.chunk, g.Units)
+		total += g.Units
+	}
+	if total > 0 {
+		ent.chunk = total
 	}
 	for _, id := range res.Exhausted {
 		ent.acct.MarkExhausted(id, now.Mono+int64(e.opts.ExhaustedBackoff))
@@ -90,11 +94,14 @@ func (e *Engine) applyReservation(account string, need int64, res ReserveResult)
 	return giveBack, nil
 }
 
-// chunkLocked is twice the units the account used in the last window: a
-// reservation that lasts about two settle intervals.
+// chunkLocked is twice the units the account used in the last window (a
+// reservation that lasts about two settle intervals), and at least half the
+// last reservation: after a pause the account's recent use reads zero, and
+// reserving only what one charge lacks would make every charge after it wait
+// for the ledger. So the size decays by half per reservation instead.
 func (ent *entry) chunkLocked(mono, window int64) int64 {
 	ent.rollLocked(mono, window)
-	return 2 * max(ent.winUnits, ent.prevUnits)
+	return max(2*max(ent.winUnits, ent.prevUnits), ent.chunk/2)
 }
 
 func (ent *entry) rollLocked(mono, window int64) {
