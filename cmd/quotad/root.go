@@ -31,7 +31,7 @@ A flag on the command line wins over the environment.`,
 			return bindEnv(cmd.Flags())
 		},
 	}
-	root.AddCommand(newServeCmd(), newDemoCmd(), newBenchCmd(), newMigrateCmd(), newReconcileCmd(), newRevokeCmd(), newAdminCmd())
+	root.AddCommand(newServeCmd(), newDemoCmd(), newBenchCmd(), newMigrateCmd(), newReconcileCmd(), newRevokeCmd(), newAdminCmd(), newChaosCmd())
 	return root
 }
 

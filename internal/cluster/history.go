@@ -57,9 +57,10 @@ type Op struct {
 	// Reset is the end of the period the decision is in (Unix seconds), 0
 	// when the answer carried none.
 	Reset int64 `json:"reset,omitempty"`
-	// RefundPending: the charge was acknowledged and then refunded by the
-	// HTTP front because the upstream failed; whether that refund went
-	// through is not known to the client.
+	// RefundPending: the HTTP front may have refunded the charge (its
+	// upstream failed, or the answer never came back from a request the
+	// upstream fails); whether that refund went through is not known to the
+	// client.
 	RefundPending bool   `json:"refund_pending,omitempty"`
 	Err           string `json:"err,omitempty"`
 }

@@ -1,0 +1,199 @@
+package chaos
+
+import (
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/quotaring/quotaring/flush"
+	"github.com/quotaring/quotaring/internal/cluster"
+)
+
+// Each checker can fail: a small made-up history and ledger in which every
+// guarantee holds, then one fault each (an overshoot, a lost charge, a
+// double-billed event, a double refund, a rate-limit excess, a period going
+// backwards, ...) that exactly one checker must report, naming the
+// operations that show it.
+
+const (
+	ms    = int64(time.Millisecond)
+	june  = int64(1782864000) // 2026-07-01T00:00:00Z: the end of June 2026
+	july  = int64(1785542400) // 2026-08-01T00:00:00Z: the end of July 2026
+	grant = "m:2026-06"
+)
+
+// world is a history with its ledger, built to hold every guarantee.
+type world struct {
+	in *cluster.CheckInput
+}
+
+func newWorld() *world {
+	w := &world{in: &cluster.CheckInput{
+		Accounts: map[string]cluster.Limits{
+			"hard-1": {Hard: true, Quota: 3},
+			"rl-1":   {Quota: 1 << 40, Rate: 1, Burst: 2},
+		},
+		Ledger: &cluster.LedgerState{Events: map[string][]flush.EventRow{}, Grants: map[string][]flush.GrantRow{}},
+	}}
+	// hard-1: three charges and a refund against a quota of 3, then a
+	// refusal.
+	w.charge("hard-1", "e1", 0, "ok")
+	w.charge("hard-1", "e2", 10, "ok")
+	w.refund("hard-1", "e2", 20, "refunded")
+	w.charge("hard-1", "e3", 30, "ok")
+	w.charge("hard-1", "e4", 40, "ok")
+	w.charge("hard-1", "e5", 50, "quota_exceeded")
+	w.refund("hard-1", "e2", 60, "already_refunded")
+	w.row("hard-1", "e1", 1, false)
+	w.row("hard-1", "e2", 2, true)
+	w.row("hard-1", "e3", 3, false)
+	w.row("hard-1", "e4", 4, false)
+	w.in.Ledger.Grants["hard-1"] = []flush.GrantRow{{Account: "hard-1", Grant: grant, Monthly: true, Units: 3, Used: 3}}
+	// rl-1 (1/s, burst 2): a burst of 2, refused, one more a second later.
+	w.charge("rl-1", "r1", 0, "ok")
+	w.charge("rl-1", "r2", 5, "ok")
+	w.charge("rl-1", "r3", 10, "rate_limited")
+	w.charge("rl-1", "r4", 1100, "ok")
+	for i, e := range []string{"r1", "r2", "r4"} {
+		w.row("rl-1", e, uint64(10+i), false)
+	}
+	w.in.Ledger.Reconcile = []flush.ReconcileRow{{Account: "hard-1", Kind: "grant", Scope: grant, Counter: 3, Events: 3}}
+	w.in.Ledger.Nodes = []flush.NodeRow{{Node: "n1", Incarnation: "inc-1", Settled: 20}}
+	w.in.Logs = []cluster.LogState{{Node: "n1", Incarnation: "inc-1", Settled: 20, Durable: 20}}
+	// The ledger was down from 1.2 s to 3.4 s; a charge went through.
+	w.in.LedgerDown = []cluster.Window{{Kind: string(LedgerDown), Start: 1200 * ms, End: 3400 * ms}}
+	w.charge("rl-1", "r5", 2500, "ok")
+	w.row("rl-1", "r5", 13, false)
+	return w
+}
+
+// charge adds a charge of one unit answered reason by n1 at atMs (sent 1 ms
+// before).
+func (w *world) charge(acct, ev string, atMs int64, reason string) *cluster.Op {
+	st := cluster.StatusOK
+	if reason != "ok" && reason != "replayed" {
+		st = cluster.StatusRefused
+	}
+	return w.add(cluster.Op{Kind: cluster.OpCharge, Via: "grpc", Node: "n1", Decider: "n1", Account: acct, EventID: ev, Units: 1,
+		Start: atMs*ms - ms, End: atMs * ms, Status: st, Reason: reason, Reset: june})
+}
+
+func (w *world) refund(acct, ev string, atMs int64, reason string) *cluster.Op {
+	st := cluster.StatusOK
+	if reason != "refunded" {
+		st = cluster.StatusRefused
+	}
+	return w.add(cluster.Op{Kind: cluster.OpRefund, Via: "client", Node: "client", Decider: "n1", Account: acct, EventID: ev, Units: 1,
+		Start: atMs*ms - ms, End: atMs * ms, Status: st, Reason: reason, Reset: june})
+}
+
+func (w *world) add(op cluster.Op) *cluster.Op {
+	op.ID = len(w.in.Ops)
+	w.in.Ops = append(w.in.Ops, op)
+	return &w.in.Ops[len(w.in.Ops)-1]
+}
+
+func (w *world) row(acct, ev string, seq uint64, refunded bool) {
+	w.in.Ledger.Events[acct] = append(w.in.Ledger.Events[acct], flush.EventRow{Account: acct, EventID: ev, Units: 1, Period: "2026-06",
+		Node: "n1", Incarnation: "inc-1", Seq: seq, Refunded: refunded})
+}
+
+func TestCheckersHoldOnAGoodHistory(t *testing.T) {
+	for _, r := range cluster.Check(newWorld().in) {
+		if r.Verdict == cluster.Violated {
+			t.Errorf("%s violated on a good history: %+v", r.ID, r.Violations)
+		}
+	}
+}
+
+func TestEachCheckerCanFail(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		id      string // the one checker that must fail
+		breakIt func(*world)
+		want    string // in the violation's detail
+		ops     []int  // the offending operations it must name
+	}{
+		{"overshoot", "G1", func(w *world) {
+			w.charge("hard-1", "e6", 70, "ok") // a fourth unit while 3 are billed
+			w.row("hard-1", "e6", 5, false)
+			w.in.Ledger.Grants["hard-1"][0].Used = 4
+			w.in.Ledger.Reconcile[0].Counter, w.in.Ledger.Reconcile[0].Events = 4, 4
+		}, "4 units acknowledged at once in 2026-06 against a hard quota of 3", []int{12}},
+		{"lost charge", "G2", func(w *world) {
+			w.in.Ledger.Events["hard-1"] = slices.DeleteFunc(w.in.Ledger.Events["hard-1"], func(e flush.EventRow) bool { return e.EventID == "e3" })
+		}, "acknowledged, but not in the ledger", []int{3}},
+		{"double-billed event", "G3", func(w *world) {
+			w.in.Ledger.Events["hard-1"] = append(w.in.Ledger.Events["hard-1"], flush.EventRow{Account: "hard-1", EventID: "e1", Units: 1,
+				Node: "n1", Incarnation: "inc-1", Seq: 7})
+		}, "billed 2 times", []int{0}},
+		{"refused charge billed", "G3", func(w *world) { w.row("hard-1", "e5", 6, false) }, "every attempt was answered refused", []int{5}},
+		{"double refund", "G4", func(w *world) { w.refund("hard-1", "e2", 65, "refunded") }, "2 refunds of one event answered refunded", []int{2, 12}},
+		{"refund lost", "G4", func(w *world) { w.in.Ledger.Events["hard-1"][1].Refunded = false },
+			"answered refunded, but the ledger does not mark the event refunded", []int{2}},
+		{"counter differs from the log", "G6", func(w *world) {
+			w.in.Ledger.Reconcile = append(w.in.Ledger.Reconcile, flush.ReconcileRow{Account: "hard-1", Kind: "usage", Scope: "2026-06", Counter: 4, Events: 3, Diff: true})
+		}, "usage 2026-06: counter 4, event log 3 (+1)", nil},
+		{"rate-limit excess", "G7", func(w *world) {
+			w.charge("rl-1", "r6", 1105, "ok") // two within 5 ms after the bucket had 1 token
+			w.row("rl-1", "r6", 14, false)
+		}, "4 admitted in 1.106s (window [-0.001s, 1.105s]) with 0 moves", []int{7, 8, 10, 12}},
+		{"no charge while the ledger was down", "G8", func(w *world) {
+			w.in.Ops[len(w.in.Ops)-1].Status = cluster.StatusUnknown // r5 was the only one
+			w.in.Ops[len(w.in.Ops)-1].Reason = "timeout"
+		}, "no charge acknowledged while the ledger was down", nil},
+		{"period backwards", "G9", func(w *world) {
+			w.in.Ops[3].Reset = july // e3 answered in July...
+			w.in.Ops[3].Decider = "n2"
+		}, "period went back from 2026-07 (answered by n2 at 0.030s) to 2026-06", []int{3, 4}},
+		{"sequence repeated", "SEQ", func(w *world) { w.in.Ledger.Events["hard-1"][3].Seq = 3 }, "seq 3 holds two events", nil},
+		{"sequence not settled", "SEQ", func(w *world) { w.in.Logs[0].Durable = 22 }, "2 records durable but not settled", nil},
+		{"stranded reservation", "RES", func(w *world) {
+			w.in.Ledger.Reservations = []flush.Reservation{{Node: "n1", Account: "hard-1", Grant: grant, Units: 1}}
+		}, "node n1 still holds 1 units of grant m:2026-06", nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := newWorld()
+			tc.breakIt(w)
+			for _, r := range cluster.Check(w.in) {
+				if r.ID != tc.id {
+					if r.Verdict == cluster.Violated {
+						t.Errorf("%s violated too: %+v", r.ID, r.Violations)
+					}
+					continue
+				}
+				if r.Verdict != cluster.Violated || len(r.Violations) == 0 {
+					t.Fatalf("%s: %s, want violated (%s)", r.ID, r.Verdict, r.Summary)
+				}
+				v := r.Violations[0]
+				if !strings.Contains(v.Detail, tc.want) {
+					t.Errorf("%s: %q, want it to say %q", r.ID, v.Detail, tc.want)
+				}
+				if tc.ops != nil && !slices.Equal(v.Ops, tc.ops) {
+					t.Errorf("%s names operations %v, want %v", r.ID, v.Ops, tc.ops)
+				}
+			}
+		})
+	}
+}
+
+// A destroyed disk's unsettled charges are the documented loss: not a G2
+// violation, reported as a number, and an allowance for G1 (the frozen
+// reservation they spent was revoked, so those units may be spent again).
+func TestLossIsReportedNotViolated(t *testing.T) {
+	w := newWorld()
+	w.in.Ledger.Events["hard-1"] = slices.DeleteFunc(w.in.Ledger.Events["hard-1"], func(e flush.EventRow) bool { return e.EventID == "e3" })
+	w.in.Lost = []cluster.LostCharge{{Node: "n1", Incarnation: "inc-0", Seq: 9, Account: "hard-1", EventID: "e3", Units: 1, Reset: june}}
+	w.in.Ledger.Nodes = append(w.in.Ledger.Nodes, flush.NodeRow{Node: "n1", Incarnation: "inc-0", Settled: 8})
+	w.charge("hard-1", "e7", 70, "ok") // spends the unit e3's loss freed
+	w.row("hard-1", "e7", 5, false)
+	for _, r := range cluster.Check(w.in) {
+		if r.Verdict == cluster.Violated {
+			t.Errorf("%s violated: %+v", r.ID, r.Violations)
+		}
+		if r.ID == "G2" && !strings.Contains(r.Summary, "documented loss (destroyed disks): 1 charges, 1 units") {
+			t.Errorf("G2 does not report the loss: %s", r.Summary)
+		}
+	}
+}

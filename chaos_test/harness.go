@@ -1,0 +1,522 @@
+package chaos
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/quotaring/quotaring/flush"
+	"github.com/quotaring/quotaring/internal/cluster"
+	"github.com/quotaring/quotaring/internal/faultproxy"
+	"github.com/quotaring/quotaring/internal/pgtest"
+	"github.com/quotaring/quotaring/router"
+	"github.com/quotaring/quotaring/router/pb"
+	"github.com/quotaring/quotaring/shard"
+	"github.com/quotaring/quotaring/wal"
+)
+
+// Config describes a run. Zero values take the defaults in brackets.
+type Config struct {
+	Nodes    int           // nodes at the start [5]
+	Duration time.Duration // of the fault schedule; the workload runs throughout [10m]
+	Faults   []Fault       // [all]
+	Seed     uint64
+	// Out is the directory the report goes to (report.json, history.json,
+	// report.svg, report.md); empty writes nothing.
+	Out string
+	// Binary is the quotad to run; empty builds ./cmd/quotad from the
+	// source tree this package was compiled from.
+	Binary string
+	// Dir holds the nodes' data dirs and logs; empty makes a temporary one,
+	// removed at the end unless Keep.
+	Dir  string
+	Keep bool
+	// Workers are the workload's goroutines [16]; Rate the operations per
+	// second they send in all [150].
+	Workers int
+	Rate    float64
+	// SettleInterval is the nodes' --settle-interval [500ms].
+	SettleInterval time.Duration
+	// FirstIP is the first node's last address byte: node i listens on
+	// 127.0.0.(FirstIP+i) [100].
+	FirstIP int
+	// Progress gets a line per fault and every ProgressEvery [10s]; nil is
+	// silent.
+	Progress      io.Writer
+	ProgressEvery time.Duration
+}
+
+func (c *Config) defaults() error {
+	if c.Nodes == 0 {
+		c.Nodes = 5
+	}
+	if c.Duration == 0 {
+		c.Duration = 10 * time.Minute
+	}
+	if len(c.Faults) == 0 {
+		c.Faults = slices.Clone(AllFaults)
+	}
+	if c.Workers == 0 {
+		c.Workers = 16
+	}
+	if c.Rate == 0 {
+		c.Rate = 150
+	}
+	if c.SettleInterval == 0 {
+		c.SettleInterval = 500 * time.Millisecond
+	}
+	if c.FirstIP == 0 {
+		c.FirstIP = 100
+	}
+	if c.ProgressEvery == 0 {
+		c.ProgressEvery = 10 * time.Second
+	}
+	if c.Workers < 1 || c.Rate <= 0 || c.SettleInterval < 0 || c.FirstIP < 2 || c.FirstIP+c.Nodes+maxExtra > 254 {
+		return errors.New("chaos: Workers, Rate, SettleInterval and FirstIP must be positive, and the nodes' addresses fit in 127.0.0.x")
+	}
+	return nil
+}
+
+// Timeouts of the harness's own waits.
+const (
+	callTimeout     = 3 * time.Second  // one charge or refund
+	httpTimeout     = 5 * time.Second  // one request through the proxy
+	convergeTimeout = 90 * time.Second // the ring after a heal
+	settleTimeout   = 90 * time.Second // every log settled
+	afterHeal       = 5 * time.Second  // load after the final heal
+)
+
+// harness is one run. The nemesis goroutine owns the cluster (c, removed,
+// paused, pgDown); the workload reads the nodes through nodes.
+type harness struct {
+	cfg  Config
+	plan *Plan
+	logf func(format string, args ...any)
+
+	dir     string
+	pg      *pgtest.Server
+	proxy   *faultproxy.Proxy
+	dsn     string // the ledger, direct (seeding, revoke, checks)
+	ledger  flush.Ledger
+	c       *cluster.Cluster
+	nodes   atomic.Pointer[[]*cluster.Node] // the members the workload may use
+	removed map[string]bool                 // scaled down for good
+	paused  map[string]bool
+	pgDown  bool
+
+	hist     *cluster.History
+	conns    *cluster.Conns
+	client   *router.Client
+	http     *http.Client
+	upstream *http.Server
+	acct     accounts
+
+	mu      sync.Mutex // protects the fields below
+	active  []*Episode // faults on now (progress lines)
+	windows []cluster.Window
+	lost    []cluster.LostCharge
+	starts  []int64
+	revoked int64
+	live    []cluster.Violation // liveness failures: nodes that did not come back
+	notes   []string
+}
+
+// Run starts a cluster, runs the workload and the plan's faults, heals,
+// settles, drains and checks. The error is for a run that could not be
+// done (no Postgres, a node that never started); the guarantees' verdicts
+// are in the report (Report.Violated).
+func Run(ctx context.Context, cfg Config) (*Report, error) {
+	if err := cfg.defaults(); err != nil {
+		return nil, err
+	}
+	plan, err := NewPlan(cfg.Seed, cfg.Nodes, cfg.Duration, cfg.Faults)
+	if err != nil {
+		return nil, err
+	}
+	h := &harness{cfg: cfg, plan: plan, removed: map[string]bool{}, paused: map[string]bool{}, conns: &cluster.Conns{},
+		http: &http.Client{Timeout: httpTimeout, Transport: &http.Transport{MaxIdleConnsPerHost: 64}}}
+	h.logf = func(format string, args ...any) {
+		if cfg.Progress != nil {
+			fmt.Fprintf(cfg.Progress, "chaos: "+format+"\n", args...)
+		}
+	}
+	defer h.close()
+	h.logf("%s", strings.TrimRight(plan.String(), "\n"))
+	if err := h.setup(ctx); err != nil {
+		return nil, err
+	}
+	return h.run(ctx)
+}
+
+func (h *harness) setup(ctx context.Context) error {
+	var err error
+	if h.dir = h.cfg.Dir; h.dir == "" {
+		if h.dir, err = os.MkdirTemp("", "quotaring-chaos-"); err != nil {
+			return err
+		}
+	}
+	bin := h.cfg.Binary
+	if bin == "" {
+		h.logf("building quotad")
+		if bin, err = cluster.Build(ctx, h.dir); err != nil {
+			return err
+		}
+	}
+	if h.pg, err = pgtest.Start(ctx, pgtest.Options{}); err != nil {
+		return fmt.Errorf("chaos: start Postgres from the local binaries: %w", err)
+	}
+	if h.dsn, err = h.pg.NewDatabase(ctx, "chaos"); err != nil {
+		return err
+	}
+	if h.proxy, err = faultproxy.New("127.0.0.1:0", h.pg.Addr()); err != nil {
+		return err
+	}
+	nodeDSN := strings.Replace(h.dsn, h.pg.Addr(), h.proxy.Addr(), 1)
+	if h.ledger, err = flush.Open(ctx, h.dsn, nil); err != nil {
+		return err
+	}
+	if err := h.ledger.Migrate(ctx); err != nil {
+		return err
+	}
+	if err := h.seed(ctx); err != nil {
+		return err
+	}
+	up, err := h.startUpstream()
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Join(h.dir, "nodes"), 0o755); err != nil {
+		return err
+	}
+	h.logf("starting %d nodes on 127.0.0.%d-%d (data dirs and logs in %s)", h.cfg.Nodes, h.cfg.FirstIP, h.cfg.FirstIP+h.cfg.Nodes-1, h.dir)
+	h.c, err = cluster.Start(ctx, cluster.Options{Binary: bin, Nodes: h.cfg.Nodes, Ledger: nodeDSN, Dir: filepath.Join(h.dir, "nodes"),
+		Args: []string{"--upstream", up, "--snapshot-interval", "1s"}, TestFaults: true, SettleInterval: h.cfg.SettleInterval, FirstIP: h.cfg.FirstIP})
+	if err != nil {
+		return err
+	}
+	h.publishNodes()
+	if err := h.converge(ctx); err != nil {
+		return err
+	}
+	if err := h.waitConfig(ctx); err != nil {
+		return err
+	}
+	var seeds []string
+	for _, n := range h.c.Nodes {
+		seeds = append(seeds, n.RPC)
+	}
+	h.client, err = router.DialOptions{CallTimeout: callTimeout, RefreshInterval: time.Second}.Dial(ctx, seeds...)
+	return err
+}
+
+// close stops everything the run started, whatever state it is in.
+func (h *harness) close() {
+	if h.client != nil {
+		h.client.Close()
+	}
+	h.conns.Close()
+	if h.c != nil {
+		for _, n := range h.c.Nodes {
+			if h.paused[n.ID] {
+				n.Resume()
+			}
+		}
+		h.c.Stop(context.Background())
+	}
+	if h.upstream != nil {
+		h.upstream.Close()
+	}
+	if h.ledger != nil {
+		h.ledger.Close()
+	}
+	if h.proxy != nil {
+		h.proxy.Close()
+	}
+	if h.pg != nil {
+		h.pg.Close()
+	}
+	if h.cfg.Dir == "" && h.dir != "" && !h.cfg.Keep {
+		os.RemoveAll(h.dir)
+	}
+}
+
+// startUpstream serves the API the proxy fronts: 200 for everything but
+// /v1/fail, which answers 503 (the front then refunds the charge). Every
+// answer carries X-Chaos-Upstream, so a client tells the upstream's answers
+// from the front's.
+func (h *harness) startUpstream() (string, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	h.upstream = &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set(upstreamHeader, "1")
+		if r.URL.Path == "/v1/fail" {
+			http.Error(w, "upstream failure (on purpose)", http.StatusServiceUnavailable)
+			return
+		}
+		io.WriteString(w, "ok\n")
+	})}
+	go h.upstream.Serve(l)
+	return "http://" + l.Addr().String(), nil
+}
+
+const upstreamHeader = "X-Chaos-Upstream"
+
+func (h *harness) publishNodes() {
+	var ns []*cluster.Node
+	for _, n := range h.c.Nodes {
+		if !h.removed[n.ID] {
+			ns = append(ns, n)
+		}
+	}
+	h.nodes.Store(&ns)
+}
+
+func (h *harness) node(id string) *cluster.Node {
+	for _, n := range h.c.Nodes {
+		if n.ID == id {
+			return n
+		}
+	}
+	return nil
+}
+
+func (h *harness) converge(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, convergeTimeout)
+	defer cancel()
+	if err := h.c.WaitConverged(ctx); err != nil {
+		return fmt.Errorf("chaos: the ring did not converge: %w", err)
+	}
+	return nil
+}
+
+// waitConfig waits until every running node serves the config version the
+// ledger has now (the seeded accounts and keys).
+func (h *harness) waitConfig(ctx context.Context) error {
+	snap, err := h.ledger.Snapshot(ctx, time.Now())
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, convergeTimeout)
+	defer cancel()
+	for {
+		behind := ""
+		for _, n := range *h.nodes.Load() {
+			cl, err := h.conns.Client(n.RPC)
+			if err != nil {
+				return err
+			}
+			rep, err := cl.Config(ctx, &pb.ConfigRequest{KnownVersion: snap.Version})
+			if err != nil || (!rep.Unchanged && rep.Version < snap.Version) {
+				behind = n.ID
+				break
+			}
+		}
+		if behind == "" {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("chaos: node %s never loaded config version %d: %w", behind, snap.Version, ctx.Err())
+		case <-time.After(100 * time.Millisecond): // polling the nodes, not waiting for an event we could hear
+		}
+	}
+}
+
+// at records a fault window (history time).
+func (h *harness) window(kind Fault, node string, start int64) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.windows = append(h.windows, cluster.Window{Kind: string(kind), Node: node, Start: start, End: h.hist.Now()})
+}
+
+func (h *harness) started(n *cluster.Node) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.starts = append(h.starts, h.hist.Now())
+}
+
+func (h *harness) liveness(node, detail string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.live = append(h.live, cluster.Violation{Detail: node + ": " + detail})
+	h.logf("LIVENESS: %s: %s", node, detail)
+}
+
+func (h *harness) note(format string, args ...any) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.notes = append(h.notes, fmt.Sprintf(format, args...))
+}
+
+// run is the run proper: workload, faults, heal, settle, drain, check.
+func (h *harness) run(ctx context.Context) (*Report, error) {
+	h.hist = cluster.NewHistory()
+	began := time.Now()
+	wctx, stopLoad := context.WithCancel(ctx)
+	load := h.startWorkload(wctx)
+	progress := h.startProgress(wctx)
+	err := h.runPlan(ctx)
+	if err == nil {
+		h.logf("%s all faults done; healing everything", clock(time.Duration(h.hist.Now())))
+		err = h.healAll(ctx)
+	}
+	if err == nil {
+		// Load on a healed cluster: retries land, moved accounts settle in.
+		select {
+		case <-time.After(afterHeal):
+		case <-ctx.Done():
+		}
+	}
+	stopLoad()
+	load.Wait()
+	progress.Wait()
+	if err != nil {
+		return nil, err
+	}
+	if ctx.Err() != nil {
+		return nil, ctx.Err()
+	}
+	h.logf("%s load stopped after %d operations; waiting for every log to settle", clock(time.Duration(h.hist.Now())), h.hist.Len())
+	sctx, cancel := context.WithTimeout(ctx, settleTimeout)
+	if err := h.c.WaitSettled(sctx); err != nil {
+		h.liveness("cluster", "logs not settled within "+settleTimeout.String()+" of the heal: "+err.Error())
+	}
+	cancel()
+	logs := h.drain(ctx)
+	st, err := cluster.ReadLedger(ctx, h.ledger, h.acct.ids())
+	if err != nil {
+		return nil, err
+	}
+	in := &cluster.CheckInput{Ops: h.hist.Ops(), Accounts: h.acct.limits, Ledger: st, Logs: logs, Lost: h.lost, Starts: h.starts}
+	for _, w := range h.windows {
+		if w.Kind == string(LedgerDown) {
+			in.LedgerDown = append(in.LedgerDown, w)
+		}
+	}
+	results := cluster.Check(in)
+	results = append(results, h.livenessResult())
+	rep := h.report(in, results, began)
+	if h.cfg.Out != "" {
+		if err := rep.Write(h.cfg.Out, in.Ops); err != nil {
+			return rep, err
+		}
+	}
+	return rep, nil
+}
+
+func (h *harness) livenessResult() cluster.Result {
+	r := cluster.Result{ID: "LIVE", Name: "nodes come back, drain and exit 0; the ring converges", Verdict: cluster.Held}
+	r.Count = len(h.live)
+	if r.Count > 0 {
+		r.Verdict = cluster.Violated
+		r.Violations = h.live[:min(len(h.live), 10)]
+	}
+	r.Summary = fmt.Sprintf("%d node starts after the first, every node drained with SIGTERM at the end", len(h.starts))
+	return r
+}
+
+// healAll ends every fault still on (the plan heals its own; this is the
+// safety net) and waits for one ring.
+func (h *harness) healAll(ctx context.Context) error {
+	if h.pgDown {
+		if err := h.pg.Start(ctx); err != nil {
+			return err
+		}
+		h.pgDown = false
+	}
+	h.proxy.SetLatency(0)
+	for _, n := range *h.nodes.Load() {
+		if h.paused[n.ID] {
+			n.Resume()
+			delete(h.paused, n.ID)
+		}
+		if !n.Running() {
+			h.liveness(n.ID, "not running at the final heal; its log ends:\n"+n.LogTail(15))
+			if err := n.Start(ctx); err != nil {
+				return err
+			}
+			h.started(n)
+		}
+	}
+	for _, n := range *h.nodes.Load() {
+		n.Heal(ctx)
+		n.SetClockOffset(ctx, 0)
+	}
+	if err := h.converge(ctx); err != nil {
+		h.liveness("cluster", err.Error())
+		return err
+	}
+	return nil
+}
+
+// drain sends SIGTERM to every node (a drained node hands its reservations
+// back and settles everything) and reads every data dir afterwards.
+func (h *harness) drain(ctx context.Context) []cluster.LogState {
+	var wg sync.WaitGroup
+	for _, n := range h.c.Nodes {
+		if !n.Running() {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			tctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+			defer cancel()
+			code, err := n.Terminate(tctx)
+			if code != 0 {
+				h.liveness(n.ID, fmt.Sprintf("exited %d on SIGTERM (%v); its log ends:\n%s", code, err, n.LogTail(15)))
+				if errors.Is(err, context.DeadlineExceeded) {
+					n.Kill()
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	var logs []cluster.LogState
+	for _, n := range h.c.Nodes {
+		l, err := wal.Open(wal.Options{Dir: n.DataDir, AnyNode: true})
+		if err != nil {
+			h.note("could not read the data dir of %s after the drain: %v", n.ID, err)
+			continue
+		}
+		logs = append(logs, cluster.LogState{Node: l.NodeID(), Incarnation: l.Incarnation(), Settled: l.SettledSeq(), Durable: l.DurableSeq()})
+		l.Close()
+	}
+	return logs
+}
+
+// measureLoss reads what a killed node's log holds unsettled: what losing
+// its disk loses.
+func measureLoss(dir string) ([]cluster.LostCharge, error) {
+	l, err := wal.Open(wal.Options{Dir: dir, AnyNode: true})
+	if err != nil {
+		return nil, err
+	}
+	defer l.Close()
+	var out []cluster.LostCharge
+	var rec shard.Record
+	err = l.Scan(l.SettledSeq(), l.DurableSeq(), func(seq uint64, p []byte) error {
+		if err := rec.Decode(p); err != nil {
+			return err
+		}
+		if rec.Type != shard.RecCharge && rec.Type != shard.RecRefund {
+			return nil
+		}
+		out = append(out, cluster.LostCharge{Node: l.NodeID(), Incarnation: l.Incarnation(), Seq: seq, Account: rec.Account,
+			EventID: rec.EventID, Units: rec.Units, Reset: rec.Period.End() / int64(time.Second), Refund: rec.Type == shard.RecRefund})
+		return nil
+	})
+	return out, err
+}

@@ -1,0 +1,346 @@
+package chaos
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/quotaring/quotaring/internal/cluster"
+)
+
+// The nemesis: one goroutine walks the plan's begin and end actions in time
+// order and applies them. Times are offsets from the start of the workload:
+// a chaos schedule is wall-clock by nature; what the harness waits for in
+// between (a node ready, one ring, every log settled) it polls for, never
+// sleeps for. An action that takes long (a rolling restart) delays the ones
+// after it; the report shows the times faults really began and ended.
+
+type action struct {
+	at    time.Duration
+	ep    *Episode
+	begin bool
+}
+
+func (p *Plan) actions() []action {
+	var out []action
+	for i := range p.Episodes {
+		e := &p.Episodes[i]
+		out = append(out, action{e.Start, e, true})
+		if !e.oneShot() {
+			out = append(out, action{e.End, e, false})
+		}
+	}
+	slices.SortStableFunc(out, func(a, b action) int {
+		if a.at != b.at {
+			return int(a.at - b.at)
+		}
+		if a.begin != b.begin { // heal before the next fault at the same instant
+			if a.begin {
+				return 1
+			}
+			return -1
+		}
+		return 0
+	})
+	return out
+}
+
+func (e *Episode) oneShot() bool {
+	return e.Fault == RollingRestart || e.Fault == ScaleUp || e.Fault == ScaleDown
+}
+
+// runPlan applies the plan. It returns an error only when the harness
+// itself cannot go on (ctx ended, Postgres would not restart).
+func (h *harness) runPlan(ctx context.Context) error {
+	origin := h.hist.Began()
+	begun := map[*Episode]int64{}
+	for _, a := range h.plan.actions() {
+		select {
+		case <-time.After(time.Until(origin.Add(a.at))):
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		now := h.hist.Now()
+		if a.begin {
+			h.logf("%s begin %s", clock(time.Duration(now)), a.ep.Describe())
+			h.setActive(a.ep, true)
+			begun[a.ep] = now
+			if err := h.begin(ctx, a.ep); err != nil {
+				return err
+			}
+			if a.ep.oneShot() {
+				h.setActive(a.ep, false)
+				h.window(a.ep.Fault, a.ep.Node, now)
+			}
+			continue
+		}
+		if err := h.end(ctx, a.ep); err != nil {
+			return err
+		}
+		h.setActive(a.ep, false)
+		h.window(a.ep.Fault, a.ep.Node, begun[a.ep])
+		h.logf("%s end   %s", clock(time.Duration(h.hist.Now())), a.ep.Describe())
+	}
+	return nil
+}
+
+func (h *harness) setActive(e *Episode, on bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if on {
+		h.active = append(h.active, e)
+	} else {
+		h.active = slices.DeleteFunc(h.active, func(x *Episode) bool { return x == e })
+	}
+}
+
+func (h *harness) activeNames() string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var s []string
+	for _, e := range h.active {
+		s = append(s, e.Describe())
+	}
+	if len(s) == 0 {
+		return "none"
+	}
+	return strings.Join(s, "; ")
+}
+
+func (h *harness) mustNode(id string) (*cluster.Node, error) {
+	if n := h.node(id); n != nil {
+		return n, nil
+	}
+	return nil, fmt.Errorf("chaos: the plan names node %s, which the cluster does not have", id)
+}
+
+// begin injects a fault.
+func (h *harness) begin(ctx context.Context, e *Episode) error {
+	switch e.Fault {
+	case Isolate, Split, Bridge:
+		return h.cut(ctx, e)
+	case LedgerDown:
+		h.pgDown = true
+		return h.pg.Stop(ctx)
+	case LedgerSlow:
+		h.proxy.SetLatency(e.Latency)
+		return nil
+	case RollingRestart:
+		h.rollingRestart(ctx)
+		return nil
+	case ScaleUp:
+		return h.scaleUp(ctx, e)
+	}
+	n, err := h.mustNode(e.Node)
+	if err != nil {
+		return err
+	}
+	switch e.Fault {
+	case Kill:
+		h.kill(n)
+	case DiskLoss:
+		h.kill(n)
+		h.loseDisk(ctx, n)
+	case Pause:
+		if err := n.Pause(); err != nil {
+			h.liveness(n.ID, "could not be paused: "+err.Error())
+			return nil
+		}
+		h.paused[n.ID] = true
+	case ClockSkew:
+		h.setClock(ctx, n, e.Offset)
+	case ClockJump:
+		now := time.Now().UTC()
+		next := time.Date(now.Year(), now.Month()+1, 1, 1, 0, 0, 0, time.UTC) // 01:00 on the 1st of next month
+		h.setClock(ctx, n, next.Sub(now))
+	case ScaleDown:
+		h.terminate(ctx, n)
+		h.removed[n.ID] = true
+		h.publishNodes()
+	}
+	return nil
+}
+
+// end heals a fault.
+func (h *harness) end(ctx context.Context, e *Episode) error {
+	switch e.Fault {
+	case Isolate, Split, Bridge:
+		for _, n := range *h.nodes.Load() {
+			if n.Running() {
+				if err := n.Heal(ctx); err != nil {
+					h.liveness(n.ID, "could not be healed: "+err.Error())
+				}
+			}
+		}
+		return nil
+	case LedgerDown:
+		if err := h.pg.Start(ctx); err != nil {
+			return fmt.Errorf("chaos: restart Postgres: %w", err)
+		}
+		h.pgDown = false
+		return nil
+	case LedgerSlow:
+		h.proxy.SetLatency(0)
+		return nil
+	}
+	n, err := h.mustNode(e.Node)
+	if err != nil {
+		return err
+	}
+	switch e.Fault {
+	case Kill, DiskLoss:
+		h.start(ctx, n)
+	case Pause:
+		if err := n.Resume(); err != nil {
+			h.liveness(n.ID, "could not be resumed: "+err.Error())
+		}
+		delete(h.paused, n.ID)
+	case ClockSkew, ClockJump:
+		h.setClock(ctx, n, 0)
+	}
+	return nil
+}
+
+func (h *harness) kill(n *cluster.Node) {
+	if err := n.Kill(); err != nil {
+		h.liveness(n.ID, "was not running when it was to be killed: "+err.Error())
+	}
+}
+
+// start restarts n's process without waiting for it to be ready (a node
+// restarted while the ledger is down and without a config snapshot is not
+// ready until the ledger returns); the final heal waits for one ring.
+func (h *harness) start(ctx context.Context, n *cluster.Node) {
+	if err := n.Start(ctx); err != nil {
+		h.liveness(n.ID, "could not be restarted: "+err.Error())
+		return
+	}
+	h.started(n)
+}
+
+func (h *harness) setClock(ctx context.Context, n *cluster.Node, d time.Duration) {
+	if !n.Running() {
+		return // a restarted node starts with no offset
+	}
+	if err := n.SetClockOffset(ctx, d); err != nil {
+		h.liveness(n.ID, "clock not set: "+err.Error())
+	}
+}
+
+// loseDisk measures what n's log held unsettled (the documented loss),
+// wipes its data dir, and revokes its reservations as an operator would
+// (quotad revoke --node ID): they are no use to anyone now.
+func (h *harness) loseDisk(ctx context.Context, n *cluster.Node) {
+	lost, err := measureLoss(n.DataDir)
+	if err != nil {
+		h.note("could not read the log of %s before wiping it: %v", n.ID, err)
+	}
+	var units int64
+	for _, l := range lost {
+		units += l.Units
+	}
+	if err := os.RemoveAll(n.DataDir); err != nil {
+		h.liveness(n.ID, "data dir not wiped: "+err.Error())
+	}
+	h.mu.Lock()
+	h.lost = append(h.lost, lost...)
+	h.mu.Unlock()
+	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	freed, err := h.ledger.ReleaseNode(rctx, n.ID)
+	var revoked int64
+	for _, f := range freed {
+		revoked += f.Units
+	}
+	h.mu.Lock()
+	h.revoked += revoked
+	h.mu.Unlock()
+	if err != nil {
+		h.note("revoke of %s failed (%v); its new incarnation frees its reservations when it reaches the ledger", n.ID, err)
+	}
+	h.logf("%s lost the disk of %s: %d unsettled records (%d units) lost; revoked %d reserved units",
+		clock(time.Duration(h.hist.Now())), n.ID, len(lost), units, revoked)
+}
+
+// terminate sends SIGTERM and waits: a drained node exits 0.
+func (h *harness) terminate(ctx context.Context, n *cluster.Node) {
+	tctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	if code, err := n.Terminate(tctx); code != 0 {
+		h.liveness(n.ID, fmt.Sprintf("exited %d on SIGTERM (%v); its log ends:\n%s", code, err, n.LogTail(15)))
+	}
+}
+
+// rollingRestart restarts every member in turn: SIGTERM (drain), start,
+// ready, one ring, then the next.
+func (h *harness) rollingRestart(ctx context.Context) {
+	for _, n := range *h.nodes.Load() {
+		if !n.Running() {
+			continue
+		}
+		h.terminate(ctx, n)
+		h.start(ctx, n)
+		rctx, cancel := context.WithTimeout(ctx, convergeTimeout)
+		err := n.WaitReady(rctx)
+		cancel()
+		if err != nil {
+			h.liveness(n.ID, "not ready after its restart: "+err.Error())
+			continue
+		}
+		if err := h.converge(ctx); err != nil {
+			h.liveness(n.ID, err.Error())
+		}
+	}
+}
+
+func (h *harness) scaleUp(ctx context.Context, e *Episode) error {
+	n, err := h.c.AddNode(ctx)
+	if err != nil {
+		return err
+	}
+	if n.ID != e.Node {
+		return fmt.Errorf("chaos: the plan added %s, the cluster %s", e.Node, n.ID)
+	}
+	h.started(n)
+	h.publishNodes()
+	rctx, cancel := context.WithTimeout(ctx, convergeTimeout)
+	defer cancel()
+	if err := n.WaitReady(rctx); err != nil {
+		h.liveness(n.ID, "a new node never became ready: "+err.Error())
+	}
+	return nil
+}
+
+// cut applies a partition: every node of one side blocks every node of the
+// other (both directions, since a block is one-sided); the bridge blocks
+// nobody.
+func (h *harness) cut(ctx context.Context, e *Episode) error {
+	side := func(ids []string) ([]*cluster.Node, error) {
+		var out []*cluster.Node
+		for _, id := range ids {
+			n, err := h.mustNode(id)
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, n)
+		}
+		return out, nil
+	}
+	a, err := side(e.Sides[0])
+	if err != nil {
+		return err
+	}
+	b, err := side(e.Sides[1])
+	if err != nil {
+		return err
+	}
+	for _, n := range a {
+		if err := cluster.Partition(ctx, n, b...); err != nil {
+			h.liveness(n.ID, "partition not applied: "+err.Error())
+		}
+	}
+	return nil
+}

@@ -1,0 +1,118 @@
+package chaos
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+var rewrite = flag.Bool("rewrite", false, "rewrite the golden files under testdata/ instead of comparing")
+
+// goldenPlans are the plans testdata/plans.txt pins: the CI runs and the
+// operators' example. A change to how plans are drawn shows up as a diff of
+// that file (go test ./chaos_test -run Plans -rewrite), to review like code.
+func goldenPlans(t *testing.T) []*Plan {
+	var out []*Plan
+	for _, r := range ciRuns {
+		out = append(out, mustPlan(t, r.seed, r.nodes, r.duration, r.faults))
+	}
+	return append(out, mustPlan(t, 1, 5, 10*time.Minute, "all"))
+}
+
+func mustPlan(t *testing.T, seed uint64, nodes int, d time.Duration, faults string) *Plan {
+	t.Helper()
+	fs, err := ParseFaults(faults)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := NewPlan(seed, nodes, d, fs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func TestPlansGolden(t *testing.T) {
+	var b strings.Builder
+	for _, p := range goldenPlans(t) {
+		b.WriteString(p.String())
+		b.WriteString("\n")
+	}
+	golden(t, "plans.txt", b.String())
+}
+
+// golden compares got with testdata/name, or rewrites it with -rewrite.
+func golden(t *testing.T, name, got string) {
+	t.Helper()
+	path := filepath.Join("testdata", name)
+	if *rewrite {
+		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v (run with -rewrite to create it)", err)
+	}
+	if string(want) != got {
+		t.Fatalf("%s differs from what the code makes now (review, then -rewrite):\n--- want\n%s\n--- got\n%s", path, want, got)
+	}
+}
+
+// Every plan is the same for the same seed, keeps within its duration,
+// never overlaps faults that must not mix, and never targets a node that
+// is not in the cluster at that time.
+func TestPlansAreWellFormed(t *testing.T) {
+	for seed := uint64(0); seed < 200; seed++ {
+		nodes := 3 + int(seed%4)
+		p := mustPlan(t, seed, nodes, 3*time.Minute, "all")
+		if q := mustPlan(t, seed, nodes, 3*time.Minute, "all"); q.String() != p.String() {
+			t.Fatalf("seed %d: two plans differ:\n%s\n%s", seed, p, q)
+		}
+		members := map[string]bool{}
+		for i := 1; i <= nodes; i++ {
+			members[fmt.Sprintf("n%d", i)] = true
+		}
+		for i, e := range p.Episodes {
+			if e.End > p.Duration || e.End < e.Start {
+				t.Fatalf("seed %d: episode %d [%s, %s] outside the run's %s", seed, i, e.Start, e.End, p.Duration)
+			}
+			for _, o := range p.Episodes[:i] {
+				if o.End > e.Start && !compatible(e.Fault.class(), o.Fault.class()) {
+					t.Fatalf("seed %d: %s overlaps %s:\n%s", seed, e.Describe(), o.Describe(), p)
+				}
+				if o.End > e.Start && e.Node != "" && e.Node == o.Node && e.Fault.class() != "network" && o.Fault.class() != "network" {
+					t.Fatalf("seed %d: %s and %s on one node at once:\n%s", seed, e.Describe(), o.Describe(), p)
+				}
+			}
+			if e.Fault == ScaleUp {
+				if members[e.Node] {
+					t.Fatalf("seed %d: %s adds a node already there:\n%s", seed, e.Describe(), p)
+				}
+				members[e.Node] = true
+			}
+			for _, n := range append(append([]string{e.Node}, e.Sides[0]...), e.Sides[1]...) {
+				if n != "" && !members[n] {
+					t.Fatalf("seed %d: %s targets %s, not in the cluster then:\n%s", seed, e.Describe(), n, p)
+				}
+			}
+			if e.Fault == ScaleDown {
+				delete(members, e.Node)
+			}
+			if e.Fault.class() == "network" {
+				n := len(e.Sides[0]) + len(e.Sides[1])
+				if e.Fault == Bridge {
+					n++
+				}
+				if len(e.Sides[0]) == 0 || len(e.Sides[1]) == 0 || n != len(members) {
+					t.Fatalf("seed %d: %s does not cut the %d nodes in two non-empty sides", seed, e.Describe(), len(members))
+				}
+			}
+		}
+	}
+}

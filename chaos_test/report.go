@@ -1,0 +1,280 @@
+package chaos
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/quotaring/quotaring/internal/cluster"
+)
+
+// Report is a run's outcome: the verdict of every checker, what the
+// workload saw, the faults as they were applied, and how to run it again.
+type Report struct {
+	Seed     uint64        `json:"seed"`
+	Nodes    int           `json:"nodes"`
+	Duration time.Duration `json:"duration_ns"`
+	Faults   []Fault       `json:"faults"`
+	// Command runs the same plan again (the interleavings differ: the nodes
+	// are real processes).
+	Command string    `json:"command"`
+	Began   time.Time `json:"began"`
+	Elapsed string    `json:"elapsed"`
+	// Plan is the seeded schedule; Applied the faults as they really
+	// happened (history time, ns since the workload began).
+	Plan    string           `json:"plan"`
+	Applied []cluster.Window `json:"applied"`
+	Results []cluster.Result `json:"results"`
+	// Offending shows the operations the violations name.
+	Offending map[int]string `json:"offending,omitempty"`
+	Workload  Workload       `json:"workload"`
+	Loss      Loss           `json:"loss"`
+	// Series counts answers per second of the run, by status.
+	Series []Bucket  `json:"series"`
+	Notes  []string  `json:"notes,omitempty"`
+	Limits AcctNotes `json:"accounts"`
+}
+
+// Workload sums the history.
+type Workload struct {
+	Ops     int                       `json:"ops"`
+	ByState map[cluster.Status]int    `json:"by_status"`
+	ByVia   map[string]map[string]int `json:"by_via"` // via -> status -> count
+	Reasons map[string]int            `json:"reasons"`
+}
+
+// Loss is the documented loss of destroyed disks.
+type Loss struct {
+	Charges     int64 `json:"charges"`
+	ChargeUnits int64 `json:"charge_units"`
+	Refunds     int64 `json:"refunds"`
+	RefundUnits int64 `json:"refund_units"`
+	// Revoked are the reserved units quotad revoke freed (what may be let
+	// through twice at most).
+	Revoked int64 `json:"revoked_units"`
+}
+
+// AcctNotes describes the accounts of the workload.
+type AcctNotes struct {
+	Hard, Big, Soft, RateLimited int
+	HardQuota                    int64
+	Rate                         string
+}
+
+// Bucket is one second of answers.
+type Bucket struct {
+	T       int `json:"t"`
+	OK      int `json:"ok"`
+	Refused int `json:"refused"`
+	Unknown int `json:"unknown"`
+}
+
+// Violated reports whether any checker found a violation.
+func (r *Report) Violated() bool { return len(cluster.Failed(r.Results)) > 0 }
+
+func (h *harness) report(in *cluster.CheckInput, results []cluster.Result, began time.Time) *Report {
+	r := &Report{Seed: h.cfg.Seed, Nodes: h.cfg.Nodes, Duration: h.cfg.Duration, Faults: h.cfg.Faults, Began: began.UTC(),
+		Elapsed: time.Since(began).Round(time.Second).String(), Plan: h.plan.String(), Applied: h.windows, Results: results,
+		Notes: h.notes,
+		Limits: AcctNotes{Hard: len(h.acct.hard), Big: len(h.acct.big), Soft: len(h.acct.soft), RateLimited: len(h.acct.rl),
+			HardQuota: h.acct.limits[h.acct.hard[0]].Quota, Rate: fmt.Sprintf("%d/s, burst %d", rlRate, rlBurst)}}
+	r.Command = fmt.Sprintf("quotad chaos --nodes %d --duration %s --faults %s --seed %d", h.cfg.Nodes, h.cfg.Duration, joinFaults(h.cfg.Faults), h.cfg.Seed)
+	if slices.Equal(h.cfg.Faults, AllFaults) {
+		r.Command = fmt.Sprintf("quotad chaos --nodes %d --duration %s --faults all --seed %d", h.cfg.Nodes, h.cfg.Duration, h.cfg.Seed)
+	}
+	r.Loss.Charges, r.Loss.ChargeUnits, r.Loss.Refunds, r.Loss.RefundUnits = cluster.LossTotals(h.lost)
+	r.Loss.Revoked = h.revoked
+	r.Workload = summarize(in.Ops)
+	r.Series = series(in.Ops)
+	byID := map[int]*cluster.Op{}
+	for i := range in.Ops {
+		byID[in.Ops[i].ID] = &in.Ops[i]
+	}
+	for _, res := range results {
+		for _, v := range res.Violations {
+			for _, id := range v.Ops {
+				if o, ok := byID[id]; ok {
+					if r.Offending == nil {
+						r.Offending = map[int]string{}
+					}
+					r.Offending[id] = o.String()
+				}
+			}
+		}
+	}
+	return r
+}
+
+func summarize(ops []cluster.Op) Workload {
+	w := Workload{Ops: len(ops), ByState: map[cluster.Status]int{}, ByVia: map[string]map[string]int{}, Reasons: map[string]int{}}
+	for i := range ops {
+		o := &ops[i]
+		w.ByState[o.Status]++
+		k := o.Kind + " via " + o.Via
+		if w.ByVia[k] == nil {
+			w.ByVia[k] = map[string]int{}
+		}
+		w.ByVia[k][string(o.Status)]++
+		w.Reasons[o.Kind+": "+o.Reason]++
+	}
+	return w
+}
+
+func series(ops []cluster.Op) []Bucket {
+	var out []Bucket
+	for i := range ops {
+		o := &ops[i]
+		s := int(o.End / int64(time.Second))
+		for len(out) <= s {
+			out = append(out, Bucket{T: len(out)})
+		}
+		switch o.Status {
+		case cluster.StatusOK:
+			out[s].OK++
+		case cluster.StatusRefused:
+			out[s].Refused++
+		default:
+			out[s].Unknown++
+		}
+	}
+	return out
+}
+
+// Write puts the report in dir: report.json (this report), history.json
+// (every operation), report.svg (answers per second with the faults
+// marked) and report.md (the table of invariants and the rest).
+func (r *Report) Write(dir string, ops []cluster.Op) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	js, err := json.MarshalIndent(r, "", "  ")
+	if err != nil {
+		return err
+	}
+	var hist bytes.Buffer
+	if err := cluster.WriteOpsJSON(&hist, ops); err != nil {
+		return err
+	}
+	for name, b := range map[string][]byte{"report.json": append(js, '\n'), "history.json": hist.Bytes(),
+		"report.svg": r.SVG(), "report.md": []byte(r.Markdown())} {
+		if err := os.WriteFile(filepath.Join(dir, name), b, 0o644); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Table is the table of invariants, as Markdown.
+func (r *Report) Table() string {
+	var b strings.Builder
+	b.WriteString("| check | guarantee | verdict | what was checked |\n|---|---|---|---|\n")
+	for _, res := range r.Results {
+		v := res.Verdict
+		if v == cluster.Violated {
+			v = fmt.Sprintf("**VIOLATED** (%d)", res.Count)
+		}
+		fmt.Fprintf(&b, "| %s | %s | %s | %s |\n", res.ID, res.Name, v, escapePipes(res.Summary))
+	}
+	return b.String()
+}
+
+func escapePipes(s string) string { return strings.ReplaceAll(s, "|", "\\|") }
+
+// Markdown is the whole report for people: the table, the violations with
+// their first offending operations, the loss, the workload and the faults.
+func (r *Report) Markdown() string {
+	var b strings.Builder
+	verdict := "every invariant held"
+	if r.Violated() {
+		verdict = "VIOLATIONS FOUND"
+	}
+	fmt.Fprintf(&b, "# quotaring chaos report: %s\n\n", verdict)
+	fmt.Fprintf(&b, "Seed %d, %d nodes, %s of faults (%s); began %s, took %s.\n\nReproduce the schedule: `%s`\n\n",
+		r.Seed, r.Nodes, r.Duration, joinFaults(r.Faults), r.Began.Format(time.RFC3339), r.Elapsed, r.Command)
+	b.WriteString("![answers per second, faults shaded](report.svg)\n\n")
+	b.WriteString(r.Table())
+	for _, res := range r.Results {
+		if res.Verdict != cluster.Violated {
+			continue
+		}
+		fmt.Fprintf(&b, "\n## %s violated: %s (%d)\n\n", res.ID, res.Name, res.Count)
+		for _, v := range res.Violations {
+			who := strings.TrimSpace(v.Account + " " + v.Event)
+			if who != "" {
+				who += ": "
+			}
+			fmt.Fprintf(&b, "- %s%s\n", who, v.Detail)
+			for _, id := range v.Ops {
+				if s, ok := r.Offending[id]; ok {
+					fmt.Fprintf(&b, "  - `%s`\n", s)
+				}
+			}
+		}
+	}
+	fmt.Fprintf(&b, "\n## Documented loss\n\nDestroyed disks held %d unsettled charges (%d units, in the customer's favour) and %d unsettled refunds (%d units); `quotad revoke` freed %d reserved units.\n",
+		r.Loss.Charges, r.Loss.ChargeUnits, r.Loss.Refunds, r.Loss.RefundUnits, r.Loss.Revoked)
+	fmt.Fprintf(&b, "\n## Workload\n\n%d hard accounts (quota %d a month), %d big hard accounts, %d soft accounts, %d rate-limited accounts (%s).\n\n",
+		r.Limits.Hard, r.Limits.HardQuota, r.Limits.Big, r.Limits.Soft, r.Limits.RateLimited, r.Limits.Rate)
+	fmt.Fprintf(&b, "%d operations: %d ok, %d refused, %d unknown.\n\n| operation | ok | refused | unknown |\n|---|---|---|---|\n",
+		r.Workload.Ops, r.Workload.ByState[cluster.StatusOK], r.Workload.ByState[cluster.StatusRefused], r.Workload.ByState[cluster.StatusUnknown])
+	for _, k := range sortedKeys(r.Workload.ByVia) {
+		m := r.Workload.ByVia[k]
+		fmt.Fprintf(&b, "| %s | %d | %d | %d |\n", k, m["ok"], m["refused"], m["unknown"])
+	}
+	b.WriteString("\n| answer | count |\n|---|---|\n")
+	for _, k := range sortedKeys(r.Workload.Reasons) {
+		fmt.Fprintf(&b, "| %s | %d |\n", k, r.Workload.Reasons[k])
+	}
+	b.WriteString("\n## Faults as applied\n\n| from | to | fault | node |\n|---|---|---|---|\n")
+	for _, w := range r.Applied {
+		fmt.Fprintf(&b, "| %s | %s | %s | %s |\n", clock(time.Duration(w.Start)), clock(time.Duration(w.End)), w.Kind, w.Node)
+	}
+	fmt.Fprintf(&b, "\n## Plan\n\n```\n%s```\n", r.Plan)
+	for _, n := range r.Notes {
+		fmt.Fprintf(&b, "\nNote: %s\n", n)
+	}
+	return b.String()
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	ks := make([]string, 0, len(m))
+	for k := range m {
+		ks = append(ks, k)
+	}
+	sort.Strings(ks)
+	return ks
+}
+
+// progress prints a line every ProgressEvery while ctx lasts.
+func (h *harness) startProgress(ctx interface{ Done() <-chan struct{} }) *sync.WaitGroup {
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		t := time.NewTicker(h.cfg.ProgressEvery)
+		defer t.Stop()
+		last := 0
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			ops := h.hist.Ops()
+			w := summarize(ops)
+			rate := float64(len(ops)-last) / h.cfg.ProgressEvery.Seconds()
+			last = len(ops)
+			h.logf("%s/%s  %d ops (ok %d, refused %d, unknown %d), %.0f/s; faults on: %s",
+				clock(time.Duration(h.hist.Now())), clock(h.cfg.Duration), w.Ops, w.ByState[cluster.StatusOK],
+				w.ByState[cluster.StatusRefused], w.ByState[cluster.StatusUnknown], rate, h.activeNames())
+		}
+	}()
+	return &wg
+}

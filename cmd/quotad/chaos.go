@@ -1,0 +1,144 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	chaos "github.com/quotaring/quotaring/chaos_test"
+)
+
+func newChaosCmd() *cobra.Command {
+	var cfg chaos.Config
+	var faults string
+	cmd := &cobra.Command{
+		Use:   "chaos",
+		Short: "Break a local cluster on purpose and check that nothing was lost or overspent",
+		Long: `Start a cluster of quotad processes on this machine (127.0.0.x) with a
+throwaway Postgres from the local binaries (initdb, pg_ctl and postgres on
+PATH, or under /usr/lib/postgresql/*/bin), charge it from many clients through
+gRPC, the embedded client and the HTTP proxy, inject faults on a schedule drawn
+from --seed, heal, let every node settle and drain, and check the guarantees
+against the recorded history and the ledger:
+
+  G1   no account acknowledged more than its hard limit
+  G2   every acknowledged charge is in the ledger (a destroyed disk's
+       unsettled charges are the documented loss, reported as a number)
+  G3   no event billed twice; a refused charge leaves no trace
+  G4   refunds return units once
+  G6   reconcile is clean (counters equal the event log)
+  G7   rate limits within burst + rate*t (+ one burst per ownership move)
+  G8   charges acknowledged while the ledger was down
+  G9   no period goes backwards after a clock jump
+  SEQ  settled sequences contiguous per (node, incarnation)
+  RES  no reservation stranded after the final drain
+  LIVE nodes come back, drain and exit 0
+
+The faults (--faults all, or a comma-separated list):
+
+` + faultList() + `
+It prints a line per fault and a progress line every 10 s, then the table of
+invariants. With --out it writes report.md (the table, the first offending
+operations of every violation, the faults as applied), report.json,
+history.json (every operation: invoke and answer times, the node it went
+through, the deciding node, the answer) and report.svg (answers per second
+with the faults shaded).
+
+The seed fixes the schedule and each client's choices; the interleavings are
+the real processes' own, so a run shows a violation that a rerun of the same
+seed may not. Exits 0 when every invariant held, 3 on a violation, 1 when the
+run could not be done. Needs about 1 GB of disk and 2 cores; run it as a user
+that may start Postgres (as root it runs Postgres as the postgres user).`,
+		Example: `  quotad chaos --nodes 5 --duration 10m --faults all --seed 42 --out ./chaos-report
+  quotad chaos --nodes 3 --duration 2m --faults kill,ledger-down --seed 7`,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			fs, err := chaos.ParseFaults(faults)
+			if err != nil {
+				return err
+			}
+			cfg.Faults = fs
+			if cfg.Binary == "" {
+				if cfg.Binary, err = os.Executable(); err != nil {
+					return fmt.Errorf("find this quotad's path: %w", err)
+				}
+			}
+			cfg.Progress = cmd.ErrOrStderr()
+			rep, err := chaos.Run(cmd.Context(), cfg)
+			if err != nil {
+				return err
+			}
+			out := cmd.OutOrStdout()
+			fmt.Fprintf(out, "\n%s\n%d operations; documented loss: %d charges (%d units) on destroyed disks, %d units revoked\n\n",
+				rep.Command, rep.Workload.Ops, rep.Loss.Charges, rep.Loss.ChargeUnits, rep.Loss.Revoked)
+			tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "CHECK\tVERDICT\tWHAT WAS CHECKED")
+			for _, r := range rep.Results {
+				fmt.Fprintf(tw, "%s\t%s\t%s\n", r.ID, r.Verdict, r.Summary)
+			}
+			tw.Flush()
+			for _, r := range rep.Results {
+				for _, v := range r.Violations {
+					fmt.Fprintf(out, "\n%s: %s %s: %s\n", r.ID, v.Account, v.Event, v.Detail)
+					for _, id := range v.Ops {
+						fmt.Fprintf(out, "    %s\n", rep.Offending[id])
+					}
+				}
+			}
+			if cfg.Out != "" {
+				fmt.Fprintf(out, "\nreport in %s (report.md, report.json, history.json, report.svg)\n", cfg.Out)
+			}
+			if rep.Violated() {
+				return &exitError{code: 3, err: errors.New("chaos: invariants violated (see above)")}
+			}
+			return nil
+		},
+	}
+	fl := cmd.Flags()
+	fl.IntVar(&cfg.Nodes, "nodes", 5, "nodes to start with (at least 3)")
+	fl.DurationVar(&cfg.Duration, "duration", 10*time.Minute, "how long the fault schedule runs (the whole run takes about a minute more)")
+	fl.StringVar(&faults, "faults", "all", "all, or a comma-separated list of: "+chaos.FaultNames())
+	fl.Uint64Var(&cfg.Seed, "seed", 1, "seed of the fault schedule and the clients' choices; the report names it")
+	fl.StringVar(&cfg.Out, "out", "", "directory to write the report to (report.md, report.json, history.json, report.svg)")
+	fl.StringVar(&cfg.Dir, "dir", "", "directory for the nodes' data dirs and logs (default: a temporary one, removed at the end unless --keep)")
+	fl.BoolVar(&cfg.Keep, "keep", false, "keep the temporary directory of data dirs and logs")
+	fl.IntVar(&cfg.Workers, "workers", 16, "client goroutines")
+	fl.Float64Var(&cfg.Rate, "rate", 150, "operations per second the clients send in all")
+	fl.DurationVar(&cfg.SettleInterval, "settle-interval", 500*time.Millisecond, "the nodes' --settle-interval (a lost disk loses about this much)")
+	fl.IntVar(&cfg.FirstIP, "first-ip", 100, "node i listens on 127.0.0.(first-ip + i)")
+	fl.StringVar(&cfg.Binary, "binary", "", "the quotad the nodes run (default: this one)")
+	return cmd
+}
+
+// faultList formats chaos.FaultHelp for --help.
+func faultList() string {
+	var b strings.Builder
+	for _, f := range chaos.AllFaults {
+		fmt.Fprintf(&b, "  %-16s %s\n", f, wrap(chaos.FaultHelp[f], 60, "                   "))
+	}
+	return b.String()
+}
+
+// wrap breaks s into lines of at most width characters, indenting the
+// continuation lines.
+func wrap(s string, width int, indent string) string {
+	var lines []string
+	line := ""
+	for _, w := range strings.Fields(s) {
+		if line != "" && len(line)+1+len(w) > width {
+			lines = append(lines, line)
+			line = w
+			continue
+		}
+		if line != "" {
+			line += " "
+		}
+		line += w
+	}
+	lines = append(lines, line)
+	return strings.Join(lines, "\n"+indent)
+}
