@@ -298,6 +298,31 @@ func (e *Engine) Charge(ctx context.Context, account string, req shard.Charge) (
 	return res, err
 }
 
+// ChargeEarly decides req like Charge but answers before the record is
+// durable: the caller must call wait, and get nil from it, before it tells
+// anyone outside the process that the charge happened. The HTTP front
+// overlaps that wait with the upstream call: the decision (and the units it
+// spent) is final in memory at once, and the client's answer waits for both.
+func (e *Engine) ChargeEarly(ctx context.Context, account string, req shard.Charge) (Result, func(context.Context) error, error) {
+	t0 := time.Now()
+	res, err := e.decide(ctx, account, req)
+	if err != nil {
+		e.heard(account, &res.Decision, err, t0)
+		return res, nil, err
+	}
+	wait := func(ctx context.Context) error {
+		var werr error
+		if res.Seq > 0 {
+			if werr = e.log.WaitDurable(ctx, res.Seq); werr != nil {
+				werr = fmt.Errorf("engine: charge %q of account %q not durable: %w", res.EventID, account, werr)
+			}
+		}
+		e.heard(account, &res.Decision, werr, t0)
+		return werr
+	}
+	return res, wait, nil
+}
+
 func (e *Engine) heard(account string, d *shard.Decision, err error, t0 time.Time) {
 	if e.opts.OnCharge != nil {
 		e.opts.OnCharge(account, d, err, time.Since(t0))

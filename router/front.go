@@ -25,6 +25,14 @@ type Charger interface {
 	Usage(ctx context.Context, account string) (UsageResult, error)
 }
 
+// EarlyCharger is a Charger that can answer before the charge is durable
+// (*Router, for the accounts its node owns): the front then runs the
+// upstream while the log syncs, and holds the client's answer until wait
+// returned nil, so the sync costs no latency when the upstream is slower.
+type EarlyCharger interface {
+	ChargeEarly(ctx context.Context, req ChargeRequest) (ChargeResult, func(context.Context) error, error)
+}
+
 // ConfigSource gives the current config snapshot, or nil when there is none
 // yet: *engine.Engine on a node, *Client in a program. Snapshot must be
 // cheap and safe for concurrent use; it is called on every request.
@@ -207,6 +215,8 @@ type charged struct {
 	Caller
 	receipt  *shard.Receipt
 	refunded bool
+	// durable, when set, waits until the charge is durable (EarlyCharger).
+	durable func(context.Context) error
 }
 
 func (f *front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -231,6 +241,17 @@ func (f *front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	setQuotaHeaders(w.Header(), &c.Decision)
 	rec := &recorder{ResponseWriter: w}
+	if c.durable != nil {
+		rec.gate = func() error {
+			ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), f.opts.ChargeTimeout)
+			defer cancel()
+			return c.durable(ctx)
+		}
+		rec.gateFailed = func(err error) {
+			f.opts.Logger.Error("charge not durable: the answer is withheld", "account", c.Account, "event", c.EventID, "err", err)
+			internalError().write(rec.ResponseWriter, r)
+		}
+	}
 	r = r.WithContext(context.WithValue(r.Context(), callerKey{}, &c.Caller)) // a copy: the caller's request stays as it was
 	var body *limitedBody
 	if f.opts.MaxBodyBytes > 0 && r.Body != nil && r.ContentLength != 0 {
@@ -283,8 +304,15 @@ func (f *front) admit(r *http.Request) (*charged, *Problem) {
 	route, units := snap.Routes.Match(r.Method, r.URL.Path)
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), f.opts.ChargeTimeout)
 	defer cancel()
-	res, err := f.opts.Charger.Charge(ctx, ChargeRequest{Account: key.Account, EventID: eventID, ClientID: eventID != "",
-		Key: key.ID, Route: route, Units: units})
+	req := ChargeRequest{Account: key.Account, EventID: eventID, ClientID: eventID != "", Key: key.ID, Route: route, Units: units}
+	var res ChargeResult
+	var durable func(context.Context) error
+	var err error
+	if early, ok := f.opts.Charger.(EarlyCharger); ok {
+		res, durable, err = early.ChargeEarly(ctx, req)
+	} else {
+		res, err = f.opts.Charger.Charge(ctx, req)
+	}
 	if err != nil {
 		if errors.Is(err, ErrUnavailable) || errors.Is(err, context.DeadlineExceeded) {
 			f.opts.Logger.Warn("charge undecided", "account", key.Account, "err", err)
@@ -294,8 +322,11 @@ func (f *front) admit(r *http.Request) (*charged, *Problem) {
 		return nil, internalError()
 	}
 	c := &charged{Caller: Caller{Account: key.Account, KeyID: key.ID, Route: route, Units: units, EventID: res.EventID,
-		Replayed: res.Reason == shard.Replayed, Decision: res.Decision}}
+		Replayed: res.Reason == shard.Replayed, Decision: res.Decision}, durable: durable}
 	if !res.Reason.Accepted() {
+		if durable != nil {
+			_ = durable(ctx) // a refusal logs nothing; this only reports it to metrics
+		}
 		return c, refusal(&res.Decision, units, f.opts.QuotaStatus)
 	}
 	if res.Reason == shard.OK {
@@ -352,6 +383,7 @@ func idempotencyKey(h http.Header) (string, *Problem) {
 // finish answers a cut-off body with 413 if next did not answer, and refunds
 // under the bill-on policy.
 func (f *front) finish(rec *recorder, r *http.Request, c *charged, body *limitedBody) {
+	rec.pass() // an answer net/http completes after next returns is an answer too
 	tripped := body != nil && body.tripped.Load()
 	if tripped && !rec.wrote {
 		tooLarge(f.opts.MaxBodyBytes).write(rec, r)
@@ -416,9 +448,31 @@ type recorder struct {
 	wrote    bool
 	failed   bool // the upstream failed (ErrorHandler) or the handler panicked
 	writeErr error
+	// gate, when set, runs once before anything reaches the client: the
+	// charge's durability wait. If it fails, gateFailed answers instead and
+	// everything next writes is dropped.
+	gate       func() error
+	gateFailed func(error)
+	gateErr    error
+}
+
+// pass runs the gate once and reports whether writes may go through.
+func (w *recorder) pass() bool {
+	if w.gate != nil {
+		g := w.gate
+		w.gate = nil
+		if w.gateErr = g(); w.gateErr != nil {
+			w.failed, w.wrote, w.status = true, true, http.StatusInternalServerError
+			w.gateFailed(w.gateErr)
+		}
+	}
+	return w.gateErr == nil
 }
 
 func (w *recorder) WriteHeader(code int) {
+	if !w.pass() {
+		return
+	}
 	if !w.wrote && (code >= 200 || code == http.StatusSwitchingProtocols) {
 		w.status, w.wrote = code, true // 1xx other than 101 are interim: the final status is still to come
 	}
@@ -426,6 +480,9 @@ func (w *recorder) WriteHeader(code int) {
 }
 
 func (w *recorder) Write(b []byte) (int, error) {
+	if !w.pass() {
+		return 0, w.gateErr
+	}
 	if !w.wrote {
 		w.status, w.wrote = http.StatusOK, true
 	}
@@ -438,6 +495,9 @@ func (w *recorder) Write(b []byte) (int, error) {
 
 // Flush implements http.Flusher for handlers that type-assert it.
 func (w *recorder) Flush() {
+	if !w.pass() {
+		return
+	}
 	if !w.wrote {
 		w.status, w.wrote = http.StatusOK, true
 	}

@@ -3,6 +3,8 @@ package router
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -498,5 +500,56 @@ func TestProblemAsGRPC(t *testing.T) {
 	}
 	if got := grpcMessage("50% off: café\n"); got != "50%25 off: caf%C3%A9%0A" {
 		t.Errorf("grpcMessage: %q", got)
+	}
+}
+
+// earlyCharger answers before durability; its wait is under the test's
+// control.
+type earlyCharger struct {
+	fakeCharger
+	waitErr error
+	order   []string   // "wait", "write": what happened first
+	mu      sync.Mutex // protects order
+}
+
+func (e *earlyCharger) ChargeEarly(ctx context.Context, req ChargeRequest) (ChargeResult, func(context.Context) error, error) {
+	res, err := e.Charge(ctx, req)
+	return res, func(context.Context) error {
+		e.mu.Lock()
+		e.order = append(e.order, "wait")
+		e.mu.Unlock()
+		return e.waitErr
+	}, err
+}
+
+// With an EarlyCharger the upstream runs before the charge is durable, and
+// nothing reaches the client until it is: a failed wait withholds the
+// upstream's answer (500) and refunds.
+func TestEarlyChargeHoldsTheAnswerUntilDurable(t *testing.T) {
+	for _, fail := range []bool{false, true} {
+		ch := &earlyCharger{fakeCharger: fakeCharger{decision: okDecision()}}
+		if fail {
+			ch.waitErr = errors.New("log failed")
+		}
+		h := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+			ch.mu.Lock()
+			ch.order = append(ch.order, "upstream")
+			ch.mu.Unlock()
+			w.WriteHeader(201)
+			io.WriteString(w, "created")
+		})
+		w, _ := serve(t, FrontOptions{Charger: ch, Config: testConfig(t)}, h, newRequest("POST", "/v1/tasks", nil))
+		ch.mu.Lock()
+		order := fmt.Sprint(ch.order)
+		ch.mu.Unlock()
+		_, refunds := ch.counts()
+		switch {
+		case order != "[upstream wait]":
+			t.Errorf("fail=%v: order %s, want the upstream before the wait", fail, order)
+		case !fail && (w.Code != 201 || w.Body.String() != "created" || refunds != 0):
+			t.Errorf("durable: %d %q, %d refunds", w.Code, w.Body.String(), refunds)
+		case fail && (w.Code != 500 || strings.Contains(w.Body.String(), "created") || refunds != 1):
+			t.Errorf("not durable: %d %q, %d refunds; want 500, nothing of the upstream, a refund", w.Code, w.Body.String(), refunds)
+		}
 	}
 }

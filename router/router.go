@@ -177,6 +177,27 @@ func (r *Router) Charge(ctx context.Context, req ChargeRequest) (ChargeResult, e
 	return ChargeResult{}, fmt.Errorf("%w: ownership of account %q is moving; retry", ErrUnavailable, req.Account)
 }
 
+// ChargeEarly is Charge for callers that can overlap durability with their
+// own work (the HTTP front runs the upstream meanwhile). When this node owns
+// the account it answers before the record is durable and returns wait,
+// which must return nil before the charge is acknowledged to anyone; for a
+// forwarded charge the owner has already waited, and wait is nil.
+func (r *Router) ChargeEarly(ctx context.Context, req ChargeRequest) (ChargeResult, func(context.Context) error, error) {
+	if owner, ok := r.cfg.Ring.Owner(req.Account); ok && owner.ID == r.self {
+		res, wait, err := r.cfg.Engine.ChargeEarly(ctx, req.Account, shard.Charge{EventID: req.EventID, ClientID: req.ClientID,
+			Key: req.Key, Route: req.Route, Units: req.Units})
+		if !errors.Is(err, engine.ErrNotOwner) {
+			if err != nil {
+				return ChargeResult{}, nil, mapEngineErr(err)
+			}
+			r.stats.Local.Add(1)
+			return ChargeResult{Decision: res.Decision, EventID: res.EventID, Receipt: res.Receipt, Node: r.self}, wait, nil
+		}
+	}
+	res, err := r.Charge(ctx, req)
+	return res, nil, err
+}
+
 func (r *Router) chargeLocal(ctx context.Context, req ChargeRequest) (ChargeResult, error) {
 	r.stats.Local.Add(1)
 	res, err := r.cfg.Engine.Charge(ctx, req.Account, shard.Charge{EventID: req.EventID, ClientID: req.ClientID, Key: req.Key, Route: req.Route, Units: req.Units})
