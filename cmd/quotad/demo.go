@@ -391,6 +391,10 @@ func (d *demoRun) runTraffic(ctx context.Context) error {
 	wg.Wait()
 	<-scriptDone
 	d.mon.tick(context.WithoutCancel(ctx))
+	d.mon.mu.Lock()
+	d.mon.average = min(time.Since(start), d.f.duration).Seconds()
+	d.mon.mu.Unlock()
+	d.mon.setPhase("the end: charges/s and refused/s are averages over the run")
 	d.showFinalView(time.Since(start))
 	if err != nil {
 		return err
@@ -449,7 +453,7 @@ func (d *demoRun) drawLive(elapsed time.Duration) {
 	var b strings.Builder
 	b.WriteString("\x1b[H")
 	for _, l := range lines {
-		b.WriteString(l)
+		b.WriteString(cut(l, d.width-1))
 		b.WriteString("\x1b[K\n")
 	}
 	b.WriteString("\x1b[J")
@@ -479,18 +483,17 @@ func (d *demoRun) failover(ctx context.Context, start time.Time, kill, restart t
 	}
 	owned := d.mon.ownedBy(v.ID)
 	unsettled := d.mon.node(d.indexOf(v)).unsettled
-	pid := v.PID()
+	for _, c := range d.cs {
+		c.resetSeen("quota-unavailable") // show the refusals the kill causes
+	}
+	d.events.add("SIGKILL %s (pid %d), no warning: it owns %s; its log holds ~%.0f records not yet settled",
+		v.ID, v.PID(), strings.Join(orNone(owned), ", "), unsettled)
 	t0 := time.Now()
 	if err := v.Kill(); err != nil {
 		d.events.add("could not kill %s: %v", v.ID, err)
 		return
 	}
-	for _, c := range d.cs {
-		c.resetSeen("quota-unavailable")
-	}
 	d.mon.setPhase("%s was killed (SIGKILL)", v.ID)
-	d.events.add("SIGKILL %s (pid %d), no warning: it owned %s; its log held ~%.0f records not yet settled",
-		v.ID, pid, strings.Join(orNone(owned), ", "), unsettled)
 	// The survivors notice through gossip; until then, calls to the dead
 	// owner fail and the front answers quota-unavailable.
 	for ctx.Err() == nil && time.Since(t0) < 30*time.Second {

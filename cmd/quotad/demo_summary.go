@@ -158,13 +158,17 @@ func demoSummary(ctx context.Context, dsn string, cs []*customer) (*demoTotals, 
 		if err != nil {
 			return nil, err
 		}
+		// billed maps the client's event id to its billed units. NB: a
+		// refunded id charged again is its next generation, which the
+		// ledger names id + U+001F + generation (shard.LedgerEventID).
 		billed := map[string]int64{}
 		var settled int64
 		for _, e := range events {
 			if e.Refunded || e.Tombstone {
 				continue
 			}
-			billed[e.EventID] = e.Units
+			id, _, _ := strings.Cut(e.EventID, "\x1f")
+			billed[id] += e.Units
 			settled += e.Units
 		}
 		if c.hand {
@@ -265,7 +269,8 @@ func (d *demoRun) printSummary(t *demoTotals, settles, dups float64) {
 	}
 	d.say("")
 	d.say("the ledger took %.0f settle transactions for %s charges: one per node per second at most, not one per charge as", settles, thousandsI(t.ackedReqs+t.refunded))
-	d.say("counting in a database does; %.0f retries that reached a new owner were caught there and billed once", dups)
+	d.say("counting in a database does; %s", plural(int64(dups), "retry that reached a new owner after the kill was", "retries that reached a new owner after the kill were")+
+		" caught there and billed once")
 	recon := "clean"
 	if t.reconcileDiffs > 0 {
 		recon = fmt.Sprintf("%d differences", t.reconcileDiffs)
@@ -285,4 +290,12 @@ func (d *demoRun) printSummary(t *demoTotals, settles, dups float64) {
 	} else {
 		fmt.Fprintln(d.out, st.red(st.bold("FAILED"))+": see the differences above.")
 	}
+}
+
+// plural formats "1 retry was" or "3 retries were".
+func plural(n int64, one, many string) string {
+	if n == 1 {
+		return "1 " + one
+	}
+	return fmt.Sprintf("%d %s", n, many)
 }

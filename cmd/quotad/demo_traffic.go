@@ -375,7 +375,7 @@ func (t *traffic) note(c *customer, kind string, a answer) {
 	}
 	switch kind {
 	case "quota-exceeded":
-		t.events.add("%s: 429 quota-exceeded: %d of its %d units told OK; refused from now on, never one unit more", c.ID, acked, c.limit())
+		t.events.add("%s: 429 quota-exceeded: the request needs more than is left (%d of %d units told OK so far); a hard limit is never passed", c.ID, acked, c.limit())
 	case "quota-unavailable":
 		t.events.add("%s: 503 quota-unavailable: its owner cannot decide now; nothing charged, the client retries with the same key", c.ID)
 	default:

@@ -86,6 +86,9 @@ type monitor struct {
 	states map[string]string // node -> state in the reference view
 	refID  string            // whose view
 	phase  string
+	// average: show charges and refusals per second averaged over this
+	// many seconds (the final view) instead of the last second's.
+	average float64
 }
 
 func newMonitor(c *cluster.Cluster, cs []*customer, tr *traffic, events *eventLog) *monitor {
@@ -385,16 +388,20 @@ func (m *monitor) frame(st style, header []string, elapsed, total time.Duration,
 		}
 		var accts []string
 		for _, c := range m.cs {
-			if m.owners[c.ID] == n.ID {
+			if m.owners[c.ID] == n.ID && !c.hand {
 				accts = append(accts, c.ID)
 			}
+		}
+		okPS, refusedPS := s.okPS, s.refusedPS
+		if m.average > 0 {
+			okPS, refusedPS = s.ok.total()/m.average, s.refused.total()/m.average
 		}
 		unsettled := fmt.Sprintf("%.0f", s.unsettled)
 		if !s.scraped {
 			unsettled = "?"
 		}
 		out = append(out, fmt.Sprintf("%-4s %s %-12s %-26s %9.1f %9.1f %9s %9s %8.0f", n.ID, pad(stateS, 8), part,
-			truncate(strings.Join(accts, " "), 26), s.okPS, s.refusedPS, thousandsI(int64(s.forwarded.total())), unsettled, s.reserved))
+			truncate(strings.Join(accts, " "), 26), okPS, refusedPS, thousandsI(int64(s.forwarded.total())), unsettled, s.reserved))
 	}
 	out = append(out, "")
 	out = append(out, st.bold(fmt.Sprintf("%-9s %-13s %-5s %-22s %13s %6s %7s %7s %7s %7s %6s", "ACCOUNT", "PLAN", "OWNER", "UNITS TOLD OK / LIMIT", "",
@@ -480,6 +487,37 @@ func (m *monitor) plainLines(elapsed time.Duration) []string {
 		fmt.Sprintf("t=%5.1fs  nodes: %s", elapsed.Seconds(), strings.Join(nodes, " | ")),
 		"          accounts: " + strings.Join(accts, " | "),
 	}
+}
+
+// cut shortens a line holding ANSI codes to n visible columns, so a
+// terminal narrower than the view does not wrap it (which would break the
+// refresh in place).
+func cut(s string, n int) string {
+	if visible(s) <= n {
+		return s
+	}
+	var b strings.Builder
+	cols, esc := 0, false
+	for _, r := range s {
+		switch {
+		case esc:
+			b.WriteRune(r)
+			if r == 'm' {
+				esc = false
+			}
+			continue
+		case r == '\x1b':
+			esc = true
+			b.WriteRune(r)
+			continue
+		}
+		if cols == n {
+			continue
+		}
+		b.WriteRune(r)
+		cols++
+	}
+	return b.String() + "\x1b[0m"
 }
 
 func truncateRunes(s string, n int) string {
