@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -115,6 +116,9 @@ func runDemo(ctx context.Context, out io.Writer, f demoFlags) (err error) {
 	if err := f.validate(); err != nil {
 		return err
 	}
+	if err := checkLoopback(f.nodes); err != nil {
+		return err
+	}
 	self, err := os.Executable()
 	if err != nil {
 		return fmt.Errorf("demo: cannot find this program to start nodes from: %w", err)
@@ -130,6 +134,11 @@ func runDemo(ctx context.Context, out io.Writer, f demoFlags) (err error) {
 	d.dir, d.dsn = dir, "sqlite:"+filepath.Join(dir, "ledger.db")
 	defer func() {
 		switch {
+		case err != nil && ctx.Err() != nil: // Ctrl-C: the nodes are stopped by now
+			err = &exitError{code: 130, err: errors.New("demo: interrupted")}
+			if !f.keep {
+				removeDir()
+			}
 		case err != nil:
 			fmt.Fprintf(out, "\nThe demo failed; its data dirs, node logs (n1.log, ...) and ledger are kept in %s\n", dir)
 		case f.keep:
@@ -246,6 +255,31 @@ func (d *demoRun) seed(ctx context.Context) error {
 	d.say("routes: GET /v1/tasks 1 unit, POST /v1/tasks 2, POST /v1/exports 10, GET /v1/reports 5 (fails 1 time in %d: refunded)", demoReportFailEvery)
 	d.say("keys are stored as SHA-256 hashes; the plaintexts live only in this process")
 	return nil
+}
+
+// checkLoopback makes sure the nodes' addresses can be bound: every
+// 127.0.0.x answers on Linux, while macOS routes only 127.0.0.1 until
+// aliases are added.
+func checkLoopback(nodes int) error {
+	var missing []string
+	for i := range nodes {
+		ip := fmt.Sprintf("127.0.0.%d", 10+i)
+		l, err := net.Listen("tcp", ip+":0")
+		if err != nil {
+			missing = append(missing, ip)
+			continue
+		}
+		l.Close()
+	}
+	if len(missing) == 0 {
+		return nil
+	}
+	var cmds []string
+	for _, ip := range missing {
+		cmds = append(cmds, "sudo ifconfig lo0 alias "+ip+" up")
+	}
+	return fmt.Errorf("demo: the nodes listen on 127.0.0.10 and up, and %s cannot be bound here (macOS routes only 127.0.0.1 "+
+		"on loopback until aliases are added):\n  %s", strings.Join(missing, ", "), strings.Join(cmds, "\n  "))
 }
 
 func (d *demoRun) startCluster(ctx context.Context, self string) error {
@@ -386,7 +420,11 @@ func (d *demoRun) runTraffic(ctx context.Context) error {
 		}
 	}()
 	err := d.watch(ctx, start, stop)
-	d.tr.stopRetrying(time.Now().Add(20 * time.Second))
+	if ctx.Err() != nil {
+		d.tr.stopRetrying(time.Now()) // interrupted: no more retries
+	} else {
+		d.tr.stopRetrying(time.Now().Add(20 * time.Second))
+	}
 	d.mon.setPhase("traffic stopped; requests in doubt are retried with their keys")
 	wg.Wait()
 	<-scriptDone
