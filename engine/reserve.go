@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/quotaring/quotaring/shard"
 )
@@ -150,9 +151,14 @@ func (e *Engine) topupLoop() {
 	}
 }
 
+// releaseTimeout bounds a hand-back once the allowance is zeroed.
+const releaseTimeout = 5 * time.Second
+
 // Release hands the account's allowance back to the ledger: first logged
 // here (so a crash can only strand units, never let this node spend units
-// the ledger gave back), then released there. Used on handoff.
+// the ledger gave back), then released there. Used on handoff. Once the
+// allowance is zeroed, the hand-back runs to its end (within
+// releaseTimeout) even if ctx ends.
 func (e *Engine) Release(ctx context.Context, account string) error {
 	if e.opts.Reserver == nil {
 		return nil
@@ -161,6 +167,13 @@ func (e *Engine) Release(ctx context.Context, account string) error {
 	if err != nil || len(allocs) == 0 {
 		return err
 	}
+	// NB: the allowance is zeroed in the log now, so the hand-back must
+	// finish even if the caller gives up: a node that gets SIGTERM while it
+	// hands back the accounts a ring change took from it cancels the
+	// context here, and the units would stay reserved in the ledger for
+	// nobody until it restarts or an operator revokes them.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+	defer cancel()
 	if err := e.log.WaitDurable(ctx, seq); err != nil {
 		return fmt.Errorf("engine: release of account %q: %w", account, err)
 	}
