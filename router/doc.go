@@ -5,14 +5,17 @@
 //
 //   - Router: on a node, Charge/Refund/Usage decide locally when this node
 //     owns the account, and otherwise forward once to the owner over gRPC.
+//
 //   - Server (Router.Server): the gRPC service quota.proto describes. It
 //     decides for accounts this node owns and answers WrongOwner{epoch,
 //     owner} for the others. It never forwards, so a request takes at most
 //     one hop.
+//
 //   - Calls to one owner are coalesced: a call goes out at once when fewer
 //     than MaxInflight are in flight to that owner, and otherwise waits and
 //     leaves in the next batch, so batching adds no latency at low load. The
 //     owner applies a batch and waits once for its log (one fsync).
+//
 //   - The HTTP front (Middleware, NewProxy): the API key (X-Api-Key or
 //     Authorization: Bearer) by its SHA-256 in the config snapshot, the
 //     route's units from the route weights, the charge at the owner before
@@ -22,14 +25,15 @@
 //     the bill-on policy. On a node that owns the account the upstream runs
 //     while the charge's record syncs (EarlyCharger); the client's answer
 //     waits for both.
+//
 //   - Client (Dial): the embedded client for Go programs. It learns the ring
 //     from any node (RingView), calls owners directly with the same
 //     coalescing, follows WrongOwner, reads the config (Config RPC) so the
 //     Middleware can run in the program, and never decides anything itself.
 //
-//	client, _ := router.Dial(ctx, "quotad-0.quotad:7400")
-//	charge, _ := router.Middleware(router.FrontOptions{Charger: client, Config: client})
-//	http.ListenAndServe(":8080", charge(api))
+//     client, _ := router.Dial(ctx, "quotad-0.quotad:7400")
+//     charge, _ := router.Middleware(router.FrontOptions{Charger: client, Config: client})
+//     http.ListenAndServe(":8080", charge(api))
 //
 // # Refusing rather than guessing
 //
