@@ -112,6 +112,8 @@ type Engine struct {
 	idSeq    atomic.Uint64
 	flights  flightGroup
 	stats    Stats
+	// unreleased are hand-backs the ledger refused, retried (reserve.go).
+	unreleased unreleased
 
 	topups chan string
 	ctx    context.Context // canceled by Close: stops the top-up loop and its ledger calls

@@ -129,13 +129,24 @@ func (e *Engine) noteSpendLocked(account string, ent *entry, units int64, now sh
 	}
 }
 
-// topupLoop reserves ahead for accounts that spent half their reservation.
+// topupLoop reserves ahead for accounts that spent half their reservation,
+// and retries the hand-backs the ledger refused.
 func (e *Engine) topupLoop() {
 	defer e.wg.Done()
+	retry := time.NewTicker(retryReleaseEvery)
+	defer retry.Stop()
 	for {
 		select {
 		case <-e.ctx.Done():
 			return
+		case <-retry.C:
+			if !e.unreleased.empty() {
+				ctx, cancel := context.WithTimeout(e.ctx, releaseTimeout)
+				if err := e.RetryReleases(ctx); err != nil {
+					e.opts.Logger.Debug("hand-back still refused by the ledger; retrying", "err", err)
+				}
+				cancel()
+			}
 		case account := <-e.topups:
 			e.stats.TopUps.Add(1)
 			if err := e.reserve(e.ctx, account, 0); err != nil {
@@ -178,9 +189,62 @@ func (e *Engine) Release(ctx context.Context, account string) error {
 		return fmt.Errorf("engine: release of account %q: %w", account, err)
 	}
 	if err := e.opts.Reserver.Release(ctx, account, allocs); err != nil {
-		return fmt.Errorf("engine: release of account %q in the ledger (the units stay reserved until this node restarts or quotad revoke): %w", account, err)
+		e.unreleased.add(account, allocs)
+		return fmt.Errorf("engine: release of account %q in the ledger (retried in the background; the units stay reserved until then): %w", account, err)
 	}
 	return nil
+}
+
+// retryReleaseEvery is how often the top-up loop retries hand-backs the
+// ledger refused.
+const retryReleaseEvery = time.Second
+
+// unreleased holds allowances zeroed in the log whose release in the ledger
+// failed (the ledger down or slow): their units are nobody's until released,
+// so they are retried every retryReleaseEvery by the top-up loop and first
+// thing in ReleaseAll, rather than left until this node restarts or an
+// operator runs quotad revoke.
+type unreleased struct {
+	mu sync.Mutex // protects m
+	m  map[string][]shard.Alloc
+}
+
+func (u *unreleased) add(account string, allocs []shard.Alloc) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if u.m == nil {
+		u.m = map[string][]shard.Alloc{}
+	}
+	u.m[account] = append(u.m[account], allocs...)
+}
+
+func (u *unreleased) take() map[string][]shard.Alloc {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	m := u.m
+	u.m = nil
+	return m
+}
+
+func (u *unreleased) empty() bool {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return len(u.m) == 0
+}
+
+// RetryReleases retries the hand-backs the ledger refused (see Release) and
+// returns the first error; what fails again is kept for the next try.
+func (e *Engine) RetryReleases(ctx context.Context) error {
+	var first error
+	for account, allocs := range e.unreleased.take() {
+		if err := e.opts.Reserver.Release(ctx, account, allocs); err != nil {
+			e.unreleased.add(account, allocs)
+			if first == nil {
+				first = fmt.Errorf("engine: release of account %q in the ledger: %w", account, err)
+			}
+		}
+	}
+	return first
 }
 
 func (e *Engine) zeroAllowance(account string) ([]shard.Alloc, uint64, error) {
@@ -293,7 +357,7 @@ func (e *Engine) TakeBack(ctx context.Context, account string, allocs []shard.Al
 // start once the log is settled). It returns the first error and goes on
 // with the other accounts.
 func (e *Engine) ReleaseAll(ctx context.Context) error {
-	var first error
+	first := e.RetryReleases(ctx)
 	for _, id := range e.AccountIDs() {
 		if err := e.Release(ctx, id); err != nil && first == nil {
 			first = err
