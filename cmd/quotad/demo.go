@@ -338,10 +338,10 @@ func (d *demoRun) showTryIt() {
 	}
 	n := d.c.Nodes[0] // never killed: the others joined through it
 	d.tryIt = []string{
-		d.st.bold("TRY IT") + " (your own key, account \"you\": 1,000 units/month, hard, 10 requests/s; left out of the totals)",
+		d.st.bold("TRY IT") + " with your own key (account \"you\": 1,000 units/month, hard; left out of the totals); send the last one twice",
 		fmt.Sprintf("  curl -i -H 'X-Api-Key: %s' http://%s/v1/tasks", you.Key, n.HTTP),
 		fmt.Sprintf("  curl -H 'X-Api-Key: %s' http://%s/v1/usage", you.Key, n.HTTP),
-		fmt.Sprintf("  curl -i -X POST -H 'X-Api-Key: %s' -H 'Idempotency-Key: order-1' http://%s/v1/tasks   # twice: billed once", you.Key, n.HTTP),
+		fmt.Sprintf("  curl -i -X POST -H 'X-Api-Key: %s' -H 'Idempotency-Key: order-1' http://%s/v1/tasks", you.Key, n.HTTP),
 		fmt.Sprintf("%s http://%s/status  (every node has one)", d.st.bold("STATUS PAGE"), n.Admin),
 	}
 	d.title("Try it by hand while it runs")
@@ -394,7 +394,7 @@ func (d *demoRun) pickVictim() *cluster.Node {
 
 func (d *demoRun) runTraffic(ctx context.Context) error {
 	kill, restart, failover := failoverPlan(d.f.nodes, d.f.duration)
-	d.title("Traffic for %s through all %d proxies", d.f.duration, d.f.nodes)
+	d.title("Traffic for %.0fs through all %d proxies", d.f.duration.Seconds(), d.f.nodes)
 	if failover {
 		d.victim = d.pickVictim()
 		d.say("at t=%.0fs %s is killed with SIGKILL; at t=%.0fs it restarts with its data dir", kill.Seconds(), d.victim.ID, restart.Seconds())
@@ -536,7 +536,8 @@ func (d *demoRun) failover(ctx context.Context, start time.Time, kill, restart t
 	// owner fail and the front answers quota-unavailable.
 	for ctx.Err() == nil && time.Since(t0) < 30*time.Second {
 		if d.survivorsDropped(ctx, v.ID) {
-			d.events.add("the others declared %s dead after %.1fs and took its partitions; its accounts' reserved units stay frozen in the ledger until it returns", v.ID, time.Since(t0).Seconds())
+			d.events.add("the others declared %s dead after %.1fs and took its partitions", v.ID, time.Since(t0).Seconds())
+			d.events.add("%s's reserved units stay frozen in the ledger until it returns: nobody can spend them twice", v.ID)
 			d.mon.setPhase("%s is down; its accounts moved", v.ID)
 			break
 		}
@@ -559,7 +560,7 @@ func (d *demoRun) failover(ctx context.Context, start time.Time, kill, restart t
 		return
 	}
 	settled := scrapeMetrics(ctx, v)["quotaring_settle_batch_records_sum"]
-	d.events.add("%s ready after %.1fs: it replayed its log and settled %.0f records into the ledger before taking accounts again: nothing acknowledged was lost",
+	d.events.add("%s ready after %.1fs: it replayed its log and settled its %.0f unsettled records before serving",
 		v.ID, time.Since(t1).Seconds(), settled)
 	if err := d.c.WaitConverged(rctx); err == nil {
 		d.events.add("one ring again: %s serves its partitions (%s)", v.ID, strings.Join(orNone(d.ownersAfter(ctx, v.ID)), ", "))

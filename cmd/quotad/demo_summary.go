@@ -268,9 +268,11 @@ func (d *demoRun) printSummary(t *demoTotals, settles, dups float64) {
 		d.say("your requests by hand: %d units settled to the account \"you\" (not counted below)", t.handSettled)
 	}
 	d.say("")
-	d.say("the ledger took %.0f settle transactions for %s charges: one per node per second at most, not one per charge as", settles, thousandsI(t.ackedReqs+t.refunded))
-	d.say("counting in a database does; %s", plural(int64(dups), "retry that reached a new owner after the kill was", "retries that reached a new owner after the kill were")+
-		" caught there and billed once")
+	d.say("the ledger took %.0f settle transactions for %s charges: one per node per second at most, not one per charge", settles, thousandsI(t.ackedReqs+t.refunded))
+	d.say("as counting in a database does")
+	if dups > 0 {
+		d.say("%s caught at settle and billed once", plural(int64(dups), "retry that reached a new owner after the kill was", "retries that reached a new owner after the kill were"))
+	}
 	recon := "clean"
 	if t.reconcileDiffs > 0 {
 		recon = fmt.Sprintf("%d differences", t.reconcileDiffs)

@@ -80,7 +80,7 @@ func demoCustomers(d time.Duration) []*customer {
 	secs := d.Seconds()
 	round := func(v float64, to int64) int64 { return max(to, int64(math.Round(v/float64(to)))*to) }
 	cs := []*customer{
-		{ID: "free-co", About: "free plan, hard monthly quota: it runs out half way and is refused from then on",
+		{ID: "free-co", About: "free plan, hard monthly quota: it runs out mid-run and is refused from then on",
 			Plan: snapshot.Plan{ID: "free", Rate: "10/s", Burst: 20, MonthlyQuota: round(3*secs, 10), Hard: true},
 			rate: 4, workers: 2, mix: []routeShare{{"GET", "/v1/tasks", 1}, {"POST", "/v1/tasks", 1}}},
 		{ID: "acme", About: "paying: hard monthly quota plus prepaid credits; exports weigh 10, reports fail now and then (refunded)",
@@ -375,9 +375,9 @@ func (t *traffic) note(c *customer, kind string, a answer) {
 	}
 	switch kind {
 	case "quota-exceeded":
-		t.events.add("%s: 429 quota-exceeded: the request needs more than is left (%d of %d units told OK so far); a hard limit is never passed", c.ID, acked, c.limit())
+		t.events.add("%s: 429 quota-exceeded: %d of its %d units told OK; a hard limit is never passed", c.ID, acked, c.limit())
 	case "quota-unavailable":
-		t.events.add("%s: 503 quota-unavailable: its owner cannot decide now; nothing charged, the client retries with the same key", c.ID)
+		t.events.add("%s: 503 quota-unavailable: nothing charged; the client retries with the same key", c.ID)
 	default:
 		t.events.add("%s: %s", c.ID, truncate(a.detail, 110))
 	}

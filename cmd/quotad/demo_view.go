@@ -429,9 +429,9 @@ func (m *monitor) frame(st style, header []string, elapsed, total time.Duration,
 			s.ok, padLeft(count(st, s.rateLimited, st.yellow), 7), padLeft(count(st, s.quotaExceeded, st.red), 7),
 			padLeft(count(st, s.unavailable, st.yellow), 7), padLeft(count(st, s.refunded, st.purple), 7), padLeft(count(st, s.replays, st.green), 6)))
 	}
-	out = append(out, st.dim("UNITS TOLD OK: of requests answered 2xx, which the ledger must bill exactly · OK: those requests · RATE, QUOTA, UNAVAIL:"),
-		st.dim("refusals rate-limited, quota-exceeded, quota-unavailable (503, retried with the same key) · REFUND: the API failed, the"),
-		st.dim("charge was refunded · REPLAY: a retry with the same Idempotency-Key, answered and billed once"))
+	out = append(out, st.dim("UNITS TOLD OK: of requests answered 2xx, what the ledger must bill exactly · OK: those requests"),
+		st.dim("RATE, QUOTA, UNAVAIL: refused rate-limited, quota-exceeded, quota-unavailable (503: retried, same key)"),
+		st.dim("REFUND: the API failed, the charge was returned · REPLAY: a resend of an Idempotency-Key, billed once"))
 	if events > 0 {
 		out = append(out, "", st.bold("EVENTS"))
 		for _, l := range m.events.last(events) {
