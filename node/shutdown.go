@@ -28,6 +28,8 @@ func (n *Node) Shutdown(ctx context.Context) error {
 	settleErr := n.finalSettle(ctx)
 	if settleErr != nil {
 		errs = append(errs, settleErr)
+	} else {
+		n.releaseStranded(ctx)
 	}
 	if r != nil {
 		lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
@@ -55,6 +57,35 @@ func (n *Node) releaseAll(ctx context.Context) {
 	defer cancel()
 	if err := n.eng.ReleaseAll(rctx); err != nil {
 		n.log.Warn("handing back reservations failed; they return at the next start or with quotad revoke", "err", err)
+	}
+}
+
+// releaseStranded frees whatever this node still holds in the ledger once
+// its log is settled and its allowances are handed back: units of
+// reservations whose commit reply was lost (a slow ledger: the node never
+// learned it held them) or that a top-up got after releaseAll. The engine is
+// closed first, so nothing reserves or spends any more; the log keeps no
+// allowance the ledger would still back (a next start zeroes allowances and
+// frees the node's reservations before it serves anyway).
+func (n *Node) releaseStranded(ctx context.Context) {
+	l := n.Ledger()
+	if l == nil || n.eng == nil {
+		return
+	}
+	n.eng.Close() // stops top-ups; closeAll's Close is then a no-op
+	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	freed, err := l.ReleaseNode(rctx, n.cfg.ID)
+	if err != nil {
+		n.log.Warn("could not free what this node still holds in the ledger; it returns at its next start or with quotad revoke", "err", err)
+		return
+	}
+	var units int64
+	for _, f := range freed {
+		units += f.Units
+	}
+	if units > 0 {
+		n.log.Info("freed reservations this node held without knowing (lost commit replies, late top-ups)", "units", units, "grants", len(freed))
 	}
 }
 
