@@ -100,6 +100,9 @@ type demoRun struct {
 	tr     *traffic
 	mon    *monitor
 	victim *cluster.Node
+	// killed and restarted: what the failover did (set by failover, read
+	// after it returned)
+	killed, restarted bool
 	// tryIt is the block of curl commands and addresses shown while the
 	// traffic runs.
 	tryIt []string
@@ -147,7 +150,8 @@ func runDemo(ctx context.Context, out io.Writer, f demoFlags) (err error) {
 			removeDir()
 		}
 	}()
-	fmt.Fprintf(out, "%s\n", d.st.bold(fmt.Sprintf("quotaring demo: %d quotad processes on this machine, one SQLite ledger, a sample API, 5 customers", f.nodes)))
+	fmt.Fprintf(out, "%s\n", d.st.bold(fmt.Sprintf("quotaring demo: %s on this machine, one SQLite ledger, a sample API, 5 customers",
+		plural(int64(f.nodes), "quotad process", "quotad processes"))))
 	fmt.Fprintf(out, "Everything runs under %s; nothing else is touched.\n", dir)
 
 	d.cs = demoCustomers(f.duration)
@@ -211,7 +215,8 @@ func demoDir(dir string) (string, func(), error) {
 // weights to the ledger before any node starts, as an operator would with
 // quotad admin.
 func (d *demoRun) seed(ctx context.Context) error {
-	d.title("The ledger: plans, accounts, API keys, credits and route weights (%s)", d.dsn)
+	d.title("The ledger: plans, accounts, API keys, credits and route weights")
+	d.say("%s, written before any node starts, as an operator would with quotad admin", d.dsn)
 	l, err := flush.Open(ctx, d.dsn, nil)
 	if err != nil {
 		return err
@@ -246,14 +251,14 @@ func (d *demoRun) seed(ctx context.Context) error {
 		if c.Plan.Rate != "" {
 			rate = fmt.Sprintf("%s burst %d", c.Plan.Rate, c.Plan.Burst)
 		}
-		units := fmt.Sprintf("%s units/month", thousandsI(c.Plan.MonthlyQuota))
+		units := fmt.Sprintf("%s/month", thousandsI(c.Plan.MonthlyQuota))
 		if c.Credits > 0 {
-			units += fmt.Sprintf(" + %s prepaid", thousandsI(c.Credits))
+			units += fmt.Sprintf(" +%s prepaid", thousandsI(c.Credits))
 		}
-		d.say("%-9s %-13s %-32s %-15s  %s", c.ID, c.planText(), units, rate, d.st.dim(c.About))
+		d.say("%-9s %-13s %-22s %-14s %s", c.ID, c.planText(), units, rate, d.st.dim(c.About))
 	}
-	d.say("routes: GET /v1/tasks 1 unit, POST /v1/tasks 2, POST /v1/exports 10, GET /v1/reports 5 (fails 1 time in %d: refunded)", demoReportFailEvery)
-	d.say("keys are stored as SHA-256 hashes; the plaintexts live only in this process")
+	d.say("units per route: GET /v1/tasks 1, POST /v1/tasks 2, POST /v1/exports 10, GET /v1/reports 5")
+	d.say("API keys are stored as SHA-256 hashes; the plaintexts live only in this process")
 	return nil
 }
 
@@ -283,7 +288,7 @@ func checkLoopback(nodes int) error {
 }
 
 func (d *demoRun) startCluster(ctx context.Context, self string) error {
-	d.title("%d quotad processes on loopback, one data dir each, in front of the sample API on %s", d.f.nodes, d.api.addr)
+	d.title("%s on loopback, one data dir each, in front of the sample API on %s", plural(int64(d.f.nodes), "quotad process", "quotad processes"), d.api.addr)
 	t0 := time.Now()
 	c, err := cluster.Start(ctx, cluster.Options{Binary: self, Nodes: d.f.nodes, Ledger: d.dsn, Dir: d.dir,
 		SettleInterval: time.Second,
@@ -315,7 +320,7 @@ func (d *demoRun) startCluster(ctx context.Context, self string) error {
 	d.mon.tick(ctx)
 	d.say("one ring after %.1fs (gossip: memberlist; ring: consistent hashing over 1,021 partitions)", time.Since(t0).Seconds())
 	for _, n := range c.Nodes {
-		d.say("%-3s pid %-7d proxy http://%-21s status page http://%s/status   owns %s",
+		d.say("%-3s pid %-7d proxy %-21s status http://%s/status  owns %s",
 			n.ID, n.PID(), n.HTTP, n.Admin, strings.Join(orNone(d.mon.ownedBy(n.ID)), ", "))
 	}
 	d.say("node logs: %s", filepath.Join(d.dir, "n1.log")+", ...")
@@ -394,7 +399,11 @@ func (d *demoRun) pickVictim() *cluster.Node {
 
 func (d *demoRun) runTraffic(ctx context.Context) error {
 	kill, restart, failover := failoverPlan(d.f.nodes, d.f.duration)
-	d.title("Traffic for %.0fs through all %d proxies", d.f.duration.Seconds(), d.f.nodes)
+	via := fmt.Sprintf("the %d nodes' proxies", d.f.nodes)
+	if d.f.nodes == 1 {
+		via = "the node's proxy"
+	}
+	d.title("Traffic for %.0fs through %s", d.f.duration.Seconds(), via)
 	if failover {
 		d.victim = d.pickVictim()
 		d.say("at t=%.0fs %s is killed with SIGKILL; at t=%.0fs it restarts with its data dir", kill.Seconds(), d.victim.ID, restart.Seconds())
@@ -531,6 +540,7 @@ func (d *demoRun) failover(ctx context.Context, start time.Time, kill, restart t
 		d.events.add("could not kill %s: %v", v.ID, err)
 		return
 	}
+	d.killed = true
 	d.mon.setPhase("%s was killed (SIGKILL)", v.ID)
 	// The survivors notice through gossip; until then, calls to the dead
 	// owner fail and the front answers quota-unavailable.
@@ -559,6 +569,7 @@ func (d *demoRun) failover(ctx context.Context, start time.Time, kill, restart t
 		d.events.add("%s did not get ready: %v", v.ID, err)
 		return
 	}
+	d.restarted = true
 	settled := scrapeMetrics(ctx, v)["quotaring_settle_batch_records_sum"]
 	d.events.add("%s ready after %.1fs: it replayed its log and settled its %.0f unsettled records before serving",
 		v.ID, time.Since(t1).Seconds(), settled)

@@ -131,8 +131,8 @@ func (d *demoRun) stopNodes(ctx context.Context) error {
 		}
 	}
 	d.c = nil
-	d.say("SIGTERM to each node: %s in %.1fs (each drained, handed its reservations back, settled what was left, left the ring)",
-		strings.Join(codes, ", "), time.Since(t0).Seconds())
+	d.say("SIGTERM to each node: %s in %.1fs", strings.Join(codes, ", "), time.Since(t0).Seconds())
+	d.say("(each drained, handed its reservations back, settled what was left and left the ring)")
 	if len(failed) > 0 {
 		return fmt.Errorf("demo: %s", strings.Join(failed, "; "))
 	}
@@ -239,7 +239,7 @@ func demoSummary(ctx context.Context, dsn string, cs []*customer) (*demoTotals, 
 func (d *demoRun) printSummary(t *demoTotals, settles, dups float64) {
 	st := d.st
 	d.say("")
-	d.say("%s", st.bold(fmt.Sprintf("%-9s %-5s %9s %12s %9s %9s %9s %6s %9s %8s", "customer", "limit", "units", "acknowledged", "settled", "overshoot", "lost", "", "refunded", "replayed")))
+	d.say("%s", st.bold(fmt.Sprintf("%-9s %-5s %9s %12s %9s %9s %9s %6s %9s %8s", "customer", "kind", "limit", "acknowledged", "settled", "overshoot", "lost", "", "refunded", "replayed")))
 	for _, r := range t.rows {
 		kind := "soft"
 		if r.hard {
@@ -252,8 +252,9 @@ func (d *demoRun) printSummary(t *demoTotals, settles, dups float64) {
 		d.say("%-9s %-5s %9s %12s %9s %9d %9d %s %9d %8d", r.id, kind, thousandsI(r.limit), thousandsI(r.acked), thousandsI(r.settled),
 			r.overshoot, r.lost, padLeft(mark, 6), r.refunded, r.replays)
 	}
-	d.say("%s", st.dim(fmt.Sprintf("acknowledged: units of requests answered 2xx, once per Idempotency-Key (%s requests); settled: the ledger's event", thousandsI(t.ackedReqs))))
-	d.say("%s", st.dim("log, unrefunded, after every node settled; refunded: the API failed and the charge was returned; replayed: retries billed once"))
+	d.say("%s", st.dim(fmt.Sprintf("acknowledged: units of requests answered 2xx, once per Idempotency-Key (%s requests)", thousandsI(t.ackedReqs))))
+	d.say("%s", st.dim("settled: the ledger's event log, unrefunded, once every node settled"))
+	d.say("%s", st.dim("refunded: requests the API failed, their charges returned; replayed: resends billed once"))
 	for i, s := range t.diffs {
 		if i == 20 {
 			d.say("... and %d more", len(t.diffs)-20)
@@ -268,8 +269,8 @@ func (d *demoRun) printSummary(t *demoTotals, settles, dups float64) {
 		d.say("your requests by hand: %d units settled to the account \"you\" (not counted below)", t.handSettled)
 	}
 	d.say("")
-	d.say("the ledger took %.0f settle transactions for %s charges: one per node per second at most, not one per charge", settles, thousandsI(t.ackedReqs+t.refunded))
-	d.say("as counting in a database does")
+	d.say("the ledger took %.0f settle transactions for %s charges: at most one per node per second,", settles, thousandsI(t.ackedReqs+t.refunded))
+	d.say("not one per charge as counting in a database does")
 	if dups > 0 {
 		d.say("%s caught at settle and billed once", plural(int64(dups), "retry that reached a new owner after the kill was", "retries that reached a new owner after the kill were"))
 	}
@@ -287,8 +288,14 @@ func (d *demoRun) printSummary(t *demoTotals, settles, dups float64) {
 	fmt.Fprintf(d.out, "reconcile: %s (%d rows: every grant's used units and every month's usage against the event log)\n", recon, t.reconcileRows)
 	fmt.Fprintln(d.out)
 	if t.overshoot == 0 && t.lost == 0 && t.unacked == 0 && t.reconcileDiffs == 0 {
-		fmt.Fprintln(d.out, st.green(st.bold("OK"))+": every acknowledged charge is in the ledger exactly once, nothing else is, and no hard limit was passed,")
-		fmt.Fprintln(d.out, "    through a kill -9, a restart and ownership moving twice.")
+		end := "."
+		if d.killed && d.restarted {
+			end = ","
+		}
+		fmt.Fprintln(d.out, st.green(st.bold("OK"))+": every acknowledged charge is in the ledger exactly once, nothing else is, and no hard limit was passed"+end)
+		if d.killed && d.restarted {
+			fmt.Fprintln(d.out, "    through a kill -9, a restart and ownership moving twice.")
+		}
 	} else {
 		fmt.Fprintln(d.out, st.red(st.bold("FAILED"))+": see the differences above.")
 	}

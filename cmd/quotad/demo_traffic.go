@@ -80,23 +80,23 @@ func demoCustomers(d time.Duration) []*customer {
 	secs := d.Seconds()
 	round := func(v float64, to int64) int64 { return max(to, int64(math.Round(v/float64(to)))*to) }
 	cs := []*customer{
-		{ID: "free-co", About: "free plan, hard monthly quota: it runs out mid-run and is refused from then on",
+		{ID: "free-co", About: "runs out of its hard quota mid-run",
 			Plan: snapshot.Plan{ID: "free", Rate: "10/s", Burst: 20, MonthlyQuota: round(3*secs, 10), Hard: true},
 			rate: 4, workers: 2, mix: []routeShare{{"GET", "/v1/tasks", 1}, {"POST", "/v1/tasks", 1}}},
-		{ID: "acme", About: "paying: hard monthly quota plus prepaid credits; exports weigh 10, reports fail now and then (refunded)",
+		{ID: "acme", About: "pays: quota, then credits; reports fail 1 in 8",
 			Plan:    snapshot.Plan{ID: "pro", Rate: "50/s", Burst: 50, MonthlyQuota: round(8*secs, 50), Hard: true},
 			Credits: round(30*secs, 100),
 			rate:    8, workers: 3, mix: []routeShare{{"GET", "/v1/tasks", 8}, {"POST", "/v1/tasks", 6}, {"POST", "/v1/exports", 3}, {"GET", "/v1/reports", 3}}},
-		{ID: "globex", About: "soft monthly quota: past it, usage goes on and is billed as overage",
+		{ID: "globex", About: "soft quota: past it, billed as overage",
 			Plan: snapshot.Plan{ID: "scale", Rate: "20/s", Burst: 40, MonthlyQuota: round(3.6*secs, 10)},
 			rate: 4, workers: 2, mix: []routeShare{{"GET", "/v1/tasks", 1}, {"POST", "/v1/tasks", 1}}},
-		{ID: "retry-co", About: "its network loses answers: sends every order 3 times with one Idempotency-Key, billed once",
+		{ID: "retry-co", About: "sends every request 3 times, one key",
 			Plan: snapshot.Plan{ID: "team", Rate: "20/s", Burst: 40, MonthlyQuota: 100_000},
 			rate: 1.5, workers: 2, resends: 2, mix: []routeShare{{"POST", "/v1/tasks", 1}}},
-		{ID: "spam-co", About: "abusive: hammers at ~30 requests/s against a rate limit of 5/s",
+		{ID: "spam-co", About: "hammers at ~30 requests/s, limit 5/s",
 			Plan: snapshot.Plan{ID: "starter", Rate: "5/s", Burst: 10, MonthlyQuota: 100_000, Hard: true},
 			rate: 30, workers: 4, mix: []routeShare{{"GET", "/v1/tasks", 1}}},
-		{ID: "you", About: "for your own curl requests (left out of the summary's totals)",
+		{ID: "you", About: "your curl requests (not in the totals)",
 			Plan: snapshot.Plan{ID: "trial", Rate: "10/s", Burst: 20, MonthlyQuota: 1_000, Hard: true}, hand: true},
 	}
 	for _, c := range cs {
