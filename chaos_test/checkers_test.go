@@ -146,7 +146,7 @@ func TestEachCheckerCanFail(t *testing.T) {
 		{"period backwards", "G9", func(w *world) {
 			w.in.Ops[3].Reset = july // e3 answered in July...
 			w.in.Ops[3].Decider = "n2"
-		}, "period went back from 2026-07 (answered by n2 at 0.030s) to 2026-06", []int{3, 4}},
+		}, "period went back from 2026-07 (answered by n2 at 0.030s) to 2026-06 (answered by n1 at 0.040s)", []int{3, 4}},
 		{"sequence repeated", "SEQ", func(w *world) { w.in.Ledger.Events["hard-1"][3].Seq = 3 }, "seq 3 holds two events", nil},
 		{"sequence not settled", "SEQ", func(w *world) { w.in.Logs[0].Durable = 22 }, "2 records durable but not settled", nil},
 		{"stranded reservation", "RES", func(w *world) {

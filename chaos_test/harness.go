@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -48,8 +49,12 @@ type Config struct {
 	// SettleInterval is the nodes' --settle-interval [500ms].
 	SettleInterval time.Duration
 	// FirstIP is the first node's last address byte: node i listens on
-	// 127.0.0.(FirstIP+i) [100].
+	// Subnet.(FirstIP+i) [100].
 	FirstIP int
+	// Subnet is the first three bytes of the nodes' loopback addresses
+	// [a random 127.x.y, so that runs at the same time on one machine never
+	// meet: a node rejoins its last known members by address].
+	Subnet string
 	// Progress gets a line per fault and every ProgressEvery [10s]; nil is
 	// silent.
 	Progress      io.Writer
@@ -78,11 +83,17 @@ func (c *Config) defaults() error {
 	if c.FirstIP == 0 {
 		c.FirstIP = 100
 	}
+	if c.Subnet == "" {
+		c.Subnet = fmt.Sprintf("127.%d.%d", 1+rand.IntN(254), 1+rand.IntN(254))
+	}
+	if ip := net.ParseIP(c.Subnet + ".1"); ip == nil || !ip.IsLoopback() {
+		return fmt.Errorf("chaos: subnet %q: want the first three bytes of a loopback address, such as 127.0.0", c.Subnet)
+	}
 	if c.ProgressEvery == 0 {
 		c.ProgressEvery = 10 * time.Second
 	}
 	if c.Workers < 1 || c.Rate <= 0 || c.SettleInterval < 0 || c.FirstIP < 2 || c.FirstIP+c.Nodes+maxExtra > 254 {
-		return errors.New("chaos: Workers, Rate, SettleInterval and FirstIP must be positive, and the nodes' addresses fit in 127.0.0.x")
+		return errors.New("chaos: Workers, Rate, SettleInterval and FirstIP must be positive, and the nodes' addresses fit in SUBNET.x")
 	}
 	return nil
 }
@@ -198,9 +209,9 @@ func (h *harness) setup(ctx context.Context) error {
 	if err := os.MkdirAll(filepath.Join(h.dir, "nodes"), 0o755); err != nil {
 		return err
 	}
-	h.logf("starting %d nodes on 127.0.0.%d-%d (data dirs and logs in %s)", h.cfg.Nodes, h.cfg.FirstIP, h.cfg.FirstIP+h.cfg.Nodes-1, h.dir)
+	h.logf("starting %d nodes on %s.%d-%d (data dirs and logs in %s)", h.cfg.Nodes, h.cfg.Subnet, h.cfg.FirstIP, h.cfg.FirstIP+h.cfg.Nodes-1, h.dir)
 	h.c, err = cluster.Start(ctx, cluster.Options{Binary: bin, Nodes: h.cfg.Nodes, Ledger: nodeDSN, Dir: filepath.Join(h.dir, "nodes"),
-		Args: []string{"--upstream", up, "--snapshot-interval", "1s"}, TestFaults: true, SettleInterval: h.cfg.SettleInterval, FirstIP: h.cfg.FirstIP})
+		Args: []string{"--upstream", up, "--snapshot-interval", "1s"}, TestFaults: true, SettleInterval: h.cfg.SettleInterval, FirstIP: h.cfg.FirstIP, Subnet: h.cfg.Subnet})
 	if err != nil {
 		return err
 	}

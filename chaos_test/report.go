@@ -12,8 +12,11 @@ import (
 	"sync"
 	"time"
 
+	"github.com/quotaring/quotaring/flush"
 	"github.com/quotaring/quotaring/internal/cluster"
 )
+
+func short(s string) string { return s[:min(len(s), 8)] }
 
 // Report is a run's outcome: the verdict of every checker, what the
 // workload saw, the faults as they were applied, and how to run it again.
@@ -32,10 +35,12 @@ type Report struct {
 	Plan    string           `json:"plan"`
 	Applied []cluster.Window `json:"applied"`
 	Results []cluster.Result `json:"results"`
-	// Offending shows the operations the violations name.
-	Offending map[int]string `json:"offending,omitempty"`
-	Workload  Workload       `json:"workload"`
-	Loss      Loss           `json:"loss"`
+	// Offending shows the operations the violations name; Rows the ledger's
+	// rows of the events they name ("account/event").
+	Offending map[int]string              `json:"offending,omitempty"`
+	Rows      map[string][]flush.EventRow `json:"rows,omitempty"`
+	Workload  Workload                    `json:"workload"`
+	Loss      Loss                        `json:"loss"`
 	// Series counts answers per second of the run, by status.
 	Series []Bucket  `json:"series"`
 	Notes  []string  `json:"notes,omitempty"`
@@ -99,6 +104,16 @@ func (h *harness) report(in *cluster.CheckInput, results []cluster.Result, began
 	}
 	for _, res := range results {
 		for _, v := range res.Violations {
+			if v.Event != "" && in.Ledger != nil {
+				for _, e := range in.Ledger.Events[v.Account] {
+					if e.EventID == v.Event {
+						if r.Rows == nil {
+							r.Rows = map[string][]flush.EventRow{}
+						}
+						r.Rows[v.Account+"/"+v.Event] = append(r.Rows[v.Account+"/"+v.Event], e)
+					}
+				}
+			}
 			for _, id := range v.Ops {
 				if o, ok := byID[id]; ok {
 					if r.Offending == nil {
@@ -215,6 +230,10 @@ func (r *Report) Markdown() string {
 				if s, ok := r.Offending[id]; ok {
 					fmt.Fprintf(&b, "  - `%s`\n", s)
 				}
+			}
+			for _, e := range r.Rows[v.Account+"/"+v.Event] {
+				fmt.Fprintf(&b, "  - ledger row: %s/%s seq %d, %d units in %s, charged %s, refunded %v, tombstone %v\n",
+					e.Node, short(e.Incarnation), e.Seq, e.Units, e.Period, e.ChargedAt.UTC().Format(time.RFC3339Nano), e.Refunded, e.Tombstone)
 			}
 		}
 	}

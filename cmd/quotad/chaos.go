@@ -19,7 +19,7 @@ func newChaosCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "chaos",
 		Short: "Break a local cluster on purpose and check that nothing was lost or overspent",
-		Long: `Start a cluster of quotad processes on this machine (127.0.0.x) with a
+		Long: `Start a cluster of quotad processes on this machine (127.x.y.z) with a
 throwaway Postgres from the local binaries (initdb, pg_ctl and postgres on
 PATH, or under /usr/lib/postgresql/*/bin), charge it from many clients through
 gRPC, the embedded client and the HTTP proxy, inject faults on a schedule drawn
@@ -109,7 +109,8 @@ that may start Postgres (as root it runs Postgres as the postgres user).`,
 	fl.IntVar(&cfg.Workers, "workers", 16, "client goroutines")
 	fl.Float64Var(&cfg.Rate, "rate", 150, "operations per second the clients send in all")
 	fl.DurationVar(&cfg.SettleInterval, "settle-interval", 500*time.Millisecond, "the nodes' --settle-interval (a lost disk loses about this much)")
-	fl.IntVar(&cfg.FirstIP, "first-ip", 100, "node i listens on 127.0.0.(first-ip + i)")
+	fl.IntVar(&cfg.FirstIP, "first-ip", 100, "node i listens on SUBNET.(first-ip + i)")
+	fl.StringVar(&cfg.Subnet, "subnet", "", "the first three bytes of the nodes' loopback addresses (default: a random 127.x.y, so that two runs on one machine never meet)")
 	fl.StringVar(&cfg.Binary, "binary", "", "the quotad the nodes run (default: this one)")
 	return cmd
 }

@@ -757,8 +757,8 @@ func CheckG9(in *CheckInput) Result {
 			if high >= 0 && in.Ops[high].Reset > b.Reset {
 				a := &in.Ops[high]
 				c.add(Violation{Account: acct, Ops: []int{a.ID, b.ID}, Detail: fmt.Sprintf(
-					"period went back from %s (answered by %s at %s) to %s (answered by %s at %s)",
-					periodName(a.Reset), a.Decider, fmtOffset(a.End), periodName(b.Reset), b.Decider, fmtOffset(b.End))})
+					"period went back from %s (answered %s at %s) to %s (answered %s at %s)",
+					periodName(a.Reset), a.answeredBy(), fmtOffset(a.End), periodName(b.Reset), b.answeredBy(), fmtOffset(b.End))})
 				break // one per account
 			}
 		}
@@ -768,6 +768,15 @@ func CheckG9(in *CheckInput) Result {
 		names = append(names, periodName(r))
 	}
 	return c.done(fmt.Sprintf("%d accounts; periods answered: %s", len(byAccount), strings.Join(names, ", ")))
+}
+
+// answeredBy names who answered: the deciding node, or the way in when the
+// answer does not say (HTTP).
+func (o *Op) answeredBy() string {
+	if o.Decider != "" {
+		return "by " + o.Decider
+	}
+	return "through " + o.Via + "@" + o.Node
 }
 
 // CheckSeq: per (node, incarnation), the event log holds each sequence at

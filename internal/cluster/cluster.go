@@ -79,8 +79,14 @@ type Options struct {
 	// SettleInterval is passed as --settle-interval (default 200ms).
 	SettleInterval time.Duration
 	// FirstIP is the first loopback address's last byte (default 10):
-	// node i listens on 127.0.0.(FirstIP+i).
+	// node i listens on Subnet.(FirstIP+i).
 	FirstIP int
+	// Subnet is the first three bytes of the nodes' loopback addresses
+	// (default "127.0.0"). Clusters that may run at the same time on one
+	// machine take different ones: a node that rejoins its last known
+	// members by address could otherwise meet another cluster's node that
+	// took a port of the same address.
+	Subnet string
 }
 
 // Cluster is a set of quotad processes.
@@ -115,6 +121,9 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	}
 	if opts.FirstIP == 0 {
 		opts.FirstIP = 10
+	}
+	if opts.Subnet == "" {
+		opts.Subnet = "127.0.0"
 	}
 	c := &Cluster{opts: opts}
 	for i := 0; i < opts.Nodes; i++ {
@@ -152,7 +161,7 @@ func (c *Cluster) AddNode(ctx context.Context) (*Node, error) {
 }
 
 func (c *Cluster) newNode(i int) (*Node, error) {
-	ip := fmt.Sprintf("127.0.0.%d", c.opts.FirstIP+i)
+	ip := fmt.Sprintf("%s.%d", c.opts.Subnet, c.opts.FirstIP+i)
 	ports, err := freePorts(ip, 4)
 	if err != nil {
 		return nil, err
