@@ -255,7 +255,7 @@ func (d *demoRun) seed(ctx context.Context) error {
 		if c.Credits > 0 {
 			units += fmt.Sprintf(" +%s prepaid", thousandsI(c.Credits))
 		}
-		d.say("%-9s %-13s %-22s %-14s %s", c.ID, c.planText(), units, rate, d.st.dim(c.About))
+		d.say("%-9s %-13s %-24s %-14s %s", c.ID, c.planText(), units, rate, d.st.dim(c.About))
 	}
 	d.say("units per route: GET /v1/tasks 1, POST /v1/tasks 2, POST /v1/exports 10, GET /v1/reports 5")
 	d.say("API keys are stored as SHA-256 hashes; the plaintexts live only in this process")

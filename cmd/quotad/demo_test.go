@@ -73,7 +73,7 @@ func TestDemo(t *testing.T) {
 		regexp.MustCompile(`declared n\d dead after`),
 		regexp.MustCompile(`n\d ready after [\d.]+s: it replayed its log`),
 		regexp.MustCompile(`spam-co: 429 `),
-		regexp.MustCompile(`curl -i -H 'X-Api-Key: demo_you_[0-9a-f]+' http://127\.0\.0\.10:\d+/v1/tasks`),
+		regexp.MustCompile(`curl -i -H 'X-Api-Key: demo_you_[0-9a-f]{12}' http://127\.0\.0\.10:\d+/v1/tasks`),
 		regexp.MustCompile(`http://127\.0\.0\.10:\d+/status`),
 	} {
 		if !want.MatchString(text) {

@@ -100,7 +100,7 @@ func demoCustomers(d time.Duration) []*customer {
 			Plan: snapshot.Plan{ID: "trial", Rate: "10/s", Burst: 20, MonthlyQuota: 1_000, Hard: true}, hand: true},
 	}
 	for _, c := range cs {
-		c.Key = "demo_" + strings.ReplaceAll(c.ID, "-", "") + "_" + randomHex(8)
+		c.Key = "demo_" + strings.ReplaceAll(c.ID, "-", "") + "_" + randomHex(6) // short enough for the view's curl lines
 		c.st.acked = map[string]int64{}
 		c.st.pending = map[string]int64{}
 		c.st.seen = map[string]bool{}
