@@ -103,6 +103,10 @@ type demoRun struct {
 	// killed and restarted: what the failover did (set by failover, read
 	// after it returned)
 	killed, restarted bool
+	// victimOwned are the demo accounts the victim owned when it was killed.
+	victimOwned []string
+	// trafficTook is from the first request to the last answer.
+	trafficTook time.Duration
 	// tryIt is the block of curl commands and addresses shown while the
 	// traffic runs.
 	tryIt []string
@@ -436,6 +440,7 @@ func (d *demoRun) runTraffic(ctx context.Context) error {
 	}
 	d.mon.setPhase("traffic stopped; requests in doubt are retried with their keys")
 	wg.Wait()
+	d.trafficTook = time.Since(start)
 	<-scriptDone
 	d.mon.tick(context.WithoutCancel(ctx))
 	d.mon.mu.Lock()
@@ -529,6 +534,7 @@ func (d *demoRun) failover(ctx context.Context, start time.Time, kill, restart t
 		return
 	}
 	owned := d.mon.ownedBy(v.ID)
+	d.victimOwned = owned
 	unsettled := d.mon.node(d.indexOf(v)).unsettled
 	for _, c := range d.cs {
 		c.resetSeen("quota-unavailable") // show the refusals the kill causes

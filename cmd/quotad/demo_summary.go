@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"time"
 
 	"github.com/quotaring/quotaring/flush"
+	"github.com/quotaring/quotaring/snapshot"
 )
 
 // demoTotals compares, per customer, what its client was told with what
@@ -265,6 +267,7 @@ func (d *demoRun) printSummary(t *demoTotals, settles, dups float64) {
 	if t.pending > 0 {
 		d.say("%s", st.yellow(fmt.Sprintf("%d requests were still in doubt when the clients stopped retrying", t.pending)))
 	}
+	d.rateLimitLine()
 	if t.handSettled > 0 {
 		d.say("your requests by hand: %d units settled to the account \"you\" (not counted below)", t.handSettled)
 	}
@@ -307,4 +310,36 @@ func plural(n int64, one, many string) string {
 		return "1 " + one
 	}
 	return fmt.Sprintf("%d %s", n, many)
+}
+
+// rateLimitLine holds the rate-limited customer to G7: through the whole
+// cluster, at most burst + rate*t requests in t, plus one burst per move of
+// its account (a new owner starts with a full bucket).
+func (d *demoRun) rateLimitLine() {
+	for _, c := range d.cs {
+		if c.ID != "spam-co" {
+			continue
+		}
+		r, err := snapshot.ParseRate(c.Plan.Rate)
+		if err != nil || r.Unlimited() {
+			return
+		}
+		moves := int64(0)
+		if d.killed && slices.Contains(d.victimOwned, c.ID) {
+			moves = 2 // to a survivor and back
+		}
+		secs := d.trafficTook.Seconds()
+		bound := c.Plan.Burst*(1+moves) + int64(float64(r.Tokens)*secs/r.Per.Seconds())
+		got := c.counts().ok
+		line := fmt.Sprintf("rate limit (G7): %s got %d requests through in %.1fs, at most %d allowed (burst %d + %s x %.1fs",
+			c.ID, got, secs, bound, c.Plan.Burst, c.Plan.Rate, secs)
+		if moves > 0 {
+			line += ", + a burst per ownership move"
+		}
+		line += ")"
+		if got > bound {
+			line = d.st.red(line + ": over")
+		}
+		d.say("%s", line)
+	}
 }
