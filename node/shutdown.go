@@ -9,6 +9,9 @@ import (
 	"github.com/quotaring/quotaring/ring"
 )
 
+// announceTimeout bounds the wait for the "draining" announcement to go out.
+const announceTimeout = 3 * time.Second
+
 // Shutdown stops the node gracefully (see the package doc). It returns an
 // error when the final settle failed: the records stay in the log for the
 // next start.
@@ -17,9 +20,15 @@ func (n *Node) Shutdown(ctx context.Context) error {
 	n.draining.Store(true)
 	r := n.Ring()
 	if r != nil {
-		if err := r.SetState(ctx, ring.StateDraining); err != nil {
+		// Best effort, and bounded: when every peer is going away too
+		// (the whole cluster drained at once), nobody is left to take the
+		// broadcast, and waiting on it with ctx ate the whole budget and
+		// left an expired context for the settle and the releases.
+		actx, cancel := context.WithTimeout(ctx, announceTimeout)
+		if err := r.SetState(actx, ring.StateDraining); err != nil {
 			n.log.Warn("could not announce draining", "err", err)
 		}
+		cancel()
 	}
 	n.drain(ctx)
 	var errs []error
