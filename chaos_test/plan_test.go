@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -17,7 +18,7 @@ var rewrite = flag.Bool("rewrite", false, "rewrite the golden files under testda
 // that file (go test ./chaos_test -run Plans -rewrite), to review like code.
 func goldenPlans(t *testing.T) []*Plan {
 	var out []*Plan
-	for _, r := range ciRuns {
+	for _, r := range append(slices.Clone(ciRuns), knownViolations...) {
 		out = append(out, mustPlan(t, r.seed, r.nodes, r.duration, r.faults))
 	}
 	return append(out, mustPlan(t, 1, 5, 10*time.Minute, "all"))
@@ -34,6 +35,26 @@ func mustPlan(t *testing.T, seed uint64, nodes int, d time.Duration, faults stri
 		t.Fatal(err)
 	}
 	return p
+}
+
+// Every CI plan has every fault it names, and together with the known
+// violations' plans they have every fault there is.
+func TestCIPlansCoverTheirFaults(t *testing.T) {
+	all := map[Fault]bool{}
+	for _, r := range append(slices.Clone(ciRuns), knownViolations...) {
+		p := mustPlan(t, r.seed, r.nodes, r.duration, r.faults)
+		for _, f := range p.Faults {
+			if !slices.ContainsFunc(p.Episodes, func(e Episode) bool { return e.Fault == f }) {
+				t.Errorf("%s: the plan never has %s:\n%s", r.name, f, p)
+			}
+			all[f] = true
+		}
+	}
+	for _, f := range AllFaults {
+		if !all[f] {
+			t.Errorf("no CI run has %s", f)
+		}
+	}
 }
 
 func TestPlansGolden(t *testing.T) {
