@@ -43,7 +43,7 @@ keys through the nodes' proxies:
   retry-co  sends every request 3 times with one Idempotency-Key
   spam-co   hammers far past its rate limit
 
-Half way through, one node is killed with SIGKILL: its accounts move to the
+At 40% of the run, one node is killed with SIGKILL: its accounts move to the
 others (requests are refused quota-unavailable meanwhile, never decided
 twice), then it is restarted with its data dir. At the end every node
 settles and the demo compares what clients were told with what the ledger
