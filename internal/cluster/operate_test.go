@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/quotaring/quotaring/internal/pgtest"
 	"github.com/quotaring/quotaring/snapshot"
 )
 
@@ -101,7 +102,7 @@ func TestSIGTERMWithTheLedgerDown(t *testing.T) {
 		}
 	}
 	tc.settleAll(30 * time.Second)
-	srv := tcServer(t)
+	srv := pgtest.PackageServer(t)
 	if err := srv.Stop(ctx); err != nil {
 		t.Fatal(err)
 	}
