@@ -401,3 +401,19 @@ func (e *Engine) Prefetch(ctx context.Context, account string, units int64) erro
 	}
 	return e.reserve(ctx, account, units)
 }
+
+// Forget drops the state of an account this node no longer owns and holds
+// no allowance for, so that if it comes back it starts from the config
+// snapshot's settled use instead of this node's stale count. Records of it
+// still in the log settle as usual. It reports whether it dropped anything.
+func (e *Engine) Forget(account string) bool {
+	st := e.stripeFor(account)
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	ent, ok := st.accounts[account]
+	if !ok || e.ownsLocked(account) || len(ent.acct.Allowances()) > 0 || ent.waiting > 0 {
+		return false
+	}
+	delete(st.accounts, account)
+	return true
+}

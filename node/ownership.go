@@ -75,6 +75,9 @@ func (n *Node) releaseLost(ctx context.Context, lost []int) {
 			n.log.Warn("handing back the reservation of a lost account failed", "account", id, "err", err)
 			continue
 		}
+		// Its state here goes stale as the new owner charges; if the
+		// account comes back it starts again from the ledger's settled use.
+		n.eng.Forget(id)
 		released++
 	}
 	if s := n.Settler(); s != nil {

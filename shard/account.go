@@ -479,8 +479,11 @@ func (a *Account) ActiveGrants(now Now) []GrantView {
 
 // Usage is the account's current period as its owner sees it.
 type Usage struct {
-	Period    Period
-	Limit     int64
+	Period Period
+	Limit  int64
+	// Used is what the period used: what this owner charged by route, or the
+	// monthly grant's use when that is more (an account that moved here
+	// carries the ledger's settled use; Routes only what this owner saw).
 	Used      int64
 	Remaining int64
 	Reset     int64 // Unix seconds
@@ -502,6 +505,11 @@ func (a *Account) Usage(now Now) Usage {
 			u.Routes[r] = n
 			u.Used += n
 		}
+	}
+	// The routes count what this owner charged; after the account moved
+	// here the monthly grant (seeded from the ledger) knows more.
+	if g := a.grant(MonthlyGrantID(p)); g != nil && g.used > u.Used {
+		u.Used = g.used
 	}
 	return u
 }
