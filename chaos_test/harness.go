@@ -321,38 +321,30 @@ func (h *harness) waitConfig(ctx context.Context) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, convergeTimeout)
 	defer cancel()
-	for {
-		behind := ""
+	return cluster.Poll(ctx, 100*time.Millisecond, func() (bool, error) {
 		for _, n := range *h.nodes.Load() {
 			cl, err := h.conns.Client(n.RPC)
 			if err != nil {
-				return err
+				return false, err
 			}
 			rep, err := cl.Config(ctx, &pb.ConfigRequest{KnownVersion: snap.Version})
 			if err != nil || (!rep.Unchanged && rep.Version < snap.Version) {
-				behind = n.ID
-				break
+				return false, nil
 			}
 		}
-		if behind == "" {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("chaos: node %s never loaded config version %d: %w", behind, snap.Version, ctx.Err())
-		case <-time.After(100 * time.Millisecond): // polling the nodes, not waiting for an event we could hear
-		}
-	}
+		return true, nil
+	})
 }
 
-// at records a fault window (history time).
+// window records a fault's window (history time) from start to now.
 func (h *harness) window(kind Fault, node string, start int64) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.windows = append(h.windows, cluster.Window{Kind: string(kind), Node: node, Start: start, End: h.hist.Now()})
 }
 
-func (h *harness) started(n *cluster.Node) {
+// started records that a node process started (G7: its buckets start full).
+func (h *harness) started() {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.starts = append(h.starts, h.hist.Now())
@@ -458,7 +450,7 @@ func (h *harness) healAll(ctx context.Context) error {
 			if err := n.Start(ctx); err != nil {
 				return err
 			}
-			h.started(n)
+			h.started()
 		}
 	}
 	for _, n := range *h.nodes.Load() {

@@ -218,7 +218,7 @@ func (h *harness) start(ctx context.Context, n *cluster.Node) {
 		h.liveness(n.ID, "could not be restarted: "+err.Error())
 		return
 	}
-	h.started(n)
+	h.started()
 }
 
 func (h *harness) setClock(ctx context.Context, n *cluster.Node, d time.Duration) {
@@ -304,7 +304,7 @@ func (h *harness) scaleUp(ctx context.Context, e *Episode) error {
 	if n.ID != e.Node {
 		return fmt.Errorf("chaos: the plan added %s, the cluster %s", e.Node, n.ID)
 	}
-	h.started(n)
+	h.started()
 	h.publishNodes()
 	rctx, cancel := context.WithTimeout(ctx, convergeTimeout)
 	defer cancel()

@@ -340,7 +340,7 @@ func (n *Node) Wait(ctx context.Context) (int, error) {
 
 // WaitReady polls /readyz until it answers 200 or ctx ends.
 func (n *Node) WaitReady(ctx context.Context) error {
-	return waitFor(ctx, 50*time.Millisecond, func() (bool, error) {
+	return Poll(ctx, 50*time.Millisecond, func() (bool, error) {
 		if !n.Running() {
 			return false, fmt.Errorf("cluster: node %s exited; its log %s ends:\n%s", n.ID, n.LogPath, n.LogTail(30))
 		}
@@ -394,7 +394,7 @@ func (n *Node) Dial() (*grpc.ClientConn, pb.QuotaClient, error) {
 // WaitConverged waits until every running node is ready and all report the
 // same ring epoch with every running node serving.
 func (c *Cluster) WaitConverged(ctx context.Context) error {
-	return waitFor(ctx, 100*time.Millisecond, func() (bool, error) {
+	return Poll(ctx, 100*time.Millisecond, func() (bool, error) {
 		var epoch uint64
 		running := 0
 		for _, n := range c.Nodes {
@@ -468,9 +468,10 @@ func (c *Cluster) Stop(ctx context.Context) {
 	wg.Wait()
 }
 
-// waitFor polls cond every interval until it is true, returns an error, or
-// ctx ends (the deadline is the caller's).
-func waitFor(ctx context.Context, every time.Duration, cond func() (bool, error)) error {
+// Poll calls cond every interval until it is true or returns an error, or
+// ctx ends (the deadline is the caller's): for conditions nothing announces,
+// such as a node's readiness or metrics.
+func Poll(ctx context.Context, every time.Duration, cond func() (bool, error)) error {
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {

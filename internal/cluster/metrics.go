@@ -51,7 +51,7 @@ func (n *Node) Settled(ctx context.Context) bool {
 
 // WaitSettled waits until every running node's log is settled, or ctx ends.
 func (c *Cluster) WaitSettled(ctx context.Context) error {
-	return waitFor(ctx, 50*time.Millisecond, func() (bool, error) {
+	return Poll(ctx, 50*time.Millisecond, func() (bool, error) {
 		for _, n := range c.Nodes {
 			if n.Running() && !n.Settled(ctx) {
 				return false, nil
