@@ -2,7 +2,6 @@ package chaos
 
 import (
 	"context"
-	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -16,21 +15,7 @@ import (
 // binary is the quotad built once for this package's runs (TestMain).
 var binary string
 
-func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "quotad-chaos-bin-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	binary, err = cluster.Build(context.Background(), dir)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	code := pgtest.Main(m)
-	os.RemoveAll(dir)
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { os.Exit(cluster.Main(m, &binary)) }
 
 type chaosRun struct {
 	name     string

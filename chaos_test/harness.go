@@ -467,26 +467,11 @@ func (h *harness) healAll(ctx context.Context) error {
 // drain sends SIGTERM to every node (a drained node hands its reservations
 // back and settles everything) and reads every data dir afterwards.
 func (h *harness) drain(ctx context.Context) []cluster.LogState {
-	var wg sync.WaitGroup
-	for _, n := range h.c.Nodes {
-		if !n.Running() {
-			continue
+	for _, e := range h.c.Stop(ctx) {
+		if e.Code != 0 {
+			h.liveness(e.Node.ID, fmt.Sprintf("exited %d on SIGTERM (%v, killed: %v); its log ends:\n%s", e.Code, e.Err, e.Killed, e.Node.LogTail(15)))
 		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			tctx, cancel := context.WithTimeout(ctx, 60*time.Second)
-			defer cancel()
-			code, err := n.Terminate(tctx)
-			if code != 0 {
-				h.liveness(n.ID, fmt.Sprintf("exited %d on SIGTERM (%v); its log ends:\n%s", code, err, n.LogTail(15)))
-				if errors.Is(err, context.DeadlineExceeded) {
-					n.Kill()
-				}
-			}
-		}()
 	}
-	wg.Wait()
 	var logs []cluster.LogState
 	for _, n := range h.c.Nodes {
 		l, err := wal.Open(wal.Options{Dir: n.DataDir, AnyNode: true})

@@ -73,46 +73,49 @@ func (cs *Conns) ChargeRouted(ctx context.Context, n *Node, req *pb.ChargeReques
 // an error of any kind, WrongOwner and quota-unavailable (which a node that
 // forwarded says when the owner did not answer) are unknown outcomes.
 func ClassifyCharge(op *Op, r *pb.ChargeReply, err error) {
-	switch {
-	case err != nil:
-		op.Status, op.Reason, op.Err = StatusUnknown, transportReason(err), err.Error()
-	case r.Error != nil:
-		op.Status, op.Reason, op.Err = StatusUnknown, strings.ToLower(r.Error.Code.String()), r.Error.Message
-	case r.WrongOwner != nil:
-		op.Status, op.Reason, op.Err = StatusUnknown, "wrong_owner", "owner "+r.WrongOwner.OwnerId
-	default:
-		d := r.Decision
-		op.Decider, op.Remaining, op.Reset = r.Node, d.GetRemaining(), d.GetReset_()
-		op.Reason = strings.ToLower(d.GetReason().String())
-		if r.EventId != "" && op.EventID == "" {
-			op.EventID = r.EventId
-		}
-		switch d.GetReason() {
-		case pb.Reason_OK, pb.Reason_REPLAYED:
-			op.Status = StatusOK
-		default:
-			op.Status = StatusRefused
-		}
+	if classifyUndecided(op, err, r.GetError(), r.GetWrongOwner()) {
+		return
+	}
+	d := r.Decision
+	op.Decider, op.Remaining, op.Reset = r.Node, d.GetRemaining(), d.GetReset_()
+	op.Reason = strings.ToLower(d.GetReason().String())
+	if r.EventId != "" && op.EventID == "" {
+		op.EventID = r.EventId
+	}
+	op.Status = StatusRefused
+	if d.GetReason() == pb.Reason_OK || d.GetReason() == pb.Reason_REPLAYED {
+		op.Status = StatusOK
 	}
 }
 
 // ClassifyRefund fills op's outcome from a refund's answer or error.
 func ClassifyRefund(op *Op, r *pb.RefundReply, err error) {
+	if classifyUndecided(op, err, r.GetError(), r.GetWrongOwner()) {
+		return
+	}
+	d := r.Decision
+	op.Decider, op.Reason = r.Node, strings.ToLower(d.GetReason().String())
+	op.Remaining, op.Reset = d.GetRemaining(), d.GetReset_()
+	op.Status = StatusRefused
+	if d.GetReason() == pb.Reason_REFUNDED {
+		op.Status = StatusOK
+	}
+}
+
+// classifyUndecided marks op unknown when the call failed, the node
+// answered an error, or it was not the owner, and reports whether it did.
+func classifyUndecided(op *Op, err error, e *pb.Error, wo *pb.WrongOwner) bool {
 	switch {
 	case err != nil:
 		op.Status, op.Reason, op.Err = StatusUnknown, transportReason(err), err.Error()
-	case r.Error != nil:
-		op.Status, op.Reason, op.Err = StatusUnknown, strings.ToLower(r.Error.Code.String()), r.Error.Message
-	case r.WrongOwner != nil:
-		op.Status, op.Reason, op.Err = StatusUnknown, "wrong_owner", "owner "+r.WrongOwner.OwnerId
+	case e != nil:
+		op.Status, op.Reason, op.Err = StatusUnknown, strings.ToLower(e.Code.String()), e.Message
+	case wo != nil:
+		op.Status, op.Reason, op.Err = StatusUnknown, "wrong_owner", "owner "+wo.OwnerId
 	default:
-		op.Decider, op.Reason = r.Node, strings.ToLower(r.Decision.GetReason().String())
-		op.Remaining, op.Reset = r.Decision.GetRemaining(), r.Decision.GetReset_()
-		op.Status = StatusRefused
-		if r.Decision.GetReason() == pb.Reason_REFUNDED {
-			op.Status = StatusOK
-		}
+		return false
 	}
+	return true
 }
 
 // transportReason names a call's failure: timeout or transport.

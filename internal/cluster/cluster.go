@@ -448,9 +448,25 @@ func (n *Node) RingView(ctx context.Context) (*pb.RingViewReply, error) {
 	return cl.RingView(ctx, &pb.RingViewRequest{})
 }
 
-// Stop terminates every node (SIGTERM, then SIGKILL after a while).
-func (c *Cluster) Stop(ctx context.Context) {
+// Exit is how a node's process ended when the cluster stopped it.
+type Exit struct {
+	Node *Node
+	Code int // 0: drained and settled
+	Err  error
+	// Killed: it had not exited within stopTimeout and got SIGKILL.
+	Killed bool
+}
+
+// stopTimeout is how long Stop waits for a node after SIGTERM: a node's own
+// shutdown budget (drain 10 s, final settle 20 s, 10 s more) and a little.
+const stopTimeout = 45 * time.Second
+
+// Stop terminates every running node at once (SIGTERM, then SIGKILL after
+// stopTimeout) and says how each one ended.
+func (c *Cluster) Stop(ctx context.Context) []Exit {
 	var wg sync.WaitGroup
+	var mu sync.Mutex // protects exits
+	var exits []Exit
 	for _, n := range c.Nodes {
 		if !n.Running() {
 			continue
@@ -458,14 +474,20 @@ func (c *Cluster) Stop(ctx context.Context) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			tctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+			tctx, cancel := context.WithTimeout(ctx, stopTimeout)
 			defer cancel()
-			if _, err := n.Terminate(tctx); errors.Is(err, context.DeadlineExceeded) {
+			e := Exit{Node: n}
+			if e.Code, e.Err = n.Terminate(tctx); errors.Is(e.Err, context.DeadlineExceeded) {
+				e.Killed = true
 				n.Kill()
 			}
+			mu.Lock()
+			exits = append(exits, e)
+			mu.Unlock()
 		}()
 	}
 	wg.Wait()
+	return exits
 }
 
 // Poll calls cond every interval until it is true or returns an error, or
