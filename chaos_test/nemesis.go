@@ -225,6 +225,12 @@ func (h *harness) setClock(ctx context.Context, n *cluster.Node, d time.Duration
 	if !n.Running() {
 		return // a restarted node starts with no offset
 	}
+	actx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := n.WaitAlive(actx); err != nil { // just restarted, maybe
+		h.liveness(n.ID, "not serving its admin port for the clock: "+err.Error())
+		return
+	}
 	if err := n.SetClockOffset(ctx, d); err != nil {
 		h.liveness(n.ID, "clock not set: "+err.Error())
 	}
@@ -336,6 +342,16 @@ func (h *harness) cut(ctx context.Context, e *Episode) error {
 	b, err := side(e.Sides[1])
 	if err != nil {
 		return err
+	}
+	// A node restarted just before may not serve its admin port yet; a
+	// block it never heard of would make the partition one-sided.
+	for _, n := range append(slices.Clone(a), b...) {
+		actx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		err := n.WaitAlive(actx)
+		cancel()
+		if err != nil {
+			h.liveness(n.ID, "not serving its admin port for the partition: "+err.Error())
+		}
 	}
 	for _, n := range a {
 		if err := cluster.Partition(ctx, n, b...); err != nil {

@@ -523,15 +523,14 @@ func CheckG4(in *CheckInput) Result {
 			if _, lost := x.lost[k]; len(rs) == 0 && lost {
 				continue
 			}
-			if len(rs) == 0 || !rs[0].Refunded {
+			if !slices.ContainsFunc(rs, func(r flush.EventRow) bool { return r.Refunded }) {
 				c.add(Violation{Account: k.account, Event: k.event, Ops: x.opIDs(ok),
 					Detail: "answered refunded, but the ledger does not mark the event refunded"})
 			}
 		}
 	}
 	for _, k := range sortedEventKeys(rows) {
-		r := rows[k][0]
-		if !r.Refunded {
+		if !slices.ContainsFunc(rows[k], func(r flush.EventRow) bool { return r.Refunded }) {
 			continue
 		}
 		asked := len(x.refunds[k]) > 0

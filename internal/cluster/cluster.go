@@ -349,6 +349,18 @@ func (n *Node) WaitReady(ctx context.Context) error {
 	})
 }
 
+// WaitAlive polls /healthz until it answers 200 or ctx ends: the process
+// serves its admin port (and its test faults), ready or not.
+func (n *Node) WaitAlive(ctx context.Context) error {
+	return Poll(ctx, 50*time.Millisecond, func() (bool, error) {
+		if !n.Running() {
+			return false, fmt.Errorf("cluster: node %s exited; its log %s ends:\n%s", n.ID, n.LogPath, n.LogTail(30))
+		}
+		code, _, err := n.AdminGet(ctx, "/healthz")
+		return err == nil && code == http.StatusOK, nil
+	})
+}
+
 // AdminGet GETs a path on the node's admin port.
 func (n *Node) AdminGet(ctx context.Context, path string) (int, string, error) {
 	return httpDo(ctx, http.MethodGet, "http://"+n.Admin+path)
