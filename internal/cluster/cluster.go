@@ -91,8 +91,18 @@ type Options struct {
 
 // Cluster is a set of quotad processes.
 type Cluster struct {
-	opts  Options
+	opts Options
+	mu   sync.Mutex // protects Nodes while AddNode may append (read with List)
+	// Nodes are the cluster's nodes, in the order they were added. Code that
+	// runs beside AddNode (a load generator) reads List instead.
 	Nodes []*Node
+}
+
+// List is a copy of Nodes, safe while another goroutine calls AddNode.
+func (c *Cluster) List() []*Node {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]*Node(nil), c.Nodes...)
 }
 
 // Node is one quotad process.
@@ -156,7 +166,9 @@ func (c *Cluster) AddNode(ctx context.Context) (*Node, error) {
 	if err := n.Start(ctx); err != nil {
 		return nil, err
 	}
+	c.mu.Lock()
 	c.Nodes = append(c.Nodes, n)
+	c.mu.Unlock()
 	return n, nil
 }
 

@@ -3,6 +3,7 @@ package cluster
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -75,29 +76,28 @@ func (tc *testCluster) hardAccounts(plan snapshot.Plan, ids ...string) {
 			tc.t.Fatal(err)
 		}
 	}
-	last := ids[len(ids)-1]
-	tc.eventually(20*time.Second, "every node knows account "+last, func() bool {
-		for _, n := range tc.Nodes {
+	tc.waitConfig()
+}
+
+// waitConfig waits until every running node serves (and keeps in its data
+// dir) the ledger's current config version: each node's own snapshot, not
+// just the owners' (a node restarted while the ledger is down serves the
+// snapshot it kept).
+func (tc *testCluster) waitConfig() {
+	tc.t.Helper()
+	ctx := context.Background()
+	snap, err := tc.ledger.Snapshot(ctx, time.Now())
+	if err != nil {
+		tc.t.Fatal(err)
+	}
+	tc.eventually(20*time.Second, fmt.Sprintf("every node serves config version %d", snap.Version), func() bool {
+		for _, n := range tc.List() {
 			if !n.Running() {
 				continue
 			}
-			rep, err := tc.client(n).Usage(ctx, &pb.UsageRequest{Account: last})
-			if err != nil {
+			rep, err := tc.client(n).Config(ctx, &pb.ConfigRequest{})
+			if err != nil || rep.Version < snap.Version {
 				return false
-			}
-			if rep.WrongOwner == nil && !rep.Known {
-				return false
-			}
-			if rep.WrongOwner != nil {
-				// ask the owner
-				o := tc.nodeByID(rep.WrongOwner.OwnerId)
-				if o == nil {
-					return false
-				}
-				r2, err := tc.client(o).Usage(ctx, &pb.UsageRequest{Account: last})
-				if err != nil || !r2.Known {
-					return false
-				}
 			}
 		}
 		return true

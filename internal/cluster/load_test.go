@@ -36,7 +36,8 @@ func startLoad(tc *testCluster, accounts []string, workers int, seed uint64) *lo
 			defer wg.Done()
 			rng := rand.New(rand.NewPCG(seed, uint64(w)))
 			for i := 0; ctx.Err() == nil; i++ {
-				n := tc.Nodes[rng.IntN(len(tc.Nodes))]
+				nodes := tc.List() // AddNode may run meanwhile
+				n := nodes[rng.IntN(len(nodes))]
 				if !n.Running() {
 					continue
 				}
