@@ -2,6 +2,7 @@ package chaos
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -271,8 +272,8 @@ func sortedKeys[V any](m map[string]V) []string {
 	return ks
 }
 
-// progress prints a line every ProgressEvery while ctx lasts.
-func (h *harness) startProgress(ctx interface{ Done() <-chan struct{} }) *sync.WaitGroup {
+// startProgress prints a line every ProgressEvery until ctx ends.
+func (h *harness) startProgress(ctx context.Context) *sync.WaitGroup {
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {

@@ -47,9 +47,10 @@ const (
 
 // acked is a charge a worker saw acknowledged, kept to retry or refund.
 type acked struct {
-	account, event string
-	generated      bool
-	receipt        *shard.Receipt // nil through HTTP (refunds go by client event id)
+	account, event, path string
+	units                int64
+	generated            bool
+	receipt              *shard.Receipt // nil through HTTP (refunds go by client event id)
 }
 
 type worker struct {
@@ -125,9 +126,9 @@ func (w *worker) pickAccount() (string, bool) {
 	return a.rl[w.rng.IntN(len(a.rl))], true
 }
 
-// pickVia draws a way in: grpc 45%, client 35%, http 20% (never http for
-// rate-limited accounts: G7 needs the deciding node, which HTTP answers do
-// not name).
+// pickVia draws a way in: grpc 45%, client 35%, http 20%, other than not
+// (a retry goes another way), and never http for rate-limited accounts (G7
+// needs the deciding node, which HTTP answers do not name).
 func (w *worker) pickVia(rateLimited bool, not string) string {
 	for {
 		v := "http"
@@ -137,7 +138,7 @@ func (w *worker) pickVia(rateLimited bool, not string) string {
 		case r < 0.80:
 			v = "client"
 		}
-		if (v == "http" && rateLimited) || (v == not && v == "client") {
+		if (v == "http" && rateLimited) || v == not {
 			continue
 		}
 		return v
@@ -181,7 +182,7 @@ func (w *worker) charge() {
 		op, receipt = w.do(via, acct, ev, path, units)
 	}
 	if op.Acked() && !op.RefundPending {
-		w.remember(acked{account: acct, event: op.EventID, generated: generated, receipt: receipt})
+		w.remember(acked{account: acct, event: op.EventID, path: path, units: units, generated: generated, receipt: receipt})
 	}
 }
 
@@ -209,7 +210,7 @@ func (w *worker) replay() {
 		return // only client ids are deduplicated: a generated id is not a retry key
 	}
 	limited := w.h.acct.limits[a.account].Rate > 0
-	w.do(w.pickVia(limited, ""), a.account, a.event, "/v1/work", 1)
+	w.do(w.pickVia(limited, ""), a.account, a.event, a.path, a.units)
 }
 
 // refund refunds an acknowledged charge, and sometimes again the other way.
