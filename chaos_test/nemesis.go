@@ -84,7 +84,12 @@ func (h *harness) runPlan(ctx context.Context) error {
 		h.window(a.ep.Fault, a.ep.Node, begun[a.ep])
 		h.logf("%s end   %s", clock(time.Duration(h.hist.Now())), a.ep.Describe())
 	}
-	return nil
+	select { // the workload runs the whole duration
+	case <-time.After(time.Until(origin.Add(h.plan.Duration))):
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 func (h *harness) setActive(e *Episode, on bool) {
