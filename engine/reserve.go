@@ -29,7 +29,7 @@ func (e *Engine) reserveOnce(ctx context.Context, account string, shortfall int6
 		return nil
 	}
 	now := e.clock.Now()
-	need := max(shortfall, ent.waiting) + ent.chunkLocked(now.Mono, int64(e.opts.ReserveWindow))
+	need := max(shortfall, ent.waiting) + max(ent.chunkLocked(now.Mono, int64(e.opts.ReserveWindow)), chunkFloor(ent.acct.Limit(now.Wall)))
 	st.mu.Unlock()
 
 	e.stats.Reservations.Add(1)
@@ -93,6 +93,19 @@ func (e *Engine) applyReservation(account string, need int64, res ReserveResult)
 		ent.acct.MarkExhausted(id, now.Mono+int64(e.opts.ExhaustedBackoff))
 	}
 	return giveBack, nil
+}
+
+// maxChunkFloor caps chunkFloor.
+const maxChunkFloor = 1000
+
+// chunkFloor is the least a reservation asks for beyond what is short: 1 %
+// of the account's active grants, at most 1,000 units. Without it an account
+// charged a few times a second would go back to the ledger every couple of
+// charges (a busy node with thousands of such accounts would spend itself
+// on reservation round trips). What it costs: a node that dies holds at most
+// that much of the account frozen until it restarts or is revoked.
+func chunkFloor(limit int64) int64 {
+	return min(maxChunkFloor, max(1, limit/100))
 }
 
 // chunkLocked is twice the units the account used in the last window (a

@@ -419,6 +419,17 @@ func (a *Account) Allowance(wall int64) int64 {
 	return n
 }
 
+// Limit is the units of the grants active at wall.
+func (a *Account) Limit(wall int64) int64 {
+	var n int64
+	for i := range a.grants {
+		if g := &a.grants[i]; g.active(wall) {
+			n += g.units
+		}
+	}
+	return n
+}
+
 // Allowances lists every grant holding an allowance, active or not: what a
 // release hands back.
 func (a *Account) Allowances() []Alloc {
