@@ -29,7 +29,7 @@ func (r *Report) SVG() []byte {
 	for i, w := range r.Applied {
 		x0 := x(float64(w.Start) / 1e9)
 		label := labelOf(w.Kind, w.Node)
-		x1 := math.Max(x(float64(w.End)/1e9), x0+float64(len(label))*6.2+6)
+		x1 := math.Max(x(float64(w.End)/1e9), x0+float64(len(label))*6.6+8)
 		l := 0
 		for l < len(laneEnd) && laneEnd[l] > x0 {
 			l++
@@ -71,15 +71,19 @@ func (r *Report) SVG() []byte {
 		fmt.Fprintf(&s, `<text x="%.1f" y="%.1f">%s</text>`+"\n", x0+2, ly+laneH-6, html.EscapeString(labelOf(w.Kind, w.Node)))
 	}
 	// Axes and grid.
-	for i := 0; i <= 4; i++ {
-		v := yTop * float64(i) / 4
+	ticks := 4 // 1 and 2 split in quarters, 2.5 and 5 in fifths
+	if m := yTop / math.Pow(10, math.Floor(math.Log10(yTop))); m == 2.5 || m == 5 {
+		ticks = 5
+	}
+	for i := 0; i <= ticks; i++ {
+		v := yTop * float64(i) / float64(ticks)
 		fmt.Fprintf(&s, `<line x1="%.0f" x2="%.0f" y1="%.1f" y2="%.1f" stroke="#ddd"/>`+"\n", left, width-right, y(v), y(v))
 		fmt.Fprintf(&s, `<text x="%.0f" y="%.1f" text-anchor="end">%.0f</text>`+"\n", left-4, y(v)+4, v)
 	}
 	step := niceStep(seconds / 10)
 	for t := 0.0; t <= seconds; t += step {
 		fmt.Fprintf(&s, `<line x1="%.1f" x2="%.1f" y1="%.0f" y2="%.0f" stroke="#999"/>`+"\n", x(t), x(t), top+plotH, top+plotH+4)
-		fmt.Fprintf(&s, `<text x="%.1f" y="%.0f" text-anchor="middle">%s</text>`+"\n", x(t), top+plotH+16, clock(time.Duration(t*1e9)))
+		fmt.Fprintf(&s, `<text x="%.1f" y="%.0f" text-anchor="middle">%d:%02d</text>`+"\n", x(t), top+plotH+16, int(t)/60, int(t)%60)
 	}
 	fmt.Fprintf(&s, `<line x1="%.0f" x2="%.0f" y1="%.0f" y2="%.0f" stroke="#333"/>`+"\n", left, width-right, top+plotH, top+plotH)
 	fmt.Fprintf(&s, `<line x1="%.0f" x2="%.0f" y1="%.0f" y2="%.0f" stroke="#333"/>`+"\n", left, left, top, top+plotH)
@@ -128,10 +132,10 @@ func faultColor(f Fault) string {
 	return "#b7e4c7"
 }
 
-// niceCeil rounds v up to 1, 2 or 5 times a power of ten.
+// niceCeil rounds v up to 1, 2, 2.5 or 5 times a power of ten.
 func niceCeil(v float64) float64 {
 	p := math.Pow(10, math.Floor(math.Log10(v)))
-	for _, m := range []float64{1, 2, 5, 10} {
+	for _, m := range []float64{1, 2, 2.5, 5, 10} {
 		if m*p >= v {
 			return m * p
 		}
