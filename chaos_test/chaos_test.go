@@ -40,11 +40,11 @@ var ciRuns = []chaosRun{
 // QUOTARING_CHAOS_KNOWN=1 and fail until the bug is fixed; then move the
 // fault into ciRuns.
 var knownViolations = []chaosRun{
-	// G4: a paused node that still believes it owns an account decides an
-	// HTTP request whose client gave up and was served by the new owner
-	// through a retry; the front refunds the stale charge ("the client went
-	// away"), and the ledger applies that refund to the retry's billed
-	// event: a served request is not billed.
+	// G4: the HTTP front refunds a charge whose client went away before it
+	// was served, but the client's retry with the same Idempotency-Key was
+	// served (replayed by the same owner, or charged again by a new one):
+	// the refund un-bills the event the retry was served under. A paused
+	// node wakes up and decides the abandoned attempt first.
 	{"pause-stale-owner-refund", 3, 60 * time.Second, "pause,kill", 21},
 	// G9 and G3: a node whose clock jumped into the next month bills its
 	// accounts there; when they move to a node still in this month their
