@@ -178,6 +178,27 @@ func TestEachCheckerCanFail(t *testing.T) {
 	}
 }
 
+// A refunded client id charged again is its next generation, billed again
+// under its own ledger id (shard.LedgerEventID): not an event billed twice,
+// nor one nobody asked for.
+func TestGenerationsAreNotDoubleBilling(t *testing.T) {
+	w := newWorld()
+	w.refund("rl-1", "r4", 3500, "refunded")
+	w.charge("rl-1", "r4", 3600, "ok") // after the refund: generation 1
+	for i, e := range w.in.Ledger.Events["rl-1"] {
+		if e.EventID == "r4" {
+			w.in.Ledger.Events["rl-1"][i].Refunded = true
+		}
+	}
+	w.in.Ledger.Events["rl-1"] = append(w.in.Ledger.Events["rl-1"], flush.EventRow{Account: "rl-1", EventID: "r4\x1f1", Units: 1,
+		Period: "2026-06", Node: "n1", Incarnation: "inc-1", Seq: 16})
+	for _, r := range cluster.Check(w.in) {
+		if r.Verdict == cluster.Violated {
+			t.Errorf("%s violated: %+v", r.ID, r.Violations)
+		}
+	}
+}
+
 // A destroyed disk's unsettled charges are the documented loss: not a G2
 // violation, reported as a number, and an allowance for G1 (the frozen
 // reservation they spent was revoked, so those units may be spent again).

@@ -107,7 +107,7 @@ func (h *harness) report(in *cluster.CheckInput, results []cluster.Result, began
 		for _, v := range res.Violations {
 			if v.Event != "" && in.Ledger != nil {
 				for _, e := range in.Ledger.Events[v.Account] {
-					if e.EventID == v.Event {
+					if cluster.BaseEventID(e.EventID) == v.Event {
 						if r.Rows == nil {
 							r.Rows = map[string][]flush.EventRow{}
 						}

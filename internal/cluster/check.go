@@ -237,16 +237,28 @@ func (x *index) opIDs(idx []int) []int {
 	return out
 }
 
-// ledgerRows counts the ledger's rows per event.
+// ledgerRows groups the ledger's rows by the event id clients used: every
+// generation of an id (a refunded id charged again, see
+// shard.LedgerEventID) under the id itself.
 func ledgerRows(l *LedgerState) map[eventKey][]flush.EventRow {
 	rows := map[eventKey][]flush.EventRow{}
 	for acct, evs := range l.Events {
 		for _, e := range evs {
-			k := eventKey{acct, e.EventID}
+			k := eventKey{acct, BaseEventID(e.EventID)}
 			rows[k] = append(rows[k], e)
 		}
 	}
 	return rows
+}
+
+// BaseEventID is the event id a client used for a ledger event id: a
+// refunded id charged again is kept as id + U+001F + its generation
+// (shard.LedgerEventID), each generation billed once.
+func BaseEventID(ledgerID string) string {
+	if i := strings.IndexByte(ledgerID, 0x1f); i >= 0 {
+		return ledgerID[:i]
+	}
+	return ledgerID
 }
 
 func sortedKeys[K cmp.Ordered, V any](m map[K]V) []K {
@@ -420,7 +432,8 @@ func LossTotals(lost []LostCharge) (charges, chargeUnits, refunds, refundUnits i
 	return
 }
 
-// CheckG3: no event id is billed twice; an event the client only ever saw
+// CheckG3: no event id is billed twice (each generation of an id once: a
+// refunded id charged again is billed again); an event the client only ever saw
 // refused is not in the ledger; the ledger holds no event nobody asked for
 // (beyond charges with generated ids whose outcome is unknown).
 func CheckG3(in *CheckInput) Result {
@@ -433,9 +446,15 @@ func CheckG3(in *CheckInput) Result {
 	unexplained := map[string][]string{}
 	for _, k := range sortedEventKeys(rows) {
 		rs := rows[k]
-		if len(rs) > 1 {
-			c.add(Violation{Account: k.account, Event: k.event, Ops: x.opIDs(x.charges[k]),
-				Detail: fmt.Sprintf("billed %d times (by %s)", len(rs), rowOrigins(rs))})
+		byGen := map[string][]flush.EventRow{}
+		for _, r := range rs {
+			byGen[r.EventID] = append(byGen[r.EventID], r)
+		}
+		for _, id := range sortedKeys(byGen) {
+			if g := byGen[id]; len(g) > 1 {
+				c.add(Violation{Account: k.account, Event: k.event, Ops: x.opIDs(x.charges[k]),
+					Detail: fmt.Sprintf("billed %d times (by %s)", len(g), rowOrigins(g))})
+			}
 		}
 		idx, asked := x.charges[k]
 		if !asked {
