@@ -21,7 +21,6 @@ import (
 	"github.com/quotaring/quotaring/internal/faultproxy"
 	"github.com/quotaring/quotaring/internal/pgtest"
 	"github.com/quotaring/quotaring/router"
-	"github.com/quotaring/quotaring/router/pb"
 	"github.com/quotaring/quotaring/shard"
 	"github.com/quotaring/quotaring/wal"
 )
@@ -321,19 +320,10 @@ func (h *harness) waitConfig(ctx context.Context) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, convergeTimeout)
 	defer cancel()
-	return cluster.Poll(ctx, 100*time.Millisecond, func() (bool, error) {
-		for _, n := range *h.nodes.Load() {
-			cl, err := h.conns.Client(n.RPC)
-			if err != nil {
-				return false, err
-			}
-			rep, err := cl.Config(ctx, &pb.ConfigRequest{KnownVersion: snap.Version})
-			if err != nil || (!rep.Unchanged && rep.Version < snap.Version) {
-				return false, nil
-			}
-		}
-		return true, nil
-	})
+	if err := h.c.WaitConfig(ctx, h.conns, snap.Version); err != nil {
+		return fmt.Errorf("chaos: the nodes never all loaded config version %d: %w", snap.Version, err)
+	}
+	return nil
 }
 
 // window records a fault's window (history time) from start to now.

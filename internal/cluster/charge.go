@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strings"
 	"sync"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -48,6 +49,28 @@ func (cs *Conns) Close() {
 		c.Close()
 	}
 	cs.m = nil
+}
+
+// WaitConfig waits until every running node serves config version v or a
+// later one (each node's own snapshot, not just the owners': a node
+// restarted while the ledger is down serves the one it kept), or ctx ends.
+func (c *Cluster) WaitConfig(ctx context.Context, conns *Conns, v int64) error {
+	return Poll(ctx, 100*time.Millisecond, func() (bool, error) {
+		for _, n := range c.List() {
+			if !n.Running() {
+				continue
+			}
+			cl, err := conns.Client(n.RPC)
+			if err != nil {
+				return false, err
+			}
+			rep, err := cl.Config(ctx, &pb.ConfigRequest{KnownVersion: v})
+			if err != nil || (!rep.Unchanged && rep.Version < v) {
+				return false, nil
+			}
+		}
+		return true, nil
+	})
 }
 
 // ChargeRouted sends one charge through node n with Route set (n forwards

@@ -3,7 +3,6 @@ package cluster
 import (
 	"context"
 	"errors"
-	"fmt"
 	"testing"
 	"time"
 
@@ -85,23 +84,15 @@ func (tc *testCluster) hardAccounts(plan snapshot.Plan, ids ...string) {
 // snapshot it kept).
 func (tc *testCluster) waitConfig() {
 	tc.t.Helper()
-	ctx := context.Background()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
 	snap, err := tc.ledger.Snapshot(ctx, time.Now())
 	if err != nil {
 		tc.t.Fatal(err)
 	}
-	tc.eventually(20*time.Second, fmt.Sprintf("every node serves config version %d", snap.Version), func() bool {
-		for _, n := range tc.List() {
-			if !n.Running() {
-				continue
-			}
-			rep, err := tc.client(n).Config(ctx, &pb.ConfigRequest{})
-			if err != nil || rep.Version < snap.Version {
-				return false
-			}
-		}
-		return true
-	})
+	if err := tc.WaitConfig(ctx, tc.conns, snap.Version); err != nil {
+		tc.t.Fatalf("waiting for every node to serve config version %d: %v", snap.Version, err)
+	}
 }
 
 func (tc *testCluster) nodeByID(id string) *Node {
