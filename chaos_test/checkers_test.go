@@ -130,6 +130,14 @@ func TestEachCheckerCanFail(t *testing.T) {
 		}, "billed 2 times", []int{0}},
 		{"refused charge billed", "G3", func(w *world) { w.row("hard-1", "e5", 6, false) }, "every attempt was answered refused", []int{5}},
 		{"double refund", "G4", func(w *world) { w.refund("hard-1", "e2", 65, "refunded") }, "2 refunds of one event answered refunded", []int{2, 12}},
+		{"served, yet refunded by the front", "G4", func(w *world) {
+			// An HTTP attempt timed out (the front refunds it when it finds
+			// its client gone); the retry was served; the ledger refunded
+			// the event all the same.
+			w.add(cluster.Op{Kind: cluster.OpCharge, Via: "http", Node: "n2", Account: "hard-1", EventID: "e3", Units: 1,
+				Start: 25 * ms, End: 28 * ms, Status: cluster.StatusUnknown, Reason: "timeout", RefundPending: true})
+			w.in.Ledger.Events["hard-1"][2].Refunded = true
+		}, "the front's refund of an abandoned attempt un-billed the attempt that was served", []int{3, 12}},
 		{"refund lost", "G4", func(w *world) { w.in.Ledger.Events["hard-1"][1].Refunded = false },
 			"answered refunded, but the ledger does not mark the event refunded", []int{2}},
 		{"counter differs from the log", "G6", func(w *world) {

@@ -352,6 +352,8 @@ func (h *harness) chargeHTTP(ctx context.Context, n *cluster.Node, path string, 
 	op.RefundPending = path == "/v1/fail"
 	resp, err := h.http.Do(req)
 	if err != nil {
+		// The front refunds a charge whose client went away: maybe this one.
+		op.RefundPending = true
 		op.Status, op.Reason, op.Err = cluster.StatusUnknown, "transport", err.Error()
 		if ne, ok := errors.Unwrap(err).(net.Error); ok && ne.Timeout() {
 			op.Reason = "timeout"

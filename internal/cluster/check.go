@@ -501,9 +501,11 @@ func short(s string) string {
 }
 
 // CheckG4: a refund returns an event's units once. In the ledger: a refund
-// answered refunded is there (the event marked refunded), and nothing is
-// marked refunded that nobody asked to refund (units returned twice would
-// also show as a difference in G6). In the history: one owner never answers
+// answered refunded is there (the event marked refunded); nothing is marked
+// refunded that nobody asked to refund; and an event the client was served
+// and told ok stays billed unless the client asked for its refund (the HTTP
+// front refunds only attempts that were not served). Units returned twice
+// would also show as a difference in G6. In the history: one owner never answers
 // refunded twice for one event. Two owners may each answer refunded while an
 // account changes hands (DESIGN: the ledger then takes the second for a
 // duplicate refund that changes nothing); those are counted in the summary,
@@ -549,16 +551,28 @@ func CheckG4(in *CheckInput) Result {
 		}
 	}
 	for _, k := range sortedEventKeys(rows) {
-		if !slices.ContainsFunc(rows[k], func(r flush.EventRow) bool { return r.Refunded }) {
+		refund := func(r flush.EventRow) bool { return r.Refunded }
+		if !slices.ContainsFunc(rows[k], refund) {
 			continue
 		}
-		asked := len(x.refunds[k]) > 0
+		// Who may have asked: the client (a refund), or the HTTP front for
+		// an attempt whose upstream failed or whose client went away.
+		asked, frontOnly, served := len(x.refunds[k]) > 0, false, false
 		for _, i := range x.charges[k] {
-			asked = asked || in.Ops[i].RefundPending
+			o := &in.Ops[i]
+			frontOnly = frontOnly || o.RefundPending
+			served = served || (o.Acked() && !o.RefundPending)
 		}
-		if !asked {
+		switch {
+		case !asked && !frontOnly:
 			c.add(Violation{Account: k.account, Event: k.event, Ops: x.opIDs(x.charges[k]),
 				Detail: "the ledger marks the event refunded, but nobody asked for a refund"})
+		case !asked && served && !slices.ContainsFunc(rows[k], func(r flush.EventRow) bool { return !r.Refunded }):
+			// The front refunded an attempt of this event that nobody was
+			// served by, but another attempt was served and acknowledged:
+			// that one must stay billed (in some generation).
+			c.add(Violation{Account: k.account, Event: k.event, Ops: x.opIDs(x.charges[k]),
+				Detail: "acknowledged and served, but the ledger refunded it: the front's refund of an abandoned attempt un-billed the attempt that was served"})
 		}
 	}
 	return c.done(fmt.Sprintf("%d events refunded, %d refund requests; %d events answered refunded by two owners during a handoff (the ledger refunded each once)",
