@@ -443,6 +443,17 @@ func (e *Engine) chargeOnce(account string, req *shard.Charge) (Result, error) {
 // Refund returns the units of an event once and waits until the refund is
 // durable. receipt may be nil for client-supplied event ids.
 func (e *Engine) Refund(ctx context.Context, account, eventID string, receipt *shard.Receipt) (shard.Decision, error) {
+	return e.refund(ctx, account, eventID, receipt, false)
+}
+
+// RefundAttempt refunds the charge one attempt made, unless a retry was
+// served under it since (shard.Account.RefundAttempt): the HTTP front's
+// refund of a failed or abandoned attempt.
+func (e *Engine) RefundAttempt(ctx context.Context, account, eventID string, receipt *shard.Receipt) (shard.Decision, error) {
+	return e.refund(ctx, account, eventID, receipt, true)
+}
+
+func (e *Engine) refund(ctx context.Context, account, eventID string, receipt *shard.Receipt, attempt bool) (shard.Decision, error) {
 	st := e.stripeFor(account)
 	st.mu.Lock()
 	if !e.ownsLocked(account) {
@@ -454,7 +465,12 @@ func (e *Engine) Refund(ctx context.Context, account, eventID string, receipt *s
 		st.mu.Unlock()
 		return shard.Decision{Reason: shard.UnknownAccount}, nil
 	}
-	d := ent.acct.Refund(eventID, receipt, e.clock.Now(), &e.params, &st.rec)
+	var d shard.Decision
+	if attempt {
+		d = ent.acct.RefundAttempt(eventID, receipt, e.clock.Now(), &e.params, &st.rec)
+	} else {
+		d = ent.acct.Refund(eventID, receipt, e.clock.Now(), &e.params, &st.rec)
+	}
 	if st.rec.Type != 0 {
 		seq, err := e.appendLocked(st, ent)
 		if err != nil {

@@ -10,14 +10,14 @@ var reasonToPB = map[shard.Reason]pb.Reason{
 	shard.OK: pb.Reason_OK, shard.Replayed: pb.Reason_REPLAYED, shard.RateLimited: pb.Reason_RATE_LIMITED,
 	shard.QuotaExceeded: pb.Reason_QUOTA_EXCEEDED, shard.UnknownAccount: pb.Reason_UNKNOWN_ACCOUNT,
 	shard.Refunded: pb.Reason_REFUNDED, shard.AlreadyRefunded: pb.Reason_ALREADY_REFUNDED,
-	shard.UnknownEvent: pb.Reason_UNKNOWN_EVENT, shard.Invalid: pb.Reason_INVALID,
+	shard.UnknownEvent: pb.Reason_UNKNOWN_EVENT, shard.Invalid: pb.Reason_INVALID, shard.Kept: pb.Reason_KEPT,
 }
 
 var reasonFromPB = map[pb.Reason]shard.Reason{
 	pb.Reason_OK: shard.OK, pb.Reason_REPLAYED: shard.Replayed, pb.Reason_RATE_LIMITED: shard.RateLimited,
 	pb.Reason_QUOTA_EXCEEDED: shard.QuotaExceeded, pb.Reason_UNKNOWN_ACCOUNT: shard.UnknownAccount,
 	pb.Reason_REFUNDED: shard.Refunded, pb.Reason_ALREADY_REFUNDED: shard.AlreadyRefunded,
-	pb.Reason_UNKNOWN_EVENT: shard.UnknownEvent, pb.Reason_INVALID: shard.Invalid,
+	pb.Reason_UNKNOWN_EVENT: shard.UnknownEvent, pb.Reason_INVALID: shard.Invalid, pb.Reason_KEPT: shard.Kept,
 }
 
 func decisionToPB(d *shard.Decision) *pb.Decision {

@@ -422,7 +422,11 @@ func (f *front) refund(r *http.Request, c *charged, why string) {
 	c.refunded = true
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), f.opts.RefundTimeout)
 	defer cancel()
-	d, err := f.opts.Charger.Refund(ctx, RefundRequest{Account: c.Account, EventID: c.EventID, Receipt: c.receipt})
+	d, err := f.opts.Charger.Refund(ctx, RefundRequest{Account: c.Account, EventID: c.EventID, Receipt: c.receipt, Attempt: true})
+	if err == nil && d.Reason == shard.Kept {
+		f.opts.Logger.Debug("refund kept: a retry was served under this charge", "account", c.Account, "event", c.EventID, "why", why)
+		return
+	}
 	if err != nil || (d.Reason != shard.Refunded && d.Reason != shard.AlreadyRefunded) {
 		// NB: the charge stands; an operator can refund the event by id.
 		f.opts.Logger.Warn("refund failed: the charge stands", "account", c.Account, "event", c.EventID,

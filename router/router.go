@@ -77,6 +77,10 @@ type RefundRequest struct {
 	Account string
 	EventID string
 	Receipt *shard.Receipt
+	// Attempt refunds only the charge this caller's attempt made: the owner
+	// keeps it (answering Kept) when a retry with the same client id was
+	// served under it since. The HTTP front refunds this way.
+	Attempt bool
 }
 
 // UsageResult is an account's current period at its owner.
@@ -256,7 +260,11 @@ func (r *Router) Refund(ctx context.Context, req RefundRequest) (shard.Decision,
 				return shard.Decision{}, fmt.Errorf("%w: no serving node owns account %q", ErrUnavailable, req.Account)
 			}
 			if owner.ID == r.self {
-				d, err := r.cfg.Engine.Refund(ctx, req.Account, req.EventID, req.Receipt)
+				refund := r.cfg.Engine.Refund
+				if req.Attempt {
+					refund = r.cfg.Engine.RefundAttempt
+				}
+				d, err := refund(ctx, req.Account, req.EventID, req.Receipt)
 				if errors.Is(err, engine.ErrNotOwner) {
 					continue
 				}
@@ -272,7 +280,7 @@ func (r *Router) Refund(ctx context.Context, req RefundRequest) (shard.Decision,
 			return shard.Decision{}, fmt.Errorf("%w: %v", ErrUnavailable, err)
 		}
 		r.stats.Forwarded.Add(1)
-		rep, err := p.refunds.do(ctx, &pb.RefundRequest{Account: req.Account, EventId: req.EventID, Receipt: receiptToPB(req.Receipt)})
+		rep, err := p.refunds.do(ctx, &pb.RefundRequest{Account: req.Account, EventId: req.EventID, Receipt: receiptToPB(req.Receipt), Attempt: req.Attempt})
 		if err != nil {
 			r.stats.ForwardErrors.Add(1)
 			return shard.Decision{}, fmt.Errorf("%w: the owner of account %q at %s did not answer: %v", ErrUnavailable, req.Account, target, err)

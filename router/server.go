@@ -106,7 +106,11 @@ func (s *server) Refund(ctx context.Context, b *pb.RefundBatch) (*pb.RefundRepli
 			out.Replies[i] = &pb.RefundReply{WrongOwner: wo, Node: s.r.self}
 			continue
 		}
-		d, err := s.r.cfg.Engine.Refund(ctx, rf.Account, rf.EventId, receiptFromPB(rf.Receipt))
+		refund := s.r.cfg.Engine.Refund
+		if rf.Attempt {
+			refund = s.r.cfg.Engine.RefundAttempt
+		}
+		d, err := refund(ctx, rf.Account, rf.EventId, receiptFromPB(rf.Receipt))
 		switch {
 		case errors.Is(err, engine.ErrNotOwner):
 			out.Replies[i] = &pb.RefundReply{WrongOwner: s.wrongOwner(rf.Account), Node: s.r.self}

@@ -28,9 +28,12 @@ type event struct {
 	period   Period
 	chargeAt int64
 	refunded bool
-	key      string
-	route    string
-	allocs   []Alloc
+	// served: a retry was answered Replayed, so another attempt relies on
+	// this charge; an attempt's refund (RefundAttempt) then keeps it.
+	served bool
+	key    string
+	route  string
+	allocs []Alloc
 }
 
 // grant is one spendable pot: the plan's monthly quota for a period, or bought
@@ -193,6 +196,10 @@ func (a *Account) Charge(req *Charge, now Now, params *Params, rec *Record) Deci
 		a.dedup.expire(a.seen, params.DedupWindow, params.DedupMax)
 		if e, ok := a.dedup.get(req.EventID, a.seen, params.DedupWindow); ok {
 			if !e.refunded {
+				if !e.served {
+					e.served = true
+					a.dedup.update(req.EventID, e)
+				}
 				d.Reason, d.Units, d.Seq = Replayed, e.units, e.seq
 				a.fill(&d, now, wall)
 				return d
@@ -342,6 +349,20 @@ func (a *Account) fill(d *Decision, now Now, wall int64) {
 // account finds the event in its dedup window (client ids) or takes it from
 // receipt (which may be nil).
 func (a *Account) Refund(eventID string, receipt *Receipt, now Now, params *Params, rec *Record) Decision {
+	return a.refund(eventID, receipt, false, now, params, rec)
+}
+
+// RefundAttempt refunds the charge one attempt made (receipt is what its
+// charge returned): like Refund, except that it keeps the charge, answering
+// Kept, when a retry with the same client id was served under it since, or
+// when the id has moved on to a later generation. The HTTP front refunds
+// this way when its own attempt failed or its client went away: the retry
+// that was answered Replayed and served must stay billed.
+func (a *Account) RefundAttempt(eventID string, receipt *Receipt, now Now, params *Params, rec *Record) Decision {
+	return a.refund(eventID, receipt, true, now, params, rec)
+}
+
+func (a *Account) refund(eventID string, receipt *Receipt, attempt bool, now Now, params *Params, rec *Record) Decision {
 	rec.Type = 0
 	p, wall := a.advance(now.Wall)
 	d := Decision{Reset: p.End() / 1e9}
@@ -350,9 +371,12 @@ func (a *Account) Refund(eventID string, receipt *Receipt, now Now, params *Para
 	rec.reset(RecRefund, a.cfg.ID, now.Wall)
 	rec.EventID = eventID
 	if e, ok := a.dedup.get(eventID, a.seen, params.DedupWindow); ok {
-		if e.refunded {
+		switch {
+		case attempt && (e.served || (receipt != nil && receipt.Gen != e.gen)):
+			d.Reason = Kept
+		case e.refunded:
 			d.Reason = AlreadyRefunded
-		} else {
+		default:
 			e.refunded = true
 			a.dedup.update(eventID, e)
 			rec.Units, rec.Period, rec.ChargeWall, rec.Key, rec.Route, rec.Gen = e.units, e.period, e.chargeAt, e.key, e.route, e.gen

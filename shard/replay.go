@@ -58,7 +58,8 @@ const checkpointVersion = 2
 //	| n × grant (id | monthly byte | starts varint | expires varint | units varint | used varint | allowance varint)
 //	| n × route (route | units varint)
 //	| n × client id (id | gen uvarint | wall varint | units varint | seq uvarint | period uvarint | charge wall varint
-//	                 | refunded byte | key | route | n × (grant | units uvarint))
+//	                 | flags byte (bit 0: refunded, bit 1: a retry was served under it) | key | route
+//	                 | n × (grant | units uvarint))
 //	| n × refunded id (id | wall varint)
 func (a *Account) AppendCheckpoint(dst []byte) []byte {
 	dst = append(dst, checkpointVersion)
@@ -87,7 +88,14 @@ func (a *Account) AppendCheckpoint(dst []byte) []byte {
 		dst = binary.AppendUvarint(dst, e.seq)
 		dst = binary.AppendUvarint(dst, uint64(e.period))
 		dst = binary.AppendVarint(dst, e.chargeAt)
-		dst = appendBool(dst, e.refunded)
+		var flags byte
+		if e.refunded {
+			flags |= 1
+		}
+		if e.served {
+			flags |= 2
+		}
+		dst = append(dst, flags)
 		dst = appendString(dst, e.key)
 		dst = appendString(dst, e.route)
 		dst = appendAllocs(dst, e.allocs)
@@ -131,7 +139,8 @@ func (a *Account) RestoreCheckpoint(b []byte) error {
 	for i, k := 0, d.count(); i < int(k) && d.err == nil; i++ {
 		id, gen, wall := d.string(), uint32(d.uvarint()), d.varint()
 		e := event{gen: gen, units: d.varint(), seq: d.uvarint(), period: Period(d.count()), chargeAt: d.varint()}
-		e.refunded = d.byte() == 1
+		flags := d.byte()
+		e.refunded, e.served = flags&1 != 0, flags&2 != 0
 		e.key, e.route = d.string(), d.string()
 		e.allocs = d.allocs(nil)
 		n.dedup.put(id, wall, e)

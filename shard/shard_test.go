@@ -406,3 +406,34 @@ func TestRetryAfterRefundIsChargedAgain(t *testing.T) {
 		t.Fatalf("after a checkpoint the next generation is %d, want 3", rec.Gen)
 	}
 }
+
+// An attempt's refund keeps a charge that a retry was served under, or that
+// the id has moved past (a later generation).
+func TestRefundAttemptKeepsWhatARetryWasServedUnder(t *testing.T) {
+	p := DefaultParams()
+	a := NewAccount(AccountConfig{ID: "a", Plan: hardPlan(10)})
+	now := at("2026-06-10T00:00:00Z")
+	var rec Record
+	_, crec := charge(a, "k", 2, now, &p)
+	receipt := &Receipt{EventID: "k", Gen: crec.Gen, Units: 2, Allocs: append([]Alloc(nil), crec.Allocs...)}
+	if d, _ := charge(a, "k", 2, now, &p); d.Reason != Replayed {
+		t.Fatalf("retry: %v", d.Reason)
+	}
+	if d := a.RefundAttempt("k", receipt, now, &p, &rec); d.Reason != Kept || rec.Type != 0 || d.Remaining != 8 {
+		t.Fatalf("the first attempt's refund after a served retry: %+v, want kept", d)
+	}
+	// Without a retry in between, the attempt's refund applies.
+	_, crec = charge(a, "j", 3, now, &p)
+	receipt = &Receipt{EventID: "j", Gen: crec.Gen, Units: 3}
+	if d := a.RefundAttempt("j", receipt, now, &p, &rec); d.Reason != Refunded {
+		t.Fatalf("an attempt's refund: %v", d.Reason)
+	}
+	// The id moved on (charged again after that refund): an old attempt's
+	// late refund keeps the new generation.
+	if _, crec = charge(a, "j", 3, now, &p); crec.Gen != 1 {
+		t.Fatalf("gen %d", crec.Gen)
+	}
+	if d := a.RefundAttempt("j", receipt, now, &p, &rec); d.Reason != Kept {
+		t.Fatalf("a stale attempt's refund of a later generation: %v, want kept", d.Reason)
+	}
+}

@@ -123,9 +123,10 @@ const (
 	AlreadyRefunded               // a second refund: nothing changed
 	UnknownEvent                  // the account does not remember this event
 	Invalid                       // the request is malformed (negative units, empty id)
+	Kept                          // an attempt's refund refused: a retry was served under the charge
 )
 
-var reasonNames = [...]string{"ok", "replayed", "rate_limited", "quota_exceeded", "unknown_account", "need_reservation", "refunded", "already_refunded", "unknown_event", "invalid"}
+var reasonNames = [...]string{"ok", "replayed", "rate_limited", "quota_exceeded", "unknown_account", "need_reservation", "refunded", "already_refunded", "unknown_event", "invalid", "kept"}
 
 func (r Reason) String() string {
 	if int(r) < len(reasonNames) {

@@ -38,21 +38,23 @@ const (
 	Reason_ALREADY_REFUNDED   Reason = 7
 	Reason_UNKNOWN_EVENT      Reason = 8
 	Reason_INVALID            Reason = 9
+	Reason_KEPT               Reason = 10
 )
 
 // Enum value maps for Reason.
 var (
 	Reason_name = map[int32]string{
-		0: "REASON_UNSPECIFIED",
-		1: "OK",
-		2: "REPLAYED",
-		3: "RATE_LIMITED",
-		4: "QUOTA_EXCEEDED",
-		5: "UNKNOWN_ACCOUNT",
-		6: "REFUNDED",
-		7: "ALREADY_REFUNDED",
-		8: "UNKNOWN_EVENT",
-		9: "INVALID",
+		0:  "REASON_UNSPECIFIED",
+		1:  "OK",
+		2:  "REPLAYED",
+		3:  "RATE_LIMITED",
+		4:  "QUOTA_EXCEEDED",
+		5:  "UNKNOWN_ACCOUNT",
+		6:  "REFUNDED",
+		7:  "ALREADY_REFUNDED",
+		8:  "UNKNOWN_EVENT",
+		9:  "INVALID",
+		10: "KEPT",
 	}
 	Reason_value = map[string]int32{
 		"REASON_UNSPECIFIED": 0,
@@ -65,6 +67,7 @@ var (
 		"ALREADY_REFUNDED":   7,
 		"UNKNOWN_EVENT":      8,
 		"INVALID":            9,
+		"KEPT":               10,
 	}
 )
 
@@ -832,7 +835,10 @@ type RefundRequest struct {
 	Account string                 `protobuf:"bytes,1,opt,name=account,proto3" json:"account,omitempty"`
 	EventId string                 `protobuf:"bytes,2,opt,name=event_id,json=eventId,proto3" json:"event_id,omitempty"`
 	// Needed for generated event ids; client ids are remembered by the owner.
-	Receipt       *Receipt `protobuf:"bytes,3,opt,name=receipt,proto3" json:"receipt,omitempty"`
+	Receipt *Receipt `protobuf:"bytes,3,opt,name=receipt,proto3" json:"receipt,omitempty"`
+	// Refund only this attempt's charge: kept (KEPT) when a retry with the
+	// same client id was served under it since.
+	Attempt       bool `protobuf:"varint,4,opt,name=attempt,proto3" json:"attempt,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -886,6 +892,13 @@ func (x *RefundRequest) GetReceipt() *Receipt {
 		return x.Receipt
 	}
 	return nil
+}
+
+func (x *RefundRequest) GetAttempt() bool {
+	if x != nil {
+		return x.Attempt
+	}
+	return false
 }
 
 type RefundBatch struct {
@@ -1611,11 +1624,12 @@ const file_quota_proto_rawDesc = "" +
 	"\x04node\x18\x06 \x01(\tR\x04node\"Z\n" +
 	"\rChargeReplies\x123\n" +
 	"\areplies\x18\x01 \x03(\v2\x19.quotaring.v1.ChargeReplyR\areplies\x12\x14\n" +
-	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\"u\n" +
+	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\"\x8f\x01\n" +
 	"\rRefundRequest\x12\x18\n" +
 	"\aaccount\x18\x01 \x01(\tR\aaccount\x12\x19\n" +
 	"\bevent_id\x18\x02 \x01(\tR\aeventId\x12/\n" +
-	"\areceipt\x18\x03 \x01(\v2\x15.quotaring.v1.ReceiptR\areceipt\"n\n" +
+	"\areceipt\x18\x03 \x01(\v2\x15.quotaring.v1.ReceiptR\areceipt\x12\x18\n" +
+	"\aattempt\x18\x04 \x01(\bR\aattempt\"n\n" +
 	"\vRefundBatch\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x125\n" +
 	"\arefunds\x18\x02 \x03(\v2\x1b.quotaring.v1.RefundRequestR\arefunds\x12\x12\n" +
@@ -1668,7 +1682,7 @@ const file_quota_proto_rawDesc = "" +
 	"\aversion\x18\x01 \x01(\x03R\aversion\x12\x1c\n" +
 	"\tunchanged\x18\x02 \x01(\bR\tunchanged\x12\x1a\n" +
 	"\bsnapshot\x18\x03 \x01(\fR\bsnapshot\x12\x12\n" +
-	"\x04node\x18\x04 \x01(\tR\x04node*\xb5\x01\n" +
+	"\x04node\x18\x04 \x01(\tR\x04node*\xbf\x01\n" +
 	"\x06Reason\x12\x16\n" +
 	"\x12REASON_UNSPECIFIED\x10\x00\x12\x06\n" +
 	"\x02OK\x10\x01\x12\f\n" +
@@ -1679,7 +1693,9 @@ const file_quota_proto_rawDesc = "" +
 	"\bREFUNDED\x10\x06\x12\x14\n" +
 	"\x10ALREADY_REFUNDED\x10\a\x12\x11\n" +
 	"\rUNKNOWN_EVENT\x10\b\x12\v\n" +
-	"\aINVALID\x10\t2\xd4\x02\n" +
+	"\aINVALID\x10\t\x12\b\n" +
+	"\x04KEPT\x10\n" +
+	"2\xd4\x02\n" +
 	"\x05Quota\x12@\n" +
 	"\x06Charge\x12\x19.quotaring.v1.ChargeBatch\x1a\x1b.quotaring.v1.ChargeReplies\x12@\n" +
 	"\x06Refund\x12\x19.quotaring.v1.RefundBatch\x1a\x1b.quotaring.v1.RefundReplies\x12=\n" +
