@@ -35,6 +35,7 @@ func RunConformance(t *testing.T, open func(t *testing.T) Ledger) {
 		{"SettleOnce", confSettleOnce},
 		{"SettleRejectsMalformedBatch", confSettleInvalid},
 		{"Duplicates", confDuplicates},
+		{"RetriesServedAcrossOwners", confServedAcrossOwners},
 		{"Refunds", confRefunds},
 		{"TombstoneThenCharge", confTombstone},
 		{"ConcurrentReservations", confConcurrentReservations},
@@ -557,6 +558,69 @@ func confDuplicates(t *testing.T, l Ledger) {
 		t.Errorf("duplicates within a batch: %+v, want e3 once", res.Duplicates)
 	}
 	wantGrant(t, l, "acct-1", confJune, 7, 11)
+	wantReconciled(t, l)
+}
+
+// confServedAcrossOwners: a client's attempt at one owner and its retry at
+// another (after a failover) were both served or both failed, in any order
+// of their settles: the event is billed exactly when some attempt was served.
+func confServedAcrossOwners(t *testing.T, l Ledger) {
+	ctx := t.Context()
+	confSetup(t, l, 100, "acct-1")
+	a, b := confNode(t, l, "node-a"), confNode(t, l, "node-b")
+	for _, n := range []*confSettler{a, b} {
+		if _, err := l.Reserve(ctx, n.node, ReserveRequest{Account: "acct-1", Wall: confWallTime(), Need: 40}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// e1: node-a's attempt was abandoned and refunded, node-b's retry served.
+	// The refund settles after the retry: it is kept (the retry stays billed).
+	a.settle(t, chargeOf("acct-1", "e1", 4, confJune).withReserved())
+	b.settle(t, chargeOf("acct-1", "e1", 4, confJune).withReserved())
+	res := a.settle(t, refundOf("acct-1", "e1", 4, confJune).withReserved())
+	if len(res.DuplicateRefunds) != 1 {
+		t.Fatalf("node-a's refund of e1, served again at node-b: %+v, want kept (a duplicate refund)", res)
+	}
+	wantUsage(t, l, "acct-1", 4)
+
+	// e2: the same, but the refund settles before the retry: the retry takes
+	// the refunded event over and is billed.
+	a.settle(t, chargeOf("acct-1", "e2", 3, confJune).withReserved())
+	a.settle(t, refundOf("acct-1", "e2", 3, confJune).withReserved())
+	res = b.settle(t, chargeOf("acct-1", "e2", 3, confJune).withReserved())
+	if len(res.Duplicates) != 0 {
+		t.Fatalf("node-b's retry of refunded e2: %+v, want billed", res)
+	}
+	wantUsage(t, l, "acct-1", 7)
+	// ... and it is node-b's now: its own refund applies.
+	if res := b.settle(t, refundOf("acct-1", "e2", 3, confJune).withReserved()); len(res.DuplicateRefunds) != 0 {
+		t.Fatalf("node-b's refund of the e2 it took over: %+v, want applied", res)
+	}
+	wantUsage(t, l, "acct-1", 4)
+
+	// e3: both attempts failed. node-a's refund comes first (kept, pending),
+	// node-b's refund of its unbilled retry releases it: nothing is billed.
+	a.settle(t, chargeOf("acct-1", "e3", 5, confJune).withReserved())
+	b.settle(t, chargeOf("acct-1", "e3", 5, confJune).withReserved())
+	a.settle(t, refundOf("acct-1", "e3", 5, confJune).withReserved())
+	wantUsage(t, l, "acct-1", 9)
+	if res := b.settle(t, refundOf("acct-1", "e3", 5, confJune).withReserved()); len(res.DuplicateRefunds) != 0 {
+		t.Fatalf("node-b's refund releasing node-a's pending one: %+v, want applied", res)
+	}
+	wantUsage(t, l, "acct-1", 4)
+
+	// e4: a refund through the account's new owner of an event nobody
+	// retried applies (an ownership move, not a retry).
+	a.settle(t, chargeOf("acct-1", "e4", 2, confJune).withReserved())
+	if res := b.settle(t, refundOf("acct-1", "e4", 2, confJune).withReserved()); len(res.DuplicateRefunds) != 0 {
+		t.Fatalf("a refund at the new owner: %+v, want applied", res)
+	}
+	wantUsage(t, l, "acct-1", 4)
+	// used + reserved stays within the units, and the counters equal the log.
+	g := grantOf(t, l, "acct-1", confJune)
+	if g.Used != 4 || g.Used+g.Reserved > g.Units {
+		t.Errorf("grant %+v, want used 4 within its units", g)
+	}
 	wantReconciled(t, l)
 }
 

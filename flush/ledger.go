@@ -118,15 +118,23 @@ var (
 //     else happens); otherwise ErrMarkConflict.
 //  2. With Events on: insert the charges into the event log, ON CONFLICT
 //     (account, event id) DO NOTHING; a charge whose event id the log already
-//     holds from another origin (node, incarnation, seq) is a Duplicate: it
-//     is not billed (no usage, no used units) but its Reserved units still
-//     leave this node's reservation. Refunds: an event found unrefunded is
-//     marked refunded and its units return to its grants (used -=); found
-//     already refunded, the refund is a DuplicateRefund and changes nothing
-//     (the node takes the units back out of its allowance); not found (its
-//     charge is still in another node's unsettled log), a refunded tombstone
-//     row is inserted with the units, grants untouched, so that the charge
-//     arriving later is a Duplicate.
+//     holds from another origin (node, incarnation, seq) is a Duplicate: a
+//     client's retry that reached another owner after a failover. It is not
+//     billed (no usage, no used units) but its Reserved units still leave
+//     this node's reservation, and it counts on the event as a retry served
+//     again (served_again). If the event was refunded (its attempt failed)
+//     the served retry takes the event over and is billed instead.
+//     Refunds: an event found unrefunded is marked refunded and its units
+//     return to its grants (used -=), unless retries were served under it:
+//     the event's own node's refund is then kept and pending, and another
+//     node's refund (of its own retry, never billed) counts one served retry
+//     off and applies the pending refund when it was the last. Kept and
+//     repeated refunds are DuplicateRefunds and change nothing here (the node
+//     takes the units back out of its allowance). Not found (its charge is
+//     still in another node's unsettled log), a refunded tombstone row is
+//     inserted with the units, grants untouched, so that the charge arriving
+//     later is a Duplicate. So an event is billed exactly when some attempt
+//     under it was served.
 //     With Events off: charges and refunds all apply, no dedup.
 //  3. Daily usage aggregates (account, key, route, UTC day): units and
 //     requests, one upsert of all rows (UNNEST on Postgres); refunds

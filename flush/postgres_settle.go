@@ -96,12 +96,24 @@ const pgInsertChargesSQL = `WITH ins AS (
 	SELECT s.seq, s.account_id, s.event_id, s.period_start FROM settle_charges s
 	WHERE NOT EXISTS (SELECT 1 FROM ins WHERE ins.seq = s.seq)
 )
-SELECT d.seq, e.node_id, e.incarnation, e.seq
+SELECT d.seq, e.node_id, e.incarnation, e.seq, e.refunded AND NOT e.tombstone
 FROM dup d LEFT JOIN LATERAL (
-	SELECT e.node_id, e.incarnation, e.seq FROM events e
+	SELECT e.node_id, e.incarnation, e.seq, e.refunded, e.tombstone FROM events e
 	WHERE e.account_id = d.account_id AND e.event_id = d.event_id AND e.period_start = d.period_start
 	LIMIT 1
 ) e ON true`
+
+// pgTakeOverSQL gives a refunded event to a retry another node charged and
+// served: the retry is billed under the event id. $1, $2: node, incarnation.
+const pgTakeOverSQL = `UPDATE events SET refunded = false, refunded_at = NULL, served_again = 0, refund_pending = false,
+	client_id = $3, key_id = $4, route = $5, units = $6, charged_at = $7, node_id = $1, incarnation = $2, seq = $8,
+	grant_ids = $9, grant_units = $10
+WHERE account_id = $11 AND event_id = $12 AND period_start = $13 AND refunded AND NOT tombstone`
+
+// pgServedAgainSQL counts a retry another node charged and served while
+// the event stands billed.
+const pgServedAgainSQL = `UPDATE events SET served_again = served_again + 1
+WHERE account_id = $1 AND event_id = $2 AND period_start = $3 AND NOT refunded`
 
 // pgRefundsSQL applies refunds: found and unrefunded -> refunded (returning
 // the event as the log has it); not found -> a tombstone; found refunded ->
@@ -122,11 +134,26 @@ const pgRefundsSQL = `WITH r AS (
 		LIMIT 1
 	) e ON true
 ), upd AS (
-	UPDATE events e SET refunded = true, refunded_at = now()
+	-- Applies: nobody else's retry was served under the event, or this
+	-- node's refund of its own unbilled retry releases the event's own
+	-- pending refund (see Batch).
+	UPDATE events e SET refunded = true, refunded_at = now(), refund_pending = false,
+		served_again = CASE WHEN e.node_id <> $1 AND e.served_again > 0 THEN e.served_again - 1 ELSE e.served_again END
 	FROM r
 	WHERE e.account_id = r.account_id AND e.event_id = r.event_id AND e.period_start = r.period_start
 		AND NOT e.refunded
+		AND (e.served_again = 0 OR (e.node_id <> $1 AND e.served_again = 1 AND e.refund_pending))
 	RETURNING r.ord, e.key_id, e.route, e.charged_at, e.units, e.grant_ids, e.grant_units
+), kept AS (
+	-- Kept: the event's own node asks while others' retries were served
+	-- (pending), or another node refunds its unbilled retry (one less).
+	UPDATE events e SET refund_pending = e.refund_pending OR e.node_id = $1,
+		served_again = CASE WHEN e.node_id <> $1 THEN e.served_again - 1 ELSE e.served_again END
+	FROM r
+	WHERE e.account_id = r.account_id AND e.event_id = r.event_id AND e.period_start = r.period_start
+		AND NOT e.refunded AND e.served_again > 0
+		AND NOT (e.node_id <> $1 AND e.served_again = 1 AND e.refund_pending)
+	RETURNING r.ord
 ), tomb AS (
 	INSERT INTO events (account_id, event_id, client_id, key_id, route, units, charged_at, period, period_start,
 		node_id, incarnation, seq, grant_ids, grant_units, refunded, refunded_at, tombstone)
@@ -141,10 +168,11 @@ const pgRefundsSQL = `WITH r AS (
 	ON CONFLICT DO NOTHING
 	RETURNING seq
 )
-SELECT cur.ord, cur.refunded, u.ord IS NOT NULL, t.seq IS NOT NULL,
+SELECT cur.ord, cur.refunded OR k.ord IS NOT NULL, u.ord IS NOT NULL, t.seq IS NOT NULL,
 	u.key_id, u.route, u.charged_at, u.units, u.grant_ids, u.grant_units
 FROM cur
 LEFT JOIN upd u ON u.ord = cur.ord
+LEFT JOIN kept k ON k.ord = cur.ord
 LEFT JOIN tomb t ON t.seq = cur.seq`
 
 const pgUsageSQL = `INSERT INTO usage_daily AS u (account_id, key_id, route, day, units, requests)
@@ -367,7 +395,23 @@ func (s *pgSettle) settleLog(ctx context.Context, tx pgx.Tx) error {
 		case o.node != nil && *o.node == b.Node && *o.incarnation == b.Incarnation && uint64(*o.seq) == c.Seq:
 			// This very record is in the log already (settled in another
 			// batch range): it was billed then.
+		case o.refunded != nil && *o.refunded:
+			// A retry served after the event was refunded: it takes the
+			// event over and is billed.
+			ids, units := allocArrays(c.Allocs)
+			s.res.RoundTrips++
+			if _, err := tx.Exec(ctx, pgTakeOverSQL, b.Node, b.Incarnation, c.ClientID, c.Key, c.Route, c.Units,
+				time.Unix(0, c.Wall).UTC(), int64(c.Seq), ids, units, c.Account, c.EventID, periodDate(c.Period)); err != nil {
+				return err
+			}
+			s.plan.billCharge(c)
 		default:
+			if o.node != nil {
+				s.res.RoundTrips++
+				if _, err := tx.Exec(ctx, pgServedAgainSQL, c.Account, c.EventID, periodDate(c.Period)); err != nil {
+					return err
+				}
+			}
 			s.res.Duplicates = append(s.res.Duplicates, chargeRef(c))
 			s.plan.reservedCharge(c)
 		}
@@ -430,7 +474,7 @@ func (s *pgSettle) logCharges(ctx context.Context, tx pgx.Tx) (map[uint64]origin
 	rows, _ := tx.Query(ctx, pgInsertChargesSQL, b.Node, b.Incarnation)
 	var seq int64
 	var o origin
-	_, err = pgx.ForEachRow(rows, []any{&seq, &o.node, &o.incarnation, &o.seq}, func() error {
+	_, err = pgx.ForEachRow(rows, []any{&seq, &o.node, &o.incarnation, &o.seq, &o.refunded}, func() error {
 		dups[uint64(seq)] = o
 		return nil
 	})
@@ -441,6 +485,7 @@ func (s *pgSettle) logCharges(ctx context.Context, tx pgx.Tx) (map[uint64]origin
 type origin struct {
 	node, incarnation *string
 	seq               *int64
+	refunded          *bool // refunded, and not a tombstone
 }
 
 type refundKind uint8
@@ -520,7 +565,7 @@ func (s *pgSettle) queueRefunds(q *pgx.Batch, send []int, outcomes []refundOutco
 			case tombstoned:
 				o.kind = refundTombstone
 			case wasRefunded != nil && *wasRefunded:
-				o.kind = refundDuplicate
+				o.kind = refundDuplicate // refunded before, or kept (retries were served under it)
 			}
 		}
 		return rows.Err()
@@ -690,4 +735,14 @@ func partitionDDL(per shard.Period) string {
 	name := pgx.Identifier{fmt.Sprintf("events_p%04d_%02d", int(per)/12, int(per)%12+1)}.Sanitize()
 	return fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s PARTITION OF events FOR VALUES FROM ('%s') TO ('%s')`,
 		name, periodDate(per).Format(time.DateOnly), periodDate(per+1).Format(time.DateOnly))
+}
+
+// allocArrays splits allocations into the grant and units arrays of an
+// event row, in order.
+func allocArrays(allocs []shard.Alloc) ([]string, []int64) {
+	ids, units := make([]string, len(allocs)), make([]int64, len(allocs))
+	for i, a := range allocs {
+		ids[i], units[i] = a.Grant, a.Units
+	}
+	return ids, units
 }

@@ -127,12 +127,34 @@ func (st *sqliteSettle) logCharges(ctx context.Context) error {
 		}
 		var node, inc string
 		var seq int64
-		if err := st.queryRow(ctx, `SELECT node_id, incarnation, seq FROM events WHERE account_id = ? AND event_id = ?`,
-			c.Account, c.EventID).Scan(&node, &inc, &seq); err != nil {
+		var refunded, tombstone bool
+		if err := st.queryRow(ctx, `SELECT node_id, incarnation, seq, refunded, tombstone FROM events WHERE account_id = ? AND event_id = ?`,
+			c.Account, c.EventID).Scan(&node, &inc, &seq, &refunded, &tombstone); err != nil {
 			return err
 		}
 		if node == st.b.Node && inc == st.b.Incarnation && uint64(seq) == c.Seq {
 			continue // this very record was settled before, in another range
+		}
+		if refunded && !tombstone {
+			// The event was refunded (its attempt failed) and this retry,
+			// charged by another owner, was served: it takes the event over
+			// and is billed.
+			if _, err := st.exec(ctx, `UPDATE events SET refunded = 0, refunded_at = NULL, served_again = 0, refund_pending = 0, client_id = ?,
+					key_id = ?, route = ?, units = ?, charged_at = ?, period = ?, node_id = ?, incarnation = ?, seq = ?, allocations = ?
+				WHERE account_id = ? AND event_id = ?`, c.ClientID, c.Key, c.Route, c.Units, c.Wall, c.Period.String(),
+				st.b.Node, st.b.Incarnation, int64(c.Seq), encodeAllocs(c.Allocs), c.Account, c.EventID); err != nil {
+				return err
+			}
+			st.plan.billCharge(c)
+			continue
+		}
+		if !refunded {
+			// A retry served by another owner while the event stands billed:
+			// the event's own attempt must not refund it any more.
+			if _, err := st.exec(ctx, `UPDATE events SET served_again = served_again + 1 WHERE account_id = ? AND event_id = ?`,
+				c.Account, c.EventID); err != nil {
+				return err
+			}
 		}
 		st.res.Duplicates = append(st.res.Duplicates, chargeRef(c))
 		st.plan.reservedCharge(c)
@@ -140,44 +162,77 @@ func (st *sqliteSettle) logCharges(ctx context.Context) error {
 	return nil
 }
 
-// logRefunds applies the refunds to the event log: found unrefunded ->
-// refunded; found refunded -> duplicate refund; not found -> tombstone.
+// logRefunds applies the refunds to the event log (see Batch: who may
+// refund an event that retries were served under).
 func (st *sqliteSettle) logRefunds(ctx context.Context) error {
 	for i := range st.b.Refunds {
 		r := &st.b.Refunds[i]
-		var ev refundedEvent
-		var allocs string
-		err := st.queryRow(ctx, `UPDATE events SET refunded = 1, refunded_at = ?
-			WHERE account_id = ? AND event_id = ? AND NOT refunded
-			RETURNING key_id, route, charged_at, units, allocations`, st.now, r.Account, r.EventID).
-			Scan(&ev.key, &ev.route, &ev.chargeWall, &ev.units, &allocs)
+		var node string
+		var refunded, pending bool
+		var served int64
+		err := st.queryRow(ctx, `SELECT node_id, refunded, served_again, refund_pending FROM events WHERE account_id = ? AND event_id = ?`,
+			r.Account, r.EventID).Scan(&node, &refunded, &served, &pending)
 		switch {
-		case err == nil:
-			if ev.allocs, err = decodeAllocs(allocs); err != nil {
+		case errors.Is(err, sql.ErrNoRows):
+			if err := st.tombstone(ctx, r); err != nil {
 				return err
 			}
-			st.plan.applyRefund(r, ev)
 			continue
-		case !errors.Is(err, sql.ErrNoRows):
+		case err != nil:
 			return err
 		}
-		var exists bool
-		if err := st.queryRow(ctx, `SELECT EXISTS (SELECT 1 FROM events WHERE account_id = ? AND event_id = ?)`, r.Account, r.EventID).Scan(&exists); err != nil {
-			return err
+		apply := false
+		switch {
+		case refunded:
+		case node == st.b.Node && served == 0:
+			apply = true
+		case node == st.b.Node:
+			// A retry another node charged was served under the event: keep
+			// it until those retries are refunded too.
+			if _, err := st.exec(ctx, `UPDATE events SET refund_pending = 1 WHERE account_id = ? AND event_id = ?`, r.Account, r.EventID); err != nil {
+				return err
+			}
+		case served > 0:
+			// The refund of a retry this node charged, never billed: one
+			// served retry less; the event's own pending refund applies now
+			// if it was the last.
+			if _, err := st.exec(ctx, `UPDATE events SET served_again = served_again - 1 WHERE account_id = ? AND event_id = ?`, r.Account, r.EventID); err != nil {
+				return err
+			}
+			apply = served == 1 && pending
+		default:
+			apply = true // a refund through the account's new owner
 		}
-		if exists {
+		if !apply {
 			st.res.DuplicateRefunds = append(st.res.DuplicateRefunds, refundRef(r))
 			continue
 		}
-		if _, err := st.exec(ctx, `INSERT INTO events (account_id, event_id, client_id, key_id, route, units, charged_at, period,
-				node_id, incarnation, seq, allocations, refunded, refunded_at, tombstone)
-			VALUES (?, ?, 0, ?, ?, ?, ?, ?, ?, ?, ?, ?, 1, ?, 1)`,
-			r.Account, r.EventID, r.Key, r.Route, r.Units, r.ChargeWall, r.Period.String(),
-			st.b.Node, st.b.Incarnation, int64(r.Seq), encodeAllocs(r.Allocs), st.now); err != nil {
+		var ev refundedEvent
+		var allocs string
+		if err := st.queryRow(ctx, `UPDATE events SET refunded = 1, refunded_at = ?, refund_pending = 0
+			WHERE account_id = ? AND event_id = ?
+			RETURNING key_id, route, charged_at, units, allocations`, st.now, r.Account, r.EventID).
+			Scan(&ev.key, &ev.route, &ev.chargeWall, &ev.units, &allocs); err != nil {
 			return err
 		}
-		st.plan.reservedRefund(r)
+		if ev.allocs, err = decodeAllocs(allocs); err != nil {
+			return err
+		}
+		st.plan.applyRefund(r, ev)
 	}
+	return nil
+}
+
+// tombstone records a refund that arrived before its charge.
+func (st *sqliteSettle) tombstone(ctx context.Context, r *Refund) error {
+	if _, err := st.exec(ctx, `INSERT INTO events (account_id, event_id, client_id, key_id, route, units, charged_at, period,
+			node_id, incarnation, seq, allocations, refunded, refunded_at, tombstone)
+		VALUES (?, ?, 0, ?, ?, ?, ?, ?, ?, ?, ?, ?, 1, ?, 1)`,
+		r.Account, r.EventID, r.Key, r.Route, r.Units, r.ChargeWall, r.Period.String(),
+		st.b.Node, st.b.Incarnation, int64(r.Seq), encodeAllocs(r.Allocs), st.now); err != nil {
+		return err
+	}
+	st.plan.reservedRefund(r)
 	return nil
 }
 
