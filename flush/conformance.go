@@ -134,6 +134,8 @@ type rec struct {
 	reserved bool
 	wall     time.Time
 	route    string
+	// attemptRefund marks a refund as one attempt's (Refund.Attempt).
+	attemptRefund bool
 }
 
 func chargeOf(account, event string, units int64, grant string) rec {
@@ -148,6 +150,9 @@ func refundOf(account, event string, units int64, grant string) rec {
 
 func (r rec) withReserved() rec { r.reserved = true; return r }
 
+// attempt marks a refund as one attempt's (the HTTP front's).
+func (r rec) attempt() rec { r.attemptRefund = true; return r }
+
 // batch numbers recs from the settler's mark without moving it.
 func (s *confSettler) batchLocked(recs ...rec) *Batch {
 	b := &Batch{Node: s.node, Incarnation: s.inc, Prev: s.next, Next: s.next + uint64(len(recs)), Events: s.events}
@@ -156,7 +161,8 @@ func (s *confSettler) batchLocked(recs ...rec) *Batch {
 		wall := r.wall.UnixNano()
 		if r.refund {
 			b.Refunds = append(b.Refunds, Refund{Seq: seq, Account: r.account, EventID: r.event, Key: "key-" + r.account, Route: r.route,
-				Units: r.units, Wall: wall + int64(time.Minute), ChargeWall: wall, Period: shard.PeriodOf(wall), Reserved: r.reserved, Allocs: r.allocs})
+				Units: r.units, Wall: wall + int64(time.Minute), ChargeWall: wall, Period: shard.PeriodOf(wall), Reserved: r.reserved,
+				Attempt: r.attemptRefund, Allocs: r.allocs})
 			continue
 		}
 		b.Charges = append(b.Charges, Charge{Seq: seq, Account: r.account, EventID: r.event, ClientID: true, Key: "key-" + r.account,
@@ -577,7 +583,7 @@ func confServedAcrossOwners(t *testing.T, l Ledger) {
 	// The refund settles after the retry: it is kept (the retry stays billed).
 	a.settle(t, chargeOf("acct-1", "e1", 4, confJune).withReserved())
 	b.settle(t, chargeOf("acct-1", "e1", 4, confJune).withReserved())
-	res := a.settle(t, refundOf("acct-1", "e1", 4, confJune).withReserved())
+	res := a.settle(t, refundOf("acct-1", "e1", 4, confJune).withReserved().attempt())
 	if len(res.DuplicateRefunds) != 1 {
 		t.Fatalf("node-a's refund of e1, served again at node-b: %+v, want kept (a duplicate refund)", res)
 	}
@@ -586,14 +592,14 @@ func confServedAcrossOwners(t *testing.T, l Ledger) {
 	// e2: the same, but the refund settles before the retry: the retry takes
 	// the refunded event over and is billed.
 	a.settle(t, chargeOf("acct-1", "e2", 3, confJune).withReserved())
-	a.settle(t, refundOf("acct-1", "e2", 3, confJune).withReserved())
+	a.settle(t, refundOf("acct-1", "e2", 3, confJune).withReserved().attempt())
 	res = b.settle(t, chargeOf("acct-1", "e2", 3, confJune).withReserved())
 	if len(res.Duplicates) != 0 {
 		t.Fatalf("node-b's retry of refunded e2: %+v, want billed", res)
 	}
 	wantUsage(t, l, "acct-1", 7)
 	// ... and it is node-b's now: its own refund applies.
-	if res := b.settle(t, refundOf("acct-1", "e2", 3, confJune).withReserved()); len(res.DuplicateRefunds) != 0 {
+	if res := b.settle(t, refundOf("acct-1", "e2", 3, confJune).withReserved().attempt()); len(res.DuplicateRefunds) != 0 {
 		t.Fatalf("node-b's refund of the e2 it took over: %+v, want applied", res)
 	}
 	wantUsage(t, l, "acct-1", 4)
@@ -602,9 +608,9 @@ func confServedAcrossOwners(t *testing.T, l Ledger) {
 	// node-b's refund of its unbilled retry releases it: nothing is billed.
 	a.settle(t, chargeOf("acct-1", "e3", 5, confJune).withReserved())
 	b.settle(t, chargeOf("acct-1", "e3", 5, confJune).withReserved())
-	a.settle(t, refundOf("acct-1", "e3", 5, confJune).withReserved())
+	a.settle(t, refundOf("acct-1", "e3", 5, confJune).withReserved().attempt())
 	wantUsage(t, l, "acct-1", 9)
-	if res := b.settle(t, refundOf("acct-1", "e3", 5, confJune).withReserved()); len(res.DuplicateRefunds) != 0 {
+	if res := b.settle(t, refundOf("acct-1", "e3", 5, confJune).withReserved().attempt()); len(res.DuplicateRefunds) != 0 {
 		t.Fatalf("node-b's refund releasing node-a's pending one: %+v, want applied", res)
 	}
 	wantUsage(t, l, "acct-1", 4)
@@ -612,8 +618,17 @@ func confServedAcrossOwners(t *testing.T, l Ledger) {
 	// e4: a refund through the account's new owner of an event nobody
 	// retried applies (an ownership move, not a retry).
 	a.settle(t, chargeOf("acct-1", "e4", 2, confJune).withReserved())
-	if res := b.settle(t, refundOf("acct-1", "e4", 2, confJune).withReserved()); len(res.DuplicateRefunds) != 0 {
+	if res := b.settle(t, refundOf("acct-1", "e4", 2, confJune).withReserved().attempt()); len(res.DuplicateRefunds) != 0 {
 		t.Fatalf("a refund at the new owner: %+v, want applied", res)
+	}
+	wantUsage(t, l, "acct-1", 4)
+
+	// e5: an event's refund (not an attempt's: an operator's, an embedded
+	// client's) applies even though a retry was served elsewhere.
+	a.settle(t, chargeOf("acct-1", "e5", 6, confJune).withReserved())
+	b.settle(t, chargeOf("acct-1", "e5", 6, confJune).withReserved())
+	if res := a.settle(t, refundOf("acct-1", "e5", 6, confJune).withReserved()); len(res.DuplicateRefunds) != 0 {
+		t.Fatalf("the event's own refund: %+v, want applied", res)
 	}
 	wantUsage(t, l, "acct-1", 4)
 	// used + reserved stays within the units, and the counters equal the log.

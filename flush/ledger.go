@@ -125,10 +125,11 @@ var (
 //     again (served_again). If the event was refunded (its attempt failed)
 //     the served retry takes the event over and is billed instead.
 //     Refunds: an event found unrefunded is marked refunded and its units
-//     return to its grants (used -=), unless retries were served under it:
-//     the event's own node's refund is then kept and pending, and another
-//     node's refund (of its own retry, never billed) counts one served retry
-//     off and applies the pending refund when it was the last. Kept and
+//     return to its grants (used -=), unless the refund is an Attempt's and
+//     retries were served under the event: the event's own node's attempt
+//     refund is then kept and pending, and another node's attempt refund (of
+//     its own retry, never billed) counts one served retry off and applies
+//     the pending refund when it was the last. Kept and
 //     repeated refunds are DuplicateRefunds and change nothing here (the node
 //     takes the units back out of its allowance). Not found (its charge is
 //     still in another node's unsettled log), a refunded tombstone row is
@@ -178,7 +179,11 @@ type Refund struct {
 	ChargeWall int64
 	Period     shard.Period
 	Reserved   bool
-	Allocs     []shard.Alloc
+	// Attempt: the refund of one attempt's charge (the HTTP front's); kept
+	// when retries were served under the event elsewhere (see Batch). A
+	// refund without it returns the event's units whatever retries did.
+	Attempt bool
+	Allocs  []shard.Alloc
 }
 
 // EventRef names an event.

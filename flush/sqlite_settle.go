@@ -184,15 +184,15 @@ func (st *sqliteSettle) logRefunds(ctx context.Context) error {
 		apply := false
 		switch {
 		case refunded:
-		case node == st.b.Node && served == 0:
-			apply = true
+		case !r.Attempt || served == 0:
+			apply = true // the event's refund, or nobody else's retry was served
 		case node == st.b.Node:
 			// A retry another node charged was served under the event: keep
 			// it until those retries are refunded too.
 			if _, err := st.exec(ctx, `UPDATE events SET refund_pending = 1 WHERE account_id = ? AND event_id = ?`, r.Account, r.EventID); err != nil {
 				return err
 			}
-		case served > 0:
+		default:
 			// The refund of a retry this node charged, never billed: one
 			// served retry less; the event's own pending refund applies now
 			// if it was the last.
@@ -200,8 +200,6 @@ func (st *sqliteSettle) logRefunds(ctx context.Context) error {
 				return err
 			}
 			apply = served == 1 && pending
-		default:
-			apply = true // a refund through the account's new owner
 		}
 		if !apply {
 			st.res.DuplicateRefunds = append(st.res.DuplicateRefunds, refundRef(r))
@@ -209,7 +207,7 @@ func (st *sqliteSettle) logRefunds(ctx context.Context) error {
 		}
 		var ev refundedEvent
 		var allocs string
-		if err := st.queryRow(ctx, `UPDATE events SET refunded = 1, refunded_at = ?, refund_pending = 0
+		if err := st.queryRow(ctx, `UPDATE events SET refunded = 1, refunded_at = ?, refund_pending = 0, served_again = 0
 			WHERE account_id = ? AND event_id = ?
 			RETURNING key_id, route, charged_at, units, allocations`, st.now, r.Account, r.EventID).
 			Scan(&ev.key, &ev.route, &ev.chargeWall, &ev.units, &allocs); err != nil {

@@ -398,7 +398,7 @@ func (a *Account) refund(eventID string, receipt *Receipt, attempt bool, now Now
 		a.fill(&d, now, wall)
 		return d
 	}
-	rec.Reserved = a.reserved(params)
+	rec.Reserved, rec.Attempt = a.reserved(params), attempt
 	a.unspend(rec)
 	d.Reason, d.Units = Refunded, rec.Units
 	a.fill(&d, now, wall)

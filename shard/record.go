@@ -42,6 +42,10 @@ type Record struct {
 	Account  string
 	EventID  string // charge, refund
 	ClientID bool   // charge: EventID came from the client
+	// Attempt marks a refund of one attempt's charge (RefundAttempt, the
+	// HTTP front's): the ledger keeps the event when a retry was served
+	// under it elsewhere. A refund without it returns the event's units.
+	Attempt bool
 	// Gen is the generation of a client id: 0 for its first charge, n after
 	// n refunded charges of the same id (a retry of work that failed is
 	// charged again). The ledger's event id is LedgerEventID(EventID, Gen).
@@ -76,7 +80,7 @@ func (r *Record) reset(t RecordType, account string, wall int64) {
 //	charge:  type=1 | wall varint | account | event | flags byte (bit 0: client id, bit 1: reserved,
 //	         bit 2: a generation follows) | [gen uvarint] | key | route | units uvarint | period uvarint
 //	         | n uvarint | n × (grant | units uvarint)
-//	refund:  type=2 | wall varint | account | event | flags byte (bit 1: reserved, bit 2: generation)
+//	refund:  type=2 | wall varint | account | event | flags byte (bit 1: reserved, bit 2: generation, bit 3: attempt)
 //	         | [gen uvarint] | key | route | units uvarint | period uvarint | charge wall varint
 //	         | n uvarint | n × (grant | units uvarint)
 //	reserve: type=3 | wall varint | account | grant | delta varint
@@ -122,6 +126,9 @@ func (r *Record) appendFlags(dst []byte) []byte {
 	if r.Gen != 0 {
 		f |= 4
 	}
+	if r.Attempt {
+		f |= 8
+	}
 	dst = append(dst, f)
 	if r.Gen != 0 {
 		dst = binary.AppendUvarint(dst, uint64(r.Gen))
@@ -131,7 +138,7 @@ func (r *Record) appendFlags(dst []byte) []byte {
 
 func (d *decoder) flags(r *Record) {
 	f := d.byte()
-	r.ClientID, r.Reserved = f&1 != 0, f&2 != 0
+	r.ClientID, r.Reserved, r.Attempt = f&1 != 0, f&2 != 0, f&8 != 0
 	if f&4 != 0 {
 		g := d.uvarint()
 		if g == 0 || g > 1<<31 {
