@@ -433,7 +433,7 @@ func (e *Engine) chargeOnce(account string, req *shard.Charge) (Result, error) {
 	}
 	res.Seq = seq
 	r := &st.rec
-	res.Receipt = &shard.Receipt{EventID: r.EventID, Gen: r.Gen, Units: r.Units, Period: r.Period, Wall: r.Wall, Key: r.Key, Route: r.Route, Allocs: slices.Clone(r.Allocs)}
+	res.Receipt = &shard.Receipt{EventID: r.EventID, Node: e.log.NodeID(), Gen: r.Gen, Units: r.Units, Period: r.Period, Wall: r.Wall, Key: r.Key, Route: r.Route, Allocs: slices.Clone(r.Allocs)}
 	if e.params.Reservations {
 		e.noteSpendLocked(account, ent, req.Units, now)
 	}
@@ -467,7 +467,7 @@ func (e *Engine) refund(ctx context.Context, account, eventID string, receipt *s
 	}
 	var d shard.Decision
 	if attempt {
-		d = ent.acct.RefundAttempt(eventID, receipt, e.clock.Now(), &e.params, &st.rec)
+		d = ent.acct.RefundAttempt(eventID, receipt, e.log.NodeID(), e.clock.Now(), &e.params, &st.rec)
 	} else {
 		d = ent.acct.Refund(eventID, receipt, e.clock.Now(), &e.params, &st.rec)
 	}

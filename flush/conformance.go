@@ -136,6 +136,7 @@ type rec struct {
 	route    string
 	// attemptRefund marks a refund as one attempt's (Refund.Attempt).
 	attemptRefund bool
+	origin        string
 }
 
 func chargeOf(account, event string, units int64, grant string) rec {
@@ -153,6 +154,9 @@ func (r rec) withReserved() rec { r.reserved = true; return r }
 // attempt marks a refund as one attempt's (the HTTP front's).
 func (r rec) attempt() rec { r.attemptRefund = true; return r }
 
+// chargedBy names the node that charged the refunded attempt (Refund.Origin).
+func (r rec) chargedBy(node string) rec { r.origin = node; return r }
+
 // batch numbers recs from the settler's mark without moving it.
 func (s *confSettler) batchLocked(recs ...rec) *Batch {
 	b := &Batch{Node: s.node, Incarnation: s.inc, Prev: s.next, Next: s.next + uint64(len(recs)), Events: s.events}
@@ -162,7 +166,7 @@ func (s *confSettler) batchLocked(recs ...rec) *Batch {
 		if r.refund {
 			b.Refunds = append(b.Refunds, Refund{Seq: seq, Account: r.account, EventID: r.event, Key: "key-" + r.account, Route: r.route,
 				Units: r.units, Wall: wall + int64(time.Minute), ChargeWall: wall, Period: shard.PeriodOf(wall), Reserved: r.reserved,
-				Attempt: r.attemptRefund, Allocs: r.allocs})
+				Attempt: r.attemptRefund, Origin: r.origin, Allocs: r.allocs})
 			continue
 		}
 		b.Charges = append(b.Charges, Charge{Seq: seq, Account: r.account, EventID: r.event, ClientID: true, Key: "key-" + r.account,
@@ -620,6 +624,21 @@ func confServedAcrossOwners(t *testing.T, l Ledger) {
 	a.settle(t, chargeOf("acct-1", "e4", 2, confJune).withReserved())
 	if res := b.settle(t, refundOf("acct-1", "e4", 2, confJune).withReserved().attempt()); len(res.DuplicateRefunds) != 0 {
 		t.Fatalf("a refund at the new owner: %+v, want applied", res)
+	}
+	wantUsage(t, l, "acct-1", 4)
+
+	// e6: node-a charged, node-b's retry was served; the account moved to
+	// node-b, so node-a's front refunds its abandoned attempt through node-b
+	// (Origin node-a): kept, like node-a's own.
+	a.settle(t, chargeOf("acct-1", "e6", 2, confJune).withReserved())
+	b.settle(t, chargeOf("acct-1", "e6", 2, confJune).withReserved())
+	if res := b.settle(t, refundOf("acct-1", "e6", 2, confJune).attempt().chargedBy("node-a")); len(res.DuplicateRefunds) != 1 {
+		t.Fatalf("node-a's attempt refunded through node-b after node-b's retry was served: %+v, want kept", res)
+	}
+	wantUsage(t, l, "acct-1", 6)
+	// ... and node-b's retry failing too releases it.
+	if res := b.settle(t, refundOf("acct-1", "e6", 2, confJune).withReserved().attempt()); len(res.DuplicateRefunds) != 0 {
+		t.Fatalf("node-b's refund of its retry after node-a's pending one: %+v, want applied", res)
 	}
 	wantUsage(t, l, "acct-1", 4)
 

@@ -183,7 +183,10 @@ type Refund struct {
 	// when retries were served under the event elsewhere (see Batch). A
 	// refund without it returns the event's units whatever retries did.
 	Attempt bool
-	Allocs  []shard.Alloc
+	// Origin: the node that charged the refunded attempt when it is not the
+	// batch's node (the account moved since); empty: the batch's node.
+	Origin string
+	Allocs []shard.Alloc
 }
 
 // EventRef names an event.

@@ -122,8 +122,8 @@ WHERE account_id = $1 AND event_id = $2 AND period_start = $3 AND NOT refunded`
 // the tombstones.
 const pgRefundsSQL = `WITH r AS (
 	SELECT * FROM unnest($3::int[], $4::text[], $5::text[], $6::date[], $7::text[], $8::text[], $9::bigint[],
-		$10::timestamptz[], $11::text[], $12::bigint[], $16::bool[])
-		AS r(ord, account_id, event_id, period_start, key_id, route, units, charged_at, period, seq, attempt)
+		$10::timestamptz[], $11::text[], $12::bigint[], $16::bool[], $17::text[])
+		AS r(ord, account_id, event_id, period_start, key_id, route, units, charged_at, period, seq, attempt, origin)
 ), a AS (
 	SELECT * FROM unnest($13::int[], $14::text[], $15::bigint[]) WITH ORDINALITY AS a(ord, grant_id, units, i)
 ), cur AS MATERIALIZED (
@@ -141,17 +141,17 @@ const pgRefundsSQL = `WITH r AS (
 	FROM r
 	WHERE e.account_id = r.account_id AND e.event_id = r.event_id AND e.period_start = r.period_start
 		AND NOT e.refunded
-		AND (NOT r.attempt OR e.served_again = 0 OR (e.node_id <> $1 AND e.served_again = 1 AND e.refund_pending))
+		AND (NOT r.attempt OR e.served_again = 0 OR (e.node_id <> r.origin AND e.served_again = 1 AND e.refund_pending))
 	RETURNING r.ord, e.key_id, e.route, e.charged_at, e.units, e.grant_ids, e.grant_units
 ), kept AS (
 	-- Kept: the event's own node asks while others' retries were served
 	-- (pending), or another node refunds its unbilled retry (one less).
-	UPDATE events e SET refund_pending = e.refund_pending OR e.node_id = $1,
-		served_again = CASE WHEN e.node_id <> $1 THEN e.served_again - 1 ELSE e.served_again END
+	UPDATE events e SET refund_pending = e.refund_pending OR e.node_id = r.origin,
+		served_again = CASE WHEN e.node_id <> r.origin THEN e.served_again - 1 ELSE e.served_again END
 	FROM r
 	WHERE e.account_id = r.account_id AND e.event_id = r.event_id AND e.period_start = r.period_start
 		AND NOT e.refunded AND r.attempt AND e.served_again > 0
-		AND NOT (e.node_id <> $1 AND e.served_again = 1 AND e.refund_pending)
+		AND NOT (e.node_id <> r.origin AND e.served_again = 1 AND e.refund_pending)
 	RETURNING r.ord
 ), tomb AS (
 	INSERT INTO events (account_id, event_id, client_id, key_id, route, units, charged_at, period, period_start,
@@ -526,7 +526,7 @@ func (s *pgSettle) queueRefunds(q *pgx.Batch, send []int, outcomes []refundOutco
 	n := len(send)
 	ords, accounts, events, starts := make([]int32, n), make([]string, n), make([]string, n), make([]time.Time, n)
 	keys, routes, units, charged := make([]string, n), make([]string, n), make([]int64, n), make([]time.Time, n)
-	periods, seqs, attempts := make([]string, n), make([]int64, n), make([]bool, n)
+	periods, seqs, attempts, origins := make([]string, n), make([]int64, n), make([]bool, n), make([]string, n)
 	var aOrd []int32
 	var aGrant []string
 	var aUnits []int64
@@ -534,13 +534,16 @@ func (s *pgSettle) queueRefunds(q *pgx.Batch, send []int, outcomes []refundOutco
 		r := &s.b.Refunds[i]
 		ords[j], accounts[j], events[j], starts[j] = int32(i), r.Account, r.EventID, periodDate(r.Period)
 		keys[j], routes[j], units[j], charged[j] = r.Key, r.Route, r.Units, time.Unix(0, r.ChargeWall).UTC()
-		periods[j], seqs[j], attempts[j] = r.Period.String(), int64(r.Seq), r.Attempt
+		periods[j], seqs[j], attempts[j], origins[j] = r.Period.String(), int64(r.Seq), r.Attempt, r.Origin
+		if r.Origin == "" {
+			origins[j] = s.b.Node
+		}
 		for _, a := range r.Allocs {
 			aOrd, aGrant, aUnits = append(aOrd, int32(i)), append(aGrant, a.Grant), append(aUnits, a.Units)
 		}
 	}
 	q.Queue(pgRefundsSQL, s.b.Node, s.b.Incarnation, ords, accounts, events, starts, keys, routes, units, charged, periods, seqs,
-		aOrd, aGrant, aUnits, attempts).Query(func(rows pgx.Rows) error {
+		aOrd, aGrant, aUnits, attempts, origins).Query(func(rows pgx.Rows) error {
 		for rows.Next() {
 			var ord int32
 			var wasRefunded *bool

@@ -235,7 +235,7 @@ func (s *Settler) batch(prev, next uint64) (*Batch, error) {
 		case shard.RecRefund:
 			b.Refunds = append(b.Refunds, Refund{Seq: seq, Account: rec.Account, EventID: shard.LedgerEventID(rec.EventID, rec.Gen), Key: rec.Key, Route: rec.Route,
 				Units: rec.Units, Wall: rec.Wall, ChargeWall: rec.ChargeWall, Period: rec.Period, Reserved: rec.Reserved,
-				Attempt: rec.Attempt, Allocs: append([]shard.Alloc(nil), rec.Allocs...)})
+				Attempt: rec.Attempt, Origin: rec.Origin, Allocs: append([]shard.Alloc(nil), rec.Allocs...)})
 		}
 		return nil
 	})

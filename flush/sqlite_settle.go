@@ -181,12 +181,16 @@ func (st *sqliteSettle) logRefunds(ctx context.Context) error {
 		case err != nil:
 			return err
 		}
+		origin := st.b.Node // the node that charged the refunded attempt
+		if r.Origin != "" {
+			origin = r.Origin
+		}
 		apply := false
 		switch {
 		case refunded:
 		case !r.Attempt || served == 0:
 			apply = true // the event's refund, or nobody else's retry was served
-		case node == st.b.Node:
+		case node == origin:
 			// A retry another node charged was served under the event: keep
 			// it until those retries are refunded too.
 			if _, err := st.exec(ctx, `UPDATE events SET refund_pending = 1 WHERE account_id = ? AND event_id = ?`, r.Account, r.EventID); err != nil {

@@ -37,7 +37,7 @@ func receiptToPB(r *shard.Receipt) *pb.Receipt {
 	if r == nil {
 		return nil
 	}
-	out := &pb.Receipt{EventId: r.EventID, Gen: r.Gen, Units: r.Units, Period: int32(r.Period), Wall: r.Wall, Key: r.Key, Route: r.Route}
+	out := &pb.Receipt{EventId: r.EventID, Node: r.Node, Gen: r.Gen, Units: r.Units, Period: int32(r.Period), Wall: r.Wall, Key: r.Key, Route: r.Route}
 	for _, a := range r.Allocs {
 		out.Allocs = append(out.Allocs, &pb.Alloc{Grant: a.Grant, Units: a.Units})
 	}
@@ -48,7 +48,7 @@ func receiptFromPB(r *pb.Receipt) *shard.Receipt {
 	if r == nil {
 		return nil
 	}
-	out := &shard.Receipt{EventID: r.EventId, Gen: r.Gen, Units: r.Units, Period: shard.Period(r.Period), Wall: r.Wall, Key: r.Key, Route: r.Route}
+	out := &shard.Receipt{EventID: r.EventId, Node: r.Node, Gen: r.Gen, Units: r.Units, Period: shard.Period(r.Period), Wall: r.Wall, Key: r.Key, Route: r.Route}
 	for _, a := range r.Allocs {
 		out.Allocs = append(out.Allocs, shard.Alloc{Grant: a.Grant, Units: a.Units})
 	}

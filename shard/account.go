@@ -11,13 +11,16 @@ import (
 // carries the receipt the charge returned.
 type Receipt struct {
 	EventID string
-	Gen     uint32 // the charge's generation of a client id (see Record.Gen)
-	Units   int64
-	Period  Period
-	Wall    int64
-	Key     string
-	Route   string
-	Allocs  []Alloc
+	// Node is the node that charged (set by the engine): an attempt's refund
+	// that reaches another owner names it (Record.Origin).
+	Node   string
+	Gen    uint32 // the charge's generation of a client id (see Record.Gen)
+	Units  int64
+	Period Period
+	Wall   int64
+	Key    string
+	Route  string
+	Allocs []Alloc
 }
 
 // event is what the dedup window remembers of a client-id charge.
@@ -358,7 +361,22 @@ func (a *Account) Refund(eventID string, receipt *Receipt, now Now, params *Para
 // when the id has moved on to a later generation. The HTTP front refunds
 // this way when its own attempt failed or its client went away: the retry
 // that was answered Replayed and served must stay billed.
-func (a *Account) RefundAttempt(eventID string, receipt *Receipt, now Now, params *Params, rec *Record) Decision {
+//
+// self is this node's id: a receipt of a charge another node made (the
+// account moved since) changes nothing here, since this node's entry for the
+// id is a different attempt's; the record only tells the ledger
+// (Record.Origin), which decides.
+func (a *Account) RefundAttempt(eventID string, receipt *Receipt, self string, now Now, params *Params, rec *Record) Decision {
+	if receipt != nil && receipt.Node != "" && receipt.Node != self && receipt.EventID == eventID {
+		p, wall := a.advance(now.Wall)
+		d := Decision{Reason: Refunded, Units: receipt.Units, Reset: p.End() / 1e9}
+		rec.reset(RecRefund, a.cfg.ID, now.Wall)
+		rec.EventID, rec.Attempt, rec.Origin = eventID, true, receipt.Node
+		rec.Units, rec.Period, rec.ChargeWall, rec.Key, rec.Route, rec.Gen = receipt.Units, receipt.Period, receipt.Wall, receipt.Key, receipt.Route, receipt.Gen
+		rec.Allocs = append(rec.Allocs, receipt.Allocs...)
+		a.fill(&d, now, wall)
+		return d
+	}
 	return a.refund(eventID, receipt, true, now, params, rec)
 }
 

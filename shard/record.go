@@ -46,6 +46,11 @@ type Record struct {
 	// HTTP front's): the ledger keeps the event when a retry was served
 	// under it elsewhere. A refund without it returns the event's units.
 	Attempt bool
+	// Origin, on an attempt's refund, names the node that charged the
+	// attempt when it is not this one (the account moved since): this node
+	// holds nothing of that charge, so the record changes nothing here and
+	// only tells the ledger. Empty: this node charged it.
+	Origin string
 	// Gen is the generation of a client id: 0 for its first charge, n after
 	// n refunded charges of the same id (a retry of work that failed is
 	// charged again). The ledger's event id is LedgerEventID(EventID, Gen).
@@ -80,8 +85,8 @@ func (r *Record) reset(t RecordType, account string, wall int64) {
 //	charge:  type=1 | wall varint | account | event | flags byte (bit 0: client id, bit 1: reserved,
 //	         bit 2: a generation follows) | [gen uvarint] | key | route | units uvarint | period uvarint
 //	         | n uvarint | n × (grant | units uvarint)
-//	refund:  type=2 | wall varint | account | event | flags byte (bit 1: reserved, bit 2: generation, bit 3: attempt)
-//	         | [gen uvarint] | key | route | units uvarint | period uvarint | charge wall varint
+//	refund:  type=2 | wall varint | account | event | flags byte (bit 1: reserved, bit 2: generation, bit 3: attempt,
+//	         bit 4: origin) | [gen uvarint] | [origin] | key | route | units uvarint | period uvarint | charge wall varint
 //	         | n uvarint | n × (grant | units uvarint)
 //	reserve: type=3 | wall varint | account | grant | delta varint
 //
@@ -129,9 +134,15 @@ func (r *Record) appendFlags(dst []byte) []byte {
 	if r.Attempt {
 		f |= 8
 	}
+	if r.Origin != "" {
+		f |= 16
+	}
 	dst = append(dst, f)
 	if r.Gen != 0 {
 		dst = binary.AppendUvarint(dst, uint64(r.Gen))
+	}
+	if r.Origin != "" {
+		dst = appendString(dst, r.Origin)
 	}
 	return dst
 }
@@ -145,6 +156,9 @@ func (d *decoder) flags(r *Record) {
 			d.fail("generation")
 		}
 		r.Gen = uint32(g)
+	}
+	if f&16 != 0 {
+		r.Origin = d.string()
 	}
 }
 

@@ -27,6 +27,9 @@ func (a *Account) ApplyRecord(seq uint64, rec *Record, params *Params) {
 				key: rec.Key, route: rec.Route, allocs: slices.Clone(rec.Allocs)})
 		}
 	case RecRefund:
+		if rec.Origin != "" {
+			break // another node's charge: nothing of it is here (see Record.Origin)
+		}
 		a.advance(rec.Wall)
 		a.dedup.expire(a.seen, params.DedupWindow, params.DedupMax)
 		a.refunded.expire(a.seen, params.DedupWindow, params.DedupMax)

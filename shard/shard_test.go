@@ -419,13 +419,13 @@ func TestRefundAttemptKeepsWhatARetryWasServedUnder(t *testing.T) {
 	if d, _ := charge(a, "k", 2, now, &p); d.Reason != Replayed {
 		t.Fatalf("retry: %v", d.Reason)
 	}
-	if d := a.RefundAttempt("k", receipt, now, &p, &rec); d.Reason != Kept || rec.Type != 0 || d.Remaining != 8 {
+	if d := a.RefundAttempt("k", receipt, "n1", now, &p, &rec); d.Reason != Kept || rec.Type != 0 || d.Remaining != 8 {
 		t.Fatalf("the first attempt's refund after a served retry: %+v, want kept", d)
 	}
 	// Without a retry in between, the attempt's refund applies.
 	_, crec = charge(a, "j", 3, now, &p)
 	receipt = &Receipt{EventID: "j", Gen: crec.Gen, Units: 3}
-	if d := a.RefundAttempt("j", receipt, now, &p, &rec); d.Reason != Refunded {
+	if d := a.RefundAttempt("j", receipt, "n1", now, &p, &rec); d.Reason != Refunded {
 		t.Fatalf("an attempt's refund: %v", d.Reason)
 	}
 	// The id moved on (charged again after that refund): an old attempt's
@@ -433,7 +433,21 @@ func TestRefundAttemptKeepsWhatARetryWasServedUnder(t *testing.T) {
 	if _, crec = charge(a, "j", 3, now, &p); crec.Gen != 1 {
 		t.Fatalf("gen %d", crec.Gen)
 	}
-	if d := a.RefundAttempt("j", receipt, now, &p, &rec); d.Reason != Kept {
+	if d := a.RefundAttempt("j", receipt, "n1", now, &p, &rec); d.Reason != Kept {
 		t.Fatalf("a stale attempt's refund of a later generation: %v, want kept", d.Reason)
+	}
+	// An attempt another node charged (the account moved here since): this
+	// node's entry for the id is another attempt's; it stays, and the record
+	// only tells the ledger.
+	before := a.Usage(now)
+	foreign := &Receipt{EventID: "j", Node: "n2", Units: 3, Allocs: []Alloc{{Grant: MonthlyGrantID(PeriodOf(now.Wall)), Units: 3}}}
+	d := a.RefundAttempt("j", foreign, "n1", now, &p, &rec)
+	if d.Reason != Refunded || rec.Type != RecRefund || rec.Origin != "n2" || !rec.Attempt || fmt.Sprint(a.Usage(now)) != fmt.Sprint(before) {
+		t.Fatalf("a foreign attempt's refund: %+v, record origin %q, usage %+v (was %+v)", d, rec.Origin, a.Usage(now), before)
+	}
+	b := NewAccount(AccountConfig{ID: "a", Plan: hardPlan(10)})
+	b.ApplyRecord(1, &rec, &p)
+	if u := b.Usage(now); u.Used != 0 || u.Remaining != 10 {
+		t.Fatalf("replaying a foreign refund changed the state: %+v", u)
 	}
 }

@@ -488,7 +488,9 @@ type Receipt struct {
 	Route   string                 `protobuf:"bytes,6,opt,name=route,proto3" json:"route,omitempty"`
 	Allocs  []*Alloc               `protobuf:"bytes,7,rep,name=allocs,proto3" json:"allocs,omitempty"`
 	// The generation of a client id charged again after a refund.
-	Gen           uint32 `protobuf:"varint,8,opt,name=gen,proto3" json:"gen,omitempty"`
+	Gen uint32 `protobuf:"varint,8,opt,name=gen,proto3" json:"gen,omitempty"`
+	// The node that charged.
+	Node          string `protobuf:"bytes,9,opt,name=node,proto3" json:"node,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -577,6 +579,13 @@ func (x *Receipt) GetGen() uint32 {
 		return x.Gen
 	}
 	return 0
+}
+
+func (x *Receipt) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
 }
 
 // WrongOwner: the node asked does not own the account in its view; owner is
@@ -1592,7 +1601,7 @@ const file_quota_proto_rawDesc = "" +
 	"rateWindow\"3\n" +
 	"\x05Alloc\x12\x14\n" +
 	"\x05grant\x18\x01 \x01(\tR\x05grant\x12\x14\n" +
-	"\x05units\x18\x02 \x01(\x03R\x05units\"\xcd\x01\n" +
+	"\x05units\x18\x02 \x01(\x03R\x05units\"\xe1\x01\n" +
 	"\aReceipt\x12\x19\n" +
 	"\bevent_id\x18\x01 \x01(\tR\aeventId\x12\x14\n" +
 	"\x05units\x18\x02 \x01(\x03R\x05units\x12\x16\n" +
@@ -1601,7 +1610,8 @@ const file_quota_proto_rawDesc = "" +
 	"\x03key\x18\x05 \x01(\tR\x03key\x12\x14\n" +
 	"\x05route\x18\x06 \x01(\tR\x05route\x12+\n" +
 	"\x06allocs\x18\a \x03(\v2\x13.quotaring.v1.AllocR\x06allocs\x12\x10\n" +
-	"\x03gen\x18\b \x01(\rR\x03gen\"Z\n" +
+	"\x03gen\x18\b \x01(\rR\x03gen\x12\x12\n" +
+	"\x04node\x18\t \x01(\tR\x04node\"Z\n" +
 	"\n" +
 	"WrongOwner\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x12\x19\n" +
