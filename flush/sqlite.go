@@ -445,7 +445,7 @@ func (s *SQLite) SetRoutes(ctx context.Context, defaultUnits int64, weights map[
 func (s *SQLite) Snapshot(ctx context.Context, wall time.Time) (*snapshot.Snapshot, error) {
 	snap := &snapshot.Snapshot{Routes: snapshot.Routes{Default: 1}}
 	accounts := make(map[string]int)
-	cur, prev := monthlyUsedPeriods(wall)
+	_, prev := monthlyUsedPeriods(wall)
 	err := s.read(ctx, func(tx *sql.Tx) error {
 		if err := tx.QueryRowContext(ctx, `SELECT version FROM config_version WHERE id = 1`).Scan(&snap.Version); err != nil {
 			return err
@@ -489,8 +489,10 @@ func (s *SQLite) Snapshot(ctx context.Context, wall time.Time) (*snapshot.Snapsh
 			}); err != nil {
 			return err
 		}
-		if err := queryEach(ctx, tx, `SELECT account_id, grant_id, used FROM grants WHERE kind = 'monthly' AND period IN (?, ?)
-			ORDER BY account_id, grant_id`, []any{cur.String(), prev.String()},
+		// The previous period, the current one, and any later one a node
+		// whose clock ran ahead billed in (a new owner starts there: G9).
+		if err := queryEach(ctx, tx, `SELECT account_id, grant_id, used FROM grants WHERE kind = 'monthly' AND period >= ?
+			ORDER BY account_id, grant_id`, []any{prev.String()},
 			func(scan func(...any) error) error {
 				var account, grant string
 				var used int64

@@ -79,10 +79,23 @@ type Account struct {
 	LastSeq uint64
 }
 
-// NewAccount makes the state for cfg. The first operation opens its period.
+// NewAccount makes the state for cfg. The first operation opens its period,
+// unless the ledger already billed the account in a later month than this
+// node's clock reads (cfg.MonthlyUsed: a node whose clock ran ahead owned it
+// before): the account starts there, since a period never goes back (G9).
 func NewAccount(cfg AccountConfig) *Account {
 	a := &Account{}
 	a.Configure(cfg)
+	var latest Period
+	for id, used := range cfg.MonthlyUsed {
+		if p, ok := ParsePeriod(strings.TrimPrefix(id, "m:")); ok && used > 0 && p > latest {
+			latest = p
+		}
+	}
+	if latest > 0 {
+		a.rollTo(latest)
+		a.seen = latest.Start()
+	}
 	return a
 }
 
