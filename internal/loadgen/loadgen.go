@@ -77,13 +77,13 @@ func Run(ctx context.Context, cfg Config, fn Func) (Report, error) {
 	}
 	if cfg.Warmup > 0 {
 		wctx, cancel := context.WithTimeout(ctx, cfg.Warmup)
-		drive(wctx, cfg.Concurrency, fn, &Histogram{}, &counters{})
+		drive(wctx, cfg.Concurrency, fn, &Histogram{}, newCounters(cfg.Concurrency))
 		cancel()
 	}
 	runCtx, cancel := context.WithTimeout(ctx, cfg.Duration)
 	defer cancel()
 	var hist Histogram
-	var c counters
+	c := newCounters(cfg.Concurrency)
 	start := time.Now()
 	done := make(chan struct{})
 	var pwg sync.WaitGroup
@@ -91,14 +91,14 @@ func Run(ctx context.Context, cfg Config, fn Func) (Report, error) {
 		pwg.Add(1)
 		go func() {
 			defer pwg.Done()
-			progress(cfg, &c, start, done)
+			progress(cfg, c, start, done)
 		}()
 	}
-	drive(runCtx, cfg.Concurrency, fn, &hist, &c)
+	drive(runCtx, cfg.Concurrency, fn, &hist, c)
 	close(done)
 	pwg.Wait()
 	elapsed := time.Since(start)
-	rep := Report{Label: cfg.Label, Calls: c.calls.Load(), Ops: c.ops.Load(), Errors: c.errors.Load(), Elapsed: elapsed,
+	rep := Report{Label: cfg.Label, Calls: c.calls(), Ops: c.ops(), Errors: c.errors(), Elapsed: elapsed,
 		P50: hist.Quantile(0.50), P99: hist.Quantile(0.99), P999: hist.Quantile(0.999), Max: hist.Max()}
 	if e := c.firstErr.Load(); e != nil {
 		rep.FirstErr = *e
@@ -111,9 +111,35 @@ func Run(ctx context.Context, cfg Config, fn Func) (Report, error) {
 	return rep, nil
 }
 
+// counters are the run's totals, kept per worker (padded to its own cache
+// line) so that hundreds of workers do not contend on one counter; the
+// totals are sums.
 type counters struct {
+	workers  []workerCounts
+	firstErr atomic.Pointer[error]
+}
+
+type workerCounts struct {
 	calls, ops, errors atomic.Int64
-	firstErr           atomic.Pointer[error]
+	_                  [40]byte // pad to a 64-byte cache line
+}
+
+func newCounters(n int) *counters { return &counters{workers: make([]workerCounts, n)} }
+
+func (c *counters) sum(f func(*workerCounts) *atomic.Int64) int64 {
+	var n int64
+	for i := range c.workers {
+		n += f(&c.workers[i]).Load()
+	}
+	return n
+}
+
+func (c *counters) calls() int64 {
+	return c.sum(func(w *workerCounts) *atomic.Int64 { return &w.calls })
+}
+func (c *counters) ops() int64 { return c.sum(func(w *workerCounts) *atomic.Int64 { return &w.ops }) }
+func (c *counters) errors() int64 {
+	return c.sum(func(w *workerCounts) *atomic.Int64 { return &w.errors })
 }
 
 func drive(ctx context.Context, n int, fn Func, hist *Histogram, c *counters) {
@@ -131,10 +157,11 @@ func drive(ctx context.Context, n int, fn Func, hist *Histogram, c *counters) {
 					return // cut short by the end of the run: not an error
 				}
 				local.Record(time.Since(t0))
-				c.calls.Add(1)
-				c.ops.Add(int64(max(ops, 1)))
+				wc := &c.workers[w]
+				wc.calls.Add(1)
+				wc.ops.Add(int64(max(ops, 1)))
 				if err != nil {
-					c.errors.Add(1)
+					wc.errors.Add(1)
 					c.firstErr.CompareAndSwap(nil, &err)
 				}
 			}
@@ -156,11 +183,11 @@ func progress(cfg Config, c *counters, start time.Time, done <-chan struct{}) {
 			}
 			return
 		case now := <-t.C:
-			ops := c.ops.Load()
+			ops := c.ops()
 			rate := float64(ops-lastOps) / now.Sub(last).Seconds()
 			lastOps, last = ops, now
 			line := fmt.Sprintf("%s %5.1fs/%s  %10.0f ops/s  %d ops  %d errors", cfg.Label,
-				now.Sub(start).Seconds(), cfg.Duration, rate, ops, c.errors.Load())
+				now.Sub(start).Seconds(), cfg.Duration, rate, ops, c.errors())
 			if cfg.Interactive {
 				fmt.Fprint(cfg.Progress, "\r\033[K"+line)
 			} else {
