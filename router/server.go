@@ -3,6 +3,7 @@ package router
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 
 	"github.com/quotaring/quotaring/engine"
@@ -60,28 +61,97 @@ func (s *server) Charge(ctx context.Context, b *pb.ChargeBatch) (*pb.ChargeRepli
 	return out, nil
 }
 
-// route forwards the charges at idx to their owners, concurrently (each
-// joins its owner's coalesced batch), one hop.
+// route forwards the charges at idx to their owners, one hop: one batch
+// per owner, the owners concurrently. A charge whose owner answers
+// WrongOwner (the ring moved) goes through Router.Charge, which follows it a
+// bounded number of times.
 func (s *server) route(ctx context.Context, charges []*pb.ChargeRequest, idx []int, replies []*pb.ChargeReply) {
-	var wg sync.WaitGroup
+	byOwner := map[string][]int{}
+	var single []int
 	for _, i := range idx {
+		owner, ok := s.r.cfg.Ring.Owner(charges[i].Account)
+		if !ok || owner.ID == s.r.self {
+			single = append(single, i)
+			continue
+		}
+		byOwner[owner.RPCAddr] = append(byOwner[owner.RPCAddr], i)
+	}
+	var wg sync.WaitGroup
+	for addr, ids := range byOwner {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			c := charges[i]
-			res, err := s.r.Charge(ctx, ChargeRequest{Account: c.Account, EventID: c.EventId, ClientID: c.ClientId, Key: c.Key, Route: c.Route, Units: c.Units})
-			if err != nil {
-				code := pb.Error_INTERNAL
-				if errors.Is(err, ErrUnavailable) {
-					code = pb.Error_QUOTA_UNAVAILABLE
-				}
-				replies[i] = &pb.ChargeReply{Error: &pb.Error{Code: code, Message: err.Error()}, Node: s.r.self}
-				return
+			for _, i := range s.forwardBatch(ctx, addr, charges, ids, replies) {
+				s.routeOne(ctx, charges[i], i, replies)
 			}
-			replies[i] = &pb.ChargeReply{Decision: decisionToPB(&res.Decision), EventId: res.EventID, Receipt: receiptToPB(res.Receipt), Node: res.Node}
+		}()
+	}
+	for _, i := range single {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s.routeOne(ctx, charges[i], i, replies)
 		}()
 	}
 	wg.Wait()
+}
+
+// forwardBatch sends the charges at ids to addr in one call and fills their
+// replies; it returns the ones the owner did not take (WrongOwner: the ring
+// moved), to route one by one. A failed call is not retried: the owner may
+// have applied it, so its charges answer quota-unavailable (outcome unknown;
+// a retry with an event id is safe).
+func (s *server) forwardBatch(ctx context.Context, addr string, charges []*pb.ChargeRequest, ids []int, replies []*pb.ChargeReply) (again []int) {
+	fail := func(err error) []int {
+		s.r.stats.ForwardErrors.Add(1)
+		for _, i := range ids {
+			replies[i] = &pb.ChargeReply{Node: s.r.self, Error: &pb.Error{Code: pb.Error_QUOTA_UNAVAILABLE,
+				Message: fmt.Sprintf("the owner at %s did not answer (%v); the outcome is unknown, retry with the same event id", addr, err)}}
+		}
+		return nil
+	}
+	p, err := s.r.peers.get(addr)
+	if err != nil {
+		return fail(err)
+	}
+	batch := make([]*pb.ChargeRequest, len(ids))
+	for j, i := range ids {
+		batch[j] = charges[i]
+	}
+	s.r.stats.Forwarded.Add(int64(len(ids)))
+	cctx, cancel := context.WithTimeout(ctx, s.r.cfg.CallTimeout)
+	defer cancel()
+	rep, err := p.client.Charge(cctx, &pb.ChargeBatch{Epoch: s.r.cfg.Ring.Epoch(), Charges: batch, Hops: 1})
+	if err == nil && len(rep.Replies) != len(ids) {
+		err = errShortReply
+	}
+	if err != nil {
+		return fail(err)
+	}
+	for j, i := range ids {
+		if rep.Replies[j].WrongOwner != nil {
+			s.r.stats.WrongOwner.Add(1)
+			again = append(again, i)
+			continue
+		}
+		replies[i] = rep.Replies[j]
+	}
+	return again
+}
+
+// routeOne decides one charge through Router.Charge (local, or forwarded
+// with WrongOwner followed).
+func (s *server) routeOne(ctx context.Context, c *pb.ChargeRequest, i int, replies []*pb.ChargeReply) {
+	res, err := s.r.Charge(ctx, ChargeRequest{Account: c.Account, EventID: c.EventId, ClientID: c.ClientId, Key: c.Key, Route: c.Route, Units: c.Units})
+	if err != nil {
+		code := pb.Error_INTERNAL
+		if errors.Is(err, ErrUnavailable) {
+			code = pb.Error_QUOTA_UNAVAILABLE
+		}
+		replies[i] = &pb.ChargeReply{Error: &pb.Error{Code: code, Message: err.Error()}, Node: s.r.self}
+		return
+	}
+	replies[i] = &pb.ChargeReply{Decision: decisionToPB(&res.Decision), EventId: res.EventID, Receipt: receiptToPB(res.Receipt), Node: res.Node}
 }
 
 func (s *server) errorReply(account string, err error) *pb.ChargeReply {
