@@ -282,17 +282,9 @@ func (f *front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // admit resolves the key and the route, and charges. A refusal comes back
 // as a problem (with the charge's decision when there is one).
 func (f *front) admit(r *http.Request) (*charged, *Problem) {
-	plain, ok := apiKey(r.Header)
-	if !ok {
-		return nil, unknownKey(true)
-	}
-	snap := f.opts.Config.Snapshot()
-	if snap == nil {
-		return nil, unavailable("This node has no config yet (it has not reached the ledger); retry in a second.")
-	}
-	key, ok := snap.Key(snapshot.HashKey(plain))
-	if !ok {
-		return nil, unknownKey(false)
+	key, snap, prob := f.caller(r)
+	if prob != nil {
+		return nil, prob
 	}
 	eventID, prob := idempotencyKey(r.Header)
 	if prob != nil {
@@ -333,6 +325,23 @@ func (f *front) admit(r *http.Request) (*charged, *Problem) {
 		c.receipt = res.Receipt
 	}
 	return c, nil
+}
+
+// caller finds the request's API key in the config snapshot.
+func (f *front) caller(r *http.Request) (snapshot.Key, *snapshot.Snapshot, *Problem) {
+	plain, ok := apiKey(r.Header)
+	if !ok {
+		return snapshot.Key{}, nil, unknownKey(true)
+	}
+	snap := f.opts.Config.Snapshot()
+	if snap == nil {
+		return snapshot.Key{}, nil, unavailable("This node has no config yet (it has not reached the ledger); retry in a second.")
+	}
+	key, ok := snap.Key(snapshot.HashKey(plain))
+	if !ok {
+		return snapshot.Key{}, nil, unknownKey(false)
+	}
+	return key, snap, nil
 }
 
 // apiKey reads the API key: X-Api-Key, else Authorization: Bearer. X-Api-Key

@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"net/http"
-
-	"github.com/quotaring/quotaring/snapshot"
 )
 
 // UsageReport is the usage endpoint's answer: the current period of the
@@ -52,17 +50,9 @@ type usageAnswer struct {
 }
 
 func (f *front) usage(r *http.Request) (*usageAnswer, *Problem) {
-	plain, ok := apiKey(r.Header)
-	if !ok {
-		return nil, unknownKey(true)
-	}
-	snap := f.opts.Config.Snapshot()
-	if snap == nil {
-		return nil, unavailable("This node has no config yet (it has not reached the ledger); retry in a second.")
-	}
-	key, ok := snap.Key(snapshot.HashKey(plain))
-	if !ok {
-		return nil, unknownKey(false)
+	key, _, prob := f.caller(r)
+	if prob != nil {
+		return nil, prob
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), f.opts.ChargeTimeout)
 	defer cancel()

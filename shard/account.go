@@ -465,21 +465,19 @@ func (a *Account) Reserve(grantID string, delta int64, now Now, rec *Record) boo
 // Allowance is this node's unspent reservation over the grants active at
 // wall (reservations mode).
 func (a *Account) Allowance(wall int64) int64 {
-	var n int64
-	for i := range a.grants {
-		if g := &a.grants[i]; g.active(wall) {
-			n += g.allowance
-		}
-	}
-	return n
+	return a.sumActive(wall, func(g *grant) int64 { return g.allowance })
 }
 
 // Limit is the units of the grants active at wall.
 func (a *Account) Limit(wall int64) int64 {
+	return a.sumActive(wall, func(g *grant) int64 { return g.units })
+}
+
+func (a *Account) sumActive(wall int64, f func(*grant) int64) int64 {
 	var n int64
 	for i := range a.grants {
 		if g := &a.grants[i]; g.active(wall) {
-			n += g.units
+			n += f(g)
 		}
 	}
 	return n
