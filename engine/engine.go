@@ -453,7 +453,26 @@ func (e *Engine) RefundAttempt(ctx context.Context, account, eventID string, rec
 	return e.refund(ctx, account, eventID, receipt, true)
 }
 
+// RefundReplay takes back a retry that was answered Replayed and then not
+// served (shard.Account.RefundReplay).
+func (e *Engine) RefundReplay(ctx context.Context, account, eventID string) (shard.Decision, error) {
+	return e.refundWith(ctx, account, eventID, func(a *shard.Account, now shard.Now, rec *shard.Record) shard.Decision {
+		return a.RefundReplay(eventID, now, &e.params, rec)
+	})
+}
+
 func (e *Engine) refund(ctx context.Context, account, eventID string, receipt *shard.Receipt, attempt bool) (shard.Decision, error) {
+	return e.refundWith(ctx, account, eventID, func(a *shard.Account, now shard.Now, rec *shard.Record) shard.Decision {
+		if attempt {
+			return a.RefundAttempt(eventID, receipt, e.log.NodeID(), now, &e.params, rec)
+		}
+		return a.Refund(eventID, receipt, now, &e.params, rec)
+	})
+}
+
+// refundWith applies one kind of refund under the account's lock, logs its
+// record and waits until it is durable.
+func (e *Engine) refundWith(ctx context.Context, account, eventID string, apply func(*shard.Account, shard.Now, *shard.Record) shard.Decision) (shard.Decision, error) {
 	st := e.stripeFor(account)
 	st.mu.Lock()
 	if !e.ownsLocked(account) {
@@ -465,12 +484,7 @@ func (e *Engine) refund(ctx context.Context, account, eventID string, receipt *s
 		st.mu.Unlock()
 		return shard.Decision{Reason: shard.UnknownAccount}, nil
 	}
-	var d shard.Decision
-	if attempt {
-		d = ent.acct.RefundAttempt(eventID, receipt, e.log.NodeID(), e.clock.Now(), &e.params, &st.rec)
-	} else {
-		d = ent.acct.Refund(eventID, receipt, e.clock.Now(), &e.params, &st.rec)
-	}
+	d := apply(ent.acct, e.clock.Now(), &st.rec)
 	if st.rec.Type != 0 {
 		seq, err := e.appendLocked(st, ent)
 		if err != nil {

@@ -204,7 +204,7 @@ func (c *Client) Charge(ctx context.Context, req ChargeRequest) (ChargeResult, e
 
 // Refund refunds an event at its account's owner (once: see shard).
 func (c *Client) Refund(ctx context.Context, req RefundRequest) (shard.Decision, error) {
-	in := &pb.RefundRequest{Account: req.Account, EventId: req.EventID, Receipt: receiptToPB(req.Receipt), Attempt: req.Attempt}
+	in := &pb.RefundRequest{Account: req.Account, EventId: req.EventID, Receipt: receiptToPB(req.Receipt), Attempt: req.Attempt, Replay: req.Replay}
 	var d shard.Decision
 	err := c.route(ctx, req.Account, func(ctx context.Context, p *peer) (*pb.WrongOwner, error) {
 		rep, err := p.refunds.do(ctx, in)

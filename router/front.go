@@ -397,8 +397,8 @@ func (f *front) finish(rec *recorder, r *http.Request, c *charged, body *limited
 	if tripped && !rec.wrote {
 		tooLarge(f.opts.MaxBodyBytes).write(rec, r)
 	}
-	if c.receipt == nil {
-		return // replayed, or a weight-0 route: nothing of ours to return
+	if c.receipt == nil && !c.Replayed {
+		return // a weight-0 route: nothing of ours to return
 	}
 	why := ""
 	switch {
@@ -423,17 +423,23 @@ func (f *front) finish(rec *recorder, r *http.Request, c *charged, body *limited
 	f.refund(r, c, why)
 }
 
-// refund returns c's units once.
+// refund returns c's units once: the attempt's own charge, or, for an
+// attempt answered Replayed, takes it back from the charge it relied on (the
+// owner refunds that charge only if its own attempt failed too).
 func (f *front) refund(r *http.Request, c *charged, why string) {
-	if c.refunded || c.receipt == nil {
+	if c.refunded || (c.receipt == nil && !c.Replayed) {
 		return
 	}
 	c.refunded = true
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), f.opts.RefundTimeout)
 	defer cancel()
-	d, err := f.opts.Charger.Refund(ctx, RefundRequest{Account: c.Account, EventID: c.EventID, Receipt: c.receipt, Attempt: true})
+	req := RefundRequest{Account: c.Account, EventID: c.EventID, Receipt: c.receipt, Attempt: true}
+	if c.Replayed {
+		req = RefundRequest{Account: c.Account, EventID: c.EventID, Replay: true}
+	}
+	d, err := f.opts.Charger.Refund(ctx, req)
 	if err == nil && d.Reason == shard.Kept {
-		f.opts.Logger.Debug("refund kept: a retry was served under this charge", "account", c.Account, "event", c.EventID, "why", why)
+		f.opts.Logger.Debug("refund kept: another attempt was served under this charge", "account", c.Account, "event", c.EventID, "why", why)
 		return
 	}
 	if err != nil || (d.Reason != shard.Refunded && d.Reason != shard.AlreadyRefunded) {

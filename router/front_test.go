@@ -341,8 +341,8 @@ func TestBillOnPolicies(t *testing.T) {
 	}
 }
 
-// A replayed charge is never refunded by its retry, and a weight-0 route
-// has nothing to refund.
+// A failed replay is taken back (Replay), never refunded as the charge it
+// replayed; a weight-0 route has nothing to refund.
 func TestNoRefundWithoutACharge(t *testing.T) {
 	fail := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(500) })
 	d := okDecision()
@@ -353,8 +353,8 @@ func TestNoRefundWithoutACharge(t *testing.T) {
 	serve(t, FrontOptions{Charger: ch, Config: testConfig(t)}, fail, req)
 	ch2 := &fakeCharger{decision: okDecision()}
 	serve(t, FrontOptions{Charger: ch2, Config: testConfig(t)}, fail, newRequest("GET", "/v1/free", nil))
-	if _, r := ch.counts(); r != 0 {
-		t.Errorf("a replay was refunded")
+	if _, r := ch.counts(); r != 1 || !ch.refunds[0].Replay || ch.refunds[0].Attempt || ch.refunds[0].Receipt != nil {
+		t.Errorf("a failed replay: refunds %+v, want one Replay take-back", ch.refunds)
 	}
 	if _, r := ch2.counts(); r != 0 {
 		t.Errorf("a weight-0 request was refunded")

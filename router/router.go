@@ -81,6 +81,9 @@ type RefundRequest struct {
 	// keeps it (answering Kept) when a retry with the same client id was
 	// served under it since. The HTTP front refunds this way.
 	Attempt bool
+	// Replay takes back an attempt that was answered Replayed and then not
+	// served: one retry fewer relies on the charge (the HTTP front).
+	Replay bool
 }
 
 // UsageResult is an account's current period at its owner.
@@ -260,11 +263,7 @@ func (r *Router) Refund(ctx context.Context, req RefundRequest) (shard.Decision,
 				return shard.Decision{}, fmt.Errorf("%w: no serving node owns account %q", ErrUnavailable, req.Account)
 			}
 			if owner.ID == r.self {
-				refund := r.cfg.Engine.Refund
-				if req.Attempt {
-					refund = r.cfg.Engine.RefundAttempt
-				}
-				d, err := refund(ctx, req.Account, req.EventID, req.Receipt)
+				d, err := engineRefund(ctx, r.cfg.Engine, req)
 				if errors.Is(err, engine.ErrNotOwner) {
 					continue
 				}
@@ -280,7 +279,8 @@ func (r *Router) Refund(ctx context.Context, req RefundRequest) (shard.Decision,
 			return shard.Decision{}, fmt.Errorf("%w: %v", ErrUnavailable, err)
 		}
 		r.stats.Forwarded.Add(1)
-		rep, err := p.refunds.do(ctx, &pb.RefundRequest{Account: req.Account, EventId: req.EventID, Receipt: receiptToPB(req.Receipt), Attempt: req.Attempt})
+		rep, err := p.refunds.do(ctx, &pb.RefundRequest{Account: req.Account, EventId: req.EventID, Receipt: receiptToPB(req.Receipt),
+			Attempt: req.Attempt, Replay: req.Replay})
 		if err != nil {
 			r.stats.ForwardErrors.Add(1)
 			return shard.Decision{}, fmt.Errorf("%w: the owner of account %q at %s did not answer: %v", ErrUnavailable, req.Account, target, err)
@@ -299,6 +299,17 @@ func (r *Router) Refund(ctx context.Context, req RefundRequest) (shard.Decision,
 		return decisionFromPB(rep.Decision), nil
 	}
 	return shard.Decision{}, fmt.Errorf("%w: ownership of account %q is moving; retry", ErrUnavailable, req.Account)
+}
+
+// engineRefund applies the kind of refund req asks for at this node.
+func engineRefund(ctx context.Context, e *engine.Engine, req RefundRequest) (shard.Decision, error) {
+	switch {
+	case req.Replay:
+		return e.RefundReplay(ctx, req.Account, req.EventID)
+	case req.Attempt:
+		return e.RefundAttempt(ctx, req.Account, req.EventID, req.Receipt)
+	}
+	return e.Refund(ctx, req.Account, req.EventID, req.Receipt)
 }
 
 // Usage reads an account's current period at its owner.

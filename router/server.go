@@ -176,11 +176,8 @@ func (s *server) Refund(ctx context.Context, b *pb.RefundBatch) (*pb.RefundRepli
 			out.Replies[i] = &pb.RefundReply{WrongOwner: wo, Node: s.r.self}
 			continue
 		}
-		refund := s.r.cfg.Engine.Refund
-		if rf.Attempt {
-			refund = s.r.cfg.Engine.RefundAttempt
-		}
-		d, err := refund(ctx, rf.Account, rf.EventId, receiptFromPB(rf.Receipt))
+		d, err := engineRefund(ctx, s.r.cfg.Engine, RefundRequest{Account: rf.Account, EventID: rf.EventId,
+			Receipt: receiptFromPB(rf.Receipt), Attempt: rf.Attempt, Replay: rf.Replay})
 		switch {
 		case errors.Is(err, engine.ErrNotOwner):
 			out.Replies[i] = &pb.RefundReply{WrongOwner: s.wrongOwner(rf.Account), Node: s.r.self}

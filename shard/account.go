@@ -31,12 +31,15 @@ type event struct {
 	period   Period
 	chargeAt int64
 	refunded bool
-	// served: a retry was answered Replayed, so another attempt relies on
-	// this charge; an attempt's refund (RefundAttempt) then keeps it.
-	served bool
-	key    string
-	route  string
-	allocs []Alloc
+	// replays counts retries answered Replayed whose requests may have been
+	// served under this charge (RefundReplay takes back a failed one); while
+	// it is above zero an attempt's refund (RefundAttempt) is held as
+	// pending, and applies when the last replay is refunded too.
+	replays int32
+	pending bool
+	key     string
+	route   string
+	allocs  []Alloc
 }
 
 // grant is one spendable pot: the plan's monthly quota for a period, or bought
@@ -212,10 +215,8 @@ func (a *Account) Charge(req *Charge, now Now, params *Params, rec *Record) Deci
 		a.dedup.expire(a.seen, params.DedupWindow, params.DedupMax)
 		if e, ok := a.dedup.get(req.EventID, a.seen, params.DedupWindow); ok {
 			if !e.refunded {
-				if !e.served {
-					e.served = true
-					a.dedup.update(req.EventID, e)
-				}
+				e.replays++
+				a.dedup.update(req.EventID, e)
 				d.Reason, d.Units, d.Seq = Replayed, e.units, e.seq
 				a.fill(&d, now, wall)
 				return d
@@ -393,6 +394,32 @@ func (a *Account) RefundAttempt(eventID string, receipt *Receipt, self string, n
 	return a.refund(eventID, receipt, true, now, params, rec)
 }
 
+// RefundReplay takes back a retry that was answered Replayed and then not
+// served (the HTTP front's upstream failed for it): one replay fewer relies
+// on the charge. When it was the last and the charge's own attempt had asked
+// for its refund meanwhile (pending), the refund applies now; otherwise it
+// answers Kept and changes nothing billed.
+func (a *Account) RefundReplay(eventID string, now Now, params *Params, rec *Record) Decision {
+	rec.Type = 0
+	p, wall := a.advance(now.Wall)
+	d := Decision{Reset: p.End() / 1e9, Reason: Kept}
+	e, ok := a.dedup.get(eventID, a.seen, params.DedupWindow)
+	switch {
+	case !ok:
+		d.Reason = UnknownEvent
+	case e.refunded:
+		d.Reason = AlreadyRefunded
+	case e.replays > 0:
+		e.replays--
+		a.dedup.update(eventID, e)
+		if e.replays == 0 && e.pending {
+			return a.refund(eventID, nil, true, now, params, rec)
+		}
+	}
+	a.fill(&d, now, wall)
+	return d
+}
+
 func (a *Account) refund(eventID string, receipt *Receipt, attempt bool, now Now, params *Params, rec *Record) Decision {
 	rec.Type = 0
 	p, wall := a.advance(now.Wall)
@@ -403,10 +430,14 @@ func (a *Account) refund(eventID string, receipt *Receipt, attempt bool, now Now
 	rec.EventID = eventID
 	if e, ok := a.dedup.get(eventID, a.seen, params.DedupWindow); ok {
 		switch {
-		case attempt && (e.served || (receipt != nil && receipt.Gen != e.gen)):
-			d.Reason = Kept
 		case e.refunded:
 			d.Reason = AlreadyRefunded
+		case attempt && receipt != nil && receipt.Gen != e.gen:
+			d.Reason = Kept // the id moved on to a later generation
+		case attempt && e.replays > 0:
+			e.pending = true // kept until the replays are refunded too
+			a.dedup.update(eventID, e)
+			d.Reason = Kept
 		default:
 			e.refunded = true
 			a.dedup.update(eventID, e)

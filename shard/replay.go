@@ -51,7 +51,7 @@ func (a *Account) ApplyRecord(seq uint64, rec *Record, params *Params) {
 	}
 }
 
-const checkpointVersion = 2
+const checkpointVersion = 3
 
 // AppendCheckpoint appends the account's durable state (everything but the
 // config, which comes from the snapshot, and the bucket, which restarts
@@ -61,7 +61,7 @@ const checkpointVersion = 2
 //	| n × grant (id | monthly byte | starts varint | expires varint | units varint | used varint | allowance varint)
 //	| n × route (route | units varint)
 //	| n × client id (id | gen uvarint | wall varint | units varint | seq uvarint | period uvarint | charge wall varint
-//	                 | flags byte (bit 0: refunded, bit 1: a retry was served under it) | key | route
+//	                 | flags byte (bit 0: refunded, bit 1: an attempt's refund pending) | replays uvarint | key | route
 //	                 | n × (grant | units uvarint))
 //	| n × refunded id (id | wall varint)
 func (a *Account) AppendCheckpoint(dst []byte) []byte {
@@ -95,10 +95,11 @@ func (a *Account) AppendCheckpoint(dst []byte) []byte {
 		if e.refunded {
 			flags |= 1
 		}
-		if e.served {
+		if e.pending {
 			flags |= 2
 		}
 		dst = append(dst, flags)
+		dst = binary.AppendUvarint(dst, uint64(e.replays))
 		dst = appendString(dst, e.key)
 		dst = appendString(dst, e.route)
 		dst = appendAllocs(dst, e.allocs)
@@ -143,7 +144,8 @@ func (a *Account) RestoreCheckpoint(b []byte) error {
 		id, gen, wall := d.string(), uint32(d.uvarint()), d.varint()
 		e := event{gen: gen, units: d.varint(), seq: d.uvarint(), period: Period(d.count()), chargeAt: d.varint()}
 		flags := d.byte()
-		e.refunded, e.served = flags&1 != 0, flags&2 != 0
+		e.refunded, e.pending = flags&1 != 0, flags&2 != 0
+		e.replays = int32(min(d.uvarint(), 1<<30))
 		e.key, e.route = d.string(), d.string()
 		e.allocs = d.allocs(nil)
 		n.dedup.put(id, wall, e)

@@ -422,6 +422,21 @@ func TestRefundAttemptKeepsWhatARetryWasServedUnder(t *testing.T) {
 	if d := a.RefundAttempt("k", receipt, "n1", now, &p, &rec); d.Reason != Kept || rec.Type != 0 || d.Remaining != 8 {
 		t.Fatalf("the first attempt's refund after a served retry: %+v, want kept", d)
 	}
+	// The retry failed too (its upstream): taking it back releases the
+	// pending refund of the first attempt.
+	if d := a.RefundReplay("k", now, &p, &rec); d.Reason != Refunded || rec.Type != RecRefund || d.Remaining != 10 {
+		t.Fatalf("the replay's refund after the attempt's pending one: %+v, want refunded", d)
+	}
+	// Other order: the replay fails first (kept: nothing pending), then the
+	// attempt's refund applies.
+	_, crec = charge(a, "m", 2, now, &p)
+	charge(a, "m", 2, now, &p)
+	if d := a.RefundReplay("m", now, &p, &rec); d.Reason != Kept || rec.Type != 0 {
+		t.Fatalf("a failed replay's refund with the attempt standing: %+v, want kept", d)
+	}
+	if d := a.RefundAttempt("m", &Receipt{EventID: "m", Gen: crec.Gen, Units: 2}, "n1", now, &p, &rec); d.Reason != Refunded {
+		t.Fatalf("the attempt's refund once its replay was taken back: %v, want refunded", d.Reason)
+	}
 	// Without a retry in between, the attempt's refund applies.
 	_, crec = charge(a, "j", 3, now, &p)
 	receipt = &Receipt{EventID: "j", Gen: crec.Gen, Units: 3}

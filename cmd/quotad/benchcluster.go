@@ -118,7 +118,7 @@ func runBenchCluster(ctx context.Context, out, progress io.Writer, f benchCluste
 		return err
 	}
 	if f.setup {
-		if err := waitKnown(ctx, progress, first, accounts[len(accounts)-1]); err != nil {
+		if err := waitConfig(ctx, f.ledger, f.nodes, dial); err != nil {
 			return err
 		}
 	}
@@ -256,26 +256,43 @@ func setupBenchAccounts(ctx context.Context, progress io.Writer, dsn string, acc
 	return nil
 }
 
-// waitKnown waits (bounded) until the cluster's config has the account: the
-// nodes read the ledger's config every few seconds.
-func waitKnown(ctx context.Context, progress io.Writer, c pb.QuotaClient, account string) error {
+// waitConfig waits (bounded) until every node serves the ledger's config
+// version, so that the accounts --setup created are known everywhere: nodes
+// read the config every few seconds.
+func waitConfig(ctx context.Context, dsn string, nodes []string, dial func(string) (pb.QuotaClient, error)) error {
+	l, err := openLedger(ctx, dsn)
+	if err != nil {
+		return err
+	}
+	snap, err := l.Snapshot(ctx, time.Now())
+	l.Close()
+	if err != nil {
+		return err
+	}
 	deadline := time.Now().Add(60 * time.Second)
 	t := time.NewTicker(200 * time.Millisecond)
 	defer t.Stop()
-	for {
-		rep, err := c.Charge(ctx, &pb.ChargeBatch{Route: true, Charges: []*pb.ChargeRequest{{Account: account, Route: "setup", Units: 0}}})
-		if err == nil && len(rep.Replies) == 1 && rep.Replies[0].GetDecision().GetReason() == pb.Reason_OK {
-			return nil
+	for _, addr := range nodes {
+		c, err := dial(addr)
+		if err != nil {
+			return err
 		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("the cluster did not learn account %s within 60s of --setup (is --snapshot-interval very long?)", account)
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-t.C:
+		for {
+			rep, err := c.Config(ctx, &pb.ConfigRequest{})
+			if err == nil && rep.Version >= snap.Version {
+				break
+			}
+			if time.Now().After(deadline) {
+				return fmt.Errorf("node %s did not load config version %d within 60s of --setup (is --snapshot-interval very long?)", addr, snap.Version)
+			}
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-t.C:
+			}
 		}
 	}
+	return nil
 }
 
 // warmAccounts charges every account once through the first node, 100 per

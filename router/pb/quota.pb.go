@@ -847,7 +847,9 @@ type RefundRequest struct {
 	Receipt *Receipt `protobuf:"bytes,3,opt,name=receipt,proto3" json:"receipt,omitempty"`
 	// Refund only this attempt's charge: kept (KEPT) when a retry with the
 	// same client id was served under it since.
-	Attempt       bool `protobuf:"varint,4,opt,name=attempt,proto3" json:"attempt,omitempty"`
+	Attempt bool `protobuf:"varint,4,opt,name=attempt,proto3" json:"attempt,omitempty"`
+	// Take back an attempt answered REPLAYED that was then not served.
+	Replay        bool `protobuf:"varint,5,opt,name=replay,proto3" json:"replay,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -906,6 +908,13 @@ func (x *RefundRequest) GetReceipt() *Receipt {
 func (x *RefundRequest) GetAttempt() bool {
 	if x != nil {
 		return x.Attempt
+	}
+	return false
+}
+
+func (x *RefundRequest) GetReplay() bool {
+	if x != nil {
+		return x.Replay
 	}
 	return false
 }
@@ -1634,12 +1643,13 @@ const file_quota_proto_rawDesc = "" +
 	"\x04node\x18\x06 \x01(\tR\x04node\"Z\n" +
 	"\rChargeReplies\x123\n" +
 	"\areplies\x18\x01 \x03(\v2\x19.quotaring.v1.ChargeReplyR\areplies\x12\x14\n" +
-	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\"\x8f\x01\n" +
+	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\"\xa7\x01\n" +
 	"\rRefundRequest\x12\x18\n" +
 	"\aaccount\x18\x01 \x01(\tR\aaccount\x12\x19\n" +
 	"\bevent_id\x18\x02 \x01(\tR\aeventId\x12/\n" +
 	"\areceipt\x18\x03 \x01(\v2\x15.quotaring.v1.ReceiptR\areceipt\x12\x18\n" +
-	"\aattempt\x18\x04 \x01(\bR\aattempt\"n\n" +
+	"\aattempt\x18\x04 \x01(\bR\aattempt\x12\x16\n" +
+	"\x06replay\x18\x05 \x01(\bR\x06replay\"n\n" +
 	"\vRefundBatch\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x125\n" +
 	"\arefunds\x18\x02 \x03(\v2\x1b.quotaring.v1.RefundRequestR\arefunds\x12\x12\n" +
