@@ -642,6 +642,20 @@ func confServedAcrossOwners(t *testing.T, l Ledger) {
 	}
 	wantUsage(t, l, "acct-1", 4)
 
+	// e7: node-a's charge was served; node-b, a stale owner after a pause,
+	// charged the abandoned first attempt and refunded it when its client
+	// had gone, both in one batch: node-a's served charge stays billed.
+	a.settle(t, chargeOf("acct-1", "e7", 3, confJune).withReserved())
+	if res := b.settle(t, chargeOf("acct-1", "e7", 3, confJune).withReserved(),
+		refundOf("acct-1", "e7", 3, confJune).withReserved().attempt()); len(res.Duplicates) != 1 || len(res.DuplicateRefunds) != 1 {
+		t.Fatalf("node-b's unbilled retry and its refund in one batch: %+v, want both duplicates", res)
+	}
+	wantUsage(t, l, "acct-1", 7)
+	if res := a.settle(t, refundOf("acct-1", "e7", 3, confJune).withReserved()); len(res.DuplicateRefunds) != 0 {
+		t.Fatalf("the event's own refund of e7: %+v, want applied", res)
+	}
+	wantUsage(t, l, "acct-1", 4)
+
 	// e5: an event's refund (not an attempt's: an operator's, an embedded
 	// client's) applies even though a retry was served elsewhere.
 	a.settle(t, chargeOf("acct-1", "e5", 6, confJune).withReserved())

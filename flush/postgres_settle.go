@@ -14,6 +14,8 @@ package flush
 //	   WITH ins AS (INSERT INTO events SELECT ... FROM settle_charges
 //	       ON CONFLICT DO NOTHING RETURNING seq) SELECT the staged rows not in
 //	       ins, with the origin of the row they collided with
+//	   -- and per duplicate: a retry that takes a refunded event over, or one
+//	   served again under a billed event (counted before step 3 reads it)
 //	3. refunds: one statement over UNNEST arrays that marks found and
 //	   unrefunded events refunded, inserts tombstones for the missing ones,
 //	   and says which was which                                            (R)
@@ -375,16 +377,10 @@ func (s *pgSettle) settleLog(ctx context.Context, tx pgx.Tx) error {
 	if err != nil {
 		return err
 	}
-	refunds, outcomes := s.dedupRefunds()
-	if len(refunds) > 0 {
-		q := &pgx.Batch{}
-		s.queueRefunds(q, refunds, outcomes)
-		s.res.RoundTrips++
-		if err := tx.SendBatch(ctx, q).Close(); err != nil {
-			return err
-		}
-	}
-
+	// The duplicates first: a retry's served_again count must be in place
+	// before a refund in the same batch reads it (a stale owner's unbilled
+	// retry and its attempt's refund, settled together, must not un-bill
+	// the charge that was served elsewhere).
 	for i := range b.Charges {
 		c := &b.Charges[i]
 		o, dup := dups[c.Seq]
@@ -413,6 +409,15 @@ func (s *pgSettle) settleLog(ctx context.Context, tx pgx.Tx) error {
 			}
 			s.res.Duplicates = append(s.res.Duplicates, chargeRef(c))
 			s.plan.reservedCharge(c)
+		}
+	}
+	refunds, outcomes := s.dedupRefunds()
+	if len(refunds) > 0 {
+		q := &pgx.Batch{}
+		s.queueRefunds(q, refunds, outcomes)
+		s.res.RoundTrips++
+		if err := tx.SendBatch(ctx, q).Close(); err != nil {
+			return err
 		}
 	}
 	for i := range b.Refunds {
