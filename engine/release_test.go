@@ -110,3 +110,38 @@ func TestReleaseFinishesWhenTheCallerGivesUp(t *testing.T) {
 		t.Fatalf("the ledger got %d units back of the %d the node zeroed locally", got, held)
 	}
 }
+
+// An account that a node whose clock ran ahead billed in a later month
+// starts there on this node (a period never goes back, G9), and its
+// reservations come from that month's grant: asked at this node's own wall
+// they came from a grant the account no longer spends, and every charge
+// answered quota-unavailable until the real month caught up. (Found by the
+// chaos harness: after a clock jump, accounts the jumped node had billed
+// refused every charge for minutes.)
+func TestReservesInTheAccountsLaterMonth(t *testing.T) {
+	ledger := &fakeLedger{reserved: map[string]int64{}, released: map[string]int64{}}
+	l := openLog(t, t.TempDir())
+	e, err := Open(Options{Log: l, Clock: NewManualClock(time.Date(2026, 6, 10, 0, 0, 0, 0, time.UTC)), Reserver: ledger})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close(); l.Close() })
+	s := testSnapshot(t, map[string]int64{"acme": 1000})
+	s.Accounts[0].MonthlyUsed = map[string]int64{"m:2026-07": 5}
+	if err := s.Build(); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.SetSnapshot(s); err != nil {
+		t.Fatal(err)
+	}
+	res, err := e.Charge(context.Background(), "acme", shard.Charge{EventID: "e1", ClientID: true, Units: 1})
+	if err != nil || res.Reason != shard.OK {
+		t.Fatalf("charge of an account billed in July on a node in June: %+v %v, want ok", res, err)
+	}
+	if want := time.Date(2026, 8, 1, 0, 0, 0, 0, time.UTC).Unix(); res.Reset != want {
+		t.Errorf("reset %s, want %s (the account is in July)", time.Unix(res.Reset, 0).UTC(), time.Unix(want, 0).UTC())
+	}
+	if res.Remaining != 1000-5-1 {
+		t.Errorf("remaining %d, want %d", res.Remaining, 1000-5-1)
+	}
+}

@@ -29,11 +29,12 @@ func (e *Engine) reserveOnce(ctx context.Context, account string, shortfall int6
 		return nil
 	}
 	now := e.clock.Now()
-	need := max(shortfall, ent.waiting) + max(ent.chunkLocked(now.Mono, int64(e.opts.ReserveWindow)), chunkFloor(ent.acct.Limit(now.Wall)))
+	wall := ent.acct.Wall(now.Wall) // the account's month, which may be ahead of this clock
+	need := max(shortfall, ent.waiting) + max(ent.chunkLocked(now.Mono, int64(e.opts.ReserveWindow)), chunkFloor(ent.acct.Limit(wall)))
 	st.mu.Unlock()
 
 	e.stats.Reservations.Add(1)
-	res, err := e.opts.Reserver.Reserve(ctx, ReserveRequest{Account: account, Wall: now.Wall, Need: need})
+	res, err := e.opts.Reserver.Reserve(ctx, ReserveRequest{Account: account, Wall: wall, Need: need})
 	if err != nil {
 		e.stats.ReserveErrors.Add(1)
 		return fmt.Errorf("%w: account %q: %v", ErrQuotaUnavailable, account, err)
@@ -45,6 +46,18 @@ func (e *Engine) reserveOnce(ctx context.Context, account string, shortfall int6
 				"account", account, "allocs", giveBack, "err", rerr)
 		}
 	}
+	if err == nil && len(giveBack) > 0 && units(giveBack) == granted(res) {
+		// Nothing the ledger granted could be used. An account that moved
+		// away meanwhile answers NotOwner at the next try; one still here
+		// holds grants older than the ledger's.
+		st.mu.Lock()
+		owned := e.ownsLocked(account)
+		st.mu.Unlock()
+		if owned {
+			return fmt.Errorf("%w: account %q: the ledger granted units of grants this node does not hold (%v: its config snapshot is older than the ledger's); handed back, retry shortly",
+				ErrQuotaUnavailable, account, giveBack)
+		}
+	}
 	if err == nil && len(res.HeldElsewhere) > 0 && granted(res) < shortfall {
 		return fmt.Errorf("%w: account %q: the units it lacks are reserved by other nodes (an owner handing over, or a lost node: quotad revoke); retry shortly",
 			ErrQuotaUnavailable, account)
@@ -52,10 +65,12 @@ func (e *Engine) reserveOnce(ctx context.Context, account string, shortfall int6
 	return err
 }
 
-func granted(res ReserveResult) int64 {
+func granted(res ReserveResult) int64 { return units(res.Granted) }
+
+func units(allocs []shard.Alloc) int64 {
 	var n int64
-	for _, g := range res.Granted {
-		n += g.Units
+	for _, a := range allocs {
+		n += a.Units
 	}
 	return n
 }
@@ -132,7 +147,7 @@ func (ent *entry) rollLocked(mono, window int64) {
 func (e *Engine) noteSpendLocked(account string, ent *entry, units int64, now shard.Now) {
 	ent.rollLocked(now.Mono, int64(e.opts.ReserveWindow))
 	ent.winUnits += units
-	if ent.topping || ent.chunk == 0 || !ent.acct.Plan().Hard || ent.acct.Allowance(now.Wall)*2 > ent.chunk {
+	if ent.topping || ent.chunk == 0 || !ent.acct.Plan().Hard || ent.acct.Allowance(ent.acct.Wall(now.Wall))*2 > ent.chunk {
 		return
 	}
 	select {

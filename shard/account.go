@@ -499,6 +499,14 @@ func (a *Account) Allowance(wall int64) int64 {
 	return a.sumActive(wall, func(g *grant) int64 { return g.allowance })
 }
 
+// Wall is the wall time the account decides at when the clock reads wall:
+// wall itself, or the start of the account's period when the account is
+// ahead of it (this node's clock went back, or a node whose clock ran ahead
+// billed the account in a later month): a period never goes back (G9).
+// Reservations are asked for at this time, so that they come from the
+// grants the account spends.
+func (a *Account) Wall(wall int64) int64 { return max(wall, a.period.Start()) }
+
 // Limit is the units of the grants active at wall.
 func (a *Account) Limit(wall int64) int64 {
 	return a.sumActive(wall, func(g *grant) int64 { return g.units })
