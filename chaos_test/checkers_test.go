@@ -1,6 +1,7 @@
 package chaos
 
 import (
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -155,6 +156,12 @@ func TestEachCheckerCanFail(t *testing.T) {
 			w.in.Ops[3].Reset = july // e3 answered in July...
 			w.in.Ops[3].Decider = "n2"
 		}, "period went back from 2026-07 (answered by n2 at 0.030s) to 2026-06 (answered by n1 at 0.040s)", []int{3, 4}},
+		{"account stuck undecided", "AVAIL", func(w *world) {
+			for i := range int64(8) { // every 5 s from 5 s to 40 s
+				op := w.charge("hard-1", fmt.Sprintf("u%d", i), 5000+i*5000, "ok")
+				op.Status, op.Reason, op.Decider, op.Reset = cluster.StatusUnknown, "quota_unavailable", "", 0
+			}
+		}, "every charge undecided for 35s, from 4.999s to 40.000s", []int{12, 19}},
 		{"sequence repeated", "SEQ", func(w *world) { w.in.Ledger.Events["hard-1"][3].Seq = 3 }, "seq 3 holds two events", nil},
 		{"sequence not settled", "SEQ", func(w *world) { w.in.Logs[0].Durable = 22 }, "2 records durable but not settled", nil},
 		{"stranded reservation", "RES", func(w *world) {

@@ -26,18 +26,19 @@ gRPC, the embedded client and the HTTP proxy, inject faults on a schedule drawn
 from --seed, heal, let every node settle and drain, and check the guarantees
 against the recorded history and the ledger:
 
-  G1   no account acknowledged more than its hard limit
-  G2   every acknowledged charge is in the ledger (a destroyed disk's
-       unsettled charges are the documented loss, reported as a number)
-  G3   no event billed twice; a refused charge leaves no trace
-  G4   refunds return units once
-  G6   reconcile is clean (counters equal the event log)
-  G7   rate limits within burst + rate*t (+ one burst per ownership move)
-  G8   charges acknowledged while the ledger was down
-  G9   no period goes backwards after a clock jump
-  SEQ  settled sequences contiguous per (node, incarnation)
-  RES  no reservation stranded after the final drain
-  LIVE nodes come back, drain and exit 0
+  G1    no account acknowledged more than its hard limit
+  G2    every acknowledged charge is in the ledger (a destroyed disk's
+        unsettled charges are the documented loss, reported as a number)
+  G3    no event billed twice; a refused charge leaves no trace
+  G4    refunds return units once
+  G6    reconcile is clean (counters equal the event log)
+  G7    rate limits within burst + rate*t (+ one burst per ownership move)
+  G8    charges acknowledged while the ledger was down
+  G9    no period goes backwards after a clock jump
+  AVAIL no account is refused as undecided for more than 30 s
+  SEQ   settled sequences contiguous per (node, incarnation)
+  RES   no reservation stranded after the final drain
+  LIVE  nodes come back, drain and exit 0
 
 The faults (--faults all, or a comma-separated list):
 

@@ -148,6 +148,7 @@ var Checkers = []Checker{
 	{"G7", "rate limits within burst + rate*t (+ one burst per move)", CheckG7},
 	{"G8", "charges acknowledged while the ledger was down", CheckG8},
 	{"G9", "no period goes backwards", CheckG9},
+	{"AVAIL", "every account is decided again within 30 s", CheckAvail},
 	{"SEQ", "settled sequences contiguous per incarnation", CheckSeq},
 	{"RES", "no reservation stranded after the final drain", CheckReservations},
 }
@@ -800,6 +801,70 @@ func CheckG9(in *CheckInput) Result {
 		names = append(names, periodName(r))
 	}
 	return c.done(fmt.Sprintf("%d accounts; periods answered: %s", len(byAccount), strings.Join(names, ", ")))
+}
+
+// MaxUndecided bounds how long an account may go on being charged without
+// a decision (every answer undecided: unavailable, timeout, transport)
+// before CheckAvail calls it a violation. The faults last up to 15 s each,
+// and a few may overlap; an account held much longer is stuck, not
+// waiting out a fault.
+const MaxUndecided = 30 * time.Second
+
+// CheckAvail: per account, no stretch of charges answered undecided lasts
+// longer than MaxUndecided: every account the workload charges is decided
+// again (ok or refused) once the faults that held it pass. The guarantees
+// hold trivially for a cluster that refuses everything; this is the check
+// that it does not. (It found accounts that refused every charge for
+// minutes after a clock jump.)
+func CheckAvail(in *CheckInput) Result {
+	var c collector
+	byAccount := map[string][]int{}
+	for i := range in.Ops {
+		if in.Ops[i].Kind == OpCharge {
+			byAccount[in.Ops[i].Account] = append(byAccount[in.Ops[i].Account], i)
+		}
+	}
+	var longest time.Duration
+	var longestAcct string
+	for _, acct := range sortedKeys(byAccount) {
+		idx := byAccount[acct]
+		slices.SortStableFunc(idx, func(a, b int) int { return cmp.Compare(in.Ops[a].Start, in.Ops[b].Start) })
+		var worst time.Duration
+		worstFirst, worstLast := -1, -1
+		first, last := -1, -1
+		end := func() {
+			if first >= 0 {
+				if d := time.Duration(in.Ops[last].End - in.Ops[first].Start); d > worst {
+					worst, worstFirst, worstLast = d, first, last
+				}
+			}
+			first, last = -1, -1
+		}
+		for _, i := range idx {
+			if in.Ops[i].Status != StatusUnknown {
+				end()
+				continue
+			}
+			if first < 0 {
+				first = i
+			}
+			last = i
+		}
+		end()
+		if worst > longest {
+			longest, longestAcct = worst, acct
+		}
+		if worst > MaxUndecided {
+			a, b := &in.Ops[worstFirst], &in.Ops[worstLast]
+			c.add(Violation{Account: acct, Ops: []int{a.ID, b.ID}, Detail: fmt.Sprintf(
+				"every charge undecided for %s, from %s to %s", worst.Round(100*time.Millisecond), fmtOffset(a.Start), fmtOffset(b.End))})
+		}
+	}
+	summary := fmt.Sprintf("%d accounts charged", len(byAccount))
+	if longestAcct != "" {
+		summary += fmt.Sprintf("; the longest undecided stretch %s (%s)", longest.Round(100*time.Millisecond), longestAcct)
+	}
+	return c.done(summary)
 }
 
 // answeredBy names who answered: the deciding node, or the way in when the
