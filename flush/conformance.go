@@ -36,6 +36,7 @@ func RunConformance(t *testing.T, open func(t *testing.T) Ledger) {
 		{"SettleRejectsMalformedBatch", confSettleInvalid},
 		{"Duplicates", confDuplicates},
 		{"RetriesServedAcrossOwners", confServedAcrossOwners},
+		{"RetryAcrossMonths", confAcrossMonths},
 		{"Refunds", confRefunds},
 		{"TombstoneThenCharge", confTombstone},
 		{"ConcurrentReservations", confConcurrentReservations},
@@ -668,6 +669,72 @@ func confServedAcrossOwners(t *testing.T, l Ledger) {
 	g := grantOf(t, l, "acct-1", confJune)
 	if g.Used != 4 || g.Used+g.Reserved > g.Units {
 		t.Errorf("grant %+v, want used 4 within its units", g)
+	}
+	wantReconciled(t, l)
+}
+
+// at moves a record to wall, in wall's month and monthly grant.
+func (r rec) at(wall time.Time) rec {
+	r.wall = wall
+	for i := range r.allocs {
+		r.allocs[i].Grant = shard.MonthlyGrantID(shard.PeriodOf(wall.UnixNano()))
+	}
+	return r
+}
+
+// A retry that crosses a month boundary and a failover (or reaches a node
+// whose clock ran into the next month) is billed once, whichever attempt
+// settles first; refunds find the event in the month it is billed in.
+// (Postgres partitions the event log by month, so its unique key is per
+// month; the settle looks in the neighbouring month near an edge.)
+func confAcrossMonths(t *testing.T, l Ledger) {
+	confSetup(t, l, 100, "acct-1")
+	a, b := confNode(t, l, "node-a"), confNode(t, l, "node-b")
+	june := time.Date(2026, 6, 30, 22, 0, 0, 0, time.UTC)
+	july := time.Date(2026, 7, 1, 1, 0, 0, 0, time.UTC)
+	billed := func() (n int64) {
+		for _, e := range eventsOf(t, l, "acct-1") {
+			if !e.Refunded {
+				n += e.Units
+			}
+		}
+		return n
+	}
+
+	// e1: June first, the retry in July is the duplicate.
+	a.settle(t, chargeOf("acct-1", "e1", 2, "").at(june))
+	if res := b.settle(t, chargeOf("acct-1", "e1", 2, "").at(july)); len(res.Duplicates) != 1 {
+		t.Fatalf("e1 retried in July after June billed it: %+v, want a duplicate", res)
+	}
+	// e2: July first (a node whose clock ran ahead), the June attempt settles
+	// later and is the duplicate.
+	b.settle(t, chargeOf("acct-1", "e2", 3, "").at(july))
+	if res := a.settle(t, chargeOf("acct-1", "e2", 3, "").at(june)); len(res.Duplicates) != 1 {
+		t.Fatalf("e2 settled in June after July billed it: %+v, want a duplicate", res)
+	}
+	if got := billed(); got != 5 {
+		t.Fatalf("billed %d units, want 5 (e1 and e2 once each): %+v", got, eventsOf(t, l, "acct-1"))
+	}
+	wantGrant(t, l, "acct-1", "m:2026-06", 2, 0)
+	wantGrant(t, l, "acct-1", "m:2026-07", 3, 0)
+
+	// The July retry of e1 failed and its attempt is refunded: e1 stays
+	// billed in June, where a retry was served.
+	if res := b.settle(t, refundOf("acct-1", "e1", 2, "").at(july).attempt()); len(res.DuplicateRefunds) != 1 {
+		t.Fatalf("the refund of e1's unbilled July retry: %+v, want kept", res)
+	}
+	// An explicit refund of e2 through the June node finds it in July.
+	if res := a.settle(t, refundOf("acct-1", "e2", 3, "").at(june)); len(res.DuplicateRefunds) != 0 {
+		t.Fatalf("the refund of e2 (billed in July) through June: %+v, want applied", res)
+	}
+	if got := billed(); got != 2 {
+		t.Errorf("billed %d units after e2's refund, want 2: %+v", got, eventsOf(t, l, "acct-1"))
+	}
+	wantGrant(t, l, "acct-1", "m:2026-07", 0, 0)
+	for _, e := range eventsOf(t, l, "acct-1") {
+		if e.Tombstone {
+			t.Errorf("tombstone %+v: a refund near the edge missed its event", e)
+		}
 	}
 	wantReconciled(t, l)
 }

@@ -6,6 +6,8 @@ package flush
 // Events on (C = the batch has charges, R = it has refunds):
 //
 //	1. BEGIN | mark | SAVEPOINT settle_events                              (C)
+//	   | the neighbouring month's rows of client ids charged near a month's
+//	     edge (pgCrossMonthSQL; only when the batch has such charges)
 //	2. COPY events FROM STDIN (binary), straight into the partitioned table (C)
 //	   -- only if that COPY hits the unique key (a duplicate event id):
 //	   ROLLBACK TO SAVEPOINT settle_events
@@ -41,8 +43,8 @@ package flush
 // If the mark shows the batch applied before (or a conflict), the
 // statements queued behind it are rolled back unread. SettleResult.RoundTrips
 // counts statements (BEGIN, COPY and COMMIT count one each): at most 11 with
-// the event log (15 when a duplicate sends the batch through staging) and 8
-// without, whatever the batch size. Creating event partitions, the first
+// the event log (15 when a duplicate sends the batch through staging; one
+// more near a month's edge) and 8 without, whatever the batch size. Creating event partitions, the first
 // time this process settles into a month, adds 3 statements plus one per
 // month (BEGIN | advisory lock | CREATE TABLE ... PARTITION OF, then COMMIT).
 
@@ -117,15 +119,58 @@ WHERE account_id = $11 AND event_id = $12 AND period_start = $13 AND refunded AN
 const pgServedAgainSQL = `UPDATE events SET served_again = served_again + 1
 WHERE account_id = $1 AND event_id = $2 AND period_start = $3 AND NOT refunded`
 
+// pgCrossMonthSQL finds, for charges near a month's edge, an unrefunded
+// row of the same event id in the neighbouring month's partition (the unique
+// key is per month): a retry that crossed the month boundary and a failover,
+// or a node whose clock ran into the next month. $1..$4: seq, account,
+// event id, the neighbouring month's start.
+const pgCrossMonthSQL = `SELECT k.seq, e.node_id, e.incarnation, e.seq, e.period_start
+FROM unnest($1::bigint[], $2::text[], $3::text[], $4::date[]) AS k(seq, account_id, event_id, period_start)
+JOIN LATERAL (
+	SELECT e.node_id, e.incarnation, e.seq, e.period_start FROM events e
+	WHERE e.account_id = k.account_id AND e.event_id = k.event_id AND e.period_start = k.period_start
+		AND NOT (e.refunded AND NOT e.tombstone)
+	LIMIT 1
+) e ON true`
+
+// crossMonthWindow is how close to its month's start or end a charge or
+// refund must be for its event id to be looked up in the neighbouring month
+// too: a retry comes within the owners' dedup window of the first attempt.
+func crossMonthWindow() int64 { return shard.DefaultParams().DedupWindow }
+
+// neighbourMonth is the month next to p that an event at wall may share its
+// id with: the previous one near p's start, the next one near its end.
+func neighbourMonth(p shard.Period, wall int64) (shard.Period, bool) {
+	switch w := crossMonthWindow(); {
+	case wall-p.Start() < w:
+		return p - 1, true
+	case p.End()-wall <= w:
+		return p + 1, true
+	}
+	return 0, false
+}
+
 // pgRefundsSQL applies refunds: found and unrefunded -> refunded (returning
 // the event as the log has it); not found -> a tombstone; found refunded ->
 // a duplicate refund. $1, $2: node, incarnation; $3..$12: the refunds;
 // $13..$15: their allocations, flattened (refund ordinal, grant, units), for
-// the tombstones.
-const pgRefundsSQL = `WITH r AS (
+// the tombstones; $16, $17: attempt, origin; $18: the neighbouring month to
+// look in (the refund's own month when it is not near an edge).
+const pgRefundsSQL = `WITH r0 AS (
 	SELECT * FROM unnest($3::int[], $4::text[], $5::text[], $6::date[], $7::text[], $8::text[], $9::bigint[],
-		$10::timestamptz[], $11::text[], $12::bigint[], $16::bool[], $17::text[])
-		AS r(ord, account_id, event_id, period_start, key_id, route, units, charged_at, period, seq, attempt, origin)
+		$10::timestamptz[], $11::text[], $12::bigint[], $16::bool[], $17::text[], $18::date[])
+		AS r(ord, account_id, event_id, period_start, key_id, route, units, charged_at, period, seq, attempt, origin, other_start)
+), r AS (
+	-- A refund near a month's edge whose event is not in its own month but
+	-- in the neighbouring one (other_start; its own month when none) applies
+	-- there (see pgCrossMonthSQL).
+	SELECT r0.ord, r0.account_id, r0.event_id,
+		CASE WHEN r0.other_start <> r0.period_start
+			AND NOT EXISTS (SELECT 1 FROM events e WHERE e.account_id = r0.account_id AND e.event_id = r0.event_id AND e.period_start = r0.period_start)
+			AND EXISTS (SELECT 1 FROM events e WHERE e.account_id = r0.account_id AND e.event_id = r0.event_id AND e.period_start = r0.other_start)
+		THEN r0.other_start ELSE r0.period_start END AS period_start,
+		r0.key_id, r0.route, r0.units, r0.charged_at, r0.period, r0.seq, r0.attempt, r0.origin
+	FROM r0
 ), a AS (
 	SELECT * FROM unnest($13::int[], $14::text[], $15::bigint[]) WITH ORDINALITY AS a(ord, grant_id, units, i)
 ), cur AS MATERIALIZED (
@@ -266,6 +311,44 @@ type pgSettle struct {
 	b    *Batch
 	res  *SettleResult
 	plan *settlePlan
+	// cross: the batch's charges whose event id the neighbouring month
+	// already bills, by seq (pgCrossMonthSQL).
+	cross map[uint64]origin
+}
+
+// queueCrossMonth queues pgCrossMonthSQL for the batch's client-id charges
+// near a month's edge, if any (only in the first and last day of a month,
+// in normal running; no extra round trip: it rides with the mark).
+func (s *pgSettle) queueCrossMonth(q *pgx.Batch) {
+	var seqs []int64
+	var accounts, events []string
+	var starts []time.Time
+	for i := range s.b.Charges {
+		c := &s.b.Charges[i]
+		if !c.ClientID {
+			continue // an id the owner made is never retried
+		}
+		if p, ok := neighbourMonth(c.Period, c.Wall); ok {
+			seqs, accounts, events, starts = append(seqs, int64(c.Seq)), append(accounts, c.Account), append(events, c.EventID), append(starts, periodDate(p))
+		}
+	}
+	if len(seqs) == 0 {
+		return
+	}
+	s.cross = make(map[uint64]origin)
+	q.Queue(pgCrossMonthSQL, seqs, accounts, events, starts).Query(func(rows pgx.Rows) error {
+		var seq int64
+		var o origin
+		var start time.Time
+		_, err := pgx.ForEachRow(rows, []any{&seq, &o.node, &o.incarnation, &o.seq, &start}, func() error {
+			at := start // a copy per row: start is scanned into again
+			o.start = &at
+			s.cross[uint64(seq)] = o
+			o = origin{}
+			return nil
+		})
+		return err
+	})
 }
 
 func (s *pgSettle) run(ctx context.Context) error {
@@ -276,6 +359,7 @@ func (s *pgSettle) run(ctx context.Context) error {
 	first.Queue(pgMarkSQL, b.Node, b.Incarnation, int64(b.Prev), int64(b.Next)).QueryRow(s.readMark)
 	if withLog && len(b.Charges) > 0 {
 		first.Queue(`SAVEPOINT settle_events`).Exec(nop)
+		s.queueCrossMonth(first)
 	}
 	if !withLog {
 		s.planWithoutLog()
@@ -373,9 +457,16 @@ func (s *pgSettle) planWithoutLog() {
 // the aggregates from what it found, and applies them (step 4).
 func (s *pgSettle) settleLog(ctx context.Context, tx pgx.Tx) error {
 	b := s.b
-	dups, err := s.logCharges(ctx, tx)
+	charges := b.Charges
+	if len(s.cross) > 0 {
+		charges = slices.DeleteFunc(slices.Clone(b.Charges), func(c Charge) bool { _, ok := s.cross[c.Seq]; return ok })
+	}
+	dups, err := s.logCharges(ctx, tx, charges)
 	if err != nil {
 		return err
+	}
+	for seq, o := range s.cross {
+		dups[seq] = o
 	}
 	// The duplicates first: a retry's served_again count must be in place
 	// before a refund in the same batch reads it (a stale owner's unbilled
@@ -402,8 +493,12 @@ func (s *pgSettle) settleLog(ctx context.Context, tx pgx.Tx) error {
 			s.plan.billCharge(c)
 		default:
 			if o.node != nil {
+				start := periodDate(c.Period)
+				if o.start != nil {
+					start = *o.start
+				}
 				s.res.RoundTrips++
-				if _, err := tx.Exec(ctx, pgServedAgainSQL, c.Account, c.EventID, periodDate(c.Period)); err != nil {
+				if _, err := tx.Exec(ctx, pgServedAgainSQL, c.Account, c.EventID, start); err != nil {
 					return err
 				}
 			}
@@ -443,19 +538,20 @@ func (s *pgSettle) settleLog(ctx context.Context, tx pgx.Tx) error {
 	return tx.SendBatch(ctx, third).Close()
 }
 
-// logCharges writes the charges into the event log and returns the ones
-// that were there already, by seq, with the origin of the row found. It
+// logCharges writes charges (the batch's, less those the neighbouring month
+// bills) into the event log and returns the ones that were there already,
+// by seq, with the origin of the row found. It
 // tries the direct COPY first and falls back to staging with ON CONFLICT
 // when the COPY hits the unique key.
-func (s *pgSettle) logCharges(ctx context.Context, tx pgx.Tx) (map[uint64]origin, error) {
+func (s *pgSettle) logCharges(ctx context.Context, tx pgx.Tx, charges []Charge) (map[uint64]origin, error) {
 	b := s.b
 	dups := make(map[uint64]origin)
-	if len(b.Charges) == 0 {
+	if len(charges) == 0 {
 		return dups, nil
 	}
 	s.res.RoundTrips++
 	_, err := tx.CopyFrom(ctx, pgx.Identifier{"events"}, pgEventColumns,
-		&chargeRows{charges: b.Charges, node: b.Node, incarnation: b.Incarnation})
+		&chargeRows{charges: charges, node: b.Node, incarnation: b.Incarnation})
 	if err == nil {
 		return dups, nil
 	}
@@ -472,7 +568,7 @@ func (s *pgSettle) logCharges(ctx context.Context, tx pgx.Tx) (map[uint64]origin
 	if _, err := tx.Exec(ctx, pgStagingSQL); err != nil {
 		return nil, err
 	}
-	if _, err := tx.CopyFrom(ctx, pgx.Identifier{"settle_charges"}, pgStagingColumns, &chargeRows{charges: b.Charges, staging: true}); err != nil {
+	if _, err := tx.CopyFrom(ctx, pgx.Identifier{"settle_charges"}, pgStagingColumns, &chargeRows{charges: charges, staging: true}); err != nil {
 		return nil, fmt.Errorf("copy charges into staging: %w", err)
 	}
 	rows, _ := tx.Query(ctx, pgInsertChargesSQL, b.Node, b.Incarnation)
@@ -490,6 +586,9 @@ type origin struct {
 	node, incarnation *string
 	seq               *int64
 	refunded          *bool // refunded, and not a tombstone
+	// start: the row is in another month's partition (pgCrossMonthSQL),
+	// this one's start; nil: the charge's own month.
+	start *time.Time
 }
 
 type refundKind uint8
@@ -532,6 +631,7 @@ func (s *pgSettle) queueRefunds(q *pgx.Batch, send []int, outcomes []refundOutco
 	ords, accounts, events, starts := make([]int32, n), make([]string, n), make([]string, n), make([]time.Time, n)
 	keys, routes, units, charged := make([]string, n), make([]string, n), make([]int64, n), make([]time.Time, n)
 	periods, seqs, attempts, origins := make([]string, n), make([]int64, n), make([]bool, n), make([]string, n)
+	others := make([]time.Time, n)
 	var aOrd []int32
 	var aGrant []string
 	var aUnits []int64
@@ -543,12 +643,16 @@ func (s *pgSettle) queueRefunds(q *pgx.Batch, send []int, outcomes []refundOutco
 		if r.Origin == "" {
 			origins[j] = s.b.Node
 		}
+		others[j] = starts[j]
+		if p, ok := neighbourMonth(r.Period, r.ChargeWall); ok {
+			others[j] = periodDate(p)
+		}
 		for _, a := range r.Allocs {
 			aOrd, aGrant, aUnits = append(aOrd, int32(i)), append(aGrant, a.Grant), append(aUnits, a.Units)
 		}
 	}
 	q.Queue(pgRefundsSQL, s.b.Node, s.b.Incarnation, ords, accounts, events, starts, keys, routes, units, charged, periods, seqs,
-		aOrd, aGrant, aUnits, attempts, origins).Query(func(rows pgx.Rows) error {
+		aOrd, aGrant, aUnits, attempts, origins, others).Query(func(rows pgx.Rows) error {
 		for rows.Next() {
 			var ord int32
 			var wasRefunded *bool
