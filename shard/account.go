@@ -84,21 +84,10 @@ type Account struct {
 
 // NewAccount makes the state for cfg. The first operation opens its period,
 // unless the ledger already billed the account in a later month than this
-// node's clock reads (cfg.MonthlyUsed: a node whose clock ran ahead owned it
-// before): the account starts there, since a period never goes back (G9).
+// node's clock reads (see Configure).
 func NewAccount(cfg AccountConfig) *Account {
 	a := &Account{}
 	a.Configure(cfg)
-	var latest Period
-	for id, used := range cfg.MonthlyUsed {
-		if p, ok := ParsePeriod(strings.TrimPrefix(id, "m:")); ok && used > 0 && p > latest {
-			latest = p
-		}
-	}
-	if latest > 0 {
-		a.rollTo(latest)
-		a.seen = latest.Start()
-	}
 	return a
 }
 
@@ -109,8 +98,14 @@ func (a *Account) ID() string { return a.cfg.ID }
 func (a *Account) Plan() Plan { return a.cfg.Plan }
 
 // Configure applies a new config: an upgrade applies at once, a downgrade
-// below what is used blocks further charges and erases nothing.
+// below what is used blocks further charges and erases nothing. When the
+// ledger has billed the account in a later month than its period
+// (cfg.MonthlyUsed: a node whose clock ran ahead owned it meanwhile), the
+// account moves there, since a period never goes back (G9): a new owner
+// starts there, and one that kept the account in memory catches up at its
+// next config refresh.
 func (a *Account) Configure(cfg AccountConfig) {
+	defer a.catchUp(cfg)
 	a.cfg = cfg
 	if !cfg.Plan.Rate.Unlimited() && a.bucket.init {
 		a.bucket.clamp(&a.cfg.Plan)
@@ -133,6 +128,21 @@ func (a *Account) Configure(cfg AccountConfig) {
 		}
 	}
 	a.sortGrants()
+}
+
+// catchUp moves the account to the latest month cfg says it has use in,
+// if that is later than its period.
+func (a *Account) catchUp(cfg AccountConfig) {
+	var latest Period
+	for id, used := range cfg.MonthlyUsed {
+		if p, ok := ParsePeriod(strings.TrimPrefix(id, "m:")); ok && used > 0 && p > latest {
+			latest = p
+		}
+	}
+	if latest > a.period {
+		a.rollTo(latest)
+		a.seen = max(a.seen, latest.Start())
+	}
 }
 
 func findCredit(cs []GrantConfig, id string) (GrantConfig, bool) {

@@ -170,6 +170,31 @@ func TestClockJumpBackNeverReturnsToAnEarlierPeriod(t *testing.T) {
 	}
 }
 
+// An account billed in a later month by another node (whose clock ran
+// ahead) moves there: at once for a new owner, at the next config for one
+// that kept it in memory; and never back (G9).
+func TestLaterMonthInTheLedgerIsCaughtUp(t *testing.T) {
+	p := DefaultParams()
+	nov := at("2026-11-30T12:00:00Z")
+	later := AccountConfig{ID: "a", Plan: hardPlan(10), MonthlyUsed: map[string]int64{"m:2026-11": 2, "m:2026-12": 3}}
+	fresh := NewAccount(later)
+	if d, _ := charge(fresh, "e1", 1, nov, &p); d.Reason != OK || d.Remaining != 6 || d.Reset != at("2027-01-01T00:00:00Z").Wall/1e9 {
+		t.Fatalf("new owner: %+v, want ok in December with 6 left", d)
+	}
+	kept := NewAccount(AccountConfig{ID: "a", Plan: hardPlan(10), MonthlyUsed: map[string]int64{"m:2026-11": 2}})
+	if d, _ := charge(kept, "e1", 1, nov, &p); d.Reason != OK || d.Reset != at("2026-12-01T00:00:00Z").Wall/1e9 {
+		t.Fatalf("before the refresh: %+v, want ok in November", d)
+	}
+	kept.Configure(later)
+	if d, _ := charge(kept, "e2", 1, nov, &p); d.Reason != OK || d.Remaining != 6 || d.Reset != at("2027-01-01T00:00:00Z").Wall/1e9 {
+		t.Fatalf("after the refresh: %+v, want ok in December with 6 left", d)
+	}
+	kept.Configure(AccountConfig{ID: "a", Plan: hardPlan(10), MonthlyUsed: map[string]int64{"m:2026-11": 3}})
+	if u := kept.Usage(nov); u.Period.String() != "2026-12" {
+		t.Fatalf("a config without December moved the account back to %s", u.Period)
+	}
+}
+
 func TestCreditsSoonestExpiringFirstAndNeverExpired(t *testing.T) {
 	p := DefaultParams()
 	jun := at("2026-06-10T00:00:00Z")
