@@ -37,6 +37,7 @@ func RunConformance(t *testing.T, open func(t *testing.T) Ledger) {
 		{"Duplicates", confDuplicates},
 		{"RetriesServedAcrossOwners", confServedAcrossOwners},
 		{"RetryAcrossMonths", confAcrossMonths},
+		{"ReserveInALaterMonth", confReserveLaterMonth},
 		{"Refunds", confRefunds},
 		{"TombstoneThenCharge", confTombstone},
 		{"ConcurrentReservations", confConcurrentReservations},
@@ -737,6 +738,24 @@ func confAcrossMonths(t *testing.T, l Ledger) {
 		}
 	}
 	wantReconciled(t, l)
+}
+
+// An account that a node whose clock ran ahead reserved in July is reserved
+// in July by a node still in June too: its period never goes back (G9).
+func confReserveLaterMonth(t *testing.T, l Ledger) {
+	ctx := t.Context()
+	confSetup(t, l, 100, "acct-1")
+	if _, err := l.Reserve(ctx, "node-b", ReserveRequest{Account: "acct-1", Wall: time.Date(2026, 7, 1, 1, 0, 0, 0, time.UTC), Need: 5}); err != nil {
+		t.Fatal(err)
+	}
+	res, err := l.Reserve(ctx, "node-a", ReserveRequest{Account: "acct-1", Wall: time.Date(2026, 6, 20, 0, 0, 0, 0, time.UTC), Need: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []shard.Alloc{{Grant: "m:2026-07", Units: 10}}; !slices.Equal(res.Granted, want) {
+		t.Fatalf("reserved %+v in June for an account already in July, want %+v", res.Granted, want)
+	}
+	wantGrant(t, l, "acct-1", "m:2026-07", 0, 15)
 }
 
 func confRefunds(t *testing.T, l Ledger) {

@@ -38,7 +38,11 @@ type Ledger interface {
 	// Reserve reserves up to Need units of the account's grants active at
 	// Wall for node, soonest-expiring first, creating the period's monthly
 	// grant from the plan if it does not exist yet. It keeps
-	// used + reserved <= units per grant with a conditional update.
+	// used + reserved <= units per grant with a conditional update. When
+	// the account has a monthly grant of a later month than Wall's (a node
+	// whose clock ran ahead reserved or billed there), it reserves at that
+	// month's start instead: the account's period never goes back (G9),
+	// and the node moves the account there when it gets that grant.
 	Reserve(ctx context.Context, node string, req ReserveRequest) (ReserveResult, error)
 	// Release hands units of node's reservations back, and notes the
 	// account as handed off (Handoffs): an owner releases when it loses an

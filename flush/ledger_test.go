@@ -12,7 +12,6 @@ import (
 
 	"github.com/quotaring/quotaring/internal/faultproxy"
 	"github.com/quotaring/quotaring/internal/pgtest"
-	"github.com/quotaring/quotaring/shard"
 )
 
 func TestSQLiteConformance(t *testing.T) {
@@ -250,14 +249,6 @@ func TestDayOf(t *testing.T) {
 	} {
 		if got := dayString(dayOf(c.wall.UnixNano())); got != c.want {
 			t.Errorf("day of %v = %s, want %s", c.wall, got, c.want)
-		}
-	}
-	if p, ok := monthlyPeriod("m:2026-06"); !ok || p != shard.Period(2026*12+5) {
-		t.Errorf("monthlyPeriod(m:2026-06) = %v, %v", p, ok)
-	}
-	for _, bad := range []string{"credits", "m:2026-6", "m:june"} {
-		if _, ok := monthlyPeriod(bad); ok {
-			t.Errorf("monthlyPeriod(%q) ok", bad)
 		}
 	}
 }

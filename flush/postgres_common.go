@@ -290,19 +290,6 @@ func compareGrantKeys(a, b grantKey) int {
 	return cmp.Or(cmp.Compare(a.account, b.account), cmp.Compare(a.grant, b.grant))
 }
 
-// monthlyPeriod reports the period of a monthly grant id ("m:2026-06").
-func monthlyPeriod(grantID string) (shard.Period, bool) {
-	s, ok := strings.CutPrefix(grantID, "m:")
-	if !ok {
-		return 0, false
-	}
-	p, ok := shard.ParsePeriod(s)
-	if !ok || shard.MonthlyGrantID(p) != grantID {
-		return 0, false
-	}
-	return p, true
-}
-
 // refundKey names the event a refund applies to. Within one batch a second
 // refund of the same event is a DuplicateRefund without asking the ledger.
 type refundKey struct {

@@ -17,12 +17,18 @@ import (
 	"github.com/quotaring/quotaring/shard"
 )
 
-// pgActiveGrantsSQL locks the account's grants active at $2. They are
-// locked in grant id order, like everywhere else; Go sorts them into
-// spending order afterwards.
-const pgActiveGrantsSQL = `SELECT g.grant_id, g.units, g.used, g.reserved, g.expires_at, coalesce(r.units, 0) FROM grants g
+// pgActiveGrantsSQL locks the account's grants active at $2, or at the
+// start of its latest monthly grant when that is later (see
+// Ledger.Reserve). They are locked in grant id order, like everywhere else,
+// in one statement; Go sorts them into spending order afterwards.
+const pgActiveGrantsSQL = `WITH w AS (
+	SELECT greatest($2::timestamptz, coalesce(
+		(SELECT max(starts_at) FROM grants WHERE account_id = $1 AND kind = 'monthly' AND starts_at > $2), $2)) AS at
+)
+SELECT g.grant_id, g.units, g.used, g.reserved, g.expires_at, coalesce(r.units, 0) FROM grants g
+CROSS JOIN w
 LEFT JOIN reservations r ON r.account_id = g.account_id AND r.grant_id = g.grant_id AND r.node_id = $3
-WHERE g.account_id = $1 AND g.starts_at <= $2 AND (g.expires_at IS NULL OR g.expires_at > $2)
+WHERE g.account_id = $1 AND g.starts_at <= w.at AND (g.expires_at IS NULL OR g.expires_at > w.at)
 ORDER BY g.grant_id
 FOR UPDATE OF g`
 
@@ -58,7 +64,7 @@ func (p *Postgres) Reserve(ctx context.Context, node string, req ReserveRequest)
 	b.BeginTx(pgx.TxOptions{})
 	queueAccountExists(b, req.Account)
 	queueMonthly(b, []grantKey{{req.Account, shard.MonthlyGrantID(per)}})
-	b.Queue(pgActiveGrantsSQL, req.Account, wall, node).Query(func(rows pgx.Rows) error {
+	readActive := func(rows pgx.Rows) error {
 		var g activeGrant
 		var expires *time.Time
 		_, err := pgx.ForEachRow(rows, []any{&g.id, &g.units, &g.used, &g.reserved, &expires, &g.mine}, func() error {
@@ -70,7 +76,8 @@ func (p *Postgres) Reserve(ctx context.Context, node string, req ReserveRequest)
 			return nil
 		})
 		return err
-	})
+	}
+	b.Queue(pgActiveGrantsSQL, req.Account, wall, node).Query(readActive)
 	tx, err := p.sendTx(ctx, b)
 	defer tx.Rollback(ctx)
 	if err != nil {

@@ -732,7 +732,7 @@ func queueMonthly(q *pgx.Batch, keys []grantKey) {
 	var accounts, ids, periods []string
 	var starts, ends []time.Time
 	for _, k := range keys {
-		if per, ok := monthlyPeriod(k.grant); ok {
+		if per, ok := shard.MonthlyPeriod(k.grant); ok {
 			accounts, ids, periods = append(accounts, k.account), append(ids, k.grant), append(periods, per.String())
 			starts, ends = append(starts, time.Unix(0, per.Start()).UTC()), append(ends, time.Unix(0, per.End()).UTC())
 		}

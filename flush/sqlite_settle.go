@@ -264,7 +264,7 @@ func (st *sqliteSettle) applyUsage(ctx context.Context) error {
 // reservations.
 func (st *sqliteSettle) applyGrants(ctx context.Context) error {
 	for _, g := range st.plan.grantRows() {
-		if per, ok := monthlyPeriod(g.grant); ok {
+		if per, ok := shard.MonthlyPeriod(g.grant); ok {
 			if _, err := st.exec(ctx, sqliteMonthlySQL, g.grant, per.String(), per.Start(), per.End(), g.account); err != nil {
 				return err
 			}
@@ -318,11 +318,21 @@ func (s *SQLite) Reserve(ctx context.Context, node string, req ReserveRequest) (
 		return res, fmt.Errorf("%w: reserve: node and account must be set", ErrInvalid)
 	}
 	wall := req.Wall.UnixNano()
-	per := shard.PeriodOf(wall)
 	err := s.write(ctx, func(tx *sql.Tx) error {
 		if err := s.needAccount(ctx, tx, req.Account); err != nil {
 			return err
 		}
+		// The account's month: a later one when a node whose clock ran
+		// ahead reserved or billed it there (see ReserveRequest).
+		var later sql.NullInt64
+		if err := tx.QueryRowContext(ctx, `SELECT max(starts_at) FROM grants WHERE account_id = ? AND kind = 'monthly' AND starts_at > ?`,
+			req.Account, wall).Scan(&later); err != nil {
+			return err
+		}
+		if later.Valid {
+			wall = later.Int64
+		}
+		per := shard.PeriodOf(wall)
 		if _, err := tx.ExecContext(ctx, sqliteMonthlySQL, shard.MonthlyGrantID(per), per.String(), per.Start(), per.End(), req.Account); err != nil {
 			return err
 		}

@@ -130,6 +130,15 @@ func (a *Account) Configure(cfg AccountConfig) {
 	a.sortGrants()
 }
 
+// reach moves the account to the month of a later month's monthly grant
+// the ledger named (see Reserve).
+func (a *Account) reach(grantID string) {
+	if p, ok := MonthlyPeriod(grantID); ok && p > a.period {
+		a.rollTo(p)
+		a.seen = max(a.seen, p.Start())
+	}
+}
+
 // catchUp moves the account to the latest month cfg says it has use in,
 // if that is later than its period.
 func (a *Account) catchUp(cfg AccountConfig) {
@@ -487,9 +496,14 @@ func (a *Account) unspend(rec *Record) {
 // Reserve changes this node's allowance on grant id by delta (positive: the
 // ledger reserved more; negative: released). It reports false, with no
 // record, when the account has no such grant.
+//
+// Units of a later month's monthly grant move the account to that month:
+// the ledger reserves there when another node billed the account there (a
+// node whose clock ran ahead), and a period never goes back (G9).
 func (a *Account) Reserve(grantID string, delta int64, now Now, rec *Record) bool {
 	rec.Type = 0
 	a.advance(now.Wall)
+	a.reach(grantID)
 	g := a.grant(grantID)
 	if g == nil {
 		return false
@@ -547,6 +561,7 @@ func (a *Account) Allowances() []Alloc {
 // MarkExhausted records that the ledger had no free units for grant id: until
 // mono, a shortfall on it answers QuotaExceeded without asking again.
 func (a *Account) MarkExhausted(grantID string, untilMono int64) {
+	a.reach(grantID)
 	if g := a.grant(grantID); g != nil {
 		g.exhaustedUntil = untilMono
 	}

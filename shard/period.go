@@ -2,6 +2,7 @@ package shard
 
 import (
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -46,3 +47,17 @@ func ParsePeriod(s string) (Period, bool) {
 // MonthlyGrantID is the id of the grant a plan's monthly quota becomes in
 // period p: "m:2026-06". It is scoped by account, like every grant id.
 func MonthlyGrantID(p Period) string { return "m:" + p.String() }
+
+// MonthlyPeriod is the period of a monthly grant id ("m:2026-06"), and false
+// for any other id.
+func MonthlyPeriod(grantID string) (Period, bool) {
+	s, ok := strings.CutPrefix(grantID, "m:")
+	if !ok {
+		return 0, false
+	}
+	p, ok := ParsePeriod(s)
+	if !ok || MonthlyGrantID(p) != grantID {
+		return 0, false
+	}
+	return p, true
+}

@@ -42,6 +42,7 @@ func (a *Account) ApplyRecord(seq uint64, rec *Record, params *Params) {
 		a.unspend(rec)
 	case RecReserve:
 		a.advance(rec.Wall)
+		a.reach(rec.Grant)
 		if g := a.grant(rec.Grant); g != nil {
 			g.allowance += rec.Delta
 		}

@@ -279,6 +279,35 @@ func TestReservationsMode(t *testing.T) {
 	}
 }
 
+// Units the ledger reserved in a later month's grant (another node billed
+// the account there) move the account to that month, live and on replay;
+// an exhausted later grant does too, so the charge is refused as over
+// quota rather than asked for again.
+func TestReservationInALaterMonth(t *testing.T) {
+	p := DefaultParams()
+	p.Reservations = true
+	jun := at("2026-06-20T00:00:00Z")
+	a := NewAccount(AccountConfig{ID: "a", Plan: hardPlan(10)})
+	var rec Record
+	if !a.Reserve("m:2026-07", 4, jun, &rec) || rec.Type != RecReserve {
+		t.Fatal("a later month's grant was refused")
+	}
+	d, _ := charge(a, "e1", 3, jun, &p)
+	if d.Reason != OK || d.Reset != at("2026-08-01T00:00:00Z").Wall/1e9 {
+		t.Fatalf("charge after a July reservation in June: %+v, want ok in July", d)
+	}
+	b := NewAccount(AccountConfig{ID: "a", Plan: hardPlan(10)})
+	b.ApplyRecord(1, &rec, &p)
+	if got := b.Allowance(at("2026-07-01T00:00:00Z").Wall); got != 4 {
+		t.Fatalf("replayed allowance %d in July, want 4", got)
+	}
+	c := NewAccount(AccountConfig{ID: "a", Plan: hardPlan(10)})
+	c.MarkExhausted("m:2026-07", jun.Mono+int64(time.Second))
+	if d, _ := charge(c, "e1", 1, jun, &p); d.Reason != QuotaExceeded {
+		t.Fatalf("July exhausted, charged in June: %v, want quota_exceeded", d.Reason)
+	}
+}
+
 func TestRateLimitRefusalTakesNoToken(t *testing.T) {
 	p := DefaultParams()
 	a := NewAccount(AccountConfig{ID: "a", Plan: Plan{ID: "r", Rate: Rate{Tokens: 1, Per: time.Second}, Burst: 2, MonthlyQuota: 1, Hard: true}})
@@ -489,5 +518,16 @@ func TestRefundAttemptKeepsWhatARetryWasServedUnder(t *testing.T) {
 	b.ApplyRecord(1, &rec, &p)
 	if u := b.Usage(now); u.Used != 0 || u.Remaining != 10 {
 		t.Fatalf("replaying a foreign refund changed the state: %+v", u)
+	}
+}
+
+func TestMonthlyPeriod(t *testing.T) {
+	if p, ok := MonthlyPeriod("m:2026-06"); !ok || p != Period(2026*12+5) || MonthlyGrantID(p) != "m:2026-06" {
+		t.Errorf("MonthlyPeriod(m:2026-06) = %v, %v", p, ok)
+	}
+	for _, bad := range []string{"credits", "m:2026-6", "m:june", "2026-06"} {
+		if _, ok := MonthlyPeriod(bad); ok {
+			t.Errorf("MonthlyPeriod(%q) ok", bad)
+		}
 	}
 }
