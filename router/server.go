@@ -6,6 +6,9 @@ import (
 	"fmt"
 	"sync"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	"github.com/quotaring/quotaring/engine"
 	"github.com/quotaring/quotaring/router/pb"
 )
@@ -156,9 +159,22 @@ func (s *server) routeOne(ctx context.Context, c *pb.ChargeRequest, i int, repli
 
 func (s *server) errorReply(account string, err error) *pb.ChargeReply {
 	if errors.Is(err, engine.ErrNotOwner) {
-		return &pb.ChargeReply{WrongOwner: s.wrongOwner(account), Node: s.r.self}
+		wo, e := s.notOwner(account)
+		return &pb.ChargeReply{WrongOwner: wo, Error: e, Node: s.r.self}
 	}
 	return &pb.ChargeReply{Error: errorToPB(err), Node: s.r.self}
+}
+
+// notOwner answers the engine's ErrNotOwner: WrongOwner naming the owner in
+// this node's ring view, or, when that view still names this node (it is
+// draining, or the ring moved between the two looks), quota-unavailable:
+// an answer with neither would read as a decision with no reason.
+func (s *server) notOwner(account string) (*pb.WrongOwner, *pb.Error) {
+	if wo := s.wrongOwner(account); wo != nil {
+		return wo, nil
+	}
+	return nil, &pb.Error{Code: pb.Error_QUOTA_UNAVAILABLE, Message: fmt.Sprintf(
+		"node %s is handing account %q over (draining, or its ring view is changing); retry with the same event id", s.r.self, account)}
 }
 
 func errorToPB(err error) *pb.Error {
@@ -180,7 +196,8 @@ func (s *server) Refund(ctx context.Context, b *pb.RefundBatch) (*pb.RefundRepli
 			Receipt: receiptFromPB(rf.Receipt), Attempt: rf.Attempt, Replay: rf.Replay})
 		switch {
 		case errors.Is(err, engine.ErrNotOwner):
-			out.Replies[i] = &pb.RefundReply{WrongOwner: s.wrongOwner(rf.Account), Node: s.r.self}
+			wo, e := s.notOwner(rf.Account)
+			out.Replies[i] = &pb.RefundReply{WrongOwner: wo, Error: e, Node: s.r.self}
 		case err != nil:
 			out.Replies[i] = &pb.RefundReply{Error: errorToPB(err), Node: s.r.self}
 		default:
@@ -196,7 +213,11 @@ func (s *server) Usage(ctx context.Context, req *pb.UsageRequest) (*pb.UsageRepl
 	}
 	u, known, err := s.r.cfg.Engine.Usage(req.Account)
 	if errors.Is(err, engine.ErrNotOwner) {
-		return &pb.UsageReply{WrongOwner: s.wrongOwner(req.Account), Node: s.r.self}, nil
+		wo, e := s.notOwner(req.Account)
+		if wo == nil {
+			return nil, status.Error(codes.Unavailable, e.Message)
+		}
+		return &pb.UsageReply{WrongOwner: wo, Node: s.r.self}, nil
 	}
 	if err != nil {
 		return nil, err

@@ -1,0 +1,71 @@
+package router
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/quotaring/quotaring/engine"
+	"github.com/quotaring/quotaring/ring"
+	"github.com/quotaring/quotaring/router/pb"
+	"github.com/quotaring/quotaring/snapshot"
+	"github.com/quotaring/quotaring/wal"
+)
+
+// selfRing names this node the owner of every account.
+type selfRing struct{}
+
+func (selfRing) Owner(string) (ring.Meta, bool) { return ring.Meta{ID: "n1"}, true }
+func (selfRing) Epoch() uint64                  { return 1 }
+func (selfRing) Self() ring.Meta                { return ring.Meta{ID: "n1"} }
+func (selfRing) View() ring.View                { return ring.View{} }
+func (selfRing) Layout() ring.Layout            { return ring.Layout{} }
+
+// A draining node's engine refuses an account its ring view still names it
+// the owner of: the answer says quota-unavailable, never an empty reply (no
+// decision, no error, no WrongOwner), which a caller read as a decision with
+// no reason. (Found by the chaos harness during rolling restarts.)
+func TestNotOwnerWhileTheRingSaysSelf(t *testing.T) {
+	l, err := wal.Open(wal.Options{Dir: t.TempDir(), NodeID: "n1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := engine.Open(engine.Options{Log: l, Clock: engine.NewManualClock(time.Date(2026, 6, 10, 0, 0, 0, 0, time.UTC)),
+		Owns: func(string) bool { return false }}) // draining
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close(); l.Close() })
+	s := &snapshot.Snapshot{Version: 1, Plans: []snapshot.Plan{{ID: "p", MonthlyQuota: 10}}, Accounts: []snapshot.Account{{ID: "acme", Plan: "p"}}}
+	if err := s.Build(); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.SetSnapshot(s); err != nil {
+		t.Fatal(err)
+	}
+	r, err := New(Config{Engine: e, Ring: selfRing{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Close() })
+	srv := r.Server()
+	ctx := context.Background()
+
+	reps, err := srv.Charge(ctx, &pb.ChargeBatch{Charges: []*pb.ChargeRequest{{Account: "acme", EventId: "e1", ClientId: true, Units: 1}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep := reps.Replies[0]; rep.GetError().GetCode() != pb.Error_QUOTA_UNAVAILABLE || rep.Decision != nil || rep.WrongOwner != nil {
+		t.Fatalf("charge: %v, want quota-unavailable", rep)
+	}
+	refs, err := srv.Refund(ctx, &pb.RefundBatch{Refunds: []*pb.RefundRequest{{Account: "acme", EventId: "e1"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep := refs.Replies[0]; rep.GetError().GetCode() != pb.Error_QUOTA_UNAVAILABLE || rep.Decision != nil {
+		t.Fatalf("refund: %v, want quota-unavailable", rep)
+	}
+	if _, err := srv.Usage(ctx, &pb.UsageRequest{Account: "acme"}); err == nil {
+		t.Fatal("usage answered from a node that does not own the account")
+	}
+}
