@@ -44,11 +44,12 @@ var ciRuns = []chaosRun{
 // QUOTARING_CHAOS_KNOWN=1 and fail until the bug is fixed; then move the
 // fault into ciRuns.
 var knownViolations = []chaosRun{
-	// G9 and G3: a node whose clock jumped into the next month bills its
-	// accounts there; when they move to a node still in this month their
-	// period goes back (G9), and a retry charged again by the new owner in
-	// another month is billed twice: the Postgres ledger's unique key is per
-	// month (the README's documented exception, made common by the jump).
+	// G9: a node whose clock jumped into the next month bills its accounts
+	// there, and they stay there; a soft-limit account (which never asks
+	// the ledger for a reservation) that moves to a node still in this
+	// month is answered from this month until the jumped node's use is
+	// settled and the new owner's config refreshed (about a second here).
+	// Hard accounts, and retries across the month boundary (G3), hold.
 	{"clock-jump", 3, 60 * time.Second, "clock-jump,rolling-restart,scale-up", 22},
 }
 
