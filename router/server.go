@@ -148,10 +148,17 @@ func (s *server) routeOne(ctx context.Context, c *pb.ChargeRequest, i int, repli
 	res, err := s.r.Charge(ctx, ChargeRequest{Account: c.Account, EventID: c.EventId, ClientID: c.ClientId, Key: c.Key, Route: c.Route, Units: c.Units})
 	if err != nil {
 		code := pb.Error_INTERNAL
-		if errors.Is(err, ErrUnavailable) {
+		msg := err.Error()
+		switch {
+		case errors.Is(err, ErrUnavailable):
 			code = pb.Error_QUOTA_UNAVAILABLE
+		case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
+			// The owner may have applied it: the outcome is unknown, and a
+			// retry with the same event id is safe.
+			code = pb.Error_QUOTA_UNAVAILABLE
+			msg = fmt.Sprintf("forwarding the charge of account %q timed out (%v); the outcome is unknown, retry with the same event id", c.Account, err)
 		}
-		replies[i] = &pb.ChargeReply{Error: &pb.Error{Code: code, Message: err.Error()}, Node: s.r.self}
+		replies[i] = &pb.ChargeReply{Error: &pb.Error{Code: code, Message: msg}, Node: s.r.self}
 		return
 	}
 	replies[i] = &pb.ChargeReply{Decision: decisionToPB(&res.Decision), EventId: res.EventID, Receipt: receiptToPB(res.Receipt), Node: res.Node}

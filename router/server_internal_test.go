@@ -21,17 +21,15 @@ func (selfRing) Self() ring.Meta                { return ring.Meta{ID: "n1"} }
 func (selfRing) View() ring.View                { return ring.View{} }
 func (selfRing) Layout() ring.Layout            { return ring.Layout{} }
 
-// A draining node's engine refuses an account its ring view still names it
-// the owner of: the answer says quota-unavailable, never an empty reply (no
-// decision, no error, no WrongOwner), which a caller read as a decision with
-// no reason. (Found by the chaos harness during rolling restarts.)
-func TestNotOwnerWhileTheRingSaysSelf(t *testing.T) {
+// openSelfOwned opens an engine that owns account "acme" (quota 10) and a
+// router whose ring names this node the owner of everything.
+func openSelfOwned(t *testing.T, owns func(string) bool) *Router {
+	t.Helper()
 	l, err := wal.Open(wal.Options{Dir: t.TempDir(), NodeID: "n1"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	e, err := engine.Open(engine.Options{Log: l, Clock: engine.NewManualClock(time.Date(2026, 6, 10, 0, 0, 0, 0, time.UTC)),
-		Owns: func(string) bool { return false }}) // draining
+	e, err := engine.Open(engine.Options{Log: l, Clock: engine.NewManualClock(time.Date(2026, 6, 10, 0, 0, 0, 0, time.UTC)), Owns: owns})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -48,6 +46,28 @@ func TestNotOwnerWhileTheRingSaysSelf(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { r.Close() })
+	return r
+}
+
+// A routed charge whose caller's deadline ran out answers quota-unavailable
+// (outcome unknown: retry with the same event id), not INTERNAL.
+func TestRoutedChargeTimeoutIsUnavailable(t *testing.T) {
+	r := openSelfOwned(t, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	replies := make([]*pb.ChargeReply, 1)
+	(&server{r: r}).routeOne(ctx, &pb.ChargeRequest{Account: "acme", EventId: "e1", ClientId: true, Units: 1}, 0, replies)
+	if rep := replies[0]; rep.GetError().GetCode() != pb.Error_QUOTA_UNAVAILABLE {
+		t.Fatalf("a routed charge past its deadline: %v, want quota-unavailable", rep)
+	}
+}
+
+// A draining node's engine refuses an account its ring view still names it
+// the owner of: the answer says quota-unavailable, never an empty reply (no
+// decision, no error, no WrongOwner), which a caller read as a decision with
+// no reason. (Found by the chaos harness during rolling restarts.)
+func TestNotOwnerWhileTheRingSaysSelf(t *testing.T) {
+	r := openSelfOwned(t, func(string) bool { return false }) // draining
 	srv := r.Server()
 	ctx := context.Background()
 
