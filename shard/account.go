@@ -144,7 +144,7 @@ func (a *Account) reach(grantID string) {
 func (a *Account) catchUp(cfg AccountConfig) {
 	var latest Period
 	for id, used := range cfg.MonthlyUsed {
-		if p, ok := ParsePeriod(strings.TrimPrefix(id, "m:")); ok && used > 0 && p > latest {
+		if p, ok := MonthlyPeriod(id); ok && used > 0 && p > latest {
 			latest = p
 		}
 	}
