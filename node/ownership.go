@@ -31,7 +31,9 @@ func (n *Node) followRing(ctx context.Context, changes <-chan ring.Change) {
 				n.releaseLost(ctx, c.Lost)
 			}
 			if len(c.Gained) > 0 {
-				n.prefetchGained(ctx, c.Gained)
+				// In the background: it looks for handoffs for a few
+				// seconds, and a loss queued behind it must not wait.
+				n.goLoop(func(ctx context.Context) { n.prefetchGained(ctx, c.Gained) })
 			}
 		}
 	}
@@ -99,14 +101,9 @@ func (n *Node) prefetchGained(ctx context.Context, gained []int) {
 	if l == nil {
 		return
 	}
-	// Bounded: a loss queued behind this must not wait long.
+	// Bounded: the looks below take 3 s, the prefetches a little more.
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	hs, err := l.Handoffs(ctx, time.Now().Add(-handoffWindow))
-	if err != nil {
-		n.log.Debug("no handoffs to prefetch for", "err", err)
-		return
-	}
 	r := n.Ring()
 	set := make(map[int]bool, len(gained))
 	for _, p := range gained {
@@ -114,23 +111,42 @@ func (n *Node) prefetchGained(ctx context.Context, gained []int) {
 	}
 	sem := make(chan struct{}, prefetchConcurrency)
 	var wg sync.WaitGroup
-	count := 0
-	for _, h := range hs {
-		if !set[r.Partition(h.Account)] {
-			continue
-		}
-		count++
-		sem <- struct{}{}
-		wg.Add(1)
-		go func() {
-			defer func() { <-sem; wg.Done() }()
-			if err := n.eng.Prefetch(ctx, h.Account, h.Units); err != nil {
-				n.log.Debug("prefetch for a gained account failed; its first charge will reserve", "account", h.Account, "err", err)
+	done := map[string]bool{}
+	// The old owner records its handoff after it announced it is draining,
+	// which is what moved the ring here: look again a few times, so that a
+	// handoff written just after this node gained is still prefetched.
+	for i, wait := range [...]time.Duration{0, 200 * time.Millisecond, 800 * time.Millisecond, 2 * time.Second} {
+		if i > 0 {
+			select {
+			case <-ctx.Done():
+			case <-time.After(wait):
 			}
-		}()
+			if ctx.Err() != nil {
+				break
+			}
+		}
+		hs, err := l.Handoffs(ctx, time.Now().Add(-handoffWindow))
+		if err != nil {
+			n.log.Debug("no handoffs to prefetch for", "err", err)
+			break
+		}
+		for _, h := range hs {
+			if done[h.Account] || !set[r.Partition(h.Account)] {
+				continue
+			}
+			done[h.Account] = true
+			sem <- struct{}{}
+			wg.Add(1)
+			go func() {
+				defer func() { <-sem; wg.Done() }()
+				if err := n.eng.Prefetch(ctx, h.Account, h.Units); err != nil {
+					n.log.Debug("prefetch for a gained account failed; its first charge will reserve", "account", h.Account, "err", err)
+				}
+			}()
+		}
 	}
 	wg.Wait()
-	if count > 0 {
-		n.log.Info("gained partitions: reserved ahead for recently handed-off accounts", "partitions", len(gained), "accounts", count)
+	if len(done) > 0 {
+		n.log.Info("gained partitions: reserved ahead for recently handed-off accounts", "partitions", len(gained), "accounts", len(done))
 	}
 }
