@@ -44,9 +44,10 @@ package flush
 // statements queued behind it are rolled back unread. SettleResult.RoundTrips
 // counts statements (BEGIN, COPY and COMMIT count one each): at most 11 with
 // the event log (15 when a duplicate sends the batch through staging; one
-// more near a month's edge) and 8 without, whatever the batch size. Creating event partitions, the first
-// time this process settles into a month, adds 3 statements plus one per
-// month (BEGIN | advisory lock | CREATE TABLE ... PARTITION OF, then COMMIT).
+// more near a month's edge) and 8 without, whatever the batch size.
+// Creating event partitions, the first time this process settles into a
+// month, adds 3 statements plus one per month (BEGIN | advisory lock |
+// CREATE TABLE ... PARTITION OF, then COMMIT).
 
 import (
 	"context"
@@ -540,9 +541,9 @@ func (s *pgSettle) settleLog(ctx context.Context, tx pgx.Tx) error {
 
 // logCharges writes charges (the batch's, less those the neighbouring month
 // bills) into the event log and returns the ones that were there already,
-// by seq, with the origin of the row found. It
-// tries the direct COPY first and falls back to staging with ON CONFLICT
-// when the COPY hits the unique key.
+// by seq, with the origin of the row found. It tries the direct COPY first
+// and falls back to staging with ON CONFLICT when the COPY hits the unique
+// key.
 func (s *pgSettle) logCharges(ctx context.Context, tx pgx.Tx, charges []Charge) (map[uint64]origin, error) {
 	b := s.b
 	dups := make(map[uint64]origin)

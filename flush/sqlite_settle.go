@@ -323,7 +323,7 @@ func (s *SQLite) Reserve(ctx context.Context, node string, req ReserveRequest) (
 			return err
 		}
 		// The account's month: a later one when a node whose clock ran
-		// ahead reserved or billed it there (see ReserveRequest).
+		// ahead reserved or billed it there (see Ledger.Reserve).
 		var later sql.NullInt64
 		if err := tx.QueryRowContext(ctx, `SELECT max(starts_at) FROM grants WHERE account_id = ? AND kind = 'monthly' AND starts_at > ?`,
 			req.Account, wall).Scan(&later); err != nil {
