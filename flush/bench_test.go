@@ -50,6 +50,30 @@ func BenchmarkSettleDuplicate(b *testing.B) {
 	}, size)
 }
 
+// BenchmarkSettleMonthEdge settles batches of 100,000 charges charged on
+// the last day of June, half of them with client ids, after a warm-up round
+// put 100,000 events into July's partition: every client-id charge is
+// looked up in the neighbouring month (pgCrossMonthSQL), none found.
+// Compare with BenchmarkSettle/events=true/charges=100000 in the same run.
+func BenchmarkSettleMonthEdge(b *testing.B) {
+	const size = 100_000
+	june30 := time.Date(2026, 6, 30, 12, 0, 0, 0, time.UTC).UnixNano()
+	july1 := time.Date(2026, 7, 1, 6, 0, 0, 0, time.UTC).UnixNano()
+	benchSettleWith(b, pgBench(b), func(mark uint64, round int) *Batch {
+		batch := benchBatch(mark, round, size, true)
+		wall, per := june30, shard.Period(2026*12+5)
+		if round < 0 {
+			wall, per = july1, per+1
+		}
+		for i := range batch.Charges {
+			c := &batch.Charges[i]
+			c.Wall, c.Period = wall+int64(i)*int64(time.Millisecond), per
+			c.Allocs = []shard.Alloc{{Grant: shard.MonthlyGrantID(per), Units: c.Units}}
+		}
+		return batch
+	}, size)
+}
+
 func BenchmarkSettleSQLite(b *testing.B) {
 	for _, events := range []bool{true, false} {
 		for _, size := range []int{1_000, 10_000, 100_000} {
