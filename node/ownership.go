@@ -96,6 +96,9 @@ const handoffWindow = 10 * time.Minute
 // prefetchConcurrency bounds the reservations a gain sends at once.
 const prefetchConcurrency = 8
 
+// prefetchGained reserves ahead for the accounts of the gained partitions
+// that an owner handed back recently, with the units it held (see
+// followRing). It runs in its own goroutine and ends within 5 s.
 func (n *Node) prefetchGained(ctx context.Context, gained []int) {
 	l := n.Ledger()
 	if l == nil {
