@@ -8,6 +8,7 @@ import (
 	"html/template"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -30,7 +31,7 @@ import (
 var statusTemplateText string
 
 var statusTemplate = template.Must(template.New("status").Funcs(template.FuncMap{
-	"thousands": thousands,
+	"thousands": func(v any) string { return groupDigits(fmt.Sprint(v)) },
 	"sub":       func(a, b int64) int64 { return a - b },
 }).Parse(statusTemplateText))
 
@@ -181,7 +182,7 @@ func (n *Node) statusData(ctx context.Context) *statusData {
 		if !d.LedgerOK {
 			d.LedgerValue = "down"
 		}
-		d.LedgerState = fmt.Sprintf("settled up to seq %s of this incarnation", thousands(d.SettledSeq))
+		d.LedgerState = fmt.Sprintf("settled up to seq %s of this incarnation", Thousands(int64(d.SettledSeq)))
 		if !d.LedgerOK {
 			d.LedgerState = "the last settle failed: serving from memory and the log, settling later (G8)"
 		}
@@ -315,7 +316,7 @@ func (n *Node) statusAccounts(d *statusData, owned func(string) bool) {
 				continue
 			}
 			sg := statusGrant{ID: g.ID, Used: g.Used, Units: g.Units, Reserved: g.Allowance, Monthly: g.Monthly,
-				UsedOfText: fmt.Sprintf("%s / %s", thousands(g.Used), thousands(g.Units)), Exhausted: g.Units > 0 && g.Used >= g.Units}
+				UsedOfText: fmt.Sprintf("%s / %s", Thousands(g.Used), Thousands(g.Units)), Exhausted: g.Units > 0 && g.Used >= g.Units}
 			if g.Units > 0 {
 				sg.Percent = min(100, 100*float64(g.Used)/float64(g.Units))
 			}
@@ -415,7 +416,7 @@ func routesText(routes map[string]int64) string {
 			parts = append(parts, fmt.Sprintf("+%d more", len(rs)-4))
 			break
 		}
-		parts = append(parts, fmt.Sprintf("%s: %s", r.name, thousands(r.units)))
+		parts = append(parts, fmt.Sprintf("%s: %s", r.name, Thousands(r.units)))
 	}
 	return strings.Join(parts, " · ")
 }
@@ -438,9 +439,13 @@ func byteSize(b uint64) string {
 	return fmt.Sprintf("%d B", b)
 }
 
-// thousands formats 1234567 as "1,234,567" (any integer type).
-func thousands(v any) string {
-	s := fmt.Sprint(v)
+// Thousands formats 1234567 as "1,234,567": the status page's counts, and
+// the demo's terminal view.
+func Thousands(v int64) string { return groupDigits(strconv.FormatInt(v, 10)) }
+
+// groupDigits puts a comma between each group of three digits of an
+// integer's decimal form (the template's "thousands" takes any integer type).
+func groupDigits(s string) string {
 	neg := strings.HasPrefix(s, "-")
 	s = strings.TrimPrefix(s, "-")
 	var b strings.Builder

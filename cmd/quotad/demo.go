@@ -16,6 +16,7 @@ import (
 
 	"github.com/quotaring/quotaring/flush"
 	"github.com/quotaring/quotaring/internal/cluster"
+	"github.com/quotaring/quotaring/node"
 	"github.com/quotaring/quotaring/snapshot"
 )
 
@@ -255,9 +256,9 @@ func (d *demoRun) seed(ctx context.Context) error {
 		if c.Plan.Rate != "" {
 			rate = fmt.Sprintf("%s burst %d", c.Plan.Rate, c.Plan.Burst)
 		}
-		units := fmt.Sprintf("%s/month", thousandsI(c.Plan.MonthlyQuota))
+		units := fmt.Sprintf("%s/month", node.Thousands(c.Plan.MonthlyQuota))
 		if c.Credits > 0 {
-			units += fmt.Sprintf(" +%s prepaid", thousandsI(c.Credits))
+			units += fmt.Sprintf(" +%s prepaid", node.Thousands(c.Credits))
 		}
 		d.say("%-9s %-13s %-24s %-14s %s", c.ID, c.planText(), units, rate, d.st.dim(c.About))
 	}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/quotaring/quotaring/flush"
+	"github.com/quotaring/quotaring/node"
 	"github.com/quotaring/quotaring/snapshot"
 )
 
@@ -251,10 +252,10 @@ func (d *demoRun) printSummary(t *demoTotals, settles, dups float64) {
 		if r.overshoot != 0 || r.lost != 0 || r.unacked != 0 {
 			mark = st.red("DIFF")
 		}
-		d.say("%-9s %-5s %9s %12s %9s %9d %9d %s %9d %8d", r.id, kind, thousandsI(r.limit), thousandsI(r.acked), thousandsI(r.settled),
+		d.say("%-9s %-5s %9s %12s %9s %9d %9d %s %9d %8d", r.id, kind, node.Thousands(r.limit), node.Thousands(r.acked), node.Thousands(r.settled),
 			r.overshoot, r.lost, padLeft(mark, 6), r.refunded, r.replays)
 	}
-	d.say("%s", st.dim(fmt.Sprintf("acknowledged: units of requests answered 2xx, once per Idempotency-Key (%s requests)", thousandsI(t.ackedReqs))))
+	d.say("%s", st.dim(fmt.Sprintf("acknowledged: units of requests answered 2xx, once per Idempotency-Key (%s requests)", node.Thousands(t.ackedReqs))))
 	d.say("%s", st.dim("settled: the ledger's event log, unrefunded, once every node settled"))
 	d.say("%s", st.dim("refunded: requests the API failed, their charges returned; replayed: resends billed once"))
 	for i, s := range t.diffs {
@@ -272,7 +273,7 @@ func (d *demoRun) printSummary(t *demoTotals, settles, dups float64) {
 		d.say("your requests by hand: %d units settled to the account \"you\" (not counted below)", t.handSettled)
 	}
 	d.say("")
-	d.say("the ledger took %.0f settle transactions for %s charges: at most one per node per second,", settles, thousandsI(t.ackedReqs+t.refunded))
+	d.say("the ledger took %.0f settle transactions for %s charges: at most one per node per second,", settles, node.Thousands(t.ackedReqs+t.refunded))
 	d.say("not one per charge as counting in a database does")
 	if dups > 0 {
 		d.say("%s caught at settle and billed once", plural(int64(dups), "retry that reached a new owner after the kill was", "retries that reached a new owner after the kill were"))

@@ -16,6 +16,7 @@ import (
 	"golang.org/x/term"
 
 	"github.com/quotaring/quotaring/internal/cluster"
+	"github.com/quotaring/quotaring/node"
 	"github.com/quotaring/quotaring/ring"
 )
 
@@ -401,7 +402,7 @@ func (m *monitor) frame(st style, header []string, elapsed, total time.Duration,
 			unsettled = "?"
 		}
 		out = append(out, fmt.Sprintf("%-4s %s %-12s %-26s %9.1f %9.1f %9s %9s %8.0f", n.ID, pad(stateS, 8), part,
-			truncate(strings.Join(accts, " "), 26), okPS, refusedPS, thousandsI(int64(s.forwarded.total())), unsettled, s.reserved))
+			truncate(strings.Join(accts, " "), 26), okPS, refusedPS, node.Thousands(int64(s.forwarded.total())), unsettled, s.reserved))
 	}
 	out = append(out, "")
 	out = append(out, st.bold(fmt.Sprintf("%-9s %-13s %-5s %-22s %13s %6s %7s %7s %7s %7s %6s", "ACCOUNT", "PLAN", "OWNER", "UNITS TOLD OK / LIMIT", "",
@@ -460,7 +461,7 @@ func (m *monitor) plainLines(elapsed time.Duration) []string {
 			nodes = append(nodes, n.ID+" DOWN")
 			continue
 		}
-		nodes = append(nodes, fmt.Sprintf("%s %.0f charges/s, %s forwarded, %.0f unsettled", n.ID, s.okPS, thousandsI(int64(s.forwarded.total())), s.unsettled))
+		nodes = append(nodes, fmt.Sprintf("%s %.0f charges/s, %s forwarded, %.0f unsettled", n.ID, s.okPS, node.Thousands(int64(s.forwarded.total())), s.unsettled))
 	}
 	for _, c := range m.cs {
 		if c.hand {
@@ -526,22 +527,4 @@ func truncateRunes(s string, n int) string {
 		return s
 	}
 	return string(r[:n-1]) + "…"
-}
-
-// thousandsI formats 1234567 as "1,234,567".
-func thousandsI(v int64) string {
-	s := strconv.FormatInt(v, 10)
-	neg := strings.HasPrefix(s, "-")
-	s = strings.TrimPrefix(s, "-")
-	var b strings.Builder
-	for i, c := range s {
-		if i > 0 && (len(s)-i)%3 == 0 {
-			b.WriteByte(',')
-		}
-		b.WriteRune(c)
-	}
-	if neg {
-		return "-" + b.String()
-	}
-	return b.String()
 }
