@@ -64,7 +64,7 @@ func (p *Postgres) Reserve(ctx context.Context, node string, req ReserveRequest)
 	b.BeginTx(pgx.TxOptions{})
 	queueAccountExists(b, req.Account)
 	queueMonthly(b, []grantKey{{req.Account, shard.MonthlyGrantID(per)}})
-	readActive := func(rows pgx.Rows) error {
+	b.Queue(pgActiveGrantsSQL, req.Account, wall, node).Query(func(rows pgx.Rows) error {
 		var g activeGrant
 		var expires *time.Time
 		_, err := pgx.ForEachRow(rows, []any{&g.id, &g.units, &g.used, &g.reserved, &expires, &g.mine}, func() error {
@@ -76,8 +76,7 @@ func (p *Postgres) Reserve(ctx context.Context, node string, req ReserveRequest)
 			return nil
 		})
 		return err
-	}
-	b.Queue(pgActiveGrantsSQL, req.Account, wall, node).Query(readActive)
+	})
 	tx, err := p.sendTx(ctx, b)
 	defer tx.Rollback(ctx)
 	if err != nil {

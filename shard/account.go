@@ -133,7 +133,14 @@ func (a *Account) Configure(cfg AccountConfig) {
 // reach moves the account to the month of a later month's monthly grant
 // the ledger named (see Reserve).
 func (a *Account) reach(grantID string) {
-	if p, ok := MonthlyPeriod(grantID); ok && p > a.period {
+	if p, ok := MonthlyPeriod(grantID); ok {
+		a.moveTo(p)
+	}
+}
+
+// moveTo opens period p if it is later than the account's (never back).
+func (a *Account) moveTo(p Period) {
+	if p > a.period {
 		a.rollTo(p)
 		a.seen = max(a.seen, p.Start())
 	}
@@ -148,10 +155,7 @@ func (a *Account) catchUp(cfg AccountConfig) {
 			latest = p
 		}
 	}
-	if latest > a.period {
-		a.rollTo(latest)
-		a.seen = max(a.seen, latest.Start())
-	}
+	a.moveTo(latest)
 }
 
 func findCredit(cs []GrantConfig, id string) (GrantConfig, bool) {
