@@ -15,6 +15,13 @@
 //     than MaxInflight are in flight to that owner, and otherwise waits and
 //     leaves in the next batch, so batching adds no latency at low load. The
 //     owner applies a batch and waits once for its log (one fsync).
+//     MaxInflight defaults to 1 (send when idle, gather while a call is in
+//     flight): an RPC costs far more CPU than a charge, and a second call in
+//     flight to the same owner would only wait for the same fsync, so fewer,
+//     larger batches win. Measured with `quotad bench cluster --client
+//     embedded` (BENCHMARKS.md): 1 in flight did 1.2-1.4x the charges/s of 4
+//     at 64 and 512 callers. The owner still gets concurrency from its many
+//     callers (every node and every client is a peer of its own).
 //
 //   - The HTTP front (Middleware, NewProxy): the API key (X-Api-Key or
 //     Authorization: Bearer) by its SHA-256 in the config snapshot, the

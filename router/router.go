@@ -41,7 +41,8 @@ type Config struct {
 	Ring   Ring           // required
 	// MaxBatch bounds the charges of one forwarded call (default 512).
 	MaxBatch int
-	// MaxInflight bounds the calls in flight to one peer (default 4).
+	// MaxInflight bounds the calls in flight to one peer (default 1: see
+	// the package doc).
 	MaxInflight int
 	// CallTimeout bounds one forwarded call (default 5 s).
 	CallTimeout time.Duration
@@ -118,7 +119,7 @@ func New(cfg Config) (*Router, error) {
 		cfg.MaxBatch = 512
 	}
 	if cfg.MaxInflight <= 0 {
-		cfg.MaxInflight = 4
+		cfg.MaxInflight = 1
 	}
 	if cfg.CallTimeout <= 0 {
 		cfg.CallTimeout = 5 * time.Second

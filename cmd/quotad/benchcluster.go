@@ -15,6 +15,7 @@ import (
 
 	"github.com/quotaring/quotaring/internal/loadgen"
 	"github.com/quotaring/quotaring/ring"
+	"github.com/quotaring/quotaring/router"
 	"github.com/quotaring/quotaring/router/pb"
 	"github.com/quotaring/quotaring/snapshot"
 )
@@ -28,6 +29,7 @@ type benchClusterFlags struct {
 	duration    time.Duration
 	spread      string
 	mode        string
+	client      string
 	batch       int
 	prefix      string
 	warm        bool
@@ -47,10 +49,19 @@ Modes:
   direct  the bench learns the ring (RingView) and sends each call to the
           owner of its accounts, like the embedded client
 
+Clients:
+  rpc       each call is a gRPC call of its own, as from a hand-written gRPC
+            client (no coalescing across callers)
+  embedded  calls go through router.Client, the embedded Go client: it finds
+            owners itself and coalesces concurrent calls to one owner into
+            shared RPCs (what a Go service embedding quotaring gets). Direct
+            mode and one charge per call only.
+
 --setup creates the bench plan and accounts in the ledger first (needs
 --ledger); the nodes pick them up at their next config refresh.`,
 		Example: `  quotad bench cluster --nodes 127.0.0.10:7400,127.0.0.11:7400 --ledger postgres://... --setup \
-      --accounts 10000 --concurrency 1,8,64,512 --mode routed --batch 1`,
+      --accounts 10000 --concurrency 1,8,64,512 --mode routed --batch 1
+  quotad bench cluster --nodes 127.0.0.10:7400 --mode direct --client embedded --concurrency 64,512`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return runBenchCluster(cmd.Context(), cmd.OutOrStdout(), cmd.ErrOrStderr(), f)
 		},
@@ -64,6 +75,7 @@ Modes:
 	fl.DurationVar(&f.duration, "duration", 10*time.Second, "how long each concurrency runs")
 	fl.StringVar(&f.spread, "spread", "uniform", "how calls pick accounts: uniform or zipf")
 	fl.StringVar(&f.mode, "mode", "routed", "routed (through one node) or direct (to the owner)")
+	fl.StringVar(&f.client, "client", "rpc", "rpc (one gRPC call per call) or embedded (router.Client: coalesces concurrent calls; --mode direct, --batch 1)")
 	fl.IntVar(&f.batch, "batch", 1, "charges per call")
 	fl.StringVar(&f.prefix, "account-prefix", "bench-", "account ids are PREFIX1 .. PREFIXN")
 	fl.BoolVar(&f.warm, "warm", true, "charge every account once before measuring, so each owner holds a reservation (an account's first charge waits for one ledger round trip)")
@@ -84,6 +96,12 @@ func runBenchCluster(ctx context.Context, out, progress io.Writer, f benchCluste
 		return fmt.Errorf("--spread %q: want uniform or zipf", f.spread)
 	case f.mode != "routed" && f.mode != "direct":
 		return fmt.Errorf("--mode %q: want routed or direct", f.mode)
+	case f.client != "rpc" && f.client != "embedded":
+		return fmt.Errorf("--client %q: want rpc or embedded", f.client)
+	case f.client == "embedded" && f.mode != "direct":
+		return fmt.Errorf("--client embedded always calls owners directly: use it with --mode direct")
+	case f.client == "embedded" && f.batch != 1:
+		return fmt.Errorf("--client embedded charges one unit of work per call (its batching is the coalescing of concurrent calls): use --batch 1, or --client rpc for --batch %d", f.batch)
 	}
 	accounts := make([]string, f.accounts)
 	for i := range accounts {
@@ -123,7 +141,13 @@ func runBenchCluster(ctx context.Context, out, progress io.Writer, f benchCluste
 		}
 	}
 	var owners func(account string) string
-	if f.mode == "direct" {
+	var embedded *router.Client
+	if f.client == "embedded" {
+		if embedded, err = router.Dial(ctx, f.nodes...); err != nil {
+			return fmt.Errorf("embedded client: %w", err)
+		}
+		defer embedded.Close()
+	} else if f.mode == "direct" {
 		if owners, err = ownerTable(ctx, first); err != nil {
 			return err
 		}
@@ -138,12 +162,15 @@ func runBenchCluster(ctx context.Context, out, progress io.Writer, f benchCluste
 			return err
 		}
 	}
-	fmt.Fprintf(out, "quotad bench cluster: %d accounts (%s), mode %s, %d charges per call, %s per run\n\n", f.accounts, f.spread, f.mode, f.batch, f.duration)
+	fmt.Fprintf(out, "quotad bench cluster: %d accounts (%s), mode %s, client %s, %d charges per call, %s per run\n\n", f.accounts, f.spread, f.mode, f.client, f.batch, f.duration)
 	fmt.Fprintf(out, "%6s %12s %12s %10s %10s %10s %8s\n", "conc", "charges/s", "calls/s", "p50", "p99", "p999", "errors")
 	for _, c := range concs {
 		pick := picker(f.spread, len(accounts), c)
 		rep, err := loadgen.Run(ctx, loadgen.Config{Concurrency: c, Duration: f.duration, Warmup: f.duration / 10, Progress: progress,
 			Interactive: isTerminal(progress), Label: fmt.Sprintf("x%d", c)}, func(ctx context.Context, w int, i int64) (int, error) {
+			if embedded != nil {
+				return 1, embeddedCall(ctx, embedded, accounts[pick(w)])
+			}
 			reqs := make([]*pb.ChargeRequest, f.batch)
 			for k := range reqs {
 				reqs[k] = &pb.ChargeRequest{Account: accounts[pick(w)], Route: "POST /bench", Units: 1}
@@ -187,6 +214,18 @@ func benchCall(ctx context.Context, mode string, first pb.QuotaClient, owners fu
 				return fmt.Errorf("refused: %s", r.Decision.Reason)
 			}
 		}
+	}
+	return nil
+}
+
+// embeddedCall charges one unit through the embedded client.
+func embeddedCall(ctx context.Context, c *router.Client, account string) error {
+	res, err := c.Charge(ctx, router.ChargeRequest{Account: account, Route: "POST /bench", Units: 1})
+	switch {
+	case err != nil:
+		return err
+	case !res.Reason.Accepted():
+		return fmt.Errorf("refused: %s", res.Reason)
 	}
 	return nil
 }
