@@ -345,13 +345,36 @@ type Outcome struct {
 
 // ChargeMany decides a batch of charges (any accounts), then waits once for
 // the last record among them: one durability wait for the whole batch, as a
-// forwarded batch from another node wants.
+// forwarded batch from another node wants. The charges that need a
+// reservation ask the ledger concurrently, after the others are decided.
 func (e *Engine) ChargeMany(ctx context.Context, reqs []Request) []Outcome {
 	t0 := time.Now()
 	out := make([]Outcome, len(reqs))
-	var last uint64
+	// Charges that need a reservation (a ledger round trip) are finished
+	// concurrently after the first pass, so the batch waits for its slowest
+	// round trip rather than for their sum (callers coalesce many accounts
+	// into one batch).
+	var slow []int
+	reqCopies := make([]shard.Charge, len(reqs))
 	for i := range reqs {
-		out[i].Result, out[i].Err = e.decide(ctx, reqs[i].Account, reqs[i].Charge)
+		reqCopies[i] = reqs[i].Charge
+		var needs bool
+		out[i].Result, needs, out[i].Err = e.decideFirst(reqs[i].Account, &reqCopies[i])
+		if needs {
+			slow = append(slow, i)
+		}
+	}
+	var wg sync.WaitGroup
+	for _, i := range slow {
+		wg.Add(1)
+		go func() { // ends when its reservation rounds do (bounded by ctx)
+			defer wg.Done()
+			out[i].Result, out[i].Err = e.decideReserving(ctx, reqs[i].Account, reqCopies[i], out[i].Result)
+		}()
+	}
+	wg.Wait()
+	var last uint64
+	for i := range out {
 		last = max(last, out[i].Seq)
 	}
 	if last > 0 {
@@ -372,12 +395,42 @@ func (e *Engine) ChargeMany(ctx context.Context, reqs []Request) []Outcome {
 // decide applies a charge and logs it, asking for a reservation when the
 // account needs one, without waiting for durability.
 func (e *Engine) decide(ctx context.Context, account string, req shard.Charge) (Result, error) {
+	res, needs, err := e.decideFirst(account, &req)
+	if !needs {
+		return res, err
+	}
+	return e.decideReserving(ctx, account, req, res)
+}
+
+// decideFirst gives req an event id if it has none and tries it once
+// against what the node holds. needs reports that it asked for a
+// reservation (res.Shortfall units): finish it with decideReserving.
+func (e *Engine) decideFirst(account string, req *shard.Charge) (res Result, needs bool, err error) {
 	if req.EventID == "" {
 		req.EventID, req.ClientID = e.newEventID(), false
 	}
-	for round := 0; ; round++ {
-		res, err := e.chargeOnce(account, &req)
+	res, err = e.chargeOnce(account, req)
+	if err != nil {
+		return res, false, err
+	}
+	if res.Reason == shard.NeedReservation {
+		return res, true, nil
+	}
+	e.count(res.Reason)
+	return res, false, nil
+}
+
+// decideReserving goes on after a try that answered NeedReservation (res):
+// it reserves from the ledger and tries again, at most maxReserveRounds
+// times.
+func (e *Engine) decideReserving(ctx context.Context, account string, req shard.Charge, res Result) (Result, error) {
+	for round := 1; ; round++ {
+		err := e.reserve(ctx, account, res.Shortfall)
+		e.wait(account, -res.Shortfall)
 		if err != nil {
+			return res, err
+		}
+		if res, err = e.chargeOnce(account, &req); err != nil {
 			return res, err
 		}
 		if res.Reason != shard.NeedReservation {
@@ -387,11 +440,6 @@ func (e *Engine) decide(ctx context.Context, account string, req shard.Charge) (
 		if round == maxReserveRounds {
 			e.wait(account, -res.Shortfall)
 			return res, fmt.Errorf("%w: account %q: units reserved were taken by concurrent charges %d times", ErrQuotaUnavailable, account, round)
-		}
-		err = e.reserve(ctx, account, res.Shortfall)
-		e.wait(account, -res.Shortfall)
-		if err != nil {
-			return res, err
 		}
 	}
 }

@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -143,5 +144,88 @@ func TestReservesInTheAccountsLaterMonth(t *testing.T) {
 	}
 	if res.Remaining != 1000-5-1 {
 		t.Errorf("remaining %d, want %d", res.Remaining, 1000-5-1)
+	}
+}
+
+// barrierLedger answers a Reserve only once `want` of them are in flight
+// together (or fails after a deadline): a batch that asked the ledger one
+// account after the other would never get there.
+type barrierLedger struct {
+	fakeLedger
+	want int
+
+	arrivedMu sync.Mutex // protects arrived
+	arrived   int
+	all       chan struct{} // closed when want have arrived
+}
+
+func (b *barrierLedger) Reserve(ctx context.Context, req ReserveRequest) (ReserveResult, error) {
+	b.arrivedMu.Lock()
+	if b.arrived++; b.arrived == b.want {
+		close(b.all)
+	}
+	b.arrivedMu.Unlock()
+	select {
+	case <-b.all:
+		return b.fakeLedger.Reserve(ctx, req)
+	case <-time.After(10 * time.Second):
+		return ReserveResult{}, errors.New("barrier ledger: the other reservations never came while this one was in flight")
+	}
+}
+
+// One account's ledger round trip does not hold up the rest of a batch:
+// the charges of a batch that need reservations ask for them together, so
+// a batch waits for its slowest round trip, not for their sum. (Callers
+// coalesce the requests of many accounts into one batch per owner.)
+func TestChargeManyReservesConcurrently(t *testing.T) {
+	ledger := &barrierLedger{fakeLedger: fakeLedger{reserved: map[string]int64{}, released: map[string]int64{}},
+		want: 3, all: make(chan struct{})}
+	l := openLog(t, t.TempDir())
+	e, err := Open(Options{Log: l, Clock: NewManualClock(time.Date(2026, 6, 10, 0, 0, 0, 0, time.UTC)), Reserver: ledger})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close(); l.Close() })
+	if err := e.SetSnapshot(testSnapshot(t, map[string]int64{"a": 1000, "b": 1000, "c": 1000})); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	reqs := []Request{
+		{Account: "a", Charge: shard.Charge{EventID: "a1", ClientID: true, Units: 1}},
+		{Account: "nobody", Charge: shard.Charge{EventID: "n1", ClientID: true, Units: 1}},
+		{Account: "b", Charge: shard.Charge{EventID: "b1", ClientID: true, Units: 2}},
+		{Account: "c", Charge: shard.Charge{Units: 3}},
+		{Account: "a", Charge: shard.Charge{EventID: "a1", ClientID: true, Units: 1}}, // a retry in the same batch
+	}
+	out := e.ChargeMany(ctx, reqs)
+	for i, o := range out {
+		if o.Err != nil {
+			t.Fatalf("charge %d (%s): %v", i, reqs[i].Account, o.Err)
+		}
+	}
+	// The two attempts of a1 went on together: either may be the one served.
+	if r := []shard.Reason{out[0].Reason, out[4].Reason}; !slices.Contains(r, shard.OK) || !slices.Contains(r, shard.Replayed) {
+		t.Errorf("a1 twice in one batch: %v, want one ok and one replayed", r)
+	}
+	for i, want := range map[int]shard.Reason{1: shard.UnknownAccount, 2: shard.OK, 3: shard.OK} {
+		if out[i].Reason != want {
+			t.Errorf("charge %d (%s): %s, want %s", i, reqs[i].Account, out[i].Reason, want)
+		}
+	}
+	if out[3].EventID == "" {
+		t.Error("a charge without an event id got none")
+	}
+	if d := l.DurableSeq(); d < max(out[0].Seq, out[2].Seq, out[3].Seq, out[4].Seq) {
+		t.Errorf("ChargeMany returned before its records were durable (durable %d)", d)
+	}
+	for a, want := range map[string]int64{"a": 1, "b": 2, "c": 3} {
+		u, _, err := e.Usage(a)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if u.Used != want {
+			t.Errorf("%s used %d, want %d", a, u.Used, want)
+		}
 	}
 }
