@@ -26,8 +26,8 @@ type DialOptions struct {
 	// Client.Refresh).
 	RefreshInterval time.Duration
 	// MaxBatch bounds the charges of one call to an owner [512]; MaxInflight
-	// the calls in flight to one owner [1]. Calls beyond it are coalesced
-	// into the next batch (see the package doc for why 1).
+	// the calls in flight to one owner [4]. Calls beyond it are coalesced
+	// into the next batch.
 	MaxBatch, MaxInflight int
 	// Dialer, when set, opens connections to nodes (tests, custom networks).
 	Dialer func(ctx context.Context, addr string) (net.Conn, error)
@@ -107,7 +107,7 @@ func (o DialOptions) Dial(ctx context.Context, seeds ...string) (*Client, error)
 		o.MaxBatch = 512
 	}
 	if o.MaxInflight == 0 {
-		o.MaxInflight = 1
+		o.MaxInflight = 4
 	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)

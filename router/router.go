@@ -41,8 +41,7 @@ type Config struct {
 	Ring   Ring           // required
 	// MaxBatch bounds the charges of one forwarded call (default 512).
 	MaxBatch int
-	// MaxInflight bounds the calls in flight to one peer (default 1: see
-	// the package doc).
+	// MaxInflight bounds the calls in flight to one peer (default 4).
 	MaxInflight int
 	// CallTimeout bounds one forwarded call (default 5 s).
 	CallTimeout time.Duration
@@ -119,7 +118,7 @@ func New(cfg Config) (*Router, error) {
 		cfg.MaxBatch = 512
 	}
 	if cfg.MaxInflight <= 0 {
-		cfg.MaxInflight = 1
+		cfg.MaxInflight = 4
 	}
 	if cfg.CallTimeout <= 0 {
 		cfg.CallTimeout = 5 * time.Second

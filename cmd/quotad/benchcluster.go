@@ -30,6 +30,7 @@ type benchClusterFlags struct {
 	spread      string
 	mode        string
 	client      string
+	inflight    int
 	batch       int
 	prefix      string
 	warm        bool
@@ -76,6 +77,7 @@ Clients:
 	fl.StringVar(&f.spread, "spread", "uniform", "how calls pick accounts: uniform or zipf")
 	fl.StringVar(&f.mode, "mode", "routed", "routed (through one node) or direct (to the owner)")
 	fl.StringVar(&f.client, "client", "rpc", "rpc (one gRPC call per call) or embedded (router.Client: coalesces concurrent calls; --mode direct, --batch 1)")
+	fl.IntVar(&f.inflight, "inflight", 0, "with --client embedded: calls in flight to one owner before calls are gathered into the next batch (router.DialOptions.MaxInflight; 0: its default)")
 	fl.IntVar(&f.batch, "batch", 1, "charges per call")
 	fl.StringVar(&f.prefix, "account-prefix", "bench-", "account ids are PREFIX1 .. PREFIXN")
 	fl.BoolVar(&f.warm, "warm", true, "charge every account once before measuring, so each owner holds a reservation (an account's first charge waits for one ledger round trip)")
@@ -100,6 +102,8 @@ func runBenchCluster(ctx context.Context, out, progress io.Writer, f benchCluste
 		return fmt.Errorf("--client %q: want rpc or embedded", f.client)
 	case f.client == "embedded" && f.mode != "direct":
 		return fmt.Errorf("--client embedded always calls owners directly: use it with --mode direct")
+	case f.inflight < 0 || (f.inflight > 0 && f.client != "embedded"):
+		return fmt.Errorf("--inflight %d: a positive number, with --client embedded only", f.inflight)
 	case f.client == "embedded" && f.batch != 1:
 		return fmt.Errorf("--client embedded charges one unit of work per call (its batching is the coalescing of concurrent calls): use --batch 1, or --client rpc for --batch %d", f.batch)
 	}
@@ -143,7 +147,8 @@ func runBenchCluster(ctx context.Context, out, progress io.Writer, f benchCluste
 	var owners func(account string) string
 	var embedded *router.Client
 	if f.client == "embedded" {
-		if embedded, err = router.Dial(ctx, f.nodes...); err != nil {
+		opts := router.DialOptions{MaxInflight: f.inflight}
+		if embedded, err = opts.Dial(ctx, f.nodes...); err != nil {
 			return fmt.Errorf("embedded client: %w", err)
 		}
 		defer embedded.Close()
