@@ -268,6 +268,10 @@ func (e *Engine) appendLocked(st *stripe, ent *entry) (uint64, error) {
 	return seq, nil
 }
 
+// maxBatchReserves bounds the accounts of one ChargeMany batch that ask the
+// ledger for reservations at the same time.
+const maxBatchReserves = 16
+
 // maxReserveRounds bounds how often one charge asks the ledger: after a
 // reservation the next decision is OK or QuotaExceeded unless concurrent
 // charges took the units first (each round reserves for every charge
@@ -351,25 +355,43 @@ func (e *Engine) ChargeMany(ctx context.Context, reqs []Request) []Outcome {
 	t0 := time.Now()
 	out := make([]Outcome, len(reqs))
 	// Charges that need a reservation (a ledger round trip) are finished
-	// concurrently after the first pass, so the batch waits for its slowest
+	// after the first pass, one goroutine per account and at most
+	// maxBatchReserves accounts at a time, so the batch waits for its slowest
 	// round trip rather than for their sum (callers coalesce many accounts
-	// into one batch).
-	var slow []int
+	// into one batch). Within an account the batch's order holds: a charge
+	// behind one that waits for the ledger waits with it, and is then paid
+	// from the same reservation when it can be.
+	slow := map[string][]int{} // account -> its waiting charges, in batch order; the first answered NeedReservation
+	var accounts []string      // the keys of slow, in batch order
 	reqCopies := make([]shard.Charge, len(reqs))
 	for i := range reqs {
 		reqCopies[i] = reqs[i].Charge
+		acct := reqs[i].Account
+		if waiting, ok := slow[acct]; ok {
+			slow[acct] = append(waiting, i)
+			continue
+		}
 		var needs bool
-		out[i].Result, needs, out[i].Err = e.decideFirst(reqs[i].Account, &reqCopies[i])
+		out[i].Result, needs, out[i].Err = e.decideFirst(acct, &reqCopies[i])
 		if needs {
-			slow = append(slow, i)
+			slow[acct] = []int{i}
+			accounts = append(accounts, acct)
 		}
 	}
 	var wg sync.WaitGroup
-	for _, i := range slow {
+	sem := make(chan struct{}, maxBatchReserves)
+	for _, acct := range accounts {
 		wg.Add(1)
-		go func() { // ends when its reservation rounds do (bounded by ctx)
+		go func() { // ends when its account's charges are decided (ledger calls bounded by ctx)
 			defer wg.Done()
-			out[i].Result, out[i].Err = e.decideReserving(ctx, reqs[i].Account, reqCopies[i], out[i].Result)
+			sem <- struct{}{} // NB: not abandoned on ctx: decideReserving must run to undo ent.waiting
+			defer func() { <-sem }()
+			idx := slow[acct]
+			first := idx[0]
+			out[first].Result, out[first].Err = e.decideReserving(ctx, acct, reqCopies[first], out[first].Result)
+			for _, i := range idx[1:] {
+				out[i].Result, out[i].Err = e.decide(ctx, acct, reqCopies[i])
+			}
 		}()
 	}
 	wg.Wait()
