@@ -46,7 +46,8 @@ const (
 	// BillOnSuccess refunds when the upstream answers 5xx, fails or times
 	// out, and for gRPC when the final grpc-status is not 0 (the default).
 	BillOnSuccess = "success"
-	// BillOn2xx refunds everything that is not 2xx or 3xx.
+	// BillOn2xx refunds everything that is not 2xx or 3xx, and gRPC answers
+	// whose final grpc-status is not 0 (gRPC answers are all HTTP 200).
 	BillOn2xx = "2xx"
 	// BillOnAlways never refunds what the upstream answered.
 	BillOnAlways = "always"
@@ -240,7 +241,7 @@ func (f *front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	setQuotaHeaders(w.Header(), &c.Decision)
-	rec := &recorder{ResponseWriter: w}
+	rec := &recorder{ResponseWriter: w, headers: func(h http.Header) { setQuotaHeaders(h, &c.Decision) }}
 	if c.durable != nil {
 		rec.gate = func() error {
 			ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), f.opts.ChargeTimeout)
@@ -409,6 +410,8 @@ func (f *front) finish(rec *recorder, r *http.Request, c *charged, body *limited
 		why = "the upstream failed"
 	case f.opts.BillOn == BillOn2xx && (rec.code(r) < 200 || rec.code(r) >= 400):
 		why = fmt.Sprintf("the answer was %d (bill-on 2xx)", rec.code(r))
+	case f.opts.BillOn == BillOn2xx && rec.grpcFailed():
+		why = "the gRPC status was " + rec.grpcStatus() + " (bill-on 2xx)"
 	case f.opts.BillOn == BillOnSuccess && rec.code(r) >= 500:
 		why = fmt.Sprintf("the answer was %d", rec.code(r))
 	case f.opts.BillOn == BillOnSuccess && rec.grpcFailed():
@@ -473,6 +476,17 @@ type recorder struct {
 	gate       func() error
 	gateFailed func(error)
 	gateErr    error
+	// headers, when set, puts the front's headers on the final answer
+	// again: ReverseProxy clears the header map after relaying a 1xx
+	// (100 Continue, 103 Early Hints).
+	headers func(http.Header)
+}
+
+// final runs before the final status goes out.
+func (w *recorder) final() {
+	if w.headers != nil {
+		w.headers(w.Header())
+	}
 }
 
 // pass runs the gate once and reports whether writes may go through.
@@ -494,6 +508,7 @@ func (w *recorder) WriteHeader(code int) {
 	}
 	if !w.wrote && (code >= 200 || code == http.StatusSwitchingProtocols) {
 		w.status, w.wrote = code, true // 1xx other than 101 are interim: the final status is still to come
+		w.final()
 	}
 	w.ResponseWriter.WriteHeader(code)
 }
@@ -504,6 +519,7 @@ func (w *recorder) Write(b []byte) (int, error) {
 	}
 	if !w.wrote {
 		w.status, w.wrote = http.StatusOK, true
+		w.final()
 	}
 	n, err := w.ResponseWriter.Write(b)
 	if err != nil && w.writeErr == nil {
@@ -519,6 +535,7 @@ func (w *recorder) Flush() {
 	}
 	if !w.wrote {
 		w.status, w.wrote = http.StatusOK, true
+		w.final()
 	}
 	err := http.NewResponseController(w.ResponseWriter).Flush()
 	if err != nil && !errors.Is(err, http.ErrNotSupported) && w.writeErr == nil {
@@ -557,11 +574,19 @@ func (w *recorder) grpcStatus() string {
 
 // grpcFailed reports a gRPC answer (Content-Type application/grpc...) whose
 // final status is not OK; a gRPC answer with no status at all was cut off.
+// gRPC-Web (application/grpc-web...) carries its trailers inside the body,
+// which the front does not parse: only a trailers-only answer's status
+// (in the headers) counts there.
 func (w *recorder) grpcFailed() bool {
-	if !isGRPC(w.Header().Get("Content-Type")) {
-		return false
+	ct := w.Header().Get("Content-Type")
+	switch {
+	case strings.HasPrefix(ct, "application/grpc-web"):
+		s := w.Header().Get("Grpc-Status")
+		return s != "" && s != "0"
+	case isGRPC(ct):
+		return w.grpcStatus() != "0"
 	}
-	return w.grpcStatus() != "0"
+	return false
 }
 
 // limitedBody notes when http.MaxBytesReader cut the body off. tripped is

@@ -8,6 +8,9 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httptrace"
+	"net/textproto"
+	"net/url"
 	"strings"
 	"sync"
 	"testing"
@@ -309,7 +312,17 @@ func TestBillOnPolicies(t *testing.T) {
 		"grpc 13 trailer":      grpc("13", false),
 		"grpc 5 trailers-only": grpc("5", true),
 		"grpc cut off":         grpc("", false),
-		"panic":                http.HandlerFunc(func(http.ResponseWriter, *http.Request) { panic("boom") }),
+		"grpc-web 0": http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+			w.Header().Set("Content-Type", "application/grpc-web+proto")
+			w.Write([]byte{0, 0, 0, 0, 0})                                     // a message
+			w.Write(append([]byte{0x80, 0, 0, 0, 15}, "grpc-status:0\r\n"...)) // its trailers, in the body
+		}),
+		"grpc-web 7 trailers-only": http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+			w.Header().Set("Content-Type", "application/grpc-web+proto")
+			w.Header().Set("Grpc-Status", "7")
+			w.WriteHeader(200)
+		}),
+		"panic": http.HandlerFunc(func(http.ResponseWriter, *http.Request) { panic("boom") }),
 		"abort after a write": http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 			w.Write([]byte("partial"))
 			panic(http.ErrAbortHandler)
@@ -320,8 +333,9 @@ func TestBillOnPolicies(t *testing.T) {
 		"200": {false, false, false}, "204": {false, false, false}, "302": {false, false, false},
 		"404": {false, true, false}, "500": {true, true, false}, "503": {true, true, false},
 		"nothing written": {false, false, false}, "interim 103 then 500": {true, true, false},
-		"grpc 0": {false, false, false}, "grpc 13 trailer": {true, false, false}, "grpc 5 trailers-only": {true, false, false},
-		"grpc cut off": {true, false, false}, "panic": {true, true, false}, "abort after a write": {true, true, false},
+		"grpc 0": {false, false, false}, "grpc 13 trailer": {true, true, false}, "grpc 5 trailers-only": {true, true, false},
+		"grpc cut off": {true, true, false}, "panic": {true, true, false}, "abort after a write": {true, true, false},
+		"grpc-web 0": {false, false, false}, "grpc-web 7 trailers-only": {true, true, false},
 	}
 	for name, h := range handlers {
 		for i, policy := range []string{BillOnSuccess, BillOn2xx, BillOnAlways} {
@@ -446,6 +460,47 @@ func TestMaxBodyBytes(t *testing.T) {
 	w, _ = serve(t, FrontOptions{Charger: ch, Config: testConfig(t), MaxBodyBytes: 10}, reader, newRequest("POST", "/v1/tasks", strings.NewReader(strings.Repeat("x", 11))))
 	if c, _ := ch.counts(); w.Code != 413 || c != 0 {
 		t.Fatalf("Content-Length: %d, %d charges", w.Code, c)
+	}
+}
+
+// An upstream's interim answers (103 Early Hints, 100 Continue) do not take
+// the quota headers off the final answer: ReverseProxy clears the header
+// map after relaying each.
+func TestQuotaHeadersAfterInterimAnswers(t *testing.T) {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Link", "</style.css>; rel=preload")
+		w.WriteHeader(http.StatusEarlyHints)
+		w.Header().Del("Link")
+		w.Header().Set("X-Quota-Remaining", "1000000") // an upstream's own value never reaches the client
+		io.WriteString(w, "ok")
+	}))
+	defer up.Close()
+	u, _ := url.Parse(up.URL)
+	ch := &fakeCharger{decision: okDecision()}
+	proxy, err := NewProxy(u, FrontOptions{Charger: ch, Config: testConfig(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	front := httptest.NewServer(proxy)
+	defer front.Close()
+	req, _ := http.NewRequest("POST", front.URL+"/v1/tasks", nil)
+	req.Header.Set("X-Api-Key", "secret")
+	var interim []int
+	req = req.WithContext(httptrace.WithClientTrace(req.Context(), &httptrace.ClientTrace{
+		Got1xxResponse: func(code int, _ textproto.MIMEHeader) error { interim = append(interim, code); return nil },
+	}))
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	if len(interim) != 1 || interim[0] != 103 {
+		t.Errorf("interim answers %v, want [103]: the test's upstream did not send one", interim)
+	}
+	for k, want := range map[string]string{"X-Quota-Limit": "100", "X-Quota-Remaining": "98", "X-Quota-Reset": "2026-07-01T00:00:00Z"} {
+		if got := res.Header.Get(k); got != want {
+			t.Errorf("%s: %q after a 103, want %q", k, got, want)
+		}
 	}
 }
 
