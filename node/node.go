@@ -468,6 +468,7 @@ func frontProtocols() *http.Protocols {
 // router.NewProxy(upstream, n.FrontOptions()).
 func (n *Node) FrontOptions() router.FrontOptions {
 	return router.FrontOptions{Charger: n.router, Config: n.eng, Logger: n.log.With("component", "front"),
+		Now: func() time.Time { return time.Unix(0, n.clock.Now().Wall) },
 		OnRequest: func(code int, added time.Duration) {
 			n.metrics.HTTPRequests.WithLabelValues(strconv.Itoa(code)).Inc()
 			n.metrics.ProxySeconds.Observe(added.Seconds())

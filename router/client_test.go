@@ -45,7 +45,8 @@ func TestEmbeddedMiddlewareMatchesProxy(t *testing.T) {
 	if s := client.Snapshot(); s == nil || !s.HasAccount(embedded.id) {
 		t.Fatalf("the client has no config snapshot with %q", embedded.id)
 	}
-	mw, err := router.Middleware(router.FrontOptions{Charger: client, Config: client})
+	mw, err := router.Middleware(router.FrontOptions{Charger: client, Config: client,
+		Now: func() time.Time { return time.Unix(0, c.clock.Now().Wall) }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -83,7 +84,8 @@ func TestEmbeddedMiddlewareMatchesProxy(t *testing.T) {
 	}
 	last := do(t, local.URL, "GET", "/v1/tasks", embedded.key, nil)
 	if last.status != 429 || last.problem.Type != router.ProblemRateLimited || last.header.Get("Retry-After") != "20" ||
-		last.header.Get("RateLimit-Policy") != `"burst";q=3;w=60` || last.header.Get("RateLimit") != `"burst";r=0;t=60` {
+		last.header.Get("RateLimit-Policy") != `"burst";q=3;w=60, "quota";q=60;w=2592000` ||
+		last.header.Get("RateLimit") != `"burst";r=0;t=60, "quota";r=32;t=216000` {
 		t.Fatalf("rate-limited: %d %+v %v", last.status, last.problem, last.header)
 	}
 	compare("an unknown key", do(t, proxy, "GET", "/v1/tasks", "qr_nope", nil), do(t, local.URL, "GET", "/v1/tasks", "qr_nope", nil))

@@ -92,6 +92,9 @@ type FrontOptions struct {
 	// the wrapped handler or the upstream). It must not block.
 	OnRequest func(code int, added time.Duration)
 	Logger    *slog.Logger
+	// Now is the wall clock, for the seconds until a period ends in the
+	// RateLimit field [time.Now]. A node passes its own clock.
+	Now func() time.Time
 }
 
 // DefaultMaxBodyBytes is FrontOptions.MaxBodyBytes's default.
@@ -113,6 +116,9 @@ func (o *FrontOptions) defaults() error {
 }
 
 func (o *FrontOptions) policyDefaults() error {
+	if o.Now == nil {
+		o.Now = time.Now
+	}
 	if o.UsagePath == "" {
 		o.UsagePath = "/v1/usage"
 	}
@@ -229,7 +235,7 @@ func (f *front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	c, prob := f.admit(r)
 	if prob != nil {
 		if c != nil && (c.Decision.Reason == shard.RateLimited || c.Decision.Reason == shard.QuotaExceeded) {
-			setQuotaHeaders(w.Header(), &c.Decision) // the owner's state; other refusals have none
+			setQuotaHeaders(w.Header(), &c.Decision, f.opts.Now().Unix()) // the owner's state; other refusals have none
 		}
 		prob.write(w, r)
 		f.observe(prob.Status, time.Since(start))
@@ -240,8 +246,9 @@ func (f *front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		f.observe(statusClientClosed, time.Since(start))
 		return
 	}
-	setQuotaHeaders(w.Header(), &c.Decision)
-	rec := &recorder{ResponseWriter: w, headers: func(h http.Header) { setQuotaHeaders(h, &c.Decision) }}
+	now := f.opts.Now().Unix()
+	setQuotaHeaders(w.Header(), &c.Decision, now)
+	rec := &recorder{ResponseWriter: w, headers: func(h http.Header) { setQuotaHeaders(h, &c.Decision, now) }}
 	if c.durable != nil {
 		rec.gate = func() error {
 			ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), f.opts.ChargeTimeout)

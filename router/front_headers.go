@@ -103,38 +103,62 @@ func ceilSeconds(ns int64) int64 {
 
 // rateLimitHeaders formats the RateLimit-Policy and RateLimit fields of the
 // IETF httpapi draft (draft-ietf-httpapi-ratelimit-headers): structured
-// field lists with one item, the policy "burst":
+// field lists with an item per policy. "burst" is the token bucket, when
+// the plan has a rate limit; "quota" is the period's units (monthly quota
+// and credits, in the plan's units: route weights, not requests):
 //
-//	RateLimit-Policy: "burst";q=<burst>;w=<seconds for a full refill>
-//	RateLimit: "burst";r=<tokens left>;t=<seconds until full>
+//	RateLimit-Policy: "burst";q=<burst>;w=<seconds for a full refill>, "quota";q=<units>;w=<seconds in the period>
+//	RateLimit: "burst";r=<tokens left>;t=<seconds until full>, "quota";r=<units left>;t=<seconds until the period ends>
 //
-// ok is false when the plan has no rate limit (then neither is sent).
-func rateLimitHeaders(d *shard.Decision) (policy, limit string, ok bool) {
-	if d.RateBurst <= 0 {
-		return "", "", false
+// now is Unix seconds. A quota without a period end (credits that never
+// renew) has no w and no t.
+func rateLimitHeaders(d *shard.Decision, now int64) (policy, limit string) {
+	pb, lb := make([]byte, 0, 96), make([]byte, 0, 96)
+	if d.RateBurst > 0 {
+		pb = append(pb, `"burst";q=`...)
+		pb = strconv.AppendInt(pb, d.RateBurst, 10)
+		pb = append(pb, ";w="...)
+		pb = strconv.AppendInt(pb, max(1, ceilSeconds(d.RateWindow)), 10)
+		lb = append(lb, `"burst";r=`...)
+		lb = strconv.AppendInt(lb, max(0, d.RateRemaining), 10)
+		lb = append(lb, ";t="...)
+		lb = strconv.AppendInt(lb, ceilSeconds(d.RateReset), 10)
 	}
-	b := make([]byte, 0, 48)
-	b = append(b, `"burst";q=`...)
-	b = strconv.AppendInt(b, d.RateBurst, 10)
-	b = append(b, ";w="...)
-	b = strconv.AppendInt(b, max(1, ceilSeconds(d.RateWindow)), 10)
-	policy = string(b)
-	b = append(b[:0], `"burst";r=`...)
-	b = strconv.AppendInt(b, max(0, d.RateRemaining), 10)
-	b = append(b, ";t="...)
-	b = strconv.AppendInt(b, ceilSeconds(d.RateReset), 10)
-	return policy, string(b), true
+	pb, lb = appendQuotaItems(pb, lb, d.Limit, d.Remaining, d.Reset, now)
+	return string(pb), string(lb)
+}
+
+// appendQuotaItems appends the "quota" items of RateLimit-Policy (to pb)
+// and RateLimit (to lb), after a ", " when there is an item already.
+func appendQuotaItems(pb, lb []byte, limitUnits, remaining, reset, now int64) ([]byte, []byte) {
+	if len(pb) > 0 {
+		pb, lb = append(pb, ", "...), append(lb, ", "...)
+	}
+	pb = append(pb, `"quota";q=`...)
+	pb = strconv.AppendInt(pb, max(0, limitUnits), 10)
+	lb = append(lb, `"quota";r=`...)
+	lb = strconv.AppendInt(lb, max(0, remaining), 10)
+	if reset > 0 {
+		end := time.Unix(reset, 0).UTC()
+		start := time.Unix(reset-1, 0).UTC()
+		start = time.Date(start.Year(), start.Month(), 1, 0, 0, 0, 0, time.UTC) // the period is a UTC month
+		pb = append(pb, ";w="...)
+		pb = strconv.AppendInt(pb, int64(end.Sub(start)/time.Second), 10)
+		lb = append(lb, ";t="...)
+		lb = strconv.AppendInt(lb, max(0, reset-now), 10)
+	}
+	return pb, lb
 }
 
 // formatReset formats Unix seconds as RFC 3339 in UTC.
 func formatReset(unix int64) string { return time.Unix(unix, 0).UTC().Format(time.RFC3339) }
 
-// setQuotaHeaders puts the rate-limit and quota fields of d on h.
-func setQuotaHeaders(h http.Header, d *shard.Decision) {
-	if policy, limit, ok := rateLimitHeaders(d); ok {
-		h.Set("RateLimit-Policy", policy)
-		h.Set("RateLimit", limit)
-	}
+// setQuotaHeaders puts the rate-limit and quota fields of d on h; now is
+// Unix seconds.
+func setQuotaHeaders(h http.Header, d *shard.Decision, now int64) {
+	policy, limit := rateLimitHeaders(d, now)
+	h.Set("RateLimit-Policy", policy)
+	h.Set("RateLimit", limit)
 	setQuotaFields(h, d.Limit, d.Remaining, d.Reset)
 }
 

@@ -21,23 +21,34 @@ import (
 )
 
 func TestRateLimitHeaders(t *testing.T) {
+	july := time.Date(2026, 7, 1, 0, 0, 0, 0, time.UTC).Unix()
+	now := time.Date(2026, 6, 28, 12, 0, 0, 0, time.UTC).Unix() // 2.5 days before July
 	for _, tc := range []struct {
 		d             shard.Decision
 		policy, limit string
 	}{
-		{shard.Decision{}, "", ""}, // no rate limit: no fields
-		{shard.Decision{RateBurst: 10, RateRemaining: 3, RateReset: int64(700 * time.Millisecond), RateWindow: int64(time.Second)},
-			`"burst";q=10;w=1`, `"burst";r=3;t=1`},
-		{shard.Decision{RateBurst: 3, RateRemaining: 0, RateReset: int64(60 * time.Second), RateWindow: int64(60 * time.Second)},
-			`"burst";q=3;w=60`, `"burst";r=0;t=60`},
-		{shard.Decision{RateBurst: 5, RateRemaining: 5, RateReset: 0, RateWindow: int64(1500 * time.Millisecond)},
-			`"burst";q=5;w=2`, `"burst";r=5;t=0`}, // full bucket: t=0; windows round up
-		{shard.Decision{RateBurst: 100, RateRemaining: -1, RateReset: 1, RateWindow: 1},
-			`"burst";q=100;w=1`, `"burst";r=0;t=1`}, // never a negative r, never w=0
+		// No rate limit: the quota alone. June has 30 days (2,592,000 s).
+		{shard.Decision{Limit: 60, Remaining: 7, Reset: july},
+			`"quota";q=60;w=2592000`, `"quota";r=7;t=216000`},
+		{shard.Decision{RateBurst: 10, RateRemaining: 3, RateReset: int64(700 * time.Millisecond), RateWindow: int64(time.Second), Limit: 60, Remaining: 7, Reset: july},
+			`"burst";q=10;w=1, "quota";q=60;w=2592000`, `"burst";r=3;t=1, "quota";r=7;t=216000`},
+		{shard.Decision{RateBurst: 3, RateRemaining: 0, RateReset: int64(60 * time.Second), RateWindow: int64(60 * time.Second), Limit: 5, Remaining: 0, Reset: july},
+			`"burst";q=3;w=60, "quota";q=5;w=2592000`, `"burst";r=0;t=60, "quota";r=0;t=216000`},
+		{shard.Decision{RateBurst: 5, RateRemaining: 5, RateReset: 0, RateWindow: int64(1500 * time.Millisecond), Limit: 1, Remaining: 1, Reset: july},
+			`"burst";q=5;w=2, "quota";q=1;w=2592000`, `"burst";r=5;t=0, "quota";r=1;t=216000`}, // full bucket: t=0; windows round up
+		{shard.Decision{RateBurst: 100, RateRemaining: -1, RateReset: 1, RateWindow: 1, Limit: 10, Remaining: -3, Reset: july},
+			`"burst";q=100;w=1, "quota";q=10;w=2592000`, `"burst";r=0;t=1, "quota";r=0;t=216000`}, // never a negative r, never w=0
+		// February 2027 has 28 days; a period already over (a clock behind) says t=0.
+		{shard.Decision{Limit: 9, Remaining: 9, Reset: time.Date(2027, 3, 1, 0, 0, 0, 0, time.UTC).Unix()},
+			`"quota";q=9;w=2419200`, `"quota";r=9;t=` + fmt.Sprint(time.Date(2027, 3, 1, 0, 0, 0, 0, time.UTC).Unix()-now)},
+		{shard.Decision{Limit: 9, Remaining: 9, Reset: time.Date(2026, 6, 1, 0, 0, 0, 0, time.UTC).Unix()},
+			`"quota";q=9;w=2678400`, `"quota";r=9;t=0`},
+		// Credits that never renew: no period, so no w and no t.
+		{shard.Decision{Limit: 500, Remaining: 120}, `"quota";q=500`, `"quota";r=120`},
 	} {
-		policy, limit, ok := rateLimitHeaders(&tc.d)
-		if policy != tc.policy || limit != tc.limit || ok != (tc.policy != "") {
-			t.Errorf("%+v: %q %q %v; want %q %q", tc.d, policy, limit, ok, tc.policy, tc.limit)
+		policy, limit := rateLimitHeaders(&tc.d, now)
+		if policy != tc.policy || limit != tc.limit {
+			t.Errorf("%+v:\n got  %q %q\n want %q %q", tc.d, policy, limit, tc.policy, tc.limit)
 		}
 	}
 }
@@ -45,10 +56,11 @@ func TestRateLimitHeaders(t *testing.T) {
 func TestQuotaHeaders(t *testing.T) {
 	h := http.Header{}
 	setQuotaHeaders(h, &shard.Decision{Limit: 60, Remaining: -2, Reset: time.Date(2026, 7, 1, 0, 0, 0, 0, time.UTC).Unix(),
-		RateBurst: 2, RateRemaining: 1, RateReset: int64(time.Second), RateWindow: int64(2 * time.Second)})
+		RateBurst: 2, RateRemaining: 1, RateReset: int64(time.Second), RateWindow: int64(2 * time.Second)},
+		time.Date(2026, 6, 30, 23, 0, 0, 0, time.UTC).Unix())
 	want := http.Header{
-		"Ratelimit-Policy":  {`"burst";q=2;w=2`},
-		"Ratelimit":         {`"burst";r=1;t=1`},
+		"Ratelimit-Policy":  {`"burst";q=2;w=2, "quota";q=60;w=2592000`},
+		"Ratelimit":         {`"burst";r=1;t=1, "quota";r=0;t=3600`},
 		"X-Quota-Limit":     {"60"},
 		"X-Quota-Remaining": {"0"},
 		"X-Quota-Reset":     {"2026-07-01T00:00:00Z"},

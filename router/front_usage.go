@@ -33,6 +33,9 @@ func (f *front) serveUsage(w http.ResponseWriter, r *http.Request) int {
 		return prob.Status
 	}
 	h := w.Header()
+	policy, limit := appendQuotaItems(nil, nil, rep.Limit, rep.Remaining, rep.resetUnix, f.opts.Now().Unix())
+	h.Set("RateLimit-Policy", string(policy))
+	h.Set("RateLimit", string(limit))
 	setQuotaFields(h, rep.Limit, rep.Remaining, rep.resetUnix)
 	h.Set("Content-Type", "application/json")
 	h.Set("Cache-Control", "no-store")

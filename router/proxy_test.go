@@ -49,8 +49,10 @@ func TestProxyMonthlyQuota(t *testing.T) {
 		if got := a.header.Get("X-Quota-Reset"); got != "2026-07-01T00:00:00Z" {
 			t.Fatalf("%s: X-Quota-Reset %q", s.what, got)
 		}
-		if a.header.Get("RateLimit") != "" || a.header.Get("RateLimit-Policy") != "" {
-			t.Fatalf("%s: RateLimit headers for a plan without a rate limit: %v", s.what, a.header)
+		// No rate limit in this plan: the quota is the one policy. June has
+		// 30 days; at 28 June 12:00 the period ends in 2.5 days.
+		if p, l := a.header.Get("RateLimit-Policy"), a.header.Get("RateLimit"); p != `"quota";q=60;w=2592000` || l != `"quota";r=`+s.remaining+`;t=216000` {
+			t.Fatalf("%s: RateLimit-Policy %q, RateLimit %q", s.what, p, l)
 		}
 		if s.status != 429 {
 			continue
