@@ -71,7 +71,9 @@ type FrontOptions struct {
 	// MaxBodyBytes bounds a request body [10 MiB]; negative: no bound. A
 	// larger Content-Length is refused with 413 before anything is charged;
 	// a body without one that grows past the bound is cut off, answered 413
-	// and refunded whatever BillOn says.
+	// and refunded whatever BillOn says. gRPC calls (Content-Type
+	// application/grpc...) are streams that may run for hours: the bound
+	// does not apply to them (the gRPC server's message size limit does).
 	MaxBodyBytes int64
 	// UpstreamTimeout bounds the wait for the upstream's response headers
 	// (NewProxy only) [30s]. Streaming bodies are not cut off by it.
@@ -84,6 +86,12 @@ type FrontOptions struct {
 	// request (NewProxy only). Authorization is always forwarded: upstreams
 	// may need it.
 	StripAPIKeyHeader bool
+	// TrustForwarded keeps the X-Forwarded-For, -Host and -Proto the client
+	// sent (NewProxy only): set it when quotad runs behind a load balancer
+	// that sets them, so the upstream sees the real client. Without it the
+	// proxy replaces them with what it saw itself, since a client could
+	// forge them.
+	TrustForwarded bool
 	// ChargeTimeout bounds a charge, RefundTimeout a refund [10s each]. Both
 	// outlive the client's connection on purpose: see Middleware.
 	ChargeTimeout, RefundTimeout time.Duration
@@ -228,6 +236,13 @@ type charged struct {
 
 func (f *front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
+	if isPreflight(r) {
+		// A browser's CORS preflight carries no credentials: the API answers
+		// it, uncharged; the request it announces is charged as usual.
+		f.next.ServeHTTP(w, r)
+		f.observe(http.StatusOK, time.Since(start))
+		return
+	}
 	if r.URL.Path == f.opts.UsagePath {
 		f.observe(f.serveUsage(w, r), time.Since(start))
 		return
@@ -262,7 +277,7 @@ func (f *front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	r = r.WithContext(context.WithValue(r.Context(), callerKey{}, &c.Caller)) // a copy: the caller's request stays as it was
 	var body *limitedBody
-	if f.opts.MaxBodyBytes > 0 && r.Body != nil && r.ContentLength != 0 {
+	if f.bodyBounded(r) && r.Body != nil && r.ContentLength != 0 {
 		body = &limitedBody{ReadCloser: http.MaxBytesReader(w, r.Body, f.opts.MaxBodyBytes)}
 		r.Body = body
 	}
@@ -298,7 +313,7 @@ func (f *front) admit(r *http.Request) (*charged, *Problem) {
 	if prob != nil {
 		return nil, prob
 	}
-	if f.opts.MaxBodyBytes > 0 && r.ContentLength > f.opts.MaxBodyBytes {
+	if f.bodyBounded(r) && r.ContentLength > f.opts.MaxBodyBytes {
 		return nil, tooLarge(f.opts.MaxBodyBytes)
 	}
 	route, units := snap.Routes.Match(r.Method, r.URL.Path)
@@ -333,6 +348,18 @@ func (f *front) admit(r *http.Request) (*charged, *Problem) {
 		c.receipt = res.Receipt
 	}
 	return c, nil
+}
+
+// bodyBounded reports whether MaxBodyBytes applies to r: not to gRPC calls,
+// which are streams.
+func (f *front) bodyBounded(r *http.Request) bool {
+	return f.opts.MaxBodyBytes > 0 && !isGRPC(r.Header.Get("Content-Type"))
+}
+
+// isPreflight reports a CORS preflight: OPTIONS with Origin and
+// Access-Control-Request-Method (the Fetch standard's definition).
+func isPreflight(r *http.Request) bool {
+	return r.Method == http.MethodOptions && r.Header.Get("Origin") != "" && r.Header.Get("Access-Control-Request-Method") != ""
 }
 
 // caller finds the request's API key in the config snapshot.

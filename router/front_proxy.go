@@ -71,7 +71,18 @@ func NewProxy(upstream *url.URL, opts FrontOptions) (http.Handler, error) {
 	rp := &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(upstream)
-			pr.SetXForwarded()
+			if opts.TrustForwarded {
+				in, out := pr.In.Header, pr.Out.Header
+				out["X-Forwarded-For"] = in["X-Forwarded-For"] // SetXForwarded appends the peer to it
+				pr.SetXForwarded()
+				for _, k := range []string{"X-Forwarded-Host", "X-Forwarded-Proto"} {
+					if v := in.Values(k); len(v) > 0 {
+						out[k] = v
+					}
+				}
+			} else {
+				pr.SetXForwarded()
+			}
 			h := pr.Out.Header
 			h.Del(HeaderAccount)
 			h.Del(HeaderEvent)

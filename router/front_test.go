@@ -620,3 +620,82 @@ func TestEarlyChargeHoldsTheAnswerUntilDurable(t *testing.T) {
 		}
 	}
 }
+
+// A CORS preflight needs no key and is never charged: the API answers it.
+// A plain OPTIONS is a request like any other.
+func TestPreflightPassesUncharged(t *testing.T) {
+	var served int
+	h := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		served++
+		w.Header().Set("Access-Control-Allow-Origin", "https://app.example")
+		w.WriteHeader(http.StatusNoContent)
+	})
+	ch := &fakeCharger{decision: okDecision()}
+	req := httptest.NewRequest("OPTIONS", "/v1/tasks", nil)
+	req.Header.Set("Origin", "https://app.example")
+	req.Header.Set("Access-Control-Request-Method", "POST")
+	w, _ := serve(t, FrontOptions{Charger: ch, Config: testConfig(t)}, h, req)
+	if c, _ := ch.counts(); w.Code != 204 || served != 1 || c != 0 || w.Header().Get("Access-Control-Allow-Origin") == "" {
+		t.Fatalf("preflight: %d, served %d, %d charges, headers %v", w.Code, served, c, w.Header())
+	}
+	w, _ = serve(t, FrontOptions{Charger: ch, Config: testConfig(t)}, h, httptest.NewRequest("OPTIONS", "/v1/tasks", nil))
+	if c, _ := ch.counts(); w.Code != 401 || served != 1 || c != 0 {
+		t.Fatalf("OPTIONS without preflight headers or key: %d, served %d, %d charges", w.Code, served, c)
+	}
+}
+
+// A gRPC call is a stream: MaxBodyBytes does not cut it off.
+func TestGRPCStreamsAreNotBodyBounded(t *testing.T) {
+	var read int
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, err := io.ReadAll(r.Body)
+		if err != nil {
+			t.Errorf("reading the stream: %v", err)
+		}
+		read = len(b)
+		w.Header().Set("Content-Type", "application/grpc")
+		w.Header().Set("Grpc-Status", "0")
+		w.WriteHeader(200)
+	})
+	ch := &fakeCharger{decision: okDecision()}
+	req := newRequest("POST", "/v1/tasks", io.MultiReader(strings.NewReader(strings.Repeat("x", 100))))
+	req.ContentLength = -1
+	req.Header.Set("Content-Type", "application/grpc")
+	w, _ := serve(t, FrontOptions{Charger: ch, Config: testConfig(t), MaxBodyBytes: 10}, h, req)
+	if c, r := ch.counts(); w.Code != 200 || read != 100 || c != 1 || r != 0 {
+		t.Fatalf("gRPC stream of 100 bytes, limit 10: %d, read %d, %d charges, %d refunds", w.Code, read, c, r)
+	}
+}
+
+// X-Forwarded-* from the client are replaced unless the operator trusts
+// them (a load balancer in front sets them).
+func TestTrustForwarded(t *testing.T) {
+	var got http.Header
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { got = r.Header.Clone() }))
+	defer up.Close()
+	u, _ := url.Parse(up.URL)
+	for _, trust := range []bool{false, true} {
+		proxy, err := NewProxy(u, FrontOptions{Charger: &fakeCharger{decision: okDecision()}, Config: testConfig(t), TrustForwarded: trust})
+		if err != nil {
+			t.Fatal(err)
+		}
+		front := httptest.NewServer(proxy)
+		req, _ := http.NewRequest("GET", front.URL+"/v1/tasks", nil)
+		req.Header.Set("X-Api-Key", "secret")
+		req.Header.Set("X-Forwarded-For", "203.0.113.7")
+		req.Header.Set("X-Forwarded-Proto", "https")
+		res, err := http.DefaultClient.Do(req)
+		front.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Body.Close()
+		wantFor, wantProto := "127.0.0.1", "http"
+		if trust {
+			wantFor, wantProto = "203.0.113.7, 127.0.0.1", "https"
+		}
+		if f, p := got.Get("X-Forwarded-For"), got.Get("X-Forwarded-Proto"); f != wantFor || p != wantProto {
+			t.Errorf("trust %v: upstream saw X-Forwarded-For %q, -Proto %q; want %q, %q", trust, f, p, wantFor, wantProto)
+		}
+	}
+}
