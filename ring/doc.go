@@ -121,8 +121,11 @@
 //
 // The epoch names a ring: xxhash64 of the layout and the sorted IDs of the
 // serving members. Two nodes with the same epoch have the same owner for
-// every account; different epochs mean their views differ, and a receiver
-// of a request with another epoch answers WrongOwner rather than guessing.
+// every account; different epochs mean their views differ. Calls carry the
+// caller's epoch and answers the receiver's, for diagnosis; a receiver
+// decides by ownership, not by comparing epochs: it decides an account it
+// owns in its own view (and its engine agrees), and answers WrongOwner,
+// naming the owner it sees, for any other.
 // The epoch is a name, not a clock: it is not ordered, and it comes back
 // when a set comes back (which is right: the owners come back too). Epoch
 // 0 means nobody serves. Members joining or draining, and changes of

@@ -7,7 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"sync"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -58,9 +58,10 @@ type Client struct {
 
 	view atomic.Pointer[clientView]
 	snap atomic.Pointer[snapshot.Snapshot]
-	// refreshMu serializes reading the ring view, so many calls that fail
-	// together cause one refresh.
-	refreshMu sync.Mutex
+	// refreshing holds a token while the ring view is being read (a lock a
+	// caller can stop waiting for when its context ends): many calls that
+	// fail together cause one refresh.
+	refreshing chan struct{}
 
 	cancel context.CancelFunc
 	done   chan struct{}
@@ -113,7 +114,7 @@ func (o DialOptions) Dial(ctx context.Context, seeds ...string) (*Client, error)
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
 	bg, cancel := context.WithCancel(context.Background())
-	c := &Client{opts: o, seeds: seeds, cancel: cancel, done: make(chan struct{})}
+	c := &Client{opts: o, seeds: seeds, cancel: cancel, done: make(chan struct{}), refreshing: make(chan struct{}, 1)}
 	c.peers = newPeers(bg, peerOptions{maxInflight: o.MaxInflight, maxBatch: o.MaxBatch, callTimeout: o.CallTimeout,
 		dialer: o.Dialer, epoch: c.epoch, hops: 0})
 	if err := c.refreshView(ctx, ""); err != nil {
@@ -288,7 +289,8 @@ func (c *Client) route(ctx context.Context, account string, call func(context.Co
 		case err != nil:
 			c.stats.Unreachable.Add(1)
 			if ctx.Err() != nil {
-				return ctx.Err()
+				return fmt.Errorf("%w: the owner of account %q at %s did not answer before the caller's deadline (%w); the outcome is unknown, retry with the same event id",
+					ErrUnavailable, account, target, ctx.Err())
 			}
 			if !refreshed {
 				refreshed = true
@@ -314,8 +316,10 @@ func (c *Client) route(ctx context.Context, account string, call func(context.Co
 // refreshAfter reads a new ring view unless another call replaced seen
 // meanwhile. It asks prefer first and avoid last.
 func (c *Client) refreshAfter(ctx context.Context, seen *clientView, prefer, avoid string) {
-	c.refreshMu.Lock()
-	defer c.refreshMu.Unlock()
+	if !c.lockRefresh(ctx) {
+		return // the caller's deadline came first; it goes on with the view it has
+	}
+	defer c.unlockRefresh()
 	if c.view.Load() != seen {
 		return
 	}
@@ -325,13 +329,27 @@ func (c *Client) refreshAfter(ctx context.Context, seen *clientView, prefer, avo
 }
 
 func (c *Client) refreshView(ctx context.Context, prefer string) error {
-	c.refreshMu.Lock()
-	defer c.refreshMu.Unlock()
+	if !c.lockRefresh(ctx) {
+		return fmt.Errorf("router: ring view refresh: %w", ctx.Err())
+	}
+	defer c.unlockRefresh()
 	return c.refreshViewLocked(ctx, prefer, "")
 }
 
+// lockRefresh takes the refresh token, or gives up when ctx ends first.
+func (c *Client) lockRefresh(ctx context.Context) bool {
+	select {
+	case c.refreshing <- struct{}{}:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+func (c *Client) unlockRefresh() { <-c.refreshing }
+
 // refreshViewLocked asks prefer, then the known members, then the seeds,
-// and keeps the first answer. REQUIRES: c.refreshMu held.
+// and keeps the first answer. REQUIRES: the refresh token (lockRefresh).
 func (c *Client) refreshViewLocked(ctx context.Context, prefer, avoid string) error {
 	var errs []error
 	for _, addr := range c.sources(prefer, avoid) {
@@ -339,6 +357,7 @@ func (c *Client) refreshViewLocked(ctx context.Context, prefer, avoid string) er
 		if err == nil {
 			c.view.Store(v)
 			c.stats.Refreshes.Add(1)
+			c.peers.forget(c.wanted, time.Now())
 			return nil
 		}
 		errs = append(errs, err)
@@ -347,6 +366,19 @@ func (c *Client) refreshViewLocked(ctx context.Context, prefer, avoid string) er
 		}
 	}
 	return fmt.Errorf("router: no node answered for the ring view: %w", errors.Join(errs...))
+}
+
+// wanted reports whether the client may call addr: a member of its view or
+// a seed. Connections to other addresses are closed after a grace.
+func (c *Client) wanted(addr string) bool {
+	if v := c.view.Load(); v != nil {
+		for _, m := range v.members {
+			if m.RpcAddr == addr {
+				return true
+			}
+		}
+	}
+	return slices.Contains(c.seeds, addr)
 }
 
 // sources lists the addresses to ask, each once: prefer, the members of the

@@ -8,8 +8,9 @@
 //
 //   - Server (Router.Server): the gRPC service quota.proto describes. It
 //     decides for accounts this node owns and answers WrongOwner{epoch,
-//     owner} for the others. It never forwards, so a request takes at most
-//     one hop.
+//     owner} for the others. Only a client's call marked Route (hops 0) is
+//     forwarded, once, with hops 1, which is never forwarded again: a
+//     request takes at most one hop.
 //
 //   - Calls to one owner are coalesced: a call goes out at once when fewer
 //     than MaxInflight are in flight to that owner, and otherwise waits and

@@ -24,16 +24,25 @@ type peer struct {
 	client  pb.QuotaClient
 	charges *batcher[*pb.ChargeRequest, *pb.ChargeReply]
 	refunds *batcher[*pb.RefundRequest, *pb.RefundReply]
+	// gone is when the address stopped being wanted (forget); zero while it
+	// is. Guarded by peers.mu.
+	gone time.Time
 }
 
-// peers holds one peer per address. Connections are made lazily and kept.
+// peers holds one peer per address. Connections are made lazily and kept
+// while the address is wanted (forget closes the others).
 type peers struct {
 	opts    peerOptions
 	ctx     context.Context
-	mu      sync.Mutex // protects byAddr
+	mu      sync.Mutex // protects byAddr, closing and each peer's gone
 	byAddr  map[string]*peer
 	closing bool
 }
+
+// peerGrace is how long an address stays connected after it stopped being
+// wanted: longer than any call in flight to it (CallTimeout) and than a
+// short partition, after which the peer would be dialled again anyway.
+const peerGrace = time.Minute
 
 type peerOptions struct {
 	maxInflight, maxBatch int
@@ -87,6 +96,37 @@ func (ps *peers) get(addr string) (*peer, error) {
 	})
 	ps.byAddr[addr] = p
 	return p, nil
+}
+
+// forget closes the connections to addresses that wanted has not named
+// for peerGrace up to now: a node that left the cluster, or a pod that came
+// back under another address. Without it each such address would keep a
+// connection open until Close.
+func (ps *peers) forget(wanted func(addr string) bool, now time.Time) {
+	ps.mu.Lock()
+	var drop []*peer
+	for addr, p := range ps.byAddr {
+		switch {
+		case wanted(addr):
+			p.gone = time.Time{}
+		case p.gone.IsZero():
+			p.gone = now
+		case now.Sub(p.gone) >= max(peerGrace, 2*ps.opts.callTimeout):
+			drop = append(drop, p)
+			delete(ps.byAddr, addr)
+		}
+	}
+	ps.mu.Unlock()
+	for _, p := range drop {
+		_ = p.conn.Close() // NB: nothing to do about a failed close of a connection nobody uses
+	}
+}
+
+// count is the number of open peers.
+func (ps *peers) count() int {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	return len(ps.byAddr)
 }
 
 // close closes every connection. The batchers stop with ps.ctx.

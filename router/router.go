@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -133,7 +134,31 @@ func New(cfg Config) (*Router, error) {
 		opts.dialer = cfg.Faults.dial
 	}
 	r.peers = newPeers(ctx, opts)
+	go r.forgetLoop(ctx)
 	return r, nil
+}
+
+// forgetLoop closes, every quarter of peerGrace until ctx ends, the
+// connections to addresses that are no longer ring members (peers.forget).
+func (r *Router) forgetLoop(ctx context.Context) {
+	t := time.NewTicker(peerGrace / 4)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-t.C:
+			r.forgetPeers(now)
+		}
+	}
+}
+
+// forgetPeers tells the peers which addresses the ring still has.
+func (r *Router) forgetPeers(now time.Time) {
+	members := r.cfg.Ring.View().Members
+	r.peers.forget(func(addr string) bool {
+		return slices.ContainsFunc(members, func(m ring.Meta) bool { return m.RPCAddr == addr })
+	}, now)
 }
 
 // Close stops forwarding and closes peer connections.
@@ -151,7 +176,15 @@ const maxAttempts = 3
 
 // Charge decides req at its owner.
 func (r *Router) Charge(ctx context.Context, req ChargeRequest) (ChargeResult, error) {
-	target := "" // an RPC address a WrongOwner answer named
+	return r.chargeVia(ctx, req, "")
+}
+
+// chargeVia is Charge starting at target, the RPC address a WrongOwner
+// answer named ("": the owner in this node's view).
+func (r *Router) chargeVia(ctx context.Context, req ChargeRequest, target string) (ChargeResult, error) {
+	if target == r.cfg.Ring.Self().RPCAddr {
+		target = ""
+	}
 	for attempt := 0; attempt < maxAttempts; attempt++ {
 		if target == "" {
 			owner, ok := r.cfg.Ring.Owner(req.Account)
@@ -236,7 +269,8 @@ func (r *Router) forwardCharge(ctx context.Context, addr string, req ChargeReque
 	if err != nil {
 		r.stats.ForwardErrors.Add(1)
 		if ctx.Err() != nil {
-			return nil, ctx.Err()
+			return nil, fmt.Errorf("%w: the owner of account %q at %s did not answer before the caller's deadline (%w); the outcome is unknown, retry with the same event id",
+				ErrUnavailable, req.Account, addr, ctx.Err())
 		}
 		return nil, fmt.Errorf("%w: the owner of account %q at %s did not answer (%v); the outcome is unknown, retry with the same event id", ErrUnavailable, req.Account, addr, err)
 	}
@@ -294,7 +328,11 @@ func (r *Router) Refund(ctx context.Context, req RefundRequest) (shard.Decision,
 			continue
 		}
 		if e := rep.Error; e != nil {
-			return shard.Decision{}, fmt.Errorf("%w: %s (at %s)", ErrInternal, e.Message, rep.Node)
+			kind := ErrInternal
+			if e.Code == pb.Error_QUOTA_UNAVAILABLE {
+				kind = ErrUnavailable // a draining owner, a ledger error: retry
+			}
+			return shard.Decision{}, fmt.Errorf("%w: %s (at %s)", kind, e.Message, rep.Node)
 		}
 		return decisionFromPB(rep.Decision), nil
 	}

@@ -15,8 +15,10 @@ import (
 
 // Server returns the gRPC service of this node: register it on a
 // grpc.Server. It decides for the accounts this node owns and answers
-// WrongOwner for the others; it never forwards, so a request takes at most
-// one hop (the forwarding node's).
+// WrongOwner for the others. It forwards only a client's call marked Route
+// (hops 0: "decide wherever the owner is", what quotad bench cluster --mode
+// routed and the chaos harness send), once, with hops 1; a call with hops 1
+// is never forwarded again, so a request takes at most one hop.
 func (r *Router) Server() pb.QuotaServer { return &server{r: r} }
 
 type server struct {
@@ -84,8 +86,8 @@ func (s *server) route(ctx context.Context, charges []*pb.ChargeRequest, idx []i
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for _, i := range s.forwardBatch(ctx, addr, charges, ids, replies) {
-				s.routeOne(ctx, charges[i], i, replies)
+			for _, rd := range s.forwardBatch(ctx, addr, charges, ids, replies) {
+				s.routeOne(ctx, charges[rd.i], rd.i, replies, rd.target)
 			}
 		}()
 	}
@@ -93,19 +95,26 @@ func (s *server) route(ctx context.Context, charges []*pb.ChargeRequest, idx []i
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			s.routeOne(ctx, charges[i], i, replies)
+			s.routeOne(ctx, charges[i], i, replies, "")
 		}()
 	}
 	wg.Wait()
 }
 
+// redirect is a charge of a forwarded batch that the node it went to did
+// not take (WrongOwner: the ring moved), and the owner that node named.
+type redirect struct {
+	i      int
+	target string // RPC address; "": nobody in that node's view
+}
+
 // forwardBatch sends the charges at ids to addr in one call and fills their
 // replies; it returns the ones the owner did not take (WrongOwner: the ring
-// moved), to route one by one. A failed call is not retried: the owner may
+// moved), to route one by one from the owner the answer named. A failed call is not retried: the owner may
 // have applied it, so its charges answer quota-unavailable (outcome unknown;
 // a retry with an event id is safe).
-func (s *server) forwardBatch(ctx context.Context, addr string, charges []*pb.ChargeRequest, ids []int, replies []*pb.ChargeReply) (again []int) {
-	fail := func(err error) []int {
+func (s *server) forwardBatch(ctx context.Context, addr string, charges []*pb.ChargeRequest, ids []int, replies []*pb.ChargeReply) (again []redirect) {
+	fail := func(err error) []redirect {
 		s.r.stats.ForwardErrors.Add(1)
 		for _, i := range ids {
 			replies[i] = &pb.ChargeReply{Node: s.r.self, Error: &pb.Error{Code: pb.Error_QUOTA_UNAVAILABLE,
@@ -132,9 +141,9 @@ func (s *server) forwardBatch(ctx context.Context, addr string, charges []*pb.Ch
 		return fail(err)
 	}
 	for j, i := range ids {
-		if rep.Replies[j].WrongOwner != nil {
+		if wo := rep.Replies[j].WrongOwner; wo != nil {
 			s.r.stats.WrongOwner.Add(1)
-			again = append(again, i)
+			again = append(again, redirect{i: i, target: wo.OwnerRpc})
 			continue
 		}
 		replies[i] = rep.Replies[j]
@@ -143,9 +152,10 @@ func (s *server) forwardBatch(ctx context.Context, addr string, charges []*pb.Ch
 }
 
 // routeOne decides one charge through Router.Charge (local, or forwarded
-// with WrongOwner followed).
-func (s *server) routeOne(ctx context.Context, c *pb.ChargeRequest, i int, replies []*pb.ChargeReply) {
-	res, err := s.r.Charge(ctx, ChargeRequest{Account: c.Account, EventID: c.EventId, ClientID: c.ClientId, Key: c.Key, Route: c.Route, Units: c.Units})
+// with WrongOwner followed), starting at target when a WrongOwner answer
+// named one.
+func (s *server) routeOne(ctx context.Context, c *pb.ChargeRequest, i int, replies []*pb.ChargeReply, target string) {
+	res, err := s.r.chargeVia(ctx, ChargeRequest{Account: c.Account, EventID: c.EventId, ClientID: c.ClientId, Key: c.Key, Route: c.Route, Units: c.Units}, target)
 	if err != nil {
 		code := pb.Error_INTERNAL
 		msg := err.Error()

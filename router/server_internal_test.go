@@ -56,7 +56,7 @@ func TestRoutedChargeTimeoutIsUnavailable(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	replies := make([]*pb.ChargeReply, 1)
-	(&server{r: r}).routeOne(ctx, &pb.ChargeRequest{Account: "acme", EventId: "e1", ClientId: true, Units: 1}, 0, replies)
+	(&server{r: r}).routeOne(ctx, &pb.ChargeRequest{Account: "acme", EventId: "e1", ClientId: true, Units: 1}, 0, replies, "")
 	if rep := replies[0]; rep.GetError().GetCode() != pb.Error_QUOTA_UNAVAILABLE {
 		t.Fatalf("a routed charge past its deadline: %v, want quota-unavailable", rep)
 	}
