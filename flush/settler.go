@@ -29,7 +29,10 @@ type SettlerOptions struct {
 	Events bool
 	// MaxBackoff caps the wait between failed settles (default 30 s).
 	MaxBackoff time.Duration
-	Logger     *slog.Logger
+	// Heartbeat is how often at least an idle node refreshes its
+	// heartbeat_at in the ledger (default HeartbeatEvery).
+	Heartbeat time.Duration
+	Logger    *slog.Logger
 	// OnSettle, when set, hears every attempt (for metrics).
 	OnSettle func(SettleReport)
 	// AfterCommit, when set, runs after the ledger committed a batch and
@@ -51,15 +54,18 @@ type SettleReport struct {
 
 // Settler ships one node's log to the ledger.
 type Settler struct {
-	opts    SettlerOptions
-	log     logView
-	node    string
-	inc     string
-	mu      sync.Mutex // serialises SettleOnce
-	failed  atomic.Int64
-	lastOK  atomic.Int64 // Unix ns of the last successful settle
-	lastErr atomic.Int64 // Unix ns of the last failed one
-	stats   SettlerStats
+	opts SettlerOptions
+	log  logView
+	node string
+	inc  string
+	mu   sync.Mutex // serialises SettleOnce; protects lastBeat
+	// lastBeat is when this node last wrote its heartbeat to the ledger
+	// (a settle or Register).
+	lastBeat time.Time
+	failed   atomic.Int64
+	lastOK   atomic.Int64 // Unix ns of the last successful settle
+	lastErr  atomic.Int64 // Unix ns of the last failed one
+	stats    SettlerStats
 
 	kick   chan struct{}
 	cancel context.CancelFunc
@@ -83,6 +89,9 @@ type logView interface {
 func NewSettler(opts SettlerOptions) (*Settler, error) {
 	if opts.Ledger == nil || opts.Engine == nil {
 		return nil, errors.New("flush: a Settler needs a Ledger and an Engine")
+	}
+	if opts.Heartbeat <= 0 {
+		opts.Heartbeat = HeartbeatEvery
 	}
 	if opts.Interval <= 0 {
 		opts.Interval = time.Second
@@ -123,6 +132,9 @@ func (s *Settler) Register(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("flush: register node %s: %w", s.node, err)
 	}
+	s.mu.Lock()
+	s.lastBeat = time.Now()
+	s.mu.Unlock()
 	return s.catchUp(ctx, mark)
 }
 
@@ -148,11 +160,31 @@ func (s *Settler) SettleOnce(ctx context.Context) (int, error) {
 	for {
 		n, more, err := s.settleBatch(ctx)
 		total += n
-		if err != nil || !more {
+		if err != nil {
 			return total, err
 		}
+		if n > 0 {
+			s.lastBeat = time.Now() // the settle refreshed heartbeat_at
+		}
+		if !more {
+			break
+		}
 	}
+	if time.Since(s.lastBeat) >= s.opts.Heartbeat {
+		// An idle node still says it is alive, so that quotad revoke can
+		// tell a running node from a lost one.
+		if _, err := s.opts.Ledger.RegisterNode(ctx, s.node, s.inc); err != nil {
+			return total, fmt.Errorf("flush: heartbeat of node %s: %w", s.node, err)
+		}
+		s.lastBeat = time.Now()
+	}
+	return total, nil
 }
+
+// HeartbeatEvery is how often at least a running node refreshes its
+// heartbeat_at in the ledger by default (every settle of records does too;
+// SettlerOptions.Heartbeat).
+const HeartbeatEvery = 15 * time.Second
 
 func (s *Settler) settleBatch(ctx context.Context) (n int, more bool, err error) {
 	prev, durable := s.log.SettledSeq(), s.log.DurableSeq()

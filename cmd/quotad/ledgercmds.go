@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"sort"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -157,7 +159,7 @@ func printUnsettled(out io.Writer, dir string) error {
 
 func newRevokeCmd() *cobra.Command {
 	var dsn, nodeID string
-	var dryRun bool
+	var dryRun, force bool
 	cmd := &cobra.Command{
 		Use:   "revoke",
 		Short: "Free a lost node's reservations",
@@ -166,7 +168,9 @@ gone for good (its disk lost): its reservations otherwise stay frozen so that
 nobody can overshoot a hard limit. Freeing them may let through, twice, up
 to the units the lost node had reserved but not settled: the command says how
 many. A node that comes back frees and re-reserves by itself; never revoke a
-node that is running.`,
+node that is running: a running node writes its heartbeat to the ledger at
+least every 15 s, and revoke refuses a node heard from in the last 2 minutes
+unless --force (a node id the ledger has never seen is refused too).`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if nodeID == "" {
 				return fmt.Errorf("--node is required: the id of the lost node")
@@ -176,16 +180,42 @@ node that is running.`,
 				return err
 			}
 			defer l.Close()
-			return runRevoke(cmd.Context(), cmd.OutOrStdout(), l, nodeID, dryRun)
+			return runRevoke(cmd.Context(), cmd.OutOrStdout(), l, nodeID, dryRun, force, time.Now())
 		},
 	}
 	ledgerFlag(cmd, &dsn)
 	cmd.Flags().StringVar(&nodeID, "node", "", "the lost node's id (required)")
 	cmd.Flags().BoolVar(&dryRun, "dry-run", false, "only list what would be freed")
+	cmd.Flags().BoolVar(&force, "force", false, "revoke even though the node was heard from in the last 2 minutes (only when you know it is stopped)")
 	return cmd
 }
 
-func runRevoke(ctx context.Context, out io.Writer, l flush.Ledger, nodeID string, dryRun bool) error {
+// revokeQuiet is how long a node must have been silent (no heartbeat in
+// the ledger) before revoke frees it without --force: eight heartbeats.
+const revokeQuiet = 8 * flush.HeartbeatEvery
+
+func runRevoke(ctx context.Context, out io.Writer, l flush.Ledger, nodeID string, dryRun, force bool, now time.Time) error {
+	nodes, err := l.Nodes(ctx)
+	if err != nil {
+		return err
+	}
+	var known []string
+	var last time.Time
+	for _, n := range nodes {
+		if n.Node == nodeID && n.Heartbeat.After(last) {
+			last = n.Heartbeat
+		}
+		if !slices.Contains(known, n.Node) {
+			known = append(known, n.Node)
+		}
+	}
+	switch {
+	case last.IsZero():
+		return fmt.Errorf("the ledger has never seen a node %q (it knows: %s); check the id (quotad serve --node-id)", nodeID, strings.Join(known, ", "))
+	case now.Sub(last) < revokeQuiet && !force && !dryRun:
+		return fmt.Errorf("node %s was heard from %s ago (its last heartbeat, at %s): it may be running, and freeing a running node's reservations lets its accounts overshoot. Stop it first, or wait until it has been silent for %s; --force if you know it is stopped",
+			nodeID, now.Sub(last).Round(time.Second), last.UTC().Format(time.RFC3339), revokeQuiet)
+	}
 	held, err := l.Reservations(ctx)
 	if err != nil {
 		return err

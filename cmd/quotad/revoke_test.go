@@ -1,0 +1,47 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/quotaring/quotaring/flush"
+)
+
+// revoke refuses a node heard from lately (it may be running: freeing its
+// reservations would let its accounts overshoot) unless --force, and a node
+// id the ledger has never seen; it frees a node silent for long enough.
+func TestRevokeRefusesARunningNode(t *testing.T) {
+	ctx := context.Background()
+	beat := time.Date(2026, 6, 10, 12, 0, 0, 0, time.UTC)
+	l, err := flush.OpenSQLite(ctx, filepath.Join(t.TempDir(), "ledger.db"), flush.SQLiteOptions{Now: func() time.Time { return beat }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if err := l.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.RegisterNode(ctx, "q1", "q1-inc"); err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	if err := runRevoke(ctx, &out, l, "q1", false, false, beat.Add(30*time.Second)); err == nil || !strings.Contains(err.Error(), "heard from 30s ago") {
+		t.Fatalf("revoke of a node heard from 30 s ago: %v, want a refusal naming how long ago", err)
+	}
+	if err := runRevoke(ctx, &out, l, "q1", true, false, beat.Add(30*time.Second)); err != nil {
+		t.Fatalf("--dry-run of a node heard from lately: %v (a dry run changes nothing: it may look)", err)
+	}
+	if err := runRevoke(ctx, &out, l, "q2", false, true, beat.Add(time.Hour)); err == nil || !strings.Contains(err.Error(), `never seen a node "q2" (it knows: q1)`) {
+		t.Fatalf("revoke of an unknown node: %v", err)
+	}
+	if err := runRevoke(ctx, &out, l, "q1", false, true, beat.Add(30*time.Second)); err != nil {
+		t.Fatalf("--force: %v", err)
+	}
+	if err := runRevoke(ctx, &out, l, "q1", false, false, beat.Add(revokeQuiet)); err != nil {
+		t.Fatalf("revoke of a node silent for %s: %v", revokeQuiet, err)
+	}
+}

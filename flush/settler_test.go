@@ -1,0 +1,66 @@
+package flush
+
+import (
+	"context"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/quotaring/quotaring/engine"
+	"github.com/quotaring/quotaring/wal"
+)
+
+// An idle node still writes its heartbeat to the ledger (quotad revoke
+// tells a running node from a lost one by it).
+func TestIdleSettlerHeartbeats(t *testing.T) {
+	ctx := context.Background()
+	var mu sync.Mutex // protects now
+	now := time.Date(2026, 6, 10, 12, 0, 0, 0, time.UTC)
+	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	l, err := OpenSQLite(ctx, filepath.Join(t.TempDir(), "ledger.db"), SQLiteOptions{Now: clock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if err := l.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	log, err := wal.Open(wal.Options{Dir: t.TempDir(), NodeID: "q1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer log.Close()
+	e, err := engine.Open(engine.Options{Log: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	s, err := NewSettler(SettlerOptions{Ledger: l, Engine: e, Heartbeat: time.Nanosecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Register(ctx); err != nil {
+		t.Fatal(err)
+	}
+	heartbeat := func() time.Time {
+		t.Helper()
+		nodes, err := l.Nodes(ctx)
+		if err != nil || len(nodes) != 1 {
+			t.Fatalf("nodes %v, %v", nodes, err)
+		}
+		return nodes[0].Heartbeat
+	}
+	if h := heartbeat(); !h.Equal(now) {
+		t.Fatalf("heartbeat %s after Register, want %s", h, now)
+	}
+	mu.Lock()
+	now = now.Add(time.Minute)
+	mu.Unlock()
+	if n, err := s.SettleOnce(ctx); err != nil || n != 0 {
+		t.Fatalf("settle of an empty log: %d, %v", n, err)
+	}
+	if h := heartbeat(); !h.Equal(clock()) {
+		t.Fatalf("heartbeat %s after an idle settle a minute on, want %s", h, clock())
+	}
+}
