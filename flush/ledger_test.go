@@ -308,3 +308,21 @@ func TestSQLiteUnavailable(t *testing.T) {
 		t.Errorf("open in a missing directory: %v; want ErrUnavailable naming the path", err)
 	}
 }
+
+// The password leaves messages, and nothing else does: a short password
+// replaced everywhere garbled messages and showed where it was.
+func TestScrubPassword(t *testing.T) {
+	for _, tc := range []struct{ dsn, msg, want string }{
+		{"postgres://quotad:1@127.0.0.1:1/db", "dial tcp 127.0.0.1:1: connect: connection refused",
+			"dial tcp 127.0.0.1:1: connect: connection refused"},
+		{"postgres://postgres:postgres@127.0.0.1:1/postgres", "failed to connect to `user=postgres database=postgres`",
+			"failed to connect to `user=postgres database=postgres`"},
+		{"postgres://quotad:s3cretpass@db/q", "cannot parse postgres://quotad:s3cretpass@db/q; s3cretpass",
+			"cannot parse postgres://quotad:xxxxx@db/q; xxxxx"},
+		{"host=db user=quotad password=abc dbname=q", "bad DSN host=db password=abc dbname=q", "bad DSN host=db password=xxxxx dbname=q"},
+	} {
+		if got := scrubPassword(tc.msg, tc.dsn); got != tc.want {
+			t.Errorf("%s\n got  %q\n want %q", tc.dsn, got, tc.want)
+		}
+	}
+}

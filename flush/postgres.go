@@ -26,6 +26,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -135,13 +136,21 @@ func OpenPostgres(ctx context.Context, dsn string, opts PGOptions) (*Postgres, e
 }
 
 // scrubPassword removes the DSN's password from a message, on top of pgx's
-// own best-effort redaction.
+// own best-effort redaction: in a URL's userinfo, after "password=", and
+// anywhere else when it is long enough not to match innocent text and is
+// not also the user, database or host (a password "1", "tcp" or "postgres"
+// replaced everywhere made messages unreadable and showed where it was).
 func scrubPassword(msg, dsn string) string {
-	if cfg, err := pgconn.ParseConfig(dsn); err == nil && cfg.Password != "" {
+	if cfg, err := pgconn.ParseConfig(dsn); err == nil && len(cfg.Password) >= minScrubLen &&
+		!slices.Contains([]string{cfg.User, cfg.Database, cfg.Host}, cfg.Password) {
 		msg = strings.ReplaceAll(msg, cfg.Password, "xxxxx")
 	}
+	msg = keywordPassword.ReplaceAllString(msg, "password=xxxxx")
 	return userinfoPassword.ReplaceAllString(msg, ":xxxxx@")
 }
+
+// minScrubLen is the shortest password scrubbed wherever it appears.
+const minScrubLen = 6
 
 // Close closes the pool.
 func (p *Postgres) Close() error {

@@ -55,6 +55,9 @@ func Open(ctx context.Context, ledger string, logger *slog.Logger) (Ledger, erro
 // userinfoPassword finds ":password@" in a string that may not parse as a URL.
 var userinfoPassword = regexp.MustCompile(`:[^:@/]*@`)
 
+// keywordPassword finds "password=VALUE" (keyword/value DSNs), quoted or not.
+var keywordPassword = regexp.MustCompile(`password=('[^']*'|\S+)`)
+
 // redactDSN hides the password of a connection string, for messages.
 func redactDSN(dsn string) string {
 	if u, err := url.Parse(dsn); err == nil && u.User != nil {

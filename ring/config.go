@@ -91,8 +91,9 @@ type Config struct {
 	// Resolver resolves join names. If nil, a new net.Resolver is used.
 	Resolver Resolver
 
-	// Logger receives the ring's and memberlist's logs. If nil, logs are
-	// discarded.
+	// Logger receives the ring's and memberlist's logs (memberlist's with
+	// subsystem=memberlist); tag it with the node and component yourself,
+	// the ring adds neither. If nil, logs are discarded.
 	Logger *slog.Logger
 }
 

@@ -95,7 +95,7 @@ func NewFaultNetTransport(bindAddr string, bindPort int, logger *slog.Logger) (*
 	nc := &memberlist.NetTransportConfig{
 		BindAddrs: []string{bindAddr},
 		BindPort:  bindPort,
-		Logger:    newStdLogger(logger.With("component", "memberlist")),
+		Logger:    newStdLogger(logger.With("subsystem", "memberlist")),
 	}
 	// NB: with port 0 the kernel picks a free TCP port, and the UDP port of
 	// the same number can be taken; memberlist retries the same way.

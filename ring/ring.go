@@ -132,8 +132,7 @@ func New(cfg Config) (r *Ring, err error) {
 	if base == nil {
 		base = slog.New(slog.DiscardHandler)
 	}
-	base = base.With("node", cfg.NodeID)
-	logger := base.With("component", "ring")
+	logger := base // NB: the caller tags it (the node adds node and component)
 	r = &Ring{
 		cfg:      cfg,
 		layout:   cfg.Layout(),
@@ -164,7 +163,7 @@ func New(cfg Config) (r *Ring, err error) {
 	mc.Delegate = delegate{r}
 	mc.Events = delegate{r}
 	mc.Conflict = delegate{r}
-	mc.Logger = newStdLogger(base.With("component", "memberlist"))
+	mc.Logger = newStdLogger(base.With("subsystem", "memberlist"))
 	ml, err := memberlist.Create(mc)
 	if err != nil {
 		return nil, fmt.Errorf("ring: start memberlist: %w", err)

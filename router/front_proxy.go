@@ -105,7 +105,7 @@ func NewProxy(upstream *url.URL, opts FrontOptions) (http.Handler, error) {
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			upstreamError(w, r, err, opts.MaxBodyBytes, opts.BillOn != BillOnAlways, log)
 		},
-		ErrorLog: slog.NewLogLogger(log.With("component", "proxy").Handler(), slog.LevelWarn),
+		ErrorLog: slog.NewLogLogger(log.With("subsystem", "proxy").Handler(), slog.LevelWarn),
 	}
 	mw, err := Middleware(opts)
 	if err != nil {

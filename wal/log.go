@@ -115,7 +115,7 @@ func newLog(opts Options, db *pebble.DB, fsCloser io.Closer) *Log {
 		db:        db,
 		fsCloser:  fsCloser,
 		writeOpts: pebble.Sync,
-		log:       opts.Logger.With("component", "wal", "dir", opts.Dir),
+		log:       opts.Logger.With("dir", opts.Dir), // NB: the caller names the component,
 		done:      make(chan struct{}),
 	}
 	if opts.NoSync {
@@ -143,7 +143,7 @@ func (l *Log) recover() error {
 	l.durableSeq.Store(last)
 	l.marks.reset(settled)
 	l.marks.add(last, bytes)
-	l.log.Info("opened", "node", l.opts.NodeID, "incarnation", l.incarnation,
+	l.log.Info("opened", "node_id", l.opts.NodeID, "incarnation", l.incarnation,
 		"settled", settled, "last", last, "unsettled_bytes", bytes)
 	return nil
 }

@@ -45,7 +45,8 @@ type Options struct {
 	// vfs.NewCrashableMem() and reopen from its CrashClone.
 	FS vfs.FS
 
-	// Logger receives Pebble's messages and wal's own. If nil, they are
+	// Logger receives Pebble's messages (with subsystem=pebble) and wal's
+	// own (with dir); tag it with a component yourself. If nil, they are
 	// discarded (never the process-wide slog.Default()).
 	Logger *slog.Logger
 
@@ -146,7 +147,7 @@ func (o Options) pebbleOptions() (*pebble.Options, io.Closer) {
 
 // eventListener logs the Pebble events an operator needs.
 func (o Options) eventListener() *pebble.EventListener {
-	log := o.Logger.With("component", "pebble")
+	log := o.Logger.With("subsystem", "pebble")
 	return &pebble.EventListener{
 		BackgroundError: func(err error) { log.Error("background error", "err", err) },
 		DiskSlow: func(info pebble.DiskSlowInfo) {
@@ -171,11 +172,11 @@ type fatalError struct{ msg string }
 func (e fatalError) Error() string { return "wal: pebble fatal error: " + e.msg }
 
 func (p pebbleLogger) Infof(format string, args ...any) {
-	p.log.Info(fmt.Sprintf(format, args...), "component", "pebble")
+	p.log.Info(fmt.Sprintf(format, args...), "subsystem", "pebble")
 }
 
 func (p pebbleLogger) Errorf(format string, args ...any) {
-	p.log.Error(fmt.Sprintf(format, args...), "component", "pebble")
+	p.log.Error(fmt.Sprintf(format, args...), "subsystem", "pebble")
 }
 
 // Fatalf logs, calls exit and, if exit returns, panics. It never returns:
@@ -183,7 +184,7 @@ func (p pebbleLogger) Errorf(format string, args ...any) {
 // the commit succeeded if it returns.
 func (p pebbleLogger) Fatalf(format string, args ...any) {
 	msg := fmt.Sprintf(format, args...)
-	p.log.Error(msg, "component", "pebble", "fatal", true)
+	p.log.Error(msg, "subsystem", "pebble", "fatal", true)
 	p.exit(1)
 	panic(fatalError{msg: msg})
 }

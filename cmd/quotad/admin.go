@@ -534,7 +534,9 @@ old one). Patterns are Go http.ServeMux patterns: "POST /v1/exports",
 A weight of 0 rate-limits a route without billing it. Requests that match no
 pattern cost --default.`,
 		Example: `  quotad admin routes set --default 1 'GET /v1/tasks=1' 'POST /v1/tasks=2' 'POST /v1/exports=25'
-  quotad admin routes set --default 0 'GET /v1/health=0'`,
+
+  # the same table, with health checks free (list every route: the table is replaced)
+  quotad admin routes set --default 1 'GET /v1/tasks=1' 'POST /v1/tasks=2' 'POST /v1/exports=25' 'GET /v1/health=0'`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			weights := make(map[string]int64, len(args))
 			for _, a := range args {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -29,6 +30,29 @@ func openLedger(ctx context.Context, dsn string) (flush.Ledger, error) {
 	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
 	return flush.Open(ctx, dsn, nil)
+}
+
+// openMigratedLedger opens a ledger that must exist already and be
+// migrated: the commands that read one (reconcile, revoke) must not create
+// an empty SQLite file at a mistyped path and then fail on a missing table.
+func openMigratedLedger(ctx context.Context, dsn string) (flush.Ledger, error) {
+	if path, ok := strings.CutPrefix(dsn, "sqlite:"); ok && path != ":memory:" {
+		if _, err := os.Stat(path); err != nil {
+			return nil, fmt.Errorf("--ledger %s: no ledger there (%v); check the path (quotad serve and quotad migrate create one)", dsn, err)
+		}
+	}
+	l, err := openLedger(ctx, dsn)
+	if err != nil {
+		return nil, err
+	}
+	if v, err := l.SchemaVersion(ctx); err != nil || v == 0 {
+		l.Close()
+		if err == nil {
+			err = errors.New("no schema")
+		}
+		return nil, fmt.Errorf("--ledger %s: not a migrated quotaring ledger (%v); run quotad migrate --ledger ... first, or check the DSN", dsn, err)
+	}
+	return l, nil
 }
 
 func newMigrateCmd() *cobra.Command {
@@ -84,7 +108,7 @@ Exits 0 when everything agrees, 3 when a difference is found, 1 on errors.`,
 }
 
 func runReconcile(ctx context.Context, out io.Writer, dsn string, dataDirs []string, all bool) error {
-	l, err := openLedger(ctx, dsn)
+	l, err := openMigratedLedger(ctx, dsn)
 	if err != nil {
 		return err
 	}
@@ -175,7 +199,7 @@ unless --force (a node id the ledger has never seen is refused too).`,
 			if nodeID == "" {
 				return fmt.Errorf("--node is required: the id of the lost node")
 			}
-			l, err := openLedger(cmd.Context(), dsn)
+			l, err := openMigratedLedger(cmd.Context(), dsn)
 			if err != nil {
 				return err
 			}

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -43,5 +44,25 @@ func TestRevokeRefusesARunningNode(t *testing.T) {
 	}
 	if err := runRevoke(ctx, &out, l, "q1", false, false, beat.Add(revokeQuiet)); err != nil {
 		t.Fatalf("revoke of a node silent for %s: %v", revokeQuiet, err)
+	}
+}
+
+// reconcile and revoke read a ledger: a mistyped SQLite path is an error,
+// not a new empty file; an unmigrated one says to migrate.
+func TestReadingCommandsNeedAMigratedLedger(t *testing.T) {
+	dir := t.TempDir()
+	missing := filepath.Join(dir, "nosuch.db")
+	if _, err := openMigratedLedger(context.Background(), "sqlite:"+missing); err == nil || !strings.Contains(err.Error(), "no ledger there") {
+		t.Fatalf("a missing ledger: %v", err)
+	}
+	if _, err := os.Stat(missing); !os.IsNotExist(err) {
+		t.Fatalf("opening a missing ledger created %s (%v)", missing, err)
+	}
+	empty := filepath.Join(dir, "empty.db")
+	if err := os.WriteFile(empty, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := openMigratedLedger(context.Background(), "sqlite:"+empty); err == nil || !strings.Contains(err.Error(), "run quotad migrate") {
+		t.Fatalf("an unmigrated ledger: %v", err)
 	}
 }

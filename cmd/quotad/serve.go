@@ -119,6 +119,9 @@ func (f *serveFlags) config(logger *slog.Logger) (node.Config, error) {
 			return node.Config{}, fmt.Errorf("--%s %s: want a positive duration such as 1s", name, d)
 		}
 	}
+	if f.reconcileInterval < 0 {
+		return node.Config{}, fmt.Errorf("--reconcile-interval %s: want a positive duration such as 15m, or 0 to turn it off", f.reconcileInterval)
+	}
 	return node.Config{ID: f.nodeID, DataDir: f.dataDir, Ledger: f.ledger,
 		RPCAddr: f.rpcAddr, HTTPAddr: f.httpAddr, AdminAddr: f.adminAddr, GossipAddr: f.gossipAddr,
 		Join: f.join, AdvertiseHost: f.advertiseHost, ReconcileInterval: reconcileInterval(f.reconcileInterval), RingPreset: f.ringPreset, SettleInterval: f.settleInterval, SnapshotInterval: f.snapshotInterval,
@@ -191,8 +194,8 @@ func (ff *frontFlags) build(upstream string) (func(*node.Node) (http.Handler, er
 	if ff.upstreamTimeout <= 0 {
 		return nil, fmt.Errorf("--upstream-timeout %s: want a positive duration such as 30s", ff.upstreamTimeout)
 	}
-	if ff.maxBodyBytes == 0 {
-		return nil, errors.New("--max-body-bytes 0: want a positive size, or -1 for no limit")
+	if ff.maxBodyBytes == 0 || ff.maxBodyBytes < -1 {
+		return nil, fmt.Errorf("--max-body-bytes %d: want a positive size, or -1 for no limit", ff.maxBodyBytes)
 	}
 	opts := func(o router.FrontOptions) router.FrontOptions {
 		o.UsagePath, o.QuotaStatus, o.BillOn = ff.usagePath, ff.quotaStatus, ff.billOn
