@@ -144,6 +144,9 @@ func splitSeed(seed string, defPort int) (host, port string, err error) {
 		return ip.String(), strconv.Itoa(defPort), nil
 	}
 	if !strings.Contains(seed, ":") {
+		if !validHostname(seed) {
+			return "", "", fmt.Errorf("ring: join address %q: not an IP address or a DNS name (letters, digits, '-', '_' and '.')", seed)
+		}
 		return seed, strconv.Itoa(defPort), nil
 	}
 	host, port, err = net.SplitHostPort(seed)
@@ -156,7 +159,32 @@ func splitSeed(seed string, defPort int) (host, port string, err error) {
 	if host == "" {
 		return "", "", fmt.Errorf("ring: join address %q: empty host", seed)
 	}
+	if net.ParseIP(host) == nil && !validHostname(host) {
+		return "", "", fmt.Errorf("ring: join address %q: host %q is not an IP address or a DNS name (letters, digits, '-', '_' and '.')", seed, host)
+	}
 	return host, port, nil
+}
+
+// validHostname reports whether h can be a DNS name: labels of letters,
+// digits, '-' and '_' (Kubernetes service names use '-'), separated by
+// dots, at most 253 bytes. A typo such as "garbage!!" would otherwise only
+// fail to resolve, over and over, while the node serves alone.
+func validHostname(h string) bool {
+	h = strings.TrimSuffix(h, ".")
+	if h == "" || len(h) > 253 {
+		return false
+	}
+	for _, label := range strings.Split(h, ".") {
+		if label == "" || len(label) > 63 {
+			return false
+		}
+		for _, c := range label {
+			if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
+				return false
+			}
+		}
+	}
+	return true
 }
 
 // joinBudget bounds the join New makes before returning.

@@ -70,7 +70,7 @@ func TestSplitSeed(t *testing.T) {
 			t.Errorf("splitSeed(%q) = %q, %q, %v; want %q, %q", tc.in, h, p, err, tc.host, tc.port)
 		}
 	}
-	for _, bad := range []string{"host:http", "host:0", ":7000", "a:b:c"} {
+	for _, bad := range []string{"host:http", "host:0", ":7000", "a:b:c", "garbage!!", "bad host:7000", "a..b", "quotad gossip"} {
 		if _, _, err := splitSeed(bad, 7946); err == nil {
 			t.Errorf("splitSeed(%q) accepted", bad)
 		}
