@@ -214,6 +214,25 @@ const refreshNote = "nodes apply it at their next config refresh (a few seconds)
 
 func pathID(id string) string { return strings.ReplaceAll(id, "/", "%2F") }
 
+// oneID takes exactly one argument, an id as the admin API accepts it (1 to
+// 200 printable characters, no spaces or slashes), and says so before
+// asking a node, which would answer an unroutable path with a bare 404.
+func oneID(what string) cobra.PositionalArgs {
+	return func(_ *cobra.Command, args []string) error {
+		if len(args) != 1 {
+			return fmt.Errorf("want one %s, got %d arguments", what, len(args))
+		}
+		id := args[0]
+		if id == "" || len(id) > 200 || strings.ContainsFunc(id, func(c rune) bool { return c <= ' ' || c == '/' || c == 0x7f }) {
+			return fmt.Errorf("%s %q: want 1 to 200 characters without spaces, slashes or control characters", what, id)
+		}
+		if what == "key id" && strings.HasPrefix(id, node.KeyPrefix) {
+			return fmt.Errorf("%q is an API key itself; revoke takes the key's id (key_..., printed when the key was made, and by quotad admin accounts show ACCOUNT)", id)
+		}
+		return nil
+	}
+}
+
 // --- plans ------------------------------------------------------------------
 
 func newAdminPlansCmd(c *adminClient) *cobra.Command {
@@ -235,7 +254,7 @@ records the overage for billing.`,
 		Example: `  quotad admin plans set pro --rate 10/s --burst 20 --quota 100000 --hard
   quotad admin plans set credits-only --quota 0 --hard
   quotad admin plans set metered --rate 50/s --quota 1000000 --soft`,
-		Args: cobra.ExactArgs(1),
+		Args: oneID("plan id"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			body := map[string]any{"monthly_quota": quota, "hard": hard && !soft}
 			if rate != "" {
@@ -319,7 +338,7 @@ func newAdminAccountsCmd(c *adminClient) *cobra.Command {
 		Use:     "set ID --plan PLAN",
 		Short:   "Create an account or move it to another plan",
 		Example: `  quotad admin accounts set acme --plan pro`,
-		Args:    cobra.ExactArgs(1),
+		Args:    oneID("account id"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var out struct{ ID, Plan string }
 			return c.run(cmd, "PUT", "/admin/v1/accounts/"+pathID(args[0]), map[string]string{"plan": plan}, &out, func(w io.Writer) {
@@ -340,7 +359,7 @@ units, and its settled usage by route for a month (the current one by default).
 Settled figures trail the charges by up to one settle interval.`,
 		Example: `  quotad admin accounts show acme
   quotad admin accounts show acme --period 2026-05 --json`,
-		Args: cobra.ExactArgs(1),
+		Args: oneID("account id"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			path := "/admin/v1/accounts/" + pathID(args[0])
 			if period != "" {
@@ -426,7 +445,7 @@ The reminder goes to stderr, so that
   quotad admin keys create acme --json | jq -r .key
 prints the key alone.`,
 		Example: `  quotad admin keys create acme`,
-		Args:    cobra.ExactArgs(1),
+		Args:    oneID("account id"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var k node.NewKey
 			err := c.run(cmd, "POST", "/admin/v1/accounts/"+pathID(args[0])+"/keys", nil, &k, func(w io.Writer) {
@@ -443,7 +462,7 @@ prints the key alone.`,
 		Use:     "revoke KEY_ID",
 		Short:   "Revoke an API key (by its id, not the key itself)",
 		Example: `  quotad admin keys revoke key_5xq2m7d3kq0a4g8r`,
-		Args:    cobra.ExactArgs(1),
+		Args:    oneID("key id"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return c.run(cmd, "DELETE", "/admin/v1/keys/"+pathID(args[0]), nil, nil, func(w io.Writer) {
 				fmt.Fprintf(w, "key %s revoked; %s\n", args[0], refreshNote)
@@ -479,7 +498,7 @@ func newAdminGrantsCmd(c *adminClient) *cobra.Command {
 the month's quota included.`,
 		Example: `  quotad admin grants add acme --units 5000
   quotad admin grants add acme --units 100000 --starts 2026-07-01 --expires 2027-07-01 --id order-1234`,
-		Args: cobra.ExactArgs(1),
+		Args: oneID("account id"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			body := map[string]any{"units": units}
 			for _, f := range []struct{ flag, val, field string }{{"starts", starts, "starts_at"}, {"expires", expires, "expires_at"}} {

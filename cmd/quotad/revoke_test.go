@@ -66,3 +66,22 @@ func TestReadingCommandsNeedAMigratedLedger(t *testing.T) {
 		t.Fatalf("an unmigrated ledger: %v", err)
 	}
 }
+
+// Ids the admin API would not route are refused before any request, and an
+// API key given where its id is wanted is named as such.
+func TestAdminIDArguments(t *testing.T) {
+	for _, tc := range []struct {
+		what, id, want string
+	}{
+		{"plan id", "bad id/x", "without spaces, slashes"},
+		{"plan id", "", "1 to 200 characters"},
+		{"key id", "qr_live_abc", "is an API key itself"},
+		{"account id", "acme", ""},
+		{"key id", "key_5xq2m7d3kq0a4g8r", ""},
+	} {
+		err := oneID(tc.what)(nil, []string{tc.id})
+		if (tc.want == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), tc.want)) {
+			t.Errorf("%s %q: %v, want %q", tc.what, tc.id, err, tc.want)
+		}
+	}
+}
