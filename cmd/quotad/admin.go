@@ -556,6 +556,7 @@ pattern cost --default.`,
 
   # the same table, with health checks free (list every route: the table is replaced)
   quotad admin routes set --default 1 'GET /v1/tasks=1' 'POST /v1/tasks=2' 'POST /v1/exports=25' 'GET /v1/health=0'`,
+		Args: cobra.ArbitraryArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			weights := make(map[string]int64, len(args))
 			for _, a := range args {

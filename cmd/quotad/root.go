@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"strings"
 
@@ -28,11 +29,46 @@ A flag on the command line wins over the environment.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
+			warnUnknownEnv(cmd.ErrOrStderr(), cmd.Root(), os.Environ())
 			return bindEnv(cmd.Flags())
 		},
 	}
 	root.AddCommand(newServeCmd(), newDemoCmd(), newBenchCmd(), newMigrateCmd(), newReconcileCmd(), newRevokeCmd(), newAdminCmd(), newChaosCmd())
+	noStrayArgs(root)
 	return root
+}
+
+// noStrayArgs makes every command that declares no arguments refuse them
+// ('quotad migrate extra' was accepted and the word ignored).
+func noStrayArgs(c *cobra.Command) {
+	if c.Args == nil && !c.HasSubCommands() {
+		c.Args = cobra.NoArgs
+	}
+	for _, sub := range c.Commands() {
+		noStrayArgs(sub)
+	}
+}
+
+// warnUnknownEnv warns about QUOTAD_* variables that match no flag of any
+// command: a misspelt QUOTAD_SETTLE_INTRVAL would otherwise be ignored in
+// silence.
+func warnUnknownEnv(w io.Writer, root *cobra.Command, environ []string) {
+	known := map[string]bool{}
+	var walk func(*cobra.Command)
+	walk = func(c *cobra.Command) {
+		c.Flags().VisitAll(func(f *pflag.Flag) { known[envName(f.Name)] = true })
+		c.PersistentFlags().VisitAll(func(f *pflag.Flag) { known[envName(f.Name)] = true })
+		for _, sub := range c.Commands() {
+			walk(sub)
+		}
+	}
+	walk(root)
+	for _, kv := range environ {
+		name, _, _ := strings.Cut(kv, "=")
+		if strings.HasPrefix(name, "QUOTAD_") && !known[name] {
+			fmt.Fprintf(w, "quotad: warning: %s matches no flag of any quotad command; ignored (a typo?)\n", name)
+		}
+	}
 }
 
 // bindEnv sets every flag not given on the command line from QUOTAD_<NAME>.
