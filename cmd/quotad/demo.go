@@ -44,7 +44,7 @@ keys through the nodes' proxies:
   retry-co  sends every request 3 times with one Idempotency-Key
   spam-co   hammers far past its rate limit
 
-At 40% of the run, one node is killed with SIGKILL: its accounts move to the
+At 40% of the run (of 17 s or more), one node is killed with SIGKILL: its accounts move to the
 others (requests are refused quota-unavailable meanwhile, never decided
 twice), then it is restarted with its data dir. At the end every node
 settles and the demo compares what clients were told with what the ledger
@@ -66,7 +66,7 @@ prints plain lines.`,
 		},
 	}
 	fl := cmd.Flags()
-	fl.DurationVar(&f.duration, "duration", 60*time.Second, "how long the customers' traffic runs (10s to 30m); a node is killed at 40% and restarted a while later")
+	fl.DurationVar(&f.duration, "duration", 60*time.Second, "how long the customers' traffic runs (10s to 30m); a node is killed at 40% and restarted a while later (from 17s, with 2 or more nodes)")
 	fl.IntVar(&f.nodes, "nodes", 3, "quotad processes to run (1 to 9); with 1 there is no failover to show")
 	fl.StringVar(&f.dir, "dir", "", "where the data dirs, node logs and the ledger go: a new or empty directory (default: a temp dir)")
 	fl.BoolVar(&f.keep, "keep", false, "keep the directory at the end (it is also kept when the demo fails)")
