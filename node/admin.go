@@ -25,7 +25,9 @@ func (n *Node) adminHandler() *http.ServeMux {
 	mux.HandleFunc("GET /status", n.statusPage) // status.go
 	mux.Handle("GET /metrics", promhttp.HandlerFor(n.reg, promhttp.HandlerOpts{Registry: n.reg}))
 	mux.HandleFunc("GET /debug/pprof/", pprof.Index)
-	mux.HandleFunc("GET /debug/pprof/cmdline", pprof.Cmdline)
+	// NB: no /debug/pprof/cmdline: the command line may hold --admin-token,
+	// --alert-secret or a DSN with a password, and this port has no token.
+	mux.HandleFunc("GET /debug/pprof/cmdline", http.NotFound)
 	mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
 	mux.HandleFunc("GET /debug/pprof/symbol", pprof.Symbol)
 	mux.HandleFunc("GET /debug/pprof/trace", pprof.Trace)

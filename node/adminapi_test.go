@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -135,6 +136,17 @@ func TestAdminAPI(t *testing.T) {
 		}
 		if status, raw := adminCall(t, n1, "wrong-token-wrong-token", "GET", "/admin/v1/plans", nil, nil); status != http.StatusUnauthorized {
 			t.Fatalf("wrong token: %d %s", status, raw)
+		}
+		// The admin port has no token in front of pprof: its command line,
+		// which may hold the token, is not served.
+		res, err := http.Get("http://" + n1.AdminAddr() + "/debug/pprof/cmdline")
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(res.Body)
+		res.Body.Close()
+		if res.StatusCode != http.StatusNotFound || strings.Contains(string(body), os.Args[0]) {
+			t.Fatalf("/debug/pprof/cmdline: %d %q, want 404", res.StatusCode, body)
 		}
 		// Unknown paths and methods answer problems too, after the token check.
 		if status, _ := adminCall(t, n1, "", "GET", "/admin/v1/nope", nil, nil); status != http.StatusUnauthorized {
