@@ -73,8 +73,8 @@ type Alert struct {
 	Account   string    `json:"account"`
 	Period    string    `json:"period"`    // "2026-06", a calendar month in UTC
 	Threshold int       `json:"threshold"` // percent of the period's quota
-	Used      int64     `json:"used"`      // units used when the threshold was crossed
-	Limit     int64     `json:"limit"`     // units of the active grants (quota and credits)
+	Used      int64     `json:"used"`      // units of the month's quota used when the threshold was crossed
+	Limit     int64     `json:"limit"`     // units of the month's quota (credits not included)
 	At        time.Time `json:"at"`        // when the node saw the crossing
 }
 
@@ -260,13 +260,21 @@ func reached(used, limit int64, pct int) bool {
 // is durable, for every charge this node answered as the owner. It never
 // blocks: most calls return after a few comparisons, without a lock.
 func (a *alerter) onCharge(account string, d *shard.Decision, err error) {
-	if err != nil || d == nil || d.Limit <= 0 || d.Reset <= 0 {
-		return
+	if err != nil || d == nil || d.MonthUnits <= 0 || d.Reset <= 0 {
+		return // NB: a plan without a monthly quota (credits only) has no alerts
 	}
-	used := d.Limit - d.Remaining
+	// The month's quota, not the credits beside it: credits count their use
+	// since they were granted, which would raise alerts in a month that has
+	// barely begun, and a large credit would hide the quota running out.
+	used, limit := d.MonthUsed, d.MonthUnits
+	if d.Reason == shard.QuotaExceeded {
+		// Refused for want of units: the month is used up for this account
+		// even if a few units are left that no route costs as little as.
+		used = max(used, limit)
+	}
 	var crossed uint32
 	for i, t := range a.thresholds {
-		if !reached(used, d.Limit, t) {
+		if !reached(used, limit, t) {
 			break // ascending
 		}
 		crossed |= 1 << i
@@ -287,7 +295,7 @@ func (a *alerter) onCharge(account string, d *shard.Decision, err error) {
 		if fresh&bit == 0 {
 			continue
 		}
-		qa := queuedAlert{Alert: Alert{Account: account, Period: period.String(), Threshold: t, Used: used, Limit: d.Limit, At: at},
+		qa := queuedAlert{Alert: Alert{Account: account, Period: period.String(), Threshold: t, Used: used, Limit: limit, At: at},
 			period: period, bit: bit}
 		select {
 		case a.queue <- qa:

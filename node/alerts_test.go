@@ -156,7 +156,7 @@ func TestAlertsOncePerThresholdAndPeriod(t *testing.T) {
 		other = nodes[1]
 	}
 	june := shard.PeriodOf(clock.Now().Wall)
-	other.alerts.onCharge("acme", &shard.Decision{Reason: shard.OK, Limit: 10, Remaining: 0, Reset: june.End() / 1e9}, nil)
+	other.alerts.onCharge("acme", decision(10, 10, june), nil)
 	waitFor(t, 10*time.Second, "the other node's claims to fail", func() bool { return other.alerts.stats.AlreadySent.Load() == 2 })
 
 	// July: alerts again.
@@ -229,7 +229,7 @@ func testLedger(t *testing.T) flush.Ledger {
 var june2026 = shard.PeriodOf(time.Date(2026, 6, 10, 0, 0, 0, 0, time.UTC).UnixNano())
 
 func decision(used, limit int64, p shard.Period) *shard.Decision {
-	return &shard.Decision{Reason: shard.OK, Limit: limit, Remaining: limit - used, Reset: p.End() / 1e9}
+	return &shard.Decision{Reason: shard.OK, Limit: limit, Remaining: limit - used, MonthUnits: limit, MonthUsed: used, Reset: p.End() / 1e9}
 }
 
 func TestAlertRetriesAreBounded(t *testing.T) {
@@ -360,5 +360,47 @@ func TestSignAlert(t *testing.T) {
 	// a shell: printf '%s' '1782648000.{}' | openssl dgst -sha256 -hmac secret
 	if got := SignAlert([]byte("secret"), "1782648000", []byte(`{}`)); got != "sha256=be889f8acb309578e1f217b21414ba89c31573e08b7b5f993feba197d36de7ba" {
 		t.Fatalf("vector: %s", got)
+	}
+}
+
+// Alerts measure the month's quota, not the credits beside it: credits
+// spent in an earlier month do not raise an alert at a new month's first
+// charge, a large credit does not hide the quota running out, and an
+// account refused for want of units has reached 100 % even with a few
+// units left that no route costs as little as.
+func TestAlertsMeasureTheMonthsQuota(t *testing.T) {
+	newAlerter := func() *alerter {
+		return &alerter{n: &Node{clock: engine.NewManualClock(time.Unix(0, 0))}, log: slog.New(slog.DiscardHandler),
+			thresholds: []int{80, 100}, queue: make(chan queuedAlert, 8), memo: map[string]alertMemo{}}
+	}
+	reset := june2026.End() / 1e9
+	// June's first charge: 1,000 of quota unused, 9,000 of 10,000 credits
+	// spent in May (Limit and Remaining count them).
+	a := newAlerter()
+	a.onCharge("acme", &shard.Decision{Reason: shard.OK, Limit: 11000, Remaining: 2000, MonthUnits: 1000, MonthUsed: 1, Reset: reset}, nil)
+	if len(a.queue) != 0 {
+		t.Fatalf("%d alerts at 0.1 %% of the month's quota (credits spent in May)", len(a.queue))
+	}
+	// The quota 85 % used beside a credit of 100,000 barely touched.
+	a.onCharge("acme", &shard.Decision{Reason: shard.OK, Limit: 101000, Remaining: 99150, MonthUnits: 1000, MonthUsed: 850, Reset: reset}, nil)
+	if qa := <-a.queue; qa.Threshold != 80 || qa.Used != 850 || qa.Limit != 1000 {
+		t.Fatalf("queued %+v, want the 80 %% alert of the month's 1,000", qa.Alert)
+	}
+	// Hard plan: 999 of 1,000 used, every route costs 3: refused, and that
+	// is the 100 % alert.
+	a = newAlerter()
+	a.onCharge("acme", &shard.Decision{Reason: shard.QuotaExceeded, Limit: 1000, Remaining: 1, MonthUnits: 1000, MonthUsed: 999, Reset: reset, RetryAfter: 1}, nil)
+	var got []int
+	for len(a.queue) > 0 {
+		got = append(got, (<-a.queue).Threshold)
+	}
+	if !slices.Equal(got, []int{80, 100}) {
+		t.Fatalf("alerts %v after a refusal for want of units, want [80 100]", got)
+	}
+	// A plan without a monthly quota (credits only) has no alerts.
+	a = newAlerter()
+	a.onCharge("acme", &shard.Decision{Reason: shard.QuotaExceeded, Limit: 500, Remaining: 0, Reset: reset, RetryAfter: shard.Never}, nil)
+	if len(a.queue) != 0 {
+		t.Fatal("an alert for an account without a monthly quota")
 	}
 }

@@ -377,6 +377,9 @@ func (a *Account) fill(d *Decision, now Now, wall int64) {
 		if g := &a.grants[i]; g.active(wall) {
 			d.Limit += g.units
 			d.Remaining += g.free()
+			if g.monthly {
+				d.MonthUnits, d.MonthUsed = g.units, g.used
+			}
 		}
 	}
 	if plan := &a.cfg.Plan; !plan.Rate.Unlimited() {

@@ -204,10 +204,14 @@ func TestCreditsSoonestExpiringFirstAndNeverExpired(t *testing.T) {
 		{ID: "soon", Units: 5, StartsAt: at("2026-01-01T00:00:00Z").Wall, ExpiresAt: at("2026-06-20T00:00:00Z").Wall},
 	}}
 	a := NewAccount(cfg)
-	_, rec := charge(a, "e1", 12, jun, &p)
+	d, rec := charge(a, "e1", 12, jun, &p)
 	want := "[{soon 5} {m:2026-06 7}]"
 	if got := fmt.Sprint(rec.Allocs); got != want {
 		t.Fatalf("allocation %s, want %s (soonest-expiring first, expired credit untouched)", got, want)
+	}
+	// The decision tells the month's quota apart from the credits.
+	if d.MonthUnits != 10 || d.MonthUsed != 7 || d.Limit != 35 || d.Remaining != 23 {
+		t.Fatalf("decision month %d/%d, all grants %d left of %d; want 7/10, 23 of 35", d.MonthUsed, d.MonthUnits, d.Remaining, d.Limit)
 	}
 	_, rec = charge(a, "e2", 10, jun, &p)
 	if got := fmt.Sprint(rec.Allocs); got != "[{m:2026-06 3} {late 7}]" {
