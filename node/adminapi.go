@@ -292,6 +292,11 @@ func jsonKind(goKind string) string {
 	return "a " + goKind
 }
 
+// maxUnits bounds a monthly quota and a grant's units: an account's grants
+// are summed (Limit, Remaining), and a few near the int64 limit would
+// overflow into a negative limit. 10^15 is far beyond any real plan.
+const maxUnits = 1e15
+
 // checkID validates an id from the path: printable, no spaces or slashes.
 func checkID(field, id string) error {
 	if id == "" || len(id) > 200 {
@@ -366,6 +371,8 @@ func (n *Node) putPlan(ctx context.Context, w http.ResponseWriter, r *http.Reque
 		return badInput("monthly_quota", "required: units per calendar month (0 for a plan that runs on credits only)")
 	case *b.MonthlyQuota < 0:
 		return badInput("monthly_quota", "%d is negative", *b.MonthlyQuota)
+	case *b.MonthlyQuota > maxUnits:
+		return badInput("monthly_quota", "%d is more than %d units (sums of grants must not overflow)", *b.MonthlyQuota, int64(maxUnits))
 	case b.Hard == nil:
 		return badInput("hard", "required: true refuses requests past the quota, false lets them through and records overage")
 	case b.Burst != nil && *b.Burst < 0:
@@ -628,6 +635,8 @@ func (n *Node) addGrant(ctx context.Context, w http.ResponseWriter, r *http.Requ
 		return badInput("units", "required: the number of units granted")
 	case *b.Units <= 0:
 		return badInput("units", "%d: want a positive number of units", *b.Units)
+	case *b.Units > maxUnits:
+		return badInput("units", "%d is more than %d units (sums of grants must not overflow)", *b.Units, int64(maxUnits))
 	case g.ID == "":
 		g.ID = newID("g_")
 	case strings.HasPrefix(g.ID, "m:"):

@@ -163,6 +163,7 @@ func TestAdminAPI(t *testing.T) {
 		wantProblem(t, n1, "PUT", "/admin/v1/plans/gold", map[string]any{"montly_quota": 5, "hard": true}, 400, "montly_quota")
 		wantProblem(t, n1, "PUT", "/admin/v1/plans/gold", map[string]any{"monthly_quota": "lots", "hard": true}, 400, "monthly_quota")
 		wantProblem(t, n1, "PUT", "/admin/v1/plans/gold", map[string]any{"monthly_quota": -1, "hard": true}, 400, "monthly_quota")
+		wantProblem(t, n1, "PUT", "/admin/v1/plans/gold", map[string]any{"monthly_quota": int64(4e18), "hard": true}, 400, "monthly_quota")
 		wantProblem(t, n1, "PUT", "/admin/v1/plans/gold", `{"monthly_quota": 5,`, 400, "body")
 		wantProblem(t, n1, "PUT", "/admin/v1/accounts/acme", map[string]any{"plan": "no-such-plan"}, 400, "plan")
 		wantProblem(t, n1, "PUT", "/admin/v1/accounts/acme", map[string]any{}, 400, "plan")
@@ -199,6 +200,7 @@ func TestAdminAPI(t *testing.T) {
 	wantProblem(t, n1, "POST", "/admin/v1/accounts/acme/grants", map[string]any{"units": 5, "expires_at": "tomorrow"}, 400, "expires_at")
 	wantProblem(t, n1, "POST", "/admin/v1/accounts/acme/grants", map[string]any{"units": 5, "expires_at": "2999-01-01T00:00:00Z"}, 400, "expires_at")
 	wantProblem(t, n1, "POST", "/admin/v1/accounts/acme/grants", map[string]any{"units": -5}, 400, "units")
+	wantProblem(t, n1, "POST", "/admin/v1/accounts/acme/grants", map[string]any{"units": int64(9e18)}, 400, "units")
 	wantProblem(t, n1, "POST", "/admin/v1/accounts/acme/grants", map[string]any{"units": 5, "id": grant.ID}, 400, "id")
 	var routes RoutesView
 	if status, raw := adminCall(t, n1, testAdminToken, "PUT", "/admin/v1/routes",

@@ -189,7 +189,10 @@ func (n *Node) startAlerts() error {
 	}
 	setDefault(&c.AlertRetry, 2*time.Second)
 	a := &alerter{n: n, log: n.log.With("component", "alerts"), url: c.AlertWebhook, secret: []byte(c.AlertSecret),
-		thresholds: thresholds, retry: c.AlertRetry, client: &http.Client{Timeout: alertTimeout},
+		thresholds: thresholds, retry: c.AlertRetry, client: &http.Client{Timeout: alertTimeout,
+			// A redirect would turn the POST into a bodiless GET whose 2xx
+			// counts as delivered: a 3xx is an answer, and not a 2xx.
+			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }},
 		queue: make(chan queuedAlert, alertQueueSize), memo: make(map[string]alertMemo)}
 	counter := func(name, help string, v *atomic.Int64) prometheus.Collector {
 		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help}, func() float64 { return float64(v.Load()) })
@@ -437,7 +440,7 @@ func (a *alerter) step(ctx context.Context, d *delivery) (done bool) {
 		return true
 	case err == nil && status < 500 && status != http.StatusTooManyRequests:
 		a.stats.Failed.Add(1)
-		logger.Error("alert refused by the webhook: not retried (a 4xx answer is final; check the receiver's signature check and secret)", "status", status)
+		logger.Error("alert refused by the webhook: not retried (a 4xx answer is final: check the receiver's signature check and secret; a 3xx is not followed: point --alert-webhook at the final URL)", "status", status)
 		return true
 	case d.attempts >= alertAttempts:
 		a.stats.Failed.Add(1)

@@ -72,6 +72,9 @@ func (rc *receiver) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if rc.status != 0 {
+		if rc.status/100 == 3 {
+			w.Header().Set("Location", "/moved") // where a redirect-following client would GET, bodiless
+		}
 		w.WriteHeader(rc.status)
 		return
 	}
@@ -242,6 +245,7 @@ func TestAlertRetriesAreBounded(t *testing.T) {
 		{"5xx retried until given up", http.StatusBadGateway, alertAttempts, alertAttempts},
 		{"429 retried", http.StatusTooManyRequests, alertAttempts, alertAttempts},
 		{"4xx final", http.StatusUnauthorized, 1, 1},
+		{"3xx final, not followed", http.StatusFound, 1, 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			rc := &receiver{status: tc.status}
