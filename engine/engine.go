@@ -133,8 +133,12 @@ type stripe struct {
 
 // entry is an account plus what the driver keeps beside it.
 type entry struct {
-	acct    *shard.Account
-	dirty   bool  // changed since its last checkpoint
+	acct  *shard.Account
+	dirty bool // changed since its last checkpoint
+	// broken is set when the log refused a record whose change the account
+	// already holds in memory (the log failed or is closing): the account
+	// then answers this error, never a decision that rests on that change.
+	broken  error
 	chunk   int64 // size of its last reservation
 	topping bool  // a top-up is queued
 	// waiting is the units of charges blocked on a reservation right now: a
@@ -261,7 +265,9 @@ func (e *Engine) appendLocked(st *stripe, ent *entry) (uint64, error) {
 	st.buf = st.rec.AppendEncode(st.buf[:0])
 	seq, err := e.log.Append(st.buf)
 	if err != nil {
-		return 0, fmt.Errorf("engine: log %s for account %q: %w", st.rec.Type, st.rec.Account, err)
+		err = fmt.Errorf("engine: log %s for account %q: %w", st.rec.Type, st.rec.Account, err)
+		ent.broken = fmt.Errorf("%w (the account's state in memory is ahead of its log: it answers nothing until the node restarts from the log)", err)
+		return 0, err
 	}
 	ent.acct.LastSeq = seq
 	ent.dirty = true
@@ -488,6 +494,9 @@ func (e *Engine) chargeOnce(account string, req *shard.Charge) (Result, error) {
 	if !ok {
 		return Result{Decision: shard.Decision{Reason: shard.UnknownAccount}, EventID: req.EventID}, nil
 	}
+	if ent.broken != nil {
+		return Result{}, ent.broken
+	}
 	now := e.clock.Now()
 	d := ent.acct.Charge(req, now, &e.params, &st.rec)
 	res := Result{Decision: d, EventID: req.EventID}
@@ -495,6 +504,12 @@ func (e *Engine) chargeOnce(account string, req *shard.Charge) (Result, error) {
 		ent.waiting += d.Shortfall // until the caller's reservation round trip ends (wait)
 	}
 	if st.rec.Type == 0 {
+		if d.Reason == shard.Replayed {
+			// The charge it replays may still be on its way to the disk: the
+			// answer waits for the account's last record, which is at or
+			// after it (the log is durable in order). G2.
+			res.Seq = max(res.Seq, ent.acct.LastSeq)
+		}
 		return res, nil
 	}
 	seq, err := e.appendLocked(st, ent)
@@ -554,7 +569,17 @@ func (e *Engine) refundWith(ctx context.Context, account, eventID string, apply 
 		st.mu.Unlock()
 		return shard.Decision{Reason: shard.UnknownAccount}, nil
 	}
+	if ent.broken != nil {
+		st.mu.Unlock()
+		return shard.Decision{}, ent.broken
+	}
 	d := apply(ent.acct, e.clock.Now(), &st.rec)
+	if st.rec.Type == 0 && (d.Reason == shard.AlreadyRefunded || d.Reason == shard.Kept) {
+		// Answers that rest on records that may not be durable yet (the
+		// refund, or the retry served under the charge): wait for the
+		// account's last record.
+		d.Seq = max(d.Seq, ent.acct.LastSeq)
+	}
 	if st.rec.Type != 0 {
 		seq, err := e.appendLocked(st, ent)
 		if err != nil {

@@ -246,3 +246,69 @@ func TestNotOwnerRefuses(t *testing.T) {
 		t.Fatal("charged an account it does not own")
 	}
 }
+
+// A retry answered Replayed waits for the charge it replays to be durable
+// (G2): the answer carries the account's last record, not 0. Likewise an
+// AlreadyRefunded answer waits for the refund's record. (Found by review: a
+// retry arriving during the original's fsync was acknowledged at once, and
+// a crash then lost a charge the client had been told about.)
+func TestReplayWaitsForTheChargeItReplays(t *testing.T) {
+	e := openEngine(t, t.TempDir(), NewManualClock(time.Date(2026, 6, 10, 0, 0, 0, 0, time.UTC)), testSnapshot(t, map[string]int64{"acme": 20}))
+	ctx := context.Background()
+	first, wait, err := e.ChargeEarly(ctx, "acme", shard.Charge{EventID: "x", ClientID: true, Units: 1})
+	if err != nil || first.Reason != shard.OK || first.Seq == 0 {
+		t.Fatalf("first: %+v %v", first, err)
+	}
+	retry, wait2, err := e.ChargeEarly(ctx, "acme", shard.Charge{EventID: "x", ClientID: true, Units: 1})
+	if err != nil || retry.Reason != shard.Replayed {
+		t.Fatalf("retry: %+v %v", retry, err)
+	}
+	if retry.Seq < first.Seq {
+		t.Fatalf("the replay's answer rests on seq %d, before the charge it replays (%d): it would be acknowledged before that is durable", retry.Seq, first.Seq)
+	}
+	if err := wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := wait2(ctx); err != nil {
+		t.Fatal(err)
+	}
+	d, err := e.Refund(ctx, "acme", "x", nil)
+	if err != nil || d.Reason != shard.Refunded {
+		t.Fatalf("refund: %+v %v", d, err)
+	}
+	again, err := e.Refund(ctx, "acme", "x", nil)
+	if err != nil || again.Reason != shard.AlreadyRefunded || again.Seq < d.Seq {
+		t.Fatalf("second refund: %+v %v; want already-refunded resting on seq >= %d", again, err, d.Seq)
+	}
+}
+
+// When the log refuses a record (it failed, or is closing), the account's
+// memory already holds the change: it answers errors from then on, never a
+// decision resting on the unlogged change (a retry is not "replayed").
+func TestUnloggedChangeIsNeverAnswered(t *testing.T) {
+	dir := t.TempDir()
+	l := openLog(t, dir)
+	e, err := Open(Options{Log: l, Clock: NewManualClock(time.Date(2026, 6, 10, 0, 0, 0, 0, time.UTC))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	if err := e.SetSnapshot(testSnapshot(t, map[string]int64{"acme": 20})); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if _, err := e.Charge(ctx, "acme", shard.Charge{EventID: "a", ClientID: true, Units: 1}); err != nil {
+		t.Fatal(err)
+	}
+	l.Close() // the log refuses records from now on
+	if _, err := e.Charge(ctx, "acme", shard.Charge{EventID: "y", ClientID: true, Units: 1}); err == nil {
+		t.Fatal("a charge the log refused was answered")
+	}
+	res, err := e.Charge(ctx, "acme", shard.Charge{EventID: "y", ClientID: true, Units: 1})
+	if err == nil {
+		t.Fatalf("the retry of a charge the log refused was answered %s", res.Reason)
+	}
+	if _, err := e.Refund(ctx, "acme", "a", nil); err == nil {
+		t.Fatal("a refund on an account whose memory is ahead of its log was answered")
+	}
+}
