@@ -114,6 +114,12 @@ type Engine struct {
 	stats    Stats
 	// unreleased are hand-backs the ledger refused, retried (reserve.go).
 	unreleased unreleased
+	// forgotten holds the last state of accounts Forget dropped while they
+	// had changes not yet checkpointed, for the next settle to write
+	// (settle.go): otherwise a restart would bring back an older checkpoint
+	// whose records that settle deleted.
+	forgotMu  sync.Mutex // protects forgotten
+	forgotten map[string]wal.Checkpoint
 
 	topups chan string
 	ctx    context.Context // canceled by Close: stops the top-up loop and its ledger calls

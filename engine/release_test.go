@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/quotaring/quotaring/shard"
+	"github.com/quotaring/quotaring/wal"
 )
 
 // fakeLedger grants what is asked and records what is handed back; while
@@ -233,5 +235,60 @@ func TestChargeManyReservesConcurrently(t *testing.T) {
 	defer ledger.arrivedMu.Unlock()
 	if ledger.arrived != 3 {
 		t.Errorf("%d reservations asked for, want 3 (one per account: a's later charges fit in its first)", ledger.arrived)
+	}
+}
+
+// An account dropped from memory (Forget) with changes not yet checkpointed
+// has its last state written at the next settle: the settle deletes the
+// records of those changes, and a restart must not bring back the older
+// checkpoint (here: an allowance already handed back to the ledger, which
+// the node would spend again if the account came back to it while the
+// ledger was down).
+func TestForgottenAccountIsCheckpointed(t *testing.T) {
+	ledger := &fakeLedger{reserved: map[string]int64{}, released: map[string]int64{}}
+	dir := t.TempDir()
+	var owns atomic.Bool
+	owns.Store(true)
+	open := func() (*Engine, *wal.Log) {
+		l := openLog(t, dir)
+		e, err := Open(Options{Log: l, Clock: NewManualClock(time.Date(2026, 6, 10, 0, 0, 0, 0, time.UTC)), Reserver: ledger,
+			Owns: func(string) bool { return owns.Load() }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return e, l
+	}
+	e, l := open()
+	if err := e.SetSnapshot(testSnapshot(t, map[string]int64{"acme": 1000})); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if res, err := e.Charge(ctx, "acme", shard.Charge{EventID: "e1", ClientID: true, Units: 1}); err != nil || res.Reason != shard.OK {
+		t.Fatalf("charge: %+v %v", res, err)
+	}
+	if err := e.Settle(ctx, l.DurableSeq()); err != nil { // checkpoint: an allowance held
+		t.Fatal(err)
+	}
+	if e.AllowanceHeld() == 0 {
+		t.Fatal("no allowance held after a charge; the test needs one")
+	}
+	owns.Store(false) // the account moved away
+	if err := e.Release(ctx, "acme"); err != nil {
+		t.Fatal(err)
+	}
+	if !e.Forget("acme") {
+		t.Fatal("Forget kept the account")
+	}
+	if err := e.Settle(ctx, l.DurableSeq()); err != nil {
+		t.Fatal(err)
+	}
+	e.Close()
+	l.Close()
+
+	owns.Store(true)
+	e, l = open()
+	defer func() { e.Close(); l.Close() }()
+	if held := e.AllowanceHeld(); held != 0 {
+		t.Fatalf("after a restart the node holds %d units it handed back before forgetting the account", held)
 	}
 }

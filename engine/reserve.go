@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/quotaring/quotaring/shard"
+	"github.com/quotaring/quotaring/wal"
 )
 
 // reserve asks the ledger for shortfall units plus a chunk sized to recent
@@ -441,6 +442,14 @@ func (e *Engine) Forget(account string) bool {
 	ent, ok := st.accounts[account]
 	if !ok || e.ownsLocked(account) || len(ent.acct.Allowances()) > 0 || ent.waiting > 0 {
 		return false
+	}
+	if ent.dirty {
+		e.forgotMu.Lock()
+		if e.forgotten == nil {
+			e.forgotten = make(map[string]wal.Checkpoint)
+		}
+		e.forgotten[account] = wal.Checkpoint{Account: account, Seq: ent.acct.LastSeq, Data: ent.acct.AppendCheckpoint(nil)}
+		e.forgotMu.Unlock()
 	}
 	delete(st.accounts, account)
 	return true

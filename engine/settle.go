@@ -36,7 +36,8 @@ func (e *Engine) Settle(ctx context.Context, upto uint64) error {
 }
 
 // checkpoints collects the changed accounts' states and clears their dirty
-// marks.
+// marks, and takes the states Forget kept of dropped accounts (unless the
+// account is back in memory: its own state is the one to keep then).
 func (e *Engine) checkpoints() ([]wal.Checkpoint, uint64) {
 	var cps []wal.Checkpoint
 	var maxSeq uint64
@@ -53,17 +54,43 @@ func (e *Engine) checkpoints() ([]wal.Checkpoint, uint64) {
 		}
 		st.mu.Unlock()
 	}
+	e.forgotMu.Lock()
+	forgotten := e.forgotten
+	e.forgotten = nil
+	e.forgotMu.Unlock()
+	for id, cp := range forgotten {
+		st := e.stripeFor(id)
+		st.mu.Lock()
+		_, back := st.accounts[id]
+		st.mu.Unlock()
+		if !back {
+			cps = append(cps, cp)
+			maxSeq = max(maxSeq, cp.Seq)
+		}
+	}
 	return cps, maxSeq
 }
 
-// redirty marks accounts whose checkpoint was not written as changed again.
+// redirty marks accounts whose checkpoint was not written as changed again,
+// and keeps the states of forgotten ones for the next try.
 func (e *Engine) redirty(cps []wal.Checkpoint) {
 	for _, cp := range cps {
 		st := e.stripeFor(cp.Account)
 		st.mu.Lock()
-		if ent, ok := st.accounts[cp.Account]; ok {
+		ent, ok := st.accounts[cp.Account]
+		if ok {
 			ent.dirty = true
 		}
 		st.mu.Unlock()
+		if !ok {
+			e.forgotMu.Lock()
+			if e.forgotten == nil {
+				e.forgotten = make(map[string]wal.Checkpoint)
+			}
+			if _, newer := e.forgotten[cp.Account]; !newer {
+				e.forgotten[cp.Account] = cp
+			}
+			e.forgotMu.Unlock()
+		}
 	}
 }
