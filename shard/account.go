@@ -238,6 +238,18 @@ func (a *Account) Charge(req *Charge, now Now, params *Params, rec *Record) Deci
 		a.dedup.expire(a.seen, params.DedupWindow, params.DedupMax)
 		if e, ok := a.dedup.get(req.EventID, a.seen, params.DedupWindow); ok {
 			if !e.refunded {
+				// A replay is billed once but served again: it takes a token
+				// like any request, so resending one Idempotency-Key does not
+				// get around the rate limit.
+				if !plan.Rate.Unlimited() {
+					a.bucket.refill(plan, now.Mono)
+					if ok, wait := a.bucket.allow(plan); !ok {
+						d.Reason, d.RetryAfter = RateLimited, wait
+						a.fill(&d, now, wall)
+						return d
+					}
+					a.bucket.take(plan)
+				}
 				e.replays++
 				a.dedup.update(req.EventID, e)
 				d.Reason, d.Units, d.Seq = Replayed, e.units, e.seq

@@ -103,8 +103,14 @@ func (m *model) step(now Now) Period {
 
 func (m *model) charge(id string, units int64, now Now) (Reason, int64) {
 	p := m.step(now)
-	if e, ok := m.event(id, now); ok && !e.refunded {
-		return Replayed, m.remaining() // a refunded id is charged again: a retry of failed work
+	if e, ok := m.event(id, now); ok && !e.refunded { // a refunded id is charged again: a retry of failed work
+		if m.rate > 0 && m.milli < 1000 {
+			return RateLimited, m.remaining() // a replay is served again: it takes a token
+		}
+		if m.rate > 0 {
+			m.milli -= 1000
+		}
+		return Replayed, m.remaining()
 	}
 	if m.rate > 0 && m.milli < 1000 {
 		return RateLimited, m.remaining()

@@ -535,3 +535,20 @@ func TestMonthlyPeriod(t *testing.T) {
 		}
 	}
 }
+
+// A replay is billed once but served again, so it takes a rate-limit token:
+// resending one Idempotency-Key does not get around the rate limit.
+func TestReplaysTakeRateTokens(t *testing.T) {
+	p := DefaultParams()
+	a := NewAccount(AccountConfig{ID: "a", Plan: Plan{ID: "p", MonthlyQuota: 100, Rate: Rate{Tokens: 1, Per: time.Hour}, Burst: 2}})
+	now := at("2026-06-10T00:00:00Z")
+	want := []Reason{OK, Replayed, RateLimited}
+	for i, w := range want {
+		if d, _ := charge(a, "k", 1, now, &p); d.Reason != w {
+			t.Fatalf("attempt %d of key k with a burst of 2: %s, want %s", i+1, d.Reason, w)
+		}
+	}
+	if u := a.Usage(now); u.Used != 1 {
+		t.Fatalf("used %d, want 1 (billed once)", u.Used)
+	}
+}
