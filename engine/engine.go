@@ -373,7 +373,7 @@ func (e *Engine) ChargeMany(ctx context.Context, reqs []Request) []Outcome {
 	// into one batch). Within an account the batch's order holds: a charge
 	// behind one that waits for the ledger waits with it, and is then paid
 	// from the same reservation when it can be.
-	slow := map[string][]int{} // account -> its waiting charges, in batch order; the first answered NeedReservation
+	var slow map[string][]int // account -> its waiting charges, in batch order; the first answered NeedReservation
 	var accounts []string      // the keys of slow, in batch order
 	reqCopies := make([]shard.Charge, len(reqs))
 	for i := range reqs {
@@ -386,6 +386,9 @@ func (e *Engine) ChargeMany(ctx context.Context, reqs []Request) []Outcome {
 		var needs bool
 		out[i].Result, needs, out[i].Err = e.decideFirst(acct, &reqCopies[i])
 		if needs {
+			if slow == nil {
+				slow = map[string][]int{}
+			}
 			slow[acct] = []int{i}
 			accounts = append(accounts, acct)
 		}
