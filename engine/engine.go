@@ -374,7 +374,7 @@ func (e *Engine) ChargeMany(ctx context.Context, reqs []Request) []Outcome {
 	// behind one that waits for the ledger waits with it, and is then paid
 	// from the same reservation when it can be.
 	var slow map[string][]int // account -> its waiting charges, in batch order; the first answered NeedReservation
-	var accounts []string      // the keys of slow, in batch order
+	var accounts []string     // the keys of slow, in batch order
 	reqCopies := make([]shard.Charge, len(reqs))
 	for i := range reqs {
 		reqCopies[i] = reqs[i].Charge
