@@ -1165,9 +1165,15 @@ func confNodesAlerts(t *testing.T, l Ledger) {
 	for i, c := range []struct {
 		account   string
 		threshold int
+		later     time.Duration // added to the claim's time: another claimant
 		want      bool
-	}{{"acct-1", 80, true}, {"acct-1", 80, false}, {"acct-1", 100, true}, {"acct-2", 80, true}} {
-		got, err := l.RecordAlert(ctx, c.account, confPeriod, c.threshold, confWallTime())
+	}{
+		{"acct-1", 80, 0, true},
+		{"acct-1", 80, 0, true},            // the same claim again (its reply was lost): still the caller's
+		{"acct-1", 80, time.Second, false}, // another node's claim of the same alert
+		{"acct-1", 100, 0, true}, {"acct-2", 80, 0, true},
+	} {
+		got, err := l.RecordAlert(ctx, c.account, confPeriod, c.threshold, confWallTime().Add(c.later))
 		if err != nil || got != c.want {
 			t.Errorf("alert %d (%s %d%%): %v, %v; want %v", i, c.account, c.threshold, got, err, c.want)
 		}

@@ -341,12 +341,19 @@ func (p *Postgres) Nodes(ctx context.Context) ([]NodeRow, error) {
 
 // RecordAlert records an alert once per (account, period, threshold).
 func (p *Postgres) RecordAlert(ctx context.Context, account string, period shard.Period, threshold int, at time.Time) (bool, error) {
-	ct, err := p.pool.Exec(ctx, `INSERT INTO alerts (account_id, period, threshold, sent_at) VALUES ($1, $2, $3, $4)
-		ON CONFLICT (account_id, period, threshold) DO NOTHING`, account, period.String(), threshold, at)
+	// NB: the second EXISTS sees the rows committed before this statement,
+	// so a claim this caller made earlier (its reply lost) counts as won.
+	var won bool
+	err := p.pool.QueryRow(ctx, `WITH ins AS (
+			INSERT INTO alerts (account_id, period, threshold, sent_at) VALUES ($1, $2, $3, $4)
+			ON CONFLICT (account_id, period, threshold) DO NOTHING RETURNING 1)
+		SELECT EXISTS (SELECT 1 FROM ins) OR EXISTS (SELECT 1 FROM alerts
+			WHERE account_id = $1 AND period = $2 AND threshold = $3 AND sent_at = $4)`,
+		account, period.String(), threshold, at).Scan(&won)
 	if err != nil {
 		return false, p.fail("record alert", err)
 	}
-	return ct.RowsAffected() == 1, nil
+	return won, nil
 }
 
 // --- Admin ------------------------------------------------------------------

@@ -267,6 +267,10 @@ func (s *SQLite) RecordAlert(ctx context.Context, account string, period shard.P
 		if err == nil {
 			n, err = r.RowsAffected()
 		}
+		if err == nil && n == 0 { // this caller's own earlier claim (its reply lost) still counts as won
+			err = tx.QueryRowContext(ctx, `SELECT count(*) FROM alerts WHERE account_id = ? AND period = ? AND threshold = ? AND sent_at = ?`,
+				account, period.String(), threshold, at.UnixNano()).Scan(&n)
+		}
 		return err
 	})
 	return n == 1, s.fail("record alert", err)
