@@ -1165,20 +1165,20 @@ func confNodesAlerts(t *testing.T, l Ledger) {
 	for i, c := range []struct {
 		account   string
 		threshold int
-		later     time.Duration // added to the claim's time: another claimant
+		claim     string
 		want      bool
 	}{
-		{"acct-1", 80, 0, true},
-		{"acct-1", 80, 0, true},            // the same claim again (its reply was lost): still the caller's
-		{"acct-1", 80, time.Second, false}, // another node's claim of the same alert
-		{"acct-1", 100, 0, true}, {"acct-2", 80, 0, true},
+		{"acct-1", 80, "c1", true},
+		{"acct-1", 80, "c1", true},  // the same claim again (its reply was lost): still the caller's
+		{"acct-1", 80, "c2", false}, // another node's claim of the same alert, at the same time
+		{"acct-1", 100, "c3", true}, {"acct-2", 80, "c4", true},
 	} {
-		got, err := l.RecordAlert(ctx, c.account, confPeriod, c.threshold, confWallTime().Add(c.later))
+		got, err := l.RecordAlert(ctx, c.account, confPeriod, c.threshold, confWallTime(), c.claim)
 		if err != nil || got != c.want {
-			t.Errorf("alert %d (%s %d%%): %v, %v; want %v", i, c.account, c.threshold, got, err, c.want)
+			t.Errorf("alert %d (%s %d%% %s): %v, %v; want %v", i, c.account, c.threshold, c.claim, got, err, c.want)
 		}
 	}
-	if got, err := l.RecordAlert(ctx, "acct-1", confPeriod+1, 80, confWallTime().AddDate(0, 1, 0)); err != nil || !got {
+	if got, err := l.RecordAlert(ctx, "acct-1", confPeriod+1, 80, confWallTime().AddDate(0, 1, 0), "c5"); err != nil || !got {
 		t.Errorf("alert in the next period: %v, %v; want true", got, err)
 	}
 }

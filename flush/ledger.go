@@ -91,10 +91,10 @@ type Ledger interface {
 	Nodes(ctx context.Context) ([]NodeRow, error)
 
 	// RecordAlert records that the alert (account, period, threshold) was
-	// sent; it reports false if it was already recorded (send once) by a
-	// call with another at. A call repeated with the same at (its reply
-	// was lost) reports true again: the claim is the caller's own.
-	RecordAlert(ctx context.Context, account string, period shard.Period, threshold int, at time.Time) (bool, error)
+	// sent, under claim (a token unique to this claim); it reports false
+	// if another claim recorded it first (send once). A call repeated with
+	// the same claim (its reply was lost) reports true again.
+	RecordAlert(ctx context.Context, account string, period shard.Period, threshold int, at time.Time, claim string) (bool, error)
 
 	Close() error
 }

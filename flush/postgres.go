@@ -340,16 +340,16 @@ func (p *Postgres) Nodes(ctx context.Context) ([]NodeRow, error) {
 }
 
 // RecordAlert records an alert once per (account, period, threshold).
-func (p *Postgres) RecordAlert(ctx context.Context, account string, period shard.Period, threshold int, at time.Time) (bool, error) {
+func (p *Postgres) RecordAlert(ctx context.Context, account string, period shard.Period, threshold int, at time.Time, claim string) (bool, error) {
 	// NB: the second EXISTS sees the rows committed before this statement,
 	// so a claim this caller made earlier (its reply lost) counts as won.
 	var won bool
 	err := p.pool.QueryRow(ctx, `WITH ins AS (
-			INSERT INTO alerts (account_id, period, threshold, sent_at) VALUES ($1, $2, $3, $4)
+			INSERT INTO alerts (account_id, period, threshold, sent_at, claim) VALUES ($1, $2, $3, $4, $5)
 			ON CONFLICT (account_id, period, threshold) DO NOTHING RETURNING 1)
 		SELECT EXISTS (SELECT 1 FROM ins) OR EXISTS (SELECT 1 FROM alerts
-			WHERE account_id = $1 AND period = $2 AND threshold = $3 AND sent_at = $4)`,
-		account, period.String(), threshold, at).Scan(&won)
+			WHERE account_id = $1 AND period = $2 AND threshold = $3 AND claim = $5 AND $5 <> '')`,
+		account, period.String(), threshold, at, claim).Scan(&won)
 	if err != nil {
 		return false, p.fail("record alert", err)
 	}

@@ -259,17 +259,17 @@ func (s *SQLite) Nodes(ctx context.Context) ([]NodeRow, error) {
 }
 
 // RecordAlert records an alert once per (account, period, threshold).
-func (s *SQLite) RecordAlert(ctx context.Context, account string, period shard.Period, threshold int, at time.Time) (bool, error) {
+func (s *SQLite) RecordAlert(ctx context.Context, account string, period shard.Period, threshold int, at time.Time, claim string) (bool, error) {
 	var n int64
 	err := s.write(ctx, func(tx *sql.Tx) error {
-		r, err := tx.ExecContext(ctx, `INSERT INTO alerts (account_id, period, threshold, sent_at) VALUES (?, ?, ?, ?)
-			ON CONFLICT (account_id, period, threshold) DO NOTHING`, account, period.String(), threshold, at.UnixNano())
+		r, err := tx.ExecContext(ctx, `INSERT INTO alerts (account_id, period, threshold, sent_at, claim) VALUES (?, ?, ?, ?, ?)
+			ON CONFLICT (account_id, period, threshold) DO NOTHING`, account, period.String(), threshold, at.UnixNano(), claim)
 		if err == nil {
 			n, err = r.RowsAffected()
 		}
-		if err == nil && n == 0 { // this caller's own earlier claim (its reply lost) still counts as won
-			err = tx.QueryRowContext(ctx, `SELECT count(*) FROM alerts WHERE account_id = ? AND period = ? AND threshold = ? AND sent_at = ?`,
-				account, period.String(), threshold, at.UnixNano()).Scan(&n)
+		if err == nil && n == 0 && claim != "" { // this caller's own earlier claim (its reply lost) still counts as won
+			err = tx.QueryRowContext(ctx, `SELECT count(*) FROM alerts WHERE account_id = ? AND period = ? AND threshold = ? AND claim = ?`,
+				account, period.String(), threshold, claim).Scan(&n)
 		}
 		return err
 	})

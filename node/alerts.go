@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/hmac"
+	crand "crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -142,6 +143,7 @@ type queuedAlert struct {
 	Alert
 	period shard.Period
 	bit    uint32
+	claim  string // names this node's claim in the ledger (RecordAlert)
 }
 
 // alertStats count what the alerter did (metrics and tests).
@@ -299,7 +301,7 @@ func (a *alerter) onCharge(account string, d *shard.Decision, err error) {
 			continue
 		}
 		qa := queuedAlert{Alert: Alert{Account: account, Period: period.String(), Threshold: t, Used: used, Limit: limit, At: at},
-			period: period, bit: bit}
+			period: period, bit: bit, claim: crand.Text()}
 		select {
 		case a.queue <- qa:
 			a.stats.Queued.Add(1)
@@ -461,7 +463,7 @@ func (a *alerter) claim(ctx context.Context, al *queuedAlert) (bool, error) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, alertTimeout)
 	defer cancel()
-	return l.RecordAlert(ctx, al.Account, al.period, al.Threshold, al.At)
+	return l.RecordAlert(ctx, al.Account, al.period, al.Threshold, al.At, al.claim)
 }
 
 // send makes one webhook call, signed now.
