@@ -31,6 +31,19 @@ func (h *hangingNode) Charge(ctx context.Context, _ *pb.ChargeBatch) (*pb.Charge
 	return nil, ctx.Err()
 }
 
+// dialHanging starts a hanging node and a client of it (no background
+// refresh); it returns the client and the node's address.
+func dialHanging(t *testing.T) (*Client, string) {
+	t.Helper()
+	addr := startHangingNode(t)
+	c, err := DialOptions{RefreshInterval: -1}.Dial(context.Background(), addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c, addr
+}
+
 func startHangingNode(t *testing.T) string {
 	t.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
@@ -49,15 +62,10 @@ func startHangingNode(t *testing.T) string {
 // ErrUnavailable (outcome unknown: retry with the same event id) and names
 // the owner, so callers that switch on ErrUnavailable retry.
 func TestClientDeadlineIsUnavailable(t *testing.T) {
-	addr := startHangingNode(t)
-	c, err := DialOptions{RefreshInterval: -1}.Dial(context.Background(), addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c, addr := dialHanging(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel()
-	_, err = c.Charge(ctx, ChargeRequest{Account: "acme", Units: 1})
+	_, err := c.Charge(ctx, ChargeRequest{Account: "acme", Units: 1})
 	if !errors.Is(err, ErrUnavailable) || !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), addr) {
 		t.Fatalf("charge past the deadline: %v; want ErrUnavailable and DeadlineExceeded, naming %s", err, addr)
 	}
@@ -66,12 +74,7 @@ func TestClientDeadlineIsUnavailable(t *testing.T) {
 // A caller waiting for the ring view refresh another call holds stops
 // waiting when its own context ends.
 func TestRefreshWaitHonoursTheCallersContext(t *testing.T) {
-	addr := startHangingNode(t)
-	c, err := DialOptions{RefreshInterval: -1}.Dial(context.Background(), addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c, _ := dialHanging(t)
 	if !c.lockRefresh(context.Background()) { // another refresh, stuck on unreachable nodes
 		t.Fatal("could not take the refresh token")
 	}

@@ -241,13 +241,10 @@ func (a *Account) Charge(req *Charge, now Now, params *Params, rec *Record) Deci
 				// A replay is billed once but served again: it takes a token
 				// like any request, so resending one Idempotency-Key does not
 				// get around the rate limit.
+				if a.rateLimited(plan, now, wall, &d) {
+					return d
+				}
 				if !plan.Rate.Unlimited() {
-					a.bucket.refill(plan, now.Mono)
-					if ok, wait := a.bucket.allow(plan); !ok {
-						d.Reason, d.RetryAfter = RateLimited, wait
-						a.fill(&d, now, wall)
-						return d
-					}
 					a.bucket.take(plan)
 				}
 				e.replays++
@@ -261,13 +258,8 @@ func (a *Account) Charge(req *Charge, now Now, params *Params, rec *Record) Deci
 			gen = e.gen + 1
 		}
 	}
-	if !plan.Rate.Unlimited() {
-		a.bucket.refill(plan, now.Mono)
-		if ok, wait := a.bucket.allow(plan); !ok {
-			d.Reason, d.RetryAfter = RateLimited, wait
-			a.fill(&d, now, wall)
-			return d
-		}
+	if a.rateLimited(plan, now, wall, &d) {
+		return d
 	}
 	rec.reset(RecCharge, a.cfg.ID, now.Wall)
 	if req.Units > 0 {
@@ -304,6 +296,22 @@ func (a *Account) Charge(req *Charge, now Now, params *Params, rec *Record) Deci
 	d.Reason, d.Units = OK, req.Units
 	a.fill(&d, now, wall)
 	return d
+}
+
+// rateLimited refills the bucket and, when it holds no token, makes d a
+// RateLimited answer. It takes no token.
+func (a *Account) rateLimited(plan *Plan, now Now, wall int64, d *Decision) bool {
+	if plan.Rate.Unlimited() {
+		return false
+	}
+	a.bucket.refill(plan, now.Mono)
+	ok, wait := a.bucket.allow(plan)
+	if ok {
+		return false
+	}
+	d.Reason, d.RetryAfter = RateLimited, wait
+	a.fill(d, now, wall)
+	return true
 }
 
 func (a *Account) refusal(exhausted bool, params *Params) Reason {
