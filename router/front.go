@@ -239,8 +239,9 @@ func (f *front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if isPreflight(r) {
 		// A browser's CORS preflight carries no credentials: the API answers
 		// it, uncharged; the request it announces is charged as usual.
-		f.next.ServeHTTP(w, r)
-		f.observe(http.StatusOK, time.Since(start))
+		rec := &recorder{ResponseWriter: w}
+		f.next.ServeHTTP(rec, r)
+		f.observe(rec.code(r), 0) // NB: the front added nothing
 		return
 	}
 	if r.URL.Path == f.opts.UsagePath {
