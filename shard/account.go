@@ -234,31 +234,39 @@ func (a *Account) Charge(req *Charge, now Now, params *Params, rec *Record) Deci
 	}
 	plan := &a.cfg.Plan
 	var gen uint32
+	var replay event // the charge this one replays, when replaying is set
+	replaying := false
 	if req.ClientID {
 		a.dedup.expire(a.seen, params.DedupWindow, params.DedupMax)
 		if e, ok := a.dedup.get(req.EventID, a.seen, params.DedupWindow); ok {
-			if !e.refunded {
-				// A replay is billed once but served again: it takes a token
-				// like any request, so resending one Idempotency-Key does not
-				// get around the rate limit.
-				if a.rateLimited(plan, now, wall, &d) {
-					return d
-				}
-				if !plan.Rate.Unlimited() {
-					a.bucket.take(plan)
-				}
-				e.replays++
-				a.dedup.update(req.EventID, e)
-				d.Reason, d.Units, d.Seq = Replayed, e.units, e.seq
-				a.fill(&d, now, wall)
-				return d
+			if e.refunded {
+				// Refunded (the work failed): a retry with the same id is a
+				// new charge, the id's next generation, not a free replay.
+				gen = e.gen + 1
+			} else {
+				replay, replaying = e, true
 			}
-			// Refunded (the work failed): a retry with the same id is a new
-			// charge, the id's next generation, not a free replay.
-			gen = e.gen + 1
 		}
 	}
-	if a.rateLimited(plan, now, wall, &d) {
+	if !plan.Rate.Unlimited() {
+		a.bucket.refill(plan, now.Mono)
+		if ok, wait := a.bucket.allow(plan); !ok {
+			d.Reason, d.RetryAfter = RateLimited, wait
+			a.fill(&d, now, wall)
+			return d
+		}
+	}
+	if replaying {
+		// A replay is billed once but served again: it took the rate-limit
+		// check above and takes a token like any request, so resending one
+		// Idempotency-Key does not get around the rate limit.
+		if !plan.Rate.Unlimited() {
+			a.bucket.take(plan)
+		}
+		replay.replays++
+		a.dedup.update(req.EventID, replay)
+		d.Reason, d.Units, d.Seq = Replayed, replay.units, replay.seq
+		a.fill(&d, now, wall)
 		return d
 	}
 	rec.reset(RecCharge, a.cfg.ID, now.Wall)
@@ -296,22 +304,6 @@ func (a *Account) Charge(req *Charge, now Now, params *Params, rec *Record) Deci
 	d.Reason, d.Units = OK, req.Units
 	a.fill(&d, now, wall)
 	return d
-}
-
-// rateLimited refills the bucket and, when it holds no token, makes d a
-// RateLimited answer. It takes no token.
-func (a *Account) rateLimited(plan *Plan, now Now, wall int64, d *Decision) bool {
-	if plan.Rate.Unlimited() {
-		return false
-	}
-	a.bucket.refill(plan, now.Mono)
-	ok, wait := a.bucket.allow(plan)
-	if ok {
-		return false
-	}
-	d.Reason, d.RetryAfter = RateLimited, wait
-	a.fill(d, now, wall)
-	return true
 }
 
 func (a *Account) refusal(exhausted bool, params *Params) Reason {

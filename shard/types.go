@@ -172,15 +172,15 @@ type Decision struct {
 	RetryAfter int64 // ns until a retry can succeed; 0: now; Never: not by waiting
 	Shortfall  int64 // NeedReservation: units missing
 
-	// MonthUnits and MonthUsed are the active monthly grant's units and use
-	// (both 0 for a plan without a monthly quota): what quota alerts
-	// measure. Credits are not in them (they are in Limit and Remaining).
-	MonthUnits, MonthUsed int64
-
 	RateBurst     int64 // 0 when unlimited
 	RateRemaining int64 // whole tokens left after this request
 	RateReset     int64 // ns until the bucket is full again
 	RateWindow    int64 // ns for Burst tokens to refill (RateLimit-Policy's w)
+
+	// MonthUnits and MonthUsed are the active monthly grant's units and use
+	// (both 0 for a plan without a monthly quota): what quota alerts
+	// measure. Credits are not in them (they are in Limit and Remaining).
+	MonthUnits, MonthUsed int64
 }
 
 // Never is RetryAfter for a refusal that waiting does not fix.
