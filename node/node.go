@@ -224,15 +224,24 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 }
 
 func (n *Node) listen() error {
-	var err error
-	if n.lis.rpc, err = net.Listen("tcp", n.cfg.RPCAddr); err != nil {
-		return fmt.Errorf("node: listen for RPC on %s: %w", n.cfg.RPCAddr, err)
-	}
-	if n.lis.http, err = net.Listen("tcp", n.cfg.HTTPAddr); err != nil {
-		return fmt.Errorf("node: listen for HTTP on %s: %w", n.cfg.HTTPAddr, err)
-	}
-	if n.lis.admin, err = net.Listen("tcp", n.cfg.AdminAddr); err != nil {
-		return fmt.Errorf("node: listen for the admin port on %s: %w", n.cfg.AdminAddr, err)
+	for _, l := range []struct {
+		to         *net.Listener
+		addr, what string
+	}{
+		{&n.lis.rpc, n.cfg.RPCAddr, "RPC (quotad serve --rpc-addr)"},
+		{&n.lis.http, n.cfg.HTTPAddr, "HTTP (--http-addr)"},
+		{&n.lis.admin, n.cfg.AdminAddr, "the admin port (--admin-addr)"},
+	} {
+		lis, err := net.Listen("tcp", l.addr)
+		if err != nil {
+			for _, open := range []net.Listener{n.lis.rpc, n.lis.http, n.lis.admin} {
+				if open != nil {
+					open.Close()
+				}
+			}
+			return fmt.Errorf("node: listen for %s on %s: %w", l.what, l.addr, err)
+		}
+		*l.to = lis
 	}
 	return nil
 }

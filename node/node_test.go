@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -184,4 +185,31 @@ func TestGainedAccountsAreReservedAhead(t *testing.T) {
 	waitFor(t, 20*time.Second, "the remaining node to reserve ahead for the account it gained", func() bool {
 		return other.Engine().AllowanceHeld() > 0
 	})
+}
+
+// A busy port is an error that names the flag, and the ports opened before
+// it are closed again (a node that failed to start holds nothing).
+func TestBusyPortNamesTheFlag(t *testing.T) {
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	free, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rpcAddr := free.Addr().String()
+	free.Close()
+	dir := t.TempDir()
+	_, err = Start(context.Background(), Config{ID: "n1", DataDir: filepath.Join(dir, "n1"), Ledger: "sqlite:" + filepath.Join(dir, "l.db"),
+		RPCAddr: rpcAddr, HTTPAddr: busy.Addr().String(), AdminAddr: "127.0.0.1:0", GossipAddr: "127.0.0.1:0", RingPreset: ring.PresetLocal})
+	if err == nil || !strings.Contains(err.Error(), "--http-addr") {
+		t.Fatalf("start on a busy HTTP port: %v, want an error naming --http-addr", err)
+	}
+	again, err := net.Listen("tcp", rpcAddr)
+	if err != nil {
+		t.Fatalf("the RPC port of the node that failed to start is still held: %v", err)
+	}
+	again.Close()
 }

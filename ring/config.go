@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"log/slog"
 	"net"
 	"time"
@@ -154,12 +155,16 @@ func (c Config) Validate() error {
 			errs = append(errs, errors.New("ring: AdvertiseAddr set with AdvertisePort and BindPort both 0: the advertised port is unknown"))
 		}
 	}
+	empty := 0
 	for _, j := range c.Join {
 		if j == "" {
-			errs = append(errs, errors.New("ring: empty Join entry"))
+			empty++
 		} else if _, _, err := splitSeed(j, 1); err != nil {
 			errs = append(errs, err)
 		}
+	}
+	if empty > 0 {
+		errs = append(errs, fmt.Errorf("ring: %d empty Join entries in %q (a stray comma in --join or QUOTAD_JOIN?)", empty, strings.Join(c.Join, ",")))
 	}
 	if err := c.Layout().Validate(); err != nil {
 		errs = append(errs, err)
