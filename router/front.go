@@ -273,7 +273,11 @@ func (f *front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		rec.gateFailed = func(err error) {
 			f.opts.Logger.Error("charge not durable: the answer is withheld", "account", c.Account, "event", c.EventID, "err", err)
-			internalError().write(rec.ResponseWriter, r)
+			// The upstream's headers may be in the map already (ReverseProxy
+			// copies them before WriteHeader): none of them describes this
+			// answer (Content-Encoding, Set-Cookie, Trailer...).
+			clear(rec.ResponseWriter.Header())
+			notDurable().write(rec.ResponseWriter, r)
 		}
 	}
 	r = r.WithContext(context.WithValue(r.Context(), callerKey{}, &c.Caller)) // a copy: the caller's request stays as it was

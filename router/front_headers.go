@@ -227,6 +227,14 @@ func internalError() *Problem {
 		"The quota service failed to decide this request; nothing was charged. Retry later.")
 }
 
+// notDurable answers a charge whose record the node's log could not make
+// durable: the upstream's answer is withheld, and the charge may or may not
+// stand (the log failed mid-write).
+func notDurable() *Problem {
+	return newProblem(ProblemInternal, "Internal error", http.StatusInternalServerError,
+		"The quota service could not record this request's charge durably, so its answer is withheld; the charge may or may not stand. Retry with the same Idempotency-Key: it is billed at most once.")
+}
+
 func tooLarge(limit int64) *Problem {
 	return newProblem(ProblemPayloadTooLarge, "Payload too large", http.StatusRequestEntityTooLarge,
 		fmt.Sprintf("The request body is over the limit of %d bytes; nothing was charged.", limit))

@@ -602,6 +602,7 @@ func TestEarlyChargeHoldsTheAnswerUntilDurable(t *testing.T) {
 			ch.mu.Lock()
 			ch.order = append(ch.order, "upstream")
 			ch.mu.Unlock()
+			w.Header().Set("Set-Cookie", "session=1")
 			w.WriteHeader(201)
 			io.WriteString(w, "created")
 		})
@@ -615,8 +616,9 @@ func TestEarlyChargeHoldsTheAnswerUntilDurable(t *testing.T) {
 			t.Errorf("fail=%v: order %s, want the upstream before the wait", fail, order)
 		case !fail && (w.Code != 201 || w.Body.String() != "created" || refunds != 0):
 			t.Errorf("durable: %d %q, %d refunds", w.Code, w.Body.String(), refunds)
-		case fail && (w.Code != 500 || strings.Contains(w.Body.String(), "created") || refunds != 1):
-			t.Errorf("not durable: %d %q, %d refunds; want 500, nothing of the upstream, a refund", w.Code, w.Body.String(), refunds)
+		case fail && (w.Code != 500 || strings.Contains(w.Body.String(), "created") || refunds != 1 ||
+			w.Header().Get("Set-Cookie") != "" || w.Header().Get("Content-Type") != "application/problem+json"):
+			t.Errorf("not durable: %d %q %v, %d refunds; want 500 problem+json, nothing of the upstream (body or headers), a refund", w.Code, w.Body.String(), w.Header(), refunds)
 		}
 	}
 }
