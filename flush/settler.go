@@ -170,15 +170,32 @@ func (s *Settler) SettleOnce(ctx context.Context) (int, error) {
 			break
 		}
 	}
-	if time.Since(s.lastBeat) >= s.opts.Heartbeat {
-		// An idle node still says it is alive, so that quotad revoke can
-		// tell a running node from a lost one.
-		if _, err := s.opts.Ledger.RegisterNode(ctx, s.node, s.inc); err != nil {
-			return total, fmt.Errorf("flush: heartbeat of node %s: %w", s.node, err)
-		}
-		s.lastBeat = time.Now()
+	if err := s.heartbeatLocked(ctx); err != nil {
+		return total, err
 	}
 	return total, nil
+}
+
+// heartbeat refreshes this node's heartbeat_at in the ledger unless a
+// settle or an earlier heartbeat did within the last Heartbeat.
+func (s *Settler) heartbeat(ctx context.Context) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.heartbeatLocked(ctx)
+}
+
+// heartbeatLocked is heartbeat. REQUIRES: s.mu held.
+func (s *Settler) heartbeatLocked(ctx context.Context) error {
+	if time.Since(s.lastBeat) < s.opts.Heartbeat {
+		return nil
+	}
+	// An idle node still says it is alive, so that quotad revoke can tell a
+	// running node from a lost one.
+	if _, err := s.opts.Ledger.RegisterNode(ctx, s.node, s.inc); err != nil {
+		return fmt.Errorf("flush: heartbeat of node %s: %w", s.node, err)
+	}
+	s.lastBeat = time.Now()
+	return nil
 }
 
 // HeartbeatEvery is how often at least a running node refreshes its
@@ -301,10 +318,19 @@ func (s *Settler) loop(ctx context.Context) {
 	// MaxBatch records settles at once rather than at the next tick.
 	check := time.NewTicker(max(s.opts.Interval/10, 10*time.Millisecond))
 	defer check.Stop()
+	// beat keeps the heartbeat going when the settle interval is longer
+	// than the heartbeat's (quotad revoke reads it).
+	beat := time.NewTicker(s.opts.Heartbeat)
+	defer beat.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
+		case <-beat.C:
+			if err := s.heartbeat(ctx); err != nil && ctx.Err() == nil {
+				s.opts.Logger.Warn("heartbeat to the ledger failed; retried", "err", err)
+			}
+			continue
 		case <-t.C:
 		case <-s.kick:
 		case <-check.C:

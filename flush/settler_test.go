@@ -64,3 +64,56 @@ func TestIdleSettlerHeartbeats(t *testing.T) {
 		t.Fatalf("heartbeat %s after an idle settle a minute on, want %s", h, clock())
 	}
 }
+
+// With a settle interval longer than the heartbeat's, the loop still
+// heartbeats (revoke would otherwise take a running node for a lost one).
+func TestSettlerLoopHeartbeatsBetweenSettles(t *testing.T) {
+	ctx := context.Background()
+	var mu sync.Mutex // protects now
+	now := time.Date(2026, 6, 10, 12, 0, 0, 0, time.UTC)
+	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); now = now.Add(time.Second); return now }
+	l, err := OpenSQLite(ctx, filepath.Join(t.TempDir(), "ledger.db"), SQLiteOptions{Now: clock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if err := l.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	log, err := wal.Open(wal.Options{Dir: t.TempDir(), NodeID: "q1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer log.Close()
+	e, err := engine.Open(engine.Options{Log: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	s, err := NewSettler(SettlerOptions{Ledger: l, Engine: e, Interval: time.Hour, Heartbeat: 10 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Register(ctx); err != nil {
+		t.Fatal(err)
+	}
+	first := lastHeartbeat(t, l)
+	s.Start()
+	defer s.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for !lastHeartbeat(t, l).After(first) {
+		if time.Now().After(deadline) {
+			t.Fatal("no heartbeat within 10 s with a settle interval of an hour")
+		}
+		time.Sleep(5 * time.Millisecond) // NB: polls a condition, bounded by the deadline
+	}
+}
+
+func lastHeartbeat(t *testing.T, l Ledger) time.Time {
+	t.Helper()
+	nodes, err := l.Nodes(context.Background())
+	if err != nil || len(nodes) != 1 {
+		t.Fatalf("nodes %v, %v", nodes, err)
+	}
+	return nodes[0].Heartbeat
+}

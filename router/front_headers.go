@@ -110,8 +110,8 @@ func ceilSeconds(ns int64) int64 {
 //	RateLimit-Policy: "burst";q=<burst>;w=<seconds for a full refill>, "quota";q=<units>;w=<seconds in the period>
 //	RateLimit: "burst";r=<tokens left>;t=<seconds until full>, "quota";r=<units left>;t=<seconds until the period ends>
 //
-// now is Unix seconds. A quota without a period end (credits that never
-// renew) has no w and no t.
+// now is Unix seconds. Every decision has a period end (the month, for
+// credits too); an item without one (reset 0) would have no w and no t.
 func rateLimitHeaders(d *shard.Decision, now int64) (policy, limit string) {
 	pb, lb := make([]byte, 0, 96), make([]byte, 0, 96)
 	if d.RateBurst > 0 {

@@ -83,7 +83,10 @@ quotad serve reads for --admin-token).`,
   quotad admin grants add acme --units 5000 --expires 2027-01-01
   quotad admin routes set --default 1 'GET /v1/tasks=1' 'POST /v1/exports=25'
   quotad admin accounts show acme`,
-		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error { return c.init(cmd.Flags()) },
+		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
+			warnUnknownEnv(cmd.ErrOrStderr(), cmd.Root(), os.Environ())
+			return c.init(cmd.Flags())
+		},
 	}
 	pf := cmd.PersistentFlags()
 	pf.StringVar(&c.addr, "addr", "http://127.0.0.1:9090", "a node's admin address (its --admin-addr)")

@@ -63,6 +63,9 @@ func warnUnknownEnv(w io.Writer, root *cobra.Command, environ []string) {
 		}
 	}
 	walk(root)
+	for _, name := range adminEnv { // quotad admin's flags: QUOTAD_ADMIN_<NAME>
+		known["QUOTAD_ADMIN_"+strings.ToUpper(name)] = true
+	}
 	for _, kv := range environ {
 		name, _, _ := strings.Cut(kv, "=")
 		if strings.HasPrefix(name, "QUOTAD_") && !known[name] {
