@@ -18,28 +18,7 @@ func TestIdleSettlerHeartbeats(t *testing.T) {
 	var mu sync.Mutex // protects now
 	now := time.Date(2026, 6, 10, 12, 0, 0, 0, time.UTC)
 	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
-	l, err := OpenSQLite(ctx, filepath.Join(t.TempDir(), "ledger.db"), SQLiteOptions{Now: clock})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	if err := l.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
-	log, err := wal.Open(wal.Options{Dir: t.TempDir(), NodeID: "q1"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer log.Close()
-	e, err := engine.Open(engine.Options{Log: log})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer e.Close()
-	s, err := NewSettler(SettlerOptions{Ledger: l, Engine: e, Heartbeat: time.Nanosecond})
-	if err != nil {
-		t.Fatal(err)
-	}
+	l, s := settlerRig(t, clock, SettlerOptions{Heartbeat: time.Nanosecond})
 	if err := s.Register(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -72,28 +51,7 @@ func TestSettlerLoopHeartbeatsBetweenSettles(t *testing.T) {
 	var mu sync.Mutex // protects now
 	now := time.Date(2026, 6, 10, 12, 0, 0, 0, time.UTC)
 	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); now = now.Add(time.Second); return now }
-	l, err := OpenSQLite(ctx, filepath.Join(t.TempDir(), "ledger.db"), SQLiteOptions{Now: clock})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	if err := l.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
-	log, err := wal.Open(wal.Options{Dir: t.TempDir(), NodeID: "q1"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer log.Close()
-	e, err := engine.Open(engine.Options{Log: log})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer e.Close()
-	s, err := NewSettler(SettlerOptions{Ledger: l, Engine: e, Interval: time.Hour, Heartbeat: 10 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
+	l, s := settlerRig(t, clock, SettlerOptions{Interval: time.Hour, Heartbeat: 10 * time.Millisecond})
 	if err := s.Register(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -116,4 +74,35 @@ func lastHeartbeat(t *testing.T, l Ledger) time.Time {
 		t.Fatalf("nodes %v, %v", nodes, err)
 	}
 	return nodes[0].Heartbeat
+}
+
+// settlerRig opens a migrated SQLite ledger on clock, a log and an engine
+// of node q1, and a settler with opts (Ledger and Engine filled in); all are
+// closed when the test ends.
+func settlerRig(t *testing.T, clock func() time.Time, opts SettlerOptions) (*SQLite, *Settler) {
+	t.Helper()
+	ctx := context.Background()
+	l, err := OpenSQLite(ctx, filepath.Join(t.TempDir(), "ledger.db"), SQLiteOptions{Now: clock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	if err := l.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	log, err := wal.Open(wal.Options{Dir: t.TempDir(), NodeID: "q1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := engine.Open(engine.Options{Log: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close(); log.Close() })
+	opts.Ledger, opts.Engine = l, e
+	s, err := NewSettler(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l, s
 }
