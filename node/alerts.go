@@ -271,12 +271,9 @@ func (a *alerter) onCharge(account string, d *shard.Decision, err error) {
 	// The month's quota, not the credits beside it: credits count their use
 	// since they were granted, which would raise alerts in a month that has
 	// barely begun, and a large credit would hide the quota running out.
+	// NB: a refusal for want of units is not 100 %: the request may cost
+	// more than is left of a month barely used (one large export).
 	used, limit := d.MonthUsed, d.MonthUnits
-	if d.Reason == shard.QuotaExceeded {
-		// Refused for want of units: the month is used up for this account
-		// even if a few units are left that no route costs as little as.
-		used = max(used, limit)
-	}
 	var crossed uint32
 	for i, t := range a.thresholds {
 		if !reached(used, limit, t) {
