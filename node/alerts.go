@@ -67,7 +67,7 @@ import (
 // A receiver recomputes the HMAC over the timestamp header, a dot and the raw
 // body, compares it in constant time (hmac.Equal) and rejects timestamps too
 // far from its clock (say 5 minutes) against replays. Every attempt is signed
-// afresh. See README-admin.md for Go code.
+// afresh. README.md ("Quota alerts") has a receiver in Go.
 
 // Alert is the JSON body of a quota alert webhook.
 type Alert struct {
