@@ -444,12 +444,7 @@ func (e *Engine) Forget(account string) bool {
 		return false
 	}
 	if ent.dirty {
-		e.forgotMu.Lock()
-		if e.forgotten == nil {
-			e.forgotten = make(map[string]wal.Checkpoint)
-		}
-		e.forgotten[account] = wal.Checkpoint{Account: account, Seq: ent.acct.LastSeq, Data: ent.acct.AppendCheckpoint(nil)}
-		e.forgotMu.Unlock()
+		e.keepForgotten(wal.Checkpoint{Account: account, Seq: ent.acct.LastSeq, Data: ent.acct.AppendCheckpoint(nil)}, true)
 	}
 	delete(st.accounts, account)
 	return true

@@ -83,14 +83,21 @@ func (e *Engine) redirty(cps []wal.Checkpoint) {
 		}
 		st.mu.Unlock()
 		if !ok {
-			e.forgotMu.Lock()
-			if e.forgotten == nil {
-				e.forgotten = make(map[string]wal.Checkpoint)
-			}
-			if _, newer := e.forgotten[cp.Account]; !newer {
-				e.forgotten[cp.Account] = cp
-			}
-			e.forgotMu.Unlock()
+			e.keepForgotten(cp, false) // NB: a state Forget kept since is newer
 		}
 	}
+}
+
+// keepForgotten keeps cp, the state of an account no longer in memory, for
+// the next settle to checkpoint; over one kept before only if replace.
+func (e *Engine) keepForgotten(cp wal.Checkpoint, replace bool) {
+	e.forgotMu.Lock()
+	defer e.forgotMu.Unlock()
+	if _, kept := e.forgotten[cp.Account]; kept && !replace {
+		return
+	}
+	if e.forgotten == nil {
+		e.forgotten = make(map[string]wal.Checkpoint)
+	}
+	e.forgotten[cp.Account] = cp
 }

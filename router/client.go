@@ -371,12 +371,8 @@ func (c *Client) refreshViewLocked(ctx context.Context, prefer, avoid string) er
 // wanted reports whether the client may call addr: a member of its view or
 // a seed. Connections to other addresses are closed after a grace.
 func (c *Client) wanted(addr string) bool {
-	if v := c.view.Load(); v != nil {
-		for _, m := range v.members {
-			if m.RpcAddr == addr {
-				return true
-			}
-		}
+	if v := c.view.Load(); v != nil && slices.ContainsFunc(v.members, func(m *pb.Member) bool { return m.RpcAddr == addr }) {
+		return true
 	}
 	return slices.Contains(c.seeds, addr)
 }

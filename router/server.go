@@ -110,9 +110,9 @@ type redirect struct {
 
 // forwardBatch sends the charges at ids to addr in one call and fills their
 // replies; it returns the ones the owner did not take (WrongOwner: the ring
-// moved), to route one by one from the owner the answer named. A failed call is not retried: the owner may
-// have applied it, so its charges answer quota-unavailable (outcome unknown;
-// a retry with an event id is safe).
+// moved), to route one by one from the owner the answer named. A failed
+// call is not retried: the owner may have applied it, so its charges answer
+// quota-unavailable (outcome unknown; a retry with an event id is safe).
 func (s *server) forwardBatch(ctx context.Context, addr string, charges []*pb.ChargeRequest, ids []int, replies []*pb.ChargeReply) (again []redirect) {
 	fail := func(err error) []redirect {
 		s.r.stats.ForwardErrors.Add(1)
