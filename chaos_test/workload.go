@@ -19,6 +19,7 @@ import (
 	"github.com/quotaring/quotaring/router"
 	"github.com/quotaring/quotaring/router/pb"
 	"github.com/quotaring/quotaring/shard"
+	"github.com/quotaring/quotaring/snapshot"
 )
 
 // The workload: Workers goroutines share Rate operations a second. Each
@@ -231,6 +232,17 @@ func (w *worker) refund() {
 	}
 }
 
+// routeOf is the route the HTTP front charges a path under (the seeded
+// weights name only /v1/heavy): a charge sent over gRPC or the embedded
+// client names the same route, so that a retry of it through the proxy,
+// with the same id, is a replay and not a reused key (id_reused).
+func routeOf(path string) string {
+	if path == "/v1/heavy" {
+		return "POST /v1/heavy"
+	}
+	return snapshot.DefaultRoute
+}
+
 // do sends one charge and records it.
 func (w *worker) do(via, acct, ev, path string, units int64) (cluster.Op, *shard.Receipt) {
 	op := cluster.Op{Worker: w.id, Kind: cluster.OpCharge, Via: via, Account: acct, EventID: ev, Generated: ev == "", Units: units}
@@ -245,12 +257,12 @@ func (w *worker) do(via, acct, ev, path string, units int64) (cluster.Op, *shard
 			return op, nil
 		}
 		rep := w.h.conns.ChargeRouted(ctx, n, &pb.ChargeRequest{Account: acct, EventId: ev, ClientId: ev != "",
-			Key: "key-" + acct, Route: "POST /v1/work", Units: units}, &op)
+			Key: "key-" + acct, Route: routeOf(path), Units: units}, &op)
 		receipt = receiptFromPB(rep.GetReceipt())
 	case "client":
 		op.Node = "client"
 		res, err := w.h.client.Charge(ctx, router.ChargeRequest{Account: acct, EventID: ev, ClientID: ev != "",
-			Key: "key-" + acct, Route: "POST /v1/work", Units: units})
+			Key: "key-" + acct, Route: routeOf(path), Units: units})
 		classifyClient(&op, res.Decision, res.Node, err)
 		if err == nil && op.EventID == "" {
 			op.EventID = res.EventID

@@ -29,6 +29,10 @@ const (
 	ProblemQuotaUnavailable = problemBase + "quota-unavailable"
 	// ProblemBadRequest: a malformed header, such as Idempotency-Key (400).
 	ProblemBadRequest = problemBase + "bad-request"
+	// ProblemIdempotencyKeyReused: the Idempotency-Key was already used by
+	// the account for a request to another route (422, as the IETF draft
+	// on the header asks); nothing was charged.
+	ProblemIdempotencyKeyReused = problemBase + "idempotency-key-reused"
 	// ProblemPayloadTooLarge: the body is over FrontOptions.MaxBodyBytes (413).
 	ProblemPayloadTooLarge = problemBase + "payload-too-large"
 	// ProblemUpstreamUnavailable: the upstream failed or timed out (502 or
@@ -197,6 +201,9 @@ func refusal(d *shard.Decision, units int64, quotaStatus int) *Problem {
 		p.Detail = fmt.Sprintf("This request costs %d units and the account has %d left of %d this period; the quota renews at %s.",
 			units, max(0, d.Remaining), d.Limit, formatReset(d.Reset))
 		return p
+	case shard.IDReused:
+		return newProblem(ProblemIdempotencyKeyReused, "Idempotency-Key reused", http.StatusUnprocessableEntity,
+			"This Idempotency-Key was used by this account in the last 24 hours for a request to another route; a retry must repeat the same request, and a new request needs a new key. Nothing was charged.")
 	case shard.UnknownAccount:
 		p := newProblem(ProblemQuotaUnavailable, "Quota unavailable", http.StatusServiceUnavailable,
 			"The owner of this key's account has not loaded its config yet; retry in a second.")
@@ -248,14 +255,15 @@ func isGRPC(contentType string) bool { return strings.HasPrefix(contentType, "ap
 
 // gRPC status codes (google.golang.org/grpc/codes), by problem type.
 var grpcCodes = map[string]int{
-	ProblemQuotaExceeded:       8,  // RESOURCE_EXHAUSTED
-	ProblemRateLimited:         8,  // RESOURCE_EXHAUSTED
-	ProblemPayloadTooLarge:     8,  // RESOURCE_EXHAUSTED, as gRPC answers a message over its limit
-	ProblemUnknownKey:          16, // UNAUTHENTICATED
-	ProblemQuotaUnavailable:    14, // UNAVAILABLE
-	ProblemUpstreamUnavailable: 14, // UNAVAILABLE (DEADLINE_EXCEEDED for 504)
-	ProblemBadRequest:          3,  // INVALID_ARGUMENT
-	ProblemInternal:            13, // INTERNAL
+	ProblemQuotaExceeded:        8,  // RESOURCE_EXHAUSTED
+	ProblemRateLimited:          8,  // RESOURCE_EXHAUSTED
+	ProblemPayloadTooLarge:      8,  // RESOURCE_EXHAUSTED, as gRPC answers a message over its limit
+	ProblemUnknownKey:           16, // UNAUTHENTICATED
+	ProblemQuotaUnavailable:     14, // UNAVAILABLE
+	ProblemUpstreamUnavailable:  14, // UNAVAILABLE (DEADLINE_EXCEEDED for 504)
+	ProblemBadRequest:           3,  // INVALID_ARGUMENT
+	ProblemIdempotencyKeyReused: 9,  // FAILED_PRECONDITION
+	ProblemInternal:             13, // INTERNAL
 }
 
 // writeGRPC answers p as a trailers-only gRPC response: HTTP 200 with

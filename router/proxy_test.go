@@ -94,7 +94,7 @@ func TestProxyMonthlyQuota(t *testing.T) {
 }
 
 // Show 2: one Idempotency-Key bills once per account, and is scoped by
-// account.
+// account; the same key on another route is refused (422).
 func TestProxyIdempotencyKey(t *testing.T) {
 	up := newUpstream(t)
 	a1 := account{id: "idem-a", key: keyOf("idem-a"), plan: monthly("m100", 100)}
@@ -109,6 +109,13 @@ func TestProxyIdempotencyKey(t *testing.T) {
 	expect(t, "the key in quotes (the IETF draft's form) is the same key",
 		do(t, proxy, "POST", "/v1/tasks", a2.key, nil, `Idempotency-Key: "order-42"`), 200, "98")
 	expect(t, "another key", do(t, proxy, "POST", "/v1/tasks", a1.key, nil, "Idempotency-Key: order-43"), 200, "96")
+	// One key for another route is a client's mistake, not a retry: an
+	// export (25 units) must not pass for a write's 2.
+	reused := do(t, proxy, "POST", "/v1/exports", a1.key, nil, "Idempotency-Key: order-42")
+	if reused.status != 422 || reused.problem.Type != router.ProblemIdempotencyKeyReused || !strings.Contains(reused.problem.Detail, "another route") {
+		t.Fatalf("key order-42 of a write, sent with an export: %d %+v; want 422 idempotency-key-reused", reused.status, reused.problem)
+	}
+	expect(t, "the write's key on its own route again", do(t, proxy, "POST", "/v1/tasks", a1.key, nil, "Idempotency-Key: order-42"), 200, "96")
 	for _, a := range []account{a1, a2} {
 		u := do(t, proxy, "GET", "/v1/usage", a.key, nil).usage(t)
 		want := map[string]int64{"POST /v1/tasks": 2}
@@ -119,8 +126,11 @@ func TestProxyIdempotencyKey(t *testing.T) {
 			t.Fatalf("%s: usage %+v, want routes %v", a.id, u, want)
 		}
 	}
-	if n := up.count("POST /v1/tasks"); n != 5 {
-		t.Fatalf("the upstream served %d writes, want 5 (a replay is served again, not billed again)", n)
+	if n := up.count("POST /v1/tasks"); n != 6 {
+		t.Fatalf("the upstream served %d writes, want 6 (a replay is served again, not billed again)", n)
+	}
+	if n := up.count("POST /v1/exports"); n != 0 {
+		t.Fatalf("the upstream served %d exports, want 0 (the reused key was refused before it)", n)
 	}
 }
 

@@ -18,7 +18,9 @@
 //  2. Dedup: a client-supplied event id already seen within the dedup window
 //     answers Replayed with the original units and charges nothing. The caller
 //     must wait until Decision.Seq is durable before it answers, like the first
-//     time.
+//     time. The same id for another route (Charge.Route) is not a retry but a
+//     client's mistake: it answers IDReused and charges nothing, or a request
+//     to an expensive route would be served for a cheap one's units.
 //  3. Token bucket: one token per request, whatever its units (rate limits
 //     count requests, quotas count units). An empty bucket answers RateLimited
 //     with RetryAfter until the next token. A refused request takes no token: it

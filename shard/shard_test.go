@@ -552,3 +552,36 @@ func TestReplaysTakeRateTokens(t *testing.T) {
 		t.Fatalf("used %d, want 1 (billed once)", u.Used)
 	}
 }
+
+// One client id for two routes is a client's mistake, not a retry: replaying
+// it would serve an expensive request for a cheap one's units. The second
+// route is refused IDReused, charges nothing, takes no rate-limit token, and
+// still is after a checkpoint round trip (a restart); the first route still
+// replays.
+func TestOneIDForTwoRoutesIsRefused(t *testing.T) {
+	p := DefaultParams()
+	a := NewAccount(AccountConfig{ID: "a", Plan: Plan{ID: "p", MonthlyQuota: 100, Hard: true, Rate: Rate{Tokens: 1, Per: time.Hour}, Burst: 3}})
+	now := at("2026-06-10T00:00:00Z")
+	var rec Record
+	if d := a.Charge(&Charge{EventID: "k", ClientID: true, Route: "GET /v1/tasks", Units: 1}, now, &p, &rec); d.Reason != OK || d.Remaining != 99 {
+		t.Fatalf("first use of key k: %+v", d)
+	}
+	restored := NewAccount(AccountConfig{ID: "a", Plan: a.Plan()})
+	if err := restored.RestoreCheckpoint(a.AppendCheckpoint(nil)); err != nil {
+		t.Fatal(err)
+	}
+	for _, acct := range []*Account{a, restored} {
+		for i := 0; i < 3; i++ { // never a token: a burst of 3 holds 2 after the first charge
+			d := acct.Charge(&Charge{EventID: "k", ClientID: true, Route: "POST /v1/exports", Units: 25}, now, &p, &rec)
+			if d.Reason != IDReused || rec.Type != 0 || d.Remaining != 99 {
+				t.Fatalf("key k on another route (try %d): %s, record type %v, remaining %d; want id_reused, no record, 99", i+1, d.Reason, rec.Type, d.Remaining)
+			}
+		}
+		if d := acct.Charge(&Charge{EventID: "k", ClientID: true, Route: "GET /v1/tasks", Units: 1}, now, &p, &rec); d.Reason != Replayed {
+			t.Fatalf("key k on its own route: %s, want replayed", d.Reason)
+		}
+		if d := acct.Charge(&Charge{EventID: "k2", ClientID: true, Route: "POST /v1/exports", Units: 25}, now, &p, &rec); d.Reason != OK || d.Remaining != 74 {
+			t.Fatalf("a new key: %+v, want ok with 74 left (the refusals took no token)", d)
+		}
+	}
+}

@@ -124,9 +124,10 @@ const (
 	UnknownEvent                  // the account does not remember this event
 	Invalid                       // the request is malformed (negative units, empty id)
 	Kept                          // an attempt's refund refused: a retry was served under the charge
+	IDReused                      // a client event id already charged for another route: charged nothing
 )
 
-var reasonNames = [...]string{"ok", "replayed", "rate_limited", "quota_exceeded", "unknown_account", "need_reservation", "refunded", "already_refunded", "unknown_event", "invalid", "kept"}
+var reasonNames = [...]string{"ok", "replayed", "rate_limited", "quota_exceeded", "unknown_account", "need_reservation", "refunded", "already_refunded", "unknown_event", "invalid", "kept", "id_reused"}
 
 func (r Reason) String() string {
 	if int(r) < len(reasonNames) {

@@ -39,6 +39,9 @@ const (
 	Reason_UNKNOWN_EVENT      Reason = 8
 	Reason_INVALID            Reason = 9
 	Reason_KEPT               Reason = 10
+	// A client event id already charged for another route: charged nothing
+	// (one Idempotency-Key for two different requests).
+	Reason_ID_REUSED Reason = 11
 )
 
 // Enum value maps for Reason.
@@ -55,6 +58,7 @@ var (
 		8:  "UNKNOWN_EVENT",
 		9:  "INVALID",
 		10: "KEPT",
+		11: "ID_REUSED",
 	}
 	Reason_value = map[string]int32{
 		"REASON_UNSPECIFIED": 0,
@@ -68,6 +72,7 @@ var (
 		"UNKNOWN_EVENT":      8,
 		"INVALID":            9,
 		"KEPT":               10,
+		"ID_REUSED":          11,
 	}
 )
 
@@ -1702,7 +1707,7 @@ const file_quota_proto_rawDesc = "" +
 	"\aversion\x18\x01 \x01(\x03R\aversion\x12\x1c\n" +
 	"\tunchanged\x18\x02 \x01(\bR\tunchanged\x12\x1a\n" +
 	"\bsnapshot\x18\x03 \x01(\fR\bsnapshot\x12\x12\n" +
-	"\x04node\x18\x04 \x01(\tR\x04node*\xbf\x01\n" +
+	"\x04node\x18\x04 \x01(\tR\x04node*\xce\x01\n" +
 	"\x06Reason\x12\x16\n" +
 	"\x12REASON_UNSPECIFIED\x10\x00\x12\x06\n" +
 	"\x02OK\x10\x01\x12\f\n" +
@@ -1715,7 +1720,8 @@ const file_quota_proto_rawDesc = "" +
 	"\rUNKNOWN_EVENT\x10\b\x12\v\n" +
 	"\aINVALID\x10\t\x12\b\n" +
 	"\x04KEPT\x10\n" +
-	"2\xd4\x02\n" +
+	"\x12\r\n" +
+	"\tID_REUSED\x10\v2\xd4\x02\n" +
 	"\x05Quota\x12@\n" +
 	"\x06Charge\x12\x19.quotaring.v1.ChargeBatch\x1a\x1b.quotaring.v1.ChargeReplies\x12@\n" +
 	"\x06Refund\x12\x19.quotaring.v1.RefundBatch\x1a\x1b.quotaring.v1.RefundReplies\x12=\n" +
