@@ -14,6 +14,8 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"slices"
 	"strconv"
 	"sync"
@@ -77,7 +79,9 @@ func BenchmarkProxyThroughput(b *testing.B) {
 	}
 }
 
-// benchCase is one cluster shape.
+// benchCase is one cluster shape, or with nodes 0 the floor: a bare
+// httputil.ReverseProxy with no quotaring in it, what any proxy written in
+// Go pays for the extra hop on this machine.
 type benchCase struct {
 	nodes  int
 	noSync bool // --wal-sync=false: no fsync before answering (benchmarks only)
@@ -87,6 +91,9 @@ type benchCase struct {
 }
 
 func (bc benchCase) String() string {
+	if bc.nodes == 0 {
+		return fmt.Sprintf("bare-reverse-proxy/upstream=%v", bc.work)
+	}
 	plan := "hard"
 	if bc.soft {
 		plan = "soft"
@@ -95,6 +102,7 @@ func (bc benchCase) String() string {
 }
 
 var benchCases = []benchCase{
+	{nodes: 0}, {nodes: 0, work: time.Millisecond},
 	{nodes: 1}, {nodes: 1, noSync: true}, {nodes: 1, soft: true}, {nodes: 3},
 	{nodes: 1, work: time.Millisecond}, {nodes: 1, noSync: true, work: time.Millisecond}, {nodes: 3, work: time.Millisecond},
 }
@@ -147,6 +155,24 @@ func benchSetup(b *testing.B, bc benchCase) (proxy, direct *target) {
 		io.WriteString(w, `{"tasks":[]}`)
 	}))
 	b.Cleanup(up.Close)
+	newClient := func() *http.Client {
+		tr := http.DefaultTransport.(*http.Transport).Clone()
+		tr.MaxIdleConns, tr.MaxIdleConnsPerHost = 512, 512
+		b.Cleanup(tr.CloseIdleConnections)
+		return &http.Client{Transport: tr}
+	}
+	direct = &target{url: up.URL, client: newClient()}
+	if bc.nodes == 0 {
+		u, err := url.Parse(up.URL)
+		if err != nil {
+			b.Fatal(err)
+		}
+		rp := httputil.NewSingleHostReverseProxy(u)
+		rp.Transport = newClient().Transport
+		bare := httptest.NewServer(rp)
+		b.Cleanup(bare.Close)
+		return &target{url: bare.URL, client: newClient()}, direct
+	}
 	var accounts []account
 	var keys []string
 	for i := 0; i < 12; i++ {
@@ -157,14 +183,7 @@ func benchSetup(b *testing.B, bc benchCase) (proxy, direct *target) {
 	// NB: quotad's default intervals: settle (which also sizes reservations)
 	// 1 s, config refresh 3 s.
 	c := startCluster(b, accounts, clusterOptions{nodes: bc.nodes, upstream: up.URL, noSync: bc.noSync, settle: time.Second, snapshot: 3 * time.Second})
-	newClient := func() *http.Client {
-		tr := http.DefaultTransport.(*http.Transport).Clone()
-		tr.MaxIdleConns, tr.MaxIdleConnsPerHost = 512, 512
-		b.Cleanup(tr.CloseIdleConnections)
-		return &http.Client{Transport: tr}
-	}
 	proxy = &target{url: "http://" + c.nodes[0].HTTPAddr(), keys: keys, client: newClient()}
-	direct = &target{url: up.URL, client: newClient()}
 	// Warm every account up (its first charge waits for a reservation).
 	for i := range keys {
 		if _, err := proxy.send(i); err != nil {

@@ -27,7 +27,7 @@ func newBenchCmd() *cobra.Command {
 		Short: "Measure throughput and latency",
 		Long:  "Measure throughput and latency. Results print as a table; BENCHMARKS.md records runs with their commands.",
 	}
-	cmd.AddCommand(newBenchEngineCmd(), newBenchClusterCmd())
+	cmd.AddCommand(newBenchEngineCmd(), newBenchClusterCmd(), newBenchProxyCmd(), newBenchUpstreamCmd())
 	return cmd
 }
 

@@ -1,0 +1,96 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+)
+
+// quotad bench proxy against quotad bench upstream, through a reverse proxy
+// that, like a node's front, wants a key: every request is answered, the
+// table has both ways and the difference, and a wrong key fails at once
+// with the proxy's answer.
+func TestBenchProxy(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	addr := make(chan string, 1)
+	served := make(chan error, 1)
+	go func() {
+		served <- runBenchUpstream(ctx, &bytes.Buffer{}, benchUpstreamFlags{listen: "127.0.0.1:0", work: 2 * time.Millisecond}, func(a string) { addr <- a })
+	}()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-served; err != nil {
+			t.Errorf("bench upstream: %v", err)
+		}
+	})
+	var up string
+	select {
+	case up = <-addr:
+	case err := <-served:
+		t.Fatalf("bench upstream did not start: %v", err)
+	}
+	target, _ := url.Parse("http://" + up)
+	rp := httputil.NewSingleHostReverseProxy(target)
+	front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Authorization") != "Bearer good-key" {
+			w.Header().Set("Content-Type", "application/problem+json")
+			w.WriteHeader(http.StatusUnauthorized)
+			w.Write([]byte(`{"type":"https://quotaring.dev/problems/unknown-key"}`))
+			return
+		}
+		rp.ServeHTTP(w, r)
+	}))
+	defer front.Close()
+
+	f := benchProxyFlags{proxy: front.URL, direct: "http://" + up, keys: []string{"good-key"}, method: "GET", path: "/v1/tasks",
+		rate: 200, round: 100 * time.Millisecond, rounds: 2, serverTiming: true, timeout: 5 * time.Second}
+	var out, progress bytes.Buffer
+	if err := runBenchProxy(ctx, &out, &progress, f); err != nil {
+		t.Fatalf("bench proxy: %v\n%s", err, out.String())
+	}
+	for _, want := range []string{"direct          40", "proxied         40", "added", "round 2/2 proxied"} {
+		if !strings.Contains(out.String()+progress.String(), want) {
+			t.Errorf("output lacks %q:\n%s%s", want, progress.String(), out.String())
+		}
+	}
+	// The upstream's 2 ms of work is left out: what remains is loopback.
+	for _, line := range strings.Split(out.String(), "\n") {
+		if fs := strings.Fields(line); len(fs) == 6 && fs[0] == "direct" && strings.HasSuffix(fs[2], "ms") {
+			t.Errorf("direct p50 %s: the upstream's Server-Timing was not left out", fs[2])
+		}
+	}
+
+	f.keys = []string{"bad-key"}
+	err := runBenchProxy(ctx, &out, &progress, f)
+	if err == nil || !strings.Contains(err.Error(), "401") || !strings.Contains(err.Error(), "unknown-key") {
+		t.Fatalf("a wrong key: %v, want the proxy's 401 unknown-key at the first request", err)
+	}
+}
+
+func TestServerTimingApp(t *testing.T) {
+	for _, tc := range []struct {
+		values []string
+		want   time.Duration
+	}{
+		{nil, 0},
+		{[]string{"app;dur=1.5"}, 1500 * time.Microsecond},
+		{[]string{`db;dur=53, app;desc="the API";dur=2`}, 2 * time.Millisecond},
+		{[]string{"cache;desc=hit", "app;dur=0.25"}, 250 * time.Microsecond},
+		{[]string{"app;dur=oops"}, 0},
+		{[]string{"app"}, 0},
+	} {
+		h := http.Header{}
+		for _, v := range tc.values {
+			h.Add("Server-Timing", v)
+		}
+		if got := serverTimingApp(h); got != tc.want {
+			t.Errorf("Server-Timing %q: %v, want %v", tc.values, got, tc.want)
+		}
+	}
+}
