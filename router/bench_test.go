@@ -10,6 +10,7 @@ package router_test
 // machine, so the numbers are an upper bound on what the proxy adds.
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"net/http"
@@ -23,6 +24,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/quotaring/quotaring/internal/loadgen"
 	"github.com/quotaring/quotaring/snapshot"
 )
 
@@ -197,28 +199,16 @@ func benchSetup(b *testing.B, bc benchCase) (proxy, direct *target) {
 // once when the generator is behind), and returns their latencies.
 func openLoop(b *testing.B, t *target, rate int, d time.Duration) []time.Duration {
 	n := int(d.Seconds() * float64(rate))
-	interval := time.Second / time.Duration(rate)
 	lat := make([]time.Duration, n)
 	var failed atomic.Int64
-	var wg sync.WaitGroup
-	start := time.Now()
-	for i := 0; i < n; i++ {
-		at := start.Add(time.Duration(i) * interval)
-		if w := time.Until(at); w > 0 {
-			time.Sleep(w)
+	_, _ = loadgen.OpenLoop(context.Background(), rate, n, func(i int) {
+		sent := time.Now()
+		work, err := t.send(i)
+		if err != nil {
+			failed.Add(1)
 		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			sent := time.Now()
-			work, err := t.send(i)
-			if err != nil {
-				failed.Add(1)
-			}
-			lat[i] = time.Since(sent) - work
-		}()
-	}
-	wg.Wait()
+		lat[i] = time.Since(sent) - work
+	})
 	if f := failed.Load(); f > 0 {
 		b.Fatalf("%d of %d requests failed", f, n)
 	}

@@ -11,11 +11,11 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/spf13/cobra"
+
+	"github.com/quotaring/quotaring/internal/loadgen"
 )
 
 // quotad bench proxy measures what the HTTP front adds to a request, with
@@ -211,48 +211,24 @@ func benchURL(flag, s string) (string, error) {
 // time (at once when the generator is behind), and returns their latencies.
 func (t *benchTarget) openLoop(ctx context.Context, f benchProxyFlags, d time.Duration) (*benchRound, error) {
 	n := max(1, int(d.Seconds()*float64(f.rate)))
-	interval := time.Second / time.Duration(f.rate)
-	r := &benchRound{lat: make([]time.Duration, 0, n)}
 	lat := make([]time.Duration, n)
-	ok := make([]bool, n)
-	var errs, late atomic.Int64
-	var firstErr sync.Once
-	var wg sync.WaitGroup
-	start := time.Now()
-	for i := 0; i < n; i++ {
-		at := start.Add(time.Duration(i) * interval)
-		if w := time.Until(at); w > 0 {
-			select {
-			case <-ctx.Done():
-				wg.Wait()
-				return nil, ctx.Err()
-			case <-time.After(w):
-			}
-		} else if -w > time.Millisecond {
-			late.Add(1)
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			l, err := t.send(ctx, f, i)
-			if err != nil {
-				errs.Add(1)
-				firstErr.Do(func() { r.firstErr = err })
-				return
-			}
-			lat[i], ok[i] = l, true
-		}()
-	}
-	wg.Wait()
-	if err := ctx.Err(); err != nil {
+	errs := make([]error, n)
+	late, err := loadgen.OpenLoop(ctx, f.rate, n, func(i int) { lat[i], errs[i] = t.send(ctx, f, i) })
+	if err != nil {
 		return nil, err
 	}
-	for i := range lat {
-		if ok[i] {
+	r := &benchRound{lat: make([]time.Duration, 0, n), late: int64(late)}
+	for i, err := range errs {
+		switch {
+		case err == nil:
 			r.lat = append(r.lat, lat[i])
+		case r.firstErr == nil:
+			r.firstErr = err
+			fallthrough
+		default:
+			r.errors++
 		}
 	}
-	r.errors, r.late = errs.Load(), late.Load()
 	return r, nil
 }
 

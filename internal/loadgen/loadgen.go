@@ -6,6 +6,11 @@
 //	rep, err := loadgen.Run(ctx, loadgen.Config{Concurrency: 64, Duration: 10 * time.Second, Progress: os.Stderr},
 //		func(ctx context.Context, worker int, i int64) (ops int, err error) { ...; return 1, nil })
 //	fmt.Println(rep)
+//
+// Run is a closed loop (each goroutine waits for its answer before the next
+// call), right for throughput. Latency at a given rate wants an open loop,
+// OpenLoop: requests leave on schedule however slow the answers are (quotad
+// bench proxy, router's BenchmarkProxyLatency).
 package loadgen
 
 import (
