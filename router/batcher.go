@@ -10,6 +10,12 @@ import (
 // and the next call to finish sends everything queued (up to maxBatch) as one
 // batch. So batching adds no latency at low load, and under load the batch
 // grows to whatever arrived during one round trip.
+//
+// A caller that finds a free slot and nobody queued sends its own requests
+// from its own goroutine, under its own context: that is the common case at
+// low load, and handing the send to another goroutine cost a lone caller
+// about 60 us at p50 on the benchmark machine. Anything queued meanwhile is
+// then sent by a goroutine of the batcher's.
 type batcher[Req, Rep any] struct {
 	maxInflight, maxBatch int
 	// send delivers one batch; it returns one reply per request, in order,
@@ -37,9 +43,38 @@ func newBatcher[Req, Rep any](ctx context.Context, maxInflight, maxBatch int, se
 // do sends req in some batch and waits for its reply or ctx. A caller whose
 // ctx ends first gets ctx's error; its request may still be applied.
 func (b *batcher[Req, Rep]) do(ctx context.Context, req Req) (Rep, error) {
-	c := &call[Req, Rep]{req: req, done: make(chan struct{})}
+	reps, errs := b.doMany(ctx, []Req{req})
+	return reps[0], errs[0]
+}
+
+// doMany sends reqs like do, queued together so they travel in as few
+// batches as fit (with other callers' requests), and waits for all of them
+// or ctx. It returns one reply and one error per request, in order.
+func (b *batcher[Req, Rep]) doMany(ctx context.Context, reqs []Req) ([]Rep, []error) {
+	reps, errs := make([]Rep, len(reqs)), make([]error, len(reqs))
 	b.mu.Lock()
-	b.queue = append(b.queue, c)
+	if b.inflight < b.maxInflight && len(b.queue) == 0 && len(reqs) <= b.maxBatch {
+		b.inflight++
+		b.mu.Unlock()
+		got, err := b.send(ctx, reqs)
+		if err == nil && len(got) != len(reqs) {
+			err = errShortReply
+		}
+		b.next()
+		for i := range reqs {
+			if err != nil {
+				errs[i] = err
+			} else {
+				reps[i] = got[i]
+			}
+		}
+		return reps, errs
+	}
+	calls := make([]*call[Req, Rep], len(reqs))
+	for i, r := range reqs {
+		calls[i] = &call[Req, Rep]{req: r, done: make(chan struct{})}
+	}
+	b.queue = append(b.queue, calls...)
 	var batch []*call[Req, Rep]
 	if b.inflight < b.maxInflight {
 		batch = b.takeLocked()
@@ -49,13 +84,15 @@ func (b *batcher[Req, Rep]) do(ctx context.Context, req Req) (Rep, error) {
 	if batch != nil {
 		go b.run(batch)
 	}
-	select {
-	case <-c.done:
-		return c.rep, c.err
-	case <-ctx.Done():
-		var zero Rep
-		return zero, ctx.Err()
+	for i, c := range calls {
+		select {
+		case <-c.done:
+			reps[i], errs[i] = c.rep, c.err
+		case <-ctx.Done():
+			errs[i] = ctx.Err()
+		}
 	}
+	return reps, errs
 }
 
 // takeLocked removes up to maxBatch queued calls. REQUIRES: b.mu held.
@@ -73,17 +110,35 @@ func (b *batcher[Req, Rep]) takeLocked() []*call[Req, Rep] {
 func (b *batcher[Req, Rep]) run(batch []*call[Req, Rep]) {
 	for {
 		b.deliver(batch)
-		b.mu.Lock()
-		if len(b.queue) == 0 || b.ctx.Err() != nil {
-			b.inflight--
-			rest := b.queue
-			b.queue = nil
-			b.mu.Unlock()
-			b.fail(rest, b.ctx.Err())
+		if batch = b.take(); batch == nil {
 			return
 		}
-		batch = b.takeLocked()
+	}
+}
+
+// take is for the holder of an in-flight slot whose send ended: it returns
+// the next batch to send, or gives the slot back and returns nil when
+// nothing is queued (or the batcher closed: then it fails what is queued).
+func (b *batcher[Req, Rep]) take() []*call[Req, Rep] {
+	b.mu.Lock()
+	if len(b.queue) == 0 || b.ctx.Err() != nil {
+		b.inflight--
+		rest := b.queue
+		b.queue = nil
 		b.mu.Unlock()
+		b.fail(rest, b.ctx.Err())
+		return nil
+	}
+	batch := b.takeLocked()
+	b.mu.Unlock()
+	return batch
+}
+
+// next is take for a caller that sent inline: what is queued goes on in a
+// goroutine of the batcher's, so the caller can return.
+func (b *batcher[Req, Rep]) next() {
+	if batch := b.take(); batch != nil {
+		go b.run(batch)
 	}
 }
 

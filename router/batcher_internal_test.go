@@ -1,0 +1,132 @@
+package router
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+)
+
+// fakeSend records the batches a batcher sends; a send blocks until the
+// test releases it when hold is set.
+type fakeSend struct {
+	mu      sync.Mutex
+	batches [][]int
+	ctxs    []context.Context
+	hold    chan struct{} // nil or closed: answer at once
+	entered chan struct{} // gets a value as each send starts
+}
+
+func (f *fakeSend) send(ctx context.Context, reqs []int) ([]int, error) {
+	f.mu.Lock()
+	f.batches = append(f.batches, slices.Clone(reqs))
+	f.ctxs = append(f.ctxs, ctx)
+	hold := f.hold
+	f.mu.Unlock()
+	if f.entered != nil {
+		f.entered <- struct{}{}
+	}
+	if hold != nil {
+		select {
+		case <-hold:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	out := make([]int, len(reqs))
+	for i, r := range reqs {
+		out[i] = r * 10
+	}
+	return out, nil
+}
+
+type ctxKey struct{}
+
+// A lone caller sends its requests itself, under its own context (no
+// hand-off to another goroutine), and gets its replies in order.
+func TestBatcherLoneCallerSendsInline(t *testing.T) {
+	f := &fakeSend{}
+	b := newBatcher(context.Background(), 4, 512, f.send)
+	ctx := context.WithValue(context.Background(), ctxKey{}, "mine")
+	reps, errs := b.doMany(ctx, []int{1, 2, 3})
+	if !slices.Equal(reps, []int{10, 20, 30}) || slices.ContainsFunc(errs, func(e error) bool { return e != nil }) {
+		t.Fatalf("replies %v, errors %v", reps, errs)
+	}
+	if len(f.ctxs) != 1 || f.ctxs[0].Value(ctxKey{}) != "mine" {
+		t.Fatalf("the lone caller's batch was not sent under its context")
+	}
+	if b.inflight != 0 {
+		t.Fatalf("in flight after the call: %d, want 0 (slot given back)", b.inflight)
+	}
+}
+
+// While the only slot is busy, callers queue, and the slot's holder sends
+// everything queued as one batch when its own send ends; a queued caller
+// whose context ends gets its context's error.
+func TestBatcherCoalescesWhileBusy(t *testing.T) {
+	f := &fakeSend{hold: make(chan struct{}), entered: make(chan struct{}, 16)}
+	b := newBatcher(context.Background(), 1, 512, f.send)
+	first := make(chan int, 1)
+	go func() {
+		rep, err := b.do(context.Background(), 1)
+		if err != nil {
+			t.Error(err)
+		}
+		first <- rep
+	}()
+	<-f.entered // the first call holds the slot
+	var wg sync.WaitGroup
+	got := make([]int, 5)
+	for i := range 5 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			got[i], _ = b.do(context.Background(), 100+i)
+		}()
+	}
+	gone, cancel := context.WithCancel(context.Background())
+	cancelled := make(chan error, 1)
+	go func() {
+		_, err := b.do(gone, 999)
+		cancelled <- err
+	}()
+	waitQueued(t, b, 6)
+	cancel()
+	if err := <-cancelled; !errors.Is(err, context.Canceled) {
+		t.Fatalf("a queued caller whose context ended: %v, want context.Canceled", err)
+	}
+	close(f.hold) // the first send answers, and every later one at once
+	wg.Wait()
+	if r := <-first; r != 10 {
+		t.Fatalf("first reply %d", r)
+	}
+	for i, r := range got {
+		if r != (100+i)*10 {
+			t.Fatalf("queued caller %d got %d", i, r)
+		}
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(f.batches) != 2 || len(f.batches[1]) != 6 {
+		t.Fatalf("batches %v, want [1] then the six queued requests in one", f.batches)
+	}
+}
+
+func waitQueued(t *testing.T, b *batcher[int, int], n int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		b.mu.Lock()
+		q := len(b.queue)
+		b.mu.Unlock()
+		if q == n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d calls queued, want %d", q, n)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
