@@ -13,9 +13,9 @@ import (
 //
 // A caller that finds a free slot and nobody queued sends its own requests
 // from its own goroutine, under its own context: that is the common case at
-// low load, and handing the send to another goroutine cost a lone caller
-// about 60 us at p50 on the benchmark machine. Anything queued meanwhile is
-// then sent by a goroutine of the batcher's.
+// low load, and it spares the caller waiting for a hand-off to another
+// goroutine. Anything queued meanwhile is then sent by a goroutine of the
+// batcher's.
 type batcher[Req, Rep any] struct {
 	maxInflight, maxBatch int
 	// send delivers one batch; it returns one reply per request, in order,

@@ -110,8 +110,8 @@ type redirect struct {
 
 // forwardBatch sends the charges at ids to the owner at addr through its
 // coalescing batcher, so they share RPCs with other callers' charges to that
-// owner (at 64 callers of single charges this cut the routing node's RPCs
-// several times over), and fills their replies; it returns the ones the owner
+// owner and at most MaxInflight RPCs go to it at once (BENCHMARKS.md: more
+// charges/s with many callers), and fills their replies; it returns the ones the owner
 // did not take (WrongOwner: the ring moved), to route one by one from the
 // owner the answer named. A failed call is not retried: the owner may have
 // applied it, so its charges answer quota-unavailable (outcome unknown; a
