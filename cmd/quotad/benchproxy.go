@@ -178,7 +178,13 @@ func runBenchProxy(ctx context.Context, out, progress io.Writer, f benchProxyFla
 		r := total[name]
 		fmt.Fprintf(out, "%-8s %9d %10s %10s %10s %7d\n", name, len(r.lat), fmtDur(pctile(r.lat, 50)), fmtDur(pctile(r.lat, 99)), fmtDur(pctile(r.lat, 99.9)), r.errors)
 	}
-	added := func(q float64) string { return "+" + fmtDur(pctile(p.lat, q)-pctile(d.lat, q)) }
+	added := func(q float64) string {
+		if diff := pctile(p.lat, q) - pctile(d.lat, q); diff < 0 {
+			return "-" + fmtDur(-diff)
+		} else {
+			return "+" + fmtDur(diff)
+		}
+	}
 	fmt.Fprintf(out, "%-8s %9s %10s %10s %10s\n", "added", "", added(50), added(99), added(99.9))
 	for _, name := range []string{"direct", "proxied"} {
 		r := total[name]
@@ -195,7 +201,8 @@ func runBenchProxy(ctx context.Context, out, progress io.Writer, f benchProxyFla
 	return nil
 }
 
-// benchURL checks a --proxy or --direct URL: http(s)://host:port, no path.
+// benchURL checks a --proxy or --direct URL: http(s)://host:port[/base]; the
+// request path is appended to it.
 func benchURL(flag, s string) (string, error) {
 	if s == "" {
 		return "", fmt.Errorf("%s is required: http://host:port", flag)
