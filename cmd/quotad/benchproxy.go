@@ -179,11 +179,11 @@ func runBenchProxy(ctx context.Context, out, progress io.Writer, f benchProxyFla
 		fmt.Fprintf(out, "%-8s %9d %10s %10s %10s %7d\n", name, len(r.lat), fmtDur(pctile(r.lat, 50)), fmtDur(pctile(r.lat, 99)), fmtDur(pctile(r.lat, 99.9)), r.errors)
 	}
 	added := func(q float64) string {
-		if diff := pctile(p.lat, q) - pctile(d.lat, q); diff < 0 {
+		diff := pctile(p.lat, q) - pctile(d.lat, q)
+		if diff < 0 {
 			return "-" + fmtDur(-diff)
-		} else {
-			return "+" + fmtDur(diff)
 		}
+		return "+" + fmtDur(diff)
 	}
 	fmt.Fprintf(out, "%-8s %9s %10s %10s %10s\n", "added", "", added(50), added(99), added(99.9))
 	for _, name := range []string{"direct", "proxied"} {
