@@ -3,6 +3,7 @@ package router
 import (
 	"context"
 	"sync"
+	"time"
 )
 
 // batcher coalesces calls to one destination: a call is sent at once while
@@ -60,6 +61,11 @@ func (b *batcher[Req, Rep]) doMany(ctx context.Context, reqs []Req) ([]Rep, []er
 		if err == nil && len(got) != len(reqs) {
 			err = errShortReply
 		}
+		if err != nil {
+			if cerr := ctxEnded(ctx); cerr != nil {
+				err = cerr // as a queued caller gets it; the send's error may come first (a server's deadline)
+			}
+		}
 		b.next()
 		for i := range reqs {
 			if err != nil {
@@ -93,6 +99,18 @@ func (b *batcher[Req, Rep]) doMany(ctx context.Context, reqs []Req) ([]Rep, []er
 		}
 	}
 	return reps, errs
+}
+
+// ctxEnded is ctx's error, or DeadlineExceeded once its deadline has passed
+// even if its timer has not fired yet.
+func ctxEnded(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if d, ok := ctx.Deadline(); ok && !time.Now().Before(d) {
+		return context.DeadlineExceeded
+	}
+	return nil
 }
 
 // takeLocked removes up to maxBatch queued calls. REQUIRES: b.mu held.

@@ -268,9 +268,9 @@ func (r *Router) forwardCharge(ctx context.Context, addr string, req ChargeReque
 	rep, err := p.charges.do(ctx, chargeToPB(&req))
 	if err != nil {
 		r.stats.ForwardErrors.Add(1)
-		if ctx.Err() != nil {
+		if cerr := ctxEnded(ctx); cerr != nil {
 			return nil, fmt.Errorf("%w: the owner of account %q at %s did not answer before the caller's deadline (%w); the outcome is unknown, retry with the same event id",
-				ErrUnavailable, req.Account, addr, ctx.Err())
+				ErrUnavailable, req.Account, addr, cerr)
 		}
 		return nil, fmt.Errorf("%w: the owner of account %q at %s did not answer (%v); the outcome is unknown, retry with the same event id", ErrUnavailable, req.Account, addr, err)
 	}
