@@ -81,22 +81,31 @@ func (s *server) route(ctx context.Context, charges []*pb.ChargeRequest, idx []i
 		}
 		byOwner[owner.RPCAddr] = append(byOwner[owner.RPCAddr], i)
 	}
-	var wg sync.WaitGroup
+	tasks := make([]func(), 0, len(byOwner)+len(single))
 	for addr, ids := range byOwner {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		tasks = append(tasks, func() {
 			for _, rd := range s.forwardBatch(ctx, addr, charges, ids, replies) {
 				s.routeOne(ctx, charges[rd.i], rd.i, replies, rd.target)
 			}
-		}()
+		})
 	}
 	for _, i := range single {
+		tasks = append(tasks, func() { s.routeOne(ctx, charges[i], i, replies, "") })
+	}
+	// The tasks run at once, the first on this goroutine: a batch of one
+	// charge (the usual routed call) then starts no goroutine, whose stack
+	// would grow again through the gRPC client on every call (a tenth of
+	// the routing node's CPU in a profile at 64 callers).
+	var wg sync.WaitGroup
+	for _, task := range tasks[min(1, len(tasks)):] {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			s.routeOne(ctx, charges[i], i, replies, "")
+			task()
 		}()
+	}
+	if len(tasks) > 0 {
+		tasks[0]()
 	}
 	wg.Wait()
 }
