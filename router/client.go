@@ -288,9 +288,8 @@ func (c *Client) route(ctx context.Context, account string, call func(context.Co
 			return err // the owner answered with an error
 		case err != nil:
 			c.stats.Unreachable.Add(1)
-			if cerr := ctxEnded(ctx); cerr != nil {
-				return fmt.Errorf("%w: the owner of account %q at %s did not answer before the caller's deadline (%w); the outcome is unknown, retry with the same event id",
-					ErrUnavailable, account, target, cerr)
+			if ctxEnded(ctx) != nil {
+				return ownerSilent(ctx, account, target, err)
 			}
 			if !refreshed {
 				refreshed = true

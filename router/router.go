@@ -268,13 +268,20 @@ func (r *Router) forwardCharge(ctx context.Context, addr string, req ChargeReque
 	rep, err := p.charges.do(ctx, chargeToPB(&req))
 	if err != nil {
 		r.stats.ForwardErrors.Add(1)
-		if cerr := ctxEnded(ctx); cerr != nil {
-			return nil, fmt.Errorf("%w: the owner of account %q at %s did not answer before the caller's deadline (%w); the outcome is unknown, retry with the same event id",
-				ErrUnavailable, req.Account, addr, cerr)
-		}
-		return nil, fmt.Errorf("%w: the owner of account %q at %s did not answer (%v); the outcome is unknown, retry with the same event id", ErrUnavailable, req.Account, addr, err)
+		return nil, ownerSilent(ctx, req.Account, addr, err)
 	}
 	return rep, nil
+}
+
+// ownerSilent is the error for a call to the owner of account at addr that
+// got no answer (err): ErrUnavailable, the outcome unknown. When ctx's
+// deadline passed it wraps ctx's error too, since that is why.
+func ownerSilent(ctx context.Context, account, addr string, err error) error {
+	if cerr := ctxEnded(ctx); cerr != nil {
+		return fmt.Errorf("%w: the owner of account %q at %s did not answer before the caller's deadline (%w); the outcome is unknown, retry with the same event id",
+			ErrUnavailable, account, addr, cerr)
+	}
+	return fmt.Errorf("%w: the owner of account %q at %s did not answer (%v); the outcome is unknown, retry with the same event id", ErrUnavailable, account, addr, err)
 }
 
 func resultFromPB(rep *pb.ChargeReply) (ChargeResult, error) {

@@ -239,18 +239,19 @@ func (a *Account) Charge(req *Charge, now Now, params *Params, rec *Record) Deci
 	if req.ClientID {
 		a.dedup.expire(a.seen, params.DedupWindow, params.DedupMax)
 		if e, ok := a.dedup.get(req.EventID, a.seen, params.DedupWindow); ok {
-			if e.refunded {
+			switch {
+			case e.refunded:
 				// Refunded (the work failed): a retry with the same id is a
 				// new charge, the id's next generation, not a free replay.
 				gen = e.gen + 1
-			} else if e.route != req.Route {
+			case e.route != req.Route:
 				// The id names a charge for another route: a client bug
 				// (one key for two requests), never a retry. Replaying it
 				// would serve the new request for the old one's units.
 				d.Reason = IDReused
 				a.fill(&d, now, wall)
 				return d
-			} else {
+			default:
 				replay, replaying = e, true
 			}
 		}
