@@ -1173,12 +1173,98 @@ func confNodesAlerts(t *testing.T, l Ledger) {
 		{"acct-1", 80, "c2", false}, // another node's claim of the same alert, at the same time
 		{"acct-1", 100, "c3", true}, {"acct-2", 80, "c4", true},
 	} {
-		got, err := l.RecordAlert(ctx, c.account, confPeriod, c.threshold, confWallTime(), c.claim)
+		got, err := l.RecordAlert(ctx, confAlert(c.account, confPeriod, c.threshold, c.claim))
 		if err != nil || got != c.want {
 			t.Errorf("alert %d (%s %d%% %s): %v, %v; want %v", i, c.account, c.threshold, c.claim, got, err, c.want)
 		}
 	}
-	if got, err := l.RecordAlert(ctx, "acct-1", confPeriod+1, 80, confWallTime().AddDate(0, 1, 0), "c5"); err != nil || !got {
+	if got, err := l.RecordAlert(ctx, confAlert("acct-1", confPeriod+1, 80, "c5")); err != nil || !got {
 		t.Errorf("alert in the next period: %v, %v; want true", got, err)
+	}
+	confAlertDelivery(t, l)
+}
+
+func confAlert(account string, period shard.Period, threshold int, claim string) AlertRecord {
+	return AlertRecord{Account: account, Period: period, Threshold: threshold, Claim: claim,
+		Used: int64(threshold) * 6 / 10, Limit: 60, CrossedAt: confWallTime().AddDate(0, int(period-confPeriod), 0)}
+}
+
+// confAlertDelivery follows the alerts confNodesAlerts claimed through
+// delivery, failed rounds, takeovers and giving up.
+func confAlertDelivery(t *testing.T, l Ledger) {
+	ctx := t.Context()
+	a80, a100, b80 := confAlert("acct-1", confPeriod, 80, "c1"), confAlert("acct-1", confPeriod, 100, "c3"),
+		confAlert("acct-2", confPeriod, 80, "c4")
+	finish := func(what string, a AlertRecord, claim string, state AlertState, attempts int, lastErr string, want bool) {
+		t.Helper()
+		a.Claim = claim
+		if got, err := l.FinishAlert(ctx, a, state, attempts, lastErr); err != nil || got != want {
+			t.Errorf("%s: %v, %v; want %v", what, got, err, want)
+		}
+	}
+	all, err := l.Alerts(ctx, "acct-1")
+	if err != nil || len(all) != 3 {
+		t.Fatalf("alerts of acct-1: %+v, %v", all, err)
+	}
+	if g := all[0]; g.Period != confPeriod || g.Threshold != 80 || g.Used != 48 || g.Limit != 60 || !g.CrossedAt.Equal(confWallTime()) ||
+		g.Claim != "c1" || g.State != AlertPending || g.CreatedAt.IsZero() || g.ClaimedAt.IsZero() || !g.FinishedAt.IsZero() || g.Attempts != 0 {
+		t.Errorf("a claimed alert: %+v", g)
+	}
+
+	finish("delivered", a80, "c1", AlertDelivered, 2, "webhook: 503 Service Unavailable", true)
+	finish("delivered twice", a80, "c1", AlertDelivered, 1, "", false)
+	finish("given up under another's claim", a100, "c2", AlertGivenUp, 1, "x", false)
+	finish("a failed round", a100, "c3", AlertPending, 8, "webhook: 502 Bad Gateway", true)
+	finish("refused by the receiver", b80, "c4", AlertGivenUp, 1, "webhook answered 401", true)
+
+	// Takeovers: stale claims (any, with a lease of 1 ns), the oldest first.
+	taken, givenUp, err := l.TakeOverAlerts(ctx, "t1", time.Nanosecond, time.Hour, 1)
+	if err != nil || len(givenUp) != 0 || len(taken) != 1 || taken[0].Threshold != 100 || taken[0].Claim != "t1" ||
+		taken[0].Attempts != 8 || taken[0].LastError != "webhook: 502 Bad Gateway" || taken[0].Used != 60 {
+		t.Fatalf("take over one: %+v, %+v, %v", taken, givenUp, err)
+	}
+	if taken, _, err := l.TakeOverAlerts(ctx, "t2", time.Hour, time.Hour, 10); err != nil || len(taken) != 0 {
+		t.Errorf("take over with an hour's lease: %+v, %v; want none (every claim is fresh)", taken, err)
+	}
+	taken, _, err = l.TakeOverAlerts(ctx, "t2", time.Nanosecond, time.Hour, 10)
+	if err != nil || len(taken) != 2 || taken[0].Threshold != 100 || taken[1].Period != confPeriod+1 {
+		t.Fatalf("take over the rest: %+v, %v", taken, err)
+	}
+	finish("given up under a claim taken over", a100, "t1", AlertGivenUp, 1, "x", false)
+	finish("delivered by the latest claim", a100, "t2", AlertDelivered, 1, "", true)
+
+	// Giving up: pending, past the lease and older than giveUpAfter.
+	taken, givenUp, err = l.TakeOverAlerts(ctx, "t3", time.Nanosecond, time.Nanosecond, 10)
+	if err != nil || len(taken) != 0 || len(givenUp) != 1 || givenUp[0].Period != confPeriod+1 || givenUp[0].State != AlertGivenUp {
+		t.Fatalf("give up: %+v, %+v, %v", taken, givenUp, err)
+	}
+
+	all, err = l.Alerts(ctx, "")
+	if err != nil || len(all) != 4 {
+		t.Fatalf("alerts: %+v, %v", all, err)
+	}
+	type want struct {
+		state    AlertState
+		attempts int
+		lastErr  string
+	}
+	for i, w := range []want{
+		{AlertDelivered, 2, "webhook: 503 Service Unavailable"},
+		{AlertDelivered, 9, "webhook: 502 Bad Gateway"},
+		{AlertGivenUp, 0, ""},
+		{AlertGivenUp, 1, "webhook answered 401"},
+	} {
+		g := all[i]
+		if g.State != w.state || g.Attempts != w.attempts || g.LastError != w.lastErr || g.FinishedAt.IsZero() {
+			t.Errorf("alert %d (%s %s %d%%): %s, %d attempts, %q, finished %v; want %+v",
+				i, g.Account, g.Period, g.Threshold, g.State, g.Attempts, g.LastError, g.FinishedAt, w)
+		}
+	}
+
+	if _, err := l.FinishAlert(ctx, a80, AlertLegacy, 0, ""); !errors.Is(err, ErrInvalid) {
+		t.Errorf("finish as legacy: %v, want ErrInvalid", err)
+	}
+	if _, err := l.RecordAlert(ctx, confAlert("acct-2", confPeriod, 100, "")); !errors.Is(err, ErrInvalid) {
+		t.Errorf("a claim without a token: %v, want ErrInvalid", err)
 	}
 }

@@ -1,8 +1,12 @@
 package flush
 
 import (
+	"cmp"
 	"context"
 	"errors"
+	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/quotaring/quotaring/shard"
@@ -90,11 +94,27 @@ type Ledger interface {
 	// Nodes lists the nodes and their settled marks.
 	Nodes(ctx context.Context) ([]NodeRow, error)
 
-	// RecordAlert records that the alert (account, period, threshold) was
-	// sent, under claim (a token unique to this claim); it reports false
-	// if another claim recorded it first (send once). A call repeated with
-	// the same claim (its reply was lost) reports true again.
-	RecordAlert(ctx context.Context, account string, period shard.Period, threshold int, at time.Time, claim string) (bool, error)
+	// RecordAlert claims the alert (Account, Period, Threshold) for a.Claim
+	// (a token unique to this claim), recording its figures (Used, Limit,
+	// CrossedAt) as pending; it reports false if another claim recorded it
+	// first (the cluster sends each alert once). A call repeated with the
+	// same claim (its reply was lost) reports true again.
+	RecordAlert(ctx context.Context, a AlertRecord) (bool, error)
+	// FinishAlert records the end of a round of deliveries of a pending
+	// alert: AlertDelivered (whoever holds the claim now: it was sent),
+	// AlertGivenUp (only while a.Claim holds it) or AlertPending (a round
+	// that failed: only the attempts and the error are recorded, and the
+	// alert waits for a takeover). attempts adds to the row's webhook calls.
+	// It reports false when the row was not pending under those terms.
+	FinishAlert(ctx context.Context, a AlertRecord, state AlertState, attempts int, lastErr string) (bool, error)
+	// TakeOverAlerts claims for claim up to limit pending alerts whose claim
+	// is older than lease by the ledger's clock (their node died or gave up
+	// a round), and gives up the pending ones older than giveUpAfter (and
+	// past their lease). Concurrent callers take distinct alerts.
+	TakeOverAlerts(ctx context.Context, claim string, lease, giveUpAfter time.Duration, limit int) (taken, givenUp []AlertRecord, err error)
+	// Alerts lists the alerts recorded, of one account or ("") all, by
+	// account, period and threshold.
+	Alerts(ctx context.Context, account string) ([]AlertRecord, error)
 
 	Close() error
 }
@@ -300,9 +320,76 @@ type EventRow struct {
 	Tombstone        bool // inserted by a refund that arrived before its charge
 }
 
+// AlertRecord is a quota alert in the ledger: claimed when its owner saw
+// the crossing, then delivered (at least once) or given up.
+type AlertRecord struct {
+	Account   string
+	Period    shard.Period
+	Threshold int       // percent of the month's quota
+	Used      int64     // units of the month's quota used at the crossing
+	Limit     int64     // units of the month's quota
+	CrossedAt time.Time // when the owner saw the crossing, by its clock
+	Claim     string    // the claim that holds it (a random token)
+
+	// Kept by the ledger (read by Alerts and TakeOverAlerts).
+	State      AlertState
+	CreatedAt  time.Time // the first claim, by the ledger's clock
+	ClaimedAt  time.Time // the latest claim or takeover, by the ledger's clock
+	FinishedAt time.Time // delivered or given up; zero while pending
+	Attempts   int       // webhook calls recorded so far
+	LastError  string    // the last failed round's error
+}
+
+// AlertState is where an alert's delivery stands.
+type AlertState string
+
+// Alert states.
+const (
+	AlertPending   AlertState = "pending"   // claimed, not delivered yet
+	AlertDelivered AlertState = "delivered" // the receiver took it (2xx)
+	AlertGivenUp   AlertState = "given_up"  // refused (4xx), or undelivered for too long
+	AlertLegacy    AlertState = "legacy"    // recorded before delivery was tracked (schema 0005)
+)
+
 // NodeRow is one (node, incarnation).
 type NodeRow struct {
 	Node, Incarnation string
 	Settled           uint64
 	Heartbeat         time.Time
+}
+
+// checkAlertKey checks what RecordAlert needs.
+func checkAlertKey(a AlertRecord) error {
+	if a.Account == "" || a.Claim == "" || a.Threshold < 1 || a.Threshold > 100 {
+		return fmt.Errorf("%w: alert: account, claim and a threshold from 1 to 100 must be set (got %q, %q, %d)",
+			ErrInvalid, a.Account, a.Claim, a.Threshold)
+	}
+	return nil
+}
+
+// checkAlertFinish checks what FinishAlert needs.
+func checkAlertFinish(a AlertRecord, state AlertState) error {
+	switch state {
+	case AlertDelivered, AlertGivenUp, AlertPending:
+	default:
+		return fmt.Errorf("%w: finish alert: state %q: want delivered, given_up or pending", ErrInvalid, state)
+	}
+	return checkAlertKey(a)
+}
+
+// sortAlerts orders alerts by account, period and threshold (RETURNING
+// gives no order).
+func sortAlerts(as []AlertRecord) {
+	slices.SortFunc(as, func(a, b AlertRecord) int {
+		return cmp.Or(strings.Compare(a.Account, b.Account), cmp.Compare(a.Period, b.Period), cmp.Compare(a.Threshold, b.Threshold))
+	})
+}
+
+// prefixed qualifies each of a comma-separated column list with prefix.
+func prefixed(prefix, columns string) string {
+	cols := strings.Split(columns, ",")
+	for i, c := range cols {
+		cols[i] = prefix + strings.TrimSpace(c)
+	}
+	return strings.Join(cols, ", ")
 }

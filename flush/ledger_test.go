@@ -326,3 +326,49 @@ func TestScrubPassword(t *testing.T) {
 		}
 	}
 }
+
+// An alert claimed under schema 4 was sent, or lost, under the at-most-once
+// rule of its day: migration 5 marks it legacy, and no node sends it again.
+func TestAlertClaimedBeforeDeliveryTrackingIsNotResent(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		open   func(t *testing.T) (Ledger, *[]migration)
+		insert string
+	}{
+		{"sqlite", func(t *testing.T) (Ledger, *[]migration) {
+			l, err := OpenSQLite(t.Context(), filepath.Join(t.TempDir(), "ledger.db"), SQLiteOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return l, &l.migrations
+		}, `INSERT INTO alerts (account_id, period, threshold, sent_at, claim) VALUES ('acme', '2026-06', 80, 1781524800000000000, 'old')`},
+		{"postgres", func(t *testing.T) (Ledger, *[]migration) {
+			l := openPG(t, pgtest.NewDB(t))
+			return l, &l.migrations
+		}, `INSERT INTO alerts (account_id, period, threshold, sent_at, claim) VALUES ('acme', '2026-06', 80, '2026-06-15 12:00:00+00', 'old')`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := t.Context()
+			l, ms := tc.open(t)
+			defer l.Close()
+			all := *ms
+			*ms = all[:4]
+			if err := l.Migrate(ctx); err != nil {
+				t.Fatal(err)
+			}
+			mustExecSQL(t, l, tc.insert)
+			*ms = all
+			if err := l.Migrate(ctx); err != nil {
+				t.Fatalf("migrate to %d: %v", len(all), err)
+			}
+			got, err := l.Alerts(ctx, "")
+			want := time.Date(2026, 6, 15, 12, 0, 0, 0, time.UTC)
+			if err != nil || len(got) != 1 || got[0].State != AlertLegacy || !got[0].CrossedAt.Equal(want) || !got[0].FinishedAt.Equal(want) {
+				t.Fatalf("alerts after migrating: %+v, %v", got, err)
+			}
+			if taken, givenUp, err := l.TakeOverAlerts(ctx, "new", time.Nanosecond, time.Nanosecond, 10); err != nil || len(taken)+len(givenUp) != 0 {
+				t.Fatalf("takeover of a legacy alert: %+v %+v %v", taken, givenUp, err)
+			}
+		})
+	}
+}

@@ -339,21 +339,105 @@ func (p *Postgres) Nodes(ctx context.Context) ([]NodeRow, error) {
 	return out, p.fail("list nodes", err)
 }
 
-// RecordAlert records an alert once per (account, period, threshold).
-func (p *Postgres) RecordAlert(ctx context.Context, account string, period shard.Period, threshold int, at time.Time, claim string) (bool, error) {
+// RecordAlert claims an alert once per (account, period, threshold).
+func (p *Postgres) RecordAlert(ctx context.Context, a AlertRecord) (bool, error) {
+	if err := checkAlertKey(a); err != nil {
+		return false, err
+	}
 	// NB: the second EXISTS sees the rows committed before this statement,
 	// so a claim this caller made earlier (its reply lost) counts as won.
 	var won bool
 	err := p.pool.QueryRow(ctx, `WITH ins AS (
-			INSERT INTO alerts (account_id, period, threshold, sent_at, claim) VALUES ($1, $2, $3, $4, $5)
+			INSERT INTO alerts (account_id, period, threshold, crossed_at, claim, used, limit_units, state)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, 'pending')
 			ON CONFLICT (account_id, period, threshold) DO NOTHING RETURNING 1)
 		SELECT EXISTS (SELECT 1 FROM ins) OR EXISTS (SELECT 1 FROM alerts
-			WHERE account_id = $1 AND period = $2 AND threshold = $3 AND claim = $5 AND $5 <> '')`,
-		account, period.String(), threshold, at, claim).Scan(&won)
+			WHERE account_id = $1 AND period = $2 AND threshold = $3 AND claim = $5)`,
+		a.Account, a.Period.String(), a.Threshold, a.CrossedAt, a.Claim, a.Used, a.Limit).Scan(&won)
 	if err != nil {
 		return false, p.fail("record alert", err)
 	}
 	return won, nil
+}
+
+// FinishAlert records the end of a round of deliveries (see Ledger).
+func (p *Postgres) FinishAlert(ctx context.Context, a AlertRecord, state AlertState, attempts int, lastErr string) (bool, error) {
+	if err := checkAlertFinish(a, state); err != nil {
+		return false, err
+	}
+	tag, err := p.pool.Exec(ctx, `UPDATE alerts SET state = $5, attempts = attempts + $6,
+			last_error = CASE WHEN $7 = '' THEN last_error ELSE $7 END,
+			finished_at = CASE WHEN $5 = 'pending' THEN NULL ELSE now() END
+		WHERE account_id = $1 AND period = $2 AND threshold = $3 AND state = 'pending'
+			AND (claim = $4 OR $5 = 'delivered')`,
+		a.Account, a.Period.String(), a.Threshold, a.Claim, string(state), attempts, lastErr)
+	if err != nil {
+		return false, p.fail("finish alert", err)
+	}
+	return tag.RowsAffected() == 1, nil
+}
+
+// alertColumns are what scanAlert reads, in its order.
+const alertColumns = `account_id, period, threshold, used, limit_units, crossed_at, claim, state,
+	created_at, claimed_at, finished_at, attempts, last_error`
+
+func scanPgAlert(r pgx.CollectableRow) (AlertRecord, error) {
+	var a AlertRecord
+	var period string
+	var finished *time.Time
+	if err := r.Scan(&a.Account, &period, &a.Threshold, &a.Used, &a.Limit, &a.CrossedAt, &a.Claim, &a.State,
+		&a.CreatedAt, &a.ClaimedAt, &finished, &a.Attempts, &a.LastError); err != nil {
+		return a, err
+	}
+	if finished != nil {
+		a.FinishedAt = *finished
+	}
+	var ok bool
+	if a.Period, ok = shard.ParsePeriod(period); !ok {
+		return a, fmt.Errorf("alert of %s: period %q is not YYYY-MM", a.Account, period)
+	}
+	return a, nil
+}
+
+// TakeOverAlerts claims stale pending alerts and gives up old ones (see Ledger).
+func (p *Postgres) TakeOverAlerts(ctx context.Context, claim string, lease, giveUpAfter time.Duration, limit int) (taken, givenUp []AlertRecord, err error) {
+	if claim == "" || lease <= 0 || giveUpAfter <= 0 || limit <= 0 {
+		return nil, nil, fmt.Errorf("%w: take over alerts: claim, lease, give-up age and limit must be set", ErrInvalid)
+	}
+	err = pgx.BeginFunc(ctx, p.pool, func(tx pgx.Tx) error {
+		rows, _ := tx.Query(ctx, `UPDATE alerts SET state = 'given_up', finished_at = now()
+			WHERE state = 'pending' AND claimed_at < now() - $1 * interval '1 microsecond'
+				AND created_at < now() - $2 * interval '1 microsecond'
+			RETURNING `+alertColumns, lease.Microseconds(), giveUpAfter.Microseconds())
+		var err error
+		if givenUp, err = pgx.CollectRows(rows, scanPgAlert); err != nil {
+			return err
+		}
+		// SKIP LOCKED: a node sweeping at the same time takes other rows,
+		// and once this commits their claims are fresh again.
+		rows, _ = tx.Query(ctx, `UPDATE alerts a SET claim = $1, claimed_at = now()
+			FROM (SELECT account_id, period, threshold FROM alerts
+				WHERE state = 'pending' AND claimed_at < now() - $2 * interval '1 microsecond'
+				ORDER BY claimed_at LIMIT $3 FOR UPDATE SKIP LOCKED) s
+			WHERE a.account_id = s.account_id AND a.period = s.period AND a.threshold = s.threshold
+			RETURNING `+prefixed("a.", alertColumns), claim, lease.Microseconds(), limit)
+		taken, err = pgx.CollectRows(rows, scanPgAlert)
+		return err
+	})
+	if err != nil {
+		return nil, nil, p.fail("take over alerts", err)
+	}
+	sortAlerts(taken)
+	sortAlerts(givenUp)
+	return taken, givenUp, nil
+}
+
+// Alerts lists the alerts of account ("": all).
+func (p *Postgres) Alerts(ctx context.Context, account string) ([]AlertRecord, error) {
+	rows, _ := p.pool.Query(ctx, `SELECT `+alertColumns+` FROM alerts WHERE $1 = '' OR account_id = $1
+		ORDER BY account_id, period, threshold`, account)
+	out, err := pgx.CollectRows(rows, scanPgAlert)
+	return out, p.fail("list alerts", err)
 }
 
 // --- Admin ------------------------------------------------------------------

@@ -258,22 +258,117 @@ func (s *SQLite) Nodes(ctx context.Context) ([]NodeRow, error) {
 	return out, s.fail("list nodes", err)
 }
 
-// RecordAlert records an alert once per (account, period, threshold).
-func (s *SQLite) RecordAlert(ctx context.Context, account string, period shard.Period, threshold int, at time.Time, claim string) (bool, error) {
+// RecordAlert claims an alert once per (account, period, threshold).
+func (s *SQLite) RecordAlert(ctx context.Context, a AlertRecord) (bool, error) {
+	if err := checkAlertKey(a); err != nil {
+		return false, err
+	}
 	var n int64
 	err := s.write(ctx, func(tx *sql.Tx) error {
-		r, err := tx.ExecContext(ctx, `INSERT INTO alerts (account_id, period, threshold, sent_at, claim) VALUES (?, ?, ?, ?, ?)
-			ON CONFLICT (account_id, period, threshold) DO NOTHING`, account, period.String(), threshold, at.UnixNano(), claim)
+		now := s.now().UnixNano()
+		r, err := tx.ExecContext(ctx, `INSERT INTO alerts (account_id, period, threshold, crossed_at, claim, used, limit_units, state, created_at, claimed_at)
+			VALUES (?, ?, ?, ?, ?, ?, ?, 'pending', ?, ?)
+			ON CONFLICT (account_id, period, threshold) DO NOTHING`,
+			a.Account, a.Period.String(), a.Threshold, a.CrossedAt.UnixNano(), a.Claim, a.Used, a.Limit, now, now)
 		if err == nil {
 			n, err = r.RowsAffected()
 		}
-		if err == nil && n == 0 && claim != "" { // this caller's own earlier claim (its reply lost) still counts as won
+		if err == nil && n == 0 { // this caller's own earlier claim (its reply lost) still counts as won
 			err = tx.QueryRowContext(ctx, `SELECT count(*) FROM alerts WHERE account_id = ? AND period = ? AND threshold = ? AND claim = ?`,
-				account, period.String(), threshold, claim).Scan(&n)
+				a.Account, a.Period.String(), a.Threshold, a.Claim).Scan(&n)
 		}
 		return err
 	})
 	return n == 1, s.fail("record alert", err)
+}
+
+// FinishAlert records the end of a round of deliveries (see Ledger).
+func (s *SQLite) FinishAlert(ctx context.Context, a AlertRecord, state AlertState, attempts int, lastErr string) (bool, error) {
+	if err := checkAlertFinish(a, state); err != nil {
+		return false, err
+	}
+	var n int64
+	err := s.write(ctx, func(tx *sql.Tx) error {
+		var finished any
+		if state != AlertPending {
+			finished = s.now().UnixNano()
+		}
+		r, err := tx.ExecContext(ctx, `UPDATE alerts SET state = ?, attempts = attempts + ?,
+				last_error = CASE WHEN ? = '' THEN last_error ELSE ? END, finished_at = ?
+			WHERE account_id = ? AND period = ? AND threshold = ? AND state = 'pending' AND (claim = ? OR ? = 'delivered')`,
+			string(state), attempts, lastErr, lastErr, finished, a.Account, a.Period.String(), a.Threshold, a.Claim, string(state))
+		if err == nil {
+			n, err = r.RowsAffected()
+		}
+		return err
+	})
+	return n == 1, s.fail("finish alert", err)
+}
+
+// sqliteAlerts runs an alert query and scans its rows (alertColumns).
+func sqliteAlerts(ctx context.Context, tx *sql.Tx, query string, args ...any) ([]AlertRecord, error) {
+	var out []AlertRecord
+	err := queryEach(ctx, tx, query, args, func(scan func(...any) error) error {
+		var a AlertRecord
+		var period string
+		var crossed, created, claimed int64
+		var finished sql.NullInt64
+		if err := scan(&a.Account, &period, &a.Threshold, &a.Used, &a.Limit, &crossed, &a.Claim, &a.State,
+			&created, &claimed, &finished, &a.Attempts, &a.LastError); err != nil {
+			return err
+		}
+		var ok bool
+		if a.Period, ok = shard.ParsePeriod(period); !ok {
+			return fmt.Errorf("alert of %s: period %q is not YYYY-MM", a.Account, period)
+		}
+		a.CrossedAt, a.CreatedAt, a.ClaimedAt = time.Unix(0, crossed).UTC(), time.Unix(0, created).UTC(), time.Unix(0, claimed).UTC()
+		if finished.Valid {
+			a.FinishedAt = time.Unix(0, finished.Int64).UTC()
+		}
+		out = append(out, a)
+		return nil
+	})
+	return out, err
+}
+
+// TakeOverAlerts claims stale pending alerts and gives up old ones (see Ledger).
+func (s *SQLite) TakeOverAlerts(ctx context.Context, claim string, lease, giveUpAfter time.Duration, limit int) (taken, givenUp []AlertRecord, err error) {
+	if claim == "" || lease <= 0 || giveUpAfter <= 0 || limit <= 0 {
+		return nil, nil, fmt.Errorf("%w: take over alerts: claim, lease, give-up age and limit must be set", ErrInvalid)
+	}
+	err = s.write(ctx, func(tx *sql.Tx) error {
+		now := s.now().UnixNano()
+		stale, old := now-lease.Nanoseconds(), now-giveUpAfter.Nanoseconds()
+		var err error
+		givenUp, err = sqliteAlerts(ctx, tx, `UPDATE alerts SET state = 'given_up', finished_at = ?
+			WHERE state = 'pending' AND claimed_at < ? AND created_at < ? RETURNING `+alertColumns, now, stale, old)
+		if err != nil {
+			return err
+		}
+		// One writer at a time: no other sweep sees these rows stale once this commits.
+		taken, err = sqliteAlerts(ctx, tx, `UPDATE alerts SET claim = ?, claimed_at = ?
+			WHERE rowid IN (SELECT rowid FROM alerts WHERE state = 'pending' AND claimed_at < ? ORDER BY claimed_at LIMIT ?)
+			RETURNING `+alertColumns, claim, now, stale, limit)
+		return err
+	})
+	if err != nil {
+		return nil, nil, s.fail("take over alerts", err)
+	}
+	sortAlerts(taken)
+	sortAlerts(givenUp)
+	return taken, givenUp, nil
+}
+
+// Alerts lists the alerts of account ("": all).
+func (s *SQLite) Alerts(ctx context.Context, account string) ([]AlertRecord, error) {
+	var out []AlertRecord
+	err := s.read(ctx, func(tx *sql.Tx) error {
+		var err error
+		out, err = sqliteAlerts(ctx, tx, `SELECT `+alertColumns+` FROM alerts WHERE ? = '' OR account_id = ?
+			ORDER BY account_id, period, threshold`, account, account)
+		return err
+	})
+	return out, s.fail("list alerts", err)
 }
 
 // queryEach runs a query and calls fn with a scanner for every row.

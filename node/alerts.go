@@ -22,6 +22,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/quotaring/quotaring/flush"
 	"github.com/quotaring/quotaring/shard"
 )
 
@@ -40,16 +41,22 @@ import (
 // (Ledger.RecordAlert: only the first claim in the cluster wins, so two
 // nodes that both see a crossing, say around an ownership move, send it
 // once), then POSTs it to the webhook, retrying with exponential backoff and
-// jitter while the receiver fails (5xx, 429, network errors) for at most
-// alertAttempts attempts; a 4xx other than 429 is final.
+// jitter while the receiver fails (5xx, 429, network errors), and records
+// the outcome (Ledger.FinishAlert): delivered; given up (a 4xx other than
+// 429 is final); or, after a round of alertAttempts failed attempts, still
+// pending.
 //
-// NB: the claim comes before the send, so the cluster sends an alert at most
-// once: an alert whose claim won but whose deliveries all failed, or whose
-// node stopped before delivering it, is lost (logged, and counted in
-// quotaring_alerts_failed_total). Sending first would risk a second webhook
-// per crossing instead; receivers should still be idempotent on (account,
-// period, threshold), since a reply lost after the receiver took the alert
-// is retried.
+// Delivery is at least once. A claim is a lease (Config.AlertLease, 10
+// minutes): a node's round of retries ends before half of it has passed, and
+// every node sweeps the ledger (Ledger.TakeOverAlerts) for pending claims
+// older than the lease, takes them over under a claim of its own and starts
+// a new round. So an alert survives its node's crash or stop and a receiver
+// that is down for hours; it is given up only when still undelivered
+// Config.AlertGiveUp (72 hours) after its first claim. A webhook can go out
+// twice: when its node delivered it but could not record that before the
+// lease ran out, or when a node stalled past the lease in mid-round.
+// Receivers must be idempotent on (account, period, threshold), which they
+// should be anyway: a delivery whose reply was lost is retried.
 //
 // Each node remembers in memory which alerts of the current period it has
 // queued, claimed or found claimed, so that the ledger is asked once per
@@ -106,6 +113,8 @@ const (
 	alertAttempts = 8
 	// alertMaxWait caps one backoff wait.
 	alertMaxWait = time.Minute
+	// alertSweepBatch bounds the alerts one sweep takes over.
+	alertSweepBatch = 64
 	// alertTimeout bounds one webhook call, and one claim.
 	alertTimeout = 10 * time.Second
 	// maxThresholds is the width of alertMemo.done.
@@ -121,6 +130,8 @@ type alerter struct {
 	secret     []byte
 	thresholds []int // ascending, 1..100
 	retry      time.Duration
+	lease      time.Duration // a claim older than this is taken over (Config.AlertLease)
+	giveUp     time.Duration // a pending alert older than this is given up (Config.AlertGiveUp)
 	client     *http.Client
 	// queue is written by onCharge (never blocking) and read by run only.
 	queue chan queuedAlert
@@ -152,18 +163,34 @@ type alertStats struct {
 	Dropped     atomic.Int64 // alerts dropped because the queue was full
 	Sent        atomic.Int64 // webhooks the receiver took (2xx)
 	AlreadySent atomic.Int64 // claims another node (or an earlier run) had made
-	Failed      atomic.Int64 // alerts given up: claim or delivery
+	Failed      atomic.Int64 // alerts given up: never claimed, refused, or past AlertGiveUp
+	Deferred    atomic.Int64 // rounds that ended undelivered: left pending for a takeover
+	TakenOver   atomic.Int64 // pending alerts this node took over from the ledger
 	Attempts    atomic.Int64 // webhook calls made
 }
 
-// delivery is one alert the sender works on.
+// delivery is one alert the sender works on, through three stages: claim
+// it (fresh crossings only; a takeover is claimed already), send it, and
+// record the outcome.
 type delivery struct {
 	a        queuedAlert
-	claimed  bool // the ledger's claim was won: now deliver
-	attempts int  // of the current stage (claim, then send)
-	next     time.Time
+	stage    deliveryStage
+	attempts int       // of the current stage
+	sent     int       // webhook calls of this round
+	next     time.Time // when to make the next attempt
+	until    time.Time // the round's last send starts before it: half the lease after the claim
 	body     []byte
+	outcome  flush.AlertState // what the report stage records
+	lastErr  string           // the round's last failure
 }
+
+type deliveryStage uint8
+
+const (
+	stageClaim  deliveryStage = iota // Ledger.RecordAlert
+	stageSend                        // the webhook
+	stageReport                      // Ledger.FinishAlert
+)
 
 // startAlerts validates the alert config and, with a webhook, hooks the
 // alerter to every answered charge and starts its sender.
@@ -189,9 +216,14 @@ func (n *Node) startAlerts() error {
 	if c.AlertRetry < 0 {
 		return fmt.Errorf("node: alert retry %s must not be negative", c.AlertRetry)
 	}
+	if c.AlertLease < 0 || c.AlertGiveUp < 0 {
+		return fmt.Errorf("node: alert lease %s and give-up age %s must not be negative", c.AlertLease, c.AlertGiveUp)
+	}
 	setDefault(&c.AlertRetry, 2*time.Second)
+	setDefault(&c.AlertLease, 10*time.Minute)
+	setDefault(&c.AlertGiveUp, 72*time.Hour)
 	a := &alerter{n: n, log: n.log.With("component", "alerts"), url: c.AlertWebhook, secret: []byte(c.AlertSecret),
-		thresholds: thresholds, retry: c.AlertRetry, client: &http.Client{Timeout: alertTimeout,
+		thresholds: thresholds, retry: c.AlertRetry, lease: c.AlertLease, giveUp: c.AlertGiveUp, client: &http.Client{Timeout: alertTimeout,
 			// A redirect would turn the POST into a bodiless GET whose 2xx
 			// counts as delivered: a 3xx is an answer, and not a 2xx.
 			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }},
@@ -202,7 +234,9 @@ func (n *Node) startAlerts() error {
 	if err := registerAll(n.reg,
 		counter("quotaring_alerts_sent_total", "Quota alert webhooks the receiver accepted (2xx).", &a.stats.Sent),
 		counter("quotaring_alerts_dropped_total", "Quota alerts dropped because the alert queue was full (queued again by a later charge).", &a.stats.Dropped),
-		counter("quotaring_alerts_failed_total", "Quota alerts given up after their retries (ledger claim or webhook).", &a.stats.Failed),
+		counter("quotaring_alerts_failed_total", "Quota alerts given up: refused by the webhook (4xx), undelivered for the give-up age, or never claimed in the ledger.", &a.stats.Failed),
+		counter("quotaring_alerts_deferred_total", "Rounds of webhook retries that ended undelivered; the alert stays pending in the ledger and is taken over after the lease.", &a.stats.Deferred),
+		counter("quotaring_alerts_taken_over_total", "Pending quota alerts this node took over from the ledger (their claim's lease had run out).", &a.stats.TakenOver),
 		counter("quotaring_alerts_already_sent_total", "Quota alerts this node saw but another node (or an earlier start) had already claimed.", &a.stats.AlreadySent),
 		counter("quotaring_alert_attempts_total", "Webhook calls made for quota alerts, retries included.", &a.stats.Attempts),
 	); err != nil {
@@ -211,7 +245,7 @@ func (n *Node) startAlerts() error {
 	n.alerts = a
 	n.chargeHooks = append(n.chargeHooks, a.onCharge)
 	n.goLoop(a.run)
-	n.log.Info("quota alerts on", "webhook", redactURL(u), "thresholds", thresholds)
+	n.log.Info("quota alerts on", "webhook", redactURL(u), "thresholds", thresholds, "lease", c.AlertLease, "give_up", c.AlertGiveUp)
 	return nil
 }
 
@@ -360,11 +394,13 @@ func (a *alerter) unmark(account string, period shard.Period, bit uint32) {
 
 // run is the sender: the only reader of the queue and the only owner of the
 // deliveries in flight. It returns when ctx is canceled (Shutdown); what is
-// still pending then is not sent (logged).
+// still pending then stays pending in the ledger, for a takeover.
 func (a *alerter) run(ctx context.Context) {
 	var pending []*delivery
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
+	sweep := time.NewTicker(min(max(a.lease/10, 10*time.Millisecond), time.Minute))
+	defer sweep.Stop()
 	for {
 		in := a.queue
 		if len(pending) >= alertQueueSize {
@@ -384,11 +420,14 @@ func (a *alerter) run(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			if n := len(pending) + len(a.queue); n > 0 {
-				a.log.Warn("stopping with quota alerts not delivered", "alerts", n)
+				a.log.Warn("stopping with quota alerts not delivered: the claimed ones stay pending in the ledger, and a node takes them over once their lease runs out",
+					"alerts", n, "lease", a.lease)
 			}
 			return
 		case qa := <-in:
 			pending = append(pending, &delivery{a: qa, next: time.Now()})
+		case <-sweep.C:
+			pending = a.sweep(ctx, pending)
 		case <-due:
 		}
 		now := time.Now()
@@ -401,13 +440,57 @@ func (a *alerter) run(ctx context.Context) {
 	}
 }
 
-// step makes one attempt at d (a claim, then a send) and reports whether d
-// is finished (delivered, found claimed, or given up).
+// sweep takes over the pending alerts whose claim's lease ran out (their
+// node stopped, or its round of retries ended undelivered) and appends
+// them to pending; the ledger gives up the ones pending for too long.
+func (a *alerter) sweep(ctx context.Context, pending []*delivery) []*delivery {
+	room := min(alertQueueSize-len(pending), alertSweepBatch)
+	l := a.n.Ledger()
+	if room <= 0 || l == nil {
+		return pending
+	}
+	ctx, cancel := context.WithTimeout(ctx, alertTimeout)
+	defer cancel()
+	claim := crand.Text()
+	start := time.Now()
+	taken, givenUp, err := l.TakeOverAlerts(ctx, claim, a.lease, a.giveUp, room)
+	if err != nil {
+		a.log.Warn("could not look for pending alerts to take over; trying again at the next sweep", "err", err)
+		return pending
+	}
+	for _, g := range givenUp {
+		a.stats.Failed.Add(1)
+		a.log.Error("alert given up: not delivered within the give-up age (check the webhook receiver)", "account", g.Account,
+			"period", g.Period.String(), "threshold", g.Threshold, "give_up", a.giveUp, "attempts", g.Attempts, "last_error", g.LastError)
+	}
+	for _, r := range taken {
+		a.stats.TakenOver.Add(1)
+		al := Alert{Account: r.Account, Period: r.Period.String(), Threshold: r.Threshold, Used: r.Used, Limit: r.Limit, At: r.CrossedAt.UTC()}
+		a.log.Info("taking over a pending alert (its claim's node stopped, or its round of retries ended undelivered)",
+			"account", al.Account, "period", al.Period, "threshold", al.Threshold, "attempts_before", r.Attempts, "last_error", r.LastError)
+		pending = append(pending, &delivery{a: queuedAlert{Alert: al, period: r.Period, claim: claim},
+			stage: stageSend, next: start, until: start.Add(a.lease / 2), body: alertBody(al)})
+	}
+	return pending
+}
+
+func alertBody(al Alert) []byte {
+	body, err := json.Marshal(al)
+	if err != nil {
+		panic(err) // plain fields: cannot fail
+	}
+	return body
+}
+
+// step makes one attempt at d's current stage and reports whether d is
+// finished (recorded, found claimed, or given up).
 func (a *alerter) step(ctx context.Context, d *delivery) (done bool) {
 	al := &d.a
 	logger := a.log.With("account", al.Account, "period", al.Period, "threshold", al.Threshold)
 	d.attempts++
-	if !d.claimed {
+	switch d.stage {
+	case stageClaim:
+		start := time.Now()
 		won, err := a.claim(ctx, al)
 		switch {
 		case err != nil && d.attempts >= alertAttempts:
@@ -424,30 +507,82 @@ func (a *alerter) step(ctx context.Context, d *delivery) (done bool) {
 			logger.Debug("alert already claimed by another node or an earlier start: not sent again")
 			return true
 		}
-		d.claimed, d.attempts = true, 1
-		body, err := json.Marshal(al.Alert)
-		if err != nil {
-			panic(err) // plain fields: cannot fail
-		}
-		d.body = body
+		d.stage, d.attempts, d.until, d.body = stageSend, 1, start.Add(a.lease/2), alertBody(al.Alert)
+		return a.sendStep(ctx, d, logger)
+	case stageSend:
+		return a.sendStep(ctx, d, logger)
 	}
-	status, err := a.send(ctx, d.body)
+	return a.reportStep(ctx, d, logger)
+}
+
+// sendStep makes one webhook call of d's round.
+func (a *alerter) sendStep(ctx context.Context, d *delivery, logger *slog.Logger) (done bool) {
+	left := time.Until(d.until)
+	if left <= 0 {
+		return a.endRound(ctx, d, logger, flush.AlertPending, "the round ran out of its half of the lease before a send")
+	}
+	status, err := a.send(ctx, d.body, min(left, alertTimeout))
+	d.sent++
 	switch {
 	case err == nil && status < 300:
 		a.stats.Sent.Add(1)
 		logger.Info("alert sent", "attempts", d.attempts)
-		return true
+		return a.endRound(ctx, d, logger, flush.AlertDelivered, "")
 	case err == nil && status < 500 && status != http.StatusTooManyRequests:
 		a.stats.Failed.Add(1)
 		logger.Error("alert refused by the webhook: not retried (a 4xx answer is final: check the receiver's signature check and secret; a 3xx is not followed: point --alert-webhook at the final URL)", "status", status)
+		return a.endRound(ctx, d, logger, flush.AlertGivenUp, fmt.Sprintf("the webhook answered %d", status))
+	}
+	lastErr := fmt.Sprintf("the webhook answered %d", status)
+	if err != nil {
+		lastErr = err.Error()
+	}
+	next := time.Now().Add(a.backoff(d.attempts))
+	if d.attempts >= alertAttempts || !next.Before(d.until) {
+		a.stats.Deferred.Add(1)
+		logger.Warn("alert not delivered in this round of retries: it stays pending in the ledger, and a node tries again once its claim's lease runs out",
+			"attempts", d.attempts, "last_error", lastErr, "lease", a.lease)
+		return a.endRound(ctx, d, logger, flush.AlertPending, lastErr)
+	}
+	d.next, d.lastErr = next, lastErr
+	logger.Warn("alert webhook failed; retrying", "attempt", d.attempts, "status", status, "err", err, "retry_in", time.Until(d.next).Round(time.Millisecond))
+	return false
+}
+
+// endRound moves d to the report stage with the round's outcome and makes
+// the first attempt at recording it.
+func (a *alerter) endRound(ctx context.Context, d *delivery, logger *slog.Logger, outcome flush.AlertState, lastErr string) bool {
+	d.stage, d.attempts, d.outcome = stageReport, 1, outcome
+	if lastErr != "" {
+		d.lastErr = lastErr
+	}
+	return a.reportStep(ctx, d, logger)
+}
+
+// reportStep records the round's outcome in the ledger.
+func (a *alerter) reportStep(ctx context.Context, d *delivery, logger *slog.Logger) (done bool) {
+	l := a.n.Ledger()
+	err := fmt.Errorf("the ledger has not been reached yet")
+	var recorded bool
+	if l != nil {
+		ctx, cancel := context.WithTimeout(ctx, alertTimeout)
+		rec := flush.AlertRecord{Account: d.a.Account, Period: d.a.period, Threshold: d.a.Threshold, Claim: d.a.claim}
+		recorded, err = l.FinishAlert(ctx, rec, d.outcome, d.sent, d.lastErr)
+		cancel()
+	}
+	switch {
+	case err == nil:
+		if !recorded {
+			logger.Info("alert's outcome not recorded: another node took it over or finished it meanwhile", "outcome", d.outcome)
+		}
 		return true
 	case d.attempts >= alertAttempts:
-		a.stats.Failed.Add(1)
-		logger.Error("alert not delivered after retries: given up", "attempts", d.attempts, "status", status, "err", err)
+		logger.Error("could not record the alert's outcome in the ledger: once its lease runs out a node may send it again",
+			"outcome", d.outcome, "attempts", d.attempts, "err", err)
 		return true
 	}
 	d.next = time.Now().Add(a.backoff(d.attempts))
-	logger.Warn("alert webhook failed; retrying", "attempt", d.attempts, "status", status, "err", err, "retry_in", time.Until(d.next).Round(time.Millisecond))
+	logger.Warn("recording the alert's outcome failed; retrying", "outcome", d.outcome, "attempt", d.attempts, "err", err)
 	return false
 }
 
@@ -460,12 +595,15 @@ func (a *alerter) claim(ctx context.Context, al *queuedAlert) (bool, error) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, alertTimeout)
 	defer cancel()
-	return l.RecordAlert(ctx, al.Account, al.period, al.Threshold, al.At, al.claim)
+	return l.RecordAlert(ctx, flush.AlertRecord{Account: al.Account, Period: al.period, Threshold: al.Threshold,
+		Used: al.Used, Limit: al.Limit, CrossedAt: al.At, Claim: al.claim})
 }
 
-// send makes one webhook call, signed now.
-func (a *alerter) send(ctx context.Context, body []byte) (status int, err error) {
+// send makes one webhook call, signed now, that may take up to timeout.
+func (a *alerter) send(ctx context.Context, body []byte, timeout time.Duration) (status int, err error) {
 	a.stats.Attempts.Add(1)
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, a.url, bytes.NewReader(body))
 	if err != nil {
 		return 0, err

@@ -200,11 +200,14 @@ func TestAlertsOncePerThresholdAndPeriod(t *testing.T) {
 }
 
 // testAlerter starts an alerter on a bare node: ledger l (nil: not reached),
-// a manual clock, small retry waits.
-func testAlerter(t *testing.T, url string, l flush.Ledger) *alerter {
+// a manual clock, small retry waits, then what opts change.
+func testAlerter(t *testing.T, url string, l flush.Ledger, opts ...func(*Config)) *alerter {
 	t.Helper()
-	n := &Node{cfg: Config{AlertWebhook: url, AlertSecret: testAlertSecret, AlertRetry: time.Millisecond},
-		log: slog.New(slog.DiscardHandler), reg: prometheus.NewRegistry(),
+	cfg := Config{AlertWebhook: url, AlertSecret: testAlertSecret, AlertRetry: time.Millisecond}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	n := &Node{cfg: cfg, log: slog.New(slog.DiscardHandler), reg: prometheus.NewRegistry(),
 		clock: engine.NewManualClock(time.Date(2026, 6, 10, 12, 0, 0, 0, time.UTC))}
 	n.ctx, n.cancel = context.WithCancel(context.Background())
 	if l != nil {
@@ -213,8 +216,23 @@ func testAlerter(t *testing.T, url string, l flush.Ledger) *alerter {
 	if err := n.startAlerts(); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { n.cancel(); n.wg.Wait() }) // the sender's stop path
+	t.Cleanup(stopAlerts(n)) // the sender's stop path
 	return n.alerts
+}
+
+// stopAlerts stops a bare node's alerter: the sender returns.
+func stopAlerts(n *Node) func() { return func() { n.cancel(); n.wg.Wait() } }
+
+// ledgerAlert waits until the ledger's only alert satisfies ok and returns it.
+func ledgerAlert(t *testing.T, l flush.Ledger, what string, ok func(flush.AlertRecord) bool) flush.AlertRecord {
+	t.Helper()
+	var last []flush.AlertRecord
+	waitFor(t, 10*time.Second, what, func() bool {
+		var err error
+		last, err = l.Alerts(context.Background(), "")
+		return err == nil && len(last) == 1 && ok(last[0])
+	})
+	return last[0]
 }
 
 func testLedger(t *testing.T) flush.Ledger {
@@ -237,27 +255,110 @@ func decision(used, limit int64, p shard.Period) *shard.Decision {
 
 func TestAlertRetriesAreBounded(t *testing.T) {
 	for _, tc := range []struct {
-		name           string
-		status         int
-		wantAttempts   int64
-		wantRecvCalled int
+		name         string
+		status       int
+		wantAttempts int
+		wantState    flush.AlertState
+		wantErr      string
 	}{
-		{"5xx retried until given up", http.StatusBadGateway, alertAttempts, alertAttempts},
-		{"429 retried", http.StatusTooManyRequests, alertAttempts, alertAttempts},
-		{"4xx final", http.StatusUnauthorized, 1, 1},
-		{"3xx final, not followed", http.StatusFound, 1, 1},
+		{"5xx retried for a round, then left pending", http.StatusBadGateway, alertAttempts, flush.AlertPending, "the webhook answered 502"},
+		{"429 retried", http.StatusTooManyRequests, alertAttempts, flush.AlertPending, "the webhook answered 429"},
+		{"4xx final", http.StatusUnauthorized, 1, flush.AlertGivenUp, "the webhook answered 401"},
+		{"3xx final, not followed", http.StatusFound, 1, flush.AlertGivenUp, "the webhook answered 302"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			rc := &receiver{status: tc.status}
 			srv := httptest.NewServer(rc)
 			defer srv.Close()
-			a := testAlerter(t, srv.URL, testLedger(t))
+			l := testLedger(t)
+			a := testAlerter(t, srv.URL, l)
 			a.onCharge("acme", decision(9, 10, june2026), nil)
-			waitFor(t, 10*time.Second, "the alert given up", func() bool { return a.stats.Failed.Load() == 1 })
-			if n := a.stats.Attempts.Load(); n != tc.wantAttempts || rc.callCount() != tc.wantRecvCalled {
+			got := ledgerAlert(t, l, "the round's outcome in the ledger", func(r flush.AlertRecord) bool { return r.Attempts > 0 })
+			if got.State != tc.wantState || got.Attempts != tc.wantAttempts || got.LastError != tc.wantErr || got.Used != 9 || got.Limit != 10 {
+				t.Fatalf("ledger: %+v; want %s after %d attempts (%q)", got, tc.wantState, tc.wantAttempts, tc.wantErr)
+			}
+			if n := a.stats.Attempts.Load(); n != int64(tc.wantAttempts) || rc.callCount() != tc.wantAttempts {
 				t.Fatalf("%d attempts, %d calls; want %d", n, rc.callCount(), tc.wantAttempts)
 			}
+			final, deferred := a.stats.Failed.Load(), a.stats.Deferred.Load()
+			if tc.wantState == flush.AlertGivenUp && (final != 1 || deferred != 0) || tc.wantState == flush.AlertPending && (final != 0 || deferred != 1) {
+				t.Fatalf("failed %d, deferred %d", final, deferred)
+			}
 		})
+	}
+}
+
+// A round of retries that ends undelivered leaves the alert pending; once
+// the claim's lease runs out a node takes it over and delivers it.
+func TestAlertTakenOverAfterAFailedRound(t *testing.T) {
+	rc := &receiver{status: http.StatusServiceUnavailable}
+	srv := httptest.NewServer(rc)
+	defer srv.Close()
+	l := testLedger(t)
+	a := testAlerter(t, srv.URL, l, func(c *Config) { c.AlertLease = 300 * time.Millisecond })
+	a.onCharge("acme", decision(9, 10, june2026), nil)
+	waitFor(t, 10*time.Second, "the first round to end undelivered", func() bool { return a.stats.Deferred.Load() == 1 })
+	failed := rc.callCount()
+	rc.mu.Lock()
+	rc.status = 0 // the receiver is back
+	rc.mu.Unlock()
+	waitFor(t, 10*time.Second, "the alert taken over and sent", func() bool { return a.stats.Sent.Load() == 1 })
+	got := ledgerAlert(t, l, "the delivery recorded", func(r flush.AlertRecord) bool { return r.State == flush.AlertDelivered })
+	if got.Attempts != failed+1 || a.stats.TakenOver.Load() != 1 || len(rc.alerts()) != 1 {
+		t.Fatalf("ledger %+v; %d failed calls, taken over %d, received %d", got, failed, a.stats.TakenOver.Load(), len(rc.alerts()))
+	}
+	if r := rc.alerts()[0]; r.Account != "acme" || r.Period != "2026-06" || r.Threshold != 80 || r.Used != 9 || r.Limit != 10 ||
+		!r.At.Equal(time.Date(2026, 6, 10, 12, 0, 0, 0, time.UTC)) {
+		t.Fatalf("taken-over alert %+v: not the crossing's figures", r)
+	}
+}
+
+// An alert claimed by a node that stops before delivering it is sent by
+// another node (or the same one started again) after the lease.
+func TestAlertSurvivesItsNodeStopping(t *testing.T) {
+	rc := &receiver{status: http.StatusServiceUnavailable}
+	srv := httptest.NewServer(rc)
+	defer srv.Close()
+	l := testLedger(t)
+	lease := func(c *Config) { c.AlertLease, c.AlertRetry = 300*time.Millisecond, time.Hour }
+	first := testAlerter(t, srv.URL, l, lease)
+	first.onCharge("acme", decision(10, 10, june2026), nil) // 80 % and 100 %
+	waitFor(t, 10*time.Second, "the first attempts", func() bool { return first.stats.Attempts.Load() == 2 })
+	stopAlerts(first.n)() // waiting an hour to retry: both alerts still pending
+	rc.mu.Lock()
+	rc.status = 0 // the receiver is back
+	rc.mu.Unlock()
+
+	second := testAlerter(t, srv.URL, l, lease)
+	waitFor(t, 10*time.Second, "both alerts taken over and sent", func() bool { return second.stats.Sent.Load() == 2 })
+	got := rc.alerts()
+	if len(got) != 2 || second.stats.TakenOver.Load() != 2 || rc.callCount() != 4 {
+		t.Fatalf("received %+v in %d calls; taken over %d", got, rc.callCount(), second.stats.TakenOver.Load())
+	}
+	all, err := l.Alerts(context.Background(), "acme")
+	if err != nil || len(all) != 2 {
+		t.Fatalf("ledger %+v, %v", all, err)
+	}
+	waitFor(t, 10*time.Second, "both deliveries recorded", func() bool {
+		all, _ = l.Alerts(context.Background(), "acme")
+		return len(all) == 2 && all[0].State == flush.AlertDelivered && all[1].State == flush.AlertDelivered
+	})
+}
+
+// An alert undelivered for AlertGiveUp is given up, and says why.
+func TestAlertGivenUpAfterItsAge(t *testing.T) {
+	rc := &receiver{status: http.StatusBadGateway}
+	srv := httptest.NewServer(rc)
+	defer srv.Close()
+	l := testLedger(t)
+	a := testAlerter(t, srv.URL, l, func(c *Config) { c.AlertLease, c.AlertGiveUp = 100*time.Millisecond, 400*time.Millisecond })
+	a.onCharge("acme", decision(8, 10, june2026), nil)
+	got := ledgerAlert(t, l, "the alert given up", func(r flush.AlertRecord) bool { return r.State == flush.AlertGivenUp })
+	if got.LastError != "the webhook answered 502" || got.Attempts == 0 || int64(got.Attempts) > a.stats.Attempts.Load() || a.stats.Failed.Load() != 1 {
+		t.Fatalf("given up: %+v; %d attempts made, failed %d", got, a.stats.Attempts.Load(), a.stats.Failed.Load())
+	}
+	if rc.alerts() != nil || a.stats.Sent.Load() != 0 {
+		t.Fatal("sent")
 	}
 }
 

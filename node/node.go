@@ -85,6 +85,11 @@ type Config struct {
 	// AlertRetry is the first wait before a failed webhook is retried; it
 	// doubles per attempt, with jitter, for 8 attempts [2s].
 	AlertRetry time.Duration
+	// AlertLease is how long a claimed alert may stay undelivered before any
+	// node takes it over and tries again [10m]; a node's own round of
+	// retries ends before half of it. AlertGiveUp is how long after its
+	// first claim an undelivered alert is given up [72h].
+	AlertLease, AlertGiveUp time.Duration
 }
 
 // Node is one running quotad.
