@@ -82,6 +82,7 @@ func (n *Node) adminAPI(mux *http.ServeMux) {
 		{"PUT", "/admin/v1/routes", n.putRoutes},
 		{"GET", "/admin/v1/reservations", n.listReservations},
 		{"GET", "/admin/v1/nodes", n.listNodes},
+		{"GET", "/admin/v1/alerts", n.listAlerts},
 	}
 	allow := map[string][]string{}
 	for _, rt := range routes {
@@ -830,4 +831,48 @@ func nonNilMap(m map[string]int64) map[string]int64 {
 		return map[string]int64{}
 	}
 	return m
+}
+
+// AlertView is a quota alert as the ledger records it (alerts.go): its
+// figures and where its delivery stands.
+type AlertView struct {
+	Account    string     `json:"account"`
+	Period     string     `json:"period"`
+	Threshold  int        `json:"threshold"`
+	Used       int64      `json:"used"`
+	Limit      int64      `json:"limit"`
+	State      string     `json:"state"` // pending, delivered, given_up, legacy
+	CrossedAt  time.Time  `json:"crossed_at"`
+	ClaimedAt  time.Time  `json:"claimed_at"`
+	FinishedAt *time.Time `json:"finished_at,omitempty"`
+	Attempts   int        `json:"attempts"`
+	LastError  string     `json:"last_error,omitempty"`
+}
+
+// listAlerts answers GET /admin/v1/alerts[?account=ID][&state=S].
+func (n *Node) listAlerts(ctx context.Context, w http.ResponseWriter, r *http.Request, l flush.Ledger) error {
+	q := r.URL.Query()
+	state := flush.AlertState(q.Get("state"))
+	switch state {
+	case "", flush.AlertPending, flush.AlertDelivered, flush.AlertGivenUp, flush.AlertLegacy:
+	default:
+		return badInput("state", "%q: want pending, delivered, given_up or legacy", state)
+	}
+	rows, err := l.Alerts(ctx, q.Get("account"))
+	if err != nil {
+		return err
+	}
+	out := make([]AlertView, 0, len(rows))
+	for _, a := range rows {
+		if state != "" && a.State != state {
+			continue
+		}
+		v := AlertView{Account: a.Account, Period: a.Period.String(), Threshold: a.Threshold, Used: a.Used, Limit: a.Limit,
+			State: string(a.State), CrossedAt: a.CrossedAt, ClaimedAt: a.ClaimedAt, Attempts: a.Attempts, LastError: a.LastError}
+		if !a.FinishedAt.IsZero() {
+			v.FinishedAt = &a.FinishedAt
+		}
+		out = append(out, v)
+	}
+	return writeJSON(w, http.StatusOK, map[string]any{"alerts": out})
 }

@@ -189,6 +189,17 @@ func TestAlertsOncePerThresholdAndPeriod(t *testing.T) {
 	if len(rc.bad) > 0 {
 		t.Fatalf("the receiver refused signatures: %v", rc.bad)
 	}
+	// What was sent is in the ledger (quotad admin alerts shows it).
+	waitFor(t, 10*time.Second, "the four deliveries recorded in the ledger", func() bool {
+		rows, err := nodes[0].Ledger().Alerts(ctx, "acme")
+		done := 0
+		for _, r := range rows {
+			if r.State == flush.AlertDelivered {
+				done++
+			}
+		}
+		return err == nil && len(rows) == 4 && done == 4
+	})
 	if c := rc.callCount(); c != 6 {
 		t.Fatalf("%d webhook calls, want 6 (2 failures, 4 alerts)", c)
 	}

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"os"
 	"slices"
 	"strconv"
@@ -108,7 +109,8 @@ reservations frozen until it comes back or 'quotad revoke --node ID' frees them.
 			Short: "List the nodes the ledger knows, their settled marks and ring state",
 			Args:  cobra.NoArgs,
 			RunE:  func(cmd *cobra.Command, _ []string) error { return c.nodes(cmd) },
-		})
+		},
+		newAdminAlertsCmd(c))
 	return cmd
 }
 
@@ -639,4 +641,48 @@ func (c *adminClient) nodes(cmd *cobra.Command) error {
 			fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%s\t%s\n", n.Node, n.Incarnation, state, n.SettledSeq, n.HeartbeatAt.Format(time.RFC3339), orDash(n.AdminAddr))
 		}
 	})
+}
+
+func newAdminAlertsCmd(c *adminClient) *cobra.Command {
+	var account, state string
+	cmd := &cobra.Command{
+		Use:   "alerts",
+		Short: "List the quota alerts in the ledger and where their delivery stands",
+		Long: `List the quota alerts the ledger records: one per account, month and threshold,
+with the figures the webhook carries and its delivery: pending (claimed by a node,
+not delivered yet: retried, and taken over by another node after the lease),
+delivered, given_up (refused by the receiver with a 4xx, or undelivered for the
+give-up age), or legacy (recorded by a quotad before delivery was tracked).`,
+		Example: `  quotad admin alerts --account acme
+  quotad admin alerts --state pending`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			v := url.Values{}
+			if account != "" {
+				v.Set("account", account)
+			}
+			if state != "" {
+				v.Set("state", state)
+			}
+			path := "/admin/v1/alerts"
+			if len(v) > 0 {
+				path += "?" + v.Encode()
+			}
+			var out struct{ Alerts []node.AlertView }
+			return c.run(cmd, "GET", path, nil, &out, func(w io.Writer) {
+				fmt.Fprintln(w, "ACCOUNT\tPERIOD\tTHRESHOLD\tUSED/LIMIT\tSTATE\tATTEMPTS\tCROSSED\tFINISHED\tLAST ERROR")
+				for _, a := range out.Alerts {
+					finished := "-"
+					if a.FinishedAt != nil {
+						finished = a.FinishedAt.UTC().Format(time.RFC3339)
+					}
+					fmt.Fprintf(w, "%s\t%s\t%d%%\t%d/%d\t%s\t%d\t%s\t%s\t%s\n", a.Account, a.Period, a.Threshold, a.Used, a.Limit,
+						a.State, a.Attempts, a.CrossedAt.UTC().Format(time.RFC3339), finished, orDash(a.LastError))
+				}
+			})
+		},
+	}
+	cmd.Flags().StringVar(&account, "account", "", "only this account's alerts")
+	cmd.Flags().StringVar(&state, "state", "", "only alerts in this state: pending, delivered, given_up or legacy")
+	return cmd
 }

@@ -9,8 +9,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/quotaring/quotaring/flush"
 	"github.com/quotaring/quotaring/node"
 	"github.com/quotaring/quotaring/ring"
+	"github.com/quotaring/quotaring/shard"
 	"github.com/quotaring/quotaring/snapshot"
 )
 
@@ -125,6 +127,19 @@ func TestQuotadAdmin(t *testing.T) {
 	if out := mustAdmin(t, n, "reservations"); !strings.Contains(out, "total") {
 		t.Fatalf("reservations: %q", out)
 	}
+	// An alert claimed in the ledger (as a node does when acme crosses 80 %).
+	june := shard.PeriodOf(time.Date(2026, 6, 28, 12, 0, 0, 0, time.UTC).UnixNano())
+	if _, err := n.Ledger().RecordAlert(ctx, flush.AlertRecord{Account: "acme", Period: june, Threshold: 80, Used: 800, Limit: 1000,
+		CrossedAt: time.Date(2026, 6, 28, 12, 0, 0, 0, time.UTC), Claim: "test"}); err != nil {
+		t.Fatal(err)
+	}
+	out = mustAdmin(t, n, "alerts", "--account", "acme")
+	if !strings.Contains(out, "acme     2026-06  80%        800/1000    pending") || !strings.Contains(out, "2026-06-28T12:00:00Z") {
+		t.Fatalf("alerts:\n%s", out)
+	}
+	if out := mustAdmin(t, n, "alerts", "--state", "delivered"); strings.Contains(out, "acme") {
+		t.Fatalf("alerts --state delivered lists a pending one:\n%s", out)
+	}
 	if out := mustAdmin(t, n, "keys", "revoke", k.ID); !strings.Contains(out, "revoked") {
 		t.Fatalf("keys revoke: %q", out)
 	}
@@ -142,6 +157,7 @@ func TestQuotadAdmin(t *testing.T) {
 		{adminTestToken, []string{"routes", "set", "GET /v1/x"}, "want 'METHOD /pattern=UNITS'"},
 		{adminTestToken, []string{"grants", "add", "acme", "--units", "5", "--expires", "soon"}, "--expires \"soon\""},
 		{adminTestToken, []string{"plans", "set", "x", "--quota", "5"}, "hard soft"},
+		{adminTestToken, []string{"alerts", "--state", "sent"}, `"sent": want pending, delivered, given_up or legacy`},
 		{"wrong-token", []string{"plans", "list"}, "the admin token is wrong"},
 		{"", []string{"plans", "list"}, "no token given: set --token or QUOTAD_ADMIN_TOKEN"},
 	} {
