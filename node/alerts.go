@@ -519,7 +519,12 @@ func (a *alerter) step(ctx context.Context, d *delivery) (done bool) {
 func (a *alerter) sendStep(ctx context.Context, d *delivery, logger *slog.Logger) (done bool) {
 	left := time.Until(d.until)
 	if left <= 0 {
-		return a.endRound(ctx, d, logger, flush.AlertPending, "the round ran out of its half of the lease before a send")
+		why := "" // the round's last webhook error says more
+		if d.lastErr == "" {
+			why = "the round ran out of its half of the lease before a send"
+		}
+		a.stats.Deferred.Add(1)
+		return a.endRound(ctx, d, logger, flush.AlertPending, why)
 	}
 	status, err := a.send(ctx, d.body, min(left, alertTimeout))
 	d.sent++

@@ -362,7 +362,7 @@ func TestAlertGivenUpAfterItsAge(t *testing.T) {
 	srv := httptest.NewServer(rc)
 	defer srv.Close()
 	l := testLedger(t)
-	a := testAlerter(t, srv.URL, l, func(c *Config) { c.AlertLease, c.AlertGiveUp = 100*time.Millisecond, 400*time.Millisecond })
+	a := testAlerter(t, srv.URL, l, func(c *Config) { c.AlertLease, c.AlertGiveUp = 300*time.Millisecond, 600*time.Millisecond })
 	a.onCharge("acme", decision(8, 10, june2026), nil)
 	got := ledgerAlert(t, l, "the alert given up", func(r flush.AlertRecord) bool { return r.State == flush.AlertGivenUp })
 	if got.LastError != "the webhook answered 502" || got.Attempts == 0 || int64(got.Attempts) > a.stats.Attempts.Load() || a.stats.Failed.Load() != 1 {

@@ -55,6 +55,14 @@ type grant struct {
 	// exhaustedUntil (Now.Mono) is set when the ledger had no free units: until
 	// then a shortfall answers QuotaExceeded without asking again. Volatile.
 	exhaustedUntil int64
+	// unseen is use this owner cannot count itself, as the ledger last
+	// showed it: when the ledger found the grant exhausted (every unit used
+	// or reserved by this node), units - allowance - used; cleared when the
+	// ledger grants more. It is what other nodes charged and had not
+	// settled when this owner seeded the account (an owner that died, say).
+	// Views only (Remaining, MonthUsed, Usage): allocate goes by used, so
+	// the ledger is still asked once units are freed elsewhere. Volatile.
+	unseen int64
 }
 
 func (g *grant) active(wall int64) bool {
@@ -62,6 +70,11 @@ func (g *grant) active(wall int64) bool {
 }
 
 func (g *grant) free() int64 { return max(0, g.units-g.used) }
+
+// shownUsed and shownFree are the use and what is left as answers show
+// them: with the use the ledger showed that this owner did not count.
+func (g *grant) shownUsed() int64 { return g.used + g.unseen }
+func (g *grant) shownFree() int64 { return max(0, g.units-g.shownUsed()) }
 
 // Account is the state of one account at its owner. The zero value is not
 // usable: make one with NewAccount.
@@ -396,9 +409,9 @@ func (a *Account) fill(d *Decision, now Now, wall int64) {
 	for i := range a.grants {
 		if g := &a.grants[i]; g.active(wall) {
 			d.Limit += g.units
-			d.Remaining += g.free()
+			d.Remaining += g.shownFree()
 			if g.monthly {
-				d.MonthUnits, d.MonthUsed = g.units, g.used
+				d.MonthUnits, d.MonthUsed = g.units, g.shownUsed()
 			}
 		}
 	}
@@ -537,7 +550,7 @@ func (a *Account) Reserve(grantID string, delta int64, now Now, rec *Record) boo
 	}
 	g.allowance += delta
 	if delta > 0 {
-		g.exhaustedUntil = 0
+		g.exhaustedUntil, g.unseen = 0, 0
 	}
 	rec.reset(RecReserve, a.cfg.ID, now.Wall)
 	rec.Grant, rec.Delta = grantID, delta
@@ -585,12 +598,17 @@ func (a *Account) Allowances() []Alloc {
 	return out
 }
 
-// MarkExhausted records that the ledger had no free units for grant id: until
-// mono, a shortfall on it answers QuotaExceeded without asking again.
+// MarkExhausted records that the ledger had no free units for grant id (and
+// no other node held any): until mono, a shortfall on it answers
+// QuotaExceeded without asking again, and answers show the grant's use as
+// the ledger does, units minus this node's allowance, so an account refused
+// for its quota says 0 remaining (and reaches its 100 % alert) even when
+// part of its use was charged by another node and not seeded here.
 func (a *Account) MarkExhausted(grantID string, untilMono int64) {
 	a.reach(grantID)
 	if g := a.grant(grantID); g != nil {
 		g.exhaustedUntil = untilMono
+		g.unseen = max(0, g.units-g.allowance-g.used)
 	}
 }
 
@@ -652,7 +670,7 @@ func (a *Account) Usage(now Now) Usage {
 	for i := range a.grants {
 		if g := &a.grants[i]; g.active(wall) {
 			u.Limit += g.units
-			u.Remaining += g.free()
+			u.Remaining += g.shownFree()
 		}
 	}
 	for r, n := range a.routes {
@@ -663,8 +681,8 @@ func (a *Account) Usage(now Now) Usage {
 	}
 	// The routes count what this owner charged; after the account moved
 	// here the monthly grant (seeded from the ledger) knows more.
-	if g := a.grant(MonthlyGrantID(p)); g != nil && g.used > u.Used {
-		u.Used = g.used
+	if g := a.grant(MonthlyGrantID(p)); g != nil && g.shownUsed() > u.Used {
+		u.Used = g.shownUsed()
 	}
 	return u
 }

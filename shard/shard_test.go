@@ -283,6 +283,47 @@ func TestReservationsMode(t *testing.T) {
 	}
 }
 
+// An owner that seeded the account before another node's charges were
+// settled counts less use than there is. When the ledger finds the grant
+// exhausted, answers show its use (Remaining 0 on the refusal, MonthUsed at
+// the quota, so the 100 % alert fires), while the ledger is still asked
+// again once it grants more.
+func TestExhaustedGrantShowsTheLedgersUse(t *testing.T) {
+	p := DefaultParams()
+	p.Reservations = true
+	now := at("2026-06-10T00:00:00Z")
+	june := MonthlyGrantID(PeriodOf(now.Wall))
+	a := NewAccount(AccountConfig{ID: "a", Plan: hardPlan(60), MonthlyUsed: map[string]int64{june: 40}})
+	var rec Record
+	a.Reserve(june, 2, now, &rec) // the ledger: 40 settled + 18 a dead owner charged + 2 for this node
+	d, _ := charge(a, "e1", 1, now, &p)
+	if d.Reason != OK || d.Remaining != 19 || d.MonthUsed != 41 {
+		t.Fatalf("before the ledger says exhausted: %+v", d)
+	}
+	a.MarkExhausted(june, now.Mono+int64(time.Second))
+	d, _ = charge(a, "e2", 2, now, &p)
+	if d.Reason != QuotaExceeded || d.Remaining != 1 || d.MonthUsed != 59 || d.MonthUnits != 60 {
+		t.Fatalf("exhausted, one unit still reserved: %+v; want Remaining 1, MonthUsed 59", d)
+	}
+	d, _ = charge(a, "e3", 1, now, &p)
+	if d.Reason != OK || d.Remaining != 0 || d.MonthUsed != 60 {
+		t.Fatalf("the last unit: %+v; want Remaining 0, MonthUsed 60", d)
+	}
+	if u := a.Usage(now); u.Used != 60 || u.Remaining != 0 {
+		t.Fatalf("usage: %+v", u)
+	}
+	// Units freed elsewhere (a revoke): past the backoff the ledger is
+	// asked again, and what it grants clears the estimate.
+	later := Now{Wall: now.Wall, Mono: now.Mono + int64(2*time.Second)}
+	if d, _ := charge(a, "e4", 1, later, &p); d.Reason != NeedReservation {
+		t.Fatalf("after the backoff: %v, want NeedReservation (ask the ledger again)", d.Reason)
+	}
+	a.Reserve(june, 5, later, &rec)
+	if d, _ := charge(a, "e4", 1, later, &p); d.Reason != OK || d.MonthUsed != 43 {
+		t.Fatalf("after a new reservation: %+v; want this owner's own count again", d)
+	}
+}
+
 // Units the ledger reserved in a later month's grant (another node billed
 // the account there) move the account to that month, live and on replay;
 // an exhausted later grant does too, so the charge is refused as over
