@@ -299,7 +299,8 @@ func (d *demoRun) startCluster(ctx context.Context, self string) error {
 		SettleInterval: time.Second,
 		// NB: the cluster package logs at debug for tests; at the demo's
 		// rates that is megabytes of JSON for nothing.
-		Args: []string{"--upstream", "http://" + d.api.addr, "--log-level", "info"}})
+		Args: []string{"--upstream", "http://" + d.api.addr, "--log-level", "info",
+			"--alert-webhook", "http://" + d.api.addr + demoAlertPath, "--alert-secret", d.api.alertSecret}})
 	if err != nil {
 		return err
 	}
@@ -422,6 +423,7 @@ func (d *demoRun) runTraffic(ctx context.Context) error {
 	var wg sync.WaitGroup
 	start := time.Now()
 	d.events.start, d.tr.start = start, start
+	d.api.events.Store(d.events) // the alert webhook logs from here on
 	d.events.add("traffic starts: %d customers through the proxies of %s", len(d.cs)-1, nodeIDs(d.c.Nodes))
 	for _, c := range d.cs {
 		d.tr.run(c, stop, &wg)

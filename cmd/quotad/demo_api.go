@@ -2,14 +2,20 @@ package main
 
 import (
 	"context"
+	"crypto/hmac"
 	"encoding/json"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"slices"
+	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/quotaring/quotaring/node"
 	"github.com/quotaring/quotaring/router"
 )
 
@@ -22,6 +28,10 @@ import (
 //	POST /v1/tasks     create a task                      2 units
 //	POST /v1/exports   start an export (slower)          10 units
 //	GET  /v1/reports   build a report: fails 1 time in 8  5 units, refunded when it fails
+//
+// It also stands in for the API company's billing system: the nodes POST
+// their quota alerts to /hooks/quota, signed with the demo's alert secret,
+// and it checks each signature as a receiver would.
 
 const (
 	// demoServedBy marks every answer of the sample API: a 2xx without it
@@ -47,15 +57,26 @@ type demoAPI struct {
 	tasks  atomic.Int64
 	served atomic.Int64
 	failed atomic.Int64
+
+	// The alert webhook.
+	alertSecret string
+	events      atomic.Pointer[eventLog] // set once the nodes run; nil: not logged
+	badAlerts   atomic.Int64             // webhooks refused: bad signature or body
+	mu          sync.Mutex               // protects alerts
+	alerts      []node.Alert             // every webhook taken, in order
 }
+
+// demoAlertPath is where the nodes POST quota alerts.
+const demoAlertPath = "/hooks/quota"
 
 func startDemoAPI() (*demoAPI, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, fmt.Errorf("demo: the sample API cannot listen on 127.0.0.1: %w", err)
 	}
-	a := &demoAPI{addr: l.Addr().String()}
+	a := &demoAPI{addr: l.Addr().String(), alertSecret: randomHex(32)}
 	mux := http.NewServeMux()
+	mux.HandleFunc("POST "+demoAlertPath, a.alertHook)
 	mux.HandleFunc("GET /v1/tasks", func(w http.ResponseWriter, r *http.Request) {
 		a.reply(w, r, http.StatusOK, map[string]any{"tasks": []map[string]any{
 			{"id": "task-1", "title": "write the quarterly report", "done": false},
@@ -95,6 +116,43 @@ func (a *demoAPI) reply(w http.ResponseWriter, r *http.Request, code int, body m
 	h.Set(demoEventHeader, r.Header.Get(router.HeaderEvent))
 	w.WriteHeader(code)
 	json.NewEncoder(w).Encode(body)
+}
+
+// alertHook takes a quota alert: it checks the signature (HMAC-SHA256 of
+// the timestamp header, a dot and the body) and the timestamp's age, as the
+// README's receiver does, then keeps the alert.
+func (a *demoAPI) alertHook(w http.ResponseWriter, r *http.Request) {
+	body, err := io.ReadAll(io.LimitReader(r.Body, 64<<10))
+	ts := r.Header.Get(node.AlertTimestampHeader)
+	sec, perr := strconv.ParseInt(ts, 10, 64)
+	want := node.SignAlert([]byte(a.alertSecret), ts, body)
+	var al node.Alert
+	switch {
+	case err != nil || perr != nil || time.Since(time.Unix(sec, 0)).Abs() > 5*time.Minute ||
+		!hmac.Equal([]byte(r.Header.Get(node.AlertSignatureHeader)), []byte(want)):
+		a.badAlerts.Add(1)
+		http.Error(w, "bad or stale signature", http.StatusUnauthorized)
+		return
+	case json.Unmarshal(body, &al) != nil:
+		a.badAlerts.Add(1)
+		http.Error(w, "not an alert", http.StatusBadRequest)
+		return
+	}
+	a.mu.Lock()
+	a.alerts = append(a.alerts, al)
+	a.mu.Unlock()
+	if ev := a.events.Load(); ev != nil {
+		ev.add("alert webhook: %s reached %d %% of its %s quota (%d of %d units); signature checked",
+			al.Account, al.Threshold, al.Period, al.Used, al.Limit)
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// receivedAlerts is every alert the webhook took.
+func (a *demoAPI) receivedAlerts() []node.Alert {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return slices.Clone(a.alerts)
 }
 
 func (a *demoAPI) Close() {

@@ -24,6 +24,7 @@ type demoTotals struct {
 	handSettled                              int64
 	reconcileRows, reconcileDiffs            int
 	diffs                                    []string
+	alerts                                   []flush.AlertRecord // the ledger's quota alerts
 }
 
 type demoRow struct {
@@ -229,6 +230,9 @@ func demoSummary(ctx context.Context, dsn string, cs []*customer) (*demoTotals, 
 		return nil, fmt.Errorf("demo: reconcile: %w", err)
 	}
 	t.reconcileRows = len(rows)
+	if t.alerts, err = l.Alerts(ctx, ""); err != nil {
+		return nil, err
+	}
 	for _, r := range rows {
 		if r.Diff {
 			t.reconcileDiffs++
@@ -269,6 +273,7 @@ func (d *demoRun) printSummary(t *demoTotals, settles, dups float64) {
 		d.say("%s", st.yellow(fmt.Sprintf("%d requests were still in doubt when the clients stopped retrying", t.pending)))
 	}
 	d.rateLimitLine()
+	d.alertLines(t.alerts)
 	if t.handSettled > 0 {
 		d.say("your requests by hand: %d units settled to the account \"you\" (not counted below)", t.handSettled)
 	}
@@ -303,6 +308,55 @@ func (d *demoRun) printSummary(t *demoTotals, settles, dups float64) {
 	} else {
 		fmt.Fprintln(d.out, st.red(st.bold("FAILED"))+": see the differences above.")
 	}
+}
+
+// alertLines holds the quota alerts the ledger records against the ones
+// the sample API's webhook took.
+func (d *demoRun) alertLines(recorded []flush.AlertRecord) {
+	type key struct {
+		account, period string
+		threshold       int
+	}
+	received := map[key]int{}
+	for _, a := range d.api.receivedAlerts() {
+		received[key{a.Account, a.Period, a.Threshold}]++
+	}
+	var names []string
+	var delivered, pending, twice, missing int
+	for _, r := range recorded {
+		names = append(names, fmt.Sprintf("%s %d%%", r.Account, r.Threshold))
+		n := received[key{r.Account, r.Period.String(), r.Threshold}]
+		switch {
+		case r.State == flush.AlertDelivered && n == 0:
+			missing++
+		case r.State == flush.AlertDelivered:
+			delivered++
+		case r.State == flush.AlertPending:
+			pending++
+		}
+		if n > 1 {
+			twice++
+		}
+	}
+	if len(recorded) == 0 {
+		d.say("quota alerts: none (no account reached 80 %% of its month's quota)")
+		return
+	}
+	d.say("quota alerts (signed webhooks at 80 %% and 100 %% of the month's quota): %s", strings.Join(names, ", "))
+	line := fmt.Sprintf("   %d in the ledger, %d delivered to the sample API's webhook, signatures checked", len(recorded), delivered)
+	if bad := d.api.badAlerts.Load(); bad > 0 {
+		line += d.st.red(fmt.Sprintf("; %d refused for a bad signature", bad))
+	}
+	if missing > 0 {
+		line += d.st.red(fmt.Sprintf("; %d marked delivered that the webhook never took", missing))
+	}
+	if pending > 0 {
+		line += d.st.yellow(fmt.Sprintf("; %d still pending (a node takes it over once its 10-minute lease runs out)", pending))
+	}
+	if twice > 0 {
+		line += fmt.Sprintf("; %d received twice (delivery is at least once)", twice)
+	}
+	d.say("%s", line)
 }
 
 // plural formats "1 retry was" or "3 retries were".

@@ -75,9 +75,19 @@ func TestDemo(t *testing.T) {
 		regexp.MustCompile(`spam-co: 429 `),
 		regexp.MustCompile(`curl -i -H 'X-Api-Key: demo_you_[0-9a-f]{12}' http://127\.0\.0\.10:\d+/v1/tasks`),
 		regexp.MustCompile(`http://127\.0\.0\.10:\d+/status`),
+		// Quota alerts: the three customers that pass 80 % of their month's
+		// quota get a signed webhook, delivered and recorded in the ledger.
+		regexp.MustCompile(`alert webhook: free-co reached 80 % of its \d{4}-\d\d quota \(\d+ of \d+ units\); signature checked`),
+		regexp.MustCompile(`quota alerts \(signed webhooks at 80 % and 100 % of the month's quota\): acme 80%, .*free-co 80%, .*globex 80%`),
+		regexp.MustCompile(`\d in the ledger, \d delivered to the sample API's webhook, signatures checked`),
 	} {
 		if !want.MatchString(text) {
 			t.Errorf("the output lacks %s", want)
+		}
+	}
+	for _, bad := range []string{"refused for a bad signature", "that the webhook never took"} {
+		if strings.Contains(text, bad) {
+			t.Errorf("quota alerts: %s", bad)
 		}
 	}
 	if strings.Contains(text, "\x1b[") {
