@@ -71,6 +71,21 @@ func (g *grant) active(wall int64) bool {
 
 func (g *grant) free() int64 { return max(0, g.units-g.used) }
 
+// settledAtLeast raises the grant's use to what the ledger has settled
+// (every node's charges), when that is more than this owner counted: after
+// the account moved away and back, the other owner's charges are settled
+// there and were never counted here. Settled use is a lower bound of the
+// true use, so this never counts a unit twice; and it only lowers free(),
+// which stays above what the ledger has free, so the ledger is still asked
+// whenever it has units. What it adds comes off unseen, which estimated
+// the same use.
+func (g *grant) settledAtLeast(settled int64) {
+	if d := settled - g.used; d > 0 {
+		g.used = settled
+		g.unseen = max(0, g.unseen-d)
+	}
+}
+
 // shownUsed and shownFree are the use and what is left as answers show
 // them: with the use the ledger showed that this owner did not count.
 func (g *grant) shownUsed() int64 { return g.used + g.unseen }
@@ -116,7 +131,9 @@ func (a *Account) Plan() Plan { return a.cfg.Plan }
 // (cfg.MonthlyUsed: a node whose clock ran ahead owned it meanwhile), the
 // account moves there, since a period never goes back (G9): a new owner
 // starts there, and one that kept the account in memory catches up at its
-// next config refresh.
+// next config refresh. Likewise a grant's use never reads less than the
+// ledger has settled (cfg.MonthlyUsed, Credit.Used): what another owner
+// charged while the account was away is counted from the next refresh.
 func (a *Account) Configure(cfg AccountConfig) {
 	defer a.catchUp(cfg)
 	a.cfg = cfg
@@ -127,9 +144,11 @@ func (a *Account) Configure(cfg AccountConfig) {
 	for _, g := range a.grants {
 		if g.monthly {
 			g.units = cfg.Plan.MonthlyQuota
+			g.settledAtLeast(cfg.MonthlyUsed[g.id])
 			kept = append(kept, g)
 		} else if c, ok := findCredit(cfg.Credits, g.id); ok {
 			g.units, g.startsAt, g.expiresAt = c.Units, c.StartsAt, c.ExpiresAt
+			g.settledAtLeast(c.Used)
 			kept = append(kept, g)
 		}
 	}

@@ -324,6 +324,49 @@ func TestExhaustedGrantShowsTheLedgersUse(t *testing.T) {
 	}
 }
 
+// An owner that kept an account in memory while another node charged it
+// (the account moved away and back) counts the other's use once the ledger
+// has settled it: the next config refresh raises the grant's use to the
+// ledger's settled use, never lowers it, and the ledger is still asked
+// for units it may have.
+func TestConfigureCountsUseSettledElsewhere(t *testing.T) {
+	for _, reserved := range []bool{false, true} {
+		p := DefaultParams()
+		p.Reservations = reserved
+		now := at("2026-06-10T00:00:00Z")
+		june := MonthlyGrantID(PeriodOf(now.Wall))
+		plan := hardPlan(100)
+		cfg := AccountConfig{ID: "a", Plan: plan, MonthlyUsed: map[string]int64{june: 10}}
+		a := NewAccount(cfg)
+		var rec Record
+		if reserved {
+			a.Reserve(june, 20, now, &rec)
+		}
+		if d, _ := charge(a, "e1", 5, now, &p); d.Reason != OK || d.MonthUsed != 15 {
+			t.Fatalf("reserved=%v: %+v", reserved, d)
+		}
+		cfg.MonthlyUsed = map[string]int64{june: 45} // this node's 5 and another's 30, settled
+		a.Configure(cfg)
+		if d, _ := charge(a, "e2", 1, now, &p); d.Reason != OK || d.MonthUsed != 46 || d.Remaining != 54 {
+			t.Fatalf("reserved=%v, after the refresh: %+v; want MonthUsed 46, Remaining 54", reserved, d)
+		}
+		if u := a.Usage(now); u.Used != 46 {
+			t.Fatalf("reserved=%v: usage %+v", reserved, u)
+		}
+		cfg.MonthlyUsed = map[string]int64{june: 20} // an older snapshot: never lowers
+		a.Configure(cfg)
+		if u := a.Usage(now); u.Used != 46 {
+			t.Fatalf("reserved=%v: usage after an older snapshot %+v", reserved, u)
+		}
+		if reserved {
+			// 14 units of allowance left; a larger charge asks the ledger.
+			if d, _ := charge(a, "e3", 20, now, &p); d.Reason != NeedReservation || d.Shortfall != 6 {
+				t.Fatalf("past the allowance: %+v, want NeedReservation for 6", d)
+			}
+		}
+	}
+}
+
 // Units the ledger reserved in a later month's grant (another node billed
 // the account there) move the account to that month, live and on replay;
 // an exhausted later grant does too, so the charge is refused as over
