@@ -27,10 +27,11 @@ import (
 
 // serveAdminFlags are quotad serve's flags for the admin API and the quota
 // alerts (node.Config.AdminToken, AlertWebhook, AlertSecret,
-// AlertThresholds).
+// AlertThresholds, AlertLease, AlertGiveUp).
 type serveAdminFlags struct {
 	webhook, secret string
 	thresholds      []int
+	lease, giveUp   time.Duration
 }
 
 func (af *serveAdminFlags) register(cmd *cobra.Command, token *string) {
@@ -40,10 +41,17 @@ func (af *serveAdminFlags) register(cmd *cobra.Command, token *string) {
 	fl.StringVar(&af.webhook, "alert-webhook", "", "URL to POST quota alerts to (JSON, signed with --alert-secret); empty sends none")
 	fl.StringVar(&af.secret, "alert-secret", "", "HMAC-SHA256 key that signs alerts (X-Quotaring-Signature); required with --alert-webhook; prefer QUOTAD_ALERT_SECRET")
 	fl.IntSliceVar(&af.thresholds, "alert-thresholds", []int{80, 100}, "percentages of a period's quota that alert, once per account and month each")
+	fl.DurationVar(&af.lease, "alert-lease", 10*time.Minute, "how long a claimed alert may stay undelivered before any node takes it over and tries again (a node's own round of retries ends before half of it)")
+	fl.DurationVar(&af.giveUp, "alert-give-up", 72*time.Hour, "how long after its first claim an undelivered alert is given up")
 }
 
-func (af *serveAdminFlags) apply(cfg *node.Config, token string) {
+func (af *serveAdminFlags) apply(cfg *node.Config, token string) error {
+	if af.lease <= 0 || af.giveUp <= 0 {
+		return fmt.Errorf("--alert-lease %s and --alert-give-up %s must be positive durations (such as 10m and 72h)", af.lease, af.giveUp)
+	}
 	cfg.AdminToken, cfg.AlertWebhook, cfg.AlertSecret, cfg.AlertThresholds = token, af.webhook, af.secret, af.thresholds
+	cfg.AlertLease, cfg.AlertGiveUp = af.lease, af.giveUp
+	return nil
 }
 
 // --- quotad admin -------------------------------------------------------------

@@ -179,3 +179,15 @@ func TestQuotadAdminUnreachable(t *testing.T) {
 		t.Fatalf("%v", err)
 	}
 }
+
+func TestServeAlertFlags(t *testing.T) {
+	var cfg node.Config
+	af := serveAdminFlags{webhook: "http://billing/hooks", secret: "s", lease: 0, giveUp: time.Hour}
+	if err := af.apply(&cfg, ""); err == nil || !strings.Contains(err.Error(), "--alert-lease 0s and --alert-give-up 1h0m0s must be positive") {
+		t.Fatalf("a zero lease: %v", err)
+	}
+	af.lease = 5 * time.Second
+	if err := af.apply(&cfg, "tok"); err != nil || cfg.AlertLease != 5*time.Second || cfg.AlertGiveUp != time.Hour || cfg.AlertWebhook != "http://billing/hooks" {
+		t.Fatalf("%v %+v", err, cfg)
+	}
+}

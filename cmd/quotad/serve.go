@@ -141,7 +141,9 @@ func runServe(ctx context.Context, f serveFlags) error {
 	if cfg.Front, err = f.front.build(f.upstream); err != nil {
 		return err
 	}
-	f.adminAPI.apply(&cfg, f.adminToken)
+	if err := f.adminAPI.apply(&cfg, f.adminToken); err != nil {
+		return err
+	}
 	n, err := node.Start(ctx, cfg)
 	if err != nil {
 		return err
