@@ -129,6 +129,7 @@ type harness struct {
 	client   *router.Client
 	http     *http.Client
 	upstream *http.Server
+	alerts   *alertSink // the quota alerts' webhook, on the upstream's server
 	acct     accounts
 
 	mu      sync.Mutex // protects the fields below
@@ -210,7 +211,8 @@ func (h *harness) setup(ctx context.Context) error {
 	}
 	h.logf("starting %d nodes on %s.%d-%d (data dirs and logs in %s)", h.cfg.Nodes, h.cfg.Subnet, h.cfg.FirstIP, h.cfg.FirstIP+h.cfg.Nodes-1, h.dir)
 	h.c, err = cluster.Start(ctx, cluster.Options{Binary: bin, Nodes: h.cfg.Nodes, Ledger: nodeDSN, Dir: filepath.Join(h.dir, "nodes"),
-		Args: []string{"--upstream", up, "--snapshot-interval", "1s"}, TestFaults: true, SettleInterval: h.cfg.SettleInterval, FirstIP: h.cfg.FirstIP, Subnet: h.cfg.Subnet})
+		Args: []string{"--upstream", up, "--snapshot-interval", "1s",
+			"--alert-webhook", up + alertPath, "--alert-secret", h.alerts.secret, "--alert-lease", alertLease.String()}, TestFaults: true, SettleInterval: h.cfg.SettleInterval, FirstIP: h.cfg.FirstIP, Subnet: h.cfg.Subnet})
 	if err != nil {
 		return err
 	}
@@ -269,7 +271,12 @@ func (h *harness) startUpstream() (string, error) {
 	if err != nil {
 		return "", err
 	}
+	h.alerts = newAlertSink()
 	h.upstream = &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPost && r.URL.Path == alertPath {
+			h.alerts.ServeHTTP(w, r)
+			return
+		}
 		w.Header().Set(upstreamHeader, "1")
 		if r.URL.Path == "/v1/fail" {
 			http.Error(w, "upstream failure (on purpose)", http.StatusServiceUnavailable)
@@ -387,6 +394,8 @@ func (h *harness) run(ctx context.Context) (*Report, error) {
 		h.liveness("cluster", "logs not settled within "+settleTimeout.String()+" of the heal: "+err.Error())
 	}
 	cancel()
+	h.waitAlerts(ctx)
+	alerts := h.alertResult(ctx)
 	logs := h.drain(ctx)
 	st, err := cluster.ReadLedger(ctx, h.ledger, h.acct.ids())
 	if err != nil {
@@ -399,7 +408,7 @@ func (h *harness) run(ctx context.Context) (*Report, error) {
 		}
 	}
 	results := cluster.Check(in)
-	results = append(results, h.livenessResult())
+	results = append(results, alerts, h.livenessResult())
 	rep := h.report(in, results, began)
 	if h.cfg.Out != "" {
 		if err := rep.Write(h.cfg.Out, in.Ops); err != nil {
