@@ -52,9 +52,9 @@ type alertSink struct {
 	mu     sync.Mutex // protects the fields below
 	calls  int
 	failed int // good deliveries answered 503 on purpose
-	got  map[alertKey]int
-	bad  []string // refused deliveries, and why
-	seen map[alertKey]node.Alert
+	got    map[alertKey]int
+	bad    []string // refused deliveries, and why
+	seen   map[alertKey]node.Alert
 }
 
 func newAlertSink() *alertSink {
