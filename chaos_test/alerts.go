@@ -54,13 +54,12 @@ type alertSink struct {
 	failed int // good deliveries answered 503 on purpose
 	got    map[alertKey]int
 	bad    []string // refused deliveries, and why
-	seen   map[alertKey]node.Alert
 }
 
 func newAlertSink() *alertSink {
 	b := make([]byte, 32)
 	rand.Read(b)
-	return &alertSink{secret: hex.EncodeToString(b), got: map[alertKey]int{}, seen: map[alertKey]node.Alert{}}
+	return &alertSink{secret: hex.EncodeToString(b), got: map[alertKey]int{}}
 }
 
 func (s *alertSink) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -93,7 +92,6 @@ func (s *alertSink) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	k := alertKey{a.Account, a.Period, a.Threshold}
 	s.got[k]++
-	s.seen[k] = a
 	w.WriteHeader(http.StatusNoContent)
 }
 
