@@ -102,7 +102,7 @@ func (h *harness) waitAlerts(ctx context.Context) {
 	tick := time.NewTicker(200 * time.Millisecond)
 	defer tick.Stop()
 	for {
-		rows, err := h.ledger.Alerts(ctx, "")
+		rows, err := h.ledger.Alerts(ctx, flush.AlertQuery{})
 		pending := 0
 		for _, r := range rows {
 			if r.State == flush.AlertPending {
@@ -134,7 +134,7 @@ func (h *harness) alertResult(ctx context.Context) cluster.Result {
 			r.Violations = append(r.Violations, cluster.Violation{Account: account, Detail: fmt.Sprintf(format, args...)})
 		}
 	}
-	rows, err := h.ledger.Alerts(ctx, "")
+	rows, err := h.ledger.Alerts(ctx, flush.AlertQuery{})
 	if err != nil {
 		add("", "could not read the ledger's alerts: %v", err)
 		r.Verdict = cluster.Violated

@@ -1202,7 +1202,7 @@ func confAlertDelivery(t *testing.T, l Ledger) {
 			t.Errorf("%s: %v, %v; want %v", what, got, err, want)
 		}
 	}
-	all, err := l.Alerts(ctx, "acct-1")
+	all, err := l.Alerts(ctx, AlertQuery{Account: "acct-1"})
 	if err != nil || len(all) != 3 {
 		t.Fatalf("alerts of acct-1: %+v, %v", all, err)
 	}
@@ -1239,7 +1239,7 @@ func confAlertDelivery(t *testing.T, l Ledger) {
 		t.Fatalf("give up: %+v, %+v, %v", taken, givenUp, err)
 	}
 
-	all, err = l.Alerts(ctx, "")
+	all, err = l.Alerts(ctx, AlertQuery{})
 	if err != nil || len(all) != 4 {
 		t.Fatalf("alerts: %+v, %v", all, err)
 	}
@@ -1258,6 +1258,26 @@ func confAlertDelivery(t *testing.T, l Ledger) {
 		if g.State != w.state || g.Attempts != w.attempts || g.LastError != w.lastErr || g.FinishedAt.IsZero() {
 			t.Errorf("alert %d (%s %s %d%%): %s, %d attempts, %q, finished %v; want %+v",
 				i, g.Account, g.Period, g.Threshold, g.State, g.Attempts, g.LastError, g.FinishedAt, w)
+		}
+	}
+
+	for _, c := range []struct {
+		q    AlertQuery
+		want []string
+	}{
+		{AlertQuery{State: AlertGivenUp}, []string{"acct-1 2026-07 80", "acct-2 2026-06 80"}},
+		{AlertQuery{Period: confPeriod + 1}, []string{"acct-1 2026-07 80"}},
+		{AlertQuery{Limit: 2}, []string{"acct-1 2026-06 80", "acct-1 2026-06 100"}},
+		{AlertQuery{Account: "acct-1", Period: confPeriod, State: AlertDelivered}, []string{"acct-1 2026-06 80", "acct-1 2026-06 100"}},
+		{AlertQuery{Account: "acct-2", State: AlertDelivered}, nil},
+	} {
+		got, err := l.Alerts(ctx, c.q)
+		var keys []string
+		for _, a := range got {
+			keys = append(keys, fmt.Sprintf("%s %s %d", a.Account, a.Period, a.Threshold))
+		}
+		if err != nil || !slices.Equal(keys, c.want) {
+			t.Errorf("alerts %+v: %v, %v; want %v", c.q, keys, err, c.want)
 		}
 	}
 

@@ -112,9 +112,9 @@ type Ledger interface {
 	// a round), and gives up the pending ones older than giveUpAfter (and
 	// past their lease). Concurrent callers take distinct alerts.
 	TakeOverAlerts(ctx context.Context, claim string, lease, giveUpAfter time.Duration, limit int) (taken, givenUp []AlertRecord, err error)
-	// Alerts lists the alerts recorded, of one account or ("") all, by
-	// account, period and threshold.
-	Alerts(ctx context.Context, account string) ([]AlertRecord, error)
+	// Alerts lists the alerts recorded that match q, by account, period and
+	// threshold.
+	Alerts(ctx context.Context, q AlertQuery) ([]AlertRecord, error)
 
 	Close() error
 }
@@ -338,6 +338,14 @@ type AlertRecord struct {
 	FinishedAt time.Time // delivered or given up; zero while pending
 	Attempts   int       // webhook calls recorded so far
 	LastError  string    // the last failed round's error
+}
+
+// AlertQuery selects alerts; a zero field matches every alert.
+type AlertQuery struct {
+	Account string
+	Period  shard.Period
+	State   AlertState
+	Limit   int // at most this many (0: no limit)
 }
 
 // AlertState is where an alert's delivery stands.

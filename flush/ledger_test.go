@@ -361,7 +361,7 @@ func TestAlertClaimedBeforeDeliveryTrackingIsNotResent(t *testing.T) {
 			if err := l.Migrate(ctx); err != nil {
 				t.Fatalf("migrate to %d: %v", len(all), err)
 			}
-			got, err := l.Alerts(ctx, "")
+			got, err := l.Alerts(ctx, AlertQuery{})
 			want := time.Date(2026, 6, 15, 12, 0, 0, 0, time.UTC)
 			if err != nil || len(got) != 1 || got[0].State != AlertLegacy || !got[0].CrossedAt.Equal(want) || !got[0].FinishedAt.Equal(want) {
 				t.Fatalf("alerts after migrating: %+v, %v", got, err)

@@ -25,6 +25,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"slices"
 	"strings"
@@ -432,10 +433,19 @@ func (p *Postgres) TakeOverAlerts(ctx context.Context, claim string, lease, give
 	return taken, givenUp, nil
 }
 
-// Alerts lists the alerts of account ("": all).
-func (p *Postgres) Alerts(ctx context.Context, account string) ([]AlertRecord, error) {
-	rows, _ := p.pool.Query(ctx, `SELECT `+alertColumns+` FROM alerts WHERE $1 = '' OR account_id = $1
-		ORDER BY account_id, period, threshold`, account)
+// Alerts lists the alerts that match q.
+func (p *Postgres) Alerts(ctx context.Context, q AlertQuery) ([]AlertRecord, error) {
+	period := ""
+	if q.Period != 0 {
+		period = q.Period.String()
+	}
+	limit := int64(q.Limit)
+	if limit <= 0 {
+		limit = math.MaxInt64
+	}
+	rows, _ := p.pool.Query(ctx, `SELECT `+alertColumns+` FROM alerts
+		WHERE ($1 = '' OR account_id = $1) AND ($2 = '' OR period = $2) AND ($3 = '' OR state = $3)
+		ORDER BY account_id, period, threshold LIMIT $4`, q.Account, period, string(q.State), limit)
 	out, err := pgx.CollectRows(rows, scanPgAlert)
 	return out, p.fail("list alerts", err)
 }

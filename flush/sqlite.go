@@ -359,13 +359,22 @@ func (s *SQLite) TakeOverAlerts(ctx context.Context, claim string, lease, giveUp
 	return taken, givenUp, nil
 }
 
-// Alerts lists the alerts of account ("": all).
-func (s *SQLite) Alerts(ctx context.Context, account string) ([]AlertRecord, error) {
+// Alerts lists the alerts that match q.
+func (s *SQLite) Alerts(ctx context.Context, q AlertQuery) ([]AlertRecord, error) {
+	period := ""
+	if q.Period != 0 {
+		period = q.Period.String()
+	}
+	limit := int64(q.Limit)
+	if limit <= 0 {
+		limit = -1 // SQLite: no limit
+	}
 	var out []AlertRecord
 	err := s.read(ctx, func(tx *sql.Tx) error {
 		var err error
-		out, err = sqliteAlerts(ctx, tx, `SELECT `+alertColumns+` FROM alerts WHERE ? = '' OR account_id = ?
-			ORDER BY account_id, period, threshold`, account, account)
+		out, err = sqliteAlerts(ctx, tx, `SELECT `+alertColumns+` FROM alerts
+			WHERE (?1 = '' OR account_id = ?1) AND (?2 = '' OR period = ?2) AND (?3 = '' OR state = ?3)
+			ORDER BY account_id, period, threshold LIMIT ?4`, q.Account, period, string(q.State), limit)
 		return err
 	})
 	return out, s.fail("list alerts", err)

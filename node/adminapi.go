@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -849,24 +850,47 @@ type AlertView struct {
 	LastError  string     `json:"last_error,omitempty"`
 }
 
-// listAlerts answers GET /admin/v1/alerts[?account=ID][&state=S].
+// Alert listing bounds: a ledger keeps every month's alerts.
+const (
+	alertsDefaultLimit = 1000
+	alertsMaxLimit     = 10000
+)
+
+// listAlerts answers GET /admin/v1/alerts[?account=ID][&period=2026-06]
+// [&state=S][&limit=N]: at most limit alerts (1,000 by default), and
+// truncated when there were more.
 func (n *Node) listAlerts(ctx context.Context, w http.ResponseWriter, r *http.Request, l flush.Ledger) error {
-	q := r.URL.Query()
-	state := flush.AlertState(q.Get("state"))
-	switch state {
+	v := r.URL.Query()
+	q := flush.AlertQuery{Account: v.Get("account"), State: flush.AlertState(v.Get("state")), Limit: alertsDefaultLimit}
+	switch q.State {
 	case "", flush.AlertPending, flush.AlertDelivered, flush.AlertGivenUp, flush.AlertLegacy:
 	default:
-		return badInput("state", "%q: want pending, delivered, given_up or legacy", state)
+		return badInput("state", "%q: want pending, delivered, given_up or legacy", q.State)
 	}
-	rows, err := l.Alerts(ctx, q.Get("account"))
+	if p := v.Get("period"); p != "" {
+		period, ok := shard.ParsePeriod(p)
+		if !ok {
+			return badInput("period", "%q: want a month such as 2026-06", p)
+		}
+		q.Period = period
+	}
+	if s := v.Get("limit"); s != "" {
+		lim, err := strconv.Atoi(s)
+		if err != nil || lim < 1 || lim > alertsMaxLimit {
+			return badInput("limit", "%q: want a number from 1 to %d", s, alertsMaxLimit)
+		}
+		q.Limit = lim
+	}
+	want := q.Limit
+	q.Limit++ // one more tells whether there are more
+	rows, err := l.Alerts(ctx, q)
 	if err != nil {
 		return err
 	}
+	truncated := len(rows) > want
+	rows = rows[:min(len(rows), want)]
 	out := make([]AlertView, 0, len(rows))
 	for _, a := range rows {
-		if state != "" && a.State != state {
-			continue
-		}
 		v := AlertView{Account: a.Account, Period: a.Period.String(), Threshold: a.Threshold, Used: a.Used, Limit: a.Limit,
 			State: string(a.State), CrossedAt: a.CrossedAt, ClaimedAt: a.ClaimedAt, Attempts: a.Attempts, LastError: a.LastError}
 		if !a.FinishedAt.IsZero() {
@@ -874,5 +898,5 @@ func (n *Node) listAlerts(ctx context.Context, w http.ResponseWriter, r *http.Re
 		}
 		out = append(out, v)
 	}
-	return writeJSON(w, http.StatusOK, map[string]any{"alerts": out})
+	return writeJSON(w, http.StatusOK, map[string]any{"alerts": out, "truncated": truncated})
 }

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/quotaring/quotaring/flush"
 	"github.com/quotaring/quotaring/ring"
 	"github.com/quotaring/quotaring/router"
 	"github.com/quotaring/quotaring/shard"
@@ -288,7 +289,7 @@ func TestAdminAPI(t *testing.T) {
 	if n1.alerts != nil || n2.alerts != nil {
 		t.Fatal("an alerter runs without a webhook")
 	}
-	if recorded, err := n1.Ledger().Alerts(ctx, "acme"); err != nil || len(recorded) != 0 {
+	if recorded, err := n1.Ledger().Alerts(ctx, flush.AlertQuery{Account: "acme"}); err != nil || len(recorded) != 0 {
 		t.Fatalf("alerts recorded without a webhook: %+v, %v", recorded, err)
 	}
 }

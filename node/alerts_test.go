@@ -191,7 +191,7 @@ func TestAlertsOncePerThresholdAndPeriod(t *testing.T) {
 	}
 	// What was sent is in the ledger (quotad admin alerts shows it).
 	waitFor(t, 10*time.Second, "the four deliveries recorded in the ledger", func() bool {
-		rows, err := nodes[0].Ledger().Alerts(ctx, "acme")
+		rows, err := nodes[0].Ledger().Alerts(ctx, flush.AlertQuery{Account: "acme"})
 		done := 0
 		for _, r := range rows {
 			if r.State == flush.AlertDelivered {
@@ -240,7 +240,7 @@ func ledgerAlert(t *testing.T, l flush.Ledger, what string, ok func(flush.AlertR
 	var last []flush.AlertRecord
 	waitFor(t, 10*time.Second, what, func() bool {
 		var err error
-		last, err = l.Alerts(context.Background(), "")
+		last, err = l.Alerts(context.Background(), flush.AlertQuery{})
 		return err == nil && len(last) == 1 && ok(last[0])
 	})
 	return last[0]
@@ -346,12 +346,12 @@ func TestAlertSurvivesItsNodeStopping(t *testing.T) {
 	if len(got) != 2 || second.stats.TakenOver.Load() != 2 || rc.callCount() != 4 {
 		t.Fatalf("received %+v in %d calls; taken over %d", got, rc.callCount(), second.stats.TakenOver.Load())
 	}
-	all, err := l.Alerts(context.Background(), "acme")
+	all, err := l.Alerts(context.Background(), flush.AlertQuery{Account: "acme"})
 	if err != nil || len(all) != 2 {
 		t.Fatalf("ledger %+v, %v", all, err)
 	}
 	waitFor(t, 10*time.Second, "both deliveries recorded", func() bool {
-		all, _ = l.Alerts(context.Background(), "acme")
+		all, _ = l.Alerts(context.Background(), flush.AlertQuery{Account: "acme"})
 		return len(all) == 2 && all[0].State == flush.AlertDelivered && all[1].State == flush.AlertDelivered
 	})
 }

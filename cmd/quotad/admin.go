@@ -652,7 +652,8 @@ func (c *adminClient) nodes(cmd *cobra.Command) error {
 }
 
 func newAdminAlertsCmd(c *adminClient) *cobra.Command {
-	var account, state string
+	var account, period, state string
+	var limit int
 	cmd := &cobra.Command{
 		Use:   "alerts",
 		Short: "List the quota alerts in the ledger and where their delivery stands",
@@ -660,24 +661,25 @@ func newAdminAlertsCmd(c *adminClient) *cobra.Command {
 with the figures the webhook carries and its delivery: pending (claimed by a node,
 not delivered yet: retried, and taken over by another node after the lease),
 delivered, given_up (refused by the receiver with a 4xx, or undelivered for the
-give-up age), or legacy (recorded by a quotad before delivery was tracked).`,
+give-up age), or legacy (recorded by a quotad before delivery was tracked).
+At most --limit alerts are listed, by account, month and threshold.`,
 		Example: `  quotad admin alerts --account acme
-  quotad admin alerts --state pending`,
+  quotad admin alerts --state pending
+  quotad admin alerts --period 2026-06 --limit 5000 --json`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			v := url.Values{}
-			if account != "" {
-				v.Set("account", account)
+			for name, val := range map[string]string{"account": account, "period": period, "state": state} {
+				if val != "" {
+					v.Set(name, val)
+				}
 			}
-			if state != "" {
-				v.Set("state", state)
+			v.Set("limit", strconv.Itoa(limit))
+			var out struct {
+				Alerts    []node.AlertView
+				Truncated bool
 			}
-			path := "/admin/v1/alerts"
-			if len(v) > 0 {
-				path += "?" + v.Encode()
-			}
-			var out struct{ Alerts []node.AlertView }
-			return c.run(cmd, "GET", path, nil, &out, func(w io.Writer) {
+			return c.run(cmd, "GET", "/admin/v1/alerts?"+v.Encode(), nil, &out, func(w io.Writer) {
 				fmt.Fprintln(w, "ACCOUNT\tPERIOD\tTHRESHOLD\tUSED/LIMIT\tSTATE\tATTEMPTS\tCROSSED\tFINISHED\tLAST ERROR")
 				for _, a := range out.Alerts {
 					finished := "-"
@@ -687,10 +689,16 @@ give-up age), or legacy (recorded by a quotad before delivery was tracked).`,
 					fmt.Fprintf(w, "%s\t%s\t%d%%\t%d/%d\t%s\t%d\t%s\t%s\t%s\n", a.Account, a.Period, a.Threshold, a.Used, a.Limit,
 						a.State, a.Attempts, a.CrossedAt.UTC().Format(time.RFC3339), finished, orDash(a.LastError))
 				}
+				if out.Truncated {
+					fmt.Fprintf(w, "... more than %d: narrow with --account, --period or --state, or raise --limit\n", limit)
+				}
 			})
 		},
 	}
-	cmd.Flags().StringVar(&account, "account", "", "only this account's alerts")
-	cmd.Flags().StringVar(&state, "state", "", "only alerts in this state: pending, delivered, given_up or legacy")
+	fl := cmd.Flags()
+	fl.StringVar(&account, "account", "", "only this account's alerts")
+	fl.StringVar(&period, "period", "", "only this month's alerts (2026-06)")
+	fl.StringVar(&state, "state", "", "only alerts in this state: pending, delivered, given_up or legacy")
+	fl.IntVar(&limit, "limit", 1000, "at most this many alerts (1 to 10000)")
 	return cmd
 }

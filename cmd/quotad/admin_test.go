@@ -133,6 +133,17 @@ func TestQuotadAdmin(t *testing.T) {
 		CrossedAt: time.Date(2026, 6, 28, 12, 0, 0, 0, time.UTC), Claim: "test"}); err != nil {
 		t.Fatal(err)
 	}
+	if _, err := n.Ledger().RecordAlert(ctx, flush.AlertRecord{Account: "acme", Period: june, Threshold: 100, Used: 1000, Limit: 1000,
+		CrossedAt: time.Date(2026, 6, 29, 12, 0, 0, 0, time.UTC), Claim: "test"}); err != nil {
+		t.Fatal(err)
+	}
+	if out := mustAdmin(t, n, "alerts", "--period", "2026-06", "--limit", "1"); !strings.Contains(out, "80%") || strings.Contains(out, "100%") ||
+		!strings.Contains(out, "... more than 1: narrow with --account, --period or --state, or raise --limit") {
+		t.Fatalf("alerts --limit 1:\n%s", out)
+	}
+	if out := mustAdmin(t, n, "alerts", "--period", "2026-07"); strings.Contains(out, "acme") {
+		t.Fatalf("alerts --period 2026-07 lists June's:\n%s", out)
+	}
 	out = mustAdmin(t, n, "alerts", "--account", "acme")
 	if !strings.Contains(out, "acme     2026-06  80%        800/1000    pending") || !strings.Contains(out, "2026-06-28T12:00:00Z") {
 		t.Fatalf("alerts:\n%s", out)
@@ -158,6 +169,8 @@ func TestQuotadAdmin(t *testing.T) {
 		{adminTestToken, []string{"grants", "add", "acme", "--units", "5", "--expires", "soon"}, "--expires \"soon\""},
 		{adminTestToken, []string{"plans", "set", "x", "--quota", "5"}, "hard soft"},
 		{adminTestToken, []string{"alerts", "--state", "sent"}, `"sent": want pending, delivered, given_up or legacy`},
+		{adminTestToken, []string{"alerts", "--period", "June"}, `"June": want a month such as 2026-06`},
+		{adminTestToken, []string{"alerts", "--limit", "0"}, `"0": want a number from 1 to 10000`},
 		{"wrong-token", []string{"plans", "list"}, "the admin token is wrong"},
 		{"", []string{"plans", "list"}, "no token given: set --token or QUOTAD_ADMIN_TOKEN"},
 	} {

@@ -230,7 +230,7 @@ func demoSummary(ctx context.Context, dsn string, cs []*customer) (*demoTotals, 
 		return nil, fmt.Errorf("demo: reconcile: %w", err)
 	}
 	t.reconcileRows = len(rows)
-	if t.alerts, err = l.Alerts(ctx, ""); err != nil {
+	if t.alerts, err = l.Alerts(ctx, flush.AlertQuery{}); err != nil {
 		return nil, err
 	}
 	for _, r := range rows {
