@@ -378,7 +378,7 @@ func (p *Postgres) FinishAlert(ctx context.Context, a AlertRecord, state AlertSt
 	return tag.RowsAffected() == 1, nil
 }
 
-// alertColumns are what scanAlert reads, in its order.
+// alertColumns are what scanPgAlert and sqliteAlerts read, in their order.
 const alertColumns = `account_id, period, threshold, used, limit_units, crossed_at, claim, state,
 	created_at, claimed_at, finished_at, attempts, last_error`
 

@@ -322,7 +322,7 @@ func (d *demoRun) alertLines(recorded []flush.AlertRecord) {
 		received[key{a.Account, a.Period, a.Threshold}]++
 	}
 	var names []string
-	var delivered, pending, twice, missing int
+	var delivered, pending, givenUp, twice, missing int
 	for _, r := range recorded {
 		names = append(names, fmt.Sprintf("%s %d%%", r.Account, r.Threshold))
 		n := received[key{r.Account, r.Period.String(), r.Threshold}]
@@ -333,6 +333,8 @@ func (d *demoRun) alertLines(recorded []flush.AlertRecord) {
 			delivered++
 		case r.State == flush.AlertPending:
 			pending++
+		case r.State == flush.AlertGivenUp:
+			givenUp++
 		}
 		if n > 1 {
 			twice++
@@ -349,6 +351,9 @@ func (d *demoRun) alertLines(recorded []flush.AlertRecord) {
 	}
 	if missing > 0 {
 		line += d.st.red(fmt.Sprintf("; %d marked delivered that the webhook never took", missing))
+	}
+	if givenUp > 0 {
+		line += d.st.red(fmt.Sprintf("; %d given up (see the node logs, component=alerts)", givenUp))
 	}
 	if pending > 0 {
 		line += d.st.yellow(fmt.Sprintf("; %d still pending (a node takes it over once its 10-minute lease runs out)", pending))
