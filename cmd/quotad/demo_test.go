@@ -85,7 +85,7 @@ func TestDemo(t *testing.T) {
 			t.Errorf("the output lacks %s", want)
 		}
 	}
-	for _, bad := range []string{"refused for a bad signature", "that the webhook never took"} {
+	for _, bad := range []string{"refused for a bad signature", "that the webhook never took", "given up (see the node logs"} {
 		if strings.Contains(text, bad) {
 			t.Errorf("quota alerts: %s", bad)
 		}
