@@ -1281,6 +1281,23 @@ func confAlertDelivery(t *testing.T, l Ledger) {
 		}
 	}
 
+	// Resending: a given-up alert is pending again and the next sweep
+	// takes it over at once; a pending or unknown one is refused.
+	re, err := l.ResendAlert(ctx, "acct-2", confPeriod, 80)
+	if err != nil || re.State != AlertPending || !re.FinishedAt.IsZero() || re.Attempts != 1 || re.LastError != "webhook answered 401" {
+		t.Fatalf("resend a given-up alert: %+v, %v", re, err)
+	}
+	if _, err := l.ResendAlert(ctx, "acct-2", confPeriod, 80); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "pending already") {
+		t.Errorf("resend a pending alert: %v, want ErrInvalid saying it is pending", err)
+	}
+	if _, err := l.ResendAlert(ctx, "acct-2", confPeriod, 100); !errors.Is(err, ErrNotFound) {
+		t.Errorf("resend an alert never recorded: %v, want ErrNotFound", err)
+	}
+	taken, _, err = l.TakeOverAlerts(ctx, "t4", time.Hour, time.Hour, 10)
+	if err != nil || len(taken) != 1 || taken[0].Account != "acct-2" || taken[0].Claim != "t4" {
+		t.Errorf("the sweep after a resend, with an hour's lease: %+v, %v; want the resent alert", taken, err)
+	}
+
 	if _, err := l.FinishAlert(ctx, a80, AlertLegacy, 0, ""); !errors.Is(err, ErrInvalid) {
 		t.Errorf("finish as legacy: %v, want ErrInvalid", err)
 	}

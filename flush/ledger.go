@@ -112,6 +112,12 @@ type Ledger interface {
 	// a round), and gives up the pending ones older than giveUpAfter (and
 	// past their lease). Concurrent callers take distinct alerts.
 	TakeOverAlerts(ctx context.Context, claim string, lease, giveUpAfter time.Duration, limit int) (taken, givenUp []AlertRecord, err error)
+	// ResendAlert makes a delivered or given-up alert pending again, with a
+	// claim old enough that the next sweep (TakeOverAlerts) takes it over
+	// and sends it, and a fresh give-up age. It fails with ErrNotFound for
+	// no such alert, and ErrInvalid for one pending already or recorded
+	// before delivery was tracked (its figures are unknown).
+	ResendAlert(ctx context.Context, account string, period shard.Period, threshold int) (AlertRecord, error)
 	// Alerts lists the alerts recorded that match q, by account, period and
 	// threshold.
 	Alerts(ctx context.Context, q AlertQuery) ([]AlertRecord, error)
@@ -371,6 +377,19 @@ func checkAlertKey(a AlertRecord) error {
 	if a.Account == "" || a.Claim == "" || a.Threshold < 1 || a.Threshold > 100 {
 		return fmt.Errorf("%w: alert: account, claim and a threshold from 1 to 100 must be set (got %q, %q, %d)",
 			ErrInvalid, a.Account, a.Claim, a.Threshold)
+	}
+	return nil
+}
+
+// resendable checks an alert ResendAlert found, by its state.
+func resendable(a AlertRecord) error {
+	switch a.State {
+	case AlertPending:
+		return fmt.Errorf("%w: the %s %d%% alert of %s is pending already: a node sends it at its next attempt or sweep",
+			ErrInvalid, a.Period, a.Threshold, a.Account)
+	case AlertLegacy:
+		return fmt.Errorf("%w: the %s %d%% alert of %s was recorded before delivery was tracked, without its figures: it cannot be sent again",
+			ErrInvalid, a.Period, a.Threshold, a.Account)
 	}
 	return nil
 }

@@ -369,6 +369,9 @@ func TestAlertClaimedBeforeDeliveryTrackingIsNotResent(t *testing.T) {
 			if taken, givenUp, err := l.TakeOverAlerts(ctx, "new", time.Nanosecond, time.Nanosecond, 10); err != nil || len(taken)+len(givenUp) != 0 {
 				t.Fatalf("takeover of a legacy alert: %+v %+v %v", taken, givenUp, err)
 			}
+			if _, err := l.ResendAlert(ctx, "acme", got[0].Period, 80); !errors.Is(err, ErrInvalid) {
+				t.Fatalf("resend of a legacy alert: %v, want ErrInvalid (its figures are unknown)", err)
+			}
 		})
 	}
 }

@@ -433,6 +433,34 @@ func (p *Postgres) TakeOverAlerts(ctx context.Context, claim string, lease, give
 	return taken, givenUp, nil
 }
 
+// ResendAlert makes a finished alert pending again (see Ledger).
+func (p *Postgres) ResendAlert(ctx context.Context, account string, period shard.Period, threshold int) (AlertRecord, error) {
+	var out AlertRecord
+	err := pgx.BeginFunc(ctx, p.pool, func(tx pgx.Tx) error {
+		rows, _ := tx.Query(ctx, `SELECT `+alertColumns+` FROM alerts WHERE account_id = $1 AND period = $2 AND threshold = $3 FOR UPDATE`,
+			account, period.String(), threshold)
+		found, err := pgx.CollectRows(rows, scanPgAlert)
+		switch {
+		case err != nil:
+			return err
+		case len(found) == 0:
+			return fmt.Errorf("%w: no %s %d%% alert of %s in the ledger", ErrNotFound, period, threshold, account)
+		}
+		if err := resendable(found[0]); err != nil {
+			return err
+		}
+		rows, _ = tx.Query(ctx, `UPDATE alerts SET state = 'pending', finished_at = NULL, created_at = now(),
+				claimed_at = 'epoch', claim = 'resend'
+			WHERE account_id = $1 AND period = $2 AND threshold = $3 RETURNING `+alertColumns, account, period.String(), threshold)
+		found, err = pgx.CollectRows(rows, scanPgAlert)
+		if err == nil {
+			out = found[0]
+		}
+		return err
+	})
+	return out, p.fail("resend alert", err)
+}
+
 // Alerts lists the alerts that match q.
 func (p *Postgres) Alerts(ctx context.Context, q AlertQuery) ([]AlertRecord, error) {
 	period := ""

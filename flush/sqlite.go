@@ -359,6 +359,32 @@ func (s *SQLite) TakeOverAlerts(ctx context.Context, claim string, lease, giveUp
 	return taken, givenUp, nil
 }
 
+// ResendAlert makes a finished alert pending again (see Ledger).
+func (s *SQLite) ResendAlert(ctx context.Context, account string, period shard.Period, threshold int) (AlertRecord, error) {
+	var out AlertRecord
+	err := s.write(ctx, func(tx *sql.Tx) error {
+		found, err := sqliteAlerts(ctx, tx, `SELECT `+alertColumns+` FROM alerts WHERE account_id = ? AND period = ? AND threshold = ?`,
+			account, period.String(), threshold)
+		switch {
+		case err != nil:
+			return err
+		case len(found) == 0:
+			return fmt.Errorf("%w: no %s %d%% alert of %s in the ledger", ErrNotFound, period, threshold, account)
+		}
+		if err := resendable(found[0]); err != nil {
+			return err
+		}
+		found, err = sqliteAlerts(ctx, tx, `UPDATE alerts SET state = 'pending', finished_at = NULL, created_at = ?,
+				claimed_at = 0, claim = 'resend'
+			WHERE account_id = ? AND period = ? AND threshold = ? RETURNING `+alertColumns, s.now().UnixNano(), account, period.String(), threshold)
+		if err == nil {
+			out = found[0]
+		}
+		return err
+	})
+	return out, s.fail("resend alert", err)
+}
+
 // Alerts lists the alerts that match q.
 func (s *SQLite) Alerts(ctx context.Context, q AlertQuery) ([]AlertRecord, error) {
 	period := ""

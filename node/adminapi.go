@@ -84,6 +84,7 @@ func (n *Node) adminAPI(mux *http.ServeMux) {
 		{"GET", "/admin/v1/reservations", n.listReservations},
 		{"GET", "/admin/v1/nodes", n.listNodes},
 		{"GET", "/admin/v1/alerts", n.listAlerts},
+		{"POST", "/admin/v1/alerts/{account}/{period}/{threshold}/resend", n.resendAlert},
 	}
 	allow := map[string][]string{}
 	for _, rt := range routes {
@@ -891,12 +892,42 @@ func (n *Node) listAlerts(ctx context.Context, w http.ResponseWriter, r *http.Re
 	rows = rows[:min(len(rows), want)]
 	out := make([]AlertView, 0, len(rows))
 	for _, a := range rows {
-		v := AlertView{Account: a.Account, Period: a.Period.String(), Threshold: a.Threshold, Used: a.Used, Limit: a.Limit,
-			State: string(a.State), CrossedAt: a.CrossedAt, ClaimedAt: a.ClaimedAt, Attempts: a.Attempts, LastError: a.LastError}
-		if !a.FinishedAt.IsZero() {
-			v.FinishedAt = &a.FinishedAt
-		}
-		out = append(out, v)
+		out = append(out, alertView(a))
 	}
 	return writeJSON(w, http.StatusOK, map[string]any{"alerts": out, "truncated": truncated})
+}
+
+func alertView(a flush.AlertRecord) AlertView {
+	v := AlertView{Account: a.Account, Period: a.Period.String(), Threshold: a.Threshold, Used: a.Used, Limit: a.Limit,
+		State: string(a.State), CrossedAt: a.CrossedAt, ClaimedAt: a.ClaimedAt, Attempts: a.Attempts, LastError: a.LastError}
+	if !a.FinishedAt.IsZero() {
+		v.FinishedAt = &a.FinishedAt
+	}
+	return v
+}
+
+// resendAlert answers POST /admin/v1/alerts/{account}/{period}/{threshold}/resend:
+// the alert (delivered or given up) is pending again, and the next sweep of
+// a node with a webhook sends it.
+func (n *Node) resendAlert(ctx context.Context, w http.ResponseWriter, r *http.Request, l flush.Ledger) error {
+	account := r.PathValue("account")
+	period, ok := shard.ParsePeriod(r.PathValue("period"))
+	if !ok {
+		return badInput("period", "%q: want a month such as 2026-06", r.PathValue("period"))
+	}
+	threshold, err := strconv.Atoi(strings.TrimSuffix(r.PathValue("threshold"), "%"))
+	if err != nil || threshold < 1 || threshold > 100 {
+		return badInput("threshold", "%q: want a percentage from 1 to 100", r.PathValue("threshold"))
+	}
+	a, err := l.ResendAlert(ctx, account, period, threshold)
+	switch {
+	case errors.Is(err, flush.ErrNotFound):
+		return &adminProblem{Status: http.StatusNotFound, Type: "not-found", Detail: err.Error() + " (quotad admin alerts lists them)"}
+	case errors.Is(err, flush.ErrInvalid):
+		return &adminProblem{Status: http.StatusConflict, Type: "conflict", Detail: err.Error()}
+	case err != nil:
+		return err
+	}
+	n.log.Info("admin API: alert to be sent again", "account", account, "period", period.String(), "threshold", threshold, "remote", r.RemoteAddr)
+	return writeJSON(w, http.StatusOK, alertView(a))
 }

@@ -515,3 +515,25 @@ func TestAlertsMeasureTheMonthsQuota(t *testing.T) {
 		t.Fatal("an alert for an account without a monthly quota")
 	}
 }
+
+// A given-up alert resent (quotad admin alerts resend) is taken over by the
+// next sweep and delivered.
+func TestAlertResentAfterTheReceiverIsFixed(t *testing.T) {
+	rc := &receiver{status: http.StatusUnauthorized} // a receiver with the wrong secret
+	srv := httptest.NewServer(rc)
+	defer srv.Close()
+	l := testLedger(t)
+	a := testAlerter(t, srv.URL, l, func(c *Config) { c.AlertLease = time.Second })
+	a.onCharge("acme", decision(8, 10, june2026), nil)
+	ledgerAlert(t, l, "the alert given up", func(r flush.AlertRecord) bool { return r.State == flush.AlertGivenUp })
+	rc.mu.Lock()
+	rc.status = 0 // fixed
+	rc.mu.Unlock()
+	if _, err := l.ResendAlert(context.Background(), "acme", june2026, 80); err != nil {
+		t.Fatal(err)
+	}
+	got := ledgerAlert(t, l, "the resent alert delivered", func(r flush.AlertRecord) bool { return r.State == flush.AlertDelivered })
+	if len(rc.alerts()) != 1 || got.Attempts != 2 || a.stats.TakenOver.Load() != 1 {
+		t.Fatalf("received %d, ledger %+v, taken over %d", len(rc.alerts()), got, a.stats.TakenOver.Load())
+	}
+}

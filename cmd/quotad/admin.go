@@ -695,6 +695,24 @@ At most --limit alerts are listed, by account, month and threshold.`,
 			})
 		},
 	}
+	cmd.AddCommand(&cobra.Command{
+		Use:   "resend ACCOUNT PERIOD THRESHOLD",
+		Short: "Send a delivered or given-up quota alert again",
+		Long: `Make an alert pending again: the next sweep of a node with a webhook (within a
+tenth of --alert-lease, a minute by default) takes it over and sends it, with
+retries, as if it had just been claimed. Use it after fixing a receiver that
+refused alerts (given_up), or when a receiver lost one it had taken.`,
+		Example: `  quotad admin alerts resend acme 2026-06 80`,
+		Args:    cobra.ExactArgs(3),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var out node.AlertView
+			path := "/admin/v1/alerts/" + url.PathEscape(args[0]) + "/" + url.PathEscape(args[1]) + "/" + url.PathEscape(args[2]) + "/resend"
+			return c.run(cmd, "POST", path, nil, &out, func(w io.Writer) {
+				fmt.Fprintf(w, "the %s %d%% alert of %s is pending again (%d attempts so far): a node sends it at its next sweep\n",
+					out.Period, out.Threshold, out.Account, out.Attempts)
+			})
+		},
+	})
 	fl := cmd.Flags()
 	fl.StringVar(&account, "account", "", "only this account's alerts")
 	fl.StringVar(&period, "period", "", "only this month's alerts (2026-06)")

@@ -148,6 +148,14 @@ func TestQuotadAdmin(t *testing.T) {
 	if !strings.Contains(out, "acme     2026-06  80%        800/1000    pending") || !strings.Contains(out, "2026-06-28T12:00:00Z") {
 		t.Fatalf("alerts:\n%s", out)
 	}
+	// Resending: a given-up alert is pending again; a pending one is refused.
+	gaveUp := flush.AlertRecord{Account: "acme", Period: june, Threshold: 80, Claim: "test"}
+	if ok, err := n.Ledger().FinishAlert(ctx, gaveUp, flush.AlertGivenUp, 1, "the webhook answered 401"); err != nil || !ok {
+		t.Fatalf("give up: %v %v", ok, err)
+	}
+	if out := mustAdmin(t, n, "alerts", "resend", "acme", "2026-06", "80"); !strings.Contains(out, "the 2026-06 80% alert of acme is pending again (1 attempts so far)") {
+		t.Fatalf("alerts resend: %q", out)
+	}
 	if out := mustAdmin(t, n, "alerts", "--state", "delivered"); strings.Contains(out, "acme") {
 		t.Fatalf("alerts --state delivered lists a pending one:\n%s", out)
 	}
@@ -171,6 +179,10 @@ func TestQuotadAdmin(t *testing.T) {
 		{adminTestToken, []string{"alerts", "--state", "sent"}, `"sent": want pending, delivered, given_up or legacy`},
 		{adminTestToken, []string{"alerts", "--period", "June"}, `"June": want a month such as 2026-06`},
 		{adminTestToken, []string{"alerts", "--limit", "0"}, `"0": want a number from 1 to 10000`},
+		{adminTestToken, []string{"alerts", "resend", "acme", "2026-06", "100"}, "the 2026-06 100% alert of acme is pending already"},
+		{adminTestToken, []string{"alerts", "resend", "acme", "2026-05", "80"}, "no 2026-05 80% alert of acme in the ledger"},
+		{adminTestToken, []string{"alerts", "resend", "acme", "June", "80"}, `"June": want a month such as 2026-06`},
+		{adminTestToken, []string{"alerts", "resend", "acme", "2026-06", "180"}, `"180": want a percentage from 1 to 100`},
 		{"wrong-token", []string{"plans", "list"}, "the admin token is wrong"},
 		{"", []string{"plans", "list"}, "no token given: set --token or QUOTAD_ADMIN_TOKEN"},
 	} {
