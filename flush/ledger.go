@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"time"
@@ -381,17 +382,33 @@ func checkAlertKey(a AlertRecord) error {
 	return nil
 }
 
-// resendable checks an alert ResendAlert found, by its state.
-func resendable(a AlertRecord) error {
-	switch a.State {
+// resendable checks what ResendAlert found for (account, period, threshold).
+func resendable(found []AlertRecord, account string, period shard.Period, threshold int) error {
+	if len(found) == 0 {
+		return fmt.Errorf("%w: no %s %d%% alert of %s in the ledger", ErrNotFound, period, threshold, account)
+	}
+	switch found[0].State {
 	case AlertPending:
 		return fmt.Errorf("%w: the %s %d%% alert of %s is pending already: a node sends it at its next attempt or sweep",
-			ErrInvalid, a.Period, a.Threshold, a.Account)
+			ErrInvalid, period, threshold, account)
 	case AlertLegacy:
 		return fmt.Errorf("%w: the %s %d%% alert of %s was recorded before delivery was tracked, without its figures: it cannot be sent again",
-			ErrInvalid, a.Period, a.Threshold, a.Account)
+			ErrInvalid, period, threshold, account)
 	}
 	return nil
+}
+
+// args are q's filters as the alerts queries take them: "" matches any,
+// and no limit is the largest LIMIT both ledgers take.
+func (q AlertQuery) args() (period, state string, limit int64) {
+	if q.Period != 0 {
+		period = q.Period.String()
+	}
+	limit = int64(q.Limit)
+	if limit <= 0 {
+		limit = math.MaxInt64
+	}
+	return period, string(q.State), limit
 }
 
 // checkAlertFinish checks what FinishAlert needs.

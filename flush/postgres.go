@@ -25,7 +25,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"math"
 	"net"
 	"slices"
 	"strings"
@@ -440,13 +439,10 @@ func (p *Postgres) ResendAlert(ctx context.Context, account string, period shard
 		rows, _ := tx.Query(ctx, `SELECT `+alertColumns+` FROM alerts WHERE account_id = $1 AND period = $2 AND threshold = $3 FOR UPDATE`,
 			account, period.String(), threshold)
 		found, err := pgx.CollectRows(rows, scanPgAlert)
-		switch {
-		case err != nil:
+		if err != nil {
 			return err
-		case len(found) == 0:
-			return fmt.Errorf("%w: no %s %d%% alert of %s in the ledger", ErrNotFound, period, threshold, account)
 		}
-		if err := resendable(found[0]); err != nil {
+		if err := resendable(found, account, period, threshold); err != nil {
 			return err
 		}
 		rows, _ = tx.Query(ctx, `UPDATE alerts SET state = 'pending', finished_at = NULL, created_at = now(),
@@ -463,17 +459,10 @@ func (p *Postgres) ResendAlert(ctx context.Context, account string, period shard
 
 // Alerts lists the alerts that match q.
 func (p *Postgres) Alerts(ctx context.Context, q AlertQuery) ([]AlertRecord, error) {
-	period := ""
-	if q.Period != 0 {
-		period = q.Period.String()
-	}
-	limit := int64(q.Limit)
-	if limit <= 0 {
-		limit = math.MaxInt64
-	}
+	period, state, limit := q.args()
 	rows, _ := p.pool.Query(ctx, `SELECT `+alertColumns+` FROM alerts
 		WHERE ($1 = '' OR account_id = $1) AND ($2 = '' OR period = $2) AND ($3 = '' OR state = $3)
-		ORDER BY account_id, period, threshold LIMIT $4`, q.Account, period, string(q.State), limit)
+		ORDER BY account_id, period, threshold LIMIT $4`, q.Account, period, state, limit)
 	out, err := pgx.CollectRows(rows, scanPgAlert)
 	return out, p.fail("list alerts", err)
 }

@@ -365,13 +365,10 @@ func (s *SQLite) ResendAlert(ctx context.Context, account string, period shard.P
 	err := s.write(ctx, func(tx *sql.Tx) error {
 		found, err := sqliteAlerts(ctx, tx, `SELECT `+alertColumns+` FROM alerts WHERE account_id = ? AND period = ? AND threshold = ?`,
 			account, period.String(), threshold)
-		switch {
-		case err != nil:
+		if err != nil {
 			return err
-		case len(found) == 0:
-			return fmt.Errorf("%w: no %s %d%% alert of %s in the ledger", ErrNotFound, period, threshold, account)
 		}
-		if err := resendable(found[0]); err != nil {
+		if err := resendable(found, account, period, threshold); err != nil {
 			return err
 		}
 		found, err = sqliteAlerts(ctx, tx, `UPDATE alerts SET state = 'pending', finished_at = NULL, created_at = ?,
@@ -387,20 +384,13 @@ func (s *SQLite) ResendAlert(ctx context.Context, account string, period shard.P
 
 // Alerts lists the alerts that match q.
 func (s *SQLite) Alerts(ctx context.Context, q AlertQuery) ([]AlertRecord, error) {
-	period := ""
-	if q.Period != 0 {
-		period = q.Period.String()
-	}
-	limit := int64(q.Limit)
-	if limit <= 0 {
-		limit = -1 // SQLite: no limit
-	}
+	period, state, limit := q.args()
 	var out []AlertRecord
 	err := s.read(ctx, func(tx *sql.Tx) error {
 		var err error
 		out, err = sqliteAlerts(ctx, tx, `SELECT `+alertColumns+` FROM alerts
 			WHERE (?1 = '' OR account_id = ?1) AND (?2 = '' OR period = ?2) AND (?3 = '' OR state = ?3)
-			ORDER BY account_id, period, threshold LIMIT ?4`, q.Account, period, string(q.State), limit)
+			ORDER BY account_id, period, threshold LIMIT ?4`, q.Account, period, state, limit)
 		return err
 	})
 	return out, s.fail("list alerts", err)
