@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"time"
@@ -30,7 +31,13 @@ func (n *Node) tryLedger(ctx context.Context, beforeServing bool) (bool, error) 
 			l.Close()
 		}
 	}
-	if err != nil {
+	switch {
+	case errors.Is(err, flush.ErrSchemaTooNew):
+		// Waiting will not fix it: New refuses to start; retryLedger (the
+		// ledger was migrated while this node waited for it) says so again.
+		n.log.Error("the ledger was migrated by a newer quotad: upgrade this node (never roll back below the ledger's schema)", "err", err)
+		return false, err
+	case err != nil:
 		n.log.Warn("ledger not reached; serving from the data dir meanwhile and trying again", "err", err,
 			"what_to_check", "the --ledger address, the database's reachability from this host, and its credentials")
 		return false, err

@@ -2,6 +2,8 @@ package node
 
 import (
 	"context"
+	"database/sql"
+	"errors"
 	"fmt"
 	"net"
 	"path/filepath"
@@ -212,4 +214,30 @@ func TestBusyPortNamesTheFlag(t *testing.T) {
 		t.Fatalf("the RPC port of the node that failed to start is still held: %v", err)
 	}
 	again.Close()
+}
+
+// A ledger migrated by a newer quotad is refused at start with an error
+// that says to upgrade, not served from the data dir while retrying (the
+// older node would misread tables it does not know).
+func TestLedgerFromANewerQuotadIsRefused(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "l.db")
+	seedLedger(t, "sqlite:"+path, nil)
+	db, err := sql.Open("sqlite", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec(`INSERT INTO schema_migrations (version, applied_at) VALUES (9999, 0)`); err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+	nd, err := Start(context.Background(), Config{ID: "n1", DataDir: filepath.Join(dir, "n1"), Ledger: "sqlite:" + path,
+		RPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", AdminAddr: "127.0.0.1:0", GossipAddr: "127.0.0.1:0", RingPreset: ring.PresetLocal})
+	if err == nil {
+		nd.Shutdown(context.Background())
+		t.Fatal("a node started on a ledger at schema 9999")
+	}
+	if !errors.Is(err, flush.ErrSchemaTooNew) || !strings.Contains(err.Error(), "run a newer quotad") {
+		t.Fatalf("start on a ledger from a newer quotad: %v, want ErrSchemaTooNew saying to run a newer quotad", err)
+	}
 }
