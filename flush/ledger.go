@@ -362,7 +362,7 @@ type AlertState string
 const (
 	AlertPending   AlertState = "pending"   // claimed, not delivered yet
 	AlertDelivered AlertState = "delivered" // the receiver took it (2xx)
-	AlertGivenUp   AlertState = "given_up"  // refused (4xx), or undelivered for too long
+	AlertGivenUp   AlertState = "given_up"  // refused (3xx, 4xx but 429), or undelivered for too long
 	AlertLegacy    AlertState = "legacy"    // recorded before delivery was tracked (schema 0005)
 )
 

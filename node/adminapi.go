@@ -922,9 +922,9 @@ func (n *Node) resendAlert(ctx context.Context, w http.ResponseWriter, r *http.R
 	a, err := l.ResendAlert(ctx, account, period, threshold)
 	switch {
 	case errors.Is(err, flush.ErrNotFound):
-		return &adminProblem{Status: http.StatusNotFound, Type: "not-found", Detail: err.Error() + " (quotad admin alerts lists them)"}
+		return &adminProblem{Status: http.StatusNotFound, Type: "not-found", Detail: ledgerDetail(err) + " (quotad admin alerts lists them)"}
 	case errors.Is(err, flush.ErrInvalid):
-		return &adminProblem{Status: http.StatusConflict, Type: "conflict", Detail: err.Error()}
+		return &adminProblem{Status: http.StatusConflict, Type: "conflict", Detail: ledgerDetail(err)}
 	case err != nil:
 		return err
 	}

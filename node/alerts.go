@@ -42,9 +42,9 @@ import (
 // nodes that both see a crossing, say around an ownership move, send it
 // once), then POSTs it to the webhook, retrying with exponential backoff and
 // jitter while the receiver fails (5xx, 429, network errors), and records
-// the outcome (Ledger.FinishAlert): delivered; given up (a 4xx other than
-// 429 is final); or, after a round of alertAttempts failed attempts, still
-// pending.
+// the outcome (Ledger.FinishAlert): delivered; given up (a 3xx, which is
+// not followed, or a 4xx other than 429 is final); or, after a round of
+// alertAttempts failed attempts, still pending.
 //
 // Delivery is at least once. A claim is a lease (Config.AlertLease, 10
 // minutes): a node's round of retries ends before half of it has passed, and
@@ -83,7 +83,7 @@ type Alert struct {
 	Threshold int       `json:"threshold"` // percent of the period's quota
 	Used      int64     `json:"used"`      // units of the month's quota used when the threshold was crossed
 	Limit     int64     `json:"limit"`     // units of the month's quota (credits not included)
-	At        time.Time `json:"at"`        // when the node saw the crossing
+	At        time.Time `json:"at"`        // when the node saw the crossing, in whole seconds
 }
 
 // Alert headers.
@@ -108,8 +108,9 @@ const (
 	// the deliveries it holds in flight.
 	alertQueueSize = 1024
 	// alertAttempts bounds the claim attempts and the send attempts of one
-	// alert: with the default AlertRetry of 2s, the waits are about 2, 4, 8,
-	// 16, 32, 60 and 60 s (jittered), a little over 3 minutes in all.
+	// round: with the default AlertRetry of 2s, the waits are at most 2, 4,
+	// 8, 16, 32, 60 and 60 s, and at least half of each (jitter): 1.5 to 3
+	// minutes in all.
 	alertAttempts = 8
 	// alertMaxWait caps one backoff wait.
 	alertMaxWait = time.Minute
@@ -325,7 +326,9 @@ func (a *alerter) onCharge(account string, d *shard.Decision, err error) {
 	if fresh == 0 {
 		return
 	}
-	at := time.Unix(0, a.n.clock.Now().Wall).UTC()
+	// Whole seconds: the body is the same bytes whichever node sends it (a
+	// takeover reads it back from the ledger, which keeps microseconds).
+	at := time.Unix(0, a.n.clock.Now().Wall).UTC().Truncate(time.Second)
 	for i, t := range a.thresholds {
 		bit := uint32(1) << i
 		if fresh&bit == 0 {

@@ -20,6 +20,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/quotaring/quotaring/node"
+	"github.com/quotaring/quotaring/shard"
 	"github.com/quotaring/quotaring/snapshot"
 )
 
@@ -230,6 +231,23 @@ func pathID(id string) string { return strings.ReplaceAll(id, "/", "%2F") }
 // oneID takes exactly one argument, an id as the admin API accepts it (1 to
 // 200 printable characters, no spaces or slashes), and says so before
 // asking a node, which would answer an unroutable path with a bare 404.
+// alertKeyArgs checks resend's ACCOUNT PERIOD THRESHOLD before the call.
+func alertKeyArgs(cmd *cobra.Command, args []string) error {
+	if len(args) != 3 {
+		return fmt.Errorf("want ACCOUNT PERIOD THRESHOLD (such as: acme 2026-06 80), got %d arguments", len(args))
+	}
+	if err := oneID("account")(cmd, args[:1]); err != nil {
+		return err
+	}
+	if _, ok := shard.ParsePeriod(args[1]); !ok {
+		return fmt.Errorf("period %q: want a month such as 2026-06", args[1])
+	}
+	if t, err := strconv.Atoi(strings.TrimSuffix(args[2], "%")); err != nil || t < 1 || t > 100 {
+		return fmt.Errorf("threshold %q: want a percentage from 1 to 100", args[2])
+	}
+	return nil
+}
+
 func oneID(what string) cobra.PositionalArgs {
 	return func(_ *cobra.Command, args []string) error {
 		if len(args) != 1 {
@@ -660,14 +678,26 @@ func newAdminAlertsCmd(c *adminClient) *cobra.Command {
 		Long: `List the quota alerts the ledger records: one per account, month and threshold,
 with the figures the webhook carries and its delivery: pending (claimed by a node,
 not delivered yet: retried, and taken over by another node after the lease),
-delivered, given_up (refused by the receiver with a 4xx, or undelivered for the
-give-up age), or legacy (recorded by a quotad before delivery was tracked).
+delivered, given_up (refused by the receiver with a 3xx or a 4xx other than 429,
+or undelivered for the give-up age), or legacy (recorded by a quotad before delivery was tracked).
 At most --limit alerts are listed, by account, month and threshold.`,
 		Example: `  quotad admin alerts --account acme
   quotad admin alerts --state pending
   quotad admin alerts --period 2026-06 --limit 5000 --json`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			// Checked here too, so a typo is named before the network is.
+			switch state {
+			case "", "pending", "delivered", "given_up", "legacy":
+			default:
+				return fmt.Errorf("--state %q: want pending, delivered, given_up or legacy", state)
+			}
+			if _, ok := shard.ParsePeriod(period); period != "" && !ok {
+				return fmt.Errorf("--period %q: want a month such as 2026-06", period)
+			}
+			if limit < 1 || limit > 10000 {
+				return fmt.Errorf("--limit \"%d\": want a number from 1 to 10000", limit)
+			}
 			v := url.Values{}
 			for name, val := range map[string]string{"account": account, "period": period, "state": state} {
 				if val != "" {
@@ -703,13 +733,13 @@ tenth of --alert-lease, a minute by default) takes it over and sends it, with
 retries, as if it had just been claimed. Use it after fixing a receiver that
 refused alerts (given_up), or when a receiver lost one it had taken.`,
 		Example: `  quotad admin alerts resend acme 2026-06 80`,
-		Args:    cobra.ExactArgs(3),
+		Args:    alertKeyArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var out node.AlertView
-			path := "/admin/v1/alerts/" + url.PathEscape(args[0]) + "/" + url.PathEscape(args[1]) + "/" + url.PathEscape(args[2]) + "/resend"
+			path := "/admin/v1/alerts/" + url.PathEscape(args[0]) + "/" + url.PathEscape(args[1]) + "/" + url.PathEscape(strings.TrimSuffix(args[2], "%")) + "/resend"
 			return c.run(cmd, "POST", path, nil, &out, func(w io.Writer) {
-				fmt.Fprintf(w, "the %s %d%% alert of %s is pending again (%d attempts so far): a node sends it at its next sweep\n",
-					out.Period, out.Threshold, out.Account, out.Attempts)
+				fmt.Fprintf(w, "the %s %d%% alert of %s is pending again (%s so far): a node with a webhook sends it at its next sweep\n",
+					out.Period, out.Threshold, out.Account, plural(int64(out.Attempts), "attempt", "attempts"))
 			})
 		},
 	})

@@ -153,7 +153,7 @@ func TestQuotadAdmin(t *testing.T) {
 	if ok, err := n.Ledger().FinishAlert(ctx, gaveUp, flush.AlertGivenUp, 1, "the webhook answered 401"); err != nil || !ok {
 		t.Fatalf("give up: %v %v", ok, err)
 	}
-	if out := mustAdmin(t, n, "alerts", "resend", "acme", "2026-06", "80"); !strings.Contains(out, "the 2026-06 80% alert of acme is pending again (1 attempts so far)") {
+	if out := mustAdmin(t, n, "alerts", "resend", "acme", "2026-06", "80"); !strings.Contains(out, "the 2026-06 80% alert of acme is pending again (1 attempt so far)") {
 		t.Fatalf("alerts resend: %q", out)
 	}
 	if out := mustAdmin(t, n, "alerts", "--state", "delivered"); strings.Contains(out, "acme") {
@@ -183,6 +183,9 @@ func TestQuotadAdmin(t *testing.T) {
 		{adminTestToken, []string{"alerts", "resend", "acme", "2026-05", "80"}, "no 2026-05 80% alert of acme in the ledger"},
 		{adminTestToken, []string{"alerts", "resend", "acme", "June", "80"}, `"June": want a month such as 2026-06`},
 		{adminTestToken, []string{"alerts", "resend", "acme", "2026-06", "180"}, `"180": want a percentage from 1 to 100`},
+		{adminTestToken, []string{"alerts", "resend", "acme", "2026-06"}, "want ACCOUNT PERIOD THRESHOLD (such as: acme 2026-06 80), got 2 arguments"},
+		{adminTestToken, []string{"alerts", "resend", "", "2026-06", "80"}, `account "": want 1 to 200 characters`},
+		{adminTestToken, []string{"alerts", "--limit", "-5"}, `"-5": want a number from 1 to 10000`},
 		{"wrong-token", []string{"plans", "list"}, "the admin token is wrong"},
 		{"", []string{"plans", "list"}, "no token given: set --token or QUOTAD_ADMIN_TOKEN"},
 	} {
