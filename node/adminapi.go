@@ -85,6 +85,7 @@ func (n *Node) adminAPI(mux *http.ServeMux) {
 		{"GET", "/admin/v1/nodes", n.listNodes},
 		{"GET", "/admin/v1/alerts", n.listAlerts},
 		{"POST", "/admin/v1/alerts/{account}/{period}/{threshold}/resend", n.resendAlert},
+		{"POST", "/admin/v1/alerts/test", n.testAlert},
 	}
 	allow := map[string][]string{}
 	for _, rt := range routes {
@@ -930,4 +931,18 @@ func (n *Node) resendAlert(ctx context.Context, w http.ResponseWriter, r *http.R
 	}
 	n.log.Info("admin API: alert to be sent again", "account", account, "period", period.String(), "threshold", threshold, "remote", r.RemoteAddr)
 	return writeJSON(w, http.StatusOK, alertView(a))
+}
+
+// testAlert answers POST /admin/v1/alerts/test: this node sends one signed
+// test alert to its webhook now, and says what the receiver answered. The
+// answer is 200 whatever the receiver did (ok says); 409 when this node has
+// no webhook.
+func (n *Node) testAlert(ctx context.Context, w http.ResponseWriter, r *http.Request, _ flush.Ledger) error {
+	if n.alerts == nil {
+		return &adminProblem{Status: http.StatusConflict, Type: "conflict",
+			Detail: "this node sends no quota alerts: start quotad serve with --alert-webhook URL and --alert-secret (or their QUOTAD_ environment twins)"}
+	}
+	res := n.alerts.sendTest(ctx)
+	n.log.Info("admin API: test alert sent", "ok", res.OK, "status", res.Status, "err", res.Error, "remote", r.RemoteAddr)
+	return writeJSON(w, http.StatusOK, res)
 }

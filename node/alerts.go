@@ -8,6 +8,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -84,6 +85,9 @@ type Alert struct {
 	Used      int64     `json:"used"`      // units of the month's quota used when the threshold was crossed
 	Limit     int64     `json:"limit"`     // units of the month's quota (credits not included)
 	At        time.Time `json:"at"`        // when the node saw the crossing, in whole seconds
+	// Test marks a test alert (quotad admin alerts test): signed like the
+	// others, for no real account; a receiver checks it and drops it.
+	Test bool `json:"test,omitempty"`
 }
 
 // Alert headers.
@@ -128,6 +132,7 @@ type alerter struct {
 	n          *Node
 	log        *slog.Logger
 	url        string
+	shownURL   string // url without its password and query, for logs and errors
 	secret     []byte
 	thresholds []int // ascending, 1..100
 	retry      time.Duration
@@ -223,7 +228,7 @@ func (n *Node) startAlerts() error {
 	setDefault(&c.AlertRetry, 2*time.Second)
 	setDefault(&c.AlertLease, 10*time.Minute)
 	setDefault(&c.AlertGiveUp, 72*time.Hour)
-	a := &alerter{n: n, log: n.log.With("component", "alerts"), url: c.AlertWebhook, secret: []byte(c.AlertSecret),
+	a := &alerter{n: n, log: n.log.With("component", "alerts"), url: c.AlertWebhook, shownURL: redactURL(u), secret: []byte(c.AlertSecret),
 		thresholds: thresholds, retry: c.AlertRetry, lease: c.AlertLease, giveUp: c.AlertGiveUp, client: &http.Client{Timeout: alertTimeout,
 			// A redirect would turn the POST into a bodiless GET whose 2xx
 			// counts as delivered: a 3xx is an answer, and not a 2xx.
@@ -623,6 +628,12 @@ func (a *alerter) send(ctx context.Context, body []byte, timeout time.Duration) 
 	req.Header.Set(AlertSignatureHeader, SignAlert(a.secret, ts, body))
 	resp, err := a.client.Do(req)
 	if err != nil {
+		// The error quotes the URL, which goes to logs and the ledger's
+		// last_error: without its password and query (a token, often).
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			ue.URL = a.shownURL
+		}
 		return 0, err
 	}
 	io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10)) // let the connection be reused
@@ -641,4 +652,50 @@ func (a *alerter) backoff(attempt int) time.Duration {
 	}
 	half := d / 2
 	return half + rand.N(half+1)
+}
+
+// TestAlertAccount is the account of a test alert.
+const TestAlertAccount = "quotaring-test"
+
+// AlertTest is the outcome of one test alert (POST /admin/v1/alerts/test).
+type AlertTest struct {
+	Webhook string  `json:"webhook"`          // where it went (password and query hidden)
+	OK      bool    `json:"ok"`               // the receiver answered 2xx
+	Status  int     `json:"status,omitempty"` // the receiver's HTTP status, 0 when there was none
+	Error   string  `json:"error,omitempty"`  // why there was no answer
+	TookMS  float64 `json:"took_ms"`
+	Hint    string  `json:"hint"` // what the outcome means for real alerts
+	Alert   Alert   `json:"alert"`
+}
+
+// sendTest sends one test alert, signed as real ones are, once: not
+// retried, not recorded in the ledger, not counted in the alert metrics
+// (but for quotaring_alert_attempts_total).
+func (a *alerter) sendTest(ctx context.Context) AlertTest {
+	now := time.Unix(0, a.n.clock.Now().Wall).UTC().Truncate(time.Second)
+	t := a.thresholds[0]
+	al := Alert{Account: TestAlertAccount, Period: shard.PeriodOf(now.UnixNano()).String(), Threshold: t,
+		Used: int64(t), Limit: 100, At: now, Test: true}
+	start := time.Now()
+	status, err := a.send(ctx, alertBody(al), alertTimeout)
+	out := AlertTest{Webhook: a.shownURL, OK: err == nil && status >= 200 && status < 300, Status: status,
+		TookMS: float64(time.Since(start).Microseconds()) / 1000, Alert: al}
+	switch {
+	case err != nil:
+		out.Error = err.Error()
+		out.Hint = "the receiver did not answer from this node: check the URL, that it listens, and the network or firewall between them; real alerts would be retried"
+	case out.OK:
+		out.Hint = "the receiver took it, so real alerts will reach it (have it ignore alerts marked \"test\": true)"
+	case status == http.StatusUnauthorized || status == http.StatusForbidden:
+		out.Hint = "the receiver refused it: check that it verifies with the node's --alert-secret (QUOTAD_ALERT_SECRET); real alerts would be given up"
+	case status >= 300 && status < 400:
+		out.Hint = "a redirect, which quotaring does not follow: point --alert-webhook at the final URL; real alerts would be given up"
+	case status == http.StatusNotFound || status == http.StatusMethodNotAllowed:
+		out.Hint = "the receiver has no POST handler at this URL: check --alert-webhook's path; real alerts would be given up"
+	case status == http.StatusTooManyRequests || status >= 500:
+		out.Hint = "the receiver failed: real alerts would be retried, and taken over after the lease"
+	default:
+		out.Hint = "the receiver refused it: real alerts would be given up (a 3xx or a 4xx other than 429 is final)"
+	}
+	return out
 }

@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -535,5 +536,67 @@ func TestAlertResentAfterTheReceiverIsFixed(t *testing.T) {
 	got := ledgerAlert(t, l, "the resent alert delivered", func(r flush.AlertRecord) bool { return r.State == flush.AlertDelivered })
 	if len(rc.alerts()) != 1 || got.Attempts != 2 || a.stats.TakenOver.Load() != 1 {
 		t.Fatalf("received %d, ledger %+v, taken over %d", len(rc.alerts()), got, a.stats.TakenOver.Load())
+	}
+}
+
+// A test alert (quotad admin alerts test) reaches the receiver signed like
+// a real one and marked as a test, is not recorded, and the answer says
+// what the receiver did and what that means for real alerts.
+func TestAlertTestEndpoint(t *testing.T) {
+	rc := &receiver{}
+	srv := httptest.NewServer(rc)
+	defer srv.Close()
+	dsn := "sqlite:" + filepath.Join(t.TempDir(), "ledger.db")
+	withWebhook := func(c *Config) {
+		c.AdminToken, c.AlertWebhook, c.AlertSecret = testAdminToken, srv.URL+"/hooks/quota?token=hide-me", testAlertSecret
+	}
+	withoutWebhook := func(c *Config) { c.AdminToken = testAdminToken }
+	nodes := startNodesWith(t, dsn, withWebhook, withoutWebhook)
+
+	var res AlertTest
+	if code, raw := adminCall(t, nodes[0], testAdminToken, "POST", "/admin/v1/alerts/test", nil, &res); code != http.StatusOK {
+		t.Fatalf("test alert: %d %s", code, raw)
+	}
+	got := rc.alerts()
+	if !res.OK || res.Status != http.StatusNoContent || len(got) != 1 || !got[0].Test || got[0].Account != TestAlertAccount ||
+		got[0].Threshold != 80 || got[0].Used != 80 || got[0].Limit != 100 {
+		t.Fatalf("test alert: answer %+v, received %+v (bad signatures: %v)", res, got, rc.bad)
+	}
+	if strings.Contains(res.Webhook, "hide-me") || !strings.Contains(res.Hint, "the receiver took it") {
+		t.Fatalf("test alert answer: webhook %q, hint %q", res.Webhook, res.Hint)
+	}
+	if rows, err := nodes[0].Ledger().Alerts(context.Background(), flush.AlertQuery{}); err != nil || len(rows) != 0 {
+		t.Fatalf("a test alert is in the ledger: %+v %v", rows, err)
+	}
+
+	rc.mu.Lock()
+	rc.status = http.StatusUnauthorized // a receiver with another secret
+	rc.mu.Unlock()
+	res = AlertTest{}
+	adminCall(t, nodes[0], testAdminToken, "POST", "/admin/v1/alerts/test", nil, &res)
+	if res.OK || res.Status != http.StatusUnauthorized || !strings.Contains(res.Hint, "--alert-secret") {
+		t.Fatalf("test alert refused: %+v", res)
+	}
+	srv.Close()
+	res = AlertTest{}
+	adminCall(t, nodes[0], testAdminToken, "POST", "/admin/v1/alerts/test", nil, &res)
+	if res.OK || res.Status != 0 || res.Error == "" || strings.Contains(res.Error, "hide-me") || !strings.Contains(res.Hint, "did not answer") {
+		t.Fatalf("test alert to a receiver that is gone: %+v", res)
+	}
+	if p := wantProblem(t, nodes[1], "POST", "/admin/v1/alerts/test", nil, http.StatusConflict, ""); !strings.Contains(p.Detail, "--alert-webhook") {
+		t.Fatalf("test alert from a node without a webhook: %q", p.Detail)
+	}
+}
+
+// A webhook URL's query often carries a token: a failed call's error, which
+// goes to the logs and the ledger's last_error, does not show it.
+func TestAlertErrorsHideTheWebhooksSecrets(t *testing.T) {
+	dead := httptest.NewServer(http.NotFoundHandler())
+	addr := dead.Listener.Addr().String()
+	dead.Close()
+	a := testAlerter(t, "http://user:pw-secret@"+addr+"/hooks?token=q-secret", nil)
+	_, err := a.send(context.Background(), []byte("{}"), time.Second)
+	if err == nil || strings.Contains(err.Error(), "secret") || !strings.Contains(err.Error(), addr+"/hooks") {
+		t.Fatalf("send to a closed port: %v, want an error naming %s/hooks without the password or query", err, addr)
 	}
 }

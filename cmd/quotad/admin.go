@@ -228,9 +228,6 @@ const refreshNote = "nodes apply it at their next config refresh (a few seconds)
 
 func pathID(id string) string { return strings.ReplaceAll(id, "/", "%2F") }
 
-// oneID takes exactly one argument, an id as the admin API accepts it (1 to
-// 200 printable characters, no spaces or slashes), and says so before
-// asking a node, which would answer an unroutable path with a bare 404.
 // alertKeyArgs checks resend's ACCOUNT PERIOD THRESHOLD before the call.
 func alertKeyArgs(cmd *cobra.Command, args []string) error {
 	if len(args) != 3 {
@@ -248,6 +245,9 @@ func alertKeyArgs(cmd *cobra.Command, args []string) error {
 	return nil
 }
 
+// oneID takes exactly one argument, an id as the admin API accepts it (1 to
+// 200 printable characters, no spaces or slashes), and says so before
+// asking a node, which would answer an unroutable path with a bare 404.
 func oneID(what string) cobra.PositionalArgs {
 	return func(_ *cobra.Command, args []string) error {
 		if len(args) != 1 {
@@ -741,6 +741,35 @@ refused alerts (given_up), or when a receiver lost one it had taken.`,
 				fmt.Fprintf(w, "the %s %d%% alert of %s is pending again (%s so far): a node with a webhook sends it at its next sweep\n",
 					out.Period, out.Threshold, out.Account, plural(int64(out.Attempts), "attempt", "attempts"))
 			})
+		},
+	})
+	cmd.AddCommand(&cobra.Command{
+		Use:   "test",
+		Short: "Send a signed test alert to the webhook now, and say what the receiver answered",
+		Long: `Ask the node (--addr) to send one test alert to its --alert-webhook, signed
+with its --alert-secret as real alerts are, and print what the receiver answered
+and what that means for real alerts. Run it after setting up or changing a
+receiver, before a real alert is given up for a wrong secret or path.
+
+The test alert is for the account "quotaring-test" and carries "test": true;
+it is sent once (no retries), is not recorded in the ledger, and does not count
+toward any quota. It exits 1 unless the receiver answered 2xx.`,
+		Example: `  quotad admin alerts test
+  quotad admin --addr http://10.0.0.7:9090 alerts test --json`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var out node.AlertTest
+			err := c.run(cmd, "POST", "/admin/v1/alerts/test", nil, &out, func(w io.Writer) {
+				answer := fmt.Sprintf("answered %d", out.Status)
+				if out.Status == 0 {
+					answer = "did not answer (" + out.Error + ")"
+				}
+				fmt.Fprintf(w, "test alert to %s: the receiver %s in %.1f ms\n%s\n", out.Webhook, answer, out.TookMS, out.Hint)
+			})
+			if err == nil && !out.OK {
+				return errors.New("the test alert was not accepted (see above)")
+			}
+			return err
 		},
 	})
 	fl := cmd.Flags()

@@ -4,8 +4,12 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -20,14 +24,18 @@ const adminTestToken = "cli-test-token-0123456789abcdef"
 
 // startAdminTestNode starts one in-process node with a SQLite ledger and the
 // admin API on.
-func startAdminTestNode(t *testing.T) *node.Node {
+func startAdminTestNode(t *testing.T, mods ...func(*node.Config)) *node.Node {
 	t.Helper()
 	dir := t.TempDir()
-	n, err := node.Start(context.Background(), node.Config{ID: "n1", DataDir: filepath.Join(dir, "n1"),
+	cfg := node.Config{ID: "n1", DataDir: filepath.Join(dir, "n1"),
 		Ledger:  "sqlite:" + filepath.Join(dir, "ledger.db"),
 		RPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", AdminAddr: "127.0.0.1:0", GossipAddr: "127.0.0.1:0",
 		RingPreset: ring.PresetLocal, SettleInterval: 100 * time.Millisecond, SnapshotInterval: 100 * time.Millisecond,
-		AdminToken: adminTestToken})
+		AdminToken: adminTestToken}
+	for _, m := range mods {
+		m(&cfg)
+	}
+	n, err := node.Start(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -186,6 +194,7 @@ func TestQuotadAdmin(t *testing.T) {
 		{adminTestToken, []string{"alerts", "resend", "acme", "2026-06"}, "want ACCOUNT PERIOD THRESHOLD (such as: acme 2026-06 80), got 2 arguments"},
 		{adminTestToken, []string{"alerts", "resend", "", "2026-06", "80"}, `account "": want 1 to 200 characters`},
 		{adminTestToken, []string{"alerts", "--limit", "-5"}, `"-5": want a number from 1 to 10000`},
+		{adminTestToken, []string{"alerts", "test"}, "this node sends no quota alerts: start quotad serve with --alert-webhook"},
 		{"wrong-token", []string{"plans", "list"}, "the admin token is wrong"},
 		{"", []string{"plans", "list"}, "no token given: set --token or QUOTAD_ADMIN_TOKEN"},
 	} {
@@ -217,5 +226,43 @@ func TestServeAlertFlags(t *testing.T) {
 	af.lease = 5 * time.Second
 	if err := af.apply(&cfg, "tok"); err != nil || cfg.AlertLease != 5*time.Second || cfg.AlertGiveUp != time.Hour || cfg.AlertWebhook != "http://billing/hooks" {
 		t.Fatalf("%v %+v", err, cfg)
+	}
+}
+
+// quotad admin alerts test: the receiver's answer and what it means, and
+// exit status 1 unless it took the alert.
+func TestQuotadAdminAlertTest(t *testing.T) {
+	const secret = "cli-test-secret-0123456789"
+	var mu sync.Mutex // protects status and got
+	status, got := http.StatusNoContent, 0
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		ts := r.Header.Get(node.AlertTimestampHeader)
+		mu.Lock()
+		defer mu.Unlock()
+		if r.Header.Get(node.AlertSignatureHeader) != node.SignAlert([]byte(secret), ts, body) || !strings.Contains(string(body), `"test":true`) {
+			w.WriteHeader(http.StatusBadRequest)
+			return
+		}
+		got++
+		w.WriteHeader(status)
+	}))
+	defer srv.Close()
+	n := startAdminTestNode(t, func(c *node.Config) { c.AlertWebhook, c.AlertSecret = srv.URL+"/hooks/quota", secret })
+	if out := mustAdmin(t, n, "alerts", "test"); !strings.Contains(out, "test alert to "+srv.URL+"/hooks/quota: the receiver answered 204") ||
+		!strings.Contains(out, "the receiver took it") {
+		t.Fatalf("alerts test: %q", out)
+	}
+	mu.Lock()
+	status = http.StatusForbidden
+	mu.Unlock()
+	out, _, err := quotadAdmin(t, n, adminTestToken, "alerts", "test")
+	if err == nil || !strings.Contains(out, "answered 403") || !strings.Contains(out, "--alert-secret") {
+		t.Fatalf("alerts test against a receiver that refuses: %q, %v; want exit 1 and a hint about the secret", out, err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if got != 2 {
+		t.Fatalf("the receiver verified %d test alerts, want 2", got)
 	}
 }
