@@ -33,7 +33,7 @@ func (n *Node) tryLedger(ctx context.Context, beforeServing bool) (bool, error) 
 	}
 	switch {
 	case errors.Is(err, flush.ErrSchemaTooNew):
-		// Waiting will not fix it: New refuses to start; retryLedger (the
+		// Waiting will not fix it: Start refuses to go on; retryLedger (the
 		// ledger was migrated while this node waited for it) says so again.
 		n.log.Error("the ledger was migrated by a newer quotad: upgrade this node (never roll back below the ledger's schema)", "err", err)
 		return false, err
