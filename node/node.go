@@ -39,6 +39,14 @@ type Config struct {
 	AdvertiseHost string
 	// Join lists seeds (host:port or DNS names); empty for the first node.
 	Join []string
+	// GossipKey encrypts and authenticates gossip (ring.Config.SecretKey):
+	// 16, 24 or 32 bytes, the same on every node; nil gossips in plaintext.
+	GossipKey []byte
+	// RPCToken, when set, is required of every call to this node's RPC
+	// port and sent with every call it forwards (router's auth.go): the
+	// same on every node and in every embedded client; at least 16
+	// characters.
+	RPCToken string
 	// RingPreset is "lan" (production) or "local" (loopback tests) ["lan"].
 	RingPreset string
 	// SettleInterval between settles [1s]; SnapshotInterval between config
@@ -190,6 +198,9 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	if err := checkAdminToken(cfg.AdminToken); err != nil {
 		return nil, err
 	}
+	if err := router.CheckRPCToken(cfg.RPCToken); err != nil {
+		return nil, fmt.Errorf("node: %w", err)
+	}
 	if err := n.startAlerts(); err != nil {
 		return nil, err
 	}
@@ -313,7 +324,7 @@ func (n *Node) joinRing() error {
 			port = p
 		}
 	}
-	rc.NodeID, rc.BindAddr, rc.BindPort, rc.Join = n.cfg.ID, host, port, n.cfg.Join
+	rc.NodeID, rc.BindAddr, rc.BindPort, rc.Join, rc.SecretKey = n.cfg.ID, host, port, n.cfg.Join, n.cfg.GossipKey
 	rc.Meta = ring.Meta{RPCAddr: n.advertised(n.RPCAddr()), HTTPAddr: n.advertised(n.HTTPAddr()), AdminAddr: n.advertised(n.AdminAddr()),
 		State: ring.StateJoining}
 	rc.Logger = n.log.With("component", "ring")
@@ -329,8 +340,14 @@ func (n *Node) joinRing() error {
 	if err != nil {
 		return fmt.Errorf("node: join the ring: %w", err)
 	}
+	if locked := len(rc.SecretKey) > 0 && n.cfg.RPCToken != ""; locked {
+		n.log.Info("internal ports locked", "gossip_encrypted", true, "rpc_token_required", true)
+	} else {
+		n.log.Info("internal ports not locked: keep --gossip-addr and --rpc-addr reachable only by the cluster and its embedded clients, or set --gossip-key and --rpc-token",
+			"gossip_encrypted", len(rc.SecretKey) > 0, "rpc_token_required", n.cfg.RPCToken != "")
+	}
 	n.ring.Store(r)
-	n.router, err = router.New(router.Config{Engine: n.eng, Ring: r, Faults: n.faults, Logger: n.log.With("component", "router")})
+	n.router, err = router.New(router.Config{Engine: n.eng, Ring: r, Faults: n.faults, Token: n.cfg.RPCToken, Logger: n.log.With("component", "router")})
 	if err != nil {
 		return err
 	}
@@ -345,7 +362,9 @@ func (n *Node) joinRing() error {
 func (n *Node) serve() error {
 	// Stream workers reuse warm goroutines: a goroutine per unary call spent
 	// about a tenth of a busy node's CPU growing and copying stacks.
-	n.grpcSrv = grpc.NewServer(grpc.NumStreamWorkers(uint32(4*runtime.GOMAXPROCS(0))), grpc.SharedWriteBuffer(true))
+	opts := append([]grpc.ServerOption{grpc.NumStreamWorkers(uint32(4 * runtime.GOMAXPROCS(0))), grpc.SharedWriteBuffer(true)},
+		router.ServerAuth(n.cfg.RPCToken)...)
+	n.grpcSrv = grpc.NewServer(opts...)
 	pb.RegisterQuotaServer(n.grpcSrv, n.router.Server())
 	go n.grpcSrv.Serve(n.lis.rpc)
 	front := http.Handler(http.HandlerFunc(noFront))

@@ -84,6 +84,13 @@ type Config struct {
 	// rejoin target. Must be at least RejoinInterval.
 	ForgetAfter time.Duration
 
+	// SecretKey, when set, encrypts and authenticates every gossip message
+	// (memberlist's AES-GCM keyring): 16, 24 or 32 bytes, the same on every
+	// node. A node without it, or with another key, cannot join or read the
+	// cluster's gossip. Nil: gossip is plaintext and unauthenticated, so the
+	// gossip port must be reachable only by the cluster's nodes.
+	SecretKey []byte
+
 	// Transport, if set, replaces memberlist's NetTransport (tests, the
 	// FaultTransport). The ring takes ownership: Close, or New when it
 	// fails, shuts it down.
@@ -176,6 +183,11 @@ func (c Config) Validate() error {
 	if _, err := encodeMeta(m, 0); err != nil {
 		errs = append(errs, err)
 	}
+	switch len(c.SecretKey) {
+	case 0, 16, 24, 32:
+	default:
+		errs = append(errs, fmt.Errorf("ring: SecretKey is %d bytes: want 16, 24 or 32 (AES-128, -192 or -256)", len(c.SecretKey)))
+	}
 	if c.RejoinInterval <= 0 {
 		errs = append(errs, fmt.Errorf("ring: RejoinInterval %v: must be positive", c.RejoinInterval))
 	}
@@ -221,6 +233,12 @@ func (c Config) memberlistConfig() *memberlist.Config {
 		mc.AdvertisePort = c.BindPort
 	}
 	mc.Transport = c.Transport
+	if len(c.SecretKey) > 0 {
+		// memberlist builds its keyring from SecretKey and then both
+		// encrypts what it sends and refuses what it cannot decrypt
+		// (GossipVerifyIncoming and GossipVerifyOutgoing default to true).
+		mc.SecretKey = c.SecretKey
+	}
 	return mc
 }
 

@@ -478,3 +478,42 @@ func TestNewRefusesBadConfig(t *testing.T) {
 		})
 	}
 }
+
+// With a SecretKey, nodes that share it form one ring; a node with another
+// key, or none, cannot join it: its joins fail, and nobody lists it.
+func TestGossipKey(t *testing.T) {
+	key := []byte("0123456789abcdef0123456789abcdef")
+	withKey := func(k []byte) nodeOpt { return func(c *Config) { c.SecretKey = k } }
+	n1 := startNode(t, "node-1", withKey(key))
+	n2 := startNode(t, "node-2", withKey(key), withJoin(n1.Self().GossipAddr))
+	n1.serve(t)
+	n2.serve(t)
+	eventually(t, 10*time.Second, func() error { return agree([]*node{n1, n2}, "node-1", "node-2") })
+
+	for name, k := range map[string][]byte{"another key": []byte("fedcba9876543210"), "no key": nil} {
+		t.Run(name, func(t *testing.T) {
+			// No join address: the node would retry in the background;
+			// this test joins once, by hand, and looks at the answer.
+			stranger := startNode(t, "stranger", withKey(k))
+			_, err := stranger.joinOne(n1.Self().GossipAddr)
+			if err == nil {
+				t.Fatal("a node without the cluster's gossip key joined it")
+			}
+			t.Logf("join without the key: %v", err)
+			for _, n := range []*node{n1, n2} {
+				if slices.ContainsFunc(n.View().Members, func(m Meta) bool { return m.ID == "stranger" }) {
+					t.Fatalf("%s lists the stranger as a member", n.cfg.NodeID)
+				}
+			}
+		})
+	}
+}
+
+func TestNewRefusesABadSecretKey(t *testing.T) {
+	cfg := LocalConfig()
+	cfg.NodeID = "x"
+	cfg.SecretKey = []byte("short")
+	if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), "SecretKey is 5 bytes: want 16, 24 or 32") {
+		t.Fatalf("Validate with a 5-byte key: %v", err)
+	}
+}

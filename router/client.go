@@ -31,6 +31,9 @@ type DialOptions struct {
 	MaxBatch, MaxInflight int
 	// Dialer, when set, opens connections to nodes (tests, custom networks).
 	Dialer func(ctx context.Context, addr string) (net.Conn, error)
+	// Token is the cluster's RPC token (the nodes' --rpc-token), sent with
+	// every call; required when the nodes have one.
+	Token  string
 	Logger *slog.Logger
 }
 
@@ -116,7 +119,7 @@ func (o DialOptions) Dial(ctx context.Context, seeds ...string) (*Client, error)
 	bg, cancel := context.WithCancel(context.Background())
 	c := &Client{opts: o, seeds: seeds, cancel: cancel, done: make(chan struct{}), refreshing: make(chan struct{}, 1)}
 	c.peers = newPeers(bg, peerOptions{maxInflight: o.MaxInflight, maxBatch: o.MaxBatch, callTimeout: o.CallTimeout,
-		dialer: o.Dialer, epoch: c.epoch, hops: 0})
+		dialer: o.Dialer, epoch: c.epoch, hops: 0, token: o.Token})
 	if err := c.refreshView(ctx, ""); err != nil {
 		close(c.done)
 		c.Close()

@@ -42,6 +42,13 @@
 //     charge, _ := router.Middleware(router.FrontOptions{Charger: client, Config: client})
 //     http.ListenAndServe(":8080", charge(api))
 //
+//     // a cluster whose nodes run with --rpc-token:
+//     client, _ = router.DialOptions{Token: os.Getenv("QUOTAD_RPC_TOKEN")}.Dial(ctx, "quotad-0.quotad:7400")
+//
+//   - The RPC token (ServerAuth, WithRPCToken, DialOptions.Token): a shared
+//     secret every internal call carries and every node checks, so that
+//     reaching the RPC port is not enough to charge or refund (auth.go).
+//
 // # Refusing rather than guessing
 //
 // A node never charges an account it does not own in its own view: the

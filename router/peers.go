@@ -51,6 +51,8 @@ type peerOptions struct {
 	epoch                 func() uint64
 	// hops is 1 for a node forwarding, 0 for an embedded client.
 	hops uint32
+	// token, when set, goes with every call (the cluster's RPC token).
+	token string
 }
 
 func newPeers(ctx context.Context, opts peerOptions) *peers {
@@ -69,6 +71,9 @@ func (ps *peers) get(addr string) (*peer, error) {
 	dialOpts := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
 	if ps.opts.dialer != nil {
 		dialOpts = append(dialOpts, grpc.WithContextDialer(ps.opts.dialer))
+	}
+	if ps.opts.token != "" {
+		dialOpts = append(dialOpts, WithRPCToken(ps.opts.token))
 	}
 	conn, err := grpc.NewClient("passthrough:///"+addr, dialOpts...)
 	if err != nil {

@@ -48,6 +48,9 @@ type Config struct {
 	CallTimeout time.Duration
 	// Faults, when set, cuts RPC traffic for partition tests.
 	Faults *Faults
+	// Token is sent with every forwarded call: the cluster's RPC token
+	// (auth.go); empty sends none.
+	Token  string
 	Logger *slog.Logger
 }
 
@@ -129,7 +132,7 @@ func New(cfg Config) (*Router, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &Router{cfg: cfg, self: cfg.Ring.Self().ID, cancel: cancel}
-	opts := peerOptions{maxInflight: cfg.MaxInflight, maxBatch: cfg.MaxBatch, callTimeout: cfg.CallTimeout, epoch: cfg.Ring.Epoch, hops: 1}
+	opts := peerOptions{maxInflight: cfg.MaxInflight, maxBatch: cfg.MaxBatch, callTimeout: cfg.CallTimeout, epoch: cfg.Ring.Epoch, hops: 1, token: cfg.Token}
 	if cfg.Faults != nil {
 		opts.dialer = cfg.Faults.dial
 	}

@@ -33,6 +33,7 @@ type benchClusterFlags struct {
 	inflight    int
 	batch       int
 	prefix      string
+	rpcToken    string
 	warm        bool
 }
 
@@ -79,6 +80,7 @@ Clients:
 	fl.StringVar(&f.client, "client", "rpc", "rpc (one gRPC call per call) or embedded (router.Client: coalesces concurrent calls; --mode direct, --batch 1)")
 	fl.IntVar(&f.inflight, "inflight", 0, "with --client embedded: calls in flight to one owner before calls are gathered into the next batch (router.DialOptions.MaxInflight; 0: its default)")
 	fl.IntVar(&f.batch, "batch", 1, "charges per call")
+	fl.StringVar(&f.rpcToken, "rpc-token", "", "the nodes' --rpc-token, when they have one; prefer QUOTAD_RPC_TOKEN, which ps does not show")
 	fl.StringVar(&f.prefix, "account-prefix", "bench-", "account ids are PREFIX1 .. PREFIXN")
 	fl.BoolVar(&f.warm, "warm", true, "charge every account once before measuring, so each owner holds a reservation (an account's first charge waits for one ledger round trip)")
 	return cmd
@@ -127,7 +129,11 @@ func runBenchCluster(ctx context.Context, out, progress io.Writer, f benchCluste
 		if c, ok := conns[addr]; ok {
 			return c, nil
 		}
-		cc, err := grpc.NewClient("passthrough:///"+addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		opts := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+		if f.rpcToken != "" {
+			opts = append(opts, router.WithRPCToken(f.rpcToken))
+		}
+		cc, err := grpc.NewClient("passthrough:///"+addr, opts...)
 		if err != nil {
 			return nil, err
 		}
@@ -147,7 +153,7 @@ func runBenchCluster(ctx context.Context, out, progress io.Writer, f benchCluste
 	var owners func(account string) string
 	var embedded *router.Client
 	if f.client == "embedded" {
-		opts := router.DialOptions{MaxInflight: f.inflight}
+		opts := router.DialOptions{MaxInflight: f.inflight, Token: f.rpcToken}
 		if embedded, err = opts.Dial(ctx, f.nodes...); err != nil {
 			return fmt.Errorf("embedded client: %w", err)
 		}

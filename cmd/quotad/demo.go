@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	crand "crypto/rand"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"io"
@@ -295,8 +297,12 @@ func checkLoopback(nodes int) error {
 func (d *demoRun) startCluster(ctx context.Context, self string) error {
 	d.title("%s on loopback, one data dir each, in front of the sample API on %s", plural(int64(d.f.nodes), "quotad process", "quotad processes"), d.api.addr)
 	t0 := time.Now()
+	// The internal ports locked as in production: gossip encrypted with a
+	// shared key, RPC calls refused without the shared token.
+	gossipKey := make([]byte, 32)
+	crand.Read(gossipKey)
 	c, err := cluster.Start(ctx, cluster.Options{Binary: self, Nodes: d.f.nodes, Ledger: d.dsn, Dir: d.dir,
-		SettleInterval: time.Second,
+		SettleInterval: time.Second, GossipKey: base64.StdEncoding.EncodeToString(gossipKey), RPCToken: randomHex(32),
 		// NB: the cluster package logs at debug for tests; at the demo's
 		// rates that is megabytes of JSON for nothing.
 		Args: []string{"--upstream", "http://" + d.api.addr, "--log-level", "info",
@@ -325,6 +331,7 @@ func (d *demoRun) startCluster(ctx context.Context, self string) error {
 	d.mon = newMonitor(c, d.cs, d.tr, d.events)
 	d.mon.tick(ctx)
 	d.say("one ring after %.1fs (gossip: memberlist; ring: consistent hashing over 1,021 partitions)", time.Since(t0).Seconds())
+	d.say("internal ports locked: gossip encrypted with a shared --gossip-key, RPC calls need the shared --rpc-token")
 	for _, n := range c.Nodes {
 		d.say("%-3s pid %-7d proxy %-21s status http://%s/status  owns %s",
 			n.ID, n.PID(), n.HTTP, n.Admin, strings.Join(orNone(d.mon.ownedBy(n.ID)), ", "))

@@ -35,3 +35,22 @@ func TestStrayArguments(t *testing.T) {
 		t.Errorf("admin routes set with patterns: %v", err)
 	}
 }
+
+// --gossip-key is base64 of an AES key; anything else is refused, naming
+// the flag and how to make a good one.
+func TestParseGossipKey(t *testing.T) {
+	if k, err := parseGossipKey(""); k != nil || err != nil {
+		t.Fatalf("empty: %v %v, want no key", k, err)
+	}
+	if k, err := parseGossipKey("MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=\n"); err != nil || string(k) != "0123456789abcdef0123456789abcdef" {
+		t.Fatalf("32 bytes: %q %v", k, err)
+	}
+	for in, want := range map[string]string{
+		"not base64!": "--gossip-key: not base64",
+		"c2hvcnQ=":    "--gossip-key: 5 bytes once decoded, want 16, 24 or 32: make one with openssl rand -base64 32",
+	} {
+		if _, err := parseGossipKey(in); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("parseGossipKey(%q): %v, want %q", in, err, want)
+		}
+	}
+}

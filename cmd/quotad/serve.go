@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -22,6 +23,7 @@ type serveFlags struct {
 	nodeID, dataDir, ledger                  string
 	rpcAddr, httpAddr, adminAddr, gossipAddr string
 	join                                     []string
+	gossipKey, rpcToken                      string
 	advertiseHost                            string
 	reconcileInterval                        time.Duration
 	ringPreset                               string
@@ -68,6 +70,8 @@ for the next start.`,
 	fl.StringVar(&f.gossipAddr, "gossip-addr", ":7946", "gossip (memberlist) address, TCP and UDP")
 	fl.StringVar(&f.advertiseHost, "advertise-host", "", "the host or IP other nodes reach this one at, when the addresses listen on all interfaces (\":7400\"); default: the first private IPv4 address")
 	fl.StringSliceVar(&f.join, "join", nil, "seeds to join: host:port list, or a DNS name with many A records (a headless Service); empty for the first node")
+	fl.StringVar(&f.gossipKey, "gossip-key", "", "encrypt and authenticate gossip with this key: base64 of 16, 24 or 32 random bytes (openssl rand -base64 32), the same on every node; empty gossips in plaintext, so keep the gossip port private. Prefer QUOTAD_GOSSIP_KEY, which ps does not show")
+	fl.StringVar(&f.rpcToken, "rpc-token", "", "a shared secret every call to the internal RPC port must carry (nodes forwarding, embedded clients: router.DialOptions.Token, quotad bench cluster --rpc-token): the same on every node, at least 16 characters (openssl rand -hex 32); empty leaves the RPC port open to whoever reaches it. Prefer QUOTAD_RPC_TOKEN, which ps does not show")
 	fl.StringVar(&f.ringPreset, "ring-preset", ring.PresetLAN, "gossip timings: lan (production) or local (tests on one machine)")
 	fl.DurationVar(&f.settleInterval, "settle-interval", time.Second, "how often to settle the log into the ledger (also the span a reservation is sized to cover twice)")
 	fl.DurationVar(&f.snapshotInterval, "snapshot-interval", 3*time.Second, "how often to read the config (plans, accounts, keys, weights) from the ledger")
@@ -122,11 +126,32 @@ func (f *serveFlags) config(logger *slog.Logger) (node.Config, error) {
 	if f.reconcileInterval < 0 {
 		return node.Config{}, fmt.Errorf("--reconcile-interval %s: want a positive duration such as 15m, or 0 to turn it off", f.reconcileInterval)
 	}
+	gossipKey, err := parseGossipKey(f.gossipKey)
+	if err != nil {
+		return node.Config{}, err
+	}
 	return node.Config{ID: f.nodeID, DataDir: f.dataDir, Ledger: f.ledger,
 		RPCAddr: f.rpcAddr, HTTPAddr: f.httpAddr, AdminAddr: f.adminAddr, GossipAddr: f.gossipAddr,
-		Join: f.join, AdvertiseHost: f.advertiseHost, ReconcileInterval: reconcileInterval(f.reconcileInterval), RingPreset: f.ringPreset, SettleInterval: f.settleInterval, SnapshotInterval: f.snapshotInterval,
+		Join: f.join, GossipKey: gossipKey, RPCToken: f.rpcToken, AdvertiseHost: f.advertiseHost, ReconcileInterval: reconcileInterval(f.reconcileInterval), RingPreset: f.ringPreset, SettleInterval: f.settleInterval, SnapshotInterval: f.snapshotInterval,
 		NoSync: !f.walSync, EventsOff: !f.events, DrainTimeout: f.drainTimeout, SettleTimeout: f.settleTimeout,
 		TestFaults: f.testFaults, Logger: logger}, nil
+}
+
+// parseGossipKey decodes --gossip-key: "" is none; otherwise standard
+// base64 of an AES key.
+func parseGossipKey(s string) ([]byte, error) {
+	if s == "" {
+		return nil, nil
+	}
+	key, err := base64.StdEncoding.DecodeString(strings.TrimSpace(s))
+	if err != nil {
+		return nil, fmt.Errorf("--gossip-key: not base64 (%v): make one with openssl rand -base64 32", err)
+	}
+	switch len(key) {
+	case 16, 24, 32:
+		return key, nil
+	}
+	return nil, fmt.Errorf("--gossip-key: %d bytes once decoded, want 16, 24 or 32: make one with openssl rand -base64 32", len(key))
 }
 
 func runServe(ctx context.Context, f serveFlags) error {

@@ -30,6 +30,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/quotaring/quotaring/router"
 	"github.com/quotaring/quotaring/router/pb"
 )
 
@@ -87,6 +88,12 @@ type Options struct {
 	// members by address could otherwise meet another cluster's node that
 	// took a port of the same address.
 	Subnet string
+	// GossipKey (base64) and RPCToken, when set, lock the cluster's
+	// internal ports (quotad serve --gossip-key, --rpc-token). They reach
+	// the nodes through the environment (QUOTAD_GOSSIP_KEY,
+	// QUOTAD_RPC_TOKEN), as the README advises, and Node.Dial sends the
+	// token.
+	GossipKey, RPCToken string
 }
 
 // Cluster is a set of quotad processes.
@@ -113,6 +120,8 @@ type Node struct {
 	RPC, HTTP, Admin, Gossip string
 	LogPath                  string
 	args                     []string
+	env                      []string // added to the process's environment
+	rpcToken                 string
 	bin                      string
 	mu                       sync.Mutex // protects cmd, exited and exitErr
 	cmd                      *exec.Cmd
@@ -197,6 +206,12 @@ func (c *Cluster) newNode(i int) (*Node, error) {
 	if c.opts.TestFaults {
 		n.args = append(n.args, "--test-faults")
 	}
+	if c.opts.GossipKey != "" {
+		n.env = append(n.env, "QUOTAD_GOSSIP_KEY="+c.opts.GossipKey)
+	}
+	if c.opts.RPCToken != "" {
+		n.env, n.rpcToken = append(n.env, "QUOTAD_RPC_TOKEN="+c.opts.RPCToken), c.opts.RPCToken
+	}
 	n.args = append(n.args, c.opts.Args...)
 	return n, nil
 }
@@ -242,6 +257,9 @@ func (n *Node) Start(ctx context.Context) error {
 		return err
 	}
 	cmd := exec.Command(n.bin, n.args...)
+	if len(n.env) > 0 {
+		cmd.Env = append(os.Environ(), n.env...)
+	}
 	cmd.Stdout, cmd.Stderr = f, f
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL} // never outlive the test
 	if err := cmd.Start(); err != nil {
@@ -408,7 +426,11 @@ func (n *Node) LogTail(lines int) string {
 
 // Dial opens a gRPC connection to the node's RPC address.
 func (n *Node) Dial() (*grpc.ClientConn, pb.QuotaClient, error) {
-	conn, err := grpc.NewClient("passthrough:///"+n.RPC, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	opts := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+	if n.rpcToken != "" {
+		opts = append(opts, router.WithRPCToken(n.rpcToken))
+	}
+	conn, err := grpc.NewClient("passthrough:///"+n.RPC, opts...)
 	if err != nil {
 		return nil, nil, err
 	}

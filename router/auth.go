@@ -1,0 +1,91 @@
+package router
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"fmt"
+	"strings"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+)
+
+// The RPC token.
+//
+// The internal gRPC API charges and refunds any account and hands out the
+// config snapshot, so whoever reaches a node's RPC port can spend every
+// customer's quota. Keep that port private to the cluster and its embedded
+// clients; and, as a second lock, give every node the same RPC token
+// (quotad serve --rpc-token): each call then carries it as
+// "authorization: Bearer TOKEN" metadata (nodes forwarding to owners, the
+// embedded client with DialOptions.Token, quotad bench cluster
+// --rpc-token), and a node refuses a call without it, Unauthenticated,
+// before any handler runs.
+//
+// The token is a shared secret, not encryption: on an untrusted network,
+// run the RPC port over a private network or a mesh with mTLS.
+
+// MinRPCTokenLen is the shortest RPC token a node accepts.
+const MinRPCTokenLen = 16
+
+// CheckRPCToken reports what is wrong with a token for --rpc-token ("" is
+// none: calls are not checked).
+func CheckRPCToken(token string) error {
+	if token != "" && len(token) < MinRPCTokenLen {
+		return fmt.Errorf("the RPC token (--rpc-token) is %d characters; use at least %d random ones (openssl rand -hex 32)", len(token), MinRPCTokenLen)
+	}
+	return nil
+}
+
+// WithRPCToken is the dial option that sends token with every call, for a
+// gRPC client of pb.QuotaClient of your own (the embedded client takes
+// DialOptions.Token instead).
+func WithRPCToken(token string) grpc.DialOption {
+	return grpc.WithPerRPCCredentials(rpcToken(token))
+}
+
+// rpcToken sends the token with every call (grpc.PerRPCCredentials).
+type rpcToken string
+
+func (t rpcToken) GetRequestMetadata(context.Context, ...string) (map[string]string, error) {
+	return map[string]string{"authorization": "Bearer " + string(t)}, nil
+}
+
+// RequireTransportSecurity is false: node-to-node RPC is plaintext h2 on a
+// private network (see above).
+func (rpcToken) RequireTransportSecurity() bool { return false }
+
+// ServerAuth returns the gRPC server options that refuse, Unauthenticated,
+// every call that does not carry token. An empty token returns none.
+func ServerAuth(token string) []grpc.ServerOption {
+	if token == "" {
+		return nil
+	}
+	// Hash both sides so the comparison takes the same time whatever the
+	// length of the token sent.
+	want := sha256.Sum256([]byte(token))
+	check := func(ctx context.Context) error {
+		md, _ := metadata.FromIncomingContext(ctx)
+		for _, v := range md.Get("authorization") {
+			scheme, got, ok := strings.Cut(v, " ")
+			if !ok || !strings.EqualFold(scheme, "Bearer") {
+				continue
+			}
+			sum := sha256.Sum256([]byte(got))
+			if subtle.ConstantTimeCompare(sum[:], want[:]) == 1 {
+				return nil
+			}
+			return status.Error(codes.Unauthenticated, "router: wrong RPC token: use the cluster's --rpc-token (router.DialOptions.Token, QUOTAD_RPC_TOKEN)")
+		}
+		return status.Error(codes.Unauthenticated, "router: this node requires the cluster's RPC token: set router.DialOptions.Token, or --rpc-token (QUOTAD_RPC_TOKEN)")
+	}
+	return []grpc.ServerOption{grpc.ChainUnaryInterceptor(func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+		if err := check(ctx); err != nil {
+			return nil, err
+		}
+		return h(ctx, req)
+	})}
+}
