@@ -64,6 +64,11 @@ func ServerAuth(token string) []grpc.ServerOption {
 	if token == "" {
 		return nil
 	}
+	return []grpc.ServerOption{grpc.ChainUnaryInterceptor(authInterceptor(token))}
+}
+
+// authInterceptor refuses calls that do not carry token.
+func authInterceptor(token string) grpc.UnaryServerInterceptor {
 	// Hash both sides so the comparison takes the same time whatever the
 	// length of the token sent.
 	want := sha256.Sum256([]byte(token))
@@ -82,10 +87,10 @@ func ServerAuth(token string) []grpc.ServerOption {
 		}
 		return status.Error(codes.Unauthenticated, "router: this node requires the cluster's RPC token: set router.DialOptions.Token, or --rpc-token (QUOTAD_RPC_TOKEN)")
 	}
-	return []grpc.ServerOption{grpc.ChainUnaryInterceptor(func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+	return func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
 		if err := check(ctx); err != nil {
 			return nil, err
 		}
 		return h(ctx, req)
-	})}
+	}
 }
