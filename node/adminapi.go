@@ -41,11 +41,16 @@ import (
 //	PUT    /admin/v1/routes                    {default, weights}: a new version
 //	GET    /admin/v1/reservations              units each node holds
 //	GET    /admin/v1/nodes                     nodes, settled marks, ring state
+//	GET    /admin/v1/alerts                    quota alerts and their delivery (?account, period, state, limit)
+//	POST   /admin/v1/alerts/{account}/{period}/{threshold}/resend
+//	                                           a delivered or given-up alert pending again
+//	POST   /admin/v1/alerts/test               a signed test alert to this node's webhook, now
 //
 // Errors are RFC 9457 problem+json: 400 bad input (the "field" member names
 // it), 401 missing or wrong token, 403 API disabled (no token configured),
-// 404 not found, 405 wrong method, 413 body too large, 503 ledger not
-// reached or unavailable (with Retry-After).
+// 404 not found, 405 wrong method, 409 a request the state does not allow
+// (resending a pending alert, a test alert without a webhook), 413 body
+// too large, 503 ledger not reached or unavailable (with Retry-After).
 
 // adminTokenMin is the shortest admin token accepted: a short token can be
 // guessed.
