@@ -340,7 +340,7 @@ func (n *Node) joinRing() error {
 	if err != nil {
 		return fmt.Errorf("node: join the ring: %w", err)
 	}
-	if locked := len(rc.SecretKey) > 0 && n.cfg.RPCToken != ""; locked {
+	if len(rc.SecretKey) > 0 && n.cfg.RPCToken != "" {
 		n.log.Info("internal ports locked", "gossip_encrypted", true, "rpc_token_required", true)
 	} else {
 		n.log.Info("internal ports not locked: keep --gossip-addr and --rpc-addr reachable only by the cluster and its embedded clients, or set --gossip-key and --rpc-token",
