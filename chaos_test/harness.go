@@ -2,6 +2,8 @@ package chaos
 
 import (
 	"context"
+	crand "crypto/rand"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"io"
@@ -132,6 +134,9 @@ type harness struct {
 	alerts   *alertSink // the quota alerts' webhook, on the upstream's server
 	acct     accounts
 
+	// gossipKey (base64) and rpcToken lock the nodes' internal ports.
+	gossipKey, rpcToken string
+
 	mu      sync.Mutex // protects the fields below
 	active  []*Episode // faults on now (progress lines)
 	windows []cluster.Window
@@ -154,7 +159,14 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
-	h := &harness{cfg: cfg, plan: plan, removed: map[string]bool{}, paused: map[string]bool{}, conns: &cluster.Conns{},
+	// The cluster runs with its internal ports locked, as the README
+	// advises for production: the faults then also exercise forwarding
+	// and gossip with the RPC token and the gossip key.
+	gossipKey := make([]byte, 32)
+	crand.Read(gossipKey)
+	rpcToken := crand.Text()
+	h := &harness{cfg: cfg, plan: plan, removed: map[string]bool{}, paused: map[string]bool{}, conns: &cluster.Conns{Token: rpcToken},
+		gossipKey: base64.StdEncoding.EncodeToString(gossipKey), rpcToken: rpcToken,
 		http: &http.Client{Timeout: httpTimeout, Transport: &http.Transport{MaxIdleConnsPerHost: 64}}}
 	h.logf = func(format string, args ...any) {
 		if cfg.Progress != nil {
@@ -212,7 +224,8 @@ func (h *harness) setup(ctx context.Context) error {
 	h.logf("starting %d nodes on %s.%d-%d (data dirs and logs in %s)", h.cfg.Nodes, h.cfg.Subnet, h.cfg.FirstIP, h.cfg.FirstIP+h.cfg.Nodes-1, h.dir)
 	h.c, err = cluster.Start(ctx, cluster.Options{Binary: bin, Nodes: h.cfg.Nodes, Ledger: nodeDSN, Dir: filepath.Join(h.dir, "nodes"),
 		Args: []string{"--upstream", up, "--snapshot-interval", "1s",
-			"--alert-webhook", up + alertPath, "--alert-secret", h.alerts.secret, "--alert-lease", alertLease.String()}, TestFaults: true, SettleInterval: h.cfg.SettleInterval, FirstIP: h.cfg.FirstIP, Subnet: h.cfg.Subnet})
+			"--alert-webhook", up + alertPath, "--alert-secret", h.alerts.secret, "--alert-lease", alertLease.String()}, TestFaults: true, SettleInterval: h.cfg.SettleInterval, FirstIP: h.cfg.FirstIP, Subnet: h.cfg.Subnet,
+		GossipKey: h.gossipKey, RPCToken: h.rpcToken})
 	if err != nil {
 		return err
 	}
@@ -227,7 +240,7 @@ func (h *harness) setup(ctx context.Context) error {
 	for _, n := range h.c.Nodes {
 		seeds = append(seeds, n.RPC)
 	}
-	h.client, err = router.DialOptions{CallTimeout: callTimeout, RefreshInterval: time.Second}.Dial(ctx, seeds...)
+	h.client, err = router.DialOptions{CallTimeout: callTimeout, RefreshInterval: time.Second, Token: h.rpcToken}.Dial(ctx, seeds...)
 	return err
 }
 

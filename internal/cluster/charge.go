@@ -12,12 +12,17 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
+	"github.com/quotaring/quotaring/router"
 	"github.com/quotaring/quotaring/router/pb"
 )
 
 // Conns keeps one gRPC connection per node RPC address. Its methods are
 // safe for concurrent use.
 type Conns struct {
+	// Token, when set, is sent with every call (the nodes' --rpc-token);
+	// set it before the first Client.
+	Token string
+
 	mu sync.Mutex // protects m
 	m  map[string]*grpc.ClientConn
 }
@@ -30,7 +35,11 @@ func (cs *Conns) Client(addr string) (pb.QuotaClient, error) {
 	if c, ok := cs.m[addr]; ok {
 		return pb.NewQuotaClient(c), nil
 	}
-	c, err := grpc.NewClient("passthrough:///"+addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	opts := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+	if cs.Token != "" {
+		opts = append(opts, router.WithRPCToken(cs.Token))
+	}
+	c, err := grpc.NewClient("passthrough:///"+addr, opts...)
 	if err != nil {
 		return nil, err
 	}
