@@ -39,14 +39,17 @@ type Config struct {
 	AdvertiseHost string
 	// Join lists seeds (host:port or DNS names); empty for the first node.
 	Join []string
-	// GossipKey encrypts and authenticates gossip (ring.Config.SecretKey):
-	// 16, 24 or 32 bytes, the same on every node; nil gossips in plaintext.
-	GossipKey []byte
-	// RPCToken, when set, is required of every call to this node's RPC
-	// port and sent with every call it forwards (router's auth.go): the
-	// same on every node and in every embedded client; at least 16
-	// characters.
-	RPCToken string
+	// GossipKeys encrypt and authenticate gossip: the first is the one the
+	// node sends with (ring.Config.SecretKey), all are accepted
+	// (OtherKeys, for a rotation); 16, 24 or 32 bytes each, the same on
+	// every node; none gossips in plaintext.
+	GossipKeys [][]byte
+	// RPCTokens, when set, are what every call to this node's RPC port
+	// must carry one of; the first is sent with every call it forwards
+	// (router's auth.go). The same on every node and in every embedded
+	// client; at least 16 characters each. More than one is for a
+	// rotation.
+	RPCTokens []string
 	// RingPreset is "lan" (production) or "local" (loopback tests) ["lan"].
 	RingPreset string
 	// SettleInterval between settles [1s]; SnapshotInterval between config
@@ -198,8 +201,10 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	if err := checkAdminToken(cfg.AdminToken); err != nil {
 		return nil, err
 	}
-	if err := router.CheckRPCToken(cfg.RPCToken); err != nil {
-		return nil, fmt.Errorf("node: %w", err)
+	for _, tok := range cfg.RPCTokens {
+		if err := router.CheckRPCToken(tok); err != nil {
+			return nil, fmt.Errorf("node: %w", err)
+		}
 	}
 	if err := n.startAlerts(); err != nil {
 		return nil, err
@@ -324,7 +329,10 @@ func (n *Node) joinRing() error {
 			port = p
 		}
 	}
-	rc.NodeID, rc.BindAddr, rc.BindPort, rc.Join, rc.SecretKey = n.cfg.ID, host, port, n.cfg.Join, n.cfg.GossipKey
+	rc.NodeID, rc.BindAddr, rc.BindPort, rc.Join = n.cfg.ID, host, port, n.cfg.Join
+	if len(n.cfg.GossipKeys) > 0 {
+		rc.SecretKey, rc.OtherKeys = n.cfg.GossipKeys[0], n.cfg.GossipKeys[1:]
+	}
 	rc.Meta = ring.Meta{RPCAddr: n.advertised(n.RPCAddr()), HTTPAddr: n.advertised(n.HTTPAddr()), AdminAddr: n.advertised(n.AdminAddr()),
 		State: ring.StateJoining}
 	rc.Logger = n.log.With("component", "ring")
@@ -340,14 +348,14 @@ func (n *Node) joinRing() error {
 	if err != nil {
 		return fmt.Errorf("node: join the ring: %w", err)
 	}
-	if len(rc.SecretKey) > 0 && n.cfg.RPCToken != "" {
+	if len(rc.SecretKey) > 0 && n.rpcToken() != "" {
 		n.log.Info("internal ports locked", "gossip_encrypted", true, "rpc_token_required", true)
 	} else {
 		n.log.Info("internal ports not locked: keep --gossip-addr and --rpc-addr reachable only by the cluster and its embedded clients, or set --gossip-key and --rpc-token",
-			"gossip_encrypted", len(rc.SecretKey) > 0, "rpc_token_required", n.cfg.RPCToken != "")
+			"gossip_encrypted", len(rc.SecretKey) > 0, "rpc_token_required", n.rpcToken() != "")
 	}
 	n.ring.Store(r)
-	n.router, err = router.New(router.Config{Engine: n.eng, Ring: r, Faults: n.faults, Token: n.cfg.RPCToken, Logger: n.log.With("component", "router")})
+	n.router, err = router.New(router.Config{Engine: n.eng, Ring: r, Faults: n.faults, Token: n.rpcToken(), Logger: n.log.With("component", "router")})
 	if err != nil {
 		return err
 	}
@@ -363,7 +371,7 @@ func (n *Node) serve() error {
 	// Stream workers reuse warm goroutines: a goroutine per unary call spent
 	// about a tenth of a busy node's CPU growing and copying stacks.
 	opts := append([]grpc.ServerOption{grpc.NumStreamWorkers(uint32(4 * runtime.GOMAXPROCS(0))), grpc.SharedWriteBuffer(true)},
-		router.ServerAuth(n.cfg.RPCToken)...)
+		router.ServerAuth(n.cfg.RPCTokens...)...)
 	n.grpcSrv = grpc.NewServer(opts...)
 	pb.RegisterQuotaServer(n.grpcSrv, n.router.Server())
 	go n.grpcSrv.Serve(n.lis.rpc)
@@ -457,9 +465,18 @@ func (n *Node) goLoop(fn func(ctx context.Context)) {
 }
 
 // Accessors.
-func (n *Node) ID() string                     { return n.cfg.ID }
-func (n *Node) Engine() *engine.Engine         { return n.eng }
-func (n *Node) Ring() *ring.Ring               { return n.ring.Load() }
+func (n *Node) ID() string             { return n.cfg.ID }
+func (n *Node) Engine() *engine.Engine { return n.eng }
+func (n *Node) Ring() *ring.Ring       { return n.ring.Load() }
+
+// rpcToken is the RPC token this node sends: the first of RPCTokens.
+func (n *Node) rpcToken() string {
+	if len(n.cfg.RPCTokens) == 0 {
+		return ""
+	}
+	return n.cfg.RPCTokens[0]
+}
+
 func (n *Node) Router() *router.Router         { return n.router }
 func (n *Node) Registry() *prometheus.Registry { return n.reg }
 func (n *Node) RPCAddr() string                { return n.lis.rpc.Addr().String() }

@@ -90,6 +90,10 @@ type Config struct {
 	// cluster's gossip. Nil: gossip is plaintext and unauthenticated, so the
 	// gossip port must be reachable only by the cluster's nodes.
 	SecretKey []byte
+	// OtherKeys are also accepted from peers (never used to send), so a
+	// key can be rotated with rolling restarts (README, "Rotating").
+	// Requires SecretKey.
+	OtherKeys [][]byte
 
 	// Transport, if set, replaces memberlist's NetTransport (tests, the
 	// FaultTransport). The ring takes ownership: Close, or New when it
@@ -188,6 +192,16 @@ func (c Config) Validate() error {
 	default:
 		errs = append(errs, fmt.Errorf("ring: SecretKey is %d bytes: want 16, 24 or 32 (AES-128, -192 or -256)", len(c.SecretKey)))
 	}
+	for i, k := range c.OtherKeys {
+		switch len(k) {
+		case 16, 24, 32:
+		default:
+			errs = append(errs, fmt.Errorf("ring: OtherKeys[%d] is %d bytes: want 16, 24 or 32", i, len(k)))
+		}
+	}
+	if len(c.OtherKeys) > 0 && len(c.SecretKey) == 0 {
+		errs = append(errs, errors.New("ring: OtherKeys without a SecretKey: a node that accepts a key must send with one"))
+	}
 	if c.RejoinInterval <= 0 {
 		errs = append(errs, fmt.Errorf("ring: RejoinInterval %v: must be positive", c.RejoinInterval))
 	}
@@ -234,10 +248,18 @@ func (c Config) memberlistConfig() *memberlist.Config {
 	}
 	mc.Transport = c.Transport
 	if len(c.SecretKey) > 0 {
-		// memberlist builds its keyring from SecretKey and then both
-		// encrypts what it sends and refuses what it cannot decrypt
-		// (GossipVerifyIncoming and GossipVerifyOutgoing default to true).
+		// memberlist adds SecretKey to the keyring and sends with it; it
+		// decrypts with any key of the keyring, and refuses what none
+		// decrypts (GossipVerifyIncoming and GossipVerifyOutgoing default
+		// to true).
 		mc.SecretKey = c.SecretKey
+		if len(c.OtherKeys) > 0 {
+			kr, err := memberlist.NewKeyring(c.OtherKeys, c.SecretKey)
+			if err != nil {
+				panic(err) // sizes checked by Validate
+			}
+			mc.Keyring = kr
+		}
 	}
 	return mc
 }

@@ -517,3 +517,32 @@ func TestNewRefusesABadSecretKey(t *testing.T) {
 		t.Fatalf("Validate with a 5-byte key: %v", err)
 	}
 }
+
+// A gossip key rotates with rolling restarts: a node that sends with the
+// old key and accepts the new one, and a node that sends with the new key
+// and accepts the old one, form one ring; a node with the new key alone
+// cannot join a node with the old key alone.
+func TestGossipKeyRotation(t *testing.T) {
+	oldKey, newKey := []byte("old-key-0123456789abcdefghijklmn"), []byte("new-key-0123456789abcdefghijklmn")
+	keys := func(send []byte, accept ...[]byte) nodeOpt {
+		return func(c *Config) { c.SecretKey, c.OtherKeys = send, accept }
+	}
+	n1 := startNode(t, "node-1", keys(oldKey, newKey))
+	n2 := startNode(t, "node-2", keys(newKey, oldKey), withJoin(n1.Self().GossipAddr))
+	n1.serve(t)
+	n2.serve(t)
+	eventually(t, 10*time.Second, func() error { return agree([]*node{n1, n2}, "node-1", "node-2") })
+
+	onlyOld := startNode(t, "only-old", keys(oldKey))
+	onlyNew := startNode(t, "only-new", keys(newKey))
+	if _, err := onlyNew.joinOne(onlyOld.Self().GossipAddr); err == nil || !strings.Contains(err.Error(), "no installed keys could decrypt") {
+		t.Fatalf("a node with only the new key joined one with only the old key: %v", err)
+	}
+
+	cfg := LocalConfig()
+	cfg.NodeID = "x"
+	cfg.OtherKeys = [][]byte{oldKey}
+	if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), "OtherKeys without a SecretKey") {
+		t.Fatalf("Validate with OtherKeys and no SecretKey: %v", err)
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"crypto/subtle"
 	"fmt"
+	"slices"
 	"strings"
 
 	"google.golang.org/grpc"
@@ -24,6 +25,10 @@ import (
 // embedded client with DialOptions.Token, quotad bench cluster
 // --rpc-token), and a node refuses a call without it, Unauthenticated,
 // before any handler runs.
+//
+// While a token is rotated, a node accepts several (ServerAuth's list: the
+// old and the new) and sends one (Config.Token), so rolling restarts
+// never leave a pair of nodes that refuse each other.
 //
 // The token is a shared secret, not encryption: on an untrusted network,
 // run the RPC port over a private network or a mesh with mTLS.
@@ -59,19 +64,25 @@ func (t rpcToken) GetRequestMetadata(context.Context, ...string) (map[string]str
 func (rpcToken) RequireTransportSecurity() bool { return false }
 
 // ServerAuth returns the gRPC server options that refuse, Unauthenticated,
-// every call that does not carry token. An empty token returns none.
-func ServerAuth(token string) []grpc.ServerOption {
-	if token == "" {
+// every call that does not carry one of tokens (more than one while a
+// token is rotated). No tokens (or only empty ones) return none.
+func ServerAuth(tokens ...string) []grpc.ServerOption {
+	tokens = slices.DeleteFunc(slices.Clone(tokens), func(t string) bool { return t == "" })
+	if len(tokens) == 0 {
 		return nil
 	}
-	return []grpc.ServerOption{grpc.ChainUnaryInterceptor(authInterceptor(token))}
+	return []grpc.ServerOption{grpc.ChainUnaryInterceptor(authInterceptor(tokens...))}
 }
 
-// authInterceptor refuses calls that do not carry token.
-func authInterceptor(token string) grpc.UnaryServerInterceptor {
+// authInterceptor refuses calls that do not carry one of tokens.
+func authInterceptor(tokens ...string) grpc.UnaryServerInterceptor {
 	// Hash both sides so the comparison takes the same time whatever the
-	// length of the token sent.
-	want := sha256.Sum256([]byte(token))
+	// length of the token sent; compare with every accepted token, so the
+	// time does not say which one matched.
+	wants := make([][sha256.Size]byte, len(tokens))
+	for i, t := range tokens {
+		wants[i] = sha256.Sum256([]byte(t))
+	}
 	check := func(ctx context.Context) error {
 		md, _ := metadata.FromIncomingContext(ctx)
 		for _, v := range md.Get("authorization") {
@@ -80,7 +91,11 @@ func authInterceptor(token string) grpc.UnaryServerInterceptor {
 				continue
 			}
 			sum := sha256.Sum256([]byte(got))
-			if subtle.ConstantTimeCompare(sum[:], want[:]) == 1 {
+			match := 0
+			for _, want := range wants {
+				match |= subtle.ConstantTimeCompare(sum[:], want[:])
+			}
+			if match == 1 {
 				return nil
 			}
 			return status.Error(codes.Unauthenticated, "router: wrong RPC token: use the cluster's --rpc-token (router.DialOptions.Token, QUOTAD_RPC_TOKEN)")

@@ -47,7 +47,19 @@ func TestAuthInterceptor(t *testing.T) {
 			t.Errorf("%s: ran %v, %v; want Unauthenticated saying %q before the handler", name, ran, err, tc.want)
 		}
 	}
-	if opts := ServerAuth(""); opts != nil {
+	// While a token is rotated a node accepts the new and the old one.
+	const oldToken = "old-rpc-token-0123456789"
+	ctxWith := func(tok string) context.Context {
+		return metadata.NewIncomingContext(context.Background(), metadata.Pairs("authorization", "Bearer "+tok))
+	}
+	h := func(context.Context, any) (any, error) { return nil, nil }
+	both := authInterceptor(testRPCToken, oldToken)
+	for tok, ok := range map[string]bool{testRPCToken: true, oldToken: true, "third-rpc-token-0123456789": false} {
+		if _, err := both(ctxWith(tok), nil, nil, h); (err == nil) != ok {
+			t.Errorf("rotating, token %q: %v, want accepted %v", tok, err, ok)
+		}
+	}
+	if opts := ServerAuth("", ""); opts != nil {
 		t.Fatalf("ServerAuth without a token: %d options, want none (calls not checked)", len(opts))
 	}
 	if err := CheckRPCToken("short"); err == nil || !strings.Contains(err.Error(), "is 5 characters; use at least 16") {

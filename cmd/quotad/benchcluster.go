@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
-
+	"strings"
 	"sync"
 	"time"
 
@@ -80,7 +80,7 @@ Clients:
 	fl.StringVar(&f.client, "client", "rpc", "rpc (one gRPC call per call) or embedded (router.Client: coalesces concurrent calls; --mode direct, --batch 1)")
 	fl.IntVar(&f.inflight, "inflight", 0, "with --client embedded: calls in flight to one owner before calls are gathered into the next batch (router.DialOptions.MaxInflight; 0: its default)")
 	fl.IntVar(&f.batch, "batch", 1, "charges per call")
-	fl.StringVar(&f.rpcToken, "rpc-token", "", "the nodes' --rpc-token, when they have one; prefer QUOTAD_RPC_TOKEN, which ps does not show")
+	fl.StringVar(&f.rpcToken, "rpc-token", "", "the nodes' --rpc-token, when they have one (of a list, the first); prefer QUOTAD_RPC_TOKEN, which ps does not show")
 	fl.StringVar(&f.prefix, "account-prefix", "bench-", "account ids are PREFIX1 .. PREFIXN")
 	fl.BoolVar(&f.warm, "warm", true, "charge every account once before measuring, so each owner holds a reservation (an account's first charge waits for one ledger round trip)")
 	return cmd
@@ -109,6 +109,8 @@ func runBenchCluster(ctx context.Context, out, progress io.Writer, f benchCluste
 	case f.client == "embedded" && f.batch != 1:
 		return fmt.Errorf("--client embedded charges one unit of work per call (its batching is the coalescing of concurrent calls): use --batch 1, or --client rpc for --batch %d", f.batch)
 	}
+	f.rpcToken, _, _ = strings.Cut(f.rpcToken, ",") // the token to send of a rotation's list
+	f.rpcToken = strings.TrimSpace(f.rpcToken)
 	accounts := make([]string, f.accounts)
 	for i := range accounts {
 		accounts[i] = fmt.Sprintf("%s%d", f.prefix, i+1)

@@ -38,19 +38,35 @@ func TestStrayArguments(t *testing.T) {
 
 // --gossip-key is base64 of an AES key; anything else is refused, naming
 // the flag and how to make a good one.
-func TestParseGossipKey(t *testing.T) {
-	if k, err := parseGossipKey(""); k != nil || err != nil {
+func TestParseGossipKeys(t *testing.T) {
+	if k, err := parseGossipKeys(""); k != nil || err != nil {
 		t.Fatalf("empty: %v %v, want no key", k, err)
 	}
-	if k, err := parseGossipKey("MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=\n"); err != nil || string(k) != "0123456789abcdef0123456789abcdef" {
+	if k, err := parseGossipKeys("MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=\n"); err != nil || len(k) != 1 || string(k[0]) != "0123456789abcdef0123456789abcdef" {
 		t.Fatalf("32 bytes: %q %v", k, err)
 	}
+	if k, err := parseGossipKeys("MDEyMzQ1Njc4OWFiY2RlZg==, ZmVkY2JhOTg3NjU0MzIxMA=="); err != nil || len(k) != 2 || string(k[0]) != "0123456789abcdef" || string(k[1]) != "fedcba9876543210" {
+		t.Fatalf("two keys (rotating): %q %v", k, err)
+	}
 	for in, want := range map[string]string{
-		"not base64!": "--gossip-key: not base64",
-		"c2hvcnQ=":    "--gossip-key: 5 bytes once decoded, want 16, 24 or 32: make one with openssl rand -base64 32",
+		"not base64!":                "--gossip-key: key 1 is not base64",
+		"c2hvcnQ=":                   "--gossip-key: key 1 is 5 bytes once decoded, want 16, 24 or 32: make one with openssl rand -base64 32",
+		"MDEyMzQ1Njc4OWFiY2RlZg==,,": "--gossip-key: key 2 is 0 bytes",
 	} {
-		if _, err := parseGossipKey(in); err == nil || !strings.Contains(err.Error(), want) {
-			t.Errorf("parseGossipKey(%q): %v, want %q", in, err, want)
+		if _, err := parseGossipKeys(in); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("parseGossipKeys(%q): %v, want %q", in, err, want)
 		}
+	}
+}
+
+func TestParseRPCTokens(t *testing.T) {
+	if tok, err := parseRPCTokens(""); tok != nil || err != nil {
+		t.Fatalf("empty: %v %v", tok, err)
+	}
+	if tok, err := parseRPCTokens("new-token-0123456789, old-token-0123456789"); err != nil || len(tok) != 2 || tok[0] != "new-token-0123456789" {
+		t.Fatalf("two tokens (rotating): %q %v", tok, err)
+	}
+	if _, err := parseRPCTokens("new-token-0123456789,short"); err == nil || !strings.Contains(err.Error(), "--rpc-token: token 2 is 5 characters; use at least 16") {
+		t.Fatalf("a short second token: %v", err)
 	}
 }

@@ -70,8 +70,8 @@ for the next start.`,
 	fl.StringVar(&f.gossipAddr, "gossip-addr", ":7946", "gossip (memberlist) address, TCP and UDP")
 	fl.StringVar(&f.advertiseHost, "advertise-host", "", "the host or IP other nodes reach this one at, when the addresses listen on all interfaces (\":7400\"); default: the first private IPv4 address")
 	fl.StringSliceVar(&f.join, "join", nil, "seeds to join: host:port list, or a DNS name with many A records (a headless Service); empty for the first node")
-	fl.StringVar(&f.gossipKey, "gossip-key", "", "encrypt and authenticate gossip with this key: base64 of 16, 24 or 32 random bytes (openssl rand -base64 32), the same on every node; empty gossips in plaintext, so keep the gossip port private. Prefer QUOTAD_GOSSIP_KEY, which ps does not show")
-	fl.StringVar(&f.rpcToken, "rpc-token", "", "a shared secret every call to the internal RPC port must carry (nodes forwarding, embedded clients: router.DialOptions.Token, quotad bench cluster --rpc-token): the same on every node, at least 16 characters (openssl rand -hex 32); empty leaves the RPC port open to whoever reaches it. Prefer QUOTAD_RPC_TOKEN, which ps does not show")
+	fl.StringVar(&f.gossipKey, "gossip-key", "", "encrypt and authenticate gossip with this key: base64 of 16, 24 or 32 random bytes (openssl rand -base64 32), the same on every node; empty gossips in plaintext, so keep the gossip port private. KEY,OLD,... while rotating: the first sends, all are accepted. Prefer QUOTAD_GOSSIP_KEY, which ps does not show")
+	fl.StringVar(&f.rpcToken, "rpc-token", "", "a shared secret every call to the internal RPC port must carry (nodes forwarding, embedded clients: router.DialOptions.Token, quotad bench cluster --rpc-token): the same on every node, at least 16 characters (openssl rand -hex 32); empty leaves the RPC port open to whoever reaches it. TOKEN,OLD,... while rotating: the first is sent, all are accepted. Prefer QUOTAD_RPC_TOKEN, which ps does not show")
 	fl.StringVar(&f.ringPreset, "ring-preset", ring.PresetLAN, "gossip timings: lan (production) or local (tests on one machine)")
 	fl.DurationVar(&f.settleInterval, "settle-interval", time.Second, "how often to settle the log into the ledger (also the span a reservation is sized to cover twice)")
 	fl.DurationVar(&f.snapshotInterval, "snapshot-interval", 3*time.Second, "how often to read the config (plans, accounts, keys, weights) from the ledger")
@@ -126,32 +126,58 @@ func (f *serveFlags) config(logger *slog.Logger) (node.Config, error) {
 	if f.reconcileInterval < 0 {
 		return node.Config{}, fmt.Errorf("--reconcile-interval %s: want a positive duration such as 15m, or 0 to turn it off", f.reconcileInterval)
 	}
-	gossipKey, err := parseGossipKey(f.gossipKey)
+	gossipKeys, err := parseGossipKeys(f.gossipKey)
+	if err != nil {
+		return node.Config{}, err
+	}
+	rpcTokens, err := parseRPCTokens(f.rpcToken)
 	if err != nil {
 		return node.Config{}, err
 	}
 	return node.Config{ID: f.nodeID, DataDir: f.dataDir, Ledger: f.ledger,
 		RPCAddr: f.rpcAddr, HTTPAddr: f.httpAddr, AdminAddr: f.adminAddr, GossipAddr: f.gossipAddr,
-		Join: f.join, GossipKey: gossipKey, RPCToken: f.rpcToken, AdvertiseHost: f.advertiseHost, ReconcileInterval: reconcileInterval(f.reconcileInterval), RingPreset: f.ringPreset, SettleInterval: f.settleInterval, SnapshotInterval: f.snapshotInterval,
+		Join: f.join, GossipKeys: gossipKeys, RPCTokens: rpcTokens, AdvertiseHost: f.advertiseHost, ReconcileInterval: reconcileInterval(f.reconcileInterval), RingPreset: f.ringPreset, SettleInterval: f.settleInterval, SnapshotInterval: f.snapshotInterval,
 		NoSync: !f.walSync, EventsOff: !f.events, DrainTimeout: f.drainTimeout, SettleTimeout: f.settleTimeout,
 		TestFaults: f.testFaults, Logger: logger}, nil
 }
 
-// parseGossipKey decodes --gossip-key: "" is none; otherwise standard
-// base64 of an AES key.
-func parseGossipKey(s string) ([]byte, error) {
-	if s == "" {
+// parseGossipKeys decodes --gossip-key: "" is none; otherwise a comma list
+// of standard base64 AES keys, the one to send first.
+func parseGossipKeys(s string) ([][]byte, error) {
+	if strings.TrimSpace(s) == "" {
 		return nil, nil
 	}
-	key, err := base64.StdEncoding.DecodeString(strings.TrimSpace(s))
-	if err != nil {
-		return nil, fmt.Errorf("--gossip-key: not base64 (%v): make one with openssl rand -base64 32", err)
+	var keys [][]byte
+	for i, part := range strings.Split(s, ",") {
+		key, err := base64.StdEncoding.DecodeString(strings.TrimSpace(part))
+		if err != nil {
+			return nil, fmt.Errorf("--gossip-key: key %d is not base64 (%v): make one with openssl rand -base64 32", i+1, err)
+		}
+		switch len(key) {
+		case 16, 24, 32:
+		default:
+			return nil, fmt.Errorf("--gossip-key: key %d is %d bytes once decoded, want 16, 24 or 32: make one with openssl rand -base64 32", i+1, len(key))
+		}
+		keys = append(keys, key)
 	}
-	switch len(key) {
-	case 16, 24, 32:
-		return key, nil
+	return keys, nil
+}
+
+// parseRPCTokens splits --rpc-token: "" is none; otherwise a comma list,
+// the token to send first.
+func parseRPCTokens(s string) ([]string, error) {
+	if strings.TrimSpace(s) == "" {
+		return nil, nil
 	}
-	return nil, fmt.Errorf("--gossip-key: %d bytes once decoded, want 16, 24 or 32: make one with openssl rand -base64 32", len(key))
+	var tokens []string
+	for i, part := range strings.Split(s, ",") {
+		tok := strings.TrimSpace(part)
+		if err := router.CheckRPCToken(tok); err != nil || tok == "" {
+			return nil, fmt.Errorf("--rpc-token: token %d is %d characters; use at least %d random ones (openssl rand -hex 32)", i+1, len(tok), router.MinRPCTokenLen)
+		}
+		tokens = append(tokens, tok)
+	}
+	return tokens, nil
 }
 
 func runServe(ctx context.Context, f serveFlags) error {
