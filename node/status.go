@@ -56,6 +56,9 @@ type statusData struct {
 	Epoch       string
 	RingErr     string
 	Addrs       ring.Meta
+	// PortsLocked: gossip encrypted and RPC calls need the token
+	// (--gossip-key and --rpc-token both set).
+	PortsLocked bool
 
 	Members    []statusMember
 	Partitions int
@@ -219,6 +222,7 @@ func (n *Node) statusRing(d *statusData, r *ring.Ring) {
 		d.RingErr = err.Error()
 	}
 	d.Addrs = r.Self()
+	d.PortsLocked = len(n.cfg.GossipKeys) > 0 && n.rpcToken() != ""
 	d.Partitions = len(v.Owners)
 	if d.Partitions == 0 {
 		d.Partitions = r.Layout().PartitionCount

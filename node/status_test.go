@@ -154,7 +154,7 @@ func TestStatusPage(t *testing.T) {
 	}
 	page := string(body)
 	checkStatusHTML(t, page, f, nd)
-	for _, s := range []string{"Unsettled log", "Settle lag", "Reservations in the ledger", "holds"} {
+	for _, s := range []string{"Unsettled log", "Settle lag", "Reservations in the ledger", "holds", "internal ports <span class=\"bad\""} {
 		if !strings.Contains(page, s) {
 			t.Errorf("the page lacks %q", s)
 		}
