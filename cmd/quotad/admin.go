@@ -678,9 +678,10 @@ func newAdminAlertsCmd(c *adminClient) *cobra.Command {
 		Long: `List the quota alerts the ledger records: one per account, month and threshold,
 with the figures the webhook carries and its delivery: pending (claimed by a node,
 not delivered yet: retried, and taken over by another node after the lease),
-delivered, given_up (refused by the receiver with a 3xx or a 4xx other than 429,
-or undelivered for the give-up age), or legacy (recorded by a quotad before delivery was tracked).
-At most --limit alerts are listed, by account, month and threshold.`,
+delivered, given_up (refused by the receiver with a 3xx or a 4xx other than
+429, or undelivered for the give-up age), or legacy (recorded by a quotad
+before delivery was tracked). At most --limit alerts are listed, by account,
+month and threshold.`,
 		Example: `  quotad admin alerts --account acme
   quotad admin alerts --state pending
   quotad admin alerts --period 2026-06 --limit 5000 --json`,
