@@ -382,6 +382,14 @@ func checkAlertKey(a AlertRecord) error {
 	return nil
 }
 
+// checkTakeOver checks TakeOverAlerts' arguments.
+func checkTakeOver(claim string, lease, giveUpAfter time.Duration, limit int) error {
+	if claim == "" || lease <= 0 || giveUpAfter <= 0 || limit <= 0 {
+		return fmt.Errorf("%w: take over alerts: claim, lease, give-up age and limit must be set", ErrInvalid)
+	}
+	return nil
+}
+
 // resendable checks what ResendAlert found for (account, period, threshold).
 func resendable(found []AlertRecord, account string, period shard.Period, threshold int) error {
 	if len(found) == 0 {

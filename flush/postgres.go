@@ -401,8 +401,8 @@ func scanPgAlert(r pgx.CollectableRow) (AlertRecord, error) {
 
 // TakeOverAlerts claims stale pending alerts and gives up old ones (see Ledger).
 func (p *Postgres) TakeOverAlerts(ctx context.Context, claim string, lease, giveUpAfter time.Duration, limit int) (taken, givenUp []AlertRecord, err error) {
-	if claim == "" || lease <= 0 || giveUpAfter <= 0 || limit <= 0 {
-		return nil, nil, fmt.Errorf("%w: take over alerts: claim, lease, give-up age and limit must be set", ErrInvalid)
+	if err := checkTakeOver(claim, lease, giveUpAfter, limit); err != nil {
+		return nil, nil, err
 	}
 	err = pgx.BeginFunc(ctx, p.pool, func(tx pgx.Tx) error {
 		rows, _ := tx.Query(ctx, `UPDATE alerts SET state = 'given_up', finished_at = now()

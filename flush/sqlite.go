@@ -333,8 +333,8 @@ func sqliteAlerts(ctx context.Context, tx *sql.Tx, query string, args ...any) ([
 
 // TakeOverAlerts claims stale pending alerts and gives up old ones (see Ledger).
 func (s *SQLite) TakeOverAlerts(ctx context.Context, claim string, lease, giveUpAfter time.Duration, limit int) (taken, givenUp []AlertRecord, err error) {
-	if claim == "" || lease <= 0 || giveUpAfter <= 0 || limit <= 0 {
-		return nil, nil, fmt.Errorf("%w: take over alerts: claim, lease, give-up age and limit must be set", ErrInvalid)
+	if err := checkTakeOver(claim, lease, giveUpAfter, limit); err != nil {
+		return nil, nil, err
 	}
 	err = s.write(ctx, func(tx *sql.Tx) error {
 		now := s.now().UnixNano()

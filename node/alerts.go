@@ -251,7 +251,7 @@ func (n *Node) startAlerts() error {
 	n.alerts = a
 	n.chargeHooks = append(n.chargeHooks, a.onCharge)
 	n.goLoop(a.run)
-	n.log.Info("quota alerts on", "webhook", redactURL(u), "thresholds", thresholds, "lease", c.AlertLease, "give_up", c.AlertGiveUp)
+	n.log.Info("quota alerts on", "webhook", a.shownURL, "thresholds", thresholds, "lease", c.AlertLease, "give_up", c.AlertGiveUp)
 	return nil
 }
 
