@@ -348,11 +348,11 @@ func (n *Node) joinRing() error {
 	if err != nil {
 		return fmt.Errorf("node: join the ring: %w", err)
 	}
-	if len(rc.SecretKey) > 0 && n.rpcToken() != "" {
+	if n.portsLocked() {
 		n.log.Info("internal ports locked", "gossip_encrypted", true, "rpc_token_required", true)
 	} else {
 		n.log.Info("internal ports not locked: keep --gossip-addr and --rpc-addr reachable only by the cluster and its embedded clients, or set --gossip-key and --rpc-token",
-			"gossip_encrypted", len(rc.SecretKey) > 0, "rpc_token_required", n.rpcToken() != "")
+			"gossip_encrypted", len(n.cfg.GossipKeys) > 0, "rpc_token_required", n.rpcToken() != "")
 	}
 	n.ring.Store(r)
 	n.router, err = router.New(router.Config{Engine: n.eng, Ring: r, Faults: n.faults, Token: n.rpcToken(), Logger: n.log.With("component", "router")})
@@ -468,6 +468,10 @@ func (n *Node) goLoop(fn func(ctx context.Context)) {
 func (n *Node) ID() string             { return n.cfg.ID }
 func (n *Node) Engine() *engine.Engine { return n.eng }
 func (n *Node) Ring() *ring.Ring       { return n.ring.Load() }
+
+// portsLocked reports whether gossip is encrypted and RPC calls need the
+// token (--gossip-key and --rpc-token both set).
+func (n *Node) portsLocked() bool { return len(n.cfg.GossipKeys) > 0 && n.rpcToken() != "" }
 
 // rpcToken is the RPC token this node sends: the first of RPCTokens.
 func (n *Node) rpcToken() string {

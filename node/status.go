@@ -222,7 +222,7 @@ func (n *Node) statusRing(d *statusData, r *ring.Ring) {
 		d.RingErr = err.Error()
 	}
 	d.Addrs = r.Self()
-	d.PortsLocked = len(n.cfg.GossipKeys) > 0 && n.rpcToken() != ""
+	d.PortsLocked = n.portsLocked()
 	d.Partitions = len(v.Owners)
 	if d.Partitions == 0 {
 		d.Partitions = r.Layout().PartitionCount
