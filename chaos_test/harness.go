@@ -2,8 +2,6 @@ package chaos
 
 import (
 	"context"
-	crand "crypto/rand"
-	"encoding/base64"
 	"errors"
 	"fmt"
 	"io"
@@ -162,11 +160,9 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	// The cluster runs with its internal ports locked, as the README
 	// advises for production: the faults then also exercise forwarding
 	// and gossip with the RPC token and the gossip key.
-	gossipKey := make([]byte, 32)
-	crand.Read(gossipKey)
-	rpcToken := crand.Text()
+	gossipKey, rpcToken := cluster.NewSecrets()
 	h := &harness{cfg: cfg, plan: plan, removed: map[string]bool{}, paused: map[string]bool{}, conns: &cluster.Conns{Token: rpcToken},
-		gossipKey: base64.StdEncoding.EncodeToString(gossipKey), rpcToken: rpcToken,
+		gossipKey: gossipKey, rpcToken: rpcToken,
 		http: &http.Client{Timeout: httpTimeout, Transport: &http.Transport{MaxIdleConnsPerHost: 64}}}
 	h.logf = func(format string, args ...any) {
 		if cfg.Progress != nil {

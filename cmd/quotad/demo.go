@@ -2,8 +2,6 @@ package main
 
 import (
 	"context"
-	crand "crypto/rand"
-	"encoding/base64"
 	"errors"
 	"fmt"
 	"io"
@@ -299,10 +297,9 @@ func (d *demoRun) startCluster(ctx context.Context, self string) error {
 	t0 := time.Now()
 	// The internal ports locked as in production: gossip encrypted with a
 	// shared key, RPC calls refused without the shared token.
-	gossipKey := make([]byte, 32)
-	crand.Read(gossipKey)
+	gossipKey, rpcToken := cluster.NewSecrets()
 	c, err := cluster.Start(ctx, cluster.Options{Binary: self, Nodes: d.f.nodes, Ledger: d.dsn, Dir: d.dir,
-		SettleInterval: time.Second, GossipKey: base64.StdEncoding.EncodeToString(gossipKey), RPCToken: randomHex(32),
+		SettleInterval: time.Second, GossipKey: gossipKey, RPCToken: rpcToken,
 		// NB: the cluster package logs at debug for tests; at the demo's
 		// rates that is megabytes of JSON for nothing.
 		Args: []string{"--upstream", "http://" + d.api.addr, "--log-level", "info",

@@ -13,6 +13,8 @@ package cluster
 import (
 	"bytes"
 	"context"
+	crand "crypto/rand"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"io"
@@ -94,6 +96,14 @@ type Options struct {
 	// QUOTAD_RPC_TOKEN), as the README advises, and Node.Dial sends the
 	// token.
 	GossipKey, RPCToken string
+}
+
+// NewSecrets returns a fresh gossip key (base64 of 32 random bytes) and
+// RPC token for Options.GossipKey and Options.RPCToken.
+func NewSecrets() (gossipKey, rpcToken string) {
+	key := make([]byte, 32)
+	crand.Read(key)
+	return base64.StdEncoding.EncodeToString(key), crand.Text()
 }
 
 // Cluster is a set of quotad processes.
