@@ -64,6 +64,7 @@ func newWorld() *world {
 	w.in.Logs = []cluster.LogState{{Node: "n1", Incarnation: "inc-1", Settled: 20, Durable: 20}}
 	// The ledger was down from 1.2 s to 3.4 s; a charge went through.
 	w.in.LedgerDown = []cluster.Window{{Kind: string(LedgerDown), Start: 1200 * ms, End: 3400 * ms}}
+	w.in.Faults = slices.Clone(w.in.LedgerDown)
 	w.charge("rl-1", "r5", 2500, "ok")
 	w.row("rl-1", "r5", 13, false)
 	return w
@@ -161,7 +162,7 @@ func TestEachCheckerCanFail(t *testing.T) {
 				op := w.charge("hard-1", fmt.Sprintf("u%d", i), 5000+i*5000, "ok")
 				op.Status, op.Reason, op.Decider, op.Reset = cluster.StatusUnknown, "quota_unavailable", "", 0
 			}
-		}, "every charge undecided for 35s, from 4.999s to 40.000s", []int{12, 19}},
+		}, "every charge undecided for 35s, from 4.999s to 40.000s, 35s of it with no fault active", []int{12, 19}},
 		{"sequence repeated", "SEQ", func(w *world) { w.in.Ledger.Events["hard-1"][3].Seq = 3 }, "seq 3 holds two events", nil},
 		{"sequence not settled", "SEQ", func(w *world) { w.in.Logs[0].Durable = 22 }, "2 records durable but not settled", nil},
 		{"stranded reservation", "RES", func(w *world) {
@@ -189,6 +190,48 @@ func TestEachCheckerCanFail(t *testing.T) {
 					t.Errorf("%s names operations %v, want %v", r.ID, v.Ops, tc.ops)
 				}
 			}
+		})
+	}
+}
+
+// TestAvailWaitsOutChainedFaults: an account undecided for 40 s is not
+// stuck while faults chained back to back held it (a kill, a ledger outage),
+// and is once it stays undecided 15 s past the last fault's end.
+func TestAvailWaitsOutChainedFaults(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		faults []cluster.Window
+		want   string // "" for held
+	}{
+		{"faults throughout, with short gaps", []cluster.Window{
+			{Kind: string(Kill), Node: "n1", Start: 4000 * ms, End: 12000 * ms},
+			{Kind: string(LedgerDown), Start: 10000 * ms, End: 22000 * ms},
+			{Kind: string(DiskLoss), Node: "n2", Start: 30000 * ms, End: 42000 * ms},
+		}, ""},
+		{"stuck after the faults ended", []cluster.Window{
+			{Kind: string(Kill), Node: "n1", Start: 4000 * ms, End: 12000 * ms},
+			{Kind: string(LedgerDown), Start: 10000 * ms, End: 22000 * ms},
+		}, "every charge undecided for 40s, from 4.999s to 45.000s, 23s of it with no fault active"},
+		{"stuck between two faults", []cluster.Window{
+			{Kind: string(Kill), Node: "n1", Start: 4000 * ms, End: 8000 * ms},
+			{Kind: string(LedgerDown), Start: 26000 * ms, End: 50000 * ms},
+		}, "18s of it with no fault active"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := newWorld()
+			for i := range int64(9) { // every 5 s from 5 s to 45 s
+				op := w.charge("hard-1", fmt.Sprintf("u%d", i), 5000+i*5000, "ok")
+				op.Status, op.Reason, op.Decider, op.Reset = cluster.StatusUnknown, "quota_unavailable", "", 0
+			}
+			w.in.Faults = append(w.in.Faults, tc.faults...)
+			r := cluster.CheckAvail(w.in)
+			switch {
+			case tc.want == "" && r.Verdict != cluster.Held:
+				t.Fatalf("%s: %+v, want held", r.Verdict, r.Violations)
+			case tc.want != "" && (r.Verdict != cluster.Violated || !strings.Contains(r.Violations[0].Detail, tc.want)):
+				t.Fatalf("%s %+v, want a violation saying %q", r.Verdict, r.Violations, tc.want)
+			}
+			t.Log(r.Summary)
 		})
 	}
 }

@@ -410,7 +410,8 @@ func (h *harness) run(ctx context.Context) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
-	in := &cluster.CheckInput{Ops: h.hist.Ops(), Accounts: h.acct.limits, Ledger: st, Logs: logs, Lost: h.lost, Starts: h.starts}
+	in := &cluster.CheckInput{Ops: h.hist.Ops(), Accounts: h.acct.limits, Ledger: st, Logs: logs, Lost: h.lost, Starts: h.starts,
+		Faults: h.windows}
 	for _, w := range h.windows {
 		if w.Kind == string(LedgerDown) {
 			in.LedgerDown = append(in.LedgerDown, w)

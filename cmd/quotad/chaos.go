@@ -35,7 +35,7 @@ against the recorded history and the ledger:
   G7    rate limits within burst + rate*t (+ one burst per ownership move)
   G8    charges acknowledged while the ledger was down
   G9    no period goes backwards after a clock jump
-  AVAIL no account is refused as undecided for more than 30 s
+  AVAIL no account stays undecided 15 s past the faults that held it
   SEQ   settled sequences contiguous per (node, incarnation)
   RES   no reservation stranded after the final drain
   LIVE  nodes come back, drain and exit 0
