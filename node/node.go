@@ -232,7 +232,11 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	if err := n.serve(); err != nil {
 		return nil, err
 	}
-	if err := n.Ring().SetState(ctx, ring.StateServing); err != nil {
+	if err := n.Ring().SetState(ctx, ring.StateServing); errors.Is(err, ring.ErrUnconfirmed) {
+		// Serving locally already; the peers learn it by gossip. Refusing
+		// to start here made a node on a loaded machine exit for nothing.
+		n.log.Warn("became serving, but the announcement was not confirmed in time: peers learn it by gossip", "err", err)
+	} else if err != nil {
 		return nil, fmt.Errorf("node: become serving: %w", err)
 	}
 	if n.cfg.ReconcileInterval > 0 {

@@ -21,6 +21,13 @@ var ErrClosed = errors.New("ring: closed")
 // ErrLeft is returned by SetState and Rejoin after Leave.
 var ErrLeft = errors.New("ring: left the cluster")
 
+// ErrUnconfirmed is returned (wrapped) by SetState when the new state is set
+// and in the local ring but memberlist did not confirm its broadcast before
+// the deadline, as on a machine too loaded to run the gossip loop in time.
+// The state still spreads, by gossip and push-pull; callers that need the
+// state locally (a node becoming serving) can go on and log it.
+var ErrUnconfirmed = errors.New("memberlist did not confirm the broadcast in time (the state is set and spreads by gossip)")
+
 // View is a consistent snapshot of the ring as this node sees it.
 type View struct {
 	// Epoch names the serving set (see the package doc); 0 when nobody
@@ -299,7 +306,7 @@ func (r *Ring) Subscribe(buf int) (<-chan Change, func()) {
 // local ring reflects the new state and memberlist has sent the update, or
 // when ctx ends (without a deadline, the broadcast wait is bounded by 5 s).
 // An error from the broadcast leaves the state set: the update still spreads
-// by gossip and push-pull.
+// by gossip and push-pull, and the error wraps ErrUnconfirmed.
 func (r *Ring) SetState(ctx context.Context, s State) error {
 	if !s.Valid() {
 		return fmt.Errorf("ring: invalid state %q", s)
@@ -335,7 +342,7 @@ func (r *Ring) SetState(ctx context.Context, s State) error {
 		return fmt.Errorf("ring: set state %s: %w", s, err)
 	}
 	if bErr != nil {
-		return fmt.Errorf("ring: set state %s: broadcast: %w", s, bErr)
+		return fmt.Errorf("ring: set state %s: %w (%v)", s, ErrUnconfirmed, bErr)
 	}
 	r.log.Info("state changed", "state", s)
 	return nil
