@@ -30,7 +30,8 @@
 //		}
 //	}()
 //	// ... load the log and snapshot, then take accounts:
-//	if err := r.SetState(ctx, ring.StateServing); err != nil {
+//	err := r.SetState(ctx, ring.StateServing)
+//	if err != nil && !errors.Is(err, ring.ErrUnconfirmed) { // unconfirmed: set, spreading by gossip
 //		return err
 //	}
 //
