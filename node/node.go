@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 
 	"github.com/quotaring/quotaring/engine"
 	"github.com/quotaring/quotaring/flush"
@@ -50,6 +52,11 @@ type Config struct {
 	// client; at least 16 characters each. More than one is for a
 	// rotation.
 	RPCTokens []string
+	// RPCTLS, when its files are set, makes the RPC port mutual TLS: the
+	// node presents RPCTLS.Cert, requires a client certificate from
+	// RPCTLS.CA, and forwards over TLS (router's tls.go). The same CA on
+	// every node and in every embedded client's DialOptions.TLS.
+	RPCTLS router.TLSFiles
 	// RingPreset is "lan" (production) or "local" (loopback tests) ["lan"].
 	RingPreset string
 	// SettleInterval between settles [1s]; SnapshotInterval between config
@@ -119,6 +126,9 @@ type Node struct {
 	httpSrv *http.Server
 	admin   *http.Server
 	lis     struct{ rpc, http, admin net.Listener }
+	// rpcTLS are the RPC port's server and forwarding TLS configs; nil
+	// without Config.RPCTLS.
+	rpcTLS  struct{ server, client *tls.Config }
 	reg     *prometheus.Registry
 	metrics *metrics
 
@@ -205,6 +215,9 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 		if err := router.CheckRPCToken(tok); err != nil {
 			return nil, fmt.Errorf("node: %w", err)
 		}
+	}
+	if err := n.loadRPCTLS(); err != nil {
+		return nil, err
 	}
 	if err := n.startAlerts(); err != nil {
 		return nil, err
@@ -352,14 +365,16 @@ func (n *Node) joinRing() error {
 	if err != nil {
 		return fmt.Errorf("node: join the ring: %w", err)
 	}
+	lockAttrs := []any{"gossip_encrypted", len(n.cfg.GossipKeys) > 0, "rpc_token_required", n.rpcToken() != "", "rpc_mutual_tls", n.rpcTLS.server != nil}
 	if n.portsLocked() {
-		n.log.Info("internal ports locked", "gossip_encrypted", true, "rpc_token_required", true)
+		n.log.Info("internal ports locked", lockAttrs...)
 	} else {
-		n.log.Info("internal ports not locked: keep --gossip-addr and --rpc-addr reachable only by the cluster and its embedded clients, or set --gossip-key and --rpc-token",
-			"gossip_encrypted", len(n.cfg.GossipKeys) > 0, "rpc_token_required", n.rpcToken() != "")
+		n.log.Info("internal ports not locked: keep --gossip-addr and --rpc-addr reachable only by the cluster and its embedded clients, or set --gossip-key, and --rpc-token or --rpc-tls-*",
+			lockAttrs...)
 	}
 	n.ring.Store(r)
-	n.router, err = router.New(router.Config{Engine: n.eng, Ring: r, Faults: n.faults, Token: n.rpcToken(), Logger: n.log.With("component", "router")})
+	n.router, err = router.New(router.Config{Engine: n.eng, Ring: r, Faults: n.faults, Token: n.rpcToken(), TLS: n.rpcTLS.client,
+		Logger: n.log.With("component", "router")})
 	if err != nil {
 		return err
 	}
@@ -376,6 +391,9 @@ func (n *Node) serve() error {
 	// about a tenth of a busy node's CPU growing and copying stacks.
 	opts := append([]grpc.ServerOption{grpc.NumStreamWorkers(uint32(4 * runtime.GOMAXPROCS(0))), grpc.SharedWriteBuffer(true)},
 		router.ServerAuth(n.cfg.RPCTokens...)...)
+	if n.rpcTLS.server != nil {
+		opts = append(opts, grpc.Creds(credentials.NewTLS(n.rpcTLS.server)))
+	}
 	n.grpcSrv = grpc.NewServer(opts...)
 	pb.RegisterQuotaServer(n.grpcSrv, n.router.Server())
 	go n.grpcSrv.Serve(n.lis.rpc)
@@ -474,8 +492,32 @@ func (n *Node) Engine() *engine.Engine { return n.eng }
 func (n *Node) Ring() *ring.Ring       { return n.ring.Load() }
 
 // portsLocked reports whether gossip is encrypted and RPC calls need the
-// token (--gossip-key and --rpc-token both set).
-func (n *Node) portsLocked() bool { return len(n.cfg.GossipKeys) > 0 && n.rpcToken() != "" }
+// token or a client certificate (--gossip-key, and --rpc-token or
+// --rpc-tls-*).
+func (n *Node) portsLocked() bool {
+	return len(n.cfg.GossipKeys) > 0 && (n.rpcToken() != "" || n.rpcTLS.server != nil)
+}
+
+// loadRPCTLS reads Config.RPCTLS's files, if any, into n.rpcTLS; renewed
+// certificates are read again at handshakes, and logged.
+func (n *Node) loadRPCTLS() error {
+	f := n.cfg.RPCTLS
+	if !f.Enabled() {
+		return nil
+	}
+	f.OnReload = func(err error) {
+		if err != nil {
+			n.log.Error("RPC TLS: the changed certificate or key did not load; the previous pair stays in use", "err", err)
+			return
+		}
+		n.log.Info("RPC TLS: certificate reloaded", "cert", f.Cert)
+	}
+	var err error
+	if n.rpcTLS.server, n.rpcTLS.client, err = f.Configs(); err != nil {
+		return fmt.Errorf("node: %w", err)
+	}
+	return nil
+}
 
 // rpcToken is the RPC token this node sends: the first of RPCTokens.
 func (n *Node) rpcToken() string {

@@ -56,9 +56,9 @@ type statusData struct {
 	Epoch       string
 	RingErr     string
 	Addrs       ring.Meta
-	// PortsLocked: gossip encrypted and RPC calls need the token
-	// (--gossip-key and --rpc-token both set).
-	PortsLocked bool
+	// PortsLocked: gossip encrypted and RPC calls need the token or a
+	// client certificate (portsLocked); RPCTLS: the RPC port is mutual TLS.
+	PortsLocked, RPCTLS bool
 
 	Members    []statusMember
 	Partitions int
@@ -222,7 +222,7 @@ func (n *Node) statusRing(d *statusData, r *ring.Ring) {
 		d.RingErr = err.Error()
 	}
 	d.Addrs = r.Self()
-	d.PortsLocked = n.portsLocked()
+	d.PortsLocked, d.RPCTLS = n.portsLocked(), n.rpcTLS.server != nil
 	d.Partitions = len(v.Owners)
 	if d.Partitions == 0 {
 		d.Partitions = r.Layout().PartitionCount

@@ -3,11 +3,13 @@ package router
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -33,7 +35,12 @@ type DialOptions struct {
 	Dialer func(ctx context.Context, addr string) (net.Conn, error)
 	// Token is the cluster's RPC token (the nodes' --rpc-token), sent with
 	// every call; required when the nodes have one.
-	Token  string
+	Token string
+	// TLS, when set, dials nodes with TLS; required when the nodes run with
+	// --rpc-tls-*, and then it must present a client certificate from the
+	// cluster's CA: TLSFiles.ClientConfig builds it from PEM files. Nil
+	// dials in plaintext.
+	TLS    *tls.Config
 	Logger *slog.Logger
 }
 
@@ -119,11 +126,11 @@ func (o DialOptions) Dial(ctx context.Context, seeds ...string) (*Client, error)
 	bg, cancel := context.WithCancel(context.Background())
 	c := &Client{opts: o, seeds: seeds, cancel: cancel, done: make(chan struct{}), refreshing: make(chan struct{}, 1)}
 	c.peers = newPeers(bg, peerOptions{maxInflight: o.MaxInflight, maxBatch: o.MaxBatch, callTimeout: o.CallTimeout,
-		dialer: o.Dialer, epoch: c.epoch, hops: 0, token: o.Token})
+		dialer: o.Dialer, epoch: c.epoch, hops: 0, token: o.Token, tls: o.TLS})
 	if err := c.refreshView(ctx, ""); err != nil {
 		close(c.done)
 		c.Close()
-		return nil, err
+		return nil, tlsHint(err, o.TLS != nil)
 	}
 	if err := c.refreshConfig(ctx); err != nil {
 		c.opts.Logger.Warn("no config snapshot yet; the middleware answers quota-unavailable until one arrives", "err", err)
@@ -461,4 +468,17 @@ func (c *Client) refreshConfig(ctx context.Context) error {
 		return nil
 	}
 	return fmt.Errorf("router: no node gave a config snapshot: %w", errors.Join(errs...))
+}
+
+// tlsHint adds the likely fix to a Dial error that looks like a TLS
+// mismatch, whose gRPC wording names neither side's setting.
+func tlsHint(err error, withTLS bool) error {
+	msg := err.Error()
+	switch {
+	case !withTLS && strings.Contains(msg, "error reading server preface"):
+		return fmt.Errorf("%w (a node that requires TLS closes plaintext connections like this: if the cluster runs with --rpc-tls-*, set DialOptions.TLS, e.g. from TLSFiles.ClientConfig)", err)
+	case withTLS && strings.Contains(msg, "first record does not look like a TLS handshake"):
+		return fmt.Errorf("%w (the node does not speak TLS: turn on --rpc-tls-* on the nodes, or dial without DialOptions.TLS)", err)
+	}
+	return err
 }

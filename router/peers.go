@@ -2,6 +2,7 @@ package router
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -9,6 +10,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/quotaring/quotaring/router/pb"
@@ -53,6 +55,8 @@ type peerOptions struct {
 	hops uint32
 	// token, when set, goes with every call (the cluster's RPC token).
 	token string
+	// tls, when set, makes every connection TLS (tls.go); nil is plaintext.
+	tls *tls.Config
 }
 
 func newPeers(ctx context.Context, opts peerOptions) *peers {
@@ -68,7 +72,11 @@ func (ps *peers) get(addr string) (*peer, error) {
 	if p, ok := ps.byAddr[addr]; ok {
 		return p, nil
 	}
-	dialOpts := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+	creds := insecure.NewCredentials()
+	if ps.opts.tls != nil {
+		creds = credentials.NewTLS(ps.opts.tls)
+	}
+	dialOpts := []grpc.DialOption{grpc.WithTransportCredentials(creds)}
 	if ps.opts.dialer != nil {
 		dialOpts = append(dialOpts, grpc.WithContextDialer(ps.opts.dialer))
 	}

@@ -2,6 +2,7 @@ package router
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -50,7 +51,10 @@ type Config struct {
 	Faults *Faults
 	// Token is sent with every forwarded call: the cluster's RPC token
 	// (auth.go); empty sends none.
-	Token  string
+	Token string
+	// TLS, when set, is the client side of forwarded calls (tls.go:
+	// TLSFiles.ClientConfig); nil forwards in plaintext.
+	TLS    *tls.Config
 	Logger *slog.Logger
 }
 
@@ -132,7 +136,7 @@ func New(cfg Config) (*Router, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &Router{cfg: cfg, self: cfg.Ring.Self().ID, cancel: cancel}
-	opts := peerOptions{maxInflight: cfg.MaxInflight, maxBatch: cfg.MaxBatch, callTimeout: cfg.CallTimeout, epoch: cfg.Ring.Epoch, hops: 1, token: cfg.Token}
+	opts := peerOptions{maxInflight: cfg.MaxInflight, maxBatch: cfg.MaxBatch, callTimeout: cfg.CallTimeout, epoch: cfg.Ring.Epoch, hops: 1, token: cfg.Token, tls: cfg.TLS}
 	if cfg.Faults != nil {
 		opts.dialer = cfg.Faults.dial
 	}

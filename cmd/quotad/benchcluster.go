@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/quotaring/quotaring/internal/loadgen"
@@ -34,6 +36,7 @@ type benchClusterFlags struct {
 	batch       int
 	prefix      string
 	rpcToken    string
+	rpcTLS      router.TLSFiles
 	warm        bool
 }
 
@@ -81,6 +84,7 @@ Clients:
 	fl.IntVar(&f.inflight, "inflight", 0, "with --client embedded: calls in flight to one owner before calls are gathered into the next batch (router.DialOptions.MaxInflight; 0: its default)")
 	fl.IntVar(&f.batch, "batch", 1, "charges per call")
 	fl.StringVar(&f.rpcToken, "rpc-token", "", "the nodes' --rpc-token, when they have one (of a list, the first); prefer QUOTAD_RPC_TOKEN, which ps does not show")
+	registerRPCTLSFlags(fl, &f.rpcTLS, "this client's")
 	fl.StringVar(&f.prefix, "account-prefix", "bench-", "account ids are PREFIX1 .. PREFIXN")
 	fl.BoolVar(&f.warm, "warm", true, "charge every account once before measuring, so each owner holds a reservation (an account's first charge waits for one ledger round trip)")
 	return cmd
@@ -109,6 +113,15 @@ func runBenchCluster(ctx context.Context, out, progress io.Writer, f benchCluste
 	case f.client == "embedded" && f.batch != 1:
 		return fmt.Errorf("--client embedded charges one unit of work per call (its batching is the coalescing of concurrent calls): use --batch 1, or --client rpc for --batch %d", f.batch)
 	}
+	if err := checkRPCTLSFlags(f.rpcTLS); err != nil {
+		return err
+	}
+	var tlsConf *tls.Config
+	if f.rpcTLS.Enabled() {
+		if tlsConf, err = f.rpcTLS.ClientConfig(); err != nil {
+			return err
+		}
+	}
 	f.rpcToken, _, _ = strings.Cut(f.rpcToken, ",") // the token to send of a rotation's list
 	f.rpcToken = strings.TrimSpace(f.rpcToken)
 	accounts := make([]string, f.accounts)
@@ -131,7 +144,11 @@ func runBenchCluster(ctx context.Context, out, progress io.Writer, f benchCluste
 		if c, ok := conns[addr]; ok {
 			return c, nil
 		}
-		opts := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+		creds := insecure.NewCredentials()
+		if tlsConf != nil {
+			creds = credentials.NewTLS(tlsConf)
+		}
+		opts := []grpc.DialOption{grpc.WithTransportCredentials(creds)}
 		if f.rpcToken != "" {
 			opts = append(opts, router.WithRPCToken(f.rpcToken))
 		}
@@ -155,7 +172,7 @@ func runBenchCluster(ctx context.Context, out, progress io.Writer, f benchCluste
 	var owners func(account string) string
 	var embedded *router.Client
 	if f.client == "embedded" {
-		opts := router.DialOptions{MaxInflight: f.inflight, Token: f.rpcToken}
+		opts := router.DialOptions{MaxInflight: f.inflight, Token: f.rpcToken, TLS: tlsConf}
 		if embedded, err = opts.Dial(ctx, f.nodes...); err != nil {
 			return fmt.Errorf("embedded client: %w", err)
 		}

@@ -2,8 +2,14 @@ package main
 
 import (
 	"bytes"
+	"context"
+	"io"
+	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
+
+	"github.com/quotaring/quotaring/internal/pki"
 )
 
 // A misspelt QUOTAD_* variable is reported, a real one is not.
@@ -68,5 +74,39 @@ func TestParseRPCTokens(t *testing.T) {
 	}
 	if _, err := parseRPCTokens("new-token-0123456789,short"); err == nil || !strings.Contains(err.Error(), "--rpc-token: token 2 is 5 characters; use at least 16") {
 		t.Fatalf("a short second token: %v", err)
+	}
+}
+
+// The --rpc-tls-* flags go together, and a node refuses files that cannot
+// work before it binds a port, naming the file.
+func TestServeRPCTLSFlags(t *testing.T) {
+	dir := t.TempDir()
+	ca, err := pki.NewCA("test CA")
+	if err != nil {
+		t.Fatal(err)
+	}
+	files, err := ca.WriteFiles(dir, "node", pki.Names{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := []string{"serve", "--data-dir", filepath.Join(dir, "n1"), "--ledger", "sqlite:" + filepath.Join(dir, "ledger.db"),
+		"--rpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0", "--gossip-addr", "127.0.0.1:0"}
+	for name, tc := range map[string]struct {
+		args []string
+		want string
+	}{
+		"a certificate alone": {[]string{"--rpc-tls-cert", files.Cert}, "missing --rpc-tls-key, --rpc-tls-ca"},
+		"a server name alone": {[]string{"--rpc-tls-server-name", "quotad.internal"}, "--rpc-tls-server-name is set without"},
+		"the key as CA": {[]string{"--rpc-tls-cert", files.Cert, "--rpc-tls-key", files.Key, "--rpc-tls-ca", files.Key},
+			files.Key + " holds no PEM certificate"},
+	} {
+		root := newRootCmd()
+		root.SetArgs(append(slices.Clone(base), tc.args...))
+		root.SetOut(io.Discard)
+		root.SetErr(io.Discard)
+		err := root.ExecuteContext(context.Background())
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v, want an error saying %q", name, err, tc.want)
+		}
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/quotaring/quotaring/node"
 	"github.com/quotaring/quotaring/ring"
@@ -24,6 +25,7 @@ type serveFlags struct {
 	rpcAddr, httpAddr, adminAddr, gossipAddr string
 	join                                     []string
 	gossipKey, rpcToken                      string
+	rpcTLS                                   router.TLSFiles
 	advertiseHost                            string
 	reconcileInterval                        time.Duration
 	ringPreset                               string
@@ -72,6 +74,7 @@ for the next start.`,
 	fl.StringSliceVar(&f.join, "join", nil, "seeds to join: host:port list, or a DNS name with many A records (a headless Service); empty for the first node")
 	fl.StringVar(&f.gossipKey, "gossip-key", "", "encrypt and authenticate gossip with this key: base64 of 16, 24 or 32 random bytes (openssl rand -base64 32), the same on every node; empty gossips in plaintext, so keep the gossip port private. KEY,OLD,... while rotating: the first sends, all are accepted. Prefer QUOTAD_GOSSIP_KEY, which ps does not show")
 	fl.StringVar(&f.rpcToken, "rpc-token", "", "a shared secret every call to the internal RPC port must carry (nodes forwarding, embedded clients: router.DialOptions.Token, quotad bench cluster --rpc-token): the same on every node, at least 16 characters (openssl rand -hex 32); empty leaves the RPC port open to whoever reaches it. TOKEN,OLD,... while rotating: the first is sent, all are accepted. Prefer QUOTAD_RPC_TOKEN, which ps does not show")
+	registerRPCTLSFlags(fl, &f.rpcTLS, "the node's")
 	fl.StringVar(&f.ringPreset, "ring-preset", ring.PresetLAN, "gossip timings: lan (production) or local (tests on one machine)")
 	fl.DurationVar(&f.settleInterval, "settle-interval", time.Second, "how often to settle the log into the ledger (also the span a reservation is sized to cover twice)")
 	fl.DurationVar(&f.snapshotInterval, "snapshot-interval", 3*time.Second, "how often to read the config (plans, accounts, keys, weights) from the ledger")
@@ -134,9 +137,12 @@ func (f *serveFlags) config(logger *slog.Logger) (node.Config, error) {
 	if err != nil {
 		return node.Config{}, err
 	}
+	if err := checkRPCTLSFlags(f.rpcTLS); err != nil {
+		return node.Config{}, err
+	}
 	return node.Config{ID: f.nodeID, DataDir: f.dataDir, Ledger: f.ledger,
 		RPCAddr: f.rpcAddr, HTTPAddr: f.httpAddr, AdminAddr: f.adminAddr, GossipAddr: f.gossipAddr,
-		Join: f.join, GossipKeys: gossipKeys, RPCTokens: rpcTokens, AdvertiseHost: f.advertiseHost, ReconcileInterval: reconcileInterval(f.reconcileInterval), RingPreset: f.ringPreset, SettleInterval: f.settleInterval, SnapshotInterval: f.snapshotInterval,
+		Join: f.join, GossipKeys: gossipKeys, RPCTokens: rpcTokens, RPCTLS: f.rpcTLS, AdvertiseHost: f.advertiseHost, ReconcileInterval: reconcileInterval(f.reconcileInterval), RingPreset: f.ringPreset, SettleInterval: f.settleInterval, SnapshotInterval: f.snapshotInterval,
 		NoSync: !f.walSync, EventsOff: !f.events, DrainTimeout: f.drainTimeout, SettleTimeout: f.settleTimeout,
 		TestFaults: f.testFaults, Logger: logger}, nil
 }
@@ -268,4 +274,34 @@ func reconcileInterval(d time.Duration) time.Duration {
 		return -1
 	}
 	return d
+}
+
+// registerRPCTLSFlags adds --rpc-tls-cert, -key, -ca and -server-name (whose
+// certificate: "the node's" or "this client's").
+func registerRPCTLSFlags(fl *pflag.FlagSet, f *router.TLSFiles, whose string) {
+	fl.StringVar(&f.Cert, "rpc-tls-cert", "", "mutual TLS on the internal RPC: "+whose+" certificate chain (PEM), presented as both server and client certificate; read again when it changes. With --rpc-tls-key and --rpc-tls-ca")
+	fl.StringVar(&f.Key, "rpc-tls-key", "", "the private key (PEM) of --rpc-tls-cert")
+	fl.StringVar(&f.CA, "rpc-tls-ca", "", "the CA bundle (PEM) every node's and embedded client's certificate must chain to; the same everywhere")
+	fl.StringVar(&f.ServerName, "rpc-tls-server-name", "", "the name every node's certificate carries, checked when dialling nodes; empty: the address dialled (nodes advertise IPs, so their certificates then need IP SANs)")
+}
+
+// checkRPCTLSFlags names the flags missing for RPC TLS: the three files go
+// together, and a server name alone turns nothing on.
+func checkRPCTLSFlags(f router.TLSFiles) error {
+	if !f.Enabled() {
+		if f.ServerName != "" {
+			return errors.New("--rpc-tls-server-name is set without --rpc-tls-cert, --rpc-tls-key and --rpc-tls-ca: give all three to turn RPC TLS on")
+		}
+		return nil
+	}
+	var missing []string
+	for _, x := range []struct{ flag, v string }{{"--rpc-tls-cert", f.Cert}, {"--rpc-tls-key", f.Key}, {"--rpc-tls-ca", f.CA}} {
+		if x.v == "" {
+			missing = append(missing, x.flag)
+		}
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("RPC TLS needs --rpc-tls-cert, --rpc-tls-key and --rpc-tls-ca together; missing %s", strings.Join(missing, ", "))
+	}
+	return nil
 }

@@ -1,0 +1,233 @@
+package router_test
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/quotaring/quotaring/internal/pki"
+	"github.com/quotaring/quotaring/router"
+)
+
+// tlsServer accepts TLS connections with cfg on loopback and writes each
+// one's handshake result back: "ok" or the error.
+func tlsServer(t *testing.T, cfg *tls.Config) string {
+	t.Helper()
+	lis, err := tls.Listen("tcp", "127.0.0.1:0", cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	t.Cleanup(func() { lis.Close(); wg.Wait() })
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := lis.Accept()
+			if err != nil {
+				return // closed by the cleanup
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer c.Close()
+				c.SetDeadline(time.Now().Add(5 * time.Second))
+				if err := c.(*tls.Conn).Handshake(); err != nil {
+					return
+				}
+				c.Write([]byte("ok"))
+			}()
+		}
+	}()
+	return lis.Addr().String()
+}
+
+// handshake dials addr with cfg and returns the server's leaf certificate,
+// or the error of the handshake or of the first read (with TLS 1.3 a
+// server's refusal of the client's certificate arrives there).
+func handshake(addr string, cfg *tls.Config) (*x509.Certificate, error) {
+	c, err := tls.DialWithDialer(&net.Dialer{Timeout: 5 * time.Second}, "tcp", addr, cfg)
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	buf := make([]byte, 2)
+	if _, err := c.Read(buf); err != nil {
+		return nil, err
+	}
+	return c.ConnectionState().PeerCertificates[0], nil
+}
+
+func writeFile(t *testing.T, path string, b []byte) {
+	t.Helper()
+	if err := os.WriteFile(path, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestTLSFilesMutual: a node's config and a client's from files of one CA
+// talk; a client with no certificate, or one from another CA, or expecting
+// another server name, does not.
+func TestTLSFilesMutual(t *testing.T) {
+	dir := t.TempDir()
+	ca, err := pki.NewCA("test CA")
+	if err != nil {
+		t.Fatal(err)
+	}
+	files, err := ca.WriteFiles(dir, "node", pki.Names{DNS: []string{"quotad.internal"}, IPs: []net.IP{net.IPv4(127, 0, 0, 1)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := files.ServerConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := tlsServer(t, srv)
+
+	for name, sn := range map[string]string{"by IP SAN": "", "by --rpc-tls-server-name": "quotad.internal"} {
+		f := files
+		f.ServerName = sn
+		cli, err := f.ClientConfig()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := handshake(addr, cli); err != nil {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
+
+	other, _ := pki.NewCA("another CA")
+	otherFiles, err := other.WriteFiles(filepath.Join(dir, "other"), "client", pki.Names{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	otherCli, err := otherFiles.ClientConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	goodCli, _ := files.ClientConfig()
+	noCert := goodCli.Clone()
+	noCert.GetClientCertificate = nil
+	foreignCert := goodCli.Clone()
+	foreignCert.GetClientCertificate = otherCli.GetClientCertificate
+	wrongName := goodCli.Clone()
+	wrongName.ServerName = "quotad.example"
+	for name, tc := range map[string]struct {
+		cfg  *tls.Config
+		want string
+	}{
+		"no client certificate":               {noCert, "certificate required"},
+		"a client certificate of another CA":  {foreignCert, "unknown certificate authority"},
+		"a server certificate not of its CA":  {otherCli, "certificate signed by unknown authority"},
+		"a server name the certificate lacks": {wrongName, "quotad.example"},
+	} {
+		_, err := handshake(addr, tc.cfg)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v, want an error saying %q", name, err, tc.want)
+		}
+	}
+}
+
+// TestTLSFilesReload: a renewed certificate is used from the next
+// handshake, without a restart; one written half-way keeps the previous.
+func TestTLSFilesReload(t *testing.T) {
+	dir := t.TempDir()
+	ca, _ := pki.NewCA("test CA")
+	ip := pki.Names{IPs: []net.IP{net.IPv4(127, 0, 0, 1)}}
+	files, err := ca.WriteFiles(dir, "node", ip)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var reloads []error
+	files.OnReload = func(err error) { mu.Lock(); reloads = append(reloads, err); mu.Unlock() }
+	srv, cli, err := files.Configs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := tlsServer(t, srv)
+	first, err := handshake(addr, cli)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// Renewed: a new pair in place (a later mtime, as a rename would give).
+	certPEM, keyPEM, _ := ca.Issue("node", ip)
+	writeFile(t, files.Cert, certPEM)
+	writeFile(t, files.Key, keyPEM)
+	later := time.Now().Add(time.Minute)
+	os.Chtimes(files.Cert, later, later)
+	renewed, err := handshake(addr, cli)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if renewed.SerialNumber.Cmp(first.SerialNumber) == 0 {
+		t.Fatal("the server still presents the first certificate after it was renewed")
+	}
+
+	// Half-written: the key truncated. The renewed pair stays.
+	writeFile(t, files.Key, keyPEM[:len(keyPEM)/2])
+	os.Chtimes(files.Key, later.Add(time.Minute), later.Add(time.Minute))
+	kept, err := handshake(addr, cli)
+	if err != nil {
+		t.Fatalf("a half-written key broke the handshake: %v", err)
+	}
+	if kept.SerialNumber.Cmp(renewed.SerialNumber) != 0 {
+		t.Fatal("the server changed certificate on a pair that does not load")
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(reloads) != 2 || reloads[0] != nil || reloads[1] == nil {
+		t.Fatalf("OnReload heard %v, want nil (renewed) then an error (half-written)", reloads)
+	}
+	t.Logf("half-written: %v", reloads[1])
+}
+
+// TestTLSFilesErrors: what a node says at start about files that cannot
+// work, naming the file and the fix.
+func TestTLSFilesErrors(t *testing.T) {
+	dir := t.TempDir()
+	ca, _ := pki.NewCA("test CA")
+	good, err := ca.WriteFiles(dir, "node", pki.Names{IPs: []net.IP{net.IPv4(127, 0, 0, 1)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, _ := pki.NewCA("another CA")
+	foreign, _ := other.WriteFiles(filepath.Join(dir, "other"), "node", pki.Names{})
+	expired, _ := ca.WriteFiles(filepath.Join(dir, "expired"), "node", pki.Names{NotBefore: time.Now().Add(-48 * time.Hour), NotAfter: time.Now().Add(-time.Hour)})
+	serverOnly, _ := ca.WriteFiles(filepath.Join(dir, "serveronly"), "node", pki.Names{Usages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}})
+	notPEM := filepath.Join(dir, "not.pem")
+	writeFile(t, notPEM, []byte("hello\n"))
+
+	with := func(mod func(*router.TLSFiles)) router.TLSFiles { f := good; mod(&f); return f }
+	for name, tc := range map[string]struct {
+		files router.TLSFiles
+		want  string
+	}{
+		"no key":                      {with(func(f *router.TLSFiles) { f.Key = "" }), "missing: [key (--rpc-tls-key)]"},
+		"no CA file":                  {with(func(f *router.TLSFiles) { f.CA = filepath.Join(dir, "nope.pem") }), "read the CA bundle"},
+		"a CA file without PEM":       {with(func(f *router.TLSFiles) { f.CA = notPEM }), "holds no PEM certificate"},
+		"certificate and key swapped": {with(func(f *router.TLSFiles) { f.Cert, f.Key = f.Key, f.Cert }), "swapped"},
+		"a key of another pair":       {with(func(f *router.TLSFiles) { f.Key = foreign.Key }), "private key does not match public key"},
+		"a certificate of another CA": {with(func(f *router.TLSFiles) { f.Cert, f.Key = foreign.Cert, foreign.Key }), "unknown authority"},
+		"an expired certificate":      {with(func(f *router.TLSFiles) { f.Cert, f.Key = expired.Cert, expired.Key }), "expired"},
+		"a server-only certificate":   {with(func(f *router.TLSFiles) { f.Cert, f.Key = serverOnly.Cert, serverOnly.Key }), "not valid as a client certificate"},
+	} {
+		_, err := tc.files.ServerConfig()
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v, want an error saying %q", name, err, tc.want)
+			continue
+		}
+		if errors.Is(err, os.ErrNotExist) && !strings.Contains(err.Error(), "nope.pem") {
+			t.Errorf("%s: %v does not name the file", name, err)
+		}
+	}
+}
