@@ -2,6 +2,7 @@ package chaos
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -132,8 +133,11 @@ type harness struct {
 	alerts   *alertSink // the quota alerts' webhook, on the upstream's server
 	acct     accounts
 
-	// gossipKey (base64) and rpcToken lock the nodes' internal ports.
+	// gossipKey (base64), rpcToken and rpcTLS (mutual TLS, made in setup)
+	// lock the nodes' internal ports; tlsClient is rpcTLS's client side.
 	gossipKey, rpcToken string
+	rpcTLS              router.TLSFiles
+	tlsClient           *tls.Config
 
 	mu      sync.Mutex // protects the fields below
 	active  []*Episode // faults on now (progress lines)
@@ -159,7 +163,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 	// The cluster runs with its internal ports locked, as the README
 	// advises for production: the faults then also exercise forwarding
-	// and gossip with the RPC token and the gossip key.
+	// and gossip with the RPC token, mutual TLS and the gossip key.
 	gossipKey, rpcToken := cluster.NewSecrets()
 	h := &harness{cfg: cfg, plan: plan, removed: map[string]bool{}, paused: map[string]bool{}, conns: &cluster.Conns{Token: rpcToken},
 		gossipKey: gossipKey, rpcToken: rpcToken,
@@ -217,11 +221,15 @@ func (h *harness) setup(ctx context.Context) error {
 	if err := os.MkdirAll(filepath.Join(h.dir, "nodes"), 0o755); err != nil {
 		return err
 	}
+	if h.rpcTLS, h.tlsClient, err = cluster.NewTLS(filepath.Join(h.dir, "tls")); err != nil {
+		return err
+	}
+	h.conns.TLS = h.tlsClient
 	h.logf("starting %d nodes on %s.%d-%d (data dirs and logs in %s)", h.cfg.Nodes, h.cfg.Subnet, h.cfg.FirstIP, h.cfg.FirstIP+h.cfg.Nodes-1, h.dir)
 	h.c, err = cluster.Start(ctx, cluster.Options{Binary: bin, Nodes: h.cfg.Nodes, Ledger: nodeDSN, Dir: filepath.Join(h.dir, "nodes"),
 		Args: []string{"--upstream", up, "--snapshot-interval", "1s",
 			"--alert-webhook", up + alertPath, "--alert-secret", h.alerts.secret, "--alert-lease", alertLease.String()}, TestFaults: true, SettleInterval: h.cfg.SettleInterval, FirstIP: h.cfg.FirstIP, Subnet: h.cfg.Subnet,
-		GossipKey: h.gossipKey, RPCToken: h.rpcToken})
+		GossipKey: h.gossipKey, RPCToken: h.rpcToken, RPCTLS: h.rpcTLS})
 	if err != nil {
 		return err
 	}
@@ -236,7 +244,7 @@ func (h *harness) setup(ctx context.Context) error {
 	for _, n := range h.c.Nodes {
 		seeds = append(seeds, n.RPC)
 	}
-	h.client, err = router.DialOptions{CallTimeout: callTimeout, RefreshInterval: time.Second, Token: h.rpcToken}.Dial(ctx, seeds...)
+	h.client, err = router.DialOptions{CallTimeout: callTimeout, RefreshInterval: time.Second, Token: h.rpcToken, TLS: h.tlsClient}.Dial(ctx, seeds...)
 	return err
 }
 

@@ -459,7 +459,7 @@ func TestRPCTLS(t *testing.T) {
 		cfg  *tls.Config
 		want string
 	}{
-		"plaintext":                   {nil, "set DialOptions.TLS"},
+		"plaintext":                   {nil, "dial with TLS: router.DialOptions.TLS"},
 		"a certificate of another CA": {foreign, "unknown certificate authority"},
 	} {
 		dctx, cancel := context.WithTimeout(ctx, 3*time.Second)

@@ -130,7 +130,7 @@ func (o DialOptions) Dial(ctx context.Context, seeds ...string) (*Client, error)
 	if err := c.refreshView(ctx, ""); err != nil {
 		close(c.done)
 		c.Close()
-		return nil, tlsHint(err, o.TLS != nil)
+		return nil, ExplainTLSMismatch(err, o.TLS != nil)
 	}
 	if err := c.refreshConfig(ctx); err != nil {
 		c.opts.Logger.Warn("no config snapshot yet; the middleware answers quota-unavailable until one arrives", "err", err)
@@ -470,15 +470,21 @@ func (c *Client) refreshConfig(ctx context.Context) error {
 	return fmt.Errorf("router: no node gave a config snapshot: %w", errors.Join(errs...))
 }
 
-// tlsHint adds the likely fix to a Dial error that looks like a TLS
-// mismatch, whose gRPC wording names neither side's setting.
-func tlsHint(err error, withTLS bool) error {
+// ExplainTLSMismatch adds the likely fix to an error of a call to a node
+// that looks like a TLS mismatch (gRPC's wording names neither side's
+// setting); withTLS is whether the caller dialled with TLS. Dial does it;
+// programs with gRPC clients of their own can too. Other errors come back
+// as they are.
+func ExplainTLSMismatch(err error, withTLS bool) error {
+	if err == nil {
+		return nil
+	}
 	msg := err.Error()
 	switch {
 	case !withTLS && strings.Contains(msg, "error reading server preface"):
-		return fmt.Errorf("%w (a node that requires TLS closes plaintext connections like this: if the cluster runs with --rpc-tls-*, set DialOptions.TLS, e.g. from TLSFiles.ClientConfig)", err)
+		return fmt.Errorf("%w (a node that requires TLS closes plaintext connections like this: if the cluster runs with --rpc-tls-*, dial with TLS: router.DialOptions.TLS from TLSFiles.ClientConfig, quotad bench cluster --rpc-tls-*)", err)
 	case withTLS && strings.Contains(msg, "first record does not look like a TLS handshake"):
-		return fmt.Errorf("%w (the node does not speak TLS: turn on --rpc-tls-* on the nodes, or dial without DialOptions.TLS)", err)
+		return fmt.Errorf("%w (the node does not speak TLS: turn on --rpc-tls-* on the nodes, or dial without TLS)", err)
 	}
 	return err
 }

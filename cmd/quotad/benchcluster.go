@@ -189,7 +189,7 @@ func runBenchCluster(ctx context.Context, out, progress io.Writer, f benchCluste
 	}
 	if f.warm {
 		if err := warmAccounts(ctx, progress, first, accounts); err != nil {
-			return err
+			return router.ExplainTLSMismatch(err, tlsConf != nil)
 		}
 	}
 	fmt.Fprintf(out, "quotad bench cluster: %d accounts (%s), mode %s, client %s, %d charges per call, %s per run\n\n", f.accounts, f.spread, f.mode, f.client, f.batch, f.duration)

@@ -296,10 +296,15 @@ func (d *demoRun) startCluster(ctx context.Context, self string) error {
 	d.title("%s on loopback, one data dir each, in front of the sample API on %s", plural(int64(d.f.nodes), "quotad process", "quotad processes"), d.api.addr)
 	t0 := time.Now()
 	// The internal ports locked as in production: gossip encrypted with a
-	// shared key, RPC calls refused without the shared token.
+	// shared key, RPC over mutual TLS (a throwaway CA of the demo's) and
+	// calls refused without the shared token.
 	gossipKey, rpcToken := cluster.NewSecrets()
+	rpcTLS, _, err := cluster.NewTLS(filepath.Join(d.dir, "tls"))
+	if err != nil {
+		return err
+	}
 	c, err := cluster.Start(ctx, cluster.Options{Binary: self, Nodes: d.f.nodes, Ledger: d.dsn, Dir: d.dir,
-		SettleInterval: time.Second, GossipKey: gossipKey, RPCToken: rpcToken,
+		SettleInterval: time.Second, GossipKey: gossipKey, RPCToken: rpcToken, RPCTLS: rpcTLS,
 		// NB: the cluster package logs at debug for tests; at the demo's
 		// rates that is megabytes of JSON for nothing.
 		Args: []string{"--upstream", "http://" + d.api.addr, "--log-level", "info",
@@ -328,7 +333,7 @@ func (d *demoRun) startCluster(ctx context.Context, self string) error {
 	d.mon = newMonitor(c, d.cs, d.tr, d.events)
 	d.mon.tick(ctx)
 	d.say("one ring after %.1fs (gossip: memberlist; ring: consistent hashing over 1,021 partitions)", time.Since(t0).Seconds())
-	d.say("internal ports locked: gossip encrypted with a shared --gossip-key, RPC calls need the shared --rpc-token")
+	d.say("internal ports locked: gossip encrypted with a shared --gossip-key, RPC over mutual TLS (--rpc-tls-*, the demo's own CA) with the shared --rpc-token")
 	for _, n := range c.Nodes {
 		d.say("%-3s pid %-7d proxy %-21s status http://%s/status  owns %s",
 			n.ID, n.PID(), n.HTTP, n.Admin, strings.Join(orNone(d.mon.ownedBy(n.ID)), ", "))

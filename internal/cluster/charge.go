@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"strings"
 	"sync"
@@ -9,6 +10,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
@@ -22,6 +24,8 @@ type Conns struct {
 	// Token, when set, is sent with every call (the nodes' --rpc-token);
 	// set it before the first Client.
 	Token string
+	// TLS, when set, dials with it (Options.RPCTLS's client side, NewTLS).
+	TLS *tls.Config
 
 	mu sync.Mutex // protects m
 	m  map[string]*grpc.ClientConn
@@ -35,7 +39,11 @@ func (cs *Conns) Client(addr string) (pb.QuotaClient, error) {
 	if c, ok := cs.m[addr]; ok {
 		return pb.NewQuotaClient(c), nil
 	}
-	opts := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+	creds := insecure.NewCredentials()
+	if cs.TLS != nil {
+		creds = credentials.NewTLS(cs.TLS)
+	}
+	opts := []grpc.DialOption{grpc.WithTransportCredentials(creds)}
 	if cs.Token != "" {
 		opts = append(opts, router.WithRPCToken(cs.Token))
 	}

@@ -14,6 +14,7 @@ import (
 	"bytes"
 	"context"
 	crand "crypto/rand"
+	"crypto/tls"
 	"encoding/base64"
 	"errors"
 	"fmt"
@@ -30,8 +31,10 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/quotaring/quotaring/internal/pki"
 	"github.com/quotaring/quotaring/router"
 	"github.com/quotaring/quotaring/router/pb"
 )
@@ -96,6 +99,32 @@ type Options struct {
 	// QUOTAD_RPC_TOKEN), as the README advises, and Node.Dial sends the
 	// token.
 	GossipKey, RPCToken string
+	// RPCTLS, when set, runs the internal RPC over mutual TLS (quotad serve
+	// --rpc-tls-*, through QUOTAD_RPC_TLS_*); Node.Dial then dials with
+	// its client side. NewTLS makes one.
+	RPCTLS router.TLSFiles
+}
+
+// TLSServerName is the name NewTLS's node certificate carries (and its
+// files' ServerName): one name for every node, as --rpc-tls-server-name.
+const TLSServerName = "quotad.internal"
+
+// NewTLS makes a throwaway CA under dir and one certificate every node of
+// a local cluster shares, for Options.RPCTLS; client is the side for the
+// program's own connections (Conns.TLS, router.DialOptions.TLS).
+func NewTLS(dir string) (files router.TLSFiles, client *tls.Config, err error) {
+	ca, err := pki.NewCA("quotaring local cluster CA")
+	if err != nil {
+		return files, nil, err
+	}
+	if files, err = ca.WriteFiles(dir, "node", pki.Names{DNS: []string{TLSServerName}}); err != nil {
+		return files, nil, fmt.Errorf("cluster: write the TLS files: %w", err)
+	}
+	files.ServerName = TLSServerName
+	if client, err = files.ClientConfig(); err != nil {
+		return files, nil, err
+	}
+	return files, client, nil
 }
 
 // NewSecrets returns a fresh gossip key (base64 of 32 random bytes) and
@@ -132,6 +161,7 @@ type Node struct {
 	args                     []string
 	env                      []string // added to the process's environment
 	rpcToken                 string
+	tls                      *tls.Config // client side, with Options.RPCTLS
 	bin                      string
 	mu                       sync.Mutex // protects cmd, exited and exitErr
 	cmd                      *exec.Cmd
@@ -221,6 +251,13 @@ func (c *Cluster) newNode(i int) (*Node, error) {
 	}
 	if c.opts.RPCToken != "" {
 		n.env, n.rpcToken = append(n.env, "QUOTAD_RPC_TOKEN="+c.opts.RPCToken), c.opts.RPCToken
+	}
+	if f := c.opts.RPCTLS; f.Enabled() {
+		n.env = append(n.env, "QUOTAD_RPC_TLS_CERT="+f.Cert, "QUOTAD_RPC_TLS_KEY="+f.Key, "QUOTAD_RPC_TLS_CA="+f.CA,
+			"QUOTAD_RPC_TLS_SERVER_NAME="+f.ServerName)
+		if n.tls, err = f.ClientConfig(); err != nil {
+			return nil, err
+		}
 	}
 	n.args = append(n.args, c.opts.Args...)
 	return n, nil
@@ -436,7 +473,11 @@ func (n *Node) LogTail(lines int) string {
 
 // Dial opens a gRPC connection to the node's RPC address.
 func (n *Node) Dial() (*grpc.ClientConn, pb.QuotaClient, error) {
-	opts := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+	creds := insecure.NewCredentials()
+	if n.tls != nil {
+		creds = credentials.NewTLS(n.tls)
+	}
+	opts := []grpc.DialOption{grpc.WithTransportCredentials(creds)}
 	if n.rpcToken != "" {
 		opts = append(opts, router.WithRPCToken(n.rpcToken))
 	}
