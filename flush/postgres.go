@@ -97,8 +97,8 @@ func OpenPostgres(ctx context.Context, dsn string, opts PGOptions) (*Postgres, e
 	}
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
-		return nil, fmt.Errorf("flush: the Postgres DSN %s does not parse: %s: check its form, postgres://USER:PASSWORD@HOST:PORT/DB?sslmode=disable",
-			redactDSN(dsn), scrubPassword(err.Error(), dsn))
+		return nil, fmt.Errorf("%w: the Postgres DSN %s does not parse: %s: check its form, postgres://USER:PASSWORD@HOST:PORT/DB?sslmode=disable",
+			ErrInvalid, redactDSN(dsn), scrubPassword(err.Error(), dsn))
 	}
 	switch {
 	case opts.ConnectTimeout > 0:

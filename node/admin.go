@@ -52,7 +52,11 @@ func (n *Node) readyz(w http.ResponseWriter, _ *http.Request) {
 	if n.draining.Load() {
 		why = append(why, "draining")
 	}
-	if n.eng != nil && n.eng.Snapshot() == nil {
+	if n.ready.Load() && !n.draining.Load() {
+		if w := n.notServable(); w != "" {
+			why = append(why, "not taking accounts: "+w)
+		}
+	} else if n.eng != nil && n.eng.Snapshot() == nil {
 		why = append(why, "no config snapshot yet (the ledger has not been reached and the data dir keeps none)")
 	}
 	if len(why) > 0 {

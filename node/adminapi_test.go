@@ -320,10 +320,17 @@ func TestNewKeyPlaintext(t *testing.T) {
 }
 
 func TestAdminLedgerNotReached(t *testing.T) {
-	nodes := startNodesWith(t, "postgres://quotad@127.0.0.1:1/nowhere?connect_timeout=1", func(c *Config) {
-		c.AdminToken, c.LedgerRetry = testAdminToken, time.Hour
-	})
-	p := wantProblem(t, nodes[0], "GET", "/admin/v1/plans", nil, http.StatusServiceUnavailable, "")
+	// Not startNodesWith: a node with neither ledger nor snapshot never
+	// serves (TestNodeWithoutConfigOwnsNothing), but its admin port answers.
+	nd, err := Start(context.Background(), Config{ID: "n1", DataDir: filepath.Join(t.TempDir(), "n1"),
+		Ledger:  "postgres://quotad@127.0.0.1:1/nowhere?connect_timeout=1",
+		RPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", AdminAddr: "127.0.0.1:0", GossipAddr: "127.0.0.1:0",
+		RingPreset: ring.PresetLocal, AdminToken: testAdminToken, LedgerRetry: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { nd.Shutdown(context.Background()) })
+	p := wantProblem(t, nd, "GET", "/admin/v1/plans", nil, http.StatusServiceUnavailable, "")
 	if p.Type != problemBase+"ledger-unavailable" {
 		t.Fatalf("problem %+v", p)
 	}

@@ -26,6 +26,11 @@ func (n *Node) tryLedger(ctx context.Context, beforeServing bool) (bool, error) 
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	l, err := flush.Open(ctx, n.cfg.Ledger, n.log.With("component", "ledger"))
+	if errors.Is(err, flush.ErrInvalid) {
+		// A --ledger that does not parse, as opposed to one not reached:
+		// waiting will not fix it, and Start refuses to go on.
+		return false, fmt.Errorf("%w: %w", errLedgerAddress, err)
+	}
 	if err == nil {
 		if err = l.Migrate(ctx); err != nil {
 			l.Close()
@@ -77,6 +82,9 @@ func (n *Node) tryLedger(ctx context.Context, beforeServing bool) (bool, error) 
 	n.log.Info("ledger connected", "settled", n.wal.SettledSeq())
 	return true, nil
 }
+
+// errLedgerAddress marks a --ledger that cannot be used as written.
+var errLedgerAddress = errors.New("the --ledger address is not valid (QUOTAD_LEDGER)")
 
 // resetReservations frees every reservation this node holds in the ledger,
 // after zeroing the local allowances (logged first, so a crash in between

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"runtime"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -128,7 +129,11 @@ type Node struct {
 	lis     struct{ rpc, http, admin net.Listener }
 	// rpcTLS are the RPC port's server and forwarding TLS configs; nil
 	// without Config.RPCTLS.
-	rpcTLS  struct{ server, client *tls.Config }
+	rpcTLS struct{ server, client *tls.Config }
+	// serveMu protects serving: whether serveOnceConfigured made this node
+	// a serving member (Start, or awaitServable later).
+	serveMu sync.Mutex
+	serving bool
 	reg     *prometheus.Registry
 	metrics *metrics
 
@@ -229,7 +234,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 		return nil, err
 	}
 	if ok, err := n.tryLedger(ctx, true); !ok {
-		if errors.Is(err, flush.ErrSchemaTooNew) || errors.Is(err, flush.ErrMarkConflict) {
+		if errors.Is(err, flush.ErrSchemaTooNew) || errors.Is(err, flush.ErrMarkConflict) || errors.Is(err, errLedgerAddress) {
 			return nil, fmt.Errorf("node: %w", err) // waiting will not fix these
 		}
 		if n.eng.Snapshot() == nil {
@@ -245,12 +250,11 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	if err := n.serve(); err != nil {
 		return nil, err
 	}
-	if err := n.Ring().SetState(ctx, ring.StateServing); errors.Is(err, ring.ErrUnconfirmed) {
-		// Serving locally already; the peers learn it by gossip. Refusing
-		// to start here made a node on a loaded machine exit for nothing.
-		n.log.Warn("became serving, but the announcement was not confirmed in time: peers learn it by gossip", "err", err)
-	} else if err != nil {
-		return nil, fmt.Errorf("node: become serving: %w", err)
+	if why := n.notServable(); why != "" {
+		n.log.Warn("not taking accounts yet: " + why + "; it stays a member of the ring that owns nothing, and the other nodes serve every account meanwhile")
+		n.goLoop(n.awaitServable)
+	} else if err := n.serveOnceConfigured(ctx); err != nil {
+		return nil, err
 	}
 	if n.cfg.ReconcileInterval > 0 {
 		n.goLoop(n.reconcileLoop)
@@ -491,6 +495,76 @@ func (n *Node) ID() string             { return n.cfg.ID }
 func (n *Node) Engine() *engine.Engine { return n.eng }
 func (n *Node) Ring() *ring.Ring       { return n.ring.Load() }
 
+// notServable says why this node must not own accounts yet, or "".
+//
+//   - No config snapshot (neither the ledger nor the data dir gave one):
+//     owning partitions would answer every account in them
+//     quota-unavailable, through every node of the cluster; one pod with a
+//     wrong --ledger took a share of the customers offline.
+//   - Alone in its ring while a peer refused its gossip (ring.Refusal): the
+//     gossip keys differ, so there is a cluster it is locked out of, and
+//     serving alone would decide that cluster's accounts a second time.
+func (n *Node) notServable() string {
+	if n.eng.Snapshot() == nil {
+		return "no config yet (the ledger has not been reached and the data dir keeps no snapshot)"
+	}
+	if r := n.Ring(); r != nil && len(r.View().Members) <= 1 {
+		if addr, err := r.Refusal(); err != nil {
+			return fmt.Sprintf("the node at %s answered but refused this node's gossip (%v): the gossip keys differ; give every node the same --gossip-key (QUOTAD_GOSSIP_KEY)",
+				addr, strings.TrimSpace(err.Error()))
+		}
+	}
+	return ""
+}
+
+// awaitServable makes the node serving once notServable clears (the ledger
+// answered; a join succeeded), logging each new reason meanwhile.
+func (n *Node) awaitServable(ctx context.Context) {
+	t := time.NewTicker(250 * time.Millisecond)
+	defer t.Stop()
+	last := n.notServable()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		why := n.notServable()
+		if why == "" {
+			if err := n.serveOnceConfigured(ctx); err != nil {
+				n.log.Error("could not become serving; restart this node", "err", err)
+			} else {
+				n.log.Info("taking accounts now")
+			}
+			return
+		}
+		if why != last {
+			n.log.Warn("still not taking accounts: " + why)
+			last = why
+		}
+	}
+}
+
+// serveOnceConfigured makes this node a serving member of the ring, once
+// (Start, or awaitServable when notServable cleared late).
+func (n *Node) serveOnceConfigured(ctx context.Context) error {
+	n.serveMu.Lock()
+	defer n.serveMu.Unlock()
+	r := n.Ring()
+	if n.serving || r == nil || n.draining.Load() {
+		return nil
+	}
+	if err := r.SetState(ctx, ring.StateServing); errors.Is(err, ring.ErrUnconfirmed) {
+		// Serving locally already; the peers learn it by gossip. Refusing
+		// to start here made a node on a loaded machine exit for nothing.
+		n.log.Warn("became serving, but the announcement was not confirmed in time: peers learn it by gossip", "err", err)
+	} else if err != nil {
+		return fmt.Errorf("node: become serving: %w", err)
+	}
+	n.serving = true
+	return nil
+}
+
 // portsLocked reports whether gossip is encrypted and RPC calls need the
 // token or a client certificate (--gossip-key, and --rpc-token or
 // --rpc-tls-*).
@@ -549,8 +623,16 @@ func (n *Node) Ledger() flush.Ledger {
 	return nil
 }
 
-// Ready reports whether the node serves: joined, state loaded, a snapshot.
-func (n *Node) Ready() bool { return n.ready.Load() && !n.draining.Load() && n.eng.Snapshot() != nil }
+// Ready reports whether the node serves: joined and owning its share of the
+// ring (notServable), state loaded, a snapshot.
+func (n *Node) Ready() bool {
+	if !n.ready.Load() || n.draining.Load() || n.eng.Snapshot() == nil {
+		return false
+	}
+	n.serveMu.Lock()
+	defer n.serveMu.Unlock()
+	return n.serving
+}
 
 // frontProtocols are HTTP/1 and HTTP/2 without TLS (h2c, prior knowledge),
 // so gRPC clients can call through the front to an h2c:// upstream.

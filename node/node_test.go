@@ -9,7 +9,9 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -243,6 +245,111 @@ func TestLedgerFromANewerQuotadIsRefused(t *testing.T) {
 	}
 	if !errors.Is(err, flush.ErrSchemaTooNew) || !strings.Contains(err.Error(), "run a newer quotad") {
 		t.Fatalf("start on a ledger from a newer quotad: %v, want ErrSchemaTooNew saying to run a newer quotad", err)
+	}
+}
+
+// A node that starts with neither the ledger nor a config snapshot joins
+// the ring owning nothing, so the accounts it would own are served by the
+// others (before, it took its share and answered every one of them
+// quota-unavailable, through every node); once the ledger answers, it takes
+// its share.
+func TestNodeWithoutConfigOwnsNothing(t *testing.T) {
+	dir := t.TempDir()
+	dsn := "sqlite:" + filepath.Join(dir, "ledger", "l.db")
+	if err := os.Mkdir(filepath.Join(dir, "ledger"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	accounts := map[string]int64{}
+	for i := range 20 {
+		accounts[fmt.Sprint("acct-", i)] = 100
+	}
+	seedLedger(t, dsn, accounts)
+	n1 := startNodesWith(t, dsn, nil)[0]
+
+	// n2's ledger is the same file, through a directory that does not
+	// exist yet: unreachable, as a wrong host or a firewall would make it.
+	link := filepath.Join(dir, "link")
+	ctx := context.Background()
+	n2, err := Start(ctx, Config{ID: "n2", DataDir: filepath.Join(dir, "n2"), Ledger: "sqlite:" + filepath.Join(link, "l.db"),
+		RPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", AdminAddr: "127.0.0.1:0", GossipAddr: "127.0.0.1:0", RingPreset: ring.PresetLocal,
+		Join: []string{n1.GossipAddr()}, SettleInterval: 100 * time.Millisecond, SnapshotInterval: 100 * time.Millisecond, LedgerRetry: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { n2.Shutdown(context.Background()) })
+	waitFor(t, 10*time.Second, "n1 to see n2 as a member", func() bool { return len(n1.Ring().View().Members) == 2 })
+	if v := n1.Ring().View(); !slices.Equal(v.Serving, []string{"n1"}) {
+		t.Fatalf("n2 without a config serves: ring view %v", v.Serving)
+	}
+	if n2.Ready() {
+		t.Fatal("n2 says it is ready without a config")
+	}
+	for acct := range accounts {
+		for _, through := range []*Node{n1, n2} {
+			res, err := through.Router().Charge(ctx, router.ChargeRequest{Account: acct, Route: "GET /x", Units: 1})
+			if err != nil || res.Reason != shard.OK {
+				t.Fatalf("charge of %s through %s while n2 has no config: %+v %v", acct, through.cfg.ID, res, err)
+			}
+		}
+	}
+
+	if err := os.Symlink(filepath.Join(dir, "ledger"), link); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "n2 to serve once the ledger answers", func() bool {
+		return slices.Equal(n1.Ring().View().Serving, []string{"n1", "n2"}) && n2.Ready()
+	})
+	owned := 0
+	for acct := range accounts {
+		if owner, _ := n1.Ring().Owner(acct); owner.ID == "n2" {
+			owned++
+			waitFor(t, 10*time.Second, acct+" charged at n2", func() bool {
+				res, err := n1.Router().Charge(ctx, router.ChargeRequest{Account: acct, Route: "GET /x", Units: 1})
+				if err != nil {
+					t.Fatal(err)
+				}
+				return res.Reason == shard.OK && res.Node == "n2"
+			})
+		}
+	}
+	if owned == 0 {
+		t.Fatal("n2 owns none of the 20 accounts once serving")
+	}
+}
+
+// A node whose gossip the cluster refuses (another --gossip-key) does not
+// serve alone: it would decide the cluster's accounts a second time. It
+// stays unready and says why.
+func TestNodeLockedOutOfTheClusterOwnsNothing(t *testing.T) {
+	dsn := "sqlite:" + filepath.Join(t.TempDir(), "ledger.db")
+	seedLedger(t, dsn, map[string]int64{"acct-1": 100})
+	key := func(k string) func(*Config) { return func(c *Config) { c.GossipKeys = [][]byte{[]byte(k)} } }
+	n1 := startNodesWith(t, dsn, key("cluster-key-0123456789abcdefghij"))[0]
+	dir := t.TempDir()
+	n2, err := Start(context.Background(), Config{ID: "n2", DataDir: filepath.Join(dir, "n2"), Ledger: dsn,
+		RPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", AdminAddr: "127.0.0.1:0", GossipAddr: "127.0.0.1:0", RingPreset: ring.PresetLocal,
+		Join: []string{n1.GossipAddr()}, GossipKeys: [][]byte{[]byte("another-key-0123456789abcdefghij")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { n2.Shutdown(context.Background()) })
+	if v := n2.Ring().View(); len(v.Serving) != 0 {
+		t.Fatalf("n2, locked out of the cluster, serves a ring of its own: %v", v.Serving)
+	}
+	if n2.Ready() {
+		t.Fatal("n2, locked out of the cluster, says it is ready")
+	}
+	resp, err := http.Get("http://" + n2.AdminAddr() + "/readyz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(string(body), "the gossip keys differ") {
+		t.Fatalf("n2's /readyz: %d %s, want 503 saying the gossip keys differ", resp.StatusCode, body)
+	}
+	if v := n1.Ring().View(); !slices.Equal(v.Serving, []string{"n1"}) {
+		t.Fatalf("n1's ring: %v", v.Serving)
 	}
 }
 

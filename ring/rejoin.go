@@ -58,10 +58,40 @@ func (r *Ring) joinOne(addr string) (int, error) {
 		return 0, err
 	}
 	n, err := r.ml.Join([]string{addr})
+	r.refusalMu.Lock()
+	switch {
+	case n > 0:
+		r.refusal.addr, r.refusal.err = "", nil
+	case err != nil && keysDiffer(err):
+		r.refusal.addr, r.refusal.err = addr, err
+	}
+	r.refusalMu.Unlock()
 	if err != nil {
 		return n, fmt.Errorf("join %s: %w", addr, err)
 	}
 	return n, nil
+}
+
+// keysDiffer reports whether a join failed because the peer answered with
+// gossip this node cannot read, or could not read this node's: the gossip
+// keys differ, or only one side has any (memberlist's wording).
+func keysDiffer(err error) bool {
+	msg := err.Error()
+	return strings.Contains(msg, "no installed keys could decrypt the message") ||
+		strings.Contains(msg, "remote state is encrypted and encryption is not configured") ||
+		strings.Contains(msg, "encryption is configured but remote state is not encrypted")
+}
+
+// Refusal returns the last peer that answered a join of this node but
+// could not gossip with it, because the gossip keys differ (SecretKey,
+// quotad serve --gossip-key), with memberlist's error; "", nil once a join
+// succeeds. A node alone in its ring with a refusal has not found a cluster
+// that is free to join, but one it is locked out of: serving alone would
+// split the cluster's accounts, so quotad waits instead.
+func (r *Ring) Refusal() (addr string, err error) {
+	r.refusalMu.Lock()
+	defer r.refusalMu.Unlock()
+	return r.refusal.addr, r.refusal.err
 }
 
 // rejoinTargets lists gossip addresses to contact: resolved seeds, then

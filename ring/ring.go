@@ -82,6 +82,14 @@ type Ring struct {
 	// seen, the rejoin targets
 	known map[string]knownMember
 
+	refusalMu sync.Mutex
+	// protects refusal: the last peer that answered a join but could not
+	// gossip with this node (Refusal)
+	refusal struct {
+		addr string
+		err  error
+	}
+
 	lifeMu sync.RWMutex
 	// protects closed and left. Held for reading across memberlist calls
 	// that must not overlap Shutdown (memberlist.Leave panics after it),

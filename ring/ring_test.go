@@ -500,6 +500,9 @@ func TestGossipKey(t *testing.T) {
 				t.Fatal("a node without the cluster's gossip key joined it")
 			}
 			t.Logf("join without the key: %v", err)
+			if addr, rerr := stranger.Refusal(); addr != n1.Self().GossipAddr || rerr == nil {
+				t.Fatalf("Refusal() = %q, %v after a join the keys refused; want %s and the error", addr, rerr, n1.Self().GossipAddr)
+			}
 			for _, n := range []*node{n1, n2} {
 				if slices.ContainsFunc(n.View().Members, func(m Meta) bool { return m.ID == "stranger" }) {
 					t.Fatalf("%s lists the stranger as a member", n.cfg.NodeID)
