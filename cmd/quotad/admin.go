@@ -134,8 +134,8 @@ func (c *adminClient) init(fs *pflag.FlagSet) error {
 		}
 		env := "QUOTAD_ADMIN_" + strings.ToUpper(name)
 		if v := os.Getenv(env); v != "" { // empty counts as unset
-			if err := fs.Set(name, v); err != nil {
-				errs = append(errs, fmt.Errorf("environment %s=%q: %v", env, v, err))
+			if err := setFromEnv(fs, name, env, v); err != nil {
+				errs = append(errs, err)
 			}
 		}
 	}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -35,7 +36,67 @@ A flag on the command line wins over the environment.`,
 	}
 	root.AddCommand(newServeCmd(), newDemoCmd(), newBenchCmd(), newMigrateCmd(), newReconcileCmd(), newRevokeCmd(), newAdminCmd(), newChaosCmd())
 	noStrayArgs(root)
+	nameEnvInErrors(root)
 	return root
+}
+
+// nameEnvInErrors makes every command's error say which of the flags it is
+// about were set by an environment variable, and by which: a bad value from
+// a forgotten export was reported as if it had been typed
+// ('node: admin address "http://...": too many colons', from
+// QUOTAD_ADMIN_ADDR).
+func nameEnvInErrors(c *cobra.Command) {
+	if run := c.RunE; run != nil {
+		c.RunE = func(cmd *cobra.Command, args []string) error {
+			return explainEnv(cmd.Flags(), run(cmd, args))
+		}
+	}
+	for _, sub := range c.Commands() {
+		nameEnvInErrors(sub)
+	}
+}
+
+// explainEnv adds to err, for every flag set from the environment that err
+// names (--flag) or whose value it quotes, the variable that set it. The
+// value itself is not repeated: it may be a secret.
+func explainEnv(fs *pflag.FlagSet, err error) error {
+	if err == nil {
+		return nil
+	}
+	msg := err.Error()
+	var from []string
+	fs.VisitAll(func(f *pflag.Flag) {
+		env := f.Annotations[envAnnotation]
+		if len(env) == 0 {
+			return
+		}
+		v := f.Value.String()
+		if mentionsFlag(msg, f.Name) || (v != "" && strings.Contains(msg, strconv.Quote(v))) {
+			from = append(from, fmt.Sprintf("--%s came from the environment variable %s", f.Name, env[0]))
+		}
+	})
+	if len(from) == 0 {
+		return err
+	}
+	return fmt.Errorf("%w (%s)", err, strings.Join(from, "; "))
+}
+
+// mentionsFlag reports whether msg names --name, and not merely a longer
+// flag that starts with it.
+func mentionsFlag(msg, name string) bool {
+	flag := "--" + name
+	for i := strings.Index(msg, flag); i >= 0; {
+		end := i + len(flag)
+		if end == len(msg) || !(msg[end] == '-' || msg[end] >= 'a' && msg[end] <= 'z' || msg[end] >= '0' && msg[end] <= '9') {
+			return true
+		}
+		j := strings.Index(msg[end:], flag)
+		if j < 0 {
+			return false
+		}
+		i = end + j
+	}
+	return false
 }
 
 // noStrayArgs makes every command that declares no arguments refuse them
@@ -83,12 +144,24 @@ func bindEnv(fs *pflag.FlagSet) error {
 		}
 		name := envName(f.Name)
 		if v, ok := os.LookupEnv(name); ok {
-			if err := fs.Set(f.Name, v); err != nil {
-				errs = append(errs, fmt.Errorf("environment %s=%q: %v", name, v, err))
+			if err := setFromEnv(fs, f.Name, name, v); err != nil {
+				errs = append(errs, err)
 			}
 		}
 	})
 	return errors.Join(errs...)
+}
+
+// envAnnotation marks a flag set from the environment; its value is the
+// variable's name (explainEnv).
+const envAnnotation = "quotad-env"
+
+// setFromEnv sets flag from the variable env and remembers where it came from.
+func setFromEnv(fs *pflag.FlagSet, flag, env, v string) error {
+	if err := fs.Set(flag, v); err != nil {
+		return fmt.Errorf("environment %s=%q: %v", env, v, err)
+	}
+	return fs.SetAnnotation(flag, envAnnotation, []string{env})
 }
 
 func envName(flag string) string {

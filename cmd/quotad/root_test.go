@@ -3,11 +3,14 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"io"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/spf13/pflag"
 
 	"github.com/quotaring/quotaring/internal/pki"
 )
@@ -108,5 +111,70 @@ func TestServeRPCTLSFlags(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: %v, want an error saying %q", name, err, tc.want)
 		}
+	}
+}
+
+// runQuotad runs quotad ARGS... in-process and returns its error.
+func runQuotad(t *testing.T, args ...string) (stderr string, err error) {
+	t.Helper()
+	var errOut bytes.Buffer
+	root := newRootCmd()
+	root.SetArgs(args)
+	root.SetOut(io.Discard)
+	root.SetErr(&errOut)
+	err = root.ExecuteContext(context.Background())
+	return errOut.String(), err
+}
+
+// A bad flag value that came from the environment is reported with the
+// variable that set it; the same value typed on the command line is not.
+func TestServeNamesEnvInErrors(t *testing.T) {
+	dir := t.TempDir()
+	t.Setenv("QUOTAD_DATA_DIR", filepath.Join(dir, "n1"))
+	t.Setenv("QUOTAD_LEDGER", "sqlite:"+filepath.Join(dir, "ledger.db"))
+	t.Setenv("QUOTAD_ADMIN_ADDR", "http://127.0.0.40:20190")
+	_, err := runQuotad(t, "serve")
+	if err == nil || !strings.Contains(err.Error(), `--admin-addr "http://127.0.0.40:20190" is a URL: want host:port`) ||
+		!strings.Contains(err.Error(), "--admin-addr came from the environment variable QUOTAD_ADMIN_ADDR") {
+		t.Fatalf("QUOTAD_ADMIN_ADDR=http://...: %v\nwant an error naming --admin-addr and QUOTAD_ADMIN_ADDR", err)
+	}
+	_, err = runQuotad(t, "serve", "--admin-addr", "127.0.0.1:9090:1")
+	if err == nil || !strings.Contains(err.Error(), `--admin-addr "127.0.0.1:9090:1": want host:port`) || strings.Contains(err.Error(), "environment") {
+		t.Fatalf("--admin-addr on the command line: %v\nwant an error naming the flag and not the environment", err)
+	}
+}
+
+// explainEnv names the variable behind a flag that an error names or whose
+// value it quotes (errors from package node quote the value), keeps the
+// error's chain (exit codes), and leaves other errors alone.
+func TestExplainEnv(t *testing.T) {
+	fs := pflag.NewFlagSet("t", pflag.ContinueOnError)
+	fs.String("admin-addr", "", "")
+	fs.String("admin-token", "", "")
+	fs.String("rpc-tls", "", "")
+	fs.String("typed", "", "")
+	if err := setFromEnv(fs, "admin-addr", "QUOTAD_ADMIN_ADDR", "a:b:c"); err != nil {
+		t.Fatal(err)
+	}
+	if err := setFromEnv(fs, "rpc-tls", "QUOTAD_RPC_TLS", "x"); err != nil {
+		t.Fatal(err)
+	}
+	fs.Set("typed", "a:b:c")
+	for in, want := range map[string]string{
+		`node: admin address "a:b:c": too many colons`: `node: admin address "a:b:c": too many colons (--admin-addr came from the environment variable QUOTAD_ADMIN_ADDR)`,
+		`--admin-addr is bad`:                          `--admin-addr is bad (--admin-addr came from the environment variable QUOTAD_ADMIN_ADDR)`,
+		`--rpc-tls-cert is missing`:                    `--rpc-tls-cert is missing`, // another flag
+		`--typed "y" and --admin-token are bad`:        `--typed "y" and --admin-token are bad`,
+	} {
+		if got := explainEnv(fs, errors.New(in)).Error(); got != want {
+			t.Errorf("explainEnv(%q) = %q, want %q", in, got, want)
+		}
+	}
+	ee := &exitError{code: 3, err: errors.New("--admin-addr differs")}
+	if got := explainEnv(fs, ee); exitCode(got) != 3 {
+		t.Errorf("explainEnv lost the exit code: %v", got)
+	}
+	if explainEnv(fs, nil) != nil {
+		t.Error("explainEnv(nil) is not nil")
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -117,6 +118,12 @@ func (f *serveFlags) config(logger *slog.Logger) (node.Config, error) {
 	if f.nodeID == "" || strings.ContainsAny(f.nodeID, " \t\n/") {
 		return node.Config{}, fmt.Errorf("--node-id %q: want a non-empty id without spaces or slashes", f.nodeID)
 	}
+	for _, a := range []struct{ flag, v, example string }{{"rpc-addr", f.rpcAddr, ":7400"}, {"http-addr", f.httpAddr, ":8080"},
+		{"admin-addr", f.adminAddr, ":9090"}, {"gossip-addr", f.gossipAddr, ":7946"}} {
+		if err := checkListenAddr(a.flag, a.v, a.example); err != nil {
+			return node.Config{}, err
+		}
+	}
 	if f.ringPreset != ring.PresetLAN && f.ringPreset != ring.PresetLocal {
 		return node.Config{}, fmt.Errorf("--ring-preset %q: want lan or local", f.ringPreset)
 	}
@@ -145,6 +152,18 @@ func (f *serveFlags) config(logger *slog.Logger) (node.Config, error) {
 		Join: f.join, GossipKeys: gossipKeys, RPCTokens: rpcTokens, RPCTLS: f.rpcTLS, AdvertiseHost: f.advertiseHost, ReconcileInterval: reconcileInterval(f.reconcileInterval), RingPreset: f.ringPreset, SettleInterval: f.settleInterval, SnapshotInterval: f.snapshotInterval,
 		NoSync: !f.walSync, EventsOff: !f.events, DrainTimeout: f.drainTimeout, SettleTimeout: f.settleTimeout,
 		TestFaults: f.testFaults, Logger: logger}, nil
+}
+
+// checkListenAddr checks a listen address flag before the node starts, so
+// that a bad one is reported by its flag's name.
+func checkListenAddr(flag, addr, example string) error {
+	if strings.Contains(addr, "://") {
+		return fmt.Errorf("--%s %q is a URL: want host:port, such as %s or 127.0.0.1%s", flag, addr, example, example)
+	}
+	if _, _, err := net.SplitHostPort(addr); err != nil {
+		return fmt.Errorf("--%s %q: want host:port, such as %s or 127.0.0.1%s (port 0 picks a free one)", flag, addr, example, example)
+	}
+	return nil
 }
 
 // parseGossipKeys decodes --gossip-key: "" is none; otherwise a comma list
