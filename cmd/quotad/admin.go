@@ -65,8 +65,17 @@ type adminClient struct {
 	http        *http.Client
 }
 
-// adminEnv are the admin flags with environment twins, QUOTAD_ADMIN_<NAME>.
-var adminEnv = []string{"addr", "token", "json", "timeout"}
+// adminEnv are quotad admin's flags with environment twins, and the twins.
+// The node's URL is QUOTAD_ADMIN_URL, not QUOTAD_ADMIN_ADDR: that is quotad
+// serve's --admin-addr (host:port), and an operator exports both in one
+// shell or pod. QUOTAD_ADMIN_TOKEN is shared on purpose: serve's
+// --admin-token and admin's --token are the same secret.
+var adminEnv = []struct{ flag, env string }{
+	{"addr", "QUOTAD_ADMIN_URL"},
+	{"token", "QUOTAD_ADMIN_TOKEN"},
+	{"json", "QUOTAD_ADMIN_JSON"},
+	{"timeout", "QUOTAD_ADMIN_TIMEOUT"},
+}
 
 func newAdminCmd() *cobra.Command {
 	c := &adminClient{}
@@ -83,10 +92,12 @@ before a new key or plan is in force everywhere.
 Output is a table for people, or the API's JSON with --json for scripts.
 Errors are the server's explanation of what to fix.
 
-Its flags' environment twins are QUOTAD_ADMIN_ADDR, QUOTAD_ADMIN_TOKEN,
-QUOTAD_ADMIN_JSON and QUOTAD_ADMIN_TIMEOUT (QUOTAD_ADMIN_TOKEN is also what
-quotad serve reads for --admin-token).`,
-		Example: `  export QUOTAD_ADMIN_ADDR=http://127.0.0.1:9090 QUOTAD_ADMIN_TOKEN=...
+The environment twins of --addr, --token, --json and --timeout are
+QUOTAD_ADMIN_URL, QUOTAD_ADMIN_TOKEN, QUOTAD_ADMIN_JSON and QUOTAD_ADMIN_TIMEOUT.
+QUOTAD_ADMIN_TOKEN is also what quotad serve reads for --admin-token, while
+QUOTAD_ADMIN_ADDR is only quotad serve's --admin-addr (host:port), so both
+commands' settings can be exported in one shell.`,
+		Example: `  export QUOTAD_ADMIN_URL=http://127.0.0.1:9090 QUOTAD_ADMIN_TOKEN=...
   quotad admin plans set pro --rate 10/s --burst 20 --quota 100000 --hard
   quotad admin accounts set acme --plan pro
   quotad admin keys create acme
@@ -99,7 +110,7 @@ quotad serve reads for --admin-token).`,
 		},
 	}
 	pf := cmd.PersistentFlags()
-	pf.StringVar(&c.addr, "addr", "http://127.0.0.1:9090", "a node's admin address (its --admin-addr)")
+	pf.StringVar(&c.addr, "addr", "http://127.0.0.1:9090", "the URL of a node's admin port (its --admin-addr); environment: QUOTAD_ADMIN_URL")
 	pf.StringVar(&c.token, "token", "", "the admin token (the node's --admin-token); prefer QUOTAD_ADMIN_TOKEN, which ps does not show")
 	pf.BoolVar(&c.json, "json", false, "print the API's JSON answer instead of a table")
 	pf.DurationVar(&c.timeout, "timeout", 30*time.Second, "how long to wait for the node's answer")
@@ -123,20 +134,26 @@ reservations frozen until it comes back or 'quotad revoke --node ID' frees them.
 	return cmd
 }
 
-// init binds the environment twins (quotad admin's own names, not the root's
-// QUOTAD_<FLAG>, so that QUOTAD_ADMIN_TOKEN serves both serve and admin).
+// init binds the environment twins (adminEnv: quotad admin's own names, not
+// the root's QUOTAD_<FLAG>, so that QUOTAD_ADMIN_TOKEN serves both serve and
+// admin).
 func (c *adminClient) init(fs *pflag.FlagSet) error {
 	var errs []error
-	for _, name := range adminEnv {
-		f := fs.Lookup(name)
+	for _, e := range adminEnv {
+		f := fs.Lookup(e.flag)
 		if f == nil || f.Changed {
 			continue
 		}
-		env := "QUOTAD_ADMIN_" + strings.ToUpper(name)
-		if v := os.Getenv(env); v != "" { // empty counts as unset
-			if err := setFromEnv(fs, name, env, v); err != nil {
+		if v := os.Getenv(e.env); v != "" { // empty counts as unset
+			if err := setFromEnv(fs, e.flag, e.env, v); err != nil {
 				errs = append(errs, err)
 			}
+		} else if old := os.Getenv("QUOTAD_ADMIN_ADDR"); e.flag == "addr" && strings.Contains(old, "://") {
+			// Before QUOTAD_ADMIN_URL, quotad admin read QUOTAD_ADMIN_ADDR. A
+			// URL there is meant for quotad admin; going to the default node
+			// instead could change the wrong cluster.
+			errs = append(errs, fmt.Errorf("QUOTAD_ADMIN_ADDR=%s is a URL, but QUOTAD_ADMIN_ADDR is quotad serve's --admin-addr (host:port): "+
+				"quotad admin reads the node's URL from QUOTAD_ADMIN_URL; export QUOTAD_ADMIN_URL=%s and unset QUOTAD_ADMIN_ADDR (or give --addr)", old, old))
 		}
 	}
 	if c.addr == "" {
@@ -181,7 +198,7 @@ func (c *adminClient) do(ctx context.Context, method, path string, body, out any
 	}
 	resp, err := c.http.Do(req)
 	if err != nil {
-		return nil, fmt.Errorf("cannot reach the admin API at %s (is a node's --admin-addr there? set --addr or QUOTAD_ADMIN_ADDR): %w", c.addr, err)
+		return nil, fmt.Errorf("cannot reach the admin API at %s (is a node's --admin-addr there? set --addr or QUOTAD_ADMIN_URL): %w", c.addr, err)
 	}
 	defer resp.Body.Close()
 	raw, err := io.ReadAll(io.LimitReader(resp.Body, 32<<20))

@@ -13,6 +13,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
 	"github.com/quotaring/quotaring/flush"
 	"github.com/quotaring/quotaring/node"
 	"github.com/quotaring/quotaring/ring"
@@ -66,8 +69,8 @@ func mustAdmin(t *testing.T, n *node.Node, args ...string) string {
 }
 
 func TestQuotadAdmin(t *testing.T) {
-	for _, env := range adminEnv {
-		t.Setenv("QUOTAD_ADMIN_"+strings.ToUpper(env), "") // not from the caller's shell
+	for _, e := range adminEnv {
+		t.Setenv(e.env, "") // not from the caller's shell
 	}
 	n := startAdminTestNode(t)
 	ctx := context.Background()
@@ -264,5 +267,78 @@ func TestQuotadAdminAlertTest(t *testing.T) {
 	defer mu.Unlock()
 	if got != 2 {
 		t.Fatalf("the receiver verified %d test alerts, want 2", got)
+	}
+}
+
+// quotad serve's settings and quotad admin's can be exported in one shell:
+// QUOTAD_ADMIN_ADDR (serve's host:port) does not steer quotad admin, which
+// takes the node's URL from QUOTAD_ADMIN_URL and the shared
+// QUOTAD_ADMIN_TOKEN.
+func TestQuotadAdminEnvBesideServe(t *testing.T) {
+	n := startAdminTestNode(t)
+	t.Setenv("QUOTAD_ADMIN_ADDR", "127.0.0.1:1") // a node's --admin-addr, nothing listening
+	t.Setenv("QUOTAD_ADMIN_URL", "http://"+n.AdminAddr())
+	t.Setenv("QUOTAD_ADMIN_TOKEN", adminTestToken)
+	t.Setenv("QUOTAD_ADMIN_JSON", "")
+	t.Setenv("QUOTAD_ADMIN_TIMEOUT", "")
+	var out, errOut bytes.Buffer
+	root := newRootCmd()
+	root.SetArgs([]string{"admin", "plans", "list"})
+	root.SetOut(&out)
+	root.SetErr(&errOut)
+	if err := root.ExecuteContext(context.Background()); err != nil {
+		t.Fatalf("quotad admin plans list with QUOTAD_ADMIN_URL beside QUOTAD_ADMIN_ADDR: %v", err)
+	}
+	if errOut.Len() > 0 {
+		t.Fatalf("warnings: %s", errOut.String())
+	}
+
+	// A variable that went wrong is named.
+	t.Setenv("QUOTAD_ADMIN_URL", "http://127.0.0.1:1")
+	_, err := runQuotad(t, "admin", "plans", "list")
+	if err == nil || !strings.Contains(err.Error(), "cannot reach the admin API at http://127.0.0.1:1") ||
+		!strings.Contains(err.Error(), "--addr came from the environment variable QUOTAD_ADMIN_URL") {
+		t.Fatalf("an unreachable QUOTAD_ADMIN_URL: %v", err)
+	}
+}
+
+// The old usage, QUOTAD_ADMIN_ADDR=http://... for quotad admin, is refused
+// with the new name rather than ignored for the default node.
+func TestQuotadAdminOldAddrVariable(t *testing.T) {
+	t.Setenv("QUOTAD_ADMIN_ADDR", "http://127.0.0.1:1")
+	t.Setenv("QUOTAD_ADMIN_URL", "")
+	_, err := runQuotad(t, "admin", "--token", "x", "plans", "list")
+	if err == nil || !strings.Contains(err.Error(), "export QUOTAD_ADMIN_URL=http://127.0.0.1:1 and unset QUOTAD_ADMIN_ADDR") {
+		t.Fatalf("QUOTAD_ADMIN_ADDR=http://... for quotad admin: %v, want an error naming QUOTAD_ADMIN_URL", err)
+	}
+	// --addr on the command line wins, as always (it names another port).
+	_, err = runQuotad(t, "admin", "--addr", "127.0.0.1:2", "--token", "x", "plans", "list")
+	if err == nil || !strings.Contains(err.Error(), "cannot reach the admin API at http://127.0.0.1:2") {
+		t.Fatalf("--addr with QUOTAD_ADMIN_ADDR=http://... set: %v", err)
+	}
+}
+
+// quotad admin's variables are nobody else's, but for the token that
+// serve's --admin-token shares on purpose.
+func TestAdminEnvOwnNames(t *testing.T) {
+	other := map[string]string{}
+	var walk func(*cobra.Command)
+	walk = func(c *cobra.Command) {
+		if c.Name() == "admin" {
+			return
+		}
+		c.LocalFlags().VisitAll(func(f *pflag.Flag) { other[envName(f.Name)] = c.CommandPath() + " --" + f.Name })
+		for _, sub := range c.Commands() {
+			walk(sub)
+		}
+	}
+	walk(newRootCmd())
+	for _, e := range adminEnv {
+		if by, ok := other[e.env]; ok && e.env != "QUOTAD_ADMIN_TOKEN" {
+			t.Errorf("quotad admin --%s's %s is also the twin of %s", e.flag, e.env, by)
+		}
+	}
+	if other["QUOTAD_ADMIN_TOKEN"] != "quotad serve --admin-token" {
+		t.Errorf("QUOTAD_ADMIN_TOKEN is not quotad serve's --admin-token (%q)", other["QUOTAD_ADMIN_TOKEN"])
 	}
 }

@@ -124,8 +124,8 @@ func warnUnknownEnv(w io.Writer, root *cobra.Command, environ []string) {
 		}
 	}
 	walk(root)
-	for _, name := range adminEnv { // quotad admin's flags: QUOTAD_ADMIN_<NAME>
-		known["QUOTAD_ADMIN_"+strings.ToUpper(name)] = true
+	for _, e := range adminEnv { // quotad admin's own names
+		known[e.env] = true
 	}
 	for _, kv := range environ {
 		name, _, _ := strings.Cut(kv, "=")

@@ -18,7 +18,7 @@ import (
 // A misspelt QUOTAD_* variable is reported, a real one is not.
 func TestWarnUnknownEnv(t *testing.T) {
 	var w bytes.Buffer
-	warnUnknownEnv(&w, newRootCmd(), []string{"QUOTAD_SETTLE_INTRVAL=1s", "QUOTAD_SETTLE_INTERVAL=1s", "QUOTAD_ADMIN_TOKEN=x", "HOME=/root"})
+	warnUnknownEnv(&w, newRootCmd(), []string{"QUOTAD_SETTLE_INTRVAL=1s", "QUOTAD_SETTLE_INTERVAL=1s", "QUOTAD_ADMIN_TOKEN=x", "QUOTAD_ADMIN_URL=http://q1:9090", "QUOTAD_ADMIN_ADDR=:9090", "HOME=/root"})
 	if got := w.String(); !strings.Contains(got, "QUOTAD_SETTLE_INTRVAL") || strings.Count(got, "\n") != 1 {
 		t.Fatalf("warnings:\n%s\nwant one, for QUOTAD_SETTLE_INTRVAL", got)
 	}

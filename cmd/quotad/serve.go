@@ -158,7 +158,11 @@ func (f *serveFlags) config(logger *slog.Logger) (node.Config, error) {
 // that a bad one is reported by its flag's name.
 func checkListenAddr(flag, addr, example string) error {
 	if strings.Contains(addr, "://") {
-		return fmt.Errorf("--%s %q is a URL: want host:port, such as %s or 127.0.0.1%s", flag, addr, example, example)
+		hint := ""
+		if flag == "admin-addr" {
+			hint = " (QUOTAD_ADMIN_ADDR is this flag; quotad admin reads a node's URL from QUOTAD_ADMIN_URL)"
+		}
+		return fmt.Errorf("--%s %q is a URL: want host:port, such as %s or 127.0.0.1%s%s", flag, addr, example, example, hint)
 	}
 	if _, _, err := net.SplitHostPort(addr); err != nil {
 		return fmt.Errorf("--%s %q: want host:port, such as %s or 127.0.0.1%s (port 0 picks a free one)", flag, addr, example, example)
