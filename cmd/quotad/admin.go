@@ -96,7 +96,10 @@ The environment twins of --addr, --token, --json and --timeout are
 QUOTAD_ADMIN_URL, QUOTAD_ADMIN_TOKEN, QUOTAD_ADMIN_JSON and QUOTAD_ADMIN_TIMEOUT.
 QUOTAD_ADMIN_TOKEN is also what quotad serve reads for --admin-token, while
 QUOTAD_ADMIN_ADDR is only quotad serve's --admin-addr (host:port), so both
-commands' settings can be exported in one shell.`,
+commands' settings can be exported in one shell. The flags of quotad admin's
+commands (--units, --plan, --quota, --period, ...) have no environment twins:
+they describe one change, which a QUOTAD_UNITS left in a shell must not
+repeat. Give them on the command line; a QUOTAD_UNITS gets a warning.`,
 		Example: `  export QUOTAD_ADMIN_URL=http://127.0.0.1:9090 QUOTAD_ADMIN_TOKEN=...
   quotad admin plans set pro --rate 10/s --burst 20 --quota 100000 --hard
   quotad admin accounts set acme --plan pro

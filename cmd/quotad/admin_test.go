@@ -342,3 +342,30 @@ func TestAdminEnvOwnNames(t *testing.T) {
 		t.Errorf("QUOTAD_ADMIN_TOKEN is not quotad serve's --admin-token (%q)", other["QUOTAD_ADMIN_TOKEN"])
 	}
 }
+
+// quotad admin's commands' flags have no environment twins, and a variable
+// that looks like one is warned about, not read: QUOTAD_UNITS=7 quotad admin
+// grants add acme still wants --units.
+func TestQuotadAdminFlagsHaveNoTwins(t *testing.T) {
+	var w bytes.Buffer
+	warnUnknownEnv(&w, newRootCmd(), []string{"QUOTAD_UNITS=7", "QUOTAD_PLAN=pro", "QUOTAD_ADDR=http://q1:9090", "QUOTAD_TOKEN=x",
+		"QUOTAD_RATE=100", "QUOTAD_TIMEOUT=5s", "QUOTAD_ADMIN_URL=http://q1:9090", "QUOTAD_ADMIN_TIMEOUT=5s"})
+	want := "quotad: warning: QUOTAD_UNITS is not read: the flags of quotad admin's commands have no environment twins; give --units on the command line\n" +
+		"quotad: warning: QUOTAD_PLAN is not read: the flags of quotad admin's commands have no environment twins; give --plan on the command line\n" +
+		"quotad: warning: QUOTAD_ADDR is not read: quotad admin's --addr is set by QUOTAD_ADMIN_URL\n" +
+		"quotad: warning: QUOTAD_TOKEN is not read: quotad admin's --token is set by QUOTAD_ADMIN_TOKEN\n"
+	// QUOTAD_RATE and QUOTAD_TIMEOUT are other commands' (quotad chaos --rate,
+	// quotad bench proxy --timeout).
+	if got := w.String(); got != want {
+		t.Fatalf("warnings:\n%s\nwant:\n%s", got, want)
+	}
+
+	for _, e := range adminEnv {
+		t.Setenv(e.env, "")
+	}
+	t.Setenv("QUOTAD_UNITS", "7")
+	stderr, err := runQuotad(t, "admin", "--addr", "127.0.0.1:1", "--token", "x", "grants", "add", "acme")
+	if err == nil || !strings.Contains(err.Error(), `required flag(s) "units" not set`) || !strings.Contains(stderr, "QUOTAD_UNITS is not read") {
+		t.Fatalf("QUOTAD_UNITS=7 quotad admin grants add acme: %v, stderr %q; want --units required and a warning about QUOTAD_UNITS", err, stderr)
+	}
+}

@@ -26,7 +26,9 @@ Start here:
 
 Every flag of a command can also be set by an environment variable:
 QUOTAD_ + the flag name in upper case with - as _ (--data-dir: QUOTAD_DATA_DIR).
-A flag on the command line wins over the environment.`,
+A flag on the command line wins over the environment. quotad admin is the
+exception: its four connection flags have QUOTAD_ADMIN_* twins and the rest
+have none (quotad admin --help).`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
@@ -110,29 +112,57 @@ func noStrayArgs(c *cobra.Command) {
 	}
 }
 
-// warnUnknownEnv warns about QUOTAD_* variables that match no flag of any
-// command: a misspelt QUOTAD_SETTLE_INTRVAL would otherwise be ignored in
-// silence.
+// warnUnknownEnv warns about QUOTAD_* variables that no command reads: a
+// misspelt QUOTAD_SETTLE_INTRVAL would otherwise be ignored in silence, and
+// so would QUOTAD_UNITS, which looks like the twin of quotad admin grants
+// add --units but is not: quotad admin's flags have no QUOTAD_<FLAG> twins
+// (adminEnv has the few it reads).
 func warnUnknownEnv(w io.Writer, root *cobra.Command, environ []string) {
 	known := map[string]bool{}
-	var walk func(*cobra.Command)
-	walk = func(c *cobra.Command) {
-		c.Flags().VisitAll(func(f *pflag.Flag) { known[envName(f.Name)] = true })
-		c.PersistentFlags().VisitAll(func(f *pflag.Flag) { known[envName(f.Name)] = true })
+	adminFlags := map[string]string{} // QUOTAD_<FLAG> of quotad admin's flags: what to say instead
+	var walk func(c *cobra.Command, admin bool)
+	walk = func(c *cobra.Command, admin bool) {
+		admin = admin || c.Parent() == root && c.Name() == "admin"
+		for _, fs := range []*pflag.FlagSet{c.LocalNonPersistentFlags(), c.PersistentFlags()} {
+			fs.VisitAll(func(f *pflag.Flag) {
+				switch {
+				case f.Name == "help":
+				case !admin:
+					known[envName(f.Name)] = true
+				case adminFlags[envName(f.Name)] == "":
+					adminFlags[envName(f.Name)] = adminEnvHint(f.Name)
+				}
+			})
+		}
 		for _, sub := range c.Commands() {
-			walk(sub)
+			walk(sub, admin)
 		}
 	}
-	walk(root)
-	for _, e := range adminEnv { // quotad admin's own names
+	walk(root, false)
+	for _, e := range adminEnv {
 		known[e.env] = true
 	}
 	for _, kv := range environ {
 		name, _, _ := strings.Cut(kv, "=")
-		if strings.HasPrefix(name, "QUOTAD_") && !known[name] {
+		switch {
+		case !strings.HasPrefix(name, "QUOTAD_") || known[name]:
+		case adminFlags[name] != "":
+			fmt.Fprintf(w, "quotad: warning: %s is not read: %s\n", name, adminFlags[name])
+		default:
 			fmt.Fprintf(w, "quotad: warning: %s matches no flag of any quotad command; ignored (a typo?)\n", name)
 		}
 	}
+}
+
+// adminEnvHint says where quotad admin's flag comes from instead of
+// QUOTAD_<FLAG>.
+func adminEnvHint(flag string) string {
+	for _, e := range adminEnv {
+		if e.flag == flag {
+			return fmt.Sprintf("quotad admin's --%s is set by %s", flag, e.env)
+		}
+	}
+	return fmt.Sprintf("the flags of quotad admin's commands have no environment twins; give --%s on the command line", flag)
 }
 
 // bindEnv sets every flag not given on the command line from QUOTAD_<NAME>.
