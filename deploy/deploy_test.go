@@ -1210,10 +1210,13 @@ func preStopSeconds(t *testing.T, c *corev1.Container) time.Duration {
 
 // TestServeTakesManifestSettings runs quotad serve with the manifests'
 // settings (the ConfigMap's values as they are; addresses on loopback, a
-// SQLite ledger and a temp data dir instead of the pod's), and checks that it
+// SQLite ledger and a temp data dir instead of the pod's, and an admin token
+// as the optional Secret quotad-cluster-keys gives it), and checks that it
 // accepts them,
-// logs JSON, answers the probes' paths on the admin port, and exits 0 on
-// SIGTERM within its budget.
+// logs JSON, answers the probes' paths on the admin port, serves quotad admin
+// run with the same environment plus QUOTAD_ADMIN_URL (deploy/README.md,
+// "Running quotad admin against the cluster"), and exits 0 on SIGTERM within
+// its budget.
 func TestServeTakesManifestSettings(t *testing.T) {
 	bin := buildQuotad(t)
 	flags := serveFlags(t, bin)
@@ -1230,6 +1233,16 @@ func TestServeTakesManifestSettings(t *testing.T) {
 	}
 	c := &m.statefulSets[0].Spec.Template.Spec.Containers[0]
 	env := resolveEnv(t, m, c)
+	// deploy/README.md turns the admin API on (and locks the internal ports)
+	// through this Secret: the container must read it whole, and start
+	// without it.
+	keysFrom := false
+	for _, ef := range c.EnvFrom {
+		keysFrom = keysFrom || ef.SecretRef != nil && ef.SecretRef.Name == "quotad-cluster-keys" && ef.SecretRef.Optional != nil && *ef.SecretRef.Optional
+	}
+	if !keysFrom {
+		t.Errorf("the container has no envFrom of the optional Secret quotad-cluster-keys, which deploy/README.md puts QUOTAD_ADMIN_TOKEN and the cluster keys in")
+	}
 
 	dir := t.TempDir()
 	free := func() string {
@@ -1241,6 +1254,7 @@ func TestServeTakesManifestSettings(t *testing.T) {
 		return l.Addr().String()
 	}
 	admin := free()
+	const adminToken = "deploy-test-admin-token-0123456789"
 	override := map[string]string{
 		"QUOTAD_DATA_DIR":    filepath.Join(dir, "data"),
 		"QUOTAD_LEDGER":      "sqlite:" + filepath.Join(dir, "ledger.db"),
@@ -1248,6 +1262,7 @@ func TestServeTakesManifestSettings(t *testing.T) {
 		"QUOTAD_RPC_ADDR":    free(),
 		"QUOTAD_ADMIN_ADDR":  admin,
 		"QUOTAD_GOSSIP_ADDR": free(),
+		"QUOTAD_ADMIN_TOKEN": adminToken, // from the Secret quotad-cluster-keys
 	}
 	drop := map[string]bool{"QUOTAD_JOIN": true} // the first and only node
 	procEnv := cleanEnv()
@@ -1315,6 +1330,19 @@ func TestServeTakesManifestSettings(t *testing.T) {
 			}
 			time.Sleep(100 * time.Millisecond)
 		}
+	}
+
+	// quotad admin in the pod's environment (QUOTAD_ADMIN_ADDR is the node's
+	// host:port, QUOTAD_ADMIN_TOKEN the Secret's) with the URL a port-forward
+	// gives: the two commands' variables do not clash, and nothing is
+	// warned about.
+	adminCmd := exec.CommandContext(ctx, bin, "admin", "nodes")
+	adminCmd.Env = append(slices.Clone(procEnv), "QUOTAD_ADMIN_URL=http://"+admin)
+	var adminOut, adminErr bytes.Buffer
+	adminCmd.Stdout, adminCmd.Stderr = &adminOut, &adminErr
+	if err := adminCmd.Run(); err != nil || !strings.Contains(adminOut.String(), env["QUOTAD_NODE_ID"].value) || adminErr.Len() > 0 {
+		t.Errorf("quotad admin nodes with the pod's environment and QUOTAD_ADMIN_URL: %v\nstdout:\n%s\nstderr:\n%s\nwant this node listed and nothing on stderr",
+			err, adminOut.String(), adminErr.String())
 	}
 
 	drain, _ := time.ParseDuration(env["QUOTAD_DRAIN_TIMEOUT"].value)
