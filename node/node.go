@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -360,12 +361,15 @@ func (n *Node) joinRing() error {
 	if n.cfg.TestFaults {
 		t, err := ring.NewFaultNetTransport(host, port, rc.Logger)
 		if err != nil {
-			return fmt.Errorf("node: gossip transport on %s: %w", n.cfg.GossipAddr, err)
+			return fmt.Errorf("node: listen for gossip (--gossip-addr) on %s: %w", n.cfg.GossipAddr, err)
 		}
 		n.gossipF, rc.Transport = t, t
 		n.faults = router.NewFaults()
 	}
 	r, err := ring.New(rc)
+	if err != nil && (errors.Is(err, syscall.EADDRINUSE) || strings.Contains(err.Error(), "address already in use")) { // memberlist does not wrap it
+		return fmt.Errorf("node: listen for gossip (--gossip-addr) on %s: %w", n.cfg.GossipAddr, err)
+	}
 	if err != nil {
 		return fmt.Errorf("node: join the ring: %w", err)
 	}

@@ -215,6 +215,12 @@ func TestBusyPortNamesTheFlag(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "--http-addr") {
 		t.Fatalf("start on a busy HTTP port: %v, want an error naming --http-addr", err)
 	}
+	// The gossip port too (memberlist opens it, TCP and UDP).
+	_, err = Start(context.Background(), Config{ID: "n1", DataDir: filepath.Join(dir, "n1"), Ledger: "sqlite:" + filepath.Join(dir, "l.db"),
+		RPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", AdminAddr: "127.0.0.1:0", GossipAddr: busy.Addr().String(), RingPreset: ring.PresetLocal})
+	if err == nil || !strings.Contains(err.Error(), "--gossip-addr") {
+		t.Fatalf("start on a busy gossip port: %v, want an error naming --gossip-addr", err)
+	}
 	again, err := net.Listen("tcp", rpcAddr)
 	if err != nil {
 		t.Fatalf("the RPC port of the node that failed to start is still held: %v", err)
