@@ -377,7 +377,14 @@ func (n *Node) joinRing() error {
 	if n.portsLocked() {
 		n.log.Info("internal ports locked", lockAttrs...)
 	} else {
-		n.log.Info("internal ports not locked: keep --gossip-addr and --rpc-addr reachable only by the cluster and its embedded clients, or set --gossip-key, and --rpc-token or --rpc-tls-*",
+		var open []string
+		if len(n.cfg.GossipKeys) == 0 {
+			open = append(open, "gossip is plaintext and unauthenticated (set --gossip-key)")
+		}
+		if n.rpcToken() == "" && n.rpcTLS.server == nil {
+			open = append(open, "the RPC port takes any caller (set --rpc-token and/or --rpc-tls-*)")
+		}
+		n.log.Warn("internal ports not locked: "+strings.Join(open, "; ")+"; keep --gossip-addr and --rpc-addr reachable only by the cluster and its embedded clients",
 			lockAttrs...)
 	}
 	n.ring.Store(r)
