@@ -126,8 +126,10 @@ type Node struct {
 	gossipF *ring.FaultTransport
 	grpcSrv *grpc.Server
 	httpSrv *http.Server
-	admin   *http.Server
-	lis     struct{ rpc, http, admin net.Listener }
+	// httpInflight counts the front's requests being handled (cutOff).
+	httpInflight atomic.Int64
+	admin        *http.Server
+	lis          struct{ rpc, http, admin net.Listener }
 	// rpcTLS are the RPC port's server and forwarding TLS configs; nil
 	// without Config.RPCTLS.
 	rpcTLS struct{ server, client *tls.Config }
@@ -420,6 +422,12 @@ func (n *Node) serve() error {
 		}
 		front = h
 	}
+	inner := front
+	front = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n.httpInflight.Add(1)
+		defer n.httpInflight.Add(-1)
+		inner.ServeHTTP(w, r)
+	})
 	n.httpSrv = &http.Server{Handler: front, ReadHeaderTimeout: 10 * time.Second}
 	n.httpSrv.Protocols = frontProtocols()
 	go n.httpSrv.Serve(n.lis.http)

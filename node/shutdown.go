@@ -103,7 +103,9 @@ func (n *Node) drain(ctx context.Context) {
 	dctx, cancel := context.WithTimeout(ctx, n.cfg.DrainTimeout)
 	defer cancel()
 	if n.httpSrv != nil {
-		n.httpSrv.Shutdown(dctx)
+		if err := n.httpSrv.Shutdown(dctx); err != nil {
+			n.cutOff(ctx)
+		}
 	}
 	if n.grpcSrv != nil {
 		done := make(chan struct{})
@@ -114,6 +116,36 @@ func (n *Node) drain(ctx context.Context) {
 			n.grpcSrv.Stop()
 		}
 	}
+}
+
+// cutOffWait bounds the wait for requests cut off at the drain timeout to
+// refund their charges.
+const cutOffWait = 5 * time.Second
+
+// cutOff ends the requests still running when --drain-timeout ran out.
+// Shutdown alone leaves their handlers running while the node settles and
+// exits, so a request cut off mid-upstream stayed billed with nobody told.
+// Closing the connections cancels their contexts: the upstream calls fail
+// and the front refunds them (unless --bill-on always); this waits for that,
+// within cutOffWait, and says what happened.
+func (n *Node) cutOff(ctx context.Context) {
+	left := n.httpInflight.Load()
+	n.log.Warn("the drain timeout ran out: cutting off the requests still running; their charges are refunded as their upstream calls fail",
+		"requests", left, "drain_timeout", n.cfg.DrainTimeout, "what_to_do", "raise --drain-timeout above your slowest upstream request")
+	n.httpSrv.Close()
+	wctx, cancel := context.WithTimeout(ctx, cutOffWait)
+	defer cancel()
+	t := time.NewTicker(10 * time.Millisecond)
+	defer t.Stop()
+	for n.httpInflight.Load() > 0 {
+		select {
+		case <-wctx.Done():
+			n.log.Error("requests cut off at the drain timeout did not finish: their charges stand (billed)", "requests", n.httpInflight.Load())
+			return
+		case <-t.C:
+		}
+	}
+	n.log.Info("the requests cut off at the drain timeout have finished", "requests", left)
 }
 
 // stopLoops stops the settle and refresh loops and the node's goroutines.

@@ -2,11 +2,17 @@ package node
 
 import (
 	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
 	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/quotaring/quotaring/flush"
+	"github.com/quotaring/quotaring/router"
+	"github.com/quotaring/quotaring/snapshot"
 )
 
 // A drained node leaves nothing reserved in the ledger, not even units it
@@ -39,4 +45,93 @@ func TestShutdownFreesReservationsTheNodeDidNotKnowOf(t *testing.T) {
 			t.Fatalf("after the drain %s still holds %d units of %s/%s", r.Node, r.Units, r.Account, r.Grant)
 		}
 	}
+}
+
+// A request still running when --drain-timeout runs out is cut off and its
+// charge refunded before the node settles and exits (before, the node
+// exited with the handler still waiting on its upstream: billed, and
+// nothing logged). The refund goes to the account's new owner, as every
+// refund of a draining node does. (A last node standing has nobody to
+// take it: its log says "refund failed: the charge stands".)
+func TestDrainTimeoutCutsOffAndRefunds(t *testing.T) {
+	dir := t.TempDir()
+	dsn := "sqlite:" + filepath.Join(dir, "ledger.db")
+	accounts := map[string]int64{}
+	for i := range 20 {
+		accounts[fmt.Sprint("acct-", i)] = 1000
+	}
+	seedLedger(t, dsn, accounts)
+	ctx := context.Background()
+	l, err := flush.Open(ctx, dsn, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+
+	arrived := make(chan struct{}, 1)
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/slow" {
+			return
+		}
+		arrived <- struct{}{}
+		<-r.Context().Done() // slower than the drain timeout: until the proxy gives up
+	}))
+	defer upstream.Close()
+	u, _ := url.Parse(upstream.URL)
+	nodes := startNodesWith(t, dsn, func(c *Config) {
+		c.DrainTimeout = 200 * time.Millisecond
+		c.Front = func(n *Node) (http.Handler, error) { return router.NewProxy(u, n.FrontOptions()) }
+	}, nil)
+	n1 := nodes[0]
+	acct := ""
+	for a := range accounts {
+		if owner, _ := n1.Ring().Owner(a); owner.ID == "n1" {
+			acct = a
+			break
+		}
+	}
+	if acct == "" {
+		t.Fatal("n1 owns none of 20 accounts")
+	}
+	const key = "qr_test_drain_0123456789"
+	if err := l.AddKey(ctx, snapshot.Key{ID: "k1", Hash: snapshot.HashKey(key), Account: acct}); err != nil {
+		t.Fatal(err)
+	}
+	answered := make(chan int, 1)
+	send := func(path string) int {
+		req, _ := http.NewRequest("GET", "http://"+n1.HTTPAddr()+path, nil)
+		req.Header.Set("X-Api-Key", key)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return 0
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	// The key reaches n1 with its next config refresh: until then 401.
+	waitFor(t, 10*time.Second, "n1 to know the key", func() bool { return send("/fast") == http.StatusOK })
+	go func() { answered <- send("/slow") }()
+	select {
+	case <-arrived:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the request never reached the upstream")
+	}
+	if err := n1.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	<-answered
+	// The /fast request stays billed; the cut-off /slow one is refunded.
+	waitFor(t, 10*time.Second, "the refund settled by the new owner", func() bool {
+		events, err := l.Events(ctx, acct)
+		if err != nil {
+			t.Fatal(err)
+		}
+		refunded := 0
+		for _, e := range events {
+			if e.Refunded {
+				refunded++
+			}
+		}
+		return len(events) == 2 && refunded == 1
+	})
 }
