@@ -139,6 +139,12 @@ func (l *Log) commit(pb *pendingBatch) error {
 		return err
 	}
 	took := time.Since(start)
+	if !l.opts.NoSync {
+		// Before any waiter is woken: an acknowledged record is always
+		// within the mark, so the next Open can tell its loss from a torn
+		// tail.
+		l.writeMark(pb.last)
+	}
 	l.marks.add(pb.last, uint64(pb.bytes))
 	l.durableSeq.Store(pb.last)
 	l.wake()
@@ -157,6 +163,21 @@ func (l *Log) commit(pb *pendingBatch) error {
 		l.opts.OnCommit(pb.n, pb.bytes, took)
 	}
 	return nil
+}
+
+// writeMark writes seq into the durable mark. A failure loses evidence, not
+// records: the mark keeps an older seq, which makes the next Open less
+// strict, never wrong. It is logged once.
+func (l *Log) writeMark(seq uint64) {
+	if err := l.mark.write(seq); err != nil {
+		if !l.mark.failed {
+			l.mark.failed = true
+			l.log.Error("cannot write the durable mark; a damaged log may then go unnoticed at the next start",
+				"file", l.mark.path, "err", err)
+		}
+		return
+	}
+	l.mark.failed = false
 }
 
 // commitBatch calls Commit, turning the panic of pebbleLogger.Fatalf into an

@@ -202,7 +202,7 @@ func rawPebble(t *testing.T, fs vfs.FS) (*pebble.DB, func()) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	po, closer := opts.pebbleOptions()
+	po, closer := opts.pebbleOptions(false)
 	db, err := pebble.Open(opts.Dir, po)
 	if err != nil {
 		t.Fatal(err)

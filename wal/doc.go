@@ -101,6 +101,26 @@
 // dir and the sequence if not. The sequence resumes after
 // max(last record, settled mark), so a settled seq is never reused.
 //
+// # Damage that looks like a torn tail
+//
+// Pebble stops replaying its WAL at the first record it cannot read. It
+// calls that corruption only if a later intact chunk in a later 32 KiB block
+// claims an fsync past it; damage in the last block of a WAL (all of a small
+// WAL) is replayed as a torn tail, silently, without the acknowledged records
+// after it. So the committer writes the seq through which records are durable
+// into the file wal.durable beside Pebble's (frame: incarnation | seq, 8
+// bytes, big-endian), after each commit returned and before any waiter is
+// woken, without an fsync of its own (Settle and Close sync it; a kill -9
+// keeps it anyway). Open reads it first and, if the dir has one, opens Pebble
+// read-only to check that the log recovers at least through that seq; if
+// not, it fails with an error wrapping ErrCorrupt that names the WAL file and
+// the offset where it stops, and the dir is left as it was (a read-write
+// Pebble open would flush the replayed prefix and drop the damaged WAL).
+// A torn tail is a commit whose fsync never returned, so it is past the mark
+// and recovers silently. A mark of another incarnation, or one that does not
+// check, is logged and ignored; a dir without one (new, or from an older
+// build) gets one at Open. With NoSync the mark only moves at Open.
+//
 // # Concurrency
 //
 // All methods of Log are safe for concurrent use. Append assigns sequence

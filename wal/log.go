@@ -24,6 +24,12 @@ type Log struct {
 	writeOpts   *pebble.WriteOptions
 	incarnation string
 	log         *slog.Logger
+	// mark records how far records are durable, for the next Open (see
+	// durableMark). Written by the committer only, after Open. Nil when
+	// readOnly.
+	mark *durableMark
+	// readOnly is set for the check Open makes before it opens for writing.
+	readOnly bool
 
 	// lastSeq is written only under mu; read without it by LastSeq.
 	lastSeq atomic.Uint64
@@ -87,17 +93,45 @@ func Open(opts Options) (*Log, error) {
 	if err := opts.FS.MkdirAll(opts.Dir, 0o755); err != nil {
 		return nil, fmt.Errorf("wal: create dir %s: %w", opts.Dir, err)
 	}
-	po, fsCloser := opts.pebbleOptions()
+	seen, err := readDurableMark(opts.FS, opts.Dir)
+	if err != nil {
+		return nil, err
+	}
+	if seen.found {
+		// Check read-only first. A read-write pebble.Open flushes what it
+		// replayed and drops the WAL: refusing after it would destroy the
+		// evidence of the damage, and the records after it.
+		l, err := openLog(opts, seen, true)
+		if err != nil {
+			return nil, err
+		}
+		if err := l.closeDB(); err != nil {
+			return nil, fmt.Errorf("wal: close %s after checking it: %w", opts.Dir, err)
+		}
+	}
+	l, err := openLog(opts, seen, false)
+	if err != nil {
+		return nil, err
+	}
+	go l.run()
+	return l, nil
+}
+
+// openLog opens Pebble in opts.Dir and recovers the log, without starting
+// the committer. A read-only log leaves the dir as it is: Pebble replays its
+// WAL into memory only, and neither the meta nor the durable mark is written.
+func openLog(opts Options, seen markSeen, readOnly bool) (*Log, error) {
+	po, fsCloser := opts.pebbleOptions(readOnly)
 	db, err := pebble.Open(opts.Dir, po)
 	if err != nil {
 		_ = fsCloser.Close()
 		return nil, openError(opts.Dir, err)
 	}
 	l := newLog(opts, db, fsCloser)
-	if err := l.recover(); err != nil {
+	l.readOnly = readOnly
+	if err := l.recover(seen); err != nil {
 		return nil, errors.Join(err, l.closeDB())
 	}
-	go l.run()
 	return l, nil
 }
 
@@ -128,8 +162,10 @@ func newLog(opts Options, db *pebble.DB, fsCloser io.Closer) *Log {
 	return l
 }
 
-// recover reads or creates the meta keys, then scans the unsettled records.
-func (l *Log) recover() error {
+// recover reads or creates the meta keys, scans the unsettled records,
+// checks that they reach the durable mark seen before Pebble opened, and
+// writes the mark anew.
+func (l *Log) recover(seen markSeen) error {
 	if err := l.loadMeta(); err != nil {
 		return err
 	}
@@ -139,10 +175,21 @@ func (l *Log) recover() error {
 		return err
 	}
 	last = max(last, settled)
+	if err := l.checkDurableMark(seen, last); err != nil {
+		return err
+	}
 	l.lastSeq.Store(last)
 	l.durableSeq.Store(last)
 	l.marks.reset(settled)
 	l.marks.add(last, bytes)
+	if l.readOnly {
+		return nil
+	}
+	// pebble.Open flushed what it replayed to sstables: records through
+	// last are durable, whatever the WAL held unsynced.
+	if l.mark, err = openDurableMark(l.opts.FS, l.opts.Dir, l.incarnation, last); err != nil {
+		return err
+	}
 	l.log.Info("opened", "node_id", l.opts.NodeID, "incarnation", l.incarnation,
 		"settled", settled, "last", last, "unsettled_bytes", bytes)
 	return nil
@@ -174,6 +221,11 @@ func (l *Log) loadMeta() error {
 	if !ok {
 		if l.opts.AnyNode {
 			return fmt.Errorf("wal: %s is not a quotad data dir (no node id in it)", l.opts.Dir)
+		}
+		if l.readOnly {
+			// Only a dir with a durable mark is checked read-only, and the
+			// mark is written after the meta is durable.
+			return corruptKey(l.opts.Dir, "meta "+metaNodeID, errors.New("missing, though "+durableMarkName+" shows the dir in use"))
 		}
 		return l.initMeta()
 	}
@@ -326,10 +378,10 @@ func (l *Log) close() error {
 	return l.closeDB()
 }
 
-// closeDB closes Pebble, then the disk-health checker.
+// closeDB closes Pebble, then the disk-health checker and the durable mark.
 func (l *Log) closeDB() error {
 	err := l.db.Close()
-	return errors.Join(err, l.fsCloser.Close())
+	return errors.Join(err, l.fsCloser.Close(), l.mark.close())
 }
 
 // WaitDurable returns nil once DurableSeq() >= seq. It returns an error if

@@ -1,6 +1,7 @@
 package wal
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -113,9 +114,14 @@ const diskSlowThreshold = 5 * time.Second
 // The DB holds a short queue of records that are deleted at each settle, a
 // few checkpoints and a few meta keys, so it needs little memory and no
 // filters.
-func (o Options) pebbleOptions() (*pebble.Options, io.Closer) {
+//
+// A readOnly DB replays its WAL into memory and writes nothing; its Pebble
+// info messages go to debug level, since a read-write open follows and
+// repeats them.
+func (o Options) pebbleOptions(readOnly bool) (*pebble.Options, io.Closer) {
 	po := &pebble.Options{
-		Logger: pebbleLogger{log: o.Logger, exit: o.Exit},
+		ReadOnly: readOnly,
+		Logger:   pebbleLogger{log: o.Logger, exit: o.Exit, quiet: readOnly},
 		// Pinned, so that a Pebble upgrade never changes the format of a new
 		// dir behind our back; Pebble upgrades old dirs itself.
 		FormatMajorVersion: pebble.FormatNewest,
@@ -162,8 +168,9 @@ func (o Options) eventListener() *pebble.EventListener {
 
 // pebbleLogger adapts slog to pebble.Logger.
 type pebbleLogger struct {
-	log  *slog.Logger
-	exit func(code int)
+	log   *slog.Logger
+	exit  func(code int)
+	quiet bool // Infof at debug level
 }
 
 // fatalError is the panic value of pebbleLogger.Fatalf when exit returns.
@@ -172,7 +179,11 @@ type fatalError struct{ msg string }
 func (e fatalError) Error() string { return "wal: pebble fatal error: " + e.msg }
 
 func (p pebbleLogger) Infof(format string, args ...any) {
-	p.log.Info(fmt.Sprintf(format, args...), "subsystem", "pebble")
+	level := slog.LevelInfo
+	if p.quiet {
+		level = slog.LevelDebug
+	}
+	p.log.Log(context.Background(), level, fmt.Sprintf(format, args...), "subsystem", "pebble")
 }
 
 func (p pebbleLogger) Errorf(format string, args ...any) {

@@ -59,6 +59,10 @@ func (l *Log) Settle(upto uint64, cps []Checkpoint) error {
 	}
 	l.settledSeq.Store(upto)
 	l.marks.settle(upto)
+	// Make the durable mark survive a power loss too, once per settle.
+	if err := l.mark.sync(); err != nil {
+		l.log.Warn("cannot sync the durable mark", "file", l.mark.path, "err", err)
+	}
 	return nil
 }
 

@@ -1,0 +1,173 @@
+package wal
+
+import (
+	"bytes"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// writeDurable opens a log on real files in dir, appends n records (one
+// commit each, every one acknowledged), and copies the data dir while the
+// log is still open, as an operator copies the dir of a node killed with
+// SIGKILL. It returns the copy.
+func writeDurable(t *testing.T, dir string, n int) string {
+	t.Helper()
+	l := mustOpen(t, Options{Dir: dir, NodeID: "node-1"})
+	for i := range n {
+		appendDurable(t, l, payloadFor(uint64(i+1)))
+	}
+	crashed := filepath.Join(t.TempDir(), "crashed")
+	if err := os.CopyFS(crashed, os.DirFS(dir)); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return crashed
+}
+
+// overwrite writes n bytes of 0xA5 at off in name.
+func overwrite(t *testing.T, name string, off int64, n int) {
+	t.Helper()
+	f, err := os.OpenFile(name, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	junk := []byte(strings.Repeat("\xa5", n))
+	if _, err := f.WriteAt(junk, off); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestDamagedLogMiddleStopsOpen overwrites 32 bytes in the middle of the
+// Pebble WAL that holds 60 acknowledged records. Pebble replays the records
+// before the damage and treats the rest as a torn tail; Open must refuse
+// instead of starting without the acknowledged records after it, and name
+// the WAL file and what to do.
+func TestDamagedLogMiddleStopsOpen(t *testing.T) {
+	crashed := writeDurable(t, filepath.Join(t.TempDir(), "data"), 60)
+	name := newestWALFile(t, crashed)
+	fi, err := os.Stat(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	off := fi.Size() / 3
+	overwrite(t, name, off, 32)
+	t.Logf("damaged %s (%d bytes) at offset %d", filepath.Base(name), fi.Size(), off)
+
+	before := dirFiles(t, crashed)
+	l, err := Open(Options{Dir: crashed, NodeID: "node-1"})
+	if err == nil {
+		last := l.LastSeq()
+		_ = l.Close()
+		t.Fatalf("Open succeeded on a log damaged in the middle: recovered %d of 60 acknowledged records", last)
+	}
+	if !IsCorrupt(err) {
+		t.Fatalf("Open = %v, want a corruption error", err)
+	}
+	for _, want := range []string{crashed, filepath.Base(name), "seq 60", "quotad revoke"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not name %q", err, want)
+		}
+	}
+	if after := dirFiles(t, crashed); !maps.EqualFunc(before, after, bytes.Equal) {
+		t.Errorf("the refused Open changed the data dir: files %v before, %v after", slices.Sorted(maps.Keys(before)), slices.Sorted(maps.Keys(after)))
+	}
+	t.Log(err)
+}
+
+// TestTornTailOpensSilently cuts the final commit of a real Pebble WAL,
+// as a crash during its write and before its fsync returned does: its
+// record was never acknowledged, so the durable mark stops before it. Open
+// must succeed with every earlier record, and reassign the torn seq. The
+// same cut with the mark past the final commit (its record acknowledged)
+// must be refused: what tells the two apart is the mark.
+func TestTornTailOpensSilently(t *testing.T) {
+	for _, acked := range []bool{false, true} {
+		t.Run(map[bool]string{false: "never acknowledged", true: "acknowledged"}[acked], func(t *testing.T) {
+			dir := filepath.Join(t.TempDir(), "data")
+			l := mustOpen(t, Options{Dir: dir, NodeID: "node-1"})
+			for i := range 59 {
+				appendDurable(t, l, payloadFor(uint64(i+1)))
+			}
+			markBefore := readFile(t, filepath.Join(dir, durableMarkName))
+			appendDurable(t, l, payloadFor(60))
+			crashed := filepath.Join(t.TempDir(), "crashed")
+			if err := os.CopyFS(crashed, os.DirFS(dir)); err != nil {
+				t.Fatal(err)
+			}
+			if err := l.Close(); err != nil {
+				t.Fatal(err)
+			}
+			if !acked {
+				// The crash came before the fsync of record 60 returned.
+				writeFile(t, filepath.Join(crashed, durableMarkName), markBefore)
+			}
+			name := newestWALFile(t, crashed)
+			fi, err := os.Stat(name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Truncate(name, fi.Size()-3); err != nil {
+				t.Fatal(err)
+			}
+
+			l, err = Open(Options{Dir: crashed, NodeID: "node-1"})
+			if acked {
+				if err == nil {
+					_ = l.Close()
+					t.Fatal("Open succeeded without the acknowledged record 60")
+				}
+				if !IsCorrupt(err) || !strings.Contains(err.Error(), "seq 60") {
+					t.Fatalf("Open = %v, want a corruption error naming seq 60", err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("Open after a torn tail: %v", err)
+			}
+			t.Cleanup(func() { _ = l.Close() })
+			requireContiguous(t, readAll(t, l), 0, 59)
+			if seq := appendDurable(t, l, []byte("again")); seq != 60 {
+				t.Fatalf("next seq = %d, want 60", seq)
+			}
+		})
+	}
+}
+
+// dirFiles returns the contents of every file in dir, by name.
+func dirFiles(t *testing.T, dir string) map[string][]byte {
+	t.Helper()
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	files := map[string][]byte{}
+	for _, e := range entries {
+		files[e.Name()] = readFile(t, filepath.Join(dir, e.Name()))
+	}
+	return files
+}
+
+func readFile(t *testing.T, name string) []byte {
+	t.Helper()
+	b, err := os.ReadFile(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func writeFile(t *testing.T, name string, b []byte) {
+	t.Helper()
+	if err := os.WriteFile(name, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -1,0 +1,204 @@
+package wal
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+
+	"github.com/cockroachdb/pebble/v2/vfs"
+	pwal "github.com/cockroachdb/pebble/v2/wal"
+)
+
+// durableMarkName is the file, beside Pebble's, where the log writes how far
+// its records are durable. Pebble ignores files it cannot parse the name of.
+const durableMarkName = "wal.durable"
+
+// A durable mark is the evidence that lets Open tell a torn tail from lost
+// records. Pebble replays its WAL up to the first record it cannot read, and
+// it can tell damage from a torn tail only by a later intact chunk that
+// claims an fsync past the damage; it never looks at the rest of the 32 KiB
+// block holding the damage, so damage in the last block of a WAL (all of a
+// small one) is replayed as a torn tail: silently, without the acknowledged
+// records after it.
+//
+// So the committer writes, after each commit returned and before any waiter
+// is woken, the seq through which the records are durable, into a file
+// outside Pebble's WAL. The claim is true whenever it is read: it is written
+// only after the fsync that made it true. It is not fsynced per commit (that
+// would double the fsyncs): a kill -9 keeps it (the page cache survives), a
+// power loss may keep an older value, which only makes Open less strict.
+// Settle and Close sync it. Open refuses a log that recovers less than the
+// mark says was durable: those records were acknowledged and are gone.
+type durableMark struct {
+	f    vfs.File // nil when the log is read-only
+	path string
+	inc  string
+	body []byte // incarnation | seq, reused
+	buf  []byte // the frame, reused
+	// failed is set after a write failed, so that the error is logged once.
+	failed bool
+}
+
+// markSeen is what Open read from a durable mark file.
+type markSeen struct {
+	found bool   // the file exists and is not empty
+	inc   string // the incarnation it belongs to
+	seq   uint64 // records through seq were durable
+	bad   error  // the file exists but its frame does not check
+}
+
+// readDurableMark reads the durable mark of dir, if any.
+func readDurableMark(fs vfs.FS, dir string) (markSeen, error) {
+	path := fs.PathJoin(dir, durableMarkName)
+	f, err := fs.Open(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return markSeen{}, nil
+	}
+	if err != nil {
+		return markSeen{}, fmt.Errorf("wal: read %s: %w", path, err)
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, 4096))
+	if err != nil {
+		return markSeen{}, fmt.Errorf("wal: read %s: %w", path, err)
+	}
+	if len(data) == 0 {
+		return markSeen{}, nil
+	}
+	body, err := decodeFrame(data)
+	if err == nil && len(body) < 8 {
+		err = errors.New("body shorter than its seq")
+	}
+	if err != nil {
+		return markSeen{found: true, bad: err}, nil
+	}
+	seq, _ := decodeU64(body[len(body)-8:])
+	return markSeen{found: true, inc: string(body[:len(body)-8]), seq: seq}, nil
+}
+
+// openDurableMark opens (or creates) the durable mark of dir and writes seq
+// into it, synced, with the dir entry.
+func openDurableMark(fs vfs.FS, dir, inc string, seq uint64) (*durableMark, error) {
+	path := fs.PathJoin(dir, durableMarkName)
+	f, err := fs.OpenReadWrite(path, vfs.WriteCategoryUnspecified)
+	if err != nil {
+		return nil, fmt.Errorf("wal: open %s: %w", path, err)
+	}
+	m := &durableMark{f: f, path: path, inc: inc}
+	err = m.write(seq)
+	if err == nil {
+		err = f.Sync()
+	}
+	if err == nil {
+		err = syncDir(fs, dir)
+	}
+	if err != nil {
+		_ = f.Close()
+		return nil, fmt.Errorf("wal: write %s: %w", path, err)
+	}
+	return m, nil
+}
+
+// write overwrites the mark with seq, without fsync. The frame has a fixed
+// size for an incarnation, so a later write covers an earlier one.
+func (m *durableMark) write(seq uint64) error {
+	m.body = append(append(m.body[:0], m.inc...), encodeU64(seq)...)
+	m.buf = appendFrame(m.buf[:0], checksum(m.body), m.body)
+	_, err := m.f.WriteAt(m.buf, 0)
+	return err
+}
+
+// sync fsyncs the mark.
+func (m *durableMark) sync() error {
+	if m == nil || m.f == nil {
+		return nil
+	}
+	return m.f.Sync()
+}
+
+// close syncs and closes the mark.
+func (m *durableMark) close() error {
+	if m == nil || m.f == nil {
+		return nil
+	}
+	return errors.Join(m.f.Sync(), m.f.Close())
+}
+
+// syncDir fsyncs dir, so that a file created in it stays.
+func syncDir(fs vfs.FS, dir string) error {
+	d, err := fs.OpenDir(dir)
+	if err != nil {
+		return err
+	}
+	return errors.Join(d.Sync(), d.Close())
+}
+
+// checkDurableMark compares what the log recovered (records through last)
+// with what the mark says was durable before the node stopped.
+func (l *Log) checkDurableMark(seen markSeen, last uint64) error {
+	switch {
+	case !seen.found:
+		return nil // a new dir, or one written before marks existed
+	case seen.bad != nil:
+		l.log.Warn("durable mark unreadable, not checked", "file", durableMarkName, "err", seen.bad)
+		return nil
+	case seen.inc != l.incarnation:
+		l.log.Warn("durable mark of another incarnation, not checked", "file", durableMarkName,
+			"mark_incarnation", seen.inc, "mark_seq", seen.seq)
+		return nil
+	case seen.seq <= last:
+		return nil
+	}
+	return fmt.Errorf("%w: dir %s: records through seq %d were durable, and acknowledged, before "+
+		"the node stopped (%s says so), but the log recovers only through seq %d: %s. "+
+		"Records %d..%d are lost and were never settled to the ledger. Do not serve from this data dir: "+
+		"restore it from a copy of the disk; if it cannot be restored, keep it aside as evidence, "+
+		"run `quotad revoke --node %s` and start the node with an empty data dir "+
+		"(a new incarnation; the lost charges are not billed, as for a lost disk)",
+		ErrCorrupt, l.opts.Dir, seen.seq, durableMarkName, last, describeWALs(l.opts.FS, l.opts.Dir),
+		last+1, seen.seq, l.opts.NodeID)
+}
+
+// describeWALs says where Pebble's WAL files in dir stop being readable: the
+// file and the offset of the first record it cannot read, or that they read
+// to their end (then records are missing for another reason, such as a
+// deleted or replaced WAL file).
+func describeWALs(fs vfs.FS, dir string) string {
+	logs, err := pwal.Scan(pwal.Dir{FS: fs, Dirname: dir})
+	if err != nil {
+		return fmt.Sprintf("cannot list its WAL files: %v", err)
+	}
+	var stops []string
+	for _, ll := range logs {
+		if s := readToEnd(fs, ll); s != "" {
+			stops = append(stops, s)
+		}
+	}
+	if len(stops) == 0 {
+		return fmt.Sprintf("Pebble's %d WAL file(s) read to their end (a WAL file missing or replaced?)", len(logs))
+	}
+	return strings.Join(stops, "; ")
+}
+
+// readToEnd reads every record of ll and returns "" when it ends cleanly, or
+// which file stops at which offset, and why.
+func readToEnd(fs vfs.FS, ll pwal.LogicalLog) string {
+	r := ll.OpenForRead()
+	defer r.Close()
+	for {
+		_, off, err := r.NextRecord()
+		if errors.Is(err, io.EOF) {
+			return ""
+		}
+		if err != nil {
+			size := ""
+			if fi, serr := fs.Stat(off.PhysicalFile); serr == nil {
+				size = fmt.Sprintf(" of %d bytes", fi.Size())
+			}
+			return fmt.Sprintf("Pebble's WAL %s is unreadable from offset %d%s (%v)",
+				off.PhysicalFile, off.Physical, size, err)
+		}
+	}
+}
