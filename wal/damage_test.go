@@ -2,6 +2,8 @@ package wal
 
 import (
 	"bytes"
+	"fmt"
+	"log/slog"
 	"maps"
 	"os"
 	"path/filepath"
@@ -47,40 +49,49 @@ func overwrite(t *testing.T, name string, off int64, n int) {
 }
 
 // TestDamagedLogMiddleStopsOpen overwrites 32 bytes in the middle of the
-// Pebble WAL that holds 60 acknowledged records. Pebble replays the records
-// before the damage and treats the rest as a torn tail; Open must refuse
-// instead of starting without the acknowledged records after it, and name
-// the WAL file and what to do.
+// Pebble WAL that holds acknowledged records. With 60 records the WAL is one
+// 32 KiB block: Pebble replays the records before the damage and treats the
+// rest as a torn tail, and the durable mark must catch it. With 1500 it
+// spans blocks, and Pebble itself reports corruption. Either way Open must
+// refuse, on one line naming the WAL file and what to do, and leave the dir
+// as it was.
 func TestDamagedLogMiddleStopsOpen(t *testing.T) {
-	crashed := writeDurable(t, filepath.Join(t.TempDir(), "data"), 60)
-	name := newestWALFile(t, crashed)
-	fi, err := os.Stat(name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	off := fi.Size() / 3
-	overwrite(t, name, off, 32)
-	t.Logf("damaged %s (%d bytes) at offset %d", filepath.Base(name), fi.Size(), off)
+	for _, n := range []int{60, 1500} {
+		t.Run(fmt.Sprintf("records=%d", n), func(t *testing.T) {
+			crashed := writeDurable(t, filepath.Join(t.TempDir(), "data"), n)
+			name := newestWALFile(t, crashed)
+			fi, err := os.Stat(name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			off := fi.Size() / 3
+			overwrite(t, name, off, 32)
+			t.Logf("damaged %s (%d bytes) at offset %d", filepath.Base(name), fi.Size(), off)
 
-	before := dirFiles(t, crashed)
-	l, err := Open(Options{Dir: crashed, NodeID: "node-1"})
-	if err == nil {
-		last := l.LastSeq()
-		_ = l.Close()
-		t.Fatalf("Open succeeded on a log damaged in the middle: recovered %d of 60 acknowledged records", last)
+			before := dirFiles(t, crashed)
+			l, err := Open(Options{Dir: crashed, NodeID: "node-1"})
+			if err == nil {
+				last := l.LastSeq()
+				_ = l.Close()
+				t.Fatalf("Open succeeded on a log damaged in the middle: recovered %d of %d acknowledged records", last, n)
+			}
+			if !IsCorrupt(err) {
+				t.Fatalf("Open = %v, want a corruption error", err)
+			}
+			for _, want := range []string{crashed, filepath.Base(name), "quotad revoke --node node-1"} {
+				if !strings.Contains(err.Error(), want) {
+					t.Errorf("error %q does not name %q", err, want)
+				}
+			}
+			if strings.Contains(err.Error(), "\n") {
+				t.Errorf("error has more than one line:\n%s", err)
+			}
+			if after := dirFiles(t, crashed); !maps.EqualFunc(before, after, bytes.Equal) {
+				t.Errorf("the refused Open changed the data dir: files %v before, %v after", slices.Sorted(maps.Keys(before)), slices.Sorted(maps.Keys(after)))
+			}
+			t.Log(err)
+		})
 	}
-	if !IsCorrupt(err) {
-		t.Fatalf("Open = %v, want a corruption error", err)
-	}
-	for _, want := range []string{crashed, filepath.Base(name), "seq 60", "quotad revoke"} {
-		if !strings.Contains(err.Error(), want) {
-			t.Errorf("error %q does not name %q", err, want)
-		}
-	}
-	if after := dirFiles(t, crashed); !maps.EqualFunc(before, after, bytes.Equal) {
-		t.Errorf("the refused Open changed the data dir: files %v before, %v after", slices.Sorted(maps.Keys(before)), slices.Sorted(maps.Keys(after)))
-	}
-	t.Log(err)
 }
 
 // TestTornTailOpensSilently cuts the final commit of a real Pebble WAL,
@@ -170,4 +181,69 @@ func writeFile(t *testing.T, name string, b []byte) {
 	if err := os.WriteFile(name, b, 0o644); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestDamagedSSTStopsOpen garbles the sstable that holds the log's records
+// and meta. Pebble reports on-disk corruption through Logger.Fatalf by
+// default, which exits with a stack trace; Open must instead return one
+// line that wraps ErrCorrupt and names the file and what to do, without
+// calling Exit.
+func TestDamagedSSTStopsOpen(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "data")
+	l := mustOpen(t, Options{Dir: dir, NodeID: "node-1"})
+	for i := range 60 {
+		appendDurable(t, l, payloadFor(uint64(i+1)))
+	}
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	l = mustOpen(t, Options{Dir: dir, NodeID: "node-1"}) // flushes the WAL into an sstable
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	ssts, err := filepath.Glob(filepath.Join(dir, "*.sst"))
+	if err != nil || len(ssts) != 1 {
+		t.Fatalf("want one sstable in %s, have %v (%v)", dir, ssts, err)
+	}
+	fi, err := os.Stat(ssts[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	overwrite(t, ssts[0], fi.Size()/3, 64)
+
+	var logs bytes.Buffer
+	exited := false
+	func() {
+		defer func() {
+			if r := recover(); r != nil {
+				first, _, _ := strings.Cut(fmt.Sprint(r), "\n")
+				t.Fatalf("Open panicked (Pebble's Fatalf): %s", first)
+			}
+		}()
+		l, err = Open(Options{Dir: dir, NodeID: "node-1", Exit: func(int) { exited = true },
+			Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	}()
+	if exited {
+		t.Error("Open called Exit on a damaged sstable")
+	}
+	if err == nil {
+		_ = l.Close()
+		t.Fatal("Open succeeded on a damaged sstable")
+	}
+	if !IsCorrupt(err) {
+		t.Fatalf("Open = %v, want a corruption error", err)
+	}
+	msg := err.Error()
+	for _, want := range []string{ssts[0], "quotad revoke --node node-1"} {
+		if !strings.Contains(msg, want) {
+			t.Errorf("error %q does not name %q", msg, want)
+		}
+	}
+	if strings.Contains(msg, "\n") {
+		t.Errorf("error has more than one line:\n%s", msg)
+	}
+	if strings.Contains(logs.String(), "goroutine") || strings.Contains(logs.String(), ".go:") {
+		t.Errorf("the log holds a stack trace at info level:\n%s", logs.String())
+	}
+	t.Log(msg)
 }

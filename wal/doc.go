@@ -88,6 +88,11 @@
 //     Pebble itself reports a failed WAL fsync through Logger.Fatalf; the
 //     logger wal gives Pebble calls Options.Exit there and never returns,
 //     since Pebble would otherwise report the failed fsync as a success.
+//   - On-disk corruption that Pebble finds in a read (a garbled sstable) is
+//     not fatal: Pebble's default would call Logger.Fatalf and exit with a
+//     stack trace. wal logs it on one line and lets the read fail, so Open,
+//     Scan, GetMeta and Checkpoints return one line wrapping ErrCorrupt that
+//     names the damaged file and what to do.
 //   - Settle, PutCheckpoints and PutMeta commit with pebble.Sync.
 //   - Options.NoSync (benchmarks only) commits records without fsync; a
 //     kill -9 then loses records whose WaitDurable returned nil.

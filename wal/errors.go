@@ -3,6 +3,7 @@ package wal
 import (
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/cockroachdb/pebble/v2"
 )
@@ -37,4 +38,51 @@ func corruptRecord(dir string, seq uint64, cause error) error {
 // corruptKey returns an error wrapping ErrCorrupt for a non-record key.
 func corruptKey(dir, what string, cause error) error {
 	return fmt.Errorf("%w: dir %s: %s: %w", ErrCorrupt, dir, what, cause)
+}
+
+// remedy says what an operator does about a data dir that lost or damaged
+// records. node may be empty when the dir's node id is not known yet.
+func remedy(node string) string {
+	if node == "" {
+		node = "ID"
+	}
+	return "do not serve from this data dir: restore it from a copy of the disk; if it cannot be " +
+		"restored, keep it aside as evidence, run `quotad revoke --node " + node + "` and start the node " +
+		"with an empty data dir (a new incarnation; its unsettled charges are lost, as for a lost disk)"
+}
+
+// damagedFileError reports on-disk corruption that Pebble found in one of
+// its files, on one line; Pebble's own error (with its stack traces, for %+v)
+// stays reachable through errors.Unwrap.
+type damagedFileError struct {
+	msg   string
+	cause error
+}
+
+func (e *damagedFileError) Error() string   { return e.msg }
+func (e *damagedFileError) Unwrap() []error { return []error{ErrCorrupt, e.cause} }
+
+// pebbleError wraps err, returned by a Pebble call that did what, on the log
+// of node in dir. On-disk corruption becomes one line wrapping ErrCorrupt
+// that names the damaged file and what to do.
+func pebbleError(dir, node, what string, err error) error {
+	if !pebble.IsCorruptionError(err) {
+		return fmt.Errorf("wal: %s in %s: %w", what, dir, err)
+	}
+	file := "a Pebble file (see the log)"
+	if info := pebble.ExtractDataCorruptionInfo(err); info != nil && info.Path != "" {
+		file = info.Path
+	}
+	return &damagedFileError{
+		msg: fmt.Sprintf("%s: dir %s: %s: %s is damaged (%s); %s",
+			ErrCorrupt, dir, what, file, firstLine(err), remedy(node)),
+		cause: err,
+	}
+}
+
+// firstLine returns the first line of err's message: Pebble's errors may
+// carry more lines, which belong in a debug log, not in a one-line summary.
+func firstLine(err error) string {
+	msg, _, _ := strings.Cut(err.Error(), "\n")
+	return msg
 }

@@ -125,7 +125,7 @@ func openLog(opts Options, seen markSeen, readOnly bool) (*Log, error) {
 	db, err := pebble.Open(opts.Dir, po)
 	if err != nil {
 		_ = fsCloser.Close()
-		return nil, openError(opts.Dir, err)
+		return nil, openError(opts, err)
 	}
 	l := newLog(opts, db, fsCloser)
 	l.readOnly = readOnly
@@ -135,12 +135,21 @@ func openLog(opts Options, seen markSeen, readOnly bool) (*Log, error) {
 	return l, nil
 }
 
-// openError wraps an error of pebble.Open, marking Pebble's corruption.
-func openError(dir string, err error) error {
-	if pebble.IsCorruptionError(err) {
-		return fmt.Errorf("%w: dir %s: pebble: %w", ErrCorrupt, dir, err)
+// openError wraps an error of pebble.Open: corruption (of a WAL, the
+// MANIFEST or an sstable) on one line wrapping ErrCorrupt, with the remedy.
+func openError(opts Options, err error) error {
+	if pebble.IsCorruptionError(err) && pebble.ExtractDataCorruptionInfo(err) == nil {
+		// Not an sstable: most likely a WAL that Pebble knows was synced
+		// past the damage. Name the file and offset if it is one.
+		if where := describeWALs(opts.FS, opts.Dir); !strings.Contains(where, "read to their end") {
+			return &damagedFileError{
+				msg: fmt.Sprintf("%s: dir %s: open pebble: %s; %s",
+					ErrCorrupt, opts.Dir, where, remedy(opts.NodeID)),
+				cause: err,
+			}
+		}
 	}
-	return fmt.Errorf("wal: open pebble in %s: %w", dir, err)
+	return pebbleError(opts.Dir, opts.NodeID, "open pebble", err)
 }
 
 func newLog(opts Options, db *pebble.DB, fsCloser io.Closer) *Log {

@@ -152,13 +152,10 @@ func (l *Log) checkDurableMark(seen markSeen, last uint64) error {
 		return nil
 	}
 	return fmt.Errorf("%w: dir %s: records through seq %d were durable, and acknowledged, before "+
-		"the node stopped (%s says so), but the log recovers only through seq %d: %s. "+
-		"Records %d..%d are lost and were never settled to the ledger. Do not serve from this data dir: "+
-		"restore it from a copy of the disk; if it cannot be restored, keep it aside as evidence, "+
-		"run `quotad revoke --node %s` and start the node with an empty data dir "+
-		"(a new incarnation; the lost charges are not billed, as for a lost disk)",
+		"the node stopped (%s says so), but the log recovers only through seq %d: %s; "+
+		"records %d..%d are lost and were never settled to the ledger; %s",
 		ErrCorrupt, l.opts.Dir, seen.seq, durableMarkName, last, describeWALs(l.opts.FS, l.opts.Dir),
-		last+1, seen.seq, l.opts.NodeID)
+		last+1, seen.seq, remedy(l.opts.NodeID))
 }
 
 // describeWALs says where Pebble's WAL files in dir stop being readable: the

@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
@@ -163,6 +164,14 @@ func (o Options) eventListener() *pebble.EventListener {
 			log.Warn("write stall begin", "reason", info.Reason)
 		},
 		WriteStallEnd: func() { log.Warn("write stall end") },
+		// Pebble's default calls Logger.Fatalf, which exits with a stack
+		// trace. The read that found the damage returns it instead: Open
+		// and Scan turn it into one line naming the file (pebbleError).
+		DataCorruption: func(info pebble.DataCorruptionInfo) {
+			log.Error("on-disk corruption in the log: "+remedy(o.NodeID),
+				"file", info.Path, "err", firstLine(info.Details))
+			log.Debug("on-disk corruption detail", "file", info.Path, "detail", fmt.Sprintf("%+v", info.Details))
+		},
 	}
 }
 
@@ -193,9 +202,18 @@ func (p pebbleLogger) Errorf(format string, args ...any) {
 // Fatalf logs, calls exit and, if exit returns, panics. It never returns:
 // Pebble calls it, for example, when a WAL fsync fails, and carries on as if
 // the commit succeeded if it returns.
+//
+// It logs the first line of Pebble's message at error level, and the rest
+// (Pebble may append stack traces) at debug level only.
 func (p pebbleLogger) Fatalf(format string, args ...any) {
 	msg := fmt.Sprintf(format, args...)
-	p.log.Error(msg, "subsystem", "pebble", "fatal", true)
+	first, rest, _ := strings.Cut(msg, "\n")
+	p.log.Error("fatal storage error, exiting: "+first+
+		" (check the disk: dmesg, free space; the node replays its log at the next start)",
+		"subsystem", "pebble", "fatal", true)
+	if rest != "" {
+		p.log.Debug("fatal storage error detail", "subsystem", "pebble", "detail", rest)
+	}
 	p.exit(1)
-	panic(fatalError{msg: msg})
+	panic(fatalError{msg: first})
 }

@@ -34,7 +34,7 @@ func (l *Log) iterRecords(after, upto uint64, fn func(seq uint64, payload []byte
 		UpperBound: recordKeyAfter(upto),
 	})
 	if err != nil {
-		return fmt.Errorf("wal: scan %s: %w", l.opts.Dir, err)
+		return l.pebbleError("scan records", err)
 	}
 	valid := it.SeekLT(recordKeyAfter(after + 1))
 	if !valid {
@@ -53,7 +53,7 @@ func (l *Log) eachRecord(it *pebble.Iterator, valid bool, after, upto uint64, fn
 		}
 		v, err := it.ValueAndErr()
 		if err != nil {
-			return fmt.Errorf("wal: read records from seq %d in %s: %w", first, l.opts.Dir, err)
+			return l.pebbleError(fmt.Sprintf("read records from seq %d", first), err)
 		}
 		c, err := openChunk(v)
 		if err != nil {
@@ -80,7 +80,10 @@ func (l *Log) eachRecord(it *pebble.Iterator, valid bool, after, upto uint64, fn
 			}
 		}
 	}
-	return it.Error()
+	if err := it.Error(); err != nil {
+		return l.pebbleError("read records", err)
+	}
+	return nil
 }
 
 // lastOfChunkAt returns the last sequence of the chunk holding seq (0 when
@@ -88,11 +91,14 @@ func (l *Log) eachRecord(it *pebble.Iterator, valid bool, after, upto uint64, fn
 func (l *Log) lastOfChunkAt(seq uint64) (first, last uint64, err error) {
 	it, err := l.db.NewIter(&pebble.IterOptions{LowerBound: recordKey(0), UpperBound: recordKeyAfter(seq)})
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, l.pebbleError("find the chunk of a record", err)
 	}
 	defer it.Close()
 	if !it.Last() {
-		return 0, 0, it.Error()
+		if err := it.Error(); err != nil {
+			return 0, 0, l.pebbleError("find the chunk of a record", err)
+		}
+		return 0, 0, nil
 	}
 	first, err = parseRecordKey(it.Key())
 	if err != nil {
@@ -100,7 +106,7 @@ func (l *Log) lastOfChunkAt(seq uint64) (first, last uint64, err error) {
 	}
 	v, err := it.ValueAndErr()
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, l.pebbleError(fmt.Sprintf("read the chunk from seq %d", first), err)
 	}
 	c, err := openChunk(v)
 	if err != nil {
@@ -124,7 +130,7 @@ func (l *Log) getMeta(name string) ([]byte, bool, error) {
 		return nil, false, nil
 	}
 	if err != nil {
-		return nil, false, fmt.Errorf("wal: get meta %q in %s: %w", name, l.opts.Dir, err)
+		return nil, false, l.pebbleError(fmt.Sprintf("get meta %q", name), err)
 	}
 	defer closer.Close()
 	payload, err := decodeFrame(v)
@@ -179,4 +185,9 @@ func closeAfter(err error, c io.Closer) error {
 		return cerr
 	}
 	return err
+}
+
+// pebbleError wraps an error of a Pebble read; see the function pebbleError.
+func (l *Log) pebbleError(what string, err error) error {
+	return pebbleError(l.opts.Dir, l.opts.NodeID, what, err)
 }

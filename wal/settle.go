@@ -102,7 +102,7 @@ func (l *Log) Checkpoints(fn func(cp Checkpoint) error) error {
 		UpperBound: prefixEnd(prefixCheckpoint),
 	})
 	if err != nil {
-		return fmt.Errorf("wal: read checkpoints in %s: %w", l.opts.Dir, err)
+		return l.pebbleError("read checkpoints", err)
 	}
 	err = l.eachCheckpoint(it, fn)
 	return closeAfter(err, it)
@@ -119,14 +119,17 @@ func (l *Log) eachCheckpoint(it *pebble.Iterator, fn func(cp Checkpoint) error) 
 			return err
 		}
 	}
-	return it.Error()
+	if err := it.Error(); err != nil {
+		return l.pebbleError("read checkpoints", err)
+	}
+	return nil
 }
 
 func (l *Log) decodeCheckpoint(account string, it *pebble.Iterator) (Checkpoint, error) {
 	what := fmt.Sprintf("checkpoint of account %q", account)
 	v, err := it.ValueAndErr()
 	if err != nil {
-		return Checkpoint{}, fmt.Errorf("wal: read %s in %s: %w", what, l.opts.Dir, err)
+		return Checkpoint{}, l.pebbleError("read "+what, err)
 	}
 	body, err := decodeFrame(v)
 	if err == nil && len(body) < 8 {
