@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/cockroachdb/pebble/v2/vfs"
@@ -138,6 +139,16 @@ func openLog(opts Options, seen markSeen, readOnly bool) (*Log, error) {
 // openError wraps an error of pebble.Open: corruption (of a WAL, the
 // MANIFEST or an sstable) on one line wrapping ErrCorrupt, with the remedy.
 func openError(opts Options, err error) error {
+	if lockHeld(err) {
+		lock := opts.FS.PathJoin(opts.Dir, "LOCK")
+		if strings.Contains(err.Error(), "current process") {
+			return fmt.Errorf("wal: data dir %s is already open in this process (its lock %s is held): close it first: %w",
+				opts.Dir, lock, err)
+		}
+		return fmt.Errorf("wal: data dir %s is in use: another process holds its lock %s, most likely "+
+			"another quotad serving it (or a quotad reconcile reading it); stop that process first "+
+			"(`fuser -v %s` names it), and never run two nodes on one data dir: %w", opts.Dir, lock, lock, err)
+	}
 	if pebble.IsCorruptionError(err) && pebble.ExtractDataCorruptionInfo(err) == nil {
 		// Not an sstable: most likely a WAL that Pebble knows was synced
 		// past the damage. Name the file and offset if it is one.
@@ -433,6 +444,14 @@ func (l *Log) waitErr() error {
 // stopLocked records why waiters stop waiting, keeping the first reason.
 func (l *Log) stopLocked(err error) {
 	l.stopped.CompareAndSwap(nil, &err)
+}
+
+// lockHeld reports whether err is Pebble's failure to take the LOCK file of
+// a dir that another process (EAGAIN or EACCES from fcntl), or this one,
+// holds.
+func lockHeld(err error) bool {
+	return errors.Is(err, syscall.EAGAIN) || errors.Is(err, syscall.EACCES) ||
+		strings.Contains(err.Error(), "lock held by current process")
 }
 
 // hasManifest reports whether dir holds a Pebble DB.

@@ -188,3 +188,41 @@ func newestWALFile(t *testing.T, dir string) string {
 	slices.SortFunc(logs, strings.Compare)
 	return logs[len(logs)-1]
 }
+
+// TestLockedDirNamesTheOtherProcess starts a child that holds a log open,
+// then opens the same dir: the error must say that another process holds
+// the dir's LOCK and what to do, not only "resource temporarily
+// unavailable".
+func TestLockedDirNamesTheOtherProcess(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a child process")
+	}
+	dir := t.TempDir()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), childDirEnv+"="+dir)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	}()
+	if !bufio.NewScanner(out).Scan() { // the child has the log open once it printed a seq
+		t.Fatal("the child printed nothing")
+	}
+	l, err := Open(Options{Dir: dir, NodeID: "child"})
+	if err == nil {
+		_ = l.Close()
+		t.Fatal("Open succeeded on a dir another process holds")
+	}
+	for _, want := range []string{"another process holds its lock", filepath.Join(dir, "LOCK"), "stop that process"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not say %q", err, want)
+		}
+	}
+	t.Log(err)
+}
