@@ -26,6 +26,9 @@ type pendingBatch struct {
 // Append blocks while MaxPendingBytes are queued. It fails if the log failed
 // or Close began, or if payload is larger than MaxBatchBytes.
 func (l *Log) Append(payload []byte) (seq uint64, err error) {
+	if l.readOnly {
+		return 0, errReadOnly(l.opts.Dir)
+	}
 	if len(payload) > l.opts.MaxBatchBytes {
 		return 0, fmt.Errorf("wal: payload of %d bytes exceeds MaxBatchBytes (%d)",
 			len(payload), l.opts.MaxBatchBytes)

@@ -247,3 +247,41 @@ func TestDamagedSSTStopsOpen(t *testing.T) {
 	}
 	t.Log(msg)
 }
+
+// TestReadOnlyLeavesDirUnchanged opens the dir of a killed node (records
+// only in Pebble's WAL) with ReadOnly: the records are there to read,
+// writes are refused, and every file of the dir is byte-identical after
+// Close. A read-write Open would have flushed the WAL into an sstable.
+func TestReadOnlyLeavesDirUnchanged(t *testing.T) {
+	crashed := writeDurable(t, filepath.Join(t.TempDir(), "data"), 60)
+	before := dirFiles(t, crashed)
+
+	l, err := Open(Options{Dir: crashed, AnyNode: true, ReadOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	requireContiguous(t, readAll(t, l), 0, 60)
+	if l.NodeID() != "node-1" || l.DurableSeq() != 60 {
+		t.Errorf("read-only log: node %q, durable %d, want node-1 and 60", l.NodeID(), l.DurableSeq())
+	}
+	if _, err := l.Append([]byte("x")); err == nil {
+		t.Error("Append to a read-only log succeeded")
+	}
+	if err := l.PutMeta("x", nil); err == nil {
+		t.Error("PutMeta to a read-only log succeeded")
+	}
+	if err := l.Settle(60, nil); err == nil {
+		t.Error("Settle of a read-only log succeeded")
+	}
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	after := dirFiles(t, crashed)
+	if !maps.EqualFunc(before, after, bytes.Equal) {
+		t.Fatalf("a read-only Open changed the data dir: files %v before, %v after",
+			slices.Sorted(maps.Keys(before)), slices.Sorted(maps.Keys(after)))
+	}
+	if _, err := Open(Options{Dir: filepath.Join(t.TempDir(), "none"), NodeID: "n", ReadOnly: true}); err == nil {
+		t.Error("a read-only Open of a dir that does not exist succeeded")
+	}
+}

@@ -86,3 +86,8 @@ func firstLine(err error) string {
 	msg, _, _ := strings.Cut(err.Error(), "\n")
 	return msg
 }
+
+// errReadOnly is the error of a write to a log opened with ReadOnly.
+func errReadOnly(dir string) error {
+	return fmt.Errorf("wal: %s is open read-only (Options.ReadOnly): writes are refused", dir)
+}

@@ -29,7 +29,8 @@ type Log struct {
 	// durableMark). Written by the committer only, after Open. Nil when
 	// readOnly.
 	mark *durableMark
-	// readOnly is set for the check Open makes before it opens for writing.
+	// readOnly is set for Options.ReadOnly, and for the check Open makes
+	// before it opens for writing.
 	readOnly bool
 
 	// lastSeq is written only under mu; read without it by LastSeq.
@@ -88,15 +89,25 @@ func Open(opts Options) (*Log, error) {
 	if err != nil {
 		return nil, err
 	}
-	if opts.AnyNode && !hasManifest(opts.FS, opts.Dir) {
+	if (opts.AnyNode || opts.ReadOnly) && !hasManifest(opts.FS, opts.Dir) {
 		return nil, fmt.Errorf("wal: %s is not a quotad data dir (no Pebble MANIFEST in it)", opts.Dir)
 	}
-	if err := opts.FS.MkdirAll(opts.Dir, 0o755); err != nil {
-		return nil, fmt.Errorf("wal: create dir %s: %w", opts.Dir, err)
+	if !opts.ReadOnly {
+		if err := opts.FS.MkdirAll(opts.Dir, 0o755); err != nil {
+			return nil, fmt.Errorf("wal: create dir %s: %w", opts.Dir, err)
+		}
 	}
 	seen, err := readDurableMark(opts.FS, opts.Dir)
 	if err != nil {
 		return nil, err
+	}
+	if opts.ReadOnly {
+		l, err := openLog(opts, seen, true)
+		if err != nil {
+			return nil, err
+		}
+		go l.run() // idles: Append refuses; Close waits for it
+		return l, nil
 	}
 	if seen.found {
 		// Check read-only first. A read-write pebble.Open flushes what it
@@ -203,6 +214,10 @@ func (l *Log) recover(seen markSeen) error {
 	l.marks.reset(settled)
 	l.marks.add(last, bytes)
 	if l.readOnly {
+		if l.opts.ReadOnly {
+			l.log.Info("opened read-only", "node_id", l.opts.NodeID, "incarnation", l.incarnation,
+				"settled", settled, "last", last, "unsettled_bytes", bytes)
+		}
 		return nil
 	}
 	// pebble.Open flushed what it replayed to sstables: records through

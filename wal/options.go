@@ -35,6 +35,14 @@ type Options struct {
 	// as quotad reconcile. A dir that does not exist yet is refused.
 	AnyNode bool
 
+	// ReadOnly opens an existing dir without changing it: Pebble replays its
+	// WAL into memory only (no flush, no new WAL, no OPTIONS file), and the
+	// meta and the durable mark are not written. Append, Settle,
+	// PutCheckpoints and PutMeta fail. For tools that inspect a stopped
+	// node's dir, as evidence, such as quotad reconcile. A dir that does not
+	// exist yet is refused. Pebble still takes the dir's LOCK.
+	ReadOnly bool
+
 	// NoSync commits records with pebble.NoSync. FOR BENCHMARKS ONLY: Pebble
 	// then keeps records in an in-process buffer, and a kill -9 loses records
 	// whose WaitDurable already returned nil, which breaks G2. Since nothing

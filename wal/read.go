@@ -153,6 +153,9 @@ func (l *Log) PutMeta(name string, v []byte) error {
 
 // write fills a batch with fill and commits it synced, whatever NoSync says.
 func (l *Log) write(fill func(b *pebble.Batch) error) error {
+	if l.readOnly {
+		return errReadOnly(l.opts.Dir)
+	}
 	if err := l.acquire(); err != nil {
 		return err
 	}

@@ -94,7 +94,8 @@ func newReconcileCmd() *cobra.Command {
 		Long: `Compare, per grant, the ledger's used units with the sum of the event log's
 unrefunded allocations to it, and per account and month the daily usage
 aggregates with the event log. With --data-dir (of stopped nodes), also list
-what each node's log holds that is not settled yet.
+what each node's log holds that is not settled yet; each data dir is opened
+read-only and left exactly as it was.
 
 Exits 0 when everything agrees, 3 when a difference is found, 1 on errors.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -147,7 +148,9 @@ func printUnsettled(out io.Writer, dir string) error {
 	if err != nil || !meta.IsDir() {
 		return fmt.Errorf("--data-dir %s: not a directory", dir)
 	}
-	l, err := wal.Open(wal.Options{Dir: dir, AnyNode: true})
+	// Read-only: the dir is evidence. A read-write open would flush the
+	// WAL into a new sstable, MANIFEST and WAL, and write the durable mark.
+	l, err := wal.Open(wal.Options{Dir: dir, AnyNode: true, ReadOnly: true})
 	if err != nil {
 		return fmt.Errorf("open %s (is its node still running? stop it first): %w", dir, err)
 	}

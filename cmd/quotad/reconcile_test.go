@@ -1,0 +1,95 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/quotaring/quotaring/flush"
+	"github.com/quotaring/quotaring/shard"
+	"github.com/quotaring/quotaring/wal"
+)
+
+// reconcile --data-dir inspects a stopped node's dir as evidence: it lists
+// the unsettled charges and leaves every file byte-identical. A read-write
+// open would flush Pebble's WAL into a new sstable, MANIFEST and WAL.
+func TestReconcileLeavesTheDataDirUnchanged(t *testing.T) {
+	ctx := context.Background()
+	ledger := filepath.Join(t.TempDir(), "ledger.db")
+	l, err := flush.OpenSQLite(ctx, ledger, flush.SQLiteOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	// A node killed with 5 charges of 3 units unsettled: a copy of its dir
+	// taken while its log is open holds them only in Pebble's WAL.
+	live := filepath.Join(t.TempDir(), "q1")
+	log, err := wal.Open(wal.Options{Dir: live, NodeID: "q1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 5 {
+		rec := shard.Record{Type: shard.RecCharge, Account: "acct-1", Units: 3}
+		seq, err := log.Append(rec.AppendEncode(nil))
+		if err == nil {
+			err = log.WaitDurable(ctx, seq)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	dir := filepath.Join(t.TempDir(), "q1-stopped")
+	if err := os.CopyFS(dir, os.DirFS(live)); err != nil {
+		t.Fatal(err)
+	}
+	if err := log.Close(); err != nil {
+		t.Fatal(err)
+	}
+	before := readDir(t, dir)
+
+	var out bytes.Buffer
+	if err := runReconcile(ctx, &out, "sqlite:"+ledger, []string{dir}, false); err != nil {
+		t.Fatalf("reconcile: %v\n%s", err, out.String())
+	}
+	if !strings.Contains(out.String(), "acct-1: +15 units pending") {
+		t.Errorf("reconcile did not list the unsettled charges:\n%s", out.String())
+	}
+	after := readDir(t, dir)
+	for name, b := range before {
+		if a, ok := after[name]; !ok || !bytes.Equal(a, b) {
+			t.Errorf("reconcile changed %s (present after: %v)", name, ok)
+		}
+	}
+	for name := range after {
+		if _, ok := before[name]; !ok {
+			t.Errorf("reconcile created %s", name)
+		}
+	}
+}
+
+// readDir returns the contents of every file in dir, by name.
+func readDir(t *testing.T, dir string) map[string][]byte {
+	t.Helper()
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	files := map[string][]byte{}
+	for _, e := range entries {
+		b, err := os.ReadFile(filepath.Join(dir, e.Name()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		files[e.Name()] = b
+	}
+	return files
+}
