@@ -491,7 +491,7 @@ func (h *harness) drain(ctx context.Context) []cluster.LogState {
 	}
 	var logs []cluster.LogState
 	for _, n := range h.c.Nodes {
-		l, err := wal.Open(wal.Options{Dir: n.DataDir, AnyNode: true})
+		l, err := wal.Open(wal.Options{Dir: n.DataDir, AnyNode: true, ReadOnly: true})
 		if err != nil {
 			h.note("could not read the data dir of %s after the drain: %v", n.ID, err)
 			continue
@@ -505,7 +505,7 @@ func (h *harness) drain(ctx context.Context) []cluster.LogState {
 // measureLoss reads what a killed node's log holds unsettled: what losing
 // its disk loses.
 func measureLoss(dir string) ([]cluster.LostCharge, error) {
-	l, err := wal.Open(wal.Options{Dir: dir, AnyNode: true})
+	l, err := wal.Open(wal.Options{Dir: dir, AnyNode: true, ReadOnly: true})
 	if err != nil {
 		return nil, err
 	}
