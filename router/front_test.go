@@ -701,3 +701,27 @@ func TestTrustForwarded(t *testing.T) {
 		}
 	}
 }
+
+// A route pattern with a host part bills requests to that host: the front
+// matches with the request's Host, not a placeholder.
+func TestRouteWithHostIsBilled(t *testing.T) {
+	s, err := snapshot.Decode([]byte(`{"version":1,"plans":[{"id":"p","monthly_quota":100,"hard":true}],
+		"accounts":[{"id":"acme","plan":"p"}],"keys":[{"id":"k1","hash":"` + snapshot.HashKey("secret") + `","account":"acme"}],
+		"routes":{"version":1,"default":1,"weights":{"POST api.example.com/v1/exports":25}}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ch := &fakeCharger{decision: okDecision()}
+	ok := http.HandlerFunc(func(http.ResponseWriter, *http.Request) {})
+	for host, want := range map[string]int64{"api.example.com:8080": 25, "other.example.com": 1} {
+		req := newRequest("POST", "/v1/exports", nil)
+		req.Host = host
+		serve(t, FrontOptions{Charger: ch, Config: staticConfig{s}}, ok, req)
+		ch.mu.Lock()
+		got := ch.charges[len(ch.charges)-1]
+		ch.mu.Unlock()
+		if got.Units != want {
+			t.Errorf("POST %s/v1/exports: charged %d units (route %q), want %d", host, got.Units, got.Route, want)
+		}
+	}
+}

@@ -258,12 +258,20 @@ func register(mux *http.ServeMux, pattern string, h http.Handler) (err error) {
 	return nil
 }
 
-// Match names the route of a request and its units.
+// Match names the route of a request and its units. It matches no pattern
+// with a host part: MatchHost does.
 func (r *Routes) Match(method, path string) (route string, units int64) {
+	return r.MatchHost(method, "", path)
+}
+
+// MatchHost is Match for a request to host (its Host header; a port is
+// ignored), so that patterns with a host part ("api.example.com/v1/x") can
+// match, as in net/http.
+func (r *Routes) MatchHost(method, host, path string) (route string, units int64) {
 	if r.mux == nil {
 		return DefaultRoute, r.Default
 	}
-	req := &http.Request{Method: method, URL: &url.URL{Path: path}, Host: "quotaring"}
+	req := &http.Request{Method: method, URL: &url.URL{Path: path}, Host: host}
 	if _, pattern := r.mux.Handler(req); pattern != "" {
 		if w, ok := r.Weights[pattern]; ok {
 			return pattern, w
