@@ -32,6 +32,7 @@ func RunConformance(t *testing.T, open func(t *testing.T) Ledger) {
 		{"Migrate", confMigrate},
 		{"AdminAndSnapshot", confAdminSnapshot},
 		{"SnapshotRejectsMalformedRow", confSnapshotMalformed},
+		{"SnapshotLoadsUnmatchableRoute", confSnapshotUnmatchableRoute},
 		{"SettleOnce", confSettleOnce},
 		{"SettleRejectsMalformedBatch", confSettleInvalid},
 		{"Duplicates", confDuplicates},
@@ -366,6 +367,12 @@ func confAdminSnapshot(t *testing.T, l Ledger) {
 	}
 	_, err = l.SetRoutes(ctx, 1, map[string]int64{"GET /v1/items": -1})
 	wantErrIs(t, "SetRoutes with a negative weight", err, ErrInvalid)
+	// Patterns ServeMux takes but no request matches: refused, so that
+	// their requests are not billed the default instead.
+	for _, p := range []string{"get /v1/items", "POST/v1/items", "BAD PATTERN /x y"} {
+		_, err = l.SetRoutes(ctx, 1, map[string]int64{p: 2})
+		wantErrIs(t, fmt.Sprintf("SetRoutes with %q", p), err, ErrInvalid)
+	}
 
 	n := confNode(t, l, "node-a")
 	n.settle(t, chargeOf("acct-1", "e1", 7, confJune), chargeOf("acct-1", "e2", 4, "credits-1"))
@@ -421,6 +428,28 @@ func confAdminSnapshot(t *testing.T, l Ledger) {
 	after, err := l.Snapshot(ctx, confWallTime())
 	if err != nil || after.Version <= before.Version {
 		t.Fatalf("snapshot after an admin change: version %v (%v), want above %d", after, err, before.Version)
+	}
+}
+
+// confSnapshotUnmatchableRoute: a route table stored before SetRoutes
+// refused unmatchable patterns still loads, and names them.
+func confSnapshotUnmatchableRoute(t *testing.T, l Ledger) {
+	ctx := t.Context()
+	confSetup(t, l, 100, "acct-1")
+	v, err := l.SetRoutes(ctx, 1, map[string]int64{"POST /v1/exports": 25, "GET /v1/tasks": 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustExecSQL(t, l, fmt.Sprintf(`UPDATE route_weights SET pattern = 'get /v1/tasks' WHERE version = %d AND pattern = 'GET /v1/tasks'`, v))
+	s, err := l.Snapshot(ctx, confWallTime())
+	if err != nil {
+		t.Fatalf("snapshot with a stored unmatchable pattern: %v; want it loaded", err)
+	}
+	if _, units := s.Routes.Match("POST", "/v1/exports"); units != 25 {
+		t.Errorf("the table's other patterns: POST /v1/exports costs %d, want 25", units)
+	}
+	if errs := s.Routes.Unmatchable(); len(errs) != 1 || !strings.Contains(errs[0].Error(), `"get /v1/tasks"`) {
+		t.Errorf("Unmatchable() = %v, want the one stored pattern", errs)
 	}
 }
 

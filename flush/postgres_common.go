@@ -398,11 +398,16 @@ func validateKey(k *snapshot.Key) error {
 	return nil
 }
 
-// validateRoutes checks route weights as Snapshot.Build will.
+// validateRoutes checks route weights as Snapshot.Build will, and refuses
+// patterns no request can match (snapshot.CheckPattern). Only new tables
+// are checked so: a stored one loads as Build allows.
 func validateRoutes(defaultUnits int64, weights map[string]int64) error {
 	s := snapshot.Snapshot{Routes: snapshot.Routes{Default: defaultUnits, Weights: weights}}
 	if err := s.Build(); err != nil {
 		return fmt.Errorf("%w: %v", ErrInvalid, err)
+	}
+	if errs := s.Routes.Unmatchable(); len(errs) > 0 {
+		return fmt.Errorf("%w: %v", ErrInvalid, errs[0])
 	}
 	return nil
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/quotaring/quotaring/engine"
+	"github.com/quotaring/quotaring/snapshot"
 )
 
 // Refresher reads the config snapshot from the ledger every Interval and
@@ -20,6 +21,9 @@ type Refresher struct {
 
 	lastOK atomic.Int64
 	errors atomic.Int64
+	// warned is the route weights version whose unmatchable patterns were
+	// logged.
+	warned atomic.Int64
 	cancel context.CancelFunc
 	done   chan struct{}
 }
@@ -35,7 +39,29 @@ func (r *Refresher) RefreshOnce(ctx context.Context) error {
 		return err
 	}
 	r.lastOK.Store(time.Now().UnixNano())
+	r.warnUnmatchable(s)
 	return nil
+}
+
+// warnUnmatchable logs, once per route weights version, the patterns
+// SetRoutes now refuses (snapshot.Routes.Unmatchable). Tables stored before
+// it did may hold some: they load and bill as before (refusing the table
+// would freeze the node on an older config), but the operator should
+// replace them.
+func (r *Refresher) warnUnmatchable(s *snapshot.Snapshot) {
+	if v := s.Routes.Version; r.warned.Swap(v) != v {
+		for _, err := range s.Routes.Unmatchable() {
+			r.logger().Warn("route weights: a stored pattern is one new tables refuse (most such match no request, so their requests cost the default); replace the table with quotad admin routes set",
+				"version", v, "err", err)
+		}
+	}
+}
+
+func (r *Refresher) logger() *slog.Logger {
+	if r.Logger == nil {
+		return slog.New(slog.DiscardHandler)
+	}
+	return r.Logger
 }
 
 // LastSuccess is when a snapshot was last applied (zero: never).

@@ -714,8 +714,9 @@ func (n *Node) getRoutes(ctx context.Context, w http.ResponseWriter, r *http.Req
 var registeredAt = regexp.MustCompile(` \(registered at [^)]*\)`)
 
 // validRoutes checks route weights with snapshot.Routes' own rules (Go 1.22
-// ServeMux patterns), one pattern at a time first so that the answer names
-// the bad one, then together for conflicts between patterns.
+// ServeMux patterns) and snapshot.CheckPattern's (patterns that could never
+// match), one pattern at a time first so that the answer names the bad one,
+// then together for conflicts between patterns.
 func validRoutes(def int64, weights map[string]int64) error {
 	if def < 0 {
 		return badInput("default", "%d is negative", def)
@@ -734,6 +735,9 @@ func validRoutes(def int64, weights map[string]int64) error {
 		if err := one.Build(); err != nil {
 			why := strings.TrimPrefix(err.Error(), fmt.Sprintf("%v: route %q: ", snapshot.ErrInvalid, p))
 			return badInput(field, "not a valid pattern (want \"METHOD /path\" as in Go's http.ServeMux, such as \"POST /v1/exports\" or \"GET /v1/tasks/{id}\"): %s", why)
+		}
+		if err := snapshot.CheckPattern(p); err != nil {
+			return badInput(field, "%s", strings.TrimPrefix(err.Error(), fmt.Sprintf("route %q: ", p)))
 		}
 	}
 	all := snapshot.Snapshot{Routes: snapshot.Routes{Default: def, Weights: weights}}

@@ -172,6 +172,18 @@ func TestAdminAPI(t *testing.T) {
 		wantProblem(t, n1, "PUT", "/admin/v1/routes", map[string]any{"weights": map[string]int{"GET /x": -2}}, 400, `weights["GET /x"]`)
 		wantProblem(t, n1, "PUT", "/admin/v1/routes", map[string]any{"default": -1}, 400, "default")
 		wantProblem(t, n1, "PUT", "/admin/v1/routes", map[string]any{"weights": map[string]int{"GET /v1/{a}": 1, "GET /v1/{b}": 2}}, 400, "weights")
+		// Patterns ServeMux takes but no request can match.
+		for pattern, detail := range map[string]string{
+			"get /v1/tasks":    "did you mean GET /v1/tasks",
+			"POST/v1/x":        "put a space between the method and the path",
+			"BAD PATTERN /x y": "holds whitespace",
+			"GET /v1/a b":      "%20",
+		} {
+			p := wantProblem(t, n1, "PUT", "/admin/v1/routes", map[string]any{"weights": map[string]int{"POST /v1/exports": 25, pattern: 2}}, 400, fmt.Sprintf("weights[%q]", pattern))
+			if !strings.Contains(p.Detail, detail) {
+				t.Errorf("%q: detail %q, want it to say %q", pattern, p.Detail, detail)
+			}
+		}
 		wantProblem(t, n1, "POST", "/admin/v1/accounts/ghost/keys", nil, 404, "")
 		wantProblem(t, n1, "DELETE", "/admin/v1/keys/key_nope", nil, 404, "")
 		wantProblem(t, n1, "GET", "/admin/v1/accounts/ghost", nil, 404, "")

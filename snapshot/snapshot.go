@@ -19,11 +19,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net/http"
 	"net/url"
+	"slices"
 	"sort"
 	"strings"
 	"time"
+	"unicode"
 
 	"github.com/quotaring/quotaring/shard"
 )
@@ -245,6 +248,73 @@ func (r *Routes) build() (err error) {
 		return fmt.Errorf("%w: default route weight %d is negative", ErrInvalid, r.Default)
 	}
 	return nil
+}
+
+// httpMethods are the methods of RFC 9110 and PATCH: a pattern's host
+// part that is one of them is a method missing its space.
+var httpMethods = []string{"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "CONNECT", "OPTIONS", "TRACE"}
+
+// CheckPattern reports a route pattern that http.ServeMux accepts but that
+// does not match what its writer meant: a method not in upper case
+// (methods are case-sensitive, so "get /v1/tasks" matches nothing), a
+// method glued to the path ("POST/v1/x" is the host "POST", which no
+// request has), whitespace in the host (no Host header holds it), or in
+// the path (text after the path, such as "GET /v1/x y", becomes part of
+// it; a space in a path is written %20, which matches the same requests).
+// Its error names the pattern and the fix. Patterns that ServeMux itself
+// refuses are left to Build.
+//
+// New route tables must pass it (the admin API and Ledger.SetRoutes check
+// them); Build does not apply it, so that a table stored before the check
+// still loads (see Unmatchable).
+func CheckPattern(p string) error {
+	// NB: split as ServeMux does: the method ends at the first space or
+	// tab, and blanks after it are skipped.
+	method, rest, found := strings.Cut(strings.ReplaceAll(p, "\t", " "), " ")
+	if !found {
+		method, rest = "", p
+	} else {
+		rest = strings.TrimLeft(p[len(method)+1:], " \t")
+	}
+	if method != "" && method != strings.ToUpper(method) && !strings.Contains(method, "/") { // NB: with a '/' it is no method: ServeMux refuses it
+		return fmt.Errorf("route %q: method %q is not upper case and matches no request (methods are case-sensitive): did you mean %s?",
+			p, method, strings.ToUpper(method)+" "+rest)
+	}
+	i := strings.IndexByte(rest, '/')
+	if i < 0 {
+		return nil // ServeMux's own error says it better
+	}
+	host, path := rest[:i], rest[i:]
+	if slices.Contains(httpMethods, strings.ToUpper(host)) {
+		if method != "" {
+			return fmt.Errorf("route %q: %q reads as a host, not a second method: write %q", p, host, method+" "+path)
+		}
+		return fmt.Errorf("route %q: %q reads as a host, not a method: put a space between the method and the path (%q)",
+			p, host, strings.ToUpper(host)+" "+path)
+	}
+	if strings.IndexFunc(host, unicode.IsSpace) >= 0 {
+		return fmt.Errorf("route %q: the host %q holds whitespace: write \"METHOD /path\" with one space after the method, or \"METHOD host/path\"", p, host)
+	}
+	if strings.IndexFunc(path, unicode.IsSpace) >= 0 {
+		return fmt.Errorf("route %q: the path %q holds whitespace: write a space in a path as %%20, and nothing after the path", p, path)
+	}
+	return nil
+}
+
+// Unmatchable lists the patterns of r that CheckPattern refuses, with its
+// errors, sorted: a table stored before the check may hold them. They load
+// and bill as before (refusing the table would leave a node on an older
+// one, or on none after a restart): all but a path with whitespace match
+// no request, so their requests cost Default. The node logs them so that
+// an operator replaces the table.
+func (r *Routes) Unmatchable() []error {
+	var errs []error
+	for _, p := range slices.Sorted(maps.Keys(r.Weights)) {
+		if err := CheckPattern(p); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errs
 }
 
 // register turns ServeMux's panic on a bad or conflicting pattern into an error.

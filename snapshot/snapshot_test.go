@@ -1,6 +1,8 @@
 package snapshot
 
 import (
+	"fmt"
+	"strings"
 	"testing"
 )
 
@@ -29,5 +31,40 @@ func TestMatchHost(t *testing.T) {
 	}
 	if route, units := s.Routes.Match("POST", "/v1/exports"); route != "POST /v1/exports" || units != 10 {
 		t.Errorf("Match without a host: %q, %d", route, units)
+	}
+}
+
+// CheckPattern refuses what ServeMux takes but no request can match, with
+// the fix in the error, and keeps every other valid pattern.
+func TestCheckPattern(t *testing.T) {
+	for p, want := range map[string]string{
+		"get /v1/tasks":             `method "get" is not upper case and matches no request (methods are case-sensitive): did you mean GET /v1/tasks?`,
+		"Post /v1/exports":          "did you mean POST /v1/exports?",
+		"POST/v1/x":                 `route "POST/v1/x": "POST" reads as a host, not a method: put a space between the method and the path ("POST /v1/x")`,
+		"post/v1/x":                 `("POST /v1/x")`,
+		"GET DELETE/v1/x":           `"DELETE" reads as a host, not a second method: write "GET /v1/x"`,
+		"BAD PATTERN /x y":          `the host "PATTERN " holds whitespace`,
+		"GET /v1/a b":               `the path "/v1/a b" holds whitespace: write a space in a path as %20`,
+		"GET /v1/tasks ":            `the path "/v1/tasks " holds whitespace`,
+		"GET api.example .com/v1/x": `the host "api.example .com" holds whitespace`,
+	} {
+		err := CheckPattern(p)
+		if err == nil || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), fmt.Sprintf("route %q", p)) {
+			t.Errorf("CheckPattern(%q) = %v, want an error naming it and saying %q", p, err, want)
+		}
+		// ServeMux takes it: a stored table holding it still builds.
+		s := Snapshot{Routes: Routes{Weights: map[string]int64{p: 1}}}
+		if err := s.Build(); err != nil {
+			t.Errorf("Build with %q: %v; a stored table must still load", p, err)
+		} else if errs := s.Routes.Unmatchable(); len(errs) != 1 {
+			t.Errorf("Unmatchable with %q: %v", p, errs)
+		}
+	}
+	for _, p := range []string{"POST /v1/exports", "GET /v1/tasks/{id}", "/v1/files/", "GET\t/v1/tasks", "GET  /v1/tasks",
+		"api.example.com/v1/x", "POST api.example.com/v1/x", "localhost/v1/x", "PURGE /cache/{key...}", "GET /files/my%20doc",
+		"POST /pkg.Service/Method", "GET /{$}", "GET /v1/{id}/posts"} {
+		if err := CheckPattern(p); err != nil {
+			t.Errorf("CheckPattern(%q): %v", p, err)
+		}
 	}
 }

@@ -601,6 +601,8 @@ func newAdminRoutesCmd(c *adminClient) *cobra.Command {
 		Long: `Replace the whole route table with a new version (it is not merged with the
 old one). Patterns are Go http.ServeMux patterns: "POST /v1/exports",
 "GET /v1/tasks/{id}", "/v1/files/" (a prefix); the most specific pattern wins.
+Methods are upper case ("GET", not "get") and followed by one space; write a
+space inside a path as %20. A pattern that cannot mean what it says is refused.
 A weight of 0 rate-limits a route without billing it. Requests that match no
 pattern cost --default.`,
 		Example: `  quotad admin routes set --default 1 'GET /v1/tasks=1' 'POST /v1/tasks=2' 'POST /v1/exports=25'

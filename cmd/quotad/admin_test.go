@@ -184,6 +184,7 @@ func TestQuotadAdmin(t *testing.T) {
 		{adminTestToken, []string{"accounts", "set", "beta", "--plan", "nope"}, `plan "nope" does not exist`},
 		{adminTestToken, []string{"accounts", "show", "ghost"}, `account "ghost" does not exist (HTTP 404)`},
 		{adminTestToken, []string{"routes", "set", "GET /v1/{id=2"}, "not a valid pattern"},
+		{adminTestToken, []string{"routes", "set", "get /v1/tasks=1", "POST /v1/exports=25"}, `weights["get /v1/tasks"]: method "get" is not upper case`},
 		{adminTestToken, []string{"routes", "set", "GET /v1/x"}, "want 'METHOD /pattern=UNITS'"},
 		{adminTestToken, []string{"grants", "add", "acme", "--units", "5", "--expires", "soon"}, "--expires \"soon\""},
 		{adminTestToken, []string{"plans", "set", "x", "--quota", "5"}, "hard soft"},
