@@ -274,6 +274,15 @@ func redactURL(u *url.URL) string {
 	return r.String()
 }
 
+// CheckAlertThresholds reports what is wrong with Config.AlertThresholds
+// (each a percentage from 1 to 100, at most 32 of them), naming the flag
+// --alert-thresholds. Start checks them only with a webhook; a command line
+// checks them always.
+func CheckAlertThresholds(thresholds []int) error {
+	_, err := alertThresholds(thresholds)
+	return err
+}
+
 // alertThresholds checks and sorts thresholds; nil means 80 and 100.
 func alertThresholds(in []int) ([]int, error) {
 	if len(in) == 0 {

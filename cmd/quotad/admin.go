@@ -50,6 +50,11 @@ func (af *serveAdminFlags) apply(cfg *node.Config, token string) error {
 	if af.lease <= 0 || af.giveUp <= 0 {
 		return fmt.Errorf("--alert-lease %s and --alert-give-up %s must be positive durations (such as 10m and 72h)", af.lease, af.giveUp)
 	}
+	// NB: checked without --alert-webhook too, so that adding the webhook
+	// later does not turn a node that started into one that does not.
+	if err := node.CheckAlertThresholds(af.thresholds); err != nil {
+		return err
+	}
 	cfg.AdminToken, cfg.AlertWebhook, cfg.AlertSecret, cfg.AlertThresholds = token, af.webhook, af.secret, af.thresholds
 	cfg.AlertLease, cfg.AlertGiveUp = af.lease, af.giveUp
 	return nil

@@ -178,3 +178,36 @@ func TestExplainEnv(t *testing.T) {
 		t.Error("explainEnv(nil) is not nil")
 	}
 }
+
+// The front's and the alerts' flags are checked at start, named in the
+// error, whether or not --upstream and --alert-webhook are set.
+func TestServeFrontAndAlertFlags(t *testing.T) {
+	dir := t.TempDir()
+	base := []string{"serve", "--data-dir", filepath.Join(dir, "n1"), "--ledger", "sqlite:" + filepath.Join(dir, "ledger.db"),
+		"--rpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0", "--gossip-addr", "127.0.0.1:0"}
+	cases := map[string]struct {
+		args []string
+		want string
+	}{
+		"bill-on":          {[]string{"--bill-on", "never"}, `--bill-on "never": want success, 2xx or always`},
+		"quota-status":     {[]string{"--quota-status", "500"}, "--quota-status 500: want 429, 402 or 403"},
+		"max-body-bytes":   {[]string{"--max-body-bytes", "-5"}, "--max-body-bytes -5: want a positive size, or -1 for no limit"},
+		"upstream-timeout": {[]string{"--upstream-timeout", "0"}, "--upstream-timeout 0s: want a positive duration"},
+		"usage-path":       {[]string{"--usage-path", "nope"}, `--usage-path "nope": want a path starting with /`},
+		"alert-thresholds": {[]string{"--alert-thresholds", "0,150"}, "--alert-thresholds: 0 is not a percentage from 1 to 100"},
+	}
+	for name, tc := range cases {
+		for _, upstream := range [][]string{nil, {"--upstream", "http://127.0.0.1:1"}} {
+			ctx, cancel := context.WithCancel(context.Background())
+			cancel() // NB: a node that starts anyway stops at once, and the error below names no flag
+			root := newRootCmd()
+			root.SetArgs(append(append(slices.Clone(base), upstream...), tc.args...))
+			root.SetOut(io.Discard)
+			root.SetErr(io.Discard)
+			err := root.ExecuteContext(ctx)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("%s %v: %v, want an error saying %q", name, upstream, err, tc.want)
+			}
+		}
+	}
+}

@@ -263,21 +263,44 @@ func (ff *frontFlags) register(cmd *cobra.Command, upstream *string) {
   quotad serve --node-id q1 --data-dir ./q1 --ledger sqlite:./ledger.db --upstream http://127.0.0.1:8081`
 }
 
+// check validates the front's flags, with or without --upstream: a value
+// that would be refused once --upstream is added is refused now, naming
+// the flag.
+func (ff *frontFlags) check() error {
+	if !strings.HasPrefix(ff.usagePath, "/") {
+		return fmt.Errorf("--usage-path %q: want a path starting with /, such as /v1/usage", ff.usagePath)
+	}
+	switch ff.quotaStatus {
+	case http.StatusTooManyRequests, http.StatusPaymentRequired, http.StatusForbidden:
+	default:
+		return fmt.Errorf("--quota-status %d: want 429, 402 or 403", ff.quotaStatus)
+	}
+	switch ff.billOn {
+	case router.BillOnSuccess, router.BillOn2xx, router.BillOnAlways:
+	default:
+		return fmt.Errorf("--bill-on %q: want success, 2xx or always", ff.billOn)
+	}
+	if ff.upstreamTimeout <= 0 {
+		return fmt.Errorf("--upstream-timeout %s: want a positive duration such as 30s", ff.upstreamTimeout)
+	}
+	if ff.maxBodyBytes == 0 || ff.maxBodyBytes < -1 {
+		return fmt.Errorf("--max-body-bytes %d: want a positive size, or -1 for no limit", ff.maxBodyBytes)
+	}
+	return nil
+}
+
 // build returns node.Config.Front, or nil without --upstream. It validates
 // the flags now, so a bad value fails before the node starts.
 func (ff *frontFlags) build(upstream string) (func(*node.Node) (http.Handler, error), error) {
+	if err := ff.check(); err != nil {
+		return nil, err
+	}
 	if upstream == "" {
 		return nil, nil
 	}
 	u, err := url.Parse(upstream)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https" && u.Scheme != "h2c") || u.Host == "" {
 		return nil, fmt.Errorf("--upstream %q: want an absolute http://, https:// or h2c:// URL", upstream)
-	}
-	if ff.upstreamTimeout <= 0 {
-		return nil, fmt.Errorf("--upstream-timeout %s: want a positive duration such as 30s", ff.upstreamTimeout)
-	}
-	if ff.maxBodyBytes == 0 || ff.maxBodyBytes < -1 {
-		return nil, fmt.Errorf("--max-body-bytes %d: want a positive size, or -1 for no limit", ff.maxBodyBytes)
 	}
 	opts := func(o router.FrontOptions) router.FrontOptions {
 		o.UsagePath, o.QuotaStatus, o.BillOn = ff.usagePath, ff.quotaStatus, ff.billOn
