@@ -281,6 +281,10 @@ func (u *upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		w.Write([]byte{0, 0, 0, 0, 0}) // one empty message
 		w.Header().Set("Grpc-Status", status)
 		w.Header().Set("Grpc-Message", "internal")
+	case "/v1/drop": // no answer at all: the proxy answers 502
+		if c, _, err := http.NewResponseController(w).Hijack(); err == nil {
+			c.Close()
+		}
 	case "/v1/hang":
 		u.hanging.Add(1)
 		select {

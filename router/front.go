@@ -212,7 +212,11 @@ func CallerFrom(ctx context.Context) (*Caller, bool) {
 // (bounded by ChargeTimeout and RefundTimeout): a client that hangs up
 // mid-charge must not leave a charge whose outcome the front never learns.
 // A charge that completes for a client already gone is refunded at once.
-// The refund comes after next's answer is flushed, so it delays no client.
+// The refund comes after next's answer is flushed, so it delays no client,
+// except for the answers the front writes itself for a refunded request
+// (413 for a body over MaxBodyBytes, the proxy's 502 and 504): those wait
+// for the refund and carry the quota headers of the state after it, or
+// none when the refund failed.
 func Middleware(opts FrontOptions) (func(http.Handler) http.Handler, error) {
 	if err := opts.defaults(); err != nil {
 		return nil, err
@@ -265,6 +269,7 @@ func (f *front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	now := f.opts.Now().Unix()
 	setQuotaHeaders(w.Header(), &c.Decision, now)
 	rec := &recorder{ResponseWriter: w, headers: func(h http.Header) { setQuotaHeaders(h, &c.Decision, now) }}
+	rec.refundFirst = func(why string) { f.refundFirst(rec, r, c, why) }
 	if c.durable != nil {
 		rec.gate = func() error {
 			ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), f.opts.ChargeTimeout)
@@ -435,6 +440,7 @@ func (f *front) finish(rec *recorder, r *http.Request, c *charged, body *limited
 	rec.pass() // an answer net/http completes after next returns is an answer too
 	tripped := body != nil && body.tripped.Load()
 	if tripped && !rec.wrote {
+		f.refundFirst(rec, r, c, "the request body was over the limit")
 		tooLarge(f.opts.MaxBodyBytes).write(rec, r)
 	}
 	if c.receipt == nil && !c.Replayed {
@@ -465,12 +471,39 @@ func (f *front) finish(rec *recorder, r *http.Request, c *charged, body *limited
 	f.refund(r, c, why)
 }
 
+// refundFirst refunds c before the front answers for it (413 for a body
+// that grew over the limit, 502 and 504 for a failed upstream), so that the
+// answer's quota headers are the account's state after the refund, which
+// its detail ("nothing was charged", "the charge is refunded") describes.
+// When the refund did not go through, that state is unknown and the answer
+// carries no quota headers: the charged state would contradict the detail.
+// The cost is the refund's round trip (at most RefundTimeout) on these
+// answers only.
+func (f *front) refundFirst(rec *recorder, r *http.Request, c *charged, why string) {
+	if c.refunded || (c.receipt == nil && !c.Replayed) {
+		return // nothing was charged now (weight 0): the headers stand
+	}
+	d, ok := f.refund(r, c, why)
+	now := f.opts.Now().Unix()
+	rec.headers = func(h http.Header) {
+		if !ok {
+			for _, k := range frontHeaders {
+				h.Del(k)
+			}
+			return
+		}
+		setQuotaHeaders(h, &d, now)
+	}
+}
+
 // refund returns c's units once: the attempt's own charge, or, for an
 // attempt answered Replayed, takes it back from the charge it relied on (the
-// owner refunds that charge only if its own attempt failed too).
-func (f *front) refund(r *http.Request, c *charged, why string) {
+// owner refunds that charge only if its own attempt failed too). It returns
+// the owner's answer, and whether that answer is the account's state after
+// the refund (false when the refund failed or was not made).
+func (f *front) refund(r *http.Request, c *charged, why string) (shard.Decision, bool) {
 	if c.refunded || (c.receipt == nil && !c.Replayed) {
-		return
+		return shard.Decision{}, false
 	}
 	c.refunded = true
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), f.opts.RefundTimeout)
@@ -482,15 +515,16 @@ func (f *front) refund(r *http.Request, c *charged, why string) {
 	d, err := f.opts.Charger.Refund(ctx, req)
 	if err == nil && d.Reason == shard.Kept {
 		f.opts.Logger.Debug("refund kept: another attempt was served under this charge", "account", c.Account, "event", c.EventID, "why", why)
-		return
+		return d, true
 	}
 	if err != nil || (d.Reason != shard.Refunded && d.Reason != shard.AlreadyRefunded) {
 		// NB: the charge stands; an operator can refund the event by id.
 		f.opts.Logger.Warn("refund failed: the charge stands", "account", c.Account, "event", c.EventID,
 			"units", c.Units, "why", why, "reason", d.Reason, "err", err)
-		return
+		return d, false
 	}
 	f.opts.Logger.Debug("refunded", "account", c.Account, "event", c.EventID, "units", c.Units, "why", why)
+	return d, true
 }
 
 func (f *front) observe(code int, added time.Duration) {
@@ -519,6 +553,9 @@ type recorder struct {
 	// again: ReverseProxy clears the header map after relaying a 1xx
 	// (100 Continue, 103 Early Hints).
 	headers func(http.Header)
+	// refundFirst refunds the charge before an answer the front writes
+	// for a refunded request (front.refundFirst).
+	refundFirst func(why string)
 }
 
 // final runs before the final status goes out.

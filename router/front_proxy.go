@@ -123,11 +123,17 @@ func upstreamError(w http.ResponseWriter, r *http.Request, err error, maxBody in
 	}
 	var mbe *http.MaxBytesError
 	if lb, ok := r.Body.(*limitedBody); errors.As(err, &mbe) || (ok && lb.tripped.Load()) {
+		if rec != nil && rec.refundFirst != nil {
+			rec.refundFirst("the request body was over the limit")
+		}
 		tooLarge(maxBody).write(w, r)
 		return
 	}
 	if r.Context().Err() != nil {
 		return // the client went away; nobody reads an answer
+	}
+	if refunds && rec != nil && rec.refundFirst != nil {
+		rec.refundFirst("the upstream failed")
 	}
 	var ne net.Error
 	timeout := errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout())

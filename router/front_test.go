@@ -202,6 +202,10 @@ func TestFrontOptionsCheck(t *testing.T) {
 type fakeCharger struct {
 	decision shard.Decision
 	err      error
+	// refundDecision and refundErr answer refunds ({Reason: Refunded}
+	// when both are zero).
+	refundDecision shard.Decision
+	refundErr      error
 	// gate, when set, holds every charge until it is closed.
 	gate chan struct{}
 
@@ -234,6 +238,9 @@ func (f *fakeCharger) Refund(_ context.Context, req RefundRequest) (shard.Decisi
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.refunds = append(f.refunds, req)
+	if f.refundErr != nil || f.refundDecision.Reason != shard.OK {
+		return f.refundDecision, f.refundErr
+	}
 	return shard.Decision{Reason: shard.Refunded}, nil
 }
 
@@ -722,6 +729,60 @@ func TestRouteWithHostIsBilled(t *testing.T) {
 		ch.mu.Unlock()
 		if got.Units != want {
 			t.Errorf("POST %s/v1/exports: charged %d units (route %q), want %d", host, got.Units, got.Route, want)
+		}
+	}
+}
+
+// The front's own answers for refunded requests (413 for a body that grew
+// over the limit, 502 for a failed upstream) carry the quota after the
+// refund, or no quota headers when the refund failed: never the charged
+// state, which their detail contradicts.
+func TestRefundedAnswerHeaders(t *testing.T) {
+	after := okDecision()
+	after.Reason, after.Remaining = shard.Refunded, 100
+	ch := &fakeCharger{decision: okDecision(), refundDecision: after}
+	drain := http.HandlerFunc(func(_ http.ResponseWriter, r *http.Request) { io.Copy(io.Discard, r.Body) })
+	req := newRequest("POST", "/v1/tasks", io.MultiReader(strings.NewReader(strings.Repeat("x", 100))))
+	req.ContentLength = -1
+	w, _ := serve(t, FrontOptions{Charger: ch, Config: testConfig(t), MaxBodyBytes: 10}, drain, req)
+	if w.Code != 413 || w.Header().Get("X-Quota-Remaining") != "100" || !strings.HasPrefix(w.Header().Get("RateLimit"), `"quota";r=100;`) {
+		t.Errorf("413: %d, X-Quota-Remaining %q, RateLimit %q; want 100 (after the refund), not 98", w.Code, w.Header().Get("X-Quota-Remaining"), w.Header().Get("RateLimit"))
+	}
+
+	drop := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		if c, _, err := http.NewResponseController(w).Hijack(); err == nil {
+			c.Close()
+		}
+	}))
+	defer drop.Close()
+	u, _ := url.Parse(drop.URL)
+	for _, tc := range []struct {
+		what      string
+		charger   *fakeCharger
+		remaining string
+	}{
+		{"refunded", &fakeCharger{decision: okDecision(), refundDecision: after}, "100"},
+		{"refund failed", &fakeCharger{decision: okDecision(), refundErr: ErrUnavailable}, ""},
+	} {
+		proxy, err := NewProxy(u, FrontOptions{Charger: tc.charger, Config: testConfig(t)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		front := httptest.NewServer(proxy)
+		req, _ := http.NewRequest("POST", front.URL+"/v1/tasks", nil)
+		req.Header.Set("X-Api-Key", "secret")
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Body.Close()
+		front.Close()
+		if res.StatusCode != 502 || res.Header.Get("X-Quota-Remaining") != tc.remaining || (tc.remaining == "") != (res.Header.Get("RateLimit") == "") {
+			t.Errorf("%s: %d, X-Quota-Remaining %q, RateLimit %q; want 502 with %q", tc.what, res.StatusCode,
+				res.Header.Get("X-Quota-Remaining"), res.Header.Get("RateLimit"), tc.remaining)
+		}
+		if _, r := tc.charger.counts(); r != 1 {
+			t.Errorf("%s: %d refunds, want 1", tc.what, r)
 		}
 	}
 }

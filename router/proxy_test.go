@@ -184,6 +184,8 @@ func TestProxyBadInput(t *testing.T) {
 		status  int
 		typ     string
 		detail  string
+		// refunded: charged, then refunded before the answer
+		refunded bool
 	}{
 		{what: "no key", path: "/v1/tasks", status: 401, typ: router.ProblemUnknownKey, detail: "Authorization: Bearer"},
 		{what: "an Idempotency-Key of 256 characters", key: acct.key, path: "/v1/tasks",
@@ -195,8 +197,9 @@ func TestProxyBadInput(t *testing.T) {
 		{what: "a body over the limit with a Content-Length", key: acct.key, path: "/v1/upload",
 			body: func() io.Reader { return bytes.NewReader(make([]byte, 2048)) }, status: 413, typ: router.ProblemPayloadTooLarge, detail: "1024 bytes"},
 		{what: "a chunked body that grows over the limit", key: acct.key, path: "/v1/upload",
-			body: func() io.Reader { return io.MultiReader(bytes.NewReader(make([]byte, 2048))) }, status: 413, typ: router.ProblemPayloadTooLarge},
-		{what: "an upstream that hangs", key: acct.key, path: "/v1/hang", status: 504, typ: router.ProblemUpstreamUnavailable, detail: "in time"},
+			body: func() io.Reader { return io.MultiReader(bytes.NewReader(make([]byte, 2048))) }, status: 413, typ: router.ProblemPayloadTooLarge, refunded: true},
+		{what: "an upstream that hangs", key: acct.key, path: "/v1/hang", status: 504, typ: router.ProblemUpstreamUnavailable, detail: "in time", refunded: true},
+		{what: "an upstream that drops the connection", key: acct.key, path: "/v1/drop", status: 502, typ: router.ProblemUpstreamUnavailable, detail: "refunded", refunded: true},
 	}
 	for _, tc := range cases {
 		var body io.Reader
@@ -213,6 +216,13 @@ func TestProxyBadInput(t *testing.T) {
 		if tc.status == 401 && a.header.Get("WWW-Authenticate") == "" {
 			t.Fatalf("%s: no WWW-Authenticate", tc.what)
 		}
+		// A refunded answer shows the quota after its refund, as its
+		// detail says: nothing is used (the charged state would read 99).
+		if tc.refunded {
+			if got, rl := a.header.Get("X-Quota-Remaining"), a.header.Get("RateLimit"); got != "100" || !strings.HasPrefix(rl, `"quota";r=100;`) {
+				t.Fatalf("%s: X-Quota-Remaining %q, RateLimit %q; want the state after the refund, 100", tc.what, got, rl)
+			}
+		}
 	}
 	if up.count("POST /v1/upload") > 1 {
 		t.Fatalf("the upstream saw %d uploads: the one with a Content-Length over the limit must not reach it", up.count("POST /v1/upload"))
@@ -220,8 +230,8 @@ func TestProxyBadInput(t *testing.T) {
 	if up.hanging.Load() != 1 {
 		t.Fatalf("the hanging upstream was called %d times", up.hanging.Load())
 	}
-	// The chunked body and the hang were charged, then refunded.
-	waitFor(t, 5*time.Second, "two refunds", func() bool { return c.refunds() == 2 })
+	// The chunked body, the hang and the drop were charged, then refunded.
+	waitFor(t, 5*time.Second, "three refunds", func() bool { return c.refunds() == 3 })
 	u := do(t, proxy, "GET", "/v1/usage", acct.key, nil).usage(t)
 	if u.Used != 0 || u.Remaining != 100 {
 		t.Fatalf("usage %+v: nothing was served, nothing may be charged", u)
