@@ -71,7 +71,9 @@ type FrontOptions struct {
 	// MaxBodyBytes bounds a request body [10 MiB]; negative: no bound. A
 	// larger Content-Length is refused with 413 before anything is charged;
 	// a body without one that grows past the bound is cut off, answered 413
-	// and refunded whatever BillOn says. gRPC calls (Content-Type
+	// and refunded whatever BillOn says. Such a body streams, so the
+	// upstream (NewProxy) has had its headers and up to MaxBodyBytes of it:
+	// it sees the request aborted (its body read fails), not complete. gRPC calls (Content-Type
 	// application/grpc...) are streams that may run for hours: the bound
 	// does not apply to them (the gRPC server's message size limit does).
 	MaxBodyBytes int64

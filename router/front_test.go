@@ -786,3 +786,83 @@ func TestRefundedAnswerHeaders(t *testing.T) {
 		}
 	}
 }
+
+// A body without a Content-Length streams to the upstream as it comes, so
+// one that grows over MaxBodyBytes has reached the upstream in part when it
+// is cut off. The upstream must then see an aborted request (its read of
+// the body fails), never a complete one; the client gets 413 and the
+// charge is refunded. Over HTTP/1.1 (a chunked body without its last
+// chunk, then a closed connection) and h2c (a reset stream).
+func TestChunkedBodyOverLimitAbortsTheUpstream(t *testing.T) {
+	for _, proto := range []string{"http", "h2c"} {
+		t.Run(proto, func(t *testing.T) {
+			type read struct {
+				n   int64
+				err error
+			}
+			reads := make(chan read, 1)
+			h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				n, err := io.Copy(io.Discard, r.Body)
+				reads <- read{n, err}
+				if err != nil {
+					return
+				}
+				io.WriteString(w, "served") // a complete request is served and billed
+			})
+			up := httptest.NewUnstartedServer(h)
+			if proto == "h2c" {
+				up.Config.Protocols = new(http.Protocols)
+				up.Config.Protocols.SetUnencryptedHTTP2(true)
+			}
+			up.Start()
+			defer up.Close()
+			u, _ := url.Parse(up.URL)
+			u.Scheme = proto
+			ch := &fakeCharger{decision: okDecision()}
+			proxy, err := NewProxy(u, FrontOptions{Charger: ch, Config: testConfig(t), MaxBodyBytes: 64 << 10})
+			if err != nil {
+				t.Fatal(err)
+			}
+			front := httptest.NewServer(proxy)
+			defer front.Close()
+			// 256 KiB in 4 KiB writes, no Content-Length: sent chunked.
+			pr, pw := io.Pipe()
+			go func() {
+				buf := make([]byte, 4<<10)
+				for i := 0; i < 64; i++ {
+					if _, err := pw.Write(buf); err != nil {
+						return
+					}
+				}
+				pw.Close()
+			}()
+			req, _ := http.NewRequest("POST", front.URL+"/v1/tasks", pr)
+			req.Header.Set("X-Api-Key", "secret")
+			res, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, _ := io.ReadAll(res.Body)
+			res.Body.Close()
+			pr.CloseWithError(io.ErrClosedPipe)
+			if res.StatusCode != http.StatusRequestEntityTooLarge {
+				t.Fatalf("answer %d %s, want 413", res.StatusCode, body)
+			}
+			select {
+			case got := <-reads:
+				if got.err == nil {
+					t.Fatalf("the upstream read a complete body of %d bytes; it must see the request aborted", got.n)
+				}
+				if got.n > 64<<10 {
+					t.Fatalf("the upstream read %d bytes, more than the limit of %d", got.n, 64<<10)
+				}
+				t.Logf("the upstream read %d bytes, then: %v", got.n, got.err)
+			case <-time.After(10 * time.Second): // NB: a deadline, not a wait: the read has failed before the 413 in practice
+				t.Fatal("the upstream's read of the body did not end within 10 s")
+			}
+			if c, r := ch.counts(); c != 1 || r != 1 {
+				t.Fatalf("%d charges, %d refunds; want the charge refunded", c, r)
+			}
+		})
+	}
+}
