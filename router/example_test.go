@@ -48,7 +48,11 @@ func ExampleMiddleware() {
 		log.Fatal(err)
 	}
 	api := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		caller, _ := router.CallerFrom(r.Context())
+		caller, ok := router.CallerFrom(r.Context())
+		if !ok { // a CORS preflight: uncharged, no caller
+			w.WriteHeader(http.StatusNoContent)
+			return
+		}
 		fmt.Fprintf(w, "export for %s\n", caller.Account)
 	})
 	srv := httptest.NewServer(charge(api))

@@ -88,6 +88,13 @@ type FrontOptions struct {
 	// request (NewProxy only). Authorization is always forwarded: upstreams
 	// may need it.
 	StripAPIKeyHeader bool
+	// ChargePreflights treats CORS preflights (OPTIONS with Origin and
+	// Access-Control-Request-Method) as any other request: they then need
+	// an API key, which browsers never send with them, so set it only for
+	// an API no browser calls across origins. Without it a preflight goes
+	// to the handler or upstream uncharged and without a Caller (see
+	// Middleware).
+	ChargePreflights bool
 	// TrustForwarded keeps the X-Forwarded-For, -Host and -Proto the client
 	// sent (NewProxy only): set it when quotad runs behind a load balancer
 	// that sets them, so the upstream sees the real client. Without it the
@@ -210,6 +217,17 @@ func CallerFrom(ctx context.Context) (*Caller, bool) {
 //	set RateLimit-Policy, RateLimit, X-Quota-*; call next
 //	refund once if next's answer is a failure under BillOn
 //
+// Two things reach next unlike the rest. CORS preflights (OPTIONS with
+// Origin and Access-Control-Request-Method) carry no credentials, by the
+// Fetch standard: they reach next uncharged, with no Caller (CallerFrom's
+// ok is false), and next must answer them without doing the work (register
+// handlers with their method, "POST /v1/exports", or check ok); set
+// FrontOptions.ChargePreflights for an API no browser calls. And the
+// usage endpoint never reaches next. Every request next sees has the
+// client's X-Quota-Account and X-Quota-Event dropped, and a charged one
+// carries the front's (HeaderAccount, HeaderEvent), as the proxy's
+// upstream does, so code moved between the two can trust them.
+//
 // The charge and the refund run on a context detached from the client's
 // (bounded by ChargeTimeout and RefundTimeout): a client that hangs up
 // mid-charge must not leave a charge whose outcome the front never learns.
@@ -242,9 +260,14 @@ type charged struct {
 
 func (f *front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
-	if isPreflight(r) {
+	if !f.opts.ChargePreflights && isPreflight(r) {
 		// A browser's CORS preflight carries no credentials: the API answers
 		// it, uncharged; the request it announces is charged as usual.
+		if r.Header.Get(HeaderAccount) != "" || r.Header.Get(HeaderEvent) != "" {
+			r = r.Clone(r.Context()) // the caller's request stays as it was
+			r.Header.Del(HeaderAccount)
+			r.Header.Del(HeaderEvent)
+		}
 		rec := &recorder{ResponseWriter: w}
 		f.next.ServeHTTP(rec, r)
 		f.observe(rec.code(r), 0) // NB: the front added nothing
@@ -288,6 +311,11 @@ func (f *front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	r = r.WithContext(context.WithValue(r.Context(), callerKey{}, &c.Caller)) // a copy: the caller's request stays as it was
+	// Only the front says which account and event a request was charged
+	// to: a client's own values are forged.
+	r.Header = r.Header.Clone()
+	r.Header.Set(HeaderAccount, c.Account)
+	r.Header.Set(HeaderEvent, c.EventID)
 	var body *limitedBody
 	if f.bodyBounded(r) && r.Body != nil && r.ContentLength != 0 {
 		body = &limitedBody{ReadCloser: http.MaxBytesReader(w, r.Body, f.opts.MaxBodyBytes)}

@@ -12,8 +12,9 @@ import (
 	"sync"
 )
 
-// Request headers the proxy sets for the upstream. Whatever the client sent
-// under these names is dropped first, so the upstream can trust them.
+// Request headers the proxy sets for the upstream, and Middleware for the
+// handler it wraps. Whatever the client sent under these names is dropped
+// first, so the upstream or handler can trust them.
 const (
 	// HeaderAccount names the account the request was charged to.
 	HeaderAccount = "X-Quota-Account"

@@ -653,6 +653,44 @@ func TestPreflightPassesUncharged(t *testing.T) {
 	}
 }
 
+// The handler behind the middleware sees the front's X-Quota-Account and
+// X-Quota-Event, never a client's forged ones (the proxy's upstream
+// already did); a preflight sees neither. With ChargePreflights a preflight
+// is a request like any other: no key, 401.
+func TestMiddlewareQuotaHeadersAreTheFronts(t *testing.T) {
+	var seen []string
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		seen = append(seen, r.Header.Get(HeaderAccount)+"|"+r.Header.Get(HeaderEvent))
+	})
+	forge := func(req *http.Request) *http.Request {
+		req.Header.Set(HeaderAccount, "victim")
+		req.Header.Set(HeaderEvent, "forged")
+		return req
+	}
+	ch := &fakeCharger{decision: okDecision()}
+	req := forge(newRequest("GET", "/v1/tasks", nil))
+	req.Header.Set("Idempotency-Key", "k-1")
+	if w, _ := serve(t, FrontOptions{Charger: ch, Config: testConfig(t)}, h, req); w.Code != 200 {
+		t.Fatalf("charged request: %d", w.Code)
+	}
+	pre := forge(httptest.NewRequest("OPTIONS", "/v1/tasks", nil))
+	pre.Header.Set("Origin", "https://app.example")
+	pre.Header.Set("Access-Control-Request-Method", "POST")
+	serve(t, FrontOptions{Charger: ch, Config: testConfig(t)}, h, pre)
+	if len(seen) != 2 || seen[0] != "acme|k-1" || seen[1] != "|" {
+		t.Fatalf("the handler saw %q, want the front's account and event, then nothing for the preflight", seen)
+	}
+	if pre.Header.Get(HeaderAccount) != "victim" {
+		t.Error("the middleware changed the caller's own request")
+	}
+	pre = httptest.NewRequest("OPTIONS", "/v1/tasks", nil)
+	pre.Header.Set("Origin", "https://app.example")
+	pre.Header.Set("Access-Control-Request-Method", "POST")
+	if w, _ := serve(t, FrontOptions{Charger: ch, Config: testConfig(t), ChargePreflights: true}, h, pre); w.Code != 401 || len(seen) != 2 {
+		t.Fatalf("preflight with ChargePreflights: %d, handler ran %d times; want 401 and not run", w.Code, len(seen)-2)
+	}
+}
+
 // A gRPC call is a stream: MaxBodyBytes does not cut it off.
 func TestGRPCStreamsAreNotBodyBounded(t *testing.T) {
 	var read int

@@ -244,6 +244,7 @@ type frontFlags struct {
 	maxBodyBytes      int64
 	upstreamTimeout   time.Duration
 	stripAPIKey       bool
+	chargePreflights  bool
 	trustForwarded    bool
 }
 
@@ -256,6 +257,7 @@ func (ff *frontFlags) register(cmd *cobra.Command, upstream *string) {
 	fl.Int64Var(&ff.maxBodyBytes, "max-body-bytes", router.DefaultMaxBodyBytes, "largest request body; larger is refused with 413 and not charged (-1: no limit)")
 	fl.DurationVar(&ff.upstreamTimeout, "upstream-timeout", 30*time.Second, "how long to wait for the upstream's response headers before answering 504 and refunding")
 	fl.BoolVar(&ff.stripAPIKey, "strip-api-key-header", false, "remove X-Api-Key before proxying (Authorization is always forwarded)")
+	fl.BoolVar(&ff.chargePreflights, "charge-preflights", false, "treat CORS preflights (OPTIONS with Origin and Access-Control-Request-Method) as any request: they then need an API key, which browsers never send with them; only for an API no browser calls across origins. Default: they reach the upstream uncharged")
 	fl.BoolVar(&ff.trustForwarded, "trust-forwarded-headers", false, "keep the client's X-Forwarded-For/-Host/-Proto (set it behind a load balancer that sets them); otherwise they are replaced, since clients can forge them")
 	cmd.Example += `
 
@@ -305,7 +307,7 @@ func (ff *frontFlags) build(upstream string) (func(*node.Node) (http.Handler, er
 	opts := func(o router.FrontOptions) router.FrontOptions {
 		o.UsagePath, o.QuotaStatus, o.BillOn = ff.usagePath, ff.quotaStatus, ff.billOn
 		o.MaxBodyBytes, o.UpstreamTimeout, o.StripAPIKeyHeader = ff.maxBodyBytes, ff.upstreamTimeout, ff.stripAPIKey
-		o.TrustForwarded = ff.trustForwarded
+		o.TrustForwarded, o.ChargePreflights = ff.trustForwarded, ff.chargePreflights
 		return o
 	}
 	if err := opts(router.FrontOptions{}).Check(); err != nil {
