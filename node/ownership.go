@@ -68,13 +68,18 @@ func (n *Node) releaseLost(ctx context.Context, lost []int) {
 	for _, p := range lost {
 		set[p] = true
 	}
-	released := 0
+	released, failed := 0, 0
+	var firstErr error
 	for _, id := range n.eng.AccountIDs() {
 		if !set[r.Partition(id)] || n.owns(id) {
 			continue
 		}
 		if err := n.eng.Release(ctx, id); err != nil {
-			n.log.Warn("handing back the reservation of a lost account failed", "account", id, "err", err)
+			// One line for all of them: with the ledger down this is every
+			// account the node held.
+			if failed++; firstErr == nil {
+				firstErr = err
+			}
 			continue
 		}
 		// Its state here goes stale as the new owner charges; if the
@@ -85,8 +90,12 @@ func (n *Node) releaseLost(ctx context.Context, lost []int) {
 	if s := n.Settler(); s != nil {
 		s.Kick()
 	}
-	if released > 0 {
-		n.log.Info("lost partitions: reservations handed back", "partitions", len(lost), "accounts", released)
+	switch {
+	case failed > 0:
+		n.log.Warn("lost partitions: some accounts' reservations could not be handed back; they stay reserved in the ledger until the hand-back succeeds (retried while this node runs, else at its next start or with quotad revoke)",
+			"partitions", len(lost), "accounts_let_go", released, "accounts_failed", failed, "first_err", firstErr)
+	case released > 0:
+		n.log.Info("lost partitions: accounts let go, their reservations handed back", "partitions", len(lost), "accounts", released)
 	}
 }
 

@@ -1,6 +1,7 @@
 package router_test
 
 import (
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
@@ -12,8 +13,13 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+
 	"github.com/quotaring/quotaring/internal/pki"
 	"github.com/quotaring/quotaring/router"
+	"github.com/quotaring/quotaring/router/pb"
 )
 
 // tlsServer accepts TLS connections with cfg on loopback and writes each
@@ -229,5 +235,74 @@ func TestTLSFilesErrors(t *testing.T) {
 		if errors.Is(err, os.ErrNotExist) && !strings.Contains(err.Error(), "nope.pem") {
 			t.Errorf("%s: %v does not name the file", name, err)
 		}
+	}
+}
+
+// echoQuota answers Charge batches with one empty reply per charge: the
+// transport is what BenchmarkRPCTransport measures, not the engine.
+type echoQuota struct{ pb.UnimplementedQuotaServer }
+
+func (echoQuota) Charge(_ context.Context, b *pb.ChargeBatch) (*pb.ChargeReplies, error) {
+	return &pb.ChargeReplies{Replies: make([]*pb.ChargeReply, len(b.Charges))}, nil
+}
+
+// BenchmarkRPCTransport: one internal Charge call of one charge over
+// loopback, plaintext h2 against mutual TLS 1.3 (connections made once, as
+// nodes keep them), one caller and many.
+func BenchmarkRPCTransport(b *testing.B) {
+	dir := b.TempDir()
+	ca, _ := pki.NewCA("bench CA")
+	files, err := ca.WriteFiles(dir, "node", pki.Names{IPs: []net.IP{net.IPv4(127, 0, 0, 1)}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	srvTLS, cliTLS, err := files.Configs()
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name     string
+		srv, cli []grpc.ServerOption
+		creds    credentials.TransportCredentials
+	}{
+		{name: "plaintext", creds: insecure.NewCredentials()},
+		{name: "mtls", srv: []grpc.ServerOption{grpc.Creds(credentials.NewTLS(srvTLS))}, creds: credentials.NewTLS(cliTLS)},
+	} {
+		lis, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			b.Fatal(err)
+		}
+		s := grpc.NewServer(tc.srv...)
+		pb.RegisterQuotaServer(s, echoQuota{})
+		go s.Serve(lis)
+		conn, err := grpc.NewClient("passthrough:///"+lis.Addr().String(), grpc.WithTransportCredentials(tc.creds))
+		if err != nil {
+			b.Fatal(err)
+		}
+		c := pb.NewQuotaClient(conn)
+		batch := &pb.ChargeBatch{Charges: []*pb.ChargeRequest{{Account: "acct-1", Units: 1, Route: "GET /x"}}}
+		if _, err := c.Charge(context.Background(), batch); err != nil {
+			b.Fatalf("%s: %v", tc.name, err)
+		}
+		b.Run(tc.name+"/1", func(b *testing.B) {
+			for b.Loop() {
+				if _, err := c.Charge(context.Background(), batch); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+		b.Run(tc.name+"/64", func(b *testing.B) {
+			b.SetParallelism(32) // 64 callers on 2 cores
+			b.RunParallel(func(p *testing.PB) {
+				for p.Next() {
+					if _, err := c.Charge(context.Background(), batch); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			})
+		})
+		conn.Close()
+		s.Stop()
 	}
 }
