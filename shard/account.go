@@ -533,7 +533,7 @@ func (a *Account) refund(eventID string, receipt *Receipt, attempt bool, now Now
 	} else {
 		d.Reason = UnknownEvent
 	}
-	if d.Reason != OK {
+	if d.Reason != Undecided { // refused above; otherwise rec holds the refund to apply
 		rec.Type = 0
 		a.fill(&d, now, wall)
 		return d

@@ -669,3 +669,42 @@ func TestOneIDForTwoRoutesIsRefused(t *testing.T) {
 		}
 	}
 }
+
+// The zero Decision, which comes back with every error, is never accepted:
+// a caller that looks at Reason before err must not let an undecided
+// request through.
+func TestZeroDecisionIsNotAccepted(t *testing.T) {
+	var d Decision
+	if d.Reason.Accepted() || d.Reason != Undecided || d.Reason.String() != "undecided" {
+		t.Fatalf("zero Decision: reason %s, accepted %v; want undecided, not accepted", d.Reason, d.Reason.Accepted())
+	}
+	if _, ok := d.RetryIn(); ok {
+		t.Fatal("the zero Decision says a retry can succeed by waiting")
+	}
+	for r := Reason(0); int(r) < len(reasonNames); r++ {
+		if got, ok := ParseReason(r.String()); !ok || got != r {
+			t.Errorf("ParseReason(%q) = %v, %v", r.String(), got, ok)
+		}
+	}
+}
+
+// RetryIn reads RetryAfter as a time.Duration for the refusals that pass
+// with time, and says no for the others.
+func TestRetryIn(t *testing.T) {
+	for _, tc := range []struct {
+		d    Decision
+		wait time.Duration
+		ok   bool
+	}{
+		{Decision{Reason: RateLimited, RetryAfter: int64(20 * time.Second)}, 20 * time.Second, true},
+		{Decision{Reason: QuotaExceeded, RetryAfter: int64(60 * time.Hour)}, 60 * time.Hour, true},
+		{Decision{Reason: QuotaExceeded, RetryAfter: Never}, 0, false},
+		{Decision{Reason: Invalid}, 0, false},
+		{Decision{Reason: UnknownAccount}, 0, false},
+		{Decision{Reason: OK}, 0, false},
+	} {
+		if wait, ok := tc.d.RetryIn(); wait != tc.wait || ok != tc.ok {
+			t.Errorf("%s with RetryAfter %d: RetryIn %s, %v; want %s, %v", tc.d.Reason, tc.d.RetryAfter, wait, ok, tc.wait, tc.ok)
+		}
+	}
+}

@@ -109,11 +109,27 @@ func DefaultParams() Params {
 }
 
 // Reason is the outcome of an operation.
+//
+// The zero Reason is Undecided, so a zero Decision (the one returned with
+// an error, or one a caller declared and never filled) is never Accepted.
+// Reasons travel between nodes as names (String) and protobuf values, never
+// as these numbers, and no log record or checkpoint holds one.
 type Reason uint8
 
-// Reasons. The first five are the answers a caller sees for a charge.
+// Reasons. OK to UnknownAccount, Invalid and IDReused are the answers a
+// caller sees for a charge; Refunded to Kept, UnknownAccount and Invalid
+// for a refund.
+//
+// A refusal is final when the same request, retried, gets it again however
+// long the caller waits (Reason.Final): Invalid, IDReused, and for refunds
+// AlreadyRefunded, UnknownEvent and Kept. RateLimited and QuotaExceeded
+// pass with time: Decision.RetryIn says when. UnknownAccount is neither: an
+// account missing from the config stays unknown, but one created in the
+// last seconds is unknown only until its owner's config snapshot catches up
+// (the HTTP front answers it 503, retry in 1 s).
 const (
-	OK              Reason = iota // charged
+	Undecided       Reason = iota // no decision: the operation failed (its error says why); never accepted
+	OK                            // charged
 	Replayed                      // a retry of a charged event: charged nothing now
 	RateLimited                   // the token bucket is empty
 	QuotaExceeded                 // not enough units under a hard limit
@@ -127,7 +143,7 @@ const (
 	IDReused                      // a client event id already charged for another route: charged nothing
 )
 
-var reasonNames = [...]string{"ok", "replayed", "rate_limited", "quota_exceeded", "unknown_account", "need_reservation", "refunded", "already_refunded", "unknown_event", "invalid", "kept", "id_reused"}
+var reasonNames = [...]string{"undecided", "ok", "replayed", "rate_limited", "quota_exceeded", "unknown_account", "need_reservation", "refunded", "already_refunded", "unknown_event", "invalid", "kept", "id_reused"}
 
 func (r Reason) String() string {
 	if int(r) < len(reasonNames) {
@@ -149,6 +165,20 @@ func ParseReason(s string) (Reason, bool) {
 // Accepted reports whether the charge may go on (OK or Replayed).
 func (r Reason) Accepted() bool { return r == OK || r == Replayed }
 
+// Final reports whether r is a refusal that the same request, retried,
+// gets again however long the caller waits: a malformed request (Invalid),
+// an event id used for another route (IDReused: a new request needs a new
+// id), and the refund answers AlreadyRefunded, UnknownEvent and Kept.
+// Undecided is not final: the operation failed and its error says whether
+// to retry. Neither is UnknownAccount (see the Reasons).
+func (r Reason) Final() bool {
+	switch r {
+	case Invalid, IDReused, AlreadyRefunded, UnknownEvent, Kept:
+		return true
+	}
+	return false
+}
+
 // Charge asks for Units on behalf of an account.
 type Charge struct {
 	EventID string
@@ -166,11 +196,16 @@ type Decision struct {
 	Units  int64 // charged, replayed or refunded units
 	// Seq is the log sequence the answer depends on: the caller must wait until
 	// it is durable before answering. Zero means nothing to wait for.
-	Seq        uint64
-	Limit      int64 // units of the active grants
-	Remaining  int64 // units left in the active grants (never negative)
-	Reset      int64 // end of the current period, Unix seconds
-	RetryAfter int64 // ns until a retry can succeed; 0: now; Never: not by waiting
+	Seq       uint64
+	Limit     int64 // units of the active grants
+	Remaining int64 // units left in the active grants (never negative)
+	Reset     int64 // end of the current period, Unix seconds
+	// RetryAfter is set for RateLimited and QuotaExceeded only: nanoseconds
+	// (an int64, not a time.Duration) until the same charge, retried, can
+	// succeed, or Never when waiting does not help (credits used up). It is
+	// 0 for every other Reason, where it means nothing: Reason.Final says
+	// whether to retry. RetryIn reads it as a time.Duration.
+	RetryAfter int64
 	Shortfall  int64 // NeedReservation: units missing
 
 	RateBurst     int64 // 0 when unlimited
@@ -186,6 +221,17 @@ type Decision struct {
 
 // Never is RetryAfter for a refusal that waiting does not fix.
 const Never = -1
+
+// RetryIn says when the refused charge d answers, retried, may be accepted:
+// after wait (ok true) for RateLimited, and for QuotaExceeded until the
+// period renews. ok is false when waiting does not help (credits used up,
+// Never), for an accepted or undecided d, and for every other refusal.
+func (d Decision) RetryIn() (wait time.Duration, ok bool) {
+	if (d.Reason != RateLimited && d.Reason != QuotaExceeded) || d.RetryAfter < 0 {
+		return 0, false
+	}
+	return time.Duration(d.RetryAfter), true
+}
 
 // Errors.
 var (
