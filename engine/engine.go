@@ -296,7 +296,7 @@ func (e *Engine) wait(account string, delta int64) {
 	st := e.stripeFor(account)
 	st.mu.Lock()
 	if ent, ok := st.accounts[account]; ok {
-		ent.waiting = max(0, ent.waiting+delta)
+		ent.waiting = max(0, ent.waiting+delta) // NB: a sum addSat saturated comes back short: it only undersizes a reservation
 	}
 	st.mu.Unlock()
 }
@@ -510,7 +510,7 @@ func (e *Engine) chargeOnce(account string, req *shard.Charge) (Result, error) {
 	d := ent.acct.Charge(req, now, &e.params, &st.rec)
 	res := Result{Decision: d, EventID: req.EventID}
 	if d.Reason == shard.NeedReservation {
-		ent.waiting += d.Shortfall // until the caller's reservation round trip ends (wait)
+		ent.waiting = addSat(ent.waiting, d.Shortfall) // until the caller's reservation round trip ends (wait)
 	}
 	if st.rec.Type == 0 {
 		if d.Reason == shard.Replayed {

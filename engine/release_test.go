@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"errors"
+	"math"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -290,5 +291,36 @@ func TestForgottenAccountIsCheckpointed(t *testing.T) {
 	defer func() { e.Close(); l.Close() }()
 	if held := e.AllowanceHeld(); held != 0 {
 		t.Fatalf("after a restart the node holds %d units it handed back before forgetting the account", held)
+	}
+}
+
+// needLedger grants nothing and records the Need it was asked for.
+type needLedger struct{ need atomic.Int64 }
+
+func (n *needLedger) Reserve(_ context.Context, req ReserveRequest) (ReserveResult, error) {
+	n.need.Store(req.Need)
+	return ReserveResult{}, nil
+}
+
+func (n *needLedger) Release(context.Context, string, []shard.Alloc) error { return nil }
+
+// A reservation for a shortfall near the int64 limit asks for as much as
+// can be had, never a Need that wrapped around to a negative number.
+func TestReservationNeedSaturates(t *testing.T) {
+	ledger := &needLedger{}
+	l := openLog(t, t.TempDir())
+	e, err := Open(Options{Log: l, Clock: NewManualClock(time.Date(2026, 6, 10, 0, 0, 0, 0, time.UTC)), Reserver: ledger})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close(); l.Close() })
+	if err := e.SetSnapshot(testSnapshot(t, map[string]int64{"acme": 1000})); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.reserve(context.Background(), "acme", math.MaxInt64); err != nil {
+		t.Fatal(err)
+	}
+	if got := ledger.need.Load(); got != math.MaxInt64 {
+		t.Fatalf("asked the ledger for %d units, want %d", got, int64(math.MaxInt64))
 	}
 }

@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"fmt"
+	"math"
 	"sync"
 	"time"
 
@@ -31,7 +32,7 @@ func (e *Engine) reserveOnce(ctx context.Context, account string, shortfall int6
 	}
 	now := e.clock.Now()
 	wall := ent.acct.Wall(now.Wall) // the account's month, which may be ahead of this clock
-	need := max(shortfall, ent.waiting) + max(ent.chunkLocked(now.Mono, int64(e.opts.ReserveWindow)), chunkFloor(ent.acct.Limit(wall)))
+	need := addSat(max(shortfall, ent.waiting), max(ent.chunkLocked(now.Mono, int64(e.opts.ReserveWindow)), chunkFloor(ent.acct.Limit(wall))))
 	st.mu.Unlock()
 
 	e.stats.Reservations.Add(1)
@@ -64,6 +65,17 @@ func (e *Engine) reserveOnce(ctx context.Context, account string, shortfall int6
 			ErrQuotaUnavailable, account)
 	}
 	return err
+}
+
+// addSat is a+b for non-negative a and b, or math.MaxInt64 when that
+// overflows. A reservation asks for as much as can be had: wrapped to a
+// negative Need, a charge near the int64 limit got nothing from the ledger
+// and ended ErrQuotaUnavailable, retried forever, instead of QuotaExceeded.
+func addSat(a, b int64) int64 {
+	if a > math.MaxInt64-b {
+		return math.MaxInt64
+	}
+	return a + b
 }
 
 func granted(res ReserveResult) int64 { return units(res.Granted) }

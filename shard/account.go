@@ -260,7 +260,7 @@ func (a *Account) Charge(req *Charge, now Now, params *Params, rec *Record) Deci
 	rec.Type = 0
 	p, wall := a.advance(now.Wall)
 	d := Decision{Reset: p.End() / 1e9}
-	if req.Units < 0 || req.EventID == "" {
+	if req.Units < 0 || req.Units > MaxUnits || req.EventID == "" {
 		d.Reason = Invalid
 		return d
 	}

@@ -2,6 +2,7 @@ package shard
 
 import (
 	"fmt"
+	"math"
 	"testing"
 	"time"
 )
@@ -706,5 +707,28 @@ func TestRetryIn(t *testing.T) {
 		if wait, ok := tc.d.RetryIn(); wait != tc.wait || ok != tc.ok {
 			t.Errorf("%s with RetryAfter %d: RetryIn %s, %v; want %s, %v", tc.d.Reason, tc.d.RetryAfter, wait, ok, tc.wait, tc.ok)
 		}
+	}
+}
+
+// A charge above MaxUnits is Invalid and leaves no record: accepted on a
+// soft plan (overage), its record would not decode at replay (counts above
+// 2^62 read as corrupt) and its usage would wrap around. MaxUnits itself is
+// charged and its record round-trips.
+func TestChargeAboveMaxUnitsIsInvalid(t *testing.T) {
+	p := DefaultParams()
+	now := at("2026-06-10T00:00:00Z")
+	soft := NewAccount(AccountConfig{ID: "a", Plan: Plan{ID: "soft", MonthlyQuota: 10}})
+	for _, units := range []int64{MaxUnits + 1, 1 << 62, math.MaxInt64} {
+		if d, rec := charge(soft, fmt.Sprint("big-", units), units, now, &p); d.Reason != Invalid || rec.Type != 0 {
+			t.Fatalf("soft plan, %d units: %s with record type %v; want invalid, no record", units, d.Reason, rec.Type)
+		}
+	}
+	d, rec := charge(soft, "max", MaxUnits, now, &p)
+	if d.Reason != OK || rec.Type != RecCharge {
+		t.Fatalf("soft plan, MaxUnits: %s, want ok", d.Reason)
+	}
+	var back Record
+	if err := back.Decode(rec.AppendEncode(nil)); err != nil || back.Units != MaxUnits {
+		t.Fatalf("the record of a MaxUnits charge: %v, units %d", err, back.Units)
 	}
 }

@@ -138,7 +138,7 @@ const (
 	Refunded                      // the refund returned the units
 	AlreadyRefunded               // a second refund: nothing changed
 	UnknownEvent                  // the account does not remember this event
-	Invalid                       // the request is malformed (negative units, empty id)
+	Invalid                       // the request is malformed (units < 0 or > MaxUnits, empty id)
 	Kept                          // an attempt's refund refused: a retry was served under the charge
 	IDReused                      // a client event id already charged for another route: charged nothing
 )
@@ -178,6 +178,14 @@ func (r Reason) Final() bool {
 	}
 	return false
 }
+
+// MaxUnits bounds the Units of one charge: a charge of more is Invalid.
+// Units are summed into usage, allowances and the ledger's int64 columns,
+// and the log refuses counts above 2^62 as corrupt, so a soft plan's
+// overage of a few charges near the int64 limit would otherwise wrap
+// around or leave a record the node cannot replay. 10^15 is far beyond any
+// real charge, and the admin API bounds quotas and grants by the same.
+const MaxUnits = 1_000_000_000_000_000
 
 // Charge asks for Units on behalf of an account.
 type Charge struct {
