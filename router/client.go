@@ -103,8 +103,12 @@ func Dial(ctx context.Context, seeds ...string) (*Client, error) {
 }
 
 // Dial learns the ring from the first seed (RPC address, host:port) that
-// answers and reads the config snapshot; ctx bounds only that. Afterwards
-// the client refreshes both every RefreshInterval, from any node it knows.
+// answers and reads the config snapshot; ctx bounds only that. Seeds are
+// asked in turn, the next one as soon as the one before fails or has not
+// answered within a fraction of a second, so a hung seed does not use up
+// ctx; the first answer wins. When ctx ends first, the error wraps ctx's
+// (errors.Is(err, context.DeadlineExceeded)). Afterwards the client
+// refreshes both every RefreshInterval, from any node it knows.
 func (o DialOptions) Dial(ctx context.Context, seeds ...string) (*Client, error) {
 	if len(seeds) == 0 {
 		return nil, errors.New("router: Dial needs at least one seed (a node's RPC address, host:port)")
@@ -357,24 +361,99 @@ func (c *Client) lockRefresh(ctx context.Context) bool {
 
 func (c *Client) unlockRefresh() { <-c.refreshing }
 
-// refreshViewLocked asks prefer, then the known members, then the seeds,
-// and keeps the first answer. REQUIRES: the refresh token (lockRefresh).
+// refreshViewLocked asks prefer, then the known members, then the seeds
+// (firstAnswer), and keeps the first answer. REQUIRES: the refresh token
+// (lockRefresh).
 func (c *Client) refreshViewLocked(ctx context.Context, prefer, avoid string) error {
-	var errs []error
-	for _, addr := range c.sources(prefer, avoid) {
-		v, err := c.readView(ctx, addr)
-		if err == nil {
-			c.view.Store(v)
-			c.stats.Refreshes.Add(1)
-			c.peers.forget(c.wanted, time.Now())
-			return nil
-		}
-		errs = append(errs, err)
-		if ctx.Err() != nil {
-			break
+	v, err := firstAnswer(ctx, c.sources(prefer, avoid), c.readView)
+	if err != nil {
+		return fmt.Errorf("router: no node answered for the ring view: %w", err)
+	}
+	c.view.Store(v)
+	c.stats.Refreshes.Add(1)
+	c.peers.forget(c.wanted, time.Now())
+	return nil
+}
+
+// askStagger is how long firstAnswer waits for one node before it asks the
+// next one too: far longer than a healthy node takes to answer (a read of
+// memory, one round trip), so a healthy cluster gets one call per refresh,
+// and far shorter than CallTimeout, so a node that accepts connections and
+// never answers (SIGSTOPped, overloaded) costs a refresh this much rather
+// than the caller's whole deadline.
+const askStagger = 250 * time.Millisecond
+
+// firstAnswer asks addrs in order, staggered: the next one when the last
+// one asked failed, or has not answered within askStagger. The first
+// answer wins and the calls still out are canceled; it returns when they
+// have ended (they end with their context), so no call outlives it. When
+// every node failed, the error joins theirs; when ctx ended first, it wraps
+// ctx's error.
+func firstAnswer[T any](ctx context.Context, addrs []string, ask func(context.Context, string) (T, error)) (T, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	type answer struct {
+		v   T
+		err error
+	}
+	answers := make(chan answer, len(addrs)) // buffered: a call that lost never blocks
+	next, out := 0, 0
+	askNext := func() {
+		addr := addrs[next]
+		next, out = next+1, out+1
+		go func() {
+			v, err := ask(ctx, addr)
+			answers <- answer{v, err}
+		}()
+	}
+	// drain waits for the calls still out once ctx is canceled.
+	drain := func() {
+		cancel()
+		for ; out > 0; out-- {
+			<-answers
 		}
 	}
-	return fmt.Errorf("router: no node answered for the ring view: %w", errors.Join(errs...))
+	var zero T
+	if len(addrs) == 0 {
+		return zero, errors.New("no node to ask")
+	}
+	var errs []error
+	stagger := time.NewTimer(askStagger)
+	defer stagger.Stop()
+	askNext()
+	for {
+		select {
+		case a := <-answers:
+			out--
+			if a.err == nil {
+				drain()
+				return a.v, nil
+			}
+			errs = append(errs, a.err)
+			if next < len(addrs) && ctx.Err() == nil {
+				askNext()
+				stagger.Reset(askStagger)
+			} else if out == 0 {
+				if cerr := ctxEnded(ctx); cerr != nil {
+					return zero, fmt.Errorf("%w: %w", cerr, errors.Join(errs...))
+				}
+				return zero, errors.Join(errs...)
+			}
+		case <-stagger.C:
+			if next < len(addrs) {
+				askNext()
+				stagger.Reset(askStagger)
+			}
+		case <-ctx.Done():
+			cerr := ctx.Err()
+			drain()
+			asked := strings.Join(addrs[:next], ", ")
+			if len(errs) == 0 {
+				return zero, fmt.Errorf("%w before any answer (asked %s)", cerr, asked)
+			}
+			return zero, fmt.Errorf("%w before an answer (asked %s): %w", cerr, asked, errors.Join(errs...))
+		}
+	}
 }
 
 // wanted reports whether the client may call addr: a member of its view or
@@ -432,42 +511,43 @@ func (c *Client) readView(ctx context.Context, addr string) (*clientView, error)
 	return &clientView{epoch: rep.Epoch, layout: ring.Layout{PartitionCount: int(rep.PartitionCount)}, members: rep.Members, owners: rep.Owners}, nil
 }
 
-// refreshConfig reads the config snapshot from the first node that has one,
-// sending the version held so an unchanged config costs no bytes. A node's
-// answer replaces the held snapshot whenever its version differs (a ledger
-// rebuilt from scratch starts again at a lower version).
+// refreshConfig reads the config snapshot from the first node that has one
+// (firstAnswer), sending the version held so an unchanged config costs no
+// bytes. A node's answer replaces the held snapshot whenever its version
+// differs (a ledger rebuilt from scratch starts again at a lower version).
 func (c *Client) refreshConfig(ctx context.Context) error {
 	var known int64
 	if s := c.snap.Load(); s != nil {
 		known = s.Version
 	}
-	var errs []error
-	for _, addr := range c.sources("", "") {
+	rep, err := firstAnswer(ctx, c.sources("", ""), func(ctx context.Context, addr string) (*pb.ConfigReply, error) {
 		p, err := c.peers.get(addr)
 		if err != nil {
-			return err
+			return nil, err
 		}
-		cctx, cancel := context.WithTimeout(ctx, c.opts.CallTimeout)
-		rep, err := p.client.Config(cctx, &pb.ConfigRequest{KnownVersion: known})
-		cancel()
+		ctx, cancel := context.WithTimeout(ctx, c.opts.CallTimeout)
+		defer cancel()
+		rep, err := p.client.Config(ctx, &pb.ConfigRequest{KnownVersion: known})
 		switch {
 		case err != nil:
-			errs = append(errs, fmt.Errorf("%s: %w", addr, err))
-			continue
-		case rep.Unchanged:
-			return nil
-		case len(rep.Snapshot) == 0:
-			errs = append(errs, fmt.Errorf("%s: the node has no config snapshot yet", addr))
-			continue
+			return nil, fmt.Errorf("%s: %w", addr, err)
+		case !rep.Unchanged && len(rep.Snapshot) == 0:
+			return nil, fmt.Errorf("%s: the node has no config snapshot yet", addr)
 		}
-		s, err := snapshot.Decode(rep.Snapshot)
-		if err != nil {
-			return fmt.Errorf("router: config version %d from %s: %w", rep.Version, addr, err)
-		}
-		c.snap.Store(s)
+		return rep, nil
+	})
+	switch {
+	case err != nil:
+		return fmt.Errorf("router: no node gave a config snapshot: %w", err)
+	case rep.Unchanged:
 		return nil
 	}
-	return fmt.Errorf("router: no node gave a config snapshot: %w", errors.Join(errs...))
+	s, err := snapshot.Decode(rep.Snapshot)
+	if err != nil {
+		return fmt.Errorf("router: config version %d from %s: %w", rep.Version, rep.Node, err)
+	}
+	c.snap.Store(s)
+	return nil
 }
 
 // ExplainTLSMismatch adds the likely fix to an error of a call to a node

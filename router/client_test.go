@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http/httptest"
 	"reflect"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -242,5 +243,74 @@ func TestDialNoSeed(t *testing.T) {
 	}
 	if _, err := router.Dial(ctx); err == nil {
 		t.Fatal("Dial without seeds succeeded")
+	}
+}
+
+// hungSeed is an address that accepts TCP connections and never answers,
+// as a SIGSTOPped node does (the kernel completes the handshake).
+func hungSeed(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var conns []net.Conn
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			conns = append(conns, c) // held open, never read
+		}
+	}()
+	t.Cleanup(func() {
+		ln.Close()
+		<-done
+		for _, c := range conns {
+			c.Close()
+		}
+	})
+	return ln.Addr().String()
+}
+
+// A hung first seed does not use up Dial's context: the next seed is asked
+// after a fraction of a second and its answer wins, well within a 2 s
+// deadline (the default CallTimeout is 5 s). Later ring view refreshes,
+// which ask the hung seed too, still answer.
+func TestDialSkipsAHungSeed(t *testing.T) {
+	acct := account{id: "hung-seed", key: keyOf("hung-seed"), plan: monthly("m10", 10)}
+	c := startCluster(t, []account{acct}, clusterOptions{nodes: 1})
+	hung := hungSeed(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	client, err := router.DialOptions{RefreshInterval: -1}.Dial(ctx, hung, c.nodes[0].RPCAddr())
+	if err != nil {
+		t.Fatalf("Dial with a hung first seed and a healthy second one: %v", err)
+	}
+	defer client.Close()
+	if client.Snapshot() == nil {
+		t.Fatal("no config snapshot: the config read waited for the hung seed")
+	}
+	res, err := client.Charge(ctx, router.ChargeRequest{Account: acct.id, Units: 1})
+	if err != nil || res.Reason != shard.OK {
+		t.Fatalf("charge: %+v, %v", res, err)
+	}
+	if err := client.Refresh(ctx); err != nil {
+		t.Fatalf("refresh: %v", err)
+	}
+}
+
+// When no seed answers before Dial's context ends, the error is the
+// context's, and names the seeds asked.
+func TestDialDeadlineIsTheContextsError(t *testing.T) {
+	a, b := hungSeed(t), hungSeed(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 600*time.Millisecond)
+	defer cancel()
+	_, err := router.Dial(ctx, a, b)
+	if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), a) || !strings.Contains(err.Error(), b) {
+		t.Fatalf("Dial of two hung seeds: %v; want DeadlineExceeded, naming %s and %s", err, a, b)
 	}
 }
