@@ -13,6 +13,9 @@ import (
 	"sync/atomic"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	"github.com/quotaring/quotaring/ring"
 	"github.com/quotaring/quotaring/router/pb"
 	"github.com/quotaring/quotaring/shard"
@@ -60,6 +63,9 @@ type ClientStats struct {
 // It implements Charger and ConfigSource, so Middleware(FrontOptions{Charger:
 // c, Config: c}) runs the HTTP front inside a Go program. Its methods are
 // safe for concurrent use.
+//
+// Make it with Dial: a zero Client answers every call with an error that
+// says so. After Close, calls answer ErrClosed.
 type Client struct {
 	opts  DialOptions
 	seeds []string
@@ -75,6 +81,7 @@ type Client struct {
 
 	cancel context.CancelFunc
 	done   chan struct{}
+	closed atomic.Bool
 }
 
 // clientView is one ring view, as a node answered it (immutable).
@@ -148,11 +155,28 @@ func (o DialOptions) Dial(ctx context.Context, seeds ...string) (*Client, error)
 }
 
 // Close stops the refresh loop and closes the connections. Calls in flight
-// fail.
+// fail, and later calls answer ErrClosed. Closing again does nothing.
 func (c *Client) Close() error {
+	if c.peers == nil {
+		return errNotDialed
+	}
+	if c.closed.Swap(true) {
+		return nil
+	}
 	c.cancel()
 	<-c.done
 	return c.peers.close()
+}
+
+// usable is nil when c can call nodes: made by Dial and not closed.
+func (c *Client) usable() error {
+	switch {
+	case c.peers == nil:
+		return errNotDialed
+	case c.closed.Load():
+		return ErrClosed
+	}
+	return nil
 }
 
 // Stats are the client's counters.
@@ -174,6 +198,9 @@ func (c *Client) epoch() uint64 {
 // Refresh reads the ring view and the config snapshot once; the background
 // loop calls it every RefreshInterval.
 func (c *Client) Refresh(ctx context.Context) error {
+	if err := c.usable(); err != nil {
+		return err
+	}
 	return errors.Join(c.refreshView(ctx, ""), c.refreshConfig(ctx))
 }
 
@@ -193,17 +220,39 @@ func (c *Client) loop(ctx context.Context) {
 	}
 }
 
-// Charge decides req at its account's owner. An empty EventID gets a
-// random one here (not at the owner), so that the one retry the client makes
-// when an owner stops answering and the ring names another carries the same
-// id, and the ledger bills the event once even if both owners applied it.
+// Charge decides req at its account's owner.
+//
+// An empty EventID gets a random one here (not at the owner), so that the
+// one retry the client makes when an owner stops answering and the ring
+// names another carries the same id, and the ledger bills the event once
+// even if both owners applied it. An EventID without ClientID is refused:
+// see ChargeRequest.
+//
+// Check err before the result: with an error the result is zero and its
+// Reason is shard.Undecided (never Accepted). Errors are ErrUnavailable
+// (not decided now: retry, with the same EventID when one was set),
+// ErrInternal, ErrInvalidRequest (an empty Account, Units < 0 or above
+// shard.MaxUnits, an EventID without ClientID: nothing was sent),
+// ErrClosed, and ctx's error when ctx ended before anything was sent.
+//
+// Without an error the owner decided: Reason.Accepted, or a refusal. A
+// refusal is final (Reason.Final: invalid, id_reused), passes with time
+// (rate_limited, quota_exceeded: Decision.RetryIn says when), or is
+// unknown_account (the owner's config lacks the account; one created
+// seconds ago is loaded within a few seconds).
 func (c *Client) Charge(ctx context.Context, req ChargeRequest) (ChargeResult, error) {
+	if err := c.usable(); err != nil {
+		return ChargeResult{}, err
+	}
+	if err := checkCharge(&req); err != nil {
+		return ChargeResult{}, err
+	}
 	if req.EventID == "" {
 		req.EventID, req.ClientID = "c"+rand.Text(), false
 	}
 	in := chargeToPB(&req)
 	var res ChargeResult
-	err := c.route(ctx, req.Account, func(ctx context.Context, p *peer) (*pb.WrongOwner, error) {
+	err := c.route(ctx, chargeOp(&req), req.Account, func(ctx context.Context, p *peer) (*pb.WrongOwner, error) {
 		rep, err := p.charges.do(ctx, in)
 		if err != nil {
 			return nil, &rpcError{err}
@@ -214,14 +263,45 @@ func (c *Client) Charge(ctx context.Context, req ChargeRequest) (ChargeResult, e
 		res, err = resultFromPB(rep)
 		return nil, err
 	})
-	return res, err
+	if err != nil {
+		return ChargeResult{}, err
+	}
+	return res, nil
 }
 
-// Refund refunds an event at its account's owner (once: see shard).
+// checkCharge refuses what no owner could charge, before it is sent.
+func checkCharge(req *ChargeRequest) error {
+	switch {
+	case req.Account == "":
+		return fmt.Errorf("%w: ChargeRequest.Account is empty: name the account to charge", ErrInvalidRequest)
+	case req.Units < 0 || req.Units > shard.MaxUnits:
+		return fmt.Errorf("%w: ChargeRequest.Units is %d: it must be 0 (rate limited, not billed) to %d (shard.MaxUnits)",
+			ErrInvalidRequest, req.Units, int64(shard.MaxUnits))
+	case req.EventID != "" && !req.ClientID:
+		return fmt.Errorf("%w: ChargeRequest.EventID %q is set without ClientID: set ClientID: true to make it an idempotency key "+
+			"(a retry with it is charged and billed once), or leave EventID empty and the client makes a unique id", ErrInvalidRequest, req.EventID)
+	}
+	return nil
+}
+
+// Refund refunds an event at its account's owner, once: a second refund
+// answers shard.AlreadyRefunded. A generated id (a charge without ClientID)
+// needs its Receipt: without it the owner answers shard.UnknownEvent
+// although the charge stands (see RefundRequest). Errors are as for Charge;
+// after ErrUnavailable a retry of the same refund is safe.
 func (c *Client) Refund(ctx context.Context, req RefundRequest) (shard.Decision, error) {
+	if err := c.usable(); err != nil {
+		return shard.Decision{}, err
+	}
+	switch {
+	case req.Account == "":
+		return shard.Decision{}, fmt.Errorf("%w: RefundRequest.Account is empty: name the account of the charge", ErrInvalidRequest)
+	case req.EventID == "":
+		return shard.Decision{}, fmt.Errorf("%w: RefundRequest.EventID is empty: use the charge's ChargeResult.EventID (and its Receipt)", ErrInvalidRequest)
+	}
 	in := &pb.RefundRequest{Account: req.Account, EventId: req.EventID, Receipt: receiptToPB(req.Receipt), Attempt: req.Attempt, Replay: req.Replay}
 	var d shard.Decision
-	err := c.route(ctx, req.Account, func(ctx context.Context, p *peer) (*pb.WrongOwner, error) {
+	err := c.route(ctx, opRefund, req.Account, func(ctx context.Context, p *peer) (*pb.WrongOwner, error) {
 		rep, err := p.refunds.do(ctx, in)
 		if err != nil {
 			return nil, &rpcError{err}
@@ -235,16 +315,26 @@ func (c *Client) Refund(ctx context.Context, req RefundRequest) (shard.Decision,
 			}
 			return nil, fmt.Errorf("%w: %s (at %s)", ErrInternal, e.Message, rep.Node)
 		}
-		d = decisionFromPB(rep.Decision)
-		return nil, nil
+		d, err = checkedDecisionFromPB(rep.Decision, rep.Node)
+		return nil, err
 	})
-	return d, err
+	if err != nil {
+		return shard.Decision{}, err
+	}
+	return d, nil
 }
 
-// Usage reads an account's current period at its owner.
+// Usage reads an account's current period at its owner. An account the
+// owner's config lacks answers Known false and no error (see UsageResult).
 func (c *Client) Usage(ctx context.Context, account string) (UsageResult, error) {
+	if err := c.usable(); err != nil {
+		return UsageResult{}, err
+	}
+	if account == "" {
+		return UsageResult{}, fmt.Errorf("%w: Usage needs an account", ErrInvalidRequest)
+	}
 	var u UsageResult
-	err := c.route(ctx, account, func(ctx context.Context, p *peer) (*pb.WrongOwner, error) {
+	err := c.route(ctx, opUsage, account, func(ctx context.Context, p *peer) (*pb.WrongOwner, error) {
 		ctx, cancel := context.WithTimeout(ctx, c.opts.CallTimeout)
 		defer cancel()
 		rep, err := p.client.Usage(ctx, &pb.UsageRequest{Epoch: c.epoch(), Account: account})
@@ -257,7 +347,28 @@ func (c *Client) Usage(ctx context.Context, account string) (UsageResult, error)
 		u = usageFromPB(rep)
 		return nil, nil
 	})
-	return u, err
+	if err != nil {
+		return UsageResult{}, err
+	}
+	return u, nil
+}
+
+// op names a call in errors, with what the caller can do when its owner
+// did not answer.
+type op struct{ name, silent string }
+
+var (
+	opRefund = op{"refund", "the outcome is unknown: retrying the same refund is safe (a refund applies once)"}
+	opUsage  = op{"usage", "retry"}
+)
+
+// chargeOp is the op of req (its EventID set).
+func chargeOp(req *ChargeRequest) op {
+	if req.ClientID {
+		return op{"charge", fmt.Sprintf("the outcome is unknown: retry with the same event id %q", req.EventID)}
+	}
+	return op{"charge", fmt.Sprintf("the outcome is unknown (the client's id for it was %q): another Charge is a new charge; "+
+		"to retry safely, send an EventID with ClientID", req.EventID)}
 }
 
 // rpcError marks a call that got no answer (the owner may or may not have
@@ -271,7 +382,10 @@ func (e *rpcError) Unwrap() error { return e.err }
 // WrongOwner, the owner that answer names (having refreshed the view from
 // the node that answered); after no answer, once more at the owner a fresh
 // view names if it is another node. At most maxAttempts calls, never a loop.
-func (c *Client) route(ctx context.Context, account string, call func(context.Context, *peer) (*pb.WrongOwner, error)) error {
+func (c *Client) route(ctx context.Context, o op, account string, call func(context.Context, *peer) (*pb.WrongOwner, error)) error {
+	if cerr := ctxEnded(ctx); cerr != nil {
+		return fmt.Errorf("router: %s for account %q not sent: %w", o.name, account, cerr)
+	}
 	v := c.view.Load()
 	target := ""
 	refreshed := false
@@ -285,13 +399,13 @@ func (c *Client) route(ctx context.Context, account string, call func(context.Co
 				addr, ok = v.owner(account)
 			}
 			if !ok {
-				return fmt.Errorf("%w: no serving node owns account %q in the client's view (epoch %d)", ErrUnavailable, account, v.epoch)
+				return fmt.Errorf("%w: no serving node owns account %q in the client's view (epoch %d); retry", ErrUnavailable, account, v.epoch)
 			}
 			target = addr
 		}
 		p, err := c.peers.get(target)
 		if err != nil {
-			return fmt.Errorf("%w: %v", ErrUnavailable, err)
+			return c.peerError(err)
 		}
 		wo, err := call(ctx, p)
 		var rpcErr *rpcError
@@ -300,10 +414,13 @@ func (c *Client) route(ctx context.Context, account string, call func(context.Co
 			return nil
 		case err != nil && !errors.As(err, &rpcErr):
 			return err // the owner answered with an error
+		case c.closed.Load():
+			return ErrClosed
 		case err != nil:
 			c.stats.Unreachable.Add(1)
-			if ctxEnded(ctx) != nil {
-				return ownerSilent(ctx, account, target, err)
+			if cerr := ctxEnded(ctx); cerr != nil {
+				return fmt.Errorf("%w: the owner of account %q at %s did not answer the %s before the caller's context ended (%w); %s",
+					ErrUnavailable, account, target, o.name, cerr, o.silent)
 			}
 			if !refreshed {
 				refreshed = true
@@ -314,8 +431,12 @@ func (c *Client) route(ctx context.Context, account string, call func(context.Co
 					continue
 				}
 			}
-			return fmt.Errorf("%w: the owner of account %q at %s did not answer (%v); the outcome is unknown, retry with the same event id",
-				ErrUnavailable, account, target, rpcErr.err)
+			if notSent(rpcErr.err) {
+				return fmt.Errorf("%w: the owner of account %q at %s could not be reached (%v); the %s was not sent: retry",
+					ErrUnavailable, account, target, rpcErr.err, o.name)
+			}
+			return fmt.Errorf("%w: the owner of account %q at %s did not answer the %s (%v); %s",
+				ErrUnavailable, account, target, o.name, rpcErr.err, o.silent)
 		default:
 			c.stats.WrongOwner.Add(1)
 			c.refreshAfter(ctx, v, target, "")
@@ -324,6 +445,22 @@ func (c *Client) route(ctx context.Context, account string, call func(context.Co
 		}
 	}
 	return fmt.Errorf("%w: ownership of account %q is moving; retry", ErrUnavailable, account)
+}
+
+// peerError is the error for a connection the client could not get.
+func (c *Client) peerError(err error) error {
+	if errors.Is(err, errClosed) || c.closed.Load() {
+		return ErrClosed
+	}
+	return fmt.Errorf("%w: %v", ErrUnavailable, err)
+}
+
+// notSent reports whether err, a failed call, certainly never reached the
+// node: gRPC could not connect (refused, no route, the Dialer's error), so
+// the call was not written to any connection.
+func notSent(err error) bool {
+	st, ok := status.FromError(err)
+	return ok && st.Code() == codes.Unavailable && strings.Contains(strings.ToLower(st.Message()), "error while dialing")
 }
 
 // refreshAfter reads a new ring view unless another call replaced seen

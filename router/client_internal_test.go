@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/quotaring/quotaring/router/pb"
+	"github.com/quotaring/quotaring/shard"
 )
 
 // hangingNode is a gRPC node on loopback whose ring view names it the owner
@@ -65,7 +66,10 @@ func TestClientDeadlineIsUnavailable(t *testing.T) {
 	c, addr := dialHanging(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel()
-	_, err := c.Charge(ctx, ChargeRequest{Account: "acme", Units: 1})
+	res, err := c.Charge(ctx, ChargeRequest{Account: "acme", Units: 1})
+	if res.Reason.Accepted() {
+		t.Fatalf("the result that came with the error reads %s, accepted", res.Reason)
+	}
 	if !errors.Is(err, ErrUnavailable) || !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), addr) {
 		t.Fatalf("charge past the deadline: %v; want ErrUnavailable and DeadlineExceeded, naming %s", err, addr)
 	}
@@ -114,5 +118,23 @@ func TestPeersForgetLeftNodes(t *testing.T) {
 	ps.forget(only1, t0.Add(2*peerGrace))
 	if n := ps.count(); n != 1 {
 		t.Fatalf("%d peers, want 1", n)
+	}
+}
+
+// A reply without a decision, or with a reason this build does not know (a
+// newer node's), is an error, never a decision: it used to read as OK.
+func TestUnreadableDecisionIsAnError(t *testing.T) {
+	for _, rep := range []*pb.ChargeReply{
+		{Node: "n1"},
+		{Node: "n1", Decision: &pb.Decision{}},
+		{Node: "n1", Decision: &pb.Decision{Reason: pb.Reason(99)}},
+	} {
+		res, err := resultFromPB(rep)
+		if !errors.Is(err, ErrInternal) || res.Reason.Accepted() {
+			t.Errorf("reply %v: %s, %v; want ErrInternal, not accepted", rep, res.Reason, err)
+		}
+	}
+	if res, err := resultFromPB(&pb.ChargeReply{Node: "n1", Decision: &pb.Decision{Reason: pb.Reason_OK}}); err != nil || res.Reason != shard.OK {
+		t.Errorf("an ok reply: %s, %v", res.Reason, err)
 	}
 }

@@ -207,8 +207,8 @@ func TestClientUnreachableOwner(t *testing.T) {
 	seed := c.notOwner(t, target)
 	client := dial(t, router.DialOptions{RefreshInterval: -1, CallTimeout: time.Second, Dialer: dialer}, seed.RPCAddr())
 	_, err := client.Charge(ctx, router.ChargeRequest{Account: target, Units: 1})
-	if !errors.Is(err, router.ErrUnavailable) {
-		t.Fatalf("charge at a silent owner: %v, want ErrUnavailable", err)
+	if !errors.Is(err, router.ErrUnavailable) || !strings.Contains(err.Error(), "was not sent") {
+		t.Fatalf("charge at an owner the client cannot connect to: %v, want ErrUnavailable saying the charge was not sent", err)
 	}
 	u, err := owner.Router().Usage(ctx, target)
 	if err != nil || u.Used != 0 {
@@ -312,5 +312,108 @@ func TestDialDeadlineIsTheContextsError(t *testing.T) {
 	_, err := router.Dial(ctx, a, b)
 	if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), a) || !strings.Contains(err.Error(), b) {
 		t.Fatalf("Dial of two hung seeds: %v; want DeadlineExceeded, naming %s and %s", err, a, b)
+	}
+}
+
+// A closed client answers ErrClosed, which is not ErrUnavailable: retry
+// logic must not retry a dead client forever. A zero Client fails fast.
+func TestClosedAndZeroClient(t *testing.T) {
+	acct := account{id: "closed", key: keyOf("closed"), plan: monthly("m10", 10)}
+	c := startCluster(t, []account{acct}, clusterOptions{nodes: 1})
+	client := dial(t, router.DialOptions{}, c.nodes[0].RPCAddr())
+	if err := client.Close(); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	calls := map[string]func(*router.Client) error{
+		"Charge": func(cl *router.Client) error {
+			_, err := cl.Charge(ctx, router.ChargeRequest{Account: acct.id, Units: 1})
+			return err
+		},
+		"Refund": func(cl *router.Client) error {
+			_, err := cl.Refund(ctx, router.RefundRequest{Account: acct.id, EventID: "x", Receipt: &shard.Receipt{EventID: "x"}})
+			return err
+		},
+		"Usage":   func(cl *router.Client) error { _, err := cl.Usage(ctx, acct.id); return err },
+		"Refresh": func(cl *router.Client) error { return cl.Refresh(ctx) },
+	}
+	for name, call := range calls {
+		if err := call(client); !errors.Is(err, router.ErrClosed) || errors.Is(err, router.ErrUnavailable) {
+			t.Errorf("%s after Close: %v; want ErrClosed, not ErrUnavailable", name, err)
+		}
+	}
+	if err := client.Close(); err != nil {
+		t.Errorf("a second Close: %v", err)
+	}
+
+	var zero router.Client
+	for name, call := range calls {
+		done := make(chan error, 1)
+		go func() { done <- call(&zero) }()
+		select {
+		case err := <-done:
+			if err == nil || errors.Is(err, router.ErrUnavailable) || !strings.Contains(err.Error(), "Dial") {
+				t.Errorf("%s on a zero Client: %v; want an error that says to use Dial", name, err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%s on a zero Client hangs", name)
+		}
+	}
+	if err := zero.Close(); err == nil {
+		t.Error("Close of a zero Client: nil error")
+	}
+}
+
+// Requests no owner could charge are refused before they are sent, with an
+// error naming the field; none of them is ErrUnavailable, and none is
+// answered as a refusal that says "retry now".
+func TestClientRefusesBadRequests(t *testing.T) {
+	acct := account{id: "delta", key: keyOf("delta"), plan: monthly("m10", 10)}
+	c := startCluster(t, []account{acct}, clusterOptions{nodes: 1})
+	client := dial(t, router.DialOptions{}, c.nodes[0].RPCAddr())
+	ctx := context.Background()
+	for _, tc := range []struct {
+		req   router.ChargeRequest
+		field string
+	}{
+		{router.ChargeRequest{}, "Account"},
+		{router.ChargeRequest{Units: 1}, "Account"},
+		{router.ChargeRequest{Account: acct.id, Units: -1}, "Units"},
+		{router.ChargeRequest{Account: acct.id, Units: shard.MaxUnits + 1}, "Units"},
+		{router.ChargeRequest{Account: acct.id, Units: 2, EventID: "plain-1"}, "ClientID"},
+	} {
+		res, err := client.Charge(ctx, tc.req)
+		if !errors.Is(err, router.ErrInvalidRequest) || errors.Is(err, router.ErrUnavailable) || !strings.Contains(err.Error(), tc.field) {
+			t.Errorf("charge %+v: %v; want ErrInvalidRequest naming %s", tc.req, err, tc.field)
+		}
+		if res.Reason.Accepted() {
+			t.Errorf("charge %+v: the result's reason %s is accepted along with an error", tc.req, res.Reason)
+		}
+	}
+	if u, err := client.Usage(ctx, acct.id); err != nil || u.Used != 0 {
+		t.Fatalf("usage %+v, %v: a refused request charged something", u, err)
+	}
+	if _, err := client.Usage(ctx, ""); !errors.Is(err, router.ErrInvalidRequest) {
+		t.Errorf("usage of the empty account: %v, want ErrInvalidRequest", err)
+	}
+	if _, err := client.Refund(ctx, router.RefundRequest{Account: acct.id}); !errors.Is(err, router.ErrInvalidRequest) || !strings.Contains(err.Error(), "EventID") {
+		t.Errorf("refund without an event id: %v, want ErrInvalidRequest naming EventID", err)
+	}
+}
+
+// A call whose context ended before it was sent says so: not "the owner
+// did not answer", and not counted as an unreachable owner.
+func TestClientCanceledBeforeSending(t *testing.T) {
+	acct := account{id: "early", key: keyOf("early"), plan: monthly("m10", 10)}
+	c := startCluster(t, []account{acct}, clusterOptions{nodes: 1})
+	client := dial(t, router.DialOptions{}, c.nodes[0].RPCAddr())
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	_, err := client.Charge(ctx, router.ChargeRequest{Account: acct.id, Units: 1})
+	if !errors.Is(err, context.Canceled) || errors.Is(err, router.ErrUnavailable) || !strings.Contains(err.Error(), "not sent") {
+		t.Fatalf("charge with a canceled context: %v; want context.Canceled, 'not sent'", err)
+	}
+	if n := client.Stats().Unreachable.Load(); n != 0 {
+		t.Fatalf("Unreachable %d after a call that was never sent", n)
 	}
 }

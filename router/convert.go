@@ -27,9 +27,11 @@ func decisionToPB(d *shard.Decision) *pb.Decision {
 		RetryAfter: d.RetryAfter, RateBurst: d.RateBurst, RateRemaining: d.RateRemaining, RateReset: d.RateReset, RateWindow: d.RateWindow}
 }
 
+// decisionFromPB reads d; a nil d, or a reason this build does not know,
+// reads as shard.Undecided (never accepted).
 func decisionFromPB(d *pb.Decision) shard.Decision {
 	if d == nil {
-		return shard.Decision{Reason: shard.Invalid}
+		return shard.Decision{}
 	}
 	return shard.Decision{Reason: reasonFromPB[d.Reason], Units: d.Units, Limit: d.Limit, Remaining: d.Remaining, Reset: d.Reset_,
 		RetryAfter: d.RetryAfter, RateBurst: d.RateBurst, RateRemaining: d.RateRemaining, RateReset: d.RateReset, RateWindow: d.RateWindow}

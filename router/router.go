@@ -16,16 +16,33 @@ import (
 	"github.com/quotaring/quotaring/shard"
 )
 
-// Errors callers act on.
+// Errors callers act on. Every error comes with a zero ChargeResult (or
+// Decision), whose Reason is shard.Undecided: never Accepted.
 var (
 	// ErrUnavailable: the charge could not be decided now (no serving owner,
 	// the owner unreachable, the ledger unable to reserve, ownership moving).
 	// Answer quota-unavailable (503) and retry; nothing was charged, or the
 	// outcome is unknown and a retry with the same event id is safe.
 	ErrUnavailable = errors.New("router: quota unavailable")
-	// ErrInternal: the owner failed (its log, its shutdown).
+	// ErrInternal: the owner failed (its log, its shutdown), or answered
+	// something this build cannot read.
 	ErrInternal = errors.New("router: internal error at the owner")
-	errClosed   = errors.New("router: closed")
+	// ErrClosed: the Client was closed (Client.Close). It does not match
+	// ErrUnavailable: retrying cannot help; Dial a new Client.
+	ErrClosed = errors.New("router: the client is closed (Close was called); Dial a new one")
+	// ErrInvalidRequest: the Client refused a request before sending it
+	// (an empty Account, Units out of range, an EventID without ClientID);
+	// the error names the field. Retrying the same request cannot help.
+	ErrInvalidRequest = errors.New("router: invalid request")
+)
+
+var (
+	// errClosed is what peers answer once closed: the Client's Close
+	// (ErrClosed), or the Router's at a node's shutdown (ErrUnavailable:
+	// another node can answer).
+	errClosed = errors.New("router: closed")
+	// errNotDialed is what a Client not made by Dial answers.
+	errNotDialed = errors.New("router: this Client was not made by Dial (a zero Client): use router.Dial or DialOptions.Dial")
 )
 
 // Ring is what the router needs of the ring (ring.Ring implements it).
@@ -60,14 +77,32 @@ type Config struct {
 
 // ChargeRequest is one charge.
 type ChargeRequest struct {
+	// Account is the account to charge (required).
 	Account string
-	// EventID empty: the owner makes a unique one. ClientID marks it as the
-	// client's (Idempotency-Key): retries with it are billed once.
+	// EventID names the charge; ClientID marks it as the caller's own
+	// idempotency key (the HTTP front's Idempotency-Key): the owner
+	// remembers it for a day, a retry with it is charged once and billed
+	// once (answered Replayed), and reusing it for another Route is refused
+	// (IDReused).
+	//
+	// Leave EventID empty for a charge that needs no idempotency:
+	// Client.Charge then makes a unique id itself (so that its own retry at
+	// another owner carries the same id, which the ledger bills once), and
+	// Router.Charge lets the owner make one. Either way ClientID is false and
+	// the id comes back in ChargeResult.EventID; refunding it needs the
+	// Receipt.
+	//
+	// An EventID without ClientID is how such a generated id travels to the
+	// owner (the internal RPC); it is not remembered by the owner, so two
+	// charges with it are both charged, and billed once. Client.Charge
+	// refuses it (ErrInvalidRequest): set ClientID too, or leave EventID
+	// empty.
 	EventID  string
 	ClientID bool
 	Key      string // API key id
 	Route    string
-	Units    int64
+	// Units to charge: 0 (rate limited, not billed) to shard.MaxUnits.
+	Units int64
 }
 
 // ChargeResult is the owner's decision.
@@ -80,10 +115,16 @@ type ChargeResult struct {
 	Node string
 }
 
-// RefundRequest refunds one event; Receipt is needed for generated ids.
+// RefundRequest refunds one event.
 type RefundRequest struct {
 	Account string
 	EventID string
+	// Receipt is the charge's ChargeResult.Receipt. It is required for an
+	// id the client or the owner made (a ChargeRequest without ClientID):
+	// the owner remembers only client ids, and refunding a generated id
+	// without its receipt answers shard.UnknownEvent although the charge
+	// stands. A client id (ClientID) can be refunded by id alone within the
+	// owner's dedup window (24 h).
 	Receipt *shard.Receipt
 	// Attempt refunds only the charge this caller's attempt made: the owner
 	// keeps it (answering Kept) when a retry with the same client id was
@@ -97,6 +138,10 @@ type RefundRequest struct {
 // UsageResult is an account's current period at its owner.
 type UsageResult struct {
 	shard.Usage
+	// Known is false when the owner's config has no such account
+	// (mistyped, or created in the last seconds and not loaded at the
+	// owner yet): every other field but Node is then zero, Period
+	// included, and means nothing.
 	Known bool
 	Node  string
 }
@@ -298,7 +343,23 @@ func resultFromPB(rep *pb.ChargeReply) (ChargeResult, error) {
 		}
 		return ChargeResult{}, fmt.Errorf("%w: %s (at %s)", ErrInternal, e.Message, rep.Node)
 	}
-	return ChargeResult{Decision: decisionFromPB(rep.Decision), EventID: rep.EventId, Receipt: receiptFromPB(rep.Receipt), Node: rep.Node}, nil
+	d, err := checkedDecisionFromPB(rep.Decision, rep.Node)
+	if err != nil {
+		return ChargeResult{}, err
+	}
+	return ChargeResult{Decision: d, EventID: rep.EventId, Receipt: receiptFromPB(rep.Receipt), Node: rep.Node}, nil
+}
+
+// checkedDecisionFromPB is decisionFromPB for a reply that must hold a
+// decision: a missing one, or a reason this build does not know (a newer
+// node's), is ErrInternal rather than a decision nobody made.
+func checkedDecisionFromPB(d *pb.Decision, node string) (shard.Decision, error) {
+	out := decisionFromPB(d)
+	if d == nil || out.Reason == shard.Undecided {
+		return shard.Decision{}, fmt.Errorf("%w: %s answered no decision this client can read (reason %v): are the nodes a newer version?",
+			ErrInternal, node, d.GetReason())
+	}
+	return out, nil
 }
 
 // Refund refunds an event at its owner.
@@ -348,7 +409,7 @@ func (r *Router) Refund(ctx context.Context, req RefundRequest) (shard.Decision,
 			}
 			return shard.Decision{}, fmt.Errorf("%w: %s (at %s)", kind, e.Message, rep.Node)
 		}
-		return decisionFromPB(rep.Decision), nil
+		return checkedDecisionFromPB(rep.Decision, rep.Node)
 	}
 	return shard.Decision{}, fmt.Errorf("%w: ownership of account %q is moving; retry", ErrUnavailable, req.Account)
 }
