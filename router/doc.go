@@ -37,17 +37,36 @@
 //     from any node (RingView), calls owners directly with the same
 //     coalescing, follows WrongOwner, reads the config (Config RPC) so the
 //     Middleware can run in the program, and never decides anything itself.
-//
-//     client, _ := router.Dial(ctx, "quotad-0.quotad:7400")
-//     charge, _ := router.Middleware(router.FrontOptions{Charger: client, Config: client})
-//     http.ListenAndServe(":8080", charge(api))
-//
-//     // a cluster whose nodes run with --rpc-token:
-//     client, _ = router.DialOptions{Token: os.Getenv("QUOTAD_RPC_TOKEN")}.Dial(ctx, "quotad-0.quotad:7400")
+//     See "Embedding" below.
 //
 //   - The RPC token (ServerAuth, WithRPCToken, DialOptions.Token): a shared
 //     secret every internal call carries and every node checks, so that
 //     reaching the RPC port is not enough to charge or refund (auth.go).
+//
+// # Embedding
+//
+// A Go program dials any nodes (their RPC addresses) and wraps its handler
+// in the Middleware, with the client as both Charger and Config:
+//
+//	client, err := router.Dial(ctx, "quotad-0.quotad:7400", "quotad-1.quotad:7400")
+//	if err != nil {
+//		return err
+//	}
+//	defer client.Close()
+//	charge, err := router.Middleware(router.FrontOptions{Charger: client, Config: client})
+//	if err != nil {
+//		return err
+//	}
+//	return http.ListenAndServe(":8080", charge(api))
+//
+// A cluster whose nodes run with --rpc-token needs the token to dial:
+//
+//	client, err := router.DialOptions{Token: os.Getenv("QUOTAD_RPC_TOKEN")}.Dial(ctx, "quotad-0.quotad:7400")
+//
+// Client.Charge, Refund and Usage call the owner directly. Check the error
+// before the result: with an error the result's Reason is shard.Undecided,
+// never accepted. ErrUnavailable means not decided now (retry, with the
+// same event id); ErrInvalidRequest and ErrClosed mean retrying cannot help.
 //
 // # Refusing rather than guessing
 //
