@@ -304,7 +304,7 @@ func jsonKind(goKind string) string {
 // maxUnits bounds a monthly quota and a grant's units: an account's grants
 // are summed (Limit, Remaining), and a few near the int64 limit would
 // overflow into a negative limit. 10^15 is far beyond any real plan.
-const maxUnits = 1e15
+const maxUnits = shard.MaxUnits
 
 // checkID validates an id from the path: printable, no spaces or slashes.
 func checkID(field, id string) error {
