@@ -44,15 +44,7 @@ func (f *fakeLedger) Release(_ context.Context, account string, allocs []shard.A
 // one charge of 1 made on account "acme", and returns the units it holds.
 func openReserving(t *testing.T, ledger *fakeLedger) (*Engine, int64) {
 	t.Helper()
-	l := openLog(t, t.TempDir())
-	e, err := Open(Options{Log: l, Clock: NewManualClock(time.Date(2026, 6, 10, 0, 0, 0, 0, time.UTC)), Reserver: ledger})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { e.Close(); l.Close() })
-	if err := e.SetSnapshot(testSnapshot(t, map[string]int64{"acme": 1000})); err != nil {
-		t.Fatal(err)
-	}
+	e := openWithReserver(t, ledger)
 	if res, err := e.Charge(context.Background(), "acme", shard.Charge{EventID: "e1", ClientID: true, Units: 1}); err != nil || res.Reason != shard.OK {
 		t.Fatalf("charge: %+v %v", res, err)
 	}
@@ -63,6 +55,23 @@ func openReserving(t *testing.T, ledger *fakeLedger) (*Engine, int64) {
 		t.Fatal("the charge reserved nothing ahead; the test needs an allowance to hand back")
 	}
 	return e, held
+}
+
+// openWithReserver opens an engine on 10 June 2026 whose reservations come
+// from r, with account "acme" (a hard quota of 1,000), closed when the test
+// ends.
+func openWithReserver(t *testing.T, r Reserver) *Engine {
+	t.Helper()
+	l := openLog(t, t.TempDir())
+	e, err := Open(Options{Log: l, Clock: NewManualClock(time.Date(2026, 6, 10, 0, 0, 0, 0, time.UTC)), Reserver: r})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close(); l.Close() })
+	if err := e.SetSnapshot(testSnapshot(t, map[string]int64{"acme": 1000})); err != nil {
+		t.Fatal(err)
+	}
+	return e
 }
 
 func (f *fakeLedger) releasedUnits(account string) int64 {
@@ -308,15 +317,7 @@ func (n *needLedger) Release(context.Context, string, []shard.Alloc) error { ret
 // can be had, never a Need that wrapped around to a negative number.
 func TestReservationNeedSaturates(t *testing.T) {
 	ledger := &needLedger{}
-	l := openLog(t, t.TempDir())
-	e, err := Open(Options{Log: l, Clock: NewManualClock(time.Date(2026, 6, 10, 0, 0, 0, 0, time.UTC)), Reserver: ledger})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { e.Close(); l.Close() })
-	if err := e.SetSnapshot(testSnapshot(t, map[string]int64{"acme": 1000})); err != nil {
-		t.Fatal(err)
-	}
+	e := openWithReserver(t, ledger)
 	if err := e.reserve(context.Background(), "acme", math.MaxInt64); err != nil {
 		t.Fatal(err)
 	}

@@ -5,35 +5,15 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"path/filepath"
 	"strings"
 	"testing"
-
-	"github.com/quotaring/quotaring/engine"
-	"github.com/quotaring/quotaring/wal"
 )
 
 // A route table stored before SetRoutes refused unmatchable patterns is
 // applied, and its unmatchable patterns are logged once per version.
 func TestRefresherWarnsOfUnmatchableRoutes(t *testing.T) {
 	ctx := context.Background()
-	l, err := OpenSQLite(ctx, filepath.Join(t.TempDir(), "ledger.db"), SQLiteOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { l.Close() })
-	if err := l.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
-	log, err := wal.Open(wal.Options{Dir: t.TempDir(), NodeID: "q1"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	e, err := engine.Open(engine.Options{Log: log})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { e.Close(); log.Close() })
+	l, e := ledgerRig(t, nil)
 	v, err := l.SetRoutes(ctx, 1, map[string]int64{"POST /v1/exports": 25, "GET /v1/tasks": 1})
 	if err != nil {
 		t.Fatal(err)

@@ -77,9 +77,22 @@ func lastHeartbeat(t *testing.T, l Ledger) time.Time {
 }
 
 // settlerRig opens a migrated SQLite ledger on clock, a log and an engine
-// of node q1, and a settler with opts (Ledger and Engine filled in); all are
-// closed when the test ends.
+// of node q1 (ledgerRig), and a settler with opts (Ledger and Engine filled
+// in); all are closed when the test ends.
 func settlerRig(t *testing.T, clock func() time.Time, opts SettlerOptions) (*SQLite, *Settler) {
+	t.Helper()
+	l, e := ledgerRig(t, clock)
+	opts.Ledger, opts.Engine = l, e
+	s, err := NewSettler(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l, s
+}
+
+// ledgerRig opens a migrated SQLite ledger on clock (nil: the wall clock)
+// and a log and an engine of node q1, closed when the test ends.
+func ledgerRig(t *testing.T, clock func() time.Time) (*SQLite, *engine.Engine) {
 	t.Helper()
 	ctx := context.Background()
 	l, err := OpenSQLite(ctx, filepath.Join(t.TempDir(), "ledger.db"), SQLiteOptions{Now: clock})
@@ -99,10 +112,5 @@ func settlerRig(t *testing.T, clock func() time.Time, opts SettlerOptions) (*SQL
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { e.Close(); log.Close() })
-	opts.Ledger, opts.Engine = l, e
-	s, err := NewSettler(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return l, s
+	return l, e
 }

@@ -48,6 +48,43 @@ func seedLedger(t *testing.T, dsn string, accounts map[string]int64) {
 	}
 }
 
+// twentyAccounts is acct-0 .. acct-19, each with a hard quota of quota,
+// for seedLedger.
+func twentyAccounts(quota int64) map[string]int64 {
+	accounts := map[string]int64{}
+	for i := range 20 {
+		accounts[fmt.Sprint("acct-", i)] = quota
+	}
+	return accounts
+}
+
+// chargeEachThrough charges every account one unit through nd (waiting for
+// nd's config snapshot to know them) and returns how many went to another
+// owner: the forwarding path, when not 0.
+func chargeEachThrough(t *testing.T, nd *Node, accounts map[string]int64) (forwarded int) {
+	t.Helper()
+	ctx := context.Background()
+	for acct := range accounts {
+		if owner, _ := nd.Ring().Owner(acct); owner.ID != nd.cfg.ID {
+			forwarded++
+		}
+		waitFor(t, 10*time.Second, acct+" charged through "+nd.cfg.ID, func() bool {
+			res, err := nd.Router().Charge(ctx, router.ChargeRequest{Account: acct, Route: "GET /x", Units: 1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res.Reason == shard.UnknownAccount {
+				return false // nd's config snapshot is not there yet
+			}
+			if res.Reason != shard.OK {
+				t.Fatalf("charge of %s through %s: %v", acct, nd.cfg.ID, res.Reason)
+			}
+			return true
+		})
+	}
+	return forwarded
+}
+
 func startNodes(t *testing.T, dsn string, n int) []*Node {
 	t.Helper()
 	dir := t.TempDir()
@@ -265,10 +302,7 @@ func TestNodeWithoutConfigOwnsNothing(t *testing.T) {
 	if err := os.Mkdir(filepath.Join(dir, "ledger"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	accounts := map[string]int64{}
-	for i := range 20 {
-		accounts[fmt.Sprint("acct-", i)] = 100
-	}
+	accounts := twentyAccounts(100)
 	seedLedger(t, dsn, accounts)
 	n1 := startNodesWith(t, dsn, nil)[0]
 
@@ -378,35 +412,13 @@ func TestGossipKeyRing(t *testing.T) {
 func TestRPCToken(t *testing.T) {
 	const token = "rpc-token-0123456789abcdef"
 	dsn := "sqlite:" + filepath.Join(t.TempDir(), "ledger.db")
-	accounts := map[string]int64{}
-	for i := range 20 {
-		accounts[fmt.Sprint("acct-", i)] = 100
-	}
+	accounts := twentyAccounts(100)
 	seedLedger(t, dsn, accounts)
 	withToken := func(c *Config) { c.RPCTokens = []string{token} }
 	nodes := startNodesWith(t, dsn, withToken, withToken)
 	ctx := context.Background()
 
-	forwarded := 0
-	for acct := range accounts {
-		if owner, _ := nodes[0].Ring().Owner(acct); owner.ID == "n2" {
-			forwarded++
-		}
-		waitFor(t, 10*time.Second, acct+" charged through n1", func() bool {
-			res, err := nodes[0].Router().Charge(ctx, router.ChargeRequest{Account: acct, Route: "GET /x", Units: 1})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if res.Reason == shard.UnknownAccount {
-				return false // n1's config snapshot is not there yet
-			}
-			if res.Reason != shard.OK {
-				t.Fatalf("charge of %s through n1: %v", acct, res.Reason)
-			}
-			return true
-		})
-	}
-	if forwarded == 0 {
+	if chargeEachThrough(t, nodes[0], accounts) == 0 {
 		t.Fatal("no account is owned by n2: the forwarding path was not tested")
 	}
 
@@ -445,10 +457,7 @@ func TestRPCToken(t *testing.T) {
 func TestRPCTokenRotation(t *testing.T) {
 	const oldToken, newToken = "old-rpc-token-0123456789", "new-rpc-token-0123456789"
 	dsn := "sqlite:" + filepath.Join(t.TempDir(), "ledger.db")
-	accounts := map[string]int64{}
-	for i := range 20 {
-		accounts[fmt.Sprint("acct-", i)] = 100
-	}
+	accounts := twentyAccounts(100)
 	seedLedger(t, dsn, accounts)
 	nodes := startNodesWith(t, dsn,
 		func(c *Config) { c.RPCTokens = []string{oldToken, newToken} },
@@ -456,24 +465,7 @@ func TestRPCTokenRotation(t *testing.T) {
 	ctx := context.Background()
 	forwarded := map[string]int{}
 	for _, through := range nodes {
-		for acct := range accounts {
-			if owner, _ := through.Ring().Owner(acct); owner.ID != through.cfg.ID {
-				forwarded[through.cfg.ID]++
-			}
-			waitFor(t, 10*time.Second, acct+" charged through "+through.cfg.ID, func() bool {
-				res, err := through.Router().Charge(ctx, router.ChargeRequest{Account: acct, Route: "GET /x", Units: 1})
-				if err != nil {
-					t.Fatal(err)
-				}
-				if res.Reason == shard.UnknownAccount {
-					return false // the config snapshot is not there yet
-				}
-				if res.Reason != shard.OK {
-					t.Fatalf("charge of %s through %s: %v", acct, through.cfg.ID, res.Reason)
-				}
-				return true
-			})
-		}
+		forwarded[through.cfg.ID] = chargeEachThrough(t, through, accounts)
 	}
 	if forwarded["n1"] == 0 || forwarded["n2"] == 0 {
 		t.Fatalf("forwarded %v: both directions must be tested", forwarded)
@@ -509,35 +501,13 @@ func TestRPCTLS(t *testing.T) {
 		t.Fatal(err)
 	}
 	dsn := "sqlite:" + filepath.Join(t.TempDir(), "ledger.db")
-	accounts := map[string]int64{}
-	for i := range 20 {
-		accounts[fmt.Sprint("acct-", i)] = 100
-	}
+	accounts := twentyAccounts(100)
 	seedLedger(t, dsn, accounts)
 	withTLS := func(c *Config) { c.RPCTLS = files }
 	nodes := startNodesWith(t, dsn, withTLS, withTLS)
 	ctx := context.Background()
 
-	forwarded := 0
-	for acct := range accounts {
-		if owner, _ := nodes[0].Ring().Owner(acct); owner.ID == "n2" {
-			forwarded++
-		}
-		waitFor(t, 10*time.Second, acct+" charged through n1", func() bool {
-			res, err := nodes[0].Router().Charge(ctx, router.ChargeRequest{Account: acct, Route: "GET /x", Units: 1})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if res.Reason == shard.UnknownAccount {
-				return false // n1's config snapshot is not there yet
-			}
-			if res.Reason != shard.OK {
-				t.Fatalf("charge of %s through n1: %v", acct, res.Reason)
-			}
-			return true
-		})
-	}
-	if forwarded == 0 {
+	if chargeEachThrough(t, nodes[0], accounts) == 0 {
 		t.Fatal("no account is owned by n2: the forwarding path was not tested")
 	}
 

@@ -2,7 +2,6 @@ package node
 
 import (
 	"context"
-	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -56,10 +55,7 @@ func TestShutdownFreesReservationsTheNodeDidNotKnowOf(t *testing.T) {
 func TestDrainTimeoutCutsOffAndRefunds(t *testing.T) {
 	dir := t.TempDir()
 	dsn := "sqlite:" + filepath.Join(dir, "ledger.db")
-	accounts := map[string]int64{}
-	for i := range 20 {
-		accounts[fmt.Sprint("acct-", i)] = 1000
-	}
+	accounts := twentyAccounts(1000)
 	seedLedger(t, dsn, accounts)
 	ctx := context.Background()
 	l, err := flush.Open(ctx, dsn, nil)
