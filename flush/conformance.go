@@ -38,6 +38,7 @@ func RunConformance(t *testing.T, open func(t *testing.T) Ledger) {
 		{"Duplicates", confDuplicates},
 		{"RetriesServedAcrossOwners", confServedAcrossOwners},
 		{"RetryAcrossMonths", confAcrossMonths},
+		{"RetryAcrossMonthsOneBatch", confAcrossMonthsOneBatch},
 		{"ReserveInALaterMonth", confReserveLaterMonth},
 		{"Refunds", confRefunds},
 		{"TombstoneThenCharge", confTombstone},
@@ -766,6 +767,35 @@ func confAcrossMonths(t *testing.T, l Ledger) {
 			t.Errorf("tombstone %+v: a refund near the edge missed its event", e)
 		}
 	}
+	wantReconciled(t, l)
+}
+
+// A charge and its retry in the next month settled by one node in one
+// batch are billed once. The chaos harness found it: a node charged an
+// event during a ledger outage, its clock jumped into the next month, a
+// client's retry of the event reached it (its own dedup window, measured
+// by the jumped clock, had passed), and both records settled together once
+// the ledger was back. Postgres looked for the event in the neighbouring
+// month before the batch wrote it, and billed it in both months.
+func confAcrossMonthsOneBatch(t *testing.T, l Ledger) {
+	confSetup(t, l, 100, "acct-1")
+	a := confNode(t, l, "node-a")
+	june := time.Date(2026, 6, 1, 4, 0, 0, 0, time.UTC) // anywhere in June: the node's dedup had expired
+	july := time.Date(2026, 7, 1, 1, 0, 0, 0, time.UTC)
+	res := a.settle(t, chargeOf("acct-1", "e1", 2, "").at(june), chargeOf("acct-1", "e1", 2, "").at(july))
+	if len(res.Duplicates) != 1 {
+		t.Fatalf("e1 and its July retry in one batch: %+v, want the retry a duplicate", res)
+	}
+	billed := int64(0)
+	for _, e := range eventsOf(t, l, "acct-1") {
+		if !e.Refunded {
+			billed += e.Units
+		}
+	}
+	if billed != 2 {
+		t.Fatalf("billed %d units, want 2 (e1 once): %+v", billed, eventsOf(t, l, "acct-1"))
+	}
+	wantGrant(t, l, "acct-1", "m:2026-06", 2, 0)
 	wantReconciled(t, l)
 }
 

@@ -324,19 +324,46 @@ func (s *pgSettle) queueCrossMonth(q *pgx.Batch) {
 	var seqs []int64
 	var accounts, events []string
 	var starts []time.Time
+	// The batch itself may hold the neighbouring month's charge: a node
+	// that charged an event, then (its clock jumped into the next month,
+	// its own dedup window passed) its retry, and settled both together
+	// after a ledger outage. The query below runs before the batch writes
+	// anything, so it cannot see that one.
+	type monthKey struct {
+		account, event string
+		period         shard.Period
+	}
+	first := map[monthKey]uint64{}
+	refunded := map[[2]string]bool{} // a refund in the batch: the retry may be the next generation
+	for i := range s.b.Refunds {
+		refunded[[2]string{s.b.Refunds[i].Account, s.b.Refunds[i].EventID}] = true
+	}
 	for i := range s.b.Charges {
 		c := &s.b.Charges[i]
 		if !c.ClientID {
 			continue // an id the owner made is never retried
 		}
 		if p, ok := neighbourMonth(c.Period, c.Wall); ok {
+			if seq, in := first[monthKey{c.Account, c.EventID, p}]; in && !refunded[[2]string{c.Account, c.EventID}] {
+				start, eseq := periodDate(p), int64(seq)
+				if s.cross == nil {
+					s.cross = make(map[uint64]origin)
+				}
+				s.cross[c.Seq] = origin{node: &s.b.Node, incarnation: &s.b.Incarnation, seq: &eseq, start: &start}
+				continue
+			}
 			seqs, accounts, events, starts = append(seqs, int64(c.Seq)), append(accounts, c.Account), append(events, c.EventID), append(starts, periodDate(p))
+		}
+		if _, in := first[monthKey{c.Account, c.EventID, c.Period}]; !in {
+			first[monthKey{c.Account, c.EventID, c.Period}] = c.Seq
 		}
 	}
 	if len(seqs) == 0 {
 		return
 	}
-	s.cross = make(map[uint64]origin)
+	if s.cross == nil {
+		s.cross = make(map[uint64]origin)
+	}
 	q.Queue(pgCrossMonthSQL, seqs, accounts, events, starts).Query(func(rows pgx.Rows) error {
 		var seq int64
 		var o origin
