@@ -37,6 +37,7 @@ func RunConformance(t *testing.T, open func(t *testing.T) Ledger) {
 		{"SettleRejectsMalformedBatch", confSettleInvalid},
 		{"Duplicates", confDuplicates},
 		{"RetriesServedAcrossOwners", confServedAcrossOwners},
+		{"LateAttemptCharge", confLateAttemptCharge},
 		{"RetryAcrossMonths", confAcrossMonths},
 		{"RetryAcrossMonthsOneBatch", confAcrossMonthsOneBatch},
 		{"ReserveInALaterMonth", confReserveLaterMonth},
@@ -700,6 +701,56 @@ func confServedAcrossOwners(t *testing.T, l Ledger) {
 	g := grantOf(t, l, "acct-1", confJune)
 	if g.Used != 4 || g.Used+g.Reserved > g.Units {
 		t.Errorf("grant %+v, want used 4 within its units", g)
+	}
+	wantReconciled(t, l)
+}
+
+// confLateAttemptCharge: a stale owner (node-a, woken from a pause)
+// charged an abandoned attempt late, and its refund, which the front sends
+// through the account's new owner (node-b, Origin node-a), reaches the ledger
+// before node-a's charge of it, while node-b's retry was served. The chaos
+// harness found the refund's tombstone swallowing the served retry (G4).
+// That refund stands for node-a's charge only: the served retry is billed,
+// in either order, and node-a's late charge is not.
+func confLateAttemptCharge(t *testing.T, l Ledger) {
+	ctx := t.Context()
+	confSetup(t, l, 100, "acct-1")
+	a, b := confNode(t, l, "node-a"), confNode(t, l, "node-b")
+	for _, n := range []*confSettler{a, b} {
+		if _, err := l.Reserve(ctx, n.node, ReserveRequest{Account: "acct-1", Wall: confWallTime(), Need: 40}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// e1: the refund first (a tombstone), then node-b's served retry, then
+	// node-a's late charge.
+	b.settle(t, refundOf("acct-1", "e1", 3, confJune).withReserved().attempt().chargedBy("node-a"))
+	if res := b.settle(t, chargeOf("acct-1", "e1", 3, confJune).withReserved()); len(res.Duplicates) != 0 {
+		t.Fatalf("node-b's served retry after node-a's attempt's refund: %+v, want billed", res)
+	}
+	if res := a.settle(t, chargeOf("acct-1", "e1", 3, confJune).withReserved()); len(res.Duplicates) != 1 {
+		t.Fatalf("node-a's late charge of its refunded attempt: %+v, want a duplicate", res)
+	}
+	wantUsage(t, l, "acct-1", 3)
+
+	// e2: node-b's served retry first, then the refund of node-a's attempt
+	// (kept: it is not the billed charge's), then node-a's late charge.
+	b.settle(t, chargeOf("acct-1", "e2", 2, confJune).withReserved())
+	if res := b.settle(t, refundOf("acct-1", "e2", 2, confJune).withReserved().attempt().chargedBy("node-a")); len(res.DuplicateRefunds) != 1 {
+		t.Fatalf("node-a's attempt refunded before its charge settled, node-b's retry billed: %+v, want kept", res)
+	}
+	if res := a.settle(t, chargeOf("acct-1", "e2", 2, confJune).withReserved()); len(res.Duplicates) != 1 {
+		t.Fatalf("node-a's late charge of e2: %+v, want a duplicate", res)
+	}
+	wantUsage(t, l, "acct-1", 5)
+	// ... and node-b's own refund of its retry applies: nobody else's
+	// attempt was served under e2.
+	if res := b.settle(t, refundOf("acct-1", "e2", 2, confJune).withReserved().attempt()); len(res.DuplicateRefunds) != 0 {
+		t.Fatalf("node-b's refund of its retry of e2: %+v, want applied", res)
+	}
+	wantUsage(t, l, "acct-1", 3)
+	g := grantOf(t, l, "acct-1", confJune)
+	if g.Used != 3 || g.Used+g.Reserved > g.Units {
+		t.Errorf("grant %+v, want used 3 within its units", g)
 	}
 	wantReconciled(t, l)
 }

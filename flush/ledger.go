@@ -167,8 +167,14 @@ var (
 //     takes the units back out of its allowance). Not found (its charge is
 //     still in another node's unsettled log), a refunded tombstone row is
 //     inserted with the units, grants untouched, so that the charge arriving
-//     later is a Duplicate. So an event is billed exactly when some attempt
-//     under it was served.
+//     later is a Duplicate. An attempt's refund naming another node's charge
+//     (Origin) stands for that charge only: found, it does not refund a row
+//     another node charged while that charge has not settled (served_again
+//     goes below zero instead, so that the charge is no served retry when it
+//     arrives); not found, its tombstone names that node, and a charge from
+//     any other node (another attempt, served) takes the event over and is
+//     billed. So an event is billed exactly when some attempt under it was
+//     served.
 //     With Events off: charges and refunds all apply, no dedup.
 //  3. Daily usage aggregates (account, key, route, UTC day): units and
 //     requests, one upsert of all rows (UNNEST on Postgres); refunds

@@ -101,9 +101,10 @@ const pgInsertChargesSQL = `WITH ins AS (
 	SELECT s.seq, s.account_id, s.event_id, s.period_start FROM settle_charges s
 	WHERE NOT EXISTS (SELECT 1 FROM ins WHERE ins.seq = s.seq)
 )
-SELECT d.seq, e.node_id, e.incarnation, e.seq, e.refunded AND NOT e.tombstone
+SELECT d.seq, e.node_id, e.incarnation, e.seq, e.refunded AND NOT e.tombstone,
+	e.tombstone AND e.refund_pending AND e.node_id <> $1
 FROM dup d LEFT JOIN LATERAL (
-	SELECT e.node_id, e.incarnation, e.seq, e.refunded, e.tombstone FROM events e
+	SELECT e.node_id, e.incarnation, e.seq, e.refunded, e.tombstone, e.refund_pending FROM events e
 	WHERE e.account_id = d.account_id AND e.event_id = d.event_id AND e.period_start = d.period_start
 	LIMIT 1
 ) e ON true`
@@ -114,6 +115,16 @@ const pgTakeOverSQL = `UPDATE events SET refunded = false, refunded_at = NULL, s
 	client_id = $3, key_id = $4, route = $5, units = $6, charged_at = $7, node_id = $1, incarnation = $2, seq = $8,
 	grant_ids = $9, grant_units = $10
 WHERE account_id = $11 AND event_id = $12 AND period_start = $13 AND refunded AND NOT tombstone`
+
+// pgTakeOverTombstoneSQL gives the tombstone of one attempt's refund (the
+// charge of node_id, not settled yet; see pgRefundsSQL) to another attempt,
+// served: it is billed under the event id, and the refunded attempt's
+// charge, when it arrives, is one served retry fewer (served_again -1).
+// $1, $2: node, incarnation.
+const pgTakeOverTombstoneSQL = `UPDATE events SET refunded = false, refunded_at = NULL, tombstone = false, served_again = -1,
+	refund_pending = false, client_id = $3, key_id = $4, route = $5, units = $6, charged_at = $7, node_id = $1, incarnation = $2,
+	seq = $8, grant_ids = $9, grant_units = $10
+WHERE account_id = $11 AND event_id = $12 AND period_start = $13 AND tombstone AND refund_pending`
 
 // pgServedAgainSQL counts a retry another node charged and served while
 // the event stands billed.
@@ -182,33 +193,44 @@ const pgRefundsSQL = `WITH r0 AS (
 		LIMIT 1
 	) e ON true
 ), upd AS (
-	-- Applies: nobody else's retry was served under the event, or this
-	-- node's refund of its own unbilled retry releases the event's own
-	-- pending refund (see Batch).
+	-- Applies: nobody else's retry was served under the event (and the
+	-- refund is not of another node's attempt whose charge has not
+	-- settled yet: origin <> $1 names one, and it is not this row's), or
+	-- this node's refund of its own unbilled retry releases the event's
+	-- own pending refund (see Batch).
 	UPDATE events e SET refunded = true, refunded_at = now(), refund_pending = false, served_again = 0
 	FROM r
 	WHERE e.account_id = r.account_id AND e.event_id = r.event_id AND e.period_start = r.period_start
 		AND NOT e.refunded
-		AND (NOT r.attempt OR e.served_again = 0 OR (e.node_id <> r.origin AND e.served_again = 1 AND e.refund_pending))
+		AND (NOT r.attempt
+			OR (e.served_again <= 0 AND (r.origin = $1 OR r.origin = e.node_id))
+			OR (e.node_id <> r.origin AND e.served_again = 1 AND e.refund_pending))
 	RETURNING r.ord, e.key_id, e.route, e.charged_at, e.units, e.grant_ids, e.grant_units
 ), kept AS (
 	-- Kept: the event's own node asks while others' retries were served
-	-- (pending), or another node refunds its unbilled retry (one less).
+	-- (pending), or another node refunds its unbilled retry (one less;
+	-- below zero when that retry's charge has not settled yet, so that it
+	-- does not count as served when it does).
 	UPDATE events e SET refund_pending = e.refund_pending OR e.node_id = r.origin,
 		served_again = CASE WHEN e.node_id <> r.origin THEN e.served_again - 1 ELSE e.served_again END
 	FROM r
 	WHERE e.account_id = r.account_id AND e.event_id = r.event_id AND e.period_start = r.period_start
-		AND NOT e.refunded AND r.attempt AND e.served_again > 0
+		AND NOT e.refunded AND r.attempt
+		AND NOT (e.served_again <= 0 AND (r.origin = $1 OR r.origin = e.node_id))
 		AND NOT (e.node_id <> r.origin AND e.served_again = 1 AND e.refund_pending)
 	RETURNING r.ord
 ), tomb AS (
+	-- Not found: a tombstone. An attempt's refund of another node's charge
+	-- (origin <> $1) stands for that charge only: the tombstone names that
+	-- node and is marked refund_pending, and another node's charge, served,
+	-- takes the event over (pgTakeOverTombstoneSQL).
 	INSERT INTO events (account_id, event_id, client_id, key_id, route, units, charged_at, period, period_start,
-		node_id, incarnation, seq, grant_ids, grant_units, refunded, refunded_at, tombstone)
+		node_id, incarnation, seq, grant_ids, grant_units, refunded, refunded_at, tombstone, refund_pending)
 	SELECT r.account_id, r.event_id, false, r.key_id, r.route, r.units, r.charged_at, r.period, r.period_start,
-		$1, $2, r.seq,
+		CASE WHEN r.attempt AND r.origin <> $1 THEN r.origin ELSE $1 END, $2, r.seq,
 		coalesce((SELECT array_agg(a.grant_id ORDER BY a.i) FROM a WHERE a.ord = r.ord), '{}'),
 		coalesce((SELECT array_agg(a.units ORDER BY a.i) FROM a WHERE a.ord = r.ord), '{}'),
-		true, now(), true
+		true, now(), true, r.attempt AND r.origin <> $1
 	FROM r JOIN cur ON cur.ord = r.ord
 	WHERE cur.refunded IS NULL
 	ORDER BY r.account_id, r.event_id
@@ -509,6 +531,14 @@ func (s *pgSettle) settleLog(ctx context.Context, tx pgx.Tx) error {
 		case o.node != nil && *o.node == b.Node && *o.incarnation == b.Incarnation && uint64(*o.seq) == c.Seq:
 			// This very record is in the log already (settled in another
 			// batch range): it was billed then.
+		case o.takeOver != nil && *o.takeOver:
+			ids, units := allocArrays(c.Allocs)
+			s.res.RoundTrips++
+			if _, err := tx.Exec(ctx, pgTakeOverTombstoneSQL, b.Node, b.Incarnation, c.ClientID, c.Key, c.Route, c.Units,
+				time.Unix(0, c.Wall).UTC(), int64(c.Seq), ids, units, c.Account, c.EventID, periodDate(c.Period)); err != nil {
+				return err
+			}
+			s.plan.billCharge(c)
 		case o.refunded != nil && *o.refunded:
 			// A retry served after the event was refunded: it takes the
 			// event over and is billed.
@@ -602,7 +632,7 @@ func (s *pgSettle) logCharges(ctx context.Context, tx pgx.Tx, charges []Charge) 
 	rows, _ := tx.Query(ctx, pgInsertChargesSQL, b.Node, b.Incarnation)
 	var seq int64
 	var o origin
-	_, err = pgx.ForEachRow(rows, []any{&seq, &o.node, &o.incarnation, &o.seq, &o.refunded}, func() error {
+	_, err = pgx.ForEachRow(rows, []any{&seq, &o.node, &o.incarnation, &o.seq, &o.refunded, &o.takeOver}, func() error {
 		dups[uint64(seq)] = o
 		return nil
 	})
@@ -614,6 +644,9 @@ type origin struct {
 	node, incarnation *string
 	seq               *int64
 	refunded          *bool // refunded, and not a tombstone
+	// takeOver: the row is the tombstone of another node's attempt's
+	// refund, which this charge (another attempt, served) takes over.
+	takeOver *bool
 	// start: the row is in another month's partition (pgCrossMonthSQL),
 	// this one's start; nil: the charge's own month.
 	start *time.Time

@@ -127,13 +127,28 @@ func (st *sqliteSettle) logCharges(ctx context.Context) error {
 		}
 		var node, inc string
 		var seq int64
-		var refunded, tombstone bool
-		if err := st.queryRow(ctx, `SELECT node_id, incarnation, seq, refunded, tombstone FROM events WHERE account_id = ? AND event_id = ?`,
-			c.Account, c.EventID).Scan(&node, &inc, &seq, &refunded, &tombstone); err != nil {
+		var refunded, tombstone, pending bool
+		if err := st.queryRow(ctx, `SELECT node_id, incarnation, seq, refunded, tombstone, refund_pending FROM events WHERE account_id = ? AND event_id = ?`,
+			c.Account, c.EventID).Scan(&node, &inc, &seq, &refunded, &tombstone, &pending); err != nil {
 			return err
 		}
 		if node == st.b.Node && inc == st.b.Incarnation && uint64(seq) == c.Seq {
 			continue // this very record was settled before, in another range
+		}
+		if tombstone && pending && node != st.b.Node {
+			// The tombstone of one attempt's refund (node's charge, not
+			// settled yet: see tombstone) and this is another attempt,
+			// served: it takes the event over and is billed, and the
+			// refunded attempt's charge, when it arrives, is one served
+			// retry fewer (served_again starts at -1).
+			if _, err := st.exec(ctx, `UPDATE events SET refunded = 0, refunded_at = NULL, tombstone = 0, served_again = -1, refund_pending = 0, client_id = ?,
+					key_id = ?, route = ?, units = ?, charged_at = ?, period = ?, node_id = ?, incarnation = ?, seq = ?, allocations = ?
+				WHERE account_id = ? AND event_id = ?`, c.ClientID, c.Key, c.Route, c.Units, c.Wall, c.Period.String(),
+				st.b.Node, st.b.Incarnation, int64(c.Seq), encodeAllocs(c.Allocs), c.Account, c.EventID); err != nil {
+				return err
+			}
+			st.plan.billCharge(c)
+			continue
 		}
 		if refunded && !tombstone {
 			// The event was refunded (its attempt failed) and this retry,
@@ -188,8 +203,11 @@ func (st *sqliteSettle) logRefunds(ctx context.Context) error {
 		apply := false
 		switch {
 		case refunded:
-		case !r.Attempt || served == 0:
-			apply = true // the event's refund, or nobody else's retry was served
+		case !r.Attempt || served <= 0 && (r.Origin == "" || node == origin):
+			// The event's refund, or nobody else's retry was served. (An
+			// attempt another node charged, named by Origin, whose charge
+			// has not settled yet is not this row's: below.)
+			apply = true
 		case node == origin:
 			// A retry another node charged was served under the event: keep
 			// it until those retries are refunded too.
@@ -197,9 +215,10 @@ func (st *sqliteSettle) logRefunds(ctx context.Context) error {
 				return err
 			}
 		default:
-			// The refund of a retry this node charged, never billed: one
-			// served retry less; the event's own pending refund applies now
-			// if it was the last.
+			// The refund of a retry another node charged, never billed: one
+			// served retry less (below zero when that charge has not settled
+			// yet: it will not count as served when it does); the event's
+			// own pending refund applies now if it was the last.
 			if _, err := st.exec(ctx, `UPDATE events SET served_again = served_again - 1 WHERE account_id = ? AND event_id = ?`, r.Account, r.EventID); err != nil {
 				return err
 			}
@@ -225,13 +244,20 @@ func (st *sqliteSettle) logRefunds(ctx context.Context) error {
 	return nil
 }
 
-// tombstone records a refund that arrived before its charge.
+// tombstone records a refund that arrived before its charge. An attempt's
+// refund of another node's charge (Origin) stands for that charge only: the
+// tombstone names that node and is marked refund_pending, and a charge from
+// any other node (another attempt, served) takes the event over (logCharges).
 func (st *sqliteSettle) tombstone(ctx context.Context, r *Refund) error {
+	node, onlyOrigin := st.b.Node, r.Attempt && r.Origin != ""
+	if onlyOrigin {
+		node = r.Origin
+	}
 	if _, err := st.exec(ctx, `INSERT INTO events (account_id, event_id, client_id, key_id, route, units, charged_at, period,
-			node_id, incarnation, seq, allocations, refunded, refunded_at, tombstone)
-		VALUES (?, ?, 0, ?, ?, ?, ?, ?, ?, ?, ?, ?, 1, ?, 1)`,
+			node_id, incarnation, seq, allocations, refunded, refunded_at, tombstone, refund_pending)
+		VALUES (?, ?, 0, ?, ?, ?, ?, ?, ?, ?, ?, ?, 1, ?, 1, ?)`,
 		r.Account, r.EventID, r.Key, r.Route, r.Units, r.ChargeWall, r.Period.String(),
-		st.b.Node, st.b.Incarnation, int64(r.Seq), encodeAllocs(r.Allocs), st.now); err != nil {
+		node, st.b.Incarnation, int64(r.Seq), encodeAllocs(r.Allocs), st.now, onlyOrigin); err != nil {
 		return err
 	}
 	st.plan.reservedRefund(r)
