@@ -748,6 +748,19 @@ func confLateAttemptCharge(t *testing.T, l Ledger) {
 		t.Fatalf("node-b's refund of its retry of e2: %+v, want applied", res)
 	}
 	wantUsage(t, l, "acct-1", 3)
+
+	// e3: as e2, but node-b's retry fails too and is refunded before
+	// node-a's late charge settles: nothing was served, nothing is billed,
+	// and the late charge does not take the refunded event over.
+	b.settle(t, chargeOf("acct-1", "e3", 4, confJune).withReserved())
+	b.settle(t, refundOf("acct-1", "e3", 4, confJune).withReserved().attempt().chargedBy("node-a"))
+	if res := b.settle(t, refundOf("acct-1", "e3", 4, confJune).withReserved().attempt()); len(res.DuplicateRefunds) != 0 {
+		t.Fatalf("node-b's refund of its failed retry of e3: %+v, want applied", res)
+	}
+	if res := a.settle(t, chargeOf("acct-1", "e3", 4, confJune).withReserved()); len(res.Duplicates) != 1 {
+		t.Fatalf("node-a's late charge of its refunded attempt of e3, after every attempt was refunded: %+v, want a duplicate", res)
+	}
+	wantUsage(t, l, "acct-1", 3)
 	g := grantOf(t, l, "acct-1", confJune)
 	if g.Used != 3 || g.Used+g.Reserved > g.Units {
 		t.Errorf("grant %+v, want used 3 within its units", g)

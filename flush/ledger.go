@@ -171,7 +171,8 @@ var (
 //     (Origin) stands for that charge only: found, it does not refund a row
 //     another node charged while that charge has not settled (served_again
 //     goes below zero instead, so that the charge is no served retry when it
-//     arrives); not found, its tombstone names that node, and a charge from
+//     arrives, even after the event was refunded); not found, its
+//     tombstone names that node, and a charge from
 //     any other node (another attempt, served) takes the event over and is
 //     billed. So an event is billed exactly when some attempt under it was
 //     served.

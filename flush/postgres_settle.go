@@ -101,10 +101,10 @@ const pgInsertChargesSQL = `WITH ins AS (
 	SELECT s.seq, s.account_id, s.event_id, s.period_start FROM settle_charges s
 	WHERE NOT EXISTS (SELECT 1 FROM ins WHERE ins.seq = s.seq)
 )
-SELECT d.seq, e.node_id, e.incarnation, e.seq, e.refunded AND NOT e.tombstone,
+SELECT d.seq, e.node_id, e.incarnation, e.seq, e.refunded AND NOT e.tombstone AND e.served_again >= 0,
 	e.tombstone AND e.refund_pending AND e.node_id <> $1
 FROM dup d LEFT JOIN LATERAL (
-	SELECT e.node_id, e.incarnation, e.seq, e.refunded, e.tombstone, e.refund_pending FROM events e
+	SELECT e.node_id, e.incarnation, e.seq, e.refunded, e.tombstone, e.refund_pending, e.served_again FROM events e
 	WHERE e.account_id = d.account_id AND e.event_id = d.event_id AND e.period_start = d.period_start
 	LIMIT 1
 ) e ON true`
@@ -127,9 +127,10 @@ const pgTakeOverTombstoneSQL = `UPDATE events SET refunded = false, refunded_at 
 WHERE account_id = $11 AND event_id = $12 AND period_start = $13 AND tombstone AND refund_pending`
 
 // pgServedAgainSQL counts a retry another node charged and served while
-// the event stands billed.
+// the event stands billed, or, below zero, the late charge of an attempt
+// whose refund settled first (pays that back, the event billed or not).
 const pgServedAgainSQL = `UPDATE events SET served_again = served_again + 1
-WHERE account_id = $1 AND event_id = $2 AND period_start = $3 AND NOT refunded`
+WHERE account_id = $1 AND event_id = $2 AND period_start = $3 AND (NOT refunded OR served_again < 0)`
 
 // pgCrossMonthSQL finds, for charges near a month's edge, an unrefunded
 // row of the same event id in the neighbouring month's partition (the unique
@@ -198,7 +199,7 @@ const pgRefundsSQL = `WITH r0 AS (
 	-- settled yet: origin <> $1 names one, and it is not this row's), or
 	-- this node's refund of its own unbilled retry releases the event's
 	-- own pending refund (see Batch).
-	UPDATE events e SET refunded = true, refunded_at = now(), refund_pending = false, served_again = 0
+	UPDATE events e SET refunded = true, refunded_at = now(), refund_pending = false, served_again = least(e.served_again, 0)
 	FROM r
 	WHERE e.account_id = r.account_id AND e.event_id = r.event_id AND e.period_start = r.period_start
 		AND NOT e.refunded
@@ -643,7 +644,7 @@ func (s *pgSettle) logCharges(ctx context.Context, tx pgx.Tx, charges []Charge) 
 type origin struct {
 	node, incarnation *string
 	seq               *int64
-	refunded          *bool // refunded, and not a tombstone
+	refunded          *bool // refunded, not a tombstone, and no attempt's late charge owed (served_again >= 0)
 	// takeOver: the row is the tombstone of another node's attempt's
 	// refund, which this charge (another attempt, served) takes over.
 	takeOver *bool

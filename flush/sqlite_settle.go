@@ -128,8 +128,9 @@ func (st *sqliteSettle) logCharges(ctx context.Context) error {
 		var node, inc string
 		var seq int64
 		var refunded, tombstone, pending bool
-		if err := st.queryRow(ctx, `SELECT node_id, incarnation, seq, refunded, tombstone, refund_pending FROM events WHERE account_id = ? AND event_id = ?`,
-			c.Account, c.EventID).Scan(&node, &inc, &seq, &refunded, &tombstone, &pending); err != nil {
+		var served int64
+		if err := st.queryRow(ctx, `SELECT node_id, incarnation, seq, refunded, tombstone, refund_pending, served_again FROM events WHERE account_id = ? AND event_id = ?`,
+			c.Account, c.EventID).Scan(&node, &inc, &seq, &refunded, &tombstone, &pending, &served); err != nil {
 			return err
 		}
 		if node == st.b.Node && inc == st.b.Incarnation && uint64(seq) == c.Seq {
@@ -150,7 +151,7 @@ func (st *sqliteSettle) logCharges(ctx context.Context) error {
 			st.plan.billCharge(c)
 			continue
 		}
-		if refunded && !tombstone {
+		if refunded && !tombstone && served >= 0 {
 			// The event was refunded (its attempt failed) and this retry,
 			// charged by another owner, was served: it takes the event over
 			// and is billed.
@@ -163,9 +164,11 @@ func (st *sqliteSettle) logCharges(ctx context.Context) error {
 			st.plan.billCharge(c)
 			continue
 		}
-		if !refunded {
+		if !refunded || served < 0 {
 			// A retry served by another owner while the event stands billed:
-			// the event's own attempt must not refund it any more.
+			// the event's own attempt must not refund it any more. (Below
+			// zero: the late charge of an attempt whose refund came first,
+			// never served; it pays that debt back, billed or not.)
 			if _, err := st.exec(ctx, `UPDATE events SET served_again = served_again + 1 WHERE account_id = ? AND event_id = ?`,
 				c.Account, c.EventID); err != nil {
 				return err
@@ -230,7 +233,7 @@ func (st *sqliteSettle) logRefunds(ctx context.Context) error {
 		}
 		var ev refundedEvent
 		var allocs string
-		if err := st.queryRow(ctx, `UPDATE events SET refunded = 1, refunded_at = ?, refund_pending = 0, served_again = 0
+		if err := st.queryRow(ctx, `UPDATE events SET refunded = 1, refunded_at = ?, refund_pending = 0, served_again = min(served_again, 0)
 			WHERE account_id = ? AND event_id = ?
 			RETURNING key_id, route, charged_at, units, allocations`, st.now, r.Account, r.EventID).
 			Scan(&ev.key, &ev.route, &ev.chargeWall, &ev.units, &allocs); err != nil {
