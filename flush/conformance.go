@@ -608,14 +608,7 @@ func confDuplicates(t *testing.T, l Ledger) {
 // another (after a failover) were both served or both failed, in any order
 // of their settles: the event is billed exactly when some attempt was served.
 func confServedAcrossOwners(t *testing.T, l Ledger) {
-	ctx := t.Context()
-	confSetup(t, l, 100, "acct-1")
-	a, b := confNode(t, l, "node-a"), confNode(t, l, "node-b")
-	for _, n := range []*confSettler{a, b} {
-		if _, err := l.Reserve(ctx, n.node, ReserveRequest{Account: "acct-1", Wall: confWallTime(), Need: 40}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	a, b := twoReservingNodes(t, l)
 	// e1: node-a's attempt was abandoned and refunded, node-b's retry served.
 	// The refund settles after the retry: it is kept (the retry stays billed).
 	a.settle(t, chargeOf("acct-1", "e1", 4, confJune).withReserved())
@@ -705,6 +698,20 @@ func confServedAcrossOwners(t *testing.T, l Ledger) {
 	wantReconciled(t, l)
 }
 
+// twoReservingNodes sets up acct-1 (a quota of 100) and nodes node-a and
+// node-b, each holding a reservation of 40 units of it.
+func twoReservingNodes(t *testing.T, l Ledger) (a, b *confSettler) {
+	t.Helper()
+	confSetup(t, l, 100, "acct-1")
+	a, b = confNode(t, l, "node-a"), confNode(t, l, "node-b")
+	for _, n := range []*confSettler{a, b} {
+		if _, err := l.Reserve(t.Context(), n.node, ReserveRequest{Account: "acct-1", Wall: confWallTime(), Need: 40}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return a, b
+}
+
 // confLateAttemptCharge: a stale owner (node-a, woken from a pause)
 // charged an abandoned attempt late, and its refund, which the front sends
 // through the account's new owner (node-b, Origin node-a), reaches the ledger
@@ -713,14 +720,7 @@ func confServedAcrossOwners(t *testing.T, l Ledger) {
 // That refund stands for node-a's charge only: the served retry is billed,
 // in either order, and node-a's late charge is not.
 func confLateAttemptCharge(t *testing.T, l Ledger) {
-	ctx := t.Context()
-	confSetup(t, l, 100, "acct-1")
-	a, b := confNode(t, l, "node-a"), confNode(t, l, "node-b")
-	for _, n := range []*confSettler{a, b} {
-		if _, err := l.Reserve(ctx, n.node, ReserveRequest{Account: "acct-1", Wall: confWallTime(), Need: 40}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	a, b := twoReservingNodes(t, l)
 	// e1: the refund first (a tombstone), then node-b's served retry, then
 	// node-a's late charge.
 	b.settle(t, refundOf("acct-1", "e1", 3, confJune).withReserved().attempt().chargedBy("node-a"))

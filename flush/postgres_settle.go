@@ -329,6 +329,19 @@ func (p *Postgres) Settle(ctx context.Context, b *Batch) (SettleResult, error) {
 	return res, p.fail(op, err)
 }
 
+// takeOver gives the event's row to charge c with query (pgTakeOverSQL or
+// pgTakeOverTombstoneSQL), billed.
+func (s *pgSettle) takeOver(ctx context.Context, tx pgx.Tx, query string, c *Charge) error {
+	ids, units := allocArrays(c.Allocs)
+	s.res.RoundTrips++
+	if _, err := tx.Exec(ctx, query, s.b.Node, s.b.Incarnation, c.ClientID, c.Key, c.Route, c.Units,
+		time.Unix(0, c.Wall).UTC(), int64(c.Seq), ids, units, c.Account, c.EventID, periodDate(c.Period)); err != nil {
+		return err
+	}
+	s.plan.billCharge(c)
+	return nil
+}
+
 // pgSettle is one Settle call's state.
 type pgSettle struct {
 	p    *Postgres
@@ -533,23 +546,17 @@ func (s *pgSettle) settleLog(ctx context.Context, tx pgx.Tx) error {
 			// This very record is in the log already (settled in another
 			// batch range): it was billed then.
 		case o.takeOver != nil && *o.takeOver:
-			ids, units := allocArrays(c.Allocs)
-			s.res.RoundTrips++
-			if _, err := tx.Exec(ctx, pgTakeOverTombstoneSQL, b.Node, b.Incarnation, c.ClientID, c.Key, c.Route, c.Units,
-				time.Unix(0, c.Wall).UTC(), int64(c.Seq), ids, units, c.Account, c.EventID, periodDate(c.Period)); err != nil {
+			// Another node's attempt's refund left the tombstone; this
+			// attempt was served: it takes the event over and is billed.
+			if err := s.takeOver(ctx, tx, pgTakeOverTombstoneSQL, c); err != nil {
 				return err
 			}
-			s.plan.billCharge(c)
 		case o.refunded != nil && *o.refunded:
 			// A retry served after the event was refunded: it takes the
 			// event over and is billed.
-			ids, units := allocArrays(c.Allocs)
-			s.res.RoundTrips++
-			if _, err := tx.Exec(ctx, pgTakeOverSQL, b.Node, b.Incarnation, c.ClientID, c.Key, c.Route, c.Units,
-				time.Unix(0, c.Wall).UTC(), int64(c.Seq), ids, units, c.Account, c.EventID, periodDate(c.Period)); err != nil {
+			if err := s.takeOver(ctx, tx, pgTakeOverSQL, c); err != nil {
 				return err
 			}
-			s.plan.billCharge(c)
 		default:
 			if o.node != nil {
 				start := periodDate(c.Period)

@@ -142,26 +142,18 @@ func (st *sqliteSettle) logCharges(ctx context.Context) error {
 			// served: it takes the event over and is billed, and the
 			// refunded attempt's charge, when it arrives, is one served
 			// retry fewer (served_again starts at -1).
-			if _, err := st.exec(ctx, `UPDATE events SET refunded = 0, refunded_at = NULL, tombstone = 0, served_again = -1, refund_pending = 0, client_id = ?,
-					key_id = ?, route = ?, units = ?, charged_at = ?, period = ?, node_id = ?, incarnation = ?, seq = ?, allocations = ?
-				WHERE account_id = ? AND event_id = ?`, c.ClientID, c.Key, c.Route, c.Units, c.Wall, c.Period.String(),
-				st.b.Node, st.b.Incarnation, int64(c.Seq), encodeAllocs(c.Allocs), c.Account, c.EventID); err != nil {
+			if err := st.takeOver(ctx, c, -1); err != nil {
 				return err
 			}
-			st.plan.billCharge(c)
 			continue
 		}
 		if refunded && !tombstone && served >= 0 {
 			// The event was refunded (its attempt failed) and this retry,
 			// charged by another owner, was served: it takes the event over
 			// and is billed.
-			if _, err := st.exec(ctx, `UPDATE events SET refunded = 0, refunded_at = NULL, served_again = 0, refund_pending = 0, client_id = ?,
-					key_id = ?, route = ?, units = ?, charged_at = ?, period = ?, node_id = ?, incarnation = ?, seq = ?, allocations = ?
-				WHERE account_id = ? AND event_id = ?`, c.ClientID, c.Key, c.Route, c.Units, c.Wall, c.Period.String(),
-				st.b.Node, st.b.Incarnation, int64(c.Seq), encodeAllocs(c.Allocs), c.Account, c.EventID); err != nil {
+			if err := st.takeOver(ctx, c, 0); err != nil {
 				return err
 			}
-			st.plan.billCharge(c)
 			continue
 		}
 		if !refunded || served < 0 {
@@ -177,6 +169,19 @@ func (st *sqliteSettle) logCharges(ctx context.Context) error {
 		st.res.Duplicates = append(st.res.Duplicates, chargeRef(c))
 		st.plan.reservedCharge(c)
 	}
+	return nil
+}
+
+// takeOver gives the event's row to charge c (this batch's node's), billed:
+// unrefunded, no tombstone, its served retries counted from served.
+func (st *sqliteSettle) takeOver(ctx context.Context, c *Charge, served int64) error {
+	if _, err := st.exec(ctx, `UPDATE events SET refunded = 0, refunded_at = NULL, tombstone = 0, served_again = ?, refund_pending = 0, client_id = ?,
+			key_id = ?, route = ?, units = ?, charged_at = ?, period = ?, node_id = ?, incarnation = ?, seq = ?, allocations = ?
+		WHERE account_id = ? AND event_id = ?`, served, c.ClientID, c.Key, c.Route, c.Units, c.Wall, c.Period.String(),
+		st.b.Node, st.b.Incarnation, int64(c.Seq), encodeAllocs(c.Allocs), c.Account, c.EventID); err != nil {
+		return err
+	}
+	st.plan.billCharge(c)
 	return nil
 }
 
