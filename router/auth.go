@@ -4,12 +4,15 @@ import (
 	"context"
 	"crypto/sha256"
 	"crypto/subtle"
+	"crypto/tls"
 	"fmt"
 	"slices"
 	"strings"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 )
@@ -43,6 +46,23 @@ func CheckRPCToken(token string) error {
 		return fmt.Errorf("the RPC token (--rpc-token) is %d characters; use at least %d random ones (openssl rand -hex 32)", len(token), MinRPCTokenLen)
 	}
 	return nil
+}
+
+// NodeDialOptions are the dial options for a gRPC client of nodes' RPC
+// ports: TLS with tlsConf (TLSFiles.ClientConfig) or plaintext when nil,
+// and the cluster's RPC token with every call when token is set. Nodes
+// forwarding, the embedded client, quotad bench cluster and the test
+// harness all dial with them.
+func NodeDialOptions(token string, tlsConf *tls.Config) []grpc.DialOption {
+	creds := insecure.NewCredentials()
+	if tlsConf != nil {
+		creds = credentials.NewTLS(tlsConf)
+	}
+	opts := []grpc.DialOption{grpc.WithTransportCredentials(creds)}
+	if token != "" {
+		opts = append(opts, WithRPCToken(token))
+	}
+	return opts
 }
 
 // WithRPCToken is the dial option that sends token with every call, for a

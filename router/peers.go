@@ -10,8 +10,6 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/quotaring/quotaring/router/pb"
 )
@@ -72,16 +70,9 @@ func (ps *peers) get(addr string) (*peer, error) {
 	if p, ok := ps.byAddr[addr]; ok {
 		return p, nil
 	}
-	creds := insecure.NewCredentials()
-	if ps.opts.tls != nil {
-		creds = credentials.NewTLS(ps.opts.tls)
-	}
-	dialOpts := []grpc.DialOption{grpc.WithTransportCredentials(creds)}
+	dialOpts := NodeDialOptions(ps.opts.token, ps.opts.tls)
 	if ps.opts.dialer != nil {
 		dialOpts = append(dialOpts, grpc.WithContextDialer(ps.opts.dialer))
-	}
-	if ps.opts.token != "" {
-		dialOpts = append(dialOpts, WithRPCToken(ps.opts.token))
 	}
 	conn, err := grpc.NewClient("passthrough:///"+addr, dialOpts...)
 	if err != nil {

@@ -12,8 +12,6 @@ import (
 
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/quotaring/quotaring/internal/loadgen"
 	"github.com/quotaring/quotaring/ring"
@@ -144,15 +142,7 @@ func runBenchCluster(ctx context.Context, out, progress io.Writer, f benchCluste
 		if c, ok := conns[addr]; ok {
 			return c, nil
 		}
-		creds := insecure.NewCredentials()
-		if tlsConf != nil {
-			creds = credentials.NewTLS(tlsConf)
-		}
-		opts := []grpc.DialOption{grpc.WithTransportCredentials(creds)}
-		if f.rpcToken != "" {
-			opts = append(opts, router.WithRPCToken(f.rpcToken))
-		}
-		cc, err := grpc.NewClient("passthrough:///"+addr, opts...)
+		cc, err := grpc.NewClient("passthrough:///"+addr, router.NodeDialOptions(f.rpcToken, tlsConf)...)
 		if err != nil {
 			return nil, err
 		}

@@ -10,8 +10,6 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
 	"github.com/quotaring/quotaring/router"
@@ -39,15 +37,7 @@ func (cs *Conns) Client(addr string) (pb.QuotaClient, error) {
 	if c, ok := cs.m[addr]; ok {
 		return pb.NewQuotaClient(c), nil
 	}
-	creds := insecure.NewCredentials()
-	if cs.TLS != nil {
-		creds = credentials.NewTLS(cs.TLS)
-	}
-	opts := []grpc.DialOption{grpc.WithTransportCredentials(creds)}
-	if cs.Token != "" {
-		opts = append(opts, router.WithRPCToken(cs.Token))
-	}
-	c, err := grpc.NewClient("passthrough:///"+addr, opts...)
+	c, err := grpc.NewClient("passthrough:///"+addr, router.NodeDialOptions(cs.Token, cs.TLS)...)
 	if err != nil {
 		return nil, err
 	}

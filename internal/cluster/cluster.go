@@ -31,8 +31,6 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/quotaring/quotaring/internal/pki"
 	"github.com/quotaring/quotaring/router"
@@ -473,15 +471,7 @@ func (n *Node) LogTail(lines int) string {
 
 // Dial opens a gRPC connection to the node's RPC address.
 func (n *Node) Dial() (*grpc.ClientConn, pb.QuotaClient, error) {
-	creds := insecure.NewCredentials()
-	if n.tls != nil {
-		creds = credentials.NewTLS(n.tls)
-	}
-	opts := []grpc.DialOption{grpc.WithTransportCredentials(creds)}
-	if n.rpcToken != "" {
-		opts = append(opts, router.WithRPCToken(n.rpcToken))
-	}
-	conn, err := grpc.NewClient("passthrough:///"+n.RPC, opts...)
+	conn, err := grpc.NewClient("passthrough:///"+n.RPC, router.NodeDialOptions(n.rpcToken, n.tls)...)
 	if err != nil {
 		return nil, nil, err
 	}
