@@ -59,6 +59,10 @@ type Config struct {
 	// RPCTLS.CA, and forwards over TLS (router's tls.go). The same CA on
 	// every node and in every embedded client's DialOptions.TLS.
 	RPCTLS router.TLSFiles
+	// HTTPTLS and AdminTLS, when set, serve the public front and the admin
+	// port over HTTPS with their certificate and key (read again when they
+	// change); clients are not asked for certificates there.
+	HTTPTLS, AdminTLS router.CertFiles
 	// RingPreset is "lan" (production) or "local" (loopback tests) ["lan"].
 	RingPreset string
 	// SettleInterval between settles [1s]; SnapshotInterval between config
@@ -133,6 +137,9 @@ type Node struct {
 	// rpcTLS are the RPC port's server and forwarding TLS configs; nil
 	// without Config.RPCTLS.
 	rpcTLS struct{ server, client *tls.Config }
+	// httpTLS and adminTLS are the HTTPS configs of the public front and
+	// the admin port; nil: plain HTTP.
+	httpTLS, adminTLS *tls.Config
 	// serveMu protects serving: whether serveOnceConfigured made this node
 	// a serving member (Start, or awaitServable later).
 	serveMu sync.Mutex
@@ -227,6 +234,9 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	if err := n.loadRPCTLS(); err != nil {
 		return nil, err
 	}
+	if err := n.loadHTTPSTLS(); err != nil {
+		return nil, err
+	}
 	if err := n.startAlerts(); err != nil {
 		return nil, err
 	}
@@ -264,7 +274,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	}
 	n.ready.Store(true)
 	n.log.Info("serving", "rpc", n.RPCAddr(), "http", n.HTTPAddr(), "admin", n.AdminAddr(), "gossip", n.GossipAddr(),
-		"incarnation", n.wal.Incarnation())
+		"http_tls", n.httpTLS != nil, "admin_tls", n.adminTLS != nil, "incarnation", n.wal.Incarnation())
 	return n, nil
 }
 
@@ -429,10 +439,21 @@ func (n *Node) serve() error {
 		inner.ServeHTTP(w, r)
 	})
 	n.httpSrv = &http.Server{Handler: front, ReadHeaderTimeout: 10 * time.Second}
-	n.httpSrv.Protocols = frontProtocols()
-	go n.httpSrv.Serve(n.lis.http)
+	n.httpSrv.Protocols = frontProtocols(n.httpTLS != nil)
 	n.admin = &http.Server{Handler: n.adminHandler(), ReadHeaderTimeout: 10 * time.Second}
-	go n.admin.Serve(n.lis.admin)
+	for _, s := range []struct {
+		srv *http.Server
+		lis net.Listener
+		tls *tls.Config
+	}{{n.httpSrv, n.lis.http, n.httpTLS}, {n.admin, n.lis.admin, n.adminTLS}} {
+		if s.tls == nil {
+			go s.srv.Serve(s.lis)
+			continue
+		}
+		// ServeTLS offers HTTP/2 by ALPN along with HTTP/1.1.
+		s.srv.TLSConfig = s.tls
+		go s.srv.ServeTLS(s.lis, "", "")
+	}
 	return nil
 }
 
@@ -612,6 +633,42 @@ func (n *Node) loadRPCTLS() error {
 	return nil
 }
 
+// loadHTTPSTLS reads Config.HTTPTLS's and Config.AdminTLS's files, if
+// any; renewed certificates are read again at handshakes, and logged.
+func (n *Node) loadHTTPSTLS() error {
+	for _, p := range []struct {
+		files router.CertFiles
+		what  string
+		cfg   **tls.Config
+	}{{n.cfg.HTTPTLS, "--http-tls", &n.httpTLS}, {n.cfg.AdminTLS, "--admin-tls", &n.adminTLS}} {
+		if !p.files.Enabled() {
+			continue
+		}
+		f, what := p.files, p.what
+		f.OnReload = func(err error) {
+			if err != nil {
+				n.log.Error(what+": the changed certificate or key did not load; the previous pair stays in use", "err", err)
+				return
+			}
+			n.log.Info(what+": certificate reloaded", "cert", f.Cert)
+		}
+		cfg, err := f.ServerConfig(what)
+		if err != nil {
+			return fmt.Errorf("node: %w", err)
+		}
+		*p.cfg = cfg
+	}
+	return nil
+}
+
+// AdminScheme is "https" when the admin port serves TLS, else "http".
+func (n *Node) AdminScheme() string {
+	if n.adminTLS != nil {
+		return "https"
+	}
+	return "http"
+}
+
 // rpcToken is the RPC token this node sends: the first of RPCTokens.
 func (n *Node) rpcToken() string {
 	if len(n.cfg.RPCTokens) == 0 {
@@ -655,10 +712,14 @@ func (n *Node) Ready() bool {
 
 // frontProtocols are HTTP/1 and HTTP/2 without TLS (h2c, prior knowledge),
 // so gRPC clients can call through the front to an h2c:// upstream.
-func frontProtocols() *http.Protocols {
+func frontProtocols(https bool) *http.Protocols {
 	p := new(http.Protocols)
 	p.SetHTTP1(true)
-	p.SetUnencryptedHTTP2(true)
+	if https {
+		p.SetHTTP2(true)
+	} else {
+		p.SetUnencryptedHTTP2(true)
+	}
 	return p
 }
 

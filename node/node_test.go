@@ -576,3 +576,67 @@ func TestRPCTLS(t *testing.T) {
 		t.Error("the status page does not say the RPC port is mutual TLS")
 	}
 }
+
+// TestHTTPSPorts: with HTTPTLS and AdminTLS (--http-tls-*, --admin-tls-*)
+// the public front and the admin port serve HTTPS, HTTP/2 offered; a
+// plaintext request gets Go's 400; the status page links the other nodes'
+// pages over https; a pair missing its key stops the start, naming the flag.
+func TestHTTPSPorts(t *testing.T) {
+	dir := t.TempDir()
+	ca, _ := pki.NewCA("public CA")
+	files, err := ca.WriteFiles(dir, "node", pki.Names{IPs: []net.IP{net.IPv4(127, 0, 0, 1)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pair := router.CertFiles{Cert: files.Cert, Key: files.Key}
+	dsn := "sqlite:" + filepath.Join(t.TempDir(), "ledger.db")
+	seedLedger(t, dsn, map[string]int64{"acct-0": 1})
+	withHTTPS := func(c *Config) { c.HTTPTLS, c.AdminTLS = pair, pair }
+	nodes := startNodesWith(t, dsn, withHTTPS, withHTTPS)
+
+	tlsCfg, err := files.ClientConfig() // trusts the CA; its client certificate is not asked for
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := &http.Transport{TLSClientConfig: tlsCfg, ForceAttemptHTTP2: true}
+	defer tr.CloseIdleConnections()
+	client := &http.Client{Transport: tr, Timeout: 10 * time.Second}
+	for _, c := range []struct{ what, url, want string }{
+		{"the admin port's /healthz", "https://" + nodes[0].AdminAddr() + "/healthz", ""},
+		{"the status page", "https://" + nodes[0].AdminAddr() + "/status", "https://" + nodes[1].AdminAddr() + "/status"},
+		{"the public front", "https://" + nodes[0].HTTPAddr() + "/v1/x", "--upstream"},
+	} {
+		resp, err := client.Get(c.url)
+		if err != nil {
+			t.Fatalf("%s over HTTPS: %v", c.what, err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.ProtoMajor != 2 {
+			t.Errorf("%s: %s, want HTTP/2 offered over TLS", c.what, resp.Proto)
+		}
+		if !strings.Contains(string(body), c.want) {
+			t.Errorf("%s: %d %q, want %q in it", c.what, resp.StatusCode, body, c.want)
+		}
+	}
+	for _, addr := range []string{nodes[0].AdminAddr(), nodes[0].HTTPAddr()} {
+		resp, err := http.Get("http://" + addr + "/healthz")
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(body), "HTTPS server") {
+			t.Errorf("plain HTTP to %s: %d %q, want 400 from an HTTPS server", addr, resp.StatusCode, body)
+		}
+	}
+
+	cfg := Config{ID: "n9", DataDir: filepath.Join(dir, "n9"), Ledger: dsn, RPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0",
+		AdminAddr: "127.0.0.1:0", GossipAddr: "127.0.0.1:0", RingPreset: ring.PresetLocal, AdminTLS: router.CertFiles{Cert: files.Cert}}
+	if nd, err := Start(context.Background(), cfg); err == nil {
+		nd.Shutdown(context.Background())
+		t.Fatal("a node started with --admin-tls-cert and no key")
+	} else if !strings.Contains(err.Error(), "--admin-tls-key") {
+		t.Fatalf("no key: %v, want it to name --admin-tls-key", err)
+	}
+}

@@ -237,7 +237,9 @@ func (n *Node) statusRing(d *statusData, r *ring.Ring) {
 		sm := statusMember{ID: m.ID, State: string(m.State), Color: colors[m.ID], RPC: m.RPCAddr, HTTP: m.HTTPAddr, Admin: m.AdminAddr,
 			Self: m.ID == n.cfg.ID, Partitions: counts[m.ID]}
 		if m.AdminAddr != "" {
-			sm.StatusURL = "http://" + m.AdminAddr + "/status"
+			// The other nodes' admin ports are taken to be served as this
+			// one's is (one --admin-tls setting across the cluster).
+			sm.StatusURL = n.AdminScheme() + "://" + m.AdminAddr + "/status"
 		}
 		if d.Partitions > 0 {
 			sm.Share = 100 * float64(sm.Partitions) / float64(d.Partitions)

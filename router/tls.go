@@ -108,7 +108,7 @@ func (f TLSFiles) load() (*keyPair, *x509.CertPool, error) {
 	if !pool.AppendCertsFromPEM(pem) {
 		return nil, nil, fmt.Errorf("router: RPC TLS: %s holds no PEM certificate (want the CA's certificate, BEGIN CERTIFICATE)", f.CA)
 	}
-	kp := &keyPair{cert: f.Cert, key: f.Key, ca: f.CA, roots: pool, onReload: f.OnReload}
+	kp := &keyPair{label: "RPC TLS", cert: f.Cert, key: f.Key, ca: f.CA, roots: pool, onReload: f.OnReload}
 	if err := kp.reload(); err != nil {
 		return nil, nil, err
 	}
@@ -142,12 +142,15 @@ func intermediates(c *tls.Certificate) *x509.CertPool {
 
 // keyPair is a certificate and key read again when either file changes.
 type keyPair struct {
+	label         string // what the pair is for, in errors: "RPC TLS"
 	cert, key, ca string
-	roots         *x509.CertPool
-	onReload      func(error)
-	mu            sync.Mutex // protects current and stamp
-	current       *tls.Certificate
-	stamp         [2]fileStamp // of cert and key when current was read
+	// roots, when set, is the CA bundle the pair must chain to for both
+	// uses (mutual TLS); nil: the pair must only load and be in date.
+	roots    *x509.CertPool
+	onReload func(error)
+	mu       sync.Mutex // protects current and stamp
+	current  *tls.Certificate
+	stamp    [2]fileStamp // of cert and key when current was read
 }
 
 type fileStamp struct {
@@ -194,26 +197,72 @@ func (k *keyPair) reloadLocked() error {
 	c, errC := stampOf(k.cert)
 	s, errK := stampOf(k.key)
 	if err := errors.Join(errC, errK); err != nil {
-		return fmt.Errorf("router: RPC TLS: %w", err)
+		return fmt.Errorf("router: %s: %w", k.label, err)
 	}
 	certPEM, err := os.ReadFile(k.cert)
 	if err != nil {
-		return fmt.Errorf("router: RPC TLS: %w", err)
+		return fmt.Errorf("router: %s: %w", k.label, err)
 	}
 	keyPEM, err := os.ReadFile(k.key)
 	if err != nil {
-		return fmt.Errorf("router: RPC TLS: %w", err)
+		return fmt.Errorf("router: %s: %w", k.label, err)
 	}
 	pair, err := tls.X509KeyPair(certPEM, keyPEM)
 	if err != nil {
 		if bytes.Contains(certPEM, []byte("PRIVATE KEY")) || !bytes.Contains(keyPEM, []byte("PRIVATE KEY")) {
 			err = fmt.Errorf("%w (are the certificate and key files swapped?)", err)
 		}
-		return fmt.Errorf("router: RPC TLS: load %s and %s: %w", k.cert, k.key, err)
+		return fmt.Errorf("router: %s: load %s and %s: %w", k.label, k.cert, k.key, err)
 	}
-	if err := verifyPair(&pair, k.roots); err != nil {
-		return fmt.Errorf("router: RPC TLS: %s: %w (CA bundle %s)", k.cert, err, k.ca)
+	if k.roots != nil {
+		if err := verifyPair(&pair, k.roots); err != nil {
+			return fmt.Errorf("router: %s: %s: %w (CA bundle %s)", k.label, k.cert, err, k.ca)
+		}
+	} else if now := time.Now(); now.After(pair.Leaf.NotAfter) || now.Before(pair.Leaf.NotBefore) {
+		return fmt.Errorf("router: %s: %s is valid from %s to %s, not now: every client would refuse it; renew it",
+			k.label, k.cert, pair.Leaf.NotBefore.UTC().Format(time.RFC3339), pair.Leaf.NotAfter.UTC().Format(time.RFC3339))
 	}
 	k.current, k.stamp = &pair, [2]fileStamp{c, s}
 	return nil
+}
+
+// CertFiles names the PEM certificate chain and key a node serves HTTPS
+// with on its public or its admin port (quotad serve --http-tls-* and
+// --admin-tls-*). Clients are not asked for certificates there: the API
+// keys and the admin token say who they are; TLS keeps those secrets, and
+// the answers, from the network. Like TLSFiles, the pair is read again when
+// either file changes (a renewal needs no restart) and a pair that does not
+// load keeps the previous one.
+type CertFiles struct {
+	// Cert is the certificate chain, leaf first, as a CA issued it
+	// (clients verify it against their own roots); Key its private key.
+	Cert, Key string
+	// OnReload, when set, hears of every reading after the first: nil when
+	// the new pair is in use, else why the previous one stays.
+	OnReload func(error)
+}
+
+// Enabled reports whether either file is named.
+func (f CertFiles) Enabled() bool { return f.Cert != "" || f.Key != "" }
+
+// ServerConfig loads the pair and returns the TLS config of an HTTPS port
+// (TLS 1.2 or later, the pair read again when a file changes). what names
+// the port's flags in errors, such as "--http-tls".
+func (f CertFiles) ServerConfig(what string) (*tls.Config, error) {
+	switch {
+	case f.Cert == "" && f.Key == "":
+		return nil, fmt.Errorf("router: %s: no certificate and key given", what)
+	case f.Cert == "":
+		return nil, fmt.Errorf("router: %s: a key without its certificate; give %s-cert too", what, what)
+	case f.Key == "":
+		return nil, fmt.Errorf("router: %s: a certificate without its key; give %s-key too", what, what)
+	}
+	kp := &keyPair{label: what, cert: f.Cert, key: f.Key, onReload: f.OnReload}
+	if err := kp.reload(); err != nil {
+		return nil, err
+	}
+	return &tls.Config{
+		MinVersion:     tls.VersionTLS12,
+		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return kp.get() },
+	}, nil
 }

@@ -306,3 +306,83 @@ func BenchmarkRPCTransport(b *testing.B) {
 		s.Stop()
 	}
 }
+
+// TestCertFiles: an HTTPS port's pair (--http-tls-*, --admin-tls-*) serves
+// clients that trust its CA, is read again when renewed, keeps the previous
+// pair when the new one does not load, and files that cannot work are
+// refused at start, naming the flag or the file.
+func TestCertFiles(t *testing.T) {
+	dir := t.TempDir()
+	ca, _ := pki.NewCA("public CA")
+	ip := pki.Names{IPs: []net.IP{net.IPv4(127, 0, 0, 1)}, Usages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
+	good, err := ca.WriteFiles(dir, "front", ip)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var reloads []error
+	files := router.CertFiles{Cert: good.Cert, Key: good.Key, OnReload: func(err error) { mu.Lock(); reloads = append(reloads, err); mu.Unlock() }}
+	srv, err := files.ServerConfig("--http-tls")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if srv.ClientAuth != tls.NoClientCert {
+		t.Fatalf("ClientAuth %v: a public port must not ask clients for certificates", srv.ClientAuth)
+	}
+	addr := tlsServer(t, srv)
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(ca.PEM)
+	cli := &tls.Config{RootCAs: roots}
+	first, err := handshake(addr, cli)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := handshake(addr, &tls.Config{}); err == nil || !strings.Contains(err.Error(), "unknown authority") {
+		t.Fatalf("a client that does not trust the CA: %v, want unknown authority", err)
+	}
+
+	certPEM, keyPEM, _ := ca.Issue("front", ip)
+	writeFile(t, files.Cert, certPEM)
+	writeFile(t, files.Key, keyPEM)
+	later := time.Now().Add(time.Minute)
+	os.Chtimes(files.Cert, later, later)
+	renewed, err := handshake(addr, cli)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if renewed.SerialNumber.Cmp(first.SerialNumber) == 0 {
+		t.Fatal("the port still presents the first certificate after it was renewed")
+	}
+	writeFile(t, files.Cert, certPEM[:len(certPEM)/2])
+	os.Chtimes(files.Cert, later.Add(time.Minute), later.Add(time.Minute))
+	if kept, err := handshake(addr, cli); err != nil || kept.SerialNumber.Cmp(renewed.SerialNumber) != 0 {
+		t.Fatalf("a half-written certificate: %v; want the renewed pair kept", err)
+	}
+	mu.Lock()
+	if len(reloads) != 2 || reloads[0] != nil || reloads[1] == nil {
+		t.Fatalf("OnReload heard %v, want nil (renewed) then an error (half-written)", reloads)
+	}
+	mu.Unlock()
+
+	expired, _ := ca.WriteFiles(filepath.Join(dir, "expired"), "front", pki.Names{NotBefore: time.Now().Add(-48 * time.Hour), NotAfter: time.Now().Add(-time.Hour)})
+	early, _ := ca.WriteFiles(filepath.Join(dir, "early"), "front", pki.Names{NotBefore: time.Now().Add(time.Hour), NotAfter: time.Now().Add(48 * time.Hour)})
+	other, _ := pki.NewCA("another CA")
+	foreign, _ := other.WriteFiles(filepath.Join(dir, "other"), "front", pki.Names{})
+	for name, tc := range map[string]struct {
+		files router.CertFiles
+		want  string
+	}{
+		"no key":                      {router.CertFiles{Cert: good.Cert}, "a certificate without its key; give --http-tls-key too"},
+		"no certificate":              {router.CertFiles{Key: good.Key}, "a key without its certificate; give --http-tls-cert too"},
+		"no such file":                {router.CertFiles{Cert: filepath.Join(dir, "nope.pem"), Key: good.Key}, "nope.pem"},
+		"certificate and key swapped": {router.CertFiles{Cert: expired.Key, Key: expired.Cert}, "swapped"},
+		"a key of another pair":       {router.CertFiles{Cert: expired.Cert, Key: foreign.Key}, "private key does not match public key"},
+		"an expired certificate":      {router.CertFiles{Cert: expired.Cert, Key: expired.Key}, "not now: every client would refuse it; renew it"},
+		"a certificate not valid yet": {router.CertFiles{Cert: early.Cert, Key: early.Key}, "not now"},
+	} {
+		_, err := tc.files.ServerConfig("--http-tls")
+		if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), "--http-tls") {
+			t.Errorf("%s: %v, want an error naming --http-tls and saying %q", name, err, tc.want)
+		}
+	}
+}

@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -65,6 +67,7 @@ func (af *serveAdminFlags) apply(cfg *node.Config, token string) error {
 // adminClient talks to a node's admin API.
 type adminClient struct {
 	addr, token string
+	caCert      string // a PEM bundle to trust for an https --addr
 	json        bool
 	timeout     time.Duration
 	http        *http.Client
@@ -80,6 +83,7 @@ var adminEnv = []struct{ flag, env string }{
 	{"token", "QUOTAD_ADMIN_TOKEN"},
 	{"json", "QUOTAD_ADMIN_JSON"},
 	{"timeout", "QUOTAD_ADMIN_TIMEOUT"},
+	{"ca-cert", "QUOTAD_ADMIN_CA_CERT"},
 }
 
 func newAdminCmd() *cobra.Command {
@@ -97,8 +101,10 @@ before a new key or plan is in force everywhere.
 Output is a table for people, or the API's JSON with --json for scripts.
 Errors are the server's explanation of what to fix.
 
-The environment twins of --addr, --token, --json and --timeout are
-QUOTAD_ADMIN_URL, QUOTAD_ADMIN_TOKEN, QUOTAD_ADMIN_JSON and QUOTAD_ADMIN_TIMEOUT.
+The environment twins of --addr, --token, --json, --timeout and --ca-cert are
+QUOTAD_ADMIN_URL, QUOTAD_ADMIN_TOKEN, QUOTAD_ADMIN_JSON, QUOTAD_ADMIN_TIMEOUT and
+QUOTAD_ADMIN_CA_CERT. A node serving its admin port over HTTPS (--admin-tls-cert)
+takes an https:// --addr.
 QUOTAD_ADMIN_TOKEN is also what quotad serve reads for --admin-token, while
 QUOTAD_ADMIN_ADDR is only quotad serve's --admin-addr (host:port), so both
 commands' settings can be exported in one shell. The flags of quotad admin's
@@ -122,6 +128,7 @@ repeat. Give them on the command line; a QUOTAD_UNITS gets a warning.`,
 	pf.StringVar(&c.token, "token", "", "the admin token (the node's --admin-token); prefer QUOTAD_ADMIN_TOKEN, which ps does not show")
 	pf.BoolVar(&c.json, "json", false, "print the API's JSON answer instead of a table")
 	pf.DurationVar(&c.timeout, "timeout", 30*time.Second, "how long to wait for the node's answer")
+	pf.StringVar(&c.caCert, "ca-cert", "", "for an https --addr (a node with --admin-tls-cert): the CA certificate (PEM) to trust, when the node's certificate is not from one the system trusts; environment: QUOTAD_ADMIN_CA_CERT")
 	cmd.AddCommand(newAdminPlansCmd(c), newAdminAccountsCmd(c), newAdminKeysCmd(c), newAdminGrantsCmd(c), newAdminRoutesCmd(c),
 		&cobra.Command{
 			Use:   "reservations",
@@ -171,7 +178,34 @@ func (c *adminClient) init(fs *pflag.FlagSet) error {
 	}
 	c.addr = strings.TrimRight(c.addr, "/")
 	c.http = &http.Client{Timeout: c.timeout}
+	if c.caCert != "" {
+		tr, err := trustingTransport(c.caCert)
+		if err != nil {
+			errs = append(errs, err)
+		} else {
+			c.http.Transport = tr
+		}
+		if !strings.HasPrefix(c.addr, "https://") {
+			errs = append(errs, fmt.Errorf("--ca-cert is set but --addr %s is not https://: the token would travel in the clear; use the node's https:// URL", c.addr))
+		}
+	}
 	return errors.Join(errs...)
+}
+
+// trustingTransport is an HTTP transport that trusts the CA certificates in
+// the PEM file at path (and only those).
+func trustingTransport(path string) (*http.Transport, error) {
+	pem, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("--ca-cert: %w", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("--ca-cert %s holds no PEM certificate (want the CA's certificate, BEGIN CERTIFICATE)", path)
+	}
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.TLSClientConfig = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
+	return tr, nil
 }
 
 // problem is the part of an RFC 9457 answer the client shows.
@@ -206,6 +240,12 @@ func (c *adminClient) do(ctx context.Context, method, path string, body, out any
 	}
 	resp, err := c.http.Do(req)
 	if err != nil {
+		var unknownCA x509.UnknownAuthorityError
+		var badCert *tls.CertificateVerificationError
+		switch {
+		case errors.As(err, &unknownCA) || errors.As(err, &badCert):
+			return nil, fmt.Errorf("the admin API at %s presented a certificate this command does not trust: %w (give the CA that issued it with --ca-cert or QUOTAD_ADMIN_CA_CERT)", c.addr, err)
+		}
 		return nil, fmt.Errorf("cannot reach the admin API at %s (is a node's --admin-addr there? set --addr or QUOTAD_ADMIN_URL): %w", c.addr, err)
 	}
 	defer resp.Body.Close()
@@ -223,6 +263,10 @@ func (c *adminClient) do(ctx context.Context, method, path string, body, out any
 			return nil, fmt.Errorf("%s (HTTP %d)", msg, resp.StatusCode)
 		}
 		snippet := strings.TrimSpace(string(raw[:min(len(raw), 200)]))
+		if resp.StatusCode == http.StatusBadRequest && strings.Contains(snippet, "HTTP request to an HTTPS server") {
+			// Go's TLS server answers a plaintext request this way.
+			return nil, fmt.Errorf("the admin port at %s serves HTTPS (the node has --admin-tls-cert): use https:// in --addr or QUOTAD_ADMIN_URL", c.addr)
+		}
 		return nil, fmt.Errorf("%s %s%s: HTTP %d %s (is --addr a node's admin address?)", method, c.addr, path, resp.StatusCode, snippet)
 	}
 	if out != nil {

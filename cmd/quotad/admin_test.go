@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
@@ -17,8 +18,10 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/quotaring/quotaring/flush"
+	"github.com/quotaring/quotaring/internal/pki"
 	"github.com/quotaring/quotaring/node"
 	"github.com/quotaring/quotaring/ring"
+	"github.com/quotaring/quotaring/router"
 	"github.com/quotaring/quotaring/shard"
 	"github.com/quotaring/quotaring/snapshot"
 )
@@ -368,5 +371,55 @@ func TestQuotadAdminFlagsHaveNoTwins(t *testing.T) {
 	stderr, err := runQuotad(t, "admin", "--addr", "127.0.0.1:1", "--token", "x", "grants", "add", "acme")
 	if err == nil || !strings.Contains(err.Error(), `required flag(s) "units" not set`) || !strings.Contains(stderr, "QUOTAD_UNITS is not read") {
 		t.Fatalf("QUOTAD_UNITS=7 quotad admin grants add acme: %v, stderr %q; want --units required and a warning about QUOTAD_UNITS", err, stderr)
+	}
+}
+
+// quotad admin against a node whose admin port serves HTTPS
+// (--admin-tls-*): it works with https:// and --ca-cert (or its twin), and
+// each way of getting it wrong says what to change.
+func TestQuotadAdminHTTPS(t *testing.T) {
+	for _, e := range adminEnv {
+		t.Setenv(e.env, "")
+	}
+	dir := t.TempDir()
+	ca, _ := pki.NewCA("admin CA")
+	files, err := ca.WriteFiles(dir, "admin", pki.Names{IPs: []net.IP{net.IPv4(127, 0, 0, 1)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := startAdminTestNode(t, func(c *node.Config) { c.AdminTLS = router.CertFiles{Cert: files.Cert, Key: files.Key} })
+	https := "https://" + n.AdminAddr()
+	run := func(args ...string) (string, error) {
+		var out bytes.Buffer
+		root := newRootCmd()
+		root.SetArgs(append([]string{"admin", "--token", adminTestToken}, args...))
+		root.SetOut(&out)
+		root.SetErr(io.Discard)
+		err := root.ExecuteContext(context.Background())
+		return out.String(), err
+	}
+	if out, err := run("--addr", https, "--ca-cert", files.CA, "plans", "set", "pro", "--quota", "100", "--hard"); err != nil {
+		t.Fatalf("over HTTPS with --ca-cert: %v", err)
+	} else if !strings.Contains(out, "plan pro set") {
+		t.Fatalf("over HTTPS: %q", out)
+	}
+	t.Setenv("QUOTAD_ADMIN_CA_CERT", files.CA)
+	if _, err := run("--addr", https, "plans", "list"); err != nil {
+		t.Fatalf("over HTTPS with QUOTAD_ADMIN_CA_CERT: %v", err)
+	}
+	t.Setenv("QUOTAD_ADMIN_CA_CERT", "")
+	for name, tc := range map[string]struct {
+		args []string
+		want string
+	}{
+		"a CA the system does not know": {[]string{"--addr", https}, "give the CA that issued it with --ca-cert"},
+		"http:// to an HTTPS port":      {[]string{"--addr", n.AdminAddr()}, "serves HTTPS (the node has --admin-tls-cert): use https://"},
+		"--ca-cert with http://":        {[]string{"--addr", "http://" + n.AdminAddr(), "--ca-cert", files.CA}, "is not https://: the token would travel in the clear"},
+		"--ca-cert of a key":            {[]string{"--addr", https, "--ca-cert", files.Key}, "holds no PEM certificate"},
+	} {
+		_, err := run(append(tc.args, "plans", "list")...)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v, want an error saying %q", name, err, tc.want)
+		}
 	}
 }

@@ -102,6 +102,9 @@ func TestServeRPCTLSFlags(t *testing.T) {
 		"a server name alone": {[]string{"--rpc-tls-server-name", "quotad.internal"}, "--rpc-tls-server-name is set without"},
 		"the key as CA": {[]string{"--rpc-tls-cert", files.Cert, "--rpc-tls-key", files.Key, "--rpc-tls-ca", files.Key},
 			files.Key + " holds no PEM certificate"},
+		"an HTTPS certificate without its key": {[]string{"--http-tls-cert", files.Cert}, "HTTPS needs --http-tls-cert and --http-tls-key together"},
+		"an admin key without its certificate": {[]string{"--admin-tls-key", files.Key}, "HTTPS needs --admin-tls-cert and --admin-tls-key together"},
+		"an admin pair swapped":                {[]string{"--admin-tls-cert", files.Key, "--admin-tls-key", files.Cert}, "--admin-tls: load"},
 	} {
 		root := newRootCmd()
 		root.SetArgs(append(slices.Clone(base), tc.args...))

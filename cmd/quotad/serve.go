@@ -37,6 +37,7 @@ type serveFlags struct {
 	logLevel, logFormat                      string
 	upstream, adminToken                     string
 	front                                    frontFlags
+	httpTLS, adminTLS                        router.CertFiles
 	adminAPI                                 serveAdminFlags // admin.go
 }
 
@@ -76,6 +77,10 @@ for the next start.`,
 	fl.StringVar(&f.gossipKey, "gossip-key", "", "encrypt and authenticate gossip with this key: base64 of 16, 24 or 32 random bytes (openssl rand -base64 32), the same on every node; empty gossips in plaintext, so keep the gossip port private. KEY,OLD,... while rotating: the first sends, all are accepted. Prefer QUOTAD_GOSSIP_KEY, which ps does not show")
 	fl.StringVar(&f.rpcToken, "rpc-token", "", "a shared secret every call to the internal RPC port must carry (nodes forwarding, embedded clients: router.DialOptions.Token, quotad bench cluster --rpc-token): the same on every node, at least 16 characters (openssl rand -hex 32); empty leaves the RPC port open to whoever reaches it. TOKEN,OLD,... while rotating: the first is sent, all are accepted. Prefer QUOTAD_RPC_TOKEN, which ps does not show")
 	registerRPCTLSFlags(fl, &f.rpcTLS, "the node's")
+	fl.StringVar(&f.httpTLS.Cert, "http-tls-cert", "", "serve the public port (--http-addr) over HTTPS with this certificate chain (PEM, leaf first), read again when it changes; with --http-tls-key. Empty: plain HTTP (TLS ended by a load balancer in front)")
+	fl.StringVar(&f.httpTLS.Key, "http-tls-key", "", "the private key (PEM) of --http-tls-cert")
+	fl.StringVar(&f.adminTLS.Cert, "admin-tls-cert", "", "serve the admin port (--admin-addr: the admin API, the status page, /metrics, the probes) over HTTPS with this certificate chain (PEM), read again when it changes; with --admin-tls-key")
+	fl.StringVar(&f.adminTLS.Key, "admin-tls-key", "", "the private key (PEM) of --admin-tls-cert")
 	fl.StringVar(&f.ringPreset, "ring-preset", ring.PresetLAN, "gossip timings: lan (production) or local (tests on one machine)")
 	fl.DurationVar(&f.settleInterval, "settle-interval", time.Second, "how often to settle the log into the ledger (also the span a reservation is sized to cover twice)")
 	fl.DurationVar(&f.snapshotInterval, "snapshot-interval", 3*time.Second, "how often to read the config (plans, accounts, keys, weights) from the ledger")
@@ -147,7 +152,15 @@ func (f *serveFlags) config(logger *slog.Logger) (node.Config, error) {
 	if err := checkRPCTLSFlags(f.rpcTLS); err != nil {
 		return node.Config{}, err
 	}
-	return node.Config{ID: f.nodeID, DataDir: f.dataDir, Ledger: f.ledger,
+	for _, c := range []struct {
+		flag  string
+		files router.CertFiles
+	}{{"--http-tls", f.httpTLS}, {"--admin-tls", f.adminTLS}} {
+		if c.files.Enabled() && (c.files.Cert == "" || c.files.Key == "") {
+			return node.Config{}, fmt.Errorf("HTTPS needs %s-cert and %s-key together; one is missing", c.flag, c.flag)
+		}
+	}
+	return node.Config{HTTPTLS: f.httpTLS, AdminTLS: f.adminTLS, ID: f.nodeID, DataDir: f.dataDir, Ledger: f.ledger,
 		RPCAddr: f.rpcAddr, HTTPAddr: f.httpAddr, AdminAddr: f.adminAddr, GossipAddr: f.gossipAddr,
 		Join: f.join, GossipKeys: gossipKeys, RPCTokens: rpcTokens, RPCTLS: f.rpcTLS, AdvertiseHost: f.advertiseHost, ReconcileInterval: reconcileInterval(f.reconcileInterval), RingPreset: f.ringPreset, SettleInterval: f.settleInterval, SnapshotInterval: f.snapshotInterval,
 		NoSync: !f.walSync, EventsOff: !f.events, DrainTimeout: f.drainTimeout, SettleTimeout: f.settleTimeout,
