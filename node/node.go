@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"log"
 	"log/slog"
 	"net"
 	"net/http"
@@ -438,9 +439,9 @@ func (n *Node) serve() error {
 		defer n.httpInflight.Add(-1)
 		inner.ServeHTTP(w, r)
 	})
-	n.httpSrv = &http.Server{Handler: front, ReadHeaderTimeout: 10 * time.Second}
+	n.httpSrv = &http.Server{Handler: front, ReadHeaderTimeout: 10 * time.Second, ErrorLog: serverErrorLog(n.log.With("component", "http"))}
 	n.httpSrv.Protocols = frontProtocols(n.httpTLS != nil)
-	n.admin = &http.Server{Handler: n.adminHandler(), ReadHeaderTimeout: 10 * time.Second}
+	n.admin = &http.Server{Handler: n.adminHandler(), ReadHeaderTimeout: 10 * time.Second, ErrorLog: serverErrorLog(n.log.With("component", "admin-http"))}
 	for _, s := range []struct {
 		srv *http.Server
 		lis net.Listener
@@ -455,6 +456,26 @@ func (n *Node) serve() error {
 		go s.srv.ServeTLS(s.lis, "", "")
 	}
 	return nil
+}
+
+// serverErrorLog routes an http.Server's own error lines (a handler's
+// panic, a failed accept, a TLS handshake that failed) into the node's
+// structured log instead of the standard logger. Failed handshakes are at
+// debug: on an HTTPS port any scanner or plaintext client makes one.
+func serverErrorLog(l *slog.Logger) *log.Logger {
+	return log.New(serverLogWriter{l}, "", 0)
+}
+
+type serverLogWriter struct{ l *slog.Logger }
+
+func (w serverLogWriter) Write(p []byte) (int, error) {
+	msg := strings.TrimSpace(string(p))
+	if strings.Contains(msg, "TLS handshake error") {
+		w.l.Debug(msg)
+	} else {
+		w.l.Warn(msg)
+	}
+	return len(p), nil
 }
 
 // freeGossipPort finds a port free for both TCP and UDP on host.

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -638,5 +639,18 @@ func TestHTTPSPorts(t *testing.T) {
 		t.Fatal("a node started with --admin-tls-cert and no key")
 	} else if !strings.Contains(err.Error(), "--admin-tls-key") {
 		t.Fatalf("no key: %v, want it to name --admin-tls-key", err)
+	}
+}
+
+// The HTTP servers' own error lines land in the node's log: failed TLS
+// handshakes (scanners, plaintext clients) at debug, the rest at warn.
+func TestServerErrorLog(t *testing.T) {
+	var buf strings.Builder
+	l := serverErrorLog(slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug})))
+	l.Printf("http: TLS handshake error from 127.0.0.1:5: client sent an HTTP request to an HTTPS server")
+	l.Printf("http: panic serving 127.0.0.1:6: boom")
+	out := buf.String()
+	if !strings.Contains(out, `level=DEBUG msg="http: TLS handshake error`) || !strings.Contains(out, `level=WARN msg="http: panic serving`) {
+		t.Fatalf("log:\n%s", out)
 	}
 }
