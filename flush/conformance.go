@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -48,6 +49,7 @@ func RunConformance(t *testing.T, open func(t *testing.T) Ledger) {
 		{"HeldElsewhere", confHeldElsewhere},
 		{"EventsOff", confEventsOff},
 		{"UsageAndReconcile", confUsageReconcile},
+		{"BillingUsage", confBillingUsage},
 		{"NodesReservationsAlerts", confNodesAlerts},
 	}
 	for _, tc := range tests {
@@ -1243,6 +1245,117 @@ func confUsageReconcile(t *testing.T, l Ledger) {
 	slices.SortFunc(diffs, func(a, b ReconcileRow) int { return strings.Compare(a.Account, b.Account) })
 	if !slices.Equal(diffs, wantDiffs) {
 		t.Errorf("reconcile after corrupting two counters: %+v, want %+v", diffs, wantDiffs)
+	}
+}
+
+// confBillingUsage: a month's usage of every account, by pages. June:
+// acct-hard charges three routes (one refunded), one charge in the last
+// second of the month; acct-soft (quota 10) goes 15 past its quota;
+// acct-credits spends a credit grant before its monthly one; acct-nolog
+// spends credits through a node settling without the event log (its
+// credits are unknown); acct-reserved only reserved (its monthly grant,
+// no usage). acct-july has usage in July only and acct-idle none: neither
+// is in June's list.
+func confBillingUsage(t *testing.T, l Ledger) {
+	ctx := t.Context()
+	confSetup(t, l, 100, "acct-hard", "acct-credits", "acct-nolog", "acct-reserved", "acct-july", "acct-idle")
+	if err := l.UpsertPlan(ctx, snapshot.Plan{ID: "metered", MonthlyQuota: 10, Hard: false}); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.UpsertAccount(ctx, "acct-soft", "metered"); err != nil {
+		t.Fatal(err)
+	}
+	month := time.Date(2026, 6, 1, 0, 0, 0, 0, time.UTC)
+	for account, id := range map[string]string{"acct-credits": "order-1", "acct-nolog": "order-2"} {
+		if err := l.AddGrant(ctx, account, snapshot.Grant{ID: id, Units: 50, StartsAt: month, ExpiresAt: month.AddDate(0, 0, 20)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := l.Reserve(ctx, "node-a", ReserveRequest{Account: "acct-reserved", Wall: confWallTime(), Need: 5}); err != nil {
+		t.Fatal(err)
+	}
+
+	a := confNode(t, l, "node-a")
+	export := chargeOf("acct-hard", "e2", 20, confJune)
+	export.route = "POST /v1/exports"
+	gone := chargeOf("acct-hard", "e3", 7, confJune)
+	gone.route = "DELETE /v1/items"
+	lastSecond := chargeOf("acct-hard", "e4", 1, confJune)
+	lastSecond.wall = month.AddDate(0, 1, 0).Add(-time.Second)
+	credits := chargeOf("acct-credits", "e1", 15, "order-1")
+	credits.allocs = []shard.Alloc{{Grant: "order-1", Units: 10}, {Grant: confJune, Units: 5}}
+	july := chargeOf("acct-july", "e1", 6, "m:2026-07")
+	july.wall = month.AddDate(0, 1, 0)
+	a.settle(t, chargeOf("acct-hard", "e1", 30, confJune), export, gone, lastSecond, chargeOf("acct-soft", "e1", 25, confJune), credits, july)
+	refund := refundOf("acct-hard", "e3", 7, confJune)
+	refund.route = gone.route
+	a.settle(t, refund)
+	b := confNode(t, l, "node-b")
+	b.events = false
+	b.settle(t, chargeOf("acct-nolog", "e1", 8, "order-2"))
+
+	none := map[string]int64{}
+	want := []BillingRow{
+		{Account: "acct-credits", Plan: "basic", Hard: true, Units: 15, ByRoute: map[string]int64{confRoute: 15},
+			Monthly: true, Quota: 100, QuotaUsed: 5, Credits: 10, CreditsKnown: true},
+		{Account: "acct-hard", Plan: "basic", Hard: true, Units: 51, ByRoute: map[string]int64{confRoute: 31, "POST /v1/exports": 20},
+			Monthly: true, Quota: 100, QuotaUsed: 51, CreditsKnown: true},
+		{Account: "acct-nolog", Plan: "basic", Hard: true, Units: 8, ByRoute: map[string]int64{confRoute: 8}},
+		{Account: "acct-reserved", Plan: "basic", Hard: true, ByRoute: none, Monthly: true, Quota: 100, CreditsKnown: true},
+		{Account: "acct-soft", Plan: "metered", Units: 25, ByRoute: map[string]int64{confRoute: 25},
+			Monthly: true, Quota: 10, QuotaUsed: 25, Overage: 15, CreditsKnown: true},
+	}
+	page := func(q BillingQuery) BillingPage {
+		t.Helper()
+		p, err := l.BillingUsage(ctx, q)
+		if err != nil {
+			t.Fatalf("BillingUsage(%+v): %v", q, err)
+		}
+		return p
+	}
+	wantPage := func(q BillingQuery, rows []BillingRow, next string) {
+		t.Helper()
+		got := page(q)
+		if len(got.Accounts) == 0 {
+			got.Accounts = nil
+		}
+		if !reflect.DeepEqual(got.Accounts, rows) || got.Next != next {
+			t.Errorf("BillingUsage(%+v):\n got %+v next %q\nwant %+v next %q", q, got.Accounts, got.Next, rows, next)
+		}
+	}
+	wantPage(BillingQuery{Period: confPeriod}, want, "")
+	// Every row agrees with Usage, the per-account read.
+	for _, row := range want {
+		if u := usageOf(t, l, row.Account); u.Units != row.Units {
+			t.Errorf("Usage of %s: %d units, BillingUsage says %d", row.Account, u.Units, row.Units)
+		}
+	}
+	// Pages of 2 follow each other to the same list.
+	wantPage(BillingQuery{Period: confPeriod, Limit: 2}, want[:2], "acct-hard")
+	wantPage(BillingQuery{Period: confPeriod, After: "acct-hard", Limit: 2}, want[2:4], "acct-reserved")
+	wantPage(BillingQuery{Period: confPeriod, After: "acct-reserved", Limit: 2}, want[4:], "")
+	// A page exactly as long as what is left is the last one; one shorter
+	// is not.
+	wantPage(BillingQuery{Period: confPeriod, Limit: 5}, want, "")
+	wantPage(BillingQuery{Period: confPeriod, Limit: 4}, want[:4], "acct-reserved")
+	// After need not be an account.
+	wantPage(BillingQuery{Period: confPeriod, After: "acct-i"}, want[2:], "")
+	wantPage(BillingQuery{Period: confPeriod, After: "zzz"}, nil, "")
+	wantPage(BillingQuery{Period: confPeriod - 1}, nil, "")
+	wantPage(BillingQuery{Period: confPeriod + 1}, []BillingRow{{Account: "acct-july", Plan: "basic", Hard: true, Units: 6,
+		ByRoute: map[string]int64{confRoute: 6}, Monthly: true, Quota: 100, QuotaUsed: 6, CreditsKnown: true}}, "")
+
+	for _, q := range []BillingQuery{
+		{Period: confPeriod, Limit: -1},
+		{Period: confPeriod, Limit: BillingMaxLimit + 1},
+		{Period: shard.Period(1969*12 + 11)},
+		{Period: shard.Period(2262 * 12)},
+	} {
+		_, err := l.BillingUsage(ctx, q)
+		wantErrIs(t, fmt.Sprintf("BillingUsage(%+v)", q), err, ErrInvalid)
+	}
+	if p := page(BillingQuery{Period: confPeriod, Limit: BillingMaxLimit}); len(p.Accounts) != len(want) {
+		t.Errorf("BillingUsage with the largest limit: %d accounts, want %d", len(p.Accounts), len(want))
 	}
 }
 

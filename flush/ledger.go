@@ -82,6 +82,12 @@ type Ledger interface {
 
 	// Usage reads the settled usage of an account for a period, by route.
 	Usage(ctx context.Context, account string, period shard.Period) (AccountUsage, error)
+	// BillingUsage reads one page of a period's usage of every account, for
+	// billing: the accounts with settled usage in the period or its
+	// monthly grant, by account id, after q.After, at most q.Limit of
+	// them (see BillingRow). An account with neither is left out: nothing
+	// of that month was billed to it. The page is read in one transaction.
+	BillingUsage(ctx context.Context, q BillingQuery) (BillingPage, error)
 	// Grants lists an account's grants with used and reserved units.
 	Grants(ctx context.Context, account string) ([]GrantRow, error)
 	// Reconcile proves "counter equals log" (G6): for every grant, its used

@@ -735,6 +735,60 @@ func (p *Postgres) Usage(ctx context.Context, account string, period shard.Perio
 	return u, p.fail("read usage of "+account, err)
 }
 
+// pgBillingSQL reads a page of BillingUsage in one statement: the page's
+// accounts ($1 after, $5 at most) with usage on the period's days ($2, $3)
+// or its monthly grant ($4), then per account its usage by route, that
+// grant, and the event log's unrefunded units of the period and what
+// credit grants paid of them. The events are read from the period's
+// partition only, by the partition's primary key (account first).
+const pgBillingSQL = `WITH page AS (
+	SELECT a.account_id, a.plan_id, p.hard
+	FROM accounts a JOIN plans p ON p.plan_id = a.plan_id
+	WHERE a.account_id > $1
+		AND (EXISTS (SELECT 1 FROM usage_daily u WHERE u.account_id = a.account_id AND u.day >= $2::date AND u.day < $3::date)
+			OR EXISTS (SELECT 1 FROM grants g WHERE g.account_id = a.account_id AND g.grant_id = $4))
+	ORDER BY a.account_id
+	LIMIT $5
+)
+SELECT page.account_id, page.plan_id, page.hard, coalesce(r.units, 0), coalesce(r.by_route, '{}'::jsonb),
+	g.units IS NOT NULL, coalesce(g.units, 0), coalesce(g.used, 0), coalesce(ev.units, 0), coalesce(ev.credits, 0)
+FROM page
+LEFT JOIN LATERAL (
+	SELECT sum(x.units)::bigint AS units, jsonb_object_agg(x.route, x.units) FILTER (WHERE x.units <> 0) AS by_route
+	FROM (SELECT route, sum(units)::bigint AS units FROM usage_daily
+		WHERE account_id = page.account_id AND day >= $2::date AND day < $3::date GROUP BY route) x
+) r ON true
+LEFT JOIN grants g ON g.account_id = page.account_id AND g.grant_id = $4
+LEFT JOIN LATERAL (
+	SELECT sum(e.units)::bigint AS units,
+		sum((SELECT coalesce(sum(al.units), 0) FROM unnest(e.grant_ids, e.grant_units) AS al(grant_id, units)
+			WHERE NOT starts_with(al.grant_id, 'm:')))::bigint AS credits
+	FROM events e
+	WHERE e.account_id = page.account_id AND e.period_start = $2::date AND NOT e.refunded
+) ev ON true
+ORDER BY page.account_id`
+
+// BillingUsage reads a page of a period's usage by account.
+func (p *Postgres) BillingUsage(ctx context.Context, q BillingQuery) (BillingPage, error) {
+	limit, err := q.limit()
+	if err != nil {
+		return BillingPage{}, err
+	}
+	start, end := time.Unix(0, q.Period.Start()).UTC(), time.Unix(0, q.Period.End()).UTC()
+	rows, _ := p.pool.Query(ctx, pgBillingSQL, q.After, start, end, shard.MonthlyGrantID(q.Period), limit+1)
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (BillingRow, error) {
+		var b BillingRow
+		var evUnits, evCredits int64
+		err := r.Scan(&b.Account, &b.Plan, &b.Hard, &b.Units, &b.ByRoute, &b.Monthly, &b.Quota, &b.QuotaUsed, &evUnits, &evCredits)
+		b.finish(evUnits, evCredits)
+		return b, err
+	})
+	if err != nil {
+		return BillingPage{}, p.fail("read the usage of "+q.Period.String(), err)
+	}
+	return billingPage(out, limit), nil
+}
+
 // Grants lists an account's grants.
 func (p *Postgres) Grants(ctx context.Context, account string) ([]GrantRow, error) {
 	var out []GrantRow

@@ -686,6 +686,109 @@ func (s *SQLite) Usage(ctx context.Context, account string, period shard.Period)
 	return u, s.fail("read usage of "+account, err)
 }
 
+// BillingUsage reads a page of a period's usage by account, in one read
+// transaction: the page's accounts first, then what the page needs of
+// usage_daily, grants and events, each read over the page's range of
+// account ids (After, last].
+func (s *SQLite) BillingUsage(ctx context.Context, q BillingQuery) (BillingPage, error) {
+	limit, err := q.limit()
+	if err != nil {
+		return BillingPage{}, err
+	}
+	start, end := dayString(dayOf(q.Period.Start())), dayString(dayOf(q.Period.End()))
+	monthly := shard.MonthlyGrantID(q.Period)
+	var out []BillingRow
+	err = s.read(ctx, func(tx *sql.Tx) error {
+		if err := queryEach(ctx, tx, `SELECT a.account_id, a.plan_id, p.hard
+			FROM accounts a JOIN plans p ON p.plan_id = a.plan_id
+			WHERE a.account_id > ?
+				AND (EXISTS (SELECT 1 FROM usage_daily u WHERE u.account_id = a.account_id AND u.day >= ? AND u.day < ?)
+					OR EXISTS (SELECT 1 FROM grants g WHERE g.account_id = a.account_id AND g.grant_id = ?))
+			ORDER BY a.account_id
+			LIMIT ?`, []any{q.After, start, end, monthly, limit + 1},
+			func(scan func(...any) error) error {
+				var b BillingRow
+				err := scan(&b.Account, &b.Plan, &b.Hard)
+				out = append(out, b)
+				return err
+			}); err != nil || len(out) == 0 {
+			return err
+		}
+		return s.billingFigures(ctx, tx, q, out[:min(len(out), limit)], start, end, monthly)
+	})
+	if err != nil {
+		return BillingPage{}, s.fail("read the usage of "+q.Period.String(), err)
+	}
+	return billingPage(out, limit), nil
+}
+
+// billingFigures reads the figures of page, which holds the accounts with
+// usage or a monthly grant in (q.After, the last one], and finishes its
+// rows.
+func (s *SQLite) billingFigures(ctx context.Context, tx *sql.Tx, q BillingQuery, page []BillingRow, start, end, monthly string) error {
+	at := make(map[string]*BillingRow, len(page))
+	for i := range page {
+		at[page[i].Account] = &page[i]
+	}
+	last := page[len(page)-1].Account
+	if err := queryEach(ctx, tx, `SELECT account_id, route, sum(units) FROM usage_daily
+		WHERE account_id > ? AND account_id <= ? AND day >= ? AND day < ? GROUP BY account_id, route`,
+		[]any{q.After, last, start, end},
+		func(scan func(...any) error) error {
+			var account, route string
+			var units int64
+			if err := scan(&account, &route, &units); err != nil {
+				return err
+			}
+			if b := at[account]; b != nil && units != 0 {
+				if b.ByRoute == nil {
+					b.ByRoute = make(map[string]int64)
+				}
+				b.ByRoute[route] = units
+				b.Units += units
+			}
+			return nil
+		}); err != nil {
+		return err
+	}
+	if err := queryEach(ctx, tx, `SELECT account_id, units, used FROM grants WHERE grant_id = ? AND account_id > ? AND account_id <= ?`,
+		[]any{monthly, q.After, last},
+		func(scan func(...any) error) error {
+			var account string
+			var units, used int64
+			if err := scan(&account, &units, &used); err != nil {
+				return err
+			}
+			if b := at[account]; b != nil {
+				b.Monthly, b.Quota, b.QuotaUsed = true, units, used
+			}
+			return nil
+		}); err != nil {
+		return err
+	}
+	ev := make(map[string][2]int64, len(page)) // units, credits
+	if err := queryEach(ctx, tx, `SELECT e.account_id, sum(e.units),
+			sum((SELECT coalesce(sum(json_extract(al.value, '$.units')), 0) FROM json_each(e.allocations) al
+				WHERE substr(json_extract(al.value, '$.grant'), 1, 2) <> 'm:'))
+		FROM events e
+		WHERE e.account_id > ? AND e.account_id <= ? AND e.period = ? AND NOT e.refunded
+		GROUP BY e.account_id`, []any{q.After, last, q.Period.String()},
+		func(scan func(...any) error) error {
+			var account string
+			var units, credits int64
+			err := scan(&account, &units, &credits)
+			ev[account] = [2]int64{units, credits}
+			return err
+		}); err != nil {
+		return err
+	}
+	for i := range page {
+		e := ev[page[i].Account]
+		page[i].finish(e[0], e[1])
+	}
+	return nil
+}
+
 // Grants lists an account's grants.
 func (s *SQLite) Grants(ctx context.Context, account string) ([]GrantRow, error) {
 	var out []GrantRow
