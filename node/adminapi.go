@@ -41,6 +41,8 @@ import (
 //	PUT    /admin/v1/routes                    {default, weights}: a new version
 //	GET    /admin/v1/reservations              units each node holds
 //	GET    /admin/v1/nodes                     nodes, settled marks, ring state
+//	GET    /admin/v1/usage                     a month's settled usage of every account, for billing
+//	                                           (?period=2026-06, after=ID, limit=N: pages by account id)
 //	GET    /admin/v1/alerts                    quota alerts and their delivery (?account, period, state, limit)
 //	POST   /admin/v1/alerts/{account}/{period}/{threshold}/resend
 //	                                           a delivered or given-up alert pending again
@@ -88,6 +90,7 @@ func (n *Node) adminAPI(mux *http.ServeMux) {
 		{"PUT", "/admin/v1/routes", n.putRoutes},
 		{"GET", "/admin/v1/reservations", n.listReservations},
 		{"GET", "/admin/v1/nodes", n.listNodes},
+		{"GET", "/admin/v1/usage", n.listUsage},
 		{"GET", "/admin/v1/alerts", n.listAlerts},
 		{"POST", "/admin/v1/alerts/{account}/{period}/{threshold}/resend", n.resendAlert},
 		{"POST", "/admin/v1/alerts/test", n.testAlert},
@@ -806,6 +809,12 @@ func (n *Node) listNodes(ctx context.Context, w http.ResponseWriter, r *http.Req
 	if err != nil {
 		return err
 	}
+	return writeJSON(w, http.StatusOK, map[string]any{"nodes": n.nodeViews(rows)})
+}
+
+// nodeViews adds to the ledger's rows the ring state of each node's latest
+// incarnation.
+func (n *Node) nodeViews(rows []flush.NodeRow) []NodeView {
 	members := map[string][2]string{}
 	if rg := n.Ring(); rg != nil {
 		for _, m := range rg.View().Members {
@@ -828,7 +837,7 @@ func (n *Node) listNodes(ctx context.Context, w http.ResponseWriter, r *http.Req
 		}
 		out = append(out, v)
 	}
-	return writeJSON(w, http.StatusOK, map[string]any{"nodes": out})
+	return out
 }
 
 func nonNil[T any](s []T) []T {

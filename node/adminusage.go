@@ -1,0 +1,150 @@
+package node
+
+import (
+	"context"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/quotaring/quotaring/flush"
+	"github.com/quotaring/quotaring/shard"
+)
+
+// UsageExport is GET /admin/v1/usage: one page of a month's settled usage
+// of every account with usage or a monthly grant in it, for billing.
+//
+// The figures are settled ones: they trail the charges by up to one
+// settle interval, and a node that is down keeps its unsettled charges
+// until it comes back. Final says whether the month is over and every node
+// heard from during it has been heard from again at least a minute after
+// it ended; UnsettledNodes lists the ones that have not, and that may still
+// hold charges of the month (none while the month runs).
+type UsageExport struct {
+	Period string `json:"period"`
+	// AsOf is this node's clock when it read the ledger: the figures hold
+	// everything settled before then.
+	AsOf           time.Time          `json:"as_of"`
+	Final          bool               `json:"final"`
+	UnsettledNodes []NodeView         `json:"unsettled_nodes"`
+	Usage          []AccountUsageView `json:"usage"`
+	// Next is the after of the next page; absent on the last page.
+	Next string `json:"next,omitempty"`
+}
+
+// AccountUsageView is one account's usage of the month (flush.BillingRow).
+type AccountUsageView struct {
+	Account string `json:"account"`
+	Plan    string `json:"plan"` // the account's plan now
+	Hard    bool   `json:"hard"`
+	Units   int64  `json:"units"` // settled units of the month's UTC days
+	// Quota is the month's quota, null when the account has no monthly
+	// grant for the month (it used none of a quota: credits only).
+	Quota *int64 `json:"quota"`
+	// QuotaUsed is what the monthly grant paid, overage included.
+	QuotaUsed int64 `json:"quota_used"`
+	// Overage is what a soft plan used past its quota; 0 on a hard one.
+	Overage int64 `json:"overage"`
+	// CreditsUsed is what credit grants paid, null when the event log
+	// cannot tell (batches settled with --events=false).
+	CreditsUsed *int64           `json:"credits_used"`
+	ByRoute     map[string]int64 `json:"by_route"`
+}
+
+// finalAfter is how long after a month's end a node must have been heard
+// from (a settle or a heartbeat in the ledger) for its charges of the
+// month to count as settled. A running node writes to the ledger at least
+// every flush.HeartbeatEvery, and every settle ships all its durable
+// records, so a minute covers a settle that read its log just before
+// midnight and clocks (the nodes', the ledger's) that differ by seconds.
+const finalAfter = time.Minute
+
+// settledMonth says how final p's settled usage is at now, from the
+// ledger's nodes (each node id by its latest incarnation, the one that
+// heartbeat last). Until p is over it is not final and names no node.
+// After, the nodes heard from during p (a heartbeat at or after its start)
+// but not since finalAfter past its end may hold unsettled charges of p:
+// p is final when there are none. A node last heard from before p began
+// holds no charge of p.
+func settledMonth(rows []flush.NodeRow, p shard.Period, now time.Time) (final bool, unsettled []flush.NodeRow) {
+	end := time.Unix(0, p.End())
+	if now.Before(end) {
+		return false, nil
+	}
+	latest := map[string]flush.NodeRow{}
+	for _, x := range rows {
+		if l, ok := latest[x.Node]; !ok || x.Heartbeat.After(l.Heartbeat) {
+			latest[x.Node] = x
+		}
+	}
+	start, settledBy := time.Unix(0, p.Start()), end.Add(finalAfter)
+	for _, x := range latest {
+		if !x.Heartbeat.Before(start) && x.Heartbeat.Before(settledBy) {
+			unsettled = append(unsettled, x)
+		}
+	}
+	slices.SortFunc(unsettled, func(a, b flush.NodeRow) int { return strings.Compare(a.Node, b.Node) })
+	return len(unsettled) == 0, unsettled
+}
+
+// parseMonth reads a period parameter: a month the ledger can hold (its
+// times are Unix nanoseconds, which end in 2262).
+func parseMonth(field, s string) (shard.Period, error) {
+	p, ok := shard.ParsePeriod(s)
+	if !ok || p.String() != s || p < shard.Period(1970*12) || p > shard.Period(2261*12+11) {
+		return 0, badInput(field, "%q: want a month such as 2026-06 (from 1970-01 to 2261-12)", s)
+	}
+	return p, nil
+}
+
+// listUsage answers GET /admin/v1/usage[?period=2026-06][&after=ID]
+// [&limit=N]: the period's usage of at most limit accounts (1,000 by
+// default, up to 10,000) whose ids sort after after, and next when more
+// follow. The period defaults to the current month by this node's clock.
+func (n *Node) listUsage(ctx context.Context, w http.ResponseWriter, r *http.Request, l flush.Ledger) error {
+	v := r.URL.Query()
+	now := n.wall()
+	q := flush.BillingQuery{Period: shard.PeriodOf(now.UnixNano()), After: v.Get("after"), Limit: flush.BillingDefaultLimit}
+	if s := v.Get("period"); s != "" {
+		p, err := parseMonth("period", s)
+		if err != nil {
+			return err
+		}
+		q.Period = p
+	}
+	if s := v.Get("limit"); s != "" {
+		lim, err := strconv.Atoi(s)
+		if err != nil || lim < 1 || lim > flush.BillingMaxLimit {
+			return badInput("limit", "%q: want a number of accounts from 1 to %d", s, flush.BillingMaxLimit)
+		}
+		q.Limit = lim
+	}
+	// NB: the nodes are read before the usage. A node heard from after
+	// the month's end had settled its charges of the month by then, so a
+	// usage read that starts later holds them: the other order could call
+	// final a month whose last settle landed between the two reads.
+	nodes, err := l.Nodes(ctx)
+	if err != nil {
+		return err
+	}
+	final, unsettled := settledMonth(nodes, q.Period, now)
+	page, err := l.BillingUsage(ctx, q)
+	if err != nil {
+		return err
+	}
+	out := UsageExport{Period: q.Period.String(), AsOf: now, Final: final, UnsettledNodes: nonNil(n.nodeViews(unsettled)),
+		Usage: make([]AccountUsageView, 0, len(page.Accounts)), Next: page.Next}
+	for _, a := range page.Accounts {
+		u := AccountUsageView{Account: a.Account, Plan: a.Plan, Hard: a.Hard, Units: a.Units, QuotaUsed: a.QuotaUsed,
+			Overage: a.Overage, ByRoute: a.ByRoute}
+		if a.Monthly {
+			u.Quota = &a.Quota
+		}
+		if a.CreditsKnown {
+			u.CreditsUsed = &a.Credits
+		}
+		out.Usage = append(out.Usage, u)
+	}
+	return writeJSON(w, http.StatusOK, out)
+}
