@@ -90,7 +90,7 @@ func newAdminCmd() *cobra.Command {
 	c := &adminClient{}
 	cmd := &cobra.Command{
 		Use:   "admin",
-		Short: "Manage plans, accounts, API keys, grants and route weights through a node's admin API",
+		Short: "Manage plans, accounts, API keys, grants and route weights through a node's admin API; export a month's usage",
 		Long: `quotad admin talks to the admin API of any node (its --admin-addr, under
 /admin/v1/) with the token the node was started with (--admin-token).
 
@@ -117,7 +117,8 @@ repeat. Give them on the command line; a QUOTAD_UNITS gets a warning.`,
   quotad admin keys create acme
   quotad admin grants add acme --units 5000 --expires 2027-01-01
   quotad admin routes set --default 1 'GET /v1/tasks=1' 'POST /v1/exports=25'
-  quotad admin accounts show acme`,
+  quotad admin accounts show acme
+  quotad admin usage --period 2026-06 --csv`,
 		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
 			warnUnknownEnv(cmd.ErrOrStderr(), cmd.Root(), os.Environ())
 			return c.init(cmd.Flags())
@@ -145,7 +146,7 @@ reservations frozen until it comes back or 'quotad revoke --node ID' frees them.
 			Args:  cobra.NoArgs,
 			RunE:  func(cmd *cobra.Command, _ []string) error { return c.nodes(cmd) },
 		},
-		newAdminAlertsCmd(c))
+		newAdminAlertsCmd(c), newAdminUsageCmd(c))
 	return cmd
 }
 
