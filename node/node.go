@@ -5,7 +5,6 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
-	"log"
 	"log/slog"
 	"net"
 	"net/http"
@@ -439,9 +438,9 @@ func (n *Node) serve() error {
 		defer n.httpInflight.Add(-1)
 		inner.ServeHTTP(w, r)
 	})
-	n.httpSrv = &http.Server{Handler: front, ReadHeaderTimeout: 10 * time.Second, ErrorLog: serverErrorLog(n.log.With("component", "http"))}
+	n.httpSrv = &http.Server{Handler: front, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(serverErrorLog(n.log.With("component", "http")), slog.LevelWarn)}
 	n.httpSrv.Protocols = frontProtocols(n.httpTLS != nil)
-	n.admin = &http.Server{Handler: n.adminHandler(), ReadHeaderTimeout: 10 * time.Second, ErrorLog: serverErrorLog(n.log.With("component", "admin-http"))}
+	n.admin = &http.Server{Handler: n.adminHandler(), ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(serverErrorLog(n.log.With("component", "admin-http")), slog.LevelWarn)}
 	for _, s := range []struct {
 		srv *http.Server
 		lis net.Listener
@@ -458,24 +457,25 @@ func (n *Node) serve() error {
 	return nil
 }
 
-// serverErrorLog routes an http.Server's own error lines (a handler's
+// serverErrorLog is the handler for an http.Server's ErrorLog (through
+// slog.NewLogLogger at warn): it routes the server's own error lines (a handler's
 // panic, a failed accept, a TLS handshake that failed) into the node's
-// structured log instead of the standard logger. Failed handshakes are at
-// debug: on an HTTPS port any scanner or plaintext client makes one.
-func serverErrorLog(l *slog.Logger) *log.Logger {
-	return log.New(serverLogWriter{l}, "", 0)
-}
+// structured log instead of the standard logger, at warn. Failed
+// handshakes are at debug: on an HTTPS port any scanner or plaintext
+// client makes one.
+func serverErrorLog(l *slog.Logger) slog.Handler { return serverLogHandler{l.Handler()} }
 
-type serverLogWriter struct{ l *slog.Logger }
+// serverLogHandler lowers the TLS handshake lines to debug.
+type serverLogHandler struct{ slog.Handler }
 
-func (w serverLogWriter) Write(p []byte) (int, error) {
-	msg := strings.TrimSpace(string(p))
-	if strings.Contains(msg, "TLS handshake error") {
-		w.l.Debug(msg)
-	} else {
-		w.l.Warn(msg)
+func (h serverLogHandler) Handle(ctx context.Context, r slog.Record) error {
+	if strings.Contains(r.Message, "TLS handshake error") {
+		r.Level = slog.LevelDebug
+		if !h.Handler.Enabled(ctx, r.Level) {
+			return nil
+		}
 	}
-	return len(p), nil
+	return h.Handler.Handle(ctx, r)
 }
 
 // freeGossipPort finds a port free for both TCP and UDP on host.

@@ -21,6 +21,7 @@ import (
 
 	"github.com/quotaring/quotaring/flush"
 	"github.com/quotaring/quotaring/internal/pki"
+	"github.com/quotaring/quotaring/internal/waitfor"
 	"github.com/quotaring/quotaring/ring"
 	"github.com/quotaring/quotaring/router"
 	"github.com/quotaring/quotaring/shard"
@@ -122,15 +123,7 @@ func startNodes(t *testing.T, dsn string, n int) []*Node {
 
 func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	tick := time.NewTicker(10 * time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-		<-tick.C
-	}
+	waitfor.Cond(t, timeout, what, cond)
 }
 
 func TestClusterInProcessExactQuota(t *testing.T) {
@@ -646,7 +639,7 @@ func TestHTTPSPorts(t *testing.T) {
 // handshakes (scanners, plaintext clients) at debug, the rest at warn.
 func TestServerErrorLog(t *testing.T) {
 	var buf strings.Builder
-	l := serverErrorLog(slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug})))
+	l := slog.NewLogLogger(serverErrorLog(slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug}))), slog.LevelWarn)
 	l.Printf("http: TLS handshake error from 127.0.0.1:5: client sent an HTTP request to an HTTPS server")
 	l.Printf("http: panic serving 127.0.0.1:6: boom")
 	out := buf.String()

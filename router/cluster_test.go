@@ -18,6 +18,7 @@ import (
 
 	"github.com/quotaring/quotaring/engine"
 	"github.com/quotaring/quotaring/flush"
+	"github.com/quotaring/quotaring/internal/waitfor"
 	"github.com/quotaring/quotaring/node"
 	"github.com/quotaring/quotaring/ring"
 	"github.com/quotaring/quotaring/router"
@@ -229,15 +230,7 @@ func (c *cluster) refunds() int64 {
 
 func waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	tick := time.NewTicker(10 * time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-		<-tick.C
-	}
+	waitfor.Cond(t, timeout, what, cond)
 }
 
 // upstream is the API behind the proxy. It counts what it served, by path.

@@ -14,6 +14,7 @@ import (
 
 	"github.com/quotaring/quotaring/engine"
 	"github.com/quotaring/quotaring/flush"
+	"github.com/quotaring/quotaring/internal/waitfor"
 	"github.com/quotaring/quotaring/node"
 	"github.com/quotaring/quotaring/router"
 	"github.com/quotaring/quotaring/shard"
@@ -46,7 +47,7 @@ func TestQuotadAdminUsage(t *testing.T) {
 		mustAdmin(t, n, "accounts", "set", account, "--plan", plan)
 	}
 	mustAdmin(t, n, "grants", "add", "delta", "--units", "50", "--expires", "2001-06-25")
-	waitForCLI(t, 10*time.Second, "the node's config snapshot with the accounts and delta's credits", func() bool {
+	waitfor.Cond(t, 10*time.Second, "the node's config snapshot with the accounts and delta's credits", func() bool {
 		s := n.Engine().Snapshot()
 		if s == nil {
 			return false
@@ -142,20 +143,6 @@ func TestQuotadAdminUsage(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("quotad admin %s: %v, want an error with %q", strings.Join(tc.args, " "), err, tc.want)
 		}
-	}
-}
-
-// waitForCLI polls cond every 10 ms until it holds or timeout passes.
-func waitForCLI(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	tick := time.NewTicker(10 * time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-		<-tick.C
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 
 	"github.com/quotaring/quotaring/flush"
 	"github.com/quotaring/quotaring/internal/pgtest"
+	"github.com/quotaring/quotaring/internal/waitfor"
 	"github.com/quotaring/quotaring/router/pb"
 	"github.com/quotaring/quotaring/snapshot"
 )
@@ -177,13 +178,5 @@ func (tc *testCluster) used(account string) int64 {
 
 func (tc *testCluster) eventually(timeout time.Duration, what string, cond func() bool) {
 	tc.t.Helper()
-	deadline := time.Now().Add(timeout)
-	tick := time.NewTicker(50 * time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		if time.Now().After(deadline) {
-			tc.t.Fatalf("timed out after %s waiting for: %s", timeout, what)
-		}
-		<-tick.C
-	}
+	waitfor.Cond(tc.t, timeout, what, cond)
 }
