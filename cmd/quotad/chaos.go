@@ -58,6 +58,9 @@ that may start Postgres (as root it runs Postgres as the postgres user).`,
 		Example: `  quotad chaos --nodes 5 --duration 10m --faults all --seed 42 --out ./chaos-report
   quotad chaos --nodes 3 --duration 2m --faults kill,ledger-down --seed 7`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := checkChaosFlags(&cfg); err != nil {
+				return err
+			}
 			fs, err := chaos.ParseFaults(faults)
 			if err != nil {
 				return err
@@ -114,6 +117,27 @@ that may start Postgres (as root it runs Postgres as the postgres user).`,
 	fl.StringVar(&cfg.Subnet, "subnet", "", "the first three bytes of the nodes' loopback addresses (default: a random 127.x.y, so that two runs on one machine never meet)")
 	fl.StringVar(&cfg.Binary, "binary", "", "the quotad the nodes run (default: this one)")
 	return cmd
+}
+
+// checkChaosFlags refuses values chaos.Config would silently replace: a
+// zero there means "the default", so --nodes 0 ran five nodes for ten
+// minutes and --duration 0 ran the full ten minutes.
+func checkChaosFlags(cfg *chaos.Config) error {
+	switch {
+	case cfg.Nodes < 3:
+		return fmt.Errorf("chaos: --nodes %d: want at least 3 (a partition needs two sides and a bridge a third node)", cfg.Nodes)
+	case cfg.Duration <= 0:
+		return fmt.Errorf("chaos: --duration %s: want at least 15s (5 s of steady load, then the faults)", cfg.Duration)
+	case cfg.Workers < 1:
+		return fmt.Errorf("chaos: --workers %d: want at least 1", cfg.Workers)
+	case cfg.Rate <= 0:
+		return fmt.Errorf("chaos: --rate %g: want more than 0 operations a second", cfg.Rate)
+	case cfg.SettleInterval <= 0:
+		return fmt.Errorf("chaos: --settle-interval %s: want more than 0", cfg.SettleInterval)
+	case cfg.FirstIP < 2:
+		return fmt.Errorf("chaos: --first-ip %d: want 2 or more", cfg.FirstIP)
+	}
+	return nil
 }
 
 // faultList formats chaos.FaultHelp for --help.

@@ -1,0 +1,42 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"testing"
+)
+
+// Bad flags are refused before anything starts. A zero is not "the
+// default": chaos.Config reads zero that way, so --nodes 0 ran five nodes
+// for ten minutes and --duration 0 the whole ten minutes.
+func TestChaosFlags(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--nodes", "0"}, "--nodes 0: want at least 3"},
+		{[]string{"--nodes", "2"}, "--nodes 2: want at least 3"},
+		{[]string{"--duration", "0"}, "--duration 0s"},
+		{[]string{"--duration", "1ms"}, "at least 15s"},
+		{[]string{"--workers", "0"}, "--workers 0"},
+		{[]string{"--rate", "0"}, "--rate 0"},
+		{[]string{"--settle-interval", "0"}, "--settle-interval 0s"},
+		{[]string{"--first-ip", "0"}, "--first-ip 0"},
+		{[]string{"--faults", "crashes"}, `unknown fault "crashes"`},
+		{[]string{"--faults", ","}, "no faults given"},
+	} {
+		var out bytes.Buffer
+		root := newRootCmd()
+		root.SetArgs(append([]string{"chaos", "--binary", "/nonexistent/quotad"}, tc.args...))
+		root.SetOut(&out)
+		root.SetErr(&out)
+		err := root.ExecuteContext(context.Background())
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("quotad chaos %s: %v, want an error with %q", strings.Join(tc.args, " "), err, tc.want)
+		}
+		if strings.Contains(out.String(), "starting") {
+			t.Errorf("quotad chaos %s started a cluster:\n%s", strings.Join(tc.args, " "), out.String())
+		}
+	}
+}
