@@ -38,8 +38,8 @@ type Config struct {
 	// Binary is the quotad to run; empty builds ./cmd/quotad from the
 	// source tree this package was compiled from.
 	Binary string
-	// Dir holds the nodes' data dirs and logs; empty makes a temporary one,
-	// removed at the end unless Keep.
+	// Dir holds the nodes' data dirs and logs: a new or empty directory.
+	// Empty makes a temporary one, removed at the end unless Keep.
 	Dir  string
 	Keep bool
 	// Workers are the workload's goroutines [16]; Rate the operations per
@@ -94,6 +94,40 @@ func (c *Config) defaults() error {
 	}
 	if c.Workers < 1 || c.Rate <= 0 || c.SettleInterval < 0 || c.FirstIP < 2 || c.FirstIP+c.Nodes+maxExtra > 254 {
 		return errors.New("chaos: Workers, Rate, SettleInterval and FirstIP must be positive, and the nodes' addresses fit in SUBNET.x")
+	}
+	return nil
+}
+
+// checkDirs makes Dir and Out before anything starts, and refuses what
+// would spoil the run. A Dir that holds anything may hold an earlier run's
+// data dirs: the nodes would open them (their old incarnations and
+// settled marks against a new ledger) and the checks would report what
+// they did as violations of G2, G4, SEQ, RES and LIVE. An Out that cannot
+// be written was found only after the whole run, when the report was
+// lost with its verdicts.
+func (c *Config) checkDirs() error {
+	if c.Dir != "" {
+		if err := os.MkdirAll(c.Dir, 0o755); err != nil {
+			return fmt.Errorf("chaos: --dir: %w", err)
+		}
+		ents, err := os.ReadDir(c.Dir)
+		if err != nil {
+			return fmt.Errorf("chaos: --dir: %w", err)
+		}
+		if len(ents) > 0 {
+			return fmt.Errorf("chaos: --dir %s is not empty: want a new or empty directory (the nodes would open the data dirs an earlier run left there)", c.Dir)
+		}
+	}
+	if c.Out != "" {
+		if err := os.MkdirAll(c.Out, 0o755); err != nil {
+			return fmt.Errorf("chaos: --out: %w", err)
+		}
+		f, err := os.CreateTemp(c.Out, ".chaos-write-test-*")
+		if err != nil {
+			return fmt.Errorf("chaos: --out %s: the report could not be written there: %w", c.Out, err)
+		}
+		f.Close()
+		os.Remove(f.Name())
 	}
 	return nil
 }
@@ -159,6 +193,9 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 	plan, err := NewPlan(cfg.Seed, cfg.Nodes, cfg.Duration, cfg.Faults)
 	if err != nil {
+		return nil, err
+	}
+	if err := cfg.checkDirs(); err != nil {
 		return nil, err
 	}
 	// The cluster runs with its internal ports locked, as the README
@@ -430,7 +467,7 @@ func (h *harness) run(ctx context.Context) (*Report, error) {
 	rep := h.report(in, results, began)
 	if h.cfg.Out != "" {
 		if err := rep.Write(h.cfg.Out, in.Ops); err != nil {
-			return rep, err
+			return rep, fmt.Errorf("chaos: write the report to %s: %w", h.cfg.Out, err)
 		}
 	}
 	return rep, nil

@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"strings"
 	"text/tabwriter"
@@ -73,33 +74,19 @@ that may start Postgres (as root it runs Postgres as the postgres user).`,
 			}
 			cfg.Progress = cmd.ErrOrStderr()
 			rep, err := chaos.Run(cmd.Context(), cfg)
-			if err != nil {
+			if rep == nil {
 				return err
 			}
-			out := cmd.OutOrStdout()
-			fmt.Fprintf(out, "\n%s\n%d operations; documented loss: %d charges (%d units) on destroyed disks, %d units revoked\n\n",
-				rep.Command, rep.Workload.Ops, rep.Loss.Charges, rep.Loss.ChargeUnits, rep.Loss.Revoked)
-			tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "CHECK\tVERDICT\tWHAT WAS CHECKED")
-			for _, r := range rep.Results {
-				fmt.Fprintf(tw, "%s\t%s\t%s\n", r.ID, r.Verdict, r.Summary)
-			}
-			tw.Flush()
-			for _, r := range rep.Results {
-				for _, v := range r.Violations {
-					fmt.Fprintf(out, "\n%s: %s %s: %s\n", r.ID, v.Account, v.Event, v.Detail)
-					for _, id := range v.Ops {
-						fmt.Fprintf(out, "    %s\n", rep.Offending[id])
-					}
-				}
-			}
-			if cfg.Out != "" {
-				fmt.Fprintf(out, "\nreport in %s (report.md, report.json, history.json, report.svg)\n", cfg.Out)
-			}
+			// A report that could not be written still has its verdicts.
+			printChaosReport(cmd.OutOrStdout(), rep, cfg.Out, err == nil)
 			if rep.Violated() {
-				return &exitError{code: 3, err: errors.New("chaos: invariants violated (see above)")}
+				msg := "chaos: invariants violated (see above)"
+				if err != nil {
+					msg += "; " + err.Error()
+				}
+				return &exitError{code: 3, err: errors.New(msg)}
 			}
-			return nil
+			return err
 		},
 	}
 	fl := cmd.Flags()
@@ -107,8 +94,8 @@ that may start Postgres (as root it runs Postgres as the postgres user).`,
 	fl.DurationVar(&cfg.Duration, "duration", 10*time.Minute, "how long the fault schedule runs (the whole run takes about a minute more)")
 	fl.StringVar(&faults, "faults", "all", "all, or a comma-separated list of: "+chaos.FaultNames())
 	fl.Uint64Var(&cfg.Seed, "seed", 1, "seed of the fault schedule and the clients' choices; the report names it")
-	fl.StringVar(&cfg.Out, "out", "", "directory to write the report to (report.md, report.json, history.json, report.svg)")
-	fl.StringVar(&cfg.Dir, "dir", "", "directory for the nodes' data dirs and logs (default: a temporary one, removed at the end unless --keep)")
+	fl.StringVar(&cfg.Out, "out", "", "directory to write the report to (report.md, report.json, history.json, report.svg; files of those names there are replaced)")
+	fl.StringVar(&cfg.Dir, "dir", "", "a new or empty directory for the nodes' data dirs and logs (default: a temporary one, removed at the end unless --keep)")
 	fl.BoolVar(&cfg.Keep, "keep", false, "keep the temporary directory of data dirs and logs")
 	fl.IntVar(&cfg.Workers, "workers", 16, "client goroutines")
 	fl.Float64Var(&cfg.Rate, "rate", 150, "operations per second the clients send in all")
@@ -117,6 +104,31 @@ that may start Postgres (as root it runs Postgres as the postgres user).`,
 	fl.StringVar(&cfg.Subnet, "subnet", "", "the first three bytes of the nodes' loopback addresses (default: a random 127.x.y, so that two runs on one machine never meet)")
 	fl.StringVar(&cfg.Binary, "binary", "", "the quotad the nodes run (default: this one)")
 	return cmd
+}
+
+// printChaosReport prints the table of invariants and the first offending
+// operations of each violation; written says whether the report files
+// went to out.
+func printChaosReport(out io.Writer, rep *chaos.Report, dir string, written bool) {
+	fmt.Fprintf(out, "\n%s\n%d operations; documented loss: %d charges (%d units) on destroyed disks, %d units revoked\n\n",
+		rep.Command, rep.Workload.Ops, rep.Loss.Charges, rep.Loss.ChargeUnits, rep.Loss.Revoked)
+	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "CHECK\tVERDICT\tWHAT WAS CHECKED")
+	for _, r := range rep.Results {
+		fmt.Fprintf(tw, "%s\t%s\t%s\n", r.ID, r.Verdict, r.Summary)
+	}
+	tw.Flush()
+	for _, r := range rep.Results {
+		for _, v := range r.Violations {
+			fmt.Fprintf(out, "\n%s: %s %s: %s\n", r.ID, v.Account, v.Event, v.Detail)
+			for _, id := range v.Ops {
+				fmt.Fprintf(out, "    %s\n", rep.Offending[id])
+			}
+		}
+	}
+	if dir != "" && written {
+		fmt.Fprintf(out, "\nreport in %s (report.md, report.json, history.json, report.svg)\n", dir)
+	}
 }
 
 // checkChaosFlags refuses values chaos.Config would silently replace: a
