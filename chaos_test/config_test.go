@@ -3,11 +3,14 @@ package chaos
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/quotaring/quotaring/internal/cluster"
 )
 
 // A --dir that holds anything and an --out that cannot be written are
@@ -60,5 +63,37 @@ func TestRunChecksItsDirsFirst(t *testing.T) {
 	}
 	if ents, _ := os.ReadDir(filepath.Join(used, "nodes")); len(ents) != 1 {
 		t.Fatalf("the refused --dir was changed: %v", ents)
+	}
+}
+
+// A temporary dir of data dirs and node logs is removed at the end of a
+// run that held, and kept, with its path in the log and the report, when
+// the run found a violation or failed: the node logs are what a violation
+// is traced in, and they were removed with everything else.
+func TestWorkDirKeptAfterAViolation(t *testing.T) {
+	for _, tc := range []struct {
+		why  string
+		keep bool
+	}{{"", false}, {"invariants violated", true}, {"the run failed", true}} {
+		dir := t.TempDir()
+		if err := os.WriteFile(filepath.Join(dir, "n1.log"), []byte("log"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		var progress bytes.Buffer
+		h := &harness{dir: dir, conns: &cluster.Conns{}, keepWhy: tc.why,
+			logf: func(format string, args ...any) { fmt.Fprintf(&progress, format+"\n", args...) }}
+		kept := h.keptDir()
+		h.close()
+		_, err := os.Stat(filepath.Join(dir, "n1.log"))
+		if got := err == nil; got != tc.keep || (kept != "") != tc.keep {
+			t.Errorf("keepWhy %q: the node log kept %v (report names %q), want %v", tc.why, got, kept, tc.keep)
+		}
+		if tc.keep && !strings.Contains(progress.String(), dir) {
+			t.Errorf("keepWhy %q: the log does not say where the node logs are:\n%s", tc.why, progress.String())
+		}
+	}
+	r := &Report{Results: []cluster.Result{{ID: "G2", Verdict: cluster.Violated, Count: 1}}, Dir: "/tmp/quotaring-chaos-1"}
+	if md := r.Markdown(); !strings.Contains(md, "/tmp/quotaring-chaos-1/nodes") || !strings.Contains(md, "What to do") {
+		t.Errorf("a violated report does not say where the node logs are and what to do:\n%s", md)
 	}
 }

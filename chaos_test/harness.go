@@ -39,7 +39,9 @@ type Config struct {
 	// source tree this package was compiled from.
 	Binary string
 	// Dir holds the nodes' data dirs and logs: a new or empty directory.
-	// Empty makes a temporary one, removed at the end unless Keep.
+	// Empty makes a temporary one, removed at the end unless Keep, or the
+	// run found a violation or failed once its nodes had started (the
+	// report names it: the node logs are what a violation is traced in).
 	Dir  string
 	Keep bool
 	// Workers are the workload's goroutines [16]; Rate the operations per
@@ -181,6 +183,9 @@ type harness struct {
 	revoked int64
 	live    []cluster.Violation // liveness failures: nodes that did not come back
 	notes   []string
+
+	// keepWhy, when set, keeps a temporary dir at the end, and says why.
+	keepWhy string
 }
 
 // Run starts a cluster, runs the workload and the plan's faults, heals,
@@ -213,9 +218,16 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	defer h.close()
 	h.logf("%s", strings.TrimRight(plan.String(), "\n"))
 	if err := h.setup(ctx); err != nil {
+		if h.c != nil {
+			h.keepWhy = "the run failed"
+		}
 		return nil, err
 	}
-	return h.run(ctx)
+	rep, err := h.run(ctx)
+	if err != nil && h.keepWhy == "" {
+		h.keepWhy = "the run failed"
+	}
+	return rep, err
 }
 
 func (h *harness) setup(ctx context.Context) error {
@@ -311,8 +323,13 @@ func (h *harness) close() {
 	if h.pg != nil {
 		h.pg.Close()
 	}
-	if h.cfg.Dir == "" && h.dir != "" && !h.cfg.Keep {
-		os.RemoveAll(h.dir)
+	if h.cfg.Dir == "" && h.dir != "" {
+		switch {
+		case h.keepWhy != "":
+			h.logf("%s: the data dirs and node logs (nodes/n1.log, ...) are kept in %s; remove it when done", h.keepWhy, h.dir)
+		case !h.cfg.Keep:
+			os.RemoveAll(h.dir)
+		}
 	}
 }
 
@@ -464,6 +481,9 @@ func (h *harness) run(ctx context.Context) (*Report, error) {
 	}
 	results := cluster.Check(in)
 	results = append(results, alerts, h.livenessResult())
+	if len(cluster.Failed(results)) > 0 {
+		h.keepWhy = "invariants violated"
+	}
 	rep := h.report(in, results, began)
 	if h.cfg.Out != "" {
 		if err := rep.Write(h.cfg.Out, in.Ops); err != nil {
@@ -561,4 +581,13 @@ func measureLoss(dir string) ([]cluster.LostCharge, error) {
 		return nil
 	})
 	return out, err
+}
+
+// keptDir is where the data dirs and logs stay after the run, or "" when
+// they are removed.
+func (h *harness) keptDir() string {
+	if h.cfg.Dir != "" || h.cfg.Keep || h.keepWhy != "" {
+		return h.dir
+	}
+	return ""
 }

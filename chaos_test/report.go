@@ -46,6 +46,9 @@ type Report struct {
 	Series []Bucket  `json:"series"`
 	Notes  []string  `json:"notes,omitempty"`
 	Limits AcctNotes `json:"accounts"`
+	// Dir holds the nodes' data dirs and logs (n1.log, ...) when the run
+	// keeps them: always with Config.Dir or Keep, and after a violation.
+	Dir string `json:"dir,omitempty"`
 }
 
 // Workload sums the history.
@@ -88,7 +91,7 @@ func (r *Report) Violated() bool { return len(cluster.Failed(r.Results)) > 0 }
 func (h *harness) report(in *cluster.CheckInput, results []cluster.Result, began time.Time) *Report {
 	r := &Report{Seed: h.cfg.Seed, Nodes: h.cfg.Nodes, Duration: h.cfg.Duration, Faults: h.cfg.Faults, Began: began.UTC(),
 		Elapsed: time.Since(began).Round(time.Second).String(), Plan: h.plan.String(), Applied: h.windows, Results: results,
-		Notes: h.notes,
+		Notes: h.notes, Dir: h.keptDir(),
 		Limits: AcctNotes{Hard: len(h.acct.hard), Big: len(h.acct.big), Soft: len(h.acct.soft), RateLimited: len(h.acct.rl),
 			HardQuota: h.acct.limits[h.acct.hard[0]].Quota, Rate: fmt.Sprintf("%d/s, burst %d", rlRate, rlBurst)}}
 	r.Command = fmt.Sprintf("quotad chaos --nodes %d --duration %s --faults %s --seed %d", h.cfg.Nodes, h.cfg.Duration, joinFaults(h.cfg.Faults), h.cfg.Seed)
@@ -216,6 +219,16 @@ func (r *Report) Markdown() string {
 		r.Seed, r.Nodes, r.Duration, joinFaults(r.Faults), r.Began.Format(time.RFC3339), r.Elapsed, r.Command)
 	b.WriteString("![answers per second, faults shaded](report.svg)\n\n")
 	b.WriteString(r.Table())
+	if r.Violated() {
+		b.WriteString("\nWhat to do: each violation below names its first offending operations and the ledger's rows of its event. " +
+			"`history.json` holds every operation (invoke and answer times, the way in, the deciding node, the answer)")
+		if r.Dir != "" {
+			fmt.Fprintf(&b, "; the nodes' logs (`n1.log`, ...) and data dirs are in `%s/nodes`", r.Dir)
+		}
+		b.WriteString(". Look for the event id and the account in the logs of the nodes that decided it around the operations' times, " +
+			"and rerun the schedule with the command above: the interleavings are the processes' own, so a rerun may hold. " +
+			"Keep this directory with the logs when you report it.\n")
+	}
 	for _, res := range r.Results {
 		if res.Verdict != cluster.Violated {
 			continue

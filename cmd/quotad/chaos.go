@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -128,6 +129,9 @@ func printChaosReport(out io.Writer, rep *chaos.Report, dir string, written bool
 	}
 	if dir != "" && written {
 		fmt.Fprintf(out, "\nreport in %s (report.md, report.json, history.json, report.svg)\n", dir)
+	}
+	if rep.Dir != "" {
+		fmt.Fprintf(out, "data dirs and node logs in %s\n", filepath.Join(rep.Dir, "nodes"))
 	}
 }
 
