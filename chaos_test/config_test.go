@@ -3,14 +3,19 @@ package chaos
 import (
 	"bytes"
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/quotaring/quotaring/internal/cluster"
+	"github.com/quotaring/quotaring/internal/pgtest"
 )
 
 // A --dir that holds anything and an --out that cannot be written are
@@ -95,5 +100,75 @@ func TestWorkDirKeptAfterAViolation(t *testing.T) {
 	r := &Report{Results: []cluster.Result{{ID: "G2", Verdict: cluster.Violated, Count: 1}}, Dir: "/tmp/quotaring-chaos-1"}
 	if md := r.Markdown(); !strings.Contains(md, "/tmp/quotaring-chaos-1/nodes") || !strings.Contains(md, "What to do") {
 		t.Errorf("a violated report does not say where the node logs are and what to do:\n%s", md)
+	}
+}
+
+// progressCancel cancels a run once a progress line counts an operation.
+type progressCancel struct {
+	cancel context.CancelFunc
+	mu     sync.Mutex
+	lines  strings.Builder
+}
+
+var someOps = regexp.MustCompile(`\s[1-9][0-9]* ops \(`)
+
+func (p *progressCancel) Write(b []byte) (int, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.lines.Write(b)
+	if someOps.Match(b) {
+		p.cancel()
+	}
+	return len(b), nil
+}
+
+func (p *progressCancel) String() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.lines.String()
+}
+
+// An interrupted run (Ctrl-C: its context ends) stops everything it
+// started and keeps what it recorded: the operations and faults so far in
+// Out, marked as not checked, and the nodes' data dirs and logs. It said
+// only "context canceled", wrote nothing, and removed the node logs.
+func TestInterruptKeepsWhatWasRecorded(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a cluster")
+	}
+	pgtest.RequireBinaries(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	progress := &progressCancel{cancel: cancel}
+	out := t.TempDir()
+	rep, err := Run(ctx, Config{Nodes: 3, Duration: 20 * time.Second, Faults: []Fault{Kill}, Seed: 1, Binary: binary,
+		Out: out, Workers: 4, Rate: 50, Progress: progress, ProgressEvery: 100 * time.Millisecond})
+	if rep != nil && rep.Dir != "" {
+		t.Cleanup(func() { os.RemoveAll(rep.Dir) })
+	}
+	t.Logf("progress:\n%s", progress)
+	if !errors.Is(err, context.Canceled) || rep == nil {
+		t.Fatalf("Run: %v, %v; want a partial report and an error that wraps context.Canceled", rep, err)
+	}
+	if rep.Interrupted == "" || len(rep.Results) != 0 || rep.Violated() || rep.Workload.Ops == 0 {
+		t.Fatalf("report: interrupted %q, %d results, %d operations; want it marked interrupted, no results, the operations so far",
+			rep.Interrupted, len(rep.Results), rep.Workload.Ops)
+	}
+	md, err := os.ReadFile(filepath.Join(out, "report.md"))
+	if err != nil || !strings.Contains(string(md), "INTERRUPTED") {
+		t.Fatalf("report.md (%v) does not say the run was interrupted:\n%s", err, md)
+	}
+	var ops []json.RawMessage
+	if b, err := os.ReadFile(filepath.Join(out, "history.json")); err != nil || json.Unmarshal(b, &ops) != nil || len(ops) != rep.Workload.Ops {
+		t.Fatalf("history.json: %d operations (%v), want %d", len(ops), err, rep.Workload.Ops)
+	}
+	if rep.Dir == "" {
+		t.Fatal("the report names no data dirs and logs")
+	}
+	if _, err := os.Stat(filepath.Join(rep.Dir, "nodes", "n1.log")); err != nil {
+		t.Fatalf("the node logs were not kept: %v", err)
+	}
+	if !strings.Contains(progress.String(), "interrupted: stopping") || !strings.Contains(progress.String(), rep.Dir) {
+		t.Fatalf("the progress lines do not say the run stops and where the node logs are:\n%s", progress)
 	}
 }

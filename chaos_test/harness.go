@@ -435,6 +435,10 @@ func (h *harness) note(format string, args ...any) {
 func (h *harness) run(ctx context.Context) (*Report, error) {
 	h.hist = cluster.NewHistory()
 	began := time.Now()
+	// Say at once what an interrupt does: stopping takes a few seconds.
+	defer context.AfterFunc(ctx, func() {
+		h.logf("%s interrupted: stopping the load, then the nodes and Postgres; no check will run", clock(time.Duration(h.hist.Now())))
+	})()
 	wctx, stopLoad := context.WithCancel(ctx)
 	load := h.startWorkload(wctx)
 	progress := h.startProgress(wctx)
@@ -453,21 +457,30 @@ func (h *harness) run(ctx context.Context) (*Report, error) {
 	stopLoad()
 	load.Wait()
 	progress.Wait()
+	if ctx.Err() != nil {
+		return h.interrupted(ctx, began)
+	}
 	if err != nil {
 		return nil, err
 	}
-	if ctx.Err() != nil {
-		return nil, ctx.Err()
-	}
 	h.logf("%s load stopped after %d operations; waiting for every log to settle", clock(time.Duration(h.hist.Now())), h.hist.Len())
 	sctx, cancel := context.WithTimeout(ctx, settleTimeout)
-	if err := h.c.WaitSettled(sctx); err != nil {
+	if err := h.c.WaitSettled(sctx); err != nil && ctx.Err() == nil {
 		h.liveness("cluster", "logs not settled within "+settleTimeout.String()+" of the heal: "+err.Error())
 	}
 	cancel()
+	if ctx.Err() != nil {
+		return h.interrupted(ctx, began)
+	}
 	h.waitAlerts(ctx)
 	alerts := h.alertResult(ctx)
+	if ctx.Err() != nil {
+		return h.interrupted(ctx, began)
+	}
 	logs := h.drain(ctx)
+	if ctx.Err() != nil {
+		return h.interrupted(ctx, began)
+	}
 	st, err := cluster.ReadLedger(ctx, h.ledger, h.acct.ids())
 	if err != nil {
 		return nil, err
@@ -491,6 +504,28 @@ func (h *harness) run(ctx context.Context) (*Report, error) {
 		}
 	}
 	return rep, nil
+}
+
+// interrupted ends a run whose ctx ended once the workload had begun: no
+// check runs (the cluster was neither healed nor drained), but what was
+// recorded so far (every operation, the faults applied, the plan) goes to
+// Out, and the data dirs and node logs are kept. The error wraps ctx's.
+func (h *harness) interrupted(ctx context.Context, began time.Time) (*Report, error) {
+	h.keepWhy = "interrupted"
+	at := time.Duration(h.hist.Now())
+	ops := h.hist.Ops()
+	if on := h.activeNames(); on != "none" {
+		h.note("faults still on when the run was interrupted: %s", on)
+	}
+	rep := h.report(&cluster.CheckInput{Ops: ops, Accounts: h.acct.limits}, nil, began)
+	rep.Interrupted = fmt.Sprintf("interrupted at %s of %s, after %d operations: no check was run", clock(at), clock(h.cfg.Duration), len(ops))
+	err := fmt.Errorf("chaos: %s: %w", rep.Interrupted, context.Cause(ctx))
+	if h.cfg.Out != "" {
+		if werr := rep.Write(h.cfg.Out, ops); werr != nil {
+			err = fmt.Errorf("%w (and the partial report could not be written to %s: %v)", err, h.cfg.Out, werr)
+		}
+	}
+	return rep, err
 }
 
 func (h *harness) livenessResult() cluster.Result {

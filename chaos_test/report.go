@@ -46,6 +46,10 @@ type Report struct {
 	Series []Bucket  `json:"series"`
 	Notes  []string  `json:"notes,omitempty"`
 	Limits AcctNotes `json:"accounts"`
+	// Interrupted says when the run was interrupted (its context ended):
+	// then no check ran, Results is empty, and the rest is what was
+	// recorded until then.
+	Interrupted string `json:"interrupted,omitempty"`
 	// Dir holds the nodes' data dirs and logs (n1.log, ...) when the run
 	// keeps them: always with Config.Dir or Keep, and after a violation.
 	Dir string `json:"dir,omitempty"`
@@ -211,14 +215,25 @@ func escapePipes(s string) string { return strings.ReplaceAll(s, "|", "\\|") }
 func (r *Report) Markdown() string {
 	var b strings.Builder
 	verdict := "every invariant held"
-	if r.Violated() {
+	switch {
+	case r.Violated():
 		verdict = "VIOLATIONS FOUND"
+	case r.Interrupted != "":
+		verdict = "INTERRUPTED, nothing checked"
 	}
 	fmt.Fprintf(&b, "# quotaring chaos report: %s\n\n", verdict)
 	fmt.Fprintf(&b, "Seed %d, %d nodes, %s of faults (%s); began %s, took %s.\n\nReproduce the schedule: `%s`\n\n",
 		r.Seed, r.Nodes, r.Duration, joinFaults(r.Faults), r.Began.Format(time.RFC3339), r.Elapsed, r.Command)
 	b.WriteString("![answers per second, faults shaded](report.svg)\n\n")
-	b.WriteString(r.Table())
+	if r.Interrupted != "" {
+		fmt.Fprintf(&b, "The run was %s. Below are the operations and faults recorded until then (`history.json` has every operation)", r.Interrupted)
+		if r.Dir != "" {
+			fmt.Fprintf(&b, "; the nodes' logs and data dirs are in `%s/nodes`", r.Dir)
+		}
+		b.WriteString(".\n")
+	} else {
+		b.WriteString(r.Table())
+	}
 	if r.Violated() {
 		b.WriteString("\nWhat to do: each violation below names its first offending operations and the ledger's rows of its event. " +
 			"`history.json` holds every operation (invoke and answer times, the way in, the deciding node, the answer)")

@@ -55,7 +55,9 @@ with the faults shaded).
 The seed fixes the schedule and each client's choices; the interleavings are
 the real processes' own, so a run shows a violation that a rerun of the same
 seed may not. Exits 0 when every invariant held, 3 on a violation, 1 when the
-run could not be done. Needs about 1 GB of disk and 2 cores; run it as a user
+run could not be done, 130 when interrupted: Ctrl-C (or SIGTERM) stops the
+load, the nodes and Postgres, checks nothing, writes what was recorded so far
+to --out and keeps the data dirs and node logs, as a violation does. Needs about 1 GB of disk and 2 cores; run it as a user
 that may start Postgres (as root it runs Postgres as the postgres user).`,
 		Example: `  quotad chaos --nodes 5 --duration 10m --faults all --seed 42 --out ./chaos-report
   quotad chaos --nodes 3 --duration 2m --faults kill,ledger-down --seed 7`,
@@ -75,6 +77,9 @@ that may start Postgres (as root it runs Postgres as the postgres user).`,
 			}
 			cfg.Progress = cmd.ErrOrStderr()
 			rep, err := chaos.Run(cmd.Context(), cfg)
+			if cmd.Context().Err() != nil && (rep == nil || rep.Interrupted != "") { // Ctrl-C, SIGTERM
+				return chaosInterrupted(cmd.OutOrStdout(), rep, cfg.Out, err)
+			}
 			if rep == nil {
 				return err
 			}
@@ -105,6 +110,25 @@ that may start Postgres (as root it runs Postgres as the postgres user).`,
 	fl.StringVar(&cfg.Subnet, "subnet", "", "the first three bytes of the nodes' loopback addresses (default: a random 127.x.y, so that two runs on one machine never meet)")
 	fl.StringVar(&cfg.Binary, "binary", "", "the quotad the nodes run (default: this one)")
 	return cmd
+}
+
+// chaosInterrupted says what an interrupted run leaves: no verdicts, and
+// where what it recorded went. It exits 130, as a shell does for Ctrl-C.
+func chaosInterrupted(out io.Writer, rep *chaos.Report, dir string, err error) error {
+	if rep == nil {
+		return &exitError{code: 130, err: errors.New("chaos: interrupted before the workload began: nothing was recorded or checked")}
+	}
+	fmt.Fprintf(out, "\n%s\n%s\n", rep.Command, rep.Interrupted)
+	if dir != "" {
+		fmt.Fprintf(out, "what was recorded until then: %s (report.md, report.json, history.json, report.svg)\n", dir)
+	}
+	if rep.Dir != "" {
+		fmt.Fprintf(out, "data dirs and node logs in %s\n", filepath.Join(rep.Dir, "nodes"))
+	}
+	if err == nil {
+		err = errors.New("chaos: interrupted")
+	}
+	return &exitError{code: 130, err: err}
 }
 
 // printChaosReport prints the table of invariants and the first offending
