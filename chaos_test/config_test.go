@@ -172,3 +172,31 @@ func TestInterruptKeepsWhatWasRecorded(t *testing.T) {
 		t.Fatalf("the progress lines do not say the run stops and where the node logs are:\n%s", progress)
 	}
 }
+
+// The report's command runs the same plan and the same workload again:
+// the seed fixes the clients' choices only with the same workers and rate
+// (the hard quotas are sized from the rate), so the CI runs' reports (8
+// workers, 100/s) named a command that ran another workload.
+func TestReportCommandReproducesTheWorkload(t *testing.T) {
+	for _, tc := range []struct {
+		cfg  Config
+		want string
+	}{
+		{Config{Nodes: 3, Duration: time.Minute, Faults: []Fault{Kill, LedgerDown}, Seed: 11},
+			"quotad chaos --nodes 3 --duration 1m0s --faults kill,ledger-down --seed 11"},
+		{Config{Seed: 7},
+			"quotad chaos --nodes 5 --duration 10m0s --faults all --seed 7"},
+		{Config{Nodes: 3, Duration: time.Minute, Faults: []Fault{Pause}, Seed: 21, Workers: 8, Rate: 100},
+			"quotad chaos --nodes 3 --duration 1m0s --faults pause --seed 21 --workers 8 --rate 100"},
+		{Config{Nodes: 4, Duration: time.Minute, Faults: []Fault{Split}, Seed: 2, Rate: 62.5, SettleInterval: time.Second},
+			"quotad chaos --nodes 4 --duration 1m0s --faults split --seed 2 --rate 62.5 --settle-interval 1s"},
+	} {
+		cfg := tc.cfg
+		if err := cfg.defaults(); err != nil {
+			t.Fatal(err)
+		}
+		if got := cfg.command(); got != tc.want {
+			t.Errorf("command:\n got %s\nwant %s", got, tc.want)
+		}
+	}
+}

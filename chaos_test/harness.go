@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -63,6 +64,36 @@ type Config struct {
 	ProgressEvery time.Duration
 }
 
+// Defaults of the workload and the nodes (quotad chaos's flags).
+const (
+	defaultWorkers        = 16
+	defaultRate           = 150
+	defaultSettleInterval = 500 * time.Millisecond
+)
+
+// command is the quotad chaos command that runs this plan and workload
+// again. The seed fixes each client's choices only for the same workers
+// and rate (the hard quotas are sized from the rate too), and the nodes'
+// settle interval shapes what they do: those that differ from the
+// command's defaults are named.
+func (c *Config) command() string {
+	faults := joinFaults(c.Faults)
+	if slices.Equal(c.Faults, AllFaults) {
+		faults = "all"
+	}
+	s := fmt.Sprintf("quotad chaos --nodes %d --duration %s --faults %s --seed %d", c.Nodes, c.Duration, faults, c.Seed)
+	if c.Workers != defaultWorkers {
+		s += fmt.Sprintf(" --workers %d", c.Workers)
+	}
+	if c.Rate != defaultRate {
+		s += " --rate " + strconv.FormatFloat(c.Rate, 'g', -1, 64)
+	}
+	if c.SettleInterval != defaultSettleInterval {
+		s += " --settle-interval " + c.SettleInterval.String()
+	}
+	return s
+}
+
 func (c *Config) defaults() error {
 	if c.Nodes == 0 {
 		c.Nodes = 5
@@ -74,13 +105,13 @@ func (c *Config) defaults() error {
 		c.Faults = slices.Clone(AllFaults)
 	}
 	if c.Workers == 0 {
-		c.Workers = 16
+		c.Workers = defaultWorkers
 	}
 	if c.Rate == 0 {
-		c.Rate = 150
+		c.Rate = defaultRate
 	}
 	if c.SettleInterval == 0 {
-		c.SettleInterval = 500 * time.Millisecond
+		c.SettleInterval = defaultSettleInterval
 	}
 	if c.FirstIP == 0 {
 		c.FirstIP = 100

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -98,10 +97,7 @@ func (h *harness) report(in *cluster.CheckInput, results []cluster.Result, began
 		Notes: h.notes, Dir: h.keptDir(),
 		Limits: AcctNotes{Hard: len(h.acct.hard), Big: len(h.acct.big), Soft: len(h.acct.soft), RateLimited: len(h.acct.rl),
 			HardQuota: h.acct.limits[h.acct.hard[0]].Quota, Rate: fmt.Sprintf("%d/s, burst %d", rlRate, rlBurst)}}
-	r.Command = fmt.Sprintf("quotad chaos --nodes %d --duration %s --faults %s --seed %d", h.cfg.Nodes, h.cfg.Duration, joinFaults(h.cfg.Faults), h.cfg.Seed)
-	if slices.Equal(h.cfg.Faults, AllFaults) {
-		r.Command = fmt.Sprintf("quotad chaos --nodes %d --duration %s --faults all --seed %d", h.cfg.Nodes, h.cfg.Duration, h.cfg.Seed)
-	}
+	r.Command = h.cfg.command()
 	r.Loss.Charges, r.Loss.ChargeUnits, r.Loss.Refunds, r.Loss.RefundUnits = cluster.LossTotals(h.lost)
 	r.Loss.Revoked = h.revoked
 	r.Workload = summarize(in.Ops)
