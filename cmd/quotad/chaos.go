@@ -40,6 +40,8 @@ against the recorded history and the ledger:
   AVAIL no account stays undecided 15 s past the faults that held it
   SEQ   settled sequences contiguous per (node, incarnation)
   RES   no reservation stranded after the final drain
+  ALERT quota alerts delivered at least once, signed, as the ledger records
+        them; a hard account that used its month up has its 80 % and 100 %
   LIVE  nodes come back, drain and exit 0
 
 The faults (--faults all, or a comma-separated list):

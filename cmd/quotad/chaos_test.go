@@ -3,8 +3,11 @@ package main
 import (
 	"bytes"
 	"context"
+	"regexp"
 	"strings"
 	"testing"
+
+	"github.com/quotaring/quotaring/internal/cluster"
 )
 
 // Bad flags are refused before anything starts. A zero is not "the
@@ -37,6 +40,32 @@ func TestChaosFlags(t *testing.T) {
 		}
 		if strings.Contains(out.String(), "starting") {
 			t.Errorf("quotad chaos %s started a cluster:\n%s", strings.Join(tc.args, " "), out.String())
+		}
+	}
+}
+
+// --help names every check a run reports (ALERT was missing) and what
+// the exit codes mean.
+func TestChaosHelpNamesEveryCheck(t *testing.T) {
+	var out bytes.Buffer
+	root := newRootCmd()
+	root.SetArgs([]string{"chaos", "--help"})
+	root.SetOut(&out)
+	if err := root.Execute(); err != nil {
+		t.Fatal(err)
+	}
+	ids := []string{"ALERT", "LIVE"} // the harness's own, beside the checkers
+	for _, c := range cluster.Checkers {
+		ids = append(ids, c.ID)
+	}
+	for _, id := range ids {
+		if !regexp.MustCompile(`(?m)^  ` + id + `\s`).MatchString(out.String()) {
+			t.Errorf("quotad chaos --help does not list the check %s", id)
+		}
+	}
+	for _, s := range []string{"Exits 0", "3 on a violation", "130 when", "--seed", "--out"} {
+		if !strings.Contains(out.String(), s) {
+			t.Errorf("quotad chaos --help does not say %q", s)
 		}
 	}
 }
