@@ -279,10 +279,25 @@ func sorted(s []string) []string {
 	return out
 }
 
+// Missing lists the faults the plan was given but has no episode of: a
+// short duration leaves no room for them.
+func (p *Plan) Missing() []Fault {
+	var out []Fault
+	for _, f := range p.Faults {
+		if !slices.ContainsFunc(p.Episodes, func(e Episode) bool { return e.Fault == f }) {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
 // String prints the plan as a readable schedule, one fault a line.
 func (p *Plan) String() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "seed %d: %d nodes for %s, faults %s\n", p.Seed, p.Nodes, p.Duration, joinFaults(p.Faults))
+	if m := p.Missing(); len(m) > 0 {
+		fmt.Fprintf(&b, "  NOT IN THE PLAN, no room in %s: %s (a longer --duration fits more)\n", p.Duration, joinFaults(m))
+	}
 	for _, e := range p.Episodes {
 		fmt.Fprintf(&b, "  %8s %8s  %s\n", clock(e.Start), clock(e.End), e.Describe())
 	}

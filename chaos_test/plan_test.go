@@ -137,3 +137,22 @@ func TestPlansAreWellFormed(t *testing.T) {
 		}
 	}
 }
+
+// A fault given that the duration leaves no room for is named in the
+// plan (printed at the start and in the report), not silently dropped:
+// --duration 15s --faults kill,split,ledger-down ran one split and
+// nothing else, and said nothing.
+func TestPlanNamesTheFaultsItHasNoRoomFor(t *testing.T) {
+	p := mustPlan(t, 1, 3, 15*time.Second, "kill,split,ledger-down")
+	if m := p.Missing(); !slices.Equal(m, []Fault{Kill, LedgerDown}) {
+		t.Fatalf("missing %v, want [kill ledger-down]:\n%s", m, p)
+	}
+	if !strings.Contains(p.String(), "NOT IN THE PLAN, no room in 15s: kill,ledger-down") {
+		t.Fatalf("the plan does not say which faults it has no room for:\n%s", p)
+	}
+	for _, g := range goldenPlans(t) {
+		if m := g.Missing(); len(m) > 0 || strings.Contains(g.String(), "NOT IN THE PLAN") {
+			t.Errorf("golden plan seed %d misses %v:\n%s", g.Seed, m, g)
+		}
+	}
+}
