@@ -16,6 +16,7 @@ import (
 	"github.com/quotaring/quotaring/flush"
 	"github.com/quotaring/quotaring/internal/cluster"
 	"github.com/quotaring/quotaring/node"
+	"github.com/quotaring/quotaring/shard"
 )
 
 // Quota alerts under faults (the ALERT check). Every node POSTs its quota
@@ -95,26 +96,36 @@ func (s *alertSink) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusNoContent)
 }
 
-// waitAlerts waits until the ledger holds no pending alert (or alertWait).
+// waitAlerts waits until the ledger holds no pending alert and no
+// threshold crossed without one (Ledger.MissedAlerts: the nodes' sweeps
+// alert those within a sweep of the last settle), or alertWait.
 func (h *harness) waitAlerts(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(ctx, alertWait)
 	defer cancel()
 	tick := time.NewTicker(200 * time.Millisecond)
 	defer tick.Stop()
+	// The months the run may have billed: this one, and the next one
+	// (clock-jump) and the last (clock-skew) beside it.
+	now := shard.PeriodOf(time.Now().UnixNano())
 	for {
 		rows, err := h.ledger.Alerts(ctx, flush.AlertQuery{})
-		pending := 0
+		pending, missed := 0, 0
 		for _, r := range rows {
 			if r.State == flush.AlertPending {
 				pending++
 			}
 		}
-		if err == nil && pending == 0 {
+		for p := now - 1; p <= now+1 && err == nil; p++ {
+			var m []flush.MissedAlert
+			m, err = h.ledger.MissedAlerts(ctx, p, []int{80, 100}, 1000)
+			missed += len(m)
+		}
+		if err == nil && pending == 0 && missed == 0 {
 			return
 		}
 		select {
 		case <-ctx.Done():
-			h.logf("%d quota alerts still pending after %s (err %v)", pending, alertWait, err)
+			h.logf("%d quota alerts still pending and %d thresholds crossed without one after %s (err %v)", pending, missed, alertWait, err)
 			return
 		case <-tick.C:
 		}

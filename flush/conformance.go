@@ -51,6 +51,7 @@ func RunConformance(t *testing.T, open func(t *testing.T) Ledger) {
 		{"UsageAndReconcile", confUsageReconcile},
 		{"BillingUsage", confBillingUsage},
 		{"NodesReservationsAlerts", confNodesAlerts},
+		{"MissedAlerts", confMissedAlerts},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -1418,6 +1419,49 @@ func confNodesAlerts(t *testing.T, l Ledger) {
 		t.Errorf("alert in the next period: %v, %v; want true", got, err)
 	}
 	confAlertDelivery(t, l)
+}
+
+// confMissedAlerts: the thresholds the settled use of a month's grants
+// crossed with no alert recorded, and only those.
+func confMissedAlerts(t *testing.T, l Ledger) {
+	ctx := t.Context()
+	confSetup(t, l, 10, "acct-1", "acct-2", "acct-3", "acct-4")
+	a := confNode(t, l, "node-a")
+	a.settle(t, chargeOf("acct-1", "e1", 8, confJune), chargeOf("acct-2", "e2", 6, confJune), chargeOf("acct-2", "e3", 4, confJune),
+		chargeOf("acct-3", "e4", 7, confJune), chargeOf("acct-4", "e5", 9, confJune))
+	a.settle(t, refundOf("acct-4", "e5", 9, confJune)) // refunded below every threshold
+	missed := func(period shard.Period, limit int) []MissedAlert {
+		t.Helper()
+		got, err := l.MissedAlerts(ctx, period, []int{80, 100}, limit)
+		if err != nil {
+			t.Fatalf("missed alerts of %s: %v", period, err)
+		}
+		return got
+	}
+	want := []MissedAlert{{"acct-1", 80, 8, 10}, {"acct-2", 80, 10, 10}, {"acct-2", 100, 10, 10}}
+	if got := missed(confPeriod, 10); !slices.Equal(got, want) {
+		t.Errorf("missed alerts %+v, want %+v", got, want)
+	}
+	if won, err := l.RecordAlert(ctx, confAlert("acct-2", confPeriod, 80, "c1")); err != nil || !won {
+		t.Fatalf("record alert: %v, %v", won, err)
+	}
+	if got := missed(confPeriod, 10); !slices.Equal(got, []MissedAlert{want[0], want[2]}) {
+		t.Errorf("missed alerts after acct-2's 80 %% alert %+v, want acct-1 80 and acct-2 100", got)
+	}
+	if got := missed(confPeriod, 1); !slices.Equal(got, want[:1]) {
+		t.Errorf("missed alerts, limit 1: %+v", got)
+	}
+	if got := missed(confPeriod+1, 10); len(got) != 0 {
+		t.Errorf("missed alerts of a month with no use: %+v", got)
+	}
+	for _, bad := range []struct {
+		thresholds []int
+		limit      int
+	}{{[]int{0}, 1}, {[]int{101}, 1}, {[]int{80}, 0}} {
+		if _, err := l.MissedAlerts(ctx, confPeriod, bad.thresholds, bad.limit); !errors.Is(err, ErrInvalid) {
+			t.Errorf("missed alerts %v limit %d: %v, want ErrInvalid", bad.thresholds, bad.limit, err)
+		}
+	}
 }
 
 func confAlert(account string, period shard.Period, threshold int, claim string) AlertRecord {

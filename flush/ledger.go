@@ -128,6 +128,13 @@ type Ledger interface {
 	// Alerts lists the alerts recorded that match q, by account, period and
 	// threshold.
 	Alerts(ctx context.Context, q AlertQuery) ([]AlertRecord, error)
+	// MissedAlerts lists up to limit crossings, by the settled use of
+	// period's monthly grants, of thresholds (percent of the grant's units,
+	// 1 to 100) that no alert records, by account and threshold. They are
+	// the crossings no owner saw in a decision: the charges that crossed
+	// were another owner's (an account that moved while a node was down or
+	// cut off), and the owner learns of them only once they settle.
+	MissedAlerts(ctx context.Context, period shard.Period, thresholds []int, limit int) ([]MissedAlert, error)
 
 	Close() error
 }
@@ -358,6 +365,27 @@ type AlertRecord struct {
 	FinishedAt time.Time // delivered or given up; zero while pending
 	Attempts   int       // webhook calls recorded so far
 	LastError  string    // the last failed round's error
+}
+
+// MissedAlert is a threshold a monthly grant's settled use reached with no
+// alert recorded for it (Ledger.MissedAlerts).
+type MissedAlert struct {
+	Account     string
+	Threshold   int   // percent
+	Used, Limit int64 // the grant's settled use and units
+}
+
+// checkMissed checks MissedAlerts' arguments.
+func checkMissed(thresholds []int, limit int) error {
+	if limit <= 0 {
+		return fmt.Errorf("%w: missed alerts: limit %d: want at least 1", ErrInvalid, limit)
+	}
+	for _, t := range thresholds {
+		if t < 1 || t > 100 {
+			return fmt.Errorf("%w: missed alerts: threshold %d: want 1 to 100 (percent)", ErrInvalid, t)
+		}
+	}
+	return nil
 }
 
 // AlertQuery selects alerts; a zero field matches every alert.

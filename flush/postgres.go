@@ -432,6 +432,26 @@ func (p *Postgres) TakeOverAlerts(ctx context.Context, claim string, lease, give
 	return taken, givenUp, nil
 }
 
+// MissedAlerts lists thresholds crossed with no alert (see Ledger): the
+// monthly grants are read by their id, each threshold as a row of its own.
+func (p *Postgres) MissedAlerts(ctx context.Context, period shard.Period, thresholds []int, limit int) ([]MissedAlert, error) {
+	if err := checkMissed(thresholds, limit); err != nil || len(thresholds) == 0 {
+		return nil, err
+	}
+	rows, _ := p.pool.Query(ctx, `SELECT g.account_id, t.threshold, g.used, g.units
+		FROM grants g CROSS JOIN unnest($2::int[]) AS t(threshold)
+		WHERE g.grant_id = $1 AND g.units > 0 AND g.used * 100 >= g.units * t.threshold
+			AND NOT EXISTS (SELECT 1 FROM alerts a WHERE a.account_id = g.account_id AND a.period = $3 AND a.threshold = t.threshold)
+		ORDER BY g.account_id, t.threshold
+		LIMIT $4`, shard.MonthlyGrantID(period), thresholds, period.String(), limit)
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (MissedAlert, error) {
+		var m MissedAlert
+		err := r.Scan(&m.Account, &m.Threshold, &m.Used, &m.Limit)
+		return m, err
+	})
+	return out, p.fail("look for missed alerts of "+period.String(), err)
+}
+
 // ResendAlert makes a finished alert pending again (see Ledger).
 func (p *Postgres) ResendAlert(ctx context.Context, account string, period shard.Period, threshold int) (AlertRecord, error) {
 	var out AlertRecord

@@ -282,6 +282,30 @@ func (s *SQLite) RecordAlert(ctx context.Context, a AlertRecord) (bool, error) {
 	return n == 1, s.fail("record alert", err)
 }
 
+// MissedAlerts lists thresholds crossed with no alert (see Ledger).
+func (s *SQLite) MissedAlerts(ctx context.Context, period shard.Period, thresholds []int, limit int) ([]MissedAlert, error) {
+	if err := checkMissed(thresholds, limit); err != nil || len(thresholds) == 0 {
+		return nil, err
+	}
+	ts, _ := json.Marshal(thresholds)
+	var out []MissedAlert
+	err := s.read(ctx, func(tx *sql.Tx) error {
+		return queryEach(ctx, tx, `SELECT g.account_id, t.value, g.used, g.units
+			FROM grants g, json_each(?) t
+			WHERE g.grant_id = ? AND g.units > 0 AND g.used * 100 >= g.units * t.value
+				AND NOT EXISTS (SELECT 1 FROM alerts a WHERE a.account_id = g.account_id AND a.period = ? AND a.threshold = t.value)
+			ORDER BY g.account_id, t.value
+			LIMIT ?`, []any{string(ts), shard.MonthlyGrantID(period), period.String(), limit},
+			func(scan func(...any) error) error {
+				var m MissedAlert
+				err := scan(&m.Account, &m.Threshold, &m.Used, &m.Limit)
+				out = append(out, m)
+				return err
+			})
+	})
+	return out, s.fail("look for missed alerts of "+period.String(), err)
+}
+
 // FinishAlert records the end of a round of deliveries (see Ledger).
 func (s *SQLite) FinishAlert(ctx context.Context, a AlertRecord, state AlertState, attempts int, lastErr string) (bool, error) {
 	if err := checkAlertFinish(a, state); err != nil {

@@ -172,6 +172,7 @@ type alertStats struct {
 	Failed      atomic.Int64 // alerts given up: never claimed, refused, or past AlertGiveUp
 	Deferred    atomic.Int64 // rounds that ended undelivered: left pending for a takeover
 	TakenOver   atomic.Int64 // pending alerts this node took over from the ledger
+	CaughtUp    atomic.Int64 // crossings the ledger showed that no decision here saw (sweepMissed)
 	Attempts    atomic.Int64 // webhook calls made
 }
 
@@ -243,6 +244,7 @@ func (n *Node) startAlerts() error {
 		counter("quotaring_alerts_failed_total", "Quota alerts given up: refused by the webhook (4xx), undelivered for the give-up age, or never claimed in the ledger.", &a.stats.Failed),
 		counter("quotaring_alerts_deferred_total", "Rounds of webhook retries that ended undelivered; the alert stays pending in the ledger and is taken over after the lease.", &a.stats.Deferred),
 		counter("quotaring_alerts_taken_over_total", "Pending quota alerts this node took over from the ledger (their claim's lease had run out).", &a.stats.TakenOver),
+		counter("quotaring_alerts_caught_up_total", "Quota alerts queued by the sweep for thresholds the ledger's settled use crossed with no alert recorded: crossings no owner saw in a decision (the charges were another owner's).", &a.stats.CaughtUp),
 		counter("quotaring_alerts_already_sent_total", "Quota alerts this node saw but another node (or an earlier start) had already claimed.", &a.stats.AlreadySent),
 		counter("quotaring_alert_attempts_total", "Webhook calls made for quota alerts, retries included.", &a.stats.Attempts),
 	); err != nil {
@@ -487,6 +489,48 @@ func (a *alerter) sweep(ctx context.Context, pending []*delivery) []*delivery {
 			"account", al.Account, "period", al.Period, "threshold", al.Threshold, "attempts_before", r.Attempts, "last_error", r.LastError)
 		pending = append(pending, &delivery{a: queuedAlert{Alert: al, period: r.Period, claim: claim},
 			stage: stageSend, next: start, until: start.Add(a.lease / 2), body: alertBody(al)})
+	}
+	return a.sweepMissed(ctx, l, pending)
+}
+
+// sweepMissed queues the crossings of this month and the last that the
+// ledger's settled use shows and no alert records (Ledger.MissedAlerts).
+// The charge hook sees a crossing only in a decision, and an owner's
+// decisions count another owner's charges only once they settle: an
+// account charged by a second owner while its first was down or cut off,
+// then handed back, could use its month up with no decision ever showing
+// 100 %, and with no charge after it, none ever would. Every node sweeps;
+// the claim in the ledger sends each alert once.
+func (a *alerter) sweepMissed(ctx context.Context, l flush.Ledger, pending []*delivery) []*delivery {
+	now := a.n.clock.Now().Wall
+	cur := shard.PeriodOf(now)
+	at := time.Unix(0, now).UTC().Truncate(time.Second)
+	start := time.Now()
+	for _, period := range []shard.Period{cur - 1, cur} {
+		room := min(alertQueueSize-len(pending), alertSweepBatch)
+		if room <= 0 {
+			break
+		}
+		missed, err := l.MissedAlerts(ctx, period, a.thresholds, room)
+		if err != nil {
+			a.log.Warn("could not look for quota thresholds crossed without an alert; trying again at the next sweep", "err", err)
+			return pending
+		}
+		for _, m := range missed {
+			i := slices.Index(a.thresholds, m.Threshold)
+			if i < 0 || slices.ContainsFunc(pending, func(d *delivery) bool {
+				return d.a.Account == m.Account && d.a.period == period && d.a.Threshold == m.Threshold
+			}) {
+				continue // claimed by an earlier sweep's delivery, not recorded yet
+			}
+			bit := uint32(1) << i
+			a.mark(m.Account, period, bit) // the charge hook need not queue it too
+			a.stats.CaughtUp.Add(1)
+			a.log.Info("quota threshold crossed with no alert: the ledger's settled use shows it, no decision here did (the charges were another owner's); alerting",
+				"account", m.Account, "period", period.String(), "threshold", m.Threshold, "used", m.Used, "limit", m.Limit)
+			al := Alert{Account: m.Account, Period: period.String(), Threshold: m.Threshold, Used: m.Used, Limit: m.Limit, At: at}
+			pending = append(pending, &delivery{a: queuedAlert{Alert: al, period: period, bit: bit, claim: crand.Text()}, next: start})
+		}
 	}
 	return pending
 }

@@ -26,6 +26,7 @@ import (
 	"github.com/quotaring/quotaring/flush"
 	"github.com/quotaring/quotaring/router"
 	"github.com/quotaring/quotaring/shard"
+	"github.com/quotaring/quotaring/snapshot"
 )
 
 const testAlertSecret = "whsec-test-0123456789"
@@ -598,5 +599,61 @@ func TestAlertErrorsHideTheWebhooksSecrets(t *testing.T) {
 	_, err := a.send(context.Background(), []byte("{}"), time.Second)
 	if err == nil || strings.Contains(err.Error(), "secret") || !strings.Contains(err.Error(), addr+"/hooks") {
 		t.Fatalf("send to a closed port: %v, want an error naming %s/hooks without the password or query", err, addr)
+	}
+}
+
+// A crossing no decision here saw: another owner's charges used the month up
+// and settled (the account was charged elsewhere while this owner was down),
+// and no charge followed. The sweep finds it in the ledger and sends the 80 %
+// and 100 % alerts, once each, with the ledger's figures.
+func TestAlertForACrossingNoDecisionSaw(t *testing.T) {
+	rc := &receiver{}
+	srv := httptest.NewServer(rc)
+	defer srv.Close()
+	l := testLedger(t)
+	ctx := context.Background()
+	if err := l.UpsertPlan(ctx, snapshot.Plan{ID: "ten", MonthlyQuota: 10, Hard: true}); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.UpsertAccount(ctx, "acme", "ten"); err != nil {
+		t.Fatal(err)
+	}
+	mark, err := l.RegisterNode(ctx, "other", "other-inc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	wall := time.Date(2026, 6, 9, 12, 0, 0, 0, time.UTC).UnixNano()
+	b := &flush.Batch{Node: "other", Incarnation: "other-inc", Prev: mark, Next: mark + 1, Events: true,
+		Charges: []flush.Charge{{Seq: mark + 1, Account: "acme", EventID: "e1", ClientID: true, Key: "k", Route: "GET /x", Units: 10,
+			Wall: wall, Period: june2026, Allocs: []shard.Alloc{{Grant: shard.MonthlyGrantID(june2026), Units: 10}}}}}
+	if res, err := l.Settle(ctx, b); err != nil || !res.Applied {
+		t.Fatalf("settle the other owner's charge: %+v, %v", res, err)
+	}
+
+	a := testAlerter(t, srv.URL, l, func(c *Config) { c.AlertLease = 300 * time.Millisecond }) // sweeps every 30 ms
+	waitFor(t, 10*time.Second, "both alerts delivered", func() bool { return len(rc.alerts()) == 2 })
+	got := rc.alerts()
+	slices.SortFunc(got, func(x, y Alert) int { return x.Threshold - y.Threshold })
+	for i, th := range []int{80, 100} {
+		if r := got[i]; r.Account != "acme" || r.Period != "2026-06" || r.Threshold != th || r.Used != 10 || r.Limit != 10 {
+			t.Fatalf("alert %d: %+v; want acme 2026-06 %d%% at 10 of 10", i, r, th)
+		}
+	}
+	if n := a.stats.CaughtUp.Load(); n != 2 {
+		t.Fatalf("caught up %d alerts, want 2", n)
+	}
+	// Once recorded, a sweep finds nothing more; and a charge's decision that
+	// now shows 100 % queues nothing (the sweep marked it as this node's).
+	ledgerDelivered := func() bool {
+		rs, err := l.Alerts(ctx, flush.AlertQuery{})
+		return err == nil && len(rs) == 2 && rs[0].State == flush.AlertDelivered && rs[1].State == flush.AlertDelivered
+	}
+	waitFor(t, 10*time.Second, "both deliveries recorded", ledgerDelivered)
+	if more := a.sweepMissed(ctx, l, nil); len(more) != 0 {
+		t.Fatalf("a sweep after delivery queued %d alerts again", len(more))
+	}
+	a.onCharge("acme", decision(10, 10, june2026), nil)
+	if n := a.stats.Queued.Load(); n != 0 {
+		t.Fatalf("a charge at 100 %% queued %d alerts the sweep had sent", n)
 	}
 }
