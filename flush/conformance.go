@@ -693,6 +693,29 @@ func confServedAcrossOwners(t *testing.T, l Ledger) {
 		t.Fatalf("the event's own refund: %+v, want applied", res)
 	}
 	wantUsage(t, l, "acct-1", 4)
+	// e8: node-b's retry was charged before the event's own refund, and
+	// settles after it (node-b was cut off from the ledger): the refund
+	// covers it, nothing is billed. (The chaos harness found it billed: G4.)
+	a.settle(t, chargeOf("acct-1", "e8", 5, confJune).withReserved())
+	a.settle(t, refundOf("acct-1", "e8", 5, confJune).withReserved()) // decided a minute after the charges
+	if res := b.settle(t, chargeOf("acct-1", "e8", 5, confJune).withReserved()); len(res.Duplicates) != 1 {
+		t.Fatalf("node-b's retry of e8, charged before e8's refund: %+v, want a duplicate, not billed", res)
+	}
+	wantUsage(t, l, "acct-1", 4)
+	// e9: a retry charged after the event's refund (by an owner that did
+	// not know of it) is a new request: it takes the event over, billed.
+	a.settle(t, chargeOf("acct-1", "e9", 5, confJune).withReserved())
+	a.settle(t, refundOf("acct-1", "e9", 5, confJune).withReserved())
+	late := chargeOf("acct-1", "e9", 5, confJune).withReserved()
+	late.wall = late.wall.Add(2 * time.Minute)
+	if res := b.settle(t, late); len(res.Duplicates) != 0 {
+		t.Fatalf("node-b's retry of e9, charged after e9's refund: %+v, want billed", res)
+	}
+	wantUsage(t, l, "acct-1", 9)
+	if res := b.settle(t, refundOf("acct-1", "e9", 5, confJune).withReserved()); len(res.DuplicateRefunds) != 0 {
+		t.Fatalf("node-b's refund of the e9 it took over: %+v, want applied", res)
+	}
+	wantUsage(t, l, "acct-1", 4)
 	// used + reserved stays within the units, and the counters equal the log.
 	g := grantOf(t, l, "acct-1", confJune)
 	if g.Used != 4 || g.Used+g.Reserved > g.Units {

@@ -169,7 +169,10 @@ var (
 //     billed (no usage, no used units) but its Reserved units still leave
 //     this node's reservation, and it counts on the event as a retry served
 //     again (served_again). If the event was refunded (its attempt failed)
-//     the served retry takes the event over and is billed instead.
+//     the served retry takes the event over and is billed instead; but not
+//     a retry charged (Charge.Wall) before the event's own refund was
+//     decided (Refund.Wall of a refund that is not an Attempt's, kept as
+//     refund_wall): that refund covers every attempt charged before it.
 //     Refunds: an event found unrefunded is marked refunded and its units
 //     return to its grants (used -=), unless the refund is an Attempt's and
 //     retries were served under the event: the event's own node's attempt

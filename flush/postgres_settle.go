@@ -98,20 +98,21 @@ const pgInsertChargesSQL = `WITH ins AS (
 	ON CONFLICT DO NOTHING
 	RETURNING seq
 ), dup AS MATERIALIZED (
-	SELECT s.seq, s.account_id, s.event_id, s.period_start FROM settle_charges s
+	SELECT s.seq, s.account_id, s.event_id, s.period_start, s.charged_at FROM settle_charges s
 	WHERE NOT EXISTS (SELECT 1 FROM ins WHERE ins.seq = s.seq)
 )
-SELECT d.seq, e.node_id, e.incarnation, e.seq, e.refunded AND NOT e.tombstone AND e.served_again >= 0,
+SELECT d.seq, e.node_id, e.incarnation, e.seq,
+	e.refunded AND NOT e.tombstone AND e.served_again >= 0 AND (e.refund_wall IS NULL OR d.charged_at > e.refund_wall),
 	e.tombstone AND e.refund_pending AND e.node_id <> $1
 FROM dup d LEFT JOIN LATERAL (
-	SELECT e.node_id, e.incarnation, e.seq, e.refunded, e.tombstone, e.refund_pending, e.served_again FROM events e
+	SELECT e.node_id, e.incarnation, e.seq, e.refunded, e.tombstone, e.refund_pending, e.served_again, e.refund_wall FROM events e
 	WHERE e.account_id = d.account_id AND e.event_id = d.event_id AND e.period_start = d.period_start
 	LIMIT 1
 ) e ON true`
 
 // pgTakeOverSQL gives a refunded event to a retry another node charged and
 // served: the retry is billed under the event id. $1, $2: node, incarnation.
-const pgTakeOverSQL = `UPDATE events SET refunded = false, refunded_at = NULL, served_again = 0, refund_pending = false,
+const pgTakeOverSQL = `UPDATE events SET refunded = false, refunded_at = NULL, refund_wall = NULL, served_again = 0, refund_pending = false,
 	client_id = $3, key_id = $4, route = $5, units = $6, charged_at = $7, node_id = $1, incarnation = $2, seq = $8,
 	grant_ids = $9, grant_units = $10
 WHERE account_id = $11 AND event_id = $12 AND period_start = $13 AND refunded AND NOT tombstone`
@@ -171,8 +172,8 @@ func neighbourMonth(p shard.Period, wall int64) (shard.Period, bool) {
 // look in (the refund's own month when it is not near an edge).
 const pgRefundsSQL = `WITH r0 AS (
 	SELECT * FROM unnest($3::int[], $4::text[], $5::text[], $6::date[], $7::text[], $8::text[], $9::bigint[],
-		$10::timestamptz[], $11::text[], $12::bigint[], $16::bool[], $17::text[], $18::date[])
-		AS r(ord, account_id, event_id, period_start, key_id, route, units, charged_at, period, seq, attempt, origin, other_start)
+		$10::timestamptz[], $11::text[], $12::bigint[], $16::bool[], $17::text[], $18::date[], $19::timestamptz[])
+		AS r(ord, account_id, event_id, period_start, key_id, route, units, charged_at, period, seq, attempt, origin, other_start, refund_wall)
 ), r AS (
 	-- A refund near a month's edge whose event is not in its own month but
 	-- in the neighbouring one (other_start; its own month when none) applies
@@ -182,7 +183,7 @@ const pgRefundsSQL = `WITH r0 AS (
 			AND NOT EXISTS (SELECT 1 FROM events e WHERE e.account_id = r0.account_id AND e.event_id = r0.event_id AND e.period_start = r0.period_start)
 			AND EXISTS (SELECT 1 FROM events e WHERE e.account_id = r0.account_id AND e.event_id = r0.event_id AND e.period_start = r0.other_start)
 		THEN r0.other_start ELSE r0.period_start END AS period_start,
-		r0.key_id, r0.route, r0.units, r0.charged_at, r0.period, r0.seq, r0.attempt, r0.origin
+		r0.key_id, r0.route, r0.units, r0.charged_at, r0.period, r0.seq, r0.attempt, r0.origin, r0.refund_wall
 	FROM r0
 ), a AS (
 	SELECT * FROM unnest($13::int[], $14::text[], $15::bigint[]) WITH ORDINALITY AS a(ord, grant_id, units, i)
@@ -199,7 +200,10 @@ const pgRefundsSQL = `WITH r0 AS (
 	-- settled yet: origin <> $1 names one, and it is not this row's), or
 	-- this node's refund of its own unbilled retry releases the event's
 	-- own pending refund (see Batch).
-	UPDATE events e SET refunded = true, refunded_at = now(), refund_pending = false, served_again = least(e.served_again, 0)
+	-- The event's own refund keeps when it was decided (refund_wall): the
+	-- retries charged before it are covered by it (pgInsertChargesSQL).
+	UPDATE events e SET refunded = true, refunded_at = now(), refund_pending = false, served_again = least(e.served_again, 0),
+		refund_wall = CASE WHEN r.attempt THEN NULL ELSE r.refund_wall END
 	FROM r
 	WHERE e.account_id = r.account_id AND e.event_id = r.event_id AND e.period_start = r.period_start
 		AND NOT e.refunded
@@ -560,7 +564,8 @@ func (s *pgSettle) settleLog(ctx context.Context, tx pgx.Tx) error {
 				return err
 			}
 		case o.refunded != nil && *o.refunded:
-			// A retry served after the event was refunded: it takes the
+			// A retry served, the event refunded (an attempt's refund, or
+			// the event's own decided before this charge): it takes the
 			// event over and is billed.
 			if err := s.takeOver(ctx, tx, pgTakeOverSQL, c); err != nil {
 				return err
@@ -659,7 +664,10 @@ func (s *pgSettle) logCharges(ctx context.Context, tx pgx.Tx, charges []Charge) 
 type origin struct {
 	node, incarnation *string
 	seq               *int64
-	refunded          *bool // refunded, not a tombstone, and no attempt's late charge owed (served_again >= 0)
+	// refunded: refunded, not a tombstone, no attempt's late charge owed
+	// (served_again >= 0), and not by the event's own refund decided after
+	// this charge (refund_wall): this charge takes the event over.
+	refunded *bool
 	// takeOver: the row is the tombstone of another node's attempt's
 	// refund, which this charge (another attempt, served) takes over.
 	takeOver *bool
@@ -708,7 +716,7 @@ func (s *pgSettle) queueRefunds(q *pgx.Batch, send []int, outcomes []refundOutco
 	ords, accounts, events, starts := make([]int32, n), make([]string, n), make([]string, n), make([]time.Time, n)
 	keys, routes, units, charged := make([]string, n), make([]string, n), make([]int64, n), make([]time.Time, n)
 	periods, seqs, attempts, origins := make([]string, n), make([]int64, n), make([]bool, n), make([]string, n)
-	others := make([]time.Time, n)
+	others, walls := make([]time.Time, n), make([]time.Time, n)
 	var aOrd []int32
 	var aGrant []string
 	var aUnits []int64
@@ -720,7 +728,7 @@ func (s *pgSettle) queueRefunds(q *pgx.Batch, send []int, outcomes []refundOutco
 		if r.Origin == "" {
 			origins[j] = s.b.Node
 		}
-		others[j] = starts[j]
+		others[j], walls[j] = starts[j], time.Unix(0, r.Wall).UTC()
 		if p, ok := neighbourMonth(r.Period, r.ChargeWall); ok {
 			others[j] = periodDate(p)
 		}
@@ -729,7 +737,7 @@ func (s *pgSettle) queueRefunds(q *pgx.Batch, send []int, outcomes []refundOutco
 		}
 	}
 	q.Queue(pgRefundsSQL, s.b.Node, s.b.Incarnation, ords, accounts, events, starts, keys, routes, units, charged, periods, seqs,
-		aOrd, aGrant, aUnits, attempts, origins, others).Query(func(rows pgx.Rows) error {
+		aOrd, aGrant, aUnits, attempts, origins, others, walls).Query(func(rows pgx.Rows) error {
 		for rows.Next() {
 			var ord int32
 			var wasRefunded *bool

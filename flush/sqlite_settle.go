@@ -129,8 +129,9 @@ func (st *sqliteSettle) logCharges(ctx context.Context) error {
 		var seq int64
 		var refunded, tombstone, pending bool
 		var served int64
-		if err := st.queryRow(ctx, `SELECT node_id, incarnation, seq, refunded, tombstone, refund_pending, served_again FROM events WHERE account_id = ? AND event_id = ?`,
-			c.Account, c.EventID).Scan(&node, &inc, &seq, &refunded, &tombstone, &pending, &served); err != nil {
+		var refundWall sql.NullInt64
+		if err := st.queryRow(ctx, `SELECT node_id, incarnation, seq, refunded, tombstone, refund_pending, served_again, refund_wall FROM events WHERE account_id = ? AND event_id = ?`,
+			c.Account, c.EventID).Scan(&node, &inc, &seq, &refunded, &tombstone, &pending, &served, &refundWall); err != nil {
 			return err
 		}
 		if node == st.b.Node && inc == st.b.Incarnation && uint64(seq) == c.Seq {
@@ -147,10 +148,11 @@ func (st *sqliteSettle) logCharges(ctx context.Context) error {
 			}
 			continue
 		}
-		if refunded && !tombstone && served >= 0 {
+		if refunded && !tombstone && served >= 0 && (!refundWall.Valid || c.Wall > refundWall.Int64) {
 			// The event was refunded (its attempt failed) and this retry,
 			// charged by another owner, was served: it takes the event over
-			// and is billed.
+			// and is billed. Not a retry charged before the event's own
+			// refund (refund_wall): that refund covers it.
 			if err := st.takeOver(ctx, c, 0); err != nil {
 				return err
 			}
@@ -175,7 +177,7 @@ func (st *sqliteSettle) logCharges(ctx context.Context) error {
 // takeOver gives the event's row to charge c (this batch's node's), billed:
 // unrefunded, no tombstone, its served retries counted from served.
 func (st *sqliteSettle) takeOver(ctx context.Context, c *Charge, served int64) error {
-	if _, err := st.exec(ctx, `UPDATE events SET refunded = 0, refunded_at = NULL, tombstone = 0, served_again = ?, refund_pending = 0, client_id = ?,
+	if _, err := st.exec(ctx, `UPDATE events SET refunded = 0, refunded_at = NULL, refund_wall = NULL, tombstone = 0, served_again = ?, refund_pending = 0, client_id = ?,
 			key_id = ?, route = ?, units = ?, charged_at = ?, period = ?, node_id = ?, incarnation = ?, seq = ?, allocations = ?
 		WHERE account_id = ? AND event_id = ?`, served, c.ClientID, c.Key, c.Route, c.Units, c.Wall, c.Period.String(),
 		st.b.Node, st.b.Incarnation, int64(c.Seq), encodeAllocs(c.Allocs), c.Account, c.EventID); err != nil {
@@ -238,9 +240,15 @@ func (st *sqliteSettle) logRefunds(ctx context.Context) error {
 		}
 		var ev refundedEvent
 		var allocs string
-		if err := st.queryRow(ctx, `UPDATE events SET refunded = 1, refunded_at = ?, refund_pending = 0, served_again = min(served_again, 0)
+		// The event's own refund keeps when it was decided: the retries
+		// charged before it are covered by it (see logCharges).
+		var refundWall any
+		if !r.Attempt {
+			refundWall = r.Wall
+		}
+		if err := st.queryRow(ctx, `UPDATE events SET refunded = 1, refunded_at = ?, refund_wall = ?, refund_pending = 0, served_again = min(served_again, 0)
 			WHERE account_id = ? AND event_id = ?
-			RETURNING key_id, route, charged_at, units, allocations`, st.now, r.Account, r.EventID).
+			RETURNING key_id, route, charged_at, units, allocations`, st.now, refundWall, r.Account, r.EventID).
 			Scan(&ev.key, &ev.route, &ev.chargeWall, &ev.units, &allocs); err != nil {
 			return err
 		}
