@@ -37,6 +37,11 @@ var ciRuns = []chaosRun{
 	// clients retried elsewhere meanwhile (this schedule found the G4 bugs
 	// the README's chaos section lists as fixed).
 	{"pauses", 3, 60 * time.Second, "pause,kill", 21},
+	// Accounts another owner charged while theirs was down, then handed
+	// back: this schedule found a month used up with no 100 % alert (the
+	// owner never decided past what it had seen) and an explicitly
+	// refunded event billed by a retry that settled after the refund.
+	{"handbacks", 3, 60 * time.Second, "kill,disk-loss,ledger-down", 3},
 }
 
 // knownViolations reproduce violations the harness found in quotaring that
