@@ -59,8 +59,9 @@ the real processes' own, so a run shows a violation that a rerun of the same
 seed may not. Exits 0 when every invariant held, 3 on a violation, 1 when the
 run could not be done, 130 when interrupted: Ctrl-C (or SIGTERM) stops the
 load, the nodes and Postgres, checks nothing, writes what was recorded so far
-to --out and keeps the data dirs and node logs, as a violation does. Needs about 1 GB of disk and 2 cores; run it as a user
-that may start Postgres (as root it runs Postgres as the postgres user).`,
+to --out and keeps the data dirs and node logs, as a violation does. Needs
+about 1 GB of disk and 2 cores; run it as a user that may start Postgres (as
+root it runs Postgres as the postgres user).`,
 		Example: `  quotad chaos --nodes 5 --duration 10m --faults all --seed 42 --out ./chaos-report
   quotad chaos --nodes 3 --duration 2m --faults kill,ledger-down --seed 7`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
