@@ -79,6 +79,29 @@ func writeFile(t *testing.T, path string, b []byte) {
 	}
 }
 
+// renew writes a newly issued pair over cert and key (a minute ahead in
+// mtime, as a rename would give), checks that addr presents it from the
+// next handshake on (not prev) and returns it with its PEM.
+func renew(t *testing.T, ca *pki.CA, name string, names pki.Names, cert, key, addr string, cli *tls.Config, prev *x509.Certificate) (*x509.Certificate, []byte, []byte) {
+	t.Helper()
+	certPEM, keyPEM, err := ca.Issue(name, names)
+	if err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, cert, certPEM)
+	writeFile(t, key, keyPEM)
+	later := time.Now().Add(time.Minute)
+	os.Chtimes(cert, later, later)
+	renewed, err := handshake(addr, cli)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if renewed.SerialNumber.Cmp(prev.SerialNumber) == 0 {
+		t.Fatal("the server still presents the first certificate after it was renewed")
+	}
+	return renewed, certPEM, keyPEM
+}
+
 // TestTLSFilesMutual: a node's config and a client's from files of one CA
 // talk; a client with no certificate, or one from another CA, or expecting
 // another server name, does not.
@@ -165,23 +188,12 @@ func TestTLSFilesReload(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// Renewed: a new pair in place (a later mtime, as a rename would give).
-	certPEM, keyPEM, _ := ca.Issue("node", ip)
-	writeFile(t, files.Cert, certPEM)
-	writeFile(t, files.Key, keyPEM)
-	later := time.Now().Add(time.Minute)
-	os.Chtimes(files.Cert, later, later)
-	renewed, err := handshake(addr, cli)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if renewed.SerialNumber.Cmp(first.SerialNumber) == 0 {
-		t.Fatal("the server still presents the first certificate after it was renewed")
-	}
+	renewed, _, keyPEM := renew(t, ca, "node", ip, files.Cert, files.Key, addr, cli, first)
 
 	// Half-written: the key truncated. The renewed pair stays.
+	later := time.Now().Add(2 * time.Minute)
 	writeFile(t, files.Key, keyPEM[:len(keyPEM)/2])
-	os.Chtimes(files.Key, later.Add(time.Minute), later.Add(time.Minute))
+	os.Chtimes(files.Key, later, later)
 	kept, err := handshake(addr, cli)
 	if err != nil {
 		t.Fatalf("a half-written key broke the handshake: %v", err)
@@ -341,20 +353,10 @@ func TestCertFiles(t *testing.T) {
 		t.Fatalf("a client that does not trust the CA: %v, want unknown authority", err)
 	}
 
-	certPEM, keyPEM, _ := ca.Issue("front", ip)
-	writeFile(t, files.Cert, certPEM)
-	writeFile(t, files.Key, keyPEM)
-	later := time.Now().Add(time.Minute)
-	os.Chtimes(files.Cert, later, later)
-	renewed, err := handshake(addr, cli)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if renewed.SerialNumber.Cmp(first.SerialNumber) == 0 {
-		t.Fatal("the port still presents the first certificate after it was renewed")
-	}
+	renewed, certPEM, _ := renew(t, ca, "front", ip, files.Cert, files.Key, addr, cli, first)
+	later := time.Now().Add(2 * time.Minute)
 	writeFile(t, files.Cert, certPEM[:len(certPEM)/2])
-	os.Chtimes(files.Cert, later.Add(time.Minute), later.Add(time.Minute))
+	os.Chtimes(files.Cert, later, later)
 	if kept, err := handshake(addr, cli); err != nil || kept.SerialNumber.Cmp(renewed.SerialNumber) != 0 {
 		t.Fatalf("a half-written certificate: %v; want the renewed pair kept", err)
 	}
