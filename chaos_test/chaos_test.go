@@ -54,9 +54,7 @@ var knownViolations = []chaosRun{
 	// the ledger for a reservation) that moves to a node still in this
 	// month is answered from this month until the jumped node's use is
 	// settled and the new owner's config refreshed (about a second here).
-	// In this schedule hard accounts, and retries across the month
-	// boundary (G3), hold; the README's chaos section has a hard account
-	// caught between two owners for a moment, one with a jumped clock.
+	// Hard accounts, and retries across the month boundary (G3), hold.
 	{"clock-jump", 3, 60 * time.Second, "clock-jump,rolling-restart,scale-up", 22},
 }
 

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -574,8 +575,61 @@ func (n *Node) notServable() string {
 			return fmt.Sprintf("the node at %s answered but refused this node's gossip (%v): the gossip keys differ; give every node the same --gossip-key (QUOTAD_GOSSIP_KEY)",
 				addr, strings.TrimSpace(err.Error()))
 		}
+		if n.isServing() {
+			return ""
+		}
+		if peers := n.peersHeard(); peers != "" {
+			return fmt.Sprintf("alone in the ring while the ledger heard from %s in the last %s: serving now would make this node the owner of every account beside them; "+
+				"waiting until they join it or --join reaches them (give every node --join with the others' gossip addresses, or a DNS name that lists them)",
+				peers, aloneWindow)
+		}
 	}
 	return ""
+}
+
+// aloneWindow is how recently another node must have written to the ledger
+// (a settle or a heartbeat, at least every flush.HeartbeatEvery while it
+// runs) for a node alone in its ring to wait for it rather than serve.
+const aloneWindow = 2 * flush.HeartbeatEvery
+
+// peersHeard names the other nodes the ledger heard from in the last
+// aloneWindow, or "" when there are none or the ledger cannot say.
+//
+// A node alone in its ring that took accounts would own every account: a
+// restarted first node (no --join), or one whose seeds did not answer,
+// made a second cluster beside the running one until gossip merged them,
+// and for that while two nodes decided the same accounts (the chaos
+// harness's rolling restart: a period answered in the next month, G9).
+// With the others recently alive it waits; with none it is the first
+// node, or the others are gone, and it serves. With the ledger out of reach
+// it cannot tell, and serves as before (G8).
+func (n *Node) peersHeard() string {
+	l := n.Ledger()
+	if l == nil {
+		return ""
+	}
+	ctx, cancel := context.WithTimeout(n.ctx, 2*time.Second)
+	defer cancel()
+	rows, err := l.Nodes(ctx)
+	if err != nil {
+		return ""
+	}
+	since := time.Now().Add(-aloneWindow)
+	var ids []string
+	for _, x := range rows {
+		if x.Node != n.cfg.ID && x.Heartbeat.After(since) && !slices.Contains(ids, x.Node) {
+			ids = append(ids, x.Node)
+		}
+	}
+	slices.Sort(ids)
+	return strings.Join(ids, ", ")
+}
+
+// isServing reports whether serveOnceConfigured made this node serving.
+func (n *Node) isServing() bool {
+	n.serveMu.Lock()
+	defer n.serveMu.Unlock()
+	return n.serving
 }
 
 // awaitServable makes the node serving once notServable clears (the ledger

@@ -647,3 +647,54 @@ func TestServerErrorLog(t *testing.T) {
 		t.Fatalf("log:\n%s", out)
 	}
 }
+
+// A node that restarts alone (the first node, started without --join, or
+// one whose seeds do not answer) while the ledger heard from the others
+// moments ago does not take accounts: it would own every account beside
+// them. It serves once they reach it.
+func TestRestartedNodeAloneWaitsForTheOthers(t *testing.T) {
+	dsn := "sqlite:" + filepath.Join(t.TempDir(), "ledger.db")
+	seedLedger(t, dsn, twentyAccounts(100))
+	faults := func(c *Config) { c.TestFaults = true }
+	nodes := startNodesWith(t, dsn, faults, faults)
+	n1, n2 := nodes[0], nodes[1]
+	cfg, gossip := n1.cfg, n1.GossipAddr()
+	cfg.GossipAddr = gossip // the same address, as a restarted process has
+	if err := n1.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if err := n2.gossipF.Block(gossip); err != nil { // n2 cannot reach it yet
+		t.Fatal(err)
+	}
+	again, err := Start(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { again.Shutdown(context.Background()) })
+	why := again.notServable()
+	if !strings.Contains(why, "alone in the ring while the ledger heard from n2") {
+		t.Fatalf("restarted alone: notServable %q, want it waiting for n2", why)
+	}
+	if owned := len(again.Ring().View().Owners); owned != 0 {
+		t.Fatalf("restarted alone, its ring has %d owned partitions: it took accounts", owned)
+	}
+	resp, err := http.Get("http://" + again.AdminAddr() + "/readyz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(string(body), "alone in the ring") {
+		t.Fatalf("/readyz: %d %q", resp.StatusCode, body)
+	}
+
+	n2.gossipF.UnblockAll() // n2's rejoin loop reaches it
+	waitFor(t, 20*time.Second, "the restarted node serving in one ring with n2", func() bool {
+		v := again.Ring().View()
+		owners := map[string]bool{}
+		for _, o := range v.Owners {
+			owners[o] = true
+		}
+		return owners["n1"] && owners["n2"] && again.isServing()
+	})
+}
