@@ -141,10 +141,11 @@ type Node struct {
 	// httpTLS and adminTLS are the HTTPS configs of the public front and
 	// the admin port; nil: plain HTTP.
 	httpTLS, adminTLS *tls.Config
-	// serveMu protects serving: whether serveOnceConfigured made this node
-	// a serving member (Start, or awaitServable later).
+	// serveMu serialises serveOnceConfigured; serving (written under it,
+	// read without it) says whether that made this node a serving member
+	// (Start, or awaitServable later).
 	serveMu sync.Mutex
-	serving bool
+	serving atomic.Bool
 	reg     *prometheus.Registry
 	metrics *metrics
 
@@ -626,11 +627,8 @@ func (n *Node) peersHeard() string {
 }
 
 // isServing reports whether serveOnceConfigured made this node serving.
-func (n *Node) isServing() bool {
-	n.serveMu.Lock()
-	defer n.serveMu.Unlock()
-	return n.serving
-}
+// It does not wait for a serveOnceConfigured in progress (readyz calls it).
+func (n *Node) isServing() bool { return n.serving.Load() }
 
 // awaitServable makes the node serving once notServable clears (the ledger
 // answered; a join succeeded), logging each new reason meanwhile.
@@ -666,7 +664,7 @@ func (n *Node) serveOnceConfigured(ctx context.Context) error {
 	n.serveMu.Lock()
 	defer n.serveMu.Unlock()
 	r := n.Ring()
-	if n.serving || r == nil || n.draining.Load() {
+	if n.serving.Load() || r == nil || n.draining.Load() {
 		return nil
 	}
 	if err := r.SetState(ctx, ring.StateServing); errors.Is(err, ring.ErrUnconfirmed) {
@@ -676,7 +674,7 @@ func (n *Node) serveOnceConfigured(ctx context.Context) error {
 	} else if err != nil {
 		return fmt.Errorf("node: become serving: %w", err)
 	}
-	n.serving = true
+	n.serving.Store(true)
 	return nil
 }
 
@@ -780,9 +778,7 @@ func (n *Node) Ready() bool {
 	if !n.ready.Load() || n.draining.Load() || n.eng.Snapshot() == nil {
 		return false
 	}
-	n.serveMu.Lock()
-	defer n.serveMu.Unlock()
-	return n.serving
+	return n.isServing()
 }
 
 // frontProtocols are HTTP/1 and HTTP/2 without TLS (h2c, prior knowledge),
