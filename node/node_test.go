@@ -536,14 +536,17 @@ func TestRPCTLS(t *testing.T) {
 		cfg  *tls.Config
 		want string
 	}{
-		"plaintext":                   {nil, "dial with TLS: router.DialOptions.TLS"},
-		"a certificate of another CA": {foreign, "unknown certificate authority"},
+		"plaintext": {nil, "dial with TLS: router.DialOptions.TLS"},
+		// TLS 1.3 sends the node's refusal of the client's certificate
+		// after the client's handshake: it arrives as the alert, or, when
+		// the client's first write meets the closed connection, as that.
+		"a certificate of another CA": {foreign, "unknown certificate authority|it likely refused this client's certificate"},
 	} {
 		dctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 		_, err := router.DialOptions{TLS: tc.cfg, CallTimeout: time.Second}.Dial(dctx, nodes[0].RPCAddr())
 		cancel()
 		t.Logf("%s: %v", name, err)
-		if err == nil || !strings.Contains(err.Error(), tc.want) {
+		if err == nil || !slices.ContainsFunc(strings.Split(tc.want, "|"), func(w string) bool { return strings.Contains(err.Error(), w) }) {
 			t.Errorf("%s: Dial: %v, want an error saying %q", name, err, tc.want)
 		}
 	}

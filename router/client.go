@@ -702,6 +702,11 @@ func ExplainTLSMismatch(err error, withTLS bool) error {
 		return fmt.Errorf("%w (a node that requires TLS closes plaintext connections like this: if the cluster runs with --rpc-tls-*, dial with TLS: router.DialOptions.TLS from TLSFiles.ClientConfig, quotad bench cluster --rpc-tls-*)", err)
 	case withTLS && strings.Contains(msg, "first record does not look like a TLS handshake"):
 		return fmt.Errorf("%w (the node does not speak TLS: turn on --rpc-tls-* on the nodes, or dial without TLS)", err)
+	case withTLS && (strings.Contains(msg, "broken pipe") || strings.Contains(msg, "connection reset by peer")):
+		// TLS 1.3: the node checks the client's certificate after the
+		// client's side of the handshake is done, so its refusal can reach
+		// the client as a closed connection instead of the alert.
+		return fmt.Errorf("%w (the node closed the connection after the TLS handshake: it likely refused this client's certificate, one not from the cluster's CA (--rpc-tls-ca), expired, or not allowed for client auth; the node logs the handshake error)", err)
 	}
 	return err
 }

@@ -388,3 +388,25 @@ func TestCertFiles(t *testing.T) {
 		}
 	}
 }
+
+// ExplainTLSMismatch adds which side to change to the transport errors of a
+// TLS mismatch, and leaves other errors alone.
+func TestExplainTLSMismatch(t *testing.T) {
+	for _, tc := range []struct {
+		err     string
+		withTLS bool
+		want    string
+	}{
+		{`connection error: desc = "error reading server preface: EOF"`, false, "dial with TLS"},
+		{`authentication handshake failed: tls: first record does not look like a TLS handshake`, true, "the node does not speak TLS"},
+		{`write tcp 127.0.0.1:1->127.0.0.1:2: write: broken pipe`, true, "it likely refused this client's certificate"},
+		{`read tcp 127.0.0.1:1->127.0.0.1:2: read: connection reset by peer`, true, "it likely refused this client's certificate"},
+		{`write tcp 127.0.0.1:1->127.0.0.1:2: write: broken pipe`, false, ""},
+		{`context deadline exceeded`, true, ""},
+	} {
+		got := router.ExplainTLSMismatch(errors.New(tc.err), tc.withTLS).Error()
+		if tc.want == "" && got != tc.err || tc.want != "" && !strings.Contains(got, tc.want) {
+			t.Errorf("%q (TLS %v): %q, want %q", tc.err, tc.withTLS, got, tc.want)
+		}
+	}
+}
