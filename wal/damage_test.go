@@ -4,12 +4,12 @@ import (
 	"bytes"
 	"fmt"
 	"log/slog"
-	"maps"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"testing"
+
+	"github.com/quotaring/quotaring/internal/dirsnap"
 )
 
 // writeDurable opens a log on real files in dir, appends n records (one
@@ -68,7 +68,7 @@ func TestDamagedLogMiddleStopsOpen(t *testing.T) {
 			overwrite(t, name, off, 32)
 			t.Logf("damaged %s (%d bytes) at offset %d", filepath.Base(name), fi.Size(), off)
 
-			before := dirFiles(t, crashed)
+			before := dirsnap.Take(t, crashed)
 			l, err := Open(Options{Dir: crashed, NodeID: "node-1"})
 			if err == nil {
 				last := l.LastSeq()
@@ -86,9 +86,7 @@ func TestDamagedLogMiddleStopsOpen(t *testing.T) {
 			if strings.Contains(err.Error(), "\n") {
 				t.Errorf("error has more than one line:\n%s", err)
 			}
-			if after := dirFiles(t, crashed); !maps.EqualFunc(before, after, bytes.Equal) {
-				t.Errorf("the refused Open changed the data dir: files %v before, %v after", slices.Sorted(maps.Keys(before)), slices.Sorted(maps.Keys(after)))
-			}
+			before.Unchanged(t, crashed, "the refused Open")
 			t.Log(err)
 		})
 	}
@@ -151,20 +149,6 @@ func TestTornTailOpensSilently(t *testing.T) {
 			}
 		})
 	}
-}
-
-// dirFiles returns the contents of every file in dir, by name.
-func dirFiles(t *testing.T, dir string) map[string][]byte {
-	t.Helper()
-	entries, err := os.ReadDir(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	files := map[string][]byte{}
-	for _, e := range entries {
-		files[e.Name()] = readFile(t, filepath.Join(dir, e.Name()))
-	}
-	return files
 }
 
 func readFile(t *testing.T, name string) []byte {
@@ -254,7 +238,7 @@ func TestDamagedSSTStopsOpen(t *testing.T) {
 // Close. A read-write Open would have flushed the WAL into an sstable.
 func TestReadOnlyLeavesDirUnchanged(t *testing.T) {
 	crashed := writeDurable(t, filepath.Join(t.TempDir(), "data"), 60)
-	before := dirFiles(t, crashed)
+	before := dirsnap.Take(t, crashed)
 
 	l, err := Open(Options{Dir: crashed, AnyNode: true, ReadOnly: true})
 	if err != nil {
@@ -276,10 +260,8 @@ func TestReadOnlyLeavesDirUnchanged(t *testing.T) {
 	if err := l.Close(); err != nil {
 		t.Fatal(err)
 	}
-	after := dirFiles(t, crashed)
-	if !maps.EqualFunc(before, after, bytes.Equal) {
-		t.Fatalf("a read-only Open changed the data dir: files %v before, %v after",
-			slices.Sorted(maps.Keys(before)), slices.Sorted(maps.Keys(after)))
+	if !before.Unchanged(t, crashed, "a read-only Open") {
+		t.FailNow()
 	}
 	if _, err := Open(Options{Dir: filepath.Join(t.TempDir(), "none"), NodeID: "n", ReadOnly: true}); err == nil {
 		t.Error("a read-only Open of a dir that does not exist succeeded")

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/quotaring/quotaring/flush"
+	"github.com/quotaring/quotaring/internal/dirsnap"
 	"github.com/quotaring/quotaring/shard"
 	"github.com/quotaring/quotaring/wal"
 )
@@ -54,7 +55,7 @@ func TestReconcileLeavesTheDataDirUnchanged(t *testing.T) {
 	if err := log.Close(); err != nil {
 		t.Fatal(err)
 	}
-	before := readDir(t, dir)
+	before := dirsnap.Take(t, dir)
 
 	var out bytes.Buffer
 	if err := runReconcile(ctx, &out, "sqlite:"+ledger, []string{dir}, false); err != nil {
@@ -63,33 +64,5 @@ func TestReconcileLeavesTheDataDirUnchanged(t *testing.T) {
 	if !strings.Contains(out.String(), "acct-1: +15 units pending") {
 		t.Errorf("reconcile did not list the unsettled charges:\n%s", out.String())
 	}
-	after := readDir(t, dir)
-	for name, b := range before {
-		if a, ok := after[name]; !ok || !bytes.Equal(a, b) {
-			t.Errorf("reconcile changed %s (present after: %v)", name, ok)
-		}
-	}
-	for name := range after {
-		if _, ok := before[name]; !ok {
-			t.Errorf("reconcile created %s", name)
-		}
-	}
-}
-
-// readDir returns the contents of every file in dir, by name.
-func readDir(t *testing.T, dir string) map[string][]byte {
-	t.Helper()
-	entries, err := os.ReadDir(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	files := map[string][]byte{}
-	for _, e := range entries {
-		b, err := os.ReadFile(filepath.Join(dir, e.Name()))
-		if err != nil {
-			t.Fatal(err)
-		}
-		files[e.Name()] = b
-	}
-	return files
+	before.Unchanged(t, dir, "reconcile")
 }
