@@ -87,6 +87,24 @@ func chargeEachThrough(t *testing.T, nd *Node, accounts map[string]int64) (forwa
 	return forwarded
 }
 
+// clientChargesEach dials an embedded client with opts at addrs and charges
+// each account one unit through it; every charge must be OK. what names the
+// client in failures.
+func clientChargesEach(t *testing.T, what string, opts router.DialOptions, accounts map[string]int64, addrs ...string) {
+	t.Helper()
+	ctx := context.Background()
+	c, err := opts.Dial(ctx, addrs...)
+	if err != nil {
+		t.Fatalf("%s: %v", what, err)
+	}
+	defer c.Close()
+	for acct := range accounts {
+		if res, err := c.Charge(ctx, router.ChargeRequest{Account: acct, Route: "GET /x", Units: 1}); err != nil || res.Reason != shard.OK {
+			t.Fatalf("%s, charge of %s: %+v %v", what, acct, res, err)
+		}
+	}
+}
+
 func startNodes(t *testing.T, dsn string, n int) []*Node {
 	t.Helper()
 	dir := t.TempDir()
@@ -416,16 +434,7 @@ func TestRPCToken(t *testing.T) {
 		t.Fatal("no account is owned by n2: the forwarding path was not tested")
 	}
 
-	c, err := router.DialOptions{Token: token}.Dial(ctx, nodes[0].RPCAddr())
-	if err != nil {
-		t.Fatalf("embedded client with the token: %v", err)
-	}
-	defer c.Close()
-	for acct := range accounts {
-		if res, err := c.Charge(ctx, router.ChargeRequest{Account: acct, Route: "GET /x", Units: 1}); err != nil || res.Reason != shard.OK {
-			t.Fatalf("embedded charge of %s: %+v %v", acct, res, err)
-		}
-	}
+	clientChargesEach(t, "embedded client with the token", router.DialOptions{Token: token}, accounts, nodes[0].RPCAddr())
 
 	for name, tc := range map[string]struct{ token, want string }{
 		"no token":    {"", "requires the cluster's RPC token"},
@@ -438,7 +447,7 @@ func TestRPCToken(t *testing.T) {
 		}
 	}
 
-	_, err = Start(ctx, Config{ID: "n9", DataDir: filepath.Join(t.TempDir(), "n9"), Ledger: dsn, RPCTokens: []string{"short"},
+	_, err := Start(ctx, Config{ID: "n9", DataDir: filepath.Join(t.TempDir(), "n9"), Ledger: dsn, RPCTokens: []string{"short"},
 		RPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", AdminAddr: "127.0.0.1:0", GossipAddr: "127.0.0.1:0", RingPreset: ring.PresetLocal})
 	if err == nil || !strings.Contains(err.Error(), "--rpc-token) is 5 characters; use at least 16") {
 		t.Fatalf("start with a 5-character RPC token: %v", err)
@@ -456,7 +465,6 @@ func TestRPCTokenRotation(t *testing.T) {
 	nodes := startNodesWith(t, dsn,
 		func(c *Config) { c.RPCTokens = []string{oldToken, newToken} },
 		func(c *Config) { c.RPCTokens = []string{newToken, oldToken} })
-	ctx := context.Background()
 	forwarded := map[string]int{}
 	for _, through := range nodes {
 		forwarded[through.cfg.ID] = chargeEachThrough(t, through, accounts)
@@ -465,16 +473,7 @@ func TestRPCTokenRotation(t *testing.T) {
 		t.Fatalf("forwarded %v: both directions must be tested", forwarded)
 	}
 	for _, tok := range []string{oldToken, newToken} {
-		c, err := router.DialOptions{Token: tok}.Dial(ctx, nodes[0].RPCAddr(), nodes[1].RPCAddr())
-		if err != nil {
-			t.Fatalf("client with %s: %v", tok, err)
-		}
-		for acct := range accounts {
-			if res, err := c.Charge(ctx, router.ChargeRequest{Account: acct, Route: "GET /x", Units: 1}); err != nil || res.Reason != shard.OK {
-				t.Fatalf("client with %s, charge of %s: %+v %v", tok, acct, res, err)
-			}
-		}
-		c.Close()
+		clientChargesEach(t, "client with "+tok, router.DialOptions{Token: tok}, accounts, nodes[0].RPCAddr(), nodes[1].RPCAddr())
 	}
 }
 
@@ -512,16 +511,7 @@ func TestRPCTLS(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		c, err := router.DialOptions{TLS: cfg}.Dial(ctx, nodes[0].RPCAddr())
-		if err != nil {
-			t.Fatalf("embedded client with TLS, %s: %v", name, err)
-		}
-		for acct := range accounts {
-			if res, err := c.Charge(ctx, router.ChargeRequest{Account: acct, Route: "GET /x", Units: 1}); err != nil || res.Reason != shard.OK {
-				t.Fatalf("embedded charge of %s, %s: %+v %v", acct, name, res, err)
-			}
-		}
-		c.Close()
+		clientChargesEach(t, "embedded client with TLS, "+name, router.DialOptions{TLS: cfg}, accounts, nodes[0].RPCAddr())
 	}
 
 	other, _ := pki.NewCA("another CA")
