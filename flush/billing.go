@@ -75,20 +75,20 @@ func (q BillingQuery) limit() (int, error) {
 	case q.Limit < 0 || q.Limit > BillingMaxLimit:
 		return 0, fmt.Errorf("%w: billing usage: limit %d: want 1 to %d accounts a page (0 for %d)",
 			ErrInvalid, q.Limit, BillingMaxLimit, BillingDefaultLimit)
-	case q.Period < minBillingPeriod || q.Period > maxBillingPeriod:
+	case q.Period < MinBillingPeriod || q.Period > MaxBillingPeriod:
 		return 0, fmt.Errorf("%w: billing usage: period %s: want a month from %s to %s",
-			ErrInvalid, q.Period, minBillingPeriod, maxBillingPeriod)
+			ErrInvalid, q.Period, MinBillingPeriod, MaxBillingPeriod)
 	case q.Limit == 0:
 		return BillingDefaultLimit, nil
 	}
 	return q.Limit, nil
 }
 
-// The periods the ledger can hold: its times are Unix nanoseconds, which
-// end in April 2262.
+// MinBillingPeriod and MaxBillingPeriod bound the periods BillingUsage
+// reads: the ledger's times are Unix nanoseconds, which end in April 2262.
 const (
-	minBillingPeriod = shard.Period(1970 * 12)
-	maxBillingPeriod = shard.Period(2261*12 + 11)
+	MinBillingPeriod = shard.Period(1970 * 12)
+	MaxBillingPeriod = shard.Period(2261*12 + 11)
 )
 
 // finish fills what follows from the figures read: the overage, and the

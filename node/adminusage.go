@@ -92,8 +92,8 @@ func settledMonth(rows []flush.NodeRow, p shard.Period, now time.Time) (final bo
 // times are Unix nanoseconds, which end in 2262).
 func parseMonth(field, s string) (shard.Period, error) {
 	p, ok := shard.ParsePeriod(s)
-	if !ok || p.String() != s || p < shard.Period(1970*12) || p > shard.Period(2261*12+11) {
-		return 0, badInput(field, "%q: want a month such as 2026-06 (from 1970-01 to 2261-12)", s)
+	if !ok || p.String() != s || p < flush.MinBillingPeriod || p > flush.MaxBillingPeriod {
+		return 0, badInput(field, "%q: want a month such as 2026-06 (from %s to %s)", s, flush.MinBillingPeriod, flush.MaxBillingPeriod)
 	}
 	return p, nil
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/quotaring/quotaring/flush"
 	"github.com/quotaring/quotaring/node"
 	"github.com/quotaring/quotaring/shard"
 )
@@ -60,8 +61,8 @@ says which nodes may still hold charges of it (on stderr with --csv).
 					return fmt.Errorf("--period %q: want a month such as 2026-06", period)
 				}
 			}
-			if pageSize < 1 || pageSize > 10000 {
-				return fmt.Errorf("--page-size %d: want a number of accounts from 1 to 10000", pageSize)
+			if pageSize < 1 || pageSize > flush.BillingMaxLimit {
+				return fmt.Errorf("--page-size %d: want a number of accounts from 1 to %d", pageSize, flush.BillingMaxLimit)
 			}
 			if byRoute && c.json {
 				return fmt.Errorf("--by-route is a form of the table and the CSV; --json always carries by_route")
@@ -91,7 +92,7 @@ says which nodes may still hold charges of it (on stderr with --csv).
 	fl.StringVar(&period, "period", "", "the month, such as 2026-06 (default: the current one by the node's clock)")
 	fl.BoolVar(&csvOut, "csv", false, "print CSV with a header row, for a billing system to import")
 	fl.BoolVar(&byRoute, "by-route", false, "one row per account and route (period, account, route, units)")
-	fl.IntVar(&pageSize, "page-size", 1000, "accounts per API call (1 to 10000); every page is read")
+	fl.IntVar(&pageSize, "page-size", flush.BillingDefaultLimit, fmt.Sprintf("accounts per API call (1 to %d); every page is read", flush.BillingMaxLimit))
 	return cmd
 }
 
