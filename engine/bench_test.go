@@ -30,7 +30,7 @@ func benchEngine(b *testing.B, noSync bool, accounts int) (*Engine, []string) {
 	if err := s.Build(); err != nil {
 		b.Fatal(err)
 	}
-	if err := e.SetSnapshot(s); err != nil {
+	if err := e.SetSnapshot(s, AllSettled); err != nil {
 		b.Fatal(err)
 	}
 	return e, ids

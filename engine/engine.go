@@ -672,12 +672,27 @@ func cmpString(a, b string) int {
 	return 0
 }
 
+// AllSettled is SetSnapshot's settled for a snapshot whose settled use
+// counts every record this node logged: one made by hand (tests, bench).
+const AllSettled = ^uint64(0)
+
+// SettledSeq is the log's settled mark: the ledger holds every record this
+// node logged up to it. A caller that reads a snapshot from the ledger reads
+// this first and passes it to SetSnapshot.
+func (e *Engine) SettledSeq() uint64 { return e.log.SettledSeq() }
+
 // SetSnapshot makes s the config to serve from, keeps it in the log as the
 // last good one (when its version is new), and applies it to every account
 // this node holds.
-func (e *Engine) SetSnapshot(s *snapshot.Snapshot) error {
+//
+// settled is the log's settled mark read before the ledger was asked for s
+// (SettledSeq): s's settled use includes this node's records up to it. An
+// account with records above it keeps its use as counted here
+// (shard.AccountConfig.UseBehind): its charge may have settled and its
+// refund not, and the ledger's figure would count that charge again.
+func (e *Engine) SetSnapshot(s *snapshot.Snapshot, settled uint64) error {
 	if old := e.snap.Load(); old != nil && old.Version == s.Version && e.kept.Load() {
-		e.applySnapshot(s) // same config; fresher settled use for new accounts
+		e.applySnapshot(s, settled) // same config; fresher settled use for new accounts
 		return nil
 	}
 	data, err := s.Encode()
@@ -687,18 +702,19 @@ func (e *Engine) SetSnapshot(s *snapshot.Snapshot) error {
 	if err := e.log.PutMeta(metaSnapshot, data); err != nil {
 		return fmt.Errorf("engine: keep snapshot %d: %w", s.Version, err)
 	}
-	e.applySnapshot(s)
+	e.applySnapshot(s, settled)
 	e.kept.Store(true)
 	return nil
 }
 
-func (e *Engine) applySnapshot(s *snapshot.Snapshot) {
+func (e *Engine) applySnapshot(s *snapshot.Snapshot, settled uint64) {
 	e.snap.Store(s)
 	for i := range e.stripes {
 		st := &e.stripes[i]
 		st.mu.Lock()
 		for id, ent := range st.accounts {
 			if cfg, ok := s.AccountConfig(id); ok {
+				cfg.UseBehind = ent.acct.LastSeq > settled
 				ent.acct.Configure(cfg)
 			}
 		}

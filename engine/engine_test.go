@@ -43,7 +43,7 @@ func openEngine(t testing.TB, dir string, clock Clock, s *snapshot.Snapshot) *En
 		t.Fatal(err)
 	}
 	if s != nil {
-		if err := e.SetSnapshot(s); err != nil {
+		if err := e.SetSnapshot(s, AllSettled); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -152,7 +152,7 @@ func TestRetryRefundAndRestart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := e.SetSnapshot(s); err != nil {
+	if err := e.SetSnapshot(s, AllSettled); err != nil {
 		t.Fatal(err)
 	}
 	for i := 0; i < 5; i++ {
@@ -199,7 +199,7 @@ func TestSettleCheckpointsAndTruncates(t *testing.T) {
 	ctx := context.Background()
 	l := openLog(t, dir)
 	e, _ := Open(Options{Log: l, Clock: clock})
-	e.SetSnapshot(s)
+	e.SetSnapshot(s, AllSettled)
 	for i := 0; i < 10; i++ {
 		e.Charge(ctx, "a", shard.Charge{EventID: fmt.Sprint("a", i), ClientID: true, Units: 1})
 	}
@@ -241,7 +241,7 @@ func TestNotOwnerRefuses(t *testing.T) {
 	defer l.Close()
 	e, _ := Open(Options{Log: l, Clock: NewManualClock(time.Now()), Owns: func(string) bool { return false }})
 	defer e.Close()
-	e.SetSnapshot(testSnapshot(t, map[string]int64{"a": 1}))
+	e.SetSnapshot(testSnapshot(t, map[string]int64{"a": 1}), AllSettled)
 	if _, err := e.Charge(context.Background(), "a", shard.Charge{Units: 1}); err == nil {
 		t.Fatal("charged an account it does not own")
 	}
@@ -293,7 +293,7 @@ func TestUnloggedChangeIsNeverAnswered(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer e.Close()
-	if err := e.SetSnapshot(testSnapshot(t, map[string]int64{"acme": 20})); err != nil {
+	if err := e.SetSnapshot(testSnapshot(t, map[string]int64{"acme": 20}), AllSettled); err != nil {
 		t.Fatal(err)
 	}
 	ctx := context.Background()

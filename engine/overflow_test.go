@@ -55,7 +55,7 @@ func TestChargeNearTheInt64LimitIsAnswered(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer e.Close()
-	if err := e.SetSnapshot(snap); err != nil {
+	if err := e.SetSnapshot(snap, engine.AllSettled); err != nil {
 		t.Fatal(err)
 	}
 	for _, tc := range []struct {

@@ -68,7 +68,7 @@ func openWithReserver(t *testing.T, r Reserver) *Engine {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { e.Close(); l.Close() })
-	if err := e.SetSnapshot(testSnapshot(t, map[string]int64{"acme": 1000})); err != nil {
+	if err := e.SetSnapshot(testSnapshot(t, map[string]int64{"acme": 1000}), AllSettled); err != nil {
 		t.Fatal(err)
 	}
 	return e
@@ -143,7 +143,7 @@ func TestReservesInTheAccountsLaterMonth(t *testing.T) {
 	if err := s.Build(); err != nil {
 		t.Fatal(err)
 	}
-	if err := e.SetSnapshot(s); err != nil {
+	if err := e.SetSnapshot(s, AllSettled); err != nil {
 		t.Fatal(err)
 	}
 	res, err := e.Charge(context.Background(), "acme", shard.Charge{EventID: "e1", ClientID: true, Units: 1})
@@ -199,7 +199,7 @@ func TestChargeManyReservesConcurrently(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { e.Close(); l.Close() })
-	if err := e.SetSnapshot(testSnapshot(t, map[string]int64{"a": 1000, "b": 1000, "c": 1000})); err != nil {
+	if err := e.SetSnapshot(testSnapshot(t, map[string]int64{"a": 1000, "b": 1000, "c": 1000}), AllSettled); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -269,7 +269,7 @@ func TestForgottenAccountIsCheckpointed(t *testing.T) {
 		return e, l
 	}
 	e, l := open()
-	if err := e.SetSnapshot(testSnapshot(t, map[string]int64{"acme": 1000})); err != nil {
+	if err := e.SetSnapshot(testSnapshot(t, map[string]int64{"acme": 1000}), AllSettled); err != nil {
 		t.Fatal(err)
 	}
 	ctx := context.Background()

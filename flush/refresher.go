@@ -30,9 +30,10 @@ type Refresher struct {
 
 // RefreshOnce reads and applies one snapshot.
 func (r *Refresher) RefreshOnce(ctx context.Context) error {
+	settled := r.Engine.SettledSeq() // before the read: the snapshot includes these records
 	s, err := r.Ledger.Snapshot(ctx, time.Unix(0, r.Engine.Clock().Now().Wall).UTC())
 	if err == nil {
-		err = r.Engine.SetSnapshot(s)
+		err = r.Engine.SetSnapshot(s, settled)
 	}
 	if err != nil {
 		r.errors.Add(1)

@@ -38,7 +38,7 @@ func openSelfOwned(t *testing.T, owns func(string) bool) *Router {
 	if err := s.Build(); err != nil {
 		t.Fatal(err)
 	}
-	if err := e.SetSnapshot(s); err != nil {
+	if err := e.SetSnapshot(s, engine.AllSettled); err != nil {
 		t.Fatal(err)
 	}
 	r, err := New(Config{Engine: e, Ring: selfRing{}})

@@ -75,7 +75,8 @@ func (g *grant) free() int64 { return max(0, g.units-g.used) }
 // (every node's charges), when that is more than this owner counted: after
 // the account moved away and back, the other owner's charges are settled
 // there and were never counted here. Settled use is a lower bound of the
-// true use, so this never counts a unit twice; and it only lowers free(),
+// true use when the ledger holds every record this owner logged for the
+// account (Configure checks), so this never counts a unit twice; and it only lowers free(),
 // which stays above what the ledger has free, so the ledger is still asked
 // whenever it has units. What it adds comes off unseen, which estimated
 // the same use.
@@ -133,7 +134,9 @@ func (a *Account) Plan() Plan { return a.cfg.Plan }
 // starts there, and one that kept the account in memory catches up at its
 // next config refresh. Likewise a grant's use never reads less than the
 // ledger has settled (cfg.MonthlyUsed, Credit.Used): what another owner
-// charged while the account was away is counted from the next refresh.
+// charged while the account was away is counted from the next refresh
+// that includes every record this owner logged for the account (not
+// cfg.UseBehind): settled use is a lower bound of the true use only then.
 func (a *Account) Configure(cfg AccountConfig) {
 	defer a.catchUp(cfg)
 	a.cfg = cfg
@@ -144,11 +147,15 @@ func (a *Account) Configure(cfg AccountConfig) {
 	for _, g := range a.grants {
 		if g.monthly {
 			g.units = cfg.Plan.MonthlyQuota
-			g.settledAtLeast(cfg.MonthlyUsed[g.id])
+			if !cfg.UseBehind {
+				g.settledAtLeast(cfg.MonthlyUsed[g.id])
+			}
 			kept = append(kept, g)
 		} else if c, ok := findCredit(cfg.Credits, g.id); ok {
 			g.units, g.startsAt, g.expiresAt = c.Units, c.StartsAt, c.ExpiresAt
-			g.settledAtLeast(c.Used)
+			if !cfg.UseBehind {
+				g.settledAtLeast(c.Used)
+			}
 			kept = append(kept, g)
 		}
 	}

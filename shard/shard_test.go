@@ -354,6 +354,12 @@ func TestConfigureCountsUseSettledElsewhere(t *testing.T) {
 		if u := a.Usage(now); u.Used != 46 {
 			t.Fatalf("reserved=%v: usage %+v", reserved, u)
 		}
+		cfg.MonthlyUsed, cfg.UseBehind = map[string]int64{june: 50}, true // read before this owner's records settled: not a lower bound
+		a.Configure(cfg)
+		if u := a.Usage(now); u.Used != 46 {
+			t.Fatalf("reserved=%v: usage after a snapshot behind this owner's log %+v", reserved, u)
+		}
+		cfg.UseBehind = false
 		cfg.MonthlyUsed = map[string]int64{june: 20} // an older snapshot: never lowers
 		a.Configure(cfg)
 		if u := a.Usage(now); u.Used != 46 {

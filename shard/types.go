@@ -89,6 +89,12 @@ type AccountConfig struct {
 	// MonthlyUsed seeds the current period's monthly grant of a new Account
 	// with the ledger's settled use, keyed by grant id (MonthlyGrantID).
 	MonthlyUsed map[string]int64
+	// UseBehind says the settled use above (and Credits' Used) may lack
+	// records of this account that its owner has applied: the ledger was
+	// read before they settled. Configure then leaves the grants' use as it
+	// is, since raising it to the ledger's figure would count a charge again
+	// whose refund has not settled yet. The engine sets it per account.
+	UseBehind bool
 }
 
 // Params are the owner's settings that every account shares.

@@ -202,7 +202,7 @@ func benchOne(ctx context.Context, target string, conc int, f benchEngineFlags, 
 		return loadgen.Report{}, 0, err
 	}
 	defer e.Close()
-	if err := e.SetSnapshot(benchSnapshot(accounts)); err != nil {
+	if err := e.SetSnapshot(benchSnapshot(accounts), engine.AllSettled); err != nil {
 		return loadgen.Report{}, 0, err
 	}
 	stopSettle := settleEvery(ctx, e, time.Second)

@@ -1,0 +1,70 @@
+package engine
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/quotaring/quotaring/shard"
+)
+
+// A config refresh raises an account's use to the ledger's settled use only
+// when the ledger holds every record this node logged for the account. A
+// refund whose charge had settled when the ledger was read, and which had
+// not settled itself, counted the charge again: the account showed 4 units
+// fewer left than it had, for the rest of the month, and a hard account was
+// refused them. (Found by TestProxyBadInput under load: the front's answer
+// after a refund read 96 left, not 100.)
+func TestRefreshDoesNotCountAnUnsettledRefundAgain(t *testing.T) {
+	ctx := context.Background()
+	e := openEngine(t, t.TempDir(), NewManualClock(time.Date(2026, 6, 10, 0, 0, 0, 0, time.UTC)), testSnapshot(t, map[string]int64{"acme": 100}))
+	res, err := e.Charge(ctx, "acme", shard.Charge{EventID: "e1", ClientID: true, Units: 4})
+	if err != nil || res.Reason != shard.OK {
+		t.Fatalf("charge: %+v %v", res, err)
+	}
+	d, err := e.Refund(ctx, "acme", "e1", nil)
+	if err != nil || d.Reason != shard.Refunded || d.Remaining != 100 {
+		t.Fatalf("refund: %+v %v; want refunded, 100 left", d, err)
+	}
+	// The settler has put the charge in the ledger, not yet the refund.
+	if err := e.Settle(ctx, res.Seq); err != nil {
+		t.Fatal(err)
+	}
+	settled := e.SettledSeq()
+	if settled != res.Seq || d.Seq <= settled {
+		t.Fatalf("settled mark %d, charge %d, refund %d", settled, res.Seq, d.Seq)
+	}
+	refresh := func(used int64, settled uint64) {
+		t.Helper()
+		s := testSnapshot(t, map[string]int64{"acme": 100})
+		s.Version = 2
+		s.Accounts[0].MonthlyUsed = map[string]int64{"m:2026-06": used}
+		if err := s.Build(); err != nil {
+			t.Fatal(err)
+		}
+		if err := e.SetSnapshot(s, settled); err != nil {
+			t.Fatal(err)
+		}
+	}
+	remaining := func() int64 {
+		t.Helper()
+		u, ok, err := e.Usage("acme")
+		if err != nil || !ok {
+			t.Fatalf("usage: %v %v", ok, err)
+		}
+		return u.Remaining
+	}
+	refresh(4, settled)
+	if got := remaining(); got != 100 {
+		t.Fatalf("after a refresh that saw the charge and not its refund: %d left, want 100", got)
+	}
+	// Once the refund settled too, the ledger's figure is a lower bound of
+	// the use again: another node's 3 units, settled, are counted.
+	if err := e.Settle(ctx, d.Seq); err != nil {
+		t.Fatal(err)
+	}
+	refresh(3, e.SettledSeq())
+	if got := remaining(); got != 97 {
+		t.Fatalf("after a refresh with every record settled and 3 units of another node's: %d left, want 97", got)
+	}
+}
