@@ -101,17 +101,20 @@ type Result struct {
 // Engine owns the accounts of one node. Its methods are safe for concurrent
 // use.
 type Engine struct {
-	opts     Options
-	log      *wal.Log
-	clock    Clock
-	params   shard.Params
-	snap     atomic.Pointer[snapshot.Snapshot]
-	kept     atomic.Bool // snap is the one kept in the log
-	stripes  []stripe
-	idPrefix string
-	idSeq    atomic.Uint64
-	flights  flightGroup
-	stats    Stats
+	opts   Options
+	log    *wal.Log
+	clock  Clock
+	params shard.Params
+	snap   atomic.Pointer[snapshot.Snapshot]
+	kept   atomic.Bool // snap is the one kept in the log
+	// snapSettled is the log's settled mark read before snap was: snap's
+	// settled use includes this node's records up to it (SetSnapshot).
+	snapSettled atomic.Uint64
+	stripes     []stripe
+	idPrefix    string
+	idSeq       atomic.Uint64
+	flights     flightGroup
+	stats       Stats
 	// unreleased are hand-backs the ledger refused, retried (reserve.go).
 	unreleased unreleased
 	// forgotten holds the last state of accounts Forget dropped while they
@@ -144,7 +147,10 @@ type entry struct {
 	// broken is set when the log refused a record whose change the account
 	// already holds in memory (the log failed or is closing): the account
 	// then answers this error, never a decision that rests on that change.
-	broken  error
+	broken error
+	// letGo is set when Forget was asked while the snapshot lacked some of
+	// the account's records: the first snapshot that includes them drops it.
+	letGo   bool
 	chunk   int64 // size of its last reservation
 	topping bool  // a top-up is queued
 	// waiting is the units of charges blocked on a reservation right now: a
@@ -708,11 +714,15 @@ func (e *Engine) SetSnapshot(s *snapshot.Snapshot, settled uint64) error {
 }
 
 func (e *Engine) applySnapshot(s *snapshot.Snapshot, settled uint64) {
+	e.snapSettled.Store(settled)
 	e.snap.Store(s)
 	for i := range e.stripes {
 		st := &e.stripes[i]
 		st.mu.Lock()
 		for id, ent := range st.accounts {
+			if ent.letGo && e.forgetLocked(st, id, ent) {
+				continue
+			}
 			if cfg, ok := s.AccountConfig(id); ok {
 				cfg.UseBehind = ent.acct.LastSeq > settled
 				ent.acct.Configure(cfg)

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -66,5 +67,70 @@ func TestRefreshDoesNotCountAnUnsettledRefundAgain(t *testing.T) {
 	refresh(3, e.SettledSeq())
 	if got := remaining(); got != 97 {
 		t.Fatalf("after a refresh with every record settled and 3 units of another node's: %d left, want 97", got)
+	}
+}
+
+// An account let go while its refund had not settled is kept until a
+// snapshot includes the refund: dropped at once, it came back (the ring
+// moved it away and back within a settle interval) seeded from a snapshot
+// that held the charge and not the refund, and read 4 units used for good.
+func TestForgetWaitsForASnapshotWithTheAccountsRecords(t *testing.T) {
+	ctx := context.Background()
+	var owns atomic.Bool
+	owns.Store(true)
+	l := openLog(t, t.TempDir())
+	e, err := Open(Options{Log: l, Clock: NewManualClock(time.Date(2026, 6, 10, 0, 0, 0, 0, time.UTC)), Owns: func(string) bool { return owns.Load() }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close(); l.Close() })
+	version := int64(0)
+	refresh := func(used int64) {
+		t.Helper()
+		settled := e.SettledSeq()
+		version++
+		s := testSnapshot(t, map[string]int64{"acme": 100})
+		s.Version = version
+		s.Accounts[0].MonthlyUsed = map[string]int64{"m:2026-06": used}
+		if err := s.Build(); err != nil {
+			t.Fatal(err)
+		}
+		if err := e.SetSnapshot(s, settled); err != nil {
+			t.Fatal(err)
+		}
+	}
+	refresh(0)
+	res, err := e.Charge(ctx, "acme", shard.Charge{EventID: "e1", ClientID: true, Units: 4})
+	if err != nil || res.Reason != shard.OK {
+		t.Fatalf("charge: %+v %v", res, err)
+	}
+	d, err := e.Refund(ctx, "acme", "e1", nil)
+	if err != nil || d.Reason != shard.Refunded {
+		t.Fatalf("refund: %+v %v", d, err)
+	}
+	if err := e.Settle(ctx, res.Seq); err != nil { // the charge settled, not the refund
+		t.Fatal(err)
+	}
+	refresh(4)
+
+	owns.Store(false) // the account moves away...
+	if e.Forget("acme") {
+		t.Fatal("Forget dropped an account whose refund the snapshot lacks")
+	}
+	owns.Store(true) // ...and back
+	if u, ok, err := e.Usage("acme"); err != nil || !ok || u.Remaining != 100 {
+		t.Fatalf("usage after the account came back: %+v %v %v; want 100 left", u, ok, err)
+	}
+
+	owns.Store(false) // away again; the refund settles and a snapshot shows it
+	if e.Forget("acme") {
+		t.Fatal("Forget dropped the account before a snapshot included its refund")
+	}
+	if err := e.Settle(ctx, d.Seq); err != nil {
+		t.Fatal(err)
+	}
+	refresh(0)
+	if ids := e.AccountIDs(); len(ids) != 0 {
+		t.Fatalf("accounts in memory after a snapshot with every record: %v, want the one let go dropped", ids)
 	}
 }

@@ -447,12 +447,33 @@ func (e *Engine) Prefetch(ctx context.Context, account string, units int64) erro
 // no allowance for, so that if it comes back it starts from the config
 // snapshot's settled use instead of this node's stale count. Records of it
 // still in the log settle as usual. It reports whether it dropped anything.
+//
+// While the snapshot lacks some of the account's records (read before they
+// settled), the state stays until one that includes them arrives: seeded
+// from it, an account regained at once would miss its own unsettled charges
+// or, worse, count a settled charge whose refund had not settled, for good
+// (a refresh only raises use). Kept, it is the exact count of this node's
+// own charges, which the next complete refresh raises to the ledger's.
 func (e *Engine) Forget(account string) bool {
 	st := e.stripeFor(account)
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	ent, ok := st.accounts[account]
-	if !ok || e.ownsLocked(account) || len(ent.acct.Allowances()) > 0 || ent.waiting > 0 {
+	if !ok {
+		return false
+	}
+	ent.letGo = true
+	return e.forgetLocked(st, account, ent)
+}
+
+// forgetLocked drops ent if Forget may now: see Forget. It clears letGo
+// when the account is this node's again. REQUIRES: st.mu held.
+func (e *Engine) forgetLocked(st *stripe, account string, ent *entry) bool {
+	if e.ownsLocked(account) {
+		ent.letGo = false
+		return false
+	}
+	if len(ent.acct.Allowances()) > 0 || ent.waiting > 0 || ent.acct.LastSeq > e.snapSettled.Load() {
 		return false
 	}
 	if ent.dirty {

@@ -83,7 +83,9 @@ func (n *Node) releaseLost(ctx context.Context, lost []int) {
 			continue
 		}
 		// Its state here goes stale as the new owner charges; if the
-		// account comes back it starts again from the ledger's settled use.
+		// account comes back it starts again from the ledger's settled use
+		// (once a snapshot includes this node's records of it: until then
+		// the engine keeps it, see Engine.Forget).
 		n.eng.Forget(id)
 		released++
 	}
