@@ -638,14 +638,6 @@ func (a *Account) MarkExhausted(grantID string, untilMono int64) {
 	}
 }
 
-// SeedUsed sets the settled use of grant id as the ledger reports it, for an
-// account this node (re)gains: its own count would be stale.
-func (a *Account) SeedUsed(grantID string, used int64) {
-	if g := a.grant(grantID); g != nil {
-		g.used = used
-	}
-}
-
 // GrantView is a read-only view of one grant.
 type GrantView struct {
 	ID                string
