@@ -76,9 +76,9 @@ func (g *grant) free() int64 { return max(0, g.units-g.used) }
 // the account moved away and back, the other owner's charges are settled
 // there and were never counted here. Settled use is a lower bound of the
 // true use when the ledger holds every record this owner logged for the
-// account (Configure checks), so this never counts a unit twice; and it only lowers free(),
-// which stays above what the ledger has free, so the ledger is still asked
-// whenever it has units. What it adds comes off unseen, which estimated
+// account (Configure checks), so this never counts a unit twice; and it
+// only lowers free(), which stays above what the ledger has free, so the
+// ledger is still asked whenever it has units. What it adds comes off unseen, which estimated
 // the same use.
 func (g *grant) settledAtLeast(settled int64) {
 	if d := settled - g.used; d > 0 {
