@@ -682,18 +682,13 @@ func cmpString(a, b string) int {
 // counts every record this node logged: one made by hand (tests, bench).
 const AllSettled = ^uint64(0)
 
-// SettledSeq is the log's settled mark: the ledger holds every record this
-// node logged up to it. A caller that reads a snapshot from the ledger reads
-// this first and passes it to SetSnapshot.
-func (e *Engine) SettledSeq() uint64 { return e.log.SettledSeq() }
-
 // SetSnapshot makes s the config to serve from, keeps it in the log as the
 // last good one (when its version is new), and applies it to every account
 // this node holds.
 //
-// settled is the log's settled mark read before the ledger was asked for s
-// (SettledSeq): s's settled use includes this node's records up to it. An
-// account with records above it keeps its use as counted here
+// settled is the log's settled mark (Log().SettledSeq()) read before the
+// ledger was asked for s: s's settled use includes this node's records up
+// to it. An account with records above it keeps its use as counted here
 // (shard.AccountConfig.UseBehind): its charge may have settled and its
 // refund not, and the ledger's figure would count that charge again.
 func (e *Engine) SetSnapshot(s *snapshot.Snapshot, settled uint64) error {

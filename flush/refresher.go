@@ -30,7 +30,7 @@ type Refresher struct {
 
 // RefreshOnce reads and applies one snapshot.
 func (r *Refresher) RefreshOnce(ctx context.Context) error {
-	settled := r.Engine.SettledSeq() // before the read: the snapshot includes these records
+	settled := r.Engine.Log().SettledSeq() // before the read: the snapshot includes these records
 	s, err := r.Ledger.Snapshot(ctx, time.Unix(0, r.Engine.Clock().Now().Wall).UTC())
 	if err == nil {
 		err = r.Engine.SetSnapshot(s, settled)
