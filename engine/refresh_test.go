@@ -9,6 +9,23 @@ import (
 	"github.com/quotaring/quotaring/shard"
 )
 
+// refreshAcme applies what the refresher would read from a ledger holding
+// used units of acme's June quota: snapshot version, with the log's settled
+// mark read first.
+func refreshAcme(t *testing.T, e *Engine, version, used int64) {
+	t.Helper()
+	settled := e.Log().SettledSeq()
+	s := testSnapshot(t, map[string]int64{"acme": 100})
+	s.Version = version
+	s.Accounts[0].MonthlyUsed = map[string]int64{"m:2026-06": used}
+	if err := s.Build(); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.SetSnapshot(s, settled); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // A config refresh raises an account's use to the ledger's settled use only
 // when the ledger holds every record this node logged for the account. A
 // refund whose charge had settled when the ledger was read, and which had
@@ -31,21 +48,8 @@ func TestRefreshDoesNotCountAnUnsettledRefundAgain(t *testing.T) {
 	if err := e.Settle(ctx, res.Seq); err != nil {
 		t.Fatal(err)
 	}
-	settled := e.SettledSeq()
-	if settled != res.Seq || d.Seq <= settled {
+	if settled := e.Log().SettledSeq(); settled != res.Seq || d.Seq <= settled {
 		t.Fatalf("settled mark %d, charge %d, refund %d", settled, res.Seq, d.Seq)
-	}
-	refresh := func(used int64, settled uint64) {
-		t.Helper()
-		s := testSnapshot(t, map[string]int64{"acme": 100})
-		s.Version = 2
-		s.Accounts[0].MonthlyUsed = map[string]int64{"m:2026-06": used}
-		if err := s.Build(); err != nil {
-			t.Fatal(err)
-		}
-		if err := e.SetSnapshot(s, settled); err != nil {
-			t.Fatal(err)
-		}
 	}
 	remaining := func() int64 {
 		t.Helper()
@@ -55,7 +59,7 @@ func TestRefreshDoesNotCountAnUnsettledRefundAgain(t *testing.T) {
 		}
 		return u.Remaining
 	}
-	refresh(4, settled)
+	refreshAcme(t, e, 2, 4)
 	if got := remaining(); got != 100 {
 		t.Fatalf("after a refresh that saw the charge and not its refund: %d left, want 100", got)
 	}
@@ -64,7 +68,7 @@ func TestRefreshDoesNotCountAnUnsettledRefundAgain(t *testing.T) {
 	if err := e.Settle(ctx, d.Seq); err != nil {
 		t.Fatal(err)
 	}
-	refresh(3, e.SettledSeq())
+	refreshAcme(t, e, 3, 3)
 	if got := remaining(); got != 97 {
 		t.Fatalf("after a refresh with every record settled and 3 units of another node's: %d left, want 97", got)
 	}
@@ -84,22 +88,7 @@ func TestForgetWaitsForASnapshotWithTheAccountsRecords(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { e.Close(); l.Close() })
-	version := int64(0)
-	refresh := func(used int64) {
-		t.Helper()
-		settled := e.SettledSeq()
-		version++
-		s := testSnapshot(t, map[string]int64{"acme": 100})
-		s.Version = version
-		s.Accounts[0].MonthlyUsed = map[string]int64{"m:2026-06": used}
-		if err := s.Build(); err != nil {
-			t.Fatal(err)
-		}
-		if err := e.SetSnapshot(s, settled); err != nil {
-			t.Fatal(err)
-		}
-	}
-	refresh(0)
+	refreshAcme(t, e, 1, 0)
 	res, err := e.Charge(ctx, "acme", shard.Charge{EventID: "e1", ClientID: true, Units: 4})
 	if err != nil || res.Reason != shard.OK {
 		t.Fatalf("charge: %+v %v", res, err)
@@ -111,7 +100,7 @@ func TestForgetWaitsForASnapshotWithTheAccountsRecords(t *testing.T) {
 	if err := e.Settle(ctx, res.Seq); err != nil { // the charge settled, not the refund
 		t.Fatal(err)
 	}
-	refresh(4)
+	refreshAcme(t, e, 2, 4)
 
 	owns.Store(false) // the account moves away...
 	if e.Forget("acme") {
@@ -129,7 +118,7 @@ func TestForgetWaitsForASnapshotWithTheAccountsRecords(t *testing.T) {
 	if err := e.Settle(ctx, d.Seq); err != nil {
 		t.Fatal(err)
 	}
-	refresh(0)
+	refreshAcme(t, e, 3, 0)
 	if ids := e.AccountIDs(); len(ids) != 0 {
 		t.Fatalf("accounts in memory after a snapshot with every record: %v, want the one let go dropped", ids)
 	}
