@@ -336,7 +336,11 @@ func TestAlertSurvivesItsNodeStopping(t *testing.T) {
 	lease := func(c *Config) { c.AlertLease, c.AlertRetry = 300*time.Millisecond, time.Hour }
 	first := testAlerter(t, srv.URL, l, lease)
 	first.onCharge("acme", decision(10, 10, june2026), nil) // 80 % and 100 %
-	waitFor(t, 10*time.Second, "the first attempts", func() bool { return first.stats.Attempts.Load() == 2 })
+	// Answered, not only started: an attempt counted but still on its way
+	// reached the receiver after it was back, and was delivered twice.
+	waitFor(t, 10*time.Second, "the first attempts answered", func() bool {
+		return first.stats.Attempts.Load() == 2 && rc.callCount() == 2
+	})
 	stopAlerts(first.n)() // waiting an hour to retry: both alerts still pending
 	rc.mu.Lock()
 	rc.status = 0 // the receiver is back
