@@ -41,7 +41,7 @@ var FaultHelp = map[Fault]string{
 	LedgerDown:     "stop Postgres for 4-12 s, then start it again (G8: charges go on from reservations)",
 	LedgerSlow:     "add 50-400 ms to every packet between the nodes and Postgres (a TCP fault proxy) for 5-15 s",
 	ClockSkew:      "shift one node's wall clock by up to 2 minutes either way for 5-15 s",
-	ClockJump:      "move one node's wall clock into the next month (a month boundary) for 8-15 s; its clock then stands still until real time catches up, since a node's wall clock never goes back (G9)",
+	ClockJump:      "move one node's wall clock into the next month (a month boundary) for 8-15 s, then put it right; the accounts it billed meanwhile stay in the later month (G9: a period never goes back)",
 	RollingRestart: "SIGTERM each node in turn (it drains and settles) and start it again, waiting until it is ready",
 	ScaleUp:        "start one more node that joins the ring",
 	ScaleDown:      "SIGTERM one node for good (it drains, hands its reservations back and leaves)",

@@ -13,15 +13,21 @@ type Clock interface {
 	Now() shard.Now
 }
 
-// SystemClock is the real clock: the wall reading from time.Now (never below
-// the highest wall reading it has returned, so a jump back stands still
-// instead of going back), the monotonic one from time.Since a fixed start.
-// Offset shifts the wall reading: it exists for the chaos tests' clock skew
-// and month jumps (libfaketime does not reach Go programs).
+// SystemClock is the real clock: the wall reading from time.Now, the
+// monotonic one from time.Since a fixed start. Offset shifts the wall
+// reading: it exists for the chaos tests' clock skew and month jumps
+// (libfaketime does not reach Go programs).
+//
+// The wall reading may step back (an NTP correction, a month's jump put
+// right). Nothing at the node level stands still for it: each account keeps
+// its own latest reading (shard.Account), so its period never goes back and
+// its records stay in order, while accounts it did not decide meanwhile
+// follow the corrected clock. A node-wide floor would leave a node whose
+// clock ran a month ahead for seconds billing every account it takes over
+// in that later month until the calendar catches up.
 type SystemClock struct {
 	start  time.Time
 	offset atomic.Int64 // ns added to the wall reading
-	high   atomic.Int64 // highest wall reading returned
 }
 
 // NewSystemClock starts a system clock.
@@ -30,31 +36,9 @@ func NewSystemClock() *SystemClock { return &SystemClock{start: time.Now()} }
 // SetOffset shifts the wall reading by d (tests and chaos only).
 func (c *SystemClock) SetOffset(d time.Duration) { c.offset.Store(int64(d)) }
 
-// SetFloor raises the lowest wall reading the clock will return, e.g. to the
-// last wall reading persisted before a restart.
-func (c *SystemClock) SetFloor(wall int64) {
-	for {
-		h := c.high.Load()
-		if wall <= h || c.high.CompareAndSwap(h, wall) {
-			return
-		}
-	}
-}
-
 // Now implements Clock.
 func (c *SystemClock) Now() shard.Now {
-	wall := time.Now().UnixNano() + c.offset.Load()
-	for {
-		h := c.high.Load()
-		if wall <= h {
-			wall = h
-			break
-		}
-		if c.high.CompareAndSwap(h, wall) {
-			break
-		}
-	}
-	return shard.Now{Wall: wall, Mono: int64(time.Since(c.start))}
+	return shard.Now{Wall: time.Now().UnixNano() + c.offset.Load(), Mono: int64(time.Since(c.start))}
 }
 
 // ManualClock is a clock tests move by hand.

@@ -513,7 +513,9 @@ func (e *Engine) chargeOnce(account string, req *shard.Charge) (Result, error) {
 		return Result{}, ent.broken
 	}
 	now := e.clock.Now()
+	was := ent.acct.Period()
 	d := ent.acct.Charge(req, now, &e.params, &st.rec)
+	keepPeriodLocked(ent, was)
 	res := Result{Decision: d, EventID: req.EventID}
 	if d.Reason == shard.NeedReservation {
 		ent.waiting = addSat(ent.waiting, d.Shortfall) // until the caller's reservation round trip ends (wait)
@@ -588,7 +590,9 @@ func (e *Engine) refundWith(ctx context.Context, account, eventID string, apply 
 		st.mu.Unlock()
 		return shard.Decision{}, ent.broken
 	}
+	was := ent.acct.Period()
 	d := apply(ent.acct, e.clock.Now(), &st.rec)
+	keepPeriodLocked(ent, was)
 	if st.rec.Type == 0 && (d.Reason == shard.AlreadyRefunded || d.Reason == shard.Kept) {
 		// Answers that rest on records that may not be durable yet (the
 		// refund, or the retry served under the charge): wait for the
@@ -625,7 +629,21 @@ func (e *Engine) Usage(account string) (shard.Usage, bool, error) {
 	if !ok {
 		return shard.Usage{}, false, nil
 	}
-	return ent.acct.Usage(e.clock.Now()), true, nil
+	was := ent.acct.Period()
+	u := ent.acct.Usage(e.clock.Now())
+	keepPeriodLocked(ent, was)
+	return u, true, nil
+}
+
+// keepPeriodLocked marks ent for the next checkpoint when a decision moved
+// the account to a later month than was, whether or not it logged a record:
+// an answer that logged none (a refusal, a usage read) named that month too,
+// and the account must not answer from an earlier one after a restart (G9;
+// its clock may have been put right by then). REQUIRES: the stripe's mu.
+func keepPeriodLocked(ent *entry, was shard.Period) {
+	if ent.acct.Period() != was {
+		ent.dirty = true
+	}
 }
 
 // AllowanceHeld is the sum of the units this node holds reserved and has
@@ -727,7 +745,7 @@ func (e *Engine) applySnapshot(s *snapshot.Snapshot, settled uint64) {
 	}
 }
 
-const (
-	metaSnapshot = "engine.snapshot"
-	metaWall     = "engine.wall"
-)
+// metaSnapshot keeps the last good config snapshot. (Data dirs written
+// before the node's clock could step back also hold "engine.wall", a
+// high-water mark of the clock that nothing reads any more.)
+const metaSnapshot = "engine.snapshot"

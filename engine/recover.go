@@ -1,7 +1,6 @@
 package engine
 
 import (
-	"encoding/binary"
 	"fmt"
 
 	"github.com/quotaring/quotaring/shard"
@@ -28,15 +27,10 @@ func (e *Engine) recover() error {
 		return fmt.Errorf("engine: restore checkpoints: %w", err)
 	}
 	var rec shard.Record
-	highWall := int64(0)
-	if b, ok, err := e.log.GetMeta(metaWall); err == nil && ok && len(b) == 8 {
-		highWall = int64(binary.BigEndian.Uint64(b))
-	}
 	err = e.log.Scan(e.log.SettledSeq(), e.log.DurableSeq(), func(seq uint64, payload []byte) error {
 		if err := rec.Decode(payload); err != nil {
 			return fmt.Errorf("%w: record %d in %s: %v", wal.ErrCorrupt, seq, e.log.Dir(), err)
 		}
-		highWall = max(highWall, rec.Wall)
 		ent := e.recoveredEntry(rec.Account)
 		if seq > ent.acct.LastSeq {
 			ent.acct.ApplyRecord(seq, &rec, &e.params)
@@ -46,9 +40,6 @@ func (e *Engine) recover() error {
 	})
 	if err != nil {
 		return fmt.Errorf("engine: replay: %w", err)
-	}
-	if f, ok := e.clock.(interface{ SetFloor(int64) }); ok && highWall > 0 {
-		f.SetFloor(highWall)
 	}
 	return nil
 }

@@ -2,7 +2,6 @@ package engine
 
 import (
 	"context"
-	"encoding/binary"
 	"fmt"
 
 	"github.com/quotaring/quotaring/wal"
@@ -26,11 +25,6 @@ func (e *Engine) Settle(ctx context.Context, upto uint64) error {
 	if err := e.log.Settle(upto, cps); err != nil {
 		e.redirty(cps)
 		return fmt.Errorf("engine: settle to %d: %w", upto, err)
-	}
-	var wall [8]byte
-	binary.BigEndian.PutUint64(wall[:], uint64(e.clock.Now().Wall))
-	if err := e.log.PutMeta(metaWall, wall[:]); err != nil {
-		return fmt.Errorf("engine: keep the clock's high-water mark: %w", err)
 	}
 	return nil
 }

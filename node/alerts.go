@@ -493,8 +493,11 @@ func (a *alerter) sweep(ctx context.Context, pending []*delivery) []*delivery {
 	return a.sweepMissed(ctx, l, pending)
 }
 
-// sweepMissed queues the crossings of this month and the last that the
-// ledger's settled use shows and no alert records (Ledger.MissedAlerts).
+// sweepMissed queues the crossings of this month, the last and the next
+// that the ledger's settled use shows and no alert records
+// (Ledger.MissedAlerts). The next month has use only where a node whose
+// clock ran ahead billed an account there; once that clock is put right, no
+// node's clock names that month until the calendar reaches it.
 // The charge hook sees a crossing only in a decision, and an owner's
 // decisions count another owner's charges only once they settle: an
 // account charged by a second owner while its first was down or cut off,
@@ -506,7 +509,7 @@ func (a *alerter) sweepMissed(ctx context.Context, l flush.Ledger, pending []*de
 	cur := shard.PeriodOf(now)
 	at := time.Unix(0, now).UTC().Truncate(time.Second)
 	start := time.Now()
-	for _, period := range []shard.Period{cur - 1, cur} {
+	for _, period := range []shard.Period{cur - 1, cur, cur + 1} {
 		room := min(alertQueueSize-len(pending), alertSweepBatch)
 		if room <= 0 {
 			break

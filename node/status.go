@@ -289,7 +289,9 @@ func (n *Node) statusAccounts(d *statusData, owned func(string) bool) {
 		// ledger knew when this node took the account, plus its own charges);
 		// Usage.Used sums only the route counters of this node's charges.
 		var used int64
-		wall := n.clock.Now().Wall
+		// At the account's month, which may be ahead of this node's clock
+		// (shard.Account.Wall): a node whose clock ran ahead billed it there.
+		wall := max(n.clock.Now().Wall, a.Usage.Period.Start())
 		for _, g := range a.Grants {
 			if grantActive(g, wall) {
 				used += g.Used

@@ -97,9 +97,14 @@ func (g *grant) shownFree() int64 { return max(0, g.units-g.shownUsed()) }
 type Account struct {
 	cfg    AccountConfig
 	period Period // the latest period seen; never goes back
-	// seen is the latest wall reading seen (Unix ns). The dedup window is
-	// measured from it, so a clock that jumps back neither revives an id that
-	// was forgotten nor forgets one early.
+	// seen is the latest wall reading seen (Unix ns), the account's own
+	// clock: it never goes back. The dedup window is measured from it, so a
+	// clock that jumps back neither revives an id that was forgotten nor
+	// forgets one early, and records carry it as their wall, so an account's
+	// records are in order even when the node's clock steps back (a refund
+	// is never dated before a charge it preceded). The node's clock itself
+	// may step back: a month's jump and its correction leave only the
+	// accounts billed meanwhile in the later month.
 	seen     int64
 	bucket   Bucket
 	grants   []grant // sorted by expiry (never last), then id
@@ -125,6 +130,9 @@ func (a *Account) ID() string { return a.cfg.ID }
 
 // Plan is the account's current plan.
 func (a *Account) Plan() Plan { return a.cfg.Plan }
+
+// Period is the latest period the account has seen (it never goes back).
+func (a *Account) Period() Period { return a.period }
 
 // Configure applies a new config: an upgrade applies at once, a downgrade
 // below what is used blocks further charges and erases nothing. When the
@@ -316,7 +324,7 @@ func (a *Account) Charge(req *Charge, now Now, params *Params, rec *Record) Deci
 		a.fill(&d, now, wall)
 		return d
 	}
-	rec.reset(RecCharge, a.cfg.ID, now.Wall)
+	rec.reset(RecCharge, a.cfg.ID, a.seen)
 	if req.Units > 0 {
 		if short, exhausted := a.allocate(req.Units, wall, now.Mono, params, rec); short > 0 {
 			rec.Type = 0
@@ -344,7 +352,7 @@ func (a *Account) Charge(req *Charge, now Now, params *Params, rec *Record) Deci
 		rec.EventID, rec.ClientID, rec.Key, rec.Route = req.EventID, req.ClientID, req.Key, req.Route
 		rec.Units, rec.Period, rec.Gen = req.Units, p, gen
 		if req.ClientID {
-			a.dedup.put(req.EventID, a.seen, event{gen: gen, units: req.Units, period: p, chargeAt: now.Wall,
+			a.dedup.put(req.EventID, a.seen, event{gen: gen, units: req.Units, period: p, chargeAt: a.seen,
 				key: req.Key, route: req.Route, allocs: slices.Clone(rec.Allocs)})
 		}
 	}
@@ -469,7 +477,7 @@ func (a *Account) RefundAttempt(eventID string, receipt *Receipt, self string, n
 	if receipt != nil && receipt.Node != "" && receipt.Node != self && receipt.EventID == eventID {
 		p, wall := a.advance(now.Wall)
 		d := Decision{Reason: Refunded, Units: receipt.Units, Reset: p.End() / 1e9}
-		rec.reset(RecRefund, a.cfg.ID, now.Wall)
+		rec.reset(RecRefund, a.cfg.ID, a.seen)
 		rec.EventID, rec.Attempt, rec.Origin = eventID, true, receipt.Node
 		rec.Units, rec.Period, rec.ChargeWall, rec.Key, rec.Route, rec.Gen = receipt.Units, receipt.Period, receipt.Wall, receipt.Key, receipt.Route, receipt.Gen
 		rec.Allocs = append(rec.Allocs, receipt.Allocs...)
@@ -511,7 +519,7 @@ func (a *Account) refund(eventID string, receipt *Receipt, attempt bool, now Now
 	d := Decision{Reset: p.End() / 1e9}
 	a.dedup.expire(a.seen, params.DedupWindow, params.DedupMax)
 	a.refunded.expire(a.seen, params.DedupWindow, params.DedupMax)
-	rec.reset(RecRefund, a.cfg.ID, now.Wall)
+	rec.reset(RecRefund, a.cfg.ID, a.seen)
 	rec.EventID = eventID
 	if e, ok := a.dedup.get(eventID, a.seen, params.DedupWindow); ok {
 		switch {
@@ -578,7 +586,7 @@ func (a *Account) Reserve(grantID string, delta int64, now Now, rec *Record) boo
 	if delta > 0 {
 		g.exhaustedUntil, g.unseen = 0, 0
 	}
-	rec.reset(RecReserve, a.cfg.ID, now.Wall)
+	rec.reset(RecReserve, a.cfg.ID, a.seen)
 	rec.Grant, rec.Delta = grantID, delta
 	return true
 }

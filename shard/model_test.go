@@ -224,8 +224,8 @@ func TestStateMachineMatchesModel(t *testing.T) {
 		}
 		// Compare at the latest wall reading: an account moved to a later
 		// period by an operation without a record (a refusal) only learns it
-		// again from a later reading; the node's clock never goes below its
-		// high-water mark, so that is the reading it would see.
+		// again from a later reading, so compare at one at least as late as
+		// any the account has seen.
 		now := Now{Wall: max(wall, m.seen), Mono: mono}
 		if got, want := fmt.Sprint(b.Usage(now), spent(b)), fmt.Sprint(a.Usage(now), spent(a)); got != want {
 			t.Fatalf("replayed state %s, live state %s", got, want)

@@ -171,6 +171,31 @@ func TestClockJumpBackNeverReturnsToAnEarlierPeriod(t *testing.T) {
 	}
 }
 
+// The node's clock may step back (an NTP correction); the account's records
+// never do: each carries the latest reading the account has seen, so a
+// refund is never dated before the charge it refunds, nor a retry charged
+// after a refund before that refund (the ledger orders them by these walls).
+func TestRecordWallsNeverGoBackWhenTheClockDoes(t *testing.T) {
+	p := DefaultParams()
+	a := NewAccount(AccountConfig{ID: "a", Plan: hardPlan(10)})
+	_, c := charge(a, "e1", 1, at("2026-06-10T12:00:30Z"), &p)
+	back := at("2026-06-10T12:00:00Z")
+	var r Record
+	if d := a.Refund("e1", nil, back, &p, &r); d.Reason != Refunded {
+		t.Fatalf("refund: %v", d.Reason)
+	}
+	_, again := charge(a, "e1", 1, back, &p)
+	if r.Wall != c.Wall || again.Wall != c.Wall || again.Gen != 1 {
+		t.Fatalf("walls charge %d, refund %d, retry %d (gen %d): want the charge's for all three, the clock went back 30 s",
+			c.Wall, r.Wall, again.Wall, again.Gen)
+	}
+	// Once the clock passes the account's reading, records follow it again.
+	_, later := charge(a, "e2", 1, at("2026-06-10T12:01:00Z"), &p)
+	if later.Wall != at("2026-06-10T12:01:00Z").Wall {
+		t.Fatalf("wall %d after the clock caught up", later.Wall)
+	}
+}
+
 // An account billed in a later month by another node (whose clock ran
 // ahead) moves there: at once for a new owner, at the next config for one
 // that kept it in memory; and never back (G9).

@@ -29,9 +29,9 @@ func (n *Node) Block(ctx context.Context, peers ...*Node) error {
 // Heal restores all of n's traffic.
 func (n *Node) Heal(ctx context.Context) error { return n.testPost(ctx, "/test/heal") }
 
-// SetClockOffset shifts n's wall clock by d (0 puts it back; the node never
-// returns a wall reading below the highest it returned, so a clock moved
-// back stands still until real time catches up).
+// SetClockOffset shifts n's wall clock by d (0 puts it back; each account
+// keeps its own latest reading, so one the node decided while its clock was
+// ahead stays in that reading's month, and the others follow the clock).
 func (n *Node) SetClockOffset(ctx context.Context, d time.Duration) error {
 	return n.testPost(ctx, "/test/clock?offset="+url.QueryEscape(d.String()))
 }
