@@ -678,7 +678,9 @@ func (e *Engine) Accounts() []AccountView {
 		st := &e.stripes[i]
 		st.mu.Lock()
 		for id, ent := range st.accounts {
+			was := ent.acct.Period()
 			out = append(out, AccountView{ID: id, Usage: ent.acct.Usage(now), Grants: ent.acct.Grants()})
+			keepPeriodLocked(ent, was)
 		}
 		st.mu.Unlock()
 	}

@@ -609,8 +609,16 @@ func TestAlertErrorsHideTheWebhooksSecrets(t *testing.T) {
 // A crossing no decision here saw: another owner's charges used the month up
 // and settled (the account was charged elsewhere while this owner was down),
 // and no charge followed. The sweep finds it in the ledger and sends the 80 %
-// and 100 % alerts, once each, with the ledger's figures.
+// and 100 % alerts, once each, with the ledger's figures: in this node's
+// month, and in the next one, where only a node whose clock ran ahead bills
+// (once that clock is put right, no node's clock names the month).
 func TestAlertForACrossingNoDecisionSaw(t *testing.T) {
+	for _, p := range []shard.Period{june2026, june2026 + 1} {
+		t.Run(p.String(), func(t *testing.T) { testAlertForACrossingNoDecisionSaw(t, p) })
+	}
+}
+
+func testAlertForACrossingNoDecisionSaw(t *testing.T, period shard.Period) {
 	rc := &receiver{}
 	srv := httptest.NewServer(rc)
 	defer srv.Close()
@@ -626,10 +634,10 @@ func TestAlertForACrossingNoDecisionSaw(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	wall := time.Date(2026, 6, 9, 12, 0, 0, 0, time.UTC).UnixNano()
+	wall := period.Start() + int64(time.Hour)
 	b := &flush.Batch{Node: "other", Incarnation: "other-inc", Prev: mark, Next: mark + 1, Events: true,
 		Charges: []flush.Charge{{Seq: mark + 1, Account: "acme", EventID: "e1", ClientID: true, Key: "k", Route: "GET /x", Units: 10,
-			Wall: wall, Period: june2026, Allocs: []shard.Alloc{{Grant: shard.MonthlyGrantID(june2026), Units: 10}}}}}
+			Wall: wall, Period: period, Allocs: []shard.Alloc{{Grant: shard.MonthlyGrantID(period), Units: 10}}}}}
 	if res, err := l.Settle(ctx, b); err != nil || !res.Applied {
 		t.Fatalf("settle the other owner's charge: %+v, %v", res, err)
 	}
@@ -639,8 +647,8 @@ func TestAlertForACrossingNoDecisionSaw(t *testing.T) {
 	got := rc.alerts()
 	slices.SortFunc(got, func(x, y Alert) int { return x.Threshold - y.Threshold })
 	for i, th := range []int{80, 100} {
-		if r := got[i]; r.Account != "acme" || r.Period != "2026-06" || r.Threshold != th || r.Used != 10 || r.Limit != 10 {
-			t.Fatalf("alert %d: %+v; want acme 2026-06 %d%% at 10 of 10", i, r, th)
+		if r := got[i]; r.Account != "acme" || r.Period != period.String() || r.Threshold != th || r.Used != 10 || r.Limit != 10 {
+			t.Fatalf("alert %d: %+v; want acme %s %d%% at 10 of 10", i, r, period, th)
 		}
 	}
 	if n := a.stats.CaughtUp.Load(); n != 2 {
@@ -656,7 +664,7 @@ func TestAlertForACrossingNoDecisionSaw(t *testing.T) {
 	if more := a.sweepMissed(ctx, l, nil); len(more) != 0 {
 		t.Fatalf("a sweep after delivery queued %d alerts again", len(more))
 	}
-	a.onCharge("acme", decision(10, 10, june2026), nil)
+	a.onCharge("acme", decision(10, 10, period), nil)
 	if n := a.stats.Queued.Load(); n != 0 {
 		t.Fatalf("a charge at 100 %% queued %d alerts the sweep had sent", n)
 	}
