@@ -31,6 +31,7 @@ func RunConformance(t *testing.T, open func(t *testing.T) Ledger) {
 		fn   func(t *testing.T, l Ledger)
 	}{
 		{"Migrate", confMigrate},
+		{"Clock", confClock},
 		{"AdminAndSnapshot", confAdminSnapshot},
 		{"SnapshotRejectsMalformedRow", confSnapshotMalformed},
 		{"SnapshotLoadsUnmatchableRoute", confSnapshotUnmatchableRoute},
@@ -288,6 +289,23 @@ func wantErrIs(t *testing.T, what string, err, target error) {
 }
 
 // --- the subtests -----------------------------------------------------------
+
+// confClock: the ledger's clock is this machine's (the test's Postgres runs
+// here too), read now, not at a transaction's start, and in UTC.
+func confClock(t *testing.T, l Ledger) {
+	for i := 0; i < 2; i++ {
+		before := time.Now()
+		got, err := l.Clock(t.Context())
+		after := time.Now()
+		if err != nil {
+			t.Fatalf("Clock: %v", err)
+		}
+		// Postgres keeps microseconds: allow for the truncation.
+		if got.Before(before.Add(-time.Millisecond)) || got.After(after.Add(time.Millisecond)) || got.Location() != time.UTC {
+			t.Fatalf("Clock = %v, want a UTC reading between %v and %v", got, before.UTC(), after.UTC())
+		}
+	}
+}
 
 func confMigrate(t *testing.T, l Ledger) {
 	ctx := t.Context()

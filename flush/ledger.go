@@ -32,6 +32,11 @@ type Ledger interface {
 	Migrate(ctx context.Context) error
 	// SchemaVersion is the ledger's applied migration version.
 	SchemaVersion(ctx context.Context) (int, error)
+	// Clock reads the ledger's clock: the database server's on Postgres
+	// (clock_timestamp()), this machine's on SQLite (an embedded ledger has
+	// no other). Nodes compare theirs with it and export the difference
+	// (quotaring_clock_offset_seconds): each decides the month from its own.
+	Clock(ctx context.Context) (time.Time, error)
 
 	// RegisterNode records (node, incarnation) if new and returns its settled
 	// mark (0 for a new incarnation). Heartbeat refreshes heartbeat_at.
@@ -65,8 +70,9 @@ type Ledger interface {
 
 	// Snapshot reads the config a node serves from at wall: plans, accounts
 	// with their credit grants (and the settled use of credit grants and of
-	// the monthly grants of the period of wall and the one before), keys by
-	// hash, and the active route weights.
+	// the monthly grants of the period of wall, the one before and any later
+	// one a node whose clock ran ahead billed in), keys by hash, and the
+	// active route weights.
 	Snapshot(ctx context.Context, wall time.Time) (*snapshot.Snapshot, error)
 
 	// Admin changes the config; each bumps the config version.

@@ -305,6 +305,14 @@ func (p *Postgres) SchemaVersion(ctx context.Context) (int, error) {
 	return v, p.fail("read schema version", err)
 }
 
+// Clock implements Ledger: the server's clock_timestamp() (now() would be
+// the transaction's start).
+func (p *Postgres) Clock(ctx context.Context) (time.Time, error) {
+	var t time.Time
+	err := p.pool.QueryRow(ctx, "SELECT clock_timestamp()").Scan(&t)
+	return t.UTC(), p.fail("read the server's clock", err)
+}
+
 // execTestSQL runs SQL for the conformance suite's corruption tests.
 func (p *Postgres) execTestSQL(ctx context.Context, query string) error {
 	_, err := p.pool.Exec(ctx, query)

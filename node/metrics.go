@@ -131,6 +131,8 @@ func newMetrics(n *Node) *metrics {
 			}
 			return time.Since(last).Seconds()
 		}),
+		gauge("quotaring_clock_offset_seconds", "This node's wall clock minus the ledger's (the Postgres server's) at the last check, every 15 s: each node decides the month from its own.",
+			func() float64 { return time.Duration(n.clockOffset.Load()).Seconds() }),
 		gauge("quotaring_reservations_held_units", "Units this node holds reserved in the ledger and has not spent.", func() float64 {
 			if n.eng == nil {
 				return 0

@@ -162,6 +162,9 @@ type Node struct {
 
 	started time.Time
 	ready   atomic.Bool
+	// clockOffset is this clock minus the ledger's at the last check, in ns
+	// (clockLoop).
+	clockOffset atomic.Int64
 	// crashAfterCommit arms the test failpoint of the settler (TestFaults).
 	crashAfterCommit atomic.Bool
 	draining         atomic.Bool
@@ -274,6 +277,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	if n.cfg.ReconcileInterval > 0 {
 		n.goLoop(n.reconcileLoop)
 	}
+	n.goLoop(n.clockLoop)
 	n.ready.Store(true)
 	n.log.Info("serving", "rpc", n.RPCAddr(), "http", n.HTTPAddr(), "admin", n.AdminAddr(), "gossip", n.GossipAddr(),
 		"http_tls", n.httpTLS != nil, "admin_tls", n.adminTLS != nil, "incarnation", n.wal.Incarnation())
