@@ -57,7 +57,7 @@ func (b *lockedBuffer) String() string {
 }
 
 // A node whose clock is 90 minutes ahead of the ledger's says so: in the
-// gauge, and in one warning that says what to do.
+// gauge, on the status page, and in one warning that says what to do.
 func TestNodeReportsItsClockOffset(t *testing.T) {
 	dsn := "sqlite:" + filepath.Join(t.TempDir(), "ledger.db")
 	seedLedger(t, dsn, map[string]int64{"acme": 10})
@@ -78,6 +78,9 @@ func TestNodeReportsItsClockOffset(t *testing.T) {
 	offset := gaugeValue(t, nd, "quotaring_clock_offset_seconds")
 	if offset < 89*60 || offset > 90*60 {
 		t.Fatalf("quotaring_clock_offset_seconds = %v, want about 5400", offset)
+	}
+	if d := nd.statusData(context.Background()); !strings.HasPrefix(d.ClockOffset, "+1h29m5") || !d.ClockOff {
+		t.Fatalf("status page: clock %q from the ledger's (flagged %v), want +1h29m5x.xxxs flagged", d.ClockOffset, d.ClockOff)
 	}
 }
 

@@ -48,10 +48,14 @@ const statusMaxReservations = 60
 var memberColors = []string{"#2f6fde", "#e07b20", "#2a9d5b", "#b23ab0", "#c93c3c", "#1c9aa8", "#8a6d1f", "#5b5fc7"}
 
 type statusData struct {
-	Node        string
-	State       string // serving, draining, starting
-	Now         string
-	Uptime      string
+	Node   string
+	State  string // serving, draining, starting
+	Now    string
+	Uptime string
+	// ClockOffset is this clock minus the ledger's at the last check
+	// (clockLoop), "" before one; ClockOff: past maxClockOffset.
+	ClockOffset string
+	ClockOff    bool
 	Incarnation string
 	Epoch       string
 	RingErr     string
@@ -162,6 +166,13 @@ func (n *Node) statusData(ctx context.Context) *statusData {
 	d := &statusData{Node: n.cfg.ID, Now: now.UTC().Format("2006-01-02 15:04:05 UTC"),
 		Uptime: time.Since(n.started).Round(time.Second).String(), State: "serving",
 		LedgerValue: "not reached", LedgerState: "serving from the data dir's config snapshot until it answers"}
+	if off := time.Duration(n.clockOffset.Load()); off != 0 {
+		d.ClockOffset = off.Round(time.Millisecond).String()
+		if off > 0 {
+			d.ClockOffset = "+" + d.ClockOffset
+		}
+		d.ClockOff = off.Abs() > maxClockOffset
+	}
 	switch {
 	case n.draining.Load():
 		d.State = "draining"
