@@ -203,7 +203,6 @@ func (s *SQLite) Migrate(ctx context.Context) error {
 	}
 }
 
-// SchemaVersion is the highest applied migration, 0 for an empty database.
 // Clock implements Ledger: this machine's clock, which an embedded ledger
 // shares with the node (not Options.Now, which is the node's own reading).
 func (s *SQLite) Clock(ctx context.Context) (time.Time, error) {
@@ -213,6 +212,7 @@ func (s *SQLite) Clock(ctx context.Context) (time.Time, error) {
 	return time.Now().UTC(), nil
 }
 
+// SchemaVersion is the highest applied migration, 0 for an empty database.
 func (s *SQLite) SchemaVersion(ctx context.Context) (int, error) {
 	var v int
 	err := s.db.QueryRowContext(ctx, "SELECT coalesce(max(version), 0) FROM schema_migrations").Scan(&v)
