@@ -20,14 +20,8 @@ func TestClockPutRightLeavesOnlyTheAccountsBilledAhead(t *testing.T) {
 	ctx := context.Background()
 	s := testSnapshot(t, map[string]int64{"ahead": 100, "after": 100, "fresh": 100, "refused": 1})
 	clock := NewSystemClock()
-	l := openLog(t, dir)
-	e, err := Open(Options{Log: l, Clock: clock})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := e.SetSnapshot(s, AllSettled); err != nil {
-		t.Fatal(err)
-	}
+	e := openEngine(t, dir, clock, s)
+	l := e.Log()
 	// resets of this month and the next, by the real clock
 	thisMonth := func() int64 { return shard.PeriodOf(time.Now().UnixNano()).End() / 1e9 }
 	nextMonth := func() int64 { return (shard.PeriodOf(time.Now().UnixNano()) + 1).End() / 1e9 }

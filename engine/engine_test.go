@@ -147,14 +147,8 @@ func TestRetryRefundAndRestart(t *testing.T) {
 	clock := NewManualClock(time.Date(2026, 6, 10, 0, 0, 0, 0, time.UTC))
 	s := testSnapshot(t, map[string]int64{"acme": 100})
 	ctx := context.Background()
-	l := openLog(t, dir)
-	e, err := Open(Options{Log: l, Clock: clock})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := e.SetSnapshot(s, AllSettled); err != nil {
-		t.Fatal(err)
-	}
+	e := openEngine(t, dir, clock, s)
+	l := e.Log()
 	for i := 0; i < 5; i++ {
 		res, err := e.Charge(ctx, "acme", shard.Charge{EventID: "retry-me", ClientID: true, Units: 10})
 		if err != nil || !res.Reason.Accepted() {
