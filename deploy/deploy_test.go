@@ -47,6 +47,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"sigs.k8s.io/yaml"
+
+	"github.com/quotaring/quotaring/internal/logbuf"
 )
 
 // repoRoot is the module root, one level up from this package.
@@ -1285,7 +1287,7 @@ func TestServeTakesManifestSettings(t *testing.T) {
 	defer cancel()
 	cmd := exec.CommandContext(ctx, bin, c.Args...)
 	cmd.Env = procEnv
-	var logs lockedBuffer
+	var logs logbuf.Buffer
 	cmd.Stdout, cmd.Stderr = &logs, &logs
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -1373,21 +1375,4 @@ func TestServeTakesManifestSettings(t *testing.T) {
 			}
 		}
 	}
-}
-
-type lockedBuffer struct {
-	mu sync.Mutex // protects b
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }

@@ -17,6 +17,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/quotaring/quotaring/internal/logbuf"
 )
 
 const clusterScript = "local/cluster.sh"
@@ -206,7 +208,7 @@ func TestLocalCluster(t *testing.T) {
 	cmd.Env = cleanEnv()
 	pr, pw := io.Pipe()
 	cmd.Stdout, cmd.Stderr = pw, pw
-	var out lockedBuffer
+	var out logbuf.Buffer
 	ready := make(chan struct{})
 	go func() {
 		sc := bufio.NewScanner(pr)

@@ -1,17 +1,16 @@
 package node
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"log/slog"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/quotaring/quotaring/engine"
+	"github.com/quotaring/quotaring/internal/logbuf"
 )
 
 type fixedLedgerClock struct {
@@ -37,31 +36,12 @@ func TestMeasureClockOffset(t *testing.T) {
 	}
 }
 
-// lockedBuffer is a log sink the node's goroutines write to while the test
-// reads it.
-type lockedBuffer struct {
-	mu  sync.Mutex // protects buf
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // A node whose clock is 90 minutes ahead of the ledger's says so: in the
 // gauge, on the status page, and in one warning that says what to do.
 func TestNodeReportsItsClockOffset(t *testing.T) {
 	dsn := "sqlite:" + filepath.Join(t.TempDir(), "ledger.db")
 	seedLedger(t, dsn, map[string]int64{"acme": 10})
-	var logs lockedBuffer
+	var logs logbuf.Buffer
 	clock := engine.NewManualClock(time.Now().Add(90*time.Minute - time.Second))
 	nd := startNodesWith(t, dsn, func(c *Config) {
 		c.Clock = clock
