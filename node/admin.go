@@ -85,7 +85,7 @@ func (n *Node) testHeal(w http.ResponseWriter, _ *http.Request) {
 	fmt.Fprintln(w, "healed")
 }
 
-// testClock shifts the wall clock: ?offset=-36h (G9 tests, month jumps).
+// testClock shifts the system clock: ?offset=-36h (chaos clock faults).
 func (n *Node) testClock(w http.ResponseWriter, r *http.Request) {
 	d, err := time.ParseDuration(r.URL.Query().Get("offset"))
 	if err != nil || n.sys == nil {
@@ -93,7 +93,10 @@ func (n *Node) testClock(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	n.sys.SetOffset(d)
-	json.NewEncoder(w).Encode(map[string]any{"offset": d.String(), "wall": time.Unix(0, n.clock.Now().Wall).UTC()})
+	// wall: the time the node bills by, which holds through a step
+	// (SteadyClock) until the ledger's clock confirms it.
+	json.NewEncoder(w).Encode(map[string]any{"offset": d.String(), "system": time.Unix(0, n.sys.Now().Wall).UTC(),
+		"wall": time.Unix(0, n.clock.Now().Wall).UTC()})
 }
 
 func splitList(s string) []string {

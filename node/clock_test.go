@@ -6,11 +6,14 @@ import (
 	"log/slog"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/quotaring/quotaring/engine"
 	"github.com/quotaring/quotaring/internal/logbuf"
+	"github.com/quotaring/quotaring/router"
+	"github.com/quotaring/quotaring/shard"
 )
 
 type fixedLedgerClock struct {
@@ -61,6 +64,109 @@ func TestNodeReportsItsClockOffset(t *testing.T) {
 	}
 	if d := nd.statusData(context.Background()); !strings.HasPrefix(d.ClockOffset, "+1h29m5") || !d.ClockOff {
 		t.Fatalf("status page: clock %q from the ledger's (flagged %v), want +1h29m5x.xxxs flagged", d.ClockOffset, d.ClockOff)
+	}
+}
+
+// A step of the system clock is held against until the ledger's clock
+// confirms the new reading or the clock comes back; each is logged once.
+func TestClockWatchHoldsAStepUntilTheLedgerConfirmsIt(t *testing.T) {
+	june := time.Date(2026, 6, 30, 23, 59, 50, 0, time.UTC)
+	july := time.Date(2026, 7, 1, 1, 0, 0, 0, time.UTC)
+	raw := engine.NewManualClock(june)
+	steady := engine.NewSteadyClock(raw, maxClockOffset)
+	var logs logbuf.Buffer
+	var offset, step atomic.Int64
+	w := &clockWatch{steady: steady, clock: steady, log: slog.New(slog.NewTextHandler(&logs, nil)), offset: &offset, step: &step}
+	ctx := context.Background()
+	month := func() time.Month { return time.Unix(0, steady.Now().Wall).UTC().Month() }
+
+	w.check(ctx, fixedLedgerClock{at: june})
+	if step.Load() != 0 || time.Duration(offset.Load()).Abs() > 10*time.Millisecond || logs.String() != "" {
+		t.Fatalf("a clock that agrees: step %v, offset %v, logs %q", time.Duration(step.Load()), time.Duration(offset.Load()), logs.String())
+	}
+
+	// The system clock jumps into July; the ledger is still in June.
+	raw.SetWall(july)
+	if month() != time.June {
+		t.Fatalf("after the jump the node bills in %v, want June", month())
+	}
+	for range 2 {
+		w.check(ctx, fixedLedgerClock{at: june})
+	}
+	if got := time.Duration(step.Load()); got != july.Sub(june) {
+		t.Fatalf("step gauge %v, want %v", got, july.Sub(june))
+	}
+	if got := time.Duration(offset.Load()); got.Abs() > 10*time.Millisecond {
+		t.Fatalf("offset of the clock the node bills by: %v, want about 0", got)
+	}
+	if n := strings.Count(logs.String(), "stepped by +1h0m10s against its monotonic clock"); n != 1 ||
+		!strings.Contains(logs.String(), "the new reading is +1h0m10s") || !strings.Contains(logs.String(), "keeps the time it had before the step") {
+		t.Fatalf("want one warning that names the step and what the node does:\n%s", logs.String())
+	}
+	// The ledger out of reach confirms nothing.
+	w.check(ctx, nil)
+	if month() != time.June || step.Load() == 0 {
+		t.Fatalf("with the ledger out of reach: billing in %v, step %v; want June, held", month(), time.Duration(step.Load()))
+	}
+
+	// Put right: followed again, said once.
+	raw.SetWall(june.Add(time.Second / 2))
+	w.check(ctx, fixedLedgerClock{at: june})
+	if step.Load() != 0 || !strings.Contains(logs.String(), "back where it was before its step") {
+		t.Fatalf("put right: step %v, logs:\n%s", time.Duration(step.Load()), logs.String())
+	}
+
+	// A step the ledger's clock agrees with (the node's clock was the wrong
+	// one, and NTP put it right) is followed.
+	raw.SetWall(july)
+	w.check(ctx, fixedLedgerClock{at: july})
+	if step.Load() != 0 || month() != time.July || !strings.Contains(logs.String(), "now agrees with the ledger's: following it") {
+		t.Fatalf("confirmed step: step %v, billing in %v, logs:\n%s", time.Duration(step.Load()), month(), logs.String())
+	}
+}
+
+// A node whose system clock jumps into the next month goes on billing in
+// this one, and says so on its status page and in its gauges; put right,
+// it follows the clock again.
+func TestNodeBillsThroughAClockJumpInItsMonth(t *testing.T) {
+	dsn := "sqlite:" + filepath.Join(t.TempDir(), "ledger.db")
+	seedLedger(t, dsn, map[string]int64{"acme": 10})
+	var logs logbuf.Buffer
+	nd := startNodesWith(t, dsn, func(c *Config) { c.Logger = slog.New(slog.NewTextHandler(&logs, nil)) })[0]
+	if nd.sys == nil || nd.steady == nil {
+		t.Fatal("a node without Config.Clock does not read the system clock through a steady clock")
+	}
+	ctx := context.Background()
+	thisMonth := shard.PeriodOf(time.Now().UnixNano()).End() / 1e9
+	charge := func(id string) {
+		t.Helper()
+		res, err := nd.Router().Charge(ctx, router.ChargeRequest{Account: "acme", Route: "GET /x", Units: 1, EventID: id})
+		if err != nil || res.Reason != shard.OK {
+			t.Fatalf("charge %s: %v %v", id, res.Reason, err)
+		}
+		if res.Reset != thisMonth {
+			t.Fatalf("charge %s answered in the month that resets %s, want %s", id,
+				time.Unix(res.Reset, 0).UTC().Format(time.DateOnly), time.Unix(thisMonth, 0).UTC().Format(time.DateOnly))
+		}
+	}
+	charge("before")
+	now := time.Now().UTC()
+	nd.sys.SetOffset(time.Date(now.Year(), now.Month()+1, 1, 1, 0, 0, 0, time.UTC).Sub(now))
+	charge("during")
+	waitFor(t, 10*time.Second, "the step held against", func() bool { return gaugeValue(t, nd, "quotaring_clock_step_seconds") > 3600 })
+	if d := nd.statusData(ctx); d.ClockStep == "" || d.ClockOff {
+		t.Fatalf("status page: step %q, clock off %v; want the step shown, the clock the node bills by not off", d.ClockStep, d.ClockOff)
+	}
+	if !strings.Contains(logs.String(), "keeps the time it had before the step") {
+		t.Fatalf("no warning about the step:\n%s", logs.String())
+	}
+	charge("later")
+	nd.sys.SetOffset(0)
+	charge("put right")
+	// The next check sees the clock back (every 15 s; Track is what the
+	// loop runs, so run one here rather than wait).
+	if d := nd.steady.Track(); d != 0 {
+		t.Fatalf("put right, the clock still stands %v from the one the node keeps", d)
 	}
 }
 

@@ -89,7 +89,8 @@ type Config struct {
 	// the chaos tests only.
 	TestFaults bool
 	// Clock defaults to the system clock (with a test offset behind
-	// TestFaults).
+	// TestFaults), watched for steps (engine.SteadyClock, clock.go). A
+	// given clock is taken as it is: tests drive time through it.
 	Clock  engine.Clock
 	Logger *slog.Logger
 	// Front, when set, builds the public HTTP handler (package router's
@@ -123,6 +124,7 @@ type Node struct {
 	log     *slog.Logger
 	clock   engine.Clock
 	sys     *engine.SystemClock // nil when cfg.Clock was given
+	steady  *engine.SteadyClock // over sys; nil when cfg.Clock was given
 	wal     *wal.Log
 	eng     *engine.Engine
 	ring    atomic.Pointer[ring.Ring]
@@ -163,8 +165,12 @@ type Node struct {
 	started time.Time
 	ready   atomic.Bool
 	// clockOffset is this clock minus the ledger's at the last check, in ns
-	// (clockLoop).
+	// (clockLoop): the clock the node bills by (steady's, not the system
+	// clock's while steady holds through a step).
 	clockOffset atomic.Int64
+	// clockStep is how far the system clock stands from the one steady
+	// holds to, in ns, at the last check; 0 while it follows it.
+	clockStep atomic.Int64
 	// crashAfterCommit arms the test failpoint of the settler (TestFaults).
 	crashAfterCommit atomic.Bool
 	draining         atomic.Bool
@@ -317,7 +323,8 @@ func (n *Node) openEngine() error {
 	n.clock = n.cfg.Clock
 	if n.clock == nil {
 		n.sys = engine.NewSystemClock()
-		n.clock = n.sys
+		n.steady = engine.NewSteadyClock(n.sys, maxClockOffset)
+		n.clock = n.steady
 	}
 	n.eng, err = engine.Open(engine.Options{
 		Log: n.wal, Clock: n.clock, Reserver: (*nodeReserver)(n), ReserveWindow: n.cfg.SettleInterval,

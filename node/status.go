@@ -52,10 +52,13 @@ type statusData struct {
 	State  string // serving, draining, starting
 	Now    string
 	Uptime string
-	// ClockOffset is this clock minus the ledger's at the last check
-	// (clockLoop), "" before one; ClockOff: past maxClockOffset.
+	// ClockOffset is the clock the node bills by minus the ledger's at the
+	// last check (clockLoop), "" before one; ClockOff: past maxClockOffset.
+	// ClockStep: how far the system clock stepped from it, "" while the
+	// node follows the system clock.
 	ClockOffset string
 	ClockOff    bool
+	ClockStep   string
 	Incarnation string
 	Epoch       string
 	RingErr     string
@@ -172,6 +175,9 @@ func (n *Node) statusData(ctx context.Context) *statusData {
 			d.ClockOffset = "+" + d.ClockOffset
 		}
 		d.ClockOff = off.Abs() > maxClockOffset
+	}
+	if step := time.Duration(n.clockStep.Load()); step != 0 {
+		d.ClockStep = signed(step)
 	}
 	switch {
 	case n.draining.Load():
