@@ -24,7 +24,8 @@ type Clock interface {
 // its records stay in order, while accounts it did not decide meanwhile
 // follow the corrected clock. A node-wide floor would leave a node whose
 // clock ran a month ahead for seconds billing every account it takes over
-// in that later month until the calendar catches up.
+// in that later month until the calendar catches up. A node reads it
+// through a SteadyClock, which holds against such steps in the first place.
 type SystemClock struct {
 	start  time.Time
 	offset atomic.Int64 // ns added to the wall reading

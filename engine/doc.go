@@ -42,4 +42,12 @@
 // lacks allowance asks the Reserver once, logs what it got, and decides
 // again; when about half of an account's last reservation is spent, a
 // background loop tops it up, so steady traffic never waits for the ledger.
+//
+// # Clocks
+//
+// A decision reads Clock once: a wall reading, which names the month, and a
+// monotonic one, which refills buckets (G9). SystemClock is the real one;
+// SteadyClock wraps it so that a step of the wall clock does not carry the
+// node into another month until its caller confirmed the step (the node
+// checks with the ledger's clock); ManualClock is the tests'.
 package engine

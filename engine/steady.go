@@ -85,6 +85,15 @@ func (c *SteadyClock) Track() time.Duration {
 	return time.Duration(d)
 }
 
+// Anchor makes the trusted clock read wall at the monotonic reading mono
+// (the caller measured the time elsewhere: the node takes the ledger's when
+// its own clock is the odd one out). The raw clock is followed again when it
+// comes within MaxStep of that, or on Trust.
+func (c *SteadyClock) Anchor(mono, wall int64) {
+	c.base.Store(wall - mono)
+	c.noticed.Store(false)
+}
+
 // Trust follows the raw clock from now on, however far it stepped: the
 // caller found it right.
 func (c *SteadyClock) Trust() {

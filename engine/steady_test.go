@@ -83,3 +83,23 @@ func TestSteadyClockHoldsThroughAStepUntilTrusted(t *testing.T) {
 		t.Fatalf("Raw = %v, want %v", raw, july)
 	}
 }
+
+func TestSteadyClockAnchoredToAnotherClock(t *testing.T) {
+	start := time.Date(2026, 7, 1, 1, 0, 0, 0, time.UTC) // a clock 70 minutes ahead
+	raw := NewManualClock(start)
+	c := NewSteadyClock(raw, time.Second)
+	ledger := time.Date(2026, 6, 30, 23, 50, 0, 0, time.UTC)
+	c.Anchor(raw.Now().Mono, ledger.UnixNano())
+	raw.Advance(3 * time.Second)
+	if got, want := time.Unix(0, c.Now().Wall).UTC(), ledger.Add(3*time.Second); !got.Equal(want) {
+		t.Fatalf("anchored clock reads %v, want %v", got, want)
+	}
+	if d := c.Track(); d != start.Sub(ledger) {
+		t.Fatalf("Track = %v, want the raw clock's %v ahead", d, start.Sub(ledger))
+	}
+	// The raw clock put right comes within MaxStep: followed again.
+	raw.SetWall(ledger.Add(3*time.Second + 200*time.Millisecond))
+	if d := c.Track(); d != 0 {
+		t.Fatalf("Track after the raw clock was put right = %v, want 0", d)
+	}
+}

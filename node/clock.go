@@ -2,15 +2,19 @@ package node
 
 import (
 	"context"
+	"errors"
 	"log/slog"
+	"strconv"
 	"sync/atomic"
 	"time"
 
 	"github.com/quotaring/quotaring/engine"
+	"github.com/quotaring/quotaring/ring"
+	"github.com/quotaring/quotaring/shard"
 )
 
 // Each node decides an account's month from its own wall clock (G5, G9), so
-// the nodes' clocks must agree; nothing in the cluster makes them. Two
+// the nodes' clocks must agree; nothing in the cluster makes them. Three
 // things keep a node's clock honest:
 //
 //   - Steps. The system clock is read through an engine.SteadyClock: when
@@ -23,12 +27,19 @@ import (
 //     in this month, with the others.
 //   - Offsets. A node compares the clock it bills by with the ledger's, the
 //     one clock every node reaches, exports the difference
-//     (quotaring_clock_offset_seconds) and logs a warning while it is past
-//     maxClockOffset. It warns and goes on serving: a node that stopped for
-//     its clock would move its accounts onto the others whenever the
-//     ledger's clock, not its own, was the wrong one. Nor does it follow the
-//     ledger's clock: with a wrong ledger clock every node would follow it
-//     into another month.
+//     (quotaring_clock_offset_seconds), logs a warning while it is past
+//     maxClockOffset, and gossips its verdict (ring.Meta.Clock). It goes on
+//     serving: a node that stopped for its clock would move its accounts
+//     onto the others whenever the ledger's clock, not its own, was the
+//     wrong one.
+//   - The odd one out. A node whose clock is off the ledger's while more of
+//     the other members agree with the ledger than not takes the ledger's
+//     time (measured at the middle of the round trip, counted on by the
+//     monotonic clock) until its own clock agrees again: that covers a node
+//     started with its clock already off, which no step reveals. Alone, or
+//     when the others are off too, it only warns: the ledger's clock may be
+//     the wrong one, and every node following it would move into another
+//     month together.
 const (
 	clockCheckEvery = 15 * time.Second
 	// maxClockOffset is the offset past which the node warns. NTP keeps
@@ -57,15 +68,21 @@ func measureClockOffset(ctx context.Context, l ledgerClock, wall func() int64) (
 	return time.Duration(wall() - int64(rtt/2) - at.UnixNano()), rtt, nil
 }
 
-// clockLoop checks the clocks at once, every clockCheckEvery and when the
-// steady clock saw a step, until the node stops.
+// clockLoop checks the clocks every clockCheckEvery, when the steady clock
+// saw a step and when woken (Node.clockWake), until the node stops. Start
+// ran the first check (Node.clock).
 func (n *Node) clockLoop(ctx context.Context) {
-	w := &clockWatch{steady: n.steady, clock: n.clock, log: n.log, offset: &n.clockOffset, step: &n.clockStep}
 	var stepped <-chan struct{}
 	if n.steady != nil {
 		stepped = n.steady.Stepped()
 	}
-	t := time.NewTimer(0)
+	first := clockCheckEvery
+	if n.watch.off {
+		// The others' verdicts may not have reached this node when Start
+		// checked: look again soon.
+		first = time.Second
+	}
+	t := time.NewTimer(first)
 	defer t.Stop()
 	for {
 		select {
@@ -73,28 +90,74 @@ func (n *Node) clockLoop(ctx context.Context) {
 			return
 		case <-t.C:
 		case <-stepped:
+		case <-n.clockWake:
 		}
 		t.Reset(clockCheckEvery)
-		var l ledgerClock
-		if fl := n.Ledger(); fl != nil {
-			l = fl
-		}
-		w.check(ctx, l)
+		n.checkClock(ctx)
 	}
 }
 
-// clockWatch is what clockLoop keeps between checks; it warns once when
-// the offset goes past maxClockOffset or a step is held against, and says
-// so when that is over.
+// checkClock runs one check of n.watch, with the ledger when it is reached
+// and the other members' verdicts from the ring. Only one goroutine at a
+// time: Start, then clockLoop.
+func (n *Node) checkClock(ctx context.Context) {
+	var l ledgerClock
+	if fl := n.Ledger(); fl != nil {
+		l = fl
+	}
+	n.watch.check(ctx, l)
+}
+
+// peerClocks counts the other alive members whose last verdict on their
+// clock was that it agrees with the ledger's, and that it is off.
+func (n *Node) peerClocks() (agree, off int) {
+	r := n.Ring()
+	if r == nil {
+		return 0, 0
+	}
+	for _, m := range r.View().Members {
+		switch {
+		case m.ID == n.cfg.ID:
+		case m.Clock == ring.ClockAgrees:
+			agree++
+		case m.Clock == ring.ClockOff:
+			off++
+		}
+	}
+	return agree, off
+}
+
+// publishClock gossips this node's verdict.
+func (n *Node) publishClock(ctx context.Context, v ring.ClockVerdict) {
+	r := n.Ring()
+	if r == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := r.SetClock(ctx, v); err != nil && !errors.Is(err, ring.ErrUnconfirmed) {
+		n.log.Warn("could not gossip this node's clock verdict; the others see the last one", "verdict", v.String(), "err", err)
+	}
+}
+
+// clockWatch is what the clock checks keep between them; it warns once when
+// the offset goes past maxClockOffset, a step is held against or the node
+// takes the ledger's time, and says so when that is over.
 type clockWatch struct {
 	steady *engine.SteadyClock // nil: the clock is taken as it is
 	clock  engine.Clock        // the clock the node bills by
 	log    *slog.Logger
 	// offset and step receive the readings (Node.clockOffset, clockStep).
 	offset, step *atomic.Int64
+	// peers counts the other members' verdicts (agree, off); publish
+	// gossips this node's. Either may be nil (tests).
+	peers   func() (agree, off int)
+	publish func(context.Context, ring.ClockVerdict)
 
-	off  bool          // the last offset was past maxClockOffset
-	held time.Duration // the step held against at the last check
+	off       bool          // the last offset was past maxClockOffset
+	held      time.Duration // the step held against at the last check
+	following bool          // the node bills by the ledger's time (Anchor)
+	verdict   ring.ClockVerdict
 }
 
 // check reads the clocks once; l is nil while the ledger is not reached.
@@ -105,28 +168,52 @@ func (w *clockWatch) check(ctx context.Context, l ledgerClock) {
 		step = w.steady.Track()
 		raw = w.steady.Raw
 	}
+	var at shard.Now                 // the system clock's reading the offset is of
 	d, ok := time.Duration(0), false // the system clock less the ledger's
 	if l != nil {
 		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		var rtt time.Duration
 		var err error
-		d, rtt, err = measureClockOffset(cctx, l, func() int64 { return raw().Wall })
+		d, rtt, err = measureClockOffset(cctx, l, func() int64 { at = raw(); return at.Wall })
 		cancel()
 		// Out of reach: the settler and the refresher report it.
 		ok = err == nil && rtt <= maxClockRTT
 	}
+	was := w.held
 	switch {
 	case step != 0 && ok && d.Abs() <= maxClockOffset:
 		w.steady.Trust()
-		w.log.Info("this node's clock stepped by "+signed(step)+" and now agrees with the ledger's: following it",
-			"offset", signed(d))
-		step = 0
-	case step != 0 && w.held == 0:
+		if w.following {
+			w.log.Info("this node's clock agrees with the ledger's again: following it", "offset", signed(d))
+		} else {
+			w.log.Info("this node's clock stepped by "+signed(step)+" and now agrees with the ledger's: following it", "offset", signed(d))
+		}
+		step, was, w.following = 0, 0, false
+	case step == 0 && w.following:
+		w.log.Info("this node's clock agrees with the ledger's time it followed: following its own again")
+		was, w.following = 0, false
+	}
+	if w.steady != nil && ok && (d-step).Abs() > maxClockOffset && w.peers != nil {
+		if agree, off := w.peers(); agree > off {
+			w.steady.Anchor(at.Mono, at.Wall-int64(d))
+			step, w.following = d, true
+			way := "ahead of"
+			if d < 0 {
+				way = "behind"
+			}
+			w.log.Warn("this node's clock is "+d.Abs().Round(time.Millisecond).String()+" "+way+" the ledger's, and "+
+				strconv.Itoa(agree)+" of the other members agree with the ledger's ("+strconv.Itoa(off)+" do not): "+
+				"the node bills by the ledger's time, counted on by its monotonic clock, until its own clock agrees again; "+
+				"fix the clock (NTP: chronyc tracking, timedatectl)", "offset", signed(d))
+		}
+	}
+	switch {
+	case step != 0 && was == 0 && !w.following:
 		w.log.Warn("this node's clock stepped by "+signed(step)+" against its monotonic clock, and "+ledgerSays(d, ok)+": "+
 			"the node keeps the time it had before the step, counted on by the monotonic clock, so that it bills in the same month as the others, "+
 			"and follows the clock again once it is within "+maxClockOffset.String()+" of the ledger's; fix the clock (NTP: chronyc tracking, timedatectl)",
 			"step", signed(step))
-	case step == 0 && w.held != 0:
+	case step == 0 && was != 0:
 		w.log.Info("this node's clock is back where it was before its step: following it")
 	}
 	w.held = step
@@ -151,6 +238,14 @@ func (w *clockWatch) check(ctx context.Context, l ledgerClock) {
 		w.off = false
 		w.log.Info("this node's clock is within "+maxClockOffset.String()+" of the ledger's again", "offset", d.Round(time.Millisecond).String())
 	}
+	v := ring.ClockAgrees
+	if w.off {
+		v = ring.ClockOff
+	}
+	if v != w.verdict && w.publish != nil {
+		w.publish(ctx, v)
+	}
+	w.verdict = v
 }
 
 // ledgerSays describes the ledger's view of a stepped clock for the warning.

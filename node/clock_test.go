@@ -3,8 +3,10 @@ package node
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -12,6 +14,7 @@ import (
 
 	"github.com/quotaring/quotaring/engine"
 	"github.com/quotaring/quotaring/internal/logbuf"
+	"github.com/quotaring/quotaring/ring"
 	"github.com/quotaring/quotaring/router"
 	"github.com/quotaring/quotaring/shard"
 )
@@ -168,6 +171,116 @@ func TestNodeBillsThroughAClockJumpInItsMonth(t *testing.T) {
 	if d := nd.steady.Track(); d != 0 {
 		t.Fatalf("put right, the clock still stands %v from the one the node keeps", d)
 	}
+}
+
+// A node whose clock is off the ledger's with no step to show for it (it
+// started that way) takes the ledger's time when more of the other members
+// agree with the ledger than not, and only warns otherwise.
+func TestClockWatchTakesTheLedgersTimeWhenTheOthersSideWithIt(t *testing.T) {
+	ahead := time.Date(2026, 7, 1, 1, 0, 0, 0, time.UTC)
+	ledger := time.Date(2026, 6, 30, 23, 50, 0, 0, time.UTC)
+	raw := engine.NewManualClock(ahead)
+	steady := engine.NewSteadyClock(raw, maxClockOffset) // trusts the clock as it starts
+	var logs logbuf.Buffer
+	var offset, step atomic.Int64
+	var agree, off int
+	var published []ring.ClockVerdict
+	w := &clockWatch{steady: steady, clock: steady, log: slog.New(slog.NewTextHandler(&logs, nil)), offset: &offset, step: &step,
+		peers:   func() (int, int) { return agree, off },
+		publish: func(_ context.Context, v ring.ClockVerdict) { published = append(published, v) }}
+	ctx := context.Background()
+	month := func() time.Month { return time.Unix(0, steady.Now().Wall).UTC().Month() }
+
+	// Alone, then with as many others off as agreeing: the ledger's clock
+	// may be the wrong one; warn, bill by the node's own.
+	for _, p := range [][2]int{{0, 0}, {1, 1}} {
+		agree, off = p[0], p[1]
+		w.check(ctx, fixedLedgerClock{at: ledger})
+		if month() != time.July || step.Load() != 0 {
+			t.Fatalf("%d others agree, %d off: billing in %v, step %v; want July, no step", agree, off, month(), time.Duration(step.Load()))
+		}
+	}
+	if !strings.Contains(logs.String(), "this node's clock is 1h10m0s ahead of the ledger's") || strings.Contains(logs.String(), "bills by the ledger's time") {
+		t.Fatalf("want the offset warning alone:\n%s", logs.String())
+	}
+	if !slices.Equal(published, []ring.ClockVerdict{ring.ClockOff}) {
+		t.Fatalf("published %v, want [off]", published)
+	}
+
+	// Two of three others side with the ledger: take its time.
+	agree, off = 2, 1
+	w.check(ctx, fixedLedgerClock{at: ledger})
+	if month() != time.June {
+		t.Fatalf("with the others siding with the ledger the node bills in %v, want June", month())
+	}
+	if got := time.Duration(step.Load()); (got - 70*time.Minute).Abs() > 10*time.Millisecond {
+		t.Fatalf("step gauge %v, want about 1h10m (the clock's offset)", got)
+	}
+	if got := time.Duration(offset.Load()); got.Abs() > 10*time.Millisecond {
+		t.Fatalf("offset of the clock the node bills by: %v, want about 0", got)
+	}
+	if !strings.Contains(logs.String(), "and 2 of the other members agree with the ledger's (1 do not): the node bills by the ledger's time") {
+		t.Fatalf("want a warning that the node takes the ledger's time:\n%s", logs.String())
+	}
+	if !slices.Equal(published, []ring.ClockVerdict{ring.ClockOff, ring.ClockAgrees}) {
+		t.Fatalf("published %v, want [off agrees]", published)
+	}
+	w.check(ctx, fixedLedgerClock{at: ledger})
+	if n := strings.Count(logs.String(), "bills by the ledger's time"); n != 1 || strings.Contains(logs.String(), "stepped by") {
+		t.Fatalf("a second check: %d warnings about the ledger's time (want 1), or one about a step:\n%s", n, logs.String())
+	}
+
+	// NTP puts the clock right: the node follows its own again.
+	raw.SetWall(ledger.Add(100 * time.Millisecond))
+	w.check(ctx, fixedLedgerClock{at: ledger})
+	if step.Load() != 0 || !strings.Contains(logs.String(), "following its own again") {
+		t.Fatalf("clock put right: step %v, logs:\n%s", time.Duration(step.Load()), logs.String())
+	}
+}
+
+// Two nodes: the second's clock is a month ahead as if it had started so
+// (trusted, no step). Once the first's verdict reaches it, it bills by the
+// ledger's time, in this month.
+func TestNodeWithAClockOffTakesTheLedgersTime(t *testing.T) {
+	dsn := "sqlite:" + filepath.Join(t.TempDir(), "ledger.db")
+	accounts := map[string]int64{}
+	for i := range 20 {
+		accounts[fmt.Sprint("a", i)] = 100
+	}
+	seedLedger(t, dsn, accounts)
+	var logs logbuf.Buffer
+	nodes := startNodesWith(t, dsn, nil, func(c *Config) { c.Logger = slog.New(slog.NewTextHandler(&logs, nil)) })
+	n2 := nodes[1]
+	waitFor(t, 10*time.Second, "the first node's verdict at the second", func() bool {
+		agree, _ := n2.peerClocks()
+		return agree == 1
+	})
+	var mine string // an account n2 owns
+	for id := range accounts {
+		if m, ok := n2.Ring().Owner(id); ok && m.ID == n2.cfg.ID {
+			mine = id
+			break
+		}
+	}
+	if mine == "" {
+		t.Fatal("n2 owns none of 20 accounts")
+	}
+	now := time.Now().UTC()
+	n2.sys.SetOffset(time.Date(now.Year(), now.Month()+1, 1, 1, 0, 0, 0, time.UTC).Sub(now))
+	n2.steady.Trust() // as if it had started with this clock
+	n2.clockWake <- struct{}{}
+	waitFor(t, 10*time.Second, "n2 billing by the ledger's time", func() bool { return gaugeValue(t, n2, "quotaring_clock_step_seconds") > 3600 })
+	if !strings.Contains(logs.String(), "1 of the other members agree with the ledger's (0 do not)") {
+		t.Fatalf("no warning that the node takes the ledger's time:\n%s", logs.String())
+	}
+	thisMonth := shard.PeriodOf(time.Now().UnixNano()).End() / 1e9
+	res, err := nodes[0].Router().Charge(context.Background(), router.ChargeRequest{Account: mine, Route: "GET /x", Units: 1, EventID: "e1"})
+	if err != nil || res.Reason != shard.OK || res.Reset != thisMonth {
+		t.Fatalf("charge at n2 through n1: %v %v, reset %s; want ok in this month", res.Reason, err, time.Unix(res.Reset, 0).UTC().Format(time.DateOnly))
+	}
+	n2.sys.SetOffset(0)
+	n2.clockWake <- struct{}{}
+	waitFor(t, 10*time.Second, "n2 following its own clock again", func() bool { return gaugeValue(t, n2, "quotaring_clock_step_seconds") == 0 })
 }
 
 // gaugeValue reads one gauge from the node's registry.

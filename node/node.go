@@ -171,6 +171,10 @@ type Node struct {
 	// clockStep is how far the system clock stands from the one steady
 	// holds to, in ns, at the last check; 0 while it follows it.
 	clockStep atomic.Int64
+	// watch is the clock checks' state (clock.go); clockWake asks
+	// clockLoop for a check now (tests).
+	watch     *clockWatch
+	clockWake chan struct{}
 	// crashAfterCommit arms the test failpoint of the settler (TestFaults).
 	crashAfterCommit atomic.Bool
 	draining         atomic.Bool
@@ -271,6 +275,10 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	if err := n.joinRing(); err != nil {
 		return nil, err
 	}
+	// The clock before the accounts: a node started with its clock off the
+	// ledger's, where the others agree with the ledger, takes the ledger's
+	// time before it decides anything (clock.go).
+	n.checkClock(ctx)
 	if err := n.serve(); err != nil {
 		return nil, err
 	}
@@ -326,6 +334,9 @@ func (n *Node) openEngine() error {
 		n.steady = engine.NewSteadyClock(n.sys, maxClockOffset)
 		n.clock = n.steady
 	}
+	n.watch = &clockWatch{steady: n.steady, clock: n.clock, log: n.log, offset: &n.clockOffset, step: &n.clockStep,
+		peers: n.peerClocks, publish: n.publishClock}
+	n.clockWake = make(chan struct{}, 1)
 	n.eng, err = engine.Open(engine.Options{
 		Log: n.wal, Clock: n.clock, Reserver: (*nodeReserver)(n), ReserveWindow: n.cfg.SettleInterval,
 		Owns: n.owns, Logger: n.log.With("component", "engine"), OnCharge: n.onCharge,

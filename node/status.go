@@ -54,8 +54,9 @@ type statusData struct {
 	Uptime string
 	// ClockOffset is the clock the node bills by minus the ledger's at the
 	// last check (clockLoop), "" before one; ClockOff: past maxClockOffset.
-	// ClockStep: how far the system clock stepped from it, "" while the
-	// node follows the system clock.
+	// ClockStep: how far the system clock stands from it (a step held
+	// against, or the ledger's time taken), "" while the node follows the
+	// system clock.
 	ClockOffset string
 	ClockOff    bool
 	ClockStep   string

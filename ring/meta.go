@@ -39,6 +39,36 @@ type Meta struct {
 	HTTPAddr   string // public HTTP front
 	AdminAddr  string // metrics, health, admin API
 	State      State
+	// Clock is what the member last found of its clock against the
+	// ledger's (SetClock).
+	Clock ClockVerdict
+}
+
+// ClockVerdict is what a member last found of the clock it bills by against
+// the ledger's. Each node decides an account's month from its own clock; a
+// node whose clock is off the ledger's follows the ledger's time only when
+// the other members' verdicts side with the ledger, since a wrong ledger
+// clock must not carry every node into another month.
+type ClockVerdict uint8
+
+const (
+	// ClockUnknown: not checked yet (the ledger not reached), or a member
+	// of a version that does not say.
+	ClockUnknown ClockVerdict = iota
+	// ClockAgrees: within the node's tolerance of the ledger's clock.
+	ClockAgrees
+	// ClockOff: past it.
+	ClockOff
+)
+
+func (v ClockVerdict) String() string {
+	switch v {
+	case ClockAgrees:
+		return "agrees"
+	case ClockOff:
+		return "off"
+	}
+	return "unknown"
 }
 
 // MaxMetaSize is the largest encoded meta memberlist accepts (its
@@ -65,11 +95,13 @@ var errBadMeta = errors.New("ring: bad node meta")
 // encodeMeta encodes the parts of m that memberlist does not already carry.
 // Layout (every integer big-endian or uvarint as noted):
 //
-//	+---------+-------+-------------+--------------+---------------+---------------+
-//	| version | state | layout fp   | len+RPCAddr  | len+HTTPAddr  | len+AdminAddr |
-//	| 1 byte  | 1 byte| 4 bytes     | uvarint+bytes| uvarint+bytes | uvarint+bytes |
-//	+---------+-------+-------------+--------------+---------------+---------------+
+//	+---------+-------+-------------+--------------+---------------+---------------+---------+
+//	| version | state | layout fp   | len+RPCAddr  | len+HTTPAddr  | len+AdminAddr | clock   |
+//	| 1 byte  | 1 byte| 4 bytes     | uvarint+bytes| uvarint+bytes | uvarint+bytes | 1 byte  |
+//	+---------+-------+-------------+--------------+---------------+---------------+---------+
 //
+// The clock byte, added later, is written only when the verdict is known;
+// a decoder that finds none, or one it does not know, reads ClockUnknown.
 // The layout fingerprint lets a node notice a peer that was started with a
 // different PartitionCount, ReplicationFactor or Load: such peers compute
 // different owners for the same members, which no epoch check can repair.
@@ -78,12 +110,15 @@ func encodeMeta(m Meta, layoutFP uint32) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	b := make([]byte, 0, 6+3*binary.MaxVarintLen16+len(m.RPCAddr)+len(m.HTTPAddr)+len(m.AdminAddr))
+	b := make([]byte, 0, 7+3*binary.MaxVarintLen16+len(m.RPCAddr)+len(m.HTTPAddr)+len(m.AdminAddr))
 	b = append(b, metaVersion, code)
 	b = binary.BigEndian.AppendUint32(b, layoutFP)
 	for _, s := range []string{m.RPCAddr, m.HTTPAddr, m.AdminAddr} {
 		b = binary.AppendUvarint(b, uint64(len(s)))
 		b = append(b, s...)
+	}
+	if m.Clock == ClockAgrees || m.Clock == ClockOff {
+		b = append(b, byte(m.Clock))
 	}
 	if len(b) > MaxMetaSize {
 		return nil, fmt.Errorf("ring: node meta is %d bytes, memberlist allows %d: shorten the addresses", len(b), MaxMetaSize)
@@ -117,6 +152,9 @@ func decodeMeta(id, gossipAddr string, b []byte) (Meta, uint32, error) {
 		}
 		*dst = string(rest[k : k+int(n)])
 		rest = rest[k+int(n):]
+	}
+	if len(rest) > 0 && (ClockVerdict(rest[0]) == ClockAgrees || ClockVerdict(rest[0]) == ClockOff) {
+		m.Clock = ClockVerdict(rest[0])
 	}
 	return m, fp, nil
 }

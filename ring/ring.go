@@ -319,6 +319,23 @@ func (r *Ring) SetState(ctx context.Context, s State) error {
 	if !s.Valid() {
 		return fmt.Errorf("ring: invalid state %q", s)
 	}
+	if err := r.setSelf(ctx, "set state "+string(s), func(m *Meta) { m.State = s }, func(m Meta) bool { return m.State == s }); err != nil {
+		return err
+	}
+	r.log.Info("state changed", "state", s)
+	return nil
+}
+
+// SetClock gossips what this node found of its clock against the ledger's
+// (node/clock.go reads the others' in View().Members). It returns like
+// SetState.
+func (r *Ring) SetClock(ctx context.Context, v ClockVerdict) error {
+	return r.setSelf(ctx, "set clock "+v.String(), func(m *Meta) { m.Clock = v }, func(m Meta) bool { return m.Clock == v })
+}
+
+// setSelf changes this node's meta with set, gossips it, and waits until
+// the local snapshot shows it (done).
+func (r *Ring) setSelf(ctx context.Context, what string, set func(*Meta), done func(Meta) bool) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -329,7 +346,7 @@ func (r *Ring) SetState(ctx context.Context, s State) error {
 	}
 	r.selfMu.Lock()
 	self := r.self
-	self.State = s
+	set(&self)
 	enc, err := encodeMeta(self, r.layout.fingerprint())
 	if err == nil {
 		r.self, r.selfMeta = self, enc
@@ -345,14 +362,13 @@ func (r *Ring) SetState(ctx context.Context, s State) error {
 	id := r.cfg.NodeID
 	if err := r.await(ctx, func(snap *snapshot) bool {
 		m, ok := snap.lookup(id)
-		return ok && m.State == s
+		return ok && done(m)
 	}); err != nil {
-		return fmt.Errorf("ring: set state %s: %w", s, err)
+		return fmt.Errorf("ring: %s: %w", what, err)
 	}
 	if bErr != nil {
-		return fmt.Errorf("ring: set state %s: %w (%v)", s, ErrUnconfirmed, bErr)
+		return fmt.Errorf("ring: %s: %w (%v)", what, ErrUnconfirmed, bErr)
 	}
-	r.log.Info("state changed", "state", s)
 	return nil
 }
 

@@ -549,3 +549,35 @@ func TestGossipKeyRotation(t *testing.T) {
 		t.Fatalf("Validate with OtherKeys and no SecretKey: %v", err)
 	}
 }
+
+// A member's clock verdict reaches the others without moving the ring: the
+// epoch stays, since only the serving set names it.
+func TestSetClockReachesPeersAndKeepsTheEpoch(t *testing.T) {
+	n1 := startNode(t, "node-1")
+	n2 := startNode(t, "node-2", withJoin(n1.Self().GossipAddr))
+	all := []*node{n1, n2}
+	for _, n := range all {
+		n.serve(t)
+	}
+	eventually(t, 10*time.Second, func() error { return agree(all, "node-1", "node-2") })
+	e := n1.Epoch()
+	for _, v := range []ClockVerdict{ClockOff, ClockAgrees} {
+		if err := n2.SetClock(testCtx(t, 5*time.Second), v); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, 10*time.Second, func() error {
+			for _, m := range n1.View().Members {
+				if m.ID == "node-2" && m.Clock == v {
+					return nil
+				}
+			}
+			return fmt.Errorf("node-1 does not see node-2's clock %v: %+v", v, n1.View().Members)
+		})
+		if n1.Epoch() != e || n2.Epoch() != e {
+			t.Fatalf("a clock verdict moved the ring: epochs %x and %x, want %x", n1.Epoch(), n2.Epoch(), e)
+		}
+		if n2.Self().Clock != v {
+			t.Fatalf("Self().Clock = %v, want %v", n2.Self().Clock, v)
+		}
+	}
+}

@@ -394,8 +394,21 @@ func TestMetaRoundTrip(t *testing.T) {
 		t.Fatalf("decode = %+v, %d, %v", got, fp, err)
 	}
 	// Appended fields from a newer version are ignored.
-	if got, _, err := decodeMeta("n1", "127.0.0.1:7946", append(b, 1, 2, 3)); err != nil || got != m {
+	if got, _, err := decodeMeta("n1", "127.0.0.1:7946", append(b, 9, 2, 3)); err != nil || got != m {
 		t.Fatalf("decode with trailing bytes = %+v, %v", got, err)
+	}
+	// The clock verdict rides after the addresses, and is read back; a
+	// meta without it (an older node) reads ClockUnknown.
+	for _, v := range []ClockVerdict{ClockAgrees, ClockOff} {
+		mc := m
+		mc.Clock = v
+		bc, err := encodeMeta(mc, 42)
+		if err != nil || len(bc) != len(b)+1 {
+			t.Fatalf("encode with clock %v: %d bytes, %v; want %d", v, len(bc), err, len(b)+1)
+		}
+		if got, _, err := decodeMeta("n1", "127.0.0.1:7946", append(bc, 7, 7)); err != nil || got != mc {
+			t.Fatalf("decode with clock %v = %+v, %v", v, got, err)
+		}
 	}
 	for _, bad := range [][]byte{nil, {2, 1, 0, 0, 0, 0}, {1, 9, 0, 0, 0, 0, 0, 0, 0}, b[:len(b)-3]} {
 		if _, _, err := decodeMeta("n1", "", bad); !errors.Is(err, errBadMeta) {
