@@ -15,23 +15,23 @@ import (
 
 // Each node decides an account's month from its own wall clock (G5, G9), so
 // the nodes' clocks must agree; nothing in the cluster makes them. Three
-// things keep a node's clock honest:
+// things keep a node's clock honest (the tolerance is Config.MaxClockOffset,
+// "max" below):
 //
 //   - Steps. The system clock is read through an engine.SteadyClock: when
-//     it steps by more than maxClockOffset against the monotonic clock (a
-//     month's jump, a VM resumed, a wrong NTP source), the node keeps the
-//     time it had before the step, counted on by the monotonic clock,
-//     checks the new reading against the ledger's at once, and follows it
-//     only if the two agree within maxClockOffset (or the clock comes back
-//     by itself). A node whose clock jumped a month ahead so goes on billing
-//     in this month, with the others.
+//     it steps by more than max against the monotonic clock (a month's
+//     jump, a VM resumed, a wrong NTP source), the node keeps the time it
+//     had before the step, counted on by the monotonic clock, checks the
+//     new reading against the ledger's at once, and follows it only if the
+//     two agree within max (or the clock comes back by itself). A node
+//     whose clock jumped a month ahead so goes on billing in this month,
+//     with the others.
 //   - Offsets. A node compares the clock it bills by with the ledger's, the
 //     one clock every node reaches, exports the difference
 //     (quotaring_clock_offset_seconds), logs a warning while it is past
-//     maxClockOffset, and gossips its verdict (ring.Meta.Clock). It goes on
-//     serving: a node that stopped for its clock would move its accounts
-//     onto the others whenever the ledger's clock, not its own, was the
-//     wrong one.
+//     max, and gossips its verdict (ring.Meta.Clock). It goes on serving: a
+//     node that stopped for its clock would move its accounts onto the
+//     others whenever the ledger's clock, not its own, was the wrong one.
 //   - The odd one out. A node whose clock is off the ledger's while more of
 //     the other members agree with the ledger than not takes the ledger's
 //     time (measured at the middle of the round trip, counted on by the
@@ -42,9 +42,13 @@ import (
 //     month together.
 const (
 	clockCheckEvery = 15 * time.Second
-	// maxClockOffset is the offset past which the node warns. NTP keeps
+	// DefaultMaxClockOffset is Config.MaxClockOffset's default. NTP keeps
 	// clocks within milliseconds; a second off is a clock nobody keeps.
-	maxClockOffset = time.Second
+	DefaultMaxClockOffset = time.Second
+	// MinMaxClockOffset is the least Config.MaxClockOffset takes: a reading
+	// is off by up to half its round trip (maxClockRTT), and a tolerance
+	// below that would find good clocks off.
+	MinMaxClockOffset = maxClockRTT / 2
 	// maxClockRTT: a reading whose round trip took longer than this says
 	// too little about the offset, and is not used.
 	maxClockRTT = 500 * time.Millisecond
@@ -141,8 +145,8 @@ func (n *Node) publishClock(ctx context.Context, v ring.ClockVerdict) {
 }
 
 // clockWatch is what the clock checks keep between them; it warns once when
-// the offset goes past maxClockOffset, a step is held against or the node
-// takes the ledger's time, and says so when that is over.
+// the offset goes past max, a step is held against or the node takes the
+// ledger's time, and says so when that is over.
 type clockWatch struct {
 	steady *engine.SteadyClock // nil: the clock is taken as it is
 	clock  engine.Clock        // the clock the node bills by
@@ -154,7 +158,9 @@ type clockWatch struct {
 	peers   func() (agree, off int)
 	publish func(context.Context, ring.ClockVerdict)
 
-	off       bool          // the last offset was past maxClockOffset
+	max time.Duration // Config.MaxClockOffset
+
+	off       bool          // the last offset was past max
 	held      time.Duration // the step held against at the last check
 	following bool          // the node bills by the ledger's time (Anchor)
 	verdict   ring.ClockVerdict
@@ -181,7 +187,7 @@ func (w *clockWatch) check(ctx context.Context, l ledgerClock) {
 	}
 	was := w.held
 	switch {
-	case step != 0 && ok && d.Abs() <= maxClockOffset:
+	case step != 0 && ok && d.Abs() <= w.max:
 		w.steady.Trust()
 		if w.following {
 			w.log.Info("this node's clock agrees with the ledger's again: following it", "offset", signed(d))
@@ -193,7 +199,7 @@ func (w *clockWatch) check(ctx context.Context, l ledgerClock) {
 		w.log.Info("this node's clock agrees with the ledger's time it followed: following its own again")
 		was, w.following = 0, false
 	}
-	if w.steady != nil && ok && (d-step).Abs() > maxClockOffset && w.peers != nil {
+	if w.steady != nil && ok && (d-step).Abs() > w.max && w.peers != nil {
 		if agree, off := w.peers(); agree > off {
 			w.steady.Anchor(at.Mono, at.Wall-int64(d))
 			step, w.following = d, true
@@ -211,7 +217,7 @@ func (w *clockWatch) check(ctx context.Context, l ledgerClock) {
 	case step != 0 && was == 0 && !w.following:
 		w.log.Warn("this node's clock stepped by "+signed(step)+" against its monotonic clock, and "+ledgerSays(d, ok)+": "+
 			"the node keeps the time it had before the step, counted on by the monotonic clock, so that it bills in the same month as the others, "+
-			"and follows the clock again once it is within "+maxClockOffset.String()+" of the ledger's; fix the clock (NTP: chronyc tracking, timedatectl)",
+			"and follows the clock again once it is within "+w.max.String()+" of the ledger's; fix the clock (NTP: chronyc tracking, timedatectl)",
 			"step", signed(step))
 	case step == 0 && was != 0:
 		w.log.Info("this node's clock is back where it was before its step: following it")
@@ -224,7 +230,7 @@ func (w *clockWatch) check(ctx context.Context, l ledgerClock) {
 	d -= step // the clock the node bills by
 	w.offset.Store(int64(d))
 	switch {
-	case d.Abs() > maxClockOffset && !w.off:
+	case d.Abs() > w.max && !w.off:
 		w.off = true
 		way := "ahead of"
 		if d < 0 {
@@ -234,9 +240,9 @@ func (w *clockWatch) check(ctx context.Context, l ledgerClock) {
 			"each node decides an account's month from its own clock, so across a month's end this one bills in another month than the others, "+
 			"and an account it bills in a later month stays there; synchronise the clocks (NTP: chronyc tracking, timedatectl)",
 			"offset", d.Round(time.Millisecond).String())
-	case d.Abs() <= maxClockOffset && w.off:
+	case d.Abs() <= w.max && w.off:
 		w.off = false
-		w.log.Info("this node's clock is within "+maxClockOffset.String()+" of the ledger's again", "offset", d.Round(time.Millisecond).String())
+		w.log.Info("this node's clock is within "+w.max.String()+" of the ledger's again", "offset", d.Round(time.Millisecond).String())
 	}
 	v := ring.ClockAgrees
 	if w.off {

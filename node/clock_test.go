@@ -76,10 +76,10 @@ func TestClockWatchHoldsAStepUntilTheLedgerConfirmsIt(t *testing.T) {
 	june := time.Date(2026, 6, 30, 23, 59, 50, 0, time.UTC)
 	july := time.Date(2026, 7, 1, 1, 0, 0, 0, time.UTC)
 	raw := engine.NewManualClock(june)
-	steady := engine.NewSteadyClock(raw, maxClockOffset)
+	steady := engine.NewSteadyClock(raw, DefaultMaxClockOffset)
 	var logs logbuf.Buffer
 	var offset, step atomic.Int64
-	w := &clockWatch{steady: steady, clock: steady, log: slog.New(slog.NewTextHandler(&logs, nil)), offset: &offset, step: &step}
+	w := &clockWatch{steady: steady, clock: steady, log: slog.New(slog.NewTextHandler(&logs, nil)), offset: &offset, step: &step, max: DefaultMaxClockOffset}
 	ctx := context.Background()
 	month := func() time.Month { return time.Unix(0, steady.Now().Wall).UTC().Month() }
 
@@ -180,12 +180,12 @@ func TestClockWatchTakesTheLedgersTimeWhenTheOthersSideWithIt(t *testing.T) {
 	ahead := time.Date(2026, 7, 1, 1, 0, 0, 0, time.UTC)
 	ledger := time.Date(2026, 6, 30, 23, 50, 0, 0, time.UTC)
 	raw := engine.NewManualClock(ahead)
-	steady := engine.NewSteadyClock(raw, maxClockOffset) // trusts the clock as it starts
+	steady := engine.NewSteadyClock(raw, DefaultMaxClockOffset) // trusts the clock as it starts
 	var logs logbuf.Buffer
 	var offset, step atomic.Int64
 	var agree, off int
 	var published []ring.ClockVerdict
-	w := &clockWatch{steady: steady, clock: steady, log: slog.New(slog.NewTextHandler(&logs, nil)), offset: &offset, step: &step,
+	w := &clockWatch{steady: steady, clock: steady, log: slog.New(slog.NewTextHandler(&logs, nil)), offset: &offset, step: &step, max: DefaultMaxClockOffset,
 		peers:   func() (int, int) { return agree, off },
 		publish: func(_ context.Context, v ring.ClockVerdict) { published = append(published, v) }}
 	ctx := context.Background()

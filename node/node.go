@@ -81,6 +81,11 @@ type Config struct {
 	// LedgerRetry is the wait between attempts to reach the ledger when it is
 	// down [2s].
 	LedgerRetry time.Duration
+	// MaxClockOffset is how far the node's clock may stand from the
+	// ledger's, or step against its monotonic clock, before the node warns,
+	// holds to its time from before the step, or takes the ledger's time
+	// (clock.go) [1s; at least MinMaxClockOffset].
+	MaxClockOffset time.Duration
 	// ReconcileInterval is how often the node checks the ledger's counters
 	// against its event log and exports the number of differences
 	// (quotaring_reconcile_differences) [15m]; negative turns it off.
@@ -192,7 +197,7 @@ func (c *Config) defaults() error {
 	if c.RingPreset == "" {
 		c.RingPreset = ring.PresetLAN
 	}
-	for _, d := range []*time.Duration{&c.SettleInterval, &c.DrainTimeout, &c.SettleTimeout, &c.SnapshotInterval, &c.LedgerRetry} { // ReconcileInterval < 0 means off
+	for _, d := range []*time.Duration{&c.SettleInterval, &c.DrainTimeout, &c.SettleTimeout, &c.SnapshotInterval, &c.LedgerRetry, &c.MaxClockOffset} { // ReconcileInterval < 0 means off
 		if *d < 0 {
 			return fmt.Errorf("node: durations must not be negative (got %s)", *d)
 		}
@@ -203,6 +208,10 @@ func (c *Config) defaults() error {
 	setDefault(&c.SettleTimeout, 20*time.Second)
 	setDefault(&c.LedgerRetry, 2*time.Second)
 	setDefault(&c.ReconcileInterval, 15*time.Minute)
+	setDefault(&c.MaxClockOffset, DefaultMaxClockOffset)
+	if c.MaxClockOffset < MinMaxClockOffset {
+		return fmt.Errorf("node: --max-clock-offset %s: want at least %s (a reading of the ledger's clock is off by up to half its round trip)", c.MaxClockOffset, MinMaxClockOffset)
+	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -331,10 +340,10 @@ func (n *Node) openEngine() error {
 	n.clock = n.cfg.Clock
 	if n.clock == nil {
 		n.sys = engine.NewSystemClock()
-		n.steady = engine.NewSteadyClock(n.sys, maxClockOffset)
+		n.steady = engine.NewSteadyClock(n.sys, n.cfg.MaxClockOffset)
 		n.clock = n.steady
 	}
-	n.watch = &clockWatch{steady: n.steady, clock: n.clock, log: n.log, offset: &n.clockOffset, step: &n.clockStep,
+	n.watch = &clockWatch{steady: n.steady, clock: n.clock, log: n.log, offset: &n.clockOffset, step: &n.clockStep, max: n.cfg.MaxClockOffset,
 		peers: n.peerClocks, publish: n.publishClock}
 	n.clockWake = make(chan struct{}, 1)
 	n.eng, err = engine.Open(engine.Options{

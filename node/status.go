@@ -53,7 +53,7 @@ type statusData struct {
 	Now    string
 	Uptime string
 	// ClockOffset is the clock the node bills by minus the ledger's at the
-	// last check (clockLoop), "" before one; ClockOff: past maxClockOffset.
+	// last check (clockLoop), "" before one; ClockOff: past Config.MaxClockOffset.
 	// ClockStep: how far the system clock stands from it (a step held
 	// against, or the ledger's time taken), "" while the node follows the
 	// system clock.
@@ -175,7 +175,7 @@ func (n *Node) statusData(ctx context.Context) *statusData {
 		if off > 0 {
 			d.ClockOffset = "+" + d.ClockOffset
 		}
-		d.ClockOff = off.Abs() > maxClockOffset
+		d.ClockOff = off.Abs() > n.cfg.MaxClockOffset
 	}
 	if step := time.Duration(n.clockStep.Load()); step != 0 {
 		d.ClockStep = signed(step)

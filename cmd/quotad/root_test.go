@@ -198,6 +198,7 @@ func TestServeFrontAndAlertFlags(t *testing.T) {
 		"upstream-timeout": {[]string{"--upstream-timeout", "0"}, "--upstream-timeout 0s: want a positive duration"},
 		"usage-path":       {[]string{"--usage-path", "nope"}, `--usage-path "nope": want a path starting with /`},
 		"alert-thresholds": {[]string{"--alert-thresholds", "0,150"}, "--alert-thresholds: 0 is not a percentage from 1 to 100"},
+		"max-clock-offset": {[]string{"--max-clock-offset", "100ms"}, "--max-clock-offset 100ms: want at least 250ms"},
 	}
 	for name, tc := range cases {
 		for _, upstream := range [][]string{nil, {"--upstream", "http://127.0.0.1:1"}} {

@@ -29,6 +29,7 @@ type serveFlags struct {
 	rpcTLS                                   router.TLSFiles
 	advertiseHost                            string
 	reconcileInterval                        time.Duration
+	maxClockOffset                           time.Duration
 	ringPreset                               string
 	settleInterval, snapshotInterval         time.Duration
 	walSync, events                          bool
@@ -89,6 +90,7 @@ for the next start.`,
 	fl.DurationVar(&f.drainTimeout, "drain-timeout", 10*time.Second, "on SIGTERM, how long in-flight requests may take to finish")
 	fl.DurationVar(&f.settleTimeout, "settle-timeout", 20*time.Second, "on SIGTERM, how long the final settle may take")
 	fl.DurationVar(&f.reconcileInterval, "reconcile-interval", 15*time.Minute, "how often to check the ledger's counters against its event log (exported as quotaring_reconcile_differences); 0 turns it off")
+	fl.DurationVar(&f.maxClockOffset, "max-clock-offset", node.DefaultMaxClockOffset, "how far this node's clock may stand from the ledger's, or step, before the node warns, holds to its time from before a step, or takes the ledger's time when the other nodes agree with the ledger (README: Months and clocks); at least "+node.MinMaxClockOffset.String())
 	fl.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
 	fl.StringVar(&f.logFormat, "log-format", "text", "text or json")
 	fl.BoolVar(&f.testFaults, "test-faults", false, "expose fault injection on the admin port (/test/...): for chaos tests only, never in production")
@@ -138,6 +140,9 @@ func (f *serveFlags) config(logger *slog.Logger) (node.Config, error) {
 			return node.Config{}, fmt.Errorf("--%s %s: want a positive duration such as 1s", name, d)
 		}
 	}
+	if f.maxClockOffset < node.MinMaxClockOffset {
+		return node.Config{}, fmt.Errorf("--max-clock-offset %s: want at least %s (a reading of the ledger's clock is off by up to half its round trip); the default is %s", f.maxClockOffset, node.MinMaxClockOffset, node.DefaultMaxClockOffset)
+	}
 	if f.reconcileInterval < 0 {
 		return node.Config{}, fmt.Errorf("--reconcile-interval %s: want a positive duration such as 15m, or 0 to turn it off", f.reconcileInterval)
 	}
@@ -164,7 +169,7 @@ func (f *serveFlags) config(logger *slog.Logger) (node.Config, error) {
 		RPCAddr: f.rpcAddr, HTTPAddr: f.httpAddr, AdminAddr: f.adminAddr, GossipAddr: f.gossipAddr,
 		Join: f.join, GossipKeys: gossipKeys, RPCTokens: rpcTokens, RPCTLS: f.rpcTLS, AdvertiseHost: f.advertiseHost, ReconcileInterval: reconcileInterval(f.reconcileInterval), RingPreset: f.ringPreset, SettleInterval: f.settleInterval, SnapshotInterval: f.snapshotInterval,
 		NoSync: !f.walSync, EventsOff: !f.events, DrainTimeout: f.drainTimeout, SettleTimeout: f.settleTimeout,
-		TestFaults: f.testFaults, Logger: logger}, nil
+		MaxClockOffset: f.maxClockOffset, TestFaults: f.testFaults, Logger: logger}, nil
 }
 
 // checkListenAddr checks a listen address flag before the node starts, so
