@@ -105,6 +105,9 @@ type statusMember struct {
 	Partitions        int
 	Share             float64 // percent of partitions
 	ShareText, Serves string
+	// Clock is the member's verdict on its clock against the ledger's
+	// (ring.Meta.Clock): agrees, off or unknown.
+	Clock string
 }
 
 // statusRun is a run of consecutive partitions with one owner, drawn as
@@ -253,7 +256,7 @@ func (n *Node) statusRing(d *statusData, r *ring.Ring) {
 	for i, m := range v.Members {
 		colors[m.ID] = memberColors[i%len(memberColors)]
 		sm := statusMember{ID: m.ID, State: string(m.State), Color: colors[m.ID], RPC: m.RPCAddr, HTTP: m.HTTPAddr, Admin: m.AdminAddr,
-			Self: m.ID == n.cfg.ID, Partitions: counts[m.ID]}
+			Self: m.ID == n.cfg.ID, Partitions: counts[m.ID], Clock: m.Clock.String()}
 		if m.AdminAddr != "" {
 			// The other nodes' admin ports are taken to be served as this
 			// one's is (one --admin-tls setting across the cluster).
