@@ -59,6 +59,19 @@ type ledgerClock interface {
 	Clock(ctx context.Context) (time.Time, error)
 }
 
+// ledgerNow is the ledger's clock, to compare with the times the ledger
+// wrote by it (heartbeats, handoffs): this node's clock may be off, and a
+// clock an hour ahead would find every other node's heartbeat stale. It is
+// this node's clock when the ledger does not answer.
+func ledgerNow(ctx context.Context, l ledgerClock) time.Time {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	if at, err := l.Clock(ctx); err == nil {
+		return at
+	}
+	return time.Now()
+}
+
 // measureClockOffset reads the ledger's clock once and returns how far wall
 // (this node's reading, Unix ns) is ahead of it, negative when behind,
 // taken at the middle of the round trip, and the round trip.

@@ -70,6 +70,19 @@ func TestNodeReportsItsClockOffset(t *testing.T) {
 	}
 }
 
+// Times the ledger wrote are compared with the ledger's clock, this node's
+// only when the ledger does not answer.
+func TestLedgerNow(t *testing.T) {
+	at := time.Date(2026, 6, 30, 23, 0, 0, 0, time.UTC)
+	if got := ledgerNow(context.Background(), fixedLedgerClock{at: at}); !got.Equal(at) {
+		t.Fatalf("ledgerNow = %v, want the ledger's %v", got, at)
+	}
+	before := time.Now()
+	if got := ledgerNow(context.Background(), fixedLedgerClock{err: errors.New("down")}); got.Before(before) || got.After(time.Now()) {
+		t.Fatalf("ledgerNow with the ledger down = %v, want this node's clock", got)
+	}
+}
+
 // A step of the system clock is held against until the ledger's clock
 // confirms the new reading or the clock comes back; each is logged once.
 func TestClockWatchHoldsAStepUntilTheLedgerConfirmsIt(t *testing.T) {

@@ -646,7 +646,7 @@ func (n *Node) peersHeard() string {
 	if err != nil {
 		return ""
 	}
-	since := time.Now().Add(-aloneWindow)
+	since := ledgerNow(ctx, l).Add(-aloneWindow) // heartbeats are the ledger's times
 	var ids []string
 	for _, x := range rows {
 		if x.Node != n.cfg.ID && x.Heartbeat.After(since) && !slices.Contains(ids, x.Node) {

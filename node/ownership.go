@@ -139,7 +139,7 @@ func (n *Node) prefetchGained(ctx context.Context, gained []int) {
 				break
 			}
 		}
-		hs, err := l.Handoffs(ctx, time.Now().Add(-handoffWindow))
+		hs, err := l.Handoffs(ctx, ledgerNow(ctx, l).Add(-handoffWindow)) // handoffs carry the ledger's times
 		if err != nil {
 			n.log.Debug("no handoffs to prefetch for", "err", err)
 			break
