@@ -144,6 +144,45 @@ func (n *Node) peerClocks() (agree, off int) {
 	return agree, off
 }
 
+// peerClockWait bounds how long a starting node whose clock is off waits
+// for the other members' verdicts to reach it.
+const peerClockWait = 3 * time.Second
+
+// awaitPeerClocks waits until every other member in this node's view has
+// a verdict on its clock, or peerClockWait; it reports whether any other
+// member is in view. A node without --join and alone does not wait. A node just joined may not have applied the others'
+// meta yet, and without their verdicts it would bill by its own off clock
+// until the next check.
+func (n *Node) awaitPeerClocks(ctx context.Context) bool {
+	r := n.Ring()
+	if r == nil || len(n.cfg.Join) == 0 && len(r.View().Members) <= 1 {
+		return false // the first node, or one alone: nobody to wait for
+	}
+	ctx, cancel := context.WithTimeout(ctx, peerClockWait)
+	defer cancel()
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		others, known := 0, 0
+		for _, m := range r.View().Members {
+			if m.ID != n.cfg.ID {
+				others++
+				if m.Clock != ring.ClockUnknown {
+					known++
+				}
+			}
+		}
+		if others > 0 && known == others {
+			return true
+		}
+		select {
+		case <-ctx.Done():
+			return others > 0
+		case <-tick.C:
+		}
+	}
+}
+
 // publishClock gossips this node's verdict.
 func (n *Node) publishClock(ctx context.Context, v ring.ClockVerdict) {
 	r := n.Ring()

@@ -296,6 +296,32 @@ func TestNodeWithAClockOffTakesTheLedgersTime(t *testing.T) {
 	waitFor(t, 10*time.Second, "n2 following its own clock again", func() bool { return gaugeValue(t, n2, "quotaring_clock_step_seconds") == 0 })
 }
 
+// A node that starts with its clock a month ahead, beside one whose clock
+// agrees with the ledger's, bills by the ledger's time from its first
+// account on: Start checks the clock, and waits for the other's verdict,
+// before the node takes any.
+func TestNodeStartedWithItsClockOffTakesTheLedgersTimeAtOnce(t *testing.T) {
+	dsn := "sqlite:" + filepath.Join(t.TempDir(), "ledger.db")
+	seedLedger(t, dsn, map[string]int64{"acme": 10})
+	now := time.Now().UTC()
+	ahead := time.Date(now.Year(), now.Month()+1, 1, 1, 0, 0, 0, time.UTC).Sub(now)
+	var logs logbuf.Buffer
+	nodes := startNodesWith(t, dsn, nil, func(c *Config) {
+		c.TestClockOffset = ahead
+		c.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+	})
+	n2 := nodes[1]
+	if got := time.Unix(0, n2.clock.Now().Wall).UTC(); got.Month() != now.Month() {
+		t.Fatalf("right after Start the node bills at %v, want this month (%v)", got, now.Month())
+	}
+	if got := time.Duration(n2.clockStep.Load()); (got - ahead).Abs() > time.Second {
+		t.Fatalf("step gauge right after Start: %v, want about %v", got, ahead)
+	}
+	if !strings.Contains(logs.String(), "1 of the other members agree with the ledger's (0 do not)") {
+		t.Fatalf("no warning that the node takes the ledger's time:\n%s", logs.String())
+	}
+}
+
 // gaugeValue reads one gauge from the node's registry.
 func gaugeValue(t *testing.T, nd *Node, name string) float64 {
 	t.Helper()

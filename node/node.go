@@ -93,6 +93,10 @@ type Config struct {
 	// TestFaults exposes fault injection on the admin port (/test/...): for
 	// the chaos tests only.
 	TestFaults bool
+	// TestClockOffset shifts the system clock from the start, as if the
+	// machine's clock were off (tests and chaos: a node started with its
+	// clock off, which no step reveals). Not with Clock.
+	TestClockOffset time.Duration
 	// Clock defaults to the system clock (with a test offset behind
 	// TestFaults), watched for steps (engine.SteadyClock, clock.go). A
 	// given clock is taken as it is: tests drive time through it.
@@ -208,6 +212,9 @@ func (c *Config) defaults() error {
 	setDefault(&c.SettleTimeout, 20*time.Second)
 	setDefault(&c.LedgerRetry, 2*time.Second)
 	setDefault(&c.ReconcileInterval, 15*time.Minute)
+	if c.TestClockOffset != 0 && c.Clock != nil {
+		return errors.New("node: TestClockOffset shifts the system clock: not with Config.Clock")
+	}
 	setDefault(&c.MaxClockOffset, DefaultMaxClockOffset)
 	if c.MaxClockOffset < MinMaxClockOffset {
 		return fmt.Errorf("node: --max-clock-offset %s: want at least %s (a reading of the ledger's clock is off by up to half its round trip)", c.MaxClockOffset, MinMaxClockOffset)
@@ -288,6 +295,9 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	// ledger's, where the others agree with the ledger, takes the ledger's
 	// time before it decides anything (clock.go).
 	n.checkClock(ctx)
+	if n.watch.off && n.awaitPeerClocks(ctx) {
+		n.checkClock(ctx)
+	}
 	if err := n.serve(); err != nil {
 		return nil, err
 	}
@@ -340,6 +350,7 @@ func (n *Node) openEngine() error {
 	n.clock = n.cfg.Clock
 	if n.clock == nil {
 		n.sys = engine.NewSystemClock()
+		n.sys.SetOffset(n.cfg.TestClockOffset)
 		n.steady = engine.NewSteadyClock(n.sys, n.cfg.MaxClockOffset)
 		n.clock = n.steady
 	}
