@@ -21,6 +21,7 @@ const (
 	LedgerSlow     Fault = "ledger-slow"
 	ClockSkew      Fault = "clock-skew"
 	ClockJump      Fault = "clock-jump"
+	ClockStart     Fault = "clock-start"
 	RollingRestart Fault = "rolling-restart"
 	ScaleUp        Fault = "scale-up"
 	ScaleDown      Fault = "scale-down"
@@ -28,7 +29,7 @@ const (
 
 // AllFaults lists every fault, in the order --help and the report use.
 var AllFaults = []Fault{Kill, DiskLoss, Pause, Isolate, Split, Bridge, LedgerDown, LedgerSlow, ClockSkew, ClockJump,
-	RollingRestart, ScaleUp, ScaleDown}
+	ClockStart, RollingRestart, ScaleUp, ScaleDown}
 
 // FaultHelp says what each fault does, for --help and the README.
 var FaultHelp = map[Fault]string{
@@ -42,6 +43,7 @@ var FaultHelp = map[Fault]string{
 	LedgerSlow:     "add 50-400 ms to every packet between the nodes and Postgres (a TCP fault proxy) for 5-15 s",
 	ClockSkew:      "shift one node's wall clock by up to 2 minutes either way for 5-15 s (a step: the node holds to its time from before it)",
 	ClockJump:      "move one node's wall clock into the next month (a month boundary) for 8-15 s, then put it right; the node holds to its time from before the jump, which the ledger's clock does not confirm, and bills nothing in the later month (G9)",
+	ClockStart:     "SIGTERM one node and start it again with its wall clock in the next month, as if its machine's clock were wrong from the start (no step to see), for 10-20 s, then put the clock right; before it takes an account it finds its clock off the ledger's while the others agree with the ledger, and bills by the ledger's time (G9). Runs alone: with the ledger out of reach, or the others cut off, it could not tell",
 	RollingRestart: "SIGTERM each node in turn (it drains and settles) and start it again, waiting until it is ready",
 	ScaleUp:        "start one more node that joins the ring",
 	ScaleDown:      "SIGTERM one node for good (it drains, hands its reservations back and leaves)",
@@ -54,6 +56,8 @@ func (f Fault) class() string {
 		return "node-down"
 	case ClockSkew, ClockJump:
 		return "clock"
+	case ClockStart:
+		return "clock-start"
 	case Isolate, Split, Bridge:
 		return "network"
 	case LedgerDown, LedgerSlow:
@@ -63,12 +67,12 @@ func (f Fault) class() string {
 }
 
 // compatible says whether a fault of class a may start while one of class b
-// is on. One fault of a class at a time; membership changes run alone; a
-// node is not taken down during a partition (a node restarted mid-partition
-// would not know its blocks), everything else mixes.
+// is on. One fault of a class at a time; membership changes and clock-start
+// run alone; a node is not taken down during a partition (a node restarted
+// mid-partition would not know its blocks), everything else mixes.
 func compatible(a, b string) bool {
 	switch {
-	case a == b, a == "membership", b == "membership":
+	case a == b, a == "membership", b == "membership", a == "clock-start", b == "clock-start":
 		return false
 	case a == "node-down" && b == "network", a == "network" && b == "node-down":
 		return false

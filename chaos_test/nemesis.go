@@ -158,9 +158,16 @@ func (h *harness) begin(ctx context.Context, e *Episode) error {
 	case ClockSkew:
 		h.setClock(ctx, n, e.Offset)
 	case ClockJump:
-		now := time.Now().UTC()
-		next := time.Date(now.Year(), now.Month()+1, 1, 1, 0, 0, 0, time.UTC) // 01:00 on the 1st of next month
-		h.setClock(ctx, n, next.Sub(now))
+		h.setClock(ctx, n, untilNextMonth())
+	case ClockStart:
+		if n.Running() {
+			h.terminate(ctx, n)
+		}
+		if err := n.StartWithClockOffset(ctx, untilNextMonth()); err != nil {
+			h.liveness(n.ID, "could not be restarted with its clock in the next month: "+err.Error())
+			return nil
+		}
+		h.started()
 	case ScaleDown:
 		h.terminate(ctx, n)
 		h.removed[n.ID] = true
@@ -203,10 +210,16 @@ func (h *harness) end(ctx context.Context, e *Episode) error {
 			h.liveness(n.ID, "could not be resumed: "+err.Error())
 		}
 		delete(h.paused, n.ID)
-	case ClockSkew, ClockJump:
+	case ClockSkew, ClockJump, ClockStart:
 		h.setClock(ctx, n, 0)
 	}
 	return nil
+}
+
+// untilNextMonth is how far 01:00 UTC on the 1st of next month is.
+func untilNextMonth() time.Duration {
+	now := time.Now().UTC()
+	return time.Date(now.Year(), now.Month()+1, 1, 1, 0, 0, 0, time.UTC).Sub(now)
 }
 
 func (h *harness) kill(n *cluster.Node) {

@@ -240,6 +240,9 @@ func (g *planner) build(f Fault, t time.Duration, active []Episode) (Episode, bo
 	case ClockJump:
 		ep.End = t + g.between(8*time.Second, 15*time.Second)
 		return ep, pick() && !g.jumped[ep.Node]
+	case ClockStart:
+		ep.End = t + g.between(10*time.Second, 20*time.Second)
+		return ep, pick()
 	case RollingRestart:
 		ep.End = t + time.Duration(len(g.members))*4*time.Second
 		return ep, true
@@ -332,6 +335,8 @@ func (e *Episode) Describe() string {
 		return fmt.Sprintf("clock of %s %s%s", e.Node, sign, e.Offset)
 	case ClockJump:
 		return "clock of " + e.Node + " jumps to the next month"
+	case ClockStart:
+		return "restart " + e.Node + " with its clock in the next month"
 	case RollingRestart:
 		return "rolling restart (SIGTERM, start, one at a time)"
 	case ScaleUp:

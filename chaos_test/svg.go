@@ -126,7 +126,7 @@ func faultColor(f Fault) string {
 		return "#ffb4a2"
 	case "ledger":
 		return "#cdb4db"
-	case "clock":
+	case "clock", "clock-start":
 		return "#ffe066"
 	}
 	return "#b7e4c7"

@@ -192,13 +192,14 @@ func TestServeFrontAndAlertFlags(t *testing.T) {
 		args []string
 		want string
 	}{
-		"bill-on":          {[]string{"--bill-on", "never"}, `--bill-on "never": want success, 2xx or always`},
-		"quota-status":     {[]string{"--quota-status", "500"}, "--quota-status 500: want 429, 402 or 403"},
-		"max-body-bytes":   {[]string{"--max-body-bytes", "-5"}, "--max-body-bytes -5: want a positive size, or -1 for no limit"},
-		"upstream-timeout": {[]string{"--upstream-timeout", "0"}, "--upstream-timeout 0s: want a positive duration"},
-		"usage-path":       {[]string{"--usage-path", "nope"}, `--usage-path "nope": want a path starting with /`},
-		"alert-thresholds": {[]string{"--alert-thresholds", "0,150"}, "--alert-thresholds: 0 is not a percentage from 1 to 100"},
-		"max-clock-offset": {[]string{"--max-clock-offset", "100ms"}, "--max-clock-offset 100ms: want at least 250ms"},
+		"bill-on":           {[]string{"--bill-on", "never"}, `--bill-on "never": want success, 2xx or always`},
+		"quota-status":      {[]string{"--quota-status", "500"}, "--quota-status 500: want 429, 402 or 403"},
+		"max-body-bytes":    {[]string{"--max-body-bytes", "-5"}, "--max-body-bytes -5: want a positive size, or -1 for no limit"},
+		"upstream-timeout":  {[]string{"--upstream-timeout", "0"}, "--upstream-timeout 0s: want a positive duration"},
+		"usage-path":        {[]string{"--usage-path", "nope"}, `--usage-path "nope": want a path starting with /`},
+		"alert-thresholds":  {[]string{"--alert-thresholds", "0,150"}, "--alert-thresholds: 0 is not a percentage from 1 to 100"},
+		"max-clock-offset":  {[]string{"--max-clock-offset", "100ms"}, "--max-clock-offset 100ms: want at least 250ms"},
+		"test-clock-offset": {[]string{"--test-clock-offset", "1h"}, "--test-clock-offset is a chaos test's fault: it needs --test-faults"},
 	}
 	for name, tc := range cases {
 		for _, upstream := range [][]string{nil, {"--upstream", "http://127.0.0.1:1"}} {

@@ -35,6 +35,7 @@ type serveFlags struct {
 	walSync, events                          bool
 	drainTimeout, settleTimeout              time.Duration
 	testFaults                               bool
+	testClockOffset                          time.Duration
 	logLevel, logFormat                      string
 	upstream, adminToken                     string
 	front                                    frontFlags
@@ -95,6 +96,8 @@ for the next start.`,
 	fl.StringVar(&f.logFormat, "log-format", "text", "text or json")
 	fl.BoolVar(&f.testFaults, "test-faults", false, "expose fault injection on the admin port (/test/...): for chaos tests only, never in production")
 	fl.MarkHidden("test-faults")
+	fl.DurationVar(&f.testClockOffset, "test-clock-offset", 0, "start with the wall clock shifted by this much, as if the machine's clock were off (chaos tests only; needs --test-faults)")
+	fl.MarkHidden("test-clock-offset")
 	f.front.register(cmd, &f.upstream)
 	f.adminAPI.register(cmd, &f.adminToken)
 	return cmd
@@ -140,6 +143,9 @@ func (f *serveFlags) config(logger *slog.Logger) (node.Config, error) {
 			return node.Config{}, fmt.Errorf("--%s %s: want a positive duration such as 1s", name, d)
 		}
 	}
+	if f.testClockOffset != 0 && !f.testFaults {
+		return node.Config{}, errors.New("--test-clock-offset is a chaos test's fault: it needs --test-faults")
+	}
 	if f.maxClockOffset < node.MinMaxClockOffset {
 		return node.Config{}, fmt.Errorf("--max-clock-offset %s: want at least %s (a reading of the ledger's clock is off by up to half its round trip); the default is %s", f.maxClockOffset, node.MinMaxClockOffset, node.DefaultMaxClockOffset)
 	}
@@ -169,7 +175,7 @@ func (f *serveFlags) config(logger *slog.Logger) (node.Config, error) {
 		RPCAddr: f.rpcAddr, HTTPAddr: f.httpAddr, AdminAddr: f.adminAddr, GossipAddr: f.gossipAddr,
 		Join: f.join, GossipKeys: gossipKeys, RPCTokens: rpcTokens, RPCTLS: f.rpcTLS, AdvertiseHost: f.advertiseHost, ReconcileInterval: reconcileInterval(f.reconcileInterval), RingPreset: f.ringPreset, SettleInterval: f.settleInterval, SnapshotInterval: f.snapshotInterval,
 		NoSync: !f.walSync, EventsOff: !f.events, DrainTimeout: f.drainTimeout, SettleTimeout: f.settleTimeout,
-		MaxClockOffset: f.maxClockOffset, TestFaults: f.testFaults, Logger: logger}, nil
+		MaxClockOffset: f.maxClockOffset, TestFaults: f.testFaults, TestClockOffset: f.testClockOffset, Logger: logger}, nil
 }
 
 // checkListenAddr checks a listen address flag before the node starts, so

@@ -291,7 +291,16 @@ func freePorts(ip string, n int) ([]int, error) {
 }
 
 // Start starts (or restarts) the node's process with its data dir.
-func (n *Node) Start(ctx context.Context) error {
+func (n *Node) Start(ctx context.Context) error { return n.start(nil) }
+
+// StartWithClockOffset starts the node's process with its wall clock
+// shifted by d from the start, as if its machine's clock were off (needs
+// Options.TestFaults); the next Start is without.
+func (n *Node) StartWithClockOffset(ctx context.Context, d time.Duration) error {
+	return n.start([]string{"QUOTAD_TEST_CLOCK_OFFSET=" + d.String()})
+}
+
+func (n *Node) start(env []string) error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if n.cmd != nil && !n.isExitedLocked() {
@@ -302,8 +311,8 @@ func (n *Node) Start(ctx context.Context) error {
 		return err
 	}
 	cmd := exec.Command(n.bin, n.args...)
-	if len(n.env) > 0 {
-		cmd.Env = append(os.Environ(), n.env...)
+	if len(n.env)+len(env) > 0 {
+		cmd.Env = append(append(os.Environ(), n.env...), env...)
 	}
 	cmd.Stdout, cmd.Stderr = f, f
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL} // never outlive the test
