@@ -53,10 +53,10 @@ type statusData struct {
 	Now    string
 	Uptime string
 	// ClockOffset is the clock the node bills by minus the ledger's at the
-	// last check (clockLoop), "" before one; ClockOff: past Config.MaxClockOffset.
-	// ClockStep: how far the system clock stands from it (a step held
-	// against, or the ledger's time taken), "" while the node follows the
-	// system clock.
+	// last check (clockLoop), "" before one; ClockOff: past
+	// Config.MaxClockOffset. ClockStep: how far the system clock stands
+	// from it (a step held against, or the ledger's time taken), "" while
+	// the node follows the system clock.
 	ClockOffset string
 	ClockOff    bool
 	ClockStep   string

@@ -102,6 +102,7 @@ var errBadMeta = errors.New("ring: bad node meta")
 //
 // The clock byte, added later, is written only when the verdict is known;
 // a decoder that finds none, or one it does not know, reads ClockUnknown.
+//
 // The layout fingerprint lets a node notice a peer that was started with a
 // different PartitionCount, ReplicationFactor or Load: such peers compute
 // different owners for the same members, which no epoch check can repair.
