@@ -32,7 +32,8 @@ type SteadyClock struct {
 	// base is the trusted wall minus monotonic reading, in ns.
 	base atomic.Int64
 	// noticed is set by the first Now that sees the raw clock stepped
-	// away, so that only it signals stepped; Track and Trust clear it.
+	// away, so that only it signals stepped; Track, Trust and Anchor
+	// clear it.
 	noticed atomic.Bool
 	stepped chan struct{}
 }
