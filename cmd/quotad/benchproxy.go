@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -32,6 +34,7 @@ type benchProxyFlags struct {
 	rounds        int
 	serverTiming  bool
 	timeout       time.Duration
+	caCert        string
 }
 
 func newBenchProxyCmd() *cobra.Command {
@@ -76,6 +79,7 @@ as an error and is reported.`,
 	fl.DurationVar(&f.warmup, "warmup", time.Second, "an unmeasured round each way first (connections, reservations); 0 skips it")
 	fl.BoolVar(&f.serverTiming, "server-timing", true, "leave out the time the upstream reports in Server-Timing (app;dur=)")
 	fl.DurationVar(&f.timeout, "timeout", 10*time.Second, "how long one request may take before it counts as an error")
+	fl.StringVar(&f.caCert, "ca-cert", "", "for https:// URLs (a node with --http-tls-cert): the CA certificate (PEM) to trust, when the node's certificate is not from one the system trusts")
 	return cmd
 }
 
@@ -123,9 +127,30 @@ func runBenchProxy(ctx context.Context, out, progress io.Writer, f benchProxyFla
 	if _, err := http.NewRequest(f.method, "http://x"+f.path, nil); err != nil {
 		return fmt.Errorf("--method %q, --path %q: %v", f.method, f.path, err)
 	}
+	var tlsConfig *tls.Config // nil: the system's roots
+	if f.caCert != "" {
+		if !strings.HasPrefix(proxy, "https://") && !strings.HasPrefix(direct, "https://") {
+			return fmt.Errorf("--ca-cert is set but neither --proxy %s nor --direct %s is https://", proxy, direct)
+		}
+		tr, err := trustingTransport(f.caCert)
+		if err != nil {
+			return err
+		}
+		tlsConfig = tr.TLSClientConfig
+	}
 	newClient := func() *http.Client {
-		t := http.DefaultTransport.(*http.Transport).Clone()
-		t.MaxIdleConns, t.MaxIdleConnsPerHost = 1024, 1024
+		// NB: a transport of its own, HTTP/1.1 only, so that an https proxy
+		// is measured against a plain direct upstream over the same kind of
+		// connections, not one multiplexed HTTP/2 connection (and a clone of
+		// http.DefaultTransport once used carries its HTTP/2 setup along).
+		t := &http.Transport{
+			DialContext:         (&net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+			TLSClientConfig:     tlsConfig.Clone(),
+			TLSHandshakeTimeout: 10 * time.Second,
+			MaxIdleConns:        1024, MaxIdleConnsPerHost: 1024, IdleConnTimeout: 90 * time.Second,
+			Protocols: new(http.Protocols),
+		}
+		t.Protocols.SetHTTP1(true)
 		return &http.Client{Transport: t, Timeout: f.timeout}
 	}
 	targets := []*benchTarget{
@@ -141,6 +166,10 @@ func runBenchProxy(ctx context.Context, out, progress io.Writer, f benchProxyFla
 	// not thousands of errors later.
 	for _, t := range targets {
 		if _, err := t.send(ctx, f, 0); err != nil {
+			var unknown x509.UnknownAuthorityError
+			if errors.As(err, &unknown) {
+				err = fmt.Errorf("%w (give the CA that issued its certificate with --ca-cert)", err)
+			}
 			return fmt.Errorf("first %s request (%s %s%s): %w", t.name, f.method, t.base, f.path, err)
 		}
 	}

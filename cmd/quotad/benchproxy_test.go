@@ -3,10 +3,13 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/pem"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -70,6 +73,30 @@ func TestBenchProxy(t *testing.T) {
 	err := runBenchProxy(ctx, &out, &progress, f)
 	if err == nil || !strings.Contains(err.Error(), "401") || !strings.Contains(err.Error(), "unknown-key") {
 		t.Fatalf("a wrong key: %v, want the proxy's 401 unknown-key at the first request", err)
+	}
+
+	// The same front over HTTPS, with a certificate from a CA of its own:
+	// refused with the flag to give, then measured with it.
+	tlsFront := httptest.NewUnstartedServer(front.Config.Handler)
+	tlsFront.EnableHTTP2 = true // as a node's front offers it
+	tlsFront.StartTLS()
+	defer tlsFront.Close()
+	ca := filepath.Join(t.TempDir(), "ca.pem")
+	if err := os.WriteFile(ca, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: tlsFront.Certificate().Raw}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	f.keys, f.proxy = []string{"good-key"}, tlsFront.URL
+	if err := runBenchProxy(ctx, &out, &progress, f); err == nil || !strings.Contains(err.Error(), "--ca-cert") {
+		t.Fatalf("an https proxy whose CA is not trusted: %v, want an error naming --ca-cert", err)
+	}
+	f.caCert = ca
+	out.Reset()
+	if err := runBenchProxy(ctx, &out, &progress, f); err != nil || !strings.Contains(out.String(), "proxied         40") {
+		t.Fatalf("an https proxy with --ca-cert: %v\n%s", err, out.String())
+	}
+	f.proxy = front.URL
+	if err := runBenchProxy(ctx, &out, &progress, f); err == nil || !strings.Contains(err.Error(), "neither --proxy") {
+		t.Fatalf("--ca-cert with plain URLs: %v, want an error", err)
 	}
 }
 
