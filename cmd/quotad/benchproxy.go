@@ -141,8 +141,11 @@ func runBenchProxy(ctx context.Context, out, progress io.Writer, f benchProxyFla
 	newClient := func() *http.Client {
 		// NB: a transport of its own, HTTP/1.1 only, so that an https proxy
 		// is measured against a plain direct upstream over the same kind of
-		// connections, not one multiplexed HTTP/2 connection (and a clone of
-		// http.DefaultTransport once used carries its HTTP/2 setup along).
+		// connections, not one multiplexed HTTP/2 connection. Not a Clone:
+		// Clone first sets up HTTP/2 on the transport it copies (h2 in its
+		// TLS config's ALPN list), and a copy limited to HTTP/1.1 then
+		// offers h2 in the handshake and speaks HTTP/1.1 (tried: "malformed
+		// HTTP response" from an h2 server).
 		t := &http.Transport{
 			DialContext:         (&net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
 			TLSClientConfig:     tlsConfig.Clone(),
