@@ -133,6 +133,8 @@ func newMetrics(n *Node) *metrics {
 		}),
 		gauge("quotaring_clock_offset_seconds", "The clock this node bills by minus the ledger's (the Postgres server's) at the last check, every 15 s: each node decides the month from its own.",
 			func() float64 { return time.Duration(n.clockOffset.Load()).Seconds() }),
+		gauge("quotaring_clock_max_offset_seconds", "This node's clock tolerance (--max-clock-offset): past it the node warns about its offset from the ledger's clock, holds against a step, or takes the ledger's time. The alert rules compare the offset with it.",
+			func() float64 { return n.cfg.MaxClockOffset.Seconds() }),
 		gauge("quotaring_clock_step_seconds", "How far this node's system clock stands from the time the node bills by: its time before a step, or the ledger's when the other nodes side with the ledger, counted on by the monotonic clock until the system clock agrees with the ledger's again; 0 while the node follows the system clock.",
 			func() float64 { return time.Duration(n.clockStep.Load()).Seconds() }),
 		gauge("quotaring_reservations_held_units", "Units this node holds reserved in the ledger and has not spent.", func() float64 {
