@@ -87,7 +87,7 @@ func measureClockOffset(ctx context.Context, l ledgerClock, wall func() int64) (
 
 // clockLoop checks the clocks every clockCheckEvery, when the steady clock
 // saw a step and when woken (Node.clockWake), until the node stops. Start
-// ran the first check (Node.clock).
+// ran the first check (Node.checkClock).
 func (n *Node) clockLoop(ctx context.Context) {
 	var stepped <-chan struct{}
 	if n.steady != nil {
@@ -128,20 +128,30 @@ func (n *Node) checkClock(ctx context.Context) {
 // peerClocks counts the other alive members whose last verdict on their
 // clock was that it agrees with the ledger's, and that it is off.
 func (n *Node) peerClocks() (agree, off int) {
+	agree, off, _ = n.countPeerClocks()
+	return agree, off
+}
+
+// countPeerClocks counts the other alive members in this node's view, and
+// those of them whose clock agrees with the ledger's and is off.
+func (n *Node) countPeerClocks() (agree, off, others int) {
 	r := n.Ring()
 	if r == nil {
-		return 0, 0
+		return 0, 0, 0
 	}
 	for _, m := range r.View().Members {
-		switch {
-		case m.ID == n.cfg.ID:
-		case m.Clock == ring.ClockAgrees:
+		if m.ID == n.cfg.ID {
+			continue
+		}
+		others++
+		switch m.Clock {
+		case ring.ClockAgrees:
 			agree++
-		case m.Clock == ring.ClockOff:
+		case ring.ClockOff:
 			off++
 		}
 	}
-	return agree, off
+	return agree, off, others
 }
 
 // peerClockWait bounds how long a starting node whose clock is off waits
@@ -150,9 +160,9 @@ const peerClockWait = 3 * time.Second
 
 // awaitPeerClocks waits until every other member in this node's view has
 // a verdict on its clock, or peerClockWait; it reports whether any other
-// member is in view. A node without --join and alone does not wait. A node just joined may not have applied the others'
+// member is in view. A node just joined may not have applied the others'
 // meta yet, and without their verdicts it would bill by its own off clock
-// until the next check.
+// until the next check. A node without --join and alone does not wait.
 func (n *Node) awaitPeerClocks(ctx context.Context) bool {
 	r := n.Ring()
 	if r == nil || len(n.cfg.Join) == 0 && len(r.View().Members) <= 1 {
@@ -163,16 +173,8 @@ func (n *Node) awaitPeerClocks(ctx context.Context) bool {
 	tick := time.NewTicker(50 * time.Millisecond)
 	defer tick.Stop()
 	for {
-		others, known := 0, 0
-		for _, m := range r.View().Members {
-			if m.ID != n.cfg.ID {
-				others++
-				if m.Clock != ring.ClockUnknown {
-					known++
-				}
-			}
-		}
-		if others > 0 && known == others {
+		agree, off, others := n.countPeerClocks()
+		if others > 0 && agree+off == others {
 			return true
 		}
 		select {
@@ -255,11 +257,7 @@ func (w *clockWatch) check(ctx context.Context, l ledgerClock) {
 		if agree, off := w.peers(); agree > off {
 			w.steady.Anchor(at.Mono, at.Wall-int64(d))
 			step, w.following = d, true
-			way := "ahead of"
-			if d < 0 {
-				way = "behind"
-			}
-			w.log.Warn("this node's clock is "+d.Abs().Round(time.Millisecond).String()+" "+way+" the ledger's, and "+
+			w.log.Warn("this node's clock is "+aheadOf(d)+" the ledger's, and "+
 				strconv.Itoa(agree)+" of the other members agree with the ledger's ("+strconv.Itoa(off)+" do not): "+
 				"the node bills by the ledger's time, counted on by its monotonic clock, until its own clock agrees again; "+
 				"fix the clock (NTP: chronyc tracking, timedatectl)", "offset", signed(d))
@@ -284,11 +282,7 @@ func (w *clockWatch) check(ctx context.Context, l ledgerClock) {
 	switch {
 	case d.Abs() > w.max && !w.off:
 		w.off = true
-		way := "ahead of"
-		if d < 0 {
-			way = "behind"
-		}
-		w.log.Warn("this node's clock is "+d.Abs().Round(time.Millisecond).String()+" "+way+" the ledger's: "+
+		w.log.Warn("this node's clock is "+aheadOf(d)+" the ledger's: "+
 			"each node decides an account's month from its own clock, so across a month's end this one bills in another month than the others, "+
 			"and an account it bills in a later month stays there; synchronise the clocks (NTP: chronyc tracking, timedatectl)",
 			"offset", d.Round(time.Millisecond).String())
@@ -312,6 +306,15 @@ func ledgerSays(d time.Duration, ok bool) string {
 		return "the ledger's clock, out of reach, cannot confirm the new reading"
 	}
 	return "the new reading is " + signed(d) + " from the ledger's clock"
+}
+
+// aheadOf says how far a clock d ahead of another is, "1.5s ahead of" or
+// "1.5s behind", to the millisecond.
+func aheadOf(d time.Duration) string {
+	if d < 0 {
+		return d.Abs().Round(time.Millisecond).String() + " behind"
+	}
+	return d.Round(time.Millisecond).String() + " ahead of"
 }
 
 // signed formats d to the millisecond with its sign.

@@ -126,6 +126,7 @@ func (n *Node) prefetchGained(ctx context.Context, gained []int) {
 	sem := make(chan struct{}, prefetchConcurrency)
 	var wg sync.WaitGroup
 	done := map[string]bool{}
+	since := ledgerNow(ctx, l).Add(-handoffWindow) // handoffs carry the ledger's times
 	// The old owner records its handoff after it announced it is draining,
 	// which is what moved the ring here: look again a few times, so that a
 	// handoff written just after this node gained is still prefetched.
@@ -139,7 +140,7 @@ func (n *Node) prefetchGained(ctx context.Context, gained []int) {
 				break
 			}
 		}
-		hs, err := l.Handoffs(ctx, ledgerNow(ctx, l).Add(-handoffWindow)) // handoffs carry the ledger's times
+		hs, err := l.Handoffs(ctx, since)
 		if err != nil {
 			n.log.Debug("no handoffs to prefetch for", "err", err)
 			break

@@ -174,10 +174,7 @@ func (n *Node) statusData(ctx context.Context) *statusData {
 		Uptime: time.Since(n.started).Round(time.Second).String(), State: "serving",
 		LedgerValue: "not reached", LedgerState: "serving from the data dir's config snapshot until it answers"}
 	if off := time.Duration(n.clockOffset.Load()); off != 0 {
-		d.ClockOffset = off.Round(time.Millisecond).String()
-		if off > 0 {
-			d.ClockOffset = "+" + d.ClockOffset
-		}
+		d.ClockOffset = signed(off)
 		d.ClockOff = off.Abs() > n.cfg.MaxClockOffset
 	}
 	if step := time.Duration(n.clockStep.Load()); step != 0 {
