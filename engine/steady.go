@@ -52,7 +52,7 @@ func NewSteadyClock(raw Clock, maxStep time.Duration) *SteadyClock {
 func (c *SteadyClock) Now() shard.Now {
 	r := c.raw.Now()
 	b := c.base.Load()
-	if d := r.Wall - r.Mono - b; d <= c.maxStep && d >= -c.maxStep {
+	if c.near(r.Wall - r.Mono - b) {
 		return r
 	}
 	if !c.noticed.Load() && c.noticed.CompareAndSwap(false, true) {
@@ -78,13 +78,15 @@ func (c *SteadyClock) Stepped() <-chan struct{} { return c.stepped }
 func (c *SteadyClock) Track() time.Duration {
 	r := c.raw.Now()
 	d := r.Wall - r.Mono - c.base.Load()
-	if d <= c.maxStep && d >= -c.maxStep {
-		c.base.Store(r.Wall - r.Mono)
-		c.noticed.Store(false)
+	if c.near(d) {
+		c.Anchor(r.Mono, r.Wall)
 		return 0
 	}
 	return time.Duration(d)
 }
+
+// near reports whether a base d ns from the trusted one is within MaxStep.
+func (c *SteadyClock) near(d int64) bool { return d <= c.maxStep && d >= -c.maxStep }
 
 // Anchor makes the trusted clock read wall at the monotonic reading mono
 // (the caller measured the time elsewhere: the node takes the ledger's when
@@ -99,6 +101,5 @@ func (c *SteadyClock) Anchor(mono, wall int64) {
 // caller found it right.
 func (c *SteadyClock) Trust() {
 	r := c.raw.Now()
-	c.base.Store(r.Wall - r.Mono)
-	c.noticed.Store(false)
+	c.Anchor(r.Mono, r.Wall)
 }
