@@ -1171,6 +1171,18 @@ func confGrantOrder(t *testing.T, l Ledger) {
 
 	_, err := l.Reserve(ctx, "node-a", ReserveRequest{Account: "nobody", Wall: confWallTime(), Need: 1})
 	wantErrIs(t, "reserve for a missing account", err, ErrNotFound)
+
+	// A credit that expires with the month (bought "until July") comes
+	// after the month's quota, as the shard spends them, whatever its id.
+	confSetup(t, l, 10, "acct-2")
+	if err := l.AddGrant(ctx, "acct-2", snapshot.Grant{ID: "a-credit", Units: 50, StartsAt: month, ExpiresAt: month.AddDate(0, 1, 0)}); err != nil {
+		t.Fatal(err)
+	}
+	res, err := l.Reserve(ctx, "node-a", ReserveRequest{Account: "acct-2", Wall: confWallTime(), Need: 12})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantRes("reserve 12 with a credit expiring with the month", res, []shard.Alloc{{Grant: confJune, Units: 10}, {Grant: "a-credit", Units: 2}}, []string{confJune})
 }
 
 // confHeldElsewhere: a grant with nothing free because another node holds

@@ -341,19 +341,12 @@ type activeGrant struct {
 	expires               int64 // Unix ns; 0: never
 }
 
-// sortSpending puts grants in spending order: soonest expiry first,
-// never-expiring last, ties by id.
+// sortSpending puts grants in the order the shard spends them
+// (shard.CompareSpending): soonest expiry first, never-expiring last, of
+// two that expire together the month's quota first.
 func sortSpending(gs []activeGrant) {
 	slices.SortFunc(gs, func(a, b activeGrant) int {
-		switch {
-		case a.expires == b.expires:
-			return cmp.Compare(a.id, b.id)
-		case a.expires == 0:
-			return 1
-		case b.expires == 0:
-			return -1
-		}
-		return cmp.Compare(a.expires, b.expires)
+		return shard.CompareSpending(a.id, a.expires, b.id, b.expires)
 	})
 }
 

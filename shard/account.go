@@ -216,19 +216,36 @@ func findCredit(cs []GrantConfig, id string) (GrantConfig, bool) {
 
 func (a *Account) sortGrants() {
 	slices.SortFunc(a.grants, func(x, y grant) int {
-		if x.expiresAt != y.expiresAt {
-			switch {
-			case x.expiresAt == 0:
-				return 1
-			case y.expiresAt == 0:
-				return -1
-			case x.expiresAt < y.expiresAt:
-				return -1
-			}
-			return 1
-		}
-		return strings.Compare(x.id, y.id)
+		return CompareSpending(x.id, x.expiresAt, y.id, y.expiresAt)
 	})
+}
+
+// CompareSpending orders two grants, given by id and expiry (Unix ns, 0 for
+// never), in spending order: the one that expires sooner first, a grant that
+// never expires last; of two that expire together, the month's quota before
+// credits (a credit bought "until the end of the year" must not be spent
+// while December's quota, which lapses at the same instant, is untouched),
+// then by id. The ledger reserves in the same order (flush).
+func CompareSpending(xID string, xExpires int64, yID string, yExpires int64) int {
+	if xExpires != yExpires {
+		switch {
+		case xExpires == 0:
+			return 1
+		case yExpires == 0:
+			return -1
+		case xExpires < yExpires:
+			return -1
+		}
+		return 1
+	}
+	xm, ym := strings.HasPrefix(xID, "m:"), strings.HasPrefix(yID, "m:")
+	switch {
+	case xm && !ym:
+		return -1
+	case ym && !xm:
+		return 1
+	}
+	return strings.Compare(xID, yID)
 }
 
 func (a *Account) grant(id string) *grant {

@@ -27,7 +27,8 @@
 //     does not drain the bucket (unlike gubernator's leaky variant), so a client
 //     that hammers an exhausted quota still gets its rate back when it stops.
 //  4. Balance: the units are taken from the active grants (StartsAt <= now <
-//     ExpiresAt) that expire soonest first; an expired grant is never spent.
+//     ExpiresAt) that expire soonest first (the month's quota before a credit
+//     that expires with it: CompareSpending); an expired grant is never spent.
 //     Under a hard limit, not enough units answers QuotaExceeded with RetryAfter
 //     until the end of the month when a monthly quota would help, and nothing is
 //     taken (a refused charge leaves no trace, and its event id stays usable).

@@ -248,6 +248,34 @@ func TestCreditsSoonestExpiringFirstAndNeverExpired(t *testing.T) {
 	}
 }
 
+// Credits bought "until the end of the year" expire at the same instant as
+// December's quota: the quota is spent first, whatever the credit's id.
+func TestMonthlyQuotaFirstWhenACreditExpiresWithIt(t *testing.T) {
+	p := DefaultParams()
+	dec := at("2026-12-10T00:00:00Z")
+	end := at("2027-01-01T00:00:00Z").Wall
+	for _, id := range []string{"g_01", "credits-1", "a", "m", "zz"} {
+		a := NewAccount(AccountConfig{ID: "a", Plan: hardPlan(10), Credits: []GrantConfig{
+			{ID: id, Units: 5000, StartsAt: at("2026-12-01T00:00:00Z").Wall, ExpiresAt: end},
+		}})
+		_, rec := charge(a, "e1", 12, dec, &p)
+		if got, want := fmt.Sprint(rec.Allocs), "[{m:2026-12 10} {"+id+" 2}]"; got != want {
+			t.Errorf("credit %q: allocation %s, want %s (the month's quota first)", id, got, want)
+		}
+	}
+	for _, c := range []struct {
+		x, y string
+		want int
+	}{{"m:2026-12", "a", -1}, {"a", "m:2026-12", 1}, {"a", "b", -1}, {"m:2026-12", "m:2026-12", 0}} {
+		if got := CompareSpending(c.x, end, c.y, end); got != c.want {
+			t.Errorf("CompareSpending(%q, %q) at one expiry = %d, want %d", c.x, c.y, got, c.want)
+		}
+	}
+	if CompareSpending("a", end, "m:2026-12", end+1) != -1 || CompareSpending("m:2026-12", end, "a", 0) != -1 {
+		t.Error("an earlier expiry, or any expiry against never, must come first")
+	}
+}
+
 func TestSoftPlanRecordsOverage(t *testing.T) {
 	p := DefaultParams()
 	a := NewAccount(AccountConfig{ID: "a", Plan: Plan{ID: "s", MonthlyQuota: 3}})

@@ -596,7 +596,8 @@ func newAdminGrantsCmd(c *adminClient) *cobra.Command {
 		Short: "Grant an account units to spend (bought credits)",
 		Long: `Grant an account units to spend between --starts (default now) and --expires
 (default never). A charge spends from the active grant that expires soonest,
-the month's quota included.`,
+the month's quota included; of a credit and the month's quota that expire
+together (--expires on the first of a month), the quota goes first.`,
 		Example: `  quotad admin grants add acme --units 5000
   quotad admin grants add acme --units 100000 --starts 2026-07-01 --expires 2027-07-01 --id order-1234`,
 		Args: oneID("account id"),
