@@ -390,9 +390,13 @@ func confAdminSnapshot(t *testing.T, l Ledger) {
 	}
 	_, err = l.SetRoutes(ctx, 1, map[string]int64{"GET /v1/items": -1})
 	wantErrIs(t, "SetRoutes with a negative weight", err, ErrInvalid)
-	// Patterns ServeMux takes but no request matches: refused, so that
-	// their requests are not billed the default instead.
-	for _, p := range []string{"get /v1/items", "POST/v1/items", "BAD PATTERN /x y"} {
+	_, err = l.SetRoutes(ctx, 1, map[string]int64{"GET /v1/items": shard.MaxUnits + 1})
+	wantErrIs(t, "SetRoutes with a weight over shard.MaxUnits (every charge on it would be Invalid)", err, ErrInvalid)
+	_, err = l.SetRoutes(ctx, shard.MaxUnits+1, nil)
+	wantErrIs(t, "SetRoutes with a default over shard.MaxUnits", err, ErrInvalid)
+	// Patterns ServeMux takes but that do not match what was meant:
+	// refused, so that their requests are not billed the default instead.
+	for _, p := range []string{"get /v1/items", "POST/v1/items", "BAD PATTERN /x y", "GET v1/items"} {
 		_, err = l.SetRoutes(ctx, 1, map[string]int64{p: 2})
 		wantErrIs(t, fmt.Sprintf("SetRoutes with %q", p), err, ErrInvalid)
 	}

@@ -392,9 +392,18 @@ func validateKey(k *snapshot.Key) error {
 }
 
 // validateRoutes checks route weights as Snapshot.Build will, and refuses
-// patterns no request can match (snapshot.CheckPattern). Only new tables
+// weights no charge may cost (over shard.MaxUnits) and patterns no request
+// can match (snapshot.CheckPattern). Only new tables
 // are checked so: a stored one loads as Build allows.
 func validateRoutes(defaultUnits int64, weights map[string]int64) error {
+	if defaultUnits > shard.MaxUnits {
+		return fmt.Errorf("%w: default route weight %d is more than %d units, the most one charge may cost", ErrInvalid, defaultUnits, int64(shard.MaxUnits))
+	}
+	for p, w := range weights {
+		if w > shard.MaxUnits {
+			return fmt.Errorf("%w: route %q: weight %d is more than %d units, the most one charge may cost", ErrInvalid, p, w, int64(shard.MaxUnits))
+		}
+	}
 	s := snapshot.Snapshot{Routes: snapshot.Routes{Default: defaultUnits, Weights: weights}}
 	if err := s.Build(); err != nil {
 		return fmt.Errorf("%w: %v", ErrInvalid, err)

@@ -721,8 +721,8 @@ var registeredAt = regexp.MustCompile(` \(registered at [^)]*\)`)
 // match), one pattern at a time first so that the answer names the bad one,
 // then together for conflicts between patterns.
 func validRoutes(def int64, weights map[string]int64) error {
-	if def < 0 {
-		return badInput("default", "%d is negative", def)
+	if def < 0 || def > maxUnits {
+		return badInput("default", "%d is not a weight from 0 to %d", def, int64(maxUnits))
 	}
 	patterns := make([]string, 0, len(weights))
 	for p := range weights {
@@ -733,6 +733,9 @@ func validRoutes(def int64, weights map[string]int64) error {
 		field := fmt.Sprintf("weights[%q]", p)
 		if weights[p] < 0 {
 			return badInput(field, "weight %d is negative (0 means rate limited but not billed)", weights[p])
+		}
+		if weights[p] > maxUnits {
+			return badInput(field, "weight %d is more than %d units, the most one charge may cost", weights[p], int64(maxUnits))
 		}
 		one := snapshot.Snapshot{Routes: snapshot.Routes{Default: def, Weights: map[string]int64{p: weights[p]}}}
 		if err := one.Build(); err != nil {

@@ -171,6 +171,8 @@ func TestAdminAPI(t *testing.T) {
 		wantProblem(t, n1, "PUT", "/admin/v1/routes", map[string]any{"weights": map[string]int{"GET /v1/{id": 2}}, 400, `weights["GET /v1/{id"]`)
 		wantProblem(t, n1, "PUT", "/admin/v1/routes", map[string]any{"weights": map[string]int{"GET /x": -2}}, 400, `weights["GET /x"]`)
 		wantProblem(t, n1, "PUT", "/admin/v1/routes", map[string]any{"default": -1}, 400, "default")
+		wantProblem(t, n1, "PUT", "/admin/v1/routes", map[string]any{"default": int64(shard.MaxUnits) + 1}, 400, "default")
+		wantProblem(t, n1, "PUT", "/admin/v1/routes", map[string]any{"weights": map[string]int64{"GET /v1/huge": shard.MaxUnits + 1}}, 400, `weights["GET /v1/huge"]`)
 		wantProblem(t, n1, "PUT", "/admin/v1/routes", map[string]any{"weights": map[string]int{"GET /v1/{a}": 1, "GET /v1/{b}": 2}}, 400, "weights")
 		// Patterns ServeMux takes but no request can match.
 		for pattern, detail := range map[string]string{
@@ -178,6 +180,7 @@ func TestAdminAPI(t *testing.T) {
 			"POST/v1/x":        "put a space between the method and the path",
 			"BAD PATTERN /x y": "holds whitespace",
 			"GET /v1/a b":      "%20",
+			"GET v1/x":         `reads as a host, not part of the path (a pattern is "METHOD [HOST]/PATH"): write "GET /v1/x"`,
 		} {
 			p := wantProblem(t, n1, "PUT", "/admin/v1/routes", map[string]any{"weights": map[string]int{"POST /v1/exports": 25, pattern: 2}}, 400, fmt.Sprintf("weights[%q]", pattern))
 			if !strings.Contains(p.Detail, detail) {

@@ -260,7 +260,9 @@ var httpMethods = []string{"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "CON
 // method glued to the path ("POST/v1/x" is the host "POST", which no
 // request has), whitespace in the host (no Host header holds it), or in
 // the path (text after the path, such as "GET /v1/x y", becomes part of
-// it; a space in a path is written %20, which matches the same requests).
+// it; a space in a path is written %20, which matches the same requests),
+// or a path without its leading slash ("GET v1/x" is the host "v1" and the
+// path "/x": a host must hold a dot or a port, or be localhost).
 // Its error names the pattern and the fix. Patterns that ServeMux itself
 // refuses are left to Build.
 //
@@ -292,6 +294,10 @@ func CheckPattern(p string) error {
 		return fmt.Errorf("route %q: %q reads as a host, not a method: put a space between the method and the path (%q)",
 			p, host, strings.ToUpper(host)+" "+path)
 	}
+	if host != "" && !strings.ContainsAny(host, ".:[") && host != "localhost" && strings.IndexFunc(host, unicode.IsSpace) < 0 {
+		return fmt.Errorf("route %q: %q reads as a host, not part of the path (a pattern is \"METHOD [HOST]/PATH\"): write %q; a pattern for one host names it in full, such as \"GET api.example.com/v1/x\"",
+			p, host, strings.TrimSpace(method+" /"+rest))
+	}
 	if strings.IndexFunc(host, unicode.IsSpace) >= 0 {
 		return fmt.Errorf("route %q: the host %q holds whitespace: write \"METHOD /path\" with one space after the method, or \"METHOD host/path\"", p, host)
 	}
@@ -304,8 +310,8 @@ func CheckPattern(p string) error {
 // Unmatchable lists the patterns of r that CheckPattern refuses, with its
 // errors, sorted: a table stored before the check may hold them. They load
 // and bill as before (refusing the table would leave a node on an older
-// one, or on none after a restart): all but a path with whitespace match
-// no request, so their requests cost Default. The node logs them so that
+// one, or on none after a restart): all but a path with whitespace or a
+// one-word host match no request, so their requests cost Default. The node logs them so that
 // an operator replaces the table.
 func (r *Routes) Unmatchable() []error {
 	var errs []error

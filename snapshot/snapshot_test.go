@@ -47,6 +47,8 @@ func TestCheckPattern(t *testing.T) {
 		"GET /v1/a b":               `the path "/v1/a b" holds whitespace: write a space in a path as %20`,
 		"GET /v1/tasks ":            `the path "/v1/tasks " holds whitespace`,
 		"GET api.example .com/v1/x": `the host "api.example .com" holds whitespace`,
+		"GET v1/x":                  `"v1" reads as a host, not part of the path (a pattern is "METHOD [HOST]/PATH"): write "GET /v1/x"`,
+		"v1/tasks/{id}":             `write "/v1/tasks/{id}"`,
 	} {
 		err := CheckPattern(p)
 		if err == nil || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), fmt.Sprintf("route %q", p)) {
@@ -62,7 +64,7 @@ func TestCheckPattern(t *testing.T) {
 	}
 	for _, p := range []string{"POST /v1/exports", "GET /v1/tasks/{id}", "/v1/files/", "GET\t/v1/tasks", "GET  /v1/tasks",
 		"api.example.com/v1/x", "POST api.example.com/v1/x", "localhost/v1/x", "PURGE /cache/{key...}", "GET /files/my%20doc",
-		"POST /pkg.Service/Method", "GET /{$}", "GET /v1/{id}/posts"} {
+		"POST /pkg.Service/Method", "GET /{$}", "GET /v1/{id}/posts", "GET api:8080/v1/x", "GET 127.0.0.1/x", "GET [::1]/x"} {
 		if err := CheckPattern(p); err != nil {
 			t.Errorf("CheckPattern(%q): %v", p, err)
 		}

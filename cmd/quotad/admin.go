@@ -646,8 +646,9 @@ together (--expires on the first of a month), the quota goes first.`,
 func newAdminRoutesCmd(c *adminClient) *cobra.Command {
 	cmd := &cobra.Command{Use: "routes", Short: "Set and show the units each route costs"}
 	var def int64
+	var clearAll bool
 	set := &cobra.Command{
-		Use:   "set [--default UNITS] 'METHOD /pattern=UNITS'...",
+		Use:   "set [--default UNITS] 'METHOD /pattern=UNITS'... | set --clear [--default UNITS]",
 		Short: "Replace the route weights with a new version",
 		Long: `Replace the whole route table with a new version (it is not merged with the
 old one). Patterns are Go http.ServeMux patterns: "POST /v1/exports",
@@ -655,13 +656,23 @@ old one). Patterns are Go http.ServeMux patterns: "POST /v1/exports",
 Methods are upper case ("GET", not "get") and followed by one space; write a
 space inside a path as %20. A pattern that cannot mean what it says is refused.
 A weight of 0 rate-limits a route without billing it. Requests that match no
-pattern cost --default.`,
+pattern cost --default. With no patterns the command refuses, unless --clear
+says that every route is to cost --default.`,
 		Example: `  quotad admin routes set --default 1 'GET /v1/tasks=1' 'POST /v1/tasks=2' 'POST /v1/exports=25'
 
   # the same table, with health checks free (list every route: the table is replaced)
-  quotad admin routes set --default 1 'GET /v1/tasks=1' 'POST /v1/tasks=2' 'POST /v1/exports=25' 'GET /v1/health=0'`,
+  quotad admin routes set --default 1 'GET /v1/tasks=1' 'POST /v1/tasks=2' 'POST /v1/exports=25' 'GET /v1/health=0'
+
+  # no patterns: every request costs 1
+  quotad admin routes set --clear --default 1`,
 		Args: cobra.ArbitraryArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
+			switch {
+			case len(args) == 0 && !clearAll:
+				return errors.New("no patterns given: that would replace the route table with an empty one, and every route would cost --default; list every pattern ('METHOD /pattern=UNITS'), or pass --clear if an empty table is what you want")
+			case len(args) > 0 && clearAll:
+				return errors.New("--clear sets an empty route table: give it no patterns")
+			}
 			weights := make(map[string]int64, len(args))
 			for _, a := range args {
 				i := strings.LastIndex(a, "=")
@@ -685,6 +696,7 @@ pattern cost --default.`,
 		},
 	}
 	set.Flags().Int64Var(&def, "default", 1, "units for requests that match no pattern")
+	set.Flags().BoolVar(&clearAll, "clear", false, "set an empty table (no patterns): every request costs --default")
 	show := &cobra.Command{
 		Use:   "show",
 		Short: "Show the active route weights",

@@ -121,6 +121,16 @@ func TestQuotadAdmin(t *testing.T) {
 	if out := mustAdmin(t, n, "routes", "show"); !strings.Contains(out, "POST /v1/exports") {
 		t.Fatalf("routes show: %q", out)
 	}
+	// No patterns would wipe the table: refused without --clear.
+	if _, _, err := quotadAdmin(t, n, adminTestToken, "routes", "set"); err == nil || !strings.Contains(err.Error(), "--clear") {
+		t.Fatalf("routes set with no patterns: %v, want a refusal naming --clear", err)
+	}
+	if _, _, err := quotadAdmin(t, n, adminTestToken, "routes", "set", "--clear", "GET /x=1"); err == nil {
+		t.Fatal("routes set --clear with a pattern: accepted")
+	}
+	if out := mustAdmin(t, n, "routes", "show"); !strings.Contains(out, "POST /v1/exports") {
+		t.Fatalf("routes show after the refusals: %q, want the table untouched", out)
+	}
 
 	out = mustAdmin(t, n, "accounts", "show", "acme")
 	for _, want := range []string{"plan     pro (rate 10/s, burst 20, 1000 units a month, hard)", k.ID, "order-1", "credits", "500", "2200-01-01T00:00:00Z"} {
