@@ -135,7 +135,7 @@ func (o DialOptions) Dial(ctx context.Context, seeds ...string) (*Client, error)
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
 	bg, cancel := context.WithCancel(context.Background())
-	c := &Client{opts: o, seeds: seeds, cancel: cancel, done: make(chan struct{}), refreshing: make(chan struct{}, 1)}
+	c := &Client{opts: o, seeds: slices.Clone(seeds), cancel: cancel, done: make(chan struct{}), refreshing: make(chan struct{}, 1)}
 	c.peers = newPeers(bg, peerOptions{maxInflight: o.MaxInflight, maxBatch: o.MaxBatch, callTimeout: o.CallTimeout,
 		dialer: o.Dialer, epoch: c.epoch, hops: 0, token: o.Token, tls: o.TLS})
 	if err := c.refreshView(ctx, ""); err != nil {
@@ -233,7 +233,9 @@ func (c *Client) loop(ctx context.Context) {
 // (not decided now: retry, with the same EventID when one was set),
 // ErrInternal, ErrInvalidRequest (an empty Account, Units < 0 or above
 // shard.MaxUnits, an EventID without ClientID: nothing was sent),
-// ErrClosed, and ctx's error when ctx ended before anything was sent.
+// ErrRejected (the owner turned the call away: a wrong RPC token, say;
+// nothing was applied, and retrying cannot help), ErrClosed, and ctx's
+// error when ctx ended before anything was sent.
 //
 // Without an error the owner decided: Reason.Accepted, or a refusal. A
 // refusal is final (Reason.Final: invalid, id_reused), passes with time
@@ -416,6 +418,8 @@ func (c *Client) route(ctx context.Context, o op, account string, call func(cont
 			return err // the owner answered with an error
 		case c.closed.Load():
 			return ErrClosed
+		case err != nil && rejected(rpcErr.err):
+			return rejectedError(account, target, o.name, rpcErr.err)
 		case err != nil:
 			c.stats.Unreachable.Add(1)
 			if cerr := ctxEnded(ctx); cerr != nil {
@@ -453,6 +457,28 @@ func (c *Client) peerError(err error) error {
 		return ErrClosed
 	}
 	return fmt.Errorf("%w: %v", ErrUnavailable, err)
+}
+
+// rejected reports whether err, a failed call, is the node turning the call
+// away before any handler ran (see ErrRejected): an answer, not silence, so
+// neither the outcome is unknown nor another attempt of any use.
+func rejected(err error) bool {
+	st, ok := status.FromError(err)
+	if !ok {
+		return false
+	}
+	switch st.Code() {
+	case codes.Unauthenticated, codes.PermissionDenied, codes.Unimplemented, codes.ResourceExhausted, codes.InvalidArgument:
+		return true
+	}
+	return false
+}
+
+// rejectedError is ErrRejected for the call (what) on account's owner at
+// addr, keeping err (its gRPC status) in the chain.
+func rejectedError(account, addr, what string, err error) error {
+	return fmt.Errorf("%w: %s refused the %s for account %q (%w); nothing was applied: fix what it names (the RPC token, the versions of the nodes), retrying cannot help",
+		ErrRejected, addr, what, account, err)
 }
 
 // notSent reports whether err, a failed call, certainly never reached the

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/quotaring/quotaring/router/pb"
 	"github.com/quotaring/quotaring/shard"
@@ -136,5 +138,79 @@ func TestUnreadableDecisionIsAnError(t *testing.T) {
 	}
 	if res, err := resultFromPB(&pb.ChargeReply{Node: "n1", Decision: &pb.Decision{Reason: pb.Reason_OK}}); err != nil || res.Reason != shard.OK {
 		t.Errorf("an ok reply: %s, %v", res.Reason, err)
+	}
+}
+
+// rejectingNode names itself the owner of every account and turns every
+// Charge, Refund and Usage away with code, as a node does before any
+// handler runs (a wrong RPC token, a method it does not serve).
+type rejectingNode struct {
+	pb.UnimplementedQuotaServer
+	addr string
+	code codes.Code
+}
+
+func (n *rejectingNode) RingView(context.Context, *pb.RingViewRequest) (*pb.RingViewReply, error) {
+	return &pb.RingViewReply{Epoch: 1, Hash: ringHash, PartitionCount: 8, Owners: make([]int32, 8),
+		Members: []*pb.Member{{Id: "rejecting", RpcAddr: n.addr, State: "serving"}}}, nil
+}
+
+func (n *rejectingNode) Charge(context.Context, *pb.ChargeBatch) (*pb.ChargeReplies, error) {
+	return nil, status.Error(n.code, "turned away by the test")
+}
+
+func (n *rejectingNode) Refund(context.Context, *pb.RefundBatch) (*pb.RefundReplies, error) {
+	return nil, status.Error(n.code, "turned away by the test")
+}
+
+func (n *rejectingNode) Usage(context.Context, *pb.UsageRequest) (*pb.UsageReply, error) {
+	return nil, status.Error(n.code, "turned away by the test")
+}
+
+// A node that turns a call away (say, after the cluster's RPC token was
+// rotated without this client) answered: the error is ErrRejected with the
+// gRPC code in its chain, not ErrUnavailable, which callers retry forever,
+// and the owner is not counted unreachable.
+func TestClientRejectedCallIsNotUnavailable(t *testing.T) {
+	for _, code := range []codes.Code{codes.Unauthenticated, codes.Unimplemented, codes.ResourceExhausted} {
+		lis, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := &rejectingNode{addr: lis.Addr().String(), code: code}
+		srv := grpc.NewServer()
+		pb.RegisterQuotaServer(srv, n)
+		go srv.Serve(lis)
+		c, err := DialOptions{RefreshInterval: -1}.Dial(context.Background(), n.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx := context.Background()
+		_, cerr := c.Charge(ctx, ChargeRequest{Account: "acme", Units: 1})
+		_, rerr := c.Refund(ctx, RefundRequest{Account: "acme", EventID: "e1"})
+		_, uerr := c.Usage(ctx, "acme")
+		for what, err := range map[string]error{"charge": cerr, "refund": rerr, "usage": uerr} {
+			if !errors.Is(err, ErrRejected) || errors.Is(err, ErrUnavailable) || status.Code(err) != code || !strings.Contains(err.Error(), n.addr) {
+				t.Errorf("%s answered %v: %v; want ErrRejected (not ErrUnavailable) with code %v, naming %s", what, code, err, code, n.addr)
+			}
+		}
+		if u := c.Stats().Unreachable.Load(); u != 0 {
+			t.Errorf("%v: Unreachable %d, want 0 (the node answered)", code, u)
+		}
+		c.Close()
+		srv.Stop()
+	}
+}
+
+// A node forwarding to an owner that turns the call away says so
+// (ErrRejected, the code kept), rather than "did not answer".
+func TestOwnerSilentKeepsARejection(t *testing.T) {
+	err := ownerSilent(context.Background(), "acme", "127.0.0.1:7400", status.Error(codes.Unauthenticated, "wrong RPC token"))
+	if !errors.Is(err, ErrRejected) || errors.Is(err, ErrUnavailable) || status.Code(err) != codes.Unauthenticated {
+		t.Fatalf("forwarded charge turned away: %v; want ErrRejected with Unauthenticated", err)
+	}
+	err = ownerSilent(context.Background(), "acme", "127.0.0.1:7400", status.Error(codes.Unavailable, "connection reset"))
+	if !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("forwarded charge cut off: %v; want ErrUnavailable", err)
 	}
 }

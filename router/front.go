@@ -1,11 +1,13 @@
 package router
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"strings"
 	"sync/atomic"
@@ -196,7 +198,8 @@ type Caller struct {
 type callerKey struct{}
 
 // CallerFrom returns the Caller the middleware attached to a request's
-// context.
+// context. It is the handler's own copy: changing it changes nothing the
+// front does (the refund goes to the account and event charged).
 func CallerFrom(ctx context.Context) (*Caller, bool) {
 	c, ok := ctx.Value(callerKey{}).(*Caller)
 	return c, ok
@@ -223,8 +226,9 @@ func CallerFrom(ctx context.Context) (*Caller, bool) {
 // ok is false), and next must answer them without doing the work (register
 // handlers with their method, "POST /v1/exports", or check ok); set
 // FrontOptions.ChargePreflights for an API no browser calls. And the
-// usage endpoint never reaches next. Every request next sees has the
-// client's X-Quota-Account and X-Quota-Event dropped, and a charged one
+// usage endpoint never reaches next, but for its preflight (as every
+// preflight). Every request next sees has the client's X-Quota-Account
+// and X-Quota-Event dropped, and a charged one
 // carries the front's (HeaderAccount, HeaderEvent), as the proxy's
 // upstream does, so code moved between the two can trust them.
 //
@@ -232,10 +236,13 @@ func CallerFrom(ctx context.Context) (*Caller, bool) {
 // (bounded by ChargeTimeout and RefundTimeout): a client that hangs up
 // mid-charge must not leave a charge whose outcome the front never learns.
 // A charge that completes for a client already gone is refunded at once.
-// The refund comes after next's answer is flushed, so it delays no client,
-// except for the answers the front writes itself for a refunded request
-// (413 for a body over MaxBodyBytes, the proxy's 502 and 504): those wait
-// for the refund and carry the quota headers of the state after it, or
+// A refund after next's answer runs before the answer completes: the head
+// (status and headers) is flushed first, the end of the body waits for the
+// refund's round trip (at most RefundTimeout), so that a client that sees
+// a failure and retries at once finds the units back. The answers the
+// front writes itself for a refunded request (413 for a body over
+// MaxBodyBytes, the proxy's 502 and 504) wait for the refund before
+// anything is sent, and carry the quota headers of the state after it, or
 // none when the refund failed.
 func Middleware(opts FrontOptions) (func(http.Handler) http.Handler, error) {
 	if err := opts.defaults(); err != nil {
@@ -310,7 +317,8 @@ func (f *front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			notDurable().write(rec.ResponseWriter, r)
 		}
 	}
-	r = r.WithContext(context.WithValue(r.Context(), callerKey{}, &c.Caller)) // a copy: the caller's request stays as it was
+	caller := c.Caller                                                      // next's own copy: what it does to it cannot redirect the refund
+	r = r.WithContext(context.WithValue(r.Context(), callerKey{}, &caller)) // a copy: the caller's request stays as it was
 	// Only the front says which account and event a request was charged
 	// to: a client's own values are forged.
 	r.Header = r.Header.Clone()
@@ -495,8 +503,8 @@ func (f *front) finish(rec *recorder, r *http.Request, c *charged, body *limited
 	if why == "" {
 		return
 	}
-	if rec.wrote && rec.writeErr == nil {
-		_ = http.NewResponseController(rec.ResponseWriter).Flush() // answer the client before the refund round trip
+	if rec.wrote && rec.writeErr == nil && !rec.hijacked {
+		_ = http.NewResponseController(rec.ResponseWriter).Flush() // the client has the answer's head before the refund round trip
 	}
 	f.refund(r, c, why)
 }
@@ -572,6 +580,7 @@ type recorder struct {
 	status   int
 	wrote    bool
 	failed   bool // the upstream failed (ErrorHandler) or the handler panicked
+	hijacked bool // the handler took the connection over (Hijack)
 	writeErr error
 	// gate, when set, runs once before anything reaches the client: the
 	// charge's durability wait. If it fails, gateFailed answers instead and
@@ -649,16 +658,43 @@ func (w *recorder) Flush() {
 	}
 }
 
+// Hijack implements http.Hijacker, for handlers that type-assert it and
+// for http.ResponseController (which ReverseProxy uses to relay a WebSocket
+// or another protocol upgrade): whatever the handler writes to the
+// connection bypasses the recorder, so the charge's durability wait runs
+// first, and a charge that is not durable refuses the hijack (the front
+// has answered 500). The front's headers go on the answer as usual:
+// ReverseProxy writes its 101 with the header map.
+func (w *recorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	if !w.pass() {
+		return nil, nil, fmt.Errorf("router: the connection was not handed over: the charge is not durable (%w)", w.gateErr)
+	}
+	conn, brw, err := http.NewResponseController(w.ResponseWriter).Hijack()
+	if err != nil {
+		return nil, nil, err
+	}
+	w.hijacked = true
+	if !w.wrote {
+		w.status, w.wrote = http.StatusSwitchingProtocols, true // what an upgrade answers; net/http no longer knows
+		w.final()
+	}
+	return conn, brw, nil
+}
+
 func (w *recorder) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 // code is the status the client got (net/http sends 200 for a handler that
-// wrote nothing), or 499 when the client left first.
+// wrote nothing), 499 when the client left first, or 500 for a handler that
+// panicked before it answered (the client gets no answer, and the server's
+// log has the panic).
 func (w *recorder) code(r *http.Request) int {
 	switch {
 	case w.wrote:
 		return w.status
 	case r.Context().Err() != nil:
 		return statusClientClosed
+	case w.failed:
+		return http.StatusInternalServerError
 	}
 	return http.StatusOK
 }

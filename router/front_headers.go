@@ -36,7 +36,8 @@ const (
 	// ProblemPayloadTooLarge: the body is over FrontOptions.MaxBodyBytes (413).
 	ProblemPayloadTooLarge = problemBase + "payload-too-large"
 	// ProblemUpstreamUnavailable: the upstream failed or timed out (502 or
-	// 504); the charge was refunded.
+	// 504); the charge was refunded, but under BillOnAlways, where it
+	// stands (the detail says which).
 	ProblemUpstreamUnavailable = problemBase + "upstream-unavailable"
 	// ProblemInternal: the quota service failed (500).
 	ProblemInternal = problemBase + "internal-error"

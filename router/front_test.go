@@ -904,3 +904,121 @@ func TestChunkedBodyOverLimitAbortsTheUpstream(t *testing.T) {
 		})
 	}
 }
+
+// A handler that takes the connection over (an upgrade: ReverseProxy
+// relays a WebSocket this way) gets it only once the charge is durable; a
+// charge that is not durable refuses the hijack: the client gets 500 and
+// the charge is refunded.
+func TestHijackWaitsUntilDurable(t *testing.T) {
+	for _, fail := range []bool{false, true} {
+		ch := &earlyCharger{fakeCharger: fakeCharger{decision: okDecision()}}
+		if fail {
+			ch.waitErr = errors.New("log failed")
+		}
+		hijackErr := make(chan error, 1)
+		h := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+			if _, ok := w.(http.Hijacker); !ok {
+				t.Error("the front's ResponseWriter is no http.Hijacker")
+			}
+			conn, brw, err := http.NewResponseController(w).Hijack()
+			hijackErr <- err
+			if err != nil {
+				return
+			}
+			defer conn.Close()
+			ch.mu.Lock()
+			ch.order = append(ch.order, "hijacked")
+			ch.mu.Unlock()
+			brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: test\r\n\r\n")
+			brw.Flush()
+		})
+		codes := make(chan int, 1)
+		mw, err := Middleware(FrontOptions{Charger: ch, Config: testConfig(t), OnRequest: func(c int, _ time.Duration) { codes <- c }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv := httptest.NewServer(mw(h))
+		req, _ := http.NewRequest("GET", srv.URL+"/v1/stream", nil)
+		req.Header.Set("Authorization", "Bearer secret")
+		req.Header.Set("Connection", "Upgrade")
+		req.Header.Set("Upgrade", "test")
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Body.Close()
+		var herr error
+		var code int
+		select {
+		case herr = <-hijackErr:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the handler never got to hijack")
+		}
+		select {
+		case code = <-codes:
+		case <-time.After(10 * time.Second):
+			t.Fatal("OnRequest never heard the request: did the front panic after the hijack?")
+		}
+		srv.Close()
+		ch.mu.Lock()
+		order := fmt.Sprint(ch.order)
+		ch.mu.Unlock()
+		_, refunds := ch.counts()
+		switch {
+		case !fail && (res.StatusCode != 101 || herr != nil || order != "[wait hijacked]" || refunds != 0 || code != 101):
+			t.Errorf("durable: %d, hijack %v, order %s, %d refunds, OnRequest %d; want 101 after the wait, no refund", res.StatusCode, herr, order, refunds, code)
+		case fail && (res.StatusCode != 500 || herr == nil || !strings.Contains(herr.Error(), "not durable") || order != "[wait]" || refunds != 1 || code != 500):
+			t.Errorf("not durable: %d, hijack %v, order %s, %d refunds, OnRequest %d; want 500, the hijack refused, a refund", res.StatusCode, herr, order, refunds, code)
+		}
+	}
+}
+
+// The Caller a handler gets is its own: changing it cannot send the refund
+// to another account or event.
+func TestCallerIsTheHandlersCopy(t *testing.T) {
+	ch := &fakeCharger{decision: okDecision()}
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		c, _ := CallerFrom(r.Context())
+		c.Account, c.EventID = "someone-else", "other-event"
+		w.WriteHeader(500)
+	})
+	serve(t, FrontOptions{Charger: ch, Config: testConfig(t)}, h, newRequest("POST", "/v1/tasks", nil))
+	ch.mu.Lock()
+	defer ch.mu.Unlock()
+	if len(ch.refunds) != 1 || ch.refunds[0].Account != "acme" || ch.refunds[0].EventID != "gen-1" {
+		t.Fatalf("refunds %+v, want one of acme's event gen-1", ch.refunds)
+	}
+}
+
+// OnRequest hears 500 for a handler that panicked before answering (the
+// client got no answer), not net/http's default 200.
+func TestPanicIsHeardAs500(t *testing.T) {
+	ch := &fakeCharger{decision: okDecision()}
+	var code int
+	_, p := serve(t, FrontOptions{Charger: ch, Config: testConfig(t), OnRequest: func(c int, _ time.Duration) { code = c }},
+		http.HandlerFunc(func(http.ResponseWriter, *http.Request) { panic("boom") }), newRequest("POST", "/v1/tasks", nil))
+	if _, refunds := ch.counts(); p == nil || code != 500 || refunds != 1 {
+		t.Fatalf("panic %v, OnRequest %d, %d refunds; want the panic passed on, 500, one refund", p, code, refunds)
+	}
+}
+
+// usageGone answers Usage as router.Client does for a context that ended.
+type usageGone struct{ fakeCharger }
+
+func (u *usageGone) Usage(ctx context.Context, account string) (UsageResult, error) {
+	<-ctx.Done()
+	return UsageResult{}, fmt.Errorf("router: usage for account %q not sent: %w", account, ctx.Err())
+}
+
+// A client that hangs up on the usage endpoint is heard as 499 and gets
+// nothing written, not a 500 logged as an internal error.
+func TestUsageClientGone(t *testing.T) {
+	var code int
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	w, _ := serve(t, FrontOptions{Charger: &usageGone{}, Config: testConfig(t), OnRequest: func(c int, _ time.Duration) { code = c }},
+		http.NotFoundHandler(), newRequest("GET", "/v1/usage", nil).WithContext(ctx))
+	if code != 499 || w.Body.Len() != 0 {
+		t.Fatalf("OnRequest %d, body %q; want 499 and nothing written", code, w.Body.String())
+	}
+}

@@ -28,6 +28,9 @@ func (f *front) serveUsage(w http.ResponseWriter, r *http.Request) int {
 		return p.Status
 	}
 	rep, prob := f.usage(r)
+	if prob != nil && prob.Status == statusClientClosed {
+		return prob.Status
+	}
 	if prob != nil {
 		prob.write(w, r)
 		return prob.Status
@@ -61,6 +64,9 @@ func (f *front) usage(r *http.Request) (*usageAnswer, *Problem) {
 	defer cancel()
 	u, err := f.opts.Charger.Usage(ctx, key.Account)
 	switch {
+	case err != nil && r.Context().Err() != nil:
+		// The client hung up first: nobody to answer, nothing failed.
+		return nil, &Problem{Status: statusClientClosed}
 	case err != nil && (errors.Is(err, ErrUnavailable) || errors.Is(err, context.DeadlineExceeded)):
 		f.opts.Logger.Warn("usage undecided", "account", key.Account, "err", err)
 		return nil, unavailable("The quota service cannot read this account's usage now; retry in a second.")

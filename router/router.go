@@ -34,6 +34,14 @@ var (
 	// (an empty Account, Units out of range, an EventID without ClientID);
 	// the error names the field. Retrying the same request cannot help.
 	ErrInvalidRequest = errors.New("router: invalid request")
+	// ErrRejected: the node turned the call away before handling it: a
+	// wrong or missing RPC token (gRPC Unauthenticated, PermissionDenied),
+	// a call it does not serve (Unimplemented: a node of another version),
+	// a message over its size limit (ResourceExhausted), a malformed call
+	// (InvalidArgument). Nothing was applied, and retrying cannot help until
+	// the setup is fixed. The gRPC status stays in the chain:
+	// status.Code(err) reads it. The HTTP front answers it 500.
+	ErrRejected = errors.New("router: the node rejected the call")
 )
 
 var (
@@ -329,6 +337,9 @@ func (r *Router) forwardCharge(ctx context.Context, addr string, req ChargeReque
 // got no answer (err): ErrUnavailable, the outcome unknown. When ctx's
 // deadline passed it wraps ctx's error too, since that is why.
 func ownerSilent(ctx context.Context, account, addr string, err error) error {
+	if rejected(err) {
+		return rejectedError(account, addr, "charge", err)
+	}
 	if cerr := ctxEnded(ctx); cerr != nil {
 		return fmt.Errorf("%w: the owner of account %q at %s did not answer before the caller's deadline (%w); the outcome is unknown, retry with the same event id",
 			ErrUnavailable, account, addr, cerr)
@@ -392,6 +403,9 @@ func (r *Router) Refund(ctx context.Context, req RefundRequest) (shard.Decision,
 			Attempt: req.Attempt, Replay: req.Replay})
 		if err != nil {
 			r.stats.ForwardErrors.Add(1)
+			if rejected(err) {
+				return shard.Decision{}, rejectedError(req.Account, target, "refund", err)
+			}
 			return shard.Decision{}, fmt.Errorf("%w: the owner of account %q at %s did not answer: %v", ErrUnavailable, req.Account, target, err)
 		}
 		if wo := rep.WrongOwner; wo != nil {
@@ -451,6 +465,9 @@ func (r *Router) Usage(ctx context.Context, account string) (UsageResult, error)
 		rep, err := p.client.Usage(ctx, &pb.UsageRequest{Epoch: r.cfg.Ring.Epoch(), Account: account, Hops: 1})
 		cancel()
 		if err != nil {
+			if rejected(err) {
+				return UsageResult{}, rejectedError(account, target, "usage read", err)
+			}
 			return UsageResult{}, fmt.Errorf("%w: the owner of account %q at %s did not answer: %v", ErrUnavailable, account, target, err)
 		}
 		if wo := rep.WrongOwner; wo != nil {
