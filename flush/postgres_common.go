@@ -23,6 +23,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/quotaring/quotaring/shard"
 	"github.com/quotaring/quotaring/snapshot"
 )
@@ -34,21 +36,46 @@ import (
 //
 // It does not migrate: call Migrate.
 func Open(ctx context.Context, ledger string, logger *slog.Logger) (Ledger, error) {
-	switch {
-	case strings.HasPrefix(ledger, "postgres://"), strings.HasPrefix(ledger, "postgresql://"):
+	if err := CheckLedger(ledger); err != nil {
+		return nil, err
+	}
+	if isPostgres(ledger) {
 		p, err := OpenPostgres(ctx, ledger, PGOptions{Logger: logger})
 		if err != nil {
 			return nil, err
 		}
 		return p, nil
-	case strings.HasPrefix(ledger, "sqlite:"), strings.HasSuffix(ledger, ".db"):
-		s, err := OpenSQLite(ctx, strings.TrimPrefix(ledger, "sqlite:"), SQLiteOptions{Logger: logger})
-		if err != nil {
-			return nil, err
-		}
-		return s, nil
 	}
-	return nil, fmt.Errorf("%w: ledger %q is neither form this quotad accepts: postgres://USER:PASSWORD@HOST:PORT/DB (or postgresql://...) for Postgres, "+
+	s, err := OpenSQLite(ctx, strings.TrimPrefix(ledger, "sqlite:"), SQLiteOptions{Logger: logger})
+	if err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+func isPostgres(ledger string) bool {
+	return strings.HasPrefix(ledger, "postgres://") || strings.HasPrefix(ledger, "postgresql://")
+}
+
+// CheckLedger reports a --ledger string Open could never use (ErrInvalid):
+// neither form, a Postgres DSN that does not parse, an SQLite path that is
+// empty. It does no I/O: a program checks it before it touches anything
+// else (quotad serve, before it binds its data dir to its node id).
+func CheckLedger(ledger string) error {
+	switch {
+	case isPostgres(ledger):
+		if _, err := pgxpool.ParseConfig(ledger); err != nil {
+			return fmt.Errorf("%w: the Postgres DSN %s does not parse: %s: check its form, postgres://USER:PASSWORD@HOST:PORT/DB?sslmode=disable",
+				ErrInvalid, redactDSN(ledger), scrubPassword(err.Error(), ledger))
+		}
+		return nil
+	case strings.HasPrefix(ledger, "sqlite:"), strings.HasSuffix(ledger, ".db"):
+		if path := strings.TrimPrefix(ledger, "sqlite:"); path == "" || strings.ContainsAny(path, "?#") {
+			return fmt.Errorf("%w: SQLite ledger %q: want sqlite:/path/to/ledger.db, a file path without ? or #", ErrInvalid, ledger)
+		}
+		return nil
+	}
+	return fmt.Errorf("%w: ledger %q is neither form this quotad accepts: postgres://USER:PASSWORD@HOST:PORT/DB (or postgresql://...) for Postgres, "+
 		"or sqlite:/path/to/file.db (or a path ending in .db) for SQLite", ErrInvalid, redactDSN(ledger))
 }
 

@@ -198,6 +198,11 @@ func (c *Config) defaults() error {
 	if c.ID == "" || c.DataDir == "" || c.Ledger == "" {
 		return errors.New("node: --node-id, --data-dir and --ledger are required")
 	}
+	// Before the data dir is opened (and bound to the node id): a --ledger
+	// that can never work must not leave a data dir behind.
+	if err := flush.CheckLedger(c.Ledger); err != nil {
+		return fmt.Errorf("node: %w: %w", errLedgerAddress, err)
+	}
 	if c.RingPreset == "" {
 		c.RingPreset = ring.PresetLAN
 	}

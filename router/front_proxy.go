@@ -9,6 +9,8 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"strconv"
+	"strings"
 	"sync"
 )
 
@@ -21,6 +23,32 @@ const (
 	// HeaderEvent names the charge (the Idempotency-Key when one was sent).
 	HeaderEvent = "X-Quota-Event"
 )
+
+// CheckUpstream reports an upstream URL NewProxy refuses: not an absolute
+// http://, https:// or h2c:// URL, no host name, a port that is not a
+// number from 1 to 65535, a fragment (never sent), or a user and password
+// (ReverseProxy does not send them: put credentials in a header the
+// upstream reads).
+func CheckUpstream(u *url.URL) error {
+	switch {
+	case u == nil || (u.Scheme != "http" && u.Scheme != "https" && u.Scheme != "h2c") || u.Host == "":
+		return fmt.Errorf("upstream %v: want an absolute http://, https:// or h2c:// URL, such as http://127.0.0.1:8081", u)
+	case u.Hostname() == "":
+		return fmt.Errorf("upstream %v: the URL names no host: want http://HOST[:PORT][/base]", u)
+	case u.Fragment != "":
+		return fmt.Errorf("upstream %v: a #fragment is never sent to a server: leave it out", u)
+	case u.User != nil:
+		return fmt.Errorf("upstream %v: the proxy does not send a user and password from the URL: leave them out", u.Redacted())
+	}
+	if p := u.Port(); p != "" {
+		if n, err := strconv.Atoi(p); err != nil || n < 1 || n > 65535 {
+			return fmt.Errorf("upstream %v: port %q is not a number from 1 to 65535", u, p)
+		}
+	} else if strings.HasSuffix(u.Host, ":") {
+		return fmt.Errorf("upstream %v: the port after the colon is missing", u)
+	}
+	return nil
+}
 
 // NewProxy returns the clustered proxy: Middleware(opts) around an
 // httputil.ReverseProxy to upstream: http://, https:// (HTTP/2 when the
@@ -43,8 +71,8 @@ const (
 // within UpstreamTimeout) is answered 502 or 504 problem+json
 // (upstream-unavailable) and refunded unless BillOn is "always".
 func NewProxy(upstream *url.URL, opts FrontOptions) (http.Handler, error) {
-	if upstream == nil || (upstream.Scheme != "http" && upstream.Scheme != "https" && upstream.Scheme != "h2c") || upstream.Host == "" {
-		return nil, fmt.Errorf("router: upstream %v: want an absolute http://, https:// or h2c:// URL", upstream)
+	if err := CheckUpstream(upstream); err != nil {
+		return nil, fmt.Errorf("router: %w", err)
 	}
 	if err := opts.defaults(); err != nil {
 		return nil, err

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -200,6 +201,10 @@ func TestServeFrontAndAlertFlags(t *testing.T) {
 		"alert-thresholds":  {[]string{"--alert-thresholds", "0,150"}, "--alert-thresholds: 0 is not a percentage from 1 to 100"},
 		"max-clock-offset":  {[]string{"--max-clock-offset", "100ms"}, "--max-clock-offset 100ms: want at least 250ms"},
 		"test-clock-offset": {[]string{"--test-clock-offset", "1h"}, "--test-clock-offset is a chaos test's fault: it needs --test-faults"},
+		"upstream port":     {[]string{"--upstream", "http://127.0.0.1:99999"}, `--upstream http://127.0.0.1:99999: port "99999" is not a number from 1 to 65535`},
+		"upstream host":     {[]string{"--upstream", "http://:8081"}, "--upstream http://:8081: the URL names no host"},
+		"upstream fragment": {[]string{"--upstream", "http://127.0.0.1:8081/api#v1"}, "a #fragment is never sent"},
+		"upstream user":     {[]string{"--upstream", "http://u:secret@127.0.0.1:8081"}, "--upstream http://u:xxxxx@127.0.0.1:8081: the proxy does not send a user and password"},
 	}
 	for name, tc := range cases {
 		for _, upstream := range [][]string{nil, {"--upstream", "http://127.0.0.1:1"}} {
@@ -213,6 +218,34 @@ func TestServeFrontAndAlertFlags(t *testing.T) {
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Errorf("%s %v: %v, want an error saying %q", name, upstream, err, tc.want)
 			}
+		}
+	}
+}
+
+// A --ledger that can never work is refused before the data dir is
+// opened: the dir is not created, nor bound to a node id that a corrected
+// command line would then contradict.
+func TestServeChecksTheLedgerBeforeTheDataDir(t *testing.T) {
+	dir := t.TempDir()
+	for ledger, want := range map[string]string{
+		"foo":                              "is neither form this quotad accepts",
+		"postgres://u:pw@host:notaport/db": "does not parse",
+		"sqlite:":                          "want sqlite:/path/to/ledger.db",
+	} {
+		data := filepath.Join(dir, "n1")
+		ctx, cancel := context.WithCancel(context.Background())
+		root := newRootCmd()
+		root.SetArgs([]string{"serve", "--data-dir", data, "--ledger", ledger, "--rpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0",
+			"--admin-addr", "127.0.0.1:0", "--gossip-addr", "127.0.0.1:0"})
+		root.SetOut(io.Discard)
+		root.SetErr(io.Discard)
+		err := root.ExecuteContext(ctx)
+		cancel()
+		if err == nil || !strings.Contains(err.Error(), want) || strings.Contains(err.Error(), ":pw@") {
+			t.Errorf("--ledger %q: %v; want an error saying %q, without the password", ledger, err, want)
+		}
+		if _, err := os.Stat(data); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("--ledger %q: the data dir exists after the refusal (%v)", ledger, err)
 		}
 	}
 }

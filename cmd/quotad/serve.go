@@ -325,8 +325,11 @@ func (ff *frontFlags) build(upstream string) (func(*node.Node) (http.Handler, er
 		return nil, nil
 	}
 	u, err := url.Parse(upstream)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https" && u.Scheme != "h2c") || u.Host == "" {
-		return nil, fmt.Errorf("--upstream %q: want an absolute http://, https:// or h2c:// URL", upstream)
+	if err != nil {
+		return nil, fmt.Errorf("--upstream %q: want an absolute http://, https:// or h2c:// URL, such as http://127.0.0.1:8081", upstream)
+	}
+	if err := router.CheckUpstream(u); err != nil {
+		return nil, fmt.Errorf("--%w", err)
 	}
 	opts := func(o router.FrontOptions) router.FrontOptions {
 		o.UsagePath, o.QuotaStatus, o.BillOn = ff.usagePath, ff.quotaStatus, ff.billOn
