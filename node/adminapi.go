@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"regexp"
 	"slices"
@@ -76,28 +77,29 @@ func (n *Node) adminAPI(mux *http.ServeMux) {
 	routes := []struct {
 		method, path string
 		h            adminFunc
+		query        []string // the query parameters it reads; any other is refused
 	}{
-		{"GET", "/admin/v1/plans", n.listPlans},
-		{"GET", "/admin/v1/plans/{id}", n.getPlan},
-		{"PUT", "/admin/v1/plans/{id}", n.putPlan},
-		{"GET", "/admin/v1/accounts", n.listAccounts},
-		{"GET", "/admin/v1/accounts/{id}", n.getAccount},
-		{"PUT", "/admin/v1/accounts/{id}", n.putAccount},
-		{"POST", "/admin/v1/accounts/{id}/keys", n.createKey},
-		{"DELETE", "/admin/v1/keys/{key_id}", n.revokeKey},
-		{"POST", "/admin/v1/accounts/{id}/grants", n.addGrant},
-		{"GET", "/admin/v1/routes", n.getRoutes},
-		{"PUT", "/admin/v1/routes", n.putRoutes},
-		{"GET", "/admin/v1/reservations", n.listReservations},
-		{"GET", "/admin/v1/nodes", n.listNodes},
-		{"GET", "/admin/v1/usage", n.listUsage},
-		{"GET", "/admin/v1/alerts", n.listAlerts},
-		{"POST", "/admin/v1/alerts/{account}/{period}/{threshold}/resend", n.resendAlert},
-		{"POST", "/admin/v1/alerts/test", n.testAlert},
+		{"GET", "/admin/v1/plans", n.listPlans, nil},
+		{"GET", "/admin/v1/plans/{id}", n.getPlan, nil},
+		{"PUT", "/admin/v1/plans/{id}", n.putPlan, nil},
+		{"GET", "/admin/v1/accounts", n.listAccounts, nil},
+		{"GET", "/admin/v1/accounts/{id}", n.getAccount, []string{"period"}},
+		{"PUT", "/admin/v1/accounts/{id}", n.putAccount, nil},
+		{"POST", "/admin/v1/accounts/{id}/keys", n.createKey, nil},
+		{"DELETE", "/admin/v1/keys/{key_id}", n.revokeKey, nil},
+		{"POST", "/admin/v1/accounts/{id}/grants", n.addGrant, nil},
+		{"GET", "/admin/v1/routes", n.getRoutes, nil},
+		{"PUT", "/admin/v1/routes", n.putRoutes, nil},
+		{"GET", "/admin/v1/reservations", n.listReservations, nil},
+		{"GET", "/admin/v1/nodes", n.listNodes, nil},
+		{"GET", "/admin/v1/usage", n.listUsage, []string{"period", "after", "limit"}},
+		{"GET", "/admin/v1/alerts", n.listAlerts, []string{"account", "period", "state", "limit"}},
+		{"POST", "/admin/v1/alerts/{account}/{period}/{threshold}/resend", n.resendAlert, nil},
+		{"POST", "/admin/v1/alerts/test", n.testAlert, nil},
 	}
 	allow := map[string][]string{}
 	for _, rt := range routes {
-		mux.Handle(rt.method+" "+rt.path, n.adminEndpoint(rt.h))
+		mux.Handle(rt.method+" "+rt.path, n.adminEndpoint(checkQuery(rt.query, rt.h)))
 		allow[rt.path] = append(allow[rt.path], rt.method)
 	}
 	// Every other method on a known path, and every unknown path, answers a
@@ -115,6 +117,25 @@ func (n *Node) adminAPI(mux *http.ServeMux) {
 		writeProblem(w, r, &adminProblem{Status: http.StatusNotFound, Type: "not-found",
 			Detail: fmt.Sprintf("no admin endpoint %s %s (see the README's admin API section)", r.Method, r.URL.Path)})
 	})))
+}
+
+// checkQuery refuses a query parameter h does not read, or one given twice,
+// as unknown JSON members are refused: a typo (?month= for ?period=) must
+// not quietly answer for the default.
+func checkQuery(known []string, h adminFunc) adminFunc {
+	return func(ctx context.Context, w http.ResponseWriter, r *http.Request, l flush.Ledger) error {
+		for _, k := range slices.Sorted(maps.Keys(r.URL.Query())) {
+			switch {
+			case !slices.Contains(known, k) && len(known) == 0:
+				return badInput(k, "unknown query parameter: %s %s takes none", r.Method, r.URL.Path)
+			case !slices.Contains(known, k):
+				return badInput(k, "unknown query parameter: %s %s takes %s", r.Method, r.URL.Path, strings.Join(known, ", "))
+			case len(r.URL.Query()[k]) > 1:
+				return badInput(k, "given %d times: give it once", len(r.URL.Query()[k]))
+			}
+		}
+		return h(ctx, w, r, l)
+	}
 }
 
 // adminAuth checks the bearer token in constant time.
@@ -395,6 +416,19 @@ func (n *Node) putPlan(ctx context.Context, w http.ResponseWriter, r *http.Reque
 	p.MonthlyQuota, p.Hard = *b.MonthlyQuota, *b.Hard
 	if b.Burst != nil {
 		p.Burst = *b.Burst
+	}
+	// The token bucket's own bounds (burst x period under 2^62 ns), with
+	// the default burst filled in as the snapshot will.
+	sp := shard.Plan{ID: id, Rate: rate, Burst: p.Burst, MonthlyQuota: p.MonthlyQuota, Hard: p.Hard}
+	if !rate.Unlimited() && sp.Burst == 0 {
+		sp.Burst = max(1, rate.Tokens)
+	}
+	if err := sp.Validate(); err != nil {
+		field, why := "burst", strings.TrimPrefix(err.Error(), fmt.Sprintf("shard: plan %q: ", id))
+		if p.Burst == 0 {
+			field, why = "rate", why+" (the default burst is the rate's count: give a smaller burst, or a shorter period)"
+		}
+		return badInput(field, "%s", why)
 	}
 	if err := l.UpsertPlan(ctx, p); err != nil {
 		return err

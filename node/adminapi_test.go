@@ -164,6 +164,10 @@ func TestAdminAPI(t *testing.T) {
 		wantProblem(t, n1, "PUT", "/admin/v1/plans/gold", map[string]any{"montly_quota": 5, "hard": true}, 400, "montly_quota")
 		wantProblem(t, n1, "PUT", "/admin/v1/plans/gold", map[string]any{"monthly_quota": "lots", "hard": true}, 400, "monthly_quota")
 		wantProblem(t, n1, "PUT", "/admin/v1/plans/gold", map[string]any{"monthly_quota": -1, "hard": true}, 400, "monthly_quota")
+		if p := wantProblem(t, n1, "PUT", "/admin/v1/plans/gold", map[string]any{"rate": "10/s", "burst": int64(99999999999999), "monthly_quota": 5, "hard": true}, 400, "burst"); strings.Contains(p.Detail, "shard:") || !strings.Contains(p.Detail, "too large") {
+			t.Errorf("a burst too large: %q, want it said without the package's prefix", p.Detail)
+		}
+		wantProblem(t, n1, "PUT", "/admin/v1/plans/gold", map[string]any{"rate": "99999999999999/h", "monthly_quota": 5, "hard": true}, 400, "rate")
 		wantProblem(t, n1, "PUT", "/admin/v1/plans/gold", map[string]any{"monthly_quota": int64(4e18), "hard": true}, 400, "monthly_quota")
 		wantProblem(t, n1, "PUT", "/admin/v1/plans/gold", `{"monthly_quota": 5,`, 400, "body")
 		wantProblem(t, n1, "PUT", "/admin/v1/accounts/acme", map[string]any{"plan": "no-such-plan"}, 400, "plan")
@@ -171,6 +175,12 @@ func TestAdminAPI(t *testing.T) {
 		wantProblem(t, n1, "PUT", "/admin/v1/routes", map[string]any{"weights": map[string]int{"GET /v1/{id": 2}}, 400, `weights["GET /v1/{id"]`)
 		wantProblem(t, n1, "PUT", "/admin/v1/routes", map[string]any{"weights": map[string]int{"GET /x": -2}}, 400, `weights["GET /x"]`)
 		wantProblem(t, n1, "PUT", "/admin/v1/routes", map[string]any{"default": -1}, 400, "default")
+		// A typo in a query parameter must not answer for the default.
+		if p := wantProblem(t, n1, "GET", "/admin/v1/usage?month=2026-06", nil, 400, "month"); !strings.Contains(p.Detail, "takes period, after, limit") {
+			t.Errorf("?month=: %q, want it to list the parameters the endpoint takes", p.Detail)
+		}
+		wantProblem(t, n1, "GET", "/admin/v1/plans?verbose=1", nil, 400, "verbose")
+		wantProblem(t, n1, "GET", "/admin/v1/alerts?period=2026-06&period=2026-07", nil, 400, "period")
 		wantProblem(t, n1, "PUT", "/admin/v1/routes", map[string]any{"default": int64(shard.MaxUnits) + 1}, 400, "default")
 		wantProblem(t, n1, "PUT", "/admin/v1/routes", map[string]any{"weights": map[string]int64{"GET /v1/huge": shard.MaxUnits + 1}}, 400, `weights["GET /v1/huge"]`)
 		wantProblem(t, n1, "PUT", "/admin/v1/routes", map[string]any{"weights": map[string]int{"GET /v1/{a}": 1, "GET /v1/{b}": 2}}, 400, "weights")

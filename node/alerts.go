@@ -229,6 +229,9 @@ func (n *Node) startAlerts() error {
 	setDefault(&c.AlertRetry, 2*time.Second)
 	setDefault(&c.AlertLease, 10*time.Minute)
 	setDefault(&c.AlertGiveUp, 72*time.Hour)
+	if c.AlertGiveUp < c.AlertLease {
+		return fmt.Errorf("node: alert give-up age %s is shorter than the alert lease %s: an alert whose first round failed would be given up before any node took it over", c.AlertGiveUp, c.AlertLease)
+	}
 	a := &alerter{n: n, log: n.log.With("component", "alerts"), url: c.AlertWebhook, shownURL: redactURL(u), secret: []byte(c.AlertSecret),
 		thresholds: thresholds, retry: c.AlertRetry, lease: c.AlertLease, giveUp: c.AlertGiveUp, client: &http.Client{Timeout: alertTimeout,
 			// A redirect would turn the POST into a bodiless GET whose 2xx

@@ -194,13 +194,13 @@ func refusal(d *shard.Decision, units int64, quotaStatus int) *Problem {
 	case shard.QuotaExceeded:
 		p := newProblem(ProblemQuotaExceeded, "Quota exceeded", quotaStatus, "")
 		if d.RetryAfter == shard.Never {
-			p.Detail = fmt.Sprintf("This request costs %d units and the account has %d left of %d; its credits are used up and waiting does not renew them.",
-				units, max(0, d.Remaining), d.Limit)
+			p.Detail = fmt.Sprintf("This request costs %s and the account has %d left of %d; its credits are used up and waiting does not renew them.",
+				unitsText(units), max(0, d.Remaining), d.Limit)
 			return p
 		}
 		p.retryAfter = max(1, ceilSeconds(d.RetryAfter))
-		p.Detail = fmt.Sprintf("This request costs %d units and the account has %d left of %d this period; the quota renews at %s.",
-			units, max(0, d.Remaining), d.Limit, formatReset(d.Reset))
+		p.Detail = fmt.Sprintf("This request costs %s and the account has %d left of %d this period; the quota renews at %s.",
+			unitsText(units), max(0, d.Remaining), d.Limit, formatReset(d.Reset))
 		return p
 	case shard.IDReused:
 		return newProblem(ProblemIdempotencyKeyReused, "Idempotency-Key reused", http.StatusUnprocessableEntity,
@@ -305,4 +305,12 @@ func grpcMessage(s string) string {
 		b = append(b, c)
 	}
 	return string(b)
+}
+
+// unitsText is "1 unit" or "n units".
+func unitsText(n int64) string {
+	if n == 1 {
+		return "1 unit"
+	}
+	return strconv.FormatInt(n, 10) + " units"
 }

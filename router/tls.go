@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"crypto/tls"
 	"crypto/x509"
-	"errors"
 	"fmt"
 	"os"
 	"sync"
@@ -196,8 +195,13 @@ func (k *keyPair) reload() error {
 func (k *keyPair) reloadLocked() error {
 	c, errC := stampOf(k.cert)
 	s, errK := stampOf(k.key)
-	if err := errors.Join(errC, errK); err != nil {
-		return fmt.Errorf("router: %s: %w", k.label, err)
+	switch {
+	case errC != nil && errK != nil:
+		return fmt.Errorf("router: %s: the certificate: %w; the key: %w", k.label, errC, errK)
+	case errC != nil:
+		return fmt.Errorf("router: %s: the certificate: %w", k.label, errC)
+	case errK != nil:
+		return fmt.Errorf("router: %s: the key: %w", k.label, errK)
 	}
 	certPEM, err := os.ReadFile(k.cert)
 	if err != nil {

@@ -52,6 +52,9 @@ func (af *serveAdminFlags) apply(cfg *node.Config, token string) error {
 	if af.lease <= 0 || af.giveUp <= 0 {
 		return fmt.Errorf("--alert-lease %s and --alert-give-up %s must be positive durations (such as 10m and 72h)", af.lease, af.giveUp)
 	}
+	if af.giveUp < af.lease {
+		return fmt.Errorf("--alert-give-up %s is shorter than --alert-lease %s: an undelivered alert is taken over only after the lease, so every alert whose first round of retries failed would be given up untried; give up after the lease or later (default 72h)", af.giveUp, af.lease)
+	}
 	// NB: checked without --alert-webhook too, so that adding the webhook
 	// later does not turn a node that started into one that does not.
 	if err := node.CheckAlertThresholds(af.thresholds); err != nil {
@@ -178,6 +181,9 @@ func (c *adminClient) init(fs *pflag.FlagSet) error {
 		c.addr = "http://" + c.addr
 	}
 	c.addr = strings.TrimRight(c.addr, "/")
+	if c.timeout <= 0 {
+		errs = append(errs, fmt.Errorf("--timeout %s: want a positive duration, such as 30s", c.timeout))
+	}
 	c.http = &http.Client{Timeout: c.timeout}
 	if c.caCert != "" {
 		tr, err := trustingTransport(c.caCert)

@@ -240,6 +240,10 @@ func TestServeAlertFlags(t *testing.T) {
 	if err := af.apply(&cfg, ""); err == nil || !strings.Contains(err.Error(), "--alert-lease 0s and --alert-give-up 1h0m0s must be positive") {
 		t.Fatalf("a zero lease: %v", err)
 	}
+	af.lease = 2 * time.Hour
+	if err := af.apply(&cfg, ""); err == nil || !strings.Contains(err.Error(), "--alert-give-up 1h0m0s is shorter than --alert-lease 2h0m0s") {
+		t.Fatalf("a give-up age shorter than the lease: %v", err)
+	}
 	af.lease = 5 * time.Second
 	if err := af.apply(&cfg, "tok"); err != nil || cfg.AlertLease != 5*time.Second || cfg.AlertGiveUp != time.Hour || cfg.AlertWebhook != "http://billing/hooks" {
 		t.Fatalf("%v %+v", err, cfg)

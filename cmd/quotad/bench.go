@@ -95,6 +95,9 @@ func runBenchEngine(ctx context.Context, out, progress io.Writer, f benchEngineF
 	if f.accounts <= 0 {
 		return fmt.Errorf("--accounts %d: want at least 1", f.accounts)
 	}
+	if f.duration <= 0 {
+		return fmt.Errorf("--duration %s: want a positive duration, such as 5s", f.duration)
+	}
 	targets := strings.Split(f.targets, ",")
 	for _, t := range targets {
 		if !benchTargets[t] {

@@ -98,6 +98,8 @@ func runBenchCluster(ctx context.Context, out, progress io.Writer, f benchCluste
 		return fmt.Errorf("--nodes is required: the RPC address of at least one node")
 	case f.accounts <= 0 || f.batch <= 0:
 		return fmt.Errorf("--accounts and --batch must be positive")
+	case f.duration <= 0:
+		return fmt.Errorf("--duration %s: want a positive duration, such as 10s", f.duration)
 	case f.spread != "uniform" && f.spread != "zipf":
 		return fmt.Errorf("--spread %q: want uniform or zipf", f.spread)
 	case f.mode != "routed" && f.mode != "direct":

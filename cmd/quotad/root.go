@@ -27,7 +27,7 @@ Start here:
 Every flag of a command can also be set by an environment variable:
 QUOTAD_ + the flag name in upper case with - as _ (--data-dir: QUOTAD_DATA_DIR).
 A flag on the command line wins over the environment. quotad admin is the
-exception: its four connection flags have QUOTAD_ADMIN_* twins and the rest
+exception: its five connection flags have QUOTAD_ADMIN_* twins and the rest
 have none (quotad admin --help).`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
