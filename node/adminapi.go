@@ -556,7 +556,7 @@ func (n *Node) putAccount(ctx context.Context, w http.ResponseWriter, r *http.Re
 	}
 	if err := l.UpsertAccount(ctx, id, b.Plan); err != nil {
 		if errors.Is(err, flush.ErrNotFound) { // the only thing that can be missing is the plan
-			return badInput("plan", "plan %q does not exist: create it first with PUT /admin/v1/plans/%s", b.Plan, b.Plan)
+			return badInput("plan", "plan %q does not exist: create it first (PUT /admin/v1/plans/%s, or quotad admin plans set %s)", b.Plan, b.Plan, b.Plan)
 		}
 		return err
 	}
@@ -640,7 +640,7 @@ func (n *Node) revokeKey(ctx context.Context, w http.ResponseWriter, r *http.Req
 func noAccount(err error, account string) error {
 	if errors.Is(err, flush.ErrNotFound) {
 		return &adminProblem{Status: http.StatusNotFound, Type: "not-found",
-			Detail: fmt.Sprintf("account %q does not exist: create it first with PUT /admin/v1/accounts/%s", account, account)}
+			Detail: fmt.Sprintf("account %q does not exist: create it first (PUT /admin/v1/accounts/%s, or quotad admin accounts set %s --plan PLAN)", account, account, account)}
 	}
 	return err
 }

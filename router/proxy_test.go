@@ -115,6 +115,9 @@ func TestProxyIdempotencyKey(t *testing.T) {
 	if reused.status != 422 || reused.problem.Type != router.ProblemIdempotencyKeyReused || !strings.Contains(reused.problem.Detail, "another route") {
 		t.Fatalf("key order-42 of a write, sent with an export: %d %+v; want 422 idempotency-key-reused", reused.status, reused.problem)
 	}
+	if got := reused.header.Get("X-Quota-Remaining"); got != "96" || reused.header.Get("RateLimit") == "" {
+		t.Errorf("422: X-Quota-Remaining %q, RateLimit %q; want the owner's state (96 left) on the answer it decided", got, reused.header.Get("RateLimit"))
+	}
 	expect(t, "the write's key on its own route again", do(t, proxy, "POST", "/v1/tasks", a1.key, nil, "Idempotency-Key: order-42"), 200, "96")
 	for _, a := range []account{a1, a2} {
 		u := do(t, proxy, "GET", "/v1/usage", a.key, nil).usage(t)
