@@ -201,7 +201,11 @@ func (c *Client) Refresh(ctx context.Context) error {
 	if err := c.usable(); err != nil {
 		return err
 	}
-	return errors.Join(c.refreshView(ctx, ""), c.refreshConfig(ctx))
+	err := errors.Join(c.refreshView(ctx, ""), c.refreshConfig(ctx))
+	if err != nil && c.closed.Load() {
+		return ErrClosed // Close ran meanwhile: that is why, not the nodes
+	}
+	return err
 }
 
 func (c *Client) loop(ctx context.Context) {
@@ -680,8 +684,9 @@ func (c *Client) readView(ctx context.Context, addr string) (*clientView, error)
 // differs (a ledger rebuilt from scratch starts again at a lower version).
 func (c *Client) refreshConfig(ctx context.Context) error {
 	var known int64
-	if s := c.snap.Load(); s != nil {
-		known = s.Version
+	held := c.snap.Load()
+	if held != nil {
+		known = held.Version
 	}
 	rep, err := firstAnswer(ctx, c.sources("", ""), func(ctx context.Context, addr string) (*pb.ConfigReply, error) {
 		p, err := c.peers.get(addr)
@@ -709,7 +714,10 @@ func (c *Client) refreshConfig(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("router: config version %d from %s: %w", rep.Version, rep.Node, err)
 	}
-	c.snap.Store(s)
+	// NB: only over the snapshot this read started from: a Refresh that
+	// ran beside it (the caller's and the loop's) may have stored a newer
+	// one meanwhile, which an answer to the older question must not undo.
+	c.snap.CompareAndSwap(held, s)
 	return nil
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -14,6 +15,7 @@ import (
 
 	"github.com/quotaring/quotaring/router/pb"
 	"github.com/quotaring/quotaring/shard"
+	"github.com/quotaring/quotaring/snapshot"
 )
 
 // hangingNode is a gRPC node on loopback whose ring view names it the owner
@@ -212,5 +214,64 @@ func TestOwnerSilentKeepsARejection(t *testing.T) {
 	err = ownerSilent(context.Background(), "acme", "127.0.0.1:7400", status.Error(codes.Unavailable, "connection reset"))
 	if !errors.Is(err, ErrUnavailable) {
 		t.Fatalf("forwarded charge cut off: %v; want ErrUnavailable", err)
+	}
+}
+
+// slowConfigNode answers the first Config (Dial's) with version 1 at once,
+// and the next ones with version 3 once release is closed.
+type slowConfigNode struct {
+	hangingNode
+	calls          atomic.Int32
+	asked, release chan struct{}
+}
+
+func (n *slowConfigNode) Config(ctx context.Context, _ *pb.ConfigRequest) (*pb.ConfigReply, error) {
+	if n.calls.Add(1) == 1 {
+		return &pb.ConfigReply{Version: 1, Snapshot: []byte(`{"version":1}`), Node: "slow"}, nil
+	}
+	n.asked <- struct{}{}
+	select {
+	case <-n.release:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	return &pb.ConfigReply{Version: 3, Snapshot: []byte(`{"version":3}`), Node: "slow"}, nil
+}
+
+// A config read that answers after another Refresh stored a newer snapshot
+// does not put the older one back.
+func TestConfigRefreshDoesNotUndoANewerOne(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := &slowConfigNode{hangingNode: hangingNode{addr: lis.Addr().String()}, asked: make(chan struct{}, 1), release: make(chan struct{})}
+	srv := grpc.NewServer()
+	pb.RegisterQuotaServer(srv, n)
+	go srv.Serve(lis)
+	defer srv.Stop()
+	c, err := DialOptions{RefreshInterval: -1}.Dial(context.Background(), n.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	done := make(chan error, 1)
+	go func() { done <- c.refreshConfig(context.Background()) }()
+	select {
+	case <-n.asked:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the config read never reached the node")
+	}
+	newer, err := snapshot.Decode([]byte(`{"version":5}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.snap.Store(newer) // another Refresh, done meanwhile
+	close(n.release)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if v := c.Snapshot().Version; v != 5 {
+		t.Fatalf("config version %d after the late answer, want 5 (the newer one kept)", v)
 	}
 }

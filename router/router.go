@@ -139,7 +139,9 @@ type RefundRequest struct {
 	// served under it since. The HTTP front refunds this way.
 	Attempt bool
 	// Replay takes back an attempt that was answered Replayed and then not
-	// served: one retry fewer relies on the charge (the HTTP front).
+	// served: one retry fewer relies on the charge (the HTTP front). Send it
+	// once for each such answer and never otherwise: the owner counts them,
+	// and one too many would let a retry that was served lose its charge.
 	Replay bool
 }
 
