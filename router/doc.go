@@ -66,7 +66,9 @@
 // Client.Charge, Refund and Usage call the owner directly. Check the error
 // before the result: with an error the result's Reason is shard.Undecided,
 // never accepted. ErrUnavailable means not decided now (retry, with the
-// same event id); ErrInvalidRequest and ErrClosed mean retrying cannot help.
+// same event id); ErrInvalidRequest, ErrRejected (the node turned the call
+// away: a wrong RPC token, a node of another version) and ErrClosed mean
+// retrying cannot help.
 //
 // # Refusing rather than guessing
 //
