@@ -55,8 +55,13 @@ type BillingRow struct {
 	Monthly   bool
 	Quota     int64
 	QuotaUsed int64
-	// Overage is what a soft plan used past the quota (QuotaUsed - Quota
-	// when positive). It is 0 under a hard plan, which refuses instead.
+	// Overage is QuotaUsed - Quota when positive: what the month used past
+	// its quota as the grant holds it now. A soft plan gets there by going
+	// on past the quota; any plan when it changed during the month to a
+	// smaller quota, or from soft to hard, after use past the new quota
+	// (the ledger keeps no history of plans: the figure says what was let
+	// through, whatever the plan is now). A hard plan that never changed
+	// has none: it refuses instead.
 	Overage int64
 	// Credits is the units of the period's charges that credit grants (not
 	// the monthly one) paid, from the event log's allocations. The event
@@ -95,7 +100,7 @@ const (
 // credits when the event log's unrefunded units of the period (evUnits)
 // are its settled usage.
 func (r *BillingRow) finish(evUnits, evCredits int64) {
-	if !r.Hard && r.QuotaUsed > r.Quota {
+	if r.QuotaUsed > r.Quota {
 		r.Overage = r.QuotaUsed - r.Quota
 	}
 	if evUnits == r.Units {

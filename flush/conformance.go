@@ -1415,6 +1415,16 @@ func confBillingUsage(t *testing.T, l Ledger) {
 	if p := page(BillingQuery{Period: confPeriod, Limit: BillingMaxLimit}); len(p.Accounts) != len(want) {
 		t.Errorf("BillingUsage with the largest limit: %d accounts, want %d", len(p.Accounts), len(want))
 	}
+
+	// A soft plan made hard after its overage: the units past the quota
+	// were let through, and stay in the figure (the ledger keeps no
+	// history of plans to say under which plan).
+	if err := l.UpsertPlan(ctx, snapshot.Plan{ID: "metered", MonthlyQuota: 10, Hard: true}); err != nil {
+		t.Fatal(err)
+	}
+	soft := want[4]
+	soft.Hard = true
+	wantPage(BillingQuery{Period: confPeriod, After: "acct-reserved"}, []BillingRow{soft}, "")
 }
 
 func confNodesAlerts(t *testing.T, l Ledger) {

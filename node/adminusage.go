@@ -44,7 +44,9 @@ type AccountUsageView struct {
 	Quota *int64 `json:"quota"`
 	// QuotaUsed is what the monthly grant paid, overage included.
 	QuotaUsed int64 `json:"quota_used"`
-	// Overage is what a soft plan used past its quota; 0 on a hard one.
+	// Overage is quota_used - quota when positive (flush.BillingRow.Overage):
+	// a soft plan's use past its quota, or use past the quota of a plan
+	// changed during the month.
 	Overage int64 `json:"overage"`
 	// CreditsUsed is what credit grants paid, null when the event log
 	// cannot tell (batches settled with --events=false).

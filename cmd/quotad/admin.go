@@ -302,7 +302,9 @@ func (c *adminClient) run(cmd *cobra.Command, method, path string, body, out any
 // refreshNote ends every change's message.
 const refreshNote = "nodes apply it at their next config refresh (a few seconds)"
 
-func pathID(id string) string { return strings.ReplaceAll(id, "/", "%2F") }
+// pathID escapes an id for a path segment: an account named "team#42"
+// must not become the account "team" and a fragment.
+func pathID(id string) string { return url.PathEscape(id) }
 
 // alertKeyArgs checks resend's ACCOUNT PERIOD THRESHOLD before the call.
 func alertKeyArgs(cmd *cobra.Command, args []string) error {

@@ -9,6 +9,7 @@ import (
 	"net/url"
 	"slices"
 	"strconv"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -102,6 +103,7 @@ says which nodes may still hold charges of it (on stderr with --csv).
 // said so, and the nodes any page named.
 func (c *adminClient) usageExport(ctx context.Context, period string, pageSize int) (*node.UsageExport, error) {
 	var all *node.UsageExport
+	seen := map[string]bool{"": true}
 	for after := ""; ; {
 		v := url.Values{}
 		if period != "" {
@@ -131,9 +133,14 @@ func (c *adminClient) usageExport(ctx context.Context, period string, pageSize i
 		if p.Next == "" {
 			break
 		}
-		if p.Next <= after {
-			return nil, fmt.Errorf("the node answered a next page after %q, which does not come after %q: is --addr a quotad of this version?", p.Next, after)
+		// NB: pages follow the ledger's order of account ids, which on
+		// Postgres is the database's collation ("B" may come after "a"),
+		// so the guard against a node that loops is that no page repeats,
+		// not that ids grow in Go's byte order.
+		if seen[p.Next] {
+			return nil, fmt.Errorf("the node answered the page after %q a second time (after the page after %q): is --addr a quotad of this version?", p.Next, after)
 		}
+		seen[p.Next] = true
 		after = p.Next
 	}
 	all.Next = ""
@@ -170,18 +177,30 @@ func writeUsageCSV(w io.Writer, exp *node.UsageExport, byRoute bool) error {
 		cw.Write([]string{"period", "account", "route", "units"})
 		for _, u := range exp.Usage {
 			for _, r := range sortedRoutes(u.ByRoute) {
-				cw.Write([]string{exp.Period, u.Account, r, strconv.FormatInt(u.ByRoute[r], 10)})
+				cw.Write([]string{exp.Period, csvText(u.Account), csvText(r), strconv.FormatInt(u.ByRoute[r], 10)})
 			}
 		}
 	} else {
 		cw.Write([]string{"period", "account", "plan", "limit", "units", "quota", "quota_used", "overage", "credits_used"})
 		for _, u := range exp.Usage {
-			cw.Write([]string{exp.Period, u.Account, u.Plan, hardText(u.Hard), strconv.FormatInt(u.Units, 10), optInt(u.Quota),
+			cw.Write([]string{exp.Period, csvText(u.Account), csvText(u.Plan), hardText(u.Hard), strconv.FormatInt(u.Units, 10), optInt(u.Quota),
 				strconv.FormatInt(u.QuotaUsed, 10), strconv.FormatInt(u.Overage, 10), optInt(u.CreditsUsed)})
 		}
 	}
 	cw.Flush()
 	return cw.Error()
+}
+
+// csvText keeps a text cell (an account, plan or route id) from being read
+// as a formula by a spreadsheet: one that starts with =, +, -, @, a tab or
+// a carriage return gets a leading ' (OWASP's advice against CSV
+// injection), which spreadsheets show as text and do not evaluate. Ids
+// come from the admin API, and account ids may come from customers.
+func csvText(s string) string {
+	if s != "" && strings.ContainsRune("=+-@\t\r", rune(s[0])) {
+		return "'" + s
+	}
+	return s
 }
 
 func printUsage(w io.Writer, exp *node.UsageExport, byRoute bool) {

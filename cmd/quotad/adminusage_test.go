@@ -194,7 +194,38 @@ func TestQuotadAdminUsagePages(t *testing.T) {
 	mu.Lock()
 	pages["b"] = `{"period":"2026-06","usage":[],"next":"0"}`
 	mu.Unlock()
-	if _, err := c.usageExport(context.Background(), "", 1); err == nil || !strings.Contains(err.Error(), `the node answered a next page after "0", which does not come after "b"`) {
+	if _, err := c.usageExport(context.Background(), "", 1); err == nil || !strings.Contains(err.Error(), `the node answered the page after "a" a second time (after the page after "0")`) {
 		t.Fatalf("a next that goes back: %v", err)
+	}
+}
+
+// Text cells a spreadsheet would evaluate as formulas are written as text.
+func TestUsageCSVNeutralisesFormulas(t *testing.T) {
+	exp := &node.UsageExport{Period: "2026-06", Usage: []node.AccountUsageView{
+		{Account: "=1+2", Plan: "@SUM(1)", Units: 3, QuotaUsed: 3, ByRoute: map[string]int64{"-cmd": 3}},
+		{Account: "acme", Plan: "pro", Units: 1, QuotaUsed: 1, ByRoute: map[string]int64{"GET /v1/x": 1}},
+	}}
+	var b strings.Builder
+	if err := writeUsageCSV(&b, exp, false); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(b.String(), "\n2026-06,'=1+2,'@SUM(1),soft,3,") || !strings.Contains(b.String(), "\n2026-06,acme,pro,soft,1,") {
+		t.Errorf("CSV:\n%s\nwant the formula-looking ids behind a ' and the others as they are", b.String())
+	}
+	b.Reset()
+	if err := writeUsageCSV(&b, exp, true); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(b.String(), "2026-06,'=1+2,'-cmd,3\n") {
+		t.Errorf("CSV by route:\n%s", b.String())
+	}
+}
+
+// An id is one path segment, whatever it holds.
+func TestPathID(t *testing.T) {
+	for id, want := range map[string]string{"acme": "acme", "team#42": "team%2342", "a?b": "a%3Fb", "a%63me": "a%2563me", "a/b": "a%2Fb"} {
+		if got := pathID(id); got != want {
+			t.Errorf("pathID(%q) = %q, want %q", id, got, want)
+		}
 	}
 }
