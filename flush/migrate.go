@@ -1,6 +1,7 @@
 package flush
 
 import (
+	"context"
 	"embed"
 	"fmt"
 	"io/fs"
@@ -84,4 +85,33 @@ func pending(ms []migration, applied int) ([]migration, error) {
 			ErrSchemaTooNew, applied, newest)
 	}
 	return ms[applied:], nil
+}
+
+// CheckSchema reports a ledger l's schema this quotad cannot work with
+// as it is: ErrSchemaTooNew when a newer quotad migrated it, and an error
+// naming quotad migrate when it is behind this quotad's. Commands that use
+// a ledger without migrating it (reconcile, revoke) check it first, as
+// serve and migrate do by migrating.
+func CheckSchema(ctx context.Context, l Ledger) error {
+	dialect := dialectSQLite
+	if _, ok := l.(*Postgres); ok {
+		dialect = dialectPostgres
+	}
+	ms, err := loadMigrations(dialect)
+	if err != nil {
+		return err
+	}
+	applied, err := l.SchemaVersion(ctx)
+	if err != nil {
+		return err
+	}
+	rest, err := pending(ms, applied)
+	if err != nil {
+		return err
+	}
+	if len(rest) > 0 {
+		return fmt.Errorf("flush: the ledger is at schema %d, this quotad's is %d: run quotad migrate with this quotad first (or use the quotad the cluster runs)",
+			applied, ms[len(ms)-1].version)
+	}
+	return nil
 }

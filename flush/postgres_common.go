@@ -85,6 +85,10 @@ var userinfoPassword = regexp.MustCompile(`:[^:@/]*@`)
 // keywordPassword finds "password=VALUE" (keyword/value DSNs), quoted or not.
 var keywordPassword = regexp.MustCompile(`password=('[^']*'|\S+)`)
 
+// RedactDSN hides the password of a connection string (a --ledger), for
+// messages and logs.
+func RedactDSN(dsn string) string { return redactDSN(dsn) }
+
 // redactDSN hides the password of a connection string, for messages.
 func redactDSN(dsn string) string {
 	if u, err := url.Parse(dsn); err == nil && u.User != nil {

@@ -50,7 +50,11 @@ func openMigratedLedger(ctx context.Context, dsn string) (flush.Ledger, error) {
 		if err == nil {
 			err = errors.New("no schema")
 		}
-		return nil, fmt.Errorf("--ledger %s: not a migrated quotaring ledger (%v); run quotad migrate --ledger ... first, or check the DSN", dsn, err)
+		return nil, fmt.Errorf("--ledger %s: not a migrated quotaring ledger (%v); run quotad migrate --ledger ... first, or check the DSN", flush.RedactDSN(dsn), err)
+	}
+	if err := flush.CheckSchema(ctx, l); err != nil {
+		l.Close()
+		return nil, fmt.Errorf("--ledger %s: %w", flush.RedactDSN(dsn), err)
 	}
 	return l, nil
 }
@@ -258,7 +262,10 @@ func runRevoke(ctx context.Context, out io.Writer, l flush.Ledger, nodeID string
 	}
 	tw.Flush()
 	if dryRun {
-		fmt.Fprintf(out, "dry run: node %s holds %d units; revoking may let up to %d units through twice\n", nodeID, total, total)
+		fmt.Fprintf(out, "dry run: node %s holds %d units reserved; revoking may let through twice what it charged of them and did not settle (at most %d)\n", nodeID, total, total)
+		if now.Sub(last) < revokeQuiet && !force {
+			fmt.Fprintf(out, "note: it was heard from %s ago: revoke without --force refuses a node heard from in the last %s\n", now.Sub(last).Round(time.Second), revokeQuiet)
+		}
 		return nil
 	}
 	freed, err := l.ReleaseNode(ctx, nodeID)
@@ -269,6 +276,6 @@ func runRevoke(ctx context.Context, out io.Writer, l flush.Ledger, nodeID string
 	for _, f := range freed {
 		n += f.Units
 	}
-	fmt.Fprintf(out, "revoked node %s: freed %d units; up to %d units may be let through twice (what it had charged but not settled)\n", nodeID, n, n)
+	fmt.Fprintf(out, "revoked node %s: freed %d units it held reserved; what it had charged of them and not settled (at most %d: quotad reconcile --data-dir on its disk counts it, if the disk can still be read) may be let through twice\n", nodeID, n, n)
 	return nil
 }

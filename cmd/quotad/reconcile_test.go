@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"context"
+	"database/sql"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -65,4 +67,34 @@ func TestReconcileLeavesTheDataDirUnchanged(t *testing.T) {
 		t.Errorf("reconcile did not list the unsettled charges:\n%s", out.String())
 	}
 	before.Unchanged(t, dir, "reconcile")
+}
+
+// reconcile and revoke refuse a ledger a newer quotad migrated, as serve
+// and migrate do: an older binary must not write to a schema it does not
+// know, nor read one it would misread.
+func TestLedgerCommandsRefuseANewerSchema(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "ledger.db")
+	l, err := flush.OpenSQLite(ctx, path, flush.SQLiteOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	l.Close()
+	db, err := sql.Open("sqlite", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec("INSERT INTO schema_migrations (version, applied_at) VALUES (999, 0)"); err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+	for _, args := range [][]string{{"reconcile", "--ledger", "sqlite:" + path}, {"revoke", "--ledger", "sqlite:" + path, "--node", "n1", "--force"}} {
+		_, err := runQuotad(t, args...)
+		if !errors.Is(err, flush.ErrSchemaTooNew) || !strings.Contains(err.Error(), "run a newer quotad") {
+			t.Errorf("quotad %s on a ledger at schema 999: %v; want ErrSchemaTooNew saying to run a newer quotad", args[0], err)
+		}
+	}
 }

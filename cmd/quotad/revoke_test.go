@@ -33,8 +33,12 @@ func TestRevokeRefusesARunningNode(t *testing.T) {
 	if err := runRevoke(ctx, &out, l, "q1", false, false, beat.Add(30*time.Second)); err == nil || !strings.Contains(err.Error(), "heard from 30s ago") {
 		t.Fatalf("revoke of a node heard from 30 s ago: %v, want a refusal naming how long ago", err)
 	}
+	out.Reset()
 	if err := runRevoke(ctx, &out, l, "q1", true, false, beat.Add(30*time.Second)); err != nil {
 		t.Fatalf("--dry-run of a node heard from lately: %v (a dry run changes nothing: it may look)", err)
+	}
+	if !strings.Contains(out.String(), "note: it was heard from 30s ago: revoke without --force refuses") {
+		t.Errorf("--dry-run of a node heard from lately:\n%s\nwant a note that the real command will refuse", out.String())
 	}
 	if err := runRevoke(ctx, &out, l, "q2", false, true, beat.Add(time.Hour)); err == nil || !strings.Contains(err.Error(), `never seen a node "q2" (it knows: q1)`) {
 		t.Fatalf("revoke of an unknown node: %v", err)
