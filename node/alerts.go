@@ -496,9 +496,15 @@ func (a *alerter) sweep(ctx context.Context, pending []*delivery) []*delivery {
 	return a.sweepMissed(ctx, l, pending)
 }
 
-// sweepMissed queues the crossings of this month, the last and the next
-// that the ledger's settled use shows and no alert records
-// (Ledger.MissedAlerts). The next month has use only where a node whose
+// missedPastGrace is how long after a month ends its crossings are still
+// swept (sweepMissed): long enough for charges settled late (a node down
+// for hours) to alert, short enough that turning a webhook on does not
+// alert for months long over.
+const missedPastGrace = 24 * time.Hour
+
+// sweepMissed queues the crossings of this month, the last (for a day
+// after it ended: missedPastGrace) and the next that the ledger's settled
+// use shows and no alert records (Ledger.MissedAlerts). The next month has use only where a node whose
 // clock ran ahead billed an account there; once that clock is put right, no
 // node's clock names that month until the calendar reaches it.
 // The charge hook sees a crossing only in a decision, and an owner's
@@ -513,6 +519,9 @@ func (a *alerter) sweepMissed(ctx context.Context, l flush.Ledger, pending []*de
 	at := time.Unix(0, now).UTC().Truncate(time.Second)
 	start := time.Now()
 	for _, period := range []shard.Period{cur - 1, cur, cur + 1} {
+		if period < cur && now-period.End() > int64(missedPastGrace) {
+			continue // over for a while: nothing to act on (and a webhook just turned on must not alert for it)
+		}
 		room := min(alertQueueSize-len(pending), alertSweepBatch)
 		if room <= 0 {
 			break
@@ -532,7 +541,7 @@ func (a *alerter) sweepMissed(ctx context.Context, l flush.Ledger, pending []*de
 			bit := uint32(1) << i
 			a.mark(m.Account, period, bit) // the charge hook need not queue it too
 			a.stats.CaughtUp.Add(1)
-			a.log.Info("quota threshold crossed with no alert: the ledger's settled use shows it, no decision here did (the charges were another owner's); alerting",
+			a.log.Info("quota threshold crossed with no alert recorded: the ledger's settled use shows it (charges another owner decided, or use from before alerts were on); alerting",
 				"account", m.Account, "period", period.String(), "threshold", m.Threshold, "used", m.Used, "limit", m.Limit)
 			al := Alert{Account: m.Account, Period: period.String(), Threshold: m.Threshold, Used: m.Used, Limit: m.Limit, At: at}
 			pending = append(pending, &delivery{a: queuedAlert{Alert: al, period: period, bit: bit, claim: crand.Text()}, next: start})

@@ -669,3 +669,39 @@ func testAlertForACrossingNoDecisionSaw(t *testing.T, period shard.Period) {
 		t.Fatalf("a charge at 100 %% queued %d alerts the sweep had sent", n)
 	}
 }
+
+// Last month's crossings are swept for a day after it ended (charges
+// settled late), not later: a webhook turned on in June does not alert
+// for May.
+func TestMissedAlertsOfLastMonthOnlyForADay(t *testing.T) {
+	l := testLedger(t)
+	ctx := context.Background()
+	if err := l.UpsertPlan(ctx, snapshot.Plan{ID: "ten", MonthlyQuota: 10, Hard: true}); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.UpsertAccount(ctx, "acme", "ten"); err != nil {
+		t.Fatal(err)
+	}
+	mark, err := l.RegisterNode(ctx, "other", "other-inc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	may := june2026 - 1
+	b := &flush.Batch{Node: "other", Incarnation: "other-inc", Prev: mark, Next: mark + 1, Events: true,
+		Charges: []flush.Charge{{Seq: mark + 1, Account: "acme", EventID: "e1", ClientID: true, Key: "k", Route: "GET /x", Units: 10,
+			Wall: may.Start() + int64(time.Hour), Period: may, Allocs: []shard.Alloc{{Grant: shard.MonthlyGrantID(may), Units: 10}}}}}
+	if res, err := l.Settle(ctx, b); err != nil || !res.Applied {
+		t.Fatalf("settle May's charge: %+v, %v", res, err)
+	}
+	a := testAlerter(t, "http://127.0.0.1:1/hooks", l, func(c *Config) { c.AlertLease = time.Hour }) // the loop sweeps every 6 minutes
+	clock := a.n.clock.(*engine.ManualClock)
+	clock.SetWall(time.Unix(0, june2026.Start()).Add(missedPastGrace + time.Minute))
+	if got := a.sweepMissed(ctx, l, nil); len(got) != 0 {
+		t.Fatalf("a day and a minute into June: %d of May's alerts queued, want none", len(got))
+	}
+	clock.SetWall(time.Unix(0, june2026.Start()).Add(30 * time.Minute))
+	got := a.sweepMissed(ctx, l, nil)
+	if len(got) != 2 || got[0].a.Period != "2026-05" {
+		t.Fatalf("half an hour into June: %d alerts queued, want May's 80 %% and 100 %%", len(got))
+	}
+}
