@@ -624,23 +624,7 @@ func testAlertForACrossingNoDecisionSaw(t *testing.T, period shard.Period) {
 	defer srv.Close()
 	l := testLedger(t)
 	ctx := context.Background()
-	if err := l.UpsertPlan(ctx, snapshot.Plan{ID: "ten", MonthlyQuota: 10, Hard: true}); err != nil {
-		t.Fatal(err)
-	}
-	if err := l.UpsertAccount(ctx, "acme", "ten"); err != nil {
-		t.Fatal(err)
-	}
-	mark, err := l.RegisterNode(ctx, "other", "other-inc")
-	if err != nil {
-		t.Fatal(err)
-	}
-	wall := period.Start() + int64(time.Hour)
-	b := &flush.Batch{Node: "other", Incarnation: "other-inc", Prev: mark, Next: mark + 1, Events: true,
-		Charges: []flush.Charge{{Seq: mark + 1, Account: "acme", EventID: "e1", ClientID: true, Key: "k", Route: "GET /x", Units: 10,
-			Wall: wall, Period: period, Allocs: []shard.Alloc{{Grant: shard.MonthlyGrantID(period), Units: 10}}}}}
-	if res, err := l.Settle(ctx, b); err != nil || !res.Applied {
-		t.Fatalf("settle the other owner's charge: %+v, %v", res, err)
-	}
+	settleOthersMonth(t, l, period)
 
 	a := testAlerter(t, srv.URL, l, func(c *Config) { c.AlertLease = 300 * time.Millisecond }) // sweeps every 30 ms
 	waitFor(t, 10*time.Second, "both alerts delivered", func() bool { return len(rc.alerts()) == 2 })
@@ -676,23 +660,7 @@ func testAlertForACrossingNoDecisionSaw(t *testing.T, period shard.Period) {
 func TestMissedAlertsOfLastMonthOnlyForADay(t *testing.T) {
 	l := testLedger(t)
 	ctx := context.Background()
-	if err := l.UpsertPlan(ctx, snapshot.Plan{ID: "ten", MonthlyQuota: 10, Hard: true}); err != nil {
-		t.Fatal(err)
-	}
-	if err := l.UpsertAccount(ctx, "acme", "ten"); err != nil {
-		t.Fatal(err)
-	}
-	mark, err := l.RegisterNode(ctx, "other", "other-inc")
-	if err != nil {
-		t.Fatal(err)
-	}
-	may := june2026 - 1
-	b := &flush.Batch{Node: "other", Incarnation: "other-inc", Prev: mark, Next: mark + 1, Events: true,
-		Charges: []flush.Charge{{Seq: mark + 1, Account: "acme", EventID: "e1", ClientID: true, Key: "k", Route: "GET /x", Units: 10,
-			Wall: may.Start() + int64(time.Hour), Period: may, Allocs: []shard.Alloc{{Grant: shard.MonthlyGrantID(may), Units: 10}}}}}
-	if res, err := l.Settle(ctx, b); err != nil || !res.Applied {
-		t.Fatalf("settle May's charge: %+v, %v", res, err)
-	}
+	settleOthersMonth(t, l, june2026-1) // May's
 	a := testAlerter(t, "http://127.0.0.1:1/hooks", l, func(c *Config) { c.AlertLease = time.Hour }) // the loop sweeps every 6 minutes
 	clock := a.n.clock.(*engine.ManualClock)
 	clock.SetWall(time.Unix(0, june2026.Start()).Add(missedPastGrace + time.Minute))
@@ -703,5 +671,28 @@ func TestMissedAlertsOfLastMonthOnlyForADay(t *testing.T) {
 	got := a.sweepMissed(ctx, l, nil)
 	if len(got) != 2 || got[0].a.Period != "2026-05" {
 		t.Fatalf("half an hour into June: %d alerts queued, want May's 80 %% and 100 %%", len(got))
+	}
+}
+
+// settleOthersMonth settles, as another node's, a charge that uses up the
+// 10-unit hard quota of account acme in period.
+func settleOthersMonth(t *testing.T, l flush.Ledger, period shard.Period) {
+	t.Helper()
+	ctx := context.Background()
+	if err := l.UpsertPlan(ctx, snapshot.Plan{ID: "ten", MonthlyQuota: 10, Hard: true}); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.UpsertAccount(ctx, "acme", "ten"); err != nil {
+		t.Fatal(err)
+	}
+	mark, err := l.RegisterNode(ctx, "other", "other-inc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := &flush.Batch{Node: "other", Incarnation: "other-inc", Prev: mark, Next: mark + 1, Events: true,
+		Charges: []flush.Charge{{Seq: mark + 1, Account: "acme", EventID: "e1", ClientID: true, Key: "k", Route: "GET /x", Units: 10,
+			Wall: period.Start() + int64(time.Hour), Period: period, Allocs: []shard.Alloc{{Grant: shard.MonthlyGrantID(period), Units: 10}}}}}
+	if res, err := l.Settle(ctx, b); err != nil || !res.Applied {
+		t.Fatalf("settle the other owner's charge: %+v, %v", res, err)
 	}
 }

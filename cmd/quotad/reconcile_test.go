@@ -21,17 +21,7 @@ import (
 // open would flush Pebble's WAL into a new sstable, MANIFEST and WAL.
 func TestReconcileLeavesTheDataDirUnchanged(t *testing.T) {
 	ctx := context.Background()
-	ledger := filepath.Join(t.TempDir(), "ledger.db")
-	l, err := flush.OpenSQLite(ctx, ledger, flush.SQLiteOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := l.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := l.Close(); err != nil {
-		t.Fatal(err)
-	}
+	ledger := migratedSQLite(t)
 
 	// A node killed with 5 charges of 3 units unsettled: a copy of its dir
 	// taken while its log is open holds them only in Pebble's WAL.
@@ -73,16 +63,7 @@ func TestReconcileLeavesTheDataDirUnchanged(t *testing.T) {
 // and migrate do: an older binary must not write to a schema it does not
 // know, nor read one it would misread.
 func TestLedgerCommandsRefuseANewerSchema(t *testing.T) {
-	ctx := context.Background()
-	path := filepath.Join(t.TempDir(), "ledger.db")
-	l, err := flush.OpenSQLite(ctx, path, flush.SQLiteOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := l.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
-	l.Close()
+	path := migratedSQLite(t)
 	db, err := sql.Open("sqlite", path)
 	if err != nil {
 		t.Fatal(err)
@@ -97,4 +78,22 @@ func TestLedgerCommandsRefuseANewerSchema(t *testing.T) {
 			t.Errorf("quotad %s on a ledger at schema 999: %v; want ErrSchemaTooNew saying to run a newer quotad", args[0], err)
 		}
 	}
+}
+
+// migratedSQLite makes an empty, migrated SQLite ledger and returns its path.
+func migratedSQLite(t *testing.T) string {
+	t.Helper()
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "ledger.db")
+	l, err := flush.OpenSQLite(ctx, path, flush.SQLiteOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return path
 }
