@@ -660,7 +660,7 @@ func testAlertForACrossingNoDecisionSaw(t *testing.T, period shard.Period) {
 func TestMissedAlertsOfLastMonthOnlyForADay(t *testing.T) {
 	l := testLedger(t)
 	ctx := context.Background()
-	settleOthersMonth(t, l, june2026-1) // May's
+	settleOthersMonth(t, l, june2026-1)                                                              // May's
 	a := testAlerter(t, "http://127.0.0.1:1/hooks", l, func(c *Config) { c.AlertLease = time.Hour }) // the loop sweeps every 6 minutes
 	clock := a.n.clock.(*engine.ManualClock)
 	clock.SetWall(time.Unix(0, june2026.Start()).Add(missedPastGrace + time.Minute))
