@@ -660,7 +660,8 @@ func testAlertForACrossingNoDecisionSaw(t *testing.T, period shard.Period) {
 func TestMissedAlertsOfLastMonthOnlyForADay(t *testing.T) {
 	l := testLedger(t)
 	ctx := context.Background()
-	settleOthersMonth(t, l, june2026-1)                                                              // May's
+	may := june2026 - 1
+	settleOthersMonth(t, l, may)
 	a := testAlerter(t, "http://127.0.0.1:1/hooks", l, func(c *Config) { c.AlertLease = time.Hour }) // the loop sweeps every 6 minutes
 	clock := a.n.clock.(*engine.ManualClock)
 	clock.SetWall(time.Unix(0, june2026.Start()).Add(missedPastGrace + time.Minute))
@@ -669,7 +670,7 @@ func TestMissedAlertsOfLastMonthOnlyForADay(t *testing.T) {
 	}
 	clock.SetWall(time.Unix(0, june2026.Start()).Add(30 * time.Minute))
 	got := a.sweepMissed(ctx, l, nil)
-	if len(got) != 2 || got[0].a.Period != "2026-05" {
+	if len(got) != 2 || got[0].a.Period != may.String() {
 		t.Fatalf("half an hour into June: %d alerts queued, want May's 80 %% and 100 %%", len(got))
 	}
 }
