@@ -1,6 +1,7 @@
 package node
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
@@ -277,15 +278,27 @@ const maxAdminBody = 1 << 20
 // decodeBody reads one JSON object into v, refusing unknown members (a typo
 // such as "montly_quota" would otherwise be silently ignored).
 func decodeBody(w http.ResponseWriter, r *http.Request, v any) error {
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxAdminBody))
+	data, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxAdminBody))
+	var tooBig *http.MaxBytesError
+	if errors.As(err, &tooBig) {
+		return err
+	} else if err != nil {
+		return badInput("body", "%v", err)
+	}
+	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
-	err := dec.Decode(v)
+	err = dec.Decode(v)
 	var syntax *json.SyntaxError
 	var typ *json.UnmarshalTypeError
 	switch {
 	case err == nil:
 		if _, err := dec.Token(); err != io.EOF {
 			return badInput("body", "one JSON object expected, found more after it")
+		}
+		// NB: encoding/json keeps the last of a member given twice; a
+		// body with {"hard": true, ..., "hard": false} is a mistake.
+		if field, dup := duplicateMember(data); dup {
+			return badInput(field, "given twice: give each member once")
 		}
 		return nil
 	case errors.Is(err, io.EOF):
@@ -304,11 +317,53 @@ func decodeBody(w http.ResponseWriter, r *http.Request, v any) error {
 		field := strings.Trim(strings.TrimPrefix(err.Error(), "json: unknown field "), `"`)
 		return badInput(field, "unknown member (check its spelling)")
 	}
-	var tooBig *http.MaxBytesError
-	if errors.As(err, &tooBig) {
-		return err
-	}
 	return badInput("body", "%v", err)
+}
+
+// duplicateMember finds a member given twice in one object of data (valid
+// JSON), at any depth, and names it as badInput's field does ("hard",
+// `weights["GET /x"]`).
+func duplicateMember(data []byte) (string, bool) {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	var walk func(path string) (string, bool)
+	walk = func(path string) (string, bool) {
+		tok, err := dec.Token()
+		if err != nil {
+			return "", false
+		}
+		switch tok {
+		case json.Delim('{'):
+			seen := map[string]bool{}
+			for dec.More() {
+				kt, err := dec.Token()
+				k, ok := kt.(string)
+				if err != nil || !ok {
+					return "", false
+				}
+				p := k
+				if path != "" {
+					p = fmt.Sprintf("%s[%q]", path, k)
+				}
+				if seen[k] {
+					return p, true
+				}
+				seen[k] = true
+				if d, dup := walk(p); dup {
+					return d, true
+				}
+			}
+			_, _ = dec.Token() // }
+		case json.Delim('['):
+			for dec.More() {
+				if d, dup := walk(path); dup {
+					return d, true
+				}
+			}
+			_, _ = dec.Token() // ]
+		}
+		return "", false
+	}
+	return walk("")
 }
 
 func jsonKind(goKind string) string {
