@@ -276,3 +276,18 @@ func TestLossIsReportedNotViolated(t *testing.T) {
 		}
 	}
 }
+
+// Two ledger outages back to back (the second fault stopped Postgres as
+// the first one's restart finished) were one outage to the nodes: G8
+// reports one, and says so.
+func TestG8JoinsOutagesBackToBack(t *testing.T) {
+	w := newWorld()
+	w.in.LedgerDown = []cluster.Window{
+		{Kind: string(LedgerDown), Start: 1200 * ms, End: 2000 * ms},
+		{Kind: string(LedgerDown), Start: 2000 * ms, End: 3400 * ms},
+	}
+	r := cluster.CheckG8(w.in)
+	if r.Verdict != cluster.Held || !strings.Contains(r.Summary, "1 charges in the 2.2s outage at") || !strings.Contains(r.Summary, "(faults back to back)") {
+		t.Fatalf("G8: %s %q; want one 2.2 s outage, said to be two faults back to back", r.Verdict, r.Summary)
+	}
+}

@@ -3,7 +3,6 @@ package chaos
 import (
 	"context"
 	"crypto/tls"
-	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -126,7 +125,7 @@ func (c *Config) defaults() error {
 		c.ProgressEvery = 10 * time.Second
 	}
 	if c.Workers < 1 || c.Rate <= 0 || c.SettleInterval < 0 || c.FirstIP < 2 || c.FirstIP+c.Nodes+maxExtra > 254 {
-		return errors.New("chaos: Workers, Rate, SettleInterval and FirstIP must be positive, and the nodes' addresses fit in SUBNET.x")
+		return fmt.Errorf("chaos: Workers (--workers), Rate (--rate), SettleInterval (--settle-interval) and FirstIP (--first-ip) must be positive, and Nodes (--nodes) at most %d with FirstIP %d", MaxNodes(c.FirstIP), c.FirstIP)
 	}
 	return nil
 }

@@ -51,6 +51,15 @@ const (
 	maxDraws  = 20
 )
 
+// MinDuration is the shortest run NewPlan plans: the warm-up and ten
+// seconds of faults.
+const MinDuration = warmup + 10*time.Second
+
+// MaxNodes is the most nodes a run may start with when node i listens on
+// SUBNET.(firstIP + i): the scale-ups (up to three more) must fit under
+// SUBNET.255 too.
+func MaxNodes(firstIP int) int { return 254 - firstIP - maxExtra }
+
 // NewPlan draws a schedule of faults for nodes starting nodes over
 // duration from seed.
 func NewPlan(seed uint64, nodes int, duration time.Duration, faults []Fault) (*Plan, error) {
@@ -60,8 +69,8 @@ func NewPlan(seed uint64, nodes int, duration time.Duration, faults []Fault) (*P
 	if len(faults) == 0 {
 		return nil, errors.New("chaos: no faults to plan")
 	}
-	if duration < warmup+10*time.Second {
-		return nil, fmt.Errorf("chaos: a duration of at least %s", warmup+10*time.Second)
+	if duration < MinDuration {
+		return nil, fmt.Errorf("chaos: --duration %s: want at least %s (%s of steady load, then the faults)", duration, MinDuration, warmup)
 	}
 	p := &Plan{Seed: seed, Nodes: nodes, Duration: duration, Faults: slices.Clone(faults)}
 	g := &planner{rng: rand.New(rand.NewPCG(seed, 0x6368616f73)), plan: p, next: nodes + 1}

@@ -75,9 +75,12 @@ type Loss struct {
 
 // AcctNotes describes the accounts of the workload.
 type AcctNotes struct {
-	Hard, Big, Soft, RateLimited int
-	HardQuota                    int64
-	Rate                         string
+	Hard        int    `json:"hard"`
+	Big         int    `json:"big"`
+	Soft        int    `json:"soft"`
+	RateLimited int    `json:"rate_limited"`
+	HardQuota   int64  `json:"hard_quota"`
+	Rate        string `json:"rate"`
 }
 
 // Bucket is one second of answers.

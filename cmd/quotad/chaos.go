@@ -99,7 +99,7 @@ root it runs Postgres as the postgres user).`,
 		},
 	}
 	fl := cmd.Flags()
-	fl.IntVar(&cfg.Nodes, "nodes", 5, "nodes to start with (at least 3)")
+	fl.IntVar(&cfg.Nodes, "nodes", 5, "nodes to start with (at least 3; at most 151 with the default --first-ip)")
 	fl.DurationVar(&cfg.Duration, "duration", 10*time.Minute, "how long the fault schedule runs (the whole run takes about a minute more)")
 	fl.StringVar(&faults, "faults", "all", "all, or a comma-separated list of: "+chaos.FaultNames())
 	fl.Uint64Var(&cfg.Seed, "seed", 1, "seed of the fault schedule and the clients' choices; the report names it")
@@ -107,7 +107,7 @@ root it runs Postgres as the postgres user).`,
 	fl.StringVar(&cfg.Dir, "dir", "", "a new or empty directory for the nodes' data dirs and logs (default: a temporary one, removed at the end unless --keep)")
 	fl.BoolVar(&cfg.Keep, "keep", false, "keep the temporary directory of data dirs and logs")
 	fl.IntVar(&cfg.Workers, "workers", 16, "client goroutines")
-	fl.Float64Var(&cfg.Rate, "rate", 150, "operations per second the clients send in all")
+	fl.Float64Var(&cfg.Rate, "rate", 150, "new operations per second the clients start in all (their retries and second refunds come on top)")
 	fl.DurationVar(&cfg.SettleInterval, "settle-interval", 500*time.Millisecond, "the nodes' --settle-interval (a lost disk loses about this much)")
 	fl.IntVar(&cfg.FirstIP, "first-ip", 100, "node i listens on SUBNET.(first-ip + i)")
 	fl.StringVar(&cfg.Subnet, "subnet", "", "the first three bytes of the nodes' loopback addresses (default: a random 127.x.y, so that two runs on one machine never meet)")
@@ -169,8 +169,8 @@ func checkChaosFlags(cfg *chaos.Config) error {
 	switch {
 	case cfg.Nodes < 3:
 		return fmt.Errorf("chaos: --nodes %d: want at least 3 (a partition needs two sides and a bridge a third node)", cfg.Nodes)
-	case cfg.Duration <= 0:
-		return fmt.Errorf("chaos: --duration %s: want at least 15s (5 s of steady load, then the faults)", cfg.Duration)
+	case cfg.Duration < chaos.MinDuration:
+		return fmt.Errorf("chaos: --duration %s: want at least %s (5 s of steady load, then the faults)", cfg.Duration, chaos.MinDuration)
 	case cfg.Workers < 1:
 		return fmt.Errorf("chaos: --workers %d: want at least 1", cfg.Workers)
 	case cfg.Rate <= 0:
@@ -179,6 +179,9 @@ func checkChaosFlags(cfg *chaos.Config) error {
 		return fmt.Errorf("chaos: --settle-interval %s: want more than 0", cfg.SettleInterval)
 	case cfg.FirstIP < 2:
 		return fmt.Errorf("chaos: --first-ip %d: want 2 or more", cfg.FirstIP)
+	case cfg.Nodes > chaos.MaxNodes(cfg.FirstIP):
+		return fmt.Errorf("chaos: --nodes %d: want at most %d with --first-ip %d (node i listens on SUBNET.(first-ip + i), up to 3 scale-ups included, under SUBNET.255)",
+			cfg.Nodes, chaos.MaxNodes(cfg.FirstIP), cfg.FirstIP)
 	}
 	return nil
 }

@@ -259,7 +259,7 @@ fi
 if [[ -z $quotad ]]; then
 	command -v go >/dev/null || die "go is not on PATH: install Go or pass --quotad PATH to a built quotad"
 	say "building quotad"
-	(cd "$repo_root" && CGO_ENABLED=0 go build -trimpath -o "$dir/bin/quotad" ./cmd/quotad) || die "go build ./cmd/quotad failed"
+	(cd "$repo_root" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$dir/bin/quotad" ./cmd/quotad) || die "go build ./cmd/quotad failed"
 	quotad=$dir/bin/quotad
 else
 	[[ -x $quotad ]] || die "--quotad $quotad is not an executable"

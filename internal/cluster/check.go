@@ -46,9 +46,10 @@ type LostCharge struct {
 
 // Window is an interval of history time (ns since the history began).
 type Window struct {
-	Kind       string `json:"kind"`
-	Node       string `json:"node,omitempty"`
-	Start, End int64
+	Kind  string `json:"kind"`
+	Node  string `json:"node,omitempty"`
+	Start int64  `json:"start"`
+	End   int64  `json:"end"`
 }
 
 // LogState is a node's data dir as found after the final drain.
@@ -737,7 +738,7 @@ func CheckG8(in *CheckInput) Result {
 	var c collector
 	var parts []string
 	exercised := 0
-	for _, w := range in.LedgerDown {
+	for _, w := range mergeTouching(in.LedgerDown, time.Second) {
 		if time.Duration(w.End-w.Start) < minOutage {
 			continue
 		}
@@ -749,8 +750,12 @@ func CheckG8(in *CheckInput) Result {
 				units += o.Units
 			}
 		}
-		parts = append(parts, fmt.Sprintf("%d charges in the %s outage at %s", n,
-			time.Duration(w.End-w.Start).Round(100*time.Millisecond), fmtOffset(w.Start)))
+		joined := ""
+		if w.Kind == joinedKind {
+			joined = " (faults back to back)"
+		}
+		parts = append(parts, fmt.Sprintf("%d charges in the %s outage at %s%s", n,
+			time.Duration(w.End-w.Start).Round(100*time.Millisecond), fmtOffset(w.Start), joined))
 		if n == 0 {
 			c.add(Violation{Detail: fmt.Sprintf("no charge acknowledged while the ledger was down [%s, %s]", fmtOffset(w.Start), fmtOffset(w.End))})
 		}
@@ -759,6 +764,25 @@ func CheckG8(in *CheckInput) Result {
 		return Result{Verdict: NotExercised, Summary: "the ledger was not stopped"}
 	}
 	return c.done(strings.Join(parts, "; "))
+}
+
+// joinedKind marks a window mergeTouching made of several.
+const joinedKind = "joined"
+
+// mergeTouching joins windows (sorted by start) that overlap or are less
+// than gap apart: a ledger started again and stopped at once by the next
+// fault was one outage, as the nodes saw it.
+func mergeTouching(ws []Window, gap time.Duration) []Window {
+	var out []Window
+	for _, w := range ws {
+		if n := len(out); n > 0 && w.Start-out[n-1].End < int64(gap) {
+			out[n-1].End = max(out[n-1].End, w.End)
+			out[n-1].Kind = joinedKind
+			continue
+		}
+		out = append(out, w)
+	}
+	return out
 }
 
 // CheckG9: per account, the period of the answers never goes back in real
