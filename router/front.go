@@ -317,8 +317,10 @@ func (f *front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			notDurable().write(rec.ResponseWriter, r)
 		}
 	}
-	caller := c.Caller                                                      // next's own copy: what it does to it cannot redirect the refund
-	r = r.WithContext(context.WithValue(r.Context(), callerKey{}, &caller)) // a copy: the caller's request stays as it was
+	// next gets its own Caller (changing it cannot redirect the refund), on
+	// a copy of the request (the caller's stays as it was).
+	caller := c.Caller
+	r = r.WithContext(context.WithValue(r.Context(), callerKey{}, &caller))
 	// Only the front says which account and event a request was charged
 	// to: a client's own values are forged.
 	r.Header = r.Header.Clone()
