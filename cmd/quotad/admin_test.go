@@ -220,6 +220,16 @@ func TestQuotadAdmin(t *testing.T) {
 			t.Errorf("quotad admin %s: %v, want an error with %q", strings.Join(tc.args, " "), err, tc.want)
 		}
 	}
+
+	// An account id that is not a plain path segment reaches the account.
+	mustAdmin(t, n, "accounts", "set", "team#42", "--plan", "pro")
+	if out := mustAdmin(t, n, "accounts", "show", "team#42"); !strings.Contains(out, "team#42") {
+		t.Fatalf("accounts show team#42:\n%s", out)
+	}
+	// An empty route table, asked for.
+	if out := mustAdmin(t, n, "routes", "set", "--clear", "--default", "2"); !strings.Contains(out, "0 patterns, default 2") {
+		t.Fatalf("routes set --clear: %q", out)
+	}
 }
 
 func TestQuotadAdminUnreachable(t *testing.T) {
