@@ -83,6 +83,8 @@ type logView interface {
 	Scan(after, upto uint64, fn func(seq uint64, payload []byte) error) error
 	NodeID() string
 	Incarnation() string
+	NoteSettleSent(seq uint64)
+	Vouched() uint64
 }
 
 // NewSettler checks the options. Start runs the loop; SettleOnce is the step.
@@ -146,6 +148,15 @@ func (s *Settler) catchUp(ctx context.Context, mark uint64) error {
 	case mark > s.log.DurableSeq():
 		return fmt.Errorf("%w: the ledger has node %s (incarnation %s) settled to %d, but its log ends at %d: is another process running with this node id and data dir?",
 			ErrMarkConflict, s.node, s.inc, mark, s.log.DurableSeq())
+	case mark > s.log.Vouched():
+		// NB: marking them settled would drop charges this process took
+		// (and acknowledged) while the ledger was out of reach: the ledger
+		// holds other records under their seqs.
+		return fmt.Errorf("%w: the ledger has node %s (incarnation %s) settled to %d, but this log held records only to %d when it opened and sent none past %d to the ledger since: "+
+			"records %d to %d here are charges taken since, under sequence numbers the ledger already settled for other charges. The data dir is older than the ledger "+
+			"(restored from a copy?) or another process runs as this node. Nothing is marked settled: stop this node, list its unsettled charges with quotad reconcile --data-dir, "+
+			"bill them by hand, then start it with an empty data dir (README: the ledger)",
+			ErrMarkConflict, s.node, s.inc, mark, s.log.Vouched(), s.log.Vouched(), s.log.Vouched()+1, mark)
 	}
 	s.opts.Logger.Info("the ledger had settled further than this node's log knew; marking locally", "ledger", mark, "local", local)
 	return s.opts.Engine.Settle(ctx, mark)
@@ -214,6 +225,7 @@ func (s *Settler) settleBatch(ctx context.Context) (n int, more bool, err error)
 		return 0, false, err
 	}
 	t0 := time.Now()
+	s.log.NoteSettleSent(next)
 	res, err := s.opts.Ledger.Settle(ctx, b)
 	rep := SettleReport{Records: int(next - prev), Charges: len(b.Charges), Duplicates: len(res.Duplicates),
 		Applied: res.Applied, Took: time.Since(t0), RoundTrips: res.RoundTrips, Err: err}

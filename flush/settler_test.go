@@ -2,12 +2,15 @@ package flush
 
 import (
 	"context"
+	"errors"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/quotaring/quotaring/engine"
+	"github.com/quotaring/quotaring/shard"
 	"github.com/quotaring/quotaring/wal"
 )
 
@@ -113,4 +116,72 @@ func ledgerRig(t *testing.T, clock func() time.Time) (*SQLite, *engine.Engine) {
 	}
 	t.Cleanup(func() { e.Close(); log.Close() })
 	return l, e
+}
+
+// A data dir restored from a copy older than the ledger, started while the
+// ledger was out of reach: the log held records 1..5 when it opened, took
+// 7 more charges (6..12), and the ledger has this incarnation settled to 10
+// (other records, from the dir's later life). Catching the local mark up
+// to 10 would drop 6..10, acknowledged charges the ledger never saw: the
+// settler refuses, marking nothing.
+func TestSettlerRefusesToMarkRecordsTheLedgerNeverSaw(t *testing.T) {
+	ctx := context.Background()
+	l, err := OpenSQLite(ctx, filepath.Join(t.TempDir(), "ledger.db"), SQLiteOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if err := l.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	appendN := func(log *wal.Log, n int) {
+		t.Helper()
+		for range n {
+			rec := shard.Record{Type: shard.RecCharge, Account: "acct-1", EventID: "e", Units: 1}
+			seq, err := log.Append(rec.AppendEncode(nil))
+			if err == nil {
+				err = log.WaitDurable(ctx, seq)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	log, err := wal.Open(wal.Options{Dir: dir, NodeID: "q1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	appendN(log, 5)
+	if err := log.Close(); err != nil {
+		t.Fatal(err)
+	}
+	log, err = wal.Open(wal.Options{Dir: dir, NodeID: "q1"}) // the restored copy, started
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := engine.Open(engine.Options{Log: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { e.Close(); log.Close() }()
+	appendN(log, 7) // served while the ledger was down
+	mark, err := l.RegisterNode(ctx, "q1", log.Incarnation())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res, err := l.Settle(ctx, &Batch{Node: "q1", Incarnation: log.Incarnation(), Prev: mark, Next: 10, Events: true}); err != nil || !res.Applied {
+		t.Fatalf("the ledger's later settles of this incarnation: %+v, %v", res, err)
+	}
+	s, err := NewSettler(SettlerOptions{Ledger: l, Engine: e})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = s.Register(ctx)
+	if !errors.Is(err, ErrMarkConflict) || !strings.Contains(err.Error(), "records 6 to 10 here are charges taken since") {
+		t.Fatalf("Register: %v; want ErrMarkConflict naming records 6 to 10", err)
+	}
+	if got := log.SettledSeq(); got != 0 {
+		t.Fatalf("the local settled mark is %d after the refusal, want 0 (nothing marked)", got)
+	}
 }

@@ -64,7 +64,12 @@ func (n *Node) tryLedger(ctx context.Context, beforeServing bool) (bool, error) 
 		err = refresher.RefreshOnce(ctx)
 	}
 	if err != nil {
-		n.log.Warn("ledger reached but not usable yet", "err", err)
+		if errors.Is(err, flush.ErrMarkConflict) {
+			// Retrying will not fix it; the records stay in the log, unsettled.
+			n.log.Error("the ledger and this node's log disagree on what was settled: nothing is marked settled; follow the error's remedy", "err", err)
+		} else {
+			n.log.Warn("ledger reached but not usable yet", "err", err)
+		}
 		l.Close()
 		return false, err
 	}

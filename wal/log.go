@@ -39,6 +39,12 @@ type Log struct {
 	durableSeq atomic.Uint64
 	// settledSeq is written only under settleMu.
 	settledSeq atomic.Uint64
+	// recovered is the last seq the log held when it opened (set once, in
+	// recover); sent the highest seq this process sent to be settled
+	// (NoteSettleSent). Together they bound how far the ledger's mark may
+	// legitimately be ahead of settledSeq (Vouched).
+	recovered uint64
+	sent      atomic.Uint64
 	// notify is closed and replaced whenever durableSeq advances or the log
 	// fails or closes. Waiters load it before they check their condition.
 	notify atomic.Pointer[chan struct{}]
@@ -211,6 +217,7 @@ func (l *Log) recover(seen markSeen) error {
 	}
 	l.lastSeq.Store(last)
 	l.durableSeq.Store(last)
+	l.recovered = last
 	l.marks.reset(settled)
 	l.marks.add(last, bytes)
 	if l.readOnly {
@@ -369,6 +376,27 @@ func (l *Log) DurableSeq() uint64 { return l.durableSeq.Load() }
 
 // SettledSeq returns the settled mark: records up to it are deleted.
 func (l *Log) SettledSeq() uint64 { return l.settledSeq.Load() }
+
+// NoteSettleSent records that a settle of the records up to seq was sent to
+// the ledger: it may have applied them even if its answer never came back.
+func (l *Log) NoteSettleSent(seq uint64) {
+	for {
+		cur := l.sent.Load()
+		if seq <= cur || l.sent.CompareAndSwap(cur, seq) {
+			return
+		}
+	}
+}
+
+// Vouched is how far the ledger's settled mark for this incarnation can
+// legitimately be ahead of SettledSeq: up to the records the log held when
+// it opened (a crash between a ledger commit and the local mark), or up to
+// what this process sent to be settled since (an answer lost). A ledger
+// mark beyond it counts records this log took after it opened and never
+// sent: the ledger settled other records under those seqs, so the data
+// dir is older than the ledger (restored from a copy) or another process
+// settles as this node.
+func (l *Log) Vouched() uint64 { return max(l.recovered, l.sent.Load()) }
 
 // acquire registers a call that uses db, or fails once Close has begun.
 func (l *Log) acquire() error {
