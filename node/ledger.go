@@ -56,6 +56,9 @@ func (n *Node) tryLedger(ctx context.Context, beforeServing bool) (bool, error) 
 	if err == nil {
 		_, err = settler.SettleOnce(ctx)
 	}
+	if err == nil && n.wal.Fresh() && !n.warnedIncarnations.Swap(true) {
+		n.warnOtherIncarnations(ctx, l)
+	}
 	if err == nil && beforeServing {
 		err = n.resetReservations(ctx, l)
 	}
@@ -86,6 +89,26 @@ func (n *Node) tryLedger(ctx context.Context, beforeServing bool) (bool, error) 
 	}
 	n.log.Info("ledger connected", "settled", n.wal.SettledSeq())
 	return true, nil
+}
+
+// warnOtherIncarnations says, for a node started on a new data dir, which
+// earlier incarnations of its id the ledger knows. After a lost disk (and
+// quotad revoke) that is expected; after a mistyped --data-dir, or a
+// volume not mounted, the old dir still holds whatever it had not settled,
+// which is billed only if that dir is started again, and this node frees
+// the reservations the old incarnation held.
+func (n *Node) warnOtherIncarnations(ctx context.Context, l flush.Ledger) {
+	rows, err := l.Nodes(ctx)
+	if err != nil {
+		return // only a warning; the node goes on
+	}
+	for _, r := range rows {
+		if r.Node == n.cfg.ID && r.Incarnation != n.wal.Incarnation() {
+			n.log.Error("this data dir is new, and the ledger knows an earlier incarnation of this node id: if its data dir still exists (a mistyped --data-dir, a volume not mounted), stop this node and start it on that dir; its unsettled charges are billed only from there, and this node frees the reservations it held",
+				"data_dir", n.cfg.DataDir, "incarnation", n.wal.Incarnation(), "earlier_incarnation", r.Incarnation,
+				"earlier_last_heard", r.Heartbeat.UTC().Format(time.RFC3339), "earlier_settled_seq", r.Settled)
+		}
+	}
 }
 
 // errLedgerAddress marks a --ledger that cannot be used as written.

@@ -173,6 +173,9 @@ type Node struct {
 
 	started time.Time
 	ready   atomic.Bool
+	// warnedIncarnations is set once a new data dir was checked against
+	// the ledger's earlier incarnations of this node id (ledger.go).
+	warnedIncarnations atomic.Bool
 	// clockOffset is this clock minus the ledger's at the last check, in ns
 	// (clockLoop): the clock the node bills by (steady's, not the system
 	// clock's while steady holds through a step).

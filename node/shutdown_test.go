@@ -2,14 +2,17 @@ package node
 
 import (
 	"context"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/quotaring/quotaring/flush"
+	"github.com/quotaring/quotaring/internal/logbuf"
 	"github.com/quotaring/quotaring/router"
 	"github.com/quotaring/quotaring/snapshot"
 )
@@ -130,4 +133,40 @@ func TestDrainTimeoutCutsOffAndRefunds(t *testing.T) {
 		}
 		return len(events) == 2 && refunded == 1
 	})
+}
+
+// A node started on a new data dir while the ledger knows an earlier
+// incarnation of its id (a mistyped --data-dir, a volume not mounted) says
+// so in an ERROR naming both: the earlier dir's unsettled charges are
+// billed only from there. A restart on its own dir says nothing.
+func TestNewDataDirNamesTheEarlierIncarnation(t *testing.T) {
+	dir := t.TempDir()
+	dsn := "sqlite:" + filepath.Join(dir, "ledger.db")
+	seedLedger(t, dsn, map[string]int64{"acme": 10})
+	var logs logbuf.Buffer
+	start := func(dataDir string) *Node {
+		t.Helper()
+		nd := startNodesWith(t, dsn, func(c *Config) {
+			c.DataDir = dataDir
+			c.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+		})[0]
+		return nd
+	}
+	first := start(filepath.Join(dir, "a"))
+	inc := first.wal.Incarnation()
+	if err := first.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	again := start(filepath.Join(dir, "a"))
+	if err := again.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(logs.String(), "earlier incarnation") {
+		t.Fatalf("a restart on its own dir warned:\n%s", logs.String())
+	}
+	start(filepath.Join(dir, "b"))
+	if !strings.Contains(logs.String(), "this data dir is new, and the ledger knows an earlier incarnation of this node id") ||
+		!strings.Contains(logs.String(), "earlier_incarnation="+inc) {
+		t.Fatalf("a new dir beside an earlier incarnation %s: no ERROR naming it:\n%s", inc, logs.String())
+	}
 }
