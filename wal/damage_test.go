@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/quotaring/quotaring/internal/dirsnap"
@@ -265,5 +266,23 @@ func TestReadOnlyLeavesDirUnchanged(t *testing.T) {
 	}
 	if _, err := Open(Options{Dir: filepath.Join(t.TempDir(), "none"), NodeID: "n", ReadOnly: true}); err == nil {
 		t.Error("a read-only Open of a dir that does not exist succeeded")
+	}
+}
+
+// A full disk is fatal, as a failed fsync is: Pebble retries a failed
+// flush at once and for ever, so a node on a full disk spun at full CPU
+// and never served. Other background errors are only logged.
+func TestFullDiskExits(t *testing.T) {
+	var logs bytes.Buffer
+	var codes []int
+	o := Options{Dir: "/var/lib/quotad", Logger: slog.New(slog.NewTextHandler(&logs, nil)), Exit: func(c int) { codes = append(codes, c) }}
+	l := o.eventListener()
+	l.BackgroundError(fmt.Errorf("pebble: flush: %w", &os.PathError{Op: "write", Path: "/var/lib/quotad/000012.sst", Err: syscall.ENOSPC}))
+	if len(codes) != 1 || codes[0] != 1 || !strings.Contains(logs.String(), "no space left on device for the data dir /var/lib/quotad") {
+		t.Fatalf("ENOSPC: exit codes %v, log:\n%s\nwant exit 1 and one line naming the dir", codes, logs.String())
+	}
+	l.BackgroundError(fmt.Errorf("pebble: compaction: %w", os.ErrPermission))
+	if len(codes) != 1 {
+		t.Fatalf("another background error exited (%v); it is only logged", codes)
 	}
 }

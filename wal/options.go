@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
@@ -164,7 +165,20 @@ func (o Options) pebbleOptions(readOnly bool) (*pebble.Options, io.Closer) {
 func (o Options) eventListener() *pebble.EventListener {
 	log := o.Logger.With("subsystem", "pebble")
 	return &pebble.EventListener{
-		BackgroundError: func(err error) { log.Error("background error", "err", err) },
+		BackgroundError: func(err error) {
+			if errors.Is(err, syscall.ENOSPC) {
+				// Pebble retries a failed flush or compaction at once, for
+				// ever: with the disk full, a node spun at full CPU, logged
+				// millions of lines and never served. Exit, as for the
+				// storage errors Pebble calls fatal: nothing durable is lost.
+				log.Error("fatal storage error, exiting: no space left on device for the data dir "+o.Dir+
+					": free space there (df -h), then start the node again; it replays its log",
+					"err", firstLine(err), "fatal", true)
+				o.Exit(1)
+				return
+			}
+			log.Error("background error", "err", err)
+		},
 		DiskSlow: func(info pebble.DiskSlowInfo) {
 			log.Warn("disk slow", "path", info.Path, "op", info.OpType.String(), "took", info.Duration)
 		},
