@@ -2,10 +2,12 @@ package wal
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -284,5 +286,52 @@ func TestFullDiskExits(t *testing.T) {
 	l.BackgroundError(fmt.Errorf("pebble: compaction: %w", os.ErrPermission))
 	if len(codes) != 1 {
 		t.Fatalf("another background error exited (%v); it is only logged", codes)
+	}
+}
+
+// A garbled OPTIONS file (settings only, no records) is named, with the
+// fix that keeps the records: move it out. With it moved, the log opens
+// with every record.
+func TestDamagedOptionsFileIsNamed(t *testing.T) {
+	for name, garble := range map[string]func(path string){
+		"garbage": func(path string) {
+			if err := os.WriteFile(path, []byte("garbage"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		},
+		"a flipped byte in the merger's name": func(path string) {
+			data, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			i := bytes.Index(data, []byte("merger=pebble.concatenate"))
+			if i < 0 {
+				t.Fatalf("no merger line in %s:\n%s", path, data)
+			}
+			overwrite(t, path, int64(i+len("merger=pebble.concat")), 1)
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			crashed := writeDurable(t, filepath.Join(t.TempDir(), "data"), 20)
+			opts, err := filepath.Glob(filepath.Join(crashed, "OPTIONS-*"))
+			if err != nil || len(opts) == 0 {
+				t.Fatalf("no OPTIONS file: %v", err)
+			}
+			slices.Sort(opts)
+			path := opts[len(opts)-1]
+			garble(path)
+			_, err = Open(Options{Dir: crashed, NodeID: "node-1"})
+			if err == nil || !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), "the Pebble options file "+path+" does not read") ||
+				!strings.Contains(err.Error(), "move it out of the dir") || strings.Contains(err.Error(), "empty data dir") {
+				t.Fatalf("open with a garbled OPTIONS file: %v\nwant it named, with the fix that keeps the records", err)
+			}
+			if err := os.Rename(path, path+".bad"); err != nil {
+				t.Fatal(err)
+			}
+			l := mustOpen(t, Options{Dir: crashed, NodeID: "node-1"})
+			if l.LastSeq() != 20 {
+				t.Fatalf("after moving the OPTIONS file out: %d records, want 20", l.LastSeq())
+			}
+		})
 	}
 }

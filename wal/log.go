@@ -144,6 +144,18 @@ func openLog(opts Options, seen markSeen, readOnly bool) (*Log, error) {
 	po, fsCloser := opts.pebbleOptions(readOnly)
 	db, err := pebble.Open(opts.Dir, po)
 	if err != nil {
+		if path, why := damagedOptions(opts.FS, opts.Dir, po); path != "" {
+			// NB: before openError, whose remedy (an empty data dir) would
+			// throw the unsettled charges away for a file of settings.
+			err = &damagedFileError{
+				msg: fmt.Sprintf("%s: dir %s: the Pebble options file %s does not read (%s); it holds settings only, no records: "+
+					"move it out of the dir (Pebble writes a new one) and start the node again; keep the rest of the dir as it is",
+					ErrCorrupt, opts.Dir, path, firstLine(why)),
+				cause: err,
+			}
+			_ = fsCloser.Close()
+			return nil, err
+		}
 		_ = fsCloser.Close()
 		return nil, openError(opts, err)
 	}
@@ -153,6 +165,41 @@ func openLog(opts Options, seen markSeen, readOnly bool) (*Log, error) {
 		return nil, errors.Join(err, l.closeDB())
 	}
 	return l, nil
+}
+
+// damagedOptions names dir's newest Pebble OPTIONS file when it does not
+// read as options this log can open with (garbled settings, a comparer or
+// merger name that is not ours), and why; "" when it reads or there is none.
+func damagedOptions(fs vfs.FS, dir string, po *pebble.Options) (string, error) {
+	names, err := fs.List(dir)
+	if err != nil {
+		return "", nil
+	}
+	newest := ""
+	for _, n := range names {
+		if strings.HasPrefix(n, "OPTIONS-") && n > newest { // NB: zero-padded numbers sort as strings
+			newest = n
+		}
+	}
+	if newest == "" {
+		return "", nil
+	}
+	path := fs.PathJoin(dir, newest)
+	f, err := fs.Open(path)
+	if err != nil {
+		return "", nil
+	}
+	defer f.Close()
+	data, err := io.ReadAll(f)
+	if err != nil {
+		return "", nil
+	}
+	o := po.Clone()
+	o.EnsureDefaults() // NB: as Open does; CheckCompatibility reads the comparer's name
+	if err := o.CheckCompatibility(dir, string(data)); err != nil {
+		return path, err
+	}
+	return "", nil
 }
 
 // openError wraps an error of pebble.Open: corruption (of a WAL, the
