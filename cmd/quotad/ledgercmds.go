@@ -156,7 +156,7 @@ func printUnsettled(out io.Writer, dir string) error {
 	// WAL into a new sstable, MANIFEST and WAL, and write the durable mark.
 	l, err := wal.Open(wal.Options{Dir: dir, AnyNode: true, ReadOnly: true})
 	if err != nil {
-		return fmt.Errorf("open %s (is its node still running? stop it first): %w", dir, err)
+		return fmt.Errorf("open %s: %w", dir, err) // NB: a dir in use says so itself (wal names the LOCK and fuser)
 	}
 	defer l.Close()
 	units := map[string]int64{}
