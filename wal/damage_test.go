@@ -335,3 +335,24 @@ func TestDamagedOptionsFileIsNamed(t *testing.T) {
 		})
 	}
 }
+
+// A WAL emptied from its start takes the meta (the first records a dir
+// gets) with it: serve and reconcile both say the dir is damaged and give
+// the remedy, not "no node id" or "not a quotad data dir".
+func TestLostMetaIsDamage(t *testing.T) {
+	crashed := writeDurable(t, filepath.Join(t.TempDir(), "data"), 20)
+	name := newestWALFile(t, crashed)
+	if err := os.Truncate(name, 0); err != nil {
+		t.Fatal(err)
+	}
+	for what, o := range map[string]Options{
+		"serve":     {Dir: crashed, NodeID: "node-1"},
+		"reconcile": {Dir: crashed, AnyNode: true, ReadOnly: true},
+	} {
+		_, err := Open(o)
+		if !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), "its first records are gone") ||
+			!strings.Contains(err.Error(), "restore it from a copy of the disk") {
+			t.Errorf("%s: open with its WAL %s emptied: %v\nwant ErrCorrupt saying the first records are gone, with the remedy", what, filepath.Base(name), err)
+		}
+	}
+}

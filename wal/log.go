@@ -310,13 +310,16 @@ func (l *Log) loadMeta() error {
 		return err
 	}
 	if !ok {
+		_, markErr := l.opts.FS.Stat(l.opts.FS.PathJoin(l.opts.Dir, durableMarkName))
+		if l.readOnly || markErr == nil {
+			// Only a dir with a durable mark is checked read-only, and the
+			// mark is written after the meta is durable: the meta (the
+			// first records a dir gets) is gone, with whatever followed.
+			return corruptKey(l.opts.Dir, "meta "+metaNodeID, fmt.Errorf("missing, though %s shows the dir in use: its first records are gone "+
+				"(a WAL damaged near its start, or a lost sstable or MANIFEST; %s); %s", durableMarkName, describeWALs(l.opts.FS, l.opts.Dir), remedy(l.opts.NodeID)))
+		}
 		if l.opts.AnyNode {
 			return fmt.Errorf("wal: %s is not a quotad data dir (no node id in it)", l.opts.Dir)
-		}
-		if l.readOnly {
-			// Only a dir with a durable mark is checked read-only, and the
-			// mark is written after the meta is durable.
-			return corruptKey(l.opts.Dir, "meta "+metaNodeID, errors.New("missing, though "+durableMarkName+" shows the dir in use"))
 		}
 		return l.initMeta()
 	}
