@@ -384,13 +384,9 @@ func sortSpending(gs []activeGrant) {
 // validatePlan checks a plan as Snapshot.Build will, so that an admin change
 // can never make the config unreadable.
 func validatePlan(p *snapshot.Plan) error {
-	rate, err := snapshot.ParseRate(p.Rate)
+	sp, err := p.Shard()
 	if err != nil {
 		return fmt.Errorf("%w: plan %q: %v", ErrInvalid, p.ID, err)
-	}
-	sp := shard.Plan{ID: p.ID, Rate: rate, Burst: p.Burst, MonthlyQuota: p.MonthlyQuota, Hard: p.Hard}
-	if !rate.Unlimited() && sp.Burst == 0 {
-		sp.Burst = max(1, rate.Tokens) // Build's default
 	}
 	if p.ID == "" {
 		return fmt.Errorf("%w: a plan needs an id", ErrInvalid)

@@ -125,14 +125,15 @@ func (n *Node) adminAPI(mux *http.ServeMux) {
 // not quietly answer for the default.
 func checkQuery(known []string, h adminFunc) adminFunc {
 	return func(ctx context.Context, w http.ResponseWriter, r *http.Request, l flush.Ledger) error {
-		for _, k := range slices.Sorted(maps.Keys(r.URL.Query())) {
+		q := r.URL.Query()
+		for _, k := range slices.Sorted(maps.Keys(q)) {
 			switch {
 			case !slices.Contains(known, k) && len(known) == 0:
 				return badInput(k, "unknown query parameter: %s %s takes none", r.Method, r.URL.Path)
 			case !slices.Contains(known, k):
 				return badInput(k, "unknown query parameter: %s %s takes %s", r.Method, r.URL.Path, strings.Join(known, ", "))
-			case len(r.URL.Query()[k]) > 1:
-				return badInput(k, "given %d times: give it once", len(r.URL.Query()[k]))
+			case len(q[k]) > 1:
+				return badInput(k, "given %d times: give it once", len(q[k]))
 			}
 		}
 		return h(ctx, w, r, l)
@@ -474,9 +475,9 @@ func (n *Node) putPlan(ctx context.Context, w http.ResponseWriter, r *http.Reque
 	}
 	// The token bucket's own bounds (burst x period under 2^62 ns), with
 	// the default burst filled in as the snapshot will.
-	sp := shard.Plan{ID: id, Rate: rate, Burst: p.Burst, MonthlyQuota: p.MonthlyQuota, Hard: p.Hard}
-	if !rate.Unlimited() && sp.Burst == 0 {
-		sp.Burst = max(1, rate.Tokens)
+	sp, err := p.Shard()
+	if err != nil {
+		return badInput("rate", "%v (or leave it out for no rate limit)", err) // NB: parsed above already
 	}
 	if err := sp.Validate(); err != nil {
 		field, why := "burst", strings.TrimPrefix(err.Error(), fmt.Sprintf("shard: plan %q: ", id))

@@ -115,17 +115,28 @@ func ParseRate(s string) (shard.Rate, error) {
 // ErrInvalid wraps every validation error.
 var ErrInvalid = errors.New("snapshot: invalid config")
 
+// Shard is p as the shard enforces it: the rate parsed and, for a rate
+// limit with no burst, the default burst of one period's worth of tokens.
+// Only the rate is checked here; shard.Plan.Validate checks the rest.
+func (p Plan) Shard() (shard.Plan, error) {
+	rate, err := ParseRate(p.Rate)
+	if err != nil {
+		return shard.Plan{}, err
+	}
+	sp := shard.Plan{ID: p.ID, Rate: rate, Burst: p.Burst, MonthlyQuota: p.MonthlyQuota, Hard: p.Hard}
+	if !rate.Unlimited() && sp.Burst == 0 {
+		sp.Burst = max(1, rate.Tokens)
+	}
+	return sp, nil
+}
+
 // Build validates s and indexes it. Every error names the row at fault.
 func (s *Snapshot) Build() error {
 	s.plans = make(map[string]shard.Plan, len(s.Plans))
 	for _, p := range s.Plans {
-		rate, err := ParseRate(p.Rate)
+		sp, err := p.Shard()
 		if err != nil {
 			return fmt.Errorf("%w: plan %q: %v", ErrInvalid, p.ID, err)
-		}
-		sp := shard.Plan{ID: p.ID, Rate: rate, Burst: p.Burst, MonthlyQuota: p.MonthlyQuota, Hard: p.Hard}
-		if !rate.Unlimited() && sp.Burst == 0 {
-			sp.Burst = max(1, rate.Tokens) // a sane default: one period's worth
 		}
 		if err := sp.Validate(); err != nil {
 			return fmt.Errorf("%w: %v", ErrInvalid, err)
