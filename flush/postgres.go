@@ -87,6 +87,17 @@ type Postgres struct {
 
 var _ Ledger = (*Postgres)(nil)
 
+// parsePGConfig parses a Postgres DSN, its error (ErrInvalid) without the
+// password.
+func parsePGConfig(dsn string) (*pgxpool.Config, error) {
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		return nil, fmt.Errorf("%w: the Postgres DSN %s does not parse: %s: check its form, postgres://USER:PASSWORD@HOST:PORT/DB?sslmode=disable",
+			ErrInvalid, redactDSN(dsn), scrubPassword(err.Error(), dsn))
+	}
+	return cfg, nil
+}
+
 // OpenPostgres connects to the ledger at dsn (postgres://...). It pings the
 // server, so an unreachable one fails here with an error that wraps
 // ErrUnavailable and names the host and database. It does not migrate.
@@ -95,10 +106,9 @@ func OpenPostgres(ctx context.Context, dsn string, opts PGOptions) (*Postgres, e
 	if err != nil {
 		return nil, err
 	}
-	cfg, err := pgxpool.ParseConfig(dsn)
+	cfg, err := parsePGConfig(dsn)
 	if err != nil {
-		return nil, fmt.Errorf("%w: the Postgres DSN %s does not parse: %s: check its form, postgres://USER:PASSWORD@HOST:PORT/DB?sslmode=disable",
-			ErrInvalid, redactDSN(dsn), scrubPassword(err.Error(), dsn))
+		return nil, err
 	}
 	switch {
 	case opts.ConnectTimeout > 0:

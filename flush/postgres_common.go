@@ -23,8 +23,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/quotaring/quotaring/shard"
 	"github.com/quotaring/quotaring/snapshot"
 )
@@ -64,13 +62,10 @@ func isPostgres(ledger string) bool {
 func CheckLedger(ledger string) error {
 	switch {
 	case isPostgres(ledger):
-		if _, err := pgxpool.ParseConfig(ledger); err != nil {
-			return fmt.Errorf("%w: the Postgres DSN %s does not parse: %s: check its form, postgres://USER:PASSWORD@HOST:PORT/DB?sslmode=disable",
-				ErrInvalid, redactDSN(ledger), scrubPassword(err.Error(), ledger))
-		}
-		return nil
+		_, err := parsePGConfig(ledger)
+		return err
 	case strings.HasPrefix(ledger, "sqlite:"), strings.HasSuffix(ledger, ".db"):
-		if path := strings.TrimPrefix(ledger, "sqlite:"); path == "" || strings.ContainsAny(path, "?#") {
+		if checkSQLitePath(strings.TrimPrefix(ledger, "sqlite:")) != nil {
 			return fmt.Errorf("%w: SQLite ledger %q: want sqlite:/path/to/ledger.db, a file path without ? or #", ErrInvalid, ledger)
 		}
 		return nil

@@ -63,6 +63,15 @@ type SQLite struct {
 
 var _ Ledger = (*SQLite)(nil)
 
+// checkSQLitePath refuses a path OpenSQLite cannot use as a file name in
+// the driver's URI (empty, or holding ? or #).
+func checkSQLitePath(path string) error {
+	if path == "" || strings.ContainsAny(path, "?#") {
+		return fmt.Errorf("%w: SQLite ledger path %q: want a file path without ? or #, or :memory:", ErrInvalid, path)
+	}
+	return nil
+}
+
 // OpenSQLite opens (creating if needed) the ledger file at path, or a
 // private in-memory ledger for ":memory:". It does not migrate.
 func OpenSQLite(ctx context.Context, path string, opts SQLiteOptions) (*SQLite, error) {
@@ -70,8 +79,8 @@ func OpenSQLite(ctx context.Context, path string, opts SQLiteOptions) (*SQLite, 
 	if err != nil {
 		return nil, err
 	}
-	if path == "" || strings.ContainsAny(path, "?#") {
-		return nil, fmt.Errorf("%w: SQLite ledger path %q: want a file path without ? or #, or :memory:", ErrInvalid, path)
+	if err := checkSQLitePath(path); err != nil {
+		return nil, err
 	}
 	busy := opts.BusyTimeout
 	if busy <= 0 {
