@@ -124,7 +124,7 @@ func (c *Config) defaults() error {
 	if c.ProgressEvery == 0 {
 		c.ProgressEvery = 10 * time.Second
 	}
-	if c.Workers < 1 || c.Rate <= 0 || c.SettleInterval < 0 || c.FirstIP < 2 || c.FirstIP+c.Nodes+maxExtra > 254 {
+	if c.Workers < 1 || c.Rate <= 0 || c.SettleInterval < 0 || c.FirstIP < 2 || c.Nodes > MaxNodes(c.FirstIP) {
 		return fmt.Errorf("chaos: Workers (--workers), Rate (--rate), SettleInterval (--settle-interval) and FirstIP (--first-ip) must be positive, and Nodes (--nodes) at most %d with FirstIP %d", MaxNodes(c.FirstIP), c.FirstIP)
 	}
 	return nil
