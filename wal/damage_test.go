@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -11,6 +12,8 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+
+	"github.com/cockroachdb/pebble/v2/vfs"
 
 	"github.com/quotaring/quotaring/internal/dirsnap"
 )
@@ -268,6 +271,52 @@ func TestReadOnlyLeavesDirUnchanged(t *testing.T) {
 	}
 	if _, err := Open(Options{Dir: filepath.Join(t.TempDir(), "none"), NodeID: "n", ReadOnly: true}); err == nil {
 		t.Error("a read-only Open of a dir that does not exist succeeded")
+	}
+}
+
+// roFS is a read-only mount of the real file system: every call that would
+// write fails with EROFS, as on a snapshot mounted read-only.
+type roFS struct{ vfs.FS }
+
+func erofs(op, name string) error { return &os.PathError{Op: op, Path: name, Err: syscall.EROFS} }
+
+func (roFS) Create(name string, _ vfs.DiskWriteCategory) (vfs.File, error) {
+	return nil, erofs("create", name)
+}
+func (roFS) Link(o, _ string) error { return erofs("link", o) }
+func (roFS) OpenReadWrite(name string, _ vfs.DiskWriteCategory, _ ...vfs.OpenOption) (vfs.File, error) {
+	return nil, erofs("open", name)
+}
+func (roFS) Remove(name string) error                 { return erofs("remove", name) }
+func (roFS) RemoveAll(name string) error              { return erofs("remove", name) }
+func (roFS) Rename(o, _ string) error                 { return erofs("rename", o) }
+func (roFS) MkdirAll(dir string, _ os.FileMode) error { return erofs("mkdir", dir) }
+func (roFS) ReuseForWrite(o, _ string, _ vfs.DiskWriteCategory) (vfs.File, error) {
+	return nil, erofs("open", o)
+}
+func (roFS) Lock(name string) (io.Closer, error) { return nil, erofs("open", name) }
+
+// A stopped node's dir on a read-only mount (a snapshot, a disk mounted
+// for inspection) opens ReadOnly, without its lock and with a warning: it
+// failed with "open .../LOCK: read-only file system". A read-write Open
+// still fails there.
+func TestReadOnlyOpensOnReadOnlyMount(t *testing.T) {
+	crashed := writeDurable(t, filepath.Join(t.TempDir(), "data"), 25)
+	var logs bytes.Buffer
+	l, err := Open(Options{Dir: crashed, AnyNode: true, ReadOnly: true, FS: roFS{vfs.Default},
+		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	if err != nil {
+		t.Fatalf("read-only Open on a read-only mount: %v", err)
+	}
+	requireContiguous(t, readAll(t, l), 0, 25)
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(logs.String(), "read-only file system") || !strings.Contains(logs.String(), "level=WARN") {
+		t.Errorf("no warning that the dir was read without its lock:\n%s", logs.String())
+	}
+	if _, err := Open(Options{Dir: crashed, NodeID: "node-1", FS: roFS{vfs.Default}}); err == nil {
+		t.Error("a read-write Open on a read-only mount succeeded")
 	}
 }
 

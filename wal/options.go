@@ -41,7 +41,9 @@ type Options struct {
 	// meta and the durable mark are not written. Append, Settle,
 	// PutCheckpoints and PutMeta fail. For tools that inspect a stopped
 	// node's dir, as evidence, such as quotad reconcile. A dir that does not
-	// exist yet is refused. Pebble still takes the dir's LOCK.
+	// exist yet is refused. Pebble still takes the dir's LOCK, but for a dir
+	// on a read-only file system (a snapshot or a disk mounted read-only for
+	// inspection), which it opens without the lock, with a warning.
 	ReadOnly bool
 
 	// NoSync commits records with pebble.NoSync. FOR BENCHMARKS ONLY: Pebble
@@ -155,11 +157,40 @@ func (o Options) pebbleOptions(readOnly bool) (*pebble.Options, io.Closer) {
 		// read by range, never by point lookups of missing keys.
 	}
 	po.EventListener = o.eventListener()
-	fs, closer := vfs.WithDiskHealthChecks(o.FS, diskSlowThreshold, nil,
+	base := o.FS
+	if o.ReadOnly {
+		base = readOnlyMountFS{FS: base, log: o.Logger}
+	}
+	fs, closer := vfs.WithDiskHealthChecks(base, diskSlowThreshold, nil,
 		func(info vfs.DiskSlowInfo) { po.EventListener.DiskSlow(info) })
 	po.FS = fs
 	return po, closer
 }
+
+// readOnlyMountFS lets a ReadOnly log open a dir on a read-only file
+// system, where Pebble cannot open its LOCK file for writing (EROFS): nothing
+// writes the dir through this mount and the log writes nothing, so it goes on
+// without the lock, and warns, since a writer elsewhere (the same disk
+// mounted read-write on another host) would not be kept out.
+type readOnlyMountFS struct {
+	vfs.FS
+	log *slog.Logger
+}
+
+func (fs readOnlyMountFS) Lock(name string) (io.Closer, error) {
+	c, err := fs.FS.Lock(name)
+	if errors.Is(err, syscall.EROFS) {
+		fs.log.Warn("data dir is on a read-only file system: reading it without taking its lock; "+
+			"make sure no node writes it through another mount", "lock", name)
+		return noLock{}, nil
+	}
+	return c, err
+}
+
+// noLock is the lock of a dir on a read-only file system: there is none.
+type noLock struct{}
+
+func (noLock) Close() error { return nil }
 
 // eventListener logs the Pebble events an operator needs.
 func (o Options) eventListener() *pebble.EventListener {

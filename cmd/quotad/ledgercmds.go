@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"slices"
 	"sort"
@@ -103,7 +104,7 @@ read-only and left exactly as it was.
 
 Exits 0 when everything agrees, 3 when a difference is found, 1 on errors.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return runReconcile(cmd.Context(), cmd.OutOrStdout(), dsn, dataDirs, all)
+			return runReconcile(cmd.Context(), cmd.OutOrStdout(), cmd.ErrOrStderr(), dsn, dataDirs, all)
 		},
 	}
 	ledgerFlag(cmd, &dsn)
@@ -112,7 +113,9 @@ Exits 0 when everything agrees, 3 when a difference is found, 1 on errors.`,
 	return cmd
 }
 
-func runReconcile(ctx context.Context, out io.Writer, dsn string, dataDirs []string, all bool) error {
+// runReconcile writes its report to out and the data dirs' warnings (a dir
+// read without its lock) to errOut.
+func runReconcile(ctx context.Context, out, errOut io.Writer, dsn string, dataDirs []string, all bool) error {
 	l, err := openMigratedLedger(ctx, dsn)
 	if err != nil {
 		return err
@@ -135,7 +138,7 @@ func runReconcile(ctx context.Context, out io.Writer, dsn string, dataDirs []str
 	}
 	tw.Flush()
 	for _, dir := range dataDirs {
-		if err := printUnsettled(out, dir); err != nil {
+		if err := printUnsettled(out, errOut, dir); err != nil {
 			return err
 		}
 	}
@@ -147,14 +150,15 @@ func runReconcile(ctx context.Context, out io.Writer, dsn string, dataDirs []str
 }
 
 // printUnsettled lists a stopped node's unsettled charges per account.
-func printUnsettled(out io.Writer, dir string) error {
+func printUnsettled(out, errOut io.Writer, dir string) error {
 	meta, err := os.Stat(dir)
 	if err != nil || !meta.IsDir() {
 		return fmt.Errorf("--data-dir %s: not a directory", dir)
 	}
 	// Read-only: the dir is evidence. A read-write open would flush the
 	// WAL into a new sstable, MANIFEST and WAL, and write the durable mark.
-	l, err := wal.Open(wal.Options{Dir: dir, AnyNode: true, ReadOnly: true})
+	warn := slog.New(slog.NewTextHandler(errOut, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	l, err := wal.Open(wal.Options{Dir: dir, AnyNode: true, ReadOnly: true, Logger: warn})
 	if err != nil {
 		return fmt.Errorf("open %s: %w", dir, err) // NB: a dir in use says so itself (wal names the LOCK and fuser)
 	}

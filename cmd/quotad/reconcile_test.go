@@ -50,7 +50,7 @@ func TestReconcileLeavesTheDataDirUnchanged(t *testing.T) {
 	before := dirsnap.Take(t, dir)
 
 	var out bytes.Buffer
-	if err := runReconcile(ctx, &out, "sqlite:"+ledger, []string{dir}, false); err != nil {
+	if err := runReconcile(ctx, &out, &out, "sqlite:"+ledger, []string{dir}, false); err != nil {
 		t.Fatalf("reconcile: %v\n%s", err, out.String())
 	}
 	if !strings.Contains(out.String(), "acct-1: +15 units pending") {
