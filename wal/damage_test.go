@@ -179,29 +179,15 @@ func writeFile(t *testing.T, name string, b []byte) {
 // line that wraps ErrCorrupt and names the file and what to do, without
 // calling Exit.
 func TestDamagedSSTStopsOpen(t *testing.T) {
-	dir := filepath.Join(t.TempDir(), "data")
-	l := mustOpen(t, Options{Dir: dir, NodeID: "node-1"})
-	for i := range 60 {
-		appendDurable(t, l, payloadFor(uint64(i+1)))
-	}
-	if err := l.Close(); err != nil {
-		t.Fatal(err)
-	}
-	l = mustOpen(t, Options{Dir: dir, NodeID: "node-1"}) // flushes the WAL into an sstable
-	if err := l.Close(); err != nil {
-		t.Fatal(err)
-	}
-	ssts, err := filepath.Glob(filepath.Join(dir, "*.sst"))
-	if err != nil || len(ssts) != 1 {
-		t.Fatalf("want one sstable in %s, have %v (%v)", dir, ssts, err)
-	}
-	fi, err := os.Stat(ssts[0])
+	dir, sst := flushedDir(t, 60)
+	fi, err := os.Stat(sst)
 	if err != nil {
 		t.Fatal(err)
 	}
-	overwrite(t, ssts[0], fi.Size()/3, 64)
+	overwrite(t, sst, fi.Size()/3, 64)
 
 	var logs bytes.Buffer
+	var l *Log
 	exited := false
 	func() {
 		defer func() {
@@ -220,11 +206,45 @@ func TestDamagedSSTStopsOpen(t *testing.T) {
 		_ = l.Close()
 		t.Fatal("Open succeeded on a damaged sstable")
 	}
-	if !IsCorrupt(err) {
+	requireDamageNamed(t, err, sst, "quotad revoke --node node-1")
+	if strings.Contains(logs.String(), "goroutine") || strings.Contains(logs.String(), ".go:") {
+		t.Errorf("the log holds a stack trace at info level:\n%s", logs.String())
+	}
+	t.Log(err)
+}
+
+// flushedDir returns a closed log's dir whose n records are in one
+// sstable (a read-write Open flushes the WAL it replays), and that sstable.
+func flushedDir(t *testing.T, n int) (dir, sst string) {
+	t.Helper()
+	dir = filepath.Join(t.TempDir(), "data")
+	l := mustOpen(t, Options{Dir: dir, NodeID: "node-1"})
+	for i := range n {
+		appendDurable(t, l, payloadFor(uint64(i+1)))
+	}
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	l = mustOpen(t, Options{Dir: dir, NodeID: "node-1"})
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	ssts, err := filepath.Glob(filepath.Join(dir, "*.sst"))
+	if err != nil || len(ssts) != 1 {
+		t.Fatalf("want one sstable in %s, have %v (%v)", dir, ssts, err)
+	}
+	return dir, ssts[0]
+}
+
+// requireDamageNamed checks that err is one line wrapping ErrCorrupt that
+// holds every one of wants.
+func requireDamageNamed(t *testing.T, err error, wants ...string) {
+	t.Helper()
+	if err == nil || !IsCorrupt(err) {
 		t.Fatalf("Open = %v, want a corruption error", err)
 	}
 	msg := err.Error()
-	for _, want := range []string{ssts[0], "quotad revoke --node node-1"} {
+	for _, want := range wants {
 		if !strings.Contains(msg, want) {
 			t.Errorf("error %q does not name %q", msg, want)
 		}
@@ -232,10 +252,68 @@ func TestDamagedSSTStopsOpen(t *testing.T) {
 	if strings.Contains(msg, "\n") {
 		t.Errorf("error has more than one line:\n%s", msg)
 	}
-	if strings.Contains(logs.String(), "goroutine") || strings.Contains(logs.String(), ".go:") {
-		t.Errorf("the log holds a stack trace at info level:\n%s", logs.String())
+}
+
+// A deleted MANIFEST marker made Pebble take the dir for an empty one: the
+// read-write Open of a dir without wal.durable as well created a new DB over
+// the old MANIFEST and deleted the sstable of every record. Both opens now
+// refuse, leave the dir as it is and say which file to create; with it
+// created, every record is there.
+func TestMissingManifestMarkerIsNamed(t *testing.T) {
+	dir, _ := flushedDir(t, 40)
+	markers, err := filepath.Glob(filepath.Join(dir, "marker.manifest.*"))
+	if err != nil || len(markers) != 1 {
+		t.Fatalf("want one MANIFEST marker in %s, have %v (%v)", dir, markers, err)
 	}
-	t.Log(msg)
+	manifests, _ := filepath.Glob(filepath.Join(dir, "MANIFEST-*"))
+	slices.Sort(manifests)
+	for _, name := range []string{markers[0], filepath.Join(dir, "wal.durable")} {
+		if err := os.Remove(name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	before := dirsnap.Take(t, dir)
+	touch := filepath.Join(dir, "marker.manifest.000001."+filepath.Base(manifests[len(manifests)-1]))
+	for name, o := range map[string]Options{
+		"serve":     {Dir: dir, NodeID: "node-1"},
+		"reconcile": {Dir: dir, AnyNode: true, ReadOnly: true},
+	} {
+		l, err := Open(o)
+		if err == nil {
+			_ = l.Close()
+		}
+		t.Run(name, func(t *testing.T) { requireDamageNamed(t, err, "touch "+touch, "marker.manifest") })
+	}
+	if !before.Unchanged(t, dir, "a refused Open") {
+		t.FailNow()
+	}
+	writeFile(t, touch, nil)
+	l := mustOpen(t, Options{Dir: dir, NodeID: "node-1"})
+	requireContiguous(t, readAll(t, l), 0, 40)
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A deleted sstable got Pebble's own message ("file 000005 (type sstable)
+// unknown to the objstorage provider"): it is named, with the remedy.
+func TestMissingSSTableIsNamed(t *testing.T) {
+	dir, sst := flushedDir(t, 40)
+	if err := os.Remove(sst); err != nil {
+		t.Fatal(err)
+	}
+	for name, o := range map[string]Options{
+		"serve":     {Dir: dir, NodeID: "node-1"},
+		"reconcile": {Dir: dir, AnyNode: true, ReadOnly: true},
+	} {
+		l, err := Open(o)
+		if err == nil {
+			_ = l.Close()
+		}
+		t.Run(name, func(t *testing.T) {
+			requireDamageNamed(t, err, sst, "is missing", "restore that file", "quotad revoke --node")
+		})
+	}
 }
 
 // TestReadOnlyLeavesDirUnchanged opens the dir of a killed node (records

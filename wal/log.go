@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
+	"regexp"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -96,6 +98,15 @@ func Open(opts Options) (*Log, error) {
 	opts, err := opts.withDefaults()
 	if err != nil {
 		return nil, err
+	}
+	if marker := missingManifestMarker(opts.FS, opts.Dir); marker != "" {
+		// NB: before any pebble.Open: a read-write one takes the dir for
+		// an empty one and creates a new DB over the old MANIFEST, losing
+		// every record in it.
+		return nil, fmt.Errorf("%w: dir %s: the file that names its current Pebble MANIFEST (marker.manifest.*) is missing, "+
+			"though the MANIFEST is there: create it again as an empty file naming the newest MANIFEST "+
+			"(`touch %s`) and start again; keep the rest of the dir as it is",
+			ErrCorrupt, opts.Dir, opts.FS.PathJoin(opts.Dir, marker))
 	}
 	if (opts.AnyNode || opts.ReadOnly) && !hasManifest(opts.FS, opts.Dir) {
 		return nil, fmt.Errorf("wal: %s is not a quotad data dir (no Pebble MANIFEST in it)", opts.Dir)
@@ -214,6 +225,17 @@ func openError(opts Options, err error) error {
 		return fmt.Errorf("wal: data dir %s is in use: another process holds its lock %s, most likely "+
 			"another quotad serving it (or a quotad reconcile reading it); stop that process first "+
 			"(`fuser -v %s` names it), and never run two nodes on one data dir: %w", opts.Dir, lock, lock, err)
+	}
+	if errors.Is(err, os.ErrNotExist) {
+		if m := missingTable.FindStringSubmatch(err.Error()); m != nil {
+			sst := opts.FS.PathJoin(opts.Dir, m[1]+".sst")
+			return &damagedFileError{
+				msg: fmt.Sprintf("%s: dir %s: the sstable %s, which its MANIFEST lists, is missing (deleted, or not copied "+
+					"with the dir); it holds records: restore that file from a copy of the disk and start again; "+
+					"if it cannot be restored, %s", ErrCorrupt, opts.Dir, sst, remedy(opts.NodeID)),
+				cause: err,
+			}
+		}
 	}
 	if pebble.IsCorruptionError(err) && pebble.ExtractDataCorruptionInfo(err) == nil {
 		// Not an sstable: most likely a WAL that Pebble knows was synced
@@ -552,6 +574,33 @@ func (l *Log) stopLocked(err error) {
 func lockHeld(err error) bool {
 	return errors.Is(err, syscall.EAGAIN) || errors.Is(err, syscall.EACCES) ||
 		strings.Contains(err.Error(), "lock held by current process")
+}
+
+// missingTable finds the number of the sstable in Pebble's error for a file
+// its MANIFEST lists that is not in the dir.
+var missingTable = regexp.MustCompile(`file (\d+) \(type sstable\) unknown`)
+
+// missingManifestMarker returns the name the marker file of dir's newest
+// MANIFEST would have when dir holds MANIFEST files but no marker naming one
+// (Pebble then takes the dir for an empty one); "" otherwise.
+func missingManifestMarker(fs vfs.FS, dir string) string {
+	names, err := fs.List(dir)
+	if err != nil {
+		return ""
+	}
+	newest := ""
+	for _, n := range names {
+		if strings.HasPrefix(n, "marker.manifest.") {
+			return ""
+		}
+		if strings.HasPrefix(n, "MANIFEST-") && n > newest { // NB: zero-padded numbers sort as strings
+			newest = n
+		}
+	}
+	if newest == "" {
+		return ""
+	}
+	return "marker.manifest.000001." + newest
 }
 
 // hasManifest reports whether dir holds a Pebble DB.
