@@ -309,17 +309,43 @@ func (e *Engine) wait(account string, delta int64) {
 
 // Charge decides req for account and, when it charged, waits until the
 // record is durable. An empty EventID gets a unique generated one. Errors are
-// ErrNotOwner, ErrQuotaUnavailable, log failures and ctx's.
+// ErrNotOwner, ErrQuotaUnavailable, log failures and ctx's. A charge whose
+// wait ctx ends first is taken back (abandon): the caller hears an error
+// wrapping ErrQuotaUnavailable and nothing stays charged.
 func (e *Engine) Charge(ctx context.Context, account string, req shard.Charge) (Result, error) {
 	t0 := time.Now()
 	res, err := e.decide(ctx, account, req)
 	if err == nil && res.Seq > 0 {
 		if werr := e.log.WaitDurable(ctx, res.Seq); werr != nil {
-			res, err = Result{}, fmt.Errorf("engine: charge %q of account %q not durable: %w", res.EventID, account, werr)
+			res, err = Result{}, e.abandon(account, res, werr)
 		}
 	}
 	e.heard(account, &res.Decision, err, t0)
 	return res, err
+}
+
+// abandon is the error of a charge whose durability wait failed (werr). When
+// the wait's ctx ended (the caller's deadline: a disk slower than it, or a
+// caller that left), the record will still become durable and settle, while
+// the caller hears an error and keeps no receipt to refund it with: so the
+// charge is refunded here, by a refund record logged after it (not waited
+// for: the caller is gone), unless a retry was served under its event id
+// meanwhile. The error then wraps ErrQuotaUnavailable: nothing is charged
+// and a retry is safe. Other failures (a failed or closed log) are returned
+// as they are: the log takes nothing more.
+func (e *Engine) abandon(account string, res Result, werr error) error {
+	err := fmt.Errorf("engine: charge %q of account %q not durable: %w", res.EventID, account, werr)
+	if !errors.Is(werr, context.Canceled) && !errors.Is(werr, context.DeadlineExceeded) {
+		return err
+	}
+	if res.Receipt != nil {
+		if _, _, rerr := e.refundLogged(account, res.EventID, func(a *shard.Account, now shard.Now, rec *shard.Record) shard.Decision {
+			return a.RefundAttempt(res.EventID, res.Receipt, e.log.NodeID(), now, &e.params, rec)
+		}); rerr != nil {
+			return fmt.Errorf("%w; taking it back failed too (%v): it may be billed", err, rerr)
+		}
+	}
+	return fmt.Errorf("%w: %w; it was taken back, retry", ErrQuotaUnavailable, err)
 }
 
 // ChargeEarly decides req like Charge but answers before the record is
@@ -424,7 +450,7 @@ func (e *Engine) ChargeMany(ctx context.Context, reqs []Request) []Outcome {
 		if err := e.log.WaitDurable(ctx, last); err != nil {
 			for i := range out {
 				if out[i].Err == nil && out[i].Seq > 0 {
-					out[i] = Outcome{Err: fmt.Errorf("engine: charge %q of account %q not durable: %w", out[i].EventID, reqs[i].Account, err)}
+					out[i] = Outcome{Err: e.abandon(reqs[i].Account, out[i].Result, err)}
 				}
 			}
 		}
@@ -575,23 +601,37 @@ func (e *Engine) refund(ctx context.Context, account, eventID string, receipt *s
 // refundWith applies one kind of refund under the account's lock, logs its
 // record and waits until it is durable.
 func (e *Engine) refundWith(ctx context.Context, account, eventID string, apply func(*shard.Account, shard.Now, *shard.Record) shard.Decision) (shard.Decision, error) {
+	d, wait, err := e.refundLogged(account, eventID, apply)
+	if err != nil || !wait {
+		return d, err
+	}
+	if err := e.log.WaitDurable(ctx, d.Seq); err != nil {
+		return shard.Decision{}, fmt.Errorf("engine: refund %q of account %q not durable: %w", eventID, account, err)
+	}
+	return d, nil
+}
+
+// refundLogged applies one kind of refund under the account's lock and logs
+// its record, without waiting; wait says whether the answer rests on a
+// record (d.Seq) that may not be durable yet.
+func (e *Engine) refundLogged(account, eventID string, apply func(*shard.Account, shard.Now, *shard.Record) shard.Decision) (d shard.Decision, wait bool, err error) {
 	st := e.stripeFor(account)
 	st.mu.Lock()
 	if !e.ownsLocked(account) {
 		st.mu.Unlock()
-		return shard.Decision{}, fmt.Errorf("%w: %q", ErrNotOwner, account)
+		return shard.Decision{}, false, fmt.Errorf("%w: %q", ErrNotOwner, account)
 	}
 	ent, ok := e.entryLocked(st, account)
 	if !ok {
 		st.mu.Unlock()
-		return shard.Decision{Reason: shard.UnknownAccount}, nil
+		return shard.Decision{Reason: shard.UnknownAccount}, false, nil
 	}
 	if ent.broken != nil {
 		st.mu.Unlock()
-		return shard.Decision{}, ent.broken
+		return shard.Decision{}, false, ent.broken
 	}
 	was := ent.acct.Period()
-	d := apply(ent.acct, e.clock.Now(), &st.rec)
+	d = apply(ent.acct, e.clock.Now(), &st.rec)
 	keepPeriodLocked(ent, was)
 	if st.rec.Type == 0 && (d.Reason == shard.AlreadyRefunded || d.Reason == shard.Kept) {
 		// Answers that rest on records that may not be durable yet (the
@@ -603,18 +643,13 @@ func (e *Engine) refundWith(ctx context.Context, account, eventID string, apply 
 		seq, err := e.appendLocked(st, ent)
 		if err != nil {
 			st.mu.Unlock()
-			return shard.Decision{}, err
+			return shard.Decision{}, false, err
 		}
 		d.Seq = seq
 		e.stats.Refunds.Add(1)
 	}
 	st.mu.Unlock()
-	if d.Seq > 0 {
-		if err := e.log.WaitDurable(ctx, d.Seq); err != nil {
-			return shard.Decision{}, fmt.Errorf("engine: refund %q of account %q not durable: %w", eventID, account, err)
-		}
-	}
-	return d, nil
+	return d, d.Seq > 0, nil
 }
 
 // Usage reports an account's current period from the state that enforces.

@@ -2,11 +2,16 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/cockroachdb/pebble/v2/vfs"
+
+	"github.com/quotaring/quotaring/internal/gatefs"
+	"github.com/quotaring/quotaring/internal/waitfor"
 	"github.com/quotaring/quotaring/shard"
 	"github.com/quotaring/quotaring/snapshot"
 	"github.com/quotaring/quotaring/wal"
@@ -304,5 +309,93 @@ func TestUnloggedChangeIsNeverAnswered(t *testing.T) {
 	}
 	if _, err := e.Refund(ctx, "acme", "a", nil); err == nil {
 		t.Fatal("a refund on an account whose memory is ahead of its log was answered")
+	}
+}
+
+// openGated is openEngine on a log whose WAL syncs the test holds (gatefs).
+func openGated(t *testing.T, s *snapshot.Snapshot) (*Engine, *gatefs.FS) {
+	t.Helper()
+	fs := gatefs.New(vfs.NewMem())
+	l, err := wal.Open(wal.Options{Dir: "data", NodeID: "n1", FS: fs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := Open(Options{Log: l, Clock: NewManualClock(time.Date(2026, 6, 10, 0, 0, 0, 0, time.UTC))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.SetSnapshot(s, AllSettled); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close(); l.Close() })
+	t.Cleanup(fs.Release) // runs first: a failed test must not hang Close
+	return e, fs
+}
+
+// A charge whose caller's ctx ends while its record waits for the disk
+// was left charged: the record became durable and settled while the
+// caller heard an error and kept no receipt to refund it with (a forwarded
+// charge's owner answered INTERNAL and the front 500). It is now taken back
+// by a refund logged after it, and the error says quota-unavailable; a
+// retry served under its event id meanwhile keeps it.
+func TestAbandonedChargeIsTakenBack(t *testing.T) {
+	e, fs := openGated(t, testSnapshot(t, map[string]int64{"acme": 100}))
+	charge := func(ctx context.Context, id string, units int64, many bool) error {
+		req := shard.Charge{EventID: id, ClientID: id != "", Units: units}
+		if many {
+			return e.ChargeMany(ctx, []Request{{Account: "acme", Charge: req}})[0].Err
+		}
+		_, err := e.Charge(ctx, "acme", req)
+		return err
+	}
+	used := func() int64 {
+		u, _, err := e.Usage("acme")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return u.Used
+	}
+	for _, many := range []bool{false, true} {
+		fs.Arm()
+		ctx, cancel := context.WithCancel(context.Background())
+		errc := make(chan error, 1)
+		go func() { errc <- charge(ctx, "", 7, many) }()
+		<-fs.Entered // the charge's record is inside fsync
+		cancel()
+		err := <-errc
+		fs.Release()
+		if !errors.Is(err, ErrQuotaUnavailable) || !errors.Is(err, context.Canceled) {
+			t.Fatalf("ChargeMany=%v: abandoned charge: %v, want quota-unavailable wrapping context.Canceled", many, err)
+		}
+		if err := e.Log().WaitDurable(context.Background(), e.Log().LastSeq()); err != nil {
+			t.Fatal(err)
+		}
+		if u := used(); u != 0 {
+			t.Fatalf("ChargeMany=%v: %d units used after the abandoned charge, want 0", many, u)
+		}
+	}
+	if n, units := countRecords(t, e.Log(), shard.RecRefund); n != 2 || units != 14 {
+		t.Fatalf("refund records: %d of %d units, want 2 of 14", n, units)
+	}
+
+	// A retry answered replayed before the first attempt gave up: the
+	// charge is the retry's too, and stays.
+	fs.Arm()
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 2)
+	go func() { errc <- charge(ctx, "job-1", 5, false) }()
+	<-fs.Entered
+	go func() { errc <- charge(context.Background(), "job-1", 5, false) }()
+	waitfor.Cond(t, 5*time.Second, "the retry to be answered replayed", func() bool { return e.Stats().Replayed.Load() == 1 })
+	cancel()
+	if err := <-errc; !errors.Is(err, ErrQuotaUnavailable) {
+		t.Fatalf("first attempt: %v, want quota-unavailable", err)
+	}
+	fs.Release()
+	if err := <-errc; err != nil {
+		t.Fatalf("the retry: %v", err)
+	}
+	if u := used(); u != 5 {
+		t.Fatalf("%d units used after a served retry, want 5 (kept)", u)
 	}
 }

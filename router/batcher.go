@@ -2,6 +2,7 @@ package router
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"time"
 )
@@ -42,7 +43,9 @@ func newBatcher[Req, Rep any](ctx context.Context, maxInflight, maxBatch int, se
 }
 
 // do sends req in some batch and waits for its reply or ctx. A caller whose
-// ctx ends first gets ctx's error; its request may still be applied.
+// ctx ends first gets ctx's error: its request is dropped if it is still
+// queued (never sent, so never applied), and may still be applied if it
+// was sent.
 func (b *batcher[Req, Rep]) do(ctx context.Context, req Req) (Rep, error) {
 	reps, errs := b.doMany(ctx, []Req{req})
 	return reps[0], errs[0]
@@ -96,9 +99,21 @@ func (b *batcher[Req, Rep]) doMany(ctx context.Context, reqs []Req) ([]Rep, []er
 			reps[i], errs[i] = c.rep, c.err
 		case <-ctx.Done():
 			errs[i] = ctx.Err()
+			b.drop(c)
 		}
 	}
 	return reps, errs
+}
+
+// drop takes c out of the queue if it is still there: its caller left
+// with an error, so it must not be applied after (a charge the caller
+// was told failed, billed by the owner later).
+func (b *batcher[Req, Rep]) drop(c *call[Req, Rep]) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if i := slices.Index(b.queue, c); i >= 0 {
+		b.queue = slices.Delete(b.queue, i, i+1)
+	}
 }
 
 // ctxEnded is ctx's error, or DeadlineExceeded once its deadline has passed

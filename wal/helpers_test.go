@@ -5,12 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
-	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
+
+	"github.com/quotaring/quotaring/internal/gatefs"
 )
 
 // testOpts returns Options for a test log on fs under dir "data".
@@ -26,8 +26,8 @@ func mustOpen(t testing.TB, opts Options) *Log {
 		t.Fatalf("Open: %v", err)
 	}
 	t.Cleanup(func() { _ = l.Close() })
-	if g, ok := opts.FS.(*gateFS); ok {
-		t.Cleanup(g.release) // runs first: a failed test must not hang Close
+	if g, ok := opts.FS.(*gatefs.FS); ok {
+		t.Cleanup(g.Release) // runs first: a failed test must not hang Close
 	}
 	return l
 }
@@ -86,87 +86,6 @@ func waitUntil(t testing.TB, what string, cond func() bool) {
 		}
 		runtime.Gosched()
 	}
-}
-
-// gateFS wraps a vfs.FS so that a test can hold the fsync of Pebble's WAL
-// files (*.log): while armed, each Sync of a WAL file reports on entered and
-// blocks until release.
-type gateFS struct {
-	vfs.FS
-	entered chan string // one send per blocked sync (buffered)
-
-	mu   sync.Mutex    // protects gate
-	gate chan struct{} // nil when disarmed; closed by release
-}
-
-func newGateFS(inner vfs.FS) *gateFS {
-	return &gateFS{FS: inner, entered: make(chan string, 1024)}
-}
-
-// arm makes the next WAL syncs block.
-func (g *gateFS) arm() {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	g.gate = make(chan struct{})
-}
-
-// release lets blocked and later syncs through.
-func (g *gateFS) release() {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if g.gate != nil {
-		close(g.gate)
-		g.gate = nil
-	}
-}
-
-func (g *gateFS) wait(name string) {
-	g.mu.Lock()
-	gate := g.gate
-	g.mu.Unlock()
-	if gate == nil {
-		return
-	}
-	g.entered <- name
-	<-gate
-}
-
-func (g *gateFS) Create(name string, cat vfs.DiskWriteCategory) (vfs.File, error) {
-	f, err := g.FS.Create(name, cat)
-	return g.wrap(name, f, err)
-}
-
-func (g *gateFS) ReuseForWrite(oldname, newname string, cat vfs.DiskWriteCategory) (vfs.File, error) {
-	f, err := g.FS.ReuseForWrite(oldname, newname, cat)
-	return g.wrap(newname, f, err)
-}
-
-func (g *gateFS) wrap(name string, f vfs.File, err error) (vfs.File, error) {
-	if err != nil || !strings.HasSuffix(name, ".log") {
-		return f, err
-	}
-	return &gateFile{File: f, g: g, name: name}, nil
-}
-
-type gateFile struct {
-	vfs.File
-	g    *gateFS
-	name string
-}
-
-func (f *gateFile) Sync() error {
-	f.g.wait(f.name)
-	return f.File.Sync()
-}
-
-func (f *gateFile) SyncData() error {
-	f.g.wait(f.name)
-	return f.File.SyncData()
-}
-
-func (f *gateFile) SyncTo(length int64) (bool, error) {
-	f.g.wait(f.name)
-	return f.File.SyncTo(length)
 }
 
 // isClosing reports whether Close has begun.

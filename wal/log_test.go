@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
+
+	"github.com/quotaring/quotaring/internal/gatefs"
 )
 
 func TestOpenValidatesOptions(t *testing.T) {
@@ -67,19 +69,19 @@ func TestSequenceOrder(t *testing.T) {
 // checks that, while Pebble's Commit has not returned, the record is visible
 // to a raw Pebble read but DurableSeq, WaitDurable and Scan do not pass it.
 func TestDurableOnlyAfterCommitReturns(t *testing.T) {
-	fs := newGateFS(vfs.NewMem())
+	fs := gatefs.New(vfs.NewMem())
 	var commits []int
 	opts := testOpts(fs)
 	opts.OnCommit = func(records, _ int, _ time.Duration) { commits = append(commits, records) }
 	l := mustOpen(t, opts)
 	appendDurable(t, l, payloadFor(1))
 
-	fs.arm()
+	fs.Arm()
 	seq2, err := l.Append(payloadFor(2))
 	if err != nil {
 		t.Fatal(err)
 	}
-	<-fs.entered // the commit of seq 2 is inside fsync
+	<-fs.Entered // the commit of seq 2 is inside fsync
 	seq3, err := l.Append(payloadFor(3))
 	if err != nil {
 		t.Fatal(err)
@@ -103,7 +105,7 @@ func TestDurableOnlyAfterCommitReturns(t *testing.T) {
 		t.Fatalf("Scan during the fsync returned %d records, want 1", len(got))
 	}
 
-	fs.release()
+	fs.Release()
 	if err := l.WaitDurable(context.Background(), seq3); err != nil {
 		t.Fatal(err)
 	}
@@ -160,13 +162,13 @@ func TestWaitDurable(t *testing.T) {
 // TestCloseDrainsWaiters queues records behind a held fsync, closes, and
 // checks that every waiter gets nil once Close committed the queue.
 func TestCloseDrainsWaiters(t *testing.T) {
-	fs := newGateFS(vfs.NewMem())
+	fs := gatefs.New(vfs.NewMem())
 	l := mustOpen(t, testOpts(fs))
-	fs.arm()
+	fs.Arm()
 	if _, err := l.Append([]byte("first")); err != nil {
 		t.Fatal(err)
 	}
-	<-fs.entered
+	<-fs.Entered
 	const n = 10
 	errs := make(chan error, n)
 	for range n - 1 {
@@ -183,7 +185,7 @@ func TestCloseDrainsWaiters(t *testing.T) {
 	if _, err := l.Append([]byte("late")); !errors.Is(err, ErrClosed) {
 		t.Fatalf("Append during Close = %v, want ErrClosed", err)
 	}
-	fs.release()
+	fs.Release()
 	if err := <-closed; err != nil {
 		t.Fatalf("Close = %v", err)
 	}
@@ -213,16 +215,16 @@ func TestCloseDrainsWaiters(t *testing.T) {
 // TestBackPressure checks that Append blocks while MaxPendingBytes wait for
 // the committer, and goes on once the commit returns.
 func TestBackPressure(t *testing.T) {
-	fs := newGateFS(vfs.NewMem())
+	fs := gatefs.New(vfs.NewMem())
 	opts := testOpts(fs)
 	opts.MaxPendingBytes = 100
 	l := mustOpen(t, opts)
-	fs.arm()
+	fs.Arm()
 	big := bytes.Repeat([]byte("x"), 100)
 	if _, err := l.Append(big); err != nil {
 		t.Fatal(err)
 	}
-	<-fs.entered
+	<-fs.Entered
 	done := make(chan uint64)
 	go func() {
 		seq, err := l.Append([]byte("blocked"))
@@ -237,7 +239,7 @@ func TestBackPressure(t *testing.T) {
 		t.Fatalf("Append returned %d while the pending bytes were over the bound", seq)
 	default:
 	}
-	fs.release()
+	fs.Release()
 	if seq := <-done; seq != 2 {
 		t.Fatalf("blocked Append got seq %d, want 2", seq)
 	}
@@ -246,7 +248,7 @@ func TestBackPressure(t *testing.T) {
 // TestMaxBatchBytes checks that the committer splits a long queue into
 // commits of at most MaxBatchBytes, and that Append refuses a larger payload.
 func TestMaxBatchBytes(t *testing.T) {
-	fs := newGateFS(vfs.NewMem())
+	fs := gatefs.New(vfs.NewMem())
 	opts := testOpts(fs)
 	opts.MaxBatchBytes = 1000
 	var mu sync.Mutex
@@ -260,16 +262,16 @@ func TestMaxBatchBytes(t *testing.T) {
 	if _, err := l.Append(make([]byte, 1001)); err == nil {
 		t.Fatal("Append of a payload over MaxBatchBytes succeeded")
 	}
-	fs.arm()
+	fs.Arm()
 	if _, err := l.Append([]byte("hold")); err != nil {
 		t.Fatal(err)
 	}
-	<-fs.entered
+	<-fs.Entered
 	var last uint64
 	for range 100 {
 		last, _ = l.Append(make([]byte, 86)) // 100 bytes with key and frame
 	}
-	fs.release()
+	fs.Release()
 	if err := l.WaitDurable(context.Background(), last); err != nil {
 		t.Fatal(err)
 	}
@@ -328,7 +330,7 @@ func TestGroupCommit(t *testing.T) {
 // TestGroupCommitGathersWhileSyncing holds one fsync while 64 goroutines
 // append, and checks that the next commit carries all 64 records.
 func TestGroupCommitGathersWhileSyncing(t *testing.T) {
-	fs := newGateFS(vfs.NewMem())
+	fs := gatefs.New(vfs.NewMem())
 	opts := testOpts(fs)
 	var mu sync.Mutex
 	var recs []int
@@ -338,11 +340,11 @@ func TestGroupCommitGathersWhileSyncing(t *testing.T) {
 		mu.Unlock()
 	}
 	l := mustOpen(t, opts)
-	fs.arm()
+	fs.Arm()
 	if _, err := l.Append([]byte("hold")); err != nil {
 		t.Fatal(err)
 	}
-	<-fs.entered
+	<-fs.Entered
 	var wg sync.WaitGroup
 	for range 64 {
 		wg.Go(func() {
@@ -356,7 +358,7 @@ func TestGroupCommitGathersWhileSyncing(t *testing.T) {
 		})
 	}
 	waitUntil(t, "64 appends", func() bool { return l.LastSeq() == 65 })
-	fs.release()
+	fs.Release()
 	wg.Wait()
 	_ = l.Close()
 	if want := []int{1, 64}; !equalInts(recs, want) {
