@@ -316,6 +316,19 @@ type answer struct {
 // headers as "Name: value".
 func do(t testing.TB, base, method, path, key string, body io.Reader, headers ...string) answer {
 	t.Helper()
+	return doWith(t, http.DefaultClient, base, method, path, key, body, headers...)
+}
+
+// h2cClient speaks HTTP/2 without TLS (prior knowledge), as gRPC clients do.
+func h2cClient() *http.Client {
+	var p http.Protocols
+	p.SetUnencryptedHTTP2(true)
+	return &http.Client{Transport: &http.Transport{Protocols: &p}}
+}
+
+// doWith is do through client.
+func doWith(t testing.TB, client *http.Client, base, method, path, key string, body io.Reader, headers ...string) answer {
+	t.Helper()
 	req, err := http.NewRequest(method, base+path, body)
 	if err != nil {
 		t.Fatal(err)
@@ -327,7 +340,7 @@ func do(t testing.TB, base, method, path, key string, body io.Reader, headers ..
 		k, v, _ := strings.Cut(h, ": ")
 		req.Header.Add(k, v)
 	}
-	res, err := http.DefaultClient.Do(req)
+	res, err := client.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/httptrace"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -254,6 +255,10 @@ func Middleware(opts FrontOptions) (func(http.Handler) http.Handler, error) {
 type front struct {
 	opts FrontOptions
 	next http.Handler
+	// proxy is set for NewProxy's front: next marks when the request
+	// reached the upstream (markSent), so clientLeft can tell a client that
+	// left before it from one that left after.
+	proxy bool
 }
 
 // charged is one request's charge, refunded at most once.
@@ -320,7 +325,11 @@ func (f *front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// next gets its own Caller (changing it cannot redirect the refund), on
 	// a copy of the request (the caller's stays as it was).
 	caller := c.Caller
-	r = r.WithContext(context.WithValue(r.Context(), callerKey{}, &caller))
+	ctx := context.WithValue(r.Context(), callerKey{}, &caller)
+	if f.proxy {
+		ctx = context.WithValue(ctx, sentKey{}, new(atomic.Bool))
+	}
+	r = r.WithContext(ctx)
 	// Only the front says which account and event a request was charged
 	// to: a client's own values are forged.
 	r.Header = r.Header.Clone()
@@ -338,8 +347,8 @@ func (f *front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if inNext == 0 && !t.IsZero() {
 			inNext = time.Since(t)
 		}
-		if p != nil && (p != http.ErrAbortHandler || rec.writeErr == nil) {
-			rec.failed = true // NB: an abort after a failed write is the client leaving, not the upstream failing
+		if p != nil && (p != http.ErrAbortHandler || (rec.writeErr == nil && !clientLeft(r))) {
+			rec.failed = true // NB: an abort after a failed write, or once the client left, is the client leaving, not the upstream failing
 		}
 		f.finish(rec, r, c, body)
 		f.observe(rec.code(r), time.Since(start)-inNext)
@@ -403,7 +412,16 @@ func (f *front) admit(r *http.Request) (*charged, *Problem) {
 // bodyBounded reports whether MaxBodyBytes applies to r: not to gRPC calls,
 // which are streams.
 func (f *front) bodyBounded(r *http.Request) bool {
-	return f.opts.MaxBodyBytes > 0 && !isGRPC(r.Header.Get("Content-Type"))
+	return f.opts.MaxBodyBytes > 0 && !isGRPCCall(r)
+}
+
+// isGRPCCall reports a gRPC call: HTTP/2 with a gRPC content type. A
+// Content-Type alone is the client's say: over HTTP/1.1 (which gRPC does not
+// use) it exempted any body from the limit. gRPC-Web is not one: its calls
+// are unary or server-streaming, with bounded request bodies.
+func isGRPCCall(r *http.Request) bool {
+	ct := r.Header.Get("Content-Type")
+	return r.ProtoMajor == 2 && isGRPC(ct) && !strings.HasPrefix(ct, "application/grpc-web")
 }
 
 // isPreflight reports a CORS preflight: OPTIONS with Origin and
@@ -495,11 +513,11 @@ func (f *front) finish(rec *recorder, r *http.Request, c *charged, body *limited
 		why = "the upstream failed"
 	case f.opts.BillOn == BillOn2xx && (rec.code(r) < 200 || rec.code(r) >= 400):
 		why = fmt.Sprintf("the answer was %d (bill-on 2xx)", rec.code(r))
-	case f.opts.BillOn == BillOn2xx && rec.grpcFailed():
+	case f.opts.BillOn == BillOn2xx && rec.grpcFailed(r):
 		why = "the gRPC status was " + rec.grpcStatus() + " (bill-on 2xx)"
 	case f.opts.BillOn == BillOnSuccess && rec.code(r) >= 500:
 		why = fmt.Sprintf("the answer was %d", rec.code(r))
-	case f.opts.BillOn == BillOnSuccess && rec.grpcFailed():
+	case f.opts.BillOn == BillOnSuccess && rec.grpcFailed(r):
 		why = "the gRPC status was " + rec.grpcStatus()
 	}
 	if why == "" {
@@ -571,6 +589,37 @@ func (f *front) observe(code int, added time.Duration) {
 	if f.opts.OnRequest != nil {
 		f.opts.OnRequest(code, added)
 	}
+}
+
+// sentKey is the context key of the *atomic.Bool that NewProxy's handler
+// sets once the request's head is written to the upstream.
+type sentKey struct{}
+
+// markSent returns out with a trace that sets in's sent flag once out's
+// head is written (to the upstream), or out as it is outside the front.
+func markSent(in, out *http.Request) *http.Request {
+	sent, ok := in.Context().Value(sentKey{}).(*atomic.Bool)
+	if !ok {
+		return out
+	}
+	return out.WithContext(httptrace.WithClientTrace(out.Context(), &httptrace.ClientTrace{
+		WroteHeaders: func() { sent.Store(true) },
+	}))
+}
+
+// clientLeft reports a client that hung up after the request reached the
+// handler's upstream (or, for a handler that is not NewProxy's, at all):
+// that is not the upstream failing, and the charge stands, as for a client
+// that leaves a plain handler. Before, a client that dropped a streamed
+// answer part way, or sent a slow POST and left, was refunded while the
+// upstream did the work. A request that never reached the upstream is
+// still refunded.
+func clientLeft(r *http.Request) bool {
+	if r.Context().Err() == nil {
+		return false
+	}
+	sent, ok := r.Context().Value(sentKey{}).(*atomic.Bool)
+	return !ok || sent.Load()
 }
 
 // recorder wraps the handler's ResponseWriter: it remembers the status,
@@ -716,18 +765,20 @@ func (w *recorder) grpcStatus() string {
 	return ""
 }
 
-// grpcFailed reports a gRPC answer (Content-Type application/grpc...) whose
-// final status is not OK; a gRPC answer with no status at all was cut off.
-// gRPC-Web (application/grpc-web...) carries its trailers inside the body,
-// which the front does not parse: only a trailers-only answer's status
-// (in the headers) counts there.
-func (w *recorder) grpcFailed() bool {
-	ct := w.Header().Get("Content-Type")
+// grpcFailed reports a gRPC answer (Content-Type application/grpc...) to a
+// gRPC request whose final status is not OK; a gRPC call's answer with no
+// status at all was cut off. gRPC-Web (application/grpc-web...) carries its
+// trailers inside the body, which the front does not parse: only a
+// trailers-only answer's status (in the headers) counts there. An answer
+// to a request that was not gRPC is not one, whatever its Content-Type: a
+// file served with the type its uploader chose was refunded.
+func (w *recorder) grpcFailed(r *http.Request) bool {
+	ct, in := w.Header().Get("Content-Type"), r.Header.Get("Content-Type")
 	switch {
-	case strings.HasPrefix(ct, "application/grpc-web"):
+	case strings.HasPrefix(ct, "application/grpc-web") && strings.HasPrefix(in, "application/grpc-web"):
 		s := w.Header().Get("Grpc-Status")
 		return s != "" && s != "0"
-	case isGRPC(ct):
+	case isGRPC(ct) && isGRPCCall(r):
 		return w.grpcStatus() != "0"
 	}
 	return false

@@ -99,6 +99,7 @@ func NewProxy(upstream *url.URL, opts FrontOptions) (http.Handler, error) {
 	log := opts.Logger
 	rp := &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.Out = markSent(pr.In, pr.Out)
 			pr.SetURL(upstream)
 			if opts.TrustForwarded {
 				in, out := pr.In.Header, pr.Out.Header
@@ -136,17 +137,16 @@ func NewProxy(upstream *url.URL, opts FrontOptions) (http.Handler, error) {
 		},
 		ErrorLog: slog.NewLogLogger(log.With("subsystem", "proxy").Handler(), slog.LevelWarn),
 	}
-	mw, err := Middleware(opts)
-	if err != nil {
-		return nil, err
-	}
-	return mw(rp), nil
+	return &front{opts: opts, next: rp, proxy: true}, nil // NB: opts.defaults ran above
 }
 
 // upstreamError is the ReverseProxy's ErrorHandler: the upstream gave no
 // answer. It marks the request failed (refund) and answers problem+json.
 func upstreamError(w http.ResponseWriter, r *http.Request, err error, maxBody int64, refunds bool, log *slog.Logger) {
 	rec, _ := w.(*recorder)
+	if clientLeft(r) {
+		return // the client went away after the upstream got the request: the charge stands, nobody reads an answer
+	}
 	if rec != nil {
 		rec.failed = true
 	}
@@ -159,7 +159,7 @@ func upstreamError(w http.ResponseWriter, r *http.Request, err error, maxBody in
 		return
 	}
 	if r.Context().Err() != nil {
-		return // the client went away; nobody reads an answer
+		return // the client went away before the upstream got the request (refunded); nobody reads an answer
 	}
 	if refunds && rec != nil && rec.refundFirst != nil {
 		rec.refundFirst("the upstream failed")

@@ -13,6 +13,7 @@ import (
 	"net/url"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -206,8 +207,9 @@ type fakeCharger struct {
 	// when both are zero).
 	refundDecision shard.Decision
 	refundErr      error
-	// gate, when set, holds every charge until it is closed.
-	gate chan struct{}
+	// gate, when set, holds every charge until it is closed; entered, when
+	// set, hears each charge that reached the gate.
+	gate, entered chan struct{}
 
 	mu      sync.Mutex // protects charges and refunds
 	charges []ChargeRequest
@@ -216,6 +218,9 @@ type fakeCharger struct {
 
 func (f *fakeCharger) Charge(_ context.Context, req ChargeRequest) (ChargeResult, error) {
 	if f.gate != nil {
+		if f.entered != nil {
+			f.entered <- struct{}{}
+		}
 		<-f.gate
 	}
 	f.mu.Lock()
@@ -341,7 +346,8 @@ func TestBillOnPolicies(t *testing.T) {
 			w.Header().Set("Grpc-Status", "7")
 			w.WriteHeader(200)
 		}),
-		"panic": http.HandlerFunc(func(http.ResponseWriter, *http.Request) { panic("boom") }),
+		"rest answer typed grpc": grpc("", false), // a REST request: a file served with the type its uploader chose
+		"panic":                  http.HandlerFunc(func(http.ResponseWriter, *http.Request) { panic("boom") }),
 		"abort after a write": http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 			w.Write([]byte("partial"))
 			panic(http.ErrAbortHandler)
@@ -355,11 +361,23 @@ func TestBillOnPolicies(t *testing.T) {
 		"grpc 0": {false, false, false}, "grpc 13 trailer": {true, true, false}, "grpc 5 trailers-only": {true, true, false},
 		"grpc cut off": {true, true, false}, "panic": {true, true, false}, "abort after a write": {true, true, false},
 		"grpc-web 0": {false, false, false}, "grpc-web 7 trailers-only": {true, true, false},
+		"rest answer typed grpc": {false, false, false},
+	}
+	request := func(name string) *http.Request {
+		r := newRequest("POST", "/v1/tasks", nil)
+		switch {
+		case strings.HasPrefix(name, "grpc-web"):
+			r.Header.Set("Content-Type", "application/grpc-web+proto")
+		case strings.HasPrefix(name, "grpc"):
+			r.Proto, r.ProtoMajor, r.ProtoMinor = "HTTP/2.0", 2, 0
+			r.Header.Set("Content-Type", "application/grpc")
+		}
+		return r
 	}
 	for name, h := range handlers {
 		for i, policy := range []string{BillOnSuccess, BillOn2xx, BillOnAlways} {
 			ch := &fakeCharger{decision: okDecision()}
-			_, p := serve(t, FrontOptions{Charger: ch, Config: testConfig(t), BillOn: policy}, h, newRequest("POST", "/v1/tasks", nil))
+			_, p := serve(t, FrontOptions{Charger: ch, Config: testConfig(t), BillOn: policy}, h, request(name))
 			if (p != nil) != (name == "panic" || name == "abort after a write") {
 				t.Errorf("%s: panic %v", name, p)
 			}
@@ -691,7 +709,9 @@ func TestMiddlewareQuotaHeadersAreTheFronts(t *testing.T) {
 	}
 }
 
-// A gRPC call is a stream: MaxBodyBytes does not cut it off.
+// A gRPC call (HTTP/2, a gRPC Content-Type) is a stream: MaxBodyBytes does
+// not cut it off. The same Content-Type over HTTP/1.1, which gRPC does not
+// use, is a client's claim: it exempted any body from the limit.
 func TestGRPCStreamsAreNotBodyBounded(t *testing.T) {
 	var read int
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -708,9 +728,17 @@ func TestGRPCStreamsAreNotBodyBounded(t *testing.T) {
 	req := newRequest("POST", "/v1/tasks", io.MultiReader(strings.NewReader(strings.Repeat("x", 100))))
 	req.ContentLength = -1
 	req.Header.Set("Content-Type", "application/grpc")
+	req.Proto, req.ProtoMajor, req.ProtoMinor = "HTTP/2.0", 2, 0
 	w, _ := serve(t, FrontOptions{Charger: ch, Config: testConfig(t), MaxBodyBytes: 10}, h, req)
 	if c, r := ch.counts(); w.Code != 200 || read != 100 || c != 1 || r != 0 {
 		t.Fatalf("gRPC stream of 100 bytes, limit 10: %d, read %d, %d charges, %d refunds", w.Code, read, c, r)
+	}
+
+	req = newRequest("POST", "/v1/tasks", strings.NewReader(strings.Repeat("x", 100)))
+	req.Header.Set("Content-Type", "application/grpc+json")
+	w, _ = serve(t, FrontOptions{Charger: ch, Config: testConfig(t), MaxBodyBytes: 10}, http.NotFoundHandler(), req)
+	if w.Header().Get("Grpc-Status") != "8" || w.Header().Get("X-Quota-Problem") != ProblemPayloadTooLarge { // NB: refusals to a gRPC-typed request are gRPC statuses
+		t.Fatalf("an HTTP/1.1 body of 100 bytes typed application/grpc+json, limit 10: %d %v, want payload-too-large", w.Code, w.Header())
 	}
 }
 
@@ -1020,5 +1048,93 @@ func TestUsageClientGone(t *testing.T) {
 		http.NotFoundHandler(), newRequest("GET", "/v1/usage", nil).WithContext(ctx))
 	if code != 499 || w.Body.Len() != 0 {
 		t.Fatalf("OnRequest %d, body %q; want 499 and nothing written", code, w.Body.String())
+	}
+}
+
+// A client that hangs up after the upstream got its request is not the
+// upstream failing: the charge stands (bill-on success), as for a client
+// that leaves a plain handler. It was refunded: a client that dropped a
+// streamed answer part way, or sent a slow POST and left, paid nothing
+// for the upstream's work. A client that leaves before the upstream got
+// the request is still refunded.
+func TestClientLeavingKeepsTheCharge(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		stream   bool // the upstream answers its head and a first event, then waits
+		early    bool // the client leaves while its charge is decided, before the upstream is called
+		refunded bool
+	}{
+		{name: "mid-stream", stream: true},
+		{name: "before the answer, after the upstream got it"},
+		{name: "before the upstream got it", early: true, refunded: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := make(chan struct{}, 1)
+			var upstreamCalls atomic.Int64
+			up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				upstreamCalls.Add(1)
+				if tc.stream {
+					w.Header().Set("Content-Type", "text/event-stream")
+					io.WriteString(w, "data: 1\n\n")
+					w.(http.Flusher).Flush()
+				}
+				got <- struct{}{}
+				<-r.Context().Done() // the proxy cancels it when the client leaves
+			}))
+			defer up.Close()
+			u, _ := url.Parse(up.URL)
+			ch := &fakeCharger{decision: okDecision()}
+			if tc.early {
+				ch.gate, ch.entered = make(chan struct{}), make(chan struct{}, 1)
+			}
+			done := make(chan int, 1)
+			proxy, err := NewProxy(u, FrontOptions{Charger: ch, Config: testConfig(t), OnRequest: func(code int, _ time.Duration) { done <- code }})
+			if err != nil {
+				t.Fatal(err)
+			}
+			front := httptest.NewServer(proxy)
+			defer front.Close()
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			req, _ := http.NewRequestWithContext(ctx, "POST", front.URL+"/v1/tasks", nil)
+			req.Header.Set("X-Api-Key", "secret")
+			errc := make(chan error, 1)
+			go func() {
+				res, err := http.DefaultClient.Do(req)
+				if err == nil {
+					buf := make([]byte, 9)
+					_, err = io.ReadFull(res.Body, buf) // the first event
+					res.Body.Close()
+				}
+				errc <- err
+			}()
+			if tc.early {
+				<-ch.entered // the charge is being decided
+				cancel()
+				<-errc
+				close(ch.gate)
+			} else {
+				<-got
+				if tc.stream {
+					if err := <-errc; err != nil {
+						t.Fatalf("the first event: %v", err)
+					}
+				}
+				cancel()
+			}
+			select {
+			case code := <-done:
+				t.Logf("the front heard %d", code)
+			case <-time.After(10 * time.Second):
+				t.Fatal("the front never finished the request")
+			}
+			charges, refunds := ch.counts()
+			if charges != 1 || (refunds == 1) != tc.refunded || refunds > 1 {
+				t.Fatalf("%d charges, %d refunds; want 1 charge, refunded=%v", charges, refunds, tc.refunded)
+			}
+			if tc.early && upstreamCalls.Load() != 0 {
+				t.Fatalf("the upstream got a request whose client had left before it was sent")
+			}
+		})
 	}
 }

@@ -150,13 +150,14 @@ func TestProxyRefundsFailures(t *testing.T) {
 	expect(t, "an upstream 500", a, 500, "95") // the headers show the charge; the refund follows the answer
 	waitFor(t, 5*time.Second, "the refund of the 500", func() bool { return c.refunds() == before+1 })
 
-	a = do(t, proxy, "POST", "/v1/grpc", acct.key, nil)
+	h2c := h2cClient() // a gRPC call is HTTP/2 with a gRPC Content-Type
+	a = doWith(t, h2c, proxy, "POST", "/v1/grpc", acct.key, nil, "Content-Type: application/grpc")
 	if a.status != 200 || a.trailer.Get("Grpc-Status") != "13" || a.header.Get("Content-Type") != "application/grpc" {
 		t.Fatalf("gRPC answer %d, trailer %v, header %v", a.status, a.trailer, a.header)
 	}
 	waitFor(t, 5*time.Second, "the refund of grpc-status 13", func() bool { return c.refunds() == before+2 })
 
-	a = do(t, proxy, "POST", "/v1/grpc-ok", acct.key, nil)
+	a = doWith(t, h2c, proxy, "POST", "/v1/grpc-ok", acct.key, nil, "Content-Type: application/grpc")
 	if a.status != 200 || a.trailer.Get("Grpc-Status") != "0" {
 		t.Fatalf("gRPC OK answer %d, trailer %v", a.status, a.trailer)
 	}
