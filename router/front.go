@@ -375,7 +375,7 @@ func (f *front) admit(r *http.Request) (*charged, *Problem) {
 	if f.bodyBounded(r) && r.ContentLength > f.opts.MaxBodyBytes {
 		return nil, tooLarge(f.opts.MaxBodyBytes)
 	}
-	route, units := snap.Routes.MatchHost(r.Method, r.Host, r.URL.Path)
+	route, units := snap.Routes.MatchHost(r.Method, r.Host, r.URL.EscapedPath())
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), f.opts.ChargeTimeout)
 	defer cancel()
 	req := ChargeRequest{Account: key.Account, EventID: eventID, ClientID: eventID != "", Key: key.ID, Route: route, Units: units}

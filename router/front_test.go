@@ -269,7 +269,7 @@ func testConfig(t *testing.T) staticConfig {
 	t.Helper()
 	s, err := snapshot.Decode([]byte(`{"version":1,"plans":[{"id":"p","monthly_quota":100,"hard":true}],
 		"accounts":[{"id":"acme","plan":"p"}],"keys":[{"id":"k1","hash":"` + snapshot.HashKey("secret") + `","account":"acme"}],
-		"routes":{"version":1,"default":1,"weights":{"POST /v1/tasks":2,"GET /v1/free":0}}}`))
+		"routes":{"version":1,"default":1,"weights":{"POST /v1/tasks":2,"GET /v1/free":0,"POST /v1/files/{name}":7}}}`))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1136,5 +1136,16 @@ func TestClientLeavingKeepsTheCharge(t *testing.T) {
 				t.Fatalf("the upstream got a request whose client had left before it was sent")
 			}
 		})
+	}
+}
+
+// The route is matched on the path as sent (escaped), as an upstream's
+// ServeMux matches it: /v1/files/a%2Fb is POST /v1/files/{name} there, and
+// billed the default route when the decoded path (/v1/files/a/b) was matched.
+func TestRouteMatchesTheEscapedPath(t *testing.T) {
+	ch := &fakeCharger{decision: okDecision()}
+	serve(t, FrontOptions{Charger: ch, Config: testConfig(t)}, http.NotFoundHandler(), newRequest("POST", "/v1/files/a%2Fb", nil))
+	if len(ch.charges) != 1 || ch.charges[0].Route != "POST /v1/files/{name}" || ch.charges[0].Units != 7 {
+		t.Fatalf("charges %+v, want one of 7 units on POST /v1/files/{name}", ch.charges)
 	}
 }

@@ -20,6 +20,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"net"
 	"net/http"
 	"net/url"
 	"slices"
@@ -312,6 +313,10 @@ func CheckPattern(p string) error {
 	if strings.IndexFunc(host, unicode.IsSpace) >= 0 {
 		return fmt.Errorf("route %q: the host %q holds whitespace: write \"METHOD /path\" with one space after the method, or \"METHOD host/path\"", p, host)
 	}
+	if host != strings.ToLower(host) || strings.HasSuffix(host, ".") {
+		return fmt.Errorf("route %q: write the host %q in lower case without a final dot (%q): a request's host is matched that way, since "+
+			"API.Example.com and api.example.com. name api.example.com", p, host, strings.TrimSuffix(strings.ToLower(host), "."))
+	}
 	if strings.IndexFunc(path, unicode.IsSpace) >= 0 {
 		return fmt.Errorf("route %q: the path %q holds whitespace: write a space in a path as %%20, and nothing after the path", p, path)
 	}
@@ -345,6 +350,15 @@ func register(mux *http.ServeMux, pattern string, h http.Handler) (err error) {
 	return nil
 }
 
+// canonicalHost is host (a Host header, maybe with a port) in lower case,
+// without its port and a final dot.
+func canonicalHost(host string) string {
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		host = h
+	}
+	return strings.TrimSuffix(strings.ToLower(host), ".")
+}
+
 // Match names the route of a request and its units. It matches no pattern
 // with a host part: MatchHost does.
 func (r *Routes) Match(method, path string) (route string, units int64) {
@@ -353,12 +367,24 @@ func (r *Routes) Match(method, path string) (route string, units int64) {
 
 // MatchHost is Match for a request to host (its Host header; a port is
 // ignored), so that patterns with a host part ("api.example.com/v1/x") can
-// match, as in net/http.
+// match, as in net/http. The host is matched in lower case without a final
+// dot (API.Example.com. names api.example.com; patterns are written so,
+// CheckPattern).
+//
+// path is the request's path as sent, escaped (url.URL.EscapedPath), since
+// ServeMux matches segments of the escaped path: "/v1/exports/a%2Fb" is one
+// segment after /v1/exports/ for it, and "%2e%2e" no dot-segment. Matched
+// on the decoded path, such requests billed the default route while an
+// upstream's ServeMux served the pattern.
 func (r *Routes) MatchHost(method, host, path string) (route string, units int64) {
 	if r.mux == nil {
 		return DefaultRoute, r.Default
 	}
-	req := &http.Request{Method: method, URL: &url.URL{Path: path}, Host: host}
+	u := &url.URL{Path: path}
+	if dec, err := url.PathUnescape(path); err == nil && dec != path {
+		u.Path, u.RawPath = dec, path
+	}
+	req := &http.Request{Method: method, URL: u, Host: canonicalHost(host)}
 	if _, pattern := r.mux.Handler(req); pattern != "" {
 		if w, ok := r.Weights[pattern]; ok {
 			return pattern, w

@@ -10,7 +10,8 @@ import (
 // net/http; patterns without one match every host.
 func TestMatchHost(t *testing.T) {
 	s := Snapshot{Routes: Routes{Default: 1, Weights: map[string]int64{
-		"api.example.com/v1/exports": 25, "POST /v1/exports": 10, "GET api.example.com/v1/tasks/{id}": 3}}}
+		"api.example.com/v1/exports": 25, "POST /v1/exports": 10, "GET api.example.com/v1/tasks/{id}": 3,
+		"POST /v1/exports/{name}": 50, "GET /v1/reports/{id}/{format}": 40}}}
 	if err := s.Build(); err != nil {
 		t.Fatal(err)
 	}
@@ -24,6 +25,16 @@ func TestMatchHost(t *testing.T) {
 		{"POST", "other.example.com", "/v1/exports", "POST /v1/exports", 10},
 		{"GET", "api.example.com", "/v1/tasks/7", "GET api.example.com/v1/tasks/{id}", 3},
 		{"GET", "", "/v1/tasks/7", DefaultRoute, 1},
+		// Hostnames are case-insensitive, and a final dot names the same host.
+		{"POST", "API.Example.com", "/v1/exports", "api.example.com/v1/exports", 25},
+		{"POST", "api.example.com.", "/v1/exports", "api.example.com/v1/exports", 25},
+		{"POST", "Api.Example.Com.:443", "/v1/exports", "api.example.com/v1/exports", 25},
+		// The escaped path, as ServeMux matches it: %2F stays in its segment
+		// and %2e%2e is no dot-segment (the decoded path billed the default).
+		{"POST", "", "/v1/exports/a%2Fb", "POST /v1/exports/{name}", 50},
+		{"GET", "", "/v1/reports/42/%2e%2e", "GET /v1/reports/{id}/{format}", 40},
+		{"GET", "", "/v1/reports/%2e%2e/pdf", "GET /v1/reports/{id}/{format}", 40},
+		{"GET", "", "/v1/reports/4%202/pdf", "GET /v1/reports/{id}/{format}", 40},
 	} {
 		if route, units := s.Routes.MatchHost(c.method, c.host, c.path); route != c.route || units != c.units {
 			t.Errorf("MatchHost(%q, %q, %q) = %q, %d; want %q, %d", c.method, c.host, c.path, route, units, c.route, c.units)
@@ -49,6 +60,8 @@ func TestCheckPattern(t *testing.T) {
 		"GET api.example .com/v1/x": `the host "api.example .com" holds whitespace`,
 		"GET v1/x":                  `"v1" reads as a host, not part of the path (a pattern is "METHOD [HOST]/PATH"): write "GET /v1/x"`,
 		"v1/tasks/{id}":             `write "/v1/tasks/{id}"`,
+		"GET API.example.com/v1/x":  `write the host "API.example.com" in lower case without a final dot ("api.example.com")`,
+		"GET api.example.com./v1/x": `write the host "api.example.com." in lower case without a final dot ("api.example.com")`,
 	} {
 		err := CheckPattern(p)
 		if err == nil || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), fmt.Sprintf("route %q", p)) {
