@@ -211,8 +211,10 @@ func (s *Settler) heartbeatLocked(ctx context.Context) error {
 
 // HeartbeatEvery is how often at least a running node refreshes its
 // heartbeat_at in the ledger by default (every settle of records does too;
-// SettlerOptions.Heartbeat).
-const HeartbeatEvery = 15 * time.Second
+// SettlerOptions.Heartbeat). Short, so that a node starting can tell within
+// a few seconds whether another process still runs as its node id (one
+// small UPDATE every 2 s per node).
+const HeartbeatEvery = 2 * time.Second
 
 func (s *Settler) settleBatch(ctx context.Context) (n int, more bool, err error) {
 	prev, durable := s.log.SettledSeq(), s.log.DurableSeq()

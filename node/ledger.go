@@ -23,7 +23,11 @@ func (n *Node) connectLedger(ctx context.Context, beforeServing bool) bool {
 
 // tryLedger is connectLedger with the reason it failed.
 func (n *Node) tryLedger(ctx context.Context, beforeServing bool) (bool, error) {
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	timeout := 10 * time.Second
+	if beforeServing {
+		timeout += nodeLease // checkNodeIDFree may wait that long
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	l, err := flush.Open(ctx, n.cfg.Ledger, n.log.With("component", "ledger"))
 	if errors.Is(err, flush.ErrInvalid) {
@@ -46,6 +50,19 @@ func (n *Node) tryLedger(ctx context.Context, beforeServing bool) (bool, error) 
 		n.log.Warn("ledger not reached; serving from the data dir meanwhile and trying again", "err", err,
 			"what_to_check", "the --ledger address, the database's reachability from this host, and its credentials")
 		return false, err
+	}
+	if beforeServing {
+		// NB: before Register (which writes this node's heartbeat) and
+		// before resetReservations frees what the node id holds.
+		if err := n.checkNodeIDFree(ctx, l); err != nil {
+			l.Close()
+			if errors.Is(err, errNodeIDInUse) {
+				n.log.Error("another process runs as this node id: refusing to start", "err", err)
+			} else {
+				n.log.Warn("ledger reached but not usable yet", "err", err)
+			}
+			return false, err
+		}
 	}
 	settler, err := flush.NewSettler(flush.SettlerOptions{Ledger: l, Engine: n.eng, Interval: n.cfg.SettleInterval,
 		Events: !n.cfg.EventsOff, Logger: n.log.With("component", "settler"), OnSettle: n.metrics.onSettle,
@@ -109,6 +126,80 @@ func (n *Node) warnOtherIncarnations(ctx context.Context, l flush.Ledger) {
 				"earlier_last_heard", r.Heartbeat.UTC().Format(time.RFC3339), "earlier_settled_seq", r.Settled)
 		}
 	}
+}
+
+// errNodeIDInUse marks another process that runs as this node's id.
+var errNodeIDInUse = errors.New("another process runs as this node id")
+
+// nodeLease is how long after the ledger last heard from a node id (a
+// heartbeat, every flush.HeartbeatEvery, or a settle) a process of that id
+// may still be running: two heartbeats and a margin.
+const nodeLease = 2*flush.HeartbeatEvery + time.Second
+
+// checkNodeIDFree returns once no other process runs as this node id, or
+// errNodeIDInUse. A second process with a running node's id (a second
+// cluster on the same ledger, a reused hostname, a copy of a data dir) freed
+// the running node's reservations at start (resetReservations) and charged
+// its accounts beside it: hard quotas went over. When the ledger heard from
+// the id within nodeLease, this waits until the lease runs out: a heartbeat
+// newer than the one seen means a live process (this one has written
+// nothing yet). A node restarted after kill -9 or SIGTERM waits out the
+// rest of its lease, a few seconds.
+func (n *Node) checkNodeIDFree(ctx context.Context, l flush.Ledger) error {
+	last, row, err := lastHeard(ctx, l, n.cfg.ID)
+	if err != nil || last.IsZero() {
+		return err
+	}
+	now, err := l.Clock(ctx)
+	if err != nil {
+		return err
+	}
+	deadline := last.Add(nodeLease)
+	if !now.Before(deadline) {
+		return nil
+	}
+	n.log.Info("the ledger heard from this node id moments ago: making sure no other process runs as it before starting",
+		"last_heard", last.UTC().Format(time.RFC3339Nano), "incarnation", row.Incarnation, "wait", deadline.Sub(now).Round(time.Millisecond))
+	t := time.NewTicker(nodeLease / 20)
+	defer t.Stop()
+	for now.Before(deadline) {
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("node: check that no other process runs as node %s: %w", n.cfg.ID, ctx.Err())
+		case <-t.C:
+		}
+		again, row, err := lastHeard(ctx, l, n.cfg.ID)
+		if err != nil {
+			return err
+		}
+		if again.After(last) {
+			return fmt.Errorf("%w: the ledger heard from node id %s (incarnation %s) at %s, after this process started: "+
+				"another quotad runs with --node-id %s (a second cluster on this ledger, a node id used twice, or a copy of its data dir); "+
+				"two processes with one id charge the same accounts twice and free each other's reservations: "+
+				"stop one of them, or give this one a --node-id of its own",
+				errNodeIDInUse, n.cfg.ID, row.Incarnation, again.UTC().Format(time.RFC3339Nano), n.cfg.ID)
+		}
+		if now, err = l.Clock(ctx); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// lastHeard is the latest heartbeat of any incarnation of node in the
+// ledger, and its row; zero when the ledger has never heard from it.
+func lastHeard(ctx context.Context, l flush.Ledger, node string) (time.Time, flush.NodeRow, error) {
+	rows, err := l.Nodes(ctx)
+	if err != nil {
+		return time.Time{}, flush.NodeRow{}, err
+	}
+	var last flush.NodeRow
+	for _, r := range rows {
+		if r.Node == node && r.Heartbeat.After(last.Heartbeat) {
+			last = r
+		}
+	}
+	return last.Heartbeat, last, nil
 }
 
 // errLedgerAddress marks a --ledger that cannot be used as written.

@@ -144,8 +144,12 @@ type Node struct {
 	httpSrv *http.Server
 	// httpInflight counts the front's requests being handled (cutOff).
 	httpInflight atomic.Int64
-	admin        *http.Server
-	lis          struct{ rpc, http, admin net.Listener }
+	// cutHTTP cancels every public request's context with router.ErrCutOff
+	// (cutOff), so the front refunds them as cut off, not as clients that
+	// left.
+	cutHTTP context.CancelCauseFunc
+	admin   *http.Server
+	lis     struct{ rpc, http, admin net.Listener }
 	// rpcTLS are the RPC port's server and forwarding TLS configs; nil
 	// without Config.RPCTLS.
 	rpcTLS struct{ server, client *tls.Config }
@@ -286,7 +290,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 		return nil, err
 	}
 	if ok, err := n.tryLedger(ctx, true); !ok {
-		if errors.Is(err, flush.ErrSchemaTooNew) || errors.Is(err, flush.ErrMarkConflict) || errors.Is(err, errLedgerAddress) {
+		if errors.Is(err, flush.ErrSchemaTooNew) || errors.Is(err, flush.ErrMarkConflict) || errors.Is(err, errLedgerAddress) || errors.Is(err, errNodeIDInUse) {
 			return nil, fmt.Errorf("node: %w", err) // waiting will not fix these
 		}
 		if n.eng.Snapshot() == nil {
@@ -490,7 +494,14 @@ func (n *Node) serve() error {
 		defer n.httpInflight.Add(-1)
 		inner.ServeHTTP(w, r)
 	})
-	n.httpSrv = &http.Server{Handler: front, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(serverErrorLog(n.log.With("component", "http")), slog.LevelWarn)}
+	base, cut := context.WithCancelCause(context.Background())
+	n.cutHTTP = cut
+	n.httpSrv = &http.Server{Handler: front, ReadHeaderTimeout: 10 * time.Second,
+		// An idle keep-alive connection (anyone's: a key is only read with
+		// a request) is closed after this; it was kept for ever.
+		IdleTimeout: publicIdleTimeout,
+		BaseContext: func(net.Listener) context.Context { return base },
+		ErrorLog:    slog.NewLogLogger(serverErrorLog(n.log.With("component", "http")), slog.LevelWarn)}
 	n.httpSrv.Protocols = frontProtocols(n.httpTLS != nil)
 	n.admin = &http.Server{Handler: n.adminHandler(), ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(serverErrorLog(n.log.With("component", "admin-http")), slog.LevelWarn)}
 	for _, s := range []struct {
@@ -641,7 +652,7 @@ func (n *Node) notServable() string {
 // aloneWindow is how recently another node must have written to the ledger
 // (a settle or a heartbeat, at least every flush.HeartbeatEvery while it
 // runs) for a node alone in its ring to wait for it rather than serve.
-const aloneWindow = 2 * flush.HeartbeatEvery
+const aloneWindow = 30 * time.Second
 
 // peersHeard names the other nodes the ledger heard from in the last
 // aloneWindow, or "" when there are none or the ledger cannot say.
@@ -830,6 +841,10 @@ func (n *Node) Ready() bool {
 	}
 	return n.isServing()
 }
+
+// publicIdleTimeout is how long the public port keeps an idle keep-alive
+// connection open.
+const publicIdleTimeout = 2 * time.Minute
 
 // frontProtocols are HTTP/1 and HTTP/2 without TLS (h2c, prior knowledge),
 // so gRPC clients can call through the front to an h2c:// upstream.

@@ -2,10 +2,12 @@ package node
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -13,7 +15,9 @@ import (
 
 	"github.com/quotaring/quotaring/flush"
 	"github.com/quotaring/quotaring/internal/logbuf"
+	"github.com/quotaring/quotaring/ring"
 	"github.com/quotaring/quotaring/router"
+	"github.com/quotaring/quotaring/shard"
 	"github.com/quotaring/quotaring/snapshot"
 )
 
@@ -168,5 +172,78 @@ func TestNewDataDirNamesTheEarlierIncarnation(t *testing.T) {
 	if !strings.Contains(logs.String(), "this data dir is new, and the ledger knows an earlier incarnation of this node id") ||
 		!strings.Contains(logs.String(), "earlier_incarnation="+inc) {
 		t.Fatalf("a new dir beside an earlier incarnation %s: no ERROR naming it:\n%s", inc, logs.String())
+	}
+}
+
+// A second process started with a running node's id (a second cluster on
+// the same ledger, a reused hostname, a copy of its data dir) freed the
+// running node's reservations at start and charged its accounts beside it:
+// hard quotas went over. It now refuses to start, naming the id, and the
+// running node's reservations are left alone. The running node's own
+// restart still starts, once its lease runs out.
+func TestSecondProcessWithTheSameNodeIDRefuses(t *testing.T) {
+	dir := t.TempDir()
+	dsn := "sqlite:" + filepath.Join(dir, "ledger.db")
+	seedLedger(t, dsn, map[string]int64{"acme": 100})
+	first := startNodesWith(t, dsn, nil)[0]
+	if res, err := first.Router().Charge(context.Background(), router.ChargeRequest{Account: "acme", Route: "GET /x", Units: 1}); err != nil || res.Reason != shard.OK {
+		t.Fatalf("charge: %+v %v", res, err)
+	}
+	l, err := flush.Open(context.Background(), dsn, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	reserved := func() (units int64) {
+		rs, err := l.Reservations(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range rs {
+			if r.Node == "n1" {
+				units += r.Units
+			}
+		}
+		return units
+	}
+	held := reserved()
+	if held == 0 {
+		t.Fatal("the first node holds no reservation: the test cannot see one freed")
+	}
+	var logs logbuf.Buffer
+	for _, dataDir := range []string{filepath.Join(dir, "other"), ""} {
+		cfg := Config{ID: "n1", DataDir: dataDir, Ledger: dsn,
+			RPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", AdminAddr: "127.0.0.1:0", GossipAddr: "127.0.0.1:0",
+			RingPreset: ring.PresetLocal, SettleInterval: 100 * time.Millisecond, SnapshotInterval: 100 * time.Millisecond}
+		if dataDir == "" { // a copy of the running node's dir: the same incarnation
+			cfg.DataDir = filepath.Join(dir, "copy")
+			if err := os.CopyFS(cfg.DataDir, os.DirFS(first.cfg.DataDir)); err != nil {
+				t.Fatal(err)
+			}
+			_ = os.Remove(filepath.Join(cfg.DataDir, "LOCK"))
+		}
+		cfg.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+		nd, err := Start(context.Background(), cfg)
+		if err == nil {
+			nd.Shutdown(context.Background())
+			t.Fatalf("a second process as n1 (%s) started", cfg.DataDir)
+		}
+		if !errors.Is(err, errNodeIDInUse) || !strings.Contains(err.Error(), "--node-id n1") {
+			t.Fatalf("a second process as n1: %v, want errNodeIDInUse naming the flag", err)
+		}
+		t.Log(err)
+	}
+	if got := reserved(); got == 0 { // NB: not == held: settles and top-ups move it meanwhile
+		t.Fatalf("the ledger holds no units reserved for n1 (it held %d): the running node's reservations were freed", held)
+	}
+	if strings.Contains(logs.String(), "freed reservations") {
+		t.Fatalf("a refused second process freed reservations:\n%s", logs.String())
+	}
+	if err := first.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	again := startNodesWith(t, dsn, func(c *Config) { c.DataDir = first.cfg.DataDir })[0]
+	if res, err := again.Router().Charge(context.Background(), router.ChargeRequest{Account: "acme", Route: "GET /x", Units: 1}); err != nil || res.Reason != shard.OK {
+		t.Fatalf("charge after a restart: %+v %v", res, err)
 	}
 }

@@ -226,8 +226,9 @@ unless --force (a node id the ledger has never seen is refused too).`,
 }
 
 // revokeQuiet is how long a node must have been silent (no heartbeat in
-// the ledger) before revoke frees it without --force: eight heartbeats.
-const revokeQuiet = 8 * flush.HeartbeatEvery
+// the ledger, written every flush.HeartbeatEvery) before revoke frees it
+// without --force.
+const revokeQuiet = 2 * time.Minute
 
 func runRevoke(ctx context.Context, out io.Writer, l flush.Ledger, nodeID string, dryRun, force bool, now time.Time) error {
 	nodes, err := l.Nodes(ctx)
