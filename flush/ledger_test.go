@@ -139,6 +139,9 @@ func TestPostgresConnectErrors(t *testing.T) {
 		{"refused", "postgres://quota:s3cret-pw@" + refusedAddr + "/ledgerdb?sslmode=disable", true, []string{refusedAddr, "ledgerdb", "check"}},
 		{"silent", "postgres://quota:s3cret-pw@" + silent.Addr().String() + "/ledgerdb?sslmode=disable", true, []string{silent.Addr().String(), "ledgerdb"}},
 		{"unparsable", "postgres://quota:s3cret-pw@127.0.0.1:notaport/ledgerdb", false, []string{"does not parse", "postgres://USER:PASSWORD@HOST:PORT/DB"}},
+		// A '/' (or ':', '@') not percent-encoded: the password was printed.
+		{"unencoded password", "postgres://quota:s3cret-pw/x@db.example:5432/ledgerdb", false, []string{"does not parse", "percent-encoded", "%2F"}},
+		{"unencoded password with @ and :", "postgres://quota:s3cret-pw@:w/rd?#%&=x y@db.example:5432/ledgerdb", false, []string{"does not parse"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
@@ -156,7 +159,7 @@ func TestPostgresConnectErrors(t *testing.T) {
 			if errors.Is(err, ErrUnavailable) != c.unavailable {
 				t.Errorf("wraps ErrUnavailable: %v, want %v", errors.Is(err, ErrUnavailable), c.unavailable)
 			}
-			if strings.Contains(err.Error(), "s3cret-pw") {
+			if strings.Contains(err.Error(), "s3cret-pw") || strings.Contains(err.Error(), "w/rd") {
 				t.Errorf("the error shows the password")
 			}
 			for _, m := range c.mention {

@@ -92,7 +92,8 @@ var _ Ledger = (*Postgres)(nil)
 func parsePGConfig(dsn string) (*pgxpool.Config, error) {
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
-		return nil, fmt.Errorf("%w: the Postgres DSN %s does not parse: %s: check its form, postgres://USER:PASSWORD@HOST:PORT/DB?sslmode=disable",
+		return nil, fmt.Errorf("%w: the Postgres DSN %s does not parse: %s: check its form, postgres://USER:PASSWORD@HOST:PORT/DB?sslmode=disable, "+
+			"with special characters of the user and password percent-encoded (/ as %%2F, @ as %%40, : as %%3A, # as %%23, ? as %%3F, %% as %%25)",
 			ErrInvalid, redactDSN(dsn), scrubPassword(err.Error(), dsn))
 	}
 	return cfg, nil
@@ -156,6 +157,9 @@ func scrubPassword(msg, dsn string) string {
 		msg = strings.ReplaceAll(msg, cfg.Password, "xxxxx")
 	}
 	msg = keywordPassword.ReplaceAllString(msg, "password=xxxxx")
+	if info := rawUserinfo(dsn); info != "" {
+		msg = strings.ReplaceAll(msg, info+"@", "xxxxx@")
+	}
 	return userinfoPassword.ReplaceAllString(msg, ":xxxxx@")
 }
 

@@ -99,7 +99,26 @@ func redactDSN(dsn string) string {
 		u.RawQuery = q.Encode()
 		return u.String()
 	}
+	if info := rawUserinfo(dsn); info != "" {
+		// It does not parse, most likely for a character of the password
+		// that needs percent-encoding: ":[^:@/]*@" missed a password
+		// holding '/', ':' or '@' and printed it. Hide the user too.
+		return strings.Replace(dsn, info+"@", "xxxxx@", 1)
+	}
 	return userinfoPassword.ReplaceAllString(dsn, ":xxxxx@")
+}
+
+// rawUserinfo is what a URL-form dsn holds between "://" and its last '@',
+// "" when it holds none.
+func rawUserinfo(dsn string) string {
+	_, rest, ok := strings.Cut(dsn, "://")
+	if !ok {
+		return ""
+	}
+	if at := strings.LastIndex(rest, "@"); at > 0 {
+		return rest[:at]
+	}
+	return ""
 }
 
 // orDiscard returns l, or a logger that drops everything.

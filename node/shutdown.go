@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/quotaring/quotaring/ring"
+	"github.com/quotaring/quotaring/router"
 )
 
 // announceTimeout bounds the wait for the "draining" announcement to go out.
@@ -132,6 +133,7 @@ func (n *Node) cutOff(ctx context.Context) {
 	left := n.httpInflight.Load()
 	n.log.Warn("the drain timeout ran out: cutting off the requests still running; their charges are refunded as their upstream calls fail",
 		"requests", left, "drain_timeout", n.cfg.DrainTimeout, "what_to_do", "raise --drain-timeout above your slowest upstream request")
+	n.cutHTTP(router.ErrCutOff) // NB: first, so that the front tells this from clients that left
 	n.httpSrv.Close()
 	wctx, cancel := context.WithTimeout(ctx, cutOffWait)
 	defer cancel()

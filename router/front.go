@@ -591,6 +591,13 @@ func (f *front) observe(code int, added time.Duration) {
 	}
 }
 
+// ErrCutOff is the cause to cancel a request's context with (through the
+// http.Server's BaseContext and context.WithCancelCause) when the server
+// cuts it off, such as at the end of a drain: the front then refunds its
+// charge as for a failed upstream, where a client that left after the
+// upstream got its request stays billed.
+var ErrCutOff = errors.New("router: the server cut the request off")
+
 // sentKey is the context key of the *atomic.Bool that NewProxy's handler
 // sets once the request's head is written to the upstream.
 type sentKey struct{}
@@ -615,7 +622,7 @@ func markSent(in, out *http.Request) *http.Request {
 // upstream did the work. A request that never reached the upstream is
 // still refunded.
 func clientLeft(r *http.Request) bool {
-	if r.Context().Err() == nil {
+	if r.Context().Err() == nil || errors.Is(context.Cause(r.Context()), ErrCutOff) {
 		return false
 	}
 	sent, ok := r.Context().Value(sentKey{}).(*atomic.Bool)

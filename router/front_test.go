@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httptrace"
@@ -1062,11 +1063,13 @@ func TestClientLeavingKeepsTheCharge(t *testing.T) {
 		name     string
 		stream   bool // the upstream answers its head and a first event, then waits
 		early    bool // the client leaves while its charge is decided, before the upstream is called
+		cut      bool // the server cuts the request off (ErrCutOff), the client stays
 		refunded bool
 	}{
 		{name: "mid-stream", stream: true},
 		{name: "before the answer, after the upstream got it"},
 		{name: "before the upstream got it", early: true, refunded: true},
+		{name: "cut off by the server", cut: true, refunded: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got := make(chan struct{}, 1)
@@ -1092,10 +1095,21 @@ func TestClientLeavingKeepsTheCharge(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			front := httptest.NewServer(proxy)
+			reqCtx := make(chan context.Context, 1)
+			front := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				reqCtx <- r.Context()
+				proxy.ServeHTTP(w, r)
+			}))
+			base, cut := context.WithCancelCause(context.Background())
+			defer cut(nil)
+			front.Config.BaseContext = func(net.Listener) context.Context { return base }
+			front.Start()
 			defer front.Close()
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
+			if tc.cut {
+				cancel = func() { cut(ErrCutOff) }
+			}
 			req, _ := http.NewRequestWithContext(ctx, "POST", front.URL+"/v1/tasks", nil)
 			req.Header.Set("X-Api-Key", "secret")
 			errc := make(chan error, 1)
@@ -1112,6 +1126,7 @@ func TestClientLeavingKeepsTheCharge(t *testing.T) {
 				<-ch.entered // the charge is being decided
 				cancel()
 				<-errc
+				<-(<-reqCtx).Done() // the server saw the client leave
 				close(ch.gate)
 			} else {
 				<-got
