@@ -210,6 +210,11 @@ func TestCloseDrainsWaiters(t *testing.T) {
 	if err := l.Scan(0, 10, nil); !errors.Is(err, ErrClosed) {
 		t.Fatalf("Scan after Close = %v", err)
 	}
+	// Settle read Pebble before it registered: after Close it panicked
+	// ("pebble: closed") instead of answering ErrClosed.
+	if err := l.Settle(l.DurableSeq(), nil); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Settle after Close = %v", err)
+	}
 }
 
 // TestBackPressure checks that Append blocks while MaxPendingBytes wait for

@@ -20,6 +20,13 @@ type Checkpoint struct {
 // DeleteRange of the records (.., upto]. upto must be in
 // [SettledSeq(), DurableSeq()]; upto == SettledSeq() only writes cps.
 func (l *Log) Settle(upto uint64, cps []Checkpoint) error {
+	// NB: registered for the whole call, not only its write: the chunk
+	// lookup reads Pebble and the mark sync uses the mark file, both of
+	// which Close closes (a Settle racing Close panicked in Pebble).
+	if err := l.acquire(); err != nil {
+		return err
+	}
+	defer l.release()
 	l.settleMu.Lock()
 	defer l.settleMu.Unlock()
 	settled, durable := l.SettledSeq(), l.DurableSeq()
