@@ -472,7 +472,7 @@ func (n *Node) joinRing() error {
 func (n *Node) serve() error {
 	// Stream workers reuse warm goroutines: a goroutine per unary call spent
 	// about a tenth of a busy node's CPU growing and copying stacks.
-	opts := append([]grpc.ServerOption{grpc.NumStreamWorkers(uint32(4 * runtime.GOMAXPROCS(0))), grpc.SharedWriteBuffer(true)},
+	opts := append([]grpc.ServerOption{grpc.NumStreamWorkers(uint32(4 * runtime.GOMAXPROCS(0)))}, // NB: shared write buffers are grpc's default now
 		router.ServerAuth(n.cfg.RPCTokens...)...)
 	if n.rpcTLS.server != nil {
 		opts = append(opts, grpc.Creds(credentials.NewTLS(n.rpcTLS.server)))

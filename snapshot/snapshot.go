@@ -284,9 +284,10 @@ var httpMethods = []string{"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "CON
 func CheckPattern(p string) error {
 	// NB: split as ServeMux does: the method ends at the first space or
 	// tab, and blanks after it are skipped.
-	method, rest, found := strings.Cut(strings.ReplaceAll(p, "\t", " "), " ")
+	method, _, found := strings.Cut(strings.ReplaceAll(p, "\t", " "), " ")
+	rest := p
 	if !found {
-		method, rest = "", p
+		method = ""
 	} else {
 		rest = strings.TrimLeft(p[len(method)+1:], " \t")
 	}
