@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/http/httptrace"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -87,9 +88,11 @@ type FrontOptions struct {
 	// http.DefaultTransport with ResponseHeaderTimeout = UpstreamTimeout and
 	// room for many idle connections to the upstream.
 	Transport http.RoundTripper
-	// StripAPIKeyHeader removes X-Api-Key before the upstream sees the
-	// request (NewProxy only). Authorization is always forwarded: upstreams
-	// may need it.
+	// StripAPIKeyHeader removes the header the API key was read from
+	// before the upstream sees the request (NewProxy only): X-Api-Key, or
+	// Authorization when the key was its Bearer token (kept, it handed the
+	// key to the upstream). An Authorization sent beside an X-Api-Key is the
+	// upstream's own, and is forwarded.
 	StripAPIKeyHeader bool
 	// ChargePreflights treats CORS preflights (OPTIONS with Origin and
 	// Access-Control-Request-Method) as any other request: they then need
@@ -255,6 +258,8 @@ func Middleware(opts FrontOptions) (func(http.Handler) http.Handler, error) {
 type front struct {
 	opts FrontOptions
 	next http.Handler
+	// undecided samples the "charge undecided" warnings.
+	undecided sampler
 	// proxy is set for NewProxy's front: next marks when the request
 	// reached the upstream (markSent), so clientLeft can tell a client that
 	// left before it from one that left after.
@@ -389,7 +394,11 @@ func (f *front) admit(r *http.Request) (*charged, *Problem) {
 	}
 	if err != nil {
 		if errors.Is(err, ErrUnavailable) || errors.Is(err, context.DeadlineExceeded) {
-			f.opts.Logger.Warn("charge undecided", "account", key.Account, "err", err)
+			if ok, held := f.undecided.allow(time.Now()); ok {
+				// NB: one line a second: in a ledger or owner outage every
+				// request gets here (896 lines in 2 s in the Postgres audit).
+				f.opts.Logger.Warn("charge undecided", "account", key.Account, "err", err, "similar_lines_held_back", held)
+			}
 			return nil, unavailable("The quota service cannot decide this request now. Retry in a second; with the same Idempotency-Key a retry is never billed twice.")
 		}
 		f.opts.Logger.Error("charge failed", "account", key.Account, "err", err)
@@ -597,6 +606,28 @@ func (f *front) observe(code int, added time.Duration) {
 // charge as for a failed upstream, where a client that left after the
 // upstream got its request stays billed.
 var ErrCutOff = errors.New("router: the server cut the request off")
+
+// sampler lets one log line a second through and counts the ones it held
+// back, for a line that every request of an outage would write.
+type sampler struct {
+	mu   sync.Mutex // protects next and held
+	next time.Time
+	held int
+}
+
+// allow reports whether a line may go out at now, and how many were held
+// back since the last one that did.
+func (s *sampler) allow(now time.Time) (ok bool, held int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if now.Before(s.next) {
+		s.held++
+		return false, 0
+	}
+	held, s.held = s.held, 0
+	s.next = now.Add(time.Second)
+	return true, held
+}
 
 // sentKey is the context key of the *atomic.Bool that NewProxy's handler
 // sets once the request's head is written to the upstream.

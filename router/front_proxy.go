@@ -121,6 +121,9 @@ func NewProxy(upstream *url.URL, opts FrontOptions) (http.Handler, error) {
 				h.Set(HeaderEvent, c.EventID)
 			}
 			if opts.StripAPIKeyHeader {
+				if strings.TrimSpace(pr.In.Header.Get("X-Api-Key")) == "" {
+					h.Del("Authorization") // the key was the Bearer token (apiKey)
+				}
 				h.Del("X-Api-Key")
 			}
 		},

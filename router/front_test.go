@@ -1164,3 +1164,60 @@ func TestRouteMatchesTheEscapedPath(t *testing.T) {
 		t.Fatalf("charges %+v, want one of 7 units on POST /v1/files/{name}", ch.charges)
 	}
 }
+
+// StripAPIKeyHeader drops the header the key came from: with the key as a
+// Bearer token, Authorization carried it to the upstream whatever the flag
+// said. An Authorization sent beside an X-Api-Key is the upstream's own.
+func TestStripAPIKeyHeader(t *testing.T) {
+	var got http.Header
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { got = r.Header.Clone() }))
+	defer up.Close()
+	u, _ := url.Parse(up.URL)
+	proxy, err := NewProxy(u, FrontOptions{Charger: &fakeCharger{decision: okDecision()}, Config: testConfig(t), StripAPIKeyHeader: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	front := httptest.NewServer(proxy)
+	defer front.Close()
+	for _, tc := range []struct {
+		name                 string
+		headers              map[string]string
+		wantAuth, wantAPIKey string
+	}{
+		{"bearer", map[string]string{"Authorization": "Bearer secret"}, "", ""},
+		{"x-api-key", map[string]string{"X-Api-Key": "secret"}, "", ""},
+		{"x-api-key beside the upstream's own authorization", map[string]string{"X-Api-Key": "secret", "Authorization": "Bearer user-token"}, "Bearer user-token", ""},
+	} {
+		req, _ := http.NewRequest("GET", front.URL+"/v1/tasks", nil)
+		for k, v := range tc.headers {
+			req.Header.Set(k, v)
+		}
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Body.Close()
+		if res.StatusCode != 200 || got.Get("Authorization") != tc.wantAuth || got.Get("X-Api-Key") != tc.wantAPIKey {
+			t.Errorf("%s: %d; upstream saw Authorization %q, X-Api-Key %q; want %q, %q", tc.name, res.StatusCode,
+				got.Get("Authorization"), got.Get("X-Api-Key"), tc.wantAuth, tc.wantAPIKey)
+		}
+	}
+}
+
+// One "charge undecided" line a second, whatever the rate of refusals: an
+// outage wrote one per request.
+func TestSamplerLetsOneLineASecond(t *testing.T) {
+	var s sampler
+	t0 := time.Date(2026, 6, 1, 0, 0, 0, 0, time.UTC)
+	if ok, held := s.allow(t0); !ok || held != 0 {
+		t.Fatalf("first line: %v, %d", ok, held)
+	}
+	for i := range 99 {
+		if ok, _ := s.allow(t0.Add(time.Duration(i) * time.Millisecond)); ok {
+			t.Fatalf("line %d within the second went out", i+2)
+		}
+	}
+	if ok, held := s.allow(t0.Add(time.Second)); !ok || held != 99 {
+		t.Fatalf("a second later: %v, held back %d; want true, 99", ok, held)
+	}
+}

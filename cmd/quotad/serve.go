@@ -280,7 +280,7 @@ func (ff *frontFlags) register(cmd *cobra.Command, upstream *string) {
 	fl.StringVar(&ff.billOn, "bill-on", router.BillOnSuccess, "when a request keeps its charge: success (refund 5xx, upstream failures and gRPC errors), 2xx (refund anything but 2xx/3xx) or always")
 	fl.Int64Var(&ff.maxBodyBytes, "max-body-bytes", router.DefaultMaxBodyBytes, "largest request body; larger is refused with 413 and not charged (-1: no limit)")
 	fl.DurationVar(&ff.upstreamTimeout, "upstream-timeout", 30*time.Second, "how long to wait for the upstream's response headers before answering 504 and refunding")
-	fl.BoolVar(&ff.stripAPIKey, "strip-api-key-header", false, "remove X-Api-Key before proxying (Authorization is always forwarded)")
+	fl.BoolVar(&ff.stripAPIKey, "strip-api-key-header", false, "remove the header the API key came from before proxying: X-Api-Key, or Authorization when the key was its Bearer token")
 	fl.BoolVar(&ff.chargePreflights, "charge-preflights", false, "treat CORS preflights (OPTIONS with Origin and Access-Control-Request-Method) as any request: they then need an API key, which browsers never send with them; only for an API no browser calls across origins. Default: they reach the upstream uncharged")
 	fl.BoolVar(&ff.trustForwarded, "trust-forwarded-headers", false, "keep the client's X-Forwarded-For/-Host/-Proto (set it behind a load balancer that sets them); otherwise they are replaced, since clients can forge them")
 	cmd.Example += `
