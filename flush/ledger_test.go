@@ -5,13 +5,17 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/url"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/quotaring/quotaring/internal/faultproxy"
 	"github.com/quotaring/quotaring/internal/pgtest"
+	"github.com/quotaring/quotaring/shard"
 )
 
 func TestSQLiteConformance(t *testing.T) {
@@ -376,5 +380,78 @@ func TestAlertClaimedBeforeDeliveryTrackingIsNotResent(t *testing.T) {
 				t.Fatalf("resend of a legacy alert: %v, want ErrInvalid (its figures are unknown)", err)
 			}
 		})
+	}
+}
+
+// A role that may read and write the ledger's rows but not change its
+// schema (the least privilege for the nodes; the owner runs quotad
+// migrate): it checks the schema without migrating, and settles into the
+// event partitions migrate made ahead. Before, it failed the first settle
+// of every month ("must be owner of table events"); a month migrate did
+// not make says to run it.
+func TestPostgresLeastPrivilegeRole(t *testing.T) {
+	ctx := t.Context()
+	dsn := pgtest.NewDB(t)
+	owner := openPG(t, dsn)
+	defer owner.Close()
+	if err := owner.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	role := fmt.Sprintf("dml_%d", time.Now().UnixNano())
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	for _, q := range []string{
+		"CREATE ROLE " + role + " LOGIN",
+		"REVOKE CREATE ON SCHEMA public FROM PUBLIC",
+		"GRANT USAGE ON SCHEMA public TO " + role,
+		"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO " + role,
+		"GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA public TO " + role,
+	} {
+		if _, err := conn.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	u, _ := url.Parse(dsn)
+	u.User = url.User(role)
+	l := openPG(t, u.String())
+	defer l.Close()
+	if err := CheckSchema(ctx, l); err != nil {
+		t.Fatalf("CheckSchema as the DML role: %v", err)
+	}
+	if err := l.Migrate(ctx); err == nil || WhatToCheck(err) == WhatToCheck(nil) {
+		t.Fatalf("Migrate as the DML role: %v (hint %q); want a privilege error with its own hint", err, WhatToCheck(err))
+	}
+	confSetup(t, owner, 100, "acct-1")
+	n := confNode(t, l, "node-a")
+	// The suite's charges are in June 2026, a month migrate did not make
+	// (it makes the current one and the next 12).
+	n.mu.Lock()
+	b := n.batchLocked(chargeOf("acct-1", "e1", 1, confJune))
+	n.mu.Unlock()
+	if _, err := l.Settle(ctx, b); err == nil || !strings.Contains(err.Error(), "run quotad migrate as the ledger's owner") {
+		t.Fatalf("settle into a month with no partition as the DML role: %v; want one naming quotad migrate", err)
+	}
+	// The owner makes it (as migrate does for the months ahead): the role settles.
+	if _, err := owner.createPartitions(ctx, []shard.Period{shard.PeriodOf(confWallTime().UnixNano())}); err != nil {
+		t.Fatal(err)
+	}
+	n.settle(t, chargeOf("acct-1", "e1", 1, confJune))
+	wantGrant(t, owner, "acct-1", confJune, 1, 0)
+	var missing []string
+	now := shard.PeriodOf(time.Now().UnixNano())
+	for i := range partitionsAhead + 1 {
+		var ok bool
+		if err := conn.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", partitionName(now+shard.Period(i))).Scan(&ok); err != nil {
+			t.Fatal(err)
+		}
+		if !ok {
+			missing = append(missing, partitionName(now+shard.Period(i)))
+		}
+	}
+	if len(missing) > 0 {
+		t.Fatalf("migrate did not make the partitions of the months ahead: %v missing", missing)
 	}
 }

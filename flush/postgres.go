@@ -291,6 +291,18 @@ func (p *Postgres) Migrate(ctx context.Context) error {
 		}
 		p.log.Info("flush: applied migration", "ledger", "postgres", "version", m.version, "file", m.name)
 	}
+	now, err := p.Clock(ctx)
+	if err != nil {
+		return err
+	}
+	cur := shard.PeriodOf(now.UnixNano())
+	pers := make([]shard.Period, 0, partitionsAhead+1)
+	for i := range partitionsAhead + 1 {
+		pers = append(pers, cur+shard.Period(i))
+	}
+	if _, err := p.createPartitions(ctx, pers); err != nil {
+		return p.fail("migrate: create the event partitions of the next months", err)
+	}
 	return nil
 }
 

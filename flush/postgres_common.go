@@ -14,6 +14,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"log/slog"
 	"math"
@@ -22,6 +23,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/quotaring/quotaring/shard"
 	"github.com/quotaring/quotaring/snapshot"
@@ -106,6 +109,35 @@ func redactDSN(dsn string) string {
 		return strings.Replace(dsn, info+"@", "xxxxx@", 1)
 	}
 	return userinfoPassword.ReplaceAllString(dsn, ":xxxxx@")
+}
+
+// WhatToCheck says what an operator should look at when the ledger
+// answered err while a node connected to it: a server that refuses writes
+// or a role without a privilege is reachable, and checking the address
+// and credentials would not help.
+func WhatToCheck(err error) string {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		switch pe.Code {
+		case "25006": // read_only_sql_transaction
+			return "the ledger refuses writes (read-only transaction): is --ledger a standby or a read-only replica, or the role set to default_transaction_read_only? point it at the primary"
+		case "42501": // insufficient_privilege
+			return "the ledger's role lacks a privilege (" + pe.Message + "): run quotad migrate as the owner of the ledger's schema, " +
+				"and grant the nodes' role SELECT, INSERT, UPDATE and DELETE on its tables (README, Deploying: the ledger's roles)"
+		case "28P01", "28000": // invalid_password, invalid_authorization_specification
+			return "the credentials in --ledger (user and password), and pg_hba.conf on the server"
+		case "3D000": // invalid_catalog_name
+			return "the database name in --ledger: the server has no such database"
+		}
+	}
+	return "the --ledger address, the database's reachability from this host, and its credentials"
+}
+
+// statementTimedOut reports a statement the server cancelled for time
+// (statement_timeout, SQLSTATE 57014).
+func statementTimedOut(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && pe.Code == "57014"
 }
 
 // rawUserinfo is what a URL-form dsn holds between "://" and its last '@',

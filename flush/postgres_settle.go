@@ -57,6 +57,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/quotaring/quotaring/shard"
 )
@@ -907,28 +908,76 @@ func (p *Postgres) ensurePartitions(ctx context.Context, b *Batch) (int, error) 
 		return 0, nil
 	}
 	slices.Sort(missing)
-	q := &pgx.Batch{}
-	q.BeginTx(pgx.TxOptions{})
-	q.Queue(`SELECT pg_advisory_xact_lock($1)`, partitionLockKey).Exec(nop)
-	for _, per := range missing {
-		q.Queue(partitionDDL(per)).Exec(nop)
+	return p.createPartitions(ctx, missing)
+}
+
+// partitionsAhead is how many months after the current one quotad migrate
+// creates event partitions for, so that nodes whose role may write rows
+// but not own tables settle all year (and no month's first settle takes
+// the events table's lock to create one).
+const partitionsAhead = 12
+
+// createPartitions makes sure the event partitions of pers exist. It looks
+// them up first: a role that may write rows but does not own the events
+// table cannot create one, and settles into those quotad migrate made (it
+// failed on every month's first settle with "must be owner of table
+// events"). The missing ones are created in one short transaction under an
+// advisory lock (so two nodes creating the same month do not collide) and
+// a lock timeout (creating one locks the events table: waiting behind a
+// long reader, such as an export, it stalled every node's settles). It
+// returns the statements sent.
+func (p *Postgres) createPartitions(ctx context.Context, pers []shard.Period) (int, error) {
+	names := make([]string, len(pers))
+	for i, per := range pers {
+		names[i] = partitionName(per)
 	}
-	n := q.Len() + 1
-	if err := p.inTx(ctx, q); err != nil {
-		return n, err
+	rows, _ := p.pool.Query(ctx, `SELECT n FROM unnest($1::text[]) AS n WHERE to_regclass(quote_ident(n)) IS NULL`, names)
+	absent, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return 1, err
+	}
+	n := 1
+	var created []shard.Period
+	if len(absent) > 0 {
+		q := &pgx.Batch{}
+		q.BeginTx(pgx.TxOptions{})
+		q.Queue(`SELECT pg_advisory_xact_lock($1)`, partitionLockKey).Exec(nop)
+		q.Queue(`SET LOCAL lock_timeout = '5s'`).Exec(nop)
+		for i, per := range pers {
+			if slices.Contains(absent, names[i]) {
+				q.Queue(partitionDDL(per)).Exec(nop)
+				created = append(created, per)
+			}
+		}
+		n += q.Len() + 1
+		if err := p.inTx(ctx, q); err != nil {
+			var pe *pgconn.PgError
+			if errors.As(err, &pe) && pe.Code == "42501" {
+				err = fmt.Errorf("%w: this role may not create the event partition of %v (it must own the events table): "+
+					"run quotad migrate as the ledger's owner, which creates the partitions of the next %d months", err, created, partitionsAhead)
+			}
+			return n, err
+		}
 	}
 	p.mu.Lock()
-	for _, per := range missing {
+	for _, per := range pers {
 		p.partitions[per] = true
 	}
 	p.mu.Unlock()
-	p.log.Info("flush: event partitions ready", "periods", fmt.Sprint(missing))
+	if len(created) > 0 {
+		p.log.Info("flush: event partitions created", "periods", fmt.Sprint(created))
+	}
 	return n, nil
+}
+
+// partitionName is the name of the event partition of one month.
+func partitionName(per shard.Period) string {
+	return fmt.Sprintf("events_p%04d_%02d", int(per)/12, int(per)%12+1)
 }
 
 // partitionDDL creates the event partition of one month if it is missing.
 func partitionDDL(per shard.Period) string {
-	name := pgx.Identifier{fmt.Sprintf("events_p%04d_%02d", int(per)/12, int(per)%12+1)}.Sanitize()
+	name := pgx.Identifier{partitionName(per)}.Sanitize()
 	return fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s PARTITION OF events FOR VALUES FROM ('%s') TO ('%s')`,
 		name, periodDate(per).Format(time.DateOnly), periodDate(per+1).Format(time.DateOnly))
 }

@@ -58,14 +58,17 @@ type Settler struct {
 	log  logView
 	node string
 	inc  string
-	mu   sync.Mutex // serialises SettleOnce; protects lastBeat
+	mu   sync.Mutex // serialises SettleOnce; protects lastBeat and limit
 	// lastBeat is when this node last wrote its heartbeat to the ledger
 	// (a settle or Register).
 	lastBeat time.Time
-	failed   atomic.Int64
-	lastOK   atomic.Int64 // Unix ns of the last successful settle
-	lastErr  atomic.Int64 // Unix ns of the last failed one
-	stats    SettlerStats
+	// limit is the records of one settle: MaxBatch, halved (down to
+	// minBatch) each time the ledger cancels a settle for taking too long.
+	limit   int
+	failed  atomic.Int64
+	lastOK  atomic.Int64 // Unix ns of the last successful settle
+	lastErr atomic.Int64 // Unix ns of the last failed one
+	stats   SettlerStats
 
 	kick   chan struct{}
 	cancel context.CancelFunc
@@ -108,7 +111,7 @@ func NewSettler(opts SettlerOptions) (*Settler, error) {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
 	l := opts.Engine.Log()
-	return &Settler{opts: opts, log: l, node: l.NodeID(), inc: l.Incarnation(), kick: make(chan struct{}, 1)}, nil
+	return &Settler{opts: opts, log: l, node: l.NodeID(), inc: l.Incarnation(), limit: opts.MaxBatch, kick: make(chan struct{}, 1)}, nil
 }
 
 // Stats are the settler's counters.
@@ -161,6 +164,9 @@ func (s *Settler) catchUp(ctx context.Context, mark uint64) error {
 	s.opts.Logger.Info("the ledger had settled further than this node's log knew; marking locally", "ledger", mark, "local", local)
 	return s.opts.Engine.Settle(ctx, mark)
 }
+
+// minBatch is the fewest records a settle is cut down to after timeouts.
+const minBatch = 1000
 
 // SettleOnce settles what is durable and unsettled now, in batches of at
 // most MaxBatch, and returns the number of records settled.
@@ -221,7 +227,7 @@ func (s *Settler) settleBatch(ctx context.Context) (n int, more bool, err error)
 	if durable <= prev {
 		return 0, false, nil
 	}
-	next := min(durable, prev+uint64(s.opts.MaxBatch))
+	next := min(durable, prev+uint64(s.limit))
 	b, err := s.batch(prev, next)
 	if err != nil {
 		return 0, false, err
@@ -245,6 +251,13 @@ func (s *Settler) settleBatch(ctx context.Context) (n int, more bool, err error)
 	}
 	s.report(rep, err)
 	if err != nil {
+		if statementTimedOut(err) && s.limit > minBatch {
+			// A role's statement_timeout shorter than one settle failed the
+			// same range at the same size for ever.
+			s.limit = max(minBatch, s.limit/2)
+			s.opts.Logger.Warn("the ledger cancelled a settle for taking too long (its statement_timeout?): settling in smaller batches",
+				"records", next-prev, "batch", s.limit, "what_to_do", "raise statement_timeout for the nodes' role, or leave it: smaller batches cost more round trips")
+		}
 		return 0, false, fmt.Errorf("flush: settle (%d, %d] of node %s: %w", prev, next, s.node, err)
 	}
 	return int(next - prev), next < durable, nil

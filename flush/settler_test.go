@@ -3,11 +3,15 @@ package flush
 import (
 	"context"
 	"errors"
+	"fmt"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/quotaring/quotaring/engine"
 	"github.com/quotaring/quotaring/shard"
@@ -183,5 +187,55 @@ func TestSettlerRefusesToMarkRecordsTheLedgerNeverSaw(t *testing.T) {
 	}
 	if got := log.SettledSeq(); got != 0 {
 		t.Fatalf("the local settled mark is %d after the refusal, want 0 (nothing marked)", got)
+	}
+}
+
+// timeoutLedger is a ledger whose server cancels any settle of more than
+// max records for time (SQLSTATE 57014, as a role's statement_timeout
+// shorter than one settle does); smaller ones it takes as applied.
+type timeoutLedger struct {
+	Ledger
+	max     uint64
+	settled []uint64 // the sizes it took
+}
+
+func (l *timeoutLedger) Settle(_ context.Context, b *Batch) (SettleResult, error) {
+	if b.Next-b.Prev > l.max {
+		return SettleResult{}, &pgconn.PgError{Code: "57014", Message: "canceling statement due to statement timeout"}
+	}
+	l.settled = append(l.settled, b.Next-b.Prev)
+	return SettleResult{Applied: true}, nil
+}
+
+// A settle the ledger cancels for time was retried at the same size for
+// ever (a role with statement_timeout=150ms stalled settling until its
+// connections were killed): the settler halves its batch each time, down
+// to minBatch, and gets through.
+func TestSettlerShrinksBatchesTheLedgerTimesOut(t *testing.T) {
+	ctx := context.Background()
+	sq, e := ledgerRig(t, nil)
+	log := e.Log()
+	for i := range 5000 {
+		rec := shard.Record{Type: shard.RecCharge, Account: "acct-1", EventID: fmt.Sprint("e", i), Units: 1}
+		if _, err := log.Append(rec.AppendEncode(nil)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := log.WaitDurable(ctx, log.LastSeq()); err != nil {
+		t.Fatal(err)
+	}
+	l := &timeoutLedger{Ledger: sq, max: 1500}
+	s, err := NewSettler(SettlerOptions{Ledger: l, Engine: e, MaxBatch: 4000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for try := 0; log.SettledSeq() < 5000; try++ {
+		if try == 10 {
+			t.Fatalf("settled to %d of 5000 after 10 tries, in batches of %v: the batch does not shrink", log.SettledSeq(), l.settled)
+		}
+		_, _ = s.SettleOnce(ctx)
+	}
+	if want := []uint64{1000, 1000, 1000, 1000, 1000}; !slices.Equal(l.settled, want) {
+		t.Fatalf("batches %v, want %v (4000 halved twice)", l.settled, want)
 	}
 }

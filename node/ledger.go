@@ -36,7 +36,15 @@ func (n *Node) tryLedger(ctx context.Context, beforeServing bool) (bool, error) 
 		return false, fmt.Errorf("%w: %w", errLedgerAddress, err)
 	}
 	if err == nil {
-		if err = l.Migrate(ctx); err != nil {
+		// Migrate only a ledger behind this quotad: migrating takes DDL
+		// rights (and schema_migrations' CREATE IF NOT EXISTS asks for them
+		// even when there is nothing to do), which a least-privilege role
+		// for the nodes does not have; quotad migrate, run as the ledger's
+		// owner, has them.
+		if err = flush.CheckSchema(ctx, l); err != nil && !errors.Is(err, flush.ErrSchemaTooNew) {
+			err = l.Migrate(ctx)
+		}
+		if err != nil {
 			l.Close()
 		}
 	}
@@ -48,7 +56,7 @@ func (n *Node) tryLedger(ctx context.Context, beforeServing bool) (bool, error) 
 		return false, err
 	case err != nil:
 		n.log.Warn("ledger not reached; serving from the data dir meanwhile and trying again", "err", err,
-			"what_to_check", "the --ledger address, the database's reachability from this host, and its credentials")
+			"what_to_check", flush.WhatToCheck(err))
 		return false, err
 	}
 	if beforeServing {
