@@ -559,24 +559,28 @@ func CheckG4(in *CheckInput) Result {
 		if !slices.ContainsFunc(rows[k], refund) {
 			continue
 		}
-		// Who may have asked: the client (a refund), or the HTTP front for
-		// an attempt whose upstream failed or whose client went away.
-		asked, frontOnly, served := len(x.refunds[k]) > 0, false, false
+		// Who may have asked: the client (a refund), the HTTP front for an
+		// attempt whose upstream failed or whose client went away, or the
+		// owner for an attempt whose caller gave up while its record waited
+		// for the disk (engine.Charge takes it back; the caller heard an
+		// unknown outcome).
+		asked, frontOnly, served, undecided := len(x.refunds[k]) > 0, false, false, false
 		for _, i := range x.charges[k] {
 			o := &in.Ops[i]
 			frontOnly = frontOnly || o.RefundPending
 			served = served || (o.Acked() && !o.RefundPending)
+			undecided = undecided || o.Status == StatusUnknown
 		}
 		switch {
-		case !asked && !frontOnly:
+		case !asked && !frontOnly && !undecided:
 			c.add(Violation{Account: k.account, Event: k.event, Ops: x.opIDs(x.charges[k]),
 				Detail: "the ledger marks the event refunded, but nobody asked for a refund"})
 		case !asked && served && !slices.ContainsFunc(rows[k], func(r flush.EventRow) bool { return !r.Refunded }):
-			// The front refunded an attempt of this event that nobody was
-			// served by, but another attempt was served and acknowledged:
-			// that one must stay billed (in some generation).
+			// The front or the owner refunded an attempt of this event that
+			// nobody was served by, but another attempt was served and
+			// acknowledged: that one must stay billed (in some generation).
 			c.add(Violation{Account: k.account, Event: k.event, Ops: x.opIDs(x.charges[k]),
-				Detail: "acknowledged and served, but the ledger refunded it: the front's refund of an abandoned attempt un-billed the attempt that was served"})
+				Detail: "acknowledged and served, but the ledger refunded it: the refund of an abandoned attempt un-billed the attempt that was served"})
 		}
 	}
 	return c.done(fmt.Sprintf("%d events refunded, %d refund requests; %d events answered refunded by two owners during a handoff (the ledger refunded each once)",
