@@ -63,6 +63,17 @@ func (n *Node) releaseNotOwned(ctx context.Context) {
 }
 
 func (n *Node) releaseLost(ctx context.Context, lost []int) {
+	if s := n.Settler(); n.draining.Load() && (s == nil || !s.Healthy()) {
+		// As releaseAll: a hand-back to a ledger that is down fails after
+		// the allowance is zeroed in the log, and its retry ends with this
+		// process. The units stayed reserved in the ledger for nobody, and
+		// a next start with the ledger still down found no allowance to
+		// serve its accounts from (a SIGTERM did worse than a kill -9). The
+		// log keeps them: a next start replays them, or, with the ledger
+		// up, frees them before serving.
+		n.log.Warn("lost partitions while draining with the ledger down: keeping their reservations for this node's next start", "partitions", len(lost))
+		return
+	}
 	r := n.Ring()
 	set := make(map[int]bool, len(lost))
 	for _, p := range lost {

@@ -14,7 +14,9 @@ import (
 	"time"
 
 	"github.com/quotaring/quotaring/flush"
+	"github.com/quotaring/quotaring/internal/faultproxy"
 	"github.com/quotaring/quotaring/internal/logbuf"
+	"github.com/quotaring/quotaring/internal/pgtest"
 	"github.com/quotaring/quotaring/ring"
 	"github.com/quotaring/quotaring/router"
 	"github.com/quotaring/quotaring/shard"
@@ -245,5 +247,73 @@ func TestSecondProcessWithTheSameNodeIDRefuses(t *testing.T) {
 	again := startNodesWith(t, dsn, func(c *Config) { c.DataDir = first.cfg.DataDir })[0]
 	if res, err := again.Router().Charge(context.Background(), router.ChargeRequest{Account: "acme", Route: "GET /x", Units: 1}); err != nil || res.Reason != shard.OK {
 		t.Fatalf("charge after a restart: %+v %v", res, err)
+	}
+}
+
+// A node stopped with SIGTERM while the ledger is down keeps the
+// reservations of the accounts it lets go, as it keeps the rest: the ring
+// change at the start of the drain handed them back (zeroed here, refused
+// there, the retry gone with the process), so a restart with the ledger
+// still down had nothing to serve its hard-quota accounts from (a kill -9
+// did better), and the ledger held the units for nobody until a restart
+// with it up.
+func TestDrainWithTheLedgerDownKeepsReservations(t *testing.T) {
+	srv := pgtest.PackageServer(t)
+	dsn := pgtest.NewDB(t)
+	if srv == nil {
+		return
+	}
+	proxy, err := faultproxy.New("127.0.0.1:0", srv.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer proxy.Close()
+	dsn = strings.Replace(dsn, srv.Addr(), proxy.Addr(), 1)
+	accounts := twentyAccounts(1000)
+	seedLedger(t, dsn, accounts)
+	nodes := startNodesWith(t, dsn, nil, nil)
+	n1, n2 := nodes[0], nodes[1]
+	acct := ""
+	for a := range accounts {
+		if owner, _ := n1.Ring().Owner(a); owner.ID == "n1" {
+			acct = a
+			break
+		}
+	}
+	if acct == "" {
+		t.Fatal("n1 owns none of 20 accounts")
+	}
+	charge := func(nd *Node) (shard.Decision, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		res, err := nd.Router().Charge(ctx, router.ChargeRequest{Account: acct, Route: "GET /x", Units: 1})
+		return res.Decision, err
+	}
+	waitFor(t, 10*time.Second, "n1 to charge "+acct, func() bool {
+		d, err := charge(n1)
+		return err == nil && d.Reason == shard.OK
+	})
+	proxy.SetDown(true)
+	if d, err := charge(n1); err != nil || d.Reason != shard.OK {
+		t.Fatalf("a charge from n1's allowance with the ledger down: %+v %v", d, err)
+	}
+	waitFor(t, 10*time.Second, "n1's settles to fail", func() bool { return !n1.Settler().Healthy() })
+	dataDir := n1.cfg.DataDir
+	_ = n1.Shutdown(context.Background()) // its final settle fails: the records wait in its data dir
+
+	cfg := Config{ID: "n1", DataDir: dataDir, Ledger: dsn, Join: []string{n2.GossipAddr()},
+		RPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", AdminAddr: "127.0.0.1:0", GossipAddr: "127.0.0.1:0",
+		RingPreset: ring.PresetLocal, SettleInterval: 100 * time.Millisecond, SnapshotInterval: 100 * time.Millisecond}
+	again, err := Start(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer again.Shutdown(context.Background())
+	waitFor(t, 20*time.Second, "n1 to own "+acct+" again", func() bool {
+		owner, ok := again.Ring().Owner(acct)
+		return ok && owner.ID == "n1" && again.isServing()
+	})
+	if d, err := charge(again); err != nil || d.Reason != shard.OK {
+		t.Fatalf("n1 restarted with the ledger still down: %+v %v; want OK from the reservation it kept", d, err)
 	}
 }
