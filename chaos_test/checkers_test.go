@@ -139,7 +139,7 @@ func TestEachCheckerCanFail(t *testing.T) {
 			w.add(cluster.Op{Kind: cluster.OpCharge, Via: "http", Node: "n2", Account: "hard-1", EventID: "e3", Units: 1,
 				Start: 25 * ms, End: 28 * ms, Status: cluster.StatusUnknown, Reason: "timeout", RefundPending: true})
 			w.in.Ledger.Events["hard-1"][2].Refunded = true
-		}, "the front's refund of an abandoned attempt un-billed the attempt that was served", []int{3, 12}},
+		}, "the refund of an abandoned attempt un-billed the attempt that was served", []int{3, 12}},
 		{"refund lost", "G4", func(w *world) { w.in.Ledger.Events["hard-1"][1].Refunded = false },
 			"answered refunded, but the ledger does not mark the event refunded", []int{2}},
 		{"counter differs from the log", "G6", func(w *world) {
