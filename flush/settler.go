@@ -68,7 +68,14 @@ type Settler struct {
 	failed  atomic.Int64
 	lastOK  atomic.Int64 // Unix ns of the last successful settle
 	lastErr atomic.Int64 // Unix ns of the last failed one
-	stats   SettlerStats
+	// beatOK and beatErr are the Unix ns of the last heartbeat (or settle)
+	// that reached the ledger and of the last heartbeat that did not: an
+	// idle node learns that the ledger is down from its heartbeats only.
+	beatOK, beatErr atomic.Int64
+	// beatWarned is when a failed heartbeat was last logged (every 2 s
+	// would flood the log in an outage). Protected by mu.
+	beatWarned time.Time
+	stats      SettlerStats
 
 	kick   chan struct{}
 	cancel context.CancelFunc
@@ -125,9 +132,14 @@ func (s *Settler) LastSuccess() time.Time {
 	return time.Time{}
 }
 
-// Healthy reports whether the last settle attempt succeeded (true before
-// any failure).
-func (s *Settler) Healthy() bool { return s.lastErr.Load() <= s.lastOK.Load() }
+// Healthy reports whether the last settle attempt succeeded and the last
+// heartbeat reached the ledger (true before any failure). Before the
+// heartbeat counted, a node with nothing to settle looked healthy through a
+// ledger outage: a drain then handed its reservations back to a ledger that
+// refused them, and quotaring_ledger_up read 1.
+func (s *Settler) Healthy() bool {
+	return s.lastErr.Load() <= s.lastOK.Load() && s.beatErr.Load() <= s.beatOK.Load()
+}
 
 // Register tells the ledger about this (node, incarnation) and catches the
 // local settled mark up with the ledger's: a crash between a ledger commit
@@ -182,6 +194,7 @@ func (s *Settler) SettleOnce(ctx context.Context) (int, error) {
 		}
 		if n > 0 {
 			s.lastBeat = time.Now() // the settle refreshed heartbeat_at
+			s.beatOK.Store(s.lastBeat.UnixNano())
 		}
 		if !more {
 			break
@@ -209,10 +222,23 @@ func (s *Settler) heartbeatLocked(ctx context.Context) error {
 	// An idle node still says it is alive, so that quotad revoke can tell a
 	// running node from a lost one.
 	if _, err := s.opts.Ledger.RegisterNode(ctx, s.node, s.inc); err != nil {
+		s.beatErr.Store(time.Now().UnixNano())
 		return fmt.Errorf("flush: heartbeat of node %s: %w", s.node, err)
 	}
 	s.lastBeat = time.Now()
+	s.beatOK.Store(s.lastBeat.UnixNano())
 	return nil
+}
+
+// warnBeat logs a failed heartbeat: the first of an outage, then once a
+// minute.
+func (s *Settler) warnBeat(err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if now := time.Now(); now.Sub(s.beatWarned) >= time.Minute {
+		s.beatWarned = now
+		s.opts.Logger.Warn("heartbeat to the ledger failed; retried every "+s.opts.Heartbeat.String()+" (logged once a minute)", "err", err)
+	}
 }
 
 // HeartbeatEvery is how often at least a running node refreshes its
@@ -355,7 +381,7 @@ func (s *Settler) loop(ctx context.Context) {
 			return
 		case <-beat.C:
 			if err := s.heartbeat(ctx); err != nil && ctx.Err() == nil {
-				s.opts.Logger.Warn("heartbeat to the ledger failed; retried", "err", err)
+				s.warnBeat(err)
 			}
 			continue
 		case <-t.C:

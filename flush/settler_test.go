@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -237,5 +238,52 @@ func TestSettlerShrinksBatchesTheLedgerTimesOut(t *testing.T) {
 	}
 	if want := []uint64{1000, 1000, 1000, 1000, 1000}; !slices.Equal(l.settled, want) {
 		t.Fatalf("batches %v, want %v (4000 halved twice)", l.settled, want)
+	}
+}
+
+// downLedger fails every call of RegisterNode (a heartbeat) while down.
+type downLedger struct {
+	Ledger
+	down atomic.Bool
+}
+
+func (l *downLedger) RegisterNode(ctx context.Context, node, inc string) (uint64, error) {
+	if l.down.Load() {
+		return 0, errors.New("connection refused")
+	}
+	return l.Ledger.RegisterNode(ctx, node, inc)
+}
+
+// A node with nothing to settle learns that the ledger is down from its
+// heartbeats: Healthy turned false only on a failed settle of records, so an
+// idle node's drain handed its reservations back to a ledger that refused
+// them (and stranded them), and quotaring_ledger_up read 1 in the outage.
+func TestHeartbeatFailureMakesTheSettlerUnhealthy(t *testing.T) {
+	ctx := context.Background()
+	sq, e := ledgerRig(t, nil)
+	l := &downLedger{Ledger: sq}
+	s, err := NewSettler(SettlerOptions{Ledger: l, Engine: e, Heartbeat: time.Nanosecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Register(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !s.Healthy() {
+		t.Fatal("unhealthy after Register")
+	}
+	l.down.Store(true)
+	if err := s.heartbeat(ctx); err == nil {
+		t.Fatal("a heartbeat to a ledger that is down succeeded")
+	}
+	if s.Healthy() {
+		t.Fatal("healthy after a failed heartbeat, with nothing to settle")
+	}
+	l.down.Store(false)
+	if err := s.heartbeat(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !s.Healthy() {
+		t.Fatal("unhealthy after the heartbeat reached the ledger again")
 	}
 }

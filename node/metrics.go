@@ -143,7 +143,7 @@ func newMetrics(n *Node) *metrics {
 			}
 			return float64(n.eng.AllowanceHeld())
 		}),
-		gauge("quotaring_ledger_up", "1 when the ledger has been reached and the last settle succeeded.", func() float64 {
+		gauge("quotaring_ledger_up", "1 when the ledger has been reached and the last settle and the last heartbeat (every 2 s) succeeded.", func() float64 {
 			if s := n.Settler(); s != nil && s.Healthy() {
 				return 1
 			}
