@@ -53,6 +53,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"time"
 
@@ -461,7 +462,11 @@ func (s *pgSettle) run(ctx context.Context) error {
 	if err := tx.Commit(ctx); err != nil {
 		// The outcome is unknown (see the package notes): the caller
 		// retries this batch, and the mark makes a committed one a no-op.
-		s.p.log.Warn("flush: settle commit failed, outcome unknown; the batch will be retried",
+		level := slog.LevelWarn
+		if ctx.Err() != nil {
+			level = slog.LevelDebug // the caller stopped it (a node's drain stops its settle loop; the final settle follows)
+		}
+		s.p.log.Log(ctx, level, "flush: settle commit failed, outcome unknown; the batch will be retried",
 			"node", b.Node, "incarnation", b.Incarnation, "prev", b.Prev, "next", b.Next, "err", err)
 		return fmt.Errorf("commit (outcome unknown: retry the same batch): %w", err)
 	}
