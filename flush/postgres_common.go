@@ -123,7 +123,7 @@ func WhatToCheck(err error) string {
 			return "the ledger refuses writes (read-only transaction): is --ledger a standby or a read-only replica, or the role set to default_transaction_read_only? point it at the primary"
 		case "42501": // insufficient_privilege
 			return "the ledger's role lacks a privilege (" + pe.Message + "): run quotad migrate as the owner of the ledger's schema, " +
-				"and grant the nodes' role SELECT, INSERT, UPDATE and DELETE on its tables (README, Deploying: the ledger's roles)"
+				"and grant the nodes' role SELECT, INSERT, UPDATE and DELETE on its tables (deploy/README.md: the database roles)"
 		case "28P01", "28000": // invalid_password, invalid_authorization_specification
 			return "the credentials in --ledger (user and password), and pg_hba.conf on the server"
 		case "3D000": // invalid_catalog_name
