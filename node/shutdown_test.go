@@ -88,16 +88,7 @@ func TestDrainTimeoutCutsOffAndRefunds(t *testing.T) {
 		c.Front = func(n *Node) (http.Handler, error) { return router.NewProxy(u, n.FrontOptions()) }
 	}, nil)
 	n1 := nodes[0]
-	acct := ""
-	for a := range accounts {
-		if owner, _ := n1.Ring().Owner(a); owner.ID == "n1" {
-			acct = a
-			break
-		}
-	}
-	if acct == "" {
-		t.Fatal("n1 owns none of 20 accounts")
-	}
+	acct := ownedBy(t, n1, accounts)
 	const key = "qr_test_drain_0123456789"
 	if err := l.AddKey(ctx, snapshot.Key{ID: "k1", Hash: snapshot.HashKey(key), Account: acct}); err != nil {
 		t.Fatal(err)
@@ -274,16 +265,7 @@ func TestDrainWithTheLedgerDownKeepsReservations(t *testing.T) {
 	seedLedger(t, dsn, accounts)
 	nodes := startNodesWith(t, dsn, nil, nil)
 	n1, n2 := nodes[0], nodes[1]
-	acct := ""
-	for a := range accounts {
-		if owner, _ := n1.Ring().Owner(a); owner.ID == "n1" {
-			acct = a
-			break
-		}
-	}
-	if acct == "" {
-		t.Fatal("n1 owns none of 20 accounts")
-	}
+	acct := ownedBy(t, n1, accounts)
 	charge := func(nd *Node) (shard.Decision, error) {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
@@ -317,4 +299,16 @@ func TestDrainWithTheLedgerDownKeepsReservations(t *testing.T) {
 	if d, err := charge(again); err != nil || d.Reason != shard.OK {
 		t.Fatalf("n1 restarted with the ledger still down: %+v %v; want OK from the reservation it kept", d, err)
 	}
+}
+
+// ownedBy names one of accounts that nd owns.
+func ownedBy(t *testing.T, nd *Node, accounts map[string]int64) string {
+	t.Helper()
+	for a := range accounts {
+		if owner, _ := nd.Ring().Owner(a); owner.ID == nd.cfg.ID {
+			return a
+		}
+	}
+	t.Fatalf("%s owns none of %d accounts", nd.cfg.ID, len(accounts))
+	return ""
 }

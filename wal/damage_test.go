@@ -254,6 +254,22 @@ func requireDamageNamed(t *testing.T, err error, wants ...string) {
 	}
 }
 
+// requireBothRefuse opens dir as quotad serve and as quotad reconcile do,
+// and requires each to refuse with a damage error holding every one of wants.
+func requireBothRefuse(t *testing.T, dir string, wants ...string) {
+	t.Helper()
+	for name, o := range map[string]Options{
+		"serve":     {Dir: dir, NodeID: "node-1"},
+		"reconcile": {Dir: dir, AnyNode: true, ReadOnly: true},
+	} {
+		l, err := Open(o)
+		if err == nil {
+			_ = l.Close()
+		}
+		t.Run(name, func(t *testing.T) { requireDamageNamed(t, err, wants...) })
+	}
+}
+
 // A deleted MANIFEST marker made Pebble take the dir for an empty one: the
 // read-write Open of a dir without wal.durable as well created a new DB over
 // the old MANIFEST and deleted the sstable of every record. Both opens now
@@ -274,16 +290,7 @@ func TestMissingManifestMarkerIsNamed(t *testing.T) {
 	}
 	before := dirsnap.Take(t, dir)
 	touch := filepath.Join(dir, "marker.manifest.000001."+filepath.Base(manifests[len(manifests)-1]))
-	for name, o := range map[string]Options{
-		"serve":     {Dir: dir, NodeID: "node-1"},
-		"reconcile": {Dir: dir, AnyNode: true, ReadOnly: true},
-	} {
-		l, err := Open(o)
-		if err == nil {
-			_ = l.Close()
-		}
-		t.Run(name, func(t *testing.T) { requireDamageNamed(t, err, "touch "+touch, "marker.manifest") })
-	}
+	requireBothRefuse(t, dir, "touch "+touch, "marker.manifest")
 	if !before.Unchanged(t, dir, "a refused Open") {
 		t.FailNow()
 	}
@@ -302,18 +309,7 @@ func TestMissingSSTableIsNamed(t *testing.T) {
 	if err := os.Remove(sst); err != nil {
 		t.Fatal(err)
 	}
-	for name, o := range map[string]Options{
-		"serve":     {Dir: dir, NodeID: "node-1"},
-		"reconcile": {Dir: dir, AnyNode: true, ReadOnly: true},
-	} {
-		l, err := Open(o)
-		if err == nil {
-			_ = l.Close()
-		}
-		t.Run(name, func(t *testing.T) {
-			requireDamageNamed(t, err, sst, "is missing", "restore that file", "quotad revoke --node")
-		})
-	}
+	requireBothRefuse(t, dir, sst, "is missing", "restore that file", "quotad revoke --node")
 }
 
 // TestReadOnlyLeavesDirUnchanged opens the dir of a killed node (records
