@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/quotaring/quotaring/engine"
+	"github.com/quotaring/quotaring/internal/logsample"
 	"github.com/quotaring/quotaring/shard"
 )
 
@@ -72,10 +73,10 @@ type Settler struct {
 	// that reached the ledger and of the last heartbeat that did not: an
 	// idle node learns that the ledger is down from its heartbeats only.
 	beatOK, beatErr atomic.Int64
-	// beatWarned is when a failed heartbeat was last logged (every 2 s
-	// would flood the log in an outage). Protected by mu.
-	beatWarned time.Time
-	stats      SettlerStats
+	// beatLog samples the failed-heartbeat warnings (every 2 s would flood
+	// the log in an outage).
+	beatLog logsample.Sampler
+	stats   SettlerStats
 
 	kick   chan struct{}
 	cancel context.CancelFunc
@@ -233,11 +234,9 @@ func (s *Settler) heartbeatLocked(ctx context.Context) error {
 // warnBeat logs a failed heartbeat: the first of an outage, then once a
 // minute.
 func (s *Settler) warnBeat(err error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if now := time.Now(); now.Sub(s.beatWarned) >= time.Minute {
-		s.beatWarned = now
-		s.opts.Logger.Warn("heartbeat to the ledger failed; retried every "+s.opts.Heartbeat.String()+" (logged once a minute)", "err", err)
+	if ok, held := s.beatLog.Allow(time.Now(), time.Minute); ok {
+		s.opts.Logger.Warn("heartbeat to the ledger failed; retried every "+s.opts.Heartbeat.String()+" (logged once a minute)",
+			"err", err, "similar_lines_held_back", held)
 	}
 }
 

@@ -11,11 +11,11 @@ import (
 	"net/http"
 	"net/http/httptrace"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/quotaring/quotaring/engine"
+	"github.com/quotaring/quotaring/internal/logsample"
 	"github.com/quotaring/quotaring/shard"
 	"github.com/quotaring/quotaring/snapshot"
 )
@@ -259,7 +259,7 @@ type front struct {
 	opts FrontOptions
 	next http.Handler
 	// undecided samples the "charge undecided" warnings.
-	undecided sampler
+	undecided logsample.Sampler
 	// proxy is set for NewProxy's front: next marks when the request
 	// reached the upstream (markSent), so clientLeft can tell a client that
 	// left before it from one that left after.
@@ -394,7 +394,7 @@ func (f *front) admit(r *http.Request) (*charged, *Problem) {
 	}
 	if err != nil {
 		if errors.Is(err, ErrUnavailable) || errors.Is(err, context.DeadlineExceeded) {
-			if ok, held := f.undecided.allow(time.Now()); ok {
+			if ok, held := f.undecided.Allow(time.Now(), time.Second); ok {
 				// NB: one line a second: in a ledger or owner outage every
 				// request gets here (896 lines in 2 s in the Postgres audit).
 				f.opts.Logger.Warn("charge undecided", "account", key.Account, "err", err, "similar_lines_held_back", held)
@@ -606,28 +606,6 @@ func (f *front) observe(code int, added time.Duration) {
 // charge as for a failed upstream, where a client that left after the
 // upstream got its request stays billed.
 var ErrCutOff = errors.New("router: the server cut the request off")
-
-// sampler lets one log line a second through and counts the ones it held
-// back, for a line that every request of an outage would write.
-type sampler struct {
-	mu   sync.Mutex // protects next and held
-	next time.Time
-	held int
-}
-
-// allow reports whether a line may go out at now, and how many were held
-// back since the last one that did.
-func (s *sampler) allow(now time.Time) (ok bool, held int) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if now.Before(s.next) {
-		s.held++
-		return false, 0
-	}
-	held, s.held = s.held, 0
-	s.next = now.Add(time.Second)
-	return true, held
-}
 
 // sentKey is the context key of the *atomic.Bool that NewProxy's handler
 // sets once the request's head is written to the upstream.
