@@ -222,12 +222,19 @@ func pgCode(err error) string {
 	return ""
 }
 
-// SQLSTATEs the admin methods turn into sentinels.
+// SQLSTATEs the admin methods turn into sentinels, and those the nodes
+// explain or adapt to.
 const (
-	sqlUniqueViolation     = "23505"
-	sqlForeignKeyViolation = "23503"
-	sqlCheckViolation      = "23514"
-	sqlUndefinedTable      = "42P01"
+	sqlUniqueViolation       = "23505"
+	sqlForeignKeyViolation   = "23503"
+	sqlCheckViolation        = "23514"
+	sqlUndefinedTable        = "42P01"
+	sqlInsufficientPrivilege = "42501"
+	sqlReadOnlyTransaction   = "25006"
+	sqlQueryCanceled         = "57014" // statement_timeout
+	sqlInvalidPassword       = "28P01"
+	sqlInvalidAuthorization  = "28000"
+	sqlInvalidCatalogName    = "3D000" // no such database
 )
 
 // nop is a batch callback that only checks the statement succeeded.

@@ -14,7 +14,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"log/slog"
 	"math"
@@ -23,8 +22,6 @@ import (
 	"slices"
 	"strings"
 	"time"
-
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/quotaring/quotaring/shard"
 	"github.com/quotaring/quotaring/snapshot"
@@ -116,29 +113,23 @@ func redactDSN(dsn string) string {
 // or a role without a privilege is reachable, and checking the address
 // and credentials would not help.
 func WhatToCheck(err error) string {
-	var pe *pgconn.PgError
-	if errors.As(err, &pe) {
-		switch pe.Code {
-		case "25006": // read_only_sql_transaction
-			return "the ledger refuses writes (read-only transaction): is --ledger a standby or a read-only replica, or the role set to default_transaction_read_only? point it at the primary"
-		case "42501": // insufficient_privilege
-			return "the ledger's role lacks a privilege (" + pe.Message + "): run quotad migrate as the owner of the ledger's schema, " +
-				"and grant the nodes' role SELECT, INSERT, UPDATE and DELETE on its tables (deploy/README.md: the database roles)"
-		case "28P01", "28000": // invalid_password, invalid_authorization_specification
-			return "the credentials in --ledger (user and password), and pg_hba.conf on the server"
-		case "3D000": // invalid_catalog_name
-			return "the database name in --ledger: the server has no such database"
-		}
+	switch pgCode(err) {
+	case sqlReadOnlyTransaction:
+		return "the ledger refuses writes (read-only transaction): is --ledger a standby or a read-only replica, or the role set to default_transaction_read_only? point it at the primary"
+	case sqlInsufficientPrivilege:
+		return "the ledger's role lacks a privilege (see err): run quotad migrate as the owner of the ledger's schema, " +
+			"and grant the nodes' role SELECT, INSERT, UPDATE and DELETE on its tables (deploy/README.md: the database roles)"
+	case sqlInvalidPassword, sqlInvalidAuthorization:
+		return "the credentials in --ledger (user and password), and pg_hba.conf on the server"
+	case sqlInvalidCatalogName:
+		return "the database name in --ledger: the server has no such database"
 	}
 	return "the --ledger address, the database's reachability from this host, and its credentials"
 }
 
 // statementTimedOut reports a statement the server cancelled for time
-// (statement_timeout, SQLSTATE 57014).
-func statementTimedOut(err error) bool {
-	var pe *pgconn.PgError
-	return errors.As(err, &pe) && pe.Code == "57014"
-}
+// (statement_timeout).
+func statementTimedOut(err error) bool { return pgCode(err) == sqlQueryCanceled }
 
 // rawUserinfo is what a URL-form dsn holds between "://" and its last '@',
 // "" when it holds none.

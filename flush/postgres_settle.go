@@ -58,7 +58,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/quotaring/quotaring/shard"
 )
@@ -956,8 +955,7 @@ func (p *Postgres) createPartitions(ctx context.Context, pers []shard.Period) (i
 		}
 		n += q.Len() + 1
 		if err := p.inTx(ctx, q); err != nil {
-			var pe *pgconn.PgError
-			if errors.As(err, &pe) && pe.Code == "42501" {
+			if pgCode(err) == sqlInsufficientPrivilege {
 				err = fmt.Errorf("%w: this role may not create the event partition of %v (it must own the events table): "+
 					"run quotad migrate as the ledger's owner, which creates the partitions of the next %d months", err, created, partitionsAhead)
 			}
