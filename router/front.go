@@ -441,7 +441,7 @@ func isPreflight(r *http.Request) bool {
 
 // caller finds the request's API key in the config snapshot.
 func (f *front) caller(r *http.Request) (snapshot.Key, *snapshot.Snapshot, *Problem) {
-	plain, ok := apiKey(r.Header)
+	plain, _, ok := apiKey(r.Header)
 	if !ok {
 		return snapshot.Key{}, nil, unknownKey(true)
 	}
@@ -457,17 +457,18 @@ func (f *front) caller(r *http.Request) (snapshot.Key, *snapshot.Snapshot, *Prob
 }
 
 // apiKey reads the API key: X-Api-Key, else Authorization: Bearer. X-Api-Key
-// wins so that an upstream's own bearer token can travel beside it.
-func apiKey(h http.Header) (string, bool) {
+// wins so that an upstream's own bearer token can travel beside it. from
+// names the header it came from (StripAPIKeyHeader drops that one).
+func apiKey(h http.Header) (key, from string, ok bool) {
 	if k := strings.TrimSpace(h.Get("X-Api-Key")); k != "" {
-		return k, true
+		return k, "X-Api-Key", true
 	}
 	auth := h.Get("Authorization")
 	if len(auth) > len("Bearer ") && strings.EqualFold(auth[:len("Bearer ")], "Bearer ") {
 		k := strings.TrimSpace(auth[len("Bearer "):])
-		return k, k != ""
+		return k, "Authorization", k != ""
 	}
-	return "", false
+	return "", "", false
 }
 
 // maxIdempotencyKey bounds an Idempotency-Key's length.

@@ -121,8 +121,8 @@ func NewProxy(upstream *url.URL, opts FrontOptions) (http.Handler, error) {
 				h.Set(HeaderEvent, c.EventID)
 			}
 			if opts.StripAPIKeyHeader {
-				if strings.TrimSpace(pr.In.Header.Get("X-Api-Key")) == "" {
-					h.Del("Authorization") // the key was the Bearer token (apiKey)
+				if _, from, _ := apiKey(pr.In.Header); from == "Authorization" {
+					h.Del("Authorization") // the key was its Bearer token
 				}
 				h.Del("X-Api-Key")
 			}

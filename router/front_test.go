@@ -175,7 +175,7 @@ func TestAPIKeyHeader(t *testing.T) {
 		for k, v := range tc.headers {
 			h.Set(k, v)
 		}
-		if got, ok := apiKey(h); got != tc.want || ok != (tc.want != "") {
+		if got, _, ok := apiKey(h); got != tc.want || ok != (tc.want != "") {
 			t.Errorf("%v: %q %v, want %q", tc.headers, got, ok, tc.want)
 		}
 	}
