@@ -638,8 +638,8 @@ func measureLoss(dir string) ([]cluster.LostCharge, error) {
 		if err := rec.Decode(p); err != nil {
 			return err
 		}
-		if rec.Type != shard.RecCharge && rec.Type != shard.RecRefund {
-			return nil
+		if rec.Type != shard.RecCharge && rec.Type != shard.RecRefund || rec.Kept {
+			return nil // a kept refund returned nothing; replays move no units
 		}
 		out = append(out, cluster.LostCharge{Node: l.NodeID(), Incarnation: l.Incarnation(), Seq: seq, Account: rec.Account,
 			EventID: rec.EventID, Units: rec.Units, Reset: rec.Period.End() / int64(time.Second), Refund: rec.Type == shard.RecRefund})

@@ -17,8 +17,8 @@
 // A charge is acknowledged only after its record is durable (G2). A crash
 // before that loses only unanswered charges; a kill -9 can leave one record
 // durable that was never acknowledged, which is why clients retry with an
-// event id and replay deduplicates. A Replayed answer waits for the original
-// record too.
+// event id and replay deduplicates. A Replayed answer waits for its own
+// record (a replay, logged after the original).
 //
 // # Ownership of state
 //

@@ -94,7 +94,8 @@ type Options struct {
 type Result struct {
 	shard.Decision
 	EventID string
-	// Receipt refunds this charge later (nil unless it charged units).
+	// Receipt refunds this charge later (nil unless it charged units), or,
+	// on Replayed, takes the replay back (RefundReplay).
 	Receipt *shard.Receipt
 }
 
@@ -340,6 +341,9 @@ func (e *Engine) abandon(account string, res Result, werr error) error {
 	}
 	if res.Receipt != nil {
 		if _, _, rerr := e.refundLogged(account, res.EventID, func(a *shard.Account, now shard.Now, rec *shard.Record) shard.Decision {
+			if res.Reason == shard.Replayed {
+				return a.RefundReplay(res.EventID, res.Receipt, e.log.NodeID(), now, &e.params, rec)
+			}
 			return a.RefundAttempt(res.EventID, res.Receipt, e.log.NodeID(), now, &e.params, rec)
 		}); rerr != nil {
 			return fmt.Errorf("%w; taking it back failed too (%v): it may be billed", err, rerr)
@@ -547,20 +551,24 @@ func (e *Engine) chargeOnce(account string, req *shard.Charge) (Result, error) {
 		ent.waiting = addSat(ent.waiting, d.Shortfall) // until the caller's reservation round trip ends (wait)
 	}
 	if st.rec.Type == 0 {
-		if d.Reason == shard.Replayed {
-			// The charge it replays may still be on its way to the disk: the
-			// answer waits for the account's last record, which is at or
-			// after it (the log is durable in order). G2.
-			res.Seq = max(res.Seq, ent.acct.LastSeq)
-		}
 		return res, nil
 	}
 	seq, err := e.appendLocked(st, ent)
 	if err != nil {
 		return Result{}, err
 	}
+	// A replay's answer waits for its own record, after the charge it
+	// replays (the log is durable in order). G2.
 	res.Seq = seq
 	r := &st.rec
+	if r.Type == shard.RecReplay {
+		// The replay's receipt is the charge's, from this node: with it
+		// RefundReplay takes the replay back here or, after the account
+		// moved, at its next owner.
+		res.Receipt = &shard.Receipt{EventID: r.EventID, Node: e.log.NodeID(), Gen: r.Gen, Units: r.Units, Period: r.Period, Wall: r.ChargeWall,
+			Key: r.Key, Route: r.Route, Allocs: slices.Clone(r.Allocs)}
+		return res, nil
+	}
 	res.Receipt = &shard.Receipt{EventID: r.EventID, Node: e.log.NodeID(), Gen: r.Gen, Units: r.Units, Period: r.Period, Wall: r.Wall, Key: r.Key, Route: r.Route, Allocs: slices.Clone(r.Allocs)}
 	if e.params.Reservations {
 		e.noteSpendLocked(account, ent, req.Units, now)
@@ -582,10 +590,11 @@ func (e *Engine) RefundAttempt(ctx context.Context, account, eventID string, rec
 }
 
 // RefundReplay takes back a retry that was answered Replayed and then not
-// served (shard.Account.RefundReplay).
-func (e *Engine) RefundReplay(ctx context.Context, account, eventID string) (shard.Decision, error) {
+// served (shard.Account.RefundReplay). receipt is the Replayed answer's (nil
+// when the caller kept none: then only a replay this node answered is found).
+func (e *Engine) RefundReplay(ctx context.Context, account, eventID string, receipt *shard.Receipt) (shard.Decision, error) {
 	return e.refundWith(ctx, account, eventID, func(a *shard.Account, now shard.Now, rec *shard.Record) shard.Decision {
-		return a.RefundReplay(eventID, now, &e.params, rec)
+		return a.RefundReplay(eventID, receipt, e.log.NodeID(), now, &e.params, rec)
 	})
 }
 
@@ -646,7 +655,9 @@ func (e *Engine) refundLogged(account, eventID string, apply func(*shard.Account
 			return shard.Decision{}, false, err
 		}
 		d.Seq = seq
-		e.stats.Refunds.Add(1)
+		if d.Reason == shard.Refunded {
+			e.stats.Refunds.Add(1) // not a kept refund's or a replay's record
+		}
 	}
 	st.mu.Unlock()
 	return d, d.Seq > 0, nil

@@ -40,6 +40,7 @@ func RunConformance(t *testing.T, open func(t *testing.T) Ledger) {
 		{"Duplicates", confDuplicates},
 		{"RetriesServedAcrossOwners", confServedAcrossOwners},
 		{"LateAttemptCharge", confLateAttemptCharge},
+		{"ReplaysAcrossOwners", confReplaysAcrossOwners},
 		{"RetryAcrossMonths", confAcrossMonths},
 		{"RetryAcrossMonthsOneBatch", confAcrossMonthsOneBatch},
 		{"ReserveInALaterMonth", confReserveLaterMonth},
@@ -146,7 +147,28 @@ type rec struct {
 	// attemptRefund marks a refund as one attempt's (Refund.Attempt).
 	attemptRefund bool
 	origin        string
+	// replay makes it a replay (delta 1, or -1 taken back); released marks
+	// a refund released by its last replay's take-back.
+	replay   bool
+	delta    int64
+	released bool
 }
+
+// replayOf is a retry of event answered Replayed; takeBackOf one taken back.
+func replayOf(account, event string) rec {
+	r := chargeOf(account, event, 0, confJune)
+	r.replay, r.delta, r.allocs = true, 1, nil
+	return r
+}
+
+func takeBackOf(account, event string) rec {
+	r := replayOf(account, event)
+	r.delta = -1
+	return r
+}
+
+// releasing marks an attempt's refund released by its replay's take-back.
+func (r rec) releasing() rec { r.released, r.attemptRefund = true, true; return r }
 
 func chargeOf(account, event string, units int64, grant string) rec {
 	return rec{account: account, event: event, units: units, allocs: []shard.Alloc{{Grant: grant, Units: units}}, wall: confWallTime(), route: confRoute}
@@ -172,6 +194,15 @@ func (s *confSettler) batchLocked(recs ...rec) *Batch {
 	for i, r := range recs {
 		seq := s.next + uint64(i) + 1
 		wall := r.wall.UnixNano()
+		if r.replay {
+			b.Replays = append(b.Replays, Replay{Seq: seq, Account: r.account, EventID: r.event, Period: shard.PeriodOf(wall),
+				Wall: wall, Delta: r.delta, Origin: r.origin})
+			continue
+		}
+		if r.released {
+			b.Replays = append(b.Replays, Replay{Seq: seq, Account: r.account, EventID: r.event, Period: shard.PeriodOf(wall),
+				Wall: wall, Delta: -1, Released: true})
+		}
 		if r.refund {
 			b.Refunds = append(b.Refunds, Refund{Seq: seq, Account: r.account, EventID: r.event, Key: "key-" + r.account, Route: r.route,
 				Units: r.units, Wall: wall + int64(time.Minute), ChargeWall: wall, Period: shard.PeriodOf(wall), Reserved: r.reserved,
@@ -812,6 +843,89 @@ func confLateAttemptCharge(t *testing.T, l Ledger) {
 	g := grantOf(t, l, "acct-1", confJune)
 	if g.Used != 3 || g.Used+g.Reserved > g.Units {
 		t.Errorf("grant %+v, want used 3 within its units", g)
+	}
+	wantReconciled(t, l)
+}
+
+// confReplaysAcrossOwners: node-a answered a retry Replayed (served), then
+// the account moved to node-b, through which node-a's front refunds its
+// first attempt (Origin node-a). The chaos harness found that refund
+// un-billing the served replay (G4): node-a's replays count on the event as
+// served retries, in whichever order the two nodes settle.
+func confReplaysAcrossOwners(t *testing.T, l Ledger) {
+	a, b := twoReservingNodes(t, l)
+	// e1: the replay settled first: the refund is kept.
+	a.settle(t, chargeOf("acct-1", "e1", 3, confJune).withReserved(), replayOf("acct-1", "e1"))
+	if res := b.settle(t, refundOf("acct-1", "e1", 3, confJune).attempt().chargedBy("node-a")); len(res.DuplicateRefunds) != 1 {
+		t.Fatalf("node-a's attempt refunded through node-b after node-a's replay was served: %+v, want kept", res)
+	}
+	wantUsage(t, l, "acct-1", 3)
+	// e2: as e1, and the replay failed too, taken back through node-b: the
+	// pending refund applies.
+	a.settle(t, chargeOf("acct-1", "e2", 2, confJune).withReserved(), replayOf("acct-1", "e2"))
+	b.settle(t, refundOf("acct-1", "e2", 2, confJune).attempt().chargedBy("node-a"))
+	b.settle(t, takeBackOf("acct-1", "e2").chargedBy("node-a"))
+	wantUsage(t, l, "acct-1", 3)
+	// e3: the refund settled first (node-a's replay was still in its log):
+	// the replay, settling, bills the event again.
+	a.settle(t, chargeOf("acct-1", "e3", 4, confJune).withReserved())
+	b.settle(t, refundOf("acct-1", "e3", 4, confJune).attempt().chargedBy("node-a"))
+	wantUsage(t, l, "acct-1", 3)
+	a.settle(t, replayOf("acct-1", "e3"))
+	wantUsage(t, l, "acct-1", 7)
+	// e4: node-a was killed with its charge and replay unsettled: the
+	// refund leaves a tombstone, the charge is a duplicate of it, and the
+	// replay bills the event in its place, as node-a's.
+	b.settle(t, refundOf("acct-1", "e4", 5, confJune).attempt().chargedBy("node-a"))
+	if res := a.settle(t, chargeOf("acct-1", "e4", 5, confJune).withReserved()); len(res.Duplicates) != 1 {
+		t.Fatalf("node-a's charge after its attempt's refund: %+v, want a duplicate", res)
+	}
+	wantUsage(t, l, "acct-1", 7)
+	a.settle(t, replayOf("acct-1", "e4"))
+	wantUsage(t, l, "acct-1", 12)
+	for _, e := range eventsOf(t, l, "acct-1") {
+		if e.EventID == "e4" && (e.Tombstone || e.Refunded || e.Node != "node-a" || e.Incarnation != "node-a-inc") {
+			t.Errorf("e4 billed by its replay: %+v, want node-a's billed row", e)
+		}
+	}
+	// e5: the replay taken back through node-b before it settled: nothing
+	// was served, nothing is billed.
+	a.settle(t, chargeOf("acct-1", "e5", 1, confJune).withReserved())
+	b.settle(t, refundOf("acct-1", "e5", 1, confJune).attempt().chargedBy("node-a"))
+	b.settle(t, takeBackOf("acct-1", "e5").chargedBy("node-a"))
+	a.settle(t, replayOf("acct-1", "e5"))
+	wantUsage(t, l, "acct-1", 12)
+	// e6, e7: node-a alone, both attempts failed: its refund kept for the
+	// replay (logged), then released by the replay's take-back; in one
+	// batch, and across two.
+	a.settle(t, chargeOf("acct-1", "e6", 2, confJune).withReserved(), replayOf("acct-1", "e6"),
+		refundOf("acct-1", "e6", 2, confJune).attempt(), refundOf("acct-1", "e6", 2, confJune).withReserved().releasing())
+	wantUsage(t, l, "acct-1", 12)
+	a.settle(t, chargeOf("acct-1", "e7", 2, confJune).withReserved(), replayOf("acct-1", "e7"), refundOf("acct-1", "e7", 2, confJune).attempt())
+	wantUsage(t, l, "acct-1", 14)
+	if res := a.settle(t, refundOf("acct-1", "e7", 2, confJune).withReserved().releasing()); len(res.DuplicateRefunds) != 0 {
+		t.Fatalf("node-a's released refund of e7: %+v, want applied", res)
+	}
+	wantUsage(t, l, "acct-1", 12)
+	// e8: the event's own refund (an operator's, decided a minute after the
+	// replay) covers the replay that settles after it.
+	a.settle(t, chargeOf("acct-1", "e8", 6, confJune).withReserved())
+	b.settle(t, refundOf("acct-1", "e8", 6, confJune))
+	a.settle(t, replayOf("acct-1", "e8"))
+	wantUsage(t, l, "acct-1", 12)
+	// e9, e10: as e3 and e4 (the replay bills the event again after the
+	// refund), and then the replay is taken back too: nothing is billed.
+	a.settle(t, chargeOf("acct-1", "e9", 4, confJune).withReserved())
+	b.settle(t, refundOf("acct-1", "e9", 4, confJune).attempt().chargedBy("node-a"))
+	a.settle(t, replayOf("acct-1", "e9"))
+	b.settle(t, refundOf("acct-1", "e10", 2, confJune).attempt().chargedBy("node-a"))
+	a.settle(t, chargeOf("acct-1", "e10", 2, confJune).withReserved(), replayOf("acct-1", "e10"))
+	wantUsage(t, l, "acct-1", 18)
+	b.settle(t, takeBackOf("acct-1", "e9").chargedBy("node-a"), takeBackOf("acct-1", "e10").chargedBy("node-a"))
+	wantUsage(t, l, "acct-1", 12)
+	g := grantOf(t, l, "acct-1", confJune)
+	if g.Used != 12 || g.Used+g.Reserved > g.Units {
+		t.Errorf("grant %+v, want used 12 within its units", g)
 	}
 	wantReconciled(t, l)
 }

@@ -196,9 +196,11 @@ var (
 //     arrives, even after the event was refunded); not found, its
 //     tombstone names that node, and a charge from
 //     any other node (another attempt, served) takes the event over and is
-//     billed. So an event is billed exactly when some attempt under it was
-//     served.
-//     With Events off: charges and refunds all apply, no dedup.
+//     billed. Replays (see replay.go) count as served retries the same
+//     way, after the batch's charges and before its refunds. So an event is
+//     billed exactly when some attempt under it was served.
+//     With Events off: charges and refunds all apply, no dedup, and replays
+//     change nothing.
 //  3. Daily usage aggregates (account, key, route, UTC day): units and
 //     requests, one upsert of all rows (UNNEST on Postgres); refunds
 //     subtract on the day of the charge.
@@ -212,6 +214,9 @@ type Batch struct {
 	Events            bool // keep the event log (default on; --events=off)
 	Charges           []Charge
 	Refunds           []Refund
+	// Replays are the retries answered Replayed and taken back, in log
+	// order (see replay.go).
+	Replays []Replay
 }
 
 // Charge is a settled charge record.

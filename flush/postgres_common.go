@@ -183,6 +183,18 @@ func validateBatch(b *Batch) error {
 		}
 		seqs = append(seqs, r.Seq)
 	}
+	for i := range b.Replays {
+		r := &b.Replays[i]
+		if !inRange(r.Seq) {
+			return bad("replay seq %d is out of the range", r.Seq)
+		}
+		if err := validReplay(r); err != nil {
+			return bad("%v", err)
+		}
+		if !r.Released {
+			seqs = append(seqs, r.Seq) // a released refund's shares its seq
+		}
+	}
 	if !slices.IsSorted(seqs) {
 		slices.Sort(seqs)
 	}

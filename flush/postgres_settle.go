@@ -50,6 +50,7 @@ package flush
 // CREATE TABLE ... PARTITION OF, then COMMIT).
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -430,7 +431,7 @@ func (s *pgSettle) queueCrossMonth(q *pgx.Batch) {
 
 func (s *pgSettle) run(ctx context.Context) error {
 	b := s.b
-	withLog := b.Events && len(b.Charges)+len(b.Refunds) > 0
+	withLog := b.Events && len(b.Charges)+len(b.Refunds)+len(b.Replays) > 0
 	first := &pgx.Batch{}
 	first.BeginTx(pgx.TxOptions{})
 	first.Queue(pgMarkSQL, b.Node, b.Incarnation, int64(b.Prev), int64(b.Next)).QueryRow(s.readMark)
@@ -590,6 +591,9 @@ func (s *pgSettle) settleLog(ctx context.Context, tx pgx.Tx) error {
 			s.plan.reservedCharge(c)
 		}
 	}
+	if err := s.settleReplays(ctx, tx); err != nil {
+		return err
+	}
 	refunds, outcomes := s.dedupRefunds()
 	if len(refunds) > 0 {
 		q := &pgx.Batch{}
@@ -620,6 +624,76 @@ func (s *pgSettle) settleLog(ctx context.Context, tx pgx.Tx) error {
 	}
 	s.res.RoundTrips += third.Len()
 	return tx.SendBatch(ctx, third).Close()
+}
+
+// pgReplayRowSQL reads and locks the event a replay counts on.
+const pgReplayRowSQL = `SELECT refunded, tombstone, refund_pending, served_again, node_id, refund_wall,
+	key_id, route, charged_at, units, grant_ids, grant_units
+FROM events WHERE account_id = $1 AND event_id = $2 AND period_start = $3 FOR UPDATE`
+
+// pgReplayWriteSQL writes decideReplay's state back; $9: the row is billed
+// in a tombstone's place, and takes this replay's origin ($10-$12).
+const pgReplayWriteSQL = `UPDATE events SET refunded = $4,
+	refunded_at = CASE WHEN NOT $4 THEN NULL WHEN refunded THEN refunded_at ELSE now() END,
+	tombstone = $5, refund_pending = $6, served_again = $7, refund_wall = CASE WHEN $8 THEN refund_wall END,
+	node_id = CASE WHEN $9 THEN $10 ELSE node_id END, incarnation = CASE WHEN $9 THEN $11 ELSE incarnation END,
+	seq = CASE WHEN $9 THEN $12 ELSE seq END
+WHERE account_id = $1 AND event_id = $2 AND period_start = $3`
+
+// settleReplays counts the batch's replays on their events (see
+// replay.go), in (account, event) order, each event's in log order.
+func (s *pgSettle) settleReplays(ctx context.Context, tx pgx.Tx) error {
+	rs := slices.Clone(s.b.Replays)
+	slices.SortStableFunc(rs, func(a, b Replay) int {
+		return cmp.Or(cmp.Compare(a.Account, b.Account), cmp.Compare(a.EventID, b.EventID))
+	})
+	for i := range rs {
+		r := &rs[i]
+		start := periodDate(r.Period)
+		var row replayRow
+		var ev refundedEvent
+		var refundWall *time.Time
+		var chargedAt time.Time
+		var ids []string
+		var units []int64
+		s.res.RoundTrips++
+		err := tx.QueryRow(ctx, pgReplayRowSQL, r.Account, r.EventID, start).Scan(&row.refunded, &row.tombstone, &row.pending, &row.servedAgain,
+			&row.node, &refundWall, &ev.key, &ev.route, &chargedAt, &ev.units, &ids, &units)
+		if errors.Is(err, pgx.ErrNoRows) {
+			continue // its charge is not in this month's log (events were off, or it crossed a month): nothing to count on
+		}
+		if err != nil {
+			return fmt.Errorf("replay of %s/%s: %w", r.Account, r.EventID, err)
+		}
+		if refundWall != nil {
+			w := refundWall.UnixNano()
+			row.refundWall = &w
+		}
+		next, out := decideReplay(row, r, s.b.Node)
+		retomb := row.tombstone && !next.tombstone
+		s.res.RoundTrips++
+		if _, err := tx.Exec(ctx, pgReplayWriteSQL, r.Account, r.EventID, start, next.refunded, next.tombstone, next.pending, next.servedAgain,
+			next.refundWall != nil, retomb, s.b.Node, s.b.Incarnation, int64(r.Seq)); err != nil {
+			return fmt.Errorf("replay of %s/%s: %w", r.Account, r.EventID, err)
+		}
+		ev.chargeWall = chargedAt.UnixNano()
+		for i, id := range ids {
+			if i < len(units) {
+				ev.allocs = append(ev.allocs, shard.Alloc{Grant: id, Units: units[i]})
+			}
+		}
+		switch out {
+		case replayBilled:
+			requests := int64(0)
+			if retomb {
+				requests = 1 // a tombstone was never billed, request and all
+			}
+			s.plan.rebill(r.Account, ev, requests)
+		case replayRefunded:
+			s.plan.applyRefund(&Refund{Account: r.Account}, ev)
+		}
+	}
+	return nil
 }
 
 // logCharges writes charges (the batch's, less those the neighbouring month

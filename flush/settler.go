@@ -320,7 +320,8 @@ func (s *Settler) report(rep SettleReport, err error) {
 }
 
 // batch reads (prev, next] into a Batch. Reservation records stay local: the
-// ledger changed them when they were made.
+// ledger changed them when they were made. Replay records, and the replay
+// a released refund takes back, go to Batch.Replays.
 func (s *Settler) batch(prev, next uint64) (*Batch, error) {
 	b := &Batch{Node: s.node, Incarnation: s.inc, Prev: prev, Next: next, Events: s.opts.Events}
 	var rec shard.Record
@@ -333,7 +334,16 @@ func (s *Settler) batch(prev, next uint64) (*Batch, error) {
 			b.Charges = append(b.Charges, Charge{Seq: seq, Account: rec.Account, EventID: shard.LedgerEventID(rec.EventID, rec.Gen), ClientID: rec.ClientID,
 				Key: rec.Key, Route: rec.Route, Units: rec.Units, Wall: rec.Wall, Period: rec.Period, Reserved: rec.Reserved,
 				Allocs: append([]shard.Alloc(nil), rec.Allocs...)})
+		case shard.RecReplay:
+			b.Replays = append(b.Replays, Replay{Seq: seq, Account: rec.Account, EventID: shard.LedgerEventID(rec.EventID, rec.Gen),
+				Period: rec.Period, Wall: rec.Wall, Delta: rec.Delta, Origin: rec.Origin})
 		case shard.RecRefund:
+			if rec.Released {
+				// The take-back of the charge's last replay, counted off
+				// before the refund it released.
+				b.Replays = append(b.Replays, Replay{Seq: seq, Account: rec.Account, EventID: shard.LedgerEventID(rec.EventID, rec.Gen),
+					Period: rec.Period, Wall: rec.Wall, Delta: -1, Released: true})
+			}
 			b.Refunds = append(b.Refunds, Refund{Seq: seq, Account: rec.Account, EventID: shard.LedgerEventID(rec.EventID, rec.Gen), Key: rec.Key, Route: rec.Route,
 				Units: rec.Units, Wall: rec.Wall, ChargeWall: rec.ChargeWall, Period: rec.Period, Reserved: rec.Reserved,
 				Attempt: rec.Attempt, Origin: rec.Origin, Allocs: append([]shard.Alloc(nil), rec.Allocs...)})

@@ -81,6 +81,9 @@ func (st *sqliteSettle) run(ctx context.Context) error {
 		if err := st.logCharges(ctx); err != nil {
 			return err
 		}
+		if err := st.settleReplays(ctx); err != nil {
+			return err
+		}
 		if err := st.logRefunds(ctx); err != nil {
 			return err
 		}
@@ -184,6 +187,55 @@ func (st *sqliteSettle) takeOver(ctx context.Context, c *Charge, served int64) e
 		return err
 	}
 	st.plan.billCharge(c)
+	return nil
+}
+
+// settleReplays counts the batch's replays on their events (see
+// replay.go), in log order.
+func (st *sqliteSettle) settleReplays(ctx context.Context) error {
+	for i := range st.b.Replays {
+		r := &st.b.Replays[i]
+		var row replayRow
+		var ev refundedEvent
+		var refundWall sql.NullInt64
+		var allocs string
+		err := st.queryRow(ctx, `SELECT refunded, tombstone, refund_pending, served_again, node_id, refund_wall, key_id, route, charged_at, units, allocations
+			FROM events WHERE account_id = ? AND event_id = ?`, r.Account, r.EventID).Scan(&row.refunded, &row.tombstone, &row.pending, &row.servedAgain,
+			&row.node, &refundWall, &ev.key, &ev.route, &ev.chargeWall, &ev.units, &allocs)
+		if errors.Is(err, sql.ErrNoRows) {
+			continue // its charge is not in the log (events were off): nothing to count on
+		}
+		if err != nil {
+			return fmt.Errorf("replay of %s/%s: %w", r.Account, r.EventID, err)
+		}
+		if refundWall.Valid {
+			row.refundWall = &refundWall.Int64
+		}
+		if ev.allocs, err = decodeAllocs(allocs); err != nil {
+			return err
+		}
+		next, out := decideReplay(row, r, st.b.Node)
+		retomb := row.tombstone && !next.tombstone
+		if _, err := st.exec(ctx, `UPDATE events SET refunded = ?1,
+				refunded_at = CASE WHEN NOT ?1 THEN NULL WHEN refunded THEN refunded_at ELSE ?2 END,
+				tombstone = ?3, refund_pending = ?4, served_again = ?5, refund_wall = CASE WHEN ?6 THEN refund_wall END,
+				node_id = CASE WHEN ?7 THEN ?8 ELSE node_id END, incarnation = CASE WHEN ?7 THEN ?9 ELSE incarnation END,
+				seq = CASE WHEN ?7 THEN ?10 ELSE seq END
+			WHERE account_id = ?11 AND event_id = ?12`, next.refunded, st.now, next.tombstone, next.pending, next.servedAgain,
+			next.refundWall != nil, retomb, st.b.Node, st.b.Incarnation, int64(r.Seq), r.Account, r.EventID); err != nil {
+			return fmt.Errorf("replay of %s/%s: %w", r.Account, r.EventID, err)
+		}
+		switch out {
+		case replayBilled:
+			requests := int64(0)
+			if retomb {
+				requests = 1 // a tombstone was never billed, request and all
+			}
+			st.plan.rebill(r.Account, ev, requests)
+		case replayRefunded:
+			st.plan.applyRefund(&Refund{Account: r.Account}, ev)
+		}
+	}
 	return nil
 }
 

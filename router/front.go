@@ -578,7 +578,7 @@ func (f *front) refund(r *http.Request, c *charged, why string) (shard.Decision,
 	defer cancel()
 	req := RefundRequest{Account: c.Account, EventID: c.EventID, Receipt: c.receipt, Attempt: true}
 	if c.Replayed {
-		req = RefundRequest{Account: c.Account, EventID: c.EventID, Replay: true}
+		req = RefundRequest{Account: c.Account, EventID: c.EventID, Receipt: c.receipt, Replay: true}
 	}
 	d, err := f.opts.Charger.Refund(ctx, req)
 	if err == nil && d.Reason == shard.Kept {

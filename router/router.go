@@ -142,6 +142,8 @@ type RefundRequest struct {
 	// served: one retry fewer relies on the charge (the HTTP front). Send it
 	// once for each such answer and never otherwise: the owner counts them,
 	// and one too many would let a retry that was served lose its charge.
+	// With the Replayed answer's Receipt, a replay taken back after the
+	// account moved to another owner reaches the ledger too.
 	Replay bool
 }
 
@@ -434,7 +436,7 @@ func (r *Router) Refund(ctx context.Context, req RefundRequest) (shard.Decision,
 func engineRefund(ctx context.Context, e *engine.Engine, req RefundRequest) (shard.Decision, error) {
 	switch {
 	case req.Replay:
-		return e.RefundReplay(ctx, req.Account, req.EventID)
+		return e.RefundReplay(ctx, req.Account, req.EventID, req.Receipt)
 	case req.Attempt:
 		return e.RefundAttempt(ctx, req.Account, req.EventID, req.Receipt)
 	}

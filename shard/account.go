@@ -285,9 +285,10 @@ func (a *Account) rollTo(p Period) {
 	a.sortGrants()
 }
 
-// Charge decides req at now. On OK it fills rec with the record to log;
-// otherwise rec is left with Type 0 and the state is unchanged, except that a
-// new period may have opened and the bucket refilled.
+// Charge decides req at now. On OK it fills rec with the charge to log, on
+// Replayed with the replay (RecReplay); otherwise rec is left with Type 0 and
+// the state is unchanged, except that a new period may have opened and the
+// bucket refilled.
 func (a *Account) Charge(req *Charge, now Now, params *Params, rec *Record) Decision {
 	rec.Type = 0
 	p, wall := a.advance(now.Wall)
@@ -337,6 +338,14 @@ func (a *Account) Charge(req *Charge, now Now, params *Params, rec *Record) Deci
 		}
 		replay.replays++
 		a.dedup.update(req.EventID, replay)
+		// Logged like a charge: the count survives a restart, and the ledger
+		// holds the charge billed while the replay may be served, even when
+		// its attempt's refund reaches the account's next owner.
+		rec.reset(RecReplay, a.cfg.ID, a.seen)
+		rec.EventID, rec.Gen, rec.Period, rec.Delta = req.EventID, replay.gen, replay.period, 1
+		// The charge replayed, for its receipt (not in the log's record).
+		rec.Key, rec.Route, rec.Units, rec.ChargeWall = replay.key, replay.route, replay.units, replay.chargeAt
+		rec.Allocs = append(rec.Allocs, replay.allocs...)
 		d.Reason, d.Units, d.Seq = Replayed, replay.units, replay.seq
 		a.fill(&d, now, wall)
 		return d
@@ -506,25 +515,41 @@ func (a *Account) RefundAttempt(eventID string, receipt *Receipt, self string, n
 
 // RefundReplay takes back a retry that was answered Replayed and then not
 // served (the HTTP front's upstream failed for it): one replay fewer relies
-// on the charge. When it was the last and the charge's own attempt had asked
-// for its refund meanwhile (pending), the refund applies now; otherwise it
-// answers Kept and changes nothing billed.
-func (a *Account) RefundReplay(eventID string, now Now, params *Params, rec *Record) Decision {
+// on the charge (a RecReplay record with Delta -1). When it was the last and
+// the charge's own attempt had asked for its refund meanwhile (pending), the
+// refund applies now (a refund record marked Released); otherwise it answers
+// Kept and changes nothing billed.
+//
+// receipt is the replay's (ChargeResult.Receipt of the Replayed answer; nil
+// from older callers). When it names another node than self (the account
+// moved since), nothing of that replay is here: the record (Origin) only
+// tells the ledger, which counts the replay off the event there.
+func (a *Account) RefundReplay(eventID string, receipt *Receipt, self string, now Now, params *Params, rec *Record) Decision {
 	rec.Type = 0
 	p, wall := a.advance(now.Wall)
 	d := Decision{Reset: p.End() / 1e9, Reason: Kept}
+	if receipt != nil && receipt.Node != "" && receipt.Node != self && receipt.EventID == eventID {
+		rec.reset(RecReplay, a.cfg.ID, a.seen)
+		rec.EventID, rec.Gen, rec.Period, rec.Origin, rec.Delta = eventID, receipt.Gen, receipt.Period, receipt.Node, -1
+		a.fill(&d, now, wall)
+		return d
+	}
 	e, ok := a.dedup.get(eventID, a.seen, params.DedupWindow)
 	switch {
 	case !ok:
 		d.Reason = UnknownEvent
-	case e.refunded:
-		d.Reason = AlreadyRefunded
+	case e.refunded || (receipt != nil && receipt.EventID == eventID && receipt.Gen != e.gen):
+		d.Reason = AlreadyRefunded // that generation was refunded: the id moved on
 	case e.replays > 0:
 		e.replays--
 		a.dedup.update(eventID, e)
 		if e.replays == 0 && e.pending {
-			return a.refund(eventID, nil, true, now, params, rec)
+			d = a.refund(eventID, nil, true, now, params, rec)
+			rec.Released = rec.Type == RecRefund
+			return d
 		}
+		rec.reset(RecReplay, a.cfg.ID, a.seen)
+		rec.EventID, rec.Gen, rec.Period, rec.Delta = eventID, e.gen, e.period, -1
 	}
 	a.fill(&d, now, wall)
 	return d
@@ -544,10 +569,21 @@ func (a *Account) refund(eventID string, receipt *Receipt, attempt bool, now Now
 			d.Reason = AlreadyRefunded
 		case attempt && receipt != nil && receipt.Gen != e.gen:
 			d.Reason = Kept // the id moved on to a later generation
+		case attempt && e.replays > 0 && e.pending:
+			d.Reason = Kept // asked before, and logged then
 		case attempt && e.replays > 0:
-			e.pending = true // kept until the replays are refunded too
+			// Kept until the replays are taken back too, and logged so: the
+			// ledger holds the refund pending, so that the last replay's
+			// take-back releases it even when it reaches the account's next
+			// owner (and a restart remembers it). The units stay spent.
+			e.pending = true
 			a.dedup.update(eventID, e)
+			rec.Attempt, rec.Kept = true, true
+			rec.Units, rec.Period, rec.ChargeWall, rec.Key, rec.Route, rec.Gen = e.units, e.period, e.chargeAt, e.key, e.route, e.gen
+			rec.Allocs = append(rec.Allocs, e.allocs...)
 			d.Reason = Kept
+			a.fill(&d, now, wall)
+			return d
 		default:
 			e.refunded = true
 			a.dedup.update(eventID, e)

@@ -16,9 +16,11 @@
 //     fresh monthly grant of Plan.MonthlyQuota units and clears the per-route
 //     usage.
 //  2. Dedup: a client-supplied event id already seen within the dedup window
-//     answers Replayed with the original units and charges nothing. The caller
-//     must wait until Decision.Seq is durable before it answers, like the first
-//     time. The same id for another route (Charge.Route) is not a retry but a
+//     answers Replayed with the original units and charges nothing, but emits
+//     a RecReplay record: a retry served under the charge, which an attempt's
+//     refund (RefundAttempt) must not un-bill, counted here and in the ledger
+//     until RefundReplay takes it back. The caller must wait until
+//     Decision.Seq is durable before it answers, like the first time. The same id for another route (Charge.Route) is not a retry but a
 //     client's mistake: it answers IDReused and charges nothing, or a request
 //     to an expensive route would be served for a cheap one's units.
 //  3. Token bucket: one token per request, whatever its units (rate limits

@@ -14,6 +14,7 @@ const (
 	RecCharge  RecordType = 1 // units spent from grants
 	RecRefund  RecordType = 2 // an event's units returned to its grants
 	RecReserve RecordType = 3 // this node's allowance on a grant changed by Delta
+	RecReplay  RecordType = 4 // a retry answered Replayed (Delta 1), or one taken back (Delta -1)
 )
 
 func (t RecordType) String() string {
@@ -24,6 +25,8 @@ func (t RecordType) String() string {
 		return "refund"
 	case RecReserve:
 		return "reserve"
+	case RecReplay:
+		return "replay"
 	}
 	return fmt.Sprintf("rectype(%d)", uint8(t))
 }
@@ -49,8 +52,18 @@ type Record struct {
 	// Origin, on an attempt's refund, names the node that charged the
 	// attempt when it is not this one (the account moved since): this node
 	// holds nothing of that charge, so the record changes nothing here and
-	// only tells the ledger. Empty: this node charged it.
+	// only tells the ledger. Empty: this node charged it. On a replay taken
+	// back, it names the node that answered the replay.
 	Origin string
+	// Kept marks an attempt's refund held back because retries answered
+	// Replayed may have been served under the charge (the event stays
+	// billed; its units stay spent): the ledger holds it pending too, so
+	// that the last replay's take-back releases it wherever that is logged.
+	Kept bool
+	// Released marks an attempt's refund that was held back (Kept) and
+	// applies now, released by the take-back of the charge's last replay:
+	// the ledger counts that replay off first.
+	Released bool
 	// Gen is the generation of a client id: 0 for its first charge, n after
 	// n refunded charges of the same id (a retry of work that failed is
 	// charged again). The ledger's event id is LedgerEventID(EventID, Gen).
@@ -68,7 +81,10 @@ type Record struct {
 	ChargeWall int64
 	Allocs     []Alloc // charge, refund: per grant; sums to Units
 	Grant      string  // reserve
-	Delta      int64   // reserve: allowance change (negative: released)
+	Delta      int64   // reserve: allowance change (negative: released); replay: 1 answered, -1 taken back
+	// A replay's log record holds EventID, Gen, Period, Delta and Origin;
+	// Charge fills Key, Route, Units, ChargeWall and Allocs too, from the
+	// charge replayed, for the caller's receipt (they are not encoded).
 
 	allocBuf [4]Alloc
 }
@@ -89,8 +105,11 @@ func (r *Record) reset(t RecordType, account string, wall int64) {
 //	         bit 4: origin) | [gen uvarint] | [origin] | key | route | units uvarint | period uvarint | charge wall varint
 //	         | n uvarint | n × (grant | units uvarint)
 //	reserve: type=3 | wall varint | account | grant | delta varint
+//	replay:  type=4 | wall varint | account | event | flags byte (bit 2: generation, bit 4: origin) | [gen uvarint]
+//	         | [origin] | period uvarint | delta varint
 //
-// where a string is a uvarint length followed by its bytes.
+// where a refund's flags also carry bit 5 (Kept) and bit 6 (Released), and
+// a string is a uvarint length followed by its bytes.
 func (r *Record) AppendEncode(dst []byte) []byte {
 	dst = append(dst, byte(r.Type))
 	dst = binary.AppendVarint(dst, r.Wall)
@@ -116,6 +135,11 @@ func (r *Record) AppendEncode(dst []byte) []byte {
 	case RecReserve:
 		dst = appendString(dst, r.Grant)
 		dst = binary.AppendVarint(dst, r.Delta)
+	case RecReplay:
+		dst = appendString(dst, r.EventID)
+		dst = r.appendFlags(dst)
+		dst = binary.AppendUvarint(dst, uint64(r.Period))
+		dst = binary.AppendVarint(dst, r.Delta)
 	}
 	return dst
 }
@@ -137,6 +161,12 @@ func (r *Record) appendFlags(dst []byte) []byte {
 	if r.Origin != "" {
 		f |= 16
 	}
+	if r.Kept {
+		f |= 32
+	}
+	if r.Released {
+		f |= 64
+	}
 	dst = append(dst, f)
 	if r.Gen != 0 {
 		dst = binary.AppendUvarint(dst, uint64(r.Gen))
@@ -150,6 +180,7 @@ func (r *Record) appendFlags(dst []byte) []byte {
 func (d *decoder) flags(r *Record) {
 	f := d.byte()
 	r.ClientID, r.Reserved, r.Attempt = f&1 != 0, f&2 != 0, f&8 != 0
+	r.Kept, r.Released = f&32 != 0, f&64 != 0
 	if f&4 != 0 {
 		g := d.uvarint()
 		if g == 0 || g > 1<<31 {
@@ -211,6 +242,13 @@ func (r *Record) Decode(b []byte) error {
 	case RecReserve:
 		r.Grant = d.string()
 		r.Delta = d.varint()
+	case RecReplay:
+		r.EventID = d.string()
+		d.flags(r)
+		r.Period = Period(d.count())
+		if r.Delta = d.varint(); r.Delta != 1 && r.Delta != -1 && d.err == nil {
+			d.fail("replay delta")
+		}
 	default:
 		return fmt.Errorf("%w: unknown type %d", ErrCorruptRecord, t)
 	}

@@ -33,6 +33,14 @@ func (a *Account) ApplyRecord(seq uint64, rec *Record, params *Params) {
 		a.advance(rec.Wall)
 		a.dedup.expire(a.seen, params.DedupWindow, params.DedupMax)
 		a.refunded.expire(a.seen, params.DedupWindow, params.DedupMax)
+		if rec.Kept {
+			// Held back while replays may be served: pending, nothing returned.
+			if e, ok := a.dedup.get(rec.EventID, a.seen, params.DedupWindow); ok && e.gen == rec.Gen {
+				e.pending = true
+				a.dedup.update(rec.EventID, e)
+			}
+			break
+		}
 		if e, ok := a.dedup.get(rec.EventID, a.seen, params.DedupWindow); ok && e.gen == rec.Gen {
 			e.refunded = true
 			a.dedup.update(rec.EventID, e)
@@ -40,6 +48,16 @@ func (a *Account) ApplyRecord(seq uint64, rec *Record, params *Params) {
 			a.refunded.put(rec.EventID, a.seen, struct{}{})
 		}
 		a.unspend(rec)
+	case RecReplay:
+		if rec.Origin != "" {
+			break // another node's replay: nothing of it is here
+		}
+		a.advance(rec.Wall)
+		a.dedup.expire(a.seen, params.DedupWindow, params.DedupMax)
+		if e, ok := a.dedup.get(rec.EventID, a.seen, params.DedupWindow); ok && e.gen == rec.Gen {
+			e.replays = max(e.replays+int32(rec.Delta), 0)
+			a.dedup.update(rec.EventID, e)
+		}
 	case RecReserve:
 		a.advance(rec.Wall)
 		a.reach(rec.Grant)

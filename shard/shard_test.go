@@ -482,6 +482,10 @@ func TestRecordRoundTrip(t *testing.T) {
 		{Type: RecCharge, Wall: 123, Account: "acct", EventID: "ev", ClientID: true, Key: "k", Route: "GET /x", Units: 9, Period: 24317, Allocs: []Alloc{{"m:2026-06", 4}, {"c1", 5}}},
 		{Type: RecRefund, Wall: -5, Account: "a", EventID: "e", Reserved: true, Gen: 3, Key: "k", Route: "r", Units: 3, Period: 1, ChargeWall: 99, Allocs: []Alloc{{"g", 3}}},
 		{Type: RecReserve, Wall: 7, Account: "a", Grant: "g", Delta: -40},
+		{Type: RecReplay, Wall: 8, Account: "a", EventID: "e", Gen: 2, Period: 24317, Delta: 1},
+		{Type: RecReplay, Wall: 9, Account: "a", EventID: "e", Origin: "n2", Period: 24317, Delta: -1},
+		{Type: RecRefund, Wall: 10, Account: "a", EventID: "e", Attempt: true, Kept: true, Key: "k", Route: "r", Units: 3, Period: 1, Allocs: []Alloc{{"g", 3}}},
+		{Type: RecRefund, Wall: 11, Account: "a", EventID: "e", Attempt: true, Released: true, Reserved: true, Units: 3, Period: 1, Allocs: []Alloc{{"g", 3}}},
 	}
 	for _, r := range recs {
 		b := r.AppendEncode(nil)
@@ -497,6 +501,64 @@ func TestRecordRoundTrip(t *testing.T) {
 				t.Fatalf("%s truncated to %d bytes decoded without error", r.Type, i)
 			}
 		}
+	}
+}
+
+// A replay's record holds its count across a restart, and a refund kept
+// for it holds the refund pending: the rebuilt account answers the replay's
+// take-back as the live one would have. A replay answered by another node
+// is only named in the record (Origin) and changes nothing here.
+func TestReplaysAndKeptRefundsSurviveRecovery(t *testing.T) {
+	p := DefaultParams()
+	cfg := AccountConfig{ID: "a", Plan: hardPlan(10)}
+	a := NewAccount(cfg)
+	now := at("2026-06-10T00:00:00Z")
+	var log []Record
+	keep := func(rec Record) {
+		if rec.Type != 0 {
+			log = append(log, rec)
+		}
+	}
+	d, crec := charge(a, "k", 2, now, &p)
+	keep(crec)
+	receipt := &Receipt{EventID: "k", Node: "n1", Gen: crec.Gen, Units: 2, Period: crec.Period}
+	d, rrec := charge(a, "k", 2, now, &p)
+	if d.Reason != Replayed || rrec.Type != RecReplay {
+		t.Fatalf("retry: %v, record %v", d.Reason, rrec.Type)
+	}
+	keep(rrec)
+	var rec Record
+	if d := a.RefundAttempt("k", receipt, "n1", now, &p, &rec); d.Reason != Kept || !rec.Kept {
+		t.Fatalf("the attempt's refund with a replay out: %+v", d)
+	}
+	keep(rec)
+	// Rebuilt from its records (a restart with no checkpoint since).
+	b := NewAccount(cfg)
+	for i := range log {
+		var got Record
+		if err := got.Decode(log[i].AppendEncode(nil)); err != nil {
+			t.Fatal(err)
+		}
+		b.ApplyRecord(uint64(i+1), &got, &p)
+	}
+	if u := b.Usage(now); u.Used != 2 {
+		t.Fatalf("rebuilt: used %d, want 2 (the kept refund returned nothing)", u.Used)
+	}
+	// Another node's replay taken back here: a record naming it, nothing
+	// changed here.
+	other := &Receipt{EventID: "k", Node: "n2", Gen: crec.Gen, Period: crec.Period}
+	if d := b.RefundReplay("k", other, "n1", now, &p, &rec); d.Reason != Kept || rec.Type != RecReplay || rec.Origin != "n2" || rec.Delta != -1 {
+		t.Fatalf("another node's replay taken back: %+v (record %+v)", d, rec)
+	}
+	if u := b.Usage(now); u.Used != 2 {
+		t.Fatalf("after another node's replay was taken back: used %d, want 2", u.Used)
+	}
+	// This node's replay taken back: the pending refund applies.
+	if d := b.RefundReplay("k", receipt, "n1", now, &p, &rec); d.Reason != Refunded || !rec.Released || rec.Units != 2 {
+		t.Fatalf("the replay taken back after a restart: %+v (record %+v), want the pending refund released", d, rec)
+	}
+	if u := b.Usage(now); u.Used != 0 {
+		t.Fatalf("after the release: used %d, want 0", u.Used)
 	}
 }
 
@@ -621,20 +683,22 @@ func TestRefundAttemptKeepsWhatARetryWasServedUnder(t *testing.T) {
 	if d, _ := charge(a, "k", 2, now, &p); d.Reason != Replayed {
 		t.Fatalf("retry: %v", d.Reason)
 	}
-	if d := a.RefundAttempt("k", receipt, "n1", now, &p, &rec); d.Reason != Kept || rec.Type != 0 || d.Remaining != 8 {
-		t.Fatalf("the first attempt's refund after a served retry: %+v, want kept", d)
+	if d := a.RefundAttempt("k", receipt, "n1", now, &p, &rec); d.Reason != Kept || rec.Type != RecRefund || !rec.Kept || rec.Reserved || d.Remaining != 8 {
+		t.Fatalf("the first attempt's refund after a served retry: %+v (record %+v), want kept, logged as Kept", d, rec)
 	}
 	// The retry failed too (its upstream): taking it back releases the
 	// pending refund of the first attempt.
-	if d := a.RefundReplay("k", now, &p, &rec); d.Reason != Refunded || rec.Type != RecRefund || d.Remaining != 10 {
-		t.Fatalf("the replay's refund after the attempt's pending one: %+v, want refunded", d)
+	if d := a.RefundReplay("k", nil, "n1", now, &p, &rec); d.Reason != Refunded || rec.Type != RecRefund || !rec.Released || d.Remaining != 10 {
+		t.Fatalf("the replay's refund after the attempt's pending one: %+v (record %+v), want refunded, logged as Released", d, rec)
 	}
-	// Other order: the replay fails first (kept: nothing pending), then the
-	// attempt's refund applies.
+	// Other order: the replay fails first (kept: nothing pending, the
+	// replay counted off in the log), then the attempt's refund applies.
 	_, crec = charge(a, "m", 2, now, &p)
-	charge(a, "m", 2, now, &p)
-	if d := a.RefundReplay("m", now, &p, &rec); d.Reason != Kept || rec.Type != 0 {
-		t.Fatalf("a failed replay's refund with the attempt standing: %+v, want kept", d)
+	if _, rrec := charge(a, "m", 2, now, &p); rrec.Type != RecReplay || rrec.Delta != 1 || rrec.Gen != crec.Gen {
+		t.Fatalf("a replay's record: %+v, want a replay with delta 1", rrec)
+	}
+	if d := a.RefundReplay("m", nil, "n1", now, &p, &rec); d.Reason != Kept || rec.Type != RecReplay || rec.Delta != -1 || rec.Origin != "" {
+		t.Fatalf("a failed replay's refund with the attempt standing: %+v (record %+v), want kept, a replay taken back", d, rec)
 	}
 	if d := a.RefundAttempt("m", &Receipt{EventID: "m", Gen: crec.Gen, Units: 2}, "n1", now, &p, &rec); d.Reason != Refunded {
 		t.Fatalf("the attempt's refund once its replay was taken back: %v, want refunded", d.Reason)

@@ -173,7 +173,9 @@ func printUnsettled(out, errOut io.Writer, dir string) error {
 		case shard.RecCharge:
 			units[rec.Account] += rec.Units
 		case shard.RecRefund:
-			units[rec.Account] -= rec.Units
+			if !rec.Kept { // a kept refund returned nothing
+				units[rec.Account] -= rec.Units
+			}
 		}
 		return nil
 	})

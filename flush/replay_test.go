@@ -1,0 +1,145 @@
+package flush
+
+import (
+	"context"
+	"path/filepath"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/quotaring/quotaring/engine"
+	"github.com/quotaring/quotaring/shard"
+	"github.com/quotaring/quotaring/snapshot"
+	"github.com/quotaring/quotaring/wal"
+)
+
+// replayRig is two nodes, q1 and q2, on real logs and engines, settling to
+// one SQLite ledger; the account acct-1 (100 units a month) is owned by
+// whichever node owner names.
+type replayRig struct {
+	l        *SQLite
+	e        map[string]*engine.Engine
+	s        map[string]*Settler
+	owner    atomic.Value // string: the node that owns acct-1
+	now      time.Time
+	receipts map[string]*shard.Receipt
+}
+
+func newReplayRig(t *testing.T) *replayRig {
+	t.Helper()
+	ctx := context.Background()
+	r := &replayRig{e: map[string]*engine.Engine{}, s: map[string]*Settler{}, now: time.Date(2026, 6, 10, 12, 0, 0, 0, time.UTC)}
+	r.owner.Store("q1")
+	l, err := OpenSQLite(ctx, filepath.Join(t.TempDir(), "ledger.db"), SQLiteOptions{Now: func() time.Time { return r.now }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	if err := l.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.UpsertPlan(ctx, snapshot.Plan{ID: "basic", MonthlyQuota: 100}); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.UpsertAccount(ctx, "acct-1", "basic"); err != nil {
+		t.Fatal(err)
+	}
+	snap, err := l.Snapshot(ctx, r.now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.l = l
+	for _, node := range []string{"q1", "q2"} {
+		log, err := wal.Open(wal.Options{Dir: t.TempDir(), NodeID: node})
+		if err != nil {
+			t.Fatal(err)
+		}
+		e, err := engine.Open(engine.Options{Log: log, Clock: engine.NewManualClock(r.now),
+			Owns: func(string) bool { return r.owner.Load() == node }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { e.Close(); log.Close() })
+		if err := e.SetSnapshot(snap, engine.AllSettled); err != nil {
+			t.Fatal(err)
+		}
+		s, err := NewSettler(SettlerOptions{Ledger: l, Engine: e, Events: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Register(ctx); err != nil {
+			t.Fatal(err)
+		}
+		r.e[node], r.s[node] = e, s
+	}
+	return r
+}
+
+// charge charges event at node, wanting reason; it returns the receipt.
+func (r *replayRig) charge(t *testing.T, node, event string, units int64, want shard.Reason) *shard.Receipt {
+	t.Helper()
+	res, err := r.e[node].Charge(context.Background(), "acct-1", shard.Charge{EventID: event, ClientID: true, Key: "k1", Route: "POST /v1/x", Units: units})
+	if err != nil || res.Reason != want || res.Receipt == nil {
+		t.Fatalf("charge %s at %s: %+v, %v; want %v with a receipt", event, node, res.Decision, err, want)
+	}
+	return res.Receipt
+}
+
+func (r *replayRig) settle(t *testing.T, nodes ...string) {
+	t.Helper()
+	for _, n := range nodes {
+		if _, err := r.s[n].SettleOnce(context.Background()); err != nil {
+			t.Fatalf("settle %s: %v", n, err)
+		}
+	}
+}
+
+func (r *replayRig) used(t *testing.T) int64 {
+	t.Helper()
+	u, err := r.l.Usage(context.Background(), "acct-1", shard.PeriodOf(r.now.UnixNano()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return u.Units
+}
+
+// A retry answered Replayed by q1 and served, then the account moved to
+// q2, and q1's front refunded its first attempt through q2 (its upstream
+// had failed): the event stays billed, whichever node settles first. The
+// chaos harness found such a refund un-billing the served replay (G4).
+// When the replay failed too, taken back through q2, nothing is billed.
+func TestReplayServedBeforeAHandoffStaysBilled(t *testing.T) {
+	ctx := context.Background()
+	for _, order := range [][]string{{"q1", "q2"}, {"q2", "q1"}} {
+		t.Run(order[0]+"-first", func(t *testing.T) {
+			r := newReplayRig(t)
+			first := r.charge(t, "q1", "k", 3, shard.OK)
+			replay := r.charge(t, "q1", "k", 3, shard.Replayed)
+			r.owner.Store("q2")
+			if d, err := r.e["q2"].RefundAttempt(ctx, "acct-1", "k", first); err != nil || d.Reason != shard.Refunded {
+				t.Fatalf("the first attempt's refund through q2: %+v, %v", d, err)
+			}
+			r.settle(t, order...)
+			if got := r.used(t); got != 3 {
+				t.Fatalf("used %d after the first attempt's refund, want 3: the replay was served", got)
+			}
+			// The replay's upstream failed too: taken back through q2.
+			if d, err := r.e["q2"].RefundReplay(ctx, "acct-1", "k", replay); err != nil || d.Reason != shard.Kept {
+				t.Fatalf("the replay taken back through q2: %+v, %v", d, err)
+			}
+			r.settle(t, "q2")
+			if got := r.used(t); got != 0 {
+				t.Fatalf("used %d once the replay was taken back too, want 0: nothing was served", got)
+			}
+			rows, err := r.l.Reconcile(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, row := range rows {
+				if row.Diff {
+					t.Errorf("reconcile: %+v differs", row)
+				}
+			}
+		})
+	}
+}
