@@ -923,6 +923,21 @@ func confReplaysAcrossOwners(t *testing.T, l Ledger) {
 	wantUsage(t, l, "acct-1", 18)
 	b.settle(t, takeBackOf("acct-1", "e9").chargedBy("node-a"), takeBackOf("acct-1", "e10").chargedBy("node-a"))
 	wantUsage(t, l, "acct-1", 12)
+	// e11: node-a was killed with its charge and replay unsettled, and both
+	// attempts failed: their refunds, through node-b, settle in one batch
+	// (the replay's take-back first), long before node-a's records. Nothing
+	// was served, nothing is billed.
+	b.settle(t, takeBackOf("acct-1", "e11").chargedBy("node-a"), refundOf("acct-1", "e11", 3, confJune).attempt().chargedBy("node-a"))
+	a.settle(t, chargeOf("acct-1", "e11", 3, confJune).withReserved(), replayOf("acct-1", "e11"))
+	wantUsage(t, l, "acct-1", 12)
+	// e12: as e11, but only the replay failed: the first attempt was
+	// served, and is billed.
+	b.settle(t, takeBackOf("acct-1", "e12").chargedBy("node-a"))
+	a.settle(t, chargeOf("acct-1", "e12", 3, confJune).withReserved(), replayOf("acct-1", "e12"))
+	wantUsage(t, l, "acct-1", 15)
+	// ... and a later refund of that first attempt applies: no replay stands.
+	b.settle(t, refundOf("acct-1", "e12", 3, confJune).attempt().chargedBy("node-a"))
+	wantUsage(t, l, "acct-1", 12)
 	g := grantOf(t, l, "acct-1", confJune)
 	if g.Used != 12 || g.Used+g.Reserved > g.Units {
 		t.Errorf("grant %+v, want used 12 within its units", g)

@@ -196,9 +196,10 @@ var (
 //     arrives, even after the event was refunded); not found, its
 //     tombstone names that node, and a charge from
 //     any other node (another attempt, served) takes the event over and is
-//     billed. Replays (see replay.go) count as served retries the same
-//     way, after the batch's charges and before its refunds. So an event is
-//     billed exactly when some attempt under it was served.
+//     billed. Replays (see replay.go) count as served retries too (their
+//     own count, events.replays), after the batch's charges and before its
+//     refunds. So an event is billed exactly when some attempt under it was
+//     served.
 //     With Events off: charges and refunds all apply, no dedup, and replays
 //     change nothing.
 //  3. Daily usage aggregates (account, key, route, UTC day): units and

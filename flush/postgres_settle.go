@@ -114,7 +114,7 @@ FROM dup d LEFT JOIN LATERAL (
 
 // pgTakeOverSQL gives a refunded event to a retry another node charged and
 // served: the retry is billed under the event id. $1, $2: node, incarnation.
-const pgTakeOverSQL = `UPDATE events SET refunded = false, refunded_at = NULL, refund_wall = NULL, served_again = 0, refund_pending = false,
+const pgTakeOverSQL = `UPDATE events SET refunded = false, refunded_at = NULL, refund_wall = NULL, served_again = 0, replays = 0, refund_pending = false,
 	client_id = $3, key_id = $4, route = $5, units = $6, charged_at = $7, node_id = $1, incarnation = $2, seq = $8,
 	grant_ids = $9, grant_units = $10
 WHERE account_id = $11 AND event_id = $12 AND period_start = $13 AND refunded AND NOT tombstone`
@@ -124,7 +124,7 @@ WHERE account_id = $11 AND event_id = $12 AND period_start = $13 AND refunded AN
 // served: it is billed under the event id, and the refunded attempt's
 // charge, when it arrives, is one served retry fewer (served_again -1).
 // $1, $2: node, incarnation.
-const pgTakeOverTombstoneSQL = `UPDATE events SET refunded = false, refunded_at = NULL, tombstone = false, served_again = -1,
+const pgTakeOverTombstoneSQL = `UPDATE events SET refunded = false, refunded_at = NULL, tombstone = false, served_again = -1, replays = 0,
 	refund_pending = false, client_id = $3, key_id = $4, route = $5, units = $6, charged_at = $7, node_id = $1, incarnation = $2,
 	seq = $8, grant_ids = $9, grant_units = $10
 WHERE account_id = $11 AND event_id = $12 AND period_start = $13 AND tombstone AND refund_pending`
@@ -197,7 +197,8 @@ const pgRefundsSQL = `WITH r0 AS (
 		LIMIT 1
 	) e ON true
 ), upd AS (
-	-- Applies: nobody else's retry was served under the event (and the
+	-- Applies: nobody else's retry was served under the event, nor a
+	-- replay stands (replays: see replay.go) (and the
 	-- refund is not of another node's attempt whose charge has not
 	-- settled yet: origin <> $1 names one, and it is not this row's), or
 	-- this node's refund of its own unbilled retry releases the event's
@@ -210,8 +211,8 @@ const pgRefundsSQL = `WITH r0 AS (
 	WHERE e.account_id = r.account_id AND e.event_id = r.event_id AND e.period_start = r.period_start
 		AND NOT e.refunded
 		AND (NOT r.attempt
-			OR (e.served_again <= 0 AND (r.origin = $1 OR r.origin = e.node_id))
-			OR (e.node_id <> r.origin AND e.served_again = 1 AND e.refund_pending))
+			OR (e.served_again <= 0 AND e.replays <= 0 AND (r.origin = $1 OR r.origin = e.node_id))
+			OR (e.node_id <> r.origin AND e.served_again = 1 AND e.replays <= 0 AND e.refund_pending))
 	RETURNING r.ord, e.key_id, e.route, e.charged_at, e.units, e.grant_ids, e.grant_units
 ), kept AS (
 	-- Kept: the event's own node asks while others' retries were served
@@ -223,8 +224,8 @@ const pgRefundsSQL = `WITH r0 AS (
 	FROM r
 	WHERE e.account_id = r.account_id AND e.event_id = r.event_id AND e.period_start = r.period_start
 		AND NOT e.refunded AND r.attempt
-		AND NOT (e.served_again <= 0 AND (r.origin = $1 OR r.origin = e.node_id))
-		AND NOT (e.node_id <> r.origin AND e.served_again = 1 AND e.refund_pending)
+		AND NOT (e.served_again <= 0 AND e.replays <= 0 AND (r.origin = $1 OR r.origin = e.node_id))
+		AND NOT (e.node_id <> r.origin AND e.served_again = 1 AND e.replays <= 0 AND e.refund_pending)
 	RETURNING r.ord
 ), tomb AS (
 	-- Not found: a tombstone. An attempt's refund of another node's charge
@@ -627,7 +628,7 @@ func (s *pgSettle) settleLog(ctx context.Context, tx pgx.Tx) error {
 }
 
 // pgReplayRowSQL reads and locks the event a replay counts on.
-const pgReplayRowSQL = `SELECT refunded, tombstone, refund_pending, served_again, node_id, refund_wall,
+const pgReplayRowSQL = `SELECT refunded, tombstone, refund_pending, served_again, replays, node_id, refund_wall,
 	key_id, route, charged_at, units, grant_ids, grant_units
 FROM events WHERE account_id = $1 AND event_id = $2 AND period_start = $3 FOR UPDATE`
 
@@ -635,10 +636,21 @@ FROM events WHERE account_id = $1 AND event_id = $2 AND period_start = $3 FOR UP
 // in a tombstone's place, and takes this replay's origin ($10-$12).
 const pgReplayWriteSQL = `UPDATE events SET refunded = $4,
 	refunded_at = CASE WHEN NOT $4 THEN NULL WHEN refunded THEN refunded_at ELSE now() END,
-	tombstone = $5, refund_pending = $6, served_again = $7, refund_wall = CASE WHEN $8 THEN refund_wall END,
+	tombstone = $5, refund_pending = $6, replays = $7, refund_wall = CASE WHEN $8 THEN refund_wall END,
 	node_id = CASE WHEN $9 THEN $10 ELSE node_id END, incarnation = CASE WHEN $9 THEN $11 ELSE incarnation END,
 	seq = CASE WHEN $9 THEN $12 ELSE seq END
 WHERE account_id = $1 AND event_id = $2 AND period_start = $3`
+
+// pgTakeBackLaterSQL keeps a take-back whose replay has not settled yet.
+const pgTakeBackLaterSQL = `INSERT INTO replay_takebacks AS t (account_id, event_id, period_start, node_id, count)
+VALUES ($1, $2, $3, $4, 1)
+ON CONFLICT (account_id, event_id, period_start, node_id) DO UPDATE SET count = t.count + 1`
+
+// pgTakenBackSQL cancels a replay by a take-back that settled before it;
+// no row: none waits. (A row spent to 0 stays: rare, and small.)
+const pgTakenBackSQL = `UPDATE replay_takebacks SET count = count - 1
+WHERE account_id = $1 AND event_id = $2 AND period_start = $3 AND node_id = $4 AND count > 0
+RETURNING count`
 
 // settleReplays counts the batch's replays on their events (see
 // replay.go), in (account, event) order, each event's in log order.
@@ -648,50 +660,75 @@ func (s *pgSettle) settleReplays(ctx context.Context, tx pgx.Tx) error {
 		return cmp.Or(cmp.Compare(a.Account, b.Account), cmp.Compare(a.EventID, b.EventID))
 	})
 	for i := range rs {
-		r := &rs[i]
-		start := periodDate(r.Period)
-		var row replayRow
-		var ev refundedEvent
-		var refundWall *time.Time
-		var chargedAt time.Time
-		var ids []string
-		var units []int64
+		if err := s.settleReplay(ctx, tx, &rs[i]); err != nil {
+			return fmt.Errorf("replay of %s/%s: %w", rs[i].Account, rs[i].EventID, err)
+		}
+	}
+	return nil
+}
+
+func (s *pgSettle) settleReplay(ctx context.Context, tx pgx.Tx, r *Replay) error {
+	start := periodDate(r.Period)
+	node := r.replayNode(s.b.Node)
+	if r.Delta > 0 {
+		var left int32
 		s.res.RoundTrips++
-		err := tx.QueryRow(ctx, pgReplayRowSQL, r.Account, r.EventID, start).Scan(&row.refunded, &row.tombstone, &row.pending, &row.servedAgain,
-			&row.node, &refundWall, &ev.key, &ev.route, &chargedAt, &ev.units, &ids, &units)
-		if errors.Is(err, pgx.ErrNoRows) {
-			continue // its charge is not in this month's log (events were off, or it crossed a month): nothing to count on
+		err := tx.QueryRow(ctx, pgTakenBackSQL, r.Account, r.EventID, start, node).Scan(&left)
+		if err == nil {
+			return nil // taken back before it settled
 		}
-		if err != nil {
-			return fmt.Errorf("replay of %s/%s: %w", r.Account, r.EventID, err)
+		if !errors.Is(err, pgx.ErrNoRows) {
+			return err
 		}
-		if refundWall != nil {
-			w := refundWall.UnixNano()
-			row.refundWall = &w
-		}
-		next, out := decideReplay(row, r, s.b.Node)
-		retomb := row.tombstone && !next.tombstone
+	}
+	var row replayRow
+	var ev refundedEvent
+	var refundWall *time.Time
+	var chargedAt time.Time
+	var ids []string
+	var units []int64
+	s.res.RoundTrips++
+	err := tx.QueryRow(ctx, pgReplayRowSQL, r.Account, r.EventID, start).Scan(&row.refunded, &row.tombstone, &row.pending, &row.servedAgain,
+		&row.replays, &row.node, &refundWall, &ev.key, &ev.route, &chargedAt, &ev.units, &ids, &units)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows) && r.Delta > 0:
+		return nil // its charge is not in this month's log (events were off, or it crossed a month): nothing to count on
+	case errors.Is(err, pgx.ErrNoRows):
+		row.replays = 0
+	case err != nil:
+		return err
+	}
+	if r.Delta < 0 && row.replays <= 0 {
 		s.res.RoundTrips++
-		if _, err := tx.Exec(ctx, pgReplayWriteSQL, r.Account, r.EventID, start, next.refunded, next.tombstone, next.pending, next.servedAgain,
-			next.refundWall != nil, retomb, s.b.Node, s.b.Incarnation, int64(r.Seq)); err != nil {
-			return fmt.Errorf("replay of %s/%s: %w", r.Account, r.EventID, err)
+		_, err := tx.Exec(ctx, pgTakeBackLaterSQL, r.Account, r.EventID, start, node)
+		return err
+	}
+	if refundWall != nil {
+		w := refundWall.UnixNano()
+		row.refundWall = &w
+	}
+	next, out := decideReplay(row, r, s.b.Node)
+	retomb := row.tombstone && !next.tombstone
+	s.res.RoundTrips++
+	if _, err := tx.Exec(ctx, pgReplayWriteSQL, r.Account, r.EventID, start, next.refunded, next.tombstone, next.pending, next.replays,
+		next.refundWall != nil, retomb, s.b.Node, s.b.Incarnation, int64(r.Seq)); err != nil {
+		return err
+	}
+	ev.chargeWall = chargedAt.UnixNano()
+	for i, id := range ids {
+		if i < len(units) {
+			ev.allocs = append(ev.allocs, shard.Alloc{Grant: id, Units: units[i]})
 		}
-		ev.chargeWall = chargedAt.UnixNano()
-		for i, id := range ids {
-			if i < len(units) {
-				ev.allocs = append(ev.allocs, shard.Alloc{Grant: id, Units: units[i]})
-			}
+	}
+	switch out {
+	case replayBilled:
+		requests := int64(0)
+		if retomb {
+			requests = 1 // a tombstone was never billed, request and all
 		}
-		switch out {
-		case replayBilled:
-			requests := int64(0)
-			if retomb {
-				requests = 1 // a tombstone was never billed, request and all
-			}
-			s.plan.rebill(r.Account, ev, requests)
-		case replayRefunded:
-			s.plan.applyRefund(&Refund{Account: r.Account}, ev)
-		}
+		s.plan.rebill(r.Account, ev, requests)
+	case replayRefunded:
+		s.plan.applyRefund(&Refund{Account: r.Account}, ev)
 	}
 	return nil
 }

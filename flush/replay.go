@@ -7,11 +7,14 @@ package flush
 // owner knows, and keeps the refund pending; but when the refund reaches the
 // account's next owner (the account moved), only the ledger can tell. So
 // the owner logs every replay (Delta 1) and every replay taken back (Delta
-// -1: the retry's own upstream failed), and the ledger counts them on the
-// event as served retries (served_again), the same count the retries that
-// other owners charged and served keep: an attempt's refund is kept while it
-// is above zero (and applies when the last is taken back), and a replay that
-// settles after the event was refunded bills it again.
+// -1: the retry's own upstream failed; logged wherever the account is by
+// then), and the ledger counts them on the event (events.replays) beside the
+// retries other owners charged and served (served_again): an attempt's
+// refund is kept while either is above zero, and applies when the last is
+// taken back; a replay that settles after the event was refunded bills it
+// again. A take-back can settle before its replay (another owner logged it,
+// or the replay's owner was down): it waits in replay_takebacks, and the
+// replay, when it settles, is cancelled by it.
 
 import (
 	"fmt"
@@ -42,7 +45,7 @@ type Replay struct {
 // replayRow is what settling a replay reads of the event's row.
 type replayRow struct {
 	refunded, tombstone, pending bool
-	servedAgain                  int64
+	servedAgain, replays         int64
 	node                         string
 	refundWall                   *int64 // Unix ns; nil: none (an attempt's refund, or none)
 }
@@ -51,52 +54,60 @@ type replayRow struct {
 type replayOutcome uint8
 
 const (
-	replayCounted  replayOutcome = iota // served_again moved; billing unchanged
+	replayCounted  replayOutcome = iota // replays moved; billing unchanged
 	replayBilled                        // the refunded event is billed again (the replay was served)
 	replayRefunded                      // the last replay taken back released the pending refund
-	replayCovered                       // nothing: a refund decided after the replay covers it
 )
 
-// decideReplay works out the event's next state; node is the batch's. It is
-// the rule both ledgers apply:
+// decideReplay works out the event's next state for a replay that counts on
+// row: a replay (1) that no earlier take-back cancelled, or a take-back (-1)
+// of a replay counted there (row.replays > 0; otherwise the take-back waits
+// in replay_takebacks). node is the batch's. It is the rule both ledgers
+// apply:
 //
-//   - A replay (1) of an event billed, or refunded with a take-back counted
-//     ahead of it (served_again < 0), is one served retry more. Of an event
-//     an attempt's refund un-billed (no refund_wall, or one decided before
-//     the replay), it bills the event again; of the tombstone that the
-//     refund of this node's attempt left through another owner (refund
-//     pending, node_id this node), it bills the event in the tombstone's
-//     place. Either way that refund is pending again, as if the replay had
-//     settled before it. An event's own refund decided after the replay
-//     covers it.
-//   - A replay taken back (-1) is one served retry less (below zero on a
-//     refunded event: the replay itself has not settled yet). When it was
-//     the last and the event's attempt's refund was pending, that refund
-//     applies, unless the batch's refund record applies it (Released).
+//   - A replay is one more. Of an event an attempt's refund un-billed, it
+//     bills the event again, and that refund is pending again (as if the
+//     replay had settled before it); likewise of the tombstone the refund of
+//     this node's attempt left through another owner (refund pending, node_id
+//     this node), in the tombstone's place. Of an event whose own refund (an
+//     operator's, refund_wall) was decided before the replay, nothing: that
+//     refund covers it; decided after it, the replay is a request after the
+//     refund, billed (as a retry charged after it is).
+//   - A take-back is one less. When it was the last, no other owner's retry
+//     stands (served_again <= 0) and the event's attempt's refund is
+//     pending, that refund applies, unless the batch's refund record
+//     applies it itself (Released).
 func decideReplay(row replayRow, r *Replay, node string) (replayRow, replayOutcome) {
 	next := row
 	if r.Delta < 0 {
-		next.servedAgain--
-		if !row.refunded && row.servedAgain == 1 && row.pending && !r.Released {
-			next.refunded, next.pending, next.servedAgain = true, false, 0
+		next.replays--
+		if next.replays == 0 && !row.refunded && row.pending && row.servedAgain <= 0 && !r.Released {
+			next.refunded, next.pending = true, false
 			return next, replayRefunded
 		}
 		return next, replayCounted
 	}
-	switch {
-	case !row.refunded || row.servedAgain < 0:
-		next.servedAgain++
+	next.replays++
+	if !row.refunded {
 		return next, replayCounted
-	case !row.tombstone && (row.refundWall == nil || r.Wall > *row.refundWall),
-		row.tombstone && row.pending && row.node == node:
-		// Billed for the replay, a served retry; the attempt's refund that
-		// un-billed it waits for its take-back (pending) as if the replay
-		// had settled first.
-		next.refunded, next.tombstone, next.pending, next.refundWall = false, false, true, nil
-		next.servedAgain = row.servedAgain + 1
+	}
+	switch {
+	case !row.tombstone && (row.refundWall == nil || r.Wall > *row.refundWall):
+		next.refunded, next.pending, next.refundWall = false, row.refundWall == nil, nil
+		return next, replayBilled
+	case row.tombstone && row.pending && row.node == node:
+		next.refunded, next.tombstone = false, false
 		return next, replayBilled
 	}
-	return next, replayCovered
+	return next, replayCounted // covered by the event's own refund
+}
+
+// replayNode is the node that answered r's replay.
+func (r *Replay) replayNode(batchNode string) string {
+	if r.Origin != "" {
+		return r.Origin
+	}
+	return batchNode
 }
 
 // rebill adds back an event a replay billed again: its units (and, for a

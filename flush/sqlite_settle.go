@@ -180,7 +180,7 @@ func (st *sqliteSettle) logCharges(ctx context.Context) error {
 // takeOver gives the event's row to charge c (this batch's node's), billed:
 // unrefunded, no tombstone, its served retries counted from served.
 func (st *sqliteSettle) takeOver(ctx context.Context, c *Charge, served int64) error {
-	if _, err := st.exec(ctx, `UPDATE events SET refunded = 0, refunded_at = NULL, refund_wall = NULL, tombstone = 0, served_again = ?, refund_pending = 0, client_id = ?,
+	if _, err := st.exec(ctx, `UPDATE events SET refunded = 0, refunded_at = NULL, refund_wall = NULL, tombstone = 0, served_again = ?, replays = 0, refund_pending = 0, client_id = ?,
 			key_id = ?, route = ?, units = ?, charged_at = ?, period = ?, node_id = ?, incarnation = ?, seq = ?, allocations = ?
 		WHERE account_id = ? AND event_id = ?`, served, c.ClientID, c.Key, c.Route, c.Units, c.Wall, c.Period.String(),
 		st.b.Node, st.b.Incarnation, int64(c.Seq), encodeAllocs(c.Allocs), c.Account, c.EventID); err != nil {
@@ -195,46 +195,71 @@ func (st *sqliteSettle) takeOver(ctx context.Context, c *Charge, served int64) e
 func (st *sqliteSettle) settleReplays(ctx context.Context) error {
 	for i := range st.b.Replays {
 		r := &st.b.Replays[i]
-		var row replayRow
-		var ev refundedEvent
-		var refundWall sql.NullInt64
-		var allocs string
-		err := st.queryRow(ctx, `SELECT refunded, tombstone, refund_pending, served_again, node_id, refund_wall, key_id, route, charged_at, units, allocations
-			FROM events WHERE account_id = ? AND event_id = ?`, r.Account, r.EventID).Scan(&row.refunded, &row.tombstone, &row.pending, &row.servedAgain,
-			&row.node, &refundWall, &ev.key, &ev.route, &ev.chargeWall, &ev.units, &allocs)
-		if errors.Is(err, sql.ErrNoRows) {
-			continue // its charge is not in the log (events were off): nothing to count on
-		}
-		if err != nil {
+		if err := st.settleReplay(ctx, r); err != nil {
 			return fmt.Errorf("replay of %s/%s: %w", r.Account, r.EventID, err)
 		}
-		if refundWall.Valid {
-			row.refundWall = &refundWall.Int64
-		}
-		if ev.allocs, err = decodeAllocs(allocs); err != nil {
+	}
+	return nil
+}
+
+func (st *sqliteSettle) settleReplay(ctx context.Context, r *Replay) error {
+	node := r.replayNode(st.b.Node)
+	if r.Delta > 0 {
+		res, err := st.exec(ctx, `UPDATE replay_takebacks SET count = count - 1 WHERE account_id = ? AND event_id = ? AND node_id = ? AND count > 0`,
+			r.Account, r.EventID, node)
+		if err != nil {
 			return err
 		}
-		next, out := decideReplay(row, r, st.b.Node)
-		retomb := row.tombstone && !next.tombstone
-		if _, err := st.exec(ctx, `UPDATE events SET refunded = ?1,
-				refunded_at = CASE WHEN NOT ?1 THEN NULL WHEN refunded THEN refunded_at ELSE ?2 END,
-				tombstone = ?3, refund_pending = ?4, served_again = ?5, refund_wall = CASE WHEN ?6 THEN refund_wall END,
-				node_id = CASE WHEN ?7 THEN ?8 ELSE node_id END, incarnation = CASE WHEN ?7 THEN ?9 ELSE incarnation END,
-				seq = CASE WHEN ?7 THEN ?10 ELSE seq END
-			WHERE account_id = ?11 AND event_id = ?12`, next.refunded, st.now, next.tombstone, next.pending, next.servedAgain,
-			next.refundWall != nil, retomb, st.b.Node, st.b.Incarnation, int64(r.Seq), r.Account, r.EventID); err != nil {
-			return fmt.Errorf("replay of %s/%s: %w", r.Account, r.EventID, err)
+		if n, _ := res.RowsAffected(); n > 0 {
+			return nil // taken back before it settled
 		}
-		switch out {
-		case replayBilled:
-			requests := int64(0)
-			if retomb {
-				requests = 1 // a tombstone was never billed, request and all
-			}
-			st.plan.rebill(r.Account, ev, requests)
-		case replayRefunded:
-			st.plan.applyRefund(&Refund{Account: r.Account}, ev)
+	}
+	var row replayRow
+	var ev refundedEvent
+	var refundWall sql.NullInt64
+	var allocs string
+	err := st.queryRow(ctx, `SELECT refunded, tombstone, refund_pending, served_again, replays, node_id, refund_wall, key_id, route, charged_at, units, allocations
+		FROM events WHERE account_id = ? AND event_id = ?`, r.Account, r.EventID).Scan(&row.refunded, &row.tombstone, &row.pending, &row.servedAgain,
+		&row.replays, &row.node, &refundWall, &ev.key, &ev.route, &ev.chargeWall, &ev.units, &allocs)
+	switch {
+	case errors.Is(err, sql.ErrNoRows) && r.Delta > 0:
+		return nil // its charge is not in the log (events were off): nothing to count on
+	case errors.Is(err, sql.ErrNoRows):
+		row.replays = 0
+	case err != nil:
+		return err
+	}
+	if r.Delta < 0 && row.replays <= 0 {
+		_, err := st.exec(ctx, `INSERT INTO replay_takebacks (account_id, event_id, node_id, count) VALUES (?, ?, ?, 1)
+			ON CONFLICT (account_id, event_id, node_id) DO UPDATE SET count = count + 1`, r.Account, r.EventID, node)
+		return err
+	}
+	if refundWall.Valid {
+		row.refundWall = &refundWall.Int64
+	}
+	if ev.allocs, err = decodeAllocs(allocs); err != nil {
+		return err
+	}
+	next, out := decideReplay(row, r, st.b.Node)
+	retomb := row.tombstone && !next.tombstone
+	if _, err := st.exec(ctx, `UPDATE events SET refunded = ?1,
+			refunded_at = CASE WHEN NOT ?1 THEN NULL WHEN refunded THEN refunded_at ELSE ?2 END,
+			tombstone = ?3, refund_pending = ?4, replays = ?5, refund_wall = CASE WHEN ?6 THEN refund_wall END,
+			node_id = CASE WHEN ?7 THEN ?8 ELSE node_id END, incarnation = CASE WHEN ?7 THEN ?9 ELSE incarnation END,
+			seq = CASE WHEN ?7 THEN ?10 ELSE seq END
+		WHERE account_id = ?11 AND event_id = ?12`, next.refunded, st.now, next.tombstone, next.pending, next.replays,
+		next.refundWall != nil, retomb, st.b.Node, st.b.Incarnation, int64(r.Seq), r.Account, r.EventID); err != nil {
+		return err
+	}
+	switch out {
+	case replayBilled:
+		requests := int64(0)
+		if retomb {
+			requests = 1 // a tombstone was never billed, request and all
 		}
+		st.plan.rebill(r.Account, ev, requests)
+	case replayRefunded:
+		st.plan.applyRefund(&Refund{Account: r.Account}, ev)
 	}
 	return nil
 }
@@ -246,9 +271,9 @@ func (st *sqliteSettle) logRefunds(ctx context.Context) error {
 		r := &st.b.Refunds[i]
 		var node string
 		var refunded, pending bool
-		var served int64
-		err := st.queryRow(ctx, `SELECT node_id, refunded, served_again, refund_pending FROM events WHERE account_id = ? AND event_id = ?`,
-			r.Account, r.EventID).Scan(&node, &refunded, &served, &pending)
+		var served, replays int64
+		err := st.queryRow(ctx, `SELECT node_id, refunded, served_again, refund_pending, replays FROM events WHERE account_id = ? AND event_id = ?`,
+			r.Account, r.EventID).Scan(&node, &refunded, &served, &pending, &replays)
 		switch {
 		case errors.Is(err, sql.ErrNoRows):
 			if err := st.tombstone(ctx, r); err != nil {
@@ -265,14 +290,15 @@ func (st *sqliteSettle) logRefunds(ctx context.Context) error {
 		apply := false
 		switch {
 		case refunded:
-		case !r.Attempt || served <= 0 && (r.Origin == "" || node == origin):
-			// The event's refund, or nobody else's retry was served. (An
+		case !r.Attempt || served <= 0 && replays <= 0 && (r.Origin == "" || node == origin):
+			// The event's refund, or nobody else's retry was served, nor a
+			// replay stands (see replay.go). (An
 			// attempt another node charged, named by Origin, whose charge
 			// has not settled yet is not this row's: below.)
 			apply = true
 		case node == origin:
-			// A retry another node charged was served under the event: keep
-			// it until those retries are refunded too.
+			// A retry another node charged, or a replay, was served under
+			// the event: keep it until those are refunded too.
 			if _, err := st.exec(ctx, `UPDATE events SET refund_pending = 1 WHERE account_id = ? AND event_id = ?`, r.Account, r.EventID); err != nil {
 				return err
 			}
@@ -284,7 +310,7 @@ func (st *sqliteSettle) logRefunds(ctx context.Context) error {
 			if _, err := st.exec(ctx, `UPDATE events SET served_again = served_again - 1 WHERE account_id = ? AND event_id = ?`, r.Account, r.EventID); err != nil {
 				return err
 			}
-			apply = served == 1 && pending
+			apply = served == 1 && replays <= 0 && pending
 		}
 		if !apply {
 			st.res.DuplicateRefunds = append(st.res.DuplicateRefunds, refundRef(r))

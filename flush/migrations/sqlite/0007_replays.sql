@@ -1,0 +1,16 @@
+-- 0007_replays: retries an owner answered Replayed (billed once, served
+-- again), counted on their event like the retries other owners charged
+-- (served_again), so that an attempt's refund that reaches the account's next
+-- owner does not un-bill a served replay (see flush/replay.go).
+--   replays:          replays counted on the event and not taken back.
+--   replay_takebacks: replays taken back (at any owner) before the replay's own
+--                     record settled; the replay, settling, is cancelled by one.
+ALTER TABLE events ADD COLUMN replays INTEGER NOT NULL DEFAULT 0;
+
+CREATE TABLE replay_takebacks (
+    account_id TEXT    NOT NULL,
+    event_id   TEXT    NOT NULL,
+    node_id    TEXT    NOT NULL,
+    count      INTEGER NOT NULL,
+    PRIMARY KEY (account_id, event_id, node_id)
+);
