@@ -291,10 +291,10 @@ func (st *sqliteSettle) logRefunds(ctx context.Context) error {
 		switch {
 		case refunded:
 		case !r.Attempt || served <= 0 && replays <= 0 && (r.Origin == "" || node == origin):
-			// The event's refund, or nobody else's retry was served, nor a
-			// replay stands (see replay.go). (An
-			// attempt another node charged, named by Origin, whose charge
-			// has not settled yet is not this row's: below.)
+			// The event's refund, or nobody else's retry was served and no
+			// replay stands (see replay.go). (An attempt another node
+			// charged, named by Origin, whose charge has not settled yet is
+			// not this row's: below.)
 			apply = true
 		case node == origin:
 			// A retry another node charged, or a replay, was served under
