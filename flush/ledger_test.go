@@ -455,3 +455,73 @@ func TestPostgresLeastPrivilegeRole(t *testing.T) {
 		t.Fatalf("migrate did not make the partitions of the months ahead: %v missing", missing)
 	}
 }
+
+// Two owners settle one event id at once (a handoff): node-b's batch (its
+// charge of e1 and its own attempt's refund of it) commits while node-a's
+// insert statement waits on e1's unique key. That statement's snapshot is
+// older than node-b's commit, so it did not see the row: node-a's served
+// charge was taken for a plain duplicate, not billed, and the event stayed
+// refunded (chaos --faults all --seed 42, G4). It takes the event over.
+func TestPostgresConcurrentSettleOfOneEvent(t *testing.T) {
+	ctx := t.Context()
+	l := openPG(t, pgtest.NewDB(t))
+	defer l.Close()
+	if err := l.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	confSetup(t, l, 100, "acct-1")
+	a, b := confNode(t, l, "node-a"), confNode(t, l, "node-b")
+	// e0, billed by node-b already, makes node-a's batch below conflict at
+	// once: it then inserts through staging, in one statement.
+	b.settle(t, chargeOf("acct-1", "e0", 1, confJune))
+	// node-b's next batch, held open: e1 charged and refunded (its attempt's
+	// refund: the grants and usage it moves cancel out).
+	tx, err := l.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, `INSERT INTO events (account_id, event_id, client_id, key_id, route, units, charged_at, period, period_start,
+			node_id, incarnation, seq, grant_ids, grant_units, refunded, refunded_at)
+		VALUES ('acct-1', 'e1', true, 'key-acct-1', $1, 2, $2, '2026-06', '2026-06-01', 'node-b', 'node-b-inc', 99, $3, '{2}', true, now())`,
+		confRoute, confWallTime(), []string{confJune}); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	var res SettleResult
+	go func() {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		var err error
+		res, err = l.Settle(context.Background(), a.batchLocked(chargeOf("acct-1", "e0", 1, confJune), chargeOf("acct-1", "e1", 2, confJune)))
+		done <- err
+	}()
+	// node-a's insert waits on e1's key; then node-b commits.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var waiting int
+		if err := l.pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		if waiting > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("node-a's settle never waited on e1's row")
+		}
+		time.Sleep(5 * time.Millisecond) // NB: polls a condition, bounded by the deadline
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil || !res.Applied {
+		t.Fatalf("node-a's settle: %+v, %v", res, err)
+	}
+	for _, e := range eventsOf(t, l, "acct-1") {
+		if e.EventID == "e1" && (e.Refunded || e.Node != "node-a") {
+			t.Fatalf("e1 after node-a's served charge settled: %+v, want node-a's, billed", e)
+		}
+	}
+	wantUsage(t, l, "acct-1", 3)
+	wantReconciled(t, l)
+}

@@ -769,11 +769,64 @@ func (s *pgSettle) logCharges(ctx context.Context, tx pgx.Tx, charges []Charge) 
 	rows, _ := tx.Query(ctx, pgInsertChargesSQL, b.Node, b.Incarnation)
 	var seq int64
 	var o origin
+	var unseen []uint64
 	_, err = pgx.ForEachRow(rows, []any{&seq, &o.node, &o.incarnation, &o.seq, &o.refunded, &o.takeOver}, func() error {
+		dups[uint64(seq)] = o
+		if o.node == nil {
+			unseen = append(unseen, uint64(seq))
+		}
+		return nil
+	})
+	if err != nil || len(unseen) == 0 {
+		return dups, err
+	}
+	return dups, s.reprobe(ctx, tx, charges, dups, unseen)
+}
+
+// pgReprobeSQL looks again, in a statement of its own, for the rows of
+// charges whose insert found a row it could not see: see reprobe. $1, $2:
+// node, incarnation (rows of this batch's own are left out).
+const pgReprobeSQL = `SELECT k.seq, e.node_id, e.incarnation, e.seq,
+	e.refunded AND NOT e.tombstone AND e.served_again >= 0 AND (e.refund_wall IS NULL OR k.charged_at > e.refund_wall),
+	e.tombstone AND e.refund_pending AND e.node_id <> $1
+FROM unnest($3::bigint[], $4::text[], $5::text[], $6::date[], $7::timestamptz[]) AS k(seq, account_id, event_id, period_start, charged_at)
+JOIN LATERAL (
+	SELECT e.node_id, e.incarnation, e.seq, e.refunded, e.tombstone, e.refund_pending, e.served_again, e.refund_wall FROM events e
+	WHERE e.account_id = k.account_id AND e.event_id = k.event_id AND e.period_start = k.period_start
+	LIMIT 1
+) e ON true
+WHERE NOT (e.node_id = $1 AND e.incarnation = $2)`
+
+// reprobe reads again the rows of the charges at seqs, which the insert
+// statement found in the way but did not see: rows a concurrent settle (a
+// handoff: two owners settling one event id) committed while the insert
+// waited on their unique key, after the statement's snapshot was taken. Left
+// unseen, such a charge was a plain duplicate, not billed: and when the
+// other settle had refunded its own attempt, the served charge was lost
+// (G4). A statement of its own sees them. A row this batch inserted (the
+// same event id twice in it) stays a plain duplicate, as before.
+func (s *pgSettle) reprobe(ctx context.Context, tx pgx.Tx, charges []Charge, dups map[uint64]origin, seqs []uint64) error {
+	want := make(map[uint64]bool, len(seqs))
+	for _, q := range seqs {
+		want[q] = true
+	}
+	n := len(seqs)
+	qs, accounts, events, starts, walls := make([]int64, 0, n), make([]string, 0, n), make([]string, 0, n), make([]time.Time, 0, n), make([]time.Time, 0, n)
+	for i := range charges {
+		if c := &charges[i]; want[c.Seq] {
+			qs, accounts, events = append(qs, int64(c.Seq)), append(accounts, c.Account), append(events, c.EventID)
+			starts, walls = append(starts, periodDate(c.Period)), append(walls, time.Unix(0, c.Wall).UTC())
+		}
+	}
+	s.res.RoundTrips++
+	rows, _ := tx.Query(ctx, pgReprobeSQL, s.b.Node, s.b.Incarnation, qs, accounts, events, starts, walls)
+	var seq int64
+	var o origin
+	_, err := pgx.ForEachRow(rows, []any{&seq, &o.node, &o.incarnation, &o.seq, &o.refunded, &o.takeOver}, func() error {
 		dups[uint64(seq)] = o
 		return nil
 	})
-	return dups, err
+	return err
 }
 
 // origin is where an event row came from; nil fields: no row visible.
