@@ -25,6 +25,9 @@ type batcher[Req, Rep any] struct {
 	send func(ctx context.Context, reqs []Req) ([]Rep, error)
 	// ctx bounds every send; canceled by close.
 	ctx context.Context
+	// group runs the batcher's goroutines, so that the router's Close can
+	// wait for them (they end once ctx is canceled and their send returns).
+	group *goroutines
 
 	mu       sync.Mutex // protects queue and inflight
 	queue    []*call[Req, Rep]
@@ -38,8 +41,40 @@ type call[Req, Rep any] struct {
 	done chan struct{}
 }
 
-func newBatcher[Req, Rep any](ctx context.Context, maxInflight, maxBatch int, send func(context.Context, []Req) ([]Rep, error)) *batcher[Req, Rep] {
-	return &batcher[Req, Rep]{ctx: ctx, maxInflight: max(1, maxInflight), maxBatch: max(1, maxBatch), send: send}
+func newBatcher[Req, Rep any](ctx context.Context, group *goroutines, maxInflight, maxBatch int, send func(context.Context, []Req) ([]Rep, error)) *batcher[Req, Rep] {
+	return &batcher[Req, Rep]{ctx: ctx, group: group, maxInflight: max(1, maxInflight), maxBatch: max(1, maxBatch), send: send}
+}
+
+// goroutines is a group of goroutines that wait can wait for: the
+// batchers' senders. After wait has begun, start runs f in the caller's
+// goroutine instead (a closed batcher fails at once, so it does not block).
+type goroutines struct {
+	mu     sync.Mutex // protects closed; orders every wg.Add before wg.Wait
+	closed bool
+	wg     sync.WaitGroup
+}
+
+func (g *goroutines) start(f func()) {
+	g.mu.Lock()
+	if g.closed {
+		g.mu.Unlock()
+		f()
+		return
+	}
+	g.wg.Add(1)
+	g.mu.Unlock()
+	go func() {
+		defer g.wg.Done()
+		f()
+	}()
+}
+
+// wait waits until every goroutine start began has returned.
+func (g *goroutines) wait() {
+	g.mu.Lock()
+	g.closed = true
+	g.mu.Unlock()
+	g.wg.Wait()
 }
 
 // do sends req in some batch and waits for its reply or ctx. A caller whose
@@ -91,7 +126,7 @@ func (b *batcher[Req, Rep]) doMany(ctx context.Context, reqs []Req) ([]Rep, []er
 	}
 	b.mu.Unlock()
 	if batch != nil {
-		go b.run(batch)
+		b.group.start(func() { b.run(batch) })
 	}
 	for i, c := range calls {
 		select {
@@ -171,7 +206,7 @@ func (b *batcher[Req, Rep]) take() []*call[Req, Rep] {
 // goroutine of the batcher's, so the caller can return.
 func (b *batcher[Req, Rep]) next() {
 	if batch := b.take(); batch != nil {
-		go b.run(batch)
+		b.group.start(func() { b.run(batch) })
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -48,7 +49,7 @@ type ctxKey struct{}
 // hand-off to another goroutine), and gets its replies in order.
 func TestBatcherLoneCallerSendsInline(t *testing.T) {
 	f := &fakeSend{}
-	b := newBatcher(context.Background(), 4, 512, f.send)
+	b := newBatcher(context.Background(), &goroutines{}, 4, 512, f.send)
 	ctx := context.WithValue(context.Background(), ctxKey{}, "mine")
 	reps, errs := b.doMany(ctx, []int{1, 2, 3})
 	if !slices.Equal(reps, []int{10, 20, 30}) || slices.ContainsFunc(errs, func(e error) bool { return e != nil }) {
@@ -67,7 +68,7 @@ func TestBatcherLoneCallerSendsInline(t *testing.T) {
 // whose context ends gets its context's error, and its request is not sent.
 func TestBatcherCoalescesWhileBusy(t *testing.T) {
 	f := &fakeSend{hold: make(chan struct{}), entered: make(chan struct{}, 16)}
-	b := newBatcher(context.Background(), 1, 512, f.send)
+	b := newBatcher(context.Background(), &goroutines{}, 1, 512, f.send)
 	first := make(chan int, 1)
 	go func() {
 		rep, err := b.do(context.Background(), 1)
@@ -129,5 +130,37 @@ func waitQueued(t *testing.T, b *batcher[int, int], n int) {
 			t.Fatalf("%d calls queued, want %d", q, n)
 		}
 		time.Sleep(time.Millisecond)
+	}
+}
+
+// The batcher's own goroutines stop with its context, and the group's wait
+// (what Router.Close calls) returns only after they have.
+func TestBatcherGoroutinesAreWaitedFor(t *testing.T) {
+	var ended atomic.Bool
+	entered := make(chan struct{}, 1)
+	send := func(ctx context.Context, reqs []int) ([]int, error) {
+		entered <- struct{}{}
+		<-ctx.Done()
+		ended.Store(true)
+		return nil, ctx.Err()
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	g := &goroutines{}
+	b := newBatcher(ctx, g, 1, 1, send)
+	errs := make(chan []error, 1)
+	go func() {
+		_, e := b.doMany(context.Background(), []int{1, 2}) // two batches of one: sent by a goroutine of the batcher's
+		errs <- e
+	}()
+	<-entered
+	cancel()
+	g.wait()
+	if !ended.Load() {
+		t.Fatal("wait returned while the batcher's goroutine was still sending")
+	}
+	for _, err := range <-errs {
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("a call of a closed batcher: %v, want context.Canceled", err)
+		}
 	}
 }

@@ -37,6 +37,8 @@ type peers struct {
 	mu      sync.Mutex // protects byAddr, closing and each peer's gone
 	byAddr  map[string]*peer
 	closing bool
+	// senders runs the batchers' goroutines; close waits for them.
+	senders goroutines
 }
 
 // peerGrace is how long an address stays connected after it stopped being
@@ -80,7 +82,7 @@ func (ps *peers) get(addr string) (*peer, error) {
 	}
 	p := &peer{addr: addr, conn: conn, client: pb.NewQuotaClient(conn)}
 	timeout, hops, epoch := ps.opts.callTimeout, ps.opts.hops, ps.opts.epoch
-	p.charges = newBatcher(ps.ctx, ps.opts.maxInflight, ps.opts.maxBatch, func(ctx context.Context, reqs []*pb.ChargeRequest) ([]*pb.ChargeReply, error) {
+	p.charges = newBatcher(ps.ctx, &ps.senders, ps.opts.maxInflight, ps.opts.maxBatch, func(ctx context.Context, reqs []*pb.ChargeRequest) ([]*pb.ChargeReply, error) {
 		ctx, cancel := context.WithTimeout(ctx, timeout)
 		defer cancel()
 		rep, err := p.client.Charge(ctx, &pb.ChargeBatch{Epoch: epoch(), Charges: reqs, Hops: hops})
@@ -89,7 +91,7 @@ func (ps *peers) get(addr string) (*peer, error) {
 		}
 		return rep.Replies, nil
 	})
-	p.refunds = newBatcher(ps.ctx, ps.opts.maxInflight, ps.opts.maxBatch, func(ctx context.Context, reqs []*pb.RefundRequest) ([]*pb.RefundReply, error) {
+	p.refunds = newBatcher(ps.ctx, &ps.senders, ps.opts.maxInflight, ps.opts.maxBatch, func(ctx context.Context, reqs []*pb.RefundRequest) ([]*pb.RefundReply, error) {
 		ctx, cancel := context.WithTimeout(ctx, timeout)
 		defer cancel()
 		rep, err := p.client.Refund(ctx, &pb.RefundBatch{Epoch: epoch(), Refunds: reqs, Hops: hops})
@@ -133,7 +135,8 @@ func (ps *peers) count() int {
 	return len(ps.byAddr)
 }
 
-// close closes every connection. The batchers stop with ps.ctx.
+// close closes every connection and waits for the batchers' goroutines,
+// which stop with ps.ctx.
 func (ps *peers) close() error {
 	ps.mu.Lock()
 	ps.closing = true
@@ -144,5 +147,6 @@ func (ps *peers) close() error {
 	for _, p := range all {
 		errs = append(errs, p.conn.Close())
 	}
+	ps.senders.wait() // they end now: ps.ctx is canceled (Router.Close) and the connections are closed
 	return errors.Join(errs...)
 }
