@@ -720,16 +720,7 @@ func (s *pgSettle) settleReplay(ctx context.Context, tx pgx.Tx, r *Replay) error
 			ev.allocs = append(ev.allocs, shard.Alloc{Grant: id, Units: units[i]})
 		}
 	}
-	switch out {
-	case replayBilled:
-		requests := int64(0)
-		if retomb {
-			requests = 1 // a tombstone was never billed, request and all
-		}
-		s.plan.rebill(r.Account, ev, requests)
-	case replayRefunded:
-		s.plan.applyRefund(&Refund{Account: r.Account}, ev)
-	}
+	s.plan.replayed(r.Account, out, ev, retomb)
 	return nil
 }
 

@@ -110,11 +110,22 @@ func (r *Replay) replayNode(batchNode string) string {
 	return batchNode
 }
 
-// rebill adds back an event a replay billed again: its units (and, for a
-// tombstone that was never billed, its request).
-func (p *settlePlan) rebill(account string, ev refundedEvent, requests int64) {
-	p.addUsage(account, ev.key, ev.route, dayOf(ev.chargeWall), ev.units, requests)
-	p.addGrants(account, ev.allocs, 1, 0)
+// replayed plans what a replay did to event ev (see decideReplay): billed
+// again, its units (and, in a tombstone's place, which was never billed,
+// its request) go back on; refunded, they come off. retomb: the row was a
+// tombstone.
+func (p *settlePlan) replayed(account string, out replayOutcome, ev refundedEvent, retomb bool) {
+	switch out {
+	case replayBilled:
+		requests := int64(0)
+		if retomb {
+			requests = 1
+		}
+		p.addUsage(account, ev.key, ev.route, dayOf(ev.chargeWall), ev.units, requests)
+		p.addGrants(account, ev.allocs, 1, 0)
+	case replayRefunded:
+		p.applyRefund(&Refund{Account: account}, ev)
+	}
 }
 
 func validReplay(r *Replay) error {

@@ -251,16 +251,7 @@ func (st *sqliteSettle) settleReplay(ctx context.Context, r *Replay) error {
 		next.refundWall != nil, retomb, st.b.Node, st.b.Incarnation, int64(r.Seq), r.Account, r.EventID); err != nil {
 		return err
 	}
-	switch out {
-	case replayBilled:
-		requests := int64(0)
-		if retomb {
-			requests = 1 // a tombstone was never billed, request and all
-		}
-		st.plan.rebill(r.Account, ev, requests)
-	case replayRefunded:
-		st.plan.applyRefund(&Refund{Account: r.Account}, ev)
-	}
+	st.plan.replayed(r.Account, out, ev, retomb)
 	return nil
 }
 
