@@ -325,3 +325,28 @@ func TestReservationNeedSaturates(t *testing.T) {
 		t.Fatalf("asked the ledger for %d units, want %d", got, int64(math.MaxInt64))
 	}
 }
+
+// Zeroing the allowances a node kept (at its start) and handing them back
+// never move an account to its clock's month: at start they ran before the
+// node checked its clock against the ledger's, and a node restarted with
+// its clock a month ahead billed every account it held an allowance of in
+// that month from then on (G9: a period never goes back), beside the other
+// nodes' this month (chaos --faults all --seed 7, G3).
+func TestZeroingAllowancesKeepsTheAccountsMonth(t *testing.T) {
+	ledger := &fakeLedger{reserved: map[string]int64{}, released: map[string]int64{}}
+	e, _ := openReserving(t, ledger)
+	e.clock.(*ManualClock).SetWall(time.Date(2026, 7, 5, 0, 0, 0, 0, time.UTC)) // the clock a month ahead
+	if err := e.ZeroAllowances(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Release(context.Background(), "acme"); err != nil {
+		t.Fatal(err)
+	}
+	st := e.stripeFor("acme")
+	st.mu.Lock()
+	p := st.accounts["acme"].acct.Period()
+	st.mu.Unlock()
+	if want := shard.PeriodOf(time.Date(2026, 6, 10, 0, 0, 0, 0, time.UTC).UnixNano()); p != want {
+		t.Fatalf("the account is in %v after its allowance was zeroed with the clock in July, want %v", p, want)
+	}
+}
