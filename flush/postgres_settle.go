@@ -85,11 +85,27 @@ var pgStagingColumns = []string{"account_id", "event_id", "client_id", "key_id",
 var pgEventColumns = []string{"account_id", "event_id", "client_id", "key_id", "route", "units",
 	"charged_at", "period", "period_start", "seq", "grant_ids", "grant_units", "node_id", "incarnation"}
 
+// pgOriginSelect and pgOriginJoin read, for each charge d (seq,
+// account_id, event_id, period_start, charged_at) found in the way, the
+// origin of the event's row e and what it means for d (see origin); they
+// go around the FROM item naming d and the kind of join. $1: the batch's
+// node. The LATERAL ... LIMIT 1 probe keeps the planner on the primary key:
+// a plain join chose to scan and sort the month's partition.
+const pgOriginSelect = `SELECT d.seq, e.node_id, e.incarnation, e.seq,
+	e.refunded AND NOT e.tombstone AND e.served_again >= 0 AND (e.refund_wall IS NULL OR d.charged_at > e.refund_wall),
+	e.tombstone AND e.refund_pending AND e.node_id <> $1
+FROM `
+
+const pgOriginJoin = ` JOIN LATERAL (
+	SELECT e.node_id, e.incarnation, e.seq, e.refunded, e.tombstone, e.refund_pending, e.served_again, e.refund_wall FROM events e
+	WHERE e.account_id = d.account_id AND e.event_id = d.event_id AND e.period_start = d.period_start
+	LIMIT 1
+) e ON true`
+
 // pgInsertChargesSQL inserts the staged charges and returns the ones that
 // were not inserted, with the origin of the row already there (NULL when it
 // came in this very statement: the same event id twice in one batch, or a
-// concurrent settle). The LATERAL ... LIMIT 1 probes keep the planner on the
-// primary key: a plain join chose to scan and sort the month's partition.
+// concurrent settle: see reprobe).
 const pgInsertChargesSQL = `WITH ins AS (
 	INSERT INTO events (account_id, event_id, client_id, key_id, route, units, charged_at, period, period_start,
 		node_id, incarnation, seq, grant_ids, grant_units)
@@ -103,14 +119,7 @@ const pgInsertChargesSQL = `WITH ins AS (
 	SELECT s.seq, s.account_id, s.event_id, s.period_start, s.charged_at FROM settle_charges s
 	WHERE NOT EXISTS (SELECT 1 FROM ins WHERE ins.seq = s.seq)
 )
-SELECT d.seq, e.node_id, e.incarnation, e.seq,
-	e.refunded AND NOT e.tombstone AND e.served_again >= 0 AND (e.refund_wall IS NULL OR d.charged_at > e.refund_wall),
-	e.tombstone AND e.refund_pending AND e.node_id <> $1
-FROM dup d LEFT JOIN LATERAL (
-	SELECT e.node_id, e.incarnation, e.seq, e.refunded, e.tombstone, e.refund_pending, e.served_again, e.refund_wall FROM events e
-	WHERE e.account_id = d.account_id AND e.event_id = d.event_id AND e.period_start = d.period_start
-	LIMIT 1
-) e ON true`
+` + pgOriginSelect + `dup d LEFT` + pgOriginJoin
 
 // pgTakeOverSQL gives a refunded event to a retry another node charged and
 // served: the retry is billed under the event id. $1, $2: node, incarnation.
@@ -714,12 +723,7 @@ func (s *pgSettle) settleReplay(ctx context.Context, tx pgx.Tx, r *Replay) error
 		next.refundWall != nil, retomb, s.b.Node, s.b.Incarnation, int64(r.Seq)); err != nil {
 		return err
 	}
-	ev.chargeWall = chargedAt.UnixNano()
-	for i, id := range ids {
-		if i < len(units) {
-			ev.allocs = append(ev.allocs, shard.Alloc{Grant: id, Units: units[i]})
-		}
-	}
+	ev.chargeWall, ev.allocs = chargedAt.UnixNano(), rowAllocs(ids, units)
 	s.plan.replayed(r.Account, out, ev, retomb)
 	return nil
 }
@@ -758,34 +762,34 @@ func (s *pgSettle) logCharges(ctx context.Context, tx pgx.Tx, charges []Charge) 
 		return nil, fmt.Errorf("copy charges into staging: %w", err)
 	}
 	rows, _ := tx.Query(ctx, pgInsertChargesSQL, b.Node, b.Incarnation)
-	var seq int64
-	var o origin
-	var unseen []uint64
-	_, err = pgx.ForEachRow(rows, []any{&seq, &o.node, &o.incarnation, &o.seq, &o.refunded, &o.takeOver}, func() error {
-		dups[uint64(seq)] = o
-		if o.node == nil {
-			unseen = append(unseen, uint64(seq))
-		}
-		return nil
-	})
+	unseen, err := collectOrigins(rows, dups)
 	if err != nil || len(unseen) == 0 {
 		return dups, err
 	}
 	return dups, s.reprobe(ctx, tx, charges, dups, unseen)
 }
 
+// collectOrigins reads rows of pgOriginSelect into dups, by seq, and returns
+// the seqs whose row it did not see.
+func collectOrigins(rows pgx.Rows, dups map[uint64]origin) ([]uint64, error) {
+	var seq int64
+	var o origin
+	var unseen []uint64
+	_, err := pgx.ForEachRow(rows, []any{&seq, &o.node, &o.incarnation, &o.seq, &o.refunded, &o.takeOver}, func() error {
+		dups[uint64(seq)] = o
+		if o.node == nil {
+			unseen = append(unseen, uint64(seq))
+		}
+		return nil
+	})
+	return unseen, err
+}
+
 // pgReprobeSQL looks again, in a statement of its own, for the rows of
 // charges whose insert found a row it could not see: see reprobe. $1, $2:
 // node, incarnation (rows of this batch's own are left out).
-const pgReprobeSQL = `SELECT k.seq, e.node_id, e.incarnation, e.seq,
-	e.refunded AND NOT e.tombstone AND e.served_again >= 0 AND (e.refund_wall IS NULL OR k.charged_at > e.refund_wall),
-	e.tombstone AND e.refund_pending AND e.node_id <> $1
-FROM unnest($3::bigint[], $4::text[], $5::text[], $6::date[], $7::timestamptz[]) AS k(seq, account_id, event_id, period_start, charged_at)
-JOIN LATERAL (
-	SELECT e.node_id, e.incarnation, e.seq, e.refunded, e.tombstone, e.refund_pending, e.served_again, e.refund_wall FROM events e
-	WHERE e.account_id = k.account_id AND e.event_id = k.event_id AND e.period_start = k.period_start
-	LIMIT 1
-) e ON true
+const pgReprobeSQL = pgOriginSelect + `unnest($3::bigint[], $4::text[], $5::text[], $6::date[], $7::timestamptz[])
+	AS d(seq, account_id, event_id, period_start, charged_at)` + pgOriginJoin + `
 WHERE NOT (e.node_id = $1 AND e.incarnation = $2)`
 
 // reprobe reads again the rows of the charges at seqs, which the insert
@@ -811,12 +815,7 @@ func (s *pgSettle) reprobe(ctx context.Context, tx pgx.Tx, charges []Charge, dup
 	}
 	s.res.RoundTrips++
 	rows, _ := tx.Query(ctx, pgReprobeSQL, s.b.Node, s.b.Incarnation, qs, accounts, events, starts, walls)
-	var seq int64
-	var o origin
-	_, err := pgx.ForEachRow(rows, []any{&seq, &o.node, &o.incarnation, &o.seq, &o.refunded, &o.takeOver}, func() error {
-		dups[uint64(seq)] = o
-		return nil
-	})
+	_, err := collectOrigins(rows, dups) // rows still not seen stay plain duplicates
 	return err
 }
 
@@ -915,9 +914,7 @@ func (s *pgSettle) queueRefunds(q *pgx.Batch, send []int, outcomes []refundOutco
 			case applied:
 				o.kind = refundApplied
 				o.event = refundedEvent{key: *key, route: *route, chargeWall: chargedAt.UnixNano(), units: *evUnits}
-				for k := range min(len(grantIDs), len(grantUnits)) {
-					o.event.allocs = append(o.event.allocs, shard.Alloc{Grant: grantIDs[k], Units: grantUnits[k]})
-				}
+				o.event.allocs = rowAllocs(grantIDs, grantUnits)
 			case tombstoned:
 				o.kind = refundTombstone
 			case wasRefunded != nil && *wasRefunded:
@@ -1138,6 +1135,16 @@ func partitionDDL(per shard.Period) string {
 	name := pgx.Identifier{partitionName(per)}.Sanitize()
 	return fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s PARTITION OF events FOR VALUES FROM ('%s') TO ('%s')`,
 		name, periodDate(per).Format(time.DateOnly), periodDate(per+1).Format(time.DateOnly))
+}
+
+// rowAllocs is allocArrays backwards: the allocations of an event row's
+// grant and units arrays.
+func rowAllocs(ids []string, units []int64) []shard.Alloc {
+	var allocs []shard.Alloc
+	for k := range min(len(ids), len(units)) {
+		allocs = append(allocs, shard.Alloc{Grant: ids[k], Units: units[k]})
+	}
+	return allocs
 }
 
 // allocArrays splits allocations into the grant and units arrays of an
