@@ -23,6 +23,13 @@ type Receipt struct {
 	Allocs []Alloc
 }
 
+// fromElsewhere reports whether r is the receipt of eventID from another
+// node than self (the account moved since): nothing of that charge, or of
+// that replay, is in this node's state.
+func (r *Receipt) fromElsewhere(eventID, self string) bool {
+	return r != nil && r.Node != "" && r.Node != self && r.EventID == eventID
+}
+
 // event is what the dedup window remembers of a client-id charge.
 type event struct {
 	gen      uint32 // generation: a refunded client id charged again is a new one
@@ -500,7 +507,7 @@ func (a *Account) Refund(eventID string, receipt *Receipt, now Now, params *Para
 // id is a different attempt's; the record only tells the ledger
 // (Record.Origin), which decides.
 func (a *Account) RefundAttempt(eventID string, receipt *Receipt, self string, now Now, params *Params, rec *Record) Decision {
-	if receipt != nil && receipt.Node != "" && receipt.Node != self && receipt.EventID == eventID {
+	if receipt.fromElsewhere(eventID, self) {
 		p, wall := a.advance(now.Wall)
 		d := Decision{Reason: Refunded, Units: receipt.Units, Reset: p.End() / 1e9}
 		rec.reset(RecRefund, a.cfg.ID, a.seen)
@@ -528,7 +535,7 @@ func (a *Account) RefundReplay(eventID string, receipt *Receipt, self string, no
 	rec.Type = 0
 	p, wall := a.advance(now.Wall)
 	d := Decision{Reset: p.End() / 1e9, Reason: Kept}
-	if receipt != nil && receipt.Node != "" && receipt.Node != self && receipt.EventID == eventID {
+	if receipt.fromElsewhere(eventID, self) {
 		rec.reset(RecReplay, a.cfg.ID, a.seen)
 		rec.EventID, rec.Gen, rec.Period, rec.Origin, rec.Delta = eventID, receipt.Gen, receipt.Period, receipt.Node, -1
 		a.fill(&d, now, wall)
