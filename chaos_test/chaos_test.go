@@ -105,6 +105,11 @@ func runAll(t *testing.T, runs []chaosRun) {
 				t.Fatalf("seed %d: the run could not be done: %v", r.seed, err)
 			}
 			t.Logf("seed %d, %d operations, loss %+v:\n%s", r.seed, rep.Workload.Ops, rep.Loss, rep.Table())
+			// A kept dir (here, one the run was given) holds the ledger's
+			// dump, so that a violation can be read in the ledger's rows.
+			if dump, err := os.ReadFile(filepath.Join(work, "ledger.sql")); err != nil || !strings.Contains(string(dump), "CREATE TABLE public.events") {
+				t.Errorf("seed %d: no ledger dump with the events table in the kept dir (%v)", r.seed, err)
+			}
 			if rep.Violated() {
 				t.Fatalf("seed %d: violations (report in %s):\n%s", r.seed, out, rep.Markdown())
 			}

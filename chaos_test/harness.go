@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
@@ -351,6 +352,9 @@ func (h *harness) close() {
 		h.proxy.Close()
 	}
 	if h.pg != nil {
+		if h.keptDir() != "" && h.dsn != "" {
+			h.dumpLedger()
+		}
 		h.pg.Close()
 	}
 	if h.cfg.Dir == "" && h.dir != "" {
@@ -361,6 +365,34 @@ func (h *harness) close() {
 			os.RemoveAll(h.dir)
 		}
 	}
+}
+
+// dumpLedger writes the run's ledger to ledger.sql in the kept dir, so that
+// a violation can be read in the ledger's own rows after Postgres is gone
+// (the events, their refunds and replays, the grants). Postgres is started
+// again first if a ledger-down fault left it stopped.
+func (h *harness) dumpLedger() {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	path := filepath.Join(h.dir, "ledger.sql")
+	err := h.pg.Start(ctx)
+	if err == nil {
+		err = h.pg.Dump(ctx, dbName(h.dsn), path)
+	}
+	if err != nil {
+		h.logf("the ledger could not be kept: %v", err)
+		return
+	}
+	h.logf("the ledger is kept in %s (load it with: createdb chaos && psql -d chaos -f %s)", path, path)
+}
+
+// dbName is the database a DSN names.
+func dbName(dsn string) string {
+	u, err := url.Parse(dsn)
+	if err != nil {
+		return ""
+	}
+	return strings.TrimPrefix(u.Path, "/")
 }
 
 // startUpstream serves the API the proxy fronts: 200 for everything but

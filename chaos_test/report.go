@@ -227,7 +227,7 @@ func (r *Report) Markdown() string {
 	if r.Interrupted != "" {
 		fmt.Fprintf(&b, "The run was %s. Below are the operations and faults recorded until then (`history.json` has every operation)", r.Interrupted)
 		if r.Dir != "" {
-			fmt.Fprintf(&b, "; the nodes' logs and data dirs are in `%s/nodes`", r.Dir)
+			fmt.Fprintf(&b, "; the nodes' logs and data dirs are in `%s/nodes`, the ledger's dump in `%s/ledger.sql`", r.Dir, r.Dir)
 		}
 		b.WriteString(".\n")
 	} else {
@@ -237,7 +237,8 @@ func (r *Report) Markdown() string {
 		b.WriteString("\nWhat to do: each violation below names its first offending operations and the ledger's rows of its event. " +
 			"`history.json` holds every operation (invoke and answer times, the way in, the deciding node, the answer)")
 		if r.Dir != "" {
-			fmt.Fprintf(&b, "; the nodes' logs (`n1.log`, ...) and data dirs are in `%s/nodes`", r.Dir)
+			fmt.Fprintf(&b, "; the nodes' logs (`n1.log`, ...) and data dirs are in `%s/nodes`, the ledger (a `pg_dump`: "+
+				"`createdb chaos && psql -d chaos -f %s/ledger.sql`) in `%s/ledger.sql`", r.Dir, r.Dir, r.Dir)
 		}
 		b.WriteString(". Look for the event id and the account in the logs of the nodes that decided it around the operations' times, " +
 			"and rerun the schedule with the command above: the interleavings are the processes' own, so a rerun may hold. " +

@@ -59,7 +59,8 @@ the real processes' own, so a run shows a violation that a rerun of the same
 seed may not. Exits 0 when every invariant held, 3 on a violation, 1 when the
 run could not be done, 130 when interrupted: Ctrl-C (or SIGTERM) stops the
 load, the nodes and Postgres, checks nothing, writes what was recorded so far
-to --out and keeps the data dirs and node logs, as a violation does. Needs
+to --out and keeps the data dirs and node logs, as a violation does. A kept
+directory holds the ledger too (ledger.sql, a pg_dump of it). Needs
 about 1 GB of disk and 2 cores; run it as a user that may start Postgres (as
 root it runs Postgres as the postgres user).`,
 		Example: `  quotad chaos --nodes 5 --duration 10m --faults all --seed 42 --out ./chaos-report
@@ -105,7 +106,7 @@ root it runs Postgres as the postgres user).`,
 	fl.Uint64Var(&cfg.Seed, "seed", 1, "seed of the fault schedule and the clients' choices; the report names it")
 	fl.StringVar(&cfg.Out, "out", "", "directory to write the report to (report.md, report.json, history.json, report.svg; files of those names there are replaced)")
 	fl.StringVar(&cfg.Dir, "dir", "", "a new or empty directory for the nodes' data dirs and logs (default: a temporary one, removed at the end unless --keep)")
-	fl.BoolVar(&cfg.Keep, "keep", false, "keep the temporary directory of data dirs and logs")
+	fl.BoolVar(&cfg.Keep, "keep", false, "keep the temporary directory of data dirs, logs and the ledger's dump (ledger.sql)")
 	fl.IntVar(&cfg.Workers, "workers", 16, "client goroutines")
 	fl.Float64Var(&cfg.Rate, "rate", 150, "new operations per second the clients start in all (their retries and second refunds come on top)")
 	fl.DurationVar(&cfg.SettleInterval, "settle-interval", 500*time.Millisecond, "the nodes' --settle-interval (a lost disk loses about this much)")

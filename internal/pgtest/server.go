@@ -397,6 +397,23 @@ func (s *Server) DropDatabase(ctx context.Context, name string) error {
 	return nil
 }
 
+// Dump writes database db as plain SQL to path with pg_dump (the one beside
+// initdb, which matches the server's version), so that a run's ledger
+// outlives the server: load it into any Postgres 15 or later with
+// `createdb NAME && psql -d NAME -f PATH`. The server must be running.
+func (s *Server) Dump(ctx context.Context, db, path string) error {
+	pgDump := filepath.Join(filepath.Dir(s.bin.initdb), "pg_dump")
+	if !isExecutable(pgDump) {
+		return fmt.Errorf("pgtest: dump database %q: no pg_dump beside %s (install the Postgres client programs of that version)", db, s.bin.initdb)
+	}
+	cmd := exec.CommandContext(ctx, pgDump, "--no-owner", "--no-privileges", "-h", "127.0.0.1", "-p", strconv.Itoa(s.port), "-U", "postgres", "-d", db, "-f", path)
+	cmd.Env = s.env
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("pgtest: dump database %q to %s: %w\n%s", db, path, err, out)
+	}
+	return nil
+}
+
 // admin runs one statement in the postgres database.
 func (s *Server) admin(ctx context.Context, sql string) error {
 	conn, err := pgx.Connect(ctx, s.DSN("postgres"))

@@ -310,3 +310,30 @@ func TestDBNamePrefix(t *testing.T) {
 		}
 	}
 }
+
+// TestDump writes a database to a file that holds its schema and rows, so
+// that a chaos run's ledger can be read after the server is gone.
+func TestDump(t *testing.T) {
+	s := PackageServer(t)
+	dsn := NewDB(t)
+	ctx := t.Context()
+	if _, err := connect(t, dsn).Exec(ctx, "CREATE TABLE kept (id text PRIMARY KEY, units bigint); INSERT INTO kept VALUES ('evt-dumped', 42)"); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "ledger.sql")
+	if err := s.Dump(ctx, dbNameOf(t, dsn), path); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"CREATE TABLE public.kept", "evt-dumped\t42"} {
+		if !strings.Contains(string(b), want) {
+			t.Errorf("the dump lacks %q:\n%s", want, b)
+		}
+	}
+	if err := s.Dump(ctx, "no_such_database", filepath.Join(t.TempDir(), "x.sql")); err == nil || !strings.Contains(err.Error(), `dump database "no_such_database"`) {
+		t.Errorf("dumping a missing database: err = %v, want one naming it", err)
+	}
+}
