@@ -109,6 +109,21 @@ func TestCheckersHoldOnAGoodHistory(t *testing.T) {
 	}
 }
 
+// An event with a row in each of two months, one of them refunded, is
+// billed once (seed 7 of the chaos runs: an abandoned attempt charged in the
+// wrong month and refunded there, its served retry billed in the right one).
+// Both rows billed is G3's violation (TestEachCheckerCanFail).
+func TestG3CountsBilledRowsOnly(t *testing.T) {
+	w := newWorld()
+	w.in.Ledger.Events["hard-1"] = append(w.in.Ledger.Events["hard-1"], flush.EventRow{Account: "hard-1", EventID: "e1", Units: 1,
+		Period: "2026-07", Node: "n2", Incarnation: "inc-2", Seq: 1, Refunded: true})
+	for _, r := range cluster.Check(w.in) {
+		if r.ID == "G3" && r.Verdict == cluster.Violated {
+			t.Errorf("G3 violated by a refunded second row: %+v", r.Violations)
+		}
+	}
+}
+
 func TestEachCheckerCanFail(t *testing.T) {
 	for _, tc := range []struct {
 		name    string

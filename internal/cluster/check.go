@@ -450,9 +450,16 @@ func CheckG3(in *CheckInput) Result {
 	unexplained := map[string][]string{}
 	for _, k := range sortedEventKeys(rows) {
 		rs := rows[k]
+		// Billed rows only: one event can have a row in each of two months
+		// (Postgres's unique key is per month), and a refunded row, or a
+		// tombstone, bills nothing (a node billing in the wrong month had
+		// its charge of an abandoned attempt refunded there, while the
+		// served retry stayed billed in the right one: billed once).
 		byGen := map[string][]flush.EventRow{}
 		for _, r := range rs {
-			byGen[r.EventID] = append(byGen[r.EventID], r)
+			if !r.Refunded && !r.Tombstone {
+				byGen[r.EventID] = append(byGen[r.EventID], r)
+			}
 		}
 		for _, id := range sortedKeys(byGen) {
 			if g := byGen[id]; len(g) > 1 {
