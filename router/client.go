@@ -293,7 +293,10 @@ func checkCharge(req *ChargeRequest) error {
 // Refund refunds an event at its account's owner, once: a second refund
 // answers shard.AlreadyRefunded. A generated id (a charge without ClientID)
 // needs its Receipt: without it the owner answers shard.UnknownEvent
-// although the charge stands (see RefundRequest). Errors are as for Charge;
+// although the charge stands (see RefundRequest). A receipt is refunded in
+// its charge's month and the next only (shard.Refundable): later the owner
+// answers shard.UnknownEvent, since the ledger may have pruned the event log
+// of that month (quotad prune). Errors are as for Charge;
 // after ErrUnavailable a retry of the same refund is safe.
 func (c *Client) Refund(ctx context.Context, req RefundRequest) (shard.Decision, error) {
 	if err := c.usable(); err != nil {

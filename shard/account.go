@@ -23,6 +23,14 @@ type Receipt struct {
 	Allocs []Alloc
 }
 
+// Refundable reports whether a charge of period charged may still be
+// refunded by its receipt in period now: in its own month and the next,
+// never later. The ledger may drop the event log of the months before
+// (quotad prune), and a refund it could not match to its event would
+// return units twice or not at all; a receipt that old is refused
+// (UnknownEvent), as a client id older than the dedup window is.
+func Refundable(charged, now Period) bool { return charged >= now-1 }
+
 // fromElsewhere reports whether r is the receipt of eventID from another
 // node than self (the account moved since): nothing of that charge, or of
 // that replay, is in this node's state.
@@ -510,6 +518,11 @@ func (a *Account) RefundAttempt(eventID string, receipt *Receipt, self string, n
 	if receipt.fromElsewhere(eventID, self) {
 		p, wall := a.advance(now.Wall)
 		d := Decision{Reason: Refunded, Units: receipt.Units, Reset: p.End() / 1e9}
+		if !Refundable(receipt.Period, p) {
+			rec.Type, d.Reason, d.Units = 0, UnknownEvent, 0
+			a.fill(&d, now, wall)
+			return d
+		}
 		rec.reset(RecRefund, a.cfg.ID, a.seen)
 		rec.EventID, rec.Attempt, rec.Origin = eventID, true, receipt.Node
 		rec.Units, rec.Period, rec.ChargeWall, rec.Key, rec.Route, rec.Gen = receipt.Units, receipt.Period, receipt.Wall, receipt.Key, receipt.Route, receipt.Gen
@@ -600,6 +613,8 @@ func (a *Account) refund(eventID string, receipt *Receipt, attempt bool, now Now
 	} else if receipt != nil && receipt.EventID == eventID {
 		if _, done := a.refunded.get(eventID, a.seen, params.DedupWindow); done {
 			d.Reason = AlreadyRefunded
+		} else if !Refundable(receipt.Period, p) {
+			d.Reason = UnknownEvent // too old: see Refundable
 		} else {
 			a.refunded.put(eventID, a.seen, struct{}{})
 			rec.Units, rec.Period, rec.ChargeWall, rec.Key, rec.Route, rec.Gen = receipt.Units, receipt.Period, receipt.Wall, receipt.Key, receipt.Route, receipt.Gen

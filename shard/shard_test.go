@@ -102,6 +102,48 @@ func TestRefundByReceiptOnce(t *testing.T) {
 	}
 }
 
+// A receipt is refunded in its charge's month and the next, never later
+// (Refundable): the ledger may have pruned the event log of the months
+// before, and could not tell a second refund of such a charge from a first.
+// Nothing of a refused refund is logged or returned.
+func TestReceiptsOfMonthsBeforeLastAreNotRefunded(t *testing.T) {
+	p := DefaultParams()
+	a := NewAccount(AccountConfig{ID: "a", Plan: Plan{ID: "p", Hard: true}, Credits: []GrantConfig{
+		{ID: "c1", Units: 100, StartsAt: at("2026-01-01T00:00:00Z").Wall}}})
+	var rec Record
+	receipts := map[string]*Receipt{}
+	for _, day := range []string{"2026-04-30T23:59:59Z", "2026-05-31T23:59:59Z"} {
+		id := "gen-" + day[:7]
+		if d := a.Charge(&Charge{EventID: id, Units: 5, Route: "r"}, at(day), &p, &rec); d.Reason != OK {
+			t.Fatalf("charge in %s: %v", day[:7], d.Reason)
+		}
+		receipts[id] = &Receipt{EventID: id, Node: "n1", Units: 5, Period: rec.Period, Wall: rec.Wall, Route: "r", Allocs: append([]Alloc(nil), rec.Allocs...)}
+	}
+	june := at("2026-06-01T00:00:00Z")
+	for _, attempt := range []bool{false, true} {
+		for _, self := range []string{"n1", "n2"} { // this node's charge, or another's (the account moved)
+			var d Decision
+			if attempt {
+				d = a.RefundAttempt("gen-2026-04", receipts["gen-2026-04"], self, june, &p, &rec)
+			} else {
+				d = a.Refund("gen-2026-04", receipts["gen-2026-04"], june, &p, &rec)
+			}
+			if d.Reason != UnknownEvent || rec.Type != 0 || d.Units != 0 {
+				t.Fatalf("April's receipt in June (attempt %v, node %s): %v with record type %v, want unknown_event and no record", attempt, self, d.Reason, rec.Type)
+			}
+		}
+	}
+	if got := a.Usage(june).Remaining; got != 90 {
+		t.Fatalf("remaining %d after the refused refunds, want 90", got)
+	}
+	if d := a.Refund("gen-2026-05", receipts["gen-2026-05"], june, &p, &rec); d.Reason != Refunded || rec.Type != RecRefund || d.Remaining != 95 {
+		t.Fatalf("May's receipt in June: %+v (record type %v), want refunded", d, rec.Type)
+	}
+	if !Refundable(PeriodOf(june.Wall)-1, PeriodOf(june.Wall)) || Refundable(PeriodOf(june.Wall)-2, PeriodOf(june.Wall)) {
+		t.Fatal("Refundable: want last month yes, the month before no")
+	}
+}
+
 // The example of the issue: 60 units a month, weights 1, 2 and 25.
 func TestMonthlyQuotaWithWeights(t *testing.T) {
 	p := DefaultParams()
@@ -721,7 +763,7 @@ func TestRefundAttemptKeepsWhatARetryWasServedUnder(t *testing.T) {
 	// node's entry for the id is another attempt's; it stays, and the record
 	// only tells the ledger.
 	before := a.Usage(now)
-	foreign := &Receipt{EventID: "j", Node: "n2", Units: 3, Allocs: []Alloc{{Grant: MonthlyGrantID(PeriodOf(now.Wall)), Units: 3}}}
+	foreign := &Receipt{EventID: "j", Node: "n2", Units: 3, Period: PeriodOf(now.Wall), Allocs: []Alloc{{Grant: MonthlyGrantID(PeriodOf(now.Wall)), Units: 3}}}
 	d := a.RefundAttempt("j", foreign, "n1", now, &p, &rec)
 	if d.Reason != Refunded || rec.Type != RecRefund || rec.Origin != "n2" || !rec.Attempt || fmt.Sprint(a.Usage(now)) != fmt.Sprint(before) {
 		t.Fatalf("a foreign attempt's refund: %+v, record origin %q, usage %+v (was %+v)", d, rec.Origin, a.Usage(now), before)

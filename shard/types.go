@@ -143,7 +143,7 @@ const (
 	NeedReservation               // reservations mode: ask the ledger for Shortfall more units, then charge again
 	Refunded                      // the refund returned the units
 	AlreadyRefunded               // a second refund: nothing changed
-	UnknownEvent                  // the account does not remember this event: a generated id refunded without its receipt, or a client id older than the dedup window
+	UnknownEvent                  // the account does not remember this event: a generated id refunded without its receipt, a client id older than the dedup window, or a receipt of a charge before last month (Refundable)
 	Invalid                       // the request is malformed (units < 0 or > MaxUnits, empty id)
 	Kept                          // an attempt's refund refused: a retry was served under the charge
 	IDReused                      // a client event id already charged for another route: charged nothing
