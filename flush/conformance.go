@@ -51,6 +51,7 @@ func RunConformance(t *testing.T, open func(t *testing.T) Ledger) {
 		{"HeldElsewhere", confHeldElsewhere},
 		{"EventsOff", confEventsOff},
 		{"UsageAndReconcile", confUsageReconcile},
+		{"PruneEvents", confPruneEvents},
 		{"BillingUsage", confBillingUsage},
 		{"NodesReservationsAlerts", confNodesAlerts},
 		{"MissedAlerts", confMissedAlerts},
@@ -1443,6 +1444,105 @@ func confUsageReconcile(t *testing.T, l Ledger) {
 // credits are unknown); acct-reserved only reserved (its monthly grant,
 // no usage). acct-july has usage in July only and acct-idle none: neither
 // is in June's list.
+// confPruneEvents drops the event log of whole months (quotad prune): only
+// months over and final, refused while a node may hold unsettled records of
+// them; the grants, usage and reconcile stay whole.
+func confPruneEvents(t *testing.T, l Ledger) {
+	ctx := t.Context()
+	confSetup(t, l, 100, "acct-1")
+	n := confNode(t, l, "node-a")
+	if _, err := l.RegisterNode(ctx, "node-old", "node-old-inc"); err != nil {
+		t.Fatal(err)
+	}
+	at := func(r rec, month time.Month) rec {
+		r.wall = time.Date(2026, month, 15, 12, 0, 0, 0, time.UTC)
+		return r
+	}
+	n.settle(t, chargeOf("acct-1", "e1", 3, confJune), chargeOf("acct-1", "e2", 2, confJune))
+	n.settle(t, refundOf("acct-1", "e2", 2, confJune))
+	n.settle(t, at(chargeOf("acct-1", "e3", 4, "m:2026-07"), time.July), at(chargeOf("acct-1", "e4", 1, "m:2026-08"), time.August))
+	aug := confPeriod + 2
+
+	// node-old was last heard from in July: it may hold July's records.
+	old := time.Date(2026, 7, 10, 0, 0, 0, 0, time.UTC)
+	if _, ok := l.(*SQLite); ok {
+		mustExecSQL(t, l, fmt.Sprintf(`UPDATE nodes SET heartbeat_at = %d WHERE node_id = 'node-old'`, old.UnixNano()))
+	} else {
+		mustExecSQL(t, l, `UPDATE nodes SET heartbeat_at = '`+old.Format(time.RFC3339)+`' WHERE node_id = 'node-old'`)
+	}
+	_, err := l.PruneEvents(ctx, PruneOptions{Before: aug})
+	if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "2026-07 is not final") || !strings.Contains(err.Error(), "node-old") {
+		t.Fatalf("prune with a node that may hold July's records: %v, want ErrInvalid naming node-old and July", err)
+	}
+	if _, err := l.PruneEvents(ctx, PruneOptions{Before: aug, Lost: []string{"node-nope"}}); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "node-nope") {
+		t.Fatalf("prune naming an unknown lost node: %v, want ErrInvalid naming it", err)
+	}
+	now, err := l.Clock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cur := shard.PeriodOf(now.UnixNano())
+	if _, err := l.PruneEvents(ctx, PruneOptions{Before: cur, Lost: []string{"node-old"}}); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "may still be refunded") {
+		t.Fatalf("prune before this month: %v, want ErrInvalid (its charges may still be refunded)", err)
+	}
+	if len(eventsOf(t, l, "acct-1")) != 4 {
+		t.Fatal("a refused prune dropped events")
+	}
+
+	// A dry run counts and keeps.
+	var heard []PrunedMonth
+	res, err := l.PruneEvents(ctx, PruneOptions{Before: aug, Lost: []string{"node-old"}, DryRun: true, Progress: func(m PrunedMonth) { heard = append(heard, m) }})
+	want := fmt.Sprint([]PrunedMonth{{confPeriod, 2}, {confPeriod + 1, 1}})
+	if err != nil || fmt.Sprint(res.Months) != want || fmt.Sprint(heard) != want || res.PrunedBefore != 0 {
+		t.Fatalf("dry run: %+v (heard %v), %v; want months %s, nothing pruned", res, heard, err, want)
+	}
+	if len(eventsOf(t, l, "acct-1")) != 4 {
+		t.Fatal("a dry run dropped events")
+	}
+
+	res, err = l.PruneEvents(ctx, PruneOptions{Before: aug, Lost: []string{"node-old"}})
+	if err != nil || fmt.Sprint(res.Months) != want || res.PrunedBefore != aug {
+		t.Fatalf("prune: %+v, %v; want months %s, pruned before %v", res, err, want, aug)
+	}
+	if evs := eventsOf(t, l, "acct-1"); len(evs) != 1 || evs[0].EventID != "e4" {
+		t.Fatalf("events after the prune: %+v, want August's e4 only", evs)
+	}
+	if p, err := l.EventsPrunedBefore(ctx); err != nil || p != aug {
+		t.Fatalf("EventsPrunedBefore = %v, %v; want %v", p, err, aug)
+	}
+	// The counters stay; reconcile checks every grant against the log and
+	// what was pruned from it, and leaves the pruned months' usage out.
+	wantGrant(t, l, "acct-1", confJune, 3, 0)
+	wantGrant(t, l, "acct-1", "m:2026-07", 4, 0)
+	rows, err := l.Reconcile(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantRows := map[string]int64{"grant m:2026-06": 3, "grant m:2026-07": 4, "grant m:2026-08": 1, "usage 2026-08": 1}
+	for _, r := range rows {
+		k := r.Kind + " " + r.Scope
+		if w, ok := wantRows[k]; !ok || r.Counter != w || r.Events != w || r.Diff {
+			t.Errorf("reconcile row %+v, want counter = events = %d", r, w)
+		}
+		delete(wantRows, k)
+	}
+	if len(wantRows) > 0 {
+		t.Errorf("reconcile is missing rows for %v", wantRows)
+	}
+	if u, err := l.Usage(ctx, "acct-1", confPeriod); err != nil || u.Units != 3 {
+		t.Errorf("June's usage after the prune: %+v, %v; want 3 (the daily aggregates stay)", u, err)
+	}
+
+	// An earlier mark never moves the mark back; a pruned month can take a
+	// late record again (a node restored from an old copy), billed.
+	if res, err := l.PruneEvents(ctx, PruneOptions{Before: confPeriod + 1, Lost: []string{"node-old"}}); err != nil || len(res.Months) != 0 || res.PrunedBefore != aug {
+		t.Fatalf("prune before an earlier month: %+v, %v; want nothing, mark %v", res, err, aug)
+	}
+	n.settle(t, chargeOf("acct-1", "e9", 1, confJune))
+	wantGrant(t, l, "acct-1", confJune, 4, 0)
+	wantReconciled(t, l)
+}
+
 func confBillingUsage(t *testing.T, l Ledger) {
 	ctx := t.Context()
 	confSetup(t, l, 100, "acct-hard", "acct-credits", "acct-nolog", "acct-reserved", "acct-july", "acct-idle")

@@ -100,8 +100,19 @@ type Ledger interface {
 	// units against the sum of the event log's unrefunded allocations to it;
 	// for every account and period, the daily usage aggregates against the
 	// event log's unrefunded charges of that period. It returns every row;
-	// Diff marks the ones that disagree.
+	// Diff marks the ones that disagree. After PruneEvents, a grant's used
+	// units are compared with the log plus what was pruned from it
+	// (pruned_allocations), and the months pruned are not compared.
 	Reconcile(ctx context.Context) ([]ReconcileRow, error)
+	// PruneEvents drops the event log of the months before o.Before, oldest
+	// first, once nothing can change them any more (see prune.go); the
+	// grants, daily aggregates and alerts stay, and reconcile still checks
+	// every grant. A month that is not over and final is refused
+	// (ErrInvalid, naming the nodes that hold it back).
+	PruneEvents(ctx context.Context, o PruneOptions) (PruneResult, error)
+	// EventsPrunedBefore is the month before which the event log was
+	// pruned (0: never).
+	EventsPrunedBefore(ctx context.Context) (shard.Period, error)
 	// Events lists the event log of an account (tests, chaos checkers).
 	Events(ctx context.Context, account string) ([]EventRow, error)
 	// Nodes lists the nodes and their settled marks.

@@ -525,3 +525,34 @@ func TestPostgresConcurrentSettleOfOneEvent(t *testing.T) {
 	wantUsage(t, l, "acct-1", 3)
 	wantReconciled(t, l)
 }
+
+// TestPostgresSettleAfterAnotherProcessPrunedItsMonth: a node knows a
+// month's partition exists (it settled there) when quotad prune, another
+// process, drops it; a late record of that month (a node restored from an
+// old copy) fails once, and the next try creates the partition again.
+func TestPostgresSettleAfterAnotherProcessPrunedItsMonth(t *testing.T) {
+	ctx := t.Context()
+	dsn := pgtest.NewDB(t)
+	node, operator := openPG(t, dsn), openPG(t, dsn)
+	defer node.Close()
+	defer operator.Close()
+	if err := node.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	confSetup(t, node, 100, "acct-1")
+	n := confNode(t, node, "node-a")
+	n.settle(t, chargeOf("acct-1", "e1", 1, confJune))
+	if _, err := operator.PruneEvents(ctx, PruneOptions{Before: confPeriod + 1}); err != nil {
+		t.Fatal(err)
+	}
+	b := n.batchLocked(chargeOf("acct-1", "e2", 1, confJune))
+	if _, err := node.Settle(ctx, b); err == nil || !strings.Contains(err.Error(), "no partition") {
+		t.Fatalf("settle into the dropped partition: %v, want the server's 'no partition' error", err)
+	}
+	res, err := node.Settle(ctx, b)
+	if err != nil || !res.Applied {
+		t.Fatalf("the next try: %+v, %v; want applied into a partition created again", res, err)
+	}
+	wantGrant(t, node, "acct-1", confJune, 2, 0)
+	wantReconciled(t, node)
+}

@@ -895,9 +895,12 @@ func (p *Postgres) Reconcile(ctx context.Context) ([]ReconcileRow, error) {
 	b := &pgx.Batch{}
 	b.BeginTx(pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
 	b.Queue(`WITH ev AS (
-			SELECT e.account_id, a.grant_id, sum(a.units)::bigint AS units
-			FROM events e, unnest(e.grant_ids, e.grant_units) AS a(grant_id, units)
-			WHERE NOT e.refunded
+			SELECT account_id, grant_id, sum(units)::bigint AS units FROM (
+				SELECT e.account_id, a.grant_id, a.units
+				FROM events e, unnest(e.grant_ids, e.grant_units) AS a(grant_id, units)
+				WHERE NOT e.refunded
+				UNION ALL SELECT account_id, grant_id, units FROM pruned_allocations
+			) x
 			GROUP BY 1, 2
 		)
 		SELECT coalesce(g.account_id, ev.account_id), coalesce(g.grant_id, ev.grant_id), coalesce(g.used, 0), coalesce(ev.units, 0)
@@ -911,6 +914,7 @@ func (p *Postgres) Reconcile(ctx context.Context) ([]ReconcileRow, error) {
 		)
 		SELECT coalesce(u.account_id, ev.account_id), coalesce(u.period, ev.period), coalesce(u.units, 0), coalesce(ev.units, 0)
 		FROM u FULL JOIN ev ON ev.account_id = u.account_id AND ev.period = u.period
+		WHERE coalesce(u.period, ev.period) >= (SELECT coalesce(max(pruned_before), '') FROM event_retention)
 		ORDER BY 1, 2`).Query(collect("usage"))
 	tx, err := p.sendTx(ctx, b)
 	defer tx.Rollback(ctx) // read only

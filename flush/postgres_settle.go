@@ -56,6 +56,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -338,6 +339,13 @@ func (p *Postgres) Settle(ctx context.Context, b *Batch) (SettleResult, error) {
 	err := s.run(ctx)
 	if errors.Is(err, errMarkRace) {
 		err = p.recheckMark(ctx, b, &res)
+	}
+	if pgCode(err) == sqlCheckViolation && strings.Contains(err.Error(), "no partition of relation") {
+		// A partition this process knew was dropped since (quotad prune):
+		// look again at the next try, which creates it.
+		p.mu.Lock()
+		clear(p.partitions)
+		p.mu.Unlock()
 	}
 	if err != nil && !errors.Is(err, ErrMarkConflict) && !errors.Is(err, ErrInvalid) {
 		res = SettleResult{RoundTrips: res.RoundTrips}

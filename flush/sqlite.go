@@ -874,9 +874,12 @@ func (s *SQLite) Reconcile(ctx context.Context) ([]ReconcileRow, error) {
 	err := s.read(ctx, func(tx *sql.Tx) error {
 		// SQLite has no FULL JOIN before 3.39; a UNION of both sides does.
 		if err := queryEach(ctx, tx, `WITH ev AS (
-				SELECT e.account_id, json_extract(a.value, '$.grant') AS grant_id, sum(json_extract(a.value, '$.units')) AS units
-				FROM events e, json_each(e.allocations) a
-				WHERE NOT e.refunded
+				SELECT account_id, grant_id, sum(units) AS units FROM (
+					SELECT e.account_id, json_extract(a.value, '$.grant') AS grant_id, json_extract(a.value, '$.units') AS units
+					FROM events e, json_each(e.allocations) a
+					WHERE NOT e.refunded
+					UNION ALL SELECT account_id, grant_id, units FROM pruned_allocations
+				)
 				GROUP BY 1, 2
 			), k AS (
 				SELECT account_id, grant_id FROM grants UNION SELECT account_id, grant_id FROM ev
@@ -900,6 +903,7 @@ func (s *SQLite) Reconcile(ctx context.Context) ([]ReconcileRow, error) {
 			FROM k
 			LEFT JOIN u ON u.account_id = k.account_id AND u.period = k.period
 			LEFT JOIN ev ON ev.account_id = k.account_id AND ev.period = k.period
+			WHERE k.period >= (SELECT coalesce(max(pruned_before), '') FROM event_retention)
 			ORDER BY 1, 2`, nil, collect("usage"))
 	})
 	return out, s.fail("reconcile", err)

@@ -3,9 +3,7 @@ package node
 import (
 	"context"
 	"net/http"
-	"slices"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/quotaring/quotaring/flush"
@@ -54,42 +52,6 @@ type AccountUsageView struct {
 	ByRoute     map[string]int64 `json:"by_route"`
 }
 
-// finalAfter is how long after a month's end a node must have been heard
-// from (a settle or a heartbeat in the ledger) for its charges of the
-// month to count as settled. A running node writes to the ledger at least
-// every flush.HeartbeatEvery, and every settle ships all its durable
-// records, so a minute covers a settle that read its log just before
-// midnight and clocks (the nodes', the ledger's) that differ by seconds.
-const finalAfter = time.Minute
-
-// settledMonth says how final p's settled usage is at now, from the
-// ledger's nodes (each node id by its latest incarnation, the one that
-// heartbeat last). Until p is over it is not final and names no node.
-// After, the nodes heard from during p (a heartbeat at or after its start)
-// but not since finalAfter past its end may hold unsettled charges of p:
-// p is final when there are none. A node last heard from before p began
-// holds no charge of p.
-func settledMonth(rows []flush.NodeRow, p shard.Period, now time.Time) (final bool, unsettled []flush.NodeRow) {
-	end := time.Unix(0, p.End())
-	if now.Before(end) {
-		return false, nil
-	}
-	latest := map[string]flush.NodeRow{}
-	for _, x := range rows {
-		if l, ok := latest[x.Node]; !ok || x.Heartbeat.After(l.Heartbeat) {
-			latest[x.Node] = x
-		}
-	}
-	start, settledBy := time.Unix(0, p.Start()), end.Add(finalAfter)
-	for _, x := range latest {
-		if !x.Heartbeat.Before(start) && x.Heartbeat.Before(settledBy) {
-			unsettled = append(unsettled, x)
-		}
-	}
-	slices.SortFunc(unsettled, func(a, b flush.NodeRow) int { return strings.Compare(a.Node, b.Node) })
-	return len(unsettled) == 0, unsettled
-}
-
 // parseMonth reads a period parameter: a month the ledger can hold (its
 // times are Unix nanoseconds, which end in 2262).
 func parseMonth(field, s string) (shard.Period, error) {
@@ -130,7 +92,7 @@ func (n *Node) listUsage(ctx context.Context, w http.ResponseWriter, r *http.Req
 	if err != nil {
 		return err
 	}
-	final, unsettled := settledMonth(nodes, q.Period, now)
+	final, unsettled := flush.SettledMonth(nodes, q.Period, now)
 	page, err := l.BillingUsage(ctx, q)
 	if err != nil {
 		return err

@@ -48,13 +48,13 @@ func TestSettledMonth(t *testing.T) {
 			"2026-09-01T00:00:00Z", false, []string{"n2/b", "n3/c"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			final, unsettled := settledMonth(tc.rows, june, at(tc.now))
+			final, unsettled := flush.SettledMonth(tc.rows, june, at(tc.now))
 			var got []string
 			for _, x := range unsettled {
 				got = append(got, x.Node+"/"+x.Incarnation)
 			}
 			if final != tc.final || !reflect.DeepEqual(got, tc.unsettled) {
-				t.Fatalf("settledMonth at %s: final %v, unsettled %v; want %v, %v", tc.now, final, got, tc.final, tc.unsettled)
+				t.Fatalf("SettledMonth at %s: final %v, unsettled %v; want %v, %v", tc.now, final, got, tc.final, tc.unsettled)
 			}
 		})
 	}

@@ -125,6 +125,13 @@ func runReconcile(ctx context.Context, out, errOut io.Writer, dsn string, dataDi
 	if err != nil {
 		return err
 	}
+	pruned, err := l.EventsPrunedBefore(ctx)
+	if err != nil {
+		return err
+	}
+	if pruned != 0 {
+		fmt.Fprintf(out, "the event log before %v was pruned (quotad prune): grants are compared with the log and what was pruned from it, usage from %v on\n\n", pruned, pruned)
+	}
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "ACCOUNT\tKIND\tSCOPE\tCOUNTER\tEVENT LOG\tDIFFERENCE")
 	diffs := 0

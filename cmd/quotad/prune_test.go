@@ -1,0 +1,77 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/quotaring/quotaring/flush"
+	"github.com/quotaring/quotaring/shard"
+	"github.com/quotaring/quotaring/snapshot"
+)
+
+// quotad prune drops the event log of old months, first as a dry run that
+// changes nothing, refuses a month whose charges may still be refunded, and
+// leaves a ledger that quotad reconcile still finds clean.
+func TestPruneCommand(t *testing.T) {
+	ctx := context.Background()
+	path := migratedSQLite(t)
+	l, err := flush.OpenSQLite(ctx, path, flush.SQLiteOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.UpsertPlan(ctx, snapshot.Plan{ID: "basic", MonthlyQuota: 100, Hard: true}); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.UpsertAccount(ctx, "acct-1", "basic"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.RegisterNode(ctx, "q1", "q1-inc"); err != nil {
+		t.Fatal(err)
+	}
+	b := &flush.Batch{Node: "q1", Incarnation: "q1-inc", Prev: 0, Next: 3, Events: true}
+	for i, month := range []time.Month{time.June, time.June, time.July} {
+		wall := time.Date(2026, month, 15, 12, 0, 0, 0, time.UTC).UnixNano()
+		per := shard.PeriodOf(wall)
+		b.Charges = append(b.Charges, flush.Charge{Seq: uint64(i + 1), Account: "acct-1", EventID: "e" + string(rune('1'+i)), ClientID: true,
+			Key: "k", Route: "GET /x", Units: 2, Wall: wall, Period: per, Allocs: []shard.Alloc{{Grant: shard.MonthlyGrantID(per), Units: 2}}})
+	}
+	if _, err := l.Settle(ctx, b); err != nil {
+		t.Fatal(err)
+	}
+	l.Close()
+
+	run := func(args ...string) (string, error) {
+		var out bytes.Buffer
+		root := newRootCmd()
+		root.SetArgs(args)
+		root.SetOut(&out)
+		root.SetErr(io.Discard)
+		err := root.ExecuteContext(ctx)
+		return out.String(), err
+	}
+	ledger := "--ledger=sqlite:" + path
+	out, err := run("prune", ledger, "--before", "2026-07", "--dry-run")
+	if err != nil || !strings.Contains(out, "would drop the event log of 2026-06: 2 events") || !strings.Contains(out, "nothing changed") {
+		t.Fatalf("dry run: %v\n%s", err, out)
+	}
+	now := shard.PeriodOf(time.Now().UnixNano())
+	if _, err := run("prune", ledger, "--before", now.String()); err == nil || !strings.Contains(err.Error(), "may still be refunded") {
+		t.Fatalf("prune before this month: %v, want a refusal", err)
+	}
+	if _, err := run("prune", ledger); err == nil || !strings.Contains(err.Error(), "--before is required") {
+		t.Fatalf("prune without --before: %v", err)
+	}
+	out, err = run("prune", ledger, "--before", "2026-08")
+	if err != nil || !strings.Contains(out, "dropped the event log of 2026-07: 1 events") ||
+		!strings.Contains(out, "3 events in 2 months dropped; the ledger holds no event log before 2026-08") {
+		t.Fatalf("prune: %v\n%s", err, out)
+	}
+	out, err = run("reconcile", ledger, "--all")
+	if err != nil || !strings.Contains(out, "the event log before 2026-08 was pruned") || !strings.Contains(out, "2 rows compared, 0 differences") {
+		t.Fatalf("reconcile after the prune: %v\n%s", err, out)
+	}
+}

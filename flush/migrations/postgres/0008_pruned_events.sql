@@ -1,0 +1,17 @@
+-- 0008_pruned_events: event-log retention (quotad prune). The event log of
+-- the months before event_retention.pruned_before is gone (their partitions
+-- dropped); the grants, the daily aggregates and the alerts of those months
+-- stay. pruned_allocations keeps what the dropped events had allocated to
+-- each grant (unrefunded units), so that reconcile still proves every
+-- grant's used units against the log and what was pruned from it.
+CREATE TABLE event_retention (
+    id            integer PRIMARY KEY CHECK (id = 1),
+    pruned_before text    NOT NULL  -- "2026-06": no event log before this month
+);
+
+CREATE TABLE pruned_allocations (
+    account_id text   NOT NULL,
+    grant_id   text   NOT NULL,
+    units      bigint NOT NULL,
+    PRIMARY KEY (account_id, grant_id)
+);

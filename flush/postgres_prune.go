@@ -1,0 +1,134 @@
+package flush
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/quotaring/quotaring/shard"
+)
+
+// PruneEvents implements Ledger (see prune.go): each month's partition is
+// dropped in a transaction of its own, after the partition is locked
+// against writes (SHARE: a late settle into it waits, then fails and is
+// retried into a partition created again) and its allocations are added
+// to pruned_allocations. Dropping a partition locks the events table for
+// a moment: settles of other months wait for it, not for the sums.
+func (p *Postgres) PruneEvents(ctx context.Context, o PruneOptions) (PruneResult, error) {
+	var res PruneResult
+	rows, _ := p.pool.Query(ctx, `SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+		WHERE i.inhparent = 'events'::regclass`)
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return res, p.fail("prune events: list the event partitions", err)
+	}
+	var months []shard.Period
+	for _, n := range names {
+		if per, ok := partitionPeriod(n); ok {
+			months = append(months, per)
+		}
+	}
+	months = periodsBefore(months, o.Before)
+	nodes, err := p.Nodes(ctx)
+	if err != nil {
+		return res, err
+	}
+	now, err := p.Clock(ctx)
+	if err != nil {
+		return res, err
+	}
+	if err := checkPrunable(o, months, nodes, now); err != nil {
+		return res, err
+	}
+	for _, per := range months {
+		m := PrunedMonth{Period: per}
+		name := pgx.Identifier{partitionName(per)}.Sanitize()
+		if o.DryRun {
+			err = p.pool.QueryRow(ctx, `SELECT count(*) FROM `+name).Scan(&m.Events)
+		} else {
+			err = pgx.BeginTxFunc(ctx, p.pool, pgx.TxOptions{}, func(tx pgx.Tx) error {
+				if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, partitionLockKey); err != nil {
+					return err
+				}
+				if _, err := tx.Exec(ctx, `LOCK TABLE `+name+` IN SHARE MODE`); err != nil {
+					return err
+				}
+				if err := tx.QueryRow(ctx, `SELECT count(*) FROM `+name).Scan(&m.Events); err != nil {
+					return err
+				}
+				if _, err := tx.Exec(ctx, `INSERT INTO pruned_allocations (account_id, grant_id, units)
+					SELECT e.account_id, a.grant_id, sum(a.units) FROM `+name+` e, unnest(e.grant_ids, e.grant_units) AS a(grant_id, units)
+					WHERE NOT e.refunded GROUP BY 1, 2
+					ON CONFLICT (account_id, grant_id) DO UPDATE SET units = pruned_allocations.units + excluded.units`); err != nil {
+					return err
+				}
+				if _, err := tx.Exec(ctx, `DELETE FROM replay_takebacks WHERE period_start = $1`, periodDate(per)); err != nil {
+					return err
+				}
+				if _, err := tx.Exec(ctx, `DROP TABLE `+name); err != nil {
+					return err
+				}
+				return p.markPruned(ctx, tx, per+1)
+			})
+			p.mu.Lock()
+			delete(p.partitions, per)
+			p.mu.Unlock()
+		}
+		if err != nil {
+			return res, p.fail(fmt.Sprintf("prune the events of %v", per), err)
+		}
+		res.Months = append(res.Months, m)
+		if o.Progress != nil {
+			o.Progress(m)
+		}
+	}
+	if !o.DryRun {
+		err = pgx.BeginTxFunc(ctx, p.pool, pgx.TxOptions{}, func(tx pgx.Tx) error { return p.markPruned(ctx, tx, o.Before) })
+		if err != nil {
+			return res, p.fail("prune events: record the mark", err)
+		}
+	}
+	res.PrunedBefore, err = p.EventsPrunedBefore(ctx)
+	return res, err
+}
+
+// markPruned moves event_retention's mark to before, never back.
+func (p *Postgres) markPruned(ctx context.Context, tx pgx.Tx, before shard.Period) error {
+	_, err := tx.Exec(ctx, `INSERT INTO event_retention (id, pruned_before) VALUES (1, $1)
+		ON CONFLICT (id) DO UPDATE SET pruned_before = greatest(event_retention.pruned_before, excluded.pruned_before)`, before.String())
+	return err
+}
+
+// EventsPrunedBefore implements Ledger.
+func (p *Postgres) EventsPrunedBefore(ctx context.Context) (shard.Period, error) {
+	var s *string
+	err := p.pool.QueryRow(ctx, `SELECT max(pruned_before) FROM event_retention`).Scan(&s)
+	if err != nil {
+		return 0, p.fail("read the event log's retention mark", err)
+	}
+	return parsePrunedBefore(s)
+}
+
+// parsePrunedBefore reads event_retention's mark (NULL: never pruned).
+func parsePrunedBefore(s *string) (shard.Period, error) {
+	if s == nil {
+		return 0, nil
+	}
+	per, ok := shard.ParsePeriod(*s)
+	if !ok {
+		return 0, fmt.Errorf("flush: event_retention.pruned_before %q is not a month such as 2026-06: set it by hand to the month the last prune named", *s)
+	}
+	return per, nil
+}
+
+// partitionPeriod is partitionName backwards.
+func partitionPeriod(name string) (shard.Period, bool) {
+	rest, ok := strings.CutPrefix(name, "events_p")
+	if !ok || len(rest) != 7 || rest[4] != '_' {
+		return 0, false
+	}
+	per, ok := shard.ParsePeriod(rest[:4] + "-" + rest[5:])
+	return per, ok && partitionName(per) == name
+}

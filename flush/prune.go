@@ -1,0 +1,142 @@
+package flush
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/quotaring/quotaring/shard"
+)
+
+// Event-log retention (quotad prune).
+//
+// The event log grows by a row per charge, for ever; the grants, the daily
+// aggregates and the alerts are what billing reads, and they stay.
+// PruneEvents drops the event log of whole months (on Postgres, their
+// partitions), oldest first, each month in a transaction of its own that
+// also adds what its unrefunded events had allocated to each grant to
+// pruned_allocations (so reconcile still proves every grant's used units)
+// and moves event_retention.pruned_before past it.
+//
+// A month may go once nothing can change its events any more:
+//
+//   - no refund: a node refunds a receipt in its charge's month and the
+//     next only (shard.Refundable), so the month after the last one pruned
+//     (Before) must be over;
+//   - nothing unsettled: every pruned month and Before are final
+//     (SettledMonth: every node heard from during the month has been heard
+//     from since it ended), so no charge or refund of theirs waits in a
+//     node's log. A node gone for good (its disk lost) is named in
+//     PruneOptions.Lost, or it holds the months it was heard from back.
+//
+// Retries never reach back that far: the nodes deduplicate client ids for
+// 24 h, and a charge near a month's edge looks into the neighbouring month,
+// which is never pruned while the month after it is not over.
+
+// PruneOptions say what PruneEvents drops.
+type PruneOptions struct {
+	// Before: the event log of every month before it goes. It must be over
+	// and final (see above): at most last month.
+	Before shard.Period
+	// DryRun counts the events of each month and changes nothing (the
+	// checks run as for a real prune).
+	DryRun bool
+	// Lost names nodes gone for good (their disks lost; quotad revoke freed
+	// their reservations): their last heartbeat does not hold months back.
+	Lost []string
+	// Progress, when set, hears of each month as it is done (or counted).
+	Progress func(PrunedMonth)
+}
+
+// PrunedMonth is one month whose event log was dropped (or would be, with
+// DryRun).
+type PrunedMonth struct {
+	Period shard.Period
+	Events int64 // rows, tombstones and refunded ones included
+}
+
+// PruneResult says what PruneEvents did.
+type PruneResult struct {
+	// Months holds the months with events that were (or would be) dropped,
+	// oldest first.
+	Months []PrunedMonth
+	// PrunedBefore is the ledger's mark afterwards: no event log before it.
+	PrunedBefore shard.Period
+}
+
+// finalAfter is how long after a month's end a node must have been heard
+// from (a settle or a heartbeat in the ledger) for its charges of the
+// month to count as settled. A running node writes to the ledger at least
+// every HeartbeatEvery, and every settle ships all its durable records, so
+// a minute covers a settle that read its log just before midnight and
+// clocks (the nodes', the ledger's) that differ by seconds.
+const finalAfter = time.Minute
+
+// SettledMonth says how final p's settled usage is at now (the ledger's
+// clock), from the ledger's nodes (each node id by its latest incarnation,
+// the one that heartbeat last). Until p is over it is not final and names
+// no node. After, the nodes heard from during p (a heartbeat at or after
+// its start) but not since finalAfter past its end may hold unsettled
+// charges of p: p is final when there are none. A node last heard from
+// before p began holds no charge of p.
+func SettledMonth(rows []NodeRow, p shard.Period, now time.Time) (final bool, unsettled []NodeRow) {
+	end := time.Unix(0, p.End())
+	if now.Before(end) {
+		return false, nil
+	}
+	latest := map[string]NodeRow{}
+	for _, x := range rows {
+		if l, ok := latest[x.Node]; !ok || x.Heartbeat.After(l.Heartbeat) {
+			latest[x.Node] = x
+		}
+	}
+	start, settledBy := time.Unix(0, p.Start()), end.Add(finalAfter)
+	for _, x := range latest {
+		if !x.Heartbeat.Before(start) && x.Heartbeat.Before(settledBy) {
+			unsettled = append(unsettled, x)
+		}
+	}
+	slices.SortFunc(unsettled, func(a, b NodeRow) int { return strings.Compare(a.Node, b.Node) })
+	return len(unsettled) == 0, unsettled
+}
+
+// checkPrunable refuses a prune that could lose a change to the events it
+// drops (see the package's retention notes): months holds the months with
+// events before o.Before.
+func checkPrunable(o PruneOptions, months []shard.Period, nodes []NodeRow, now time.Time) error {
+	cur := shard.PeriodOf(now.UnixNano())
+	if o.Before < MinBillingPeriod || o.Before > MaxBillingPeriod {
+		return fmt.Errorf("%w: prune before %v: want a month from %v to %v", ErrInvalid, o.Before, MinBillingPeriod, MaxBillingPeriod)
+	}
+	if o.Before >= cur {
+		return fmt.Errorf("%w: prune before %v: a month's events stay while its charges may still be refunded, in the month and the next; "+
+			"it is %v by the ledger's clock, so the latest you can give is %v (which drops the events of %v and before)",
+			ErrInvalid, o.Before, cur, cur-1, cur-2)
+	}
+	for _, x := range o.Lost {
+		if !slices.ContainsFunc(nodes, func(n NodeRow) bool { return n.Node == x }) {
+			return fmt.Errorf("%w: --lost-node %q: the ledger knows no such node", ErrInvalid, x)
+		}
+	}
+	live := slices.DeleteFunc(slices.Clone(nodes), func(n NodeRow) bool { return slices.Contains(o.Lost, n.Node) })
+	for _, p := range append(slices.Clone(months), o.Before) {
+		if final, unsettled := SettledMonth(live, p, now); !final {
+			var names []string
+			for _, n := range unsettled {
+				names = append(names, fmt.Sprintf("%s (last heard from %s)", n.Node, n.Heartbeat.UTC().Format(time.RFC3339)))
+			}
+			return fmt.Errorf("%w: prune before %v: %v is not final: %s may hold unsettled charges or refunds of it; "+
+				"start each and let it settle (it is heard from every 2 s while it runs), or, for a node gone for good whose "+
+				"reservations quotad revoke freed, name it with --lost-node", ErrInvalid, o.Before, p, strings.Join(names, ", "))
+		}
+	}
+	return nil
+}
+
+// periodsBefore keeps the periods before p, sorted.
+func periodsBefore(ps []shard.Period, p shard.Period) []shard.Period {
+	ps = slices.DeleteFunc(ps, func(x shard.Period) bool { return x >= p })
+	slices.Sort(ps)
+	return slices.Compact(ps)
+}

@@ -1,0 +1,106 @@
+package flush
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+
+	"github.com/quotaring/quotaring/shard"
+)
+
+// PruneEvents implements Ledger (see prune.go): each month's events are
+// deleted in a write transaction of their own, after their allocations are
+// added to pruned_allocations. SQLite has one writer: settles wait for each
+// month's delete.
+func (s *SQLite) PruneEvents(ctx context.Context, o PruneOptions) (PruneResult, error) {
+	var res PruneResult
+	var months []shard.Period
+	err := s.read(ctx, func(tx *sql.Tx) error {
+		return queryEach(ctx, tx, `SELECT DISTINCT period FROM events WHERE period < ?`, []any{o.Before.String()}, func(scan func(...any) error) error {
+			var str string
+			if err := scan(&str); err != nil {
+				return err
+			}
+			per, ok := shard.ParsePeriod(str)
+			if !ok {
+				return fmt.Errorf("an event's period %q is not a month such as 2026-06", str)
+			}
+			months = append(months, per)
+			return nil
+		})
+	})
+	if err != nil {
+		return res, s.fail("prune events: list the months", err)
+	}
+	months = periodsBefore(months, o.Before)
+	nodes, err := s.Nodes(ctx)
+	if err != nil {
+		return res, err
+	}
+	now, err := s.Clock(ctx)
+	if err != nil {
+		return res, err
+	}
+	if err := checkPrunable(o, months, nodes, now); err != nil {
+		return res, err
+	}
+	for _, per := range months {
+		m := PrunedMonth{Period: per}
+		count := func(tx *sql.Tx) error {
+			return tx.QueryRowContext(ctx, `SELECT count(*) FROM events WHERE period = ?`, per.String()).Scan(&m.Events)
+		}
+		if o.DryRun {
+			err = s.read(ctx, count)
+		} else {
+			err = s.write(ctx, func(tx *sql.Tx) error {
+				if err := count(tx); err != nil {
+					return err
+				}
+				if _, err := tx.ExecContext(ctx, `INSERT INTO pruned_allocations (account_id, grant_id, units)
+					SELECT e.account_id, json_extract(a.value, '$.grant'), sum(json_extract(a.value, '$.units'))
+					FROM events e, json_each(e.allocations) a
+					WHERE e.period = ? AND NOT e.refunded GROUP BY 1, 2
+					ON CONFLICT (account_id, grant_id) DO UPDATE SET units = units + excluded.units`, per.String()); err != nil {
+					return err
+				}
+				if _, err := tx.ExecContext(ctx, `DELETE FROM events WHERE period = ?`, per.String()); err != nil {
+					return err
+				}
+				return s.markPruned(ctx, tx, per+1)
+			})
+		}
+		if err != nil {
+			return res, s.fail(fmt.Sprintf("prune the events of %v", per), err)
+		}
+		res.Months = append(res.Months, m)
+		if o.Progress != nil {
+			o.Progress(m)
+		}
+	}
+	if !o.DryRun {
+		if err := s.write(ctx, func(tx *sql.Tx) error { return s.markPruned(ctx, tx, o.Before) }); err != nil {
+			return res, s.fail("prune events: record the mark", err)
+		}
+	}
+	res.PrunedBefore, err = s.EventsPrunedBefore(ctx)
+	return res, err
+}
+
+// markPruned moves event_retention's mark to before, never back.
+func (s *SQLite) markPruned(ctx context.Context, tx *sql.Tx, before shard.Period) error {
+	_, err := tx.ExecContext(ctx, `INSERT INTO event_retention (id, pruned_before) VALUES (1, ?)
+		ON CONFLICT (id) DO UPDATE SET pruned_before = max(pruned_before, excluded.pruned_before)`, before.String())
+	return err
+}
+
+// EventsPrunedBefore implements Ledger.
+func (s *SQLite) EventsPrunedBefore(ctx context.Context) (shard.Period, error) {
+	var str sql.NullString
+	if err := s.db.QueryRowContext(ctx, `SELECT max(pruned_before) FROM event_retention`).Scan(&str); err != nil {
+		return 0, s.fail("read the event log's retention mark", err)
+	}
+	if !str.Valid {
+		return 0, nil
+	}
+	return parsePrunedBefore(&str.String)
+}
