@@ -1460,8 +1460,24 @@ func confPruneEvents(t *testing.T, l Ledger) {
 	}
 	n.settle(t, chargeOf("acct-1", "e1", 3, confJune), chargeOf("acct-1", "e2", 2, confJune))
 	n.settle(t, refundOf("acct-1", "e2", 2, confJune))
-	n.settle(t, at(chargeOf("acct-1", "e3", 4, "m:2026-07"), time.July), at(chargeOf("acct-1", "e4", 1, "m:2026-08"), time.August))
+	if err := l.AddGrant(ctx, "acct-1", snapshot.Grant{ID: "c1", Units: 50, StartsAt: confWallTime().AddDate(0, -1, 0)}); err != nil {
+		t.Fatal(err)
+	}
+	n.settle(t, at(chargeOf("acct-1", "e3", 4, "m:2026-07"), time.July), at(chargeOf("acct-1", "e4", 1, "m:2026-08"), time.August),
+		at(chargeOf("acct-1", "e5", 2, "c1"), time.July))
 	aug := confPeriod + 2
+	july := func() BillingRow {
+		t.Helper()
+		page, err := l.BillingUsage(ctx, BillingQuery{Period: confPeriod + 1})
+		if err != nil || len(page.Accounts) != 1 {
+			t.Fatalf("July's billing: %+v, %v", page, err)
+		}
+		return page.Accounts[0]
+	}
+	julyBefore := july()
+	if julyBefore.Units != 6 || julyBefore.QuotaUsed != 4 || !julyBefore.CreditsKnown || julyBefore.Credits != 2 {
+		t.Fatalf("July's billing before the prune: %+v, want 6 units, 4 of the quota, 2 of credits", julyBefore)
+	}
 
 	// node-old was last heard from in July: it may hold July's records.
 	old := time.Date(2026, 7, 10, 0, 0, 0, 0, time.UTC)
@@ -1485,18 +1501,18 @@ func confPruneEvents(t *testing.T, l Ledger) {
 	if _, err := l.PruneEvents(ctx, PruneOptions{Before: cur, Lost: []string{"node-old"}}); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "may still be refunded") {
 		t.Fatalf("prune before this month: %v, want ErrInvalid (its charges may still be refunded)", err)
 	}
-	if len(eventsOf(t, l, "acct-1")) != 4 {
+	if len(eventsOf(t, l, "acct-1")) != 5 {
 		t.Fatal("a refused prune dropped events")
 	}
 
 	// A dry run counts and keeps.
 	var heard []PrunedMonth
 	res, err := l.PruneEvents(ctx, PruneOptions{Before: aug, Lost: []string{"node-old"}, DryRun: true, Progress: func(m PrunedMonth) { heard = append(heard, m) }})
-	want := fmt.Sprint([]PrunedMonth{{confPeriod, 2}, {confPeriod + 1, 1}})
+	want := fmt.Sprint([]PrunedMonth{{confPeriod, 2}, {confPeriod + 1, 2}})
 	if err != nil || fmt.Sprint(res.Months) != want || fmt.Sprint(heard) != want || res.PrunedBefore != 0 {
 		t.Fatalf("dry run: %+v (heard %v), %v; want months %s, nothing pruned", res, heard, err, want)
 	}
-	if len(eventsOf(t, l, "acct-1")) != 4 {
+	if len(eventsOf(t, l, "acct-1")) != 5 {
 		t.Fatal("a dry run dropped events")
 	}
 
@@ -1518,7 +1534,7 @@ func confPruneEvents(t *testing.T, l Ledger) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	wantRows := map[string]int64{"grant m:2026-06": 3, "grant m:2026-07": 4, "grant m:2026-08": 1, "usage 2026-08": 1}
+	wantRows := map[string]int64{"grant m:2026-06": 3, "grant m:2026-07": 4, "grant c1": 2, "grant m:2026-08": 1, "usage 2026-08": 1}
 	for _, r := range rows {
 		k := r.Kind + " " + r.Scope
 		if w, ok := wantRows[k]; !ok || r.Counter != w || r.Events != w || r.Diff {
@@ -1531,6 +1547,9 @@ func confPruneEvents(t *testing.T, l Ledger) {
 	}
 	if u, err := l.Usage(ctx, "acct-1", confPeriod); err != nil || u.Units != 3 {
 		t.Errorf("June's usage after the prune: %+v, %v; want 3 (the daily aggregates stay)", u, err)
+	}
+	if got := july(); fmt.Sprint(got) != fmt.Sprint(julyBefore) {
+		t.Errorf("July's billing after the prune: %+v, want it as before: %+v (credits from what was pruned)", got, julyBefore)
 	}
 
 	// An earlier mark never moves the mark back; a pruned month can take a

@@ -800,8 +800,9 @@ func (p *Postgres) Usage(ctx context.Context, account string, period shard.Perio
 // accounts ($1 after, $5 at most) with usage on the period's days ($2, $3)
 // or its monthly grant ($4), then per account its usage by route, that
 // grant, and the event log's unrefunded units of the period and what
-// credit grants paid of them. The events are read from the period's
-// partition only, by the partition's primary key (account first).
+// credit grants paid of them ($6: the period, for what was pruned of it).
+// The events are read from the period's partition only, by the partition's
+// primary key (account first).
 const pgBillingSQL = `WITH page AS (
 	SELECT a.account_id, a.plan_id, p.hard
 	FROM accounts a JOIN plans p ON p.plan_id = a.plan_id
@@ -821,11 +822,15 @@ LEFT JOIN LATERAL (
 ) r ON true
 LEFT JOIN grants g ON g.account_id = page.account_id AND g.grant_id = $4
 LEFT JOIN LATERAL (
-	SELECT sum(e.units)::bigint AS units,
-		sum((SELECT coalesce(sum(al.units), 0) FROM unnest(e.grant_ids, e.grant_units) AS al(grant_id, units)
-			WHERE NOT starts_with(al.grant_id, 'm:')))::bigint AS credits
-	FROM events e
-	WHERE e.account_id = page.account_id AND e.period_start = $2::date AND NOT e.refunded
+	SELECT sum(x.units)::bigint AS units, sum(x.credits)::bigint AS credits FROM (
+		SELECT e.units, (SELECT coalesce(sum(al.units), 0) FROM unnest(e.grant_ids, e.grant_units) AS al(grant_id, units)
+			WHERE NOT starts_with(al.grant_id, 'm:')) AS credits
+		FROM events e
+		WHERE e.account_id = page.account_id AND e.period_start = $2::date AND NOT e.refunded
+		UNION ALL
+		SELECT pa.units, CASE WHEN starts_with(pa.grant_id, 'm:') THEN 0 ELSE pa.units END
+		FROM pruned_allocations pa WHERE pa.account_id = page.account_id AND pa.period = $6
+	) x
 ) ev ON true
 ORDER BY page.account_id`
 
@@ -836,7 +841,7 @@ func (p *Postgres) BillingUsage(ctx context.Context, q BillingQuery) (BillingPag
 		return BillingPage{}, err
 	}
 	start, end := time.Unix(0, q.Period.Start()).UTC(), time.Unix(0, q.Period.End()).UTC()
-	rows, _ := p.pool.Query(ctx, pgBillingSQL, q.After, start, end, shard.MonthlyGrantID(q.Period), limit+1)
+	rows, _ := p.pool.Query(ctx, pgBillingSQL, q.After, start, end, shard.MonthlyGrantID(q.Period), limit+1, q.Period.String())
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (BillingRow, error) {
 		var b BillingRow
 		var evUnits, evCredits int64

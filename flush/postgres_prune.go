@@ -58,10 +58,10 @@ func (p *Postgres) PruneEvents(ctx context.Context, o PruneOptions) (PruneResult
 				if err := tx.QueryRow(ctx, `SELECT count(*) FROM `+name).Scan(&m.Events); err != nil {
 					return err
 				}
-				if _, err := tx.Exec(ctx, `INSERT INTO pruned_allocations (account_id, grant_id, units)
-					SELECT e.account_id, a.grant_id, sum(a.units) FROM `+name+` e, unnest(e.grant_ids, e.grant_units) AS a(grant_id, units)
-					WHERE NOT e.refunded GROUP BY 1, 2
-					ON CONFLICT (account_id, grant_id) DO UPDATE SET units = pruned_allocations.units + excluded.units`); err != nil {
+				if _, err := tx.Exec(ctx, `INSERT INTO pruned_allocations (account_id, period, grant_id, units)
+					SELECT e.account_id, $1, a.grant_id, sum(a.units) FROM `+name+` e, unnest(e.grant_ids, e.grant_units) AS a(grant_id, units)
+					WHERE NOT e.refunded GROUP BY e.account_id, a.grant_id
+					ON CONFLICT (account_id, period, grant_id) DO UPDATE SET units = pruned_allocations.units + excluded.units`, per.String()); err != nil {
 					return err
 				}
 				if _, err := tx.Exec(ctx, `DELETE FROM replay_takebacks WHERE period_start = $1`, periodDate(per)); err != nil {

@@ -16,8 +16,9 @@ import (
 // PruneEvents drops the event log of whole months (on Postgres, their
 // partitions), oldest first, each month in a transaction of its own that
 // also adds what its unrefunded events had allocated to each grant to
-// pruned_allocations (so reconcile still proves every grant's used units)
-// and moves event_retention.pruned_before past it.
+// pruned_allocations, per month (so reconcile still proves every grant's
+// used units, and BillingUsage still splits a pruned month's use between
+// quota and credits), and moves event_retention.pruned_before past it.
 //
 // A month may go once nothing can change its events any more:
 //

@@ -809,12 +809,17 @@ func (s *SQLite) billingFigures(ctx context.Context, tx *sql.Tx, q BillingQuery,
 		return err
 	}
 	ev := make(map[string][2]int64, len(page)) // units, credits
-	if err := queryEach(ctx, tx, `SELECT e.account_id, sum(e.units),
-			sum((SELECT coalesce(sum(json_extract(al.value, '$.units')), 0) FROM json_each(e.allocations) al
-				WHERE substr(json_extract(al.value, '$.grant'), 1, 2) <> 'm:'))
-		FROM events e
-		WHERE e.account_id > ? AND e.account_id <= ? AND e.period = ? AND NOT e.refunded
-		GROUP BY e.account_id`, []any{q.After, last, q.Period.String()},
+	if err := queryEach(ctx, tx, `SELECT account_id, sum(units), sum(credits) FROM (
+			SELECT e.account_id, e.units,
+				(SELECT coalesce(sum(json_extract(al.value, '$.units')), 0) FROM json_each(e.allocations) al
+					WHERE substr(json_extract(al.value, '$.grant'), 1, 2) <> 'm:') AS credits
+			FROM events e
+			WHERE e.account_id > ?1 AND e.account_id <= ?2 AND e.period = ?3 AND NOT e.refunded
+			UNION ALL
+			SELECT account_id, units, CASE WHEN substr(grant_id, 1, 2) = 'm:' THEN 0 ELSE units END
+			FROM pruned_allocations WHERE account_id > ?1 AND account_id <= ?2 AND period = ?3
+		)
+		GROUP BY account_id`, []any{q.After, last, q.Period.String()},
 		func(scan func(...any) error) error {
 			var account string
 			var units, credits int64

@@ -56,11 +56,11 @@ func (s *SQLite) PruneEvents(ctx context.Context, o PruneOptions) (PruneResult, 
 				if err := count(tx); err != nil {
 					return err
 				}
-				if _, err := tx.ExecContext(ctx, `INSERT INTO pruned_allocations (account_id, grant_id, units)
-					SELECT e.account_id, json_extract(a.value, '$.grant'), sum(json_extract(a.value, '$.units'))
+				if _, err := tx.ExecContext(ctx, `INSERT INTO pruned_allocations (account_id, period, grant_id, units)
+					SELECT e.account_id, e.period, json_extract(a.value, '$.grant'), sum(json_extract(a.value, '$.units'))
 					FROM events e, json_each(e.allocations) a
-					WHERE e.period = ? AND NOT e.refunded GROUP BY 1, 2
-					ON CONFLICT (account_id, grant_id) DO UPDATE SET units = units + excluded.units`, per.String()); err != nil {
+					WHERE e.period = ? AND NOT e.refunded GROUP BY 1, 2, 3
+					ON CONFLICT (account_id, period, grant_id) DO UPDATE SET units = units + excluded.units`, per.String()); err != nil {
 					return err
 				}
 				if _, err := tx.ExecContext(ctx, `DELETE FROM events WHERE period = ?`, per.String()); err != nil {

@@ -2,8 +2,9 @@
 -- the months before event_retention.pruned_before is gone (their partitions
 -- dropped); the grants, the daily aggregates and the alerts of those months
 -- stay. pruned_allocations keeps what the dropped events had allocated to
--- each grant (unrefunded units), so that reconcile still proves every
--- grant's used units against the log and what was pruned from it.
+-- each grant (unrefunded units) per month, so that reconcile still proves
+-- every grant's used units against the log and what was pruned from it, and
+-- a month's billing still splits its use between quota and credits.
 CREATE TABLE event_retention (
     id            integer PRIMARY KEY CHECK (id = 1),
     pruned_before text    NOT NULL  -- "2026-06": no event log before this month
@@ -11,7 +12,8 @@ CREATE TABLE event_retention (
 
 CREATE TABLE pruned_allocations (
     account_id text   NOT NULL,
+    period     text   NOT NULL,  -- the month the events were billed in
     grant_id   text   NOT NULL,
     units      bigint NOT NULL,
-    PRIMARY KEY (account_id, grant_id)
+    PRIMARY KEY (account_id, period, grant_id)
 );
