@@ -1683,8 +1683,34 @@ func confNodesAlerts(t *testing.T, l Ledger) {
 	a.settle(t, chargeOf("acct-1", "e1", 1, confJune))
 	nodes, err := l.Nodes(ctx)
 	if err != nil || len(nodes) != 2 || nodes[0].Node != "node-a" || nodes[0].Settled != 1 || nodes[1].Settled != 0 ||
-		nodes[0].Incarnation != "node-a-inc" || nodes[0].Heartbeat.IsZero() {
+		nodes[0].Incarnation != "node-a-inc" || nodes[0].Heartbeat.IsZero() || !nodes[0].Stopped.IsZero() {
 		t.Errorf("nodes: %+v, %v", nodes, err)
+	}
+	// A clean stop is recorded only at the ledger's settled mark, and a
+	// settle or a registration of the incarnation clears it.
+	stoppedA := func() bool {
+		t.Helper()
+		nodes, err := l.Nodes(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return !nodes[0].Stopped.IsZero() && !nodes[0].Stopped.Before(nodes[0].Heartbeat)
+	}
+	if ok, err := l.NodeStopped(ctx, "node-a", "node-a-inc", 2); err != nil || ok || stoppedA() {
+		t.Errorf("NodeStopped past the ledger's mark: %v, %v; want false, nothing recorded", ok, err)
+	}
+	if ok, err := l.NodeStopped(ctx, "node-a", "node-a-inc", 1); err != nil || !ok || !stoppedA() {
+		t.Errorf("NodeStopped at the ledger's mark: %v, %v; want true, recorded", ok, err)
+	}
+	a.settle(t, chargeOf("acct-1", "e0", 0, confJune))
+	if stoppedA() {
+		t.Error("a settle after NodeStopped left it stopped")
+	}
+	if ok, err := l.NodeStopped(ctx, "node-a", "node-a-inc", 2); err != nil || !ok {
+		t.Fatalf("NodeStopped: %v, %v", ok, err)
+	}
+	if _, err := l.RegisterNode(ctx, "node-a", "node-a-inc"); err != nil || stoppedA() {
+		t.Errorf("a registration after NodeStopped left it stopped (%v)", err)
 	}
 
 	for _, r := range []struct {

@@ -41,6 +41,12 @@ type Ledger interface {
 	// RegisterNode records (node, incarnation) if new and returns its settled
 	// mark (0 for a new incarnation). Heartbeat refreshes heartbeat_at.
 	RegisterNode(ctx context.Context, node, incarnation string) (settled uint64, err error)
+	// NodeStopped records that (node, incarnation) stopped cleanly with its
+	// log settled up to settled, all it holds: its months need not wait for
+	// it to come back (SettledMonth). It reports false, changing nothing,
+	// when the ledger's settled mark is not settled. RegisterNode and every
+	// settle of the incarnation clear it.
+	NodeStopped(ctx context.Context, node, incarnation string, settled uint64) (bool, error)
 
 	// Settle applies one batch exactly once, in one transaction (see Batch).
 	Settle(ctx context.Context, b *Batch) (SettleResult, error)
@@ -438,6 +444,10 @@ type NodeRow struct {
 	Node, Incarnation string
 	Settled           uint64
 	Heartbeat         time.Time
+	// Stopped is when the incarnation stopped cleanly with nothing
+	// unsettled (NodeStopped); zero while it runs, after a crash or an
+	// unclean stop.
+	Stopped time.Time
 }
 
 // checkAlertKey checks what RecordAlert needs.

@@ -362,19 +362,30 @@ func (p *Postgres) RegisterNode(ctx context.Context, node, incarnation string) (
 	}
 	var seq int64
 	err := p.pool.QueryRow(ctx, `INSERT INTO nodes (node_id, incarnation) VALUES ($1, $2)
-		ON CONFLICT (node_id, incarnation) DO UPDATE SET heartbeat_at = now()
+		ON CONFLICT (node_id, incarnation) DO UPDATE SET heartbeat_at = now(), stopped_at = NULL
 		RETURNING settled_seq`, node, incarnation).Scan(&seq)
 	return uint64(seq), p.fail("register node "+node+"/"+incarnation, err)
 }
 
+// NodeStopped implements Ledger.
+func (p *Postgres) NodeStopped(ctx context.Context, node, incarnation string, settled uint64) (bool, error) {
+	tag, err := p.pool.Exec(ctx, `UPDATE nodes SET stopped_at = now() WHERE node_id = $1 AND incarnation = $2 AND settled_seq = $3`,
+		node, incarnation, int64(settled))
+	return tag.RowsAffected() == 1, p.fail("record that node "+node+"/"+incarnation+" stopped", err)
+}
+
 // Nodes lists every (node, incarnation) with its settled mark.
 func (p *Postgres) Nodes(ctx context.Context) ([]NodeRow, error) {
-	rows, _ := p.pool.Query(ctx, `SELECT node_id, incarnation, settled_seq, heartbeat_at FROM nodes ORDER BY node_id, incarnation`)
+	rows, _ := p.pool.Query(ctx, `SELECT node_id, incarnation, settled_seq, heartbeat_at, stopped_at FROM nodes ORDER BY node_id, incarnation`)
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (NodeRow, error) {
 		var n NodeRow
 		var seq int64
-		err := r.Scan(&n.Node, &n.Incarnation, &seq, &n.Heartbeat)
+		var stopped *time.Time
+		err := r.Scan(&n.Node, &n.Incarnation, &seq, &n.Heartbeat, &stopped)
 		n.Settled = uint64(seq)
+		if stopped != nil {
+			n.Stopped = stopped.UTC()
+		}
 		return n, err
 	})
 	return out, p.fail("list nodes", err)

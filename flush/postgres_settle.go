@@ -67,7 +67,7 @@ import (
 // pgMarkSQL moves the settled mark from Prev to Next and reads it, in one
 // statement. The subquery sees the mark as it was when the statement began.
 const pgMarkSQL = `WITH upd AS (
-	UPDATE nodes SET settled_seq = $4, heartbeat_at = now()
+	UPDATE nodes SET settled_seq = $4, heartbeat_at = now(), stopped_at = NULL
 	WHERE node_id = $1 AND incarnation = $2 AND settled_seq = $3
 	RETURNING 1
 )

@@ -27,9 +27,10 @@ import (
 //     (Before) must be over;
 //   - nothing unsettled: every pruned month and Before are final
 //     (SettledMonth: every node heard from during the month has been heard
-//     from since it ended), so no charge or refund of theirs waits in a
-//     node's log. A node gone for good (its disk lost) is named in
-//     PruneOptions.Lost, or it holds the months it was heard from back.
+//     from since it ended, or stopped cleanly: NodeStopped), so no charge or
+//     refund of theirs waits in a node's log. A node gone for good otherwise
+//     (crashed, its disk lost) is named in PruneOptions.Lost, or it holds
+//     the months it was heard from back.
 //
 // Retries never reach back that far: the nodes deduplicate client ids for
 // 24 h, and a charge near a month's edge looks into the neighbouring month,
@@ -80,7 +81,8 @@ const finalAfter = time.Minute
 // no node. After, the nodes heard from during p (a heartbeat at or after
 // its start) but not since finalAfter past its end may hold unsettled
 // charges of p: p is final when there are none. A node last heard from
-// before p began holds no charge of p.
+// before p began holds no charge of p, nor does one that stopped cleanly
+// (NodeStopped) after it was last heard from.
 func SettledMonth(rows []NodeRow, p shard.Period, now time.Time) (final bool, unsettled []NodeRow) {
 	end := time.Unix(0, p.End())
 	if now.Before(end) {
@@ -94,7 +96,7 @@ func SettledMonth(rows []NodeRow, p shard.Period, now time.Time) (final bool, un
 	}
 	start, settledBy := time.Unix(0, p.Start()), end.Add(finalAfter)
 	for _, x := range latest {
-		if !x.Heartbeat.Before(start) && x.Heartbeat.Before(settledBy) {
+		if !x.Heartbeat.Before(start) && x.Heartbeat.Before(settledBy) && x.Stopped.IsZero() {
 			unsettled = append(unsettled, x)
 		}
 	}

@@ -251,24 +251,42 @@ func (s *SQLite) RegisterNode(ctx context.Context, node, incarnation string) (ui
 	err := s.write(ctx, func(tx *sql.Tx) error {
 		now := s.now().UnixNano()
 		return tx.QueryRowContext(ctx, `INSERT INTO nodes (node_id, incarnation, heartbeat_at, created_at) VALUES (?, ?, ?, ?)
-			ON CONFLICT (node_id, incarnation) DO UPDATE SET heartbeat_at = excluded.heartbeat_at
+			ON CONFLICT (node_id, incarnation) DO UPDATE SET heartbeat_at = excluded.heartbeat_at, stopped_at = NULL
 			RETURNING settled_seq`, node, incarnation, now, now).Scan(&seq)
 	})
 	return uint64(seq), s.fail("register node "+node+"/"+incarnation, err)
+}
+
+// NodeStopped implements Ledger.
+func (s *SQLite) NodeStopped(ctx context.Context, node, incarnation string, settled uint64) (bool, error) {
+	var n int64
+	err := s.write(ctx, func(tx *sql.Tx) error {
+		r, err := tx.ExecContext(ctx, `UPDATE nodes SET stopped_at = ? WHERE node_id = ? AND incarnation = ? AND settled_seq = ?`,
+			s.now().UnixNano(), node, incarnation, int64(settled))
+		if err == nil {
+			n, err = r.RowsAffected()
+		}
+		return err
+	})
+	return n == 1, s.fail("record that node "+node+"/"+incarnation+" stopped", err)
 }
 
 // Nodes lists every (node, incarnation) with its settled mark.
 func (s *SQLite) Nodes(ctx context.Context) ([]NodeRow, error) {
 	var out []NodeRow
 	err := s.read(ctx, func(tx *sql.Tx) error {
-		return queryEach(ctx, tx, `SELECT node_id, incarnation, settled_seq, heartbeat_at FROM nodes ORDER BY node_id, incarnation`, nil,
+		return queryEach(ctx, tx, `SELECT node_id, incarnation, settled_seq, heartbeat_at, stopped_at FROM nodes ORDER BY node_id, incarnation`, nil,
 			func(scan func(...any) error) error {
 				var n NodeRow
 				var seq, hb int64
-				if err := scan(&n.Node, &n.Incarnation, &seq, &hb); err != nil {
+				var stopped sql.NullInt64
+				if err := scan(&n.Node, &n.Incarnation, &seq, &hb, &stopped); err != nil {
 					return err
 				}
 				n.Settled, n.Heartbeat = uint64(seq), time.Unix(0, hb).UTC()
+				if stopped.Valid {
+					n.Stopped = time.Unix(0, stopped.Int64).UTC()
+				}
 				out = append(out, n)
 				return nil
 			})

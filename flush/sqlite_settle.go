@@ -64,7 +64,7 @@ func (st *sqliteSettle) queryRow(ctx context.Context, query string, args ...any)
 
 func (st *sqliteSettle) run(ctx context.Context) error {
 	b := st.b
-	r, err := st.exec(ctx, `UPDATE nodes SET settled_seq = ?, heartbeat_at = ? WHERE node_id = ? AND incarnation = ? AND settled_seq = ?`,
+	r, err := st.exec(ctx, `UPDATE nodes SET settled_seq = ?, heartbeat_at = ?, stopped_at = NULL WHERE node_id = ? AND incarnation = ? AND settled_seq = ?`,
 		int64(b.Next), st.now, b.Node, b.Incarnation, int64(b.Prev))
 	if err != nil {
 		return err

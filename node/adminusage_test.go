@@ -44,6 +44,8 @@ func TestSettledMonth(t *testing.T) {
 		{"no nodes", nil, "2026-07-01T00:00:00Z", true, nil},
 		{"a node's latest incarnation counts", []flush.NodeRow{row("n1", "old", "2026-06-10T00:00:00Z"), row("n1", "new", "2026-07-03T00:00:00Z"),
 			row("n2", "b", "2026-06-29T00:00:00Z"), row("n3", "c", "2026-08-01T00:00:00Z")}, "2026-08-01T00:00:00Z", false, []string{"n2/b"}},
+		{"a node stopped cleanly in the month (nothing unsettled)", []flush.NodeRow{{Node: "n1", Incarnation: "a",
+			Heartbeat: at("2026-06-12T00:00:00Z"), Stopped: at("2026-06-12T00:00:01Z")}}, "2026-07-01T00:00:00Z", true, nil},
 		{"two silent nodes, by id", []flush.NodeRow{row("n3", "c", "2026-06-29T00:00:00Z"), row("n2", "b", "2026-06-01T00:00:00Z")},
 			"2026-09-01T00:00:00Z", false, []string{"n2/b", "n3/c"}},
 	} {

@@ -40,6 +40,7 @@ func (n *Node) Shutdown(ctx context.Context) error {
 		errs = append(errs, settleErr)
 	} else {
 		n.releaseStranded(ctx)
+		n.markStopped(ctx)
 	}
 	if r != nil {
 		lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
@@ -96,6 +97,28 @@ func (n *Node) releaseStranded(ctx context.Context) {
 	}
 	if units > 0 {
 		n.log.Info("freed reservations this node held without knowing (lost commit replies, late top-ups)", "units", units, "grants", len(freed))
+	}
+}
+
+// markStopped tells the ledger that this incarnation stopped with nothing
+// unsettled, once the engine is closed and its log settled, so that the
+// months it was heard from in are final without it coming back (a node
+// scaled down for good held its last month's billing back, and quotad
+// prune's). Best effort: without the mark such a month waits for the node,
+// or for an operator, as before.
+func (n *Node) markStopped(ctx context.Context) {
+	l := n.Ledger()
+	if l == nil || n.wal == nil || n.wal.DurableSeq() != n.wal.SettledSeq() {
+		return
+	}
+	sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	ok, err := l.NodeStopped(sctx, n.cfg.ID, n.wal.Incarnation(), n.wal.SettledSeq())
+	switch {
+	case err != nil:
+		n.log.Warn("could not record in the ledger that this node stopped with everything settled; its last month waits for it to come back to be final", "err", err)
+	case !ok:
+		n.log.Warn("the ledger's settled mark of this node differs from its log's; not recording a clean stop", "settled_seq", n.wal.SettledSeq())
 	}
 }
 

@@ -55,6 +55,47 @@ func TestShutdownFreesReservationsTheNodeDidNotKnowOf(t *testing.T) {
 	}
 }
 
+// A node that drains with everything settled says so in the ledger, so
+// that the month it stopped in is final without it (a node scaled down for
+// good held its last month's billing back for ever).
+func TestCleanStopIsRecordedInTheLedger(t *testing.T) {
+	dsn := "sqlite:" + filepath.Join(t.TempDir(), "ledger.db")
+	seedLedger(t, dsn, map[string]int64{"acme": 1000})
+	nd := startNodes(t, dsn, 1)[0]
+	ctx := context.Background()
+	l, err := flush.Open(ctx, dsn, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	stopped := func() (flush.NodeRow, bool) {
+		rows, err := l.Nodes(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range rows {
+			if r.Node == nd.ID() {
+				return r, !r.Stopped.IsZero()
+			}
+		}
+		t.Fatalf("the ledger knows no node %s: %+v", nd.ID(), rows)
+		return flush.NodeRow{}, false
+	}
+	if r, ok := stopped(); ok {
+		t.Fatalf("a running node is marked stopped: %+v", r)
+	}
+	if err := nd.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r, ok := stopped()
+	if !ok || r.Stopped.Before(r.Heartbeat) {
+		t.Fatalf("after a clean drain: %+v, want stopped after its last heartbeat", r)
+	}
+	if final, unsettled := flush.SettledMonth([]flush.NodeRow{r}, shard.PeriodOf(r.Heartbeat.UnixNano()), r.Heartbeat.AddDate(0, 1, 0)); !final {
+		t.Fatalf("the month the node stopped in is not final: %+v", unsettled)
+	}
+}
+
 // A request still running when --drain-timeout runs out is cut off and its
 // charge refunded before the node settles and exits (before, the node
 // exited with the handler still waiting on its upstream: billed, and

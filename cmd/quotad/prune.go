@@ -33,9 +33,10 @@ A month goes only when nothing can change its events any more:
   - --before and every month dropped must be final: every node heard from
     during the month has been heard from since it ended (a running node
     writes its heartbeat every 2 s), so no charge or refund of it waits in a
-    node's log. A node gone for good (its disk lost, its reservations freed
-    with quotad revoke) holds the months it was heard from back: name it with
-    --lost-node.
+    node's log. A node stopped cleanly (SIGTERM) records that it left nothing
+    unsettled; one gone for good otherwise (crashed and never restarted, its
+    disk lost, its reservations freed with quotad revoke) holds the months it
+    was heard from back: name it with --lost-node.
 
 Run it as a role that may drop the event log's partitions (the ledger's
 owner, as for quotad migrate), from a cron job once a month for example:
