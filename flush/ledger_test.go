@@ -556,3 +556,39 @@ func TestPostgresSettleAfterAnotherProcessPrunedItsMonth(t *testing.T) {
 	wantGrant(t, node, "acct-1", confJune, 2, 0)
 	wantReconciled(t, node)
 }
+
+// TestPostgresPruneGivesUpOnALongLock: a prune waits at most 5 s for the
+// event log's locks (an export, a settle stuck mid-transaction), rather than
+// queue every node's settles behind it, and says to run it again.
+func TestPostgresPruneGivesUpOnALongLock(t *testing.T) {
+	ctx := t.Context()
+	dsn := pgtest.NewDB(t)
+	l := openPG(t, dsn)
+	defer l.Close()
+	if err := l.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	confSetup(t, l, 100, "acct-1")
+	confNode(t, l, "node-a").settle(t, chargeOf("acct-1", "e1", 1, confJune))
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(context.Background())
+	if _, err := tx.Exec(ctx, `UPDATE events SET units = units WHERE account_id = 'acct-1'`); err != nil {
+		t.Fatal(err)
+	}
+	_, err = l.PruneEvents(ctx, PruneOptions{Before: confPeriod + 1})
+	if err == nil || !strings.Contains(err.Error(), "run quotad prune again") {
+		t.Fatalf("prune while a transaction writes the month: %v, want a lock timeout that says to run it again", err)
+	}
+	tx.Rollback(ctx)
+	if res, err := l.PruneEvents(ctx, PruneOptions{Before: confPeriod + 1}); err != nil || len(res.Months) != 1 {
+		t.Fatalf("prune again: %+v, %v", res, err)
+	}
+}

@@ -232,6 +232,7 @@ const (
 	sqlInsufficientPrivilege = "42501"
 	sqlReadOnlyTransaction   = "25006"
 	sqlQueryCanceled         = "57014" // statement_timeout
+	sqlLockNotAvailable      = "55P03" // lock_timeout
 	sqlInvalidPassword       = "28P01"
 	sqlInvalidAuthorization  = "28000"
 	sqlInvalidCatalogName    = "3D000" // no such database

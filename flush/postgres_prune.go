@@ -52,6 +52,12 @@ func (p *Postgres) PruneEvents(ctx context.Context, o PruneOptions) (PruneResult
 				if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, partitionLockKey); err != nil {
 					return err
 				}
+				// NB: as for creating a partition, waiting behind a long
+				// reader of the events table (an export) for its lock
+				// would stall every node's settles queued behind us.
+				if _, err := tx.Exec(ctx, `SET LOCAL lock_timeout = '5s'`); err != nil {
+					return err
+				}
 				if _, err := tx.Exec(ctx, `LOCK TABLE `+name+` IN SHARE MODE`); err != nil {
 					return err
 				}
@@ -75,6 +81,9 @@ func (p *Postgres) PruneEvents(ctx context.Context, o PruneOptions) (PruneResult
 			p.mu.Lock()
 			delete(p.partitions, per)
 			p.mu.Unlock()
+		}
+		if pgCode(err) == sqlLockNotAvailable {
+			err = fmt.Errorf("%w: a long query held the event log for more than 5 s; run quotad prune again (the months before %v are done)", err, per)
 		}
 		if err != nil {
 			return res, p.fail(fmt.Sprintf("prune the events of %v", per), err)
