@@ -6,6 +6,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"log"
 	"log/slog"
 	"math"
 	"math/rand/v2"
@@ -470,6 +471,29 @@ func BenchmarkNewTable(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// memberlist's warnings and errors repeat once per packet while their cause
+// lasts (a peer with another gossip key); each kind goes out once per
+// memberlistLogEvery, with the count held back, and INFO lines all go out.
+func TestMemberlistErrorsAreSampled(t *testing.T) {
+	var buf bytes.Buffer
+	now := time.Date(2026, 6, 1, 0, 0, 0, 0, time.UTC)
+	lg := log.New(newSlogWriter(slog.New(slog.NewTextHandler(&buf, nil)), func() time.Time { return now }), "", 0)
+	for i := range 50 {
+		lg.Printf("[ERR] memberlist: Decrypt packet failed: No installed keys could decrypt the message from=127.0.0.%d:7946", i)
+		lg.Printf("[INFO] memberlist: line %d", i)
+	}
+	lg.Printf("[WARN] memberlist: Conflicting address for n2. Mine: 127.0.0.2:7946 Theirs: 127.0.0.9:7946")
+	now = now.Add(memberlistLogEvery)
+	lg.Printf("[ERR] memberlist: Decrypt packet failed: No installed keys could decrypt the message from=127.0.0.1:7946")
+	out := buf.String()
+	if n := strings.Count(out, "Decrypt packet failed"); n != 2 || !strings.Contains(out, "similar_lines_held_back=49") {
+		t.Errorf("50 decrypt errors, then one %s later: %d lines out, want 2, the second with 49 held back:\n%s", memberlistLogEvery, n, out)
+	}
+	if n := strings.Count(out, "level=INFO"); n != 50 || !strings.Contains(out, "Conflicting address for n2") {
+		t.Errorf("INFO lines out: %d, want 50, and the other kind of warning:\n%s", n, out)
 	}
 }
 
