@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptrace"
+	"os"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -84,6 +85,14 @@ type FrontOptions struct {
 	// UpstreamTimeout bounds the wait for the upstream's response headers
 	// (NewProxy only) [30s]. Streaming bodies are not cut off by it.
 	UpstreamTimeout time.Duration
+	// BodyIdleTimeout cuts off a request body that sends nothing for this
+	// long (NewProxy only) [60s; negative: never]: a client that opens a
+	// request and stalls held a connection, a goroutine and an upstream
+	// request for ever. The client gets 408 (request-timeout), the upstream
+	// sees the request aborted, as for a body over MaxBodyBytes, and the
+	// charge is refunded whatever BillOn says. A slow but steady upload goes
+	// on; gRPC calls, which may idle for hours, are exempt.
+	BodyIdleTimeout time.Duration
 	// Transport carries proxied requests (NewProxy only). Nil: a clone of
 	// http.DefaultTransport with ResponseHeaderTimeout = UpstreamTimeout and
 	// room for many idle connections to the upstream.
@@ -122,6 +131,9 @@ type FrontOptions struct {
 
 // DefaultMaxBodyBytes is FrontOptions.MaxBodyBytes's default.
 const DefaultMaxBodyBytes = 10 << 20
+
+// DefaultBodyIdleTimeout is FrontOptions.BodyIdleTimeout's default.
+const DefaultBodyIdleTimeout = time.Minute
 
 // statusClientClosed is what OnRequest hears when the client went away
 // before an answer (nginx's 499).
@@ -171,6 +183,7 @@ func (o *FrontOptions) policyDefaults() error {
 		}
 	}
 	setDefaultDuration(&o.UpstreamTimeout, 30*time.Second)
+	setDefaultDuration(&o.BodyIdleTimeout, DefaultBodyIdleTimeout)
 	setDefaultDuration(&o.ChargeTimeout, 10*time.Second)
 	setDefaultDuration(&o.RefundTimeout, 10*time.Second)
 	if o.Logger == nil {
@@ -341,9 +354,18 @@ func (f *front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	r.Header.Set(HeaderAccount, c.Account)
 	r.Header.Set(HeaderEvent, c.EventID)
 	var body *limitedBody
-	if f.bodyBounded(r) && r.Body != nil && r.ContentLength != 0 {
-		body = &limitedBody{ReadCloser: http.MaxBytesReader(w, r.Body, f.opts.MaxBodyBytes)}
-		r.Body = body
+	if r.Body != nil && r.Body != http.NoBody && r.ContentLength != 0 && !isGRPCCall(r) {
+		idle := f.proxy && f.opts.BodyIdleTimeout > 0
+		if f.bodyBounded(r) || idle {
+			body = &limitedBody{ReadCloser: r.Body}
+			if f.bodyBounded(r) {
+				body.ReadCloser = http.MaxBytesReader(w, r.Body, f.opts.MaxBodyBytes)
+			}
+			if idle {
+				body.idle, body.rc = f.opts.BodyIdleTimeout, http.NewResponseController(w)
+			}
+			r.Body, rec.body = body, body
+		}
 	}
 	var t time.Time
 	var inNext time.Duration
@@ -354,6 +376,9 @@ func (f *front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		if p != nil && (p != http.ErrAbortHandler || (rec.writeErr == nil && !clientLeft(r))) {
 			rec.failed = true // NB: an abort after a failed write, or once the client left, is the client leaving, not the upstream failing
+		}
+		if body != nil {
+			body.handlerDone()
 		}
 		f.finish(rec, r, c, body)
 		f.observe(rec.code(r), time.Since(start)-inNext)
@@ -507,9 +532,14 @@ func idempotencyKey(h http.Header) (string, *Problem) {
 func (f *front) finish(rec *recorder, r *http.Request, c *charged, body *limitedBody) {
 	rec.pass() // an answer net/http completes after next returns is an answer too
 	tripped := body != nil && body.tripped.Load()
-	if tripped && !rec.wrote {
+	stalled := body != nil && body.stalled.Load()
+	switch {
+	case tripped && !rec.wrote:
 		f.refundFirst(rec, r, c, "the request body was over the limit")
 		tooLarge(f.opts.MaxBodyBytes).write(rec, r)
+	case stalled && !rec.wrote:
+		f.refundFirst(rec, r, c, "the request body stalled")
+		bodyStalled(f.opts.BodyIdleTimeout).write(rec, r)
 	}
 	if c.receipt == nil && !c.Replayed {
 		return // a weight-0 route: nothing of ours to return
@@ -518,6 +548,8 @@ func (f *front) finish(rec *recorder, r *http.Request, c *charged, body *limited
 	switch {
 	case tripped:
 		why = "the request body was over the limit"
+	case stalled:
+		why = "the request body stalled"
 	case f.opts.BillOn == BillOnAlways:
 	case rec.failed:
 		why = "the upstream failed"
@@ -663,6 +695,10 @@ type recorder struct {
 	// refundFirst refunds the charge before an answer the front writes
 	// for a refunded request (front.refundFirst).
 	refundFirst func(why string)
+	// body is the request's body as the front wrapped it (nil when it did
+	// not): ReverseProxy's ErrorHandler gets a request whose Body may not
+	// be it.
+	body *limitedBody
 }
 
 // final runs before the final status goes out.
@@ -801,20 +837,45 @@ func (w *recorder) grpcFailed(r *http.Request) bool {
 	return false
 }
 
-// limitedBody notes when http.MaxBytesReader cut the body off. tripped is
-// atomic: http.Transport reads a proxied body on its own goroutine.
+// limitedBody notes when http.MaxBytesReader cut the body off, and cuts
+// off a body idle for idle (its read deadline moves on before each read, and
+// goes once the body is read to its end: net/http's background read of the
+// connection, which notices a client that hangs up, must not time out
+// while the upstream answers). Its flags are atomic: http.Transport reads a
+// proxied body on its own goroutine.
 type limitedBody struct {
 	io.ReadCloser
-	tripped atomic.Bool
+	tripped atomic.Bool // MaxBytesReader cut it off
+	stalled atomic.Bool // it sent nothing for idle
+
+	idle time.Duration            // 0: no idle bound
+	rc   *http.ResponseController // the request's, for its read deadline
+	// done is set when the handler has returned: a ResponseController must
+	// not be used after, and the transport may still read (and fail).
+	done atomic.Bool
 }
 
+// handlerDone stops the read deadlines: ServeHTTP calls it as the handler
+// returns.
+func (b *limitedBody) handlerDone() { b.done.Store(true) }
+
 func (b *limitedBody) Read(p []byte) (int, error) {
+	timed := b.idle > 0 && !b.done.Load()
+	if timed {
+		_ = b.rc.SetReadDeadline(time.Now().Add(b.idle)) // NB: ErrNotSupported leaves the body unbounded, as before
+	}
 	n, err := b.ReadCloser.Read(p)
 	if err != nil {
 		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
+		switch {
+		case errors.As(err, &mbe):
 			b.tripped.Store(true)
+		case errors.Is(err, os.ErrDeadlineExceeded):
+			b.stalled.Store(true)
 		}
+	}
+	if timed && err == io.EOF && !b.done.Load() {
+		_ = b.rc.SetReadDeadline(time.Time{})
 	}
 	return n, err
 }

@@ -35,6 +35,9 @@ const (
 	ProblemIdempotencyKeyReused = problemBase + "idempotency-key-reused"
 	// ProblemPayloadTooLarge: the body is over FrontOptions.MaxBodyBytes (413).
 	ProblemPayloadTooLarge = problemBase + "payload-too-large"
+	// ProblemRequestTimeout: the request body sent nothing for
+	// FrontOptions.BodyIdleTimeout (408); the charge was refunded.
+	ProblemRequestTimeout = problemBase + "request-timeout"
 	// ProblemUpstreamUnavailable: the upstream failed or timed out (502 or
 	// 504); the charge was refunded, but under BillOnAlways, where it
 	// stands (the detail says which).
@@ -248,6 +251,11 @@ func tooLarge(limit int64) *Problem {
 		fmt.Sprintf("The request body is over the limit of %d bytes; nothing was charged.", limit))
 }
 
+func bodyStalled(idle time.Duration) *Problem {
+	return newProblem(ProblemRequestTimeout, "Request body timed out", http.StatusRequestTimeout,
+		fmt.Sprintf("The request body sent nothing for %s; the request was cut off and the charge refunded. Send the body without pauses that long, or retry.", idle))
+}
+
 func badRequest(detail string) *Problem {
 	return newProblem(ProblemBadRequest, "Bad request", http.StatusBadRequest, detail)
 }
@@ -259,6 +267,7 @@ var grpcCodes = map[string]int{
 	ProblemQuotaExceeded:        8,  // RESOURCE_EXHAUSTED
 	ProblemRateLimited:          8,  // RESOURCE_EXHAUSTED
 	ProblemPayloadTooLarge:      8,  // RESOURCE_EXHAUSTED, as gRPC answers a message over its limit
+	ProblemRequestTimeout:       4,  // DEADLINE_EXCEEDED
 	ProblemUnknownKey:           16, // UNAUTHENTICATED
 	ProblemQuotaUnavailable:     14, // UNAVAILABLE
 	ProblemUpstreamUnavailable:  14, // UNAVAILABLE (DEADLINE_EXCEEDED for 504)

@@ -154,11 +154,22 @@ func upstreamError(w http.ResponseWriter, r *http.Request, err error, maxBody in
 		rec.failed = true
 	}
 	var mbe *http.MaxBytesError
-	if lb, ok := r.Body.(*limitedBody); errors.As(err, &mbe) || (ok && lb.tripped.Load()) {
+	var lb *limitedBody
+	if rec != nil {
+		lb = rec.body
+	}
+	if errors.As(err, &mbe) || (lb != nil && lb.tripped.Load()) {
 		if rec != nil && rec.refundFirst != nil {
 			rec.refundFirst("the request body was over the limit")
 		}
 		tooLarge(maxBody).write(w, r)
+		return
+	}
+	if lb != nil && lb.stalled.Load() {
+		if rec != nil && rec.refundFirst != nil {
+			rec.refundFirst("the request body stalled")
+		}
+		bodyStalled(lb.idle).write(w, r)
 		return
 	}
 	if r.Context().Err() != nil {

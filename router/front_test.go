@@ -1203,3 +1203,98 @@ func TestStripAPIKeyHeader(t *testing.T) {
 		}
 	}
 }
+
+// A request body that sends nothing for BodyIdleTimeout is cut off: the
+// client gets 408 request-timeout, the upstream sees the request aborted,
+// and the charge is refunded. A slow but steady body goes through, billed.
+// (Before, a client that sent its headers and stalled held a connection, a
+// goroutine and an upstream request for as long as it liked.)
+func TestStalledBodyIsCutOff(t *testing.T) {
+	for _, proto := range []string{"http", "h2c"} {
+		t.Run(proto, func(t *testing.T) {
+			reads := make(chan error, 4)
+			up := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				_, err := io.Copy(io.Discard, r.Body)
+				reads <- err
+				if err == nil {
+					io.WriteString(w, "served")
+				}
+			}))
+			if proto == "h2c" {
+				up.Config.Protocols = new(http.Protocols)
+				up.Config.Protocols.SetUnencryptedHTTP2(true)
+			}
+			up.Start()
+			defer up.Close()
+			u, _ := url.Parse(up.URL)
+			u.Scheme = proto
+			const idle = 300 * time.Millisecond
+			ch := &fakeCharger{decision: okDecision()}
+			proxy, err := NewProxy(u, FrontOptions{Charger: ch, Config: testConfig(t), BodyIdleTimeout: idle})
+			if err != nil {
+				t.Fatal(err)
+			}
+			front := httptest.NewUnstartedServer(proxy)
+			if proto == "h2c" {
+				front.Config.Protocols = new(http.Protocols)
+				front.Config.Protocols.SetUnencryptedHTTP2(true)
+			}
+			front.Start()
+			defer front.Close()
+			client := &http.Client{Transport: &http.Transport{Protocols: front.Config.Protocols}, Timeout: 10 * time.Second} // NB: a bound: without the cut-off a stalled body waits for ever
+			post := func(body io.Reader) (int, string) {
+				t.Helper()
+				req, _ := http.NewRequest("POST", front.URL+"/v1/tasks", body)
+				req.Header.Set("X-Api-Key", "secret")
+				res, err := client.Do(req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer res.Body.Close()
+				b, _ := io.ReadAll(res.Body)
+				return res.StatusCode, string(b)
+			}
+
+			// 4 KiB, then nothing.
+			pr, pw := io.Pipe()
+			defer pw.Close()
+			go pw.Write(make([]byte, 4<<10))
+			code, body := post(pr)
+			if code != http.StatusRequestTimeout || !strings.Contains(body, ProblemRequestTimeout) {
+				t.Fatalf("a stalled body: %d %s, want 408 %s", code, body, ProblemRequestTimeout)
+			}
+			select {
+			case err := <-reads:
+				if err == nil {
+					t.Fatal("the upstream read a complete body; it must see the request aborted")
+				}
+			case <-time.After(10 * time.Second): // NB: a deadline, not a wait
+				t.Fatal("the upstream's read of the stalled body did not end within 10 s")
+			}
+			if c, r := ch.counts(); c != 1 || r != 1 {
+				t.Fatalf("%d charges, %d refunds after the stalled body; want it refunded", c, r)
+			}
+
+			// Six writes, each after a pause shorter than idle: slower in
+			// all than idle, never idle that long.
+			pr, pw = io.Pipe()
+			go func() {
+				tick := time.NewTicker(idle / 3)
+				defer tick.Stop()
+				for range 6 {
+					<-tick.C
+					if _, err := pw.Write([]byte("chunk")); err != nil {
+						return
+					}
+				}
+				pw.Close()
+			}()
+			if code, body := post(pr); code != http.StatusOK || body != "served" {
+				t.Fatalf("a slow but steady body: %d %s, want 200 served", code, body)
+			}
+			if c, r := ch.counts(); c != 2 || r != 1 {
+				t.Fatalf("%d charges, %d refunds after the steady body; want it billed", c, r)
+			}
+		})
+	}
+}

@@ -267,6 +267,7 @@ type frontFlags struct {
 	quotaStatus       int
 	maxBodyBytes      int64
 	upstreamTimeout   time.Duration
+	bodyIdleTimeout   time.Duration
 	stripAPIKey       bool
 	chargePreflights  bool
 	trustForwarded    bool
@@ -280,6 +281,7 @@ func (ff *frontFlags) register(cmd *cobra.Command, upstream *string) {
 	fl.StringVar(&ff.billOn, "bill-on", router.BillOnSuccess, "when a request keeps its charge: success (refund 5xx, upstream failures and gRPC errors), 2xx (refund anything but 2xx/3xx) or always")
 	fl.Int64Var(&ff.maxBodyBytes, "max-body-bytes", router.DefaultMaxBodyBytes, "largest request body; larger is refused with 413 and not charged (-1: no limit)")
 	fl.DurationVar(&ff.upstreamTimeout, "upstream-timeout", 30*time.Second, "how long to wait for the upstream's response headers before answering 504 and refunding")
+	fl.DurationVar(&ff.bodyIdleTimeout, "body-idle-timeout", router.DefaultBodyIdleTimeout, "cut off a request body that sends nothing for this long: 408 and refund (gRPC calls exempt); -1s: never")
 	fl.BoolVar(&ff.stripAPIKey, "strip-api-key-header", false, "remove the header the API key came from before proxying: X-Api-Key, or Authorization when the key was its Bearer token")
 	fl.BoolVar(&ff.chargePreflights, "charge-preflights", false, "treat CORS preflights (OPTIONS with Origin and Access-Control-Request-Method) as any request: they then need an API key, which browsers never send with them; only for an API no browser calls across origins. Default: they reach the upstream uncharged")
 	fl.BoolVar(&ff.trustForwarded, "trust-forwarded-headers", false, "keep the client's X-Forwarded-For/-Host/-Proto (set it behind a load balancer that sets them); otherwise they are replaced, since clients can forge them")
@@ -309,6 +311,9 @@ func (ff *frontFlags) check() error {
 	if ff.upstreamTimeout <= 0 {
 		return fmt.Errorf("--upstream-timeout %s: want a positive duration such as 30s", ff.upstreamTimeout)
 	}
+	if ff.bodyIdleTimeout == 0 {
+		return fmt.Errorf("--body-idle-timeout 0: want a duration such as 60s, or a negative one (-1s) for no bound")
+	}
 	if ff.maxBodyBytes == 0 || ff.maxBodyBytes < -1 {
 		return fmt.Errorf("--max-body-bytes %d: want a positive size, or -1 for no limit", ff.maxBodyBytes)
 	}
@@ -335,6 +340,7 @@ func (ff *frontFlags) build(upstream string) (func(*node.Node) (http.Handler, er
 		o.UsagePath, o.QuotaStatus, o.BillOn = ff.usagePath, ff.quotaStatus, ff.billOn
 		o.MaxBodyBytes, o.UpstreamTimeout, o.StripAPIKeyHeader = ff.maxBodyBytes, ff.upstreamTimeout, ff.stripAPIKey
 		o.TrustForwarded, o.ChargePreflights = ff.trustForwarded, ff.chargePreflights
+		o.BodyIdleTimeout = ff.bodyIdleTimeout
 		return o
 	}
 	if err := opts(router.FrontOptions{}).Check(); err != nil {
