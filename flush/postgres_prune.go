@@ -17,90 +17,74 @@ import (
 // to pruned_allocations. Dropping a partition locks the events table for
 // a moment: settles of other months wait for it, not for the sums.
 func (p *Postgres) PruneEvents(ctx context.Context, o PruneOptions) (PruneResult, error) {
-	var res PruneResult
+	return pruneEvents(ctx, p, o)
+}
+
+// eventMonths lists the months with an event partition before before.
+func (p *Postgres) eventMonths(ctx context.Context, before shard.Period) ([]shard.Period, error) {
 	rows, _ := p.pool.Query(ctx, `SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
 		WHERE i.inhparent = 'events'::regclass`)
 	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		return res, p.fail("prune events: list the event partitions", err)
-	}
 	var months []shard.Period
 	for _, n := range names {
-		if per, ok := partitionPeriod(n); ok {
+		if per, ok := partitionPeriod(n); ok && per < before {
 			months = append(months, per)
 		}
 	}
-	months = periodsBefore(months, o.Before)
-	nodes, err := p.Nodes(ctx)
-	if err != nil {
-		return res, err
-	}
-	now, err := p.Clock(ctx)
-	if err != nil {
-		return res, err
-	}
-	if err := checkPrunable(o, months, nodes, now); err != nil {
-		return res, err
-	}
-	for _, per := range months {
-		m := PrunedMonth{Period: per}
-		name := pgx.Identifier{partitionName(per)}.Sanitize()
-		if o.DryRun {
-			err = p.pool.QueryRow(ctx, `SELECT count(*) FROM `+name).Scan(&m.Events)
-		} else {
-			err = pgx.BeginTxFunc(ctx, p.pool, pgx.TxOptions{}, func(tx pgx.Tx) error {
-				if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, partitionLockKey); err != nil {
-					return err
-				}
-				// NB: as for creating a partition, waiting behind a long
-				// reader of the events table (an export) for its lock
-				// would stall every node's settles queued behind us.
-				if _, err := tx.Exec(ctx, `SET LOCAL lock_timeout = '5s'`); err != nil {
-					return err
-				}
-				if _, err := tx.Exec(ctx, `LOCK TABLE `+name+` IN SHARE MODE`); err != nil {
-					return err
-				}
-				if err := tx.QueryRow(ctx, `SELECT count(*) FROM `+name).Scan(&m.Events); err != nil {
-					return err
-				}
-				if _, err := tx.Exec(ctx, `INSERT INTO pruned_allocations (account_id, period, grant_id, units)
-					SELECT e.account_id, $1, a.grant_id, sum(a.units) FROM `+name+` e, unnest(e.grant_ids, e.grant_units) AS a(grant_id, units)
-					WHERE NOT e.refunded GROUP BY e.account_id, a.grant_id
-					ON CONFLICT (account_id, period, grant_id) DO UPDATE SET units = pruned_allocations.units + excluded.units`, per.String()); err != nil {
-					return err
-				}
-				if _, err := tx.Exec(ctx, `DELETE FROM replay_takebacks WHERE period_start = $1`, periodDate(per)); err != nil {
-					return err
-				}
-				if _, err := tx.Exec(ctx, `DROP TABLE `+name); err != nil {
-					return err
-				}
-				return p.markPruned(ctx, tx, per+1)
-			})
-			p.mu.Lock()
-			delete(p.partitions, per)
-			p.mu.Unlock()
+	return months, err
+}
+
+// countMonth counts the rows of per's partition.
+func (p *Postgres) countMonth(ctx context.Context, per shard.Period) (n int64, err error) {
+	err = p.pool.QueryRow(ctx, `SELECT count(*) FROM `+pgx.Identifier{partitionName(per)}.Sanitize()).Scan(&n)
+	return n, err
+}
+
+// dropMonth drops per's partition and counts its rows.
+func (p *Postgres) dropMonth(ctx context.Context, per shard.Period) (n int64, err error) {
+	name := pgx.Identifier{partitionName(per)}.Sanitize()
+	err = pgx.BeginTxFunc(ctx, p.pool, pgx.TxOptions{}, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, partitionLockKey); err != nil {
+			return err
 		}
-		if pgCode(err) == sqlLockNotAvailable {
-			err = fmt.Errorf("%w: a long query held the event log for more than 5 s; run quotad prune again (the months before %v are done)", err, per)
+		// NB: as for creating a partition, waiting behind a long reader of
+		// the events table (an export) for its lock would stall every
+		// node's settles queued behind us.
+		if _, err := tx.Exec(ctx, `SET LOCAL lock_timeout = '5s'`); err != nil {
+			return err
 		}
-		if err != nil {
-			return res, p.fail(fmt.Sprintf("prune the events of %v", per), err)
+		if _, err := tx.Exec(ctx, `LOCK TABLE `+name+` IN SHARE MODE`); err != nil {
+			return err
 		}
-		res.Months = append(res.Months, m)
-		if o.Progress != nil {
-			o.Progress(m)
+		if err := tx.QueryRow(ctx, `SELECT count(*) FROM `+name).Scan(&n); err != nil {
+			return err
 		}
+		if _, err := tx.Exec(ctx, `INSERT INTO pruned_allocations (account_id, period, grant_id, units)
+			SELECT e.account_id, $1, a.grant_id, sum(a.units) FROM `+name+` e, unnest(e.grant_ids, e.grant_units) AS a(grant_id, units)
+			WHERE NOT e.refunded GROUP BY e.account_id, a.grant_id
+			ON CONFLICT (account_id, period, grant_id) DO UPDATE SET units = pruned_allocations.units + excluded.units`, per.String()); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, `DELETE FROM replay_takebacks WHERE period_start = $1`, periodDate(per)); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, `DROP TABLE `+name); err != nil {
+			return err
+		}
+		return p.markPruned(ctx, tx, per+1)
+	})
+	p.mu.Lock()
+	delete(p.partitions, per)
+	p.mu.Unlock()
+	if pgCode(err) == sqlLockNotAvailable {
+		err = fmt.Errorf("%w: a long query held the event log for more than 5 s; run quotad prune again (the months before %v are done)", err, per)
 	}
-	if !o.DryRun {
-		err = pgx.BeginTxFunc(ctx, p.pool, pgx.TxOptions{}, func(tx pgx.Tx) error { return p.markPruned(ctx, tx, o.Before) })
-		if err != nil {
-			return res, p.fail("prune events: record the mark", err)
-		}
-	}
-	res.PrunedBefore, err = p.EventsPrunedBefore(ctx)
-	return res, err
+	return n, err
+}
+
+// markPrunedBefore moves the mark to before in a transaction of its own.
+func (p *Postgres) markPrunedBefore(ctx context.Context, before shard.Period) error {
+	return pgx.BeginTxFunc(ctx, p.pool, pgx.TxOptions{}, func(tx pgx.Tx) error { return p.markPruned(ctx, tx, before) })
 }
 
 // markPruned moves event_retention's mark to before, never back.

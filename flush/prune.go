@@ -1,6 +1,7 @@
 package flush
 
 import (
+	"context"
 	"fmt"
 	"slices"
 	"strings"
@@ -135,6 +136,63 @@ func checkPrunable(o PruneOptions, months []shard.Period, nodes []NodeRow, now t
 		}
 	}
 	return nil
+}
+
+// monthPruner is what pruneEvents needs of a dialect besides what Ledger
+// has: the months its event log holds before a month, and per month a
+// count, and the drop itself (count, allocations into pruned_allocations,
+// delete, mark past it, in one transaction), and the mark alone. Their
+// errors are the database's; pruneEvents names the step.
+type monthPruner interface {
+	Ledger
+	eventMonths(ctx context.Context, before shard.Period) ([]shard.Period, error)
+	countMonth(ctx context.Context, per shard.Period) (int64, error)
+	dropMonth(ctx context.Context, per shard.Period) (int64, error)
+	markPrunedBefore(ctx context.Context, before shard.Period) error
+	fail(op string, err error) error
+}
+
+// pruneEvents is PruneEvents for both ledgers (see the notes above).
+func pruneEvents(ctx context.Context, l monthPruner, o PruneOptions) (PruneResult, error) {
+	var res PruneResult
+	months, err := l.eventMonths(ctx, o.Before)
+	if err != nil {
+		return res, l.fail("prune events: list the months", err)
+	}
+	months = periodsBefore(months, o.Before)
+	nodes, err := l.Nodes(ctx)
+	if err != nil {
+		return res, err
+	}
+	now, err := l.Clock(ctx)
+	if err != nil {
+		return res, err
+	}
+	if err := checkPrunable(o, months, nodes, now); err != nil {
+		return res, err
+	}
+	for _, per := range months {
+		m := PrunedMonth{Period: per}
+		if o.DryRun {
+			m.Events, err = l.countMonth(ctx, per)
+		} else {
+			m.Events, err = l.dropMonth(ctx, per)
+		}
+		if err != nil {
+			return res, l.fail(fmt.Sprintf("prune the events of %v", per), err)
+		}
+		res.Months = append(res.Months, m)
+		if o.Progress != nil {
+			o.Progress(m)
+		}
+	}
+	if !o.DryRun {
+		if err := l.markPrunedBefore(ctx, o.Before); err != nil {
+			return res, l.fail("prune events: record the mark", err)
+		}
+	}
+	res.PrunedBefore, err = l.EventsPrunedBefore(ctx)
+	return res, err
 }
 
 // periodsBefore keeps the periods before p, sorted.

@@ -13,10 +13,14 @@ import (
 // added to pruned_allocations. SQLite has one writer: settles wait for each
 // month's delete.
 func (s *SQLite) PruneEvents(ctx context.Context, o PruneOptions) (PruneResult, error) {
-	var res PruneResult
+	return pruneEvents(ctx, s, o)
+}
+
+// eventMonths lists the months with events before before.
+func (s *SQLite) eventMonths(ctx context.Context, before shard.Period) ([]shard.Period, error) {
 	var months []shard.Period
 	err := s.read(ctx, func(tx *sql.Tx) error {
-		return queryEach(ctx, tx, `SELECT DISTINCT period FROM events WHERE period < ?`, []any{o.Before.String()}, func(scan func(...any) error) error {
+		return queryEach(ctx, tx, `SELECT DISTINCT period FROM events WHERE period < ?`, []any{before.String()}, func(scan func(...any) error) error {
 			var str string
 			if err := scan(&str); err != nil {
 				return err
@@ -29,61 +33,44 @@ func (s *SQLite) PruneEvents(ctx context.Context, o PruneOptions) (PruneResult, 
 			return nil
 		})
 	})
-	if err != nil {
-		return res, s.fail("prune events: list the months", err)
-	}
-	months = periodsBefore(months, o.Before)
-	nodes, err := s.Nodes(ctx)
-	if err != nil {
-		return res, err
-	}
-	now, err := s.Clock(ctx)
-	if err != nil {
-		return res, err
-	}
-	if err := checkPrunable(o, months, nodes, now); err != nil {
-		return res, err
-	}
-	for _, per := range months {
-		m := PrunedMonth{Period: per}
-		count := func(tx *sql.Tx) error {
-			return tx.QueryRowContext(ctx, `SELECT count(*) FROM events WHERE period = ?`, per.String()).Scan(&m.Events)
+	return months, err
+}
+
+// countMonth counts the events of per.
+func (s *SQLite) countMonth(ctx context.Context, per shard.Period) (n int64, err error) {
+	err = s.read(ctx, func(tx *sql.Tx) error { n, err = sqliteCountMonth(ctx, tx, per); return err })
+	return n, err
+}
+
+func sqliteCountMonth(ctx context.Context, tx *sql.Tx, per shard.Period) (n int64, err error) {
+	err = tx.QueryRowContext(ctx, `SELECT count(*) FROM events WHERE period = ?`, per.String()).Scan(&n)
+	return n, err
+}
+
+// dropMonth deletes the events of per and counts them.
+func (s *SQLite) dropMonth(ctx context.Context, per shard.Period) (n int64, err error) {
+	err = s.write(ctx, func(tx *sql.Tx) error {
+		if n, err = sqliteCountMonth(ctx, tx, per); err != nil {
+			return err
 		}
-		if o.DryRun {
-			err = s.read(ctx, count)
-		} else {
-			err = s.write(ctx, func(tx *sql.Tx) error {
-				if err := count(tx); err != nil {
-					return err
-				}
-				if _, err := tx.ExecContext(ctx, `INSERT INTO pruned_allocations (account_id, period, grant_id, units)
-					SELECT e.account_id, e.period, json_extract(a.value, '$.grant'), sum(json_extract(a.value, '$.units'))
-					FROM events e, json_each(e.allocations) a
-					WHERE e.period = ? AND NOT e.refunded GROUP BY 1, 2, 3
-					ON CONFLICT (account_id, period, grant_id) DO UPDATE SET units = units + excluded.units`, per.String()); err != nil {
-					return err
-				}
-				if _, err := tx.ExecContext(ctx, `DELETE FROM events WHERE period = ?`, per.String()); err != nil {
-					return err
-				}
-				return s.markPruned(ctx, tx, per+1)
-			})
+		if _, err := tx.ExecContext(ctx, `INSERT INTO pruned_allocations (account_id, period, grant_id, units)
+			SELECT e.account_id, e.period, json_extract(a.value, '$.grant'), sum(json_extract(a.value, '$.units'))
+			FROM events e, json_each(e.allocations) a
+			WHERE e.period = ? AND NOT e.refunded GROUP BY 1, 2, 3
+			ON CONFLICT (account_id, period, grant_id) DO UPDATE SET units = units + excluded.units`, per.String()); err != nil {
+			return err
 		}
-		if err != nil {
-			return res, s.fail(fmt.Sprintf("prune the events of %v", per), err)
+		if _, err := tx.ExecContext(ctx, `DELETE FROM events WHERE period = ?`, per.String()); err != nil {
+			return err
 		}
-		res.Months = append(res.Months, m)
-		if o.Progress != nil {
-			o.Progress(m)
-		}
-	}
-	if !o.DryRun {
-		if err := s.write(ctx, func(tx *sql.Tx) error { return s.markPruned(ctx, tx, o.Before) }); err != nil {
-			return res, s.fail("prune events: record the mark", err)
-		}
-	}
-	res.PrunedBefore, err = s.EventsPrunedBefore(ctx)
-	return res, err
+		return s.markPruned(ctx, tx, per+1)
+	})
+	return n, err
+}
+
+// markPrunedBefore moves the mark to before in a transaction of its own.
+func (s *SQLite) markPrunedBefore(ctx context.Context, before shard.Period) error {
+	return s.write(ctx, func(tx *sql.Tx) error { return s.markPruned(ctx, tx, before) })
 }
 
 // markPruned moves event_retention's mark to before, never back.
