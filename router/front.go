@@ -354,18 +354,16 @@ func (f *front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	r.Header.Set(HeaderAccount, c.Account)
 	r.Header.Set(HeaderEvent, c.EventID)
 	var body *limitedBody
-	if r.Body != nil && r.Body != http.NoBody && r.ContentLength != 0 && !isGRPCCall(r) {
-		idle := f.proxy && f.opts.BodyIdleTimeout > 0
-		if f.bodyBounded(r) || idle {
-			body = &limitedBody{ReadCloser: r.Body}
-			if f.bodyBounded(r) {
-				body.ReadCloser = http.MaxBytesReader(w, r.Body, f.opts.MaxBodyBytes)
-			}
-			if idle {
-				body.idle, body.rc = f.opts.BodyIdleTimeout, http.NewResponseController(w)
-			}
-			r.Body, rec.body = body, body
+	bounded, idle := f.bodyBounded(r), f.proxy && f.opts.BodyIdleTimeout > 0 && !isGRPCCall(r)
+	if r.Body != nil && r.Body != http.NoBody && r.ContentLength != 0 && (bounded || idle) {
+		body = &limitedBody{ReadCloser: r.Body}
+		if bounded {
+			body.ReadCloser = http.MaxBytesReader(w, r.Body, f.opts.MaxBodyBytes)
 		}
+		if idle {
+			body.idle, body.rc = f.opts.BodyIdleTimeout, http.NewResponseController(w)
+		}
+		r.Body, rec.body = body, body
 	}
 	var t time.Time
 	var inNext time.Duration
@@ -531,25 +529,18 @@ func idempotencyKey(h http.Header) (string, *Problem) {
 // under the bill-on policy.
 func (f *front) finish(rec *recorder, r *http.Request, c *charged, body *limitedBody) {
 	rec.pass() // an answer net/http completes after next returns is an answer too
-	tripped := body != nil && body.tripped.Load()
-	stalled := body != nil && body.stalled.Load()
-	switch {
-	case tripped && !rec.wrote:
-		f.refundFirst(rec, r, c, "the request body was over the limit")
-		tooLarge(f.opts.MaxBodyBytes).write(rec, r)
-	case stalled && !rec.wrote:
-		f.refundFirst(rec, r, c, "the request body stalled")
-		bodyStalled(f.opts.BodyIdleTimeout).write(rec, r)
+	cutWhy, cutProb := body.cutOff(f.opts.MaxBodyBytes)
+	if cutProb != nil && !rec.wrote {
+		f.refundFirst(rec, r, c, cutWhy)
+		cutProb.write(rec, r)
 	}
 	if c.receipt == nil && !c.Replayed {
 		return // a weight-0 route: nothing of ours to return
 	}
 	why := ""
 	switch {
-	case tripped:
-		why = "the request body was over the limit"
-	case stalled:
-		why = "the request body stalled"
+	case cutWhy != "":
+		why = cutWhy
 	case f.opts.BillOn == BillOnAlways:
 	case rec.failed:
 		why = "the upstream failed"
@@ -853,6 +844,22 @@ type limitedBody struct {
 	// done is set when the handler has returned: a ResponseController must
 	// not be used after, and the transport may still read (and fail).
 	done atomic.Bool
+}
+
+// whyTooLarge is the refund's reason for a body over the limit.
+const whyTooLarge = "the request body was over the limit"
+
+// cutOff says why the front cut the body off and what it answers: over the
+// limit (413) or stalled (408); "" and nil when it did not (b may be nil).
+func (b *limitedBody) cutOff(maxBody int64) (why string, answer *Problem) {
+	switch {
+	case b == nil:
+	case b.tripped.Load():
+		return whyTooLarge, tooLarge(maxBody)
+	case b.stalled.Load():
+		return "the request body stalled", bodyStalled(b.idle)
+	}
+	return "", nil
 }
 
 // handlerDone stops the read deadlines: ServeHTTP calls it as the handler

@@ -154,22 +154,19 @@ func upstreamError(w http.ResponseWriter, r *http.Request, err error, maxBody in
 		rec.failed = true
 	}
 	var mbe *http.MaxBytesError
-	var lb *limitedBody
-	if rec != nil {
-		lb = rec.body
+	var why string
+	var prob *Problem
+	switch {
+	case errors.As(err, &mbe):
+		why, prob = whyTooLarge, tooLarge(maxBody)
+	case rec != nil:
+		why, prob = rec.body.cutOff(maxBody)
 	}
-	if errors.As(err, &mbe) || (lb != nil && lb.tripped.Load()) {
+	if prob != nil {
 		if rec != nil && rec.refundFirst != nil {
-			rec.refundFirst("the request body was over the limit")
+			rec.refundFirst(why)
 		}
-		tooLarge(maxBody).write(w, r)
-		return
-	}
-	if lb != nil && lb.stalled.Load() {
-		if rec != nil && rec.refundFirst != nil {
-			rec.refundFirst("the request body stalled")
-		}
-		bodyStalled(lb.idle).write(w, r)
+		prob.write(w, r)
 		return
 	}
 	if r.Context().Err() != nil {
