@@ -860,6 +860,19 @@ func TestRefundedAnswerHeaders(t *testing.T) {
 // the body fails), never a complete one; the client gets 413 and the
 // charge is refunded. Over HTTP/1.1 (a chunked body without its last
 // chunk, then a closed connection) and h2c (a reset stream).
+// protoServer serves h over HTTP/1.1 ("http") or HTTP/2 without TLS
+// ("h2c") until the test ends.
+func protoServer(t *testing.T, proto string, h http.Handler) *httptest.Server {
+	srv := httptest.NewUnstartedServer(h)
+	if proto == "h2c" {
+		srv.Config.Protocols = new(http.Protocols)
+		srv.Config.Protocols.SetUnencryptedHTTP2(true)
+	}
+	srv.Start()
+	t.Cleanup(srv.Close)
+	return srv
+}
+
 func TestChunkedBodyOverLimitAbortsTheUpstream(t *testing.T) {
 	for _, proto := range []string{"http", "h2c"} {
 		t.Run(proto, func(t *testing.T) {
@@ -876,13 +889,7 @@ func TestChunkedBodyOverLimitAbortsTheUpstream(t *testing.T) {
 				}
 				io.WriteString(w, "served") // a complete request is served and billed
 			})
-			up := httptest.NewUnstartedServer(h)
-			if proto == "h2c" {
-				up.Config.Protocols = new(http.Protocols)
-				up.Config.Protocols.SetUnencryptedHTTP2(true)
-			}
-			up.Start()
-			defer up.Close()
+			up := protoServer(t, proto, h)
 			u, _ := url.Parse(up.URL)
 			u.Scheme = proto
 			ch := &fakeCharger{decision: okDecision()}
@@ -1213,19 +1220,13 @@ func TestStalledBodyIsCutOff(t *testing.T) {
 	for _, proto := range []string{"http", "h2c"} {
 		t.Run(proto, func(t *testing.T) {
 			reads := make(chan error, 4)
-			up := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			up := protoServer(t, proto, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				_, err := io.Copy(io.Discard, r.Body)
 				reads <- err
 				if err == nil {
 					io.WriteString(w, "served")
 				}
 			}))
-			if proto == "h2c" {
-				up.Config.Protocols = new(http.Protocols)
-				up.Config.Protocols.SetUnencryptedHTTP2(true)
-			}
-			up.Start()
-			defer up.Close()
 			u, _ := url.Parse(up.URL)
 			u.Scheme = proto
 			const idle = 300 * time.Millisecond
@@ -1234,13 +1235,7 @@ func TestStalledBodyIsCutOff(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			front := httptest.NewUnstartedServer(proxy)
-			if proto == "h2c" {
-				front.Config.Protocols = new(http.Protocols)
-				front.Config.Protocols.SetUnencryptedHTTP2(true)
-			}
-			front.Start()
-			defer front.Close()
+			front := protoServer(t, proto, proxy)
 			client := &http.Client{Transport: &http.Transport{Protocols: front.Config.Protocols}, Timeout: 10 * time.Second} // NB: a bound: without the cut-off a stalled body waits for ever
 			post := func(body io.Reader) (int, string) {
 				t.Helper()
