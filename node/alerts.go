@@ -602,8 +602,21 @@ func (a *alerter) sendStep(ctx context.Context, d *delivery, logger *slog.Logger
 		a.stats.Deferred.Add(1)
 		return a.endRound(ctx, d, logger, flush.AlertPending, why)
 	}
-	status, err := a.send(ctx, d.body, min(left, alertTimeout))
+	timeout := min(left, alertTimeout)
+	status, err := a.send(ctx, d.body, timeout)
 	d.sent++
+	if err != nil && timeout < alertTimeout && errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
+		// The round's own end cut the call short, not the webhook: the
+		// ledger keeps what the webhook last answered.
+		why := ""
+		if d.lastErr == "" {
+			why = "the webhook had not answered when the round ran out of its half of the lease"
+		}
+		a.stats.Deferred.Add(1)
+		logger.Warn("alert round ran out during a webhook call: it stays pending in the ledger, and a node tries again once its claim's lease runs out",
+			"attempts", d.attempts, "lease", a.lease)
+		return a.endRound(ctx, d, logger, flush.AlertPending, why)
+	}
 	switch {
 	case err == nil && status < 300:
 		a.stats.Sent.Add(1)

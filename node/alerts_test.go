@@ -57,6 +57,7 @@ func verifyAlert(secret []byte, h http.Header, body []byte, now time.Time) error
 type receiver struct {
 	failFirst int
 	status    int // answer after the failures (0: 204)
+	hangAfter int // calls after this many hang until the caller gives up (0: none hang)
 
 	mu    sync.Mutex // protects the fields below
 	calls int
@@ -69,6 +70,12 @@ func (rc *receiver) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	rc.mu.Lock()
 	defer rc.mu.Unlock()
 	rc.calls++
+	if rc.hangAfter > 0 && rc.calls > rc.hangAfter {
+		rc.mu.Unlock()
+		<-r.Context().Done()
+		rc.mu.Lock()
+		return
+	}
 	if rc.calls <= rc.failFirst {
 		http.Error(w, "down for maintenance", http.StatusServiceUnavailable)
 		return
@@ -376,6 +383,21 @@ func TestAlertGivenUpAfterItsAge(t *testing.T) {
 	}
 	if rc.alerts() != nil || a.stats.Sent.Load() != 0 {
 		t.Fatal("sent")
+	}
+}
+
+// A send the round's own end cuts short is not the webhook's failure: the
+// ledger keeps the answer the webhook did give.
+func TestAlertRoundCutShortKeepsTheWebhooksAnswer(t *testing.T) {
+	rc := &receiver{status: http.StatusBadGateway, hangAfter: 1}
+	srv := httptest.NewServer(rc)
+	defer srv.Close()
+	l := testLedger(t)
+	a := testAlerter(t, srv.URL, l, func(c *Config) { c.AlertLease = 400 * time.Millisecond })
+	a.onCharge("acme", decision(8, 10, june2026), nil)
+	got := ledgerAlert(t, l, "the round's outcome", func(r flush.AlertRecord) bool { return r.State == flush.AlertPending && r.Attempts > 0 })
+	if got.LastError != "the webhook answered 502" || got.Attempts != 2 {
+		t.Fatalf("after a 502 and a send cut short by the round's end: %+v", got)
 	}
 }
 
