@@ -17,19 +17,19 @@ func TestJoinAndLeaveUnderLoad(t *testing.T) {
 	accounts := accountIDs("jl-", 1000)
 	tc.hardAccounts(snapshot.Plan{ID: "jl", MonthlyQuota: quota, Hard: true}, accounts...)
 	l := startLoad(tc, accounts, 16, 1)
-	l.waitAcked(t, 2000, 60*time.Second)
+	l.waitDecided(t, 2000, 60*time.Second)
 	ctx := context.Background()
 	n4, err := tc.AddNode(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	tc.converge(30 * time.Second)
-	l.waitAcked(t, 2000, 60*time.Second)
+	l.waitDecided(t, 2000, 60*time.Second)
 	if code, err := tc.Nodes[1].Terminate(ctx); code != 0 {
 		t.Fatalf("node %s exited %d on SIGTERM: %v\n%s", tc.Nodes[1].ID, code, err, tc.Nodes[1].LogTail(20))
 	}
 	tc.converge(30 * time.Second)
-	l.waitAcked(t, 2000, 60*time.Second)
+	l.waitDecided(t, 2000, 60*time.Second)
 	l.stop()
 	a, r, e := l.total()
 	t.Logf("acknowledged %d, refused %d, unknown %d; node %s joined, %s left", a, r, e, n4.ID, tc.Nodes[1].ID)
@@ -46,19 +46,19 @@ func TestKillNodeUnderLoad(t *testing.T) {
 	accounts := accountIDs("k-", 300)
 	tc.hardAccounts(snapshot.Plan{ID: "k", MonthlyQuota: quota, Hard: true}, accounts...)
 	l := startLoad(tc, accounts, 16, 2)
-	l.waitAcked(t, 1500, 60*time.Second)
+	l.waitDecided(t, 1500, 60*time.Second)
 	victim := tc.Nodes[2]
 	if err := victim.Kill(); err != nil {
 		t.Fatal(err)
 	}
 	tc.converge(30 * time.Second) // the others declare it dead and take its accounts
-	l.waitAcked(t, 1000, 60*time.Second)
+	l.waitDecided(t, 1000, 60*time.Second)
 	ctx := context.Background()
 	if err := victim.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
 	tc.converge(30 * time.Second)
-	l.waitAcked(t, 500, 60*time.Second)
+	l.waitDecided(t, 500, 60*time.Second, victim.ID) // the victim owns accounts again
 	l.stop()
 	a, r, e := l.total()
 	t.Logf("acknowledged %d, refused %d, unknown %d (charges in flight at the victim and while its accounts moved)", a, r, e)
@@ -75,7 +75,7 @@ func TestIsolatedNodeRejoins(t *testing.T) {
 	accounts := accountIDs("iso-", 200)
 	tc.hardAccounts(snapshot.Plan{ID: "iso", MonthlyQuota: quota, Hard: true}, accounts...)
 	l := startLoad(tc, accounts, 12, 3)
-	l.waitAcked(t, 500, 60*time.Second)
+	l.waitDecided(t, 500, 60*time.Second)
 	ctx := context.Background()
 	iso, others := tc.Nodes[2], tc.Nodes[:2]
 	if err := Partition(ctx, iso, others...); err != nil {
@@ -89,7 +89,7 @@ func TestIsolatedNodeRejoins(t *testing.T) {
 		vo, err2 := others[0].RingView(ctx)
 		return err1 == nil && err2 == nil && servingCount(vi) == 1 && servingCount(vo) == 2
 	})
-	l.waitAcked(t, 500, 60*time.Second)
+	l.waitDecided(t, 500, 60*time.Second)
 	healed := time.Now()
 	for _, n := range tc.Nodes {
 		if err := n.Heal(ctx); err != nil {
@@ -101,7 +101,7 @@ func TestIsolatedNodeRejoins(t *testing.T) {
 	if d := time.Since(healed); d > 15*time.Second {
 		t.Fatalf("the ring took %s to merge after the heal", d)
 	}
-	l.waitAcked(t, 300, 60*time.Second)
+	l.waitDecided(t, 300, 60*time.Second)
 	l.stop()
 	tc.settleAll(30 * time.Second)
 	l.check(t, quota)

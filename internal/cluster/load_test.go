@@ -7,6 +7,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/quotaring/quotaring/internal/waitfor"
 )
 
 // load charges many accounts from many goroutines through random running
@@ -20,6 +22,7 @@ type load struct {
 	acked    int
 	refused  int
 	reasons  map[string]int // refusals by reason
+	decided  map[string]int // acknowledged and refused charges by deciding node
 	errs     int
 	lastErr  string
 	cancel   context.CancelFunc
@@ -28,7 +31,7 @@ type load struct {
 
 func startLoad(tc *testCluster, accounts []string, workers int, seed uint64) *load {
 	ctx, cancel := context.WithCancel(context.Background())
-	l := &load{tc: tc, accounts: accounts, hist: NewHistory(), reasons: map[string]int{}, cancel: cancel, done: make(chan struct{})}
+	l := &load{tc: tc, accounts: accounts, hist: NewHistory(), reasons: map[string]int{}, decided: map[string]int{}, cancel: cancel, done: make(chan struct{})}
 	var wg sync.WaitGroup
 	for w := 0; w < workers; w++ {
 		wg.Add(1)
@@ -60,9 +63,11 @@ func (l *load) record(op Op) {
 	switch op.Status {
 	case StatusOK:
 		l.acked++
+		l.decided[op.Decider]++
 	case StatusRefused:
 		l.refused++
 		l.reasons[op.Reason]++
+		l.decided[op.Decider]++
 	default:
 		l.errs++
 		l.lastErr = op.Reason + ": " + op.Err
@@ -117,12 +122,72 @@ func accountIDs(prefix string, n int) []string {
 	return ids
 }
 
-// waitAcked waits until the load has acknowledged at least n more charges.
+// waitAcked waits until the load has acknowledged at least n more charges:
+// for accounts whose limits the load cannot use up.
 func (l *load) waitAcked(t *testing.T, n int, timeout time.Duration) {
 	t.Helper()
-	start, _, _ := l.total()
-	l.tc.eventually(timeout, fmt.Sprintf("%d more acknowledged charges", n), func() bool {
-		a, _, _ := l.total()
-		return a >= start+n
-	})
+	start, refused, errs := l.total()
+	deadline := time.Now().Add(timeout)
+	tick := time.NewTicker(waitfor.Every)
+	defer tick.Stop()
+	for {
+		a, r, e := l.total()
+		if a >= start+n {
+			return
+		}
+		if time.Now().After(deadline) {
+			l.mu.Lock()
+			reasons, lastErr := fmt.Sprint(l.reasons), l.lastErr
+			l.mu.Unlock()
+			t.Fatalf("timed out after %s waiting for %d more acknowledged charges: %d acknowledged, %d refused (all along: %s), %d failed (last: %s) meanwhile",
+				timeout, n, a-start, r-refused, reasons, e-errs, lastErr)
+		}
+		<-tick.C
+	}
+}
+
+// waitDecided waits until the owners have decided at least n more charges,
+// and each of deciders at least one of them. A refusal counts as much as an
+// acknowledgement: the accounts run near their limits, and how many charges
+// fit before they run out depends on how fast the load ran while the test
+// waited for the cluster (waiting for acknowledgements alone failed when a
+// slow restart let the load use every account up).
+func (l *load) waitDecided(t *testing.T, n int, timeout time.Duration, deciders ...string) {
+	t.Helper()
+	snap := func() (acked, refused, errs int, by map[string]int) {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		by = map[string]int{}
+		for k, v := range l.decided {
+			by[k] = v
+		}
+		return l.acked, l.refused, l.errs, by
+	}
+	a0, r0, e0, by0 := snap()
+	done := func() bool {
+		a, r, _, by := snap()
+		if a+r < a0+r0+n {
+			return false
+		}
+		for _, d := range deciders {
+			if by[d] == by0[d] {
+				return false
+			}
+		}
+		return true
+	}
+	deadline := time.Now().Add(timeout)
+	tick := time.NewTicker(waitfor.Every)
+	defer tick.Stop()
+	for !done() {
+		if time.Now().After(deadline) {
+			a, r, e, by := snap()
+			l.mu.Lock()
+			lastErr := l.lastErr
+			l.mu.Unlock()
+			t.Fatalf("timed out after %s waiting for %d more decided charges (each of %v deciding some): %d acknowledged, %d refused, %d failed (last: %s) meanwhile; decided by node, all along: %v",
+				timeout, n, deciders, a-a0, r-r0, e-e0, lastErr, by)
+		}
+		<-tick.C
+	}
 }
