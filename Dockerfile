@@ -14,10 +14,16 @@ WORKDIR /src
 COPY go.mod go.sum ./
 RUN --mount=type=cache,target=/go/pkg/mod go mod download
 COPY . .
+# The version quotad version prints, each node logs and exports
+# (quotaring_build_info) and records in the ledger: the context holds no .git
+# for the go command to stamp, so pass it:
+#   docker build --build-arg VERSION=$(git describe --tags --always --dirty) .
+# Without it the image says "devel".
+ARG VERSION=
 # CGO_ENABLED=0: a static binary, the only kind distroless/static can run
 # (the SQLite ledger is modernc.org/sqlite, pure Go, so nothing needs cgo).
 RUN --mount=type=cache,target=/go/pkg/mod --mount=type=cache,target=/root/.cache/go-build \
-    CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o /out/quotad ./cmd/quotad
+    CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X github.com/quotaring/quotaring/internal/buildinfo.version=${VERSION}" -o /out/quotad ./cmd/quotad
 # The data dir's mount point, owned by nonroot so that a volume mounted there
 # without fsGroup (docker run -v) is still writable.
 RUN mkdir -p /out/var/lib/quotad

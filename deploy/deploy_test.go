@@ -81,8 +81,12 @@ func TestMain(m *testing.M) {
 }
 
 // dockerBuildCmd is the go build the Dockerfile runs, as the test expects to
-// find it there (TestDockerBuild fails when the two drift apart).
-var dockerBuildCmd = []string{"go", "build", "-trimpath", "-ldflags", "-s -w", "-o", "/out/quotad", "./cmd/quotad"}
+// find it there (TestDockerBuild fails when the two drift apart). The test's
+// build gives ${VERSION} the value dockerTestVersion.
+var dockerBuildCmd = []string{"go", "build", "-trimpath", "-ldflags", "-s -w -X github.com/quotaring/quotaring/internal/buildinfo.version=${VERSION}", "-o", "/out/quotad", "./cmd/quotad"}
+
+// dockerTestVersion is the VERSION build argument of the test's build.
+const dockerTestVersion = "v0.0.0-deploytest"
 
 // buildQuotad builds quotad the way the Dockerfile does: the files
 // .dockerignore leaves, CGO_ENABLED=0, the Dockerfile's flags.
@@ -113,6 +117,9 @@ func dockerLikeBuild() (string, error) {
 	bin := filepath.Join(out, "quotad")
 	args := slices.Clone(dockerBuildCmd[1:])
 	args[slices.Index(args, "-o")+1] = bin
+	for i := range args {
+		args[i] = strings.ReplaceAll(args[i], "${VERSION}", dockerTestVersion)
+	}
 	cmd := exec.Command("go", args...)
 	cmd.Dir = ctxDir
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
@@ -690,6 +697,11 @@ func TestDockerBuild(t *testing.T) {
 	}
 	if libs, _ := f.ImportedLibraries(); len(libs) > 0 {
 		t.Errorf("%s links %v: want a static binary", bin, libs)
+	}
+	// The VERSION build argument reaches the binary (the context has no .git
+	// to stamp a version from).
+	if out, err := exec.Command(bin, "version", "--short").CombinedOutput(); err != nil || strings.TrimSpace(string(out)) != dockerTestVersion {
+		t.Errorf("quotad version --short of the Dockerfile's build: %q, %v; want %s (ARG VERSION through -ldflags -X)", out, err, dockerTestVersion)
 	}
 	flags := serveFlags(t, bin)
 	for _, e := range instr["ENV"] {

@@ -115,11 +115,15 @@ func confSetup(t *testing.T, l Ledger, quota int64, accounts ...string) {
 	}
 }
 
-// confNode registers a node and returns a settler for it that hands out
-// sequence numbers and ranges.
+// confNode registers a node, with its build as a node of this quotad
+// does, and returns a settler for it that hands out sequence numbers and
+// ranges.
 func confNode(t *testing.T, l Ledger, node string) *confSettler {
 	t.Helper()
 	mark, err := l.RegisterNode(t.Context(), node, node+"-inc")
+	if err == nil {
+		err = l.RecordBuild(t.Context(), node, node+"-inc", "v9.9.9")
+	}
 	if err != nil {
 		t.Fatalf("register %s: %v", node, err)
 	}
@@ -1454,6 +1458,20 @@ func confPruneEvents(t *testing.T, l Ledger) {
 	if _, err := l.RegisterNode(ctx, "node-old", "node-old-inc"); err != nil {
 		t.Fatal(err)
 	}
+	// node-old recorded no build: it may be a quotad from before the
+	// retention rules, running since before the migration.
+	_, err := l.PruneEvents(ctx, PruneOptions{Before: confPeriod + 2})
+	if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "older than the event log's retention rules") ||
+		strings.Contains(err.Error(), "node-a") || !strings.Contains(err.Error(), "node-old (incarnation node-old-inc") {
+		t.Fatalf("prune with a node of unknown build heard from just now: %v, want ErrInvalid naming node-old only", err)
+	}
+	if err := l.RecordBuild(ctx, "node-a", "node-b-inc", "v9.9.9"); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("RecordBuild of an incarnation never registered: %v, want ErrInvalid", err)
+	}
+	nodes, err := l.Nodes(ctx)
+	if err != nil || len(nodes) != 2 || nodes[0].Build != "v9.9.9" || nodes[0].SchemaKnown < retentionSchema || nodes[1].Build != "" || nodes[1].SchemaKnown != 0 {
+		t.Fatalf("nodes: %+v, %v; want node-a's build recorded, node-old's not", nodes, err)
+	}
 	at := func(r rec, month time.Month) rec {
 		r.wall = time.Date(2026, month, 15, 12, 0, 0, 0, time.UTC)
 		return r
@@ -1479,14 +1497,15 @@ func confPruneEvents(t *testing.T, l Ledger) {
 		t.Fatalf("July's billing before the prune: %+v, want 6 units, 4 of the quota, 2 of credits", julyBefore)
 	}
 
-	// node-old was last heard from in July: it may hold July's records.
+	// node-old was last heard from in July: it may hold July's records,
+	// but it has not run since (its build is then no question).
 	old := time.Date(2026, 7, 10, 0, 0, 0, 0, time.UTC)
 	if _, ok := l.(*SQLite); ok {
 		mustExecSQL(t, l, fmt.Sprintf(`UPDATE nodes SET heartbeat_at = %d WHERE node_id = 'node-old'`, old.UnixNano()))
 	} else {
 		mustExecSQL(t, l, `UPDATE nodes SET heartbeat_at = '`+old.Format(time.RFC3339)+`' WHERE node_id = 'node-old'`)
 	}
-	_, err := l.PruneEvents(ctx, PruneOptions{Before: aug})
+	_, err = l.PruneEvents(ctx, PruneOptions{Before: aug})
 	if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "2026-07 is not final") || !strings.Contains(err.Error(), "node-old") {
 		t.Fatalf("prune with a node that may hold July's records: %v, want ErrInvalid naming node-old and July", err)
 	}

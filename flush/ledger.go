@@ -47,6 +47,11 @@ type Ledger interface {
 	// when the ledger's settled mark is not settled. RegisterNode and every
 	// settle of the incarnation clear it.
 	NodeStopped(ctx context.Context, node, incarnation string, settled uint64) (bool, error)
+	// RecordBuild records which build of quotad runs (node, incarnation),
+	// registered before (internal/buildinfo's short form), and the newest
+	// ledger schema that build knows: NodeRow.Build and SchemaKnown. An
+	// incarnation restarted on a newer build records it again.
+	RecordBuild(ctx context.Context, node, incarnation, build string) error
 
 	// Settle applies one batch exactly once, in one transaction (see Batch).
 	Settle(ctx context.Context, b *Batch) (SettleResult, error)
@@ -448,6 +453,11 @@ type NodeRow struct {
 	// unsettled (NodeStopped); zero while it runs, after a crash or an
 	// unclean stop.
 	Stopped time.Time
+	// Build is the quotad build the incarnation last registered with
+	// (RecordBuild), and SchemaKnown the newest ledger schema that build
+	// knows; "" and 0 for an incarnation an older quotad registered.
+	Build       string
+	SchemaKnown int
 }
 
 // checkAlertKey checks what RecordAlert needs.

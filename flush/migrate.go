@@ -76,6 +76,17 @@ func loadMigrations(dialect string) ([]migration, error) {
 	return ms, nil
 }
 
+// knownSchema is the newest schema version this quotad's migrations of
+// dialect reach (RecordBuild writes it; 0 only if the embedded files could
+// not be read, which loadMigrations reports everywhere else).
+func knownSchema(dialect string) int {
+	ms, err := loadMigrations(dialect)
+	if err != nil {
+		return 0
+	}
+	return ms[len(ms)-1].version
+}
+
 // pending returns the migrations above the applied version, or
 // ErrSchemaTooNew when the ledger is ahead of this binary.
 func pending(ms []migration, applied int) ([]migration, error) {

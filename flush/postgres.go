@@ -375,14 +375,25 @@ func (p *Postgres) NodeStopped(ctx context.Context, node, incarnation string, se
 	return tag.RowsAffected() == 1, p.fail("record that node "+node+"/"+incarnation+" stopped", err)
 }
 
+// RecordBuild implements Ledger.
+func (p *Postgres) RecordBuild(ctx context.Context, node, incarnation, build string) error {
+	tag, err := p.pool.Exec(ctx, `UPDATE nodes SET build = $3, schema_known = $4 WHERE node_id = $1 AND incarnation = $2`,
+		node, incarnation, build, knownSchema(dialectPostgres))
+	if err == nil && tag.RowsAffected() != 1 {
+		err = fmt.Errorf("%w: node %s/%s is not registered", ErrInvalid, node, incarnation)
+	}
+	return p.fail("record the build of node "+node+"/"+incarnation, err)
+}
+
 // Nodes lists every (node, incarnation) with its settled mark.
 func (p *Postgres) Nodes(ctx context.Context) ([]NodeRow, error) {
-	rows, _ := p.pool.Query(ctx, `SELECT node_id, incarnation, settled_seq, heartbeat_at, stopped_at FROM nodes ORDER BY node_id, incarnation`)
+	rows, _ := p.pool.Query(ctx, `SELECT node_id, incarnation, settled_seq, heartbeat_at, stopped_at, coalesce(build, ''), coalesce(schema_known, 0)
+		FROM nodes ORDER BY node_id, incarnation`)
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (NodeRow, error) {
 		var n NodeRow
 		var seq int64
 		var stopped *time.Time
-		err := r.Scan(&n.Node, &n.Incarnation, &seq, &n.Heartbeat, &stopped)
+		err := r.Scan(&n.Node, &n.Incarnation, &seq, &n.Heartbeat, &stopped, &n.Build, &n.SchemaKnown)
 		n.Settled = uint64(seq)
 		if stopped != nil {
 			n.Stopped = stopped.UTC()

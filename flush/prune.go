@@ -33,6 +33,14 @@ import (
 //     (crashed, its disk lost) is named in PruneOptions.Lost, or it holds
 //     the months it was heard from back.
 //
+//   - no node running an older build: a quotad from before these rules
+//     (before schema 8) refunds a receipt of any age. A node heard from in
+//     the last oldBuildWindow whose latest registration did not record a
+//     build that knows schema 8 (RecordBuild; NodeRow.SchemaKnown) may be
+//     such a node, still running since before the ledger was migrated (a
+//     restarted old build refuses the newer schema, ErrSchemaTooNew), so
+//     the prune waits for the rolling upgrade.
+//
 // Retries never reach back that far: the nodes deduplicate client ids for
 // 24 h, and a charge near a month's edge looks into the neighbouring month,
 // which is never pruned while the month after it is not over.
@@ -76,6 +84,16 @@ type PruneResult struct {
 // clocks (the nodes', the ledger's) that differ by seconds.
 const finalAfter = time.Minute
 
+// retentionSchema is the first ledger schema whose quotad refunds a receipt
+// in its charge's month and the next only (shard.Refundable).
+const retentionSchema = 8
+
+// oldBuildWindow is how recently a node that may run a build from before
+// retentionSchema must have been heard from to hold a prune back (see the
+// retention notes): a running node is heard from every HeartbeatEvery; an
+// hour covers one cut off from the ledger for a while.
+const oldBuildWindow = time.Hour
+
 // SettledMonth says how final p's settled usage is at now (the ledger's
 // clock), from the ledger's nodes (each node id by its latest incarnation,
 // the one that heartbeat last). Until p is over it is not final and names
@@ -89,12 +107,7 @@ func SettledMonth(rows []NodeRow, p shard.Period, now time.Time) (final bool, un
 	if now.Before(end) {
 		return false, nil
 	}
-	latest := map[string]NodeRow{}
-	for _, x := range rows {
-		if l, ok := latest[x.Node]; !ok || x.Heartbeat.After(l.Heartbeat) {
-			latest[x.Node] = x
-		}
-	}
+	latest := latestIncarnations(rows)
 	start, settledBy := time.Unix(0, p.Start()), end.Add(finalAfter)
 	for _, x := range latest {
 		if !x.Heartbeat.Before(start) && x.Heartbeat.Before(settledBy) && x.Stopped.IsZero() {
@@ -124,6 +137,21 @@ func checkPrunable(o PruneOptions, months []shard.Period, nodes []NodeRow, now t
 		}
 	}
 	live := slices.DeleteFunc(slices.Clone(nodes), func(n NodeRow) bool { return slices.Contains(o.Lost, n.Node) })
+	if old := olderBuilds(live, now); len(old) > 0 {
+		var names []string
+		for _, n := range old {
+			build := n.Build
+			if build == "" {
+				build = "a build from before builds were recorded"
+			}
+			names = append(names, fmt.Sprintf("%s (incarnation %s, %s, last heard from %s)", n.Node, n.Incarnation, build, n.Heartbeat.UTC().Format(time.RFC3339)))
+		}
+		return fmt.Errorf("%w: prune before %v: %s may run a quotad older than the event log's retention rules, which refunds charges "+
+			"of any age: a refund of a dropped month's charge would go unbilled. Upgrade every node first (a rolling restart with "+
+			"this build; quotad admin nodes shows each one's build), then prune; a node stopped for good holds the prune back for "+
+			"%v after it was last heard from, or name it with --lost-node",
+			ErrInvalid, o.Before, strings.Join(names, ", "), oldBuildWindow)
+	}
 	for _, p := range append(slices.Clone(months), o.Before) {
 		if final, unsettled := SettledMonth(live, p, now); !final {
 			var names []string
@@ -136,6 +164,32 @@ func checkPrunable(o PruneOptions, months []shard.Period, nodes []NodeRow, now t
 		}
 	}
 	return nil
+}
+
+// latestIncarnations is each node id's latest incarnation in rows: the one
+// that heartbeat last.
+func latestIncarnations(rows []NodeRow) map[string]NodeRow {
+	latest := map[string]NodeRow{}
+	for _, x := range rows {
+		if l, ok := latest[x.Node]; !ok || x.Heartbeat.After(l.Heartbeat) {
+			latest[x.Node] = x
+		}
+	}
+	return latest
+}
+
+// olderBuilds returns, of each node id's latest incarnation in rows, those
+// heard from within oldBuildWindow of now, not stopped cleanly since, whose
+// recorded build does not know retentionSchema (see the retention notes).
+func olderBuilds(rows []NodeRow, now time.Time) []NodeRow {
+	var old []NodeRow
+	for _, x := range latestIncarnations(rows) {
+		if x.SchemaKnown < retentionSchema && x.Stopped.IsZero() && x.Heartbeat.After(now.Add(-oldBuildWindow)) {
+			old = append(old, x)
+		}
+	}
+	slices.SortFunc(old, func(a, b NodeRow) int { return strings.Compare(a.Node, b.Node) })
+	return old
 }
 
 // monthPruner is what pruneEvents needs of a dialect besides what Ledger

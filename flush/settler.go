@@ -40,6 +40,9 @@ type SettlerOptions struct {
 	// before it is marked settled locally: a failpoint for the test that kills
 	// a node exactly there.
 	AfterCommit func()
+	// Build, when set, is recorded with the node's registration
+	// (Ledger.RecordBuild): which quotad build runs it.
+	Build string
 }
 
 // SettleReport describes one attempt.
@@ -149,6 +152,11 @@ func (s *Settler) Register(ctx context.Context) error {
 	mark, err := s.opts.Ledger.RegisterNode(ctx, s.node, s.inc)
 	if err != nil {
 		return fmt.Errorf("flush: register node %s: %w", s.node, err)
+	}
+	if s.opts.Build != "" {
+		if err := s.opts.Ledger.RecordBuild(ctx, s.node, s.inc, s.opts.Build); err != nil {
+			return fmt.Errorf("flush: register node %s: %w", s.node, err)
+		}
 	}
 	s.mu.Lock()
 	s.lastBeat = time.Now()

@@ -271,16 +271,34 @@ func (s *SQLite) NodeStopped(ctx context.Context, node, incarnation string, sett
 	return n == 1, s.fail("record that node "+node+"/"+incarnation+" stopped", err)
 }
 
+// RecordBuild implements Ledger.
+func (s *SQLite) RecordBuild(ctx context.Context, node, incarnation, build string) error {
+	err := s.write(ctx, func(tx *sql.Tx) error {
+		r, err := tx.ExecContext(ctx, `UPDATE nodes SET build = ?, schema_known = ? WHERE node_id = ? AND incarnation = ?`,
+			build, knownSchema(dialectSQLite), node, incarnation)
+		var n int64
+		if err == nil {
+			n, err = r.RowsAffected()
+		}
+		if err == nil && n != 1 {
+			err = fmt.Errorf("%w: node %s/%s is not registered", ErrInvalid, node, incarnation)
+		}
+		return err
+	})
+	return s.fail("record the build of node "+node+"/"+incarnation, err)
+}
+
 // Nodes lists every (node, incarnation) with its settled mark.
 func (s *SQLite) Nodes(ctx context.Context) ([]NodeRow, error) {
 	var out []NodeRow
 	err := s.read(ctx, func(tx *sql.Tx) error {
-		return queryEach(ctx, tx, `SELECT node_id, incarnation, settled_seq, heartbeat_at, stopped_at FROM nodes ORDER BY node_id, incarnation`, nil,
+		return queryEach(ctx, tx, `SELECT node_id, incarnation, settled_seq, heartbeat_at, stopped_at, coalesce(build, ''), coalesce(schema_known, 0)
+			FROM nodes ORDER BY node_id, incarnation`, nil,
 			func(scan func(...any) error) error {
 				var n NodeRow
 				var seq, hb int64
 				var stopped sql.NullInt64
-				if err := scan(&n.Node, &n.Incarnation, &seq, &hb, &stopped); err != nil {
+				if err := scan(&n.Node, &n.Incarnation, &seq, &hb, &stopped, &n.Build, &n.SchemaKnown); err != nil {
 					return err
 				}
 				n.Settled, n.Heartbeat = uint64(seq), time.Unix(0, hb).UTC()

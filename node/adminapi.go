@@ -895,6 +895,9 @@ type NodeView struct {
 	HeartbeatAt time.Time `json:"heartbeat_at"`
 	State       string    `json:"state"`
 	AdminAddr   string    `json:"admin_addr,omitempty"`
+	// Build is the quotad build the incarnation registered with
+	// (quotad version --short); "" when an older quotad registered it.
+	Build string `json:"build"`
 }
 
 func (n *Node) listNodes(ctx context.Context, w http.ResponseWriter, r *http.Request, l flush.Ledger) error {
@@ -924,7 +927,7 @@ func (n *Node) nodeViews(rows []flush.NodeRow) []NodeView {
 	}
 	out := make([]NodeView, 0, len(rows))
 	for _, x := range rows {
-		v := NodeView{Node: x.Node, Incarnation: x.Incarnation, SettledSeq: x.Settled, HeartbeatAt: x.Heartbeat}
+		v := NodeView{Node: x.Node, Incarnation: x.Incarnation, SettledSeq: x.Settled, HeartbeatAt: x.Heartbeat, Build: x.Build}
 		if x.Heartbeat.Equal(latest[x.Node]) {
 			v.State, v.AdminAddr = members[x.Node][0], members[x.Node][1]
 		}

@@ -9,11 +9,13 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/quotaring/quotaring/flush"
+	"github.com/quotaring/quotaring/internal/buildinfo"
 	"github.com/quotaring/quotaring/ring"
 	"github.com/quotaring/quotaring/router"
 	"github.com/quotaring/quotaring/shard"
@@ -292,8 +294,28 @@ func TestAdminAPI(t *testing.T) {
 	}
 	var ns struct{ Nodes []NodeView }
 	adminCall(t, n1, testAdminToken, "GET", "/admin/v1/nodes", nil, &ns)
-	if len(ns.Nodes) != 2 || ns.Nodes[0].State != "serving" || ns.Nodes[1].State != "serving" {
-		t.Fatalf("nodes %+v", ns)
+	build := buildinfo.Read().Short()
+	if len(ns.Nodes) != 2 || ns.Nodes[0].State != "serving" || ns.Nodes[1].State != "serving" || ns.Nodes[0].Build != build || ns.Nodes[1].Build != build {
+		t.Fatalf("nodes %+v, want both serving with build %q", ns, build)
+	}
+	if v := gaugeValue(t, n1, "quotaring_build_info"); v != 1 {
+		t.Fatalf("quotaring_build_info = %v", v)
+	}
+	fams, err := n1.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range fams {
+		if f.GetName() != "quotaring_build_info" {
+			continue
+		}
+		labels := map[string]string{}
+		for _, lp := range f.GetMetric()[0].GetLabel() {
+			labels[lp.GetName()] = lp.GetValue()
+		}
+		if labels["version"] != build || labels["goversion"] != runtime.Version() {
+			t.Fatalf("quotaring_build_info's labels %v, want version %q", labels, build)
+		}
 	}
 	var rs struct{ Reservations []map[string]any }
 	if status, raw := adminCall(t, n1, testAdminToken, "GET", "/admin/v1/reservations", nil, &rs); status != 200 || len(rs.Reservations) == 0 {

@@ -74,7 +74,7 @@ func (n *Node) tryLedger(ctx context.Context, beforeServing bool) (bool, error) 
 	}
 	settler, err := flush.NewSettler(flush.SettlerOptions{Ledger: l, Engine: n.eng, Interval: n.cfg.SettleInterval,
 		Events: !n.cfg.EventsOff, Logger: n.log.With("component", "settler"), OnSettle: n.metrics.onSettle,
-		AfterCommit: n.afterCommitFailpoint})
+		AfterCommit: n.afterCommitFailpoint, Build: n.build.Short()})
 	if err == nil {
 		err = settler.Register(ctx)
 	}

@@ -143,6 +143,10 @@ func newMetrics(n *Node) *metrics {
 			}
 			return float64(n.eng.AllowanceHeld())
 		}),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "quotaring_build_info",
+			Help:        "Always 1; its labels say which build of quotad runs this node (quotad version): compare them across nodes during a rolling upgrade.",
+			ConstLabels: prometheus.Labels{"version": n.build.Short(), "revision": n.build.Revision, "goversion": n.build.GoVersion}},
+			func() float64 { return 1 }),
 		gauge("quotaring_ledger_up", "1 when the ledger has been reached and the last settle and the last heartbeat (every 2 s) succeeded.", func() float64 {
 			if s := n.Settler(); s != nil && s.Healthy() {
 				return 1

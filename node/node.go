@@ -23,6 +23,7 @@ import (
 
 	"github.com/quotaring/quotaring/engine"
 	"github.com/quotaring/quotaring/flush"
+	"github.com/quotaring/quotaring/internal/buildinfo"
 	"github.com/quotaring/quotaring/ring"
 	"github.com/quotaring/quotaring/router"
 	"github.com/quotaring/quotaring/router/pb"
@@ -176,6 +177,7 @@ type Node struct {
 	refresher *flush.Refresher
 
 	started time.Time
+	build   buildinfo.Info // this binary's (logged, exported, recorded in the ledger)
 	ready   atomic.Bool
 	// warnedIncarnations is set once a new data dir was checked against
 	// the ledger's earlier incarnations of this node id (ledger.go).
@@ -257,7 +259,8 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	if err := cfg.defaults(); err != nil {
 		return nil, err
 	}
-	n := &Node{cfg: cfg, log: cfg.Logger.With("node", cfg.ID), reg: prometheus.NewRegistry(), started: time.Now()}
+	n := &Node{cfg: cfg, log: cfg.Logger.With("node", cfg.ID), reg: prometheus.NewRegistry(), started: time.Now(), build: buildinfo.Read()}
+	n.log.Info("starting", "version", n.build.Short(), "go", n.build.GoVersion)
 	n.metrics = newMetrics(n)
 	n.ctx, n.cancel = context.WithCancel(context.Background())
 	defer func() {

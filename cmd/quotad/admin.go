@@ -145,9 +145,15 @@ reservations frozen until it comes back or 'quotad revoke --node ID' frees them.
 		},
 		&cobra.Command{
 			Use:   "nodes",
-			Short: "List the nodes the ledger knows, their settled marks and ring state",
-			Args:  cobra.NoArgs,
-			RunE:  func(cmd *cobra.Command, _ []string) error { return c.nodes(cmd) },
+			Short: "List the nodes the ledger knows, their settled marks, ring state and build",
+			Long: `List every (node, incarnation) the ledger knows: its settled mark, its last
+heartbeat, its state in the answering node's view of the ring (latest
+incarnation only), and the quotad build it registered with (quotad version
+--short; "(older quotad)" for one registered by a build before builds were
+recorded). During a rolling upgrade this shows which nodes still run the old
+build.`,
+			Args: cobra.NoArgs,
+			RunE: func(cmd *cobra.Command, _ []string) error { return c.nodes(cmd) },
 		},
 		newAdminAlertsCmd(c), newAdminUsageCmd(c))
 	return cmd
@@ -751,13 +757,17 @@ func (c *adminClient) reservations(cmd *cobra.Command) error {
 func (c *adminClient) nodes(cmd *cobra.Command) error {
 	var out struct{ Nodes []node.NodeView }
 	return c.run(cmd, "GET", "/admin/v1/nodes", nil, &out, func(w io.Writer) {
-		fmt.Fprintln(w, "NODE\tINCARNATION\tSTATE\tSETTLED SEQ\tLAST HEARTBEAT\tADMIN ADDR")
+		fmt.Fprintln(w, "NODE\tINCARNATION\tSTATE\tSETTLED SEQ\tLAST HEARTBEAT\tBUILD\tADMIN ADDR")
 		for _, n := range out.Nodes {
 			state := n.State
 			if state == "" {
 				state = "-"
 			}
-			fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%s\t%s\n", n.Node, n.Incarnation, state, n.SettledSeq, n.HeartbeatAt.Format(time.RFC3339), orDash(n.AdminAddr))
+			build := n.Build
+			if build == "" {
+				build = "(older quotad)"
+			}
+			fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%s\t%s\t%s\n", n.Node, n.Incarnation, state, n.SettledSeq, n.HeartbeatAt.Format(time.RFC3339), build, orDash(n.AdminAddr))
 		}
 	})
 }

@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/quotaring/quotaring/internal/buildinfo"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 )
@@ -36,10 +37,42 @@ have none (quotad admin --help).`,
 			return bindEnv(cmd.Flags())
 		},
 	}
-	root.AddCommand(newServeCmd(), newDemoCmd(), newBenchCmd(), newMigrateCmd(), newReconcileCmd(), newRevokeCmd(), newPruneCmd(), newAdminCmd(), newChaosCmd())
+	build := buildinfo.Read()
+	root.Version = build.Short()
+	root.SetVersionTemplate(build.String()) // quotad --version: as quotad version
+	root.AddCommand(newVersionCmd(build), newServeCmd(), newDemoCmd(), newBenchCmd(), newMigrateCmd(), newReconcileCmd(), newRevokeCmd(), newPruneCmd(), newAdminCmd(), newChaosCmd())
 	noStrayArgs(root)
 	nameEnvInErrors(root)
 	return root
+}
+
+func newVersionCmd(build buildinfo.Info) *cobra.Command {
+	var short bool
+	c := &cobra.Command{
+		Use:   "version",
+		Short: "print which build of quotad this is",
+		Long: `Print this quotad's version, the commit it was built from and the Go that built
+it. A running node logs the same when it starts, exports it as the
+quotaring_build_info metric, and records the short form in the ledger's nodes
+table (quotad admin nodes, the admin API's /v1/nodes), where a rolling upgrade
+shows which nodes still run the older build.
+
+The version is the one a release build was linked with (the Dockerfile's
+VERSION build argument), else the one the go command stamped (a tag, or a
+pseudo-version naming the commit, +dirty for uncommitted changes), else
+"devel" (go run, -buildvcs=false).`,
+		Example: "  quotad version\n  quotad version --short   # one line: v1.2.3, or devel@c11a88a69da2+dirty\n  quotad --version",
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if short {
+				fmt.Fprintln(cmd.OutOrStdout(), build.Short())
+				return nil
+			}
+			fmt.Fprint(cmd.OutOrStdout(), build.String())
+			return nil
+		},
+	}
+	c.Flags().BoolVar(&short, "short", false, "print the version alone, on one line (as the ledger's nodes table records it)")
+	return c
 }
 
 // nameEnvInErrors makes every command's error say which of the flags it is

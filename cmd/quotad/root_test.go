@@ -13,6 +13,7 @@ import (
 
 	"github.com/spf13/pflag"
 
+	"github.com/quotaring/quotaring/internal/buildinfo"
 	"github.com/quotaring/quotaring/internal/pki"
 )
 
@@ -43,6 +44,32 @@ func TestStrayArguments(t *testing.T) {
 	}
 	if err := c.Args(c, rest); err != nil {
 		t.Errorf("admin routes set with patterns: %v", err)
+	}
+}
+
+func TestVersion(t *testing.T) {
+	build := buildinfo.Read()
+	run := func(args ...string) string {
+		t.Helper()
+		var out bytes.Buffer
+		root := newRootCmd()
+		root.SetArgs(args)
+		root.SetOut(&out)
+		root.SetErr(io.Discard)
+		if err := root.Execute(); err != nil {
+			t.Fatalf("quotad %s: %v", strings.Join(args, " "), err)
+		}
+		return out.String()
+	}
+	long := run("version")
+	if long != build.String() || !strings.HasPrefix(long, "quotad "+build.Version+"\n") || !strings.Contains(long, "built with go") {
+		t.Errorf("quotad version:\n%s", long)
+	}
+	if got := run("--version"); got != long {
+		t.Errorf("quotad --version:\n%s\nwant as quotad version:\n%s", got, long)
+	}
+	if got := run("version", "--short"); got != build.Short()+"\n" {
+		t.Errorf("quotad version --short: %q, want %q", got, build.Short())
 	}
 }
 

@@ -123,7 +123,8 @@ func TestNoRawAtomics(t *testing.T) {
 // packageVarAllowed lists the package-level variables that exist on purpose,
 // with why.
 var packageVarAllowed = map[string]string{
-	"internal/pgtest.current": "the one server per test package, set only by pgtest.Main (TestMain scope)",
+	"internal/pgtest.current":    "the one server per test package, set only by pgtest.Main (TestMain scope)",
+	"internal/buildinfo.version": "set only by the linker (-ldflags -X) in release builds; read-only at run time",
 }
 
 // TestNoPackageLevelMutableState: several nodes run in one process (tests,

@@ -1,0 +1,41 @@
+package flush
+
+import (
+	"fmt"
+	"testing"
+	"time"
+)
+
+// A prune waits for nodes that may run a quotad from before the retention
+// rules: each node id by its latest incarnation, heard from lately, not
+// stopped cleanly, without a recorded build that knows them.
+func TestOlderBuilds(t *testing.T) {
+	now := time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC)
+	row := func(node, inc string, heard time.Duration, schema int, stopped bool) NodeRow {
+		r := NodeRow{Node: node, Incarnation: inc, Heartbeat: now.Add(-heard), SchemaKnown: schema}
+		if schema > 0 {
+			r.Build = "v9.9.9"
+		}
+		if stopped {
+			r.Stopped = r.Heartbeat
+		}
+		return r
+	}
+	rows := []NodeRow{
+		row("n1", "a", 2*time.Second, 0, false),                // running, old: holds it back
+		row("n2", "a", 2*time.Second, 10, false),               // running, new
+		row("n3", "a", 2*time.Second, 0, true),                 // stopped cleanly
+		row("n4", "a", 2*oldBuildWindow, 0, false),             // gone for longer than the window
+		row("n5", "old", time.Minute, 0, false),                // an old incarnation...
+		row("n5", "new", time.Second, retentionSchema, false),  // ...restarted on a new build
+		row("n6", "new", time.Hour+time.Second, 10, false),     // the reverse: the latest is old
+		row("n6", "old", oldBuildWindow-time.Minute, 7, false), // and heard from within the window
+	}
+	var got []string
+	for _, r := range olderBuilds(rows, now) {
+		got = append(got, r.Node+"/"+r.Incarnation)
+	}
+	if fmt.Sprint(got) != "[n1/a n6/old]" {
+		t.Fatalf("olderBuilds = %v, want [n1/a n6/old]", got)
+	}
+}
