@@ -52,6 +52,7 @@ type statusData struct {
 	State  string // serving, draining, starting
 	Now    string
 	Uptime string
+	Build  string // quotad version --short
 	// ClockOffset is the clock the node bills by minus the ledger's at the
 	// last check (clockLoop), "" before one; ClockOff: past
 	// Config.MaxClockOffset. ClockStep: how far the system clock stands
@@ -171,7 +172,7 @@ func (n *Node) statusPage(w http.ResponseWriter, r *http.Request) {
 func (n *Node) statusData(ctx context.Context) *statusData {
 	now := time.Now()
 	d := &statusData{Node: n.cfg.ID, Now: now.UTC().Format("2006-01-02 15:04:05 UTC"),
-		Uptime: time.Since(n.started).Round(time.Second).String(), State: "serving",
+		Uptime: time.Since(n.started).Round(time.Second).String(), Build: n.build.Short(), State: "serving",
 		LedgerValue: "not reached", LedgerState: "serving from the data dir's config snapshot until it answers"}
 	if off := time.Duration(n.clockOffset.Load()); off != 0 {
 		d.ClockOffset = signed(off)
