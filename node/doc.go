@@ -21,9 +21,13 @@
 //
 //	state draining: the ring stops giving this node accounts
 //	stop the HTTP front and the gRPC server, letting in-flight calls finish
-//	  (DrainTimeout)
+//	  (DrainTimeout; the rest are cut off and refunded)
 //	hand every reservation back; settle everything (SettleTimeout)
 //	leave the ring; close
+//
+// The last serving member announces draining only after the second step:
+// nobody could take its accounts over, and the refunds of requests cut off
+// there need an owner.
 //
 // If the final settle fails (ledger down), the records stay in the log for
 // the next start and Shutdown returns an error, so quotad exits non-zero.

@@ -196,9 +196,13 @@ type Node struct {
 	// crashAfterCommit arms the test failpoint of the settler (TestFaults).
 	crashAfterCommit atomic.Bool
 	draining         atomic.Bool
-	ctx              context.Context // canceled by Shutdown: stops background loops
-	cancel           context.CancelFunc
-	wg               sync.WaitGroup
+	// leaving is set when the draining node gives its accounts up (owns
+	// answers false from then on): at once, or, for the last serving
+	// member, once its in-flight requests are done (Shutdown).
+	leaving atomic.Bool
+	ctx     context.Context // canceled by Shutdown: stops background loops
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup
 }
 
 type ledgerBox struct{ l flush.Ledger }
@@ -395,7 +399,7 @@ func (n *Node) onCharge(account string, d *shard.Decision, err error, took time.
 // node's view of the ring.
 func (n *Node) owns(account string) bool {
 	r := n.ring.Load()
-	if r == nil || n.draining.Load() {
+	if r == nil || n.leaving.Load() {
 		return false
 	}
 	m, ok := r.Owner(account)

@@ -20,18 +20,19 @@ func (n *Node) Shutdown(ctx context.Context) error {
 	t0 := time.Now()
 	n.draining.Store(true)
 	r := n.Ring()
-	if r != nil {
-		// Best effort, and bounded: when every peer is going away too
-		// (the whole cluster drained at once), nobody is left to take the
-		// broadcast, and waiting on it with ctx ate the whole budget and
-		// left an expired context for the settle and the releases.
-		actx, cancel := context.WithTimeout(ctx, announceTimeout)
-		if err := r.SetState(actx, ring.StateDraining); err != nil {
-			n.log.Warn("could not announce draining", "err", err)
-		}
-		cancel()
+	// The last node standing keeps its accounts through the drain: nobody
+	// could take them over, and a request cut off at the drain timeout is
+	// refunded by the account's owner, which would be nobody ("refund
+	// failed: the charge stands"). It stops taking connections all the
+	// same, and announces draining after.
+	last := r != nil && n.lastServing(r)
+	if r != nil && !last {
+		n.announceDraining(ctx, r)
 	}
 	n.drain(ctx)
+	if last {
+		n.announceDraining(ctx, r)
+	}
 	var errs []error
 	n.releaseAll(ctx)
 	n.stopLoops()
@@ -52,6 +53,30 @@ func (n *Node) Shutdown(ctx context.Context) error {
 	errs = append(errs, n.closeAll())
 	n.log.Info("stopped", "took", time.Since(t0).Round(time.Millisecond), "final_settle_ok", settleErr == nil)
 	return errors.Join(errs...)
+}
+
+// announceDraining tells the ring this node drains: it owns nothing more.
+// Best effort, and bounded: when every peer is going away too (the whole
+// cluster drained at once), nobody is left to take the broadcast, and
+// waiting on it with ctx ate the whole budget and left an expired context
+// for the settle and the releases.
+func (n *Node) announceDraining(ctx context.Context, r *ring.Ring) {
+	n.leaving.Store(true)
+	actx, cancel := context.WithTimeout(ctx, announceTimeout)
+	defer cancel()
+	if err := r.SetState(actx, ring.StateDraining); err != nil {
+		n.log.Warn("could not announce draining", "err", err)
+	}
+}
+
+// lastServing reports whether no other member serves in this node's view.
+func (n *Node) lastServing(r *ring.Ring) bool {
+	for _, id := range r.View().Serving {
+		if id != n.cfg.ID {
+			return false
+		}
+	}
+	return true
 }
 
 // releaseAll hands every reservation back so the new owners find the units

@@ -100,9 +100,16 @@ func TestCleanStopIsRecordedInTheLedger(t *testing.T) {
 // charge refunded before the node settles and exits (before, the node
 // exited with the handler still waiting on its upstream: billed, and
 // nothing logged). The refund goes to the account's new owner, as every
-// refund of a draining node does. (A last node standing has nobody to
-// take it: its log says "refund failed: the charge stands".)
+// refund of a draining node does; the last node standing, which nobody
+// could hand its accounts to, keeps them through its drain and refunds
+// the charge itself (before, its log said "refund failed: the charge
+// stands").
 func TestDrainTimeoutCutsOffAndRefunds(t *testing.T) {
+	t.Run("two nodes", func(t *testing.T) { testDrainCutOff(t, 2) })
+	t.Run("the last node standing", func(t *testing.T) { testDrainCutOff(t, 1) })
+}
+
+func testDrainCutOff(t *testing.T, size int) {
 	dir := t.TempDir()
 	dsn := "sqlite:" + filepath.Join(dir, "ledger.db")
 	accounts := twentyAccounts(1000)
@@ -124,10 +131,14 @@ func TestDrainTimeoutCutsOffAndRefunds(t *testing.T) {
 	}))
 	defer upstream.Close()
 	u, _ := url.Parse(upstream.URL)
-	nodes := startNodesWith(t, dsn, func(c *Config) {
+	mods := []func(*Config){func(c *Config) {
 		c.DrainTimeout = 200 * time.Millisecond
 		c.Front = func(n *Node) (http.Handler, error) { return router.NewProxy(u, n.FrontOptions()) }
-	}, nil)
+	}}
+	for len(mods) < size {
+		mods = append(mods, nil)
+	}
+	nodes := startNodesWith(t, dsn, mods...)
 	n1 := nodes[0]
 	acct := ownedBy(t, n1, accounts)
 	const key = "qr_test_drain_0123456789"
@@ -158,7 +169,7 @@ func TestDrainTimeoutCutsOffAndRefunds(t *testing.T) {
 	}
 	<-answered
 	// The /fast request stays billed; the cut-off /slow one is refunded.
-	waitFor(t, 10*time.Second, "the refund settled by the new owner", func() bool {
+	waitFor(t, 10*time.Second, "the refund settled", func() bool {
 		events, err := l.Events(ctx, acct)
 		if err != nil {
 			t.Fatal(err)
