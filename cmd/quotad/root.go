@@ -40,6 +40,7 @@ have none (quotad admin --help).`,
 	build := buildinfo.Read()
 	root.Version = build.Short()
 	root.SetVersionTemplate(build.String()) // quotad --version: as quotad version
+	root.Flags().BoolP("version", "v", false, "print which build of quotad this is (as quotad version)")
 	root.AddCommand(newVersionCmd(build), newServeCmd(), newDemoCmd(), newBenchCmd(), newMigrateCmd(), newReconcileCmd(), newRevokeCmd(), newPruneCmd(), newAdminCmd(), newChaosCmd())
 	noStrayArgs(root)
 	nameEnvInErrors(root)
@@ -50,7 +51,7 @@ func newVersionCmd(build buildinfo.Info) *cobra.Command {
 	var short bool
 	c := &cobra.Command{
 		Use:   "version",
-		Short: "print which build of quotad this is",
+		Short: "Print which build of quotad this is: version, commit and Go",
 		Long: `Print this quotad's version, the commit it was built from and the Go that built
 it. A running node logs the same when it starts, exports it as the
 quotaring_build_info metric, and records the short form in the ledger's nodes
