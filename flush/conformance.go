@@ -54,6 +54,7 @@ func RunConformance(t *testing.T, open func(t *testing.T) Ledger) {
 		{"PruneEvents", confPruneEvents},
 		{"BillingUsage", confBillingUsage},
 		{"NodesReservationsAlerts", confNodesAlerts},
+		{"NodeStarts", confNodeStarts},
 		{"MissedAlerts", confMissedAlerts},
 	}
 	for _, tc := range tests {
@@ -122,7 +123,7 @@ func confNode(t *testing.T, l Ledger, node string) *confSettler {
 	t.Helper()
 	mark, err := l.RegisterNode(t.Context(), node, node+"-inc")
 	if err == nil {
-		err = l.RecordBuild(t.Context(), node, node+"-inc", "v9.9.9")
+		err = l.RecordStart(t.Context(), node, node+"-inc", NodeStart{Build: "v9.9.9", Process: node + "-proc"})
 	}
 	if err != nil {
 		t.Fatalf("register %s: %v", node, err)
@@ -1465,8 +1466,8 @@ func confPruneEvents(t *testing.T, l Ledger) {
 		strings.Contains(err.Error(), "node-a") || !strings.Contains(err.Error(), "node-old (incarnation node-old-inc") {
 		t.Fatalf("prune with a node of unknown build heard from just now: %v, want ErrInvalid naming node-old only", err)
 	}
-	if err := l.RecordBuild(ctx, "node-a", "node-b-inc", "v9.9.9"); !errors.Is(err, ErrInvalid) {
-		t.Fatalf("RecordBuild of an incarnation never registered: %v, want ErrInvalid", err)
+	if err := l.RecordStart(ctx, "node-a", "node-b-inc", NodeStart{Build: "v9.9.9", Process: "p"}); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("RecordStart of an incarnation never registered: %v, want ErrInvalid", err)
 	}
 	nodes, err := l.Nodes(ctx)
 	if err != nil || len(nodes) != 2 || nodes[0].Build != "v9.9.9" || nodes[0].SchemaKnown < retentionSchema || nodes[1].Build != "" || nodes[1].SchemaKnown != 0 {
@@ -1579,6 +1580,39 @@ func confPruneEvents(t *testing.T, l Ledger) {
 	n.settle(t, chargeOf("acct-1", "e9", 1, confJune))
 	wantGrant(t, l, "acct-1", confJune, 4, 0)
 	wantReconciled(t, l)
+}
+
+// confNodeStarts: the latest RecordStart of any incarnation of a node id
+// names the process that runs it now.
+func confNodeStarts(t *testing.T, l Ledger) {
+	ctx := t.Context()
+	if s, err := l.LastStart(ctx, "node-a"); err != nil || s != (NodeStart{}) {
+		t.Fatalf("LastStart of a node never started: %+v, %v; want zero", s, err)
+	}
+	confNode(t, l, "node-a")
+	if s, err := l.LastStart(ctx, "node-a"); err != nil || s != (NodeStart{Build: "v9.9.9", Process: "node-a-proc", Incarnation: "node-a-inc"}) {
+		t.Fatalf("LastStart after one start: %+v, %v", s, err)
+	}
+	// A registration without a start (an older quotad) names nobody.
+	if _, err := l.RegisterNode(ctx, "node-a", "node-a-inc2"); err != nil {
+		t.Fatal(err)
+	}
+	if s, err := l.LastStart(ctx, "node-a"); err != nil || s.Process != "node-a-proc" {
+		t.Fatalf("LastStart after a registration without a start: %+v, %v", s, err)
+	}
+	// Another process, on another incarnation, then on the first again: the
+	// latest start wins, whichever row it is on.
+	for _, st := range []struct{ inc, proc string }{{"node-a-inc2", "second"}, {"node-a-inc", "third"}} {
+		if err := l.RecordStart(ctx, "node-a", st.inc, NodeStart{Build: "v10", Process: st.proc}); err != nil {
+			t.Fatal(err)
+		}
+		if s, err := l.LastStart(ctx, "node-a"); err != nil || s != (NodeStart{Build: "v10", Process: st.proc, Incarnation: st.inc}) {
+			t.Fatalf("LastStart after %s started on %s: %+v, %v", st.proc, st.inc, s, err)
+		}
+	}
+	if s, err := l.LastStart(ctx, "node-b"); err != nil || s != (NodeStart{}) {
+		t.Fatalf("LastStart of another node: %+v, %v; want zero", s, err)
+	}
 }
 
 func confBillingUsage(t *testing.T, l Ledger) {

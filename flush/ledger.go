@@ -47,11 +47,14 @@ type Ledger interface {
 	// when the ledger's settled mark is not settled. RegisterNode and every
 	// settle of the incarnation clear it.
 	NodeStopped(ctx context.Context, node, incarnation string, settled uint64) (bool, error)
-	// RecordBuild records which build of quotad runs (node, incarnation),
-	// registered before (internal/buildinfo's short form), and the newest
-	// ledger schema that build knows: NodeRow.Build and SchemaKnown. An
-	// incarnation restarted on a newer build records it again.
-	RecordBuild(ctx context.Context, node, incarnation, build string) error
+	// RecordStart records the process that runs (node, incarnation),
+	// registered before: its build (NodeRow.Build), the newest ledger
+	// schema that build knows (NodeRow.SchemaKnown), its name, and the
+	// ledger's time. An incarnation restarted records it again.
+	RecordStart(ctx context.Context, node, incarnation string, s NodeStart) error
+	// LastStart is what the latest RecordStart of any incarnation of node
+	// recorded; zero when none did.
+	LastStart(ctx context.Context, node string) (NodeStart, error)
 
 	// Settle applies one batch exactly once, in one transaction (see Batch).
 	Settle(ctx context.Context, b *Batch) (SettleResult, error)
@@ -458,6 +461,18 @@ type NodeRow struct {
 	// knows; "" and 0 for an incarnation an older quotad registered.
 	Build       string
 	SchemaKnown int
+}
+
+// NodeStart is a node process as RecordStart records it.
+type NodeStart struct {
+	// Build is the quotad build (internal/buildinfo's short form).
+	Build string
+	// Process is a random name the process gave itself at start: of two
+	// processes running as one node id, the one that started first finds
+	// the other's here (LastStart) and stops.
+	Process string
+	// Incarnation is the incarnation it registered (LastStart only).
+	Incarnation string
 }
 
 // checkAlertKey checks what RecordAlert needs.

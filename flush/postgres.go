@@ -375,14 +375,26 @@ func (p *Postgres) NodeStopped(ctx context.Context, node, incarnation string, se
 	return tag.RowsAffected() == 1, p.fail("record that node "+node+"/"+incarnation+" stopped", err)
 }
 
-// RecordBuild implements Ledger.
-func (p *Postgres) RecordBuild(ctx context.Context, node, incarnation, build string) error {
-	tag, err := p.pool.Exec(ctx, `UPDATE nodes SET build = $3, schema_known = $4 WHERE node_id = $1 AND incarnation = $2`,
-		node, incarnation, build, knownSchema(dialectPostgres))
+// RecordStart implements Ledger.
+func (p *Postgres) RecordStart(ctx context.Context, node, incarnation string, s NodeStart) error {
+	tag, err := p.pool.Exec(ctx, `UPDATE nodes SET build = $3, schema_known = $4, process = $5, registered_at = clock_timestamp()
+		WHERE node_id = $1 AND incarnation = $2`,
+		node, incarnation, s.Build, knownSchema(dialectPostgres), s.Process)
 	if err == nil && tag.RowsAffected() != 1 {
 		err = fmt.Errorf("%w: node %s/%s is not registered", ErrInvalid, node, incarnation)
 	}
-	return p.fail("record the build of node "+node+"/"+incarnation, err)
+	return p.fail("record the start of node "+node+"/"+incarnation, err)
+}
+
+// LastStart implements Ledger.
+func (p *Postgres) LastStart(ctx context.Context, node string) (NodeStart, error) {
+	var s NodeStart
+	err := p.pool.QueryRow(ctx, `SELECT coalesce(build, ''), process, incarnation FROM nodes
+		WHERE node_id = $1 AND process IS NOT NULL ORDER BY registered_at DESC LIMIT 1`, node).Scan(&s.Build, &s.Process, &s.Incarnation)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return NodeStart{}, nil
+	}
+	return s, p.fail("read the last start of node "+node, err)
 }
 
 // Nodes lists every (node, incarnation) with its settled mark.

@@ -40,9 +40,9 @@ type SettlerOptions struct {
 	// before it is marked settled locally: a failpoint for the test that kills
 	// a node exactly there.
 	AfterCommit func()
-	// Build, when set, is recorded with the node's registration
-	// (Ledger.RecordBuild): which quotad build runs it.
-	Build string
+	// Start, when its Process is set, is recorded with the node's
+	// registration (Ledger.RecordStart): which process and build run it.
+	Start NodeStart
 }
 
 // SettleReport describes one attempt.
@@ -153,8 +153,8 @@ func (s *Settler) Register(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("flush: register node %s: %w", s.node, err)
 	}
-	if s.opts.Build != "" {
-		if err := s.opts.Ledger.RecordBuild(ctx, s.node, s.inc, s.opts.Build); err != nil {
+	if s.opts.Start.Process != "" {
+		if err := s.opts.Ledger.RecordStart(ctx, s.node, s.inc, s.opts.Start); err != nil {
 			return fmt.Errorf("flush: register node %s: %w", s.node, err)
 		}
 	}

@@ -271,11 +271,11 @@ func (s *SQLite) NodeStopped(ctx context.Context, node, incarnation string, sett
 	return n == 1, s.fail("record that node "+node+"/"+incarnation+" stopped", err)
 }
 
-// RecordBuild implements Ledger.
-func (s *SQLite) RecordBuild(ctx context.Context, node, incarnation, build string) error {
+// RecordStart implements Ledger.
+func (s *SQLite) RecordStart(ctx context.Context, node, incarnation string, st NodeStart) error {
 	err := s.write(ctx, func(tx *sql.Tx) error {
-		r, err := tx.ExecContext(ctx, `UPDATE nodes SET build = ?, schema_known = ? WHERE node_id = ? AND incarnation = ?`,
-			build, knownSchema(dialectSQLite), node, incarnation)
+		r, err := tx.ExecContext(ctx, `UPDATE nodes SET build = ?, schema_known = ?, process = ?, registered_at = ? WHERE node_id = ? AND incarnation = ?`,
+			st.Build, knownSchema(dialectSQLite), st.Process, s.now().UnixNano(), node, incarnation)
 		var n int64
 		if err == nil {
 			n, err = r.RowsAffected()
@@ -285,7 +285,21 @@ func (s *SQLite) RecordBuild(ctx context.Context, node, incarnation, build strin
 		}
 		return err
 	})
-	return s.fail("record the build of node "+node+"/"+incarnation, err)
+	return s.fail("record the start of node "+node+"/"+incarnation, err)
+}
+
+// LastStart implements Ledger.
+func (s *SQLite) LastStart(ctx context.Context, node string) (NodeStart, error) {
+	var st NodeStart
+	err := s.read(ctx, func(tx *sql.Tx) error {
+		err := tx.QueryRowContext(ctx, `SELECT coalesce(build, ''), process, incarnation FROM nodes
+			WHERE node_id = ? AND process IS NOT NULL ORDER BY registered_at DESC LIMIT 1`, node).Scan(&st.Build, &st.Process, &st.Incarnation)
+		if errors.Is(err, sql.ErrNoRows) {
+			return nil
+		}
+		return err
+	})
+	return st, s.fail("read the last start of node "+node, err)
 }
 
 // Nodes lists every (node, incarnation) with its settled mark.

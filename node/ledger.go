@@ -74,7 +74,7 @@ func (n *Node) tryLedger(ctx context.Context, beforeServing bool) (bool, error) 
 	}
 	settler, err := flush.NewSettler(flush.SettlerOptions{Ledger: l, Engine: n.eng, Interval: n.cfg.SettleInterval,
 		Events: !n.cfg.EventsOff, Logger: n.log.With("component", "settler"), OnSettle: n.metrics.onSettle,
-		AfterCommit: n.afterCommitFailpoint, Build: n.build.Short()})
+		AfterCommit: n.afterCommitFailpoint, Start: n.startToRecord()})
 	if err == nil {
 		err = settler.Register(ctx)
 	}
@@ -101,6 +101,7 @@ func (n *Node) tryLedger(ctx context.Context, beforeServing bool) (bool, error) 
 		l.Close()
 		return false, err
 	}
+	n.startRecorded.Store(true)
 	n.ledger.Store(&ledgerBox{l: l})
 	n.mu.Lock()
 	n.settler, n.refresher = settler, refresher

@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	crand "crypto/rand"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -178,7 +179,16 @@ type Node struct {
 
 	started time.Time
 	build   buildinfo.Info // this binary's (logged, exported, recorded in the ledger)
-	ready   atomic.Bool
+	// process names this process in the ledger (fence.go); startRecorded
+	// is set once the ledger has it.
+	process       string
+	startRecorded atomic.Bool
+	// fenced is closed when a later process started as this node id
+	// (fence.go); fenceOnce closes it.
+	fenced      chan struct{}
+	fenceOnce   sync.Once
+	fenceChecks atomic.Int64 // checks that read the ledger (tests)
+	ready       atomic.Bool
 	// warnedIncarnations is set once a new data dir was checked against
 	// the ledger's earlier incarnations of this node id (ledger.go).
 	warnedIncarnations atomic.Bool
@@ -263,7 +273,8 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	if err := cfg.defaults(); err != nil {
 		return nil, err
 	}
-	n := &Node{cfg: cfg, log: cfg.Logger.With("node", cfg.ID), reg: prometheus.NewRegistry(), started: time.Now(), build: buildinfo.Read()}
+	n := &Node{cfg: cfg, log: cfg.Logger.With("node", cfg.ID), reg: prometheus.NewRegistry(), started: time.Now(), build: buildinfo.Read(),
+		process: crand.Text(), fenced: make(chan struct{})}
 	n.log.Info("starting", "version", n.build.Short(), "go", n.build.GoVersion)
 	n.metrics = newMetrics(n)
 	n.ctx, n.cancel = context.WithCancel(context.Background())
@@ -326,6 +337,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	} else if err := n.serveOnceConfigured(ctx); err != nil {
 		return nil, err
 	}
+	n.goLoop(n.fenceLoop)
 	if n.cfg.ReconcileInterval > 0 {
 		n.goLoop(n.reconcileLoop)
 	}

@@ -63,7 +63,7 @@ func TestPruneCommand(t *testing.T) {
 	if l, err = flush.OpenSQLite(ctx, path, flush.SQLiteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if err := l.RecordBuild(ctx, "q1", "q1-inc", "v9.9.9"); err != nil {
+	if err := l.RecordStart(ctx, "q1", "q1-inc", flush.NodeStart{Build: "v9.9.9", Process: "p"}); err != nil {
 		t.Fatal(err)
 	}
 	l.Close()

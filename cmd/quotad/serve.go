@@ -252,9 +252,17 @@ func runServe(ctx context.Context, f serveFlags) error {
 	if err != nil {
 		return err
 	}
-	<-ctx.Done() // SIGTERM or SIGINT
-	logger.Info("signal received: draining")
 	budget := cfg.DrainTimeout + cfg.SettleTimeout + 10*time.Second
+	select {
+	case <-ctx.Done(): // SIGTERM or SIGINT
+	case <-n.Fenced():
+		// Another process started as this --node-id: stop without handing
+		// anything back, and exit 1 (node/fence.go).
+		sctx, cancel := context.WithTimeout(context.Background(), budget)
+		defer cancel()
+		return n.StopFenced(sctx)
+	}
+	logger.Info("signal received: draining")
 	sctx, cancel := context.WithTimeout(context.Background(), budget)
 	defer cancel()
 	return n.Shutdown(sctx)

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/quotaring/quotaring/flush"
 	"github.com/quotaring/quotaring/internal/pgtest"
 	"github.com/quotaring/quotaring/snapshot"
 )
@@ -141,4 +142,29 @@ func TestSIGTERMWithTheLedgerDown(t *testing.T) {
 	if u := tc.used("kept"); u != int64(20+acknowledged) {
 		t.Fatalf("after the restart the ledger holds %d units, want the %d acknowledged", u, 20+acknowledged)
 	}
+}
+
+// Two processes as one node id that passed the start check together (two
+// replicas given one --node-id): the one that started first finds the
+// later one's start in the ledger, says so and exits 1 without handing its
+// reservations back, which are the later process's now.
+func TestEarlierProcessOfOneNodeIDStops(t *testing.T) {
+	tc := newTestCluster(t, 3)
+	victim := tc.Nodes[2]
+	ctx := context.Background()
+	// What the later process's registration leaves in the ledger.
+	if _, err := tc.ledger.RegisterNode(ctx, victim.ID, "later-inc"); err != nil {
+		t.Fatal(err)
+	}
+	if err := tc.ledger.RecordStart(ctx, victim.ID, "later-inc", flush.NodeStart{Build: "v-later", Process: "later"}); err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	code, _ := victim.Wait(wctx)
+	log := victim.LogTail(40)
+	if code != 1 || !strings.Contains(log, "another process started as this node id after this one") || !strings.Contains(log, "later-inc") {
+		t.Fatalf("the earlier process: exit %d; want 1 and the reason in its log:\n%s", code, log)
+	}
+	tc.converge(30 * time.Second) // the others go on without it
 }
