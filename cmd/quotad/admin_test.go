@@ -18,6 +18,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/quotaring/quotaring/flush"
+	"github.com/quotaring/quotaring/internal/buildinfo"
 	"github.com/quotaring/quotaring/internal/pki"
 	"github.com/quotaring/quotaring/node"
 	"github.com/quotaring/quotaring/ring"
@@ -145,8 +146,9 @@ func TestQuotadAdmin(t *testing.T) {
 	if err := json.Unmarshal([]byte(mustAdmin(t, n, "accounts", "show", "acme", "--json")), &v); err != nil || v.Plan.ID != "pro" || len(v.Grants) != 1 {
 		t.Fatalf("accounts show --json: %+v %v", v, err)
 	}
-	if out := mustAdmin(t, n, "nodes"); !strings.Contains(out, "n1") || !strings.Contains(out, "serving") {
-		t.Fatalf("nodes: %q", out)
+	if out := mustAdmin(t, n, "nodes"); !strings.Contains(out, "n1") || !strings.Contains(out, "serving") ||
+		!strings.Contains(out, "BUILD") || !strings.Contains(out, buildinfo.Read().Short()) {
+		t.Fatalf("nodes: %q, want n1 serving, with its build", out)
 	}
 	if out := mustAdmin(t, n, "reservations"); !strings.Contains(out, "total") {
 		t.Fatalf("reservations: %q", out)
