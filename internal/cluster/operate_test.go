@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -167,4 +168,59 @@ func TestEarlierProcessOfOneNodeIDStops(t *testing.T) {
 		t.Fatalf("the earlier process: exit %d; want 1 and the reason in its log:\n%s", code, log)
 	}
 	tc.converge(30 * time.Second) // the others go on without it
+}
+
+// Two real processes given one --node-id, started together: one of them
+// exits 1, saying why, and the other joins the ring and serves. Which check
+// stops it depends on the interleaving: when the first registers before
+// the second looks, the second refuses to start (checkNodeIDFree); when
+// both looked before either registered, the first to register finds the
+// other's start and stops (fence.go).
+func TestTwoProcessesStartedAsOneNodeID(t *testing.T) {
+	tc := newTestCluster(t, 3)
+	var twins []*Node
+	for i := range 2 {
+		n, err := tc.newNode(len(tc.Nodes) + i) // an address, ports and a data dir of its own
+		if err != nil {
+			t.Fatal(err)
+		}
+		n.ID = "twin"
+		n.args[slices.Index(n.args, "--node-id")+1] = n.ID
+		twins = append(twins, n)
+	}
+	ctx := context.Background()
+	for _, n := range twins {
+		if err := n.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var stopped, survivor *Node
+	tc.eventually(30*time.Second, "one of the twins to exit", func() bool {
+		for i, n := range twins {
+			if !n.Running() {
+				stopped, survivor = n, twins[1-i]
+				return true
+			}
+		}
+		return false
+	})
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	code, _ := stopped.Wait(wctx)
+	if log := stopped.LogTail(60); code != 1 || !strings.Contains(log, "another process started as this node id after this one") &&
+		!strings.Contains(log, "another process runs as this node id: refusing to start") {
+		t.Fatalf("the twin that stopped: exit %d; want 1 and the reason in its log:\n%s", code, log)
+	}
+	if !survivor.Running() {
+		t.Fatalf("both twins exited:\n%s", survivor.LogTail(30))
+	}
+	if strings.Contains(stopped.LogTail(60), "refusing to start") {
+		t.Log("the second twin refused to start: the first had registered before it looked")
+	} else {
+		t.Log("both twins started; the one that registered first found the other and stopped")
+	}
+	tc.mu.Lock()
+	tc.Nodes = append(tc.Nodes, survivor) // converged with the others, and stopped at the end
+	tc.mu.Unlock()
+	tc.converge(60 * time.Second)
 }
