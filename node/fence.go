@@ -21,7 +21,10 @@ import (
 // process to start as its id is itself. The one that started first finds
 // the other's name, says so, and stops (Fenced, StopFenced): it takes no
 // charge any more and hands nothing back (the reservations under the id
-// are the other process's now), and settles what its log holds.
+// are the other process's now), and settles what its log holds. A process
+// that started while the ledger was down, and so never checked, checks as
+// a starting one does when it first reaches the ledger, and stops the same
+// way if another process runs as its id.
 
 // fenceEvery is how often a node checks that it is still the latest
 // process started as its id.
@@ -72,16 +75,21 @@ func (n *Node) fenceLoop(ctx context.Context) {
 		if last.Process == "" || last.Process == n.process {
 			continue
 		}
-		n.fenceOnce.Do(func() {
-			n.leaving.Store(true) // owns nothing from now on
-			n.log.Error("another process started as this node id after this one: this one stops taking charges and exits; "+
-				"two processes with one --node-id charge the same accounts twice and free each other's reservations. "+
-				"Give each process a --node-id of its own (a StatefulSet's pod names, not a Deployment's shared config)",
-				"other_process_incarnation", last.Incarnation, "other_process_build", last.Build,
-				"this_incarnation", n.wal.Incarnation())
-			close(n.fenced)
-		})
+		n.fence("another process started as this node id after this one: this one stops taking charges and exits; "+
+			"two processes with one --node-id charge the same accounts twice and free each other's reservations. "+
+			"Give each process a --node-id of its own (a StatefulSet's pod names, not a Deployment's shared config)",
+			"other_process_incarnation", last.Incarnation, "other_process_build", last.Build)
 	}
+}
+
+// fence makes this node own nothing from now on, logs why (once), and
+// closes Fenced.
+func (n *Node) fence(why string, attrs ...any) {
+	n.fenceOnce.Do(func() {
+		n.leaving.Store(true)
+		n.log.Error(why, append(attrs, "this_incarnation", n.wal.Incarnation())...)
+		close(n.fenced)
+	})
 }
 
 // StopFenced stops a node that Fenced: it takes no charge any more, cuts

@@ -23,10 +23,7 @@ func (n *Node) connectLedger(ctx context.Context, beforeServing bool) bool {
 
 // tryLedger is connectLedger with the reason it failed.
 func (n *Node) tryLedger(ctx context.Context, beforeServing bool) (bool, error) {
-	timeout := 10 * time.Second
-	if beforeServing {
-		timeout += nodeLease // checkNodeIDFree may wait that long
-	}
+	timeout := 10*time.Second + nodeLease // checkNodeIDFree may wait that long
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	l, err := flush.Open(ctx, n.cfg.Ledger, n.log.With("component", "ledger"))
@@ -59,18 +56,25 @@ func (n *Node) tryLedger(ctx context.Context, beforeServing bool) (bool, error) 
 			"what_to_check", flush.WhatToCheck(err))
 		return false, err
 	}
-	if beforeServing {
-		// NB: before Register (which writes this node's heartbeat) and
-		// before resetReservations frees what the node id holds.
-		if err := n.checkNodeIDFree(ctx, l); err != nil {
-			l.Close()
-			if errors.Is(err, errNodeIDInUse) {
-				n.log.Error("another process runs as this node id: refusing to start", "err", err)
-			} else {
-				n.log.Warn("ledger reached but not usable yet", "err", err)
-			}
-			return false, err
+	// NB: before Register (which writes this node's heartbeat) and
+	// before resetReservations frees what the node id holds. Also when the
+	// ledger is first reached late (it was down at start): this process has
+	// served from its data dir meanwhile, and one that runs as its id may
+	// have started since.
+	if err := n.checkNodeIDFree(ctx, l, !beforeServing); err != nil {
+		l.Close()
+		switch {
+		case errors.Is(err, errNodeIDInUse) && beforeServing:
+			n.log.Error("another process runs as this node id: refusing to start", "err", err)
+		case errors.Is(err, errNodeIDInUse):
+			// Serving already: stop as a process that a later one fenced.
+			n.fence("another process runs as this node id, found when the ledger was first reached (it was down when this one started): "+
+				"this one stops taking charges and exits; two processes with one --node-id charge the same accounts twice and free each other's reservations. "+
+				"Give each process a --node-id of its own", "err", err)
+		default:
+			n.log.Warn("ledger reached but not usable yet", "err", err)
 		}
+		return false, err
 	}
 	settler, err := flush.NewSettler(flush.SettlerOptions{Ledger: l, Engine: n.eng, Interval: n.cfg.SettleInterval,
 		Events: !n.cfg.EventsOff, Logger: n.log.With("component", "settler"), OnSettle: n.metrics.onSettle,
@@ -153,10 +157,13 @@ const nodeLease = 2*flush.HeartbeatEvery + time.Second
 // the id within nodeLease, this waits until the lease runs out: a heartbeat
 // newer than the one seen means a live process (this one has written
 // nothing yet). A node restarted after kill -9 or SIGTERM waits out the
-// rest of its lease, a few seconds.
-func (n *Node) checkNodeIDFree(ctx context.Context, l flush.Ledger) error {
+// rest of its lease, a few seconds. With watch (a node that served while
+// the ledger was down and reaches it now: the id's last heartbeat may be
+// from before the outage while another process runs), it watches a whole
+// lease from now whatever the last heartbeat.
+func (n *Node) checkNodeIDFree(ctx context.Context, l flush.Ledger, watch bool) error {
 	last, row, err := lastHeard(ctx, l, n.cfg.ID)
-	if err != nil || last.IsZero() {
+	if err != nil || last.IsZero() && !watch {
 		return err
 	}
 	now, err := l.Clock(ctx)
@@ -164,11 +171,17 @@ func (n *Node) checkNodeIDFree(ctx context.Context, l flush.Ledger) error {
 		return err
 	}
 	deadline := last.Add(nodeLease)
+	if watch {
+		deadline = now.Add(nodeLease)
+	}
 	if !now.Before(deadline) {
 		return nil
 	}
-	n.log.Info("the ledger heard from this node id moments ago: making sure no other process runs as it before starting",
-		"last_heard", last.UTC().Format(time.RFC3339Nano), "incarnation", row.Incarnation, "wait", deadline.Sub(now).Round(time.Millisecond))
+	msg := "the ledger heard from this node id moments ago: making sure no other process runs as it before starting"
+	if watch {
+		msg = "the ledger is reached for the first time since this node started: making sure no other process started as its id meanwhile"
+	}
+	n.log.Info(msg, "last_heard", last.UTC().Format(time.RFC3339Nano), "incarnation", row.Incarnation, "wait", deadline.Sub(now).Round(time.Millisecond))
 	t := time.NewTicker(nodeLease / 20)
 	defer t.Stop()
 	for now.Before(deadline) {
@@ -248,6 +261,8 @@ func (n *Node) retryLedger(ctx context.Context) {
 	for {
 		select {
 		case <-ctx.Done():
+			return
+		case <-n.fenced:
 			return
 		case <-t.C:
 			if n.connectLedger(ctx, false) {

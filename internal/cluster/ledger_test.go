@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"os/exec"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -190,4 +191,44 @@ func runQuotad(t *testing.T, args ...string) (string, int) {
 		t.Fatalf("run quotad %v: %v", args, err)
 	}
 	return buf.String(), 0
+}
+
+// A second process started as a running node's id while the ledger is
+// down cannot check at start; it checks when it first reaches the ledger,
+// watching a whole lease for the id's heartbeats, finds the running one's
+// and stops (exit 1), while the running one goes on.
+func TestTwinStartedWhileTheLedgerIsDownStops(t *testing.T) {
+	tc := newTestCluster(t, 3)
+	running := tc.Nodes[2]
+	twin, err := tc.newNode(len(tc.Nodes)) // an address, ports and a data dir of its own
+	if err != nil {
+		t.Fatal(err)
+	}
+	twin.ID = running.ID
+	twin.args[slices.Index(twin.args, "--node-id")+1] = running.ID
+	srv := pgtest.PackageServer(t)
+	ctx := context.Background()
+	if err := srv.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Longer than a lease: the id's last heartbeat in the ledger is old
+	// when the twin reaches it.
+	down := time.Now()
+	if err := twin.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	<-time.After(time.Until(down.Add(8 * time.Second)))
+	if err := srv.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	code, _ := twin.Wait(wctx)
+	if log := twin.LogTail(60); code != 1 || !strings.Contains(log, "found when the ledger was first reached") {
+		t.Fatalf("the twin: exit %d; want 1 and the reason in its log:\n%s", code, log)
+	}
+	if !running.Running() {
+		t.Fatalf("the running node stopped:\n%s", running.LogTail(30))
+	}
+	tc.converge(60 * time.Second)
 }
