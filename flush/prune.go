@@ -107,7 +107,7 @@ func SettledMonth(rows []NodeRow, p shard.Period, now time.Time) (final bool, un
 	if now.Before(end) {
 		return false, nil
 	}
-	latest := latestIncarnations(rows)
+	latest := LatestIncarnations(rows)
 	start, settledBy := time.Unix(0, p.Start()), end.Add(finalAfter)
 	for _, x := range latest {
 		if !x.Heartbeat.Before(start) && x.Heartbeat.Before(settledBy) && x.Stopped.IsZero() {
@@ -166,9 +166,9 @@ func checkPrunable(o PruneOptions, months []shard.Period, nodes []NodeRow, now t
 	return nil
 }
 
-// latestIncarnations is each node id's latest incarnation in rows: the one
+// LatestIncarnations is each node id's latest incarnation in rows: the one
 // that heartbeat last.
-func latestIncarnations(rows []NodeRow) map[string]NodeRow {
+func LatestIncarnations(rows []NodeRow) map[string]NodeRow {
 	latest := map[string]NodeRow{}
 	for _, x := range rows {
 		if l, ok := latest[x.Node]; !ok || x.Heartbeat.After(l.Heartbeat) {
@@ -183,7 +183,7 @@ func latestIncarnations(rows []NodeRow) map[string]NodeRow {
 // recorded build does not know retentionSchema (see the retention notes).
 func olderBuilds(rows []NodeRow, now time.Time) []NodeRow {
 	var old []NodeRow
-	for _, x := range latestIncarnations(rows) {
+	for _, x := range LatestIncarnations(rows) {
 		if x.SchemaKnown < retentionSchema && x.Stopped.IsZero() && x.Heartbeat.After(now.Add(-oldBuildWindow)) {
 			old = append(old, x)
 		}

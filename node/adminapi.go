@@ -919,16 +919,11 @@ func (n *Node) nodeViews(rows []flush.NodeRow) []NodeView {
 	}
 	// The ring knows node ids, not incarnations: its state goes to the
 	// incarnation that heartbeat last.
-	latest := map[string]time.Time{}
-	for _, x := range rows {
-		if x.Heartbeat.After(latest[x.Node]) || latest[x.Node].IsZero() {
-			latest[x.Node] = x.Heartbeat
-		}
-	}
+	latest := flush.LatestIncarnations(rows)
 	out := make([]NodeView, 0, len(rows))
 	for _, x := range rows {
 		v := NodeView{Node: x.Node, Incarnation: x.Incarnation, SettledSeq: x.Settled, HeartbeatAt: x.Heartbeat, Build: x.Build}
-		if x.Heartbeat.Equal(latest[x.Node]) {
+		if x.Heartbeat.Equal(latest[x.Node].Heartbeat) {
 			v.State, v.AdminAddr = members[x.Node][0], members[x.Node][1]
 		}
 		out = append(out, v)

@@ -99,12 +99,7 @@ func (n *Node) fence(why string, attrs ...any) {
 func (n *Node) StopFenced(ctx context.Context) error {
 	n.draining.Store(true)
 	n.leaving.Store(true)
-	if n.grpcSrv != nil {
-		n.grpcSrv.Stop()
-	}
-	if n.httpSrv != nil {
-		n.httpSrv.Close()
-	}
+	n.stopServersNow()
 	n.stopLoops()
 	err := n.finalSettle(ctx)
 	n.closeAll()

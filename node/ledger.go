@@ -215,12 +215,7 @@ func lastHeard(ctx context.Context, l flush.Ledger, node string) (time.Time, flu
 	if err != nil {
 		return time.Time{}, flush.NodeRow{}, err
 	}
-	var last flush.NodeRow
-	for _, r := range rows {
-		if r.Node == node && r.Heartbeat.After(last.Heartbeat) {
-			last = r
-		}
-	}
+	last := flush.LatestIncarnations(rows)[node]
 	return last.Heartbeat, last, nil
 }
 

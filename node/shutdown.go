@@ -273,13 +273,19 @@ func (n *Node) closeAll() error {
 // abort undoes a Start that failed half way.
 func (n *Node) abort() {
 	n.stopLoops()
+	n.stopServersNow()
+	n.closeAll()
+}
+
+// stopServersNow closes the RPC and HTTP servers without waiting for the
+// calls in flight.
+func (n *Node) stopServersNow() {
 	if n.grpcSrv != nil {
 		n.grpcSrv.Stop()
 	}
 	if n.httpSrv != nil {
 		n.httpSrv.Close()
 	}
-	n.closeAll()
 }
 
 // Kill stops the node abruptly, without draining or settling: the records
