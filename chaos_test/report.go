@@ -101,7 +101,8 @@ func (h *harness) report(in *cluster.CheckInput, results []cluster.Result, began
 		Limits: AcctNotes{Hard: len(h.acct.hard), Big: len(h.acct.big), Soft: len(h.acct.soft), RateLimited: len(h.acct.rl),
 			HardQuota: h.acct.limits[h.acct.hard[0]].Quota, Rate: fmt.Sprintf("%d/s, burst %d", rlRate, rlBurst)}}
 	r.Command = h.cfg.command()
-	r.Loss.Charges, r.Loss.ChargeUnits, r.Loss.Refunds, r.Loss.RefundUnits = cluster.LossTotals(h.lost)
+	lost, _ := in.SplitLoss() // what the ledger's marks cover was not lost
+	r.Loss.Charges, r.Loss.ChargeUnits, r.Loss.Refunds, r.Loss.RefundUnits = cluster.LossTotals(lost)
 	r.Loss.Revoked = h.revoked
 	r.Workload = summarize(in.Ops)
 	r.Series = series(in.Ops)

@@ -181,6 +181,33 @@ func Failed(rs []Result) []Result {
 	return out
 }
 
+// SplitLoss splits in.Lost by the ledger's settled marks: the records past
+// their incarnation's mark (really lost with the disk) and those the mark
+// covers. A node killed between a settle's commit in the ledger and writing
+// its own settled mark leaves settled records behind as unsettled in its
+// log; a restart with the same data dir catches its mark up from the ledger,
+// but a destroyed disk cannot, and whoever measured the loss from the dir
+// alone counted them. They were not lost: the checkers count only the
+// first, and CheckSeq verifies the ledger holds each of the second.
+func (in *CheckInput) SplitLoss() (lost, settled []LostCharge) {
+	if in.Ledger == nil {
+		return in.Lost, nil
+	}
+	type inc struct{ node, inc string }
+	marks := map[inc]uint64{}
+	for _, n := range in.Ledger.Nodes {
+		marks[inc{n.Node, n.Incarnation}] = n.Settled
+	}
+	for _, l := range in.Lost {
+		if mark, ok := marks[inc{l.Node, l.Incarnation}]; ok && l.Seq <= mark {
+			settled = append(settled, l)
+		} else {
+			lost = append(lost, l)
+		}
+	}
+	return lost, settled
+}
+
 // eventKey names an event: ids are scoped by account.
 type eventKey struct{ account, event string }
 
@@ -223,7 +250,8 @@ func newIndex(in *CheckInput) *index {
 			}
 		}
 	}
-	for _, l := range in.Lost {
+	lost, _ := in.SplitLoss()
+	for _, l := range lost {
 		if l.Refund {
 			x.lostRefunds[eventKey{l.Account, l.EventID}] = l
 		} else {
@@ -962,8 +990,8 @@ func (o *Op) answeredBy() string {
 // CheckSeq: per (node, incarnation), the event log holds each sequence at
 // most once and none past the incarnation's settled mark; after the final
 // drain each data dir has settled everything it made durable, up to the
-// ledger's mark; the charges measured on destroyed disks lie past their
-// incarnation's mark (they really were unsettled).
+// ledger's mark; of the records measured unsettled on destroyed disks, those
+// the ledger's mark covers anyway (see SplitLoss) are in the ledger.
 func CheckSeq(in *CheckInput) Result {
 	var c collector
 	if in.Ledger == nil {
@@ -1013,13 +1041,33 @@ func CheckSeq(in *CheckInput) Result {
 				l.Node, short(l.Incarnation), l.Settled, mark)})
 		}
 	}
-	for _, l := range in.Lost {
-		if mark, ok := marks[inc{l.Node, l.Incarnation}]; ok && l.Seq <= mark {
+	_, settledLoss := in.SplitLoss()
+	for _, l := range settledLoss {
+		// The mark is honest only if the ledger holds what it covers: the
+		// charge's row (under whichever node settled the event first), and
+		// for a refund, the row refunded.
+		var found, refunded bool
+		for _, e := range in.Ledger.Events[l.Account] {
+			if e.EventID == l.EventID {
+				found, refunded = true, e.Refunded || e.Tombstone
+			}
+		}
+		switch {
+		case !found:
 			c.add(Violation{Account: l.Account, Event: l.EventID, Detail: fmt.Sprintf(
-				"measured as lost with %s/%s seq %d, but the ledger's mark %d covers it", l.Node, short(l.Incarnation), l.Seq, mark)})
+				"%s/%s seq %d was unsettled on the lost disk and the ledger's mark %d covers it, but the ledger holds no row of the event",
+				l.Node, short(l.Incarnation), l.Seq, marks[inc{l.Node, l.Incarnation}])})
+		case l.Refund && !refunded:
+			c.add(Violation{Account: l.Account, Event: l.EventID, Detail: fmt.Sprintf(
+				"%s/%s seq %d, a refund unsettled on the lost disk, is covered by the ledger's mark %d, but the ledger's row is not refunded",
+				l.Node, short(l.Incarnation), l.Seq, marks[inc{l.Node, l.Incarnation}])})
 		}
 	}
-	return c.done(fmt.Sprintf("%d incarnations, %d event rows, %d data dirs after the drain", len(marks), rows, len(in.Logs)))
+	summary := fmt.Sprintf("%d incarnations, %d event rows, %d data dirs after the drain", len(marks), rows, len(in.Logs))
+	if len(settledLoss) > 0 {
+		summary += fmt.Sprintf("; %d records unsettled on lost disks were in the ledger (killed between a settle's commit and its local mark)", len(settledLoss))
+	}
+	return c.done(summary)
 }
 
 // CheckReservations: once every node drained, the ledger holds no
