@@ -334,6 +334,22 @@ func TestScrubPassword(t *testing.T) {
 	}
 }
 
+// A ledger that is neither form is named in the error with its password
+// hidden, whichever form the password came in.
+func TestInvalidLedgerHidesThePassword(t *testing.T) {
+	for _, dsn := range []string{
+		"host=127.0.0.1 port=1 user=u password=s3cretpw dbname=db",
+		"host=127.0.0.1 user=u password='s3cret pw' dbname=db",
+		"mysql://u:s3cretpw@db/q",
+		"pg://u:s3cret/pw@db/q?password=s3cretpw",
+	} {
+		err := CheckLedger(dsn)
+		if !errors.Is(err, ErrInvalid) || strings.Contains(err.Error(), "s3cret") || !strings.Contains(err.Error(), "xxxxx") {
+			t.Errorf("CheckLedger(%q) = %v; want ErrInvalid with the password hidden", dsn, err)
+		}
+	}
+}
+
 // An alert claimed under schema 4 was sent, or lost, under the at-most-once
 // rule of its day: migration 5 marks it legacy, and no node sends it again.
 func TestAlertClaimedBeforeDeliveryTrackingIsNotResent(t *testing.T) {

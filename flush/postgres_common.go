@@ -103,9 +103,11 @@ func redactDSN(dsn string) string {
 		// It does not parse, most likely for a character of the password
 		// that needs percent-encoding: ":[^:@/]*@" missed a password
 		// holding '/', ':' or '@' and printed it. Hide the user too.
-		return strings.Replace(dsn, info+"@", "xxxxx@", 1)
+		return keywordPassword.ReplaceAllString(strings.Replace(dsn, info+"@", "xxxxx@", 1), "password=xxxxx")
 	}
-	return userinfoPassword.ReplaceAllString(dsn, ":xxxxx@")
+	// Not a URL with a user: a keyword/value DSN ("host=db password=..."),
+	// or something else that may still hold one.
+	return keywordPassword.ReplaceAllString(userinfoPassword.ReplaceAllString(dsn, ":xxxxx@"), "password=xxxxx")
 }
 
 // WhatToCheck says what an operator should look at when the ledger
