@@ -463,6 +463,11 @@ type NodeRow struct {
 	SchemaKnown int
 }
 
+// Running reports whether the incarnation may still be running: it has
+// not stopped cleanly since the ledger last heard from it (a heartbeat or a
+// settle clears Stopped).
+func (r NodeRow) Running() bool { return r.Stopped.IsZero() }
+
 // NodeStart is a node process as RecordStart records it.
 type NodeStart struct {
 	// Build is the quotad build (internal/buildinfo's short form).

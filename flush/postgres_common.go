@@ -44,7 +44,8 @@ func Open(ctx context.Context, ledger string, logger *slog.Logger) (Ledger, erro
 		}
 		return p, nil
 	}
-	s, err := OpenSQLite(ctx, strings.TrimPrefix(ledger, "sqlite:"), SQLiteOptions{Logger: logger})
+	path, _ := SQLitePath(ledger)
+	s, err := OpenSQLite(ctx, path, SQLiteOptions{Logger: logger})
 	if err != nil {
 		return nil, err
 	}
@@ -53,6 +54,18 @@ func Open(ctx context.Context, ledger string, logger *slog.Logger) (Ledger, erro
 
 func isPostgres(ledger string) bool {
 	return strings.HasPrefix(ledger, "postgres://") || strings.HasPrefix(ledger, "postgresql://")
+}
+
+// SQLitePath is the file of an SQLite --ledger (sqlite:PATH, or a path
+// ending in .db), and whether ledger is one.
+func SQLitePath(ledger string) (string, bool) {
+	if isPostgres(ledger) {
+		return "", false
+	}
+	if path, ok := strings.CutPrefix(ledger, "sqlite:"); ok {
+		return path, true
+	}
+	return ledger, strings.HasSuffix(ledger, ".db")
 }
 
 // CheckLedger reports a --ledger string Open could never use (ErrInvalid):
@@ -65,7 +78,7 @@ func CheckLedger(ledger string) error {
 		_, err := parsePGConfig(ledger)
 		return err
 	case strings.HasPrefix(ledger, "sqlite:"), strings.HasSuffix(ledger, ".db"):
-		if checkSQLitePath(strings.TrimPrefix(ledger, "sqlite:")) != nil {
+		if path, _ := SQLitePath(ledger); checkSQLitePath(path) != nil {
 			return fmt.Errorf("%w: SQLite ledger %q: want sqlite:/path/to/ledger.db, a file path without ? or #", ErrInvalid, ledger)
 		}
 		return nil

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"time"
 
 	"github.com/quotaring/quotaring/engine"
@@ -156,8 +157,9 @@ const nodeLease = 2*flush.HeartbeatEvery + time.Second
 // its accounts beside it: hard quotas went over. When the ledger heard from
 // the id within nodeLease, this waits until the lease runs out: a heartbeat
 // newer than the one seen means a live process (this one has written
-// nothing yet). A node restarted after kill -9 or SIGTERM waits out the
-// rest of its lease, a few seconds. With watch (a node that served while
+// nothing yet). A node restarted after kill -9 waits out the rest of its
+// lease, a few seconds; after a clean stop (SIGTERM, recorded in the
+// ledger) it does not wait. With watch (a node that served while
 // the ledger was down and reaches it now: the id's last heartbeat may be
 // from before the outage while another process runs), it watches a whole
 // lease from now whatever the last heartbeat.
@@ -209,12 +211,15 @@ func (n *Node) checkNodeIDFree(ctx context.Context, l flush.Ledger, watch bool) 
 }
 
 // lastHeard is the latest heartbeat of any incarnation of node in the
-// ledger, and its row; zero when the ledger has never heard from it.
+// ledger that has not stopped cleanly since, and its row; zero when none
+// may be running (never heard from, or every one stopped cleanly: a node
+// restarted after SIGTERM need not wait out its old lease).
 func lastHeard(ctx context.Context, l flush.Ledger, node string) (time.Time, flush.NodeRow, error) {
 	rows, err := l.Nodes(ctx)
 	if err != nil {
 		return time.Time{}, flush.NodeRow{}, err
 	}
+	rows = slices.DeleteFunc(rows, func(r flush.NodeRow) bool { return !r.Running() })
 	last := flush.LatestIncarnations(rows)[node]
 	return last.Heartbeat, last, nil
 }

@@ -280,7 +280,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	n.ctx, n.cancel = context.WithCancel(context.Background())
 	defer func() {
 		if err != nil {
-			n.abort()
+			n.abortStart()
 		}
 	}()
 	// The admin API's token and the quota alerts (adminapi.go, alerts.go).
@@ -304,6 +304,10 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	if err := n.listen(); err != nil {
 		return nil, err
 	}
+	rc, err := n.ringConfig()
+	if err != nil {
+		return nil, err
+	}
 	if err := n.openEngine(); err != nil {
 		return nil, err
 	}
@@ -318,7 +322,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 		}
 		n.goLoop(n.retryLedger)
 	}
-	if err := n.joinRing(); err != nil {
+	if err := n.joinRing(rc); err != nil {
 		return nil, err
 	}
 	// The clock before the accounts: a node started with its clock off the
@@ -418,7 +422,12 @@ func (n *Node) owns(account string) bool {
 	return ok && m.ID == n.cfg.ID
 }
 
-func (n *Node) joinRing() error {
+// ringConfig is the ring's config from the node's, checked (a --join
+// entry that is not an address) and with the gossip port found free, before
+// the node touches the ledger: a start that fails after registering left an
+// incarnation the ledger heard from, and the next node waited for it.
+// joinRing then adds the advertised addresses and joins.
+func (n *Node) ringConfig() (ring.Config, error) {
 	rc := ring.DefaultConfig()
 	if n.cfg.RingPreset == ring.PresetLocal {
 		rc = ring.LocalConfig()
@@ -433,7 +442,7 @@ func (n *Node) joinRing() error {
 		if port == 0 { // memberlist would pick one, but the ring must advertise it
 			p, err := freeGossipPort(host)
 			if err != nil {
-				return err
+				return rc, err
 			}
 			port = p
 		}
@@ -442,6 +451,36 @@ func (n *Node) joinRing() error {
 	if len(n.cfg.GossipKeys) > 0 {
 		rc.SecretKey, rc.OtherKeys = n.cfg.GossipKeys[0], n.cfg.GossipKeys[1:]
 	}
+	if err := rc.Validate(); err != nil {
+		return rc, fmt.Errorf("node: the ring's settings (--join, --gossip-addr, --gossip-key): %w", err)
+	}
+	if port != 0 && !n.cfg.TestFaults {
+		if err := gossipPortFree(host, port); err != nil {
+			return rc, fmt.Errorf("node: listen for gossip (--gossip-addr) on %s: %w", n.cfg.GossipAddr, err)
+		}
+	}
+	return rc, nil
+}
+
+// gossipPortFree reports whether memberlist can bind host:port, TCP and
+// UDP, by binding both and letting go.
+func gossipPortFree(host string, port int) error {
+	addr := net.JoinHostPort(host, strconv.Itoa(port))
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return err
+	}
+	defer l.Close()
+	u, err := net.ListenPacket("udp", addr)
+	if err != nil {
+		return err
+	}
+	return u.Close()
+}
+
+// joinRing starts gossip with rc (ringConfig's) and joins the ring.
+func (n *Node) joinRing(rc ring.Config) error {
+	host, port := rc.BindAddr, rc.BindPort
 	rc.Meta = ring.Meta{RPCAddr: n.advertised(n.RPCAddr()), HTTPAddr: n.advertised(n.HTTPAddr()), AdminAddr: n.advertised(n.AdminAddr()),
 		State: ring.StateJoining}
 	rc.Logger = n.log.With("component", "ring")
@@ -698,7 +737,7 @@ func (n *Node) peersHeard() string {
 	since := ledgerNow(ctx, l).Add(-aloneWindow) // heartbeats are the ledger's times
 	var ids []string
 	for _, x := range rows {
-		if x.Node != n.cfg.ID && x.Heartbeat.After(since) && !slices.Contains(ids, x.Node) {
+		if x.Node != n.cfg.ID && x.Running() && x.Heartbeat.After(since) && !slices.Contains(ids, x.Node) {
 			ids = append(ids, x.Node)
 		}
 	}

@@ -277,6 +277,22 @@ func (n *Node) abort() {
 	n.closeAll()
 }
 
+// abortStart undoes a Start that failed. One that failed after it
+// registered with the ledger (joining the ring, serving) records a clean
+// stop when its log is settled, as a stopped node does: otherwise the
+// ledger knew an incarnation heard from and never stopped, the next node
+// to start waited for it as for a running peer, and its months were not
+// final until an operator named it lost.
+func (n *Node) abortStart() {
+	n.stopLoops()
+	n.stopServersNow()
+	if n.eng != nil {
+		n.eng.Close() // nothing is appended to the log from here on
+	}
+	n.markStopped(context.Background())
+	n.closeAll()
+}
+
 // stopServersNow closes the RPC and HTTP servers without waiting for the
 // calls in flight.
 func (n *Node) stopServersNow() {

@@ -37,7 +37,7 @@ func openLedger(ctx context.Context, dsn string) (flush.Ledger, error) {
 // migrated: the commands that read one (reconcile, revoke) must not create
 // an empty SQLite file at a mistyped path and then fail on a missing table.
 func openMigratedLedger(ctx context.Context, dsn string) (flush.Ledger, error) {
-	if path, ok := strings.CutPrefix(dsn, "sqlite:"); ok && path != ":memory:" {
+	if path, ok := flush.SQLitePath(dsn); ok && path != ":memory:" {
 		if _, err := os.Stat(path); err != nil {
 			return nil, fmt.Errorf("--ledger %s: no ledger there (%v); check the path (quotad serve and quotad migrate create one)", dsn, err)
 		}
@@ -212,9 +212,10 @@ gone for good (its disk lost): its reservations otherwise stay frozen so that
 nobody can overshoot a hard limit. Freeing them may let through, twice, up
 to the units the lost node had reserved but not settled: the command says how
 many. A node that comes back frees and re-reserves by itself; never revoke a
-node that is running: a running node writes its heartbeat to the ledger at
-least every 15 s, and revoke refuses a node heard from in the last 2 minutes
-unless --force (a node id the ledger has never seen is refused too).`,
+node that is running: a running node writes its heartbeat to the ledger every
+2 s, and revoke refuses a node heard from in the last 2 minutes unless --force,
+or unless it stopped cleanly since (SIGTERM: the ledger records the stop); a
+node id the ledger has never seen is refused too.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if nodeID == "" {
 				return fmt.Errorf("--node is required: the id of the lost node")
@@ -245,9 +246,11 @@ func runRevoke(ctx context.Context, out io.Writer, l flush.Ledger, nodeID string
 		return err
 	}
 	var known []string
-	var last time.Time
+	var last time.Time // of the incarnations not stopped cleanly since
+	seen := false
 	for _, n := range nodes {
-		if n.Node == nodeID && n.Heartbeat.After(last) {
+		seen = seen || n.Node == nodeID
+		if n.Node == nodeID && n.Running() && n.Heartbeat.After(last) {
 			last = n.Heartbeat
 		}
 		if !slices.Contains(known, n.Node) {
@@ -255,7 +258,7 @@ func runRevoke(ctx context.Context, out io.Writer, l flush.Ledger, nodeID string
 		}
 	}
 	switch {
-	case last.IsZero():
+	case !seen:
 		return fmt.Errorf("the ledger has never seen a node %q (it knows: %s); check the id (quotad serve --node-id)", nodeID, strings.Join(known, ", "))
 	case now.Sub(last) < revokeQuiet && !force && !dryRun:
 		return fmt.Errorf("node %s was heard from %s ago (its last heartbeat, at %s): it may be running, and freeing a running node's reservations lets its accounts overshoot. Stop it first, or wait until it has been silent for %s; --force if you know it is stopped",

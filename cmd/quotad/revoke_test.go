@@ -51,16 +51,54 @@ func TestRevokeRefusesARunningNode(t *testing.T) {
 	}
 }
 
+// A node that stopped cleanly (the ledger recorded its stop after its
+// last heartbeat) is not running: revoke frees it without --force, however
+// recently it was heard from.
+func TestRevokeAStoppedNode(t *testing.T) {
+	ctx := context.Background()
+	beat := time.Date(2026, 6, 10, 12, 0, 0, 0, time.UTC)
+	l, err := flush.OpenSQLite(ctx, filepath.Join(t.TempDir(), "ledger.db"), flush.SQLiteOptions{Now: func() time.Time { return beat }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if err := l.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.RegisterNode(ctx, "q1", "q1-inc"); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := l.NodeStopped(ctx, "q1", "q1-inc", 0); !ok || err != nil {
+		t.Fatalf("NodeStopped: %v, %v", ok, err)
+	}
+	var out bytes.Buffer
+	if err := runRevoke(ctx, &out, l, "q1", false, false, beat.Add(5*time.Second)); err != nil {
+		t.Fatalf("revoke of a node stopped cleanly 5 s ago: %v, want it freed", err)
+	}
+	if !strings.Contains(out.String(), "revoked node q1") {
+		t.Errorf("revoke said:\n%s", out.String())
+	}
+	// A later incarnation that runs is a running node again.
+	if _, err := l.RegisterNode(ctx, "q1", "q1-inc2"); err != nil {
+		t.Fatal(err)
+	}
+	if err := runRevoke(ctx, &out, l, "q1", false, false, beat.Add(5*time.Second)); err == nil || !strings.Contains(err.Error(), "heard from 5s ago") {
+		t.Fatalf("revoke of a node whose later incarnation runs: %v, want a refusal", err)
+	}
+}
+
 // reconcile and revoke read a ledger: a mistyped SQLite path is an error,
 // not a new empty file; an unmigrated one says to migrate.
 func TestReadingCommandsNeedAMigratedLedger(t *testing.T) {
 	dir := t.TempDir()
 	missing := filepath.Join(dir, "nosuch.db")
-	if _, err := openMigratedLedger(context.Background(), "sqlite:"+missing); err == nil || !strings.Contains(err.Error(), "no ledger there") {
-		t.Fatalf("a missing ledger: %v", err)
-	}
-	if _, err := os.Stat(missing); !os.IsNotExist(err) {
-		t.Fatalf("opening a missing ledger created %s (%v)", missing, err)
+	for _, dsn := range []string{"sqlite:" + missing, missing} { // both SQLite forms
+		if _, err := openMigratedLedger(context.Background(), dsn); err == nil || !strings.Contains(err.Error(), "no ledger there") {
+			t.Fatalf("a missing ledger %s: %v", dsn, err)
+		}
+		if _, err := os.Stat(missing); !os.IsNotExist(err) {
+			t.Fatalf("opening a missing ledger %s created %s (%v)", dsn, missing, err)
+		}
 	}
 	empty := filepath.Join(dir, "empty.db")
 	if err := os.WriteFile(empty, nil, 0o644); err != nil {

@@ -1,0 +1,137 @@
+package node
+
+import (
+	"context"
+	"log/slog"
+	"net"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/quotaring/quotaring/flush"
+	"github.com/quotaring/quotaring/internal/logbuf"
+	"github.com/quotaring/quotaring/ring"
+)
+
+// nodeRows reads what the ledger at dsn knows of node id.
+func nodeRows(t *testing.T, dsn, id string) []flush.NodeRow {
+	t.Helper()
+	l, err := flush.Open(context.Background(), dsn, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	rows, err := l.Nodes(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []flush.NodeRow
+	for _, r := range rows {
+		if r.Node == id {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+func startConfig(dsn, dir, id string) Config {
+	return Config{ID: id, DataDir: filepath.Join(dir, id), Ledger: dsn,
+		RPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", AdminAddr: "127.0.0.1:0", GossipAddr: "127.0.0.1:0",
+		RingPreset: ring.PresetLocal, SettleInterval: 100 * time.Millisecond, SnapshotInterval: 100 * time.Millisecond}
+}
+
+// A start that cannot work as configured (a --join entry that is no
+// address, a gossip port in use) fails before it registers with the
+// ledger: before, the node registered, then failed, and the next node to
+// start waited for it as for a running peer.
+func TestBadRingSettingsFailBeforeTheLedger(t *testing.T) {
+	dir := t.TempDir()
+	dsn := "sqlite:" + filepath.Join(dir, "ledger.db")
+	seedLedger(t, dsn, map[string]int64{"acme": 10})
+
+	cfg := startConfig(dsn, dir, "j1")
+	cfg.Join = []string{"not a host!!"}
+	if _, err := Start(context.Background(), cfg); err == nil || !strings.Contains(err.Error(), `join address "not a host!!"`) {
+		t.Fatalf("start with --join 'not a host!!': %v, want the entry named", err)
+	}
+	if rows := nodeRows(t, dsn, "j1"); len(rows) != 0 {
+		t.Fatalf("the ledger knows j1 after a start refused for its --join: %+v", rows)
+	}
+
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	cfg = startConfig(dsn, dir, "j2")
+	cfg.GossipAddr = busy.Addr().String()
+	if _, err := Start(context.Background(), cfg); err == nil || !strings.Contains(err.Error(), "listen for gossip (--gossip-addr) on "+cfg.GossipAddr) {
+		t.Fatalf("start on a gossip port in use: %v, want --gossip-addr named", err)
+	}
+	if rows := nodeRows(t, dsn, "j2"); len(rows) != 0 {
+		t.Fatalf("the ledger knows j2 after a start refused for its gossip port: %+v", rows)
+	}
+}
+
+// A start that fails after it registered (here the gossip port taken
+// between the check and the join, which the test-fault transport lets the
+// test arrange) records a clean stop, since its log holds nothing
+// unsettled: the ledger does not keep an incarnation that looks crashed.
+func TestStartFailedAfterRegisteringRecordsAStop(t *testing.T) {
+	dir := t.TempDir()
+	dsn := "sqlite:" + filepath.Join(dir, "ledger.db")
+	seedLedger(t, dsn, map[string]int64{"acme": 10})
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	cfg := startConfig(dsn, dir, "j3")
+	cfg.GossipAddr, cfg.TestFaults = busy.Addr().String(), true // the fault transport binds at the join
+	if _, err := Start(context.Background(), cfg); err == nil || !strings.Contains(err.Error(), "--gossip-addr") {
+		t.Fatalf("start on a gossip port in use: %v", err)
+	}
+	rows := nodeRows(t, dsn, "j3")
+	if len(rows) != 1 || rows[0].Running() {
+		t.Fatalf("the ledger after a start that failed once registered: %+v, want one incarnation stopped cleanly", rows)
+	}
+}
+
+// A node stopped cleanly (SIGTERM: the ledger records the stop) is not
+// waited for: restarted on its data dir it does not wait out its lease for
+// a twin, and another node started alone does not wait for it to come back.
+func TestACleanStopIsNotWaitedFor(t *testing.T) {
+	dir := t.TempDir()
+	dsn := "sqlite:" + filepath.Join(dir, "ledger.db")
+	seedLedger(t, dsn, twentyAccounts(100))
+	nodes := startNodesWith(t, dsn, nil, nil)
+	cfg1 := nodes[0].cfg
+	for _, nd := range nodes {
+		if err := nd.Shutdown(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, id := range []string{"n1", "n2"} {
+		if rows := nodeRows(t, dsn, id); len(rows) != 1 || rows[0].Running() {
+			t.Fatalf("%s after its shutdown: %+v, want stopped cleanly", id, rows)
+		}
+	}
+	var logs logbuf.Buffer
+	cfg1.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+	cfg1.Join = nil // n2 is gone: n1 comes back alone
+	again, err := Start(context.Background(), cfg1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { again.Shutdown(context.Background()) })
+	if strings.Contains(logs.String(), "making sure no other process runs as it") {
+		t.Errorf("restarted after a clean stop, it waited for a twin:\n%s", logs.String())
+	}
+	if why := again.notServable(); why != "" {
+		t.Fatalf("restarted alone after every node stopped cleanly: notServable %q, want it serving", why)
+	}
+	if !again.isServing() {
+		t.Fatal("restarted alone after every node stopped cleanly: not serving")
+	}
+}
