@@ -144,6 +144,7 @@ func checkQuery(known []string, h adminFunc) adminFunc {
 func (n *Node) adminAuth(h http.Handler) http.Handler {
 	want := sha256.Sum256([]byte(n.cfg.AdminToken))
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set(AdminAPIHeader, "v1")
 		if n.cfg.AdminToken == "" {
 			writeProblem(w, r, &adminProblem{Status: http.StatusForbidden, Type: "admin-disabled",
 				Detail: "the admin API is disabled on this node: start quotad serve with --admin-token TOKEN (or QUOTAD_ADMIN_TOKEN), then send Authorization: Bearer TOKEN"})
@@ -259,6 +260,11 @@ func writeProblem(w http.ResponseWriter, r *http.Request, p *adminProblem) {
 	w.WriteHeader(p.Status)
 	json.NewEncoder(w).Encode(p)
 }
+
+// AdminAPIHeader is set on every answer of the admin API (to "v1"), so
+// that a client (quotad admin) can tell it from another server that
+// answers JSON at the address it was given.
+const AdminAPIHeader = "Quotaring-Admin-Api"
 
 // problemBase prefixes problem types, as the HTTP front's do
 // (router/front_headers.go).

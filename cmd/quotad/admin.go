@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -22,6 +23,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/quotaring/quotaring/node"
+	"github.com/quotaring/quotaring/router"
 	"github.com/quotaring/quotaring/shard"
 	"github.com/quotaring/quotaring/snapshot"
 )
@@ -164,6 +166,7 @@ build.`,
 // admin).
 func (c *adminClient) init(fs *pflag.FlagSet) error {
 	var errs []error
+	unset := map[string]bool{} // flags whose variable did not parse: their value is no one's
 	for _, e := range adminEnv {
 		f := fs.Lookup(e.flag)
 		if f == nil || f.Changed {
@@ -172,6 +175,7 @@ func (c *adminClient) init(fs *pflag.FlagSet) error {
 		if v := os.Getenv(e.env); v != "" { // empty counts as unset
 			if err := setFromEnv(fs, e.flag, e.env, v); err != nil {
 				errs = append(errs, err)
+				unset[e.flag] = true
 			}
 		} else if old := os.Getenv("QUOTAD_ADMIN_ADDR"); e.flag == "addr" && strings.Contains(old, "://") {
 			// Before QUOTAD_ADMIN_URL, quotad admin read QUOTAD_ADMIN_ADDR. A
@@ -187,7 +191,7 @@ func (c *adminClient) init(fs *pflag.FlagSet) error {
 		c.addr = "http://" + c.addr
 	}
 	c.addr = strings.TrimRight(c.addr, "/")
-	if c.timeout <= 0 {
+	if c.timeout <= 0 && !unset["timeout"] {
 		errs = append(errs, fmt.Errorf("--timeout %s: want a positive duration, such as 30s", c.timeout))
 	}
 	c.http = &http.Client{Timeout: c.timeout}
@@ -223,6 +227,7 @@ func trustingTransport(path string) (*http.Transport, error) {
 
 // problem is the part of an RFC 9457 answer the client shows.
 type problem struct {
+	Type   string `json:"type"`
 	Status int    `json:"status"`
 	Detail string `json:"detail"`
 	Title  string `json:"title"`
@@ -270,7 +275,9 @@ func (c *adminClient) do(ctx context.Context, method, path string, body, out any
 		var p problem
 		if strings.HasPrefix(resp.Header.Get("Content-Type"), "application/problem+json") && json.Unmarshal(raw, &p) == nil && p.Detail != "" {
 			msg := p.Detail
-			if resp.StatusCode == http.StatusUnauthorized && c.token == "" {
+			if resp.Header.Get(node.AdminAPIHeader) == "" && isFrontProblem(p.Type) {
+				msg += fmt.Sprintf(" (this answer came from a node's public HTTP port, --http-addr: point --addr or QUOTAD_ADMIN_URL at its admin port, --admin-addr, not %s)", c.addr)
+			} else if resp.StatusCode == http.StatusUnauthorized && c.token == "" {
 				msg += " (no token given: set --token or QUOTAD_ADMIN_TOKEN)"
 			}
 			return nil, fmt.Errorf("%s (HTTP %d)", msg, resp.StatusCode)
@@ -282,12 +289,47 @@ func (c *adminClient) do(ctx context.Context, method, path string, body, out any
 		}
 		return nil, fmt.Errorf("%s %s%s: HTTP %d %s (is --addr a node's admin address?)", method, c.addr, path, resp.StatusCode, snippet)
 	}
+	if resp.Header.Get(node.AdminAPIHeader) == "" {
+		// Not marked as the admin API's: a node older than the mark, or
+		// another server answering JSON at --addr. An older node's answer
+		// holds only fields this command knows; anything else is refused
+		// rather than printed as an empty success.
+		if err := decodeStrict(raw, out); err != nil {
+			return nil, fmt.Errorf("%s %s%s: the answer is not the quotad admin API's (%v): is --addr (or QUOTAD_ADMIN_URL) a node's admin address, --admin-addr?",
+				method, c.addr, path, err)
+		}
+	}
 	if out != nil {
 		if err := json.Unmarshal(raw, out); err != nil {
 			return nil, fmt.Errorf("%s %s: unexpected answer: %v", method, path, err)
 		}
 	}
 	return raw, nil
+}
+
+// decodeStrict decodes raw into a new value of out's type, refusing a
+// member out does not have; with out nil, raw must be JSON.
+func decodeStrict(raw []byte, out any) error {
+	if out == nil {
+		if len(bytes.TrimSpace(raw)) > 0 && !json.Valid(raw) {
+			return errors.New("not JSON")
+		}
+		return nil
+	}
+	fresh := reflect.New(reflect.TypeOf(out).Elem()).Interface()
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.DisallowUnknownFields()
+	return dec.Decode(fresh)
+}
+
+// isFrontProblem reports whether a problem type is one the HTTP front
+// (the public port) answers, never the admin API.
+func isFrontProblem(typ string) bool {
+	switch typ {
+	case router.ProblemUnknownKey, router.ProblemQuotaExceeded, router.ProblemRateLimited, router.ProblemQuotaUnavailable:
+		return true
+	}
+	return false
 }
 
 // run calls the API and prints: the raw JSON with --json, else table(out).

@@ -246,6 +246,40 @@ func TestQuotadAdminUnreachable(t *testing.T) {
 	}
 }
 
+// quotad admin pointed at a server that is not the admin API says so,
+// instead of printing an empty success: another JSON API (here quotad
+// bench upstream's answer), and a node's public port, whose problem says
+// the key is unknown.
+func TestQuotadAdminWrongServer(t *testing.T) {
+	other := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.Write([]byte(`{"ok":true}`))
+	}))
+	defer other.Close()
+	front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/problem+json")
+		w.WriteHeader(http.StatusUnauthorized)
+		json.NewEncoder(w).Encode(map[string]any{"type": router.ProblemUnknownKey, "status": 401,
+			"detail": "The API key is not known (revoked, mistyped, or not sent)."})
+	}))
+	defer front.Close()
+	for _, tc := range []struct{ addr, want string }{
+		{other.URL, "the answer is not the quotad admin API's"},
+		{front.URL, "this answer came from a node's public HTTP port, --http-addr"},
+	} {
+		for _, args := range [][]string{{"keys", "create", "acme"}, {"nodes"}} {
+			var out bytes.Buffer
+			root := newRootCmd()
+			root.SetArgs(append([]string{"admin", "--addr", tc.addr, "--token", "x"}, args...))
+			root.SetOut(&out)
+			root.SetErr(&out)
+			if err := root.ExecuteContext(context.Background()); err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("admin %v at %s: %v (printed %q); want an error saying %q", args, tc.addr, err, out.String(), tc.want)
+			}
+		}
+	}
+}
+
 func TestServeAlertFlags(t *testing.T) {
 	var cfg node.Config
 	af := serveAdminFlags{webhook: "http://billing/hooks", secret: "s", lease: 0, giveUp: time.Hour}
@@ -329,6 +363,13 @@ func TestQuotadAdminEnvBesideServe(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "cannot reach the admin API at http://127.0.0.1:1") ||
 		!strings.Contains(err.Error(), "--addr came from the environment variable QUOTAD_ADMIN_URL") {
 		t.Fatalf("an unreachable QUOTAD_ADMIN_URL: %v", err)
+	}
+	// A variable that does not parse is the one error: its flag is not
+	// then reported with a zero value no one gave.
+	t.Setenv("QUOTAD_ADMIN_TIMEOUT", "5")
+	_, err = runQuotad(t, "admin", "plans", "list")
+	if err == nil || !strings.Contains(err.Error(), `QUOTAD_ADMIN_TIMEOUT="5"`) || strings.Contains(err.Error(), "--timeout 0s") {
+		t.Fatalf("QUOTAD_ADMIN_TIMEOUT=5: %v, want the variable named and no made-up --timeout 0s", err)
 	}
 }
 

@@ -65,6 +65,11 @@ says which nodes may still hold charges of it (on stderr with --csv).
 			if pageSize < 1 || pageSize > flush.BillingMaxLimit {
 				return fmt.Errorf("--page-size %d: want a number of accounts from 1 to %d", pageSize, flush.BillingMaxLimit)
 			}
+			if csvOut && c.json {
+				// A billing job's CSV must never be JSON because of a
+				// variable it inherited.
+				return fmt.Errorf("--csv and --json are two formats: give one (is QUOTAD_ADMIN_JSON set in the environment? it stands for --json)")
+			}
 			if byRoute && c.json {
 				return fmt.Errorf("--by-route is a form of the table and the CSV; --json always carries by_route")
 			}
