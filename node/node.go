@@ -353,6 +353,10 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 }
 
 func (n *Node) listen() error {
+	if err := distinctPorts([][2]string{{"--rpc-addr", n.cfg.RPCAddr}, {"--http-addr", n.cfg.HTTPAddr},
+		{"--admin-addr", n.cfg.AdminAddr}, {"--gossip-addr", n.cfg.GossipAddr}}); err != nil {
+		return err
+	}
 	for _, l := range []struct {
 		to         *net.Listener
 		addr, what string
@@ -373,6 +377,35 @@ func (n *Node) listen() error {
 		*l.to = lis
 	}
 	return nil
+}
+
+// distinctPorts refuses two of a node's listen addresses (flag, address)
+// on one port of one host (an unspecified host is every host): the second
+// listener failed with "address already in use", which read as another
+// process's doing.
+func distinctPorts(addrs [][2]string) error {
+	for i, a := range addrs {
+		ha, pa, err := net.SplitHostPort(a[1])
+		if err != nil || pa == "0" || pa == "" {
+			continue
+		}
+		for _, b := range addrs[:i] {
+			hb, pb, err := net.SplitHostPort(b[1])
+			if err != nil || pb != pa {
+				continue
+			}
+			if ha == hb || anyHost(ha) || anyHost(hb) {
+				return fmt.Errorf("node: %s %s and %s %s are one port: give each its own", b[0], b[1], a[0], a[1])
+			}
+		}
+	}
+	return nil
+}
+
+// anyHost reports whether a listen host stands for every address.
+func anyHost(h string) bool {
+	ip := net.ParseIP(h)
+	return h == "" || ip != nil && ip.IsUnspecified()
 }
 
 func (n *Node) openEngine() error {

@@ -135,3 +135,26 @@ func TestACleanStopIsNotWaitedFor(t *testing.T) {
 		t.Fatal("restarted alone after every node stopped cleanly: not serving")
 	}
 }
+
+// Two of a node's own listen addresses on one port are named as such,
+// before anything is bound: the second listener's "address already in
+// use" read as another process's doing.
+func TestListenAddressesOnOnePort(t *testing.T) {
+	dir := t.TempDir()
+	dsn := "sqlite:" + filepath.Join(dir, "ledger.db")
+	for _, tc := range []struct {
+		http, admin, want string
+	}{
+		{"127.0.0.1:19999", "127.0.0.1:19999", "--http-addr 127.0.0.1:19999 and --admin-addr 127.0.0.1:19999 are one port"},
+		{":19999", "127.0.0.1:19999", "--http-addr :19999 and --admin-addr 127.0.0.1:19999 are one port"},
+	} {
+		cfg := startConfig(dsn, dir, "p1")
+		cfg.HTTPAddr, cfg.AdminAddr = tc.http, tc.admin
+		if _, err := Start(context.Background(), cfg); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("--http-addr %s --admin-addr %s: %v, want %q", tc.http, tc.admin, err, tc.want)
+		}
+	}
+	if err := distinctPorts([][2]string{{"--rpc-addr", "127.0.0.1:0"}, {"--http-addr", "127.0.0.1:0"}, {"--admin-addr", "127.0.0.2:9090"}, {"--gossip-addr", "127.0.0.3:9090"}}); err != nil {
+		t.Errorf("port 0 twice, and one port on two hosts: %v, want them accepted", err)
+	}
+}

@@ -142,7 +142,7 @@ repeat. Give them on the command line; a QUOTAD_UNITS gets a warning.`,
 			Long: `List the reservations in the ledger: units of hard-limited grants that a node
 may spend without asking the ledger. A node that is gone for good keeps its
 reservations frozen until it comes back or 'quotad revoke --node ID' frees them.`,
-			Args: cobra.NoArgs,
+			Args: noArgs,
 			RunE: func(cmd *cobra.Command, _ []string) error { return c.reservations(cmd) },
 		},
 		&cobra.Command{
@@ -154,7 +154,7 @@ incarnation only), and the quotad build it registered with (quotad version
 --short; "(older quotad)" for one registered by a build before builds were
 recorded). During a rolling upgrade this shows which nodes still run the old
 build.`,
-			Args: cobra.NoArgs,
+			Args: noArgs,
 			RunE: func(cmd *cobra.Command, _ []string) error { return c.nodes(cmd) },
 		},
 		newAdminAlertsCmd(c), newAdminUsageCmd(c))
@@ -439,7 +439,7 @@ records the overage for billing.`,
 	list := &cobra.Command{
 		Use:   "list",
 		Short: "List the plans",
-		Args:  cobra.NoArgs,
+		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var out struct{ Plans []snapshot.Plan }
 			return c.run(cmd, "GET", "/admin/v1/plans", nil, &out, func(w io.Writer) {
@@ -531,7 +531,7 @@ Settled figures trail the charges by up to one settle interval.`,
 	list := &cobra.Command{
 		Use:   "list",
 		Short: "List the accounts and their plans",
-		Args:  cobra.NoArgs,
+		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var out struct{ Accounts []struct{ ID, Plan string } }
 			return c.run(cmd, "GET", "/admin/v1/accounts", nil, &out, func(w io.Writer) {
@@ -756,7 +756,7 @@ says that every route is to cost --default.`,
 	show := &cobra.Command{
 		Use:   "show",
 		Short: "Show the active route weights",
-		Args:  cobra.NoArgs,
+		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var v node.RoutesView
 			return c.run(cmd, "GET", "/admin/v1/routes", nil, &v, func(w io.Writer) {
@@ -830,7 +830,7 @@ month and threshold.`,
 		Example: `  quotad admin alerts --account acme
   quotad admin alerts --state pending
   quotad admin alerts --period 2026-06 --limit 5000 --json`,
-		Args: cobra.NoArgs,
+		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			// Checked here too, so a typo is named before the network is.
 			switch state {
@@ -902,7 +902,7 @@ it is sent once (no retries), is not recorded in the ledger, and does not count
 toward any quota. It exits 1 unless the receiver answered 2xx.`,
 		Example: `  quotad admin alerts test
   quotad admin --addr http://10.0.0.7:9090 alerts test --json`,
-		Args: cobra.NoArgs,
+		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var out node.AlertTest
 			err := c.run(cmd, "POST", "/admin/v1/alerts/test", nil, &out, func(w io.Writer) {

@@ -55,7 +55,7 @@ says which nodes may still hold charges of it (on stderr with --csv).
   quotad admin usage --period 2026-06 --csv > usage-2026-06.csv
   quotad admin usage --period 2026-06 --csv --by-route > usage-2026-06-routes.csv
   quotad admin usage --period 2026-06 --json | jq '.usage[] | select(.overage > 0)'`,
-		Args: cobra.NoArgs,
+		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if period != "" {
 				if _, ok := shard.ParsePeriod(period); !ok {

@@ -60,7 +60,7 @@ prints plain lines.`,
 		Example: `  go run ./cmd/quotad demo
   quotad demo --duration 30s --nodes 5
   quotad demo --keep --dir /tmp/qdemo     # keep data dirs, node logs and the ledger`,
-		Args: cobra.NoArgs,
+		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return runDemo(cmd.Context(), cmd.OutOrStdout(), f)
 		},

@@ -205,8 +205,9 @@ func newRevokeCmd() *cobra.Command {
 	var dsn, nodeID string
 	var dryRun, force bool
 	cmd := &cobra.Command{
-		Use:   "revoke",
-		Short: "Free a lost node's reservations",
+		Use:         "revoke",
+		Short:       "Free a lost node's reservations",
+		Annotations: map[string]string{argFlag: "node"},
 		Long: `Free every reservation a node holds in the ledger. Use it for a node that is
 gone for good (its disk lost): its reservations otherwise stay frozen so that
 nobody can overshoot a hard limit. Freeing them may let through, twice, up

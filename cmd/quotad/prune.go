@@ -16,8 +16,9 @@ func newPruneCmd() *cobra.Command {
 	var lost []string
 	var dryRun bool
 	cmd := &cobra.Command{
-		Use:   "prune --before MONTH",
-		Short: "Drop the event log of old months (retention); billing figures stay",
+		Use:         "prune --before MONTH",
+		Annotations: map[string]string{argFlag: "before"},
+		Short:       "Drop the event log of old months (retention); billing figures stay",
 		Long: `Drop the ledger's event log (a row per charge) of every month before --before,
 oldest first, each month in a transaction of its own: on Postgres its
 partition is dropped, on SQLite its rows are deleted. What billing reads

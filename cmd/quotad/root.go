@@ -139,11 +139,28 @@ func mentionsFlag(msg, name string) bool {
 // ('quotad migrate extra' was accepted and the word ignored).
 func noStrayArgs(c *cobra.Command) {
 	if c.Args == nil && !c.HasSubCommands() {
-		c.Args = cobra.NoArgs
+		c.Args = noArgs
 	}
 	for _, sub := range c.Commands() {
 		noStrayArgs(sub)
 	}
+}
+
+// argFlag annotates a command whose main value is a flag: a word given
+// as an argument instead ('quotad revoke n1') is most likely meant for it.
+const argFlag = "quotaring/arg-flag"
+
+// noArgs refuses arguments to a command that takes only flags, saying so
+// (cobra's own message, 'unknown command "n1" for "quotad revoke"', read
+// as if revoke had subcommands), and which flag a word was likely meant for.
+func noArgs(cmd *cobra.Command, args []string) error {
+	if len(args) == 0 {
+		return nil
+	}
+	if f := cmd.Annotations[argFlag]; f != "" && len(args) == 1 {
+		return fmt.Errorf("%s takes no arguments, only flags: did you mean --%s %s?", cmd.CommandPath(), f, args[0])
+	}
+	return fmt.Errorf("%s takes no arguments, only flags (got %q): see %s --help", cmd.CommandPath(), strings.Join(args, " "), cmd.CommandPath())
 }
 
 // warnUnknownEnv warns about QUOTAD_* variables that no command reads: a

@@ -29,13 +29,23 @@ func TestWarnUnknownEnv(t *testing.T) {
 // Commands that take no arguments refuse them; variadic ones still work.
 func TestStrayArguments(t *testing.T) {
 	root := newRootCmd()
-	for _, args := range [][]string{{"migrate", "extra"}, {"reconcile", "x"}, {"serve", "x"}} {
-		c, rest, err := root.Find(args)
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"migrate", "extra"}, `quotad migrate takes no arguments, only flags (got "extra")`},
+		{[]string{"reconcile", "x"}, "quotad reconcile takes no arguments"},
+		{[]string{"serve", "x"}, "quotad serve takes no arguments"},
+		{[]string{"revoke", "n1"}, "did you mean --node n1?"},
+		{[]string{"prune", "2026-10"}, "did you mean --before 2026-10?"},
+		{[]string{"admin", "nodes", "x"}, "quotad admin nodes takes no arguments"},
+	} {
+		c, rest, err := root.Find(tc.args)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := c.Args(c, rest); err == nil {
-			t.Errorf("quotad %s: stray argument accepted", strings.Join(args, " "))
+		if err := c.Args(c, rest); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("quotad %s: %v, want %q", strings.Join(tc.args, " "), err, tc.want)
 		}
 	}
 	c, rest, err := root.Find([]string{"admin", "routes", "set", "GET /a=1", "POST /b=2"})
