@@ -134,22 +134,35 @@ func (b *batcher[Req, Rep]) doMany(ctx context.Context, reqs []Req) ([]Rep, []er
 			reps[i], errs[i] = c.rep, c.err
 		case <-ctx.Done():
 			errs[i] = ctx.Err()
-			b.drop(c)
+			if b.drop(c) {
+				errs[i] = &notSentError{ctx.Err()}
+			}
 		}
 	}
 	return reps, errs
 }
 
-// drop takes c out of the queue if it is still there: its caller left
-// with an error, so it must not be applied after (a charge the caller
-// was told failed, billed by the owner later).
-func (b *batcher[Req, Rep]) drop(c *call[Req, Rep]) {
+// drop takes c out of the queue if it is still there, and reports whether
+// it was: its caller left with an error, so it must not be applied after
+// (a charge the caller was told failed, billed by the owner later). A call
+// not in the queue any more is in a batch on its way.
+func (b *batcher[Req, Rep]) drop(c *call[Req, Rep]) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if i := slices.Index(b.queue, c); i >= 0 {
 		b.queue = slices.Delete(b.queue, i, i+1)
+		return true
 	}
+	return false
 }
+
+// notSentError is the error of a call its caller's ctx ended while it was
+// still queued: taken out of the queue, it was never sent, so it certainly
+// was not applied. It wraps ctx's error.
+type notSentError struct{ err error }
+
+func (e *notSentError) Error() string { return "not sent (still queued): " + e.err.Error() }
+func (e *notSentError) Unwrap() error { return e.err }
 
 // ctxEnded is ctx's error, or DeadlineExceeded once its deadline has passed
 // even if its timer has not fired yet.

@@ -114,8 +114,14 @@ func Dial(ctx context.Context, seeds ...string) (*Client, error) {
 // asked in turn, the next one as soon as the one before fails or has not
 // answered within a fraction of a second, so a hung seed does not use up
 // ctx; the first answer wins. When ctx ends first, the error wraps ctx's
-// (errors.Is(err, context.DeadlineExceeded)). Afterwards the client
-// refreshes both every RefreshInterval, from any node it knows.
+// (errors.Is(err, context.DeadlineExceeded)); when a node turned the
+// client away (a wrong Token, nodes of another version) it wraps
+// ErrRejected, and when no node answered, ErrUnavailable. When the nodes
+// answer but none has a config yet (none has reached the ledger), Dial
+// succeeds: Charge, Refund and Usage work, Snapshot is nil and the
+// middleware answers quota-unavailable until a refresh finds one.
+// Afterwards the client refreshes both every RefreshInterval, from any
+// node it knows.
 func (o DialOptions) Dial(ctx context.Context, seeds ...string) (*Client, error) {
 	if len(seeds) == 0 {
 		return nil, errors.New("router: Dial needs at least one seed (a node's RPC address, host:port)")
@@ -141,9 +147,20 @@ func (o DialOptions) Dial(ctx context.Context, seeds ...string) (*Client, error)
 	if err := c.refreshView(ctx, ""); err != nil {
 		close(c.done)
 		c.Close()
-		return nil, ExplainTLSMismatch(err, o.TLS != nil)
+		return nil, dialError(ctx, ExplainTLSMismatch(err, o.TLS != nil))
 	}
 	if err := c.refreshConfig(ctx); err != nil {
+		if ctx.Err() != nil {
+			// ctx ended between the ring view and the config: Dial did not
+			// do what it says.
+			close(c.done)
+			c.Close()
+			return nil, dialError(ctx, err)
+		}
+		// The nodes answered the ring view but gave no config (none has
+		// reached the ledger yet; a node too old to serve it): Charge,
+		// Refund and Usage work, and Snapshot is nil until a refresh finds
+		// one.
 		c.opts.Logger.Warn("no config snapshot yet; the middleware answers quota-unavailable until one arrives", "err", err)
 	}
 	if o.RefreshInterval > 0 {
@@ -243,9 +260,11 @@ func (c *Client) loop(ctx context.Context) {
 //
 // Without an error the owner decided: Reason.Accepted, or a refusal. A
 // refusal is final (Reason.Final: invalid, id_reused), passes with time
-// (rate_limited, quota_exceeded: Decision.RetryIn says when), or is
-// unknown_account (the owner's config lacks the account; one created
-// seconds ago is loaded within a few seconds).
+// (rate_limited, and quota_exceeded until the period renews:
+// Decision.RetryIn says when), needs more units than time brings
+// (quota_exceeded on used-up credits: RetryIn's ok is false, and so is
+// Final), or is unknown_account (the owner's config lacks the account; one
+// created seconds ago is loaded within a few seconds; not Final).
 func (c *Client) Charge(ctx context.Context, req ChargeRequest) (ChargeResult, error) {
 	if err := c.usable(); err != nil {
 		return ChargeResult{}, err
@@ -428,6 +447,11 @@ func (c *Client) route(ctx context.Context, o op, account string, call func(cont
 		case err != nil && rejected(rpcErr.err):
 			return rejectedError(account, target, o.name, rpcErr.err)
 		case err != nil:
+			var ns *notSentError
+			if errors.As(err, &ns) {
+				// Still queued when ctx ended: never sent, so not applied.
+				return fmt.Errorf("router: %s for account %q not sent: %w", o.name, account, ns.err)
+			}
 			c.stats.Unreachable.Add(1)
 			if cerr := ctxEnded(ctx); cerr != nil {
 				return fmt.Errorf("%w: the owner of account %q at %s did not answer the %s before the caller's context ended (%w); %s",
@@ -537,7 +561,7 @@ func (c *Client) unlockRefresh() { <-c.refreshing }
 func (c *Client) refreshViewLocked(ctx context.Context, prefer, avoid string) error {
 	v, err := firstAnswer(ctx, c.sources(prefer, avoid), c.readView)
 	if err != nil {
-		return fmt.Errorf("router: no node answered for the ring view: %w", err)
+		return fmt.Errorf("router: no node gave its ring view: %w", err)
 	}
 	c.view.Store(v)
 	c.stats.Refreshes.Add(1)
@@ -636,7 +660,10 @@ func (c *Client) wanted(addr string) bool {
 }
 
 // sources lists the addresses to ask, each once: prefer, the members of the
-// current view, the seeds, and avoid last.
+// current view and the seeds, but not avoid: a node whose call just went
+// unanswered for CallTimeout, which asked again would keep the caller
+// waiting that long once more (a charge to a hung single node took twice
+// CallTimeout).
 func (c *Client) sources(prefer, avoid string) []string {
 	seen := map[string]bool{"": true, avoid: true}
 	var out []string
@@ -654,9 +681,6 @@ func (c *Client) sources(prefer, avoid string) []string {
 	}
 	for _, s := range c.seeds {
 		add(s)
-	}
-	if avoid != "" {
-		out = append(out, avoid)
 	}
 	return out
 }
@@ -724,6 +748,39 @@ func (c *Client) refreshConfig(ctx context.Context) error {
 	return nil
 }
 
+// dialError classifies a failed Dial as the calls' errors are: the error
+// of ctx when it ended, ErrRejected when a node turned the client away (a
+// wrong RPC token: retrying cannot help), else ErrUnavailable (no node
+// answered: retry). A node's public HTTP port dialled for its RPC port is
+// named as such.
+func dialError(ctx context.Context, err error) error {
+	switch {
+	case ctx.Err() != nil:
+		return err // it wraps ctx's error (firstAnswer)
+	case anyRejected(err):
+		if strings.Contains(err.Error(), "API key") {
+			return fmt.Errorf("%w: %w (the address answered as a node's public HTTP port, --http-addr, asking for an API key: dial the node's RPC port, --rpc-addr)", ErrRejected, err)
+		}
+		return fmt.Errorf("%w: %w; fix what it names (DialOptions.Token for the nodes' --rpc-token, the nodes' versions): retrying cannot help", ErrRejected, err)
+	}
+	return fmt.Errorf("%w: %w", ErrUnavailable, err)
+}
+
+// anyRejected reports whether err, or any error joined in it (one per node
+// asked), is a node rejecting the call (rejected).
+func anyRejected(err error) bool {
+	if err == nil {
+		return false
+	}
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		return slices.ContainsFunc(j.Unwrap(), anyRejected)
+	}
+	if rejected(err) {
+		return true
+	}
+	return anyRejected(errors.Unwrap(err))
+}
+
 // ExplainTLSMismatch adds the likely fix to an error of a call to a node
 // that looks like a TLS mismatch (gRPC's wording names neither side's
 // setting); withTLS is whether the caller dialled with TLS. Dial does it;
@@ -735,6 +792,8 @@ func ExplainTLSMismatch(err error, withTLS bool) error {
 	}
 	msg := err.Error()
 	switch {
+	case strings.Contains(msg, "looked like an HTTP/1.1 header"):
+		return fmt.Errorf("%w (the address answered HTTP/1.1, not gRPC: it is likely a node's public or admin port, --http-addr or --admin-addr; dial the node's RPC port, --rpc-addr)", err)
 	case !withTLS && strings.Contains(msg, "error reading server preface"):
 		return fmt.Errorf("%w (a node that requires TLS closes plaintext connections like this: if the cluster runs with --rpc-tls-*, dial with TLS: router.DialOptions.TLS from TLSFiles.ClientConfig, quotad bench cluster --rpc-tls-*)", err)
 	case withTLS && strings.Contains(msg, "first record does not look like a TLS handshake"):

@@ -275,3 +275,37 @@ func TestConfigRefreshDoesNotUndoANewerOne(t *testing.T) {
 		t.Fatalf("config version %d after the late answer, want 5 (the newer one kept)", v)
 	}
 }
+
+// configlessNode answers the ring view and never the config: it holds a
+// Config call until the caller gives up.
+type configlessNode struct{ rejectingNode }
+
+func (n *configlessNode) Config(ctx context.Context, _ *pb.ConfigRequest) (*pb.ConfigReply, error) {
+	<-ctx.Done()
+	return nil, ctx.Err()
+}
+
+// Dial whose context ends after the ring view and before the config is a
+// failed Dial, with the context's error: it returned a client without a
+// config, which the middleware answered 503 with for seconds.
+func TestDialEndsBeforeTheConfig(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := &configlessNode{rejectingNode{addr: lis.Addr().String(), code: codes.Unavailable}}
+	srv := grpc.NewServer()
+	pb.RegisterQuotaServer(srv, n)
+	go srv.Serve(lis)
+	defer srv.Stop()
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	c, err := DialOptions{RefreshInterval: -1}.Dial(ctx, n.addr)
+	if err == nil {
+		c.Close()
+		t.Fatal("Dial succeeded without a config though its context ended first")
+	}
+	if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "config") {
+		t.Fatalf("Dial: %v; want DeadlineExceeded, naming the config read", err)
+	}
+}

@@ -5,9 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/http"
 	"net/http/httptest"
 	"reflect"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -415,5 +417,160 @@ func TestClientCanceledBeforeSending(t *testing.T) {
 	}
 	if n := client.Stats().Unreachable.Load(); n != 0 {
 		t.Fatalf("Unreachable %d after a call that was never sent", n)
+	}
+}
+
+// Dial's errors are classified as the calls' are, so a program that
+// retries Dial can tell "fix the setup" from "not up yet": a node that
+// turns the client away (no token, a wrong one) is ErrRejected; no node
+// answering is ErrUnavailable. A node's public or admin port dialled for
+// its RPC port is named as such.
+func TestDialErrorsAreClassified(t *testing.T) {
+	const token = "dial-test-token-0123456789"
+	acct := account{id: "dial", key: keyOf("dial"), plan: monthly("m10", 10)}
+	up := newUpstream(t)
+	c := startCluster(t, []account{acct}, clusterOptions{nodes: 1, rpcToken: token, upstream: up.URL})
+	nd := c.nodes[0]
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	opts := router.DialOptions{RefreshInterval: -1, CallTimeout: 2 * time.Second}
+
+	for _, tok := range []string{"", "wrong-token-0123456789abcdef"} {
+		o := opts
+		o.Token = tok
+		_, err := o.Dial(ctx, nd.RPCAddr())
+		if !errors.Is(err, router.ErrRejected) || errors.Is(err, router.ErrUnavailable) || !strings.Contains(err.Error(), "Token") {
+			t.Errorf("Dial with token %q: %v; want ErrRejected naming DialOptions.Token", tok, err)
+		}
+	}
+	o := opts
+	o.Token = token
+	client, err := o.Dial(ctx, nd.RPCAddr())
+	if err != nil {
+		t.Fatalf("Dial with the right token: %v", err)
+	}
+	client.Close()
+
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := ln.Addr().String()
+	ln.Close()
+	if _, err := opts.Dial(ctx, closed); !errors.Is(err, router.ErrUnavailable) || errors.Is(err, router.ErrRejected) {
+		t.Errorf("Dial of a closed port: %v; want ErrUnavailable", err)
+	}
+
+	if _, err := o.Dial(ctx, nd.HTTPAddr()); err == nil || !strings.Contains(err.Error(), "dial the node's RPC port, --rpc-addr") {
+		t.Errorf("Dial of the public HTTP port: %v; want it named, and --rpc-addr", err)
+	}
+	if _, err := o.Dial(ctx, nd.AdminAddr()); err == nil || !strings.Contains(err.Error(), "dial the node's RPC port, --rpc-addr") {
+		t.Errorf("Dial of the admin port: %v; want it named, and --rpc-addr", err)
+	}
+}
+
+// Middleware refuses a *Client that Dial did not make (nil, or a zero
+// Client) at once: the first request panicked, or every request got 503.
+// NoUsageEndpoint hands the usage path to the handler, charged as any.
+func TestMiddlewareOptions(t *testing.T) {
+	var nilClient *router.Client
+	for name, cl := range map[string]*router.Client{"nil": nilClient, "zero": {}} {
+		if _, err := router.Middleware(router.FrontOptions{Charger: cl, Config: cl}); err == nil || !strings.Contains(err.Error(), "made by Dial") {
+			t.Errorf("Middleware with a %s *Client: %v; want an error saying to use Dial", name, err)
+		}
+	}
+
+	acct := account{id: "own-usage", key: keyOf("own-usage"), plan: monthly("m10", 10)}
+	c := startCluster(t, []account{acct}, clusterOptions{nodes: 1})
+	client := dial(t, router.DialOptions{RefreshInterval: -1}, c.nodes[0].RPCAddr())
+	mw, err := router.Middleware(router.FrontOptions{Charger: client, Config: client, NoUsageEndpoint: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	up := newUpstream(t)
+	local := httptest.NewServer(mw(up))
+	defer local.Close()
+	a := do(t, local.URL, "GET", "/v1/usage", acct.key, nil)
+	if a.status != http.StatusOK || up.count("GET /v1/usage") != 1 {
+		t.Fatalf("GET /v1/usage with NoUsageEndpoint: %d, the handler saw it %d times; want it served by the handler", a.status, up.count("GET /v1/usage"))
+	}
+	if u, err := client.Usage(context.Background(), acct.id); err != nil || u.Used != 1 {
+		t.Fatalf("usage after the handler's /v1/usage: %+v, %v; want it charged as any request (1 unit)", u, err)
+	}
+}
+
+// hangingConn stops delivering what the node sends once *hang is set, as
+// a connection to a SIGSTOPped node does; Close ends a blocked Read.
+type hangingConn struct {
+	net.Conn
+	hang   *atomic.Bool
+	wrote  *atomic.Int64 // writes while hung: calls sent to the silent node
+	closed chan struct{}
+	once   sync.Once
+}
+
+func (c *hangingConn) Write(p []byte) (int, error) {
+	if c.hang.Load() {
+		c.wrote.Add(1)
+	}
+	return c.Conn.Write(p)
+}
+
+func (c *hangingConn) Read(p []byte) (int, error) {
+	if c.hang.Load() {
+		<-c.closed
+		return 0, net.ErrClosed
+	}
+	return c.Conn.Read(p)
+}
+
+func (c *hangingConn) Close() error {
+	c.once.Do(func() { close(c.closed) })
+	return c.Conn.Close()
+}
+
+// A hung owner costs a charge one CallTimeout, not two: the ring view
+// refresh after the silent call does not ask the node that just did not
+// answer (with it the only node, the charge took twice CallTimeout). A
+// call still queued behind the hung one when its context ends was never
+// sent, and says so: ctx's error, not an unknown outcome.
+func TestHungOwner(t *testing.T) {
+	acct := account{id: "hung", key: keyOf("hung"), plan: monthly("m10", 10)}
+	c := startCluster(t, []account{acct}, clusterOptions{nodes: 1})
+	var hang atomic.Bool
+	var wrote atomic.Int64
+	dialer := func(ctx context.Context, addr string) (net.Conn, error) {
+		var d net.Dialer
+		conn, err := d.DialContext(ctx, "tcp", addr)
+		if err != nil {
+			return nil, err
+		}
+		return &hangingConn{Conn: conn, hang: &hang, wrote: &wrote, closed: make(chan struct{})}, nil
+	}
+	const callTimeout = 2 * time.Second
+	client := dial(t, router.DialOptions{RefreshInterval: -1, CallTimeout: callTimeout, MaxInflight: 1, Dialer: dialer}, c.nodes[0].RPCAddr())
+	hang.Store(true)
+
+	first := make(chan error, 1)
+	began := time.Now()
+	go func() {
+		_, err := client.Charge(context.Background(), router.ChargeRequest{Account: acct.id, Units: 1})
+		first <- err
+	}()
+	waitFor(t, 5*time.Second, "the first charge sent", func() bool { return wrote.Load() > 0 })
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	_, err := client.Charge(ctx, router.ChargeRequest{Account: acct.id, Units: 1})
+	cancel()
+	if !errors.Is(err, context.DeadlineExceeded) || errors.Is(err, router.ErrUnavailable) || !strings.Contains(err.Error(), "not sent") {
+		t.Errorf("a charge queued behind a hung one, its context ended: %v; want DeadlineExceeded, 'not sent'", err)
+	}
+
+	err = <-first
+	took := time.Since(began)
+	if !errors.Is(err, router.ErrUnavailable) {
+		t.Fatalf("charge at a hung owner: %v, want ErrUnavailable", err)
+	}
+	if took > callTimeout*3/2 {
+		t.Errorf("charge at a hung owner took %s with CallTimeout %s: the refresh after it asked the hung node again", took.Round(time.Millisecond), callTimeout)
 	}
 }

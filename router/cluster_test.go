@@ -85,6 +85,7 @@ type clusterOptions struct {
 	upstream string              // "" serves no front
 	front    func(*router.FrontOptions)
 	noSync   bool
+	rpcToken string // the nodes' --rpc-token; "" none
 	// settle is the settle interval (and the reservation window) [100ms];
 	// snapshot the config refresh interval [200ms].
 	settle, snapshot time.Duration
@@ -115,6 +116,9 @@ func (c *cluster) add(t testing.TB) *node.Node {
 		RPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", AdminAddr: "127.0.0.1:0", GossipAddr: "127.0.0.1:0",
 		RingPreset: ring.PresetLocal, SettleInterval: cmp.Or(c.opts.settle, 100*time.Millisecond), SnapshotInterval: cmp.Or(c.opts.snapshot, 200*time.Millisecond),
 		NoSync: c.opts.noSync}
+	if c.opts.rpcToken != "" {
+		cfg.RPCTokens = []string{c.opts.rpcToken}
+	}
 	if c.clock != nil {
 		cfg.Clock = c.clock
 	}

@@ -66,8 +66,13 @@ type FrontOptions struct {
 	// Config resolves API keys (by SHA-256 hash) and route weights
 	// (required).
 	Config ConfigSource
-	// UsagePath answers the caller's usage as JSON (GET) ["/v1/usage"].
+	// UsagePath answers the caller's usage as JSON (GET) ["/v1/usage"]: that
+	// path, for every method and host, is the front's and never reaches
+	// the handler or upstream behind it.
 	UsagePath string
+	// NoUsageEndpoint turns UsagePath off: every path is charged and goes
+	// on (for a Middleware in front of an API with a usage path of its own).
+	NoUsageEndpoint bool
 	// QuotaStatus is the status of a quota-exceeded refusal: 429, 402 or 403
 	// [429]. Rate-limited refusals are always 429.
 	QuotaStatus int
@@ -146,6 +151,13 @@ func (o FrontOptions) Check() error { return o.policyDefaults() }
 func (o *FrontOptions) defaults() error {
 	if o.Charger == nil || o.Config == nil {
 		return errors.New("router: FrontOptions.Charger and FrontOptions.Config are required")
+	}
+	for _, v := range []any{o.Charger, o.Config} {
+		if c, ok := v.(*Client); ok && (c == nil || c.peers == nil) {
+			// A nil *Client in the interface, or a zero Client{}: the first
+			// request would panic, or answer 503 for ever.
+			return errors.New("router: FrontOptions.Charger and Config must be a *Client made by Dial, not nil or a zero Client")
+		}
 	}
 	return o.policyDefaults()
 }
@@ -228,7 +240,7 @@ func CallerFrom(ctx context.Context) (*Caller, bool) {
 //
 // In order, for each request:
 //
-//	UsagePath: answer the caller's usage (JSON), charge nothing
+//	UsagePath (unless NoUsageEndpoint): answer the caller's usage (JSON), charge nothing
 //	API key: X-Api-Key, else Authorization: Bearer  (none or unknown: 401)
 //	Idempotency-Key: 1..255 printable ASCII, else 400; it becomes the event id
 //	Content-Length over MaxBodyBytes: 413
@@ -303,7 +315,7 @@ func (f *front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		f.observe(rec.code(r), 0) // NB: the front added nothing
 		return
 	}
-	if r.URL.Path == f.opts.UsagePath {
+	if r.URL.Path == f.opts.UsagePath && !f.opts.NoUsageEndpoint {
 		f.observe(f.serveUsage(w, r), time.Since(start))
 		return
 	}
@@ -470,7 +482,7 @@ func (f *front) caller(r *http.Request) (snapshot.Key, *snapshot.Snapshot, *Prob
 	}
 	snap := f.opts.Config.Snapshot()
 	if snap == nil {
-		return snapshot.Key{}, nil, unavailable("This node has no config yet (it has not reached the ledger); retry in a second.")
+		return snapshot.Key{}, nil, unavailable("No config yet: the quota service has not read one from its ledger; retry in a second.")
 	}
 	key, ok := snap.Key(snapshot.HashKey(plain))
 	if !ok {
