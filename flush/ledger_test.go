@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/url"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -314,6 +315,33 @@ func TestSQLiteUnavailable(t *testing.T) {
 	if !errors.Is(err, ErrUnavailable) || !strings.Contains(err.Error(), "missing-dir") {
 		t.Errorf("open in a missing directory: %v; want ErrUnavailable naming the path", err)
 	}
+}
+
+// A file that is not an SQLite database (or a damaged one) is not an
+// outage to wait out: ErrInvalid, saying what to check, and nothing
+// written to it.
+func TestSQLiteNotADatabase(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "notes.db")
+	junk := []byte(strings.Repeat("these are not the pages of a database\n", 200))
+	if err := os.WriteFile(path, junk, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, err := OpenSQLite(t.Context(), path, SQLiteOptions{})
+	if !errors.Is(err, ErrInvalid) || errors.Is(err, ErrUnavailable) || !strings.Contains(err.Error(), "is not a database, or is damaged") {
+		t.Fatalf("open a file that is not a database: %v; want ErrInvalid saying so", err)
+	}
+	if got, _ := os.ReadFile(path); string(got) != string(junk) {
+		t.Fatal("the file was changed")
+	}
+	if w := WhatToCheck(fmt.Errorf("x: %w", &sqliteLikeErr{})); !strings.Contains(w, "SQLite file") {
+		t.Errorf("WhatToCheck of an SQLite ledger's error: %q", w)
+	}
+}
+
+type sqliteLikeErr struct{}
+
+func (*sqliteLikeErr) Error() string {
+	return "cannot open the SQLite ledger at /x/l.db: unable to open"
 }
 
 // The password leaves messages, and nothing else does: a short password

@@ -128,6 +128,9 @@ func redactDSN(dsn string) string {
 // or a role without a privilege is reachable, and checking the address
 // and credentials would not help.
 func WhatToCheck(err error) string {
+	if sqliteCode(err) != 0 || strings.Contains(fmt.Sprint(err), "SQLite ledger") {
+		return "the SQLite file --ledger names: its directory exists, and this user may read and write both the file and the directory"
+	}
 	switch pgCode(err) {
 	case sqlReadOnlyTransaction:
 		return "the ledger refuses writes (read-only transaction): is --ledger a standby or a read-only replica, or the role set to default_transaction_read_only? point it at the primary"

@@ -103,6 +103,11 @@ func OpenSQLite(ctx context.Context, path string, opts SQLiteOptions) (*SQLite, 
 	}
 	if err := db.PingContext(ctx); err != nil {
 		db.Close()
+		if c := sqliteCode(err) & 0xff; c == sqliteNotADB || c == sqliteCorrupt {
+			// Waiting will not fix it: a node refuses to start on it.
+			return nil, fmt.Errorf("%w: the SQLite ledger at %s is not a database, or is damaged (%v): check that --ledger names the ledger's file and not another one; restore a damaged ledger from its backup",
+				ErrInvalid, path, err)
+		}
 		return nil, fmt.Errorf("%w: cannot open the SQLite ledger at %s: %v: check that its directory exists and is writable by this user",
 			ErrUnavailable, path, err)
 	}
@@ -122,8 +127,10 @@ const (
 	sqliteLocked       = 6
 	sqliteReadOnly     = 8
 	sqliteIOErr        = 10
+	sqliteCorrupt      = 11
 	sqliteFull         = 13
 	sqliteCantOpen     = 14
+	sqliteNotADB       = 26
 	sqliteConstraintFK = 19 | 3<<8
 	sqliteConstraintPK = 19 | 6<<8
 	sqliteConstraintUq = 19 | 8<<8

@@ -53,7 +53,7 @@ func (n *Node) tryLedger(ctx context.Context, beforeServing bool) (bool, error) 
 		n.log.Error("the ledger was migrated by a newer quotad: upgrade this node (never roll back below the ledger's schema)", "err", err)
 		return false, err
 	case err != nil:
-		n.log.Warn("ledger not reached; serving from the data dir meanwhile and trying again", "err", err,
+		n.log.Warn("ledger not reached; trying again", "err", err,
 			"what_to_check", flush.WhatToCheck(err))
 		return false, err
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"net"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -156,5 +157,20 @@ func TestListenAddressesOnOnePort(t *testing.T) {
 	}
 	if err := distinctPorts([][2]string{{"--rpc-addr", "127.0.0.1:0"}, {"--http-addr", "127.0.0.1:0"}, {"--admin-addr", "127.0.0.2:9090"}, {"--gossip-addr", "127.0.0.3:9090"}}); err != nil {
 		t.Errorf("port 0 twice, and one port on two hosts: %v, want them accepted", err)
+	}
+}
+
+// A --ledger file that is not a database stops the start with what to
+// check: before, the node logged "ledger not reached" every 2 s for ever,
+// with a hint about Postgres credentials.
+func TestLedgerThatIsNotADatabase(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "notes.db")
+	if err := os.WriteFile(path, []byte(strings.Repeat("not a database\n", 500)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, err := Start(context.Background(), startConfig("sqlite:"+path, dir, "s1"))
+	if err == nil || !strings.Contains(err.Error(), "is not a database, or is damaged") {
+		t.Fatalf("start on a ledger file that is not a database: %v, want a refusal saying so", err)
 	}
 }
