@@ -153,9 +153,11 @@ func (l *Log) checkDurableMark(seen markSeen, last uint64) error {
 	}
 	return fmt.Errorf("%w: dir %s: records through seq %d were durable, and acknowledged, before "+
 		"the node stopped (%s says so), but the log recovers only through seq %d: %s; "+
-		"records %d..%d are lost and were never settled to the ledger; %s",
+		"records %d..%d are gone from the log, and with them this dir's own record of what was settled: "+
+		"those the ledger's settled mark for incarnation %s covers were billed (quotad admin nodes, SETTLED SEQ), "+
+		"the rest are lost; %s",
 		ErrCorrupt, l.opts.Dir, seen.seq, durableMarkName, last, describeWALs(l.opts.FS, l.opts.Dir),
-		last+1, seen.seq, remedy(l.opts.NodeID))
+		last+1, seen.seq, l.incarnation, remedy(l.opts.NodeID))
 }
 
 // describeWALs says where Pebble's WAL files in dir stop being readable: the

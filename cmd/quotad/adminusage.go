@@ -157,6 +157,8 @@ func finality(exp *node.UsageExport) string {
 	asOf := exp.AsOf.UTC().Format(time.RFC3339)
 	p, _ := shard.ParsePeriod(exp.Period)
 	switch {
+	case exp.AsOf.Before(time.Unix(0, p.Start())):
+		return fmt.Sprintf("%s has not begun (as of %s): no usage yet (a mistyped --period?)", exp.Period, asOf)
 	case exp.AsOf.Before(time.Unix(0, p.End())):
 		return fmt.Sprintf("%s is not over (as of %s): settled usage so far, trailing the charges by up to one settle interval", exp.Period, asOf)
 	case exp.Final:

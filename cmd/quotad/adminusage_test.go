@@ -128,6 +128,9 @@ func TestQuotadAdminUsage(t *testing.T) {
 	if out := mustAdmin(t, n, "usage", "--period", "2001-06"); !strings.Contains(out, "2001-06 is final (as of 2001-07-01T00:02:00Z)") {
 		t.Fatalf("usage of a final June:\n%s", out)
 	}
+	if out := mustAdmin(t, n, "usage", "--period", "2099-01"); !strings.Contains(out, "2099-01 has not begun") {
+		t.Fatalf("usage of a month to come:\n%s", out)
+	}
 
 	for _, tc := range []struct {
 		args []string

@@ -381,6 +381,9 @@ func warmAccounts(ctx context.Context, progress io.Writer, c pb.QuotaClient, acc
 					reqs = append(reqs, &pb.ChargeRequest{Account: a, Route: "warm", Units: 1})
 				}
 				if err := benchCall(ctx, "routed", c, nil, nil, reqs); err != nil {
+					if strings.Contains(err.Error(), "UNKNOWN_ACCOUNT") {
+						err = fmt.Errorf("%w: the cluster has no account %s: create the bench accounts once with --setup --ledger DSN, or give the --account-prefix they were made with", err, reqs[0].Account)
+					}
 					errc <- fmt.Errorf("warm-up: %w", err)
 					for range next {
 					}
