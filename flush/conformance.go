@@ -52,6 +52,7 @@ func RunConformance(t *testing.T, open func(t *testing.T) Ledger) {
 		{"EventsOff", confEventsOff},
 		{"UsageAndReconcile", confUsageReconcile},
 		{"PruneEvents", confPruneEvents},
+		{"PruneTakeBacks", confPruneTakeBacks},
 		{"BillingUsage", confBillingUsage},
 		{"NodesReservationsAlerts", confNodesAlerts},
 		{"NodeStarts", confNodeStarts},
@@ -1449,6 +1450,32 @@ func confUsageReconcile(t *testing.T, l Ledger) {
 // credits are unknown); acct-reserved only reserved (its monthly grant,
 // no usage). acct-july has usage in July only and acct-idle none: neither
 // is in June's list.
+// confPruneTakeBacks: a replay's take-back that settled before its replay
+// waits in the ledger for it; pruning the month drops it with the month's
+// events, on both ledgers (SQLite kept such rows for ever).
+func confPruneTakeBacks(t *testing.T, l Ledger) {
+	ctx := t.Context()
+	a, b := twoReservingNodes(t, l)
+	a.settle(t, chargeOf("acct-1", "e5", 1, confJune).withReserved())
+	b.settle(t, refundOf("acct-1", "e5", 1, confJune).attempt().chargedBy("node-a"))
+	b.settle(t, takeBackOf("acct-1", "e5").chargedBy("node-a"))
+	counter, ok := l.(interface {
+		waitingTakeBacks(context.Context) (int64, error)
+	})
+	if !ok {
+		t.Fatalf("%T does not count its waiting take-backs", l)
+	}
+	if n, err := counter.waitingTakeBacks(ctx); err != nil || n != 1 {
+		t.Fatalf("waiting take-backs before the prune: %d, %v; want 1", n, err)
+	}
+	if _, err := l.PruneEvents(ctx, PruneOptions{Before: confPeriod + 1}); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := counter.waitingTakeBacks(ctx); err != nil || n != 0 {
+		t.Fatalf("waiting take-backs after June was pruned: %d, %v; want 0", n, err)
+	}
+}
+
 // confPruneEvents drops the event log of whole months (quotad prune): only
 // months over and final, refused while a node may hold unsettled records of
 // them; the grants, usage and reconcile stay whole.

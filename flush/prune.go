@@ -255,3 +255,16 @@ func periodsBefore(ps []shard.Period, p shard.Period) []shard.Period {
 	slices.Sort(ps)
 	return slices.Compact(ps)
 }
+
+// waitingTakeBacks counts the replay take-backs waiting in the ledger for
+// their replays (tests: a pruned month leaves none).
+func (p *Postgres) waitingTakeBacks(ctx context.Context) (n int64, err error) {
+	err = p.pool.QueryRow(ctx, `SELECT coalesce(sum(count), 0) FROM replay_takebacks WHERE count > 0`).Scan(&n)
+	return n, err
+}
+
+// waitingTakeBacks: as Postgres's.
+func (s *SQLite) waitingTakeBacks(ctx context.Context) (n int64, err error) {
+	err = s.db.QueryRowContext(ctx, `SELECT coalesce(sum(count), 0) FROM replay_takebacks WHERE count > 0`).Scan(&n)
+	return n, err
+}

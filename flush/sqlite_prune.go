@@ -60,6 +60,12 @@ func (s *SQLite) dropMonth(ctx context.Context, per shard.Period) (n int64, err 
 			ON CONFLICT (account_id, period, grant_id) DO UPDATE SET units = units + excluded.units`, per.String()); err != nil {
 			return err
 		}
+		// The take-backs waiting for replays of the month's events go with
+		// them (SQLite's table has no period, Postgres's does).
+		if _, err := tx.ExecContext(ctx, `DELETE FROM replay_takebacks WHERE (account_id, event_id) IN
+			(SELECT account_id, event_id FROM events WHERE period = ?)`, per.String()); err != nil {
+			return err
+		}
 		if _, err := tx.ExecContext(ctx, `DELETE FROM events WHERE period = ?`, per.String()); err != nil {
 			return err
 		}
