@@ -8,6 +8,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -634,5 +635,25 @@ func TestPostgresPruneGivesUpOnALongLock(t *testing.T) {
 	tx.Rollback(ctx)
 	if res, err := l.PruneEvents(ctx, PruneOptions{Before: confPeriod + 1}); err != nil || len(res.Months) != 1 {
 		t.Fatalf("prune again: %+v, %v", res, err)
+	}
+}
+
+// A node's pool follows its CPU limit (GOMAXPROCS), not the host's cores,
+// unless the DSN or the options say otherwise.
+func TestPoolSize(t *testing.T) {
+	want := max(4, int32(runtime.GOMAXPROCS(0)))
+	for _, tc := range []struct {
+		dsn         string
+		parsed, opt int32
+		want        int32
+	}{
+		{"postgres://u@db/q", 64, 0, want},
+		{"postgres://u@db/q?pool_max_conns=2", 2, 0, 2},
+		{"host=db pool_max_conns=3", 3, 0, 3},
+		{"postgres://u@db/q?pool_max_conns=2", 2, 7, 7},
+	} {
+		if got := poolSize(tc.dsn, tc.parsed, tc.opt); got != tc.want {
+			t.Errorf("poolSize(%q, %d, %d) = %d, want %d", tc.dsn, tc.parsed, tc.opt, got, tc.want)
+		}
 	}
 }

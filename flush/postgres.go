@@ -26,6 +26,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -99,6 +100,22 @@ func parsePGConfig(dsn string) (*pgxpool.Config, error) {
 	return cfg, nil
 }
 
+// poolSize is the most connections a node opens: opts's when set, else
+// the DSN's pool_max_conns when given, else max(4, GOMAXPROCS). pgx's own
+// default, max(4, runtime.NumCPU()), counts the host's cores, not the
+// container's CPU limit: five pods on 64-core hosts could open 320
+// connections against Postgres's default max_connections of 100.
+// GOMAXPROCS follows the cgroup's CPU limit.
+func poolSize(dsn string, parsed, opt int32) int32 {
+	switch {
+	case opt > 0:
+		return opt
+	case strings.Contains(dsn, "pool_max_conns"):
+		return parsed
+	}
+	return max(4, int32(runtime.GOMAXPROCS(0)))
+}
+
 // OpenPostgres connects to the ledger at dsn (postgres://...). It pings the
 // server, so an unreachable one fails here with an error that wraps
 // ErrUnavailable and names the host and database. It does not migrate.
@@ -117,9 +134,7 @@ func OpenPostgres(ctx context.Context, dsn string, opts PGOptions) (*Postgres, e
 	case cfg.ConnConfig.ConnectTimeout == 0:
 		cfg.ConnConfig.ConnectTimeout = defaultConnectTimeout
 	}
-	if opts.MaxConns > 0 {
-		cfg.MaxConns = opts.MaxConns
-	}
+	cfg.MaxConns = poolSize(dsn, cfg.MaxConns, opts.MaxConns)
 	for k, v := range pgSessionDefaults {
 		if _, set := cfg.ConnConfig.RuntimeParams[k]; !set {
 			cfg.ConnConfig.RuntimeParams[k] = v
