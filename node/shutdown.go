@@ -82,14 +82,18 @@ func (n *Node) lastServing(r *ring.Ring) bool {
 // releaseAll hands every reservation back so the new owners find the units
 // free, unless the ledger looks down: then the node keeps them (its log
 // replays them at the next start, and the ledger still holds them for it),
-// rather than zeroing them here and stranding them there.
+// rather than zeroing them here and stranding them there. It gets a
+// quarter of SettleTimeout: it had all of it, and then a slow ledger left
+// the final settle, which matters more, a few seconds of the shutdown's
+// budget (quotad serve's drain + settle + 10 s). What it could not hand
+// back, releaseStranded frees once the log is settled.
 func (n *Node) releaseAll(ctx context.Context) {
 	s := n.Settler()
 	if n.eng == nil || s == nil || !s.Healthy() {
 		n.log.Warn("the ledger looks down: keeping this node's reservations for its next start")
 		return
 	}
-	rctx, cancel := context.WithTimeout(ctx, n.cfg.SettleTimeout)
+	rctx, cancel := context.WithTimeout(ctx, n.cfg.SettleTimeout/4)
 	defer cancel()
 	if err := n.eng.ReleaseAll(rctx); err != nil {
 		n.log.Warn("handing back reservations failed; they return at the next start or with quotad revoke", "err", err)
