@@ -984,6 +984,13 @@ func checkShutdownBudget(t *testing.T, q *quotadPod) {
 		t.Errorf("terminationGracePeriodSeconds %v < preStop %v + drain %v + settle %v + quotad's own margin %v = %v: the kubelet would kill the final settle",
 			grace, preStop, drain, settle, serveShutdownMargin, need)
 	}
+	// With an upstream, a request may run for --upstream-timeout: a shorter
+	// drain cuts such requests off at every rollout.
+	if q.setting("upstream") != "" {
+		if up, err := time.ParseDuration(q.setting("upstream-timeout")); err == nil && drain < up {
+			t.Errorf("QUOTAD_DRAIN_TIMEOUT %v < QUOTAD_UPSTREAM_TIMEOUT %v: every rollout cuts off the requests that run longer than the drain", drain, up)
+		}
+	}
 }
 
 // checkServices: Services select the pods and target named ports that
@@ -1183,6 +1190,13 @@ func resolveEnv(t *testing.T, m *manifests, c *corev1.Container) map[string]envV
 			v.from = "other"
 		}
 		defined[e.Name] = v.value
+		if prev, ok := env[e.Name]; ok && prev.from != v.from && prev.value != v.value {
+			// env wins over envFrom: the ConfigMap's or Secret's value is
+			// silently ignored (an overlay's configMapGenerator setting
+			// QUOTAD_DRAIN_TIMEOUT, say).
+			t.Errorf("%s = %q from %s is overridden by the container's env entry (%q): the kubelet ignores it; change the env entry with a patch instead",
+				e.Name, prev.value, prev.source, v.value)
+		}
 		env[e.Name] = v
 	}
 	return env

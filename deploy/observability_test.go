@@ -41,6 +41,9 @@ func exportedMetrics(t *testing.T) map[string]bool {
 
 var metricName = regexp.MustCompile(`quotaring_[a-z0-9_]+`)
 
+// selector is a quotaring metric with its label matchers, if any.
+var selector = regexp.MustCompile(`(quotaring_[a-z0-9_]+)(\{[^}]*\})?`)
+
 // histogramSuffixes are the series a histogram exports besides its name.
 var histogramSuffixes = []string{"_bucket", "_sum", "_count"}
 
@@ -323,6 +326,17 @@ func TestDashboard(t *testing.T) {
 				}
 				if !strings.Contains(tg.Expr, "quotaring_") {
 					t.Errorf("%s: query %q names no quotaring metric", where, tg.Expr)
+				}
+				// Every selector is filtered by the job, namespace and
+				// instance variables: pods scraped by two jobs (a dedicated
+				// one and an annotation-based one) summed twice, and two
+				// clusters' quotad-0 mixed.
+				for _, m := range selector.FindAllStringSubmatch(tg.Expr, -1) {
+					for _, v := range []string{`job=~"$job"`, `namespace=~"$namespace"`, `instance=~"$instance"`} {
+						if !strings.Contains(m[2], v) {
+							t.Errorf("%s: %s%s: no %s", where, m[1], m[2], v)
+						}
+					}
 				}
 				for _, m := range checkExpr(t, where, tg.Expr, exported) {
 					used[m] = true
