@@ -27,6 +27,11 @@ type metrics struct {
 	settleRecords  prometheus.Histogram
 	ringChanges    prometheus.Counter
 	reconcileDiffs prometheus.Gauge
+	// reconcileErrors and reconcileLast: the periodic reconcile's failures
+	// and last success, so that one that keeps failing (a slow ledger that
+	// times it out) is seen rather than leaving an old count standing.
+	reconcileErrors prometheus.Counter
+	reconcileLast   prometheus.Gauge
 	// HTTPRequests and ProxySeconds are the HTTP front's (router).
 	HTTPRequests *prometheus.CounterVec
 	ProxySeconds prometheus.Histogram
@@ -51,6 +56,10 @@ func newMetrics(n *Node) *metrics {
 		ringChanges: prometheus.NewCounter(prometheus.CounterOpts{Name: "quotaring_ring_changes_total", Help: "Ownership changes this node saw."}),
 		reconcileDiffs: prometheus.NewGauge(prometheus.GaugeOpts{Name: "quotaring_reconcile_differences",
 			Help: "Differences between the ledger's counters and its event log at the last periodic reconcile (quotad reconcile names them)."}),
+		reconcileErrors: prometheus.NewCounter(prometheus.CounterOpts{Name: "quotaring_reconcile_errors_total",
+			Help: "Periodic reconciles that failed (the ledger unreachable, or slower than half the interval)."}),
+		reconcileLast: prometheus.NewGauge(prometheus.GaugeOpts{Name: "quotaring_reconcile_last_success_timestamp_seconds",
+			Help: "Unix time of this node's last successful periodic reconcile; 0 when it has run none (one node of the ring runs them)."}),
 		HTTPRequests: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "quotaring_http_requests_total",
 			Help: "Requests answered by the HTTP front, by status code."}, []string{"code"}),
 		ProxySeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "quotaring_proxy_duration_seconds",
@@ -98,7 +107,7 @@ func newMetrics(n *Node) *metrics {
 	n.reg.MustRegister(
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		m.charges, m.chargeSeconds, m.commitSeconds, m.commitRecords, m.settleSeconds, m.settleRecords,
-		m.ringChanges, m.reconcileDiffs, m.HTTPRequests, m.ProxySeconds,
+		m.ringChanges, m.reconcileDiffs, m.reconcileErrors, m.reconcileLast, m.HTTPRequests, m.ProxySeconds,
 		counter("quotaring_refunds_total", "Refunds applied.", engStat(func(s *engine.Stats) int64 { return s.Refunds.Load() })),
 		counter("quotaring_reservation_requests_total", "Reservation round trips to the ledger.", engStat(func(s *engine.Stats) int64 { return s.Reservations.Load() })),
 		counter("quotaring_reservation_errors_total", "Reservation round trips that failed.", engStat(func(s *engine.Stats) int64 { return s.ReserveErrors.Load() })),

@@ -90,7 +90,9 @@ type Config struct {
 	MaxClockOffset time.Duration
 	// ReconcileInterval is how often the node checks the ledger's counters
 	// against its event log and exports the number of differences
-	// (quotaring_reconcile_differences) [15m]; negative turns it off.
+	// (quotaring_reconcile_differences) [15m], when it is the serving member
+	// with the smallest id (one node of the ring does it); negative turns it
+	// off.
 	ReconcileInterval time.Duration
 	// TestFaults exposes fault injection on the admin port (/test/...): for
 	// the chaos tests only.

@@ -174,3 +174,30 @@ func TestLedgerThatIsNotADatabase(t *testing.T) {
 		t.Fatalf("start on a ledger file that is not a database: %v, want a refusal saying so", err)
 	}
 }
+
+// One node of the ring runs the periodic reconcile, the serving member with
+// the smallest id: it reads the whole event log, and every node doing it
+// multiplied that load by the cluster's size. When that node leaves, the
+// next one takes over.
+func TestOneNodeReconciles(t *testing.T) {
+	dsn := "sqlite:" + filepath.Join(t.TempDir(), "ledger.db")
+	seedLedger(t, dsn, twentyAccounts(100))
+	often := func(c *Config) { c.ReconcileInterval = 50 * time.Millisecond }
+	nodes := startNodesWith(t, dsn, often, often, often)
+	last := func(nd *Node) float64 { return gaugeValue(t, nd, "quotaring_reconcile_last_success_timestamp_seconds") }
+	waitFor(t, 10*time.Second, "n1's periodic reconciles", func() bool { return last(nodes[0]) > 0 })
+	first := last(nodes[0])
+	waitFor(t, 10*time.Second, "another reconcile by n1", func() bool { return last(nodes[0]) > first })
+	for _, nd := range nodes[1:] {
+		if v := last(nd); v != 0 {
+			t.Errorf("%s ran a periodic reconcile (last success %v) beside n1", nd.ID(), v)
+		}
+	}
+	if err := nodes[0].Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 20*time.Second, "n2 taking the reconciles over", func() bool { return last(nodes[1]) > 0 })
+	if v := last(nodes[2]); v != 0 {
+		t.Errorf("n3 ran a periodic reconcile beside n2 (last success %v)", v)
+	}
+}

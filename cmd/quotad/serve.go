@@ -90,7 +90,7 @@ for the next start.`,
 	fl.BoolVar(&f.events, "events", true, "keep the event log in the ledger (off: daily aggregates only, and no duplicate catch at settle)")
 	fl.DurationVar(&f.drainTimeout, "drain-timeout", 10*time.Second, "on SIGTERM, how long in-flight requests may take to finish")
 	fl.DurationVar(&f.settleTimeout, "settle-timeout", 20*time.Second, "on SIGTERM, how long the final settle may take")
-	fl.DurationVar(&f.reconcileInterval, "reconcile-interval", 15*time.Minute, "how often to check the ledger's counters against its event log (exported as quotaring_reconcile_differences); 0 turns it off")
+	fl.DurationVar(&f.reconcileInterval, "reconcile-interval", 15*time.Minute, "how often to check the ledger's counters against its event log (exported as quotaring_reconcile_differences); one node, the serving member with the smallest id, runs it; 0 turns it off")
 	fl.DurationVar(&f.maxClockOffset, "max-clock-offset", node.DefaultMaxClockOffset, "how far this node's clock may stand from the ledger's, or step, before the node warns, holds to its time from before a step, or takes the ledger's time when the other nodes agree with the ledger (README: Months and clocks); at least "+node.MinMaxClockOffset.String())
 	fl.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
 	fl.StringVar(&f.logFormat, "log-format", "text", "text or json")
