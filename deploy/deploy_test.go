@@ -43,8 +43,10 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"sigs.k8s.io/yaml"
 
@@ -374,6 +376,7 @@ type manifests struct {
 	accounts     []*corev1.ServiceAccount
 	pdbs         []*policyv1.PodDisruptionBudget
 	namespaces   []*corev1.Namespace
+	policies     []*networkingv1.NetworkPolicy
 	all          []metav1.Object
 }
 
@@ -409,6 +412,9 @@ func decodeStrict(doc []byte, m *manifests) error {
 	case "v1 Namespace":
 		o := &corev1.Namespace{}
 		m.namespaces, obj = append(m.namespaces, o), o
+	case "networking.k8s.io/v1 NetworkPolicy":
+		o := &networkingv1.NetworkPolicy{}
+		m.policies, obj = append(m.policies, o), o
 	default:
 		return fmt.Errorf("no k8s.io/api type for %s %s in this test: add it to decodeStrict", tm.APIVersion, tm.Kind)
 	}
@@ -864,8 +870,61 @@ func checkManifests(t *testing.T, m *manifests, flags map[string]flagInfo, extra
 	t.Run("shutdown-budget", func(t *testing.T) { checkShutdownBudget(t, q) })
 	t.Run("services", func(t *testing.T) { checkServices(t, q) })
 	t.Run("security-scheduling", func(t *testing.T) { checkSecurity(t, q) })
+	t.Run("network-policies", func(t *testing.T) { checkNetworkPolicies(t, q) })
 	if extra != nil {
 		t.Run("overlay", func(t *testing.T) { extra(t, m, q.env) })
+	}
+}
+
+// checkNetworkPolicies: a NetworkPolicy that selects the quotad pods names
+// ports the container has, and admits the gossip ports from the quotad pods
+// only (whoever reaches them decides who owns what).
+func checkNetworkPolicies(t *testing.T, q *quotadPod) {
+	podLabels := labels.Set(q.sts.Spec.Template.Labels)
+	for _, np := range q.m.policies {
+		sel, err := metav1.LabelSelectorAsSelector(&np.Spec.PodSelector)
+		if err != nil {
+			t.Errorf("NetworkPolicy %s: %v", np.Name, err)
+			continue
+		}
+		if !sel.Matches(podLabels) {
+			continue
+		}
+		for i, rule := range np.Spec.Ingress {
+			gossip := false
+			for _, p := range rule.Ports {
+				if p.Port == nil {
+					continue
+				}
+				if p.Port.Type == intstr.String {
+					if _, ok := q.ports[p.Port.StrVal]; !ok {
+						t.Errorf("NetworkPolicy %s, rule %d: port %q is not a port of the container", np.Name, i, p.Port.StrVal)
+					}
+				}
+				if port := q.port(*p.Port); port == q.ports["gossip"].ContainerPort {
+					gossip = true
+				}
+			}
+			if len(rule.Ports) == 0 {
+				gossip = true // every port
+			}
+			if !gossip {
+				continue
+			}
+			for _, from := range rule.From {
+				ok := from.NamespaceSelector == nil && from.IPBlock == nil && from.PodSelector != nil
+				if ok {
+					ps, err := metav1.LabelSelectorAsSelector(from.PodSelector)
+					ok = err == nil && ps.Matches(podLabels) && !ps.Empty()
+				}
+				if !ok {
+					t.Errorf("NetworkPolicy %s, rule %d admits the gossip port from %+v: admit it from the quotad pods only", np.Name, i, from)
+				}
+			}
+			if len(rule.From) == 0 {
+				t.Errorf("NetworkPolicy %s, rule %d admits the gossip port from anywhere", np.Name, i)
+			}
+		}
 	}
 }
 
