@@ -12,23 +12,32 @@ import (
 	"github.com/quotaring/quotaring/flush"
 )
 
-// revoke refuses a node heard from lately (it may be running: freeing its
-// reservations would let its accounts overshoot) unless --force, and a node
-// id the ledger has never seen; it frees a node silent for long enough.
-func TestRevokeRefusesARunningNode(t *testing.T) {
+// revokeLedger is a migrated SQLite ledger whose clock stands at beat, with
+// node q1 (incarnation q1-inc) registered then.
+func revokeLedger(t *testing.T, beat time.Time) *flush.SQLite {
+	t.Helper()
 	ctx := context.Background()
-	beat := time.Date(2026, 6, 10, 12, 0, 0, 0, time.UTC)
 	l, err := flush.OpenSQLite(ctx, filepath.Join(t.TempDir(), "ledger.db"), flush.SQLiteOptions{Now: func() time.Time { return beat }})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer l.Close()
+	t.Cleanup(func() { l.Close() })
 	if err := l.Migrate(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := l.RegisterNode(ctx, "q1", "q1-inc"); err != nil {
 		t.Fatal(err)
 	}
+	return l
+}
+
+// revoke refuses a node heard from lately (it may be running: freeing its
+// reservations would let its accounts overshoot) unless --force, and a node
+// id the ledger has never seen; it frees a node silent for long enough.
+func TestRevokeRefusesARunningNode(t *testing.T) {
+	ctx := context.Background()
+	beat := time.Date(2026, 6, 10, 12, 0, 0, 0, time.UTC)
+	l := revokeLedger(t, beat)
 	var out bytes.Buffer
 	if err := runRevoke(ctx, &out, l, "q1", false, false, beat.Add(30*time.Second)); err == nil || !strings.Contains(err.Error(), "heard from 30s ago") {
 		t.Fatalf("revoke of a node heard from 30 s ago: %v, want a refusal naming how long ago", err)
@@ -57,17 +66,7 @@ func TestRevokeRefusesARunningNode(t *testing.T) {
 func TestRevokeAStoppedNode(t *testing.T) {
 	ctx := context.Background()
 	beat := time.Date(2026, 6, 10, 12, 0, 0, 0, time.UTC)
-	l, err := flush.OpenSQLite(ctx, filepath.Join(t.TempDir(), "ledger.db"), flush.SQLiteOptions{Now: func() time.Time { return beat }})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	if err := l.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := l.RegisterNode(ctx, "q1", "q1-inc"); err != nil {
-		t.Fatal(err)
-	}
+	l := revokeLedger(t, beat)
 	if ok, err := l.NodeStopped(ctx, "q1", "q1-inc", 0); !ok || err != nil {
 		t.Fatalf("NodeStopped: %v, %v", ok, err)
 	}
