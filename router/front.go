@@ -298,6 +298,10 @@ type charged struct {
 	refunded bool
 	// durable, when set, waits until the charge is durable (EarlyCharger).
 	durable func(context.Context) error
+	// redirect: the request's path is one a Go ServeMux would only
+	// redirect (snapshot.Routes.MatchRedirect), priced as the route it
+	// redirects to; refunded when the upstream answers with a redirect.
+	redirect bool
 }
 
 func (f *front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -401,6 +405,22 @@ func (f *front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	inNext = time.Since(t)
 }
 
+// pricedHost is the host a request is priced by: the one the upstream
+// serves it as. The proxy always rewrites Host to the upstream's, so an
+// upstream that serves by hostname reads X-Forwarded-Host; with
+// TrustForwarded the proxy passes on the one the request came with (the
+// first, the client's end), and pricing by Host instead let a request with
+// a cheap Host and a dear X-Forwarded-Host be served dear and billed cheap.
+func (f *front) pricedHost(r *http.Request) string {
+	if f.proxy && f.opts.TrustForwarded {
+		if v := r.Header.Get("X-Forwarded-Host"); v != "" {
+			first, _, _ := strings.Cut(v, ",")
+			return strings.TrimSpace(first)
+		}
+	}
+	return r.Host
+}
+
 // admit resolves the key and the route, and charges. A refusal comes back
 // as a problem (with the charge's decision when there is one).
 func (f *front) admit(r *http.Request) (*charged, *Problem) {
@@ -415,7 +435,7 @@ func (f *front) admit(r *http.Request) (*charged, *Problem) {
 	if f.bodyBounded(r) && r.ContentLength > f.opts.MaxBodyBytes {
 		return nil, tooLarge(f.opts.MaxBodyBytes)
 	}
-	route, units := snap.Routes.MatchHost(r.Method, r.Host, r.URL.EscapedPath())
+	route, units, redirect := snap.Routes.MatchRedirect(r.Method, f.pricedHost(r), r.URL.EscapedPath())
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), f.opts.ChargeTimeout)
 	defer cancel()
 	req := ChargeRequest{Account: key.Account, EventID: eventID, ClientID: eventID != "", Key: key.ID, Route: route, Units: units}
@@ -440,7 +460,7 @@ func (f *front) admit(r *http.Request) (*charged, *Problem) {
 		return nil, internalError()
 	}
 	c := &charged{Caller: Caller{Account: key.Account, KeyID: key.ID, Route: route, Units: units, EventID: res.EventID,
-		Replayed: res.Reason == shard.Replayed, Decision: res.Decision}, durable: durable}
+		Replayed: res.Reason == shard.Replayed, Decision: res.Decision}, durable: durable, redirect: redirect}
 	if !res.Reason.Accepted() {
 		if durable != nil {
 			_ = durable(ctx) // a refusal logs nothing; this only reports it to metrics
@@ -550,18 +570,28 @@ func (f *front) finish(rec *recorder, r *http.Request, c *charged, body *limited
 		return // a weight-0 route: nothing of ours to return
 	}
 	why := ""
+	code := rec.code(r)
+	// The client left after the upstream (or handler) had the request: the
+	// work was done or under way, whatever status the client would have
+	// got (a 499 under bill-on 2xx, a gRPC stream the client cancelled,
+	// whose status is then missing or CANCELLED). Refunding it let a
+	// client that hangs up early start work for free.
+	left := clientLeft(r) && (!rec.wrote || rec.grpcCall(r))
 	switch {
 	case cutWhy != "":
 		why = cutWhy
 	case f.opts.BillOn == BillOnAlways:
 	case rec.failed:
 		why = "the upstream failed"
-	case f.opts.BillOn == BillOn2xx && (rec.code(r) < 200 || rec.code(r) >= 400):
-		why = fmt.Sprintf("the answer was %d (bill-on 2xx)", rec.code(r))
+	case left:
+	case c.redirect && code >= 300 && code < 400:
+		why = fmt.Sprintf("the upstream only redirected the request to its canonical path (%d)", code)
+	case f.opts.BillOn == BillOn2xx && (code < 200 && code != http.StatusSwitchingProtocols || code >= 400):
+		why = fmt.Sprintf("the answer was %d (bill-on 2xx)", code) // NB: a protocol upgrade that took place is a success
 	case f.opts.BillOn == BillOn2xx && rec.grpcFailed(r):
 		why = "the gRPC status was " + rec.grpcStatus() + " (bill-on 2xx)"
-	case f.opts.BillOn == BillOnSuccess && rec.code(r) >= 500:
-		why = fmt.Sprintf("the answer was %d", rec.code(r))
+	case f.opts.BillOn == BillOnSuccess && code >= 500:
+		why = fmt.Sprintf("the answer was %d", code)
 	case f.opts.BillOn == BillOnSuccess && rec.grpcFailed(r):
 		why = "the gRPC status was " + rec.grpcStatus()
 	}
@@ -822,8 +852,12 @@ func (w *recorder) grpcStatus() string {
 }
 
 // grpcFailed reports a gRPC answer (Content-Type application/grpc...) to a
-// gRPC request whose final status is not OK; a gRPC call's answer with no
-// status at all was cut off. gRPC-Web (application/grpc-web...) carries its
+// gRPC request whose final status is not OK. An answer with no status at
+// all is not one: a stream the upstream broke fails the copy (the proxy
+// aborts, and the front refunds for that), one the client cancelled stays
+// billed, and one that ended cleanly without a status is no gRPC server's
+// (a file served over HTTP/2 with a gRPC type, to a client that claimed
+// gRPC, was refunded). gRPC-Web (application/grpc-web...) carries its
 // trailers inside the body, which the front does not parse: only a
 // trailers-only answer's status (in the headers) counts there. An answer
 // to a request that was not gRPC is not one, whatever its Content-Type: a
@@ -835,9 +869,16 @@ func (w *recorder) grpcFailed(r *http.Request) bool {
 		s := w.Header().Get("Grpc-Status")
 		return s != "" && s != "0"
 	case isGRPC(ct) && isGRPCCall(r):
-		return w.grpcStatus() != "0"
+		s := w.grpcStatus()
+		return s != "" && s != "0"
 	}
 	return false
+}
+
+// grpcCall reports a gRPC answer to a gRPC request (a stream the client
+// may end by cancelling it).
+func (w *recorder) grpcCall(r *http.Request) bool {
+	return isGRPC(w.Header().Get("Content-Type")) && isGRPCCall(r)
 }
 
 // limitedBody notes when http.MaxBytesReader cut the body off, and cuts

@@ -114,6 +114,13 @@ func NewProxy(upstream *url.URL, opts FrontOptions) (http.Handler, error) {
 				pr.SetXForwarded()
 			}
 			h := pr.Out.Header
+			if k := pr.In.Header.Values("Idempotency-Key"); len(k) > 0 {
+				// The key the request was billed under reaches the upstream
+				// even if the client named it in Connection (hop-by-hop,
+				// which ReverseProxy drops): an upstream that refuses a key
+				// it has completed must see it.
+				h["Idempotency-Key"] = k
+			}
 			h.Del(HeaderAccount)
 			h.Del(HeaderEvent)
 			if c, ok := CallerFrom(pr.In.Context()); ok {

@@ -325,18 +325,23 @@ func TestBillOnPolicies(t *testing.T) {
 		}
 	}
 	handlers := map[string]http.Handler{
-		"200":                  status(200),
-		"204":                  status(204),
-		"302":                  status(302),
-		"404":                  status(404),
-		"500":                  status(500),
-		"503":                  status(503),
-		"nothing written":      http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}),
-		"interim 103 then 500": http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(103); w.WriteHeader(500) }),
-		"grpc 0":               grpc("0", false),
-		"grpc 13 trailer":      grpc("13", false),
-		"grpc 5 trailers-only": grpc("5", true),
-		"grpc cut off":         grpc("", false),
+		"200":                   status(200),
+		"204":                   status(204),
+		"302":                   status(302),
+		"404":                   status(404),
+		"500":                   status(500),
+		"503":                   status(503),
+		"nothing written":       http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}),
+		"interim 103 then 500":  http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(103); w.WriteHeader(500) }),
+		"grpc 0":                grpc("0", false),
+		"grpc 13 trailer":       grpc("13", false),
+		"grpc 5 trailers-only":  grpc("5", true),
+		"grpc without a status": grpc("", false), // ended cleanly: no gRPC server's answer
+		"grpc broken by the upstream": http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+			w.Header().Set("Content-Type", "application/grpc+proto")
+			w.Write([]byte{0, 0, 0, 0, 0})
+			panic(http.ErrAbortHandler) // what ReverseProxy does when the upstream's stream breaks
+		}),
 		"grpc-web 0": http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 			w.Header().Set("Content-Type", "application/grpc-web+proto")
 			w.Write([]byte{0, 0, 0, 0, 0})                                     // a message
@@ -360,7 +365,8 @@ func TestBillOnPolicies(t *testing.T) {
 		"404": {false, true, false}, "500": {true, true, false}, "503": {true, true, false},
 		"nothing written": {false, false, false}, "interim 103 then 500": {true, true, false},
 		"grpc 0": {false, false, false}, "grpc 13 trailer": {true, true, false}, "grpc 5 trailers-only": {true, true, false},
-		"grpc cut off": {true, true, false}, "panic": {true, true, false}, "abort after a write": {true, true, false},
+		"grpc without a status": {false, false, false}, "grpc broken by the upstream": {true, true, false},
+		"panic": {true, true, false}, "abort after a write": {true, true, false},
 		"grpc-web 0": {false, false, false}, "grpc-web 7 trailers-only": {true, true, false},
 		"rest answer typed grpc": {false, false, false},
 	}
@@ -379,7 +385,7 @@ func TestBillOnPolicies(t *testing.T) {
 		for i, policy := range []string{BillOnSuccess, BillOn2xx, BillOnAlways} {
 			ch := &fakeCharger{decision: okDecision()}
 			_, p := serve(t, FrontOptions{Charger: ch, Config: testConfig(t), BillOn: policy}, h, request(name))
-			if (p != nil) != (name == "panic" || name == "abort after a write") {
+			if (p != nil) != (name == "panic" || name == "abort after a write" || name == "grpc broken by the upstream") {
 				t.Errorf("%s: panic %v", name, p)
 			}
 			charges, refunds := ch.counts()
@@ -1291,5 +1297,155 @@ func TestStalledBodyIsCutOff(t *testing.T) {
 				t.Fatalf("%d charges, %d refunds after the steady body; want it billed", c, r)
 			}
 		})
+	}
+}
+
+// Ways a client got work done uncharged, each closed: hanging up once the
+// upstream had the request (bill-on 2xx refunded the 499), cancelling a
+// gRPC stream (its missing or CANCELLED status was refunded under every
+// policy), and a protocol upgrade that took place (101 refunded under
+// bill-on 2xx). And a request the upstream only redirects to its canonical
+// path is refunded, while the same path served is billed.
+func TestBillingBypasses(t *testing.T) {
+	leaves := func(grpcStatus string) http.HandlerFunc {
+		return func(w http.ResponseWriter, r *http.Request) {
+			if grpcStatus != "-" {
+				w.Header().Set("Content-Type", "application/grpc+proto")
+				w.WriteHeader(200)
+				w.Write([]byte{0, 0, 0, 0, 0})
+			}
+			r.Context().Value(cancelKey{}).(context.CancelFunc)() // the client hangs up
+			if grpcStatus != "" && grpcStatus != "-" {
+				w.Header().Set(http.TrailerPrefix+"Grpc-Status", grpcStatus)
+			}
+		}
+	}
+	for _, tc := range []struct {
+		name string
+		h    http.Handler
+		grpc bool
+	}{
+		{"a client that hangs up before the answer", leaves("-"), false},
+		{"a gRPC stream the client cancels", leaves(""), true},
+		{"a gRPC stream the client cancels, CANCELLED", leaves("1"), true},
+	} {
+		for _, policy := range []string{BillOnSuccess, BillOn2xx} {
+			ch := &fakeCharger{decision: okDecision()}
+			ctx, cancel := context.WithCancel(context.Background())
+			req := newRequest("POST", "/v1/tasks", nil).WithContext(context.WithValue(ctx, cancelKey{}, cancel))
+			if tc.grpc {
+				req.Proto, req.ProtoMajor, req.ProtoMinor = "HTTP/2.0", 2, 0
+				req.Header.Set("Content-Type", "application/grpc")
+			}
+			serve(t, FrontOptions{Charger: ch, Config: testConfig(t), BillOn: policy}, tc.h, req)
+			if charges, refunds := ch.counts(); charges != 1 || refunds != 0 {
+				t.Errorf("%s, bill-on %s: %d charges, %d refunds; want it billed", tc.name, policy, charges, refunds)
+			}
+		}
+	}
+
+	for _, tc := range []struct {
+		path     string
+		status   int
+		refunded bool
+	}{
+		{"/v1//tasks", http.StatusTemporaryRedirect, true},
+		{"/v1/x/../tasks", http.StatusMovedPermanently, true},
+		{"/v1//tasks", http.StatusOK, false}, // an upstream that cleans paths itself served it
+		{"/v1/tasks", http.StatusFound, false},
+	} {
+		ch := &fakeCharger{decision: okDecision()}
+		h := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(tc.status) })
+		req := newRequest("POST", "/", nil)
+		req.URL.Path, req.RequestURI = tc.path, tc.path
+		serve(t, FrontOptions{Charger: ch, Config: testConfig(t)}, h, req)
+		charges, refunds := ch.counts()
+		if charges != 1 || ch.charges[0].Route != "POST /v1/tasks" || (refunds == 1) != tc.refunded {
+			t.Errorf("POST %s answered %d: charges %+v, %d refunds; want POST /v1/tasks charged, refunded %v", tc.path, tc.status, ch.charges, refunds, tc.refunded)
+		}
+	}
+
+	// An upgrade that took place is billed under bill-on 2xx.
+	ch := &fakeCharger{decision: okDecision()}
+	mw, err := Middleware(FrontOptions{Charger: ch, Config: testConfig(t), BillOn: BillOn2xx})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		conn, brw, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		defer conn.Close()
+		brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: test\r\n\r\n")
+		brw.Flush()
+	})))
+	defer srv.Close()
+	req, _ := http.NewRequest("POST", srv.URL+"/v1/tasks", nil)
+	req.Header.Set("Authorization", "Bearer secret")
+	req.Header.Set("Connection", "Upgrade")
+	req.Header.Set("Upgrade", "test")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusSwitchingProtocols {
+		t.Fatalf("upgrade: %d", resp.StatusCode)
+	}
+	srv.Close() // the handler has returned: its refund, if any, is made
+	if charges, refunds := ch.counts(); charges != 1 || refunds != 0 {
+		t.Errorf("an upgrade that took place, bill-on 2xx: %d charges, %d refunds; want it billed", charges, refunds)
+	}
+}
+
+type cancelKey struct{}
+
+// The proxy prices a request by the host the upstream serves it as: with
+// TrustForwarded, the X-Forwarded-Host it passes on (a cheap Host beside a
+// dear X-Forwarded-Host was served dear and billed cheap). And the
+// Idempotency-Key a request was billed under reaches the upstream even when
+// the client names it in Connection, which made ReverseProxy drop it.
+func TestProxyPricesAndPassesWhatTheUpstreamSees(t *testing.T) {
+	s, err := snapshot.Decode([]byte(`{"version":1,"plans":[{"id":"p","monthly_quota":100,"hard":true}],
+		"accounts":[{"id":"acme","plan":"p"}],"keys":[{"id":"k1","hash":"` + snapshot.HashKey("secret") + `","account":"acme"}],
+		"routes":{"version":1,"default":1,"weights":{"POST api.example.com/v1/premium":30}}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got http.Header
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { got = r.Header.Clone() }))
+	defer up.Close()
+	u, _ := url.Parse(up.URL)
+	for _, trust := range []bool{false, true} {
+		ch := &fakeCharger{decision: okDecision()}
+		proxy, err := NewProxy(u, FrontOptions{Charger: ch, Config: staticConfig{s}, TrustForwarded: trust})
+		if err != nil {
+			t.Fatal(err)
+		}
+		front := httptest.NewServer(proxy)
+		req, _ := http.NewRequest("POST", front.URL+"/v1/premium", nil)
+		req.Host = "free.example.com"
+		req.Header.Set("X-Api-Key", "secret")
+		req.Header.Set("X-Forwarded-Host", "api.example.com")
+		req.Header.Set("Idempotency-Key", "order-1")
+		req.Header.Set("Connection", "Idempotency-Key")
+		res, err := http.DefaultClient.Do(req)
+		front.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Body.Close()
+		wantHost, wantRoute := "free.example.com", "*"
+		if trust {
+			wantHost, wantRoute = "api.example.com", "POST api.example.com/v1/premium"
+		}
+		if h := got.Get("X-Forwarded-Host"); h != wantHost || ch.charges[0].Route != wantRoute {
+			t.Errorf("trust %v: the upstream saw X-Forwarded-Host %q and the front charged %q; want %q, charged %q", trust, h, ch.charges[0].Route, wantHost, wantRoute)
+		}
+		if k := got.Get("Idempotency-Key"); k != "order-1" || got.Get(HeaderEvent) != "order-1" {
+			t.Errorf("trust %v: the upstream saw Idempotency-Key %q (event %q); want order-1", trust, k, got.Get(HeaderEvent))
+		}
 	}
 }

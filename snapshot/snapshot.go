@@ -245,14 +245,22 @@ type Routes struct {
 // DefaultRoute names requests that match no pattern.
 const DefaultRoute = "*"
 
+// routeMark is the handler every route pattern is registered with in the
+// mux that matches requests to routes: a request that gets another handler
+// back with a pattern is one ServeMux would redirect (a path not in its
+// canonical form, a subtree's root without its slash).
+type routeMark struct{}
+
+func (*routeMark) ServeHTTP(http.ResponseWriter, *http.Request) {}
+
 func (r *Routes) build() (err error) {
 	r.mux = http.NewServeMux()
-	nop := http.HandlerFunc(func(http.ResponseWriter, *http.Request) {})
+	mark := &routeMark{}
 	for p, w := range r.Weights {
 		if w < 0 {
 			return fmt.Errorf("%w: route %q: weight %d is negative", ErrInvalid, p, w)
 		}
-		if err := register(r.mux, p, nop); err != nil {
+		if err := register(r.mux, p, mark); err != nil {
 			return fmt.Errorf("%w: route %q: %v", ErrInvalid, p, err)
 		}
 	}
@@ -378,18 +386,31 @@ func (r *Routes) Match(method, path string) (route string, units int64) {
 // on the decoded path, such requests billed the default route while an
 // upstream's ServeMux served the pattern.
 func (r *Routes) MatchHost(method, host, path string) (route string, units int64) {
+	route, units, _ = r.MatchRedirect(method, host, path)
+	return route, units
+}
+
+// MatchRedirect is MatchHost, and also reports whether a Go ServeMux
+// serving these patterns would only redirect the request: its path is not
+// in canonical form ("/v1/tasks/../exports", "//v1/exports") or names a
+// subtree without its final slash ("/v1/jobs" for "/v1/jobs/"). Such a
+// request is still priced as the route it redirects to, since an upstream
+// that cleans paths itself serves it as that route; the HTTP front refunds
+// it when the upstream answers with a redirect.
+func (r *Routes) MatchRedirect(method, host, path string) (route string, units int64, redirect bool) {
 	if r.mux == nil {
-		return DefaultRoute, r.Default
+		return DefaultRoute, r.Default, false
 	}
 	u := &url.URL{Path: path}
 	if dec, err := url.PathUnescape(path); err == nil && dec != path {
 		u.Path, u.RawPath = dec, path
 	}
 	req := &http.Request{Method: method, URL: u, Host: canonicalHost(host)}
-	if _, pattern := r.mux.Handler(req); pattern != "" {
+	if h, pattern := r.mux.Handler(req); pattern != "" {
 		if w, ok := r.Weights[pattern]; ok {
-			return pattern, w
+			_, exact := h.(*routeMark)
+			return pattern, w, !exact
 		}
 	}
-	return DefaultRoute, r.Default
+	return DefaultRoute, r.Default, false
 }

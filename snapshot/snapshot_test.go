@@ -45,6 +45,35 @@ func TestMatchHost(t *testing.T) {
 	}
 }
 
+// MatchRedirect names the requests a Go ServeMux would only redirect (a
+// path not in canonical form, a subtree's root without its slash), priced
+// as the route they redirect to.
+func TestMatchRedirect(t *testing.T) {
+	s := Snapshot{Routes: Routes{Default: 1, Weights: map[string]int64{"POST /v1/exports": 50, "POST /v1/jobs/": 20}}}
+	if err := s.Build(); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		path     string
+		route    string
+		redirect bool
+	}{
+		{"/v1/exports", "POST /v1/exports", false},
+		{"/v1/jobs/", "POST /v1/jobs/", false},
+		{"/v1/jobs/7", "POST /v1/jobs/", false},
+		{"/v1/tasks/../exports", "POST /v1/exports", true},
+		{"//v1/exports", "POST /v1/exports", true},
+		{"/v1/exports/.", "POST /v1/exports", true},
+		{"/v1/jobs", "POST /v1/jobs/", true},
+		{"/v1/other", DefaultRoute, false},
+	} {
+		route, _, redirect := s.Routes.MatchRedirect("POST", "", c.path)
+		if route != c.route || redirect != c.redirect {
+			t.Errorf("MatchRedirect(POST %s) = %q, redirect %v; want %q, %v", c.path, route, redirect, c.route, c.redirect)
+		}
+	}
+}
+
 // CheckPattern refuses what ServeMux takes but no request can match, with
 // the fix in the error, and keeps every other valid pattern.
 func TestCheckPattern(t *testing.T) {
