@@ -95,6 +95,9 @@ func adminCall(t *testing.T, nd *Node, token, method, path string, body any, out
 	if err != nil {
 		t.Fatal(err)
 	}
+	if resp.Header.Get(AdminAPIHeader) != "v1" {
+		t.Errorf("%s %s: no %s: v1 on the answer (quotad admin tells the API from other servers by it)", method, path, AdminAPIHeader)
+	}
 	ct := resp.Header.Get("Content-Type")
 	if resp.StatusCode >= 400 && ct != "application/problem+json" {
 		t.Fatalf("%s %s: %d with Content-Type %q, want application/problem+json: %s", method, path, resp.StatusCode, ct, raw)
