@@ -150,7 +150,7 @@ func (o DialOptions) Dial(ctx context.Context, seeds ...string) (*Client, error)
 		return nil, dialError(ctx, ExplainTLSMismatch(err, o.TLS != nil))
 	}
 	if err := c.refreshConfig(ctx); err != nil {
-		if ctx.Err() != nil {
+		if ctxEnded(ctx) != nil { // NB: not ctx.Err(): its deadline may have passed before its timer fired
 			// ctx ended between the ring view and the config: Dial did not
 			// do what it says.
 			close(c.done)
@@ -755,7 +755,7 @@ func (c *Client) refreshConfig(ctx context.Context) error {
 // named as such.
 func dialError(ctx context.Context, err error) error {
 	switch {
-	case ctx.Err() != nil:
+	case ctxEnded(ctx) != nil:
 		return err // it wraps ctx's error (firstAnswer)
 	case anyRejected(err):
 		if strings.Contains(err.Error(), "API key") {
