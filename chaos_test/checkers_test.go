@@ -2,6 +2,8 @@ package chaos
 
 import (
 	"fmt"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -332,5 +334,29 @@ func TestLossTheLedgerSettledIsNotLoss(t *testing.T) {
 	r := cluster.CheckSeq(w.in)
 	if r.Verdict != cluster.Violated || !strings.Contains(fmt.Sprint(r.Violations), "the ledger holds no row of the event") {
 		t.Errorf("SEQ with a mark covering a missing row: %s %+v; want the row missing flagged", r.Verdict, r.Violations)
+	}
+}
+
+// --out loses an earlier run's report files at the start of a run: a run
+// that then ended without a report (a setup error, an early Ctrl-C) left
+// the earlier "every invariant held" in place. Other files stay.
+func TestOutDropsTheEarlierReport(t *testing.T) {
+	out := t.TempDir()
+	for _, name := range append(reportFiles(), "notes.txt") {
+		if err := os.WriteFile(filepath.Join(out, name), []byte("earlier"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c := &Config{Out: out}
+	if err := c.checkDirs(); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range reportFiles() {
+		if _, err := os.Stat(filepath.Join(out, name)); !os.IsNotExist(err) {
+			t.Errorf("%s of the earlier run is still in --out (%v)", name, err)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(out, "notes.txt")); err != nil {
+		t.Errorf("a file of the operator's own was removed: %v", err)
 	}
 }

@@ -161,6 +161,14 @@ func (c *Config) checkDirs() error {
 		}
 		f.Close()
 		os.Remove(f.Name())
+		// An earlier run's report must not stand for this one when this
+		// one ends without a report (a setup error, an early Ctrl-C): a
+		// passing report.md stayed beside a run that failed.
+		for _, name := range reportFiles() {
+			if err := os.Remove(filepath.Join(c.Out, name)); err != nil && !os.IsNotExist(err) {
+				return fmt.Errorf("chaos: --out %s: remove the earlier run's %s: %w", c.Out, name, err)
+			}
+		}
 	}
 	return nil
 }
@@ -276,6 +284,10 @@ func (h *harness) setup(ctx context.Context) error {
 		}
 	}
 	if h.pg, err = pgtest.Start(ctx, pgtest.Options{}); err != nil {
+		if strings.Contains(err.Error(), "postgres user cannot enter") {
+			// pgtest's advice names its Go option; the operator sets TMPDIR.
+			return fmt.Errorf("chaos: start Postgres from the local binaries: %w (quotad chaos puts Postgres under $TMPDIR, now %s: set TMPDIR to a directory the postgres user can search, such as /tmp)", err, os.TempDir())
+		}
 		return fmt.Errorf("chaos: start Postgres from the local binaries: %w", err)
 	}
 	if h.dsn, err = h.pg.NewDatabase(ctx, "chaos"); err != nil {

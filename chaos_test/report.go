@@ -170,6 +170,12 @@ func series(ops []cluster.Op) []Bucket {
 	return out
 }
 
+// reportFiles are the files Write puts in --out (and checkDirs removes
+// from it at the start of a run).
+func reportFiles() []string {
+	return []string{"report.json", "history.json", "report.svg", "report.md"}
+}
+
 // Write puts the report in dir: report.json (this report), history.json
 // (every operation), report.svg (answers per second with the faults
 // marked) and report.md (the table of invariants and the rest).
@@ -185,8 +191,9 @@ func (r *Report) Write(dir string, ops []cluster.Op) error {
 	if err := cluster.WriteOpsJSON(&hist, ops); err != nil {
 		return err
 	}
-	for name, b := range map[string][]byte{"report.json": append(js, '\n'), "history.json": hist.Bytes(),
-		"report.svg": r.SVG(), "report.md": []byte(r.Markdown())} {
+	names := reportFiles()
+	for name, b := range map[string][]byte{names[0]: append(js, '\n'), names[1]: hist.Bytes(),
+		names[2]: r.SVG(), names[3]: []byte(r.Markdown())} {
 		if err := os.WriteFile(filepath.Join(dir, name), b, 0o644); err != nil {
 			return err
 		}

@@ -104,11 +104,11 @@ root it runs Postgres as the postgres user).`,
 	fl.DurationVar(&cfg.Duration, "duration", 10*time.Minute, "how long the fault schedule runs (the whole run takes about a minute more)")
 	fl.StringVar(&faults, "faults", "all", "all, or a comma-separated list of: "+chaos.FaultNames())
 	fl.Uint64Var(&cfg.Seed, "seed", 1, "seed of the fault schedule and the clients' choices; the report names it")
-	fl.StringVar(&cfg.Out, "out", "", "directory to write the report to (report.md, report.json, history.json, report.svg; files of those names there are replaced)")
+	fl.StringVar(&cfg.Out, "out", "", "directory to write the report to (report.md, report.json, history.json, report.svg; files of those names there are removed when the run starts, so that a run that ends without a report leaves none)")
 	fl.StringVar(&cfg.Dir, "dir", "", "a new or empty directory for the nodes' data dirs and logs (default: a temporary one, removed at the end unless --keep)")
 	fl.BoolVar(&cfg.Keep, "keep", false, "keep the temporary directory of data dirs, logs and the ledger's dump (ledger.sql)")
 	fl.IntVar(&cfg.Workers, "workers", 16, "client goroutines")
-	fl.Float64Var(&cfg.Rate, "rate", 150, "new operations per second the clients start in all (their retries and second refunds come on top)")
+	fl.Float64Var(&cfg.Rate, "rate", 150, "new operations per second the clients start in all, 0.5 to 100000 (their retries and second refunds come on top)")
 	fl.DurationVar(&cfg.SettleInterval, "settle-interval", 500*time.Millisecond, "the nodes' --settle-interval (a lost disk loses about this much)")
 	fl.IntVar(&cfg.FirstIP, "first-ip", 100, "node i listens on SUBNET.(first-ip + i)")
 	fl.StringVar(&cfg.Subnet, "subnet", "", "the first three bytes of the nodes' loopback addresses (default: a random 127.x.y, so that two runs on one machine never meet)")
@@ -174,12 +174,12 @@ func checkChaosFlags(cfg *chaos.Config) error {
 		return fmt.Errorf("chaos: --duration %s: want at least %s (5 s of steady load, then the faults)", cfg.Duration, chaos.MinDuration)
 	case cfg.Workers < 1:
 		return fmt.Errorf("chaos: --workers %d: want at least 1", cfg.Workers)
-	case cfg.Rate <= 0:
-		return fmt.Errorf("chaos: --rate %g: want more than 0 operations a second", cfg.Rate)
+	case !(cfg.Rate >= 0.5 && cfg.Rate <= 100_000): // NB: NaN fails every comparison
+		return fmt.Errorf("chaos: --rate %g: want 0.5 to 100000 operations a second (fewer tests nothing; the workload's ticker cannot go faster)", cfg.Rate)
 	case cfg.SettleInterval <= 0:
 		return fmt.Errorf("chaos: --settle-interval %s: want more than 0", cfg.SettleInterval)
-	case cfg.FirstIP < 2:
-		return fmt.Errorf("chaos: --first-ip %d: want 2 or more", cfg.FirstIP)
+	case cfg.FirstIP < 2 || cfg.FirstIP > 250:
+		return fmt.Errorf("chaos: --first-ip %d: want 2 to 250 (node i listens on SUBNET.(first-ip + i))", cfg.FirstIP)
 	case cfg.Nodes > chaos.MaxNodes(cfg.FirstIP):
 		return fmt.Errorf("chaos: --nodes %d: want at most %d with --first-ip %d (node i listens on SUBNET.(first-ip + i), up to 3 scale-ups included, under SUBNET.255)",
 			cfg.Nodes, chaos.MaxNodes(cfg.FirstIP), cfg.FirstIP)

@@ -27,6 +27,11 @@ func TestChaosFlags(t *testing.T) {
 		{[]string{"--first-ip", "250"}, "--nodes 5: want at most 1 with --first-ip 250"},
 		{[]string{"--workers", "0"}, "--workers 0"},
 		{[]string{"--rate", "0"}, "--rate 0"},
+		{[]string{"--rate", "NaN"}, "--rate NaN: want 0.5 to 100000"}, // it panicked once the cluster ran
+		{[]string{"--rate", "Inf"}, "--rate +Inf"},
+		{[]string{"--rate", "2e9"}, "--rate 2e+09"},
+		{[]string{"--rate", "1e-9"}, "--rate 1e-09"}, // a run that tests nothing
+		{[]string{"--first-ip", "300"}, "--first-ip 300: want 2 to 250"},
 		{[]string{"--settle-interval", "0"}, "--settle-interval 0s"},
 		{[]string{"--first-ip", "0"}, "--first-ip 0"},
 		{[]string{"--faults", "crashes"}, `unknown fault "crashes"`},
