@@ -178,6 +178,15 @@ func LatestIncarnations(rows []NodeRow) map[string]NodeRow {
 	return latest
 }
 
+// LatestRunning is LatestIncarnations of the incarnations that may still
+// run (NodeRow.Running): for each node id, the one heard from last that has
+// not stopped cleanly since. A node id whose every incarnation stopped
+// cleanly is not in it. The node-id check at start, a node's wait for the
+// peers it is alone without, and quotad revoke's refusal all read it.
+func LatestRunning(rows []NodeRow) map[string]NodeRow {
+	return LatestIncarnations(slices.DeleteFunc(slices.Clone(rows), func(r NodeRow) bool { return !r.Running() }))
+}
+
 // olderBuilds returns, of each node id's latest incarnation in rows, those
 // heard from within oldBuildWindow of now, not stopped cleanly since, whose
 // recorded build does not know retentionSchema (see the retention notes).

@@ -219,8 +219,7 @@ func lastHeard(ctx context.Context, l flush.Ledger, node string) (time.Time, flu
 	if err != nil {
 		return time.Time{}, flush.NodeRow{}, err
 	}
-	rows = slices.DeleteFunc(rows, func(r flush.NodeRow) bool { return !r.Running() })
-	last := flush.LatestIncarnations(rows)[node]
+	last := flush.LatestRunning(rows)[node]
 	return last.Heartbeat, last, nil
 }
 

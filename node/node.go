@@ -771,9 +771,9 @@ func (n *Node) peersHeard() string {
 	}
 	since := ledgerNow(ctx, l).Add(-aloneWindow) // heartbeats are the ledger's times
 	var ids []string
-	for _, x := range rows {
-		if x.Node != n.cfg.ID && x.Running() && x.Heartbeat.After(since) && !slices.Contains(ids, x.Node) {
-			ids = append(ids, x.Node)
+	for id, x := range flush.LatestRunning(rows) {
+		if id != n.cfg.ID && x.Heartbeat.After(since) {
+			ids = append(ids, id)
 		}
 	}
 	slices.Sort(ids)

@@ -247,19 +247,14 @@ func runRevoke(ctx context.Context, out io.Writer, l flush.Ledger, nodeID string
 		return err
 	}
 	var known []string
-	var last time.Time // of the incarnations not stopped cleanly since
-	seen := false
 	for _, n := range nodes {
-		seen = seen || n.Node == nodeID
-		if n.Node == nodeID && n.Running() && n.Heartbeat.After(last) {
-			last = n.Heartbeat
-		}
 		if !slices.Contains(known, n.Node) {
 			known = append(known, n.Node)
 		}
 	}
+	last := flush.LatestRunning(nodes)[nodeID].Heartbeat // zero when every incarnation stopped cleanly
 	switch {
-	case !seen:
+	case !slices.Contains(known, nodeID):
 		return fmt.Errorf("the ledger has never seen a node %q (it knows: %s); check the id (quotad serve --node-id)", nodeID, strings.Join(known, ", "))
 	case now.Sub(last) < revokeQuiet && !force && !dryRun:
 		return fmt.Errorf("node %s was heard from %s ago (its last heartbeat, at %s): it may be running, and freeing a running node's reservations lets its accounts overshoot. Stop it first, or wait until it has been silent for %s; --force if you know it is stopped",
