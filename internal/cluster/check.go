@@ -193,11 +193,7 @@ func (in *CheckInput) SplitLoss() (lost, settled []LostCharge) {
 	if in.Ledger == nil {
 		return in.Lost, nil
 	}
-	type inc struct{ node, inc string }
-	marks := map[inc]uint64{}
-	for _, n := range in.Ledger.Nodes {
-		marks[inc{n.Node, n.Incarnation}] = n.Settled
-	}
+	marks := settledMarks(in.Ledger)
 	for _, l := range in.Lost {
 		if mark, ok := marks[inc{l.Node, l.Incarnation}]; ok && l.Seq <= mark {
 			settled = append(settled, l)
@@ -206,6 +202,18 @@ func (in *CheckInput) SplitLoss() (lost, settled []LostCharge) {
 		}
 	}
 	return lost, settled
+}
+
+// inc names one incarnation of a node.
+type inc struct{ node, inc string }
+
+// settledMarks is the ledger's settled mark of each incarnation.
+func settledMarks(l *LedgerState) map[inc]uint64 {
+	marks := map[inc]uint64{}
+	for _, n := range l.Nodes {
+		marks[inc{n.Node, n.Incarnation}] = n.Settled
+	}
+	return marks
 }
 
 // eventKey names an event: ids are scoped by account.
@@ -997,11 +1005,7 @@ func CheckSeq(in *CheckInput) Result {
 	if in.Ledger == nil {
 		return Result{Verdict: NotExercised, Summary: "no ledger state"}
 	}
-	type inc struct{ node, inc string }
-	marks := map[inc]uint64{}
-	for _, n := range in.Ledger.Nodes {
-		marks[inc{n.Node, n.Incarnation}] = n.Settled
-	}
+	marks := settledMarks(in.Ledger)
 	seen := map[inc]map[uint64]string{}
 	rows := 0
 	for _, acct := range sortedKeys(in.Ledger.Events) {
