@@ -284,10 +284,6 @@ func (h *harness) setup(ctx context.Context) error {
 		}
 	}
 	if h.pg, err = pgtest.Start(ctx, pgtest.Options{}); err != nil {
-		if strings.Contains(err.Error(), "postgres user cannot enter") {
-			// pgtest's advice names its Go option; the operator sets TMPDIR.
-			return fmt.Errorf("chaos: start Postgres from the local binaries: %w (quotad chaos puts Postgres under $TMPDIR, now %s: set TMPDIR to a directory the postgres user can search, such as /tmp)", err, os.TempDir())
-		}
 		return fmt.Errorf("chaos: start Postgres from the local binaries: %w", err)
 	}
 	if h.dsn, err = h.pg.NewDatabase(ctx, "chaos"); err != nil {

@@ -524,7 +524,8 @@ func checkSearchable(dir string, uid, gid uint32) error {
 			ok && fuid == uid && perm&0o100 != 0 ||
 			ok && fgid == gid && perm&0o010 != 0
 		if !searchable {
-			return fmt.Errorf("pgtest: the postgres user cannot enter %s (mode %v): choose an Options.Dir it can search, such as os.TempDir()", d, perm)
+			return fmt.Errorf("pgtest: the postgres user cannot enter %s (mode %v): put the server under a directory it can search, "+
+				"with Options.Dir or, when that is empty, TMPDIR (now %s): such as /tmp", d, perm, os.TempDir())
 		}
 		if d == filepath.Dir(d) {
 			return nil

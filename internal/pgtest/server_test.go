@@ -225,7 +225,7 @@ func TestStartRefusesDirPostgresCannotEnter(t *testing.T) {
 	}
 	RequireBinaries(t)
 	_, err := Start(t.Context(), Options{Dir: t.TempDir()}) // mode 0700, owned by root
-	if err == nil || !strings.Contains(err.Error(), "cannot enter") {
+	if err == nil || !strings.Contains(err.Error(), "cannot enter") || !strings.Contains(err.Error(), "TMPDIR") {
 		t.Fatalf("Start in a 0700 root dir: err = %v, want 'cannot enter'", err)
 	}
 }
