@@ -38,8 +38,14 @@ func childCredential() (*syscall.Credential, error) {
 // (postgres: fast shutdown) when the test process dies. Go sets the
 // parent-death signal after switching credentials, which would otherwise
 // clear it.
+//
+// The child gets a process group of its own: a Ctrl-C in the terminal, or a
+// SIGTERM sent to our whole group (a CI runner's timeout, `kill -- -PGID`),
+// reaches us and not postgres, so the server stays up while we stop in
+// order (quotad chaos dumps the ledger after an interrupt) and is stopped
+// by us, or by the parent-death signal if we die first.
 func childSysProcAttr(cred *syscall.Credential) *syscall.SysProcAttr {
-	return &syscall.SysProcAttr{Credential: cred, Pdeathsig: syscall.SIGINT}
+	return &syscall.SysProcAttr{Credential: cred, Pdeathsig: syscall.SIGINT, Setpgid: true}
 }
 
 func fileOwner(fi os.FileInfo) (uid, gid uint32, ok bool) {

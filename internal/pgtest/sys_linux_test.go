@@ -1,10 +1,14 @@
 package pgtest
 
 import (
+	"bytes"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -69,5 +73,36 @@ func TestReapStale(t *testing.T) {
 		if _, err := os.Stat(d); err != nil {
 			t.Errorf("reapStale removed %s, which is not stale: %v", d, err)
 		}
+	}
+}
+
+// TestPostgresHasItsOwnProcessGroup: a signal to our process group (Ctrl-C
+// in a terminal, a CI runner's group SIGTERM) must not reach postgres, or
+// it shuts down under a caller that is still stopping in order.
+func TestPostgresHasItsOwnProcessGroup(t *testing.T) {
+	RequireBinaries(t)
+	s, err := Start(t.Context(), Options{Logf: t.Logf})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	s.mu.Lock()
+	pid := s.cmd.Process.Pid
+	s.mu.Unlock()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// "pid (comm) state ppid pgrp ..."
+	fields := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+	pgrp, err := strconv.Atoi(fields[2])
+	if err != nil {
+		t.Fatalf("parse /proc/%d/stat %q: %v", pid, b, err)
+	}
+	if pgrp == syscall.Getpgrp() {
+		t.Fatalf("postgres (pid %d) is in our process group %d: a Ctrl-C meant for us stops it too", pid, pgrp)
+	}
+	if pgrp != pid {
+		t.Errorf("postgres (pid %d) is in process group %d, want its own", pid, pgrp)
 	}
 }
