@@ -59,7 +59,8 @@ the real processes' own, so a run shows a violation that a rerun of the same
 seed may not. Exits 0 when every invariant held, 3 on a violation, 1 when the
 run could not be done, 130 when interrupted: Ctrl-C (or SIGTERM) stops the
 load, the nodes and Postgres, checks nothing, writes what was recorded so far
-to --out and keeps the data dirs and node logs, as a violation does. A kept
+to --out and keeps the data dirs and node logs, as a violation does; a
+second Ctrl-C ends it at once, the nodes and Postgres with it. A kept
 directory holds the ledger too (ledger.sql, a pg_dump of it). Needs
 about 1 GB of disk and 2 cores; run it as a user that may start Postgres (as
 root it runs Postgres as the postgres user).`,

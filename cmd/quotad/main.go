@@ -12,11 +12,41 @@ import (
 )
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, stop := notifyContext()
 	err := newRootCmd().ExecuteContext(ctx)
 	stop()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "quotad:", err)
 		os.Exit(exitCode(err))
+	}
+}
+
+// notifyContext returns a context that ends on the first SIGINT or SIGTERM:
+// every command then stops in order (a node drains, the demo and chaos stop
+// their processes and keep what they recorded). A second Ctrl-C (SIGINT, a
+// person at a terminal) ends the process at once, with the default action;
+// a repeated SIGTERM (a supervisor signalling the group, then the process)
+// is ignored, so that a drain is never cut short by it. stop releases the
+// signals and ends the goroutine that watches them.
+func notifyContext() (ctx context.Context, stop func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	done := make(chan struct{})
+	go func() {
+		select {
+		case <-sigs:
+		case <-done:
+			return
+		}
+		// Reset before cancel: whoever sees ctx end may rely on it.
+		signal.Reset(os.Interrupt)
+		cancel()
+		<-done
+	}()
+	return ctx, func() {
+		signal.Stop(sigs)
+		close(done)
+		cancel()
 	}
 }

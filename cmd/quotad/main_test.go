@@ -1,0 +1,61 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// TestSecondInterruptEndsAtOnce runs notifyContext in a child process (this
+// test binary again) that signals itself: the first SIGINT ends the
+// context, a SIGTERM after it is ignored (a supervisor's repeat must not
+// cut a drain short), and a second SIGINT kills the process at once.
+// Before, every later signal was swallowed: a stop that hung could only be
+// ended with kill -9 from another terminal.
+func TestSecondInterruptEndsAtOnce(t *testing.T) {
+	if os.Getenv("QUOTAD_TEST_SIGNAL_CHILD") == "1" {
+		signalChild()
+		return
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^TestSecondInterruptEndsAtOnce$")
+	cmd.Env = append(os.Environ(), "QUOTAD_TEST_SIGNAL_CHILD=1")
+	out, err := cmd.CombinedOutput()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) {
+		t.Fatalf("child: %v, want it killed by SIGINT; output:\n%s", err, out)
+	}
+	ws, ok := ee.Sys().(syscall.WaitStatus)
+	if !ok || !ws.Signaled() || ws.Signal() != syscall.SIGINT {
+		t.Fatalf("child ended with %v, want killed by SIGINT; output:\n%s", ee, out)
+	}
+	if !strings.Contains(string(out), "context ended") || !strings.Contains(string(out), "SIGTERM ignored") {
+		t.Fatalf("child did not get through the first SIGINT and the SIGTERM; output:\n%s", out)
+	}
+}
+
+func signalChild() {
+	ctx, stop := notifyContext()
+	defer stop()
+	pid := os.Getpid()
+	syscall.Kill(pid, syscall.SIGINT)
+	select {
+	case <-ctx.Done():
+		fmt.Println("context ended")
+	case <-time.After(10 * time.Second):
+		fmt.Println("the first SIGINT did not end the context")
+		os.Exit(2)
+	}
+	syscall.Kill(pid, syscall.SIGTERM)
+	// Still alive: the SIGTERM was caught (a process killed by it never
+	// prints this or sends the SIGINT below).
+	fmt.Println("SIGTERM ignored")
+	syscall.Kill(pid, syscall.SIGINT)
+	<-time.After(10 * time.Second) // bounded: the SIGINT ends us long before
+	fmt.Println("the second SIGINT did not end the process")
+	os.Exit(2)
+}
