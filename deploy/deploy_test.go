@@ -42,6 +42,7 @@ import (
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
+	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
@@ -246,11 +247,23 @@ var helpDefault = regexp.MustCompile(`\(default (.*)\)$`)
 // serveFlags parses `quotad serve --help`.
 func serveFlags(t *testing.T, bin string) map[string]flagInfo {
 	t.Helper()
-	cmd := exec.Command(bin, "serve", "--help")
+	flags, out := commandFlags(t, bin, "serve")
+	for _, want := range []string{"node-id", "data-dir", "ledger", "admin-addr", "drain-timeout", "settle-timeout"} {
+		if _, ok := flags[want]; !ok {
+			t.Fatalf("quotad serve --help lists no --%s: has the help format changed? got flags %v\n%s", want, keys(flags), out)
+		}
+	}
+	return flags
+}
+
+// commandFlags parses `quotad COMMAND --help`: its flags and the help text.
+func commandFlags(t *testing.T, bin, command string) (map[string]flagInfo, []byte) {
+	t.Helper()
+	cmd := exec.Command(bin, command, "--help")
 	cmd.Env = cleanEnv()
 	out, err := cmd.CombinedOutput()
 	if err != nil {
-		t.Fatalf("quotad serve --help: %v\n%s", err, out)
+		t.Fatalf("quotad %s --help: %v\n%s", command, err, out)
 	}
 	flags := map[string]flagInfo{}
 	inFlags := false
@@ -280,12 +293,7 @@ func serveFlags(t *testing.T, bin string) map[string]flagInfo {
 		}
 		flags[f.name] = f
 	}
-	for _, want := range []string{"node-id", "data-dir", "ledger", "admin-addr", "drain-timeout", "settle-timeout"} {
-		if _, ok := flags[want]; !ok {
-			t.Fatalf("quotad serve --help lists no --%s: has the help format changed? got flags %v\n%s", want, keys(flags), out)
-		}
-	}
-	return flags
+	return flags, out
 }
 
 // flagOfEnv maps QUOTAD_DATA_DIR to data-dir (cmd/quotad's bindEnv, reversed).
@@ -377,6 +385,7 @@ type manifests struct {
 	pdbs         []*policyv1.PodDisruptionBudget
 	namespaces   []*corev1.Namespace
 	policies     []*networkingv1.NetworkPolicy
+	cronJobs     []*batchv1.CronJob
 	all          []metav1.Object
 }
 
@@ -415,6 +424,9 @@ func decodeStrict(doc []byte, m *manifests) error {
 	case "networking.k8s.io/v1 NetworkPolicy":
 		o := &networkingv1.NetworkPolicy{}
 		m.policies, obj = append(m.policies, o), o
+	case "batch/v1 CronJob":
+		o := &batchv1.CronJob{}
+		m.cronJobs, obj = append(m.cronJobs, o), o
 	default:
 		return fmt.Errorf("no k8s.io/api type for %s %s in this test: add it to decodeStrict", tm.APIVersion, tm.Kind)
 	}
@@ -774,6 +786,7 @@ func TestManifests(t *testing.T) {
 			if v := env["QUOTAD_LEDGER"].value; strings.Contains(v, "CHANGE-ME") {
 				t.Errorf("overlay: QUOTAD_LEDGER is still the base's placeholder %q", v)
 			}
+			t.Run("ledger-maintenance", func(t *testing.T) { checkLedgerMaintenance(t, m, bin) })
 		})
 	})
 }
@@ -1459,5 +1472,77 @@ func TestServeTakesManifestSettings(t *testing.T) {
 				break
 			}
 		}
+	}
+}
+
+// checkLedgerMaintenance: the overlay's CronJob (the monthly quotad migrate
+// and quotad prune) runs the image the StatefulSet runs, as the same
+// non-root user, with only commands and flags quotad has, reading the DSN
+// from the Secret the nodes read; and its commands, run as written in
+// order against a real (SQLite) ledger, succeed.
+func checkLedgerMaintenance(t *testing.T, m *manifests, bin string) {
+	if len(m.cronJobs) != 1 {
+		t.Fatalf("want one CronJob (quotad-ledger-maintenance), got %d", len(m.cronJobs))
+	}
+	cj := m.cronJobs[0]
+	if cj.Spec.ConcurrencyPolicy != batchv1.ForbidConcurrent {
+		t.Errorf("CronJob %s: concurrencyPolicy %q, want Forbid (two prunes at once only wait on each other)", cj.Name, cj.Spec.ConcurrencyPolicy)
+	}
+	if cj.Spec.TimeZone == nil || *cj.Spec.TimeZone != "Etc/UTC" {
+		t.Errorf("CronJob %s: timeZone %v, want Etc/UTC (months are UTC months)", cj.Name, cj.Spec.TimeZone)
+	}
+	node := newQuotadPod(t, m, nil).c
+	nodeImage, ledgerSecret := node.Image, ""
+	for _, e := range node.EnvFrom {
+		if e.SecretRef != nil && strings.HasPrefix(e.SecretRef.Name, "quotad-ledger") { // with kustomize's hash suffix
+			ledgerSecret = e.SecretRef.Name
+		}
+	}
+	pod := cj.Spec.JobTemplate.Spec.Template.Spec
+	if pod.RestartPolicy != corev1.RestartPolicyNever {
+		t.Errorf("CronJob %s: restartPolicy %q, want Never (a failed prune says why once; backoffLimit retries)", cj.Name, pod.RestartPolicy)
+	}
+	if pod.EnableServiceLinks == nil || *pod.EnableServiceLinks {
+		t.Errorf("CronJob %s: enableServiceLinks must be false (quotad reads QUOTAD_* as flags)", cj.Name)
+	}
+	if sc := pod.SecurityContext; sc == nil || sc.RunAsNonRoot == nil || !*sc.RunAsNonRoot {
+		t.Errorf("CronJob %s: the pod must run as non-root", cj.Name)
+	}
+	ledger := "sqlite:" + filepath.Join(t.TempDir(), "ledger.db")
+	containers := slices.Concat(pod.InitContainers, pod.Containers)
+	var commands []string
+	for _, c := range containers {
+		if c.Image != nodeImage {
+			t.Errorf("CronJob %s, container %s: image %q, want the nodes' %q (a prune must know the rules the nodes run by)", cj.Name, c.Name, c.Image, nodeImage)
+		}
+		if len(c.Args) == 0 {
+			t.Errorf("CronJob %s, container %s: no args: want a quotad command", cj.Name, c.Name)
+			continue
+		}
+		commands = append(commands, c.Args[0])
+		flags, _ := commandFlags(t, bin, c.Args[0])
+		for _, a := range c.Args[1:] {
+			name, _, _ := strings.Cut(strings.TrimPrefix(a, "--"), "=")
+			if _, ok := flags[name]; !strings.HasPrefix(a, "--") || !ok {
+				t.Errorf("CronJob %s, container %s: argument %q is not a flag of quotad %s (pass flags as --name=value)", cj.Name, c.Name, a, c.Args[0])
+			}
+		}
+		if !slices.ContainsFunc(c.EnvFrom, func(e corev1.EnvFromSource) bool { return e.SecretRef != nil && e.SecretRef.Name == ledgerSecret }) {
+			t.Errorf("CronJob %s, container %s: want QUOTAD_LEDGER from the Secret the nodes read it from, %q", cj.Name, c.Name, ledgerSecret)
+		}
+		if sc := c.SecurityContext; sc == nil || sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem ||
+			sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation {
+			t.Errorf("CronJob %s, container %s: want a read-only root filesystem and no privilege escalation", cj.Name, c.Name)
+		}
+		cmd := exec.Command(bin, c.Args...)
+		cmd.Env = append(cleanEnv(), "QUOTAD_LEDGER="+ledger)
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Errorf("CronJob %s, container %s: quotad %s on a new ledger: %v\n%s", cj.Name, c.Name, strings.Join(c.Args, " "), err, out)
+		}
+		t.Logf("quotad %s:\n%s", strings.Join(c.Args, " "), out)
+	}
+	if !slices.Equal(commands, []string{"migrate", "prune"}) {
+		t.Errorf("CronJob %s runs %q, want migrate (init container), then prune", cj.Name, commands)
 	}
 }

@@ -1562,6 +1562,19 @@ func confPruneEvents(t *testing.T, l Ledger) {
 	if len(eventsOf(t, l, "acct-1")) != 5 {
 		t.Fatal("a dry run dropped events")
 	}
+	// KeepMonths counts back from the ledger's month (a monthly job).
+	res, err = l.PruneEvents(ctx, PruneOptions{KeepMonths: int(cur - aug), Lost: []string{"node-old"}, DryRun: true})
+	if err != nil || fmt.Sprint(res.Months) != want {
+		t.Fatalf("dry run keeping %d months: %+v, %v; want months %s", cur-aug, res, err, want)
+	}
+	if res, err := l.PruneEvents(ctx, PruneOptions{KeepMonths: 1 << 30, DryRun: true}); err != nil || len(res.Months) != 0 {
+		t.Fatalf("dry run keeping every month there can be: %+v, %v; want nothing to drop", res, err)
+	}
+	for _, o := range []PruneOptions{{}, {KeepMonths: -1}, {Before: aug, KeepMonths: 3}} {
+		if _, err := l.PruneEvents(ctx, o); !errors.Is(err, ErrInvalid) {
+			t.Fatalf("prune %+v: %v, want ErrInvalid", o, err)
+		}
+	}
 
 	res, err = l.PruneEvents(ctx, PruneOptions{Before: aug, Lost: []string{"node-old"}})
 	if err != nil || fmt.Sprint(res.Months) != want || res.PrunedBefore != aug {

@@ -50,6 +50,11 @@ type PruneOptions struct {
 	// Before: the event log of every month before it goes. It must be over
 	// and final (see above): at most last month.
 	Before shard.Period
+	// KeepMonths, instead of Before, keeps this many whole months before
+	// the current one by the ledger's clock (at least 1: last month's
+	// charges may still be refunded): Before is the current month minus
+	// KeepMonths. A job that runs every month needs no date arithmetic.
+	KeepMonths int
 	// DryRun counts the events of each month and changes nothing (the
 	// checks run as for a real prune).
 	DryRun bool
@@ -218,16 +223,19 @@ type monthPruner interface {
 // pruneEvents is PruneEvents for both ledgers (see the notes above).
 func pruneEvents(ctx context.Context, l monthPruner, o PruneOptions) (PruneResult, error) {
 	var res PruneResult
+	now, err := l.Clock(ctx)
+	if err != nil {
+		return res, err
+	}
+	if o.Before, err = pruneBefore(o, now); err != nil {
+		return res, err
+	}
 	months, err := l.eventMonths(ctx, o.Before)
 	if err != nil {
 		return res, l.fail("prune events: list the months", err)
 	}
 	months = periodsBefore(months, o.Before)
 	nodes, err := l.Nodes(ctx)
-	if err != nil {
-		return res, err
-	}
-	now, err := l.Clock(ctx)
 	if err != nil {
 		return res, err
 	}
@@ -256,6 +264,25 @@ func pruneEvents(ctx context.Context, l monthPruner, o PruneOptions) (PruneResul
 	}
 	res.PrunedBefore, err = l.EventsPrunedBefore(ctx)
 	return res, err
+}
+
+// pruneBefore is the month o drops the event log before: o.Before, or the
+// month KeepMonths before now's (no earlier than MinBillingPeriod, before
+// which no event can be).
+func pruneBefore(o PruneOptions, now time.Time) (shard.Period, error) {
+	switch {
+	case o.KeepMonths != 0 && o.Before != 0:
+		return 0, fmt.Errorf("%w: prune: give the month to prune before or the months to keep, not both", ErrInvalid)
+	case o.KeepMonths < 0 || o.Before == 0 && o.KeepMonths == 0:
+		return 0, fmt.Errorf("%w: prune: keep at least 1 whole month before the current one: a charge may be refunded in its month and the next", ErrInvalid)
+	case o.Before != 0:
+		return o.Before, nil
+	}
+	cur := shard.PeriodOf(now.UnixNano())
+	if int64(cur)-int64(MinBillingPeriod) < int64(o.KeepMonths) {
+		return MinBillingPeriod, nil
+	}
+	return cur - shard.Period(o.KeepMonths), nil
 }
 
 // periodsBefore keeps the periods before p, sorted.

@@ -15,8 +15,9 @@ func newPruneCmd() *cobra.Command {
 	var dsn, before string
 	var lost []string
 	var dryRun bool
+	var keep int
 	cmd := &cobra.Command{
-		Use:         "prune --before MONTH",
+		Use:         "prune (--before MONTH | --keep-months N)",
 		Annotations: map[string]string{argFlag: "before"},
 		Short:       "Drop the event log of old months (retention); billing figures stay",
 		Long: `Drop the ledger's event log (a row per charge) of every month before --before,
@@ -40,29 +41,45 @@ A month goes only when nothing can change its events any more:
     was heard from back: name it with --lost-node.
 
 Run it as a role that may drop the event log's partitions (the ledger's
-owner, as for quotad migrate), from a cron job once a month for example:
---before two months back keeps last month and this one. --dry-run counts
-the events each month holds and changes nothing.`,
+owner, as for quotad migrate), from a job once a month for example, with
+--keep-months instead of --before: --keep-months 12 keeps the twelve whole
+months before the current one (by the ledger's clock) and drops the rest,
+so the same command line serves every month (deploy/kubernetes has such a
+CronJob). --keep-months 1 is the least: last month's charges may still be
+refunded. --dry-run counts the events each month holds and changes
+nothing.`,
 		Example: `  quotad prune --ledger "$OWNER_DSN" --before 2026-09 --dry-run
-  quotad prune --ledger "$OWNER_DSN" --before "$(date -u -d '-2 month' +%Y-%m)"`,
+  quotad prune --ledger "$OWNER_DSN" --keep-months 12`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if before == "" {
-				return fmt.Errorf("--before is required: the first month whose event log stays, such as 2026-09")
-			}
-			p, ok := shard.ParsePeriod(before)
-			if !ok || p.String() != before {
-				return fmt.Errorf("--before %q: want a month such as 2026-09", before)
+			o := flush.PruneOptions{DryRun: dryRun, Lost: lost}
+			switch {
+			case before != "" && cmd.Flags().Changed("keep-months"):
+				return fmt.Errorf("--before and --keep-months: give one (--before names the month, --keep-months counts back from the current one)")
+			case before != "":
+				p, ok := shard.ParsePeriod(before)
+				if !ok || p.String() != before {
+					return fmt.Errorf("--before %q: want a month such as 2026-09", before)
+				}
+				o.Before = p
+			case cmd.Flags().Changed("keep-months"):
+				if keep < 1 {
+					return fmt.Errorf("--keep-months %d: want 1 or more (whole months kept before the current one; last month's charges may still be refunded)", keep)
+				}
+				o.KeepMonths = keep
+			default:
+				return fmt.Errorf("--before or --keep-months is required: the first month whose event log stays (such as 2026-09), or how many whole months before the current one to keep (such as 12)")
 			}
 			l, err := openMigratedLedger(cmd.Context(), dsn)
 			if err != nil {
 				return err
 			}
 			defer l.Close()
-			return runPrune(cmd.Context(), cmd.OutOrStdout(), l, flush.PruneOptions{Before: p, DryRun: dryRun, Lost: lost})
+			return runPrune(cmd.Context(), cmd.OutOrStdout(), l, o)
 		},
 	}
 	ledgerFlag(cmd, &dsn)
-	cmd.Flags().StringVar(&before, "before", "", "the first month whose event log stays, such as 2026-09: every month before it is dropped (required)")
+	cmd.Flags().StringVar(&before, "before", "", "the first month whose event log stays, such as 2026-09: every month before it is dropped (this or --keep-months)")
+	cmd.Flags().IntVar(&keep, "keep-months", 0, "whole months to keep before the current one (by the ledger's clock), 1 or more: the month that many back is --before (this or --before)")
 	cmd.Flags().BoolVar(&dryRun, "dry-run", false, "check and count the events of each month that would go; change nothing")
 	cmd.Flags().StringSliceVar(&lost, "lost-node", nil, "a node gone for good (revoked) whose last heartbeat would otherwise hold its months back; repeat or comma-separate")
 	return cmd

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"strings"
 	"testing"
@@ -75,8 +76,21 @@ func TestPruneCommand(t *testing.T) {
 	if _, err := run("prune", ledger, "--before", now.String()); err == nil || !strings.Contains(err.Error(), "may still be refunded") {
 		t.Fatalf("prune before this month: %v, want a refusal", err)
 	}
-	if _, err := run("prune", ledger); err == nil || !strings.Contains(err.Error(), "--before is required") {
+	if _, err := run("prune", ledger); err == nil || !strings.Contains(err.Error(), "--before or --keep-months is required") {
 		t.Fatalf("prune without --before: %v", err)
+	}
+	// --keep-months counts back from the ledger's month: the same line
+	// serves a job that runs every month.
+	july, _ := shard.ParsePeriod("2026-07")
+	keep := fmt.Sprint(int(now - july))
+	out, err = run("prune", ledger, "--keep-months", keep, "--dry-run")
+	if err != nil || !strings.Contains(out, "would drop the event log of 2026-06: 2 events") || strings.Contains(out, "2026-07:") {
+		t.Fatalf("dry run keeping %s months: %v\n%s", keep, err, out)
+	}
+	for _, args := range [][]string{{"--keep-months", "0"}, {"--keep-months", "-3"}, {"--keep-months", "2", "--before", "2026-07"}} {
+		if _, err := run(append([]string{"prune", ledger}, args...)...); err == nil || !strings.Contains(err.Error(), "--keep-months") {
+			t.Fatalf("prune %v: %v, want a refusal naming --keep-months", args, err)
+		}
 	}
 	out, err = run("prune", ledger, "--before", "2026-08")
 	if err != nil || !strings.Contains(out, "dropped the event log of 2026-07: 1 events") ||
