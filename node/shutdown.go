@@ -101,12 +101,19 @@ func (n *Node) releaseAll(ctx context.Context) {
 }
 
 // releaseStranded frees whatever this node still holds in the ledger once
-// its log is settled and its allowances are handed back: units of
-// reservations whose commit reply was lost (a slow ledger: the node never
-// learned it held them) or that a top-up got after releaseAll. The engine is
-// closed first, so nothing reserves or spends any more; the log keeps no
-// allowance the ledger would still back (a next start zeroes allowances and
-// frees the node's reservations before it serves anyway).
+// its log is settled: units of reservations whose commit reply was lost (a
+// slow ledger: the node never learned it held them), that a top-up got
+// after releaseAll, or that releaseAll kept because the ledger looked down
+// (it was back by the final settle) or could not hand back. The engine is
+// closed first, so nothing reserves or spends any more.
+//
+// Every allowance left in the log is zeroed, durably, before the ledger
+// frees the node's reservations, as at start (resetReservations): freed
+// first, a restart with the ledger out of reach would serve from
+// allowances in its log that the ledger no longer backs, while other nodes
+// reserve the same units. Zeroed first, a stop before the free strands the
+// units in the ledger until the next start frees them, which is safe. The
+// zeroing records are settled after, so that the log ends settled.
 func (n *Node) releaseStranded(ctx context.Context) {
 	l := n.Ledger()
 	if l == nil || n.eng == nil {
@@ -115,6 +122,11 @@ func (n *Node) releaseStranded(ctx context.Context) {
 	n.eng.Close() // stops top-ups; closeAll's Close is then a no-op
 	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
+	held := n.eng.AllowanceHeld()
+	if err := n.eng.ZeroAllowances(rctx); err != nil {
+		n.log.Warn("could not zero this node's allowances in its log; its reservations stay in the ledger until its next start or quotad revoke", "err", err)
+		return
+	}
 	freed, err := l.ReleaseNode(rctx, n.cfg.ID)
 	if err != nil {
 		n.log.Warn("could not free what this node still holds in the ledger; it returns at its next start or with quotad revoke", "err", err)
@@ -125,7 +137,13 @@ func (n *Node) releaseStranded(ctx context.Context) {
 		units += f.Units
 	}
 	if units > 0 {
-		n.log.Info("freed reservations this node held without knowing (lost commit replies, late top-ups)", "units", units, "grants", len(freed))
+		n.log.Info("freed the reservations this node still held (kept while the ledger looked down, lost commit replies, late top-ups)",
+			"units", units, "grants", len(freed), "allowance_zeroed", held)
+	}
+	if s := n.Settler(); s != nil && held > 0 {
+		if _, err := s.SettleOnce(rctx); err != nil {
+			n.log.Warn("could not settle the log's last records (allowances zeroed); the next start settles them", "err", err)
+		}
 	}
 }
 

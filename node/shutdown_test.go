@@ -364,3 +364,80 @@ func ownedBy(t *testing.T, nd *Node, accounts map[string]int64) string {
 	t.Fatalf("%s owns none of %d accounts", nd.cfg.ID, len(accounts))
 	return ""
 }
+
+// A node that drains while the ledger looks down keeps its reservations,
+// in the ledger and in its log (the test above). When the ledger is back by
+// its final settle, the drain frees what the node holds in the ledger after
+// all (releaseStranded), and it must zero the allowances in its log first:
+// it did not, so a restart with the ledger down again served from
+// allowances the ledger no longer backed, while other nodes reserved the
+// freed units (the chaos review's "1009 acknowledged on a hard quota of
+// 1000").
+func TestDrainAfterALedgerBlipLeavesNoUnbackedAllowance(t *testing.T) {
+	srv := pgtest.PackageServer(t)
+	direct := pgtest.NewDB(t)
+	if srv == nil {
+		return
+	}
+	proxy, err := faultproxy.New("127.0.0.1:0", srv.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer proxy.Close()
+	dsn := strings.Replace(direct, srv.Addr(), proxy.Addr(), 1)
+	accounts := twentyAccounts(1000)
+	seedLedger(t, dsn, accounts)
+	nodes := startNodesWith(t, dsn, nil, nil)
+	n1, n2 := nodes[0], nodes[1]
+	acct := ownedBy(t, n1, accounts)
+	charge := func(nd *Node) (shard.Decision, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		res, err := nd.Router().Charge(ctx, router.ChargeRequest{Account: acct, Route: "GET /x", Units: 1})
+		return res.Decision, err
+	}
+	waitFor(t, 10*time.Second, "n1 to charge "+acct, func() bool {
+		d, err := charge(n1)
+		return err == nil && d.Reason == shard.OK
+	})
+	waitFor(t, 10*time.Second, "n1's charge settled", func() bool { return n1.wal.SettledSeq() == n1.wal.DurableSeq() })
+	if n1.eng.AllowanceHeld() == 0 {
+		t.Fatal("n1 holds no allowance after a charge on a hard quota")
+	}
+	proxy.SetDown(true)
+	waitFor(t, 10*time.Second, "n1 to see the ledger down", func() bool { return !n1.Settler().Healthy() })
+	proxy.SetDown(false) // back before the drain's final settle; n1 has not seen it yet
+	dataDir := n1.cfg.DataDir
+	if err := n1.Shutdown(context.Background()); err != nil {
+		t.Fatalf("Shutdown with the ledger back: %v", err)
+	}
+
+	l, err := flush.Open(context.Background(), direct, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	rs, err := l.Reservations(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var inLedger int64
+	for _, r := range rs {
+		if r.Node == "n1" {
+			inLedger += r.Units
+		}
+	}
+
+	proxy.SetDown(true) // the G8 case: a restart with the ledger out of reach
+	cfg := Config{ID: "n1", DataDir: dataDir, Ledger: dsn, Join: []string{n2.GossipAddr()},
+		RPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", AdminAddr: "127.0.0.1:0", GossipAddr: "127.0.0.1:0",
+		RingPreset: ring.PresetLocal, SettleInterval: 100 * time.Millisecond, SnapshotInterval: 100 * time.Millisecond}
+	again, err := Start(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer again.Shutdown(context.Background())
+	if held := again.eng.AllowanceHeld(); held > inLedger {
+		t.Fatalf("n1 restarted from its log with %d units of allowance; the ledger reserves %d for it: the difference is spent twice", held, inLedger)
+	}
+}
