@@ -40,8 +40,11 @@ type Reserver interface {
 	// active at req.Wall, soonest-expiring first. It may reserve less (what is
 	// free); Exhausted names grants with nothing free left.
 	Reserve(ctx context.Context, req ReserveRequest) (ReserveResult, error)
-	// Release hands allowances back to the ledger.
-	Release(ctx context.Context, account string, allocs []shard.Alloc) error
+	// Release hands allowances back to the ledger. seq is the log record
+	// that zeroed them: a release retried with the same seq (its first
+	// answer lost) must not apply twice. Seq 0 is a release never retried
+	// (units the node could not use the moment it got them).
+	Release(ctx context.Context, account string, allocs []shard.Alloc, seq uint64) error
 }
 
 // ReserveRequest asks for units.

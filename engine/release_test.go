@@ -28,7 +28,7 @@ func (f *fakeLedger) Reserve(_ context.Context, req ReserveRequest) (ReserveResu
 	return ReserveResult{Granted: []shard.Alloc{{Grant: shard.MonthlyGrantID(shard.PeriodOf(req.Wall)), Units: req.Need}}}, nil
 }
 
-func (f *fakeLedger) Release(_ context.Context, account string, allocs []shard.Alloc) error {
+func (f *fakeLedger) Release(_ context.Context, account string, allocs []shard.Alloc, _ uint64) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.refuse {
@@ -311,7 +311,7 @@ func (n *needLedger) Reserve(_ context.Context, req ReserveRequest) (ReserveResu
 	return ReserveResult{}, nil
 }
 
-func (n *needLedger) Release(context.Context, string, []shard.Alloc) error { return nil }
+func (n *needLedger) Release(context.Context, string, []shard.Alloc, uint64) error { return nil }
 
 // A reservation for a shortfall near the int64 limit asks for as much as
 // can be had, never a Need that wrapped around to a negative number.

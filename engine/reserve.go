@@ -1,9 +1,11 @@
 package engine
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"math"
+	"slices"
 	"sync"
 	"time"
 
@@ -43,7 +45,7 @@ func (e *Engine) reserveOnce(ctx context.Context, account string, shortfall int6
 	}
 	giveBack, err := e.applyReservation(account, need, res)
 	if len(giveBack) > 0 {
-		if rerr := e.opts.Reserver.Release(ctx, account, giveBack); rerr != nil {
+		if rerr := e.opts.Reserver.Release(ctx, account, giveBack, 0); rerr != nil {
 			e.opts.Logger.Warn("reservation left stranded in the ledger; it returns at this node's next restart or with quotad revoke",
 				"account", account, "allocs", giveBack, "err", rerr)
 		}
@@ -239,8 +241,8 @@ func (e *Engine) Release(ctx context.Context, account string) error {
 	if err := e.log.WaitDurable(ctx, seq); err != nil {
 		return fmt.Errorf("engine: release of account %q: %w", account, err)
 	}
-	if err := e.opts.Reserver.Release(ctx, account, allocs); err != nil {
-		e.unreleased.add(account, allocs)
+	if err := e.opts.Reserver.Release(ctx, account, allocs, seq); err != nil {
+		e.unreleased.add(account, pendingRelease{seq: seq, allocs: allocs})
 		return fmt.Errorf("engine: release of account %q in the ledger (retried in the background; the units stay reserved until then): %w", account, err)
 	}
 	return nil
@@ -255,21 +257,35 @@ const retryReleaseEvery = time.Second
 // so they are retried every retryReleaseEvery by the top-up loop and first
 // thing in ReleaseAll, rather than left until this node restarts or an
 // operator runs quotad revoke.
+//
+// A failed release may have applied (its answer was lost), so each keeps
+// the seq of the record that zeroed it, the key under which the ledger
+// applies it once (Reserver.Release), and the releases of one account are
+// retried in seq order, never merged: merged under the later seq, an
+// earlier release that had applied would apply again.
 type unreleased struct {
 	mu sync.Mutex // protects m
-	m  map[string][]shard.Alloc
+	m  map[string][]pendingRelease
 }
 
-func (u *unreleased) add(account string, allocs []shard.Alloc) {
+// pendingRelease is one failed release: the allocations and the seq of the
+// log record that zeroed them.
+type pendingRelease struct {
+	seq    uint64
+	allocs []shard.Alloc
+}
+
+func (u *unreleased) add(account string, p pendingRelease) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	if u.m == nil {
-		u.m = map[string][]shard.Alloc{}
+		u.m = map[string][]pendingRelease{}
 	}
-	u.m[account] = append(u.m[account], allocs...)
+	u.m[account] = append(u.m[account], p)
+	slices.SortFunc(u.m[account], func(a, b pendingRelease) int { return cmp.Compare(a.seq, b.seq) })
 }
 
-func (u *unreleased) take() map[string][]shard.Alloc {
+func (u *unreleased) take() map[string][]pendingRelease {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	m := u.m
@@ -287,11 +303,16 @@ func (u *unreleased) empty() bool {
 // returns the first error; what fails again is kept for the next try.
 func (e *Engine) RetryReleases(ctx context.Context) error {
 	var first error
-	for account, allocs := range e.unreleased.take() {
-		if err := e.opts.Reserver.Release(ctx, account, allocs); err != nil {
-			e.unreleased.add(account, allocs)
-			if first == nil {
-				first = fmt.Errorf("engine: release of account %q in the ledger: %w", account, err)
+	for account, pending := range e.unreleased.take() {
+		for i, p := range pending {
+			if err := e.opts.Reserver.Release(ctx, account, p.allocs, p.seq); err != nil {
+				for _, q := range pending[i:] { // in order: the rest waits
+					e.unreleased.add(account, q)
+				}
+				if first == nil {
+					first = fmt.Errorf("engine: release of account %q in the ledger: %w", account, err)
+				}
+				break
 			}
 		}
 	}

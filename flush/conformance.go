@@ -49,6 +49,7 @@ func RunConformance(t *testing.T, open func(t *testing.T) Ledger) {
 		{"ConcurrentReservations", confConcurrentReservations},
 		{"GrantOrder", confGrantOrder},
 		{"HeldElsewhere", confHeldElsewhere},
+		{"ReleaseOnce", confReleaseOnce},
 		{"EventsOff", confEventsOff},
 		{"UsageAndReconcile", confUsageReconcile},
 		{"PruneEvents", confPruneEvents},
@@ -1213,7 +1214,7 @@ func reserveAndSettle(ctx context.Context, l Ledger, n *confSettler, g int, sett
 		charge := got
 		if got > 1 && rng.IntN(4) == 0 { // sometimes give one unit back instead of spending it
 			charge--
-			if err := l.Release(ctx, n.node, "acct-1", []shard.Alloc{{Grant: "pool", Units: 1}}); err != nil {
+			if err := l.Release(ctx, n.node, "acct-1", []shard.Alloc{{Grant: "pool", Units: 1}}, ReleaseKey{}); err != nil {
 				return fmt.Errorf("goroutine %d: release: %w", g, err)
 			}
 			released.Add(1)
@@ -1302,7 +1303,7 @@ func confGrantOrder(t *testing.T, l Ledger) {
 		t.Errorf("monthly grant %+v, want 10 units over June 2026", g)
 	}
 
-	if err := l.Release(ctx, "node-a", "acct-1", []shard.Alloc{{Grant: "forever", Units: 30}, {Grant: "soon", Units: 1000}}); err != nil {
+	if err := l.Release(ctx, "node-a", "acct-1", []shard.Alloc{{Grant: "forever", Units: 30}, {Grant: "soon", Units: 1000}}, ReleaseKey{}); err != nil {
 		t.Fatal(err)
 	}
 	wantGrant(t, l, "acct-1", "forever", 0, 70)
@@ -1339,7 +1340,7 @@ func confHeldElsewhere(t *testing.T, l Ledger) {
 		t.Fatalf("node-b while node-a holds everything: %+v %v; want held elsewhere", res, err)
 	}
 	before := time.Now().Add(-time.Minute)
-	if err := l.Release(ctx, "node-a", "acct-1", []shard.Alloc{{Grant: confJune, Units: 4}}); err != nil {
+	if err := l.Release(ctx, "node-a", "acct-1", []shard.Alloc{{Grant: confJune, Units: 4}}, ReleaseKey{Incarnation: "inc-a", Seq: 7}); err != nil {
 		t.Fatal(err)
 	}
 	if hs, err := l.Handoffs(ctx, before); err != nil || !slices.Equal(hs, []Handoff{{Account: "acct-1", Units: 4}}) {
@@ -1352,6 +1353,46 @@ func confHeldElsewhere(t *testing.T, l Ledger) {
 	if err != nil || !slices.Equal(res.Granted, []shard.Alloc{{Grant: confJune, Units: 3}}) {
 		t.Fatalf("node-b after node-a released 4: %+v %v", res, err)
 	}
+}
+
+// confReleaseOnce: a hand-back retried after its answer was lost applies
+// once per key, so the units that back the node's spent, unsettled charges
+// stay reserved (a second application freed them for other nodes: G1).
+func confReleaseOnce(t *testing.T, l Ledger) {
+	ctx := t.Context()
+	confSetup(t, l, 100, "acct-1")
+	if res, err := l.Reserve(ctx, "node-a", ReserveRequest{Account: "acct-1", Wall: confWallTime(), Need: 30}); err != nil ||
+		!slices.Equal(res.Granted, []shard.Alloc{{Grant: confJune, Units: 30}}) {
+		t.Fatalf("reserve 30: %+v %v", res, err)
+	}
+	// node-a spent 20 (not settled yet) and hands its allowance of 10 back.
+	release := func(units int64, key ReleaseKey) {
+		t.Helper()
+		if err := l.Release(ctx, "node-a", "acct-1", []shard.Alloc{{Grant: confJune, Units: units}}, key); err != nil {
+			t.Fatal(err)
+		}
+	}
+	release(10, ReleaseKey{Incarnation: "inc-a", Seq: 5})
+	release(10, ReleaseKey{Incarnation: "inc-a", Seq: 5}) // the retry: its first answer was lost
+	wantGrant(t, l, "acct-1", confJune, 0, 20)
+	release(10, ReleaseKey{Incarnation: "inc-a", Seq: 4}) // older than the one applied
+	wantGrant(t, l, "acct-1", confJune, 0, 20)
+	release(5, ReleaseKey{Incarnation: "inc-a", Seq: 6}) // a later release applies
+	wantGrant(t, l, "acct-1", confJune, 0, 15)
+	release(5, ReleaseKey{Incarnation: "inc-b", Seq: 1}) // another incarnation (a new data dir) starts its own
+	wantGrant(t, l, "acct-1", confJune, 0, 10)
+	release(1, ReleaseKey{}) // no key: always, and the guard stays
+	release(1, ReleaseKey{Incarnation: "inc-b", Seq: 1})
+	wantGrant(t, l, "acct-1", confJune, 0, 9)
+	// Freed and reserved again (a node's reset at start), a row starts over.
+	if _, err := l.ReleaseNode(ctx, "node-a"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.Reserve(ctx, "node-a", ReserveRequest{Account: "acct-1", Wall: confWallTime(), Need: 8}); err != nil {
+		t.Fatal(err)
+	}
+	release(3, ReleaseKey{Incarnation: "inc-b", Seq: 1})
+	wantGrant(t, l, "acct-1", confJune, 0, 5)
 }
 
 func confEventsOff(t *testing.T, l Ledger) {

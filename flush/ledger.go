@@ -70,8 +70,10 @@ type Ledger interface {
 	Reserve(ctx context.Context, node string, req ReserveRequest) (ReserveResult, error)
 	// Release hands units of node's reservations back, and notes the
 	// account as handed off (Handoffs): an owner releases when it loses an
-	// account or stops.
-	Release(ctx context.Context, node, account string, allocs []shard.Alloc) error
+	// account or stops. A release with a key (ReleaseKey) applies once:
+	// retried after a lost answer, it is skipped where that key, or a later
+	// one of the same incarnation, already applied.
+	Release(ctx context.Context, node, account string, allocs []shard.Alloc, key ReleaseKey) error
 	// Handoffs lists the accounts released since the given time with the units
 	// released: the next owner reserves ahead for them.
 	Handoffs(ctx context.Context, since time.Time) ([]Handoff, error)
@@ -325,6 +327,20 @@ type ReserveResult struct {
 type Handoff struct {
 	Account string
 	Units   int64
+}
+
+// ReleaseKey names one hand-back: the releasing node's incarnation and the
+// seq of the log record that zeroed its allowance. A hand-back is retried
+// when its answer is lost, and applied twice it took units off the
+// reservation that backed the node's spent, unsettled charges, which other
+// nodes could then reserve (G1). Each reservation row keeps the key of the
+// last release applied to it; a release whose key is not newer (same
+// incarnation, seq not greater) is skipped. The zero key (Seq 0) always
+// applies and is not recorded: a release that is never retried (units a
+// node could not use the moment it got them).
+type ReleaseKey struct {
+	Incarnation string
+	Seq         uint64
 }
 
 // Released is what ReleaseNode freed for one account.

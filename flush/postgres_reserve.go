@@ -121,8 +121,8 @@ func allocColumns(allocs []shard.Alloc) (ids []string, units []int64) {
 }
 
 // Release hands units of node's reservations on an account's grants back,
-// never below zero.
-func (p *Postgres) Release(ctx context.Context, node, account string, allocs []shard.Alloc) error {
+// never below zero, once per key (ReleaseKey).
+func (p *Postgres) Release(ctx context.Context, node, account string, allocs []shard.Alloc, key ReleaseKey) error {
 	if len(allocs) == 0 {
 		return nil
 	}
@@ -134,9 +134,12 @@ func (p *Postgres) Release(ctx context.Context, node, account string, allocs []s
 	b := &pgx.Batch{}
 	b.BeginTx(pgx.TxOptions{})
 	b.Queue(pgLockGrantsSQL, accounts, ids).Exec(nop)
-	b.Queue(`UPDATE reservations r SET units = GREATEST(r.units - d.units, 0)
+	b.Queue(`UPDATE reservations r SET units = GREATEST(r.units - d.units, 0),
+			released_inc = CASE WHEN $6 = 0 THEN r.released_inc ELSE $5 END,
+			released_seq = CASE WHEN $6 = 0 THEN r.released_seq ELSE $6 END
 		FROM unnest($3::text[], $4::bigint[]) AS d(grant_id, units)
-		WHERE r.account_id = $1 AND r.node_id = $2 AND r.grant_id = d.grant_id`, account, node, ids, units).Exec(nop)
+		WHERE r.account_id = $1 AND r.node_id = $2 AND r.grant_id = d.grant_id
+			AND ($6 = 0 OR r.released_inc <> $5 OR r.released_seq < $6)`, account, node, ids, units, key.Incarnation, int64(key.Seq)).Exec(nop)
 	b.Queue(pgSumReservedSQL, account, ids).Exec(nop)
 	b.Queue(`INSERT INTO handoffs (account_id, units, released_at) VALUES ($1, $2, now())
 		ON CONFLICT (account_id) DO UPDATE SET units = excluded.units, released_at = excluded.released_at`, account, sumUnits(units)).Exec(nop)

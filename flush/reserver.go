@@ -12,6 +12,10 @@ import (
 type Reserver struct {
 	Ledger Ledger
 	Node   string
+	// Incarnation is the node's log's incarnation: with the seq of the
+	// record that zeroed an allowance, the key that makes its release apply
+	// once (ReleaseKey).
+	Incarnation string
 	// Timeout bounds one call (default 2 s), so a charge waiting for its
 	// first reservation fails as quota-unavailable instead of hanging.
 	Timeout time.Duration
@@ -38,8 +42,12 @@ func (r *Reserver) Reserve(ctx context.Context, req engine.ReserveRequest) (engi
 }
 
 // Release implements engine.Reserver.
-func (r *Reserver) Release(ctx context.Context, account string, allocs []shard.Alloc) error {
+func (r *Reserver) Release(ctx context.Context, account string, allocs []shard.Alloc, seq uint64) error {
 	ctx, cancel := context.WithTimeout(ctx, r.timeout())
 	defer cancel()
-	return r.Ledger.Release(ctx, r.Node, account, allocs)
+	key := ReleaseKey{}
+	if seq != 0 {
+		key = ReleaseKey{Incarnation: r.Incarnation, Seq: seq}
+	}
+	return r.Ledger.Release(ctx, r.Node, account, allocs, key)
 }

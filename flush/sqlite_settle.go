@@ -486,7 +486,7 @@ func (s *SQLite) Reserve(ctx context.Context, node string, req ReserveRequest) (
 
 // Release hands units of node's reservations on an account's grants back,
 // never below zero.
-func (s *SQLite) Release(ctx context.Context, node, account string, allocs []shard.Alloc) error {
+func (s *SQLite) Release(ctx context.Context, node, account string, allocs []shard.Alloc, key ReleaseKey) error {
 	if len(allocs) == 0 {
 		return nil
 	}
@@ -494,16 +494,27 @@ func (s *SQLite) Release(ctx context.Context, node, account string, allocs []sha
 	return s.fail(fmt.Sprintf("release %s's reservations of %s", node, account), s.write(ctx, func(tx *sql.Tx) error {
 		for i, id := range ids {
 			var held int64
-			err := tx.QueryRowContext(ctx, `SELECT units FROM reservations WHERE account_id = ? AND grant_id = ? AND node_id = ?`,
-				account, id, node).Scan(&held)
+			var inc string
+			var seq int64
+			err := tx.QueryRowContext(ctx, `SELECT units, released_inc, released_seq FROM reservations WHERE account_id = ? AND grant_id = ? AND node_id = ?`,
+				account, id, node).Scan(&held, &inc, &seq)
 			if errors.Is(err, sql.ErrNoRows) {
 				continue
 			}
 			if err != nil {
 				return err
 			}
+			if key.Seq != 0 && inc == key.Incarnation && uint64(seq) >= key.Seq {
+				continue // applied already: this is a retry after a lost answer
+			}
 			if err := moveReservation(ctx, tx, node, account, id, -min(units[i], held)); err != nil {
 				return err
+			}
+			if key.Seq != 0 {
+				if _, err := tx.ExecContext(ctx, `UPDATE reservations SET released_inc = ?, released_seq = ? WHERE account_id = ? AND grant_id = ? AND node_id = ?`,
+					key.Incarnation, int64(key.Seq), account, id, node); err != nil {
+					return err
+				}
 			}
 		}
 		_, err := tx.ExecContext(ctx, `INSERT INTO handoffs (account_id, units, released_at) VALUES (?, ?, ?)

@@ -293,7 +293,7 @@ func (r *nodeReserver) reserver() (*flush.Reserver, error) {
 	if l == nil {
 		return nil, fmt.Errorf("%w: the ledger has not been reached yet", flush.ErrUnavailable)
 	}
-	return &flush.Reserver{Ledger: l, Node: n.cfg.ID}, nil
+	return &flush.Reserver{Ledger: l, Node: n.cfg.ID, Incarnation: n.wal.Incarnation()}, nil
 }
 
 func (r *nodeReserver) Reserve(ctx context.Context, req engine.ReserveRequest) (engine.ReserveResult, error) {
@@ -304,12 +304,12 @@ func (r *nodeReserver) Reserve(ctx context.Context, req engine.ReserveRequest) (
 	return rs.Reserve(ctx, req)
 }
 
-func (r *nodeReserver) Release(ctx context.Context, account string, allocs []shard.Alloc) error {
+func (r *nodeReserver) Release(ctx context.Context, account string, allocs []shard.Alloc, seq uint64) error {
 	rs, err := r.reserver()
 	if err != nil {
 		return err
 	}
-	return rs.Release(ctx, account, allocs)
+	return rs.Release(ctx, account, allocs, seq)
 }
 
 // Settler is the node's settler, or nil before the ledger was reached.
