@@ -1,0 +1,147 @@
+package flush
+
+import (
+	"context"
+	"errors"
+	"path/filepath"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/quotaring/quotaring/engine"
+	"github.com/quotaring/quotaring/shard"
+	"github.com/quotaring/quotaring/snapshot"
+	"github.com/quotaring/quotaring/wal"
+)
+
+// lostSettleAnswer is a ledger whose next Settle commits and then reports
+// an error, as when the connection drops after the COMMIT went out.
+type lostSettleAnswer struct {
+	Ledger
+	lose atomic.Bool
+}
+
+func (l *lostSettleAnswer) Settle(ctx context.Context, b *Batch) (SettleResult, error) {
+	res, err := l.Ledger.Settle(ctx, b)
+	if err == nil && l.lose.Swap(false) {
+		return SettleResult{}, errors.New("connection reset after COMMIT: outcome unknown")
+	}
+	return res, err
+}
+
+// tbNode is one node of the test below: its log, engine and settler.
+type tbNode struct {
+	e *engine.Engine
+	s *Settler
+}
+
+func openTBNode(t *testing.T, id string, l Ledger, snap *snapshot.Snapshot, clock engine.Clock) tbNode {
+	t.Helper()
+	log, err := wal.Open(wal.Options{Dir: filepath.Join(t.TempDir(), id), NodeID: id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := engine.Open(engine.Options{Log: log, Clock: clock, Reserver: &Reserver{Ledger: l, Node: id, Incarnation: log.Incarnation()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close(); log.Close() })
+	if err := e.SetSnapshot(snap, engine.AllSettled); err != nil {
+		t.Fatal(err)
+	}
+	s, err := NewSettler(SettlerOptions{Ledger: l, Engine: e, Events: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Register(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return tbNode{e: e, s: s}
+}
+
+// An event refunded at two owners (a handover) is credited back to the
+// reservation of the first refund the ledger settles; the second is a
+// duplicate, whose units the settler takes back from its node's allowance.
+// When that settle's answer was lost, the retry finds the batch applied and
+// learned nothing of the duplicate: the node kept units in its allowance
+// that the ledger did not back, and spent them past the quota (a review
+// found 110 acknowledged on a hard quota of 100). Now every reserved
+// refund of a range settled without an answer is taken back: retried
+// as it was (the ledger says applied before), or with more records after
+// it (the ledger's mark is ahead: the settler catches up).
+func TestDuplicateRefundTakenBackWhenTheSettleAnswerIsLost(t *testing.T) {
+	for _, more := range []bool{false, true} {
+		t.Run(map[bool]string{false: "same-range", true: "longer-range"}[more], func(t *testing.T) { testLostSettleAnswer(t, more) })
+	}
+}
+
+func testLostSettleAnswer(t *testing.T, more bool) {
+	ctx := context.Background()
+	clock := engine.NewManualClock(time.Date(2026, 6, 10, 0, 0, 0, 0, time.UTC))
+	base, err := OpenSQLite(ctx, filepath.Join(t.TempDir(), "ledger.db"), SQLiteOptions{Now: func() time.Time { return time.Unix(0, clock.Now().Wall) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer base.Close()
+	if err := base.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := base.UpsertPlan(ctx, snapshot.Plan{ID: "m100", MonthlyQuota: 100, Hard: true}); err != nil {
+		t.Fatal(err)
+	}
+	if err := base.UpsertAccount(ctx, "acme", "m100"); err != nil {
+		t.Fatal(err)
+	}
+	snap, err := base.Snapshot(ctx, time.Unix(0, clock.Now().Wall))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lossy := &lostSettleAnswer{Ledger: base}
+	n1 := openTBNode(t, "n1", lossy, snap, clock)
+	n2 := openTBNode(t, "n2", base, snap, clock)
+
+	res, err := n1.e.Charge(ctx, "acme", shard.Charge{EventID: "e1", ClientID: true, Units: 10})
+	if err != nil || res.Reason != shard.OK || res.Receipt == nil {
+		t.Fatalf("charge: %+v, %v", res, err)
+	}
+	if _, err := n1.s.SettleOnce(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// The event is refunded at n2 (it owns acme now) and settled there
+	// first, then at n1 too.
+	if d, err := n2.e.Refund(ctx, "acme", "e1", res.Receipt); err != nil || d.Reason != shard.Refunded {
+		t.Fatalf("refund at n2: %+v, %v", d, err)
+	}
+	if _, err := n2.s.SettleOnce(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if d, err := n1.e.Refund(ctx, "acme", "e1", res.Receipt); err != nil || d.Reason != shard.Refunded {
+		t.Fatalf("refund at n1: %+v, %v", d, err)
+	}
+	lossy.lose.Store(true)
+	if _, err := n1.s.SettleOnce(ctx); err == nil {
+		t.Fatal("the settle whose answer was lost reported no error")
+	}
+	if more {
+		if res, err := n1.e.Charge(ctx, "acme", shard.Charge{Units: 1}); err != nil || res.Reason != shard.OK {
+			t.Fatalf("charge after the lost answer: %+v, %v", res, err)
+		}
+	}
+	if _, err := n1.s.SettleOnce(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	rs, err := base.Reservations(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	held := map[string]int64{}
+	for _, r := range rs {
+		held[r.Node] += r.Units
+	}
+	for id, n := range map[string]tbNode{"n1": n1, "n2": n2} {
+		if a := n.e.AllowanceHeld(); a > held[id] {
+			t.Errorf("%s may spend an allowance of %d; the ledger reserves %d for it: %d units not backed (spent past the quota)", id, a, held[id], a-held[id])
+		}
+	}
+}
