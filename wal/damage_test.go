@@ -479,3 +479,65 @@ func TestLostMetaIsDamage(t *testing.T) {
 		}
 	}
 }
+
+// TestUnreadableMarkWithShortLogStopsOpen: the durable mark is what tells
+// a torn tail from lost acknowledged records. Unreadable (damaged, or
+// written by a newer build), it was skipped with a warning, and a log cut
+// short opened with the acknowledged records past the cut silently gone.
+// Now an unreadable mark is accepted only when every WAL file reads to its
+// end; otherwise Open refuses, naming the mark, the WAL and what to do.
+func TestUnreadableMarkWithShortLogStopsOpen(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		mark   []byte
+		cut    bool
+		wantOK bool
+		want   string
+	}{
+		{"garbled mark, log whole", []byte("hello"), false, true, ""},
+		{"garbled mark, log cut short", []byte("hello"), true, false, "unknown frame version 104"},
+		{"newer mark, log cut short", append([]byte{frameVersion + 1}, bytes.Repeat([]byte{0}, 20)...), true, false, "written by a newer quotad"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			crashed := writeDurable(t, filepath.Join(t.TempDir(), "data"), 60)
+			writeFile(t, filepath.Join(crashed, durableMarkName), tc.mark)
+			name := newestWALFile(t, crashed)
+			if tc.cut {
+				fi, err := os.Stat(name)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := os.Truncate(name, fi.Size()/3); err != nil {
+					t.Fatal(err)
+				}
+			}
+			before := dirsnap.Take(t, crashed)
+			l, err := Open(Options{Dir: crashed, NodeID: "node-1"})
+			if tc.wantOK {
+				if err != nil {
+					t.Fatalf("Open with only the mark damaged: %v", err)
+				}
+				defer l.Close()
+				if l.LastSeq() != 60 {
+					t.Fatalf("recovered %d of 60 records", l.LastSeq())
+				}
+				return
+			}
+			if err == nil {
+				last := l.LastSeq()
+				_ = l.Close()
+				t.Fatalf("Open succeeded with an unreadable mark and a log cut short: recovered %d of 60 acknowledged records", last)
+			}
+			if !IsCorrupt(err) {
+				t.Fatalf("Open = %v, want a corruption error", err)
+			}
+			for _, want := range []string{durableMarkName, filepath.Base(name), tc.want, "quotad revoke --node node-1"} {
+				if !strings.Contains(err.Error(), want) {
+					t.Errorf("error %q does not name %q", err, want)
+				}
+			}
+			before.Unchanged(t, crashed, "the refused Open")
+			t.Log(err)
+		})
+	}
+}

@@ -142,8 +142,18 @@ func (l *Log) checkDurableMark(seen markSeen, last uint64) error {
 	case !seen.found:
 		return nil // a new dir, or one written before marks existed
 	case seen.bad != nil:
-		l.log.Warn("durable mark unreadable, not checked", "file", durableMarkName, "err", seen.bad)
-		return nil
+		// The mark cannot say how far the log was durable. That is fine
+		// when every WAL file reads to its end (only the mark was damaged),
+		// but not when one stops early: acknowledged records may be
+		// beyond that point, and serving would lose them silently.
+		where := describeWALs(l.opts.FS, l.opts.Dir)
+		if strings.Contains(where, "read to their end") {
+			l.log.Warn("durable mark unreadable, not checked; the log's WAL files read to their end", "file", durableMarkName, "err", seen.bad)
+			return nil
+		}
+		return fmt.Errorf("%w: dir %s: %s, which says how far the log was durable (and acknowledged), is unreadable (%v), "+
+			"and the log stops short: %s; records past that point may have been acknowledged, and nothing here can tell; %s",
+			ErrCorrupt, l.opts.Dir, durableMarkName, markProblem(seen.bad), where, remedy(l.opts.NodeID))
 	case seen.inc != l.incarnation:
 		l.log.Warn("durable mark of another incarnation, not checked", "file", durableMarkName,
 			"mark_incarnation", seen.inc, "mark_seq", seen.seq)
@@ -158,6 +168,16 @@ func (l *Log) checkDurableMark(seen markSeen, last uint64) error {
 		"the rest are lost; %s",
 		ErrCorrupt, l.opts.Dir, seen.seq, durableMarkName, last, describeWALs(l.opts.FS, l.opts.Dir),
 		last+1, seen.seq, l.incarnation, remedy(l.opts.NodeID))
+}
+
+// markProblem says what is wrong with an unreadable durable mark; a frame
+// version above this build's was written by a newer quotad.
+func markProblem(err error) string {
+	var v int
+	if _, serr := fmt.Sscanf(err.Error(), "unknown frame version %d", &v); serr == nil && v > frameVersion {
+		return fmt.Sprintf("%v: written by a newer quotad, run that build or a later one", err)
+	}
+	return err.Error()
 }
 
 // describeWALs says where Pebble's WAL files in dir stop being readable: the
