@@ -34,7 +34,7 @@ var AllFaults = []Fault{Kill, DiskLoss, Pause, Isolate, Split, Bridge, LedgerDow
 // FaultHelp says what each fault does, for --help and the README.
 var FaultHelp = map[Fault]string{
 	Kill:           "SIGKILL a node, restart it 2-8 s later with the same data dir (G2: nothing acknowledged is lost)",
-	DiskLoss:       "SIGKILL a node, measure the charges its log held unsettled (the documented loss), wipe its data dir, revoke its reservations as an operator would (quotad revoke), restart it empty (a new incarnation)",
+	DiskLoss:       "SIGKILL a node, measure the charges its log held unsettled (the documented loss), wipe its data dir, revoke its reservations as an operator would (quotad revoke), restart it empty (a new incarnation); with the ledger down the revoke waits for it, and the node stays down until then (a new incarnation refuses to start while the old one holds reservations)",
 	Pause:          "SIGSTOP a node for 4-8 s, longer than the gossip failure timeout, then SIGCONT: it comes back believing it still owns its accounts",
 	Isolate:        "cut one node's gossip and RPC from every other node for 6-14 s (both sides own its accounts meanwhile)",
 	Split:          "cut the cluster in two halves for 6-14 s",

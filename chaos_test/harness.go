@@ -199,6 +199,12 @@ type harness struct {
 	removed map[string]bool                 // scaled down for good
 	paused  map[string]bool
 	pgDown  bool
+	// unrevoked holds nodes whose disk was lost while their revoke could
+	// not reach the ledger: a new incarnation refuses to start while the
+	// old one holds reservations, so they wait for the revoke. Like
+	// removed and paused, only the plan's goroutine (and the heal after it)
+	// touches it.
+	unrevoked map[string]bool
 
 	hist     *cluster.History
 	conns    *cluster.Conns
@@ -246,7 +252,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	// advises for production: the faults then also exercise forwarding
 	// and gossip with the RPC token, mutual TLS and the gossip key.
 	gossipKey, rpcToken := cluster.NewSecrets()
-	h := &harness{cfg: cfg, plan: plan, removed: map[string]bool{}, paused: map[string]bool{}, conns: &cluster.Conns{Token: rpcToken},
+	h := &harness{cfg: cfg, plan: plan, removed: map[string]bool{}, paused: map[string]bool{}, unrevoked: map[string]bool{}, conns: &cluster.Conns{Token: rpcToken},
 		gossipKey: gossipKey, rpcToken: rpcToken,
 		http: &http.Client{Timeout: httpTimeout, Transport: &http.Transport{MaxIdleConnsPerHost: 64}}}
 	h.logf = func(format string, args ...any) {
@@ -627,7 +633,14 @@ func (h *harness) healAll(ctx context.Context) error {
 			delete(h.paused, n.ID)
 		}
 		if !n.Running() {
-			h.liveness(n.ID, "not running at the final heal; its log ends:\n"+n.LogTail(15))
+			if h.unrevoked[n.ID] {
+				if !h.revokeLost(ctx, n) {
+					h.liveness(n.ID, "its lost disk's reservations could not be revoked at the final heal, so it cannot start again")
+					continue
+				}
+			} else {
+				h.liveness(n.ID, "not running at the final heal; its log ends:\n"+n.LogTail(15))
+			}
 			h.start(ctx, n)
 		}
 	}

@@ -92,6 +92,15 @@ func (h *harness) runPlan(ctx context.Context) error {
 	}
 }
 
+// episodeOn reports whether a kill of node is on now (its end starts it).
+func (h *harness) episodeOn(node string) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return slices.ContainsFunc(h.active, func(e *Episode) bool {
+		return e.Node == node && (e.Fault == Kill || e.Fault == DiskLoss)
+	})
+}
+
 func (h *harness) setActive(e *Episode, on bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -193,6 +202,7 @@ func (h *harness) end(ctx context.Context, e *Episode) error {
 			return fmt.Errorf("chaos: restart Postgres: %w", err)
 		}
 		h.pgDown = false
+		h.startRevoked(ctx)
 		return nil
 	case LedgerSlow:
 		h.proxy.SetLatency(0)
@@ -204,6 +214,11 @@ func (h *harness) end(ctx context.Context, e *Episode) error {
 	}
 	switch e.Fault {
 	case Kill, DiskLoss:
+		if !h.revokeLost(ctx, n) {
+			h.logf("%s %s stays down: the revoke of its lost disk's reservations cannot reach the ledger yet (retried when the ledger is back)",
+				clock(time.Duration(h.hist.Now())), n.ID)
+			return nil
+		}
 		h.start(ctx, n)
 	case Pause:
 		if err := n.Resume(); err != nil {
@@ -223,6 +238,9 @@ func untilNextMonth() time.Duration {
 }
 
 func (h *harness) kill(n *cluster.Node) {
+	if h.unrevoked[n.ID] && !n.Running() {
+		return // down already: its lost disk's revoke waits for the ledger
+	}
 	if err := n.Kill(); err != nil {
 		h.liveness(n.ID, "was not running when it was to be killed: "+err.Error())
 	}
@@ -272,6 +290,35 @@ func (h *harness) loseDisk(ctx context.Context, n *cluster.Node) {
 	h.mu.Lock()
 	h.lost = append(h.lost, lost...)
 	h.mu.Unlock()
+	h.unrevoked[n.ID] = true
+	revoked, err := h.revoke(ctx, n)
+	if err != nil {
+		h.note("revoke of %s failed (%v); retried before it starts again (a new incarnation refuses to start while the old one holds reservations)", n.ID, err)
+		h.logf("%s lost the disk of %s: %d unsettled records (%d units) lost; its revoke cannot reach the ledger yet",
+			clock(time.Duration(h.hist.Now())), n.ID, len(lost), units)
+		return
+	}
+	h.logf("%s lost the disk of %s: %d unsettled records (%d units) lost; revoked %d reserved units",
+		clock(time.Duration(h.hist.Now())), n.ID, len(lost), units, revoked)
+}
+
+// startRevoked starts, once the ledger is back, the nodes whose lost
+// disk's revoke had to wait for it (an operator revokes, then restarts),
+// unless a fault still holds them down (a kill episode not over yet: its
+// end starts them).
+func (h *harness) startRevoked(ctx context.Context) {
+	for _, n := range *h.nodes.Load() {
+		if !h.unrevoked[n.ID] || n.Running() || h.episodeOn(n.ID) {
+			continue
+		}
+		if h.revokeLost(ctx, n) {
+			h.start(ctx, n)
+		}
+	}
+}
+
+// revoke frees n's reservations as quotad revoke does, and counts them.
+func (h *harness) revoke(ctx context.Context, n *cluster.Node) (int64, error) {
 	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	freed, err := h.ledger.ReleaseNode(rctx, n.ID)
@@ -282,11 +329,24 @@ func (h *harness) loseDisk(ctx context.Context, n *cluster.Node) {
 	h.mu.Lock()
 	h.revoked += revoked
 	h.mu.Unlock()
-	if err != nil {
-		h.note("revoke of %s failed (%v); its new incarnation frees its reservations when it reaches the ledger", n.ID, err)
+	if err == nil {
+		delete(h.unrevoked, n.ID)
 	}
-	h.logf("%s lost the disk of %s: %d unsettled records (%d units) lost; revoked %d reserved units",
-		clock(time.Duration(h.hist.Now())), n.ID, len(lost), units, revoked)
+	return revoked, err
+}
+
+// revokeLost retries the revoke of a lost disk's node whose revoke failed
+// (the ledger was down), and reports whether the node may start.
+func (h *harness) revokeLost(ctx context.Context, n *cluster.Node) bool {
+	if !h.unrevoked[n.ID] {
+		return true
+	}
+	revoked, err := h.revoke(ctx, n)
+	if err != nil {
+		return false
+	}
+	h.logf("%s revoked %d reserved units of %s's lost disk", clock(time.Duration(h.hist.Now())), revoked, n.ID)
+	return true
 }
 
 // terminate sends SIGTERM and waits: a drained node exits 0.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/quotaring/quotaring/engine"
@@ -62,9 +63,15 @@ func (n *Node) tryLedger(ctx context.Context, beforeServing bool) (bool, error) 
 	// ledger is first reached late (it was down at start): this process has
 	// served from its data dir meanwhile, and one that runs as its id may
 	// have started since.
-	if err := n.checkNodeIDFree(ctx, l, !beforeServing); err != nil {
+	err = n.checkNodeIDFree(ctx, l, !beforeServing)
+	if err == nil && beforeServing {
+		err = n.checkEarlierIncarnations(ctx, l)
+	}
+	if err != nil {
 		l.Close()
 		switch {
+		case errors.Is(err, errEarlierIncarnationHolds):
+			n.log.Error("an earlier incarnation of this node id may hold unsettled charges: refusing to start", "err", err)
 		case errors.Is(err, errNodeIDInUse) && beforeServing:
 			n.log.Error("another process runs as this node id: refusing to start", "err", err)
 		case errors.Is(err, errNodeIDInUse):
@@ -133,13 +140,91 @@ func (n *Node) warnOtherIncarnations(ctx context.Context, l flush.Ledger) {
 	if err != nil {
 		return // only a warning; the node goes on
 	}
+	var earlier []flush.NodeRow
 	for _, r := range rows {
-		if r.Node == n.cfg.ID && r.Incarnation != n.wal.Incarnation() {
-			n.log.Error("this data dir is new, and the ledger knows an earlier incarnation of this node id: if its data dir still exists (a mistyped --data-dir, a volume not mounted), stop this node and start it on that dir; its unsettled charges are billed only from there, and this node frees the reservations it held",
-				"data_dir", n.cfg.DataDir, "incarnation", n.wal.Incarnation(), "earlier_incarnation", r.Incarnation,
-				"earlier_last_heard", r.Heartbeat.UTC().Format(time.RFC3339), "earlier_settled_seq", r.Settled)
+		// One that stopped cleanly left nothing unsettled in its dir.
+		if r.Node == n.cfg.ID && r.Incarnation != n.wal.Incarnation() && r.Running() {
+			earlier = append(earlier, r)
 		}
 	}
+	n.logEarlierIncarnations(earlier)
+}
+
+// logEarlierIncarnations logs an ERROR for each earlier incarnation of
+// this node id that did not stop cleanly (see warnOtherIncarnations).
+func (n *Node) logEarlierIncarnations(earlier []flush.NodeRow) {
+	for _, r := range earlier {
+		n.log.Error("this data dir is new, and the ledger knows an earlier incarnation of this node id that did not stop cleanly: if its data dir still exists (a mistyped --data-dir, a volume not mounted), stop this node and start it on that dir; its unsettled charges are billed only from there",
+			"data_dir", n.cfg.DataDir, "incarnation", n.wal.Incarnation(), "earlier_incarnation", r.Incarnation,
+			"earlier_last_heard", r.Heartbeat.UTC().Format(time.RFC3339), "earlier_settled_seq", r.Settled)
+	}
+}
+
+// errEarlierIncarnationHolds marks a new data dir started for a node id
+// whose earlier incarnation did not stop cleanly and still holds
+// reservations (checkEarlierIncarnations).
+var errEarlierIncarnationHolds = errors.New("an earlier incarnation of this node id did not stop cleanly and holds reservations")
+
+// checkEarlierIncarnations refuses to start this node on a data dir the
+// ledger has never seen (a new incarnation) while an earlier incarnation of
+// its id did not stop cleanly and still holds reservations. A new
+// incarnation frees what its id holds before it serves; that earlier dir
+// may still exist (a mistyped --data-dir, a volume not mounted) with
+// acknowledged charges it never settled, which those reservations back, and
+// freeing them let other nodes spend the same units again: hard quotas went
+// over when that dir was started again. A lost disk is an operator's call,
+// as for any lost node: quotad revoke frees the reservations (saying what
+// that may let through twice), and then this start goes on. Before
+// Register, so that a refused start leaves no trace in the ledger and the
+// next one refuses the same way.
+func (n *Node) checkEarlierIncarnations(ctx context.Context, l flush.Ledger) error {
+	rows, err := l.Nodes(ctx)
+	if err != nil {
+		return err
+	}
+	var earlier []flush.NodeRow
+	for _, r := range rows {
+		switch {
+		case r.Node != n.cfg.ID:
+		case r.Incarnation == n.wal.Incarnation():
+			return nil // this dir's incarnation is known: not new
+		case r.Running():
+			earlier = append(earlier, r)
+		}
+	}
+	if len(earlier) == 0 {
+		return nil
+	}
+	rs, err := l.Reservations(ctx)
+	if err != nil {
+		return err
+	}
+	var held int64
+	for _, r := range rs {
+		if r.Node == n.cfg.ID {
+			held += r.Units
+		}
+	}
+	if held == 0 {
+		// Nothing to spend twice (a lost disk revoked, say), but that dir
+		// is billed only if it is started again: say so, here, since a
+		// start refused before registered nothing and the dir is no longer
+		// fresh at the next try.
+		if !n.warnedIncarnations.Swap(true) {
+			n.logEarlierIncarnations(earlier)
+		}
+		return nil
+	}
+	var names []string
+	for _, r := range earlier {
+		names = append(names, fmt.Sprintf("%s (last heard from %s, settled to seq %d)", r.Incarnation, r.Heartbeat.UTC().Format(time.RFC3339), r.Settled))
+	}
+	return fmt.Errorf("%w: this data dir (%s) is new to the ledger, and node id %s has an earlier incarnation that did not stop cleanly, %s, "+
+		"with %d units reserved: its data dir may hold acknowledged charges it never settled, which those units back, and a new "+
+		"incarnation frees them, so that other nodes could spend them again. If that data dir still exists (a mistyped --data-dir, "+
+		"a volume not mounted), start the node on it. If it is lost for good, run `quotad revoke --node %s` (it says what that may "+
+		"let through twice) and start this one again",
+		errEarlierIncarnationHolds, n.cfg.DataDir, n.cfg.ID, strings.Join(names, ", "), held, n.cfg.ID)
 }
 
 // errNodeIDInUse marks another process that runs as this node's id.

@@ -314,7 +314,8 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 		return nil, err
 	}
 	if ok, err := n.tryLedger(ctx, true); !ok {
-		if errors.Is(err, flush.ErrSchemaTooNew) || errors.Is(err, flush.ErrMarkConflict) || errors.Is(err, errLedgerAddress) || errors.Is(err, errNodeIDInUse) {
+		if errors.Is(err, flush.ErrSchemaTooNew) || errors.Is(err, flush.ErrMarkConflict) || errors.Is(err, errLedgerAddress) || errors.Is(err, errNodeIDInUse) ||
+			errors.Is(err, errEarlierIncarnationHolds) {
 			return nil, fmt.Errorf("node: %w", err) // waiting will not fix these
 		}
 		if n.eng.Snapshot() == nil {

@@ -185,38 +185,85 @@ func testDrainCutOff(t *testing.T, size int) {
 }
 
 // A node started on a new data dir while the ledger knows an earlier
-// incarnation of its id (a mistyped --data-dir, a volume not mounted) says
-// so in an ERROR naming both: the earlier dir's unsettled charges are
-// billed only from there. A restart on its own dir says nothing.
-func TestNewDataDirNamesTheEarlierIncarnation(t *testing.T) {
+// incarnation of its id that did not stop cleanly (a mistyped --data-dir, a
+// volume not mounted) says so in an ERROR naming both: the earlier dir's
+// unsettled charges are billed only from there. A restart on its own dir
+// says nothing, nor does a new dir after one that stopped cleanly (it left
+// nothing unsettled).
+//
+// When that earlier incarnation still holds reservations, the new one
+// refuses to start: it would free them, and the earlier dir's unsettled
+// charges, which they back, were then spent twice when that dir came back
+// (a review: 35 acknowledged on a hard quota of 20). Once an operator frees
+// them (quotad revoke), it starts.
+func TestNewDataDirAfterAnUncleanStop(t *testing.T) {
 	dir := t.TempDir()
 	dsn := "sqlite:" + filepath.Join(dir, "ledger.db")
 	seedLedger(t, dsn, map[string]int64{"acme": 10})
 	var logs logbuf.Buffer
-	start := func(dataDir string) *Node {
+	cfg := func(dataDir string) Config {
+		return Config{ID: "n1", DataDir: dataDir, Ledger: dsn,
+			RPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", AdminAddr: "127.0.0.1:0", GossipAddr: "127.0.0.1:0",
+			RingPreset: ring.PresetLocal, SettleInterval: 100 * time.Millisecond, SnapshotInterval: 100 * time.Millisecond,
+			Logger: slog.New(slog.NewTextHandler(&logs, nil))}
+	}
+	start := func(dataDir string) (*Node, error) {
 		t.Helper()
-		nd := startNodesWith(t, dsn, func(c *Config) {
-			c.DataDir = dataDir
-			c.Logger = slog.New(slog.NewTextHandler(&logs, nil))
-		})[0]
+		nd, err := Start(context.Background(), cfg(dataDir))
+		if err == nil {
+			t.Cleanup(func() { nd.Shutdown(context.Background()) })
+		}
+		return nd, err
+	}
+	mustStart := func(dataDir string) *Node {
+		t.Helper()
+		nd, err := start(dataDir)
+		if err != nil {
+			t.Fatal(err)
+		}
 		return nd
 	}
-	first := start(filepath.Join(dir, "a"))
-	inc := first.wal.Incarnation()
+	first := mustStart(filepath.Join(dir, "a"))
 	if err := first.Shutdown(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	again := start(filepath.Join(dir, "a"))
+	again := mustStart(filepath.Join(dir, "a"))
 	if err := again.Shutdown(context.Background()); err != nil {
 		t.Fatal(err)
 	}
+	afterClean := mustStart(filepath.Join(dir, "b"))
 	if strings.Contains(logs.String(), "earlier incarnation") {
-		t.Fatalf("a restart on its own dir warned:\n%s", logs.String())
+		t.Fatalf("a restart on its own dir, or a new dir after a clean stop, warned:\n%s", logs.String())
 	}
-	start(filepath.Join(dir, "b"))
+	// b charges a hard account (it reserves), then crashes.
+	waitFor(t, 20*time.Second, "b serving", afterClean.isServing)
+	ctx := context.Background()
+	if res, err := afterClean.Router().Charge(ctx, router.ChargeRequest{Account: "acme", Route: "GET /x", Units: 1}); err != nil || res.Reason != shard.OK {
+		t.Fatalf("charge on b: %+v, %v", res, err)
+	}
+	inc := afterClean.wal.Incarnation()
+	afterClean.Kill()
+
+	if _, err := start(filepath.Join(dir, "c")); !errors.Is(err, errEarlierIncarnationHolds) ||
+		!strings.Contains(err.Error(), inc) || !strings.Contains(err.Error(), "quotad revoke --node n1") {
+		t.Fatalf("a new dir while b's incarnation holds reservations: %v, want errEarlierIncarnationHolds naming %s and quotad revoke", err, inc)
+	}
+	// Refused again at the next try, with that dir: it registered nothing.
+	if _, err := start(filepath.Join(dir, "c")); !errors.Is(err, errEarlierIncarnationHolds) {
+		t.Fatalf("the second try on the refused dir: %v, want the same refusal", err)
+	}
+	l, err := flush.Open(ctx, dsn, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if _, err := l.ReleaseNode(ctx, "n1"); err != nil { // quotad revoke --node n1
+		t.Fatal(err)
+	}
+	mustStart(filepath.Join(dir, "c"))
 	if !strings.Contains(logs.String(), "this data dir is new, and the ledger knows an earlier incarnation of this node id") ||
 		!strings.Contains(logs.String(), "earlier_incarnation="+inc) {
-		t.Fatalf("a new dir beside an earlier incarnation %s: no ERROR naming it:\n%s", inc, logs.String())
+		t.Fatalf("a new dir beside the crashed incarnation %s: no ERROR naming it:\n%s", inc, logs.String())
 	}
 }
 
