@@ -287,3 +287,36 @@ func TestServeChecksTheLedgerBeforeTheDataDir(t *testing.T) {
 		}
 	}
 }
+
+// A node that joins a cluster on an SQLite path with no ledger there (a
+// mistyped --ledger) is refused before anything is created: it made a new
+// ledger, became ready and owned accounts that ledger knew nothing of. The
+// first node of a cluster (no --join) still creates the ledger.
+func TestServeRefusesToJoinOnANewSQLiteLedger(t *testing.T) {
+	dir := t.TempDir()
+	empty := filepath.Join(dir, "empty.db")
+	if err := os.WriteFile(empty, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, path := range []string{filepath.Join(dir, "ledgr.db"), empty} {
+		data := filepath.Join(dir, "n2")
+		root := newRootCmd()
+		root.SetArgs([]string{"serve", "--node-id", "n2", "--data-dir", data, "--ledger", "sqlite:" + path, "--join", "127.0.0.1:7946",
+			"--rpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0", "--gossip-addr", "127.0.0.1:0"})
+		root.SetOut(io.Discard)
+		root.SetErr(io.Discard)
+		err := root.ExecuteContext(context.Background())
+		if err == nil || !strings.Contains(err.Error(), "there is no SQLite ledger at "+path) || !strings.Contains(err.Error(), "without --join") {
+			t.Fatalf("--ledger sqlite:%s with --join: %v; want a refusal naming the path", path, err)
+		}
+		if _, err := os.Stat(data); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("the data dir exists after the refusal (%v)", err)
+		}
+		if fi, err := os.Stat(path); path != empty && !errors.Is(err, os.ErrNotExist) || path == empty && (err != nil || fi.Size() != 0) {
+			t.Errorf("%s was created or changed by the refusal (%v)", path, err)
+		}
+	}
+	if err := checkJoinedSQLite("sqlite:"+filepath.Join(dir, "new.db"), nil); err != nil {
+		t.Errorf("the first node (no --join) on a new SQLite ledger: %v, want it allowed", err)
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"net"
 	"net/http"
@@ -16,6 +17,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"github.com/quotaring/quotaring/flush"
 	"github.com/quotaring/quotaring/node"
 	"github.com/quotaring/quotaring/ring"
 	"github.com/quotaring/quotaring/router"
@@ -69,7 +71,7 @@ for the next start.`,
 	fl := cmd.Flags()
 	fl.StringVar(&f.nodeID, "node-id", host, "this node's id, unique in the cluster and stable across restarts (its data dir remembers it)")
 	fl.StringVar(&f.dataDir, "data-dir", "", "where the node keeps its log (required; keep it on a persistent volume)")
-	fl.StringVar(&f.ledger, "ledger", "", "the ledger: postgres://USER:PASSWORD@HOST:PORT/DB or sqlite:/path/ledger.db (required)")
+	fl.StringVar(&f.ledger, "ledger", "", "the ledger: postgres://USER:PASSWORD@HOST:PORT/DB or sqlite:/path/ledger.db (required; a node without --join creates a missing SQLite file and migrates an empty database, a node with --join refuses a missing or empty SQLite file: a cluster shares one ledger)")
 	fl.StringVar(&f.rpcAddr, "rpc-addr", ":7400", "internal gRPC address (node to node, embedded clients)")
 	fl.StringVar(&f.httpAddr, "http-addr", ":8080", "public HTTP address (the proxy)")
 	fl.StringVar(&f.adminAddr, "admin-addr", ":9090", "admin address: /healthz, /readyz, /metrics, /debug/pprof, and the admin API (/admin/v1/, with --admin-token)")
@@ -124,6 +126,9 @@ func (f *serveFlags) config(logger *slog.Logger) (node.Config, error) {
 	}
 	if f.ledger == "" {
 		return node.Config{}, errors.New("--ledger is required: postgres://USER:PASSWORD@HOST:PORT/DB or sqlite:/path/ledger.db (QUOTAD_LEDGER)")
+	}
+	if err := checkJoinedSQLite(f.ledger, f.join); err != nil {
+		return node.Config{}, err
 	}
 	if f.nodeID == "" || strings.ContainsAny(f.nodeID, " \t\n/") {
 		return node.Config{}, fmt.Errorf("--node-id %q: want a non-empty id without spaces or slashes", f.nodeID)
@@ -393,4 +398,30 @@ func checkRPCTLSFlags(f router.TLSFiles) error {
 		return fmt.Errorf("RPC TLS needs --rpc-tls-cert, --rpc-tls-key and --rpc-tls-ca together; missing %s", strings.Join(missing, ", "))
 	}
 	return nil
+}
+
+// checkJoinedSQLite refuses a node that joins a cluster (--join) on an
+// SQLite ledger file that does not exist yet, or is empty. The node would
+// create a new ledger there, become ready, and own its share of accounts
+// that ledger knows nothing of: their customers were refused as unknown
+// keys, or as quota-unavailable while it "loaded its config", for as long
+// as it ran, with no warning (a mistyped path). A cluster's nodes share one
+// ledger, which exists once its first node started; the first node (no
+// --join) still creates it.
+func checkJoinedSQLite(ledger string, join []string) error {
+	path, ok := flush.SQLitePath(ledger)
+	if !ok || len(join) == 0 {
+		return nil
+	}
+	fi, err := os.Stat(path)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+	case err == nil && fi.Size() == 0:
+	default:
+		return nil // there, or not readable: opening it says what is wrong
+	}
+	return fmt.Errorf("--ledger %q: there is no SQLite ledger at %s (no file, or an empty one), and --join names a cluster to join: "+
+		"the nodes of a cluster share one ledger, which holds its accounts, and a node on a new one would own accounts it knows nothing of. "+
+		"Check the path against the other nodes' --ledger; to start a new cluster, start its first node without --join (it creates the "+
+		"ledger), or create it with quotad migrate --ledger %q", ledger, path, ledger)
 }
