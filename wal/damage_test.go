@@ -13,6 +13,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/cockroachdb/pebble/v2"
 	"github.com/cockroachdb/pebble/v2/vfs"
 
 	"github.com/quotaring/quotaring/internal/dirsnap"
@@ -539,5 +540,45 @@ func TestUnreadableMarkWithShortLogStopsOpen(t *testing.T) {
 			before.Unchanged(t, crashed, "the refused Open")
 			t.Log(err)
 		})
+	}
+}
+
+// TestPebbleFormatPinned: data dirs are written in a pinned Pebble format,
+// not pebble.FormatNewest, which moves with every Pebble release: a build
+// with a newer Pebble ratcheted every dir it opened, and the build before
+// could no longer open them (a rollback failed). When Pebble gets a newer
+// format, raise formatMajorVersion in a release of its own, or keep it and
+// say so here.
+func TestPebbleFormatPinned(t *testing.T) {
+	if formatMajorVersion != pebble.FormatNewest {
+		t.Fatalf("Pebble's newest format is %d, the data dirs' pinned one %d: decide (see formatMajorVersion)", pebble.FormatNewest, formatMajorVersion)
+	}
+}
+
+// TestNewerPebbleFormatIsNamed: a dir written in a Pebble format this build
+// does not know (a newer quotad opened it) is refused with an error that
+// says so and what to do, not Pebble's raw one.
+func TestNewerPebbleFormatIsNamed(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "data")
+	l := mustOpen(t, Options{Dir: dir, NodeID: "node-1"})
+	appendDurable(t, l, payloadFor(1))
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	markers, err := filepath.Glob(filepath.Join(dir, "marker.format-version.*"))
+	if err != nil || len(markers) != 1 {
+		t.Fatalf("format marker: %v, %v", markers, err)
+	}
+	i := strings.LastIndexByte(markers[0], '.')
+	if err := os.Rename(markers[0], markers[0][:i]+".099"); err != nil {
+		t.Fatal(err)
+	}
+	l, err = Open(Options{Dir: dir, NodeID: "node-1"})
+	if err == nil {
+		l.Close()
+		t.Fatal("Open succeeded on a dir in an unknown (newer) Pebble format")
+	}
+	if !strings.Contains(err.Error(), "written by a newer quotad") || !strings.Contains(err.Error(), dir) {
+		t.Fatalf("Open = %v, want it to say a newer quotad wrote the dir", err)
 	}
 }

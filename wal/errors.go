@@ -66,6 +66,10 @@ func (e *damagedFileError) Unwrap() []error { return []error{ErrCorrupt, e.cause
 // of node in dir. On-disk corruption becomes one line wrapping ErrCorrupt
 // that names the damaged file and what to do.
 func pebbleError(dir, node, what string, err error) error {
+	if strings.Contains(err.Error(), "written in unknown format major version") {
+		return fmt.Errorf("wal: %s in %s: the data dir was written by a newer quotad (a newer Pebble format: %s): run that build or a "+
+			"later one; never roll a node back below the build that last opened its data dir", what, dir, firstLine(err))
+	}
 	if !pebble.IsCorruptionError(err) {
 		return fmt.Errorf("wal: %s in %s: %w", what, dir, err)
 	}

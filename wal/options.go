@@ -130,13 +130,22 @@ const diskSlowThreshold = 5 * time.Second
 // A readOnly DB replays its WAL into memory and writes nothing; its Pebble
 // info messages go to debug level, since a read-write open follows and
 // repeats them.
+// formatMajorVersion is the Pebble format every data dir is written in (see
+// pebbleOptions).
+const formatMajorVersion = pebble.FormatValueSeparation
+
 func (o Options) pebbleOptions(readOnly bool) (*pebble.Options, io.Closer) {
 	po := &pebble.Options{
 		ReadOnly: readOnly,
 		Logger:   pebbleLogger{log: o.Logger, exit: o.Exit, quiet: readOnly},
-		// Pinned, so that a Pebble upgrade never changes the format of a new
-		// dir behind our back; Pebble upgrades old dirs itself.
-		FormatMajorVersion: pebble.FormatNewest,
+		// Pinned, so that a Pebble upgrade never changes the format of a dir
+		// behind our back: Pebble ratchets every dir it opens up to this
+		// version, and a dir ratcheted past what an older quotad's Pebble
+		// knows cannot be opened by it (a rollback fails). Raise it in a
+		// release of its own (TestPebbleFormatPinned fails when Pebble
+		// gets a newer one), so that a rollback to the release before is
+		// safe.
+		FormatMajorVersion: formatMajorVersion,
 		// Pebble commits a batch of at least half a memtable as a flushable
 		// batch and rotates the memtable for it: keep our largest commit well
 		// below that.
