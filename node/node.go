@@ -418,6 +418,9 @@ func (n *Node) openEngine() error {
 	if err != nil {
 		return fmt.Errorf("node: open the data dir: %w", err)
 	}
+	if n.cfg.NoSync {
+		n.log.Warn("the log is not synced before answering (--wal-sync=false): a machine crash or power loss loses the charges acknowledged since the OS last wrote them out; for benchmarks only, never in production")
+	}
 	n.clock = n.cfg.Clock
 	if n.clock == nil {
 		n.sys = engine.NewSystemClock()

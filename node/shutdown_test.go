@@ -9,6 +9,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -486,5 +487,21 @@ func TestDrainAfterALedgerBlipLeavesNoUnbackedAllowance(t *testing.T) {
 	defer again.Shutdown(context.Background())
 	if held := again.eng.AllowanceHeld(); held > inLedger {
 		t.Fatalf("n1 restarted from its log with %d units of allowance; the ledger reserves %d for it: the difference is spent twice", held, inLedger)
+	}
+}
+
+// A node whose log is not synced before it answers says so at start, at
+// WARN: it loses acknowledged charges on a machine crash, and started that
+// way by a stray QUOTAD_WAL_SYNC=false it said nothing.
+func TestUnsyncedLogWarns(t *testing.T) {
+	dsn := "sqlite:" + filepath.Join(t.TempDir(), "ledger.db")
+	seedLedger(t, dsn, map[string]int64{"acme": 10})
+	var logs logbuf.Buffer
+	startNodesWith(t, dsn, func(c *Config) {
+		c.NoSync = true
+		c.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+	})
+	if !regexp.MustCompile(`level=WARN[^\n]*--wal-sync=false`).MatchString(logs.String()) {
+		t.Fatalf("a node with an unsynced log did not warn:\n%s", logs.String())
 	}
 }

@@ -67,9 +67,19 @@ func (r *Ring) joinOne(addr string) (int, error) {
 	}
 	r.refusalMu.Unlock()
 	if err != nil {
+		if notGossip(err) {
+			return n, fmt.Errorf("join %s: %w (that address answered, but not as a gossip port: --join takes the other nodes' --gossip-addr, 7946 by default, not their HTTP, admin or RPC port)", addr, err)
+		}
 		return n, fmt.Errorf("join %s: %w", addr, err)
 	}
 	return n, nil
+}
+
+// notGossip reports whether a join failed because the peer answered with
+// something that is not memberlist's push-pull (an HTTP or gRPC port given
+// to --join): memberlist's "received invalid msgType".
+func notGossip(err error) bool {
+	return strings.Contains(err.Error(), "received invalid msgType")
 }
 
 // keysDiffer reports whether a join failed because the peer answered with

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"runtime"
 	"slices"
 	"strings"
@@ -579,5 +581,18 @@ func TestSetClockReachesPeersAndKeepsTheEpoch(t *testing.T) {
 		if n2.Self().Clock != v {
 			t.Fatalf("Self().Clock = %v, want %v", n2.Self().Clock, v)
 		}
+	}
+}
+
+// TestJoinNotAGossipPort: --join given a node's HTTP port (or RPC, admin)
+// failed with memberlist's "received invalid msgType (72), expected
+// pushPullMsg (6)". The error now says what --join takes.
+func TestJoinNotAGossipPort(t *testing.T) {
+	srv := httptest.NewServer(http.NotFoundHandler())
+	defer srv.Close()
+	n := startNode(t, "node-1", withJoin(srv.Listener.Addr().String()))
+	_, err := n.Rejoin(testCtx(t, 10*time.Second))
+	if err == nil || !strings.Contains(err.Error(), "not as a gossip port") || !strings.Contains(err.Error(), "--gossip-addr") {
+		t.Fatalf("Rejoin through an HTTP port: %v, want an error saying --join takes gossip addresses", err)
 	}
 }
