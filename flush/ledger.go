@@ -181,7 +181,7 @@ var (
 	// ErrMarkConflict: the settled mark of (node, incarnation) is neither the
 	// batch's Prev nor at or past its Next: another process settles as this
 	// node. The node must stop.
-	ErrMarkConflict = errors.New("flush: settled mark conflict: another process settles as this node")
+	ErrMarkConflict = errors.New("flush: settled mark conflict: the ledger and this node's log disagree on what was settled")
 	// ErrNotFound: no such account, plan, key or grant.
 	ErrNotFound = errors.New("flush: not found")
 	// ErrInvalid: a config change that would make the config invalid.

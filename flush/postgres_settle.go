@@ -517,7 +517,16 @@ func markOutcome(b *Batch, mark *int64, racy bool) error {
 	case uint64(*mark) == b.Prev && racy:
 		return errMarkRace
 	}
-	return fmt.Errorf("%w: node %q incarnation %q: the ledger's mark is %d, the batch is (%d, %d]",
+	if uint64(*mark) < b.Prev {
+		return fmt.Errorf("%w: node %q incarnation %q: the ledger has it settled only to %d, but its log settled to %d (the batch is (%d, %d]): "+
+			"the ledger is behind the log. Either --ledger names another ledger than the one this node settled into (check it against "+
+			"the other nodes'), or the ledger was restored from a backup older than this log, and the records it lacks (%d to %d) have "+
+			"left this data dir and cannot be sent again. Nothing is marked settled, and nothing more is settled until --ledger is right; "+
+			"after a restore, those charges are in no ledger: bill them by hand from what is left of the ledger before the restore",
+			ErrMarkConflict, b.Node, b.Incarnation, *mark, b.Prev, b.Prev, b.Next, *mark+1, b.Prev)
+	}
+	return fmt.Errorf("%w: node %q incarnation %q: the ledger's mark is %d, the batch is (%d, %d]: another process settles as this node "+
+		"(two processes with one --node-id and a copy of one data dir)",
 		ErrMarkConflict, b.Node, b.Incarnation, *mark, b.Prev, b.Next)
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"path/filepath"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -143,5 +144,28 @@ func testLostSettleAnswer(t *testing.T, more bool) {
 		if a := n.e.AllowanceHeld(); a > held[id] {
 			t.Errorf("%s may spend an allowance of %d; the ledger reserves %d for it: %d units not backed (spent past the quota)", id, a, held[id], a-held[id])
 		}
+	}
+}
+
+// A ledger behind a node's log (--ledger naming another cluster's ledger,
+// or one restored from an older backup) is refused with a message that
+// says so, not "another process settles as this node".
+func TestLedgerBehindTheLogIsNamed(t *testing.T) {
+	ctx := context.Background()
+	l, err := OpenSQLite(ctx, filepath.Join(t.TempDir(), "ledger.db"), SQLiteOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if err := l.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.RegisterNode(ctx, "n1", "inc-1"); err != nil {
+		t.Fatal(err)
+	}
+	_, err = l.Settle(ctx, &Batch{Node: "n1", Incarnation: "inc-1", Prev: 40, Next: 50})
+	if !errors.Is(err, ErrMarkConflict) || !strings.Contains(err.Error(), "the ledger is behind the log") ||
+		!strings.Contains(err.Error(), "--ledger") || strings.Contains(err.Error(), "another process settles as this node") {
+		t.Fatalf("a batch (40, 50] on a ledger that has the node at 0: %v, want ErrMarkConflict saying the ledger is behind", err)
 	}
 }
