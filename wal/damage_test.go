@@ -582,3 +582,56 @@ func TestNewerPebbleFormatIsNamed(t *testing.T) {
 		t.Fatalf("Open = %v, want it to say a newer quotad wrote the dir", err)
 	}
 }
+
+// TestNeverInitializedDirIsNamed: a first start that failed before it
+// wrote anything (a full disk: Pebble got as far as its LOCK and an empty
+// MANIFEST) left a dir whose next start said the log was damaged, then,
+// after the suggested fix, to run quotad revoke for a node the ledger had
+// never seen. It holds no record: the error says so, and to remove it.
+func TestNeverInitializedDirIsNamed(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "data")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, filepath.Join(dir, "LOCK"), nil)
+	writeFile(t, filepath.Join(dir, "MANIFEST-000001"), nil)
+	before := dirsnap.Take(t, dir)
+	l, err := Open(Options{Dir: dir, NodeID: "node-1"})
+	if err == nil {
+		l.Close()
+		t.Fatal("Open succeeded on a dir with an empty MANIFEST and no marker")
+	}
+	if !strings.Contains(err.Error(), "never initialized") || !strings.Contains(err.Error(), "remove the dir") || strings.Contains(err.Error(), "quotad revoke") {
+		t.Fatalf("Open = %v, want it to say the dir was never initialized and to remove it", err)
+	}
+	before.Unchanged(t, dir, "the refused Open")
+}
+
+// TestMissingManifestIsNamed: a MANIFEST that its marker names, deleted,
+// is named with what it holds and the remedy, not Pebble's raw error.
+func TestMissingManifestIsNamed(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "data")
+	l := mustOpen(t, Options{Dir: dir, NodeID: "node-1"})
+	appendDurable(t, l, payloadFor(1))
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	manifests, err := filepath.Glob(filepath.Join(dir, "MANIFEST-*"))
+	if err != nil || len(manifests) == 0 {
+		t.Fatalf("MANIFEST: %v, %v", manifests, err)
+	}
+	for _, m := range manifests {
+		if err := os.Remove(m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	l, err = Open(Options{Dir: dir, NodeID: "node-1"})
+	if err == nil {
+		l.Close()
+		t.Fatal("Open succeeded without the MANIFEST")
+	}
+	if !IsCorrupt(err) || !strings.Contains(err.Error(), "MANIFEST") || !strings.Contains(err.Error(), "is missing") ||
+		!strings.Contains(err.Error(), "quotad revoke --node node-1") {
+		t.Fatalf("Open = %v, want a corruption error naming the missing MANIFEST and the remedy", err)
+	}
+}

@@ -99,6 +99,15 @@ func Open(opts Options) (*Log, error) {
 	if err != nil {
 		return nil, err
 	}
+	if never := neverInitialized(opts.FS, opts.Dir); never != "" {
+		// NB: before the damage checks: a first start that failed before
+		// it wrote anything (a full disk) leaves Pebble files that read as
+		// damaged, and their remedy (quotad revoke) was for records this
+		// dir never held.
+		return nil, fmt.Errorf("wal: data dir %s was never initialized: it holds %s but no log file, sstable or %s, so no record was "+
+			"ever written to it (a first start that failed, on a full disk say); remove the dir and start the node again",
+			opts.Dir, never, durableMarkName)
+	}
 	if marker := missingManifestMarker(opts.FS, opts.Dir); marker != "" {
 		// NB: before any pebble.Open: a read-write one takes the dir for
 		// an empty one and creates a new DB over the old MANIFEST, losing
@@ -227,6 +236,14 @@ func openError(opts Options, err error) error {
 			"(`fuser -v %s` names it), and never run two nodes on one data dir: %w", opts.Dir, lock, lock, err)
 	}
 	if errors.Is(err, os.ErrNotExist) {
+		if m := missingManifest.FindStringSubmatch(err.Error()); m != nil {
+			return &damagedFileError{
+				msg: fmt.Sprintf("%s: dir %s: Pebble's MANIFEST %s, which lists the files that hold the records, is missing (deleted, "+
+					"or not copied with the dir): restore it from a copy of the disk and start again; if it cannot be restored, %s",
+					ErrCorrupt, opts.Dir, opts.FS.PathJoin(opts.Dir, m[1]), remedy(opts.NodeID)),
+				cause: err,
+			}
+		}
 		if m := missingTable.FindStringSubmatch(err.Error()); m != nil {
 			sst := opts.FS.PathJoin(opts.Dir, m[1]+".sst")
 			return &damagedFileError{
@@ -579,6 +596,35 @@ func lockHeld(err error) bool {
 // missingTable finds the number of the sstable in Pebble's error for a file
 // its MANIFEST lists that is not in the dir.
 var missingTable = regexp.MustCompile(`file (\d+) \(type sstable\) unknown`)
+
+// missingManifest matches Pebble's error for a MANIFEST its marker names
+// that is not there.
+var missingManifest = regexp.MustCompile(`could not open manifest file "(MANIFEST-\d+)"`)
+
+// neverInitialized says what Pebble files dir holds when it holds no WAL
+// (*.log), no sstable and no durable mark: a dir a first start created and
+// then failed in before it wrote anything (Pebble writes its WAL at open,
+// and the log its mark right after), which holds no record. "" otherwise,
+// or when there is nothing in it.
+func neverInitialized(fs vfs.FS, dir string) string {
+	names, err := fs.List(dir)
+	if err != nil {
+		return ""
+	}
+	var pebbleFiles []string
+	for _, n := range names {
+		switch {
+		case strings.HasSuffix(n, ".log"), strings.HasSuffix(n, ".sst"), strings.HasSuffix(n, ".blob"), n == durableMarkName:
+			return ""
+		case n == "LOCK", strings.HasPrefix(n, "MANIFEST-"), strings.HasPrefix(n, "marker."), strings.HasPrefix(n, "OPTIONS-"):
+			pebbleFiles = append(pebbleFiles, n)
+		}
+	}
+	if len(pebbleFiles) == 0 {
+		return ""
+	}
+	return strings.Join(pebbleFiles, ", ")
+}
 
 // missingManifestMarker returns the name the marker file of dir's newest
 // MANIFEST would have when dir holds MANIFEST files but no marker naming one
