@@ -321,7 +321,7 @@ func (n *Node) isReconciler() bool {
 }
 
 // errLedgerAddress marks a --ledger that cannot be used as written.
-var errLedgerAddress = errors.New("the --ledger address is not valid (QUOTAD_LEDGER)")
+var errLedgerAddress = errors.New("the --ledger cannot be used as given")
 
 // resetReservations frees every reservation this node holds in the ledger,
 // after zeroing the local allowances (logged first, so a crash in between

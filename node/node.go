@@ -419,7 +419,7 @@ func (n *Node) openEngine() error {
 		return fmt.Errorf("node: open the data dir: %w", err)
 	}
 	if n.cfg.NoSync {
-		n.log.Warn("the log is not synced before answering (--wal-sync=false): a machine crash or power loss loses the charges acknowledged since the OS last wrote them out; for benchmarks only, never in production")
+		n.log.Warn("the log is not synced before answering (--wal-sync=false): a crash, even a kill -9 of this process, loses acknowledged charges; for benchmarks only, never in production")
 	}
 	n.clock = n.cfg.Clock
 	if n.clock == nil {

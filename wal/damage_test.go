@@ -635,3 +635,31 @@ func TestMissingManifestIsNamed(t *testing.T) {
 		t.Fatalf("Open = %v, want a corruption error naming the missing MANIFEST and the remedy", err)
 	}
 }
+
+// TestForeignDirRefused: a --data-dir that holds other things (a home
+// directory, a mistyped path) was accepted, and Pebble's files were mixed
+// with them. A volume's lost+found alone is fine.
+func TestForeignDirRefused(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "home")
+	if err := os.MkdirAll(filepath.Join(dir, "lost+found"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	l := mustOpen(t, Options{Dir: dir, NodeID: "node-1"}) // lost+found only: a new volume
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	other := filepath.Join(t.TempDir(), "other")
+	if err := os.MkdirAll(other, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, filepath.Join(other, "notes.txt"), []byte("mine"))
+	before := dirsnap.Take(t, other)
+	if l, err := Open(Options{Dir: other, NodeID: "node-1"}); err == nil || !strings.Contains(err.Error(), "notes.txt") ||
+		!strings.Contains(err.Error(), "not a quotad data dir") {
+		if err == nil {
+			l.Close()
+		}
+		t.Fatalf("Open of a dir holding notes.txt: %v, want a refusal naming it", err)
+	}
+	before.Unchanged(t, other, "the refused Open")
+}

@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"os"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -121,6 +122,11 @@ func Open(opts Options) (*Log, error) {
 		return nil, fmt.Errorf("wal: %s is not a quotad data dir (no Pebble MANIFEST in it)", opts.Dir)
 	}
 	if !opts.ReadOnly {
+		if other := foreignFiles(opts.FS, opts.Dir); other != "" {
+			return nil, fmt.Errorf("wal: data dir %s is not empty and is not a quotad data dir (it holds %s and no Pebble MANIFEST): "+
+				"give the node a new or empty directory (a volume's lost+found is fine), so that the log's files are not mixed with others",
+				opts.Dir, other)
+		}
 		if err := opts.FS.MkdirAll(opts.Dir, 0o755); err != nil {
 			return nil, fmt.Errorf("wal: create dir %s: %w", opts.Dir, err)
 		}
@@ -366,8 +372,9 @@ func (l *Log) loadMeta() error {
 		l.opts.NodeID = string(node)
 	}
 	if string(node) != l.opts.NodeID {
-		return fmt.Errorf("%w: data dir %s belongs to node %q, not %q",
-			ErrNodeMismatch, l.opts.Dir, node, l.opts.NodeID)
+		return fmt.Errorf("%w: data dir %s belongs to node %q, not %q (--node-id, whose default is the host's name): start it as %q, "+
+			"or give this node a data dir of its own",
+			ErrNodeMismatch, l.opts.Dir, node, l.opts.NodeID, node)
 	}
 	if err := l.checkFormat(); err != nil {
 		return err
@@ -650,6 +657,33 @@ func missingManifestMarker(fs vfs.FS, dir string) string {
 }
 
 // hasManifest reports whether dir holds a Pebble DB.
+// foreignFiles names, for a dir that holds no file of a data dir (Pebble's
+// or the durable mark), the first few of its entries other than a volume's
+// lost+found: a dir that holds other things (a mistyped --data-dir such as
+// a home directory) is no data dir. "" for a dir that is missing, empty, or
+// holds any file of a data dir (a damaged one is for the other checks).
+func foreignFiles(fs vfs.FS, dir string) string {
+	names, err := fs.List(dir)
+	if err != nil {
+		return ""
+	}
+	var other []string
+	for _, n := range names {
+		switch {
+		case n == "LOCK", n == durableMarkName, strings.HasPrefix(n, "MANIFEST-"), strings.HasPrefix(n, "marker."),
+			strings.HasPrefix(n, "OPTIONS-"), strings.HasSuffix(n, ".log"), strings.HasSuffix(n, ".sst"), strings.HasSuffix(n, ".blob"):
+			return ""
+		case n != "lost+found":
+			other = append(other, n)
+		}
+	}
+	slices.Sort(other)
+	if len(other) > 3 {
+		other = append(other[:3], fmt.Sprintf("%d more", len(other)-3))
+	}
+	return strings.Join(other, ", ")
+}
+
 func hasManifest(fs vfs.FS, dir string) bool {
 	names, err := fs.List(dir)
 	if err != nil {

@@ -69,7 +69,7 @@ for the next start.`,
 	}
 	host, _ := os.Hostname()
 	fl := cmd.Flags()
-	fl.StringVar(&f.nodeID, "node-id", host, "this node's id, unique in the cluster and stable across restarts (its data dir remembers it)")
+	fl.StringVar(&f.nodeID, "node-id", host, "this node's id, unique in the cluster and stable across restarts (its data dir remembers it; the default is this host's name)")
 	fl.StringVar(&f.dataDir, "data-dir", "", "where the node keeps its log (required; keep it on a persistent volume)")
 	fl.StringVar(&f.ledger, "ledger", "", "the ledger: postgres://USER:PASSWORD@HOST:PORT/DB or sqlite:/path/ledger.db (required; a node without --join creates a missing SQLite file and migrates an empty database, a node with --join refuses a missing or empty SQLite file: a cluster shares one ledger)")
 	fl.StringVar(&f.rpcAddr, "rpc-addr", ":7400", "internal gRPC address (node to node, embedded clients)")
@@ -77,7 +77,7 @@ for the next start.`,
 	fl.StringVar(&f.adminAddr, "admin-addr", ":9090", "admin address: /healthz, /readyz, /metrics, /debug/pprof, and the admin API (/admin/v1/, with --admin-token)")
 	fl.StringVar(&f.gossipAddr, "gossip-addr", ":7946", "gossip (memberlist) address, TCP and UDP")
 	fl.StringVar(&f.advertiseHost, "advertise-host", "", "the host or IP other nodes reach this one at, when the addresses listen on all interfaces (\":7400\"); default: the first private IPv4 address")
-	fl.StringSliceVar(&f.join, "join", nil, "seeds to join: host:port list, or a DNS name with many A records (a headless Service); empty for the first node")
+	fl.StringSliceVar(&f.join, "join", nil, "the other nodes' gossip addresses (--gossip-addr): a host:port list, or a DNS name with many A records (a headless Service). Empty only for the first node of a new cluster: give every node, the first included, the others' addresses, so that it finds the cluster again after a restart")
 	fl.StringVar(&f.gossipKey, "gossip-key", "", "encrypt and authenticate gossip with this key: base64 of 16, 24 or 32 random bytes (openssl rand -base64 32), the same on every node; empty gossips in plaintext, so keep the gossip port private. KEY,OLD,... while rotating: the first sends, all are accepted. Prefer QUOTAD_GOSSIP_KEY, which ps does not show")
 	fl.StringVar(&f.rpcToken, "rpc-token", "", "a shared secret every call to the internal RPC port must carry (nodes forwarding, embedded clients: router.DialOptions.Token, quotad bench cluster --rpc-token): the same on every node, at least 16 characters (openssl rand -hex 32); empty leaves the RPC port open to whoever reaches it. TOKEN,OLD,... while rotating: the first is sent, all are accepted. Prefer QUOTAD_RPC_TOKEN, which ps does not show")
 	registerRPCTLSFlags(fl, &f.rpcTLS, "the node's")
