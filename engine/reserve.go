@@ -241,9 +241,37 @@ func (e *Engine) Release(ctx context.Context, account string) error {
 	if err := e.log.WaitDurable(ctx, seq); err != nil {
 		return fmt.Errorf("engine: release of account %q: %w", account, err)
 	}
-	if err := e.opts.Reserver.Release(ctx, account, allocs, seq); err != nil {
-		e.unreleased.add(account, pendingRelease{seq: seq, allocs: allocs})
+	// Queued first, then sent with any earlier release of the account still
+	// waiting, in seq order: sent straight away, a newer release could
+	// apply before an older one, whose retry the ledger would then skip as
+	// applied (its key is older than the row's) though it never was.
+	e.unreleased.add(account, pendingRelease{seq: seq, allocs: allocs})
+	if err := e.sendReleases(ctx, account); err != nil {
 		return fmt.Errorf("engine: release of account %q in the ledger (retried in the background; the units stay reserved until then): %w", account, err)
+	}
+	return nil
+}
+
+// sendReleases sends the queued releases of account to the ledger in seq
+// order, stopping at the first that fails (it and the rest stay queued for
+// the retry loop). One sender at a time (unreleased.send), so that a
+// release and the retry loop never send one account's releases out of
+// order.
+func (e *Engine) sendReleases(ctx context.Context, account string) error {
+	select {
+	case e.unreleased.sendSem() <- struct{}{}:
+	case <-ctx.Done():
+		return fmt.Errorf("%w (the release stays queued)", ctx.Err())
+	}
+	defer func() { <-e.unreleased.sendSem() }()
+	pending := e.unreleased.takeAccount(account)
+	for i, p := range pending {
+		if err := e.opts.Reserver.Release(ctx, account, p.allocs, p.seq); err != nil {
+			for _, q := range pending[i:] { // in order: the rest waits
+				e.unreleased.add(account, q)
+			}
+			return err
+		}
 	}
 	return nil
 }
@@ -264,8 +292,39 @@ const retryReleaseEvery = time.Second
 // retried in seq order, never merged: merged under the later seq, an
 // earlier release that had applied would apply again.
 type unreleased struct {
-	mu sync.Mutex // protects m
-	m  map[string][]pendingRelease
+	mu   sync.Mutex // protects m and send
+	m    map[string][]pendingRelease
+	send chan struct{} // holds a token while one goroutine sends releases (sendReleases)
+}
+
+// sendSem is the one-token semaphore of the release sender.
+func (u *unreleased) sendSem() chan struct{} {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if u.send == nil {
+		u.send = make(chan struct{}, 1)
+	}
+	return u.send
+}
+
+// takeAccount removes and returns account's queued releases, in seq order.
+func (u *unreleased) takeAccount(account string) []pendingRelease {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	p := u.m[account]
+	delete(u.m, account)
+	return p
+}
+
+// accounts lists the accounts with queued releases.
+func (u *unreleased) accounts() []string {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	var ids []string
+	for id := range u.m {
+		ids = append(ids, id)
+	}
+	return ids
 }
 
 // pendingRelease is one failed release: the allocations and the seq of the
@@ -285,14 +344,6 @@ func (u *unreleased) add(account string, p pendingRelease) {
 	slices.SortFunc(u.m[account], func(a, b pendingRelease) int { return cmp.Compare(a.seq, b.seq) })
 }
 
-func (u *unreleased) take() map[string][]pendingRelease {
-	u.mu.Lock()
-	defer u.mu.Unlock()
-	m := u.m
-	u.m = nil
-	return m
-}
-
 func (u *unreleased) empty() bool {
 	u.mu.Lock()
 	defer u.mu.Unlock()
@@ -303,17 +354,9 @@ func (u *unreleased) empty() bool {
 // returns the first error; what fails again is kept for the next try.
 func (e *Engine) RetryReleases(ctx context.Context) error {
 	var first error
-	for account, pending := range e.unreleased.take() {
-		for i, p := range pending {
-			if err := e.opts.Reserver.Release(ctx, account, p.allocs, p.seq); err != nil {
-				for _, q := range pending[i:] { // in order: the rest waits
-					e.unreleased.add(account, q)
-				}
-				if first == nil {
-					first = fmt.Errorf("engine: release of account %q in the ledger: %w", account, err)
-				}
-				break
-			}
+	for _, account := range e.unreleased.accounts() {
+		if err := e.sendReleases(ctx, account); err != nil && first == nil {
+			first = fmt.Errorf("engine: release of account %q in the ledger: %w", account, err)
 		}
 	}
 	return first

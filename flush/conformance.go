@@ -1384,6 +1384,10 @@ func confReleaseOnce(t *testing.T, l Ledger) {
 	release(1, ReleaseKey{}) // no key: always, and the guard stays
 	release(1, ReleaseKey{Incarnation: "inc-b", Seq: 1})
 	wantGrant(t, l, "acct-1", confJune, 0, 9)
+	// Seqs past 32 bits (a node's log never restarts its numbering).
+	release(1, ReleaseKey{Incarnation: "inc-b", Seq: 1 << 40})
+	release(1, ReleaseKey{Incarnation: "inc-b", Seq: 1 << 40})
+	wantGrant(t, l, "acct-1", confJune, 0, 8)
 	// Freed and reserved again (a node's reset at start), a row starts over.
 	if _, err := l.ReleaseNode(ctx, "node-a"); err != nil {
 		t.Fatal(err)

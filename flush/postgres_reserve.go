@@ -135,11 +135,11 @@ func (p *Postgres) Release(ctx context.Context, node, account string, allocs []s
 	b.BeginTx(pgx.TxOptions{})
 	b.Queue(pgLockGrantsSQL, accounts, ids).Exec(nop)
 	b.Queue(`UPDATE reservations r SET units = GREATEST(r.units - d.units, 0),
-			released_inc = CASE WHEN $6 = 0 THEN r.released_inc ELSE $5 END,
-			released_seq = CASE WHEN $6 = 0 THEN r.released_seq ELSE $6 END
+			released_inc = CASE WHEN $6::bigint = 0 THEN r.released_inc ELSE $5::text END,
+			released_seq = CASE WHEN $6::bigint = 0 THEN r.released_seq ELSE $6::bigint END
 		FROM unnest($3::text[], $4::bigint[]) AS d(grant_id, units)
 		WHERE r.account_id = $1 AND r.node_id = $2 AND r.grant_id = d.grant_id
-			AND ($6 = 0 OR r.released_inc <> $5 OR r.released_seq < $6)`, account, node, ids, units, key.Incarnation, int64(key.Seq)).Exec(nop)
+			AND ($6::bigint = 0 OR r.released_inc <> $5::text OR r.released_seq < $6::bigint)`, account, node, ids, units, key.Incarnation, int64(key.Seq)).Exec(nop)
 	b.Queue(pgSumReservedSQL, account, ids).Exec(nop)
 	b.Queue(`INSERT INTO handoffs (account_id, units, released_at) VALUES ($1, $2, now())
 		ON CONFLICT (account_id) DO UPDATE SET units = excluded.units, released_at = excluded.released_at`, account, sumUnits(units)).Exec(nop)

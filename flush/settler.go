@@ -170,12 +170,16 @@ func (s *Settler) catchUp(ctx context.Context, mark uint64) error {
 	case mark <= local:
 		return nil
 	case mark > s.log.DurableSeq():
+		taken := "no charge was taken since this log opened, so none is lost"
+		if v, d := s.log.Vouched(), s.log.DurableSeq(); d > v {
+			taken = fmt.Sprintf("records %d to %d, taken since this log opened, sit under sequence numbers the ledger settled for other "+
+				"charges: list them with quotad reconcile --data-dir and bill them by hand", v+1, d)
+		}
 		return fmt.Errorf("%w: the ledger has node %s (incarnation %s) settled to %d, but its log ends at %d: the data dir is older than the ledger "+
 			"(restored from a copy or a snapshot?), or another process runs as this node with a copy of it. Nothing is marked settled: a charge "+
 			"taken here would get a sequence number the ledger settled already, and be lost. Stop this node; if another process runs as it, "+
-			"stop one of them; otherwise list this dir's unsettled charges with quotad reconcile --data-dir, bill them by hand, run quotad revoke "+
-			"--node %s and start the node with an empty data dir (README: the ledger)",
-			ErrMarkConflict, s.node, s.inc, mark, s.log.DurableSeq(), s.node)
+			"stop one of them; otherwise %s, then run quotad revoke --node %s and start the node with an empty data dir (README: the ledger)",
+			ErrMarkConflict, s.node, s.inc, mark, s.log.DurableSeq(), taken, s.node)
 	case mark > s.log.Vouched():
 		// NB: marking them settled would drop charges this process took
 		// (and acknowledged) while the ledger was out of reach: the ledger

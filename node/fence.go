@@ -83,9 +83,13 @@ func (n *Node) fenceLoop(ctx context.Context) {
 }
 
 // fence makes this node own nothing from now on, logs why (once), and
-// closes Fenced.
-func (n *Node) fence(why string, attrs ...any) {
+// closes Fenced; StopFenced then returns ErrFenced.
+func (n *Node) fence(why string, attrs ...any) { n.fenceWith(ErrFenced, why, attrs...) }
+
+// fenceWith is fence with the error StopFenced returns.
+func (n *Node) fenceWith(cause error, why string, attrs ...any) {
 	n.fenceOnce.Do(func() {
+		n.fenceCause = cause
 		n.leaving.Store(true)
 		n.log.Error(why, append(attrs, "this_incarnation", n.wal.Incarnation())...)
 		close(n.fenced)
@@ -103,8 +107,9 @@ func (n *Node) StopFenced(ctx context.Context) error {
 	n.stopLoops()
 	err := n.finalSettle(ctx)
 	n.closeAll()
+	cause := n.fenceCause // NB: written before fenced closed
 	if err != nil {
-		return fmt.Errorf("node %s: %w; %w", n.cfg.ID, ErrFenced, err)
+		return fmt.Errorf("node %s: %w; %w", n.cfg.ID, cause, err)
 	}
-	return fmt.Errorf("node %s: %w", n.cfg.ID, ErrFenced)
+	return fmt.Errorf("node %s: %w", n.cfg.ID, cause)
 }

@@ -64,14 +64,22 @@ func (n *Node) tryLedger(ctx context.Context, beforeServing bool) (bool, error) 
 	// served from its data dir meanwhile, and one that runs as its id may
 	// have started since.
 	err = n.checkNodeIDFree(ctx, l, !beforeServing)
-	if err == nil && beforeServing {
+	if err == nil {
+		// Also when reached late: registered then, the new incarnation
+		// would be known at the next start, and its drain (releaseStranded)
+		// or next start would free the earlier one's reservations.
 		err = n.checkEarlierIncarnations(ctx, l)
 	}
 	if err != nil {
 		l.Close()
 		switch {
-		case errors.Is(err, errEarlierIncarnationHolds):
+		case errors.Is(err, errEarlierIncarnationHolds) && beforeServing:
 			n.log.Error("an earlier incarnation of this node id may hold unsettled charges: refusing to start", "err", err)
+		case errors.Is(err, errEarlierIncarnationHolds):
+			// Serving already (from nothing: a new dir has no config
+			// snapshot and owned no hard account's units): stop.
+			n.fenceWith(err, "an earlier incarnation of this node id may hold unsettled charges, found when the ledger was first reached "+
+				"(it was down when this one started): this one stops taking charges and exits", "err", err)
 		case errors.Is(err, errNodeIDInUse) && beforeServing:
 			n.log.Error("another process runs as this node id: refusing to start", "err", err)
 		case errors.Is(err, errNodeIDInUse):

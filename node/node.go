@@ -187,8 +187,11 @@ type Node struct {
 	startRecorded atomic.Bool
 	// fenced is closed when a later process started as this node id
 	// (fence.go); fenceOnce closes it.
-	fenced      chan struct{}
-	fenceOnce   sync.Once
+	fenced    chan struct{}
+	fenceOnce sync.Once
+	// fenceCause is what StopFenced returns; written once, before fenced
+	// closes, and read after.
+	fenceCause  error
 	fenceChecks atomic.Int64 // checks that read the ledger (tests)
 	ready       atomic.Bool
 	// warnedIncarnations is set once a new data dir was checked against

@@ -505,3 +505,72 @@ func TestUnsyncedLogWarns(t *testing.T) {
 		t.Fatalf("a node with an unsynced log did not warn:\n%s", logs.String())
 	}
 }
+
+// The refusal above, when the new dir starts while the ledger is down: it
+// serves from nothing until the ledger answers, then finds the earlier
+// incarnation's reservations and stops, freeing none of them. It used to
+// register, so that its drain or its next start freed them.
+func TestNewDataDirWithTheLedgerDownStopsWhenItIsBack(t *testing.T) {
+	srv := pgtest.PackageServer(t)
+	direct := pgtest.NewDB(t)
+	if srv == nil {
+		return
+	}
+	proxy, err := faultproxy.New("127.0.0.1:0", srv.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer proxy.Close()
+	dsn := strings.Replace(direct, srv.Addr(), proxy.Addr(), 1)
+	seedLedger(t, dsn, map[string]int64{"acme": 1000})
+	dir := t.TempDir()
+	first := startNodesWith(t, dsn, func(c *Config) { c.DataDir = filepath.Join(dir, "a") })[0]
+	ctx := context.Background()
+	waitFor(t, 20*time.Second, "the node serving", first.isServing)
+	if res, err := first.Router().Charge(ctx, router.ChargeRequest{Account: "acme", Route: "GET /x", Units: 1}); err != nil || res.Reason != shard.OK {
+		t.Fatalf("charge: %+v, %v", res, err)
+	}
+	first.Kill()
+	l, err := flush.Open(ctx, direct, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	held := func() int64 {
+		rs, err := l.Reservations(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var n int64
+		for _, r := range rs {
+			n += r.Units
+		}
+		return n
+	}
+	before := held()
+	if before == 0 {
+		t.Fatal("the crashed incarnation holds no reservation")
+	}
+
+	proxy.SetDown(true)
+	cfg := Config{ID: "n1", DataDir: filepath.Join(dir, "b"), Ledger: dsn, LedgerRetry: 100 * time.Millisecond,
+		RPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", AdminAddr: "127.0.0.1:0", GossipAddr: "127.0.0.1:0",
+		RingPreset: ring.PresetLocal, SettleInterval: 100 * time.Millisecond, SnapshotInterval: 100 * time.Millisecond}
+	nd, err := Start(ctx, cfg)
+	if err != nil {
+		t.Fatalf("start with the ledger down: %v", err)
+	}
+	proxy.SetDown(false)
+	select {
+	case <-nd.Fenced():
+	case <-time.After(30 * time.Second):
+		nd.Shutdown(ctx)
+		t.Fatal("the new incarnation did not stop when the ledger answered")
+	}
+	if err := nd.StopFenced(ctx); !errors.Is(err, errEarlierIncarnationHolds) {
+		t.Fatalf("StopFenced: %v, want errEarlierIncarnationHolds", err)
+	}
+	if got := held(); got != before {
+		t.Fatalf("the crashed incarnation's reservations went from %d to %d units", before, got)
+	}
+}

@@ -532,7 +532,7 @@ func TestUnreadableMarkWithShortLogStopsOpen(t *testing.T) {
 			if !IsCorrupt(err) {
 				t.Fatalf("Open = %v, want a corruption error", err)
 			}
-			for _, want := range []string{durableMarkName, filepath.Base(name), tc.want, "quotad revoke --node node-1"} {
+			for _, want := range []string{durableMarkName, filepath.Base(name), tc.want, "quotad revoke --node node-1", "move " + filepath.Join(crashed, durableMarkName) + " aside"} {
 				if !strings.Contains(err.Error(), want) {
 					t.Errorf("error %q does not name %q", err, want)
 				}

@@ -152,8 +152,12 @@ func (l *Log) checkDurableMark(seen markSeen, last uint64) error {
 			return nil
 		}
 		return fmt.Errorf("%w: dir %s: %s, which says how far the log was durable (and acknowledged), is unreadable (%v), "+
-			"and the log stops short: %s; records past that point may have been acknowledged, and nothing here can tell; %s",
-			ErrCorrupt, l.opts.Dir, durableMarkName, markProblem(seen.bad), where, remedy(l.opts.NodeID))
+			"and a WAL file does not read to its end: %s. After a crash a WAL often ends so (Pebble reuses WAL files), and one cut "+
+			"short looks the same: with the mark unreadable, nothing here can tell whether acknowledged records were lost. If this dir "+
+			"was only stopped by a crash (kill -9, a machine crash) and was not copied, cut or restored, move %s aside (keep it) and "+
+			"start again: the node starts from what the log holds. Otherwise %s",
+			ErrCorrupt, l.opts.Dir, durableMarkName, markProblem(seen.bad), where,
+			l.opts.FS.PathJoin(l.opts.Dir, durableMarkName), remedy(l.opts.NodeID))
 	case seen.inc != l.incarnation:
 		l.log.Warn("durable mark of another incarnation, not checked", "file", durableMarkName,
 			"mark_incarnation", seen.inc, "mark_seq", seen.seq)
