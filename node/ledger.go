@@ -53,6 +53,8 @@ func (n *Node) tryLedger(ctx context.Context, beforeServing bool) (bool, error) 
 		// ledger was migrated while this node waited for it) says so again.
 		n.log.Error("the ledger was migrated by a newer quotad: upgrade this node (never roll back below the ledger's schema)", "err", err)
 		return false, err
+	case err != nil && ctx.Err() != nil:
+		return false, err // stopping: not the ledger's fault
 	case err != nil:
 		n.log.Warn("ledger not reached; trying again", "err", err,
 			"what_to_check", flush.WhatToCheck(err))

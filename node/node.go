@@ -321,6 +321,9 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 			errors.Is(err, errEarlierIncarnationHolds) {
 			return nil, fmt.Errorf("node: %w", err) // waiting will not fix these
 		}
+		if ctx.Err() != nil { // stopped while it tried: the ledger may be fine
+			return nil, fmt.Errorf("node: start interrupted: %w", context.Cause(ctx))
+		}
 		if n.eng.Snapshot() == nil {
 			n.log.Warn("the ledger is unreachable and this data dir keeps no config snapshot: not ready until the ledger answers")
 		} else {

@@ -320,3 +320,24 @@ func TestServeRefusesToJoinOnANewSQLiteLedger(t *testing.T) {
 		t.Errorf("the first node (no --join) on a new SQLite ledger: %v, want it allowed", err)
 	}
 }
+
+// A node stopped while it starts (SIGTERM as a pod is deleted, Ctrl-C) has
+// nothing to drain and exits 0; it said "the ledger is unreachable" and
+// exited 1 with "become serving: context canceled".
+func TestServeStoppedWhileStartingExitsCleanly(t *testing.T) {
+	dir := t.TempDir()
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	root := newRootCmd()
+	root.SetArgs([]string{"serve", "--node-id", "n1", "--data-dir", filepath.Join(dir, "n1"), "--ledger", "sqlite:" + filepath.Join(dir, "ledger.db"),
+		"--rpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0", "--gossip-addr", "127.0.0.1:0", "--ring-preset", "local"})
+	var errOut bytes.Buffer
+	root.SetOut(io.Discard)
+	root.SetErr(&errOut)
+	if err := root.ExecuteContext(ctx); err != nil {
+		t.Fatalf("serve stopped while starting: %v, want a clean exit\n%s", err, errOut.String())
+	}
+	if strings.Contains(errOut.String(), "ledger not reached") || strings.Contains(errOut.String(), "unreachable") {
+		t.Fatalf("a stop while starting was logged as a ledger problem:\n%s", errOut.String())
+	}
+}

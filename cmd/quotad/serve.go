@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"log/slog"
 	"net"
@@ -65,7 +66,7 @@ if the final settle fails, it exits 1 and the records stay in the data dir
 for the next start.`,
 		Example: `  quotad serve --node-id q1 --data-dir /var/lib/quotad --ledger postgres://quotad@db/quotaring \
       --join quotad-gossip.default.svc.cluster.local`,
-		RunE: func(cmd *cobra.Command, _ []string) error { return runServe(cmd.Context(), f) },
+		RunE: func(cmd *cobra.Command, _ []string) error { return runServe(cmd.Context(), cmd.ErrOrStderr(), f) },
 	}
 	host, _ := os.Hostname()
 	fl := cmd.Flags()
@@ -105,7 +106,7 @@ for the next start.`,
 	return cmd
 }
 
-func newLogger(level, format string) (*slog.Logger, error) {
+func newLogger(w io.Writer, level, format string) (*slog.Logger, error) {
 	var lv slog.Level
 	if err := lv.UnmarshalText([]byte(level)); err != nil {
 		return nil, fmt.Errorf("--log-level %q: want debug, info, warn or error", level)
@@ -113,9 +114,9 @@ func newLogger(level, format string) (*slog.Logger, error) {
 	opts := &slog.HandlerOptions{Level: lv}
 	switch format {
 	case "text":
-		return slog.New(slog.NewTextHandler(os.Stderr, opts)), nil
+		return slog.New(slog.NewTextHandler(w, opts)), nil
 	case "json":
-		return slog.New(slog.NewJSONHandler(os.Stderr, opts)), nil
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
 	}
 	return nil, fmt.Errorf("--log-format %q: want text or json", format)
 }
@@ -238,8 +239,8 @@ func parseRPCTokens(s string) ([]string, error) {
 	return tokens, nil
 }
 
-func runServe(ctx context.Context, f serveFlags) error {
-	logger, err := newLogger(f.logLevel, f.logFormat)
+func runServe(ctx context.Context, logTo io.Writer, f serveFlags) error {
+	logger, err := newLogger(logTo, f.logLevel, f.logFormat)
 	if err != nil {
 		return err
 	}
@@ -255,6 +256,13 @@ func runServe(ctx context.Context, f serveFlags) error {
 	}
 	n, err := node.Start(ctx, cfg)
 	if err != nil {
+		if ctx.Err() != nil {
+			// SIGTERM or Ctrl-C while it started (a pod deleted as it
+			// came up): a stop asked for, not a failure. Start undid what
+			// it had done.
+			logger.Info("stopped while starting: nothing to drain", "detail", err)
+			return nil
+		}
 		return err
 	}
 	budget := cfg.DrainTimeout + cfg.SettleTimeout + 10*time.Second
