@@ -50,6 +50,7 @@ func RunConformance(t *testing.T, open func(t *testing.T) Ledger) {
 		{"GrantOrder", confGrantOrder},
 		{"HeldElsewhere", confHeldElsewhere},
 		{"ReleaseOnce", confReleaseOnce},
+		{"SettledThrough", confSettledThrough},
 		{"EventsOff", confEventsOff},
 		{"UsageAndReconcile", confUsageReconcile},
 		{"PruneEvents", confPruneEvents},
@@ -198,7 +199,8 @@ func (r rec) chargedBy(node string) rec { r.origin = node; return r }
 
 // batch numbers recs from the settler's mark without moving it.
 func (s *confSettler) batchLocked(recs ...rec) *Batch {
-	b := &Batch{Node: s.node, Incarnation: s.inc, Prev: s.next, Next: s.next + uint64(len(recs)), Events: s.events}
+	// Drained: a test node's batch is all its log holds.
+	b := &Batch{Node: s.node, Incarnation: s.inc, Prev: s.next, Next: s.next + uint64(len(recs)), Events: s.events, Drained: true}
 	for i, r := range recs {
 		seq := s.next + uint64(i) + 1
 		wall := r.wall.UnixNano()
@@ -1397,6 +1399,50 @@ func confReleaseOnce(t *testing.T, l Ledger) {
 	}
 	release(3, ReleaseKey{Incarnation: "inc-b", Seq: 1})
 	wantGrant(t, l, "acct-1", confJune, 0, 5)
+}
+
+// confSettledThrough: settled_through moves only with a settle that took
+// all the node held (Batch.Drained) or a heartbeat with nothing to settle;
+// a heartbeat while records wait, or a partial batch, leaves it.
+func confSettledThrough(t *testing.T, l Ledger) {
+	ctx := t.Context()
+	confSetup(t, l, 100, "acct-1")
+	through := func() time.Time {
+		t.Helper()
+		rows, err := l.Nodes(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range rows {
+			if r.Node == "node-t" {
+				return r.SettledThrough
+			}
+		}
+		t.Fatal("node-t not in Nodes")
+		return time.Time{}
+	}
+	if _, err := l.RegisterNode(ctx, "node-t", "inc-t"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.Heartbeat(ctx, "node-t", "inc-t", false); err != nil || !through().IsZero() {
+		t.Fatalf("after a heartbeat with records waiting: %v, settled through %v; want zero", err, through())
+	}
+	partial := &Batch{Node: "node-t", Incarnation: "inc-t", Prev: 0, Next: 1, Events: true}
+	partial.Charges = []Charge{{Seq: 1, Account: "acct-1", EventID: "t1", Units: 1, Wall: confWallTime().UnixNano(), Period: confPeriod,
+		Allocs: []shard.Alloc{{Grant: confJune, Units: 1}}}}
+	if _, err := l.Settle(ctx, partial); err != nil || !through().IsZero() {
+		t.Fatalf("after a settle that left records behind: %v, settled through %v; want zero", err, through())
+	}
+	if _, err := l.Heartbeat(ctx, "node-t", "inc-t", true); err != nil || through().IsZero() {
+		t.Fatalf("after a heartbeat with nothing to settle: %v, settled through %v; want set", err, through())
+	}
+	first := through()
+	drained := &Batch{Node: "node-t", Incarnation: "inc-t", Prev: 1, Next: 2, Events: true, Drained: true}
+	drained.Charges = []Charge{{Seq: 2, Account: "acct-1", EventID: "t2", Units: 1, Wall: confWallTime().UnixNano(), Period: confPeriod,
+		Allocs: []shard.Alloc{{Grant: confJune, Units: 1}}}}
+	if _, err := l.Settle(ctx, drained); err != nil || through().Before(first) {
+		t.Fatalf("after a drained settle: %v, settled through %v; want at or after %v", err, through(), first)
+	}
 }
 
 func confEventsOff(t *testing.T, l Ledger) {

@@ -39,8 +39,12 @@ type Ledger interface {
 	Clock(ctx context.Context) (time.Time, error)
 
 	// RegisterNode records (node, incarnation) if new and returns its settled
-	// mark (0 for a new incarnation). Heartbeat refreshes heartbeat_at.
+	// mark (0 for a new incarnation). It refreshes heartbeat_at.
 	RegisterNode(ctx context.Context, node, incarnation string) (settled uint64, err error)
+	// Heartbeat is RegisterNode for a running node; drained says its log
+	// held nothing unsettled when it was called, and then it also moves
+	// settled_through (NodeRow.SettledThrough) to the ledger's now.
+	Heartbeat(ctx context.Context, node, incarnation string, drained bool) (settled uint64, err error)
 	// NodeStopped records that (node, incarnation) stopped cleanly with its
 	// log settled up to settled, all it holds: its months need not wait for
 	// it to come back (SettledMonth). It reports false, changing nothing,
@@ -240,8 +244,12 @@ type Batch struct {
 	Node, Incarnation string
 	Prev, Next        uint64
 	Events            bool // keep the event log (default on; --events=off)
-	Charges           []Charge
-	Refunds           []Refund
+	// Drained says Next was the log's durable end when the batch was read:
+	// once it commits, the node holds nothing unsettled made before, and
+	// the settle moves settled_through (NodeRow.SettledThrough) to now.
+	Drained bool
+	Charges []Charge
+	Refunds []Refund
 	// Replays are the retries answered Replayed and taken back, in log
 	// order (see replay.go).
 	Replays []Replay
@@ -477,6 +485,12 @@ type NodeRow struct {
 	// knows; "" and 0 for an incarnation an older quotad registered.
 	Build       string
 	SchemaKnown int
+	// SettledThrough is the ledger's time up to which the incarnation's log
+	// held nothing unsettled (a settle that took all that was durable, or a
+	// heartbeat with nothing to settle); zero when never, or for an
+	// incarnation of a build before settledThroughSchema, whose months are
+	// judged by its heartbeat.
+	SettledThrough time.Time
 }
 
 // Running reports whether the incarnation may still be running: it has

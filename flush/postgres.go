@@ -373,13 +373,19 @@ func (p *Postgres) execTestSQL(ctx context.Context, query string) error {
 // RegisterNode records (node, incarnation) if new, refreshes its heartbeat,
 // and returns its settled mark.
 func (p *Postgres) RegisterNode(ctx context.Context, node, incarnation string) (uint64, error) {
+	return p.Heartbeat(ctx, node, incarnation, false)
+}
+
+// Heartbeat implements Ledger.
+func (p *Postgres) Heartbeat(ctx context.Context, node, incarnation string, drained bool) (uint64, error) {
 	if node == "" || incarnation == "" {
 		return 0, fmt.Errorf("%w: register node: node and incarnation must be set", ErrInvalid)
 	}
 	var seq int64
 	err := p.pool.QueryRow(ctx, `INSERT INTO nodes (node_id, incarnation) VALUES ($1, $2)
-		ON CONFLICT (node_id, incarnation) DO UPDATE SET heartbeat_at = now(), stopped_at = NULL
-		RETURNING settled_seq`, node, incarnation).Scan(&seq)
+		ON CONFLICT (node_id, incarnation) DO UPDATE SET heartbeat_at = now(), stopped_at = NULL,
+			settled_through = CASE WHEN $3::boolean THEN now() ELSE nodes.settled_through END
+		RETURNING settled_seq`, node, incarnation, drained).Scan(&seq)
 	return uint64(seq), p.fail("register node "+node+"/"+incarnation, err)
 }
 
@@ -414,16 +420,19 @@ func (p *Postgres) LastStart(ctx context.Context, node string) (NodeStart, error
 
 // Nodes lists every (node, incarnation) with its settled mark.
 func (p *Postgres) Nodes(ctx context.Context) ([]NodeRow, error) {
-	rows, _ := p.pool.Query(ctx, `SELECT node_id, incarnation, settled_seq, heartbeat_at, stopped_at, coalesce(build, ''), coalesce(schema_known, 0)
-		FROM nodes ORDER BY node_id, incarnation`)
+	rows, _ := p.pool.Query(ctx, `SELECT node_id, incarnation, settled_seq, heartbeat_at, stopped_at, coalesce(build, ''), coalesce(schema_known, 0),
+		settled_through FROM nodes ORDER BY node_id, incarnation`)
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (NodeRow, error) {
 		var n NodeRow
 		var seq int64
-		var stopped *time.Time
-		err := r.Scan(&n.Node, &n.Incarnation, &seq, &n.Heartbeat, &stopped, &n.Build, &n.SchemaKnown)
+		var stopped, through *time.Time
+		err := r.Scan(&n.Node, &n.Incarnation, &seq, &n.Heartbeat, &stopped, &n.Build, &n.SchemaKnown, &through)
 		n.Settled = uint64(seq)
 		if stopped != nil {
 			n.Stopped = stopped.UTC()
+		}
+		if through != nil {
+			n.SettledThrough = through.UTC()
 		}
 		return n, err
 	})

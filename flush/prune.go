@@ -81,13 +81,28 @@ type PruneResult struct {
 	PrunedBefore shard.Period
 }
 
-// finalAfter is how long after a month's end a node must have been heard
-// from (a settle or a heartbeat in the ledger) for its charges of the
-// month to count as settled. A running node writes to the ledger at least
-// every HeartbeatEvery, and every settle ships all its durable records, so
-// a minute covers a settle that read its log just before midnight and
-// clocks (the nodes', the ledger's) that differ by seconds.
+// finalAfter is how long after a month's end a node must have settled all
+// it held (SettledThrough) for its charges of the month to count as
+// settled. A healthy node does so within a settle interval or a heartbeat
+// (HeartbeatEvery), so a minute covers a record made just before midnight
+// and durable just after, and clocks (the nodes', the ledger's) that differ
+// by seconds.
 const finalAfter = time.Minute
+
+// settledThroughSchema is the first ledger schema whose quotad writes
+// settled_through (NodeRow.SettledThrough).
+const settledThroughSchema = 12
+
+// settledThrough is the time up to which x's log is known to have held
+// nothing unsettled: SettledThrough, or for an incarnation of a build from
+// before settledThroughSchema its heartbeat (as before: a heartbeat goes on
+// while settles fail, which is why SettledThrough was added).
+func (x NodeRow) settledThrough() time.Time {
+	if x.SchemaKnown < settledThroughSchema {
+		return x.Heartbeat
+	}
+	return x.SettledThrough
+}
 
 // retentionSchema is the first ledger schema whose quotad refunds a receipt
 // in its charge's month and the next only (shard.Refundable).
@@ -103,8 +118,10 @@ const oldBuildWindow = time.Hour
 // clock), from the ledger's nodes (each node id by its latest incarnation,
 // the one that heartbeat last). Until p is over it is not final and names
 // no node. After, the nodes heard from during p (a heartbeat at or after
-// its start) but not since finalAfter past its end may hold unsettled
-// charges of p: p is final when there are none. A node last heard from
+// its start) that have not settled everything they held since finalAfter
+// past its end (NodeRow.SettledThrough; the heartbeat for an older build's
+// incarnation) may hold unsettled charges of p: p is final when there are
+// none. A node last heard from
 // before p began holds no charge of p, nor does one that stopped cleanly
 // (NodeStopped) after it was last heard from.
 func SettledMonth(rows []NodeRow, p shard.Period, now time.Time) (final bool, unsettled []NodeRow) {
@@ -115,7 +132,7 @@ func SettledMonth(rows []NodeRow, p shard.Period, now time.Time) (final bool, un
 	latest := LatestIncarnations(rows)
 	start, settledBy := time.Unix(0, p.Start()), end.Add(finalAfter)
 	for _, x := range latest {
-		if !x.Heartbeat.Before(start) && x.Heartbeat.Before(settledBy) && x.Stopped.IsZero() {
+		if !x.Heartbeat.Before(start) && x.settledThrough().Before(settledBy) && x.Stopped.IsZero() {
 			unsettled = append(unsettled, x)
 		}
 	}

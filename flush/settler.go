@@ -276,7 +276,8 @@ func (s *Settler) heartbeatLocked(ctx context.Context) error {
 	}
 	// An idle node still says it is alive, so that quotad revoke can tell a
 	// running node from a lost one.
-	if _, err := s.opts.Ledger.RegisterNode(ctx, s.node, s.inc); err != nil {
+	drained := s.log.DurableSeq() == s.log.SettledSeq()
+	if _, err := s.opts.Ledger.Heartbeat(ctx, s.node, s.inc, drained); err != nil {
 		s.beatErr.Store(time.Now().UnixNano())
 		return fmt.Errorf("flush: heartbeat of node %s: %w", s.node, err)
 	}
@@ -311,6 +312,7 @@ func (s *Settler) settleBatch(ctx context.Context) (n int, more bool, err error)
 	if err != nil {
 		return 0, false, err
 	}
+	b.Drained = next == durable
 	t0 := time.Now()
 	s.log.NoteSettleSent(next)
 	res, err := s.opts.Ledger.Settle(ctx, b)

@@ -251,6 +251,11 @@ func (s *SQLite) execTestSQL(ctx context.Context, query string) error {
 // RegisterNode records (node, incarnation) if new, refreshes its heartbeat,
 // and returns its settled mark.
 func (s *SQLite) RegisterNode(ctx context.Context, node, incarnation string) (uint64, error) {
+	return s.Heartbeat(ctx, node, incarnation, false)
+}
+
+// Heartbeat implements Ledger.
+func (s *SQLite) Heartbeat(ctx context.Context, node, incarnation string, drained bool) (uint64, error) {
 	if node == "" || incarnation == "" {
 		return 0, fmt.Errorf("%w: register node: node and incarnation must be set", ErrInvalid)
 	}
@@ -258,8 +263,9 @@ func (s *SQLite) RegisterNode(ctx context.Context, node, incarnation string) (ui
 	err := s.write(ctx, func(tx *sql.Tx) error {
 		now := s.now().UnixNano()
 		return tx.QueryRowContext(ctx, `INSERT INTO nodes (node_id, incarnation, heartbeat_at, created_at) VALUES (?, ?, ?, ?)
-			ON CONFLICT (node_id, incarnation) DO UPDATE SET heartbeat_at = excluded.heartbeat_at, stopped_at = NULL
-			RETURNING settled_seq`, node, incarnation, now, now).Scan(&seq)
+			ON CONFLICT (node_id, incarnation) DO UPDATE SET heartbeat_at = excluded.heartbeat_at, stopped_at = NULL,
+				settled_through = CASE WHEN ? THEN excluded.heartbeat_at ELSE settled_through END
+			RETURNING settled_seq`, node, incarnation, now, now, drained).Scan(&seq)
 	})
 	return uint64(seq), s.fail("register node "+node+"/"+incarnation, err)
 }
@@ -313,18 +319,21 @@ func (s *SQLite) LastStart(ctx context.Context, node string) (NodeStart, error) 
 func (s *SQLite) Nodes(ctx context.Context) ([]NodeRow, error) {
 	var out []NodeRow
 	err := s.read(ctx, func(tx *sql.Tx) error {
-		return queryEach(ctx, tx, `SELECT node_id, incarnation, settled_seq, heartbeat_at, stopped_at, coalesce(build, ''), coalesce(schema_known, 0)
-			FROM nodes ORDER BY node_id, incarnation`, nil,
+		return queryEach(ctx, tx, `SELECT node_id, incarnation, settled_seq, heartbeat_at, stopped_at, coalesce(build, ''), coalesce(schema_known, 0),
+			settled_through FROM nodes ORDER BY node_id, incarnation`, nil,
 			func(scan func(...any) error) error {
 				var n NodeRow
 				var seq, hb int64
-				var stopped sql.NullInt64
-				if err := scan(&n.Node, &n.Incarnation, &seq, &hb, &stopped, &n.Build, &n.SchemaKnown); err != nil {
+				var stopped, through sql.NullInt64
+				if err := scan(&n.Node, &n.Incarnation, &seq, &hb, &stopped, &n.Build, &n.SchemaKnown, &through); err != nil {
 					return err
 				}
 				n.Settled, n.Heartbeat = uint64(seq), time.Unix(0, hb).UTC()
 				if stopped.Valid {
 					n.Stopped = time.Unix(0, stopped.Int64).UTC()
+				}
+				if through.Valid {
+					n.SettledThrough = time.Unix(0, through.Int64).UTC()
 				}
 				out = append(out, n)
 				return nil

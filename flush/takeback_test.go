@@ -169,3 +169,103 @@ func TestLedgerBehindTheLogIsNamed(t *testing.T) {
 		t.Fatalf("a batch (40, 50] on a ledger that has the node at 0: %v, want ErrMarkConflict saying the ledger is behind", err)
 	}
 }
+
+// failingSettles is a ledger whose settles fail while its heartbeats go
+// through (a statement timeout, a slow ledger that times out the large
+// settle transaction but not the small heartbeat).
+type failingSettles struct {
+	Ledger
+	fail atomic.Bool
+}
+
+func (l *failingSettles) Settle(ctx context.Context, b *Batch) (SettleResult, error) {
+	if l.fail.Load() {
+		return SettleResult{}, errors.New("canceling statement due to statement timeout")
+	}
+	return l.Ledger.Settle(ctx, b)
+}
+
+// A month is final once every node heard from in it has settled since it
+// ended. That was read off heartbeat_at, which a node's heartbeats keep
+// fresh while its settles fail: June read final, in the billing export
+// and for quotad prune, with a June charge still in a node's log. Now a
+// node on this build is judged by settled_through, which only a settle
+// that took everything, or a heartbeat with nothing to settle, moves.
+func TestMonthNotFinalWhileSettlesFail(t *testing.T) {
+	ctx := context.Background()
+	clock := engine.NewManualClock(time.Date(2026, 6, 30, 23, 59, 30, 0, time.UTC))
+	now := func() time.Time { return time.Unix(0, clock.Now().Wall).UTC() }
+	base, err := OpenSQLite(ctx, filepath.Join(t.TempDir(), "ledger.db"), SQLiteOptions{Now: now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer base.Close()
+	if err := base.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := base.UpsertPlan(ctx, snapshot.Plan{ID: "soft", MonthlyQuota: 100}); err != nil {
+		t.Fatal(err)
+	}
+	if err := base.UpsertAccount(ctx, "acme", "soft"); err != nil {
+		t.Fatal(err)
+	}
+	snap, err := base.Snapshot(ctx, now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := &failingSettles{Ledger: base}
+	log, err := wal.Open(wal.Options{Dir: filepath.Join(t.TempDir(), "q1"), NodeID: "q1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer log.Close()
+	e, err := engine.Open(engine.Options{Log: log, Clock: clock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	if err := e.SetSnapshot(snap, engine.AllSettled); err != nil {
+		t.Fatal(err)
+	}
+	s, err := NewSettler(SettlerOptions{Ledger: l, Engine: e, Events: true, Heartbeat: time.Nanosecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Register(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := base.RecordStart(ctx, "q1", log.Incarnation(), NodeStart{Build: "v-test", Process: "p"}); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := e.Charge(ctx, "acme", shard.Charge{Units: 5}); err != nil || res.Reason != shard.OK {
+		t.Fatalf("June charge: %+v, %v", res, err)
+	}
+	l.fail.Store(true)
+	if _, err := s.SettleOnce(ctx); err == nil {
+		t.Fatal("the settle did not fail")
+	}
+	june, _ := shard.ParsePeriod("2026-06")
+	clock.SetWall(time.Date(2026, 7, 1, 0, 5, 0, 0, time.UTC))
+	if err := s.heartbeat(ctx); err != nil { // the settle loop's heartbeat goes on
+		t.Fatal(err)
+	}
+	rows, err := base.Nodes(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if final, unsettled := SettledMonth(rows, june, now()); final || len(unsettled) != 1 {
+		t.Fatalf("June with a June charge unsettled in q1's log: final %v, unsettled %v; want not final, naming q1", final, unsettled)
+	}
+	// Once its settles go through, the month is final.
+	l.fail.Store(false)
+	if _, err := s.SettleOnce(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if rows, err = base.Nodes(ctx); err != nil {
+		t.Fatal(err)
+	}
+	clock.SetWall(time.Date(2026, 7, 1, 0, 7, 0, 0, time.UTC))
+	if final, unsettled := SettledMonth(rows, june, now()); !final {
+		t.Fatalf("June after q1 settled everything: not final, unsettled %v", unsettled)
+	}
+}

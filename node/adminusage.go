@@ -16,9 +16,10 @@ import (
 // The figures are settled ones: they trail the charges by up to one
 // settle interval, and a node that is down keeps its unsettled charges
 // until it comes back. Final says whether the month is over and every node
-// heard from during it has been heard from again at least a minute after
-// it ended; UnsettledNodes lists the ones that have not, and that may still
-// hold charges of the month (none while the month runs).
+// heard from during it has settled everything it held at least a minute
+// after it ended (flush.SettledMonth); UnsettledNodes lists the ones that
+// have not, and that may still hold charges of the month (none while the
+// month runs).
 type UsageExport struct {
 	Period string `json:"period"`
 	// AsOf is this node's clock when it read the ledger: the figures hold

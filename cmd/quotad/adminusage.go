@@ -43,8 +43,10 @@ when the ledger's event log cannot tell, with --events=false).
 The figures are settled ones. They trail the charges by up to one settle
 interval, and a node that is down holds its unsettled charges until it comes
 back. A month is final once it is over and every node heard from during it has
-been heard from again a minute or more after it ended; until then the output
-says which nodes may still hold charges of it (on stderr with --csv).
+settled everything it held a minute or more after it ended; until then the
+output says which nodes may still hold charges of it (on stderr with --csv). A
+charge refunded in the next month lowers its own month, so a final month's
+figures can still go down by such refunds until the next month is over.
 
 --csv prints one row per account with a header:
   period,account,plan,limit,units,quota,quota_used,overage,credits_used

@@ -33,9 +33,8 @@ A month goes only when nothing can change its events any more:
     month and the next only, so on 2 December the latest is --before 2026-11,
     which drops October and before;
   - --before and every month dropped must be final: every node heard from
-    during the month has been heard from since it ended (a running node
-    writes its heartbeat every 2 s), so no charge or refund of it waits in a
-    node's log. A node stopped cleanly (SIGTERM) records that it left nothing
+    during the month has settled everything it held since it ended, so no
+    charge or refund of it waits in a node's log. A node stopped cleanly (SIGTERM) records that it left nothing
     unsettled; one gone for good otherwise (crashed and never restarted, its
     disk lost, its reservations freed with quotad revoke) holds the months it
     was heard from back: name it with --lost-node.
