@@ -467,7 +467,10 @@ func (f *front) admit(r *http.Request) (*charged, *Problem) {
 		}
 		return c, refusal(&res.Decision, units, f.opts.QuotaStatus)
 	}
-	if res.Reason == shard.OK {
+	if res.Reason == shard.OK || res.Reason == shard.Replayed {
+		// A Replayed answer's receipt names the charge it relied on: the
+		// replay's take-back carries it, so that it counts at any owner
+		// (after the account moved, the next owner has no entry of it).
 		c.receipt = res.Receipt
 	}
 	return c, nil

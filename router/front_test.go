@@ -234,7 +234,9 @@ func (f *fakeCharger) Charge(_ context.Context, req ChargeRequest) (ChargeResult
 	if res.EventID == "" {
 		res.EventID = "gen-1"
 	}
-	if f.decision.Reason == shard.OK && req.Units > 0 {
+	if (f.decision.Reason == shard.OK || f.decision.Reason == shard.Replayed) && req.Units > 0 {
+		// As the engine: a Replayed answer carries the receipt of the
+		// charge it relied on.
 		res.Receipt = &shard.Receipt{EventID: res.EventID, Units: req.Units}
 	}
 	return res, nil
@@ -400,7 +402,10 @@ func TestBillOnPolicies(t *testing.T) {
 }
 
 // A failed replay is taken back (Replay), never refunded as the charge it
-// replayed; a weight-0 route has nothing to refund.
+// replayed, and with the receipt its answer carried: without it, the
+// account's next owner (after a move) knew nothing of the replay and
+// answered unknown_event, and the event stayed billed though no attempt was
+// served. A weight-0 route has nothing to refund.
 func TestNoRefundWithoutACharge(t *testing.T) {
 	fail := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(500) })
 	d := okDecision()
@@ -411,8 +416,8 @@ func TestNoRefundWithoutACharge(t *testing.T) {
 	serve(t, FrontOptions{Charger: ch, Config: testConfig(t)}, fail, req)
 	ch2 := &fakeCharger{decision: okDecision()}
 	serve(t, FrontOptions{Charger: ch2, Config: testConfig(t)}, fail, newRequest("GET", "/v1/free", nil))
-	if _, r := ch.counts(); r != 1 || !ch.refunds[0].Replay || ch.refunds[0].Attempt || ch.refunds[0].Receipt != nil {
-		t.Errorf("a failed replay: refunds %+v, want one Replay take-back", ch.refunds)
+	if _, r := ch.counts(); r != 1 || !ch.refunds[0].Replay || ch.refunds[0].Attempt || ch.refunds[0].Receipt == nil {
+		t.Errorf("a failed replay: refunds %+v, want one Replay take-back with the replayed answer's receipt", ch.refunds)
 	}
 	if _, r := ch2.counts(); r != 0 {
 		t.Errorf("a weight-0 request was refunded")
