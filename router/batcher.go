@@ -4,6 +4,7 @@ import (
 	"context"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -32,6 +33,13 @@ type batcher[Req, Rep any] struct {
 	mu       sync.Mutex // protects queue and inflight
 	queue    []*call[Req, Rep]
 	inflight int
+
+	// orphan, when set, hears each request whose caller left (its ctx
+	// ended) while it was on its way in a batch, with the reply that came
+	// anyway: the destination applied it for nobody, and the caller was
+	// told it failed. Called from a sender goroutine; it must not block.
+	// Set before the first call.
+	orphan func(Req, Rep)
 }
 
 type call[Req, Rep any] struct {
@@ -39,7 +47,17 @@ type call[Req, Rep any] struct {
 	rep  Rep
 	err  error
 	done chan struct{}
+	// state is callWaiting until deliver or the caller, whichever comes
+	// first, moves it to callDelivered or callLeft.
+	state atomic.Int32
 }
+
+// A call's states.
+const (
+	callWaiting int32 = iota
+	callDelivered
+	callLeft
+)
 
 func newBatcher[Req, Rep any](ctx context.Context, group *goroutines, maxInflight, maxBatch int, send func(context.Context, []Req) ([]Rep, error)) *batcher[Req, Rep] {
 	return &batcher[Req, Rep]{ctx: ctx, group: group, maxInflight: max(1, maxInflight), maxBatch: max(1, maxBatch), send: send}
@@ -79,8 +97,8 @@ func (g *goroutines) wait() {
 
 // do sends req in some batch and waits for its reply or ctx. A caller whose
 // ctx ends first gets ctx's error: its request is dropped if it is still
-// queued (never sent, so never applied), and may still be applied if it
-// was sent.
+// queued (never sent, so never applied); if it was sent, it may still be
+// applied, and its reply then goes to orphan.
 func (b *batcher[Req, Rep]) do(ctx context.Context, req Req) (Rep, error) {
 	reps, errs := b.doMany(ctx, []Req{req})
 	return reps[0], errs[0]
@@ -133,9 +151,14 @@ func (b *batcher[Req, Rep]) doMany(ctx context.Context, reqs []Req) ([]Rep, []er
 		case <-c.done:
 			reps[i], errs[i] = c.rep, c.err
 		case <-ctx.Done():
-			errs[i] = ctx.Err()
-			if b.drop(c) {
+			switch {
+			case b.drop(c):
 				errs[i] = &notSentError{ctx.Err()}
+			case c.state.CompareAndSwap(callWaiting, callLeft):
+				errs[i] = ctx.Err() // on its way: its reply goes to orphan
+			default:
+				<-c.done // delivered as the caller left: the reply is its
+				reps[i], errs[i] = c.rep, c.err
 			}
 		}
 	}
@@ -237,6 +260,9 @@ func (b *batcher[Req, Rep]) deliver(batch []*call[Req, Rep]) {
 			c.err = err
 		} else {
 			c.rep = reps[i]
+		}
+		if !c.state.CompareAndSwap(callWaiting, callDelivered) && err == nil && b.orphan != nil {
+			b.orphan(c.req, c.rep)
 		}
 		close(c.done)
 	}

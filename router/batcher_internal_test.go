@@ -164,3 +164,59 @@ func TestBatcherGoroutinesAreWaitedFor(t *testing.T) {
 		}
 	}
 }
+
+// A caller whose context ends while its request is on its way in a batch
+// (sent under the batcher's context, not the caller's) is told it failed,
+// and the reply that comes anyway goes to orphan: the destination applied
+// it for nobody. A caller that stays gets its reply; none is orphaned.
+func TestBatcherOrphansAnswersOfCallersThatLeft(t *testing.T) {
+	hold1, hold2 := make(chan struct{}), make(chan struct{})
+	f := &fakeSend{hold: hold1, entered: make(chan struct{}, 16)}
+	b := newBatcher(context.Background(), &goroutines{}, 1, 512, f.send)
+	var mu sync.Mutex
+	var orphans [][2]int
+	b.orphan = func(req, rep int) {
+		mu.Lock()
+		defer mu.Unlock()
+		orphans = append(orphans, [2]int{req, rep})
+	}
+	first := make(chan error, 1)
+	go func() {
+		_, err := b.do(context.Background(), 1)
+		first <- err
+	}()
+	<-f.entered // the first call holds the only slot: the next ones queue
+	gone, cancel := context.WithCancel(context.Background())
+	left := make(chan error, 1)
+	go func() {
+		_, err := b.do(gone, 7)
+		left <- err
+	}()
+	stays := make(chan int, 1)
+	go func() {
+		rep, _ := b.do(context.Background(), 8)
+		stays <- rep
+	}()
+	waitQueued(t, b, 2)
+	f.mu.Lock()
+	f.hold = hold2 // the next send waits for hold2
+	f.mu.Unlock()
+	close(hold1) // the first send answers; the queued two go out together
+	<-f.entered  // and are on their way
+	cancel()     // 7's caller leaves while it is in flight
+	if err := <-left; !errors.Is(err, context.Canceled) {
+		t.Fatalf("the caller that left: %v, want context.Canceled", err)
+	}
+	close(hold2)
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+	if rep := <-stays; rep != 80 {
+		t.Fatalf("the caller that stayed got %d, want 80", rep)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(orphans) != 1 || orphans[0] != [2]int{7, 70} {
+		t.Fatalf("orphans %v, want [[7 70]] (the left caller's request, applied for nobody)", orphans)
+	}
+}

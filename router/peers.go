@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/quotaring/quotaring/router/pb"
+	"github.com/quotaring/quotaring/shard"
 )
 
 var errShortReply = errors.New("router: a node answered a batch with the wrong number of replies")
@@ -100,6 +101,9 @@ func (ps *peers) get(addr string) (*peer, error) {
 		}
 		return rep.Replies, nil
 	})
+	p.charges.orphan = func(req *pb.ChargeRequest, rep *pb.ChargeReply) {
+		ps.takeBack(p, req, rep)
+	}
 	ps.byAddr[addr] = p
 	return p, nil
 }
@@ -149,4 +153,28 @@ func (ps *peers) close() error {
 	}
 	ps.senders.wait() // they end now: ps.ctx is canceled (Router.Close) and the connections are closed
 	return errors.Join(errs...)
+}
+
+// takeBack returns a charge that its owner applied after the caller left
+// (its ctx ended while the charge was on its way in a batch, sent under the
+// batcher's context): the caller was told it failed, with an unknown
+// outcome, and served nothing, so the charge is refunded as an attempt's
+// (an Attempt refund with its receipt: kept if a retry with the same
+// Idempotency-Key was served under it meanwhile), or, for a Replayed
+// answer, the replay is taken back. Without it the charge stood, billed;
+// a client without an Idempotency-Key that retried was billed twice for
+// one request. Best effort, in a sender goroutine: an owner that moved
+// meanwhile answers WrongOwner, and the charge stands as before.
+func (ps *peers) takeBack(p *peer, req *pb.ChargeRequest, rep *pb.ChargeReply) {
+	d := decisionFromPB(rep.GetDecision())
+	if rep.GetReceipt() == nil || d.Reason != shard.OK && d.Reason != shard.Replayed {
+		return
+	}
+	ref := &pb.RefundRequest{Account: req.GetAccount(), EventId: rep.GetEventId(), Receipt: rep.GetReceipt(),
+		Attempt: d.Reason == shard.OK, Replay: d.Reason == shard.Replayed}
+	ps.senders.start(func() {
+		ctx, cancel := context.WithTimeout(ps.ctx, ps.opts.callTimeout)
+		defer cancel()
+		_, _ = p.refunds.do(ctx, ref) // NB: best effort; the charge stands if it fails
+	})
 }
