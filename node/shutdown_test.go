@@ -350,33 +350,11 @@ func TestSecondProcessWithTheSameNodeIDRefuses(t *testing.T) {
 // did better), and the ledger held the units for nobody until a restart
 // with it up.
 func TestDrainWithTheLedgerDownKeepsReservations(t *testing.T) {
-	srv := pgtest.PackageServer(t)
-	dsn := pgtest.NewDB(t)
-	if srv == nil {
+	dsn, _, proxy, ok := proxiedPG(t)
+	if !ok {
 		return
 	}
-	proxy, err := faultproxy.New("127.0.0.1:0", srv.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer proxy.Close()
-	dsn = strings.Replace(dsn, srv.Addr(), proxy.Addr(), 1)
-	accounts := twentyAccounts(1000)
-	seedLedger(t, dsn, accounts)
-	nodes := startNodesWith(t, dsn, nil, nil)
-	n1, n2 := nodes[0], nodes[1]
-	acct := ownedBy(t, n1, accounts)
-	charge := func(nd *Node) (shard.Decision, error) {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		res, err := nd.Router().Charge(ctx, router.ChargeRequest{Account: acct, Route: "GET /x", Units: 1})
-		return res.Decision, err
-	}
-	waitFor(t, 10*time.Second, "n1 to charge "+acct, func() bool {
-		d, err := charge(n1)
-		return err == nil && d.Reason == shard.OK
-	})
-	waitFor(t, 10*time.Second, "n1's charge settled", func() bool { return n1.wal.SettledSeq() == n1.wal.DurableSeq() })
+	n1, n2, acct, charge := chargedOnN1(t, dsn)
 	proxy.SetDown(true)
 	// Idle: nothing to settle, only its heartbeats find the ledger down
 	// (before, such a node looked healthy and handed everything back).
@@ -401,6 +379,49 @@ func TestDrainWithTheLedgerDownKeepsReservations(t *testing.T) {
 	}
 }
 
+// proxiedPG is a new database on the package's Postgres reached through a
+// fault proxy (the ledger down, cut, slow): the DSN through the proxy, the
+// direct one (for the test's own checks) and the proxy, closed when the
+// test ends. ok is false where Postgres is missing (pgtest skips).
+func proxiedPG(t *testing.T) (dsn, direct string, proxy *faultproxy.Proxy, ok bool) {
+	t.Helper()
+	srv := pgtest.PackageServer(t)
+	direct = pgtest.NewDB(t)
+	if srv == nil {
+		return "", "", nil, false
+	}
+	proxy, err := faultproxy.New("127.0.0.1:0", srv.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { proxy.Close() })
+	return strings.Replace(direct, srv.Addr(), proxy.Addr(), 1), direct, proxy, true
+}
+
+// chargedOnN1 starts two nodes on dsn with twentyAccounts(1000) (hard),
+// charges one unit of an account n1 owns and waits until n1 settled it: n1
+// holds an allowance of that account. charge charges it once more.
+func chargedOnN1(t *testing.T, dsn string) (n1, n2 *Node, acct string, charge func(*Node) (shard.Decision, error)) {
+	t.Helper()
+	accounts := twentyAccounts(1000)
+	seedLedger(t, dsn, accounts)
+	nodes := startNodesWith(t, dsn, nil, nil)
+	n1, n2 = nodes[0], nodes[1]
+	acct = ownedBy(t, n1, accounts)
+	charge = func(nd *Node) (shard.Decision, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		res, err := nd.Router().Charge(ctx, router.ChargeRequest{Account: acct, Route: "GET /x", Units: 1})
+		return res.Decision, err
+	}
+	waitFor(t, 10*time.Second, "n1 to charge "+acct, func() bool {
+		d, err := charge(n1)
+		return err == nil && d.Reason == shard.OK
+	})
+	waitFor(t, 10*time.Second, "n1's charge settled", func() bool { return n1.wal.SettledSeq() == n1.wal.DurableSeq() })
+	return n1, n2, acct, charge
+}
+
 // ownedBy names one of accounts that nd owns.
 func ownedBy(t *testing.T, nd *Node, accounts map[string]int64) string {
 	t.Helper()
@@ -422,33 +443,11 @@ func ownedBy(t *testing.T, nd *Node, accounts map[string]int64) string {
 // freed units (the chaos review's "1009 acknowledged on a hard quota of
 // 1000").
 func TestDrainAfterALedgerBlipLeavesNoUnbackedAllowance(t *testing.T) {
-	srv := pgtest.PackageServer(t)
-	direct := pgtest.NewDB(t)
-	if srv == nil {
+	dsn, direct, proxy, ok := proxiedPG(t)
+	if !ok {
 		return
 	}
-	proxy, err := faultproxy.New("127.0.0.1:0", srv.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer proxy.Close()
-	dsn := strings.Replace(direct, srv.Addr(), proxy.Addr(), 1)
-	accounts := twentyAccounts(1000)
-	seedLedger(t, dsn, accounts)
-	nodes := startNodesWith(t, dsn, nil, nil)
-	n1, n2 := nodes[0], nodes[1]
-	acct := ownedBy(t, n1, accounts)
-	charge := func(nd *Node) (shard.Decision, error) {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		res, err := nd.Router().Charge(ctx, router.ChargeRequest{Account: acct, Route: "GET /x", Units: 1})
-		return res.Decision, err
-	}
-	waitFor(t, 10*time.Second, "n1 to charge "+acct, func() bool {
-		d, err := charge(n1)
-		return err == nil && d.Reason == shard.OK
-	})
-	waitFor(t, 10*time.Second, "n1's charge settled", func() bool { return n1.wal.SettledSeq() == n1.wal.DurableSeq() })
+	n1, n2, _, _ := chargedOnN1(t, dsn)
 	if n1.eng.AllowanceHeld() == 0 {
 		t.Fatal("n1 holds no allowance after a charge on a hard quota")
 	}
@@ -511,17 +510,10 @@ func TestUnsyncedLogWarns(t *testing.T) {
 // incarnation's reservations and stops, freeing none of them. It used to
 // register, so that its drain or its next start freed them.
 func TestNewDataDirWithTheLedgerDownStopsWhenItIsBack(t *testing.T) {
-	srv := pgtest.PackageServer(t)
-	direct := pgtest.NewDB(t)
-	if srv == nil {
+	dsn, direct, proxy, ok := proxiedPG(t)
+	if !ok {
 		return
 	}
-	proxy, err := faultproxy.New("127.0.0.1:0", srv.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer proxy.Close()
-	dsn := strings.Replace(direct, srv.Addr(), proxy.Addr(), 1)
 	seedLedger(t, dsn, map[string]int64{"acme": 1000})
 	dir := t.TempDir()
 	first := startNodesWith(t, dsn, func(c *Config) { c.DataDir = filepath.Join(dir, "a") })[0]

@@ -620,10 +620,10 @@ func neverInitialized(fs vfs.FS, dir string) string {
 	}
 	var pebbleFiles []string
 	for _, n := range names {
-		switch {
-		case strings.HasSuffix(n, ".log"), strings.HasSuffix(n, ".sst"), strings.HasSuffix(n, ".blob"), n == durableMarkName:
+		switch kind := dataDirFile(n); {
+		case kind == recordsFile:
 			return ""
-		case n == "LOCK", strings.HasPrefix(n, "MANIFEST-"), strings.HasPrefix(n, "marker."), strings.HasPrefix(n, "OPTIONS-"):
+		case kind == bookkeepingFile:
 			pebbleFiles = append(pebbleFiles, n)
 		}
 	}
@@ -656,7 +656,24 @@ func missingManifestMarker(fs vfs.FS, dir string) string {
 	return "marker.manifest.000001." + newest
 }
 
-// hasManifest reports whether dir holds a Pebble DB.
+// The kinds of file a data dir holds (dataDirFile).
+const (
+	otherFile       = iota // not a data dir's
+	recordsFile            // holds records, or says how far they reach: a WAL, an sstable, a blob file, the durable mark
+	bookkeepingFile        // Pebble's LOCK, MANIFEST, markers and OPTIONS
+)
+
+// dataDirFile says what kind of file name is in a data dir.
+func dataDirFile(name string) int {
+	switch {
+	case strings.HasSuffix(name, ".log"), strings.HasSuffix(name, ".sst"), strings.HasSuffix(name, ".blob"), name == durableMarkName:
+		return recordsFile
+	case name == "LOCK", strings.HasPrefix(name, "MANIFEST-"), strings.HasPrefix(name, "marker."), strings.HasPrefix(name, "OPTIONS-"):
+		return bookkeepingFile
+	}
+	return otherFile
+}
+
 // foreignFiles names, for a dir that holds no file of a data dir (Pebble's
 // or the durable mark), the first few of its entries other than a volume's
 // lost+found: a dir that holds other things (a mistyped --data-dir such as
@@ -670,8 +687,7 @@ func foreignFiles(fs vfs.FS, dir string) string {
 	var other []string
 	for _, n := range names {
 		switch {
-		case n == "LOCK", n == durableMarkName, strings.HasPrefix(n, "MANIFEST-"), strings.HasPrefix(n, "marker."),
-			strings.HasPrefix(n, "OPTIONS-"), strings.HasSuffix(n, ".log"), strings.HasSuffix(n, ".sst"), strings.HasSuffix(n, ".blob"):
+		case dataDirFile(n) != otherFile:
 			return ""
 		case n != "lost+found":
 			other = append(other, n)
@@ -684,6 +700,7 @@ func foreignFiles(fs vfs.FS, dir string) string {
 	return strings.Join(other, ", ")
 }
 
+// hasManifest reports whether dir holds a Pebble DB.
 func hasManifest(fs vfs.FS, dir string) bool {
 	names, err := fs.List(dir)
 	if err != nil {
