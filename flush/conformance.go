@@ -199,8 +199,8 @@ func (r rec) chargedBy(node string) rec { r.origin = node; return r }
 
 // batch numbers recs from the settler's mark without moving it.
 func (s *confSettler) batchLocked(recs ...rec) *Batch {
-	// Drained: a test node's batch is all its log holds.
-	b := &Batch{Node: s.node, Incarnation: s.inc, Prev: s.next, Next: s.next + uint64(len(recs)), Events: s.events, Drained: true}
+	// DrainedAt: a test node's batch is all its log holds.
+	b := &Batch{Node: s.node, Incarnation: s.inc, Prev: s.next, Next: s.next + uint64(len(recs)), Events: s.events, DrainedAt: time.Now()}
 	for i, r := range recs {
 		seq := s.next + uint64(i) + 1
 		wall := r.wall.UnixNano()
@@ -1402,46 +1402,62 @@ func confReleaseOnce(t *testing.T, l Ledger) {
 }
 
 // confSettledThrough: settled_through moves only with a settle that took
-// all the node held (Batch.Drained) or a heartbeat with nothing to settle;
-// a heartbeat while records wait, or a partial batch, leaves it.
+// all the node held (Batch.DrainedAt) or a heartbeat with nothing to
+// settle, to the earlier of the node's time and the ledger's; a heartbeat
+// while records wait, or a partial batch, leaves it.
 func confSettledThrough(t *testing.T, l Ledger) {
 	ctx := t.Context()
 	confSetup(t, l, 100, "acct-1")
-	through := func() time.Time {
+	through := func(node string) time.Time {
 		t.Helper()
 		rows, err := l.Nodes(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
 		for _, r := range rows {
-			if r.Node == "node-t" {
+			if r.Node == node {
 				return r.SettledThrough
 			}
 		}
-		t.Fatal("node-t not in Nodes")
+		t.Fatalf("%s not in Nodes", node)
 		return time.Time{}
 	}
+	charge := func(seq uint64, id string) []Charge {
+		return []Charge{{Seq: seq, Account: "acct-1", EventID: id, Units: 1, Wall: confWallTime().UnixNano(), Period: confPeriod,
+			Allocs: []shard.Alloc{{Grant: confJune, Units: 1}}}}
+	}
+	// A drained settle sets it from nothing, to the node's time when that
+	// is the earlier.
+	if _, err := l.RegisterNode(ctx, "node-d", "inc-d"); err != nil {
+		t.Fatal(err)
+	}
+	at := time.Now().Add(-time.Hour).Truncate(time.Millisecond)
+	if _, err := l.Settle(ctx, &Batch{Node: "node-d", Incarnation: "inc-d", Prev: 0, Next: 1, Events: true, Charges: charge(1, "d1"), DrainedAt: at}); err != nil {
+		t.Fatal(err)
+	}
+	if got := through("node-d"); !got.Equal(at) {
+		t.Fatalf("after a drained settle read at %v: settled through %v; want %v", at, got, at)
+	}
+
 	if _, err := l.RegisterNode(ctx, "node-t", "inc-t"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := l.Heartbeat(ctx, "node-t", "inc-t", false); err != nil || !through().IsZero() {
-		t.Fatalf("after a heartbeat with records waiting: %v, settled through %v; want zero", err, through())
+	if _, err := l.Heartbeat(ctx, "node-t", "inc-t", time.Time{}); err != nil || !through("node-t").IsZero() {
+		t.Fatalf("after a heartbeat with records waiting: %v, settled through %v; want zero", err, through("node-t"))
 	}
-	partial := &Batch{Node: "node-t", Incarnation: "inc-t", Prev: 0, Next: 1, Events: true}
-	partial.Charges = []Charge{{Seq: 1, Account: "acct-1", EventID: "t1", Units: 1, Wall: confWallTime().UnixNano(), Period: confPeriod,
-		Allocs: []shard.Alloc{{Grant: confJune, Units: 1}}}}
-	if _, err := l.Settle(ctx, partial); err != nil || !through().IsZero() {
-		t.Fatalf("after a settle that left records behind: %v, settled through %v; want zero", err, through())
+	partial := &Batch{Node: "node-t", Incarnation: "inc-t", Prev: 0, Next: 1, Events: true, Charges: charge(1, "t1")}
+	if _, err := l.Settle(ctx, partial); err != nil || !through("node-t").IsZero() {
+		t.Fatalf("after a settle that left records behind: %v, settled through %v; want zero", err, through("node-t"))
 	}
-	if _, err := l.Heartbeat(ctx, "node-t", "inc-t", true); err != nil || through().IsZero() {
-		t.Fatalf("after a heartbeat with nothing to settle: %v, settled through %v; want set", err, through())
+	// A heartbeat that reaches the ledger late claims no more than the
+	// node knew when it looked; one from a node whose clock runs ahead, no
+	// more than the ledger's now.
+	if _, err := l.Heartbeat(ctx, "node-t", "inc-t", at); err != nil || !through("node-t").Equal(at) {
+		t.Fatalf("after a heartbeat with nothing to settle at %v: %v, settled through %v; want %v", at, err, through("node-t"), at)
 	}
-	first := through()
-	drained := &Batch{Node: "node-t", Incarnation: "inc-t", Prev: 1, Next: 2, Events: true, Drained: true}
-	drained.Charges = []Charge{{Seq: 2, Account: "acct-1", EventID: "t2", Units: 1, Wall: confWallTime().UnixNano(), Period: confPeriod,
-		Allocs: []shard.Alloc{{Grant: confJune, Units: 1}}}}
-	if _, err := l.Settle(ctx, drained); err != nil || through().Before(first) {
-		t.Fatalf("after a drained settle: %v, settled through %v; want at or after %v", err, through(), first)
+	ahead := time.Now().Add(24 * time.Hour)
+	if _, err := l.Heartbeat(ctx, "node-t", "inc-t", ahead); err != nil || !through("node-t").Before(ahead.Add(-time.Hour)) {
+		t.Fatalf("after a heartbeat from a clock a day ahead: %v, settled through %v; want the ledger's now", err, through("node-t"))
 	}
 }
 

@@ -41,10 +41,13 @@ type Ledger interface {
 	// RegisterNode records (node, incarnation) if new and returns its settled
 	// mark (0 for a new incarnation). It refreshes heartbeat_at.
 	RegisterNode(ctx context.Context, node, incarnation string) (settled uint64, err error)
-	// Heartbeat is RegisterNode for a running node; drained says its log
-	// held nothing unsettled when it was called, and then it also moves
-	// settled_through (NodeRow.SettledThrough) to the ledger's now.
-	Heartbeat(ctx context.Context, node, incarnation string, drained bool) (settled uint64, err error)
+	// Heartbeat is RegisterNode for a running node. drainedAt, when not
+	// zero, is when the node found its log held nothing unsettled (its own
+	// clock): settled_through (NodeRow.SettledThrough) then moves to the
+	// earlier of it and the ledger's now, so that a heartbeat that waited
+	// for the ledger (a slow ledger, a busy pool) claims no more than the
+	// node knew.
+	Heartbeat(ctx context.Context, node, incarnation string, drainedAt time.Time) (settled uint64, err error)
 	// NodeStopped records that (node, incarnation) stopped cleanly with its
 	// log settled up to settled, all it holds: its months need not wait for
 	// it to come back (SettledMonth). It reports false, changing nothing,
@@ -244,12 +247,14 @@ type Batch struct {
 	Node, Incarnation string
 	Prev, Next        uint64
 	Events            bool // keep the event log (default on; --events=off)
-	// Drained says Next was the log's durable end when the batch was read:
-	// once it commits, the node holds nothing unsettled made before, and
-	// the settle moves settled_through (NodeRow.SettledThrough) to now.
-	Drained bool
-	Charges []Charge
-	Refunds []Refund
+	// DrainedAt, when not zero, says Next was the log's durable end when
+	// the batch was read, at that time (the node's clock): once it commits,
+	// the node holds nothing unsettled made before, and the settle moves
+	// settled_through (NodeRow.SettledThrough) to the earlier of it and the
+	// ledger's now.
+	DrainedAt time.Time
+	Charges   []Charge
+	Refunds   []Refund
 	// Replays are the retries answered Replayed and taken back, in log
 	// order (see replay.go).
 	Replays []Replay

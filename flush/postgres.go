@@ -373,19 +373,19 @@ func (p *Postgres) execTestSQL(ctx context.Context, query string) error {
 // RegisterNode records (node, incarnation) if new, refreshes its heartbeat,
 // and returns its settled mark.
 func (p *Postgres) RegisterNode(ctx context.Context, node, incarnation string) (uint64, error) {
-	return p.Heartbeat(ctx, node, incarnation, false)
+	return p.Heartbeat(ctx, node, incarnation, time.Time{})
 }
 
 // Heartbeat implements Ledger.
-func (p *Postgres) Heartbeat(ctx context.Context, node, incarnation string, drained bool) (uint64, error) {
+func (p *Postgres) Heartbeat(ctx context.Context, node, incarnation string, drainedAt time.Time) (uint64, error) {
 	if node == "" || incarnation == "" {
 		return 0, fmt.Errorf("%w: register node: node and incarnation must be set", ErrInvalid)
 	}
 	var seq int64
 	err := p.pool.QueryRow(ctx, `INSERT INTO nodes (node_id, incarnation) VALUES ($1, $2)
 		ON CONFLICT (node_id, incarnation) DO UPDATE SET heartbeat_at = now(), stopped_at = NULL,
-			settled_through = CASE WHEN $3::boolean THEN now() ELSE nodes.settled_through END
-		RETURNING settled_seq`, node, incarnation, drained).Scan(&seq)
+			settled_through = CASE WHEN $3::timestamptz IS NULL THEN nodes.settled_through ELSE LEAST(now(), $3::timestamptz) END
+		RETURNING settled_seq`, node, incarnation, nullTime(drainedAt)).Scan(&seq)
 	return uint64(seq), p.fail("register node "+node+"/"+incarnation, err)
 }
 

@@ -68,7 +68,7 @@ import (
 // statement. The subquery sees the mark as it was when the statement began.
 const pgMarkSQL = `WITH upd AS (
 	UPDATE nodes SET settled_seq = $4, heartbeat_at = now(), stopped_at = NULL,
-		settled_through = CASE WHEN $5::boolean THEN now() ELSE settled_through END
+		settled_through = CASE WHEN $5::timestamptz IS NULL THEN settled_through ELSE LEAST(now(), $5::timestamptz) END
 	WHERE node_id = $1 AND incarnation = $2 AND settled_seq = $3
 	RETURNING 1
 )
@@ -453,7 +453,7 @@ func (s *pgSettle) run(ctx context.Context) error {
 	withLog := b.Events && len(b.Charges)+len(b.Refunds)+len(b.Replays) > 0
 	first := &pgx.Batch{}
 	first.BeginTx(pgx.TxOptions{})
-	first.Queue(pgMarkSQL, b.Node, b.Incarnation, int64(b.Prev), int64(b.Next), b.Drained).QueryRow(s.readMark)
+	first.Queue(pgMarkSQL, b.Node, b.Incarnation, int64(b.Prev), int64(b.Next), nullTime(b.DrainedAt)).QueryRow(s.readMark)
 	if withLog && len(b.Charges) > 0 {
 		first.Queue(`SAVEPOINT settle_events`).Exec(nop)
 		s.queueCrossMonth(first)

@@ -27,8 +27,8 @@ import (
 //     next only (shard.Refundable), so the month after the last one pruned
 //     (Before) must be over;
 //   - nothing unsettled: every pruned month and Before are final
-//     (SettledMonth: every node heard from during the month has been heard
-//     from since it ended, or stopped cleanly: NodeStopped), so no charge or
+//     (SettledMonth: every node heard from during the month has settled
+//     everything it held since it ended, or stopped cleanly: NodeStopped), so no charge or
 //     refund of theirs waits in a node's log. A node gone for good otherwise
 //     (crashed, its disk lost) is named in PruneOptions.Lost, or it holds
 //     the months it was heard from back.
@@ -178,10 +178,12 @@ func checkPrunable(o PruneOptions, months []shard.Period, nodes []NodeRow, now t
 		if final, unsettled := SettledMonth(live, p, now); !final {
 			var names []string
 			for _, n := range unsettled {
-				names = append(names, fmt.Sprintf("%s (last heard from %s)", n.Node, n.Heartbeat.UTC().Format(time.RFC3339)))
+				names = append(names, fmt.Sprintf("%s (last heard from %s, settled everything it held through %s)", n.Node,
+					n.Heartbeat.UTC().Format(time.RFC3339), timeOrNever(n.settledThrough())))
 			}
-			return fmt.Errorf("%w: prune before %v: %v is not final: %s may hold unsettled charges or refunds of it; "+
-				"start each and let it settle (it is heard from every 2 s while it runs), or, for a node gone for good whose "+
+			return fmt.Errorf("%w: prune before %v: %v is not final: %s has not settled everything it held since the month ended, "+
+				"and may hold charges or refunds of it: a running node does within seconds unless its settles fail (its log and "+
+				"quotaring_settle_errors_total say why); start a stopped one and let it settle; for a node gone for good whose "+
 				"reservations quotad revoke freed, name it with --lost-node", ErrInvalid, o.Before, p, strings.Join(names, ", "))
 		}
 	}
@@ -320,4 +322,12 @@ func (p *Postgres) waitingTakeBacks(ctx context.Context) (n int64, err error) {
 func (s *SQLite) waitingTakeBacks(ctx context.Context) (n int64, err error) {
 	err = s.db.QueryRowContext(ctx, `SELECT coalesce(sum(count), 0) FROM replay_takebacks WHERE count > 0`).Scan(&n)
 	return n, err
+}
+
+// timeOrNever formats t, or "never" for the zero time.
+func timeOrNever(t time.Time) string {
+	if t.IsZero() {
+		return "never"
+	}
+	return t.UTC().Format(time.RFC3339)
 }

@@ -276,8 +276,11 @@ func (s *Settler) heartbeatLocked(ctx context.Context) error {
 	}
 	// An idle node still says it is alive, so that quotad revoke can tell a
 	// running node from a lost one.
-	drained := s.log.DurableSeq() == s.log.SettledSeq()
-	if _, err := s.opts.Ledger.Heartbeat(ctx, s.node, s.inc, drained); err != nil {
+	var drainedAt time.Time
+	if s.log.DurableSeq() == s.log.SettledSeq() {
+		drainedAt = time.Now()
+	}
+	if _, err := s.opts.Ledger.Heartbeat(ctx, s.node, s.inc, drainedAt); err != nil {
 		s.beatErr.Store(time.Now().UnixNano())
 		return fmt.Errorf("flush: heartbeat of node %s: %w", s.node, err)
 	}
@@ -303,6 +306,7 @@ func (s *Settler) warnBeat(err error) {
 const HeartbeatEvery = 2 * time.Second
 
 func (s *Settler) settleBatch(ctx context.Context) (n int, more bool, err error) {
+	readAt := time.Now() // NB: before the durable end is read; a record durable after it is made after it
 	prev, durable := s.log.SettledSeq(), s.log.DurableSeq()
 	if durable <= prev {
 		return 0, false, nil
@@ -312,7 +316,9 @@ func (s *Settler) settleBatch(ctx context.Context) (n int, more bool, err error)
 	if err != nil {
 		return 0, false, err
 	}
-	b.Drained = next == durable
+	if next == durable {
+		b.DrainedAt = readAt
+	}
 	t0 := time.Now()
 	s.log.NoteSettleSent(next)
 	res, err := s.opts.Ledger.Settle(ctx, b)

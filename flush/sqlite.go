@@ -251,11 +251,11 @@ func (s *SQLite) execTestSQL(ctx context.Context, query string) error {
 // RegisterNode records (node, incarnation) if new, refreshes its heartbeat,
 // and returns its settled mark.
 func (s *SQLite) RegisterNode(ctx context.Context, node, incarnation string) (uint64, error) {
-	return s.Heartbeat(ctx, node, incarnation, false)
+	return s.Heartbeat(ctx, node, incarnation, time.Time{})
 }
 
 // Heartbeat implements Ledger.
-func (s *SQLite) Heartbeat(ctx context.Context, node, incarnation string, drained bool) (uint64, error) {
+func (s *SQLite) Heartbeat(ctx context.Context, node, incarnation string, drainedAt time.Time) (uint64, error) {
 	if node == "" || incarnation == "" {
 		return 0, fmt.Errorf("%w: register node: node and incarnation must be set", ErrInvalid)
 	}
@@ -264,8 +264,8 @@ func (s *SQLite) Heartbeat(ctx context.Context, node, incarnation string, draine
 		now := s.now().UnixNano()
 		return tx.QueryRowContext(ctx, `INSERT INTO nodes (node_id, incarnation, heartbeat_at, created_at) VALUES (?, ?, ?, ?)
 			ON CONFLICT (node_id, incarnation) DO UPDATE SET heartbeat_at = excluded.heartbeat_at, stopped_at = NULL,
-				settled_through = CASE WHEN ? THEN excluded.heartbeat_at ELSE settled_through END
-			RETURNING settled_seq`, node, incarnation, now, now, drained).Scan(&seq)
+				settled_through = CASE WHEN ? IS NULL THEN settled_through ELSE min(excluded.heartbeat_at, ?) END
+			RETURNING settled_seq`, node, incarnation, now, now, nullNanos(drainedAt), nullNanos(drainedAt)).Scan(&seq)
 	})
 	return uint64(seq), s.fail("register node "+node+"/"+incarnation, err)
 }

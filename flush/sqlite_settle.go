@@ -65,8 +65,8 @@ func (st *sqliteSettle) queryRow(ctx context.Context, query string, args ...any)
 func (st *sqliteSettle) run(ctx context.Context) error {
 	b := st.b
 	r, err := st.exec(ctx, `UPDATE nodes SET settled_seq = ?, heartbeat_at = ?, stopped_at = NULL,
-		settled_through = CASE WHEN ? THEN ? ELSE settled_through END WHERE node_id = ? AND incarnation = ? AND settled_seq = ?`,
-		int64(b.Next), st.now, b.Drained, st.now, b.Node, b.Incarnation, int64(b.Prev))
+		settled_through = CASE WHEN ? IS NULL THEN settled_through ELSE min(?, ?) END WHERE node_id = ? AND incarnation = ? AND settled_seq = ?`,
+		int64(b.Next), st.now, nullNanos(b.DrainedAt), st.now, nullNanos(b.DrainedAt), b.Node, b.Incarnation, int64(b.Prev))
 	if err != nil {
 		return err
 	}

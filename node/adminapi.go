@@ -899,8 +899,12 @@ type NodeView struct {
 	Incarnation string    `json:"incarnation"`
 	SettledSeq  uint64    `json:"settled_seq"`
 	HeartbeatAt time.Time `json:"heartbeat_at"`
-	State       string    `json:"state"`
-	AdminAddr   string    `json:"admin_addr,omitempty"`
+	// SettledThrough is when the incarnation last held nothing unsettled
+	// (flush.NodeRow.SettledThrough); absent when never, or for an
+	// incarnation of an older quotad.
+	SettledThrough *time.Time `json:"settled_through,omitempty"`
+	State          string     `json:"state"`
+	AdminAddr      string     `json:"admin_addr,omitempty"`
 	// Build is the quotad build the incarnation registered with
 	// (quotad version --short); "" when an older quotad registered it.
 	Build string `json:"build"`
@@ -929,6 +933,10 @@ func (n *Node) nodeViews(rows []flush.NodeRow) []NodeView {
 	out := make([]NodeView, 0, len(rows))
 	for _, x := range rows {
 		v := NodeView{Node: x.Node, Incarnation: x.Incarnation, SettledSeq: x.Settled, HeartbeatAt: x.Heartbeat, Build: x.Build}
+		if !x.SettledThrough.IsZero() {
+			st := x.SettledThrough
+			v.SettledThrough = &st
+		}
 		if x.Heartbeat.Equal(latest[x.Node].Heartbeat) {
 			v.State, v.AdminAddr = members[x.Node][0], members[x.Node][1]
 		}

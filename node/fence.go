@@ -107,7 +107,14 @@ func (n *Node) StopFenced(ctx context.Context) error {
 	n.stopLoops()
 	err := n.finalSettle(ctx)
 	n.closeAll()
-	cause := n.fenceCause // NB: written before fenced closed
+	cause := ErrFenced
+	select {
+	case <-n.fenced: // fenceCause was written before fenced closed
+		if n.fenceCause != nil {
+			cause = n.fenceCause
+		}
+	default: // stopped as fenced without being fenced: say the usual
+	}
 	if err != nil {
 		return fmt.Errorf("node %s: %w; %w", n.cfg.ID, cause, err)
 	}

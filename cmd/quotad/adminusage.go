@@ -166,12 +166,17 @@ func finality(exp *node.UsageExport) string {
 	case exp.Final:
 		return fmt.Sprintf("%s is final (as of %s): every node heard from during the month has settled since it ended", exp.Period, asOf)
 	}
-	s := fmt.Sprintf("%s is not final yet (as of %s): %s heard from during the month but not since it ended, and may hold unsettled charges of it "+
-		"(start it so it settles; one stopped cleanly, or whose disk is lost, has nothing left to settle):",
+	s := fmt.Sprintf("%s is not final yet (as of %s): %s heard from during the month and has not settled everything it held since it ended, "+
+		"so it may hold unsettled charges of it (a running node does within seconds unless its settles fail: its log and "+
+		"quotaring_settle_errors_total say why; start a stopped one so it settles; one stopped cleanly, or whose disk is lost, has nothing left to settle):",
 		exp.Period, asOf, plural(int64(len(exp.UnsettledNodes)), "node was", "nodes were"))
 	for _, n := range exp.UnsettledNodes {
-		s += fmt.Sprintf(" %s (incarnation %s, last heard from %s, ring state %s);", n.Node, n.Incarnation,
-			n.HeartbeatAt.UTC().Format(time.RFC3339), orDash(n.State))
+		through := "never"
+		if n.SettledThrough != nil {
+			through = n.SettledThrough.UTC().Format(time.RFC3339)
+		}
+		s += fmt.Sprintf(" %s (incarnation %s, last heard from %s, settled through %s, ring state %s);", n.Node, n.Incarnation,
+			n.HeartbeatAt.UTC().Format(time.RFC3339), through, orDash(n.State))
 	}
 	return s[:len(s)-1]
 }

@@ -113,8 +113,8 @@ func TestQuotadAdminUsage(t *testing.T) {
 	// After the month: n9 holds June back until it is heard from again.
 	clock.SetWall(time.Date(2001, 7, 1, 0, 0, 30, 0, time.UTC))
 	out = mustAdmin(t, n, "usage", "--period", "2001-06")
-	if !strings.Contains(out, "2001-06 is not final yet (as of 2001-07-01T00:00:30Z): 1 node was heard from during the month but not since it ended") ||
-		!strings.Contains(out, "n9 (incarnation n9-inc, last heard from 2001-06-20T12:00:00Z, ring state -)") {
+	if !strings.Contains(out, "2001-06 is not final yet (as of 2001-07-01T00:00:30Z): 1 node was heard from during the month and has not settled everything it held since it ended") ||
+		!strings.Contains(out, "n9 (incarnation n9-inc, last heard from 2001-06-20T12:00:00Z, settled through never, ring state -)") {
 		t.Fatalf("usage of June with n9 silent:\n%s", out)
 	}
 	clock.SetWall(time.Date(2001, 7, 1, 0, 2, 0, 0, time.UTC))

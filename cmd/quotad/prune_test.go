@@ -33,7 +33,7 @@ func TestPruneCommand(t *testing.T) {
 	if _, err := l.RegisterNode(ctx, "q1", "q1-inc"); err != nil {
 		t.Fatal(err)
 	}
-	b := &flush.Batch{Node: "q1", Incarnation: "q1-inc", Prev: 0, Next: 3, Events: true, Drained: true}
+	b := &flush.Batch{Node: "q1", Incarnation: "q1-inc", Prev: 0, Next: 3, Events: true, DrainedAt: time.Now()}
 	for i, month := range []time.Month{time.June, time.June, time.July} {
 		wall := time.Date(2026, month, 15, 12, 0, 0, 0, time.UTC).UnixNano()
 		per := shard.PeriodOf(wall)

@@ -256,10 +256,11 @@ func runServe(ctx context.Context, logTo io.Writer, f serveFlags) error {
 	}
 	n, err := node.Start(ctx, cfg)
 	if err != nil {
-		if ctx.Err() != nil {
+		if ctx.Err() != nil && errors.Is(err, context.Canceled) {
 			// SIGTERM or Ctrl-C while it started (a pod deleted as it
 			// came up): a stop asked for, not a failure. Start undid what
-			// it had done.
+			// it had done. A refusal that came with the signal (a mark
+			// conflict, a newer schema) still fails.
 			logger.Info("stopped while starting: nothing to drain", "detail", err)
 			return nil
 		}
