@@ -277,8 +277,8 @@ func (s *Settler) heartbeatLocked(ctx context.Context) error {
 	// An idle node still says it is alive, so that quotad revoke can tell a
 	// running node from a lost one.
 	var drainedAt time.Time
-	if s.log.DurableSeq() == s.log.SettledSeq() {
-		drainedAt = time.Now()
+	if looked := time.Now(); s.log.DurableSeq() == s.log.SettledSeq() { // NB: the time before the look, as in settleBatch
+		drainedAt = looked
 	}
 	if _, err := s.opts.Ledger.Heartbeat(ctx, s.node, s.inc, drainedAt); err != nil {
 		s.beatErr.Store(time.Now().UnixNano())
