@@ -24,10 +24,14 @@ type UsageExport struct {
 	Period string `json:"period"`
 	// AsOf is this node's clock when it read the ledger: the figures hold
 	// everything settled before then.
-	AsOf           time.Time          `json:"as_of"`
-	Final          bool               `json:"final"`
-	UnsettledNodes []NodeView         `json:"unsettled_nodes"`
-	Usage          []AccountUsageView `json:"usage"`
+	AsOf           time.Time  `json:"as_of"`
+	Final          bool       `json:"final"`
+	UnsettledNodes []NodeView `json:"unsettled_nodes"`
+	// RefundsOpenUntil is the end of the month after Period: until then a
+	// refund of one of the month's charges (a charge is refundable in its
+	// month and the next) still lowers its figures, final or not.
+	RefundsOpenUntil time.Time          `json:"refunds_open_until"`
+	Usage            []AccountUsageView `json:"usage"`
 	// Next is the after of the next page; absent on the last page.
 	Next string `json:"next,omitempty"`
 }
@@ -99,7 +103,7 @@ func (n *Node) listUsage(ctx context.Context, w http.ResponseWriter, r *http.Req
 		return err
 	}
 	out := UsageExport{Period: q.Period.String(), AsOf: now, Final: final, UnsettledNodes: nonNil(n.nodeViews(unsettled)),
-		Usage: make([]AccountUsageView, 0, len(page.Accounts)), Next: page.Next}
+		RefundsOpenUntil: time.Unix(0, (q.Period + 1).End()).UTC(), Usage: make([]AccountUsageView, 0, len(page.Accounts)), Next: page.Next}
 	for _, a := range page.Accounts {
 		u := AccountUsageView{Account: a.Account, Plan: a.Plan, Hard: a.Hard, Units: a.Units, QuotaUsed: a.QuotaUsed,
 			Overage: a.Overage, ByRoute: a.ByRoute}

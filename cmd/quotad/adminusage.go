@@ -163,6 +163,9 @@ func finality(exp *node.UsageExport) string {
 		return fmt.Sprintf("%s has not begun (as of %s): no usage yet (a mistyped --period?)", exp.Period, asOf)
 	case exp.AsOf.Before(time.Unix(0, p.End())):
 		return fmt.Sprintf("%s is not over (as of %s): settled usage so far, trailing the charges by up to one settle interval", exp.Period, asOf)
+	case exp.Final && exp.AsOf.Before(exp.RefundsOpenUntil):
+		return fmt.Sprintf("%s is final (as of %s): every node heard from during the month has settled since it ended; "+
+			"refunds of its charges can still lower it until %s", exp.Period, asOf, exp.RefundsOpenUntil.UTC().Format(time.RFC3339))
 	case exp.Final:
 		return fmt.Sprintf("%s is final (as of %s): every node heard from during the month has settled since it ended", exp.Period, asOf)
 	}

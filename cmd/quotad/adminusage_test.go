@@ -125,8 +125,16 @@ func TestQuotadAdminUsage(t *testing.T) {
 	if err != nil || out != wantCSV || stderr != "" {
 		t.Fatalf("usage of a final June: %v\n%s\nstderr %q", err, out, stderr)
 	}
-	if out := mustAdmin(t, n, "usage", "--period", "2001-06"); !strings.Contains(out, "2001-06 is final (as of 2001-07-01T00:02:00Z)") {
+	// Final, but a June charge refunded in July still lowers June: the
+	// export says until when.
+	if out := mustAdmin(t, n, "usage", "--period", "2001-06"); !strings.Contains(out, "2001-06 is final (as of 2001-07-01T00:02:00Z)") ||
+		!strings.Contains(out, "refunds of its charges can still lower it until 2001-08-01T00:00:00Z") {
 		t.Fatalf("usage of a final June:\n%s", out)
+	}
+	var juneExp node.UsageExport
+	if raw := mustAdmin(t, n, "usage", "--period", "2001-06", "--json"); json.Unmarshal([]byte(raw), &juneExp) != nil ||
+		!juneExp.Final || !juneExp.RefundsOpenUntil.Equal(time.Date(2001, 8, 1, 0, 0, 0, 0, time.UTC)) {
+		t.Fatalf("usage --json of a final June: refunds_open_until %v, want 2001-08-01\n%s", juneExp.RefundsOpenUntil, raw)
 	}
 	if out := mustAdmin(t, n, "usage", "--period", "2099-01"); !strings.Contains(out, "2099-01 has not begun") {
 		t.Fatalf("usage of a month to come:\n%s", out)
