@@ -34,9 +34,7 @@ func startNodesWith(t *testing.T, dsn string, mods ...func(*Config)) []*Node {
 		}
 	})
 	for i, mod := range mods {
-		cfg := Config{ID: fmt.Sprint("n", i+1), DataDir: filepath.Join(dir, fmt.Sprint("n", i+1)), Ledger: dsn,
-			RPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", AdminAddr: "127.0.0.1:0", GossipAddr: "127.0.0.1:0",
-			RingPreset: ring.PresetLocal, SettleInterval: 100 * time.Millisecond, SnapshotInterval: 100 * time.Millisecond}
+		cfg := startConfig(dsn, dir, fmt.Sprint("n", i+1))
 		if i > 0 {
 			cfg.Join = []string{nodes[0].GossipAddr()}
 		}

@@ -18,7 +18,6 @@ import (
 	"github.com/quotaring/quotaring/internal/faultproxy"
 	"github.com/quotaring/quotaring/internal/logbuf"
 	"github.com/quotaring/quotaring/internal/pgtest"
-	"github.com/quotaring/quotaring/ring"
 	"github.com/quotaring/quotaring/router"
 	"github.com/quotaring/quotaring/shard"
 	"github.com/quotaring/quotaring/snapshot"
@@ -203,10 +202,9 @@ func TestNewDataDirAfterAnUncleanStop(t *testing.T) {
 	seedLedger(t, dsn, map[string]int64{"acme": 10})
 	var logs logbuf.Buffer
 	cfg := func(dataDir string) Config {
-		return Config{ID: "n1", DataDir: dataDir, Ledger: dsn,
-			RPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", AdminAddr: "127.0.0.1:0", GossipAddr: "127.0.0.1:0",
-			RingPreset: ring.PresetLocal, SettleInterval: 100 * time.Millisecond, SnapshotInterval: 100 * time.Millisecond,
-			Logger: slog.New(slog.NewTextHandler(&logs, nil))}
+		c := nodeConfig(dsn, "n1", dataDir)
+		c.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+		return c
 	}
 	start := func(dataDir string) (*Node, error) {
 		t.Helper()
@@ -305,9 +303,7 @@ func TestSecondProcessWithTheSameNodeIDRefuses(t *testing.T) {
 	}
 	var logs logbuf.Buffer
 	for _, dataDir := range []string{filepath.Join(dir, "other"), ""} {
-		cfg := Config{ID: "n1", DataDir: dataDir, Ledger: dsn,
-			RPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", AdminAddr: "127.0.0.1:0", GossipAddr: "127.0.0.1:0",
-			RingPreset: ring.PresetLocal, SettleInterval: 100 * time.Millisecond, SnapshotInterval: 100 * time.Millisecond}
+		cfg := nodeConfig(dsn, "n1", dataDir)
 		if dataDir == "" { // a copy of the running node's dir: the same incarnation
 			cfg.DataDir = filepath.Join(dir, "copy")
 			if err := os.CopyFS(cfg.DataDir, os.DirFS(first.cfg.DataDir)); err != nil {
@@ -362,9 +358,8 @@ func TestDrainWithTheLedgerDownKeepsReservations(t *testing.T) {
 	dataDir := n1.cfg.DataDir
 	_ = n1.Shutdown(context.Background()) // its final settle fails: the records wait in its data dir
 
-	cfg := Config{ID: "n1", DataDir: dataDir, Ledger: dsn, Join: []string{n2.GossipAddr()},
-		RPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", AdminAddr: "127.0.0.1:0", GossipAddr: "127.0.0.1:0",
-		RingPreset: ring.PresetLocal, SettleInterval: 100 * time.Millisecond, SnapshotInterval: 100 * time.Millisecond}
+	cfg := nodeConfig(dsn, "n1", dataDir)
+	cfg.Join = []string{n2.GossipAddr()}
 	again, err := Start(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -476,9 +471,8 @@ func TestDrainAfterALedgerBlipLeavesNoUnbackedAllowance(t *testing.T) {
 	}
 
 	proxy.SetDown(true) // the G8 case: a restart with the ledger out of reach
-	cfg := Config{ID: "n1", DataDir: dataDir, Ledger: dsn, Join: []string{n2.GossipAddr()},
-		RPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", AdminAddr: "127.0.0.1:0", GossipAddr: "127.0.0.1:0",
-		RingPreset: ring.PresetLocal, SettleInterval: 100 * time.Millisecond, SnapshotInterval: 100 * time.Millisecond}
+	cfg := nodeConfig(dsn, "n1", dataDir)
+	cfg.Join = []string{n2.GossipAddr()}
 	again, err := Start(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -545,9 +539,8 @@ func TestNewDataDirWithTheLedgerDownStopsWhenItIsBack(t *testing.T) {
 	}
 
 	proxy.SetDown(true)
-	cfg := Config{ID: "n1", DataDir: filepath.Join(dir, "b"), Ledger: dsn, LedgerRetry: 100 * time.Millisecond,
-		RPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", AdminAddr: "127.0.0.1:0", GossipAddr: "127.0.0.1:0",
-		RingPreset: ring.PresetLocal, SettleInterval: 100 * time.Millisecond, SnapshotInterval: 100 * time.Millisecond}
+	cfg := nodeConfig(dsn, "n1", filepath.Join(dir, "b"))
+	cfg.LedgerRetry = 100 * time.Millisecond
 	nd, err := Start(ctx, cfg)
 	if err != nil {
 		t.Fatalf("start with the ledger down: %v", err)

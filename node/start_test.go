@@ -36,8 +36,13 @@ func nodeRows(t *testing.T, dsn, id string) []flush.NodeRow {
 	return out
 }
 
-func startConfig(dsn, dir, id string) Config {
-	return Config{ID: id, DataDir: filepath.Join(dir, id), Ledger: dsn,
+func startConfig(dsn, dir, id string) Config { return nodeConfig(dsn, id, filepath.Join(dir, id)) }
+
+// nodeConfig is a test node's config: id on dataDir and the ledger dsn,
+// every address on a free loopback port, the local ring preset, and settle
+// and snapshot intervals short enough for tests.
+func nodeConfig(dsn, id, dataDir string) Config {
+	return Config{ID: id, DataDir: dataDir, Ledger: dsn,
 		RPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", AdminAddr: "127.0.0.1:0", GossipAddr: "127.0.0.1:0",
 		RingPreset: ring.PresetLocal, SettleInterval: 100 * time.Millisecond, SnapshotInterval: 100 * time.Millisecond}
 }
