@@ -24,22 +24,7 @@ import (
 func TestChargeNearTheInt64LimitIsAnswered(t *testing.T) {
 	ctx := context.Background()
 	dir := t.TempDir()
-	l, err := flush.Open(ctx, "sqlite:"+filepath.Join(dir, "ledger.db"), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	if err := l.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := l.UpsertPlan(ctx, snapshot.Plan{ID: "m100", MonthlyQuota: 100, Hard: true}); err != nil {
-		t.Fatal(err)
-	}
-	for _, a := range []string{"big1", "big2"} {
-		if err := l.UpsertAccount(ctx, a, "m100"); err != nil {
-			t.Fatal(err)
-		}
-	}
+	l := hardLedger(t, dir, "big1", "big2")
 	clock := engine.NewManualClock(time.Date(2026, 6, 10, 0, 0, 0, 0, time.UTC))
 	snap, err := l.Snapshot(ctx, time.Unix(0, clock.Now().Wall))
 	if err != nil {
@@ -74,4 +59,28 @@ func TestChargeNearTheInt64LimitIsAnswered(t *testing.T) {
 				errors.Is(err, engine.ErrQuotaUnavailable))
 		}
 	}
+}
+
+// hardLedger is a migrated SQLite ledger in dir, closed when the test ends,
+// with the plan m100 (a hard monthly quota of 100) and accounts on it.
+func hardLedger(t *testing.T, dir string, accounts ...string) flush.Ledger {
+	t.Helper()
+	ctx := context.Background()
+	l, err := flush.Open(ctx, "sqlite:"+filepath.Join(dir, "ledger.db"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	if err := l.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.UpsertPlan(ctx, snapshot.Plan{ID: "m100", MonthlyQuota: 100, Hard: true}); err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range accounts {
+		if err := l.UpsertAccount(ctx, a, "m100"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return l
 }

@@ -11,7 +11,6 @@ import (
 	"github.com/quotaring/quotaring/engine"
 	"github.com/quotaring/quotaring/flush"
 	"github.com/quotaring/quotaring/shard"
-	"github.com/quotaring/quotaring/snapshot"
 	"github.com/quotaring/quotaring/wal"
 )
 
@@ -53,20 +52,7 @@ func TestReleaseWithALostAnswerAppliesOnce(t *testing.T) {
 func testReleaseRetried(t *testing.T, refuseFirst bool) {
 	ctx := context.Background()
 	dir := t.TempDir()
-	base, err := flush.Open(ctx, "sqlite:"+filepath.Join(dir, "ledger.db"), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer base.Close()
-	if err := base.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := base.UpsertPlan(ctx, snapshot.Plan{ID: "m100", MonthlyQuota: 100, Hard: true}); err != nil {
-		t.Fatal(err)
-	}
-	if err := base.UpsertAccount(ctx, "acme", "m100"); err != nil {
-		t.Fatal(err)
-	}
+	base := hardLedger(t, dir, "acme")
 	l := &lostAnswers{Ledger: base}
 	clock := engine.NewManualClock(time.Date(2026, 6, 10, 0, 0, 0, 0, time.UTC))
 	snap, err := l.Snapshot(ctx, time.Unix(0, clock.Now().Wall))

@@ -2,7 +2,6 @@ package flush
 
 import (
 	"context"
-	"path/filepath"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -30,14 +29,7 @@ func newReplayRig(t *testing.T) *replayRig {
 	ctx := context.Background()
 	r := &replayRig{e: map[string]*engine.Engine{}, s: map[string]*Settler{}, now: time.Date(2026, 6, 10, 12, 0, 0, 0, time.UTC)}
 	r.owner.Store("q1")
-	l, err := OpenSQLite(ctx, filepath.Join(t.TempDir(), "ledger.db"), SQLiteOptions{Now: func() time.Time { return r.now }})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { l.Close() })
-	if err := l.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
+	l := migratedSQLite(t, func() time.Time { return r.now })
 	if err := l.UpsertPlan(ctx, snapshot.Plan{ID: "basic", MonthlyQuota: 100}); err != nil {
 		t.Fatal(err)
 	}

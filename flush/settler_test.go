@@ -98,19 +98,26 @@ func settlerRig(t *testing.T, clock func() time.Time, opts SettlerOptions) (*SQL
 	return l, s
 }
 
-// ledgerRig opens a migrated SQLite ledger on clock (nil: the wall clock)
-// and a log and an engine of node q1, closed when the test ends.
-func ledgerRig(t *testing.T, clock func() time.Time) (*SQLite, *engine.Engine) {
+// migratedSQLite opens a migrated SQLite ledger on clock (nil: the wall
+// clock), closed when the test ends.
+func migratedSQLite(t *testing.T, clock func() time.Time) *SQLite {
 	t.Helper()
-	ctx := context.Background()
-	l, err := OpenSQLite(ctx, filepath.Join(t.TempDir(), "ledger.db"), SQLiteOptions{Now: clock})
+	l, err := OpenSQLite(context.Background(), filepath.Join(t.TempDir(), "ledger.db"), SQLiteOptions{Now: clock})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { l.Close() })
-	if err := l.Migrate(ctx); err != nil {
+	if err := l.Migrate(context.Background()); err != nil {
 		t.Fatal(err)
 	}
+	return l
+}
+
+// ledgerRig opens a migrated SQLite ledger on clock (nil: the wall clock)
+// and a log and an engine of node q1, closed when the test ends.
+func ledgerRig(t *testing.T, clock func() time.Time) (*SQLite, *engine.Engine) {
+	t.Helper()
+	l := migratedSQLite(t, clock)
 	log, err := wal.Open(wal.Options{Dir: t.TempDir(), NodeID: "q1"})
 	if err != nil {
 		t.Fatal(err)
@@ -131,14 +138,7 @@ func ledgerRig(t *testing.T, clock func() time.Time) (*SQLite, *engine.Engine) {
 // settler refuses, marking nothing.
 func TestSettlerRefusesToMarkRecordsTheLedgerNeverSaw(t *testing.T) {
 	ctx := context.Background()
-	l, err := OpenSQLite(ctx, filepath.Join(t.TempDir(), "ledger.db"), SQLiteOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	if err := l.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
+	l := migratedSQLite(t, nil)
 	dir := t.TempDir()
 	appendN := func(log *wal.Log, n int) {
 		t.Helper()

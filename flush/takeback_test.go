@@ -79,14 +79,7 @@ func TestDuplicateRefundTakenBackWhenTheSettleAnswerIsLost(t *testing.T) {
 func testLostSettleAnswer(t *testing.T, more bool) {
 	ctx := context.Background()
 	clock := engine.NewManualClock(time.Date(2026, 6, 10, 0, 0, 0, 0, time.UTC))
-	base, err := OpenSQLite(ctx, filepath.Join(t.TempDir(), "ledger.db"), SQLiteOptions{Now: func() time.Time { return time.Unix(0, clock.Now().Wall) }})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer base.Close()
-	if err := base.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
+	base := migratedSQLite(t, func() time.Time { return time.Unix(0, clock.Now().Wall) })
 	if err := base.UpsertPlan(ctx, snapshot.Plan{ID: "m100", MonthlyQuota: 100, Hard: true}); err != nil {
 		t.Fatal(err)
 	}
@@ -152,18 +145,11 @@ func testLostSettleAnswer(t *testing.T, more bool) {
 // says so, not "another process settles as this node".
 func TestLedgerBehindTheLogIsNamed(t *testing.T) {
 	ctx := context.Background()
-	l, err := OpenSQLite(ctx, filepath.Join(t.TempDir(), "ledger.db"), SQLiteOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	if err := l.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
+	l := migratedSQLite(t, nil)
 	if _, err := l.RegisterNode(ctx, "n1", "inc-1"); err != nil {
 		t.Fatal(err)
 	}
-	_, err = l.Settle(ctx, &Batch{Node: "n1", Incarnation: "inc-1", Prev: 40, Next: 50})
+	_, err := l.Settle(ctx, &Batch{Node: "n1", Incarnation: "inc-1", Prev: 40, Next: 50})
 	if !errors.Is(err, ErrMarkConflict) || !strings.Contains(err.Error(), "the ledger is behind the log") ||
 		!strings.Contains(err.Error(), "--ledger") || strings.Contains(err.Error(), "another process settles as this node") {
 		t.Fatalf("a batch (40, 50] on a ledger that has the node at 0: %v, want ErrMarkConflict saying the ledger is behind", err)
@@ -195,14 +181,7 @@ func TestMonthNotFinalWhileSettlesFail(t *testing.T) {
 	ctx := context.Background()
 	clock := engine.NewManualClock(time.Date(2026, 6, 30, 23, 59, 30, 0, time.UTC))
 	now := func() time.Time { return time.Unix(0, clock.Now().Wall).UTC() }
-	base, err := OpenSQLite(ctx, filepath.Join(t.TempDir(), "ledger.db"), SQLiteOptions{Now: now})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer base.Close()
-	if err := base.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
+	base := migratedSQLite(t, now)
 	if err := base.UpsertPlan(ctx, snapshot.Plan{ID: "soft", MonthlyQuota: 100}); err != nil {
 		t.Fatal(err)
 	}
