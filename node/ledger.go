@@ -103,9 +103,6 @@ func (n *Node) tryLedger(ctx context.Context, beforeServing bool) (bool, error) 
 	if err == nil {
 		_, err = settler.SettleOnce(ctx)
 	}
-	if err == nil && n.wal.Fresh() && !n.warnedIncarnations.Swap(true) {
-		n.warnOtherIncarnations(ctx, l)
-	}
 	if err == nil && beforeServing {
 		err = n.resetReservations(ctx, l)
 	}
@@ -139,29 +136,13 @@ func (n *Node) tryLedger(ctx context.Context, beforeServing bool) (bool, error) 
 	return true, nil
 }
 
-// warnOtherIncarnations says, for a node started on a new data dir, which
-// earlier incarnations of its id the ledger knows. After a lost disk (and
+// logEarlierIncarnations logs an ERROR for each earlier incarnation of
+// this node id that did not stop cleanly, for a node started on a data dir
+// new to the ledger (checkEarlierIncarnations). After a lost disk (and
 // quotad revoke) that is expected; after a mistyped --data-dir, or a
 // volume not mounted, the old dir still holds whatever it had not settled,
-// which is billed only if that dir is started again, and this node frees
-// the reservations the old incarnation held.
-func (n *Node) warnOtherIncarnations(ctx context.Context, l flush.Ledger) {
-	rows, err := l.Nodes(ctx)
-	if err != nil {
-		return // only a warning; the node goes on
-	}
-	var earlier []flush.NodeRow
-	for _, r := range rows {
-		// One that stopped cleanly left nothing unsettled in its dir.
-		if r.Node == n.cfg.ID && r.Incarnation != n.wal.Incarnation() && r.Running() {
-			earlier = append(earlier, r)
-		}
-	}
-	n.logEarlierIncarnations(earlier)
-}
-
-// logEarlierIncarnations logs an ERROR for each earlier incarnation of
-// this node id that did not stop cleanly (see warnOtherIncarnations).
+// which is billed only if that dir is started again. One that stopped
+// cleanly left nothing unsettled in its dir and is not named.
 func (n *Node) logEarlierIncarnations(earlier []flush.NodeRow) {
 	for _, r := range earlier {
 		n.log.Error("this data dir is new, and the ledger knows an earlier incarnation of this node id that did not stop cleanly: if its data dir still exists (a mistyped --data-dir, a volume not mounted), stop this node and start it on that dir; its unsettled charges are billed only from there",
