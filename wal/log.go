@@ -48,8 +48,6 @@ type Log struct {
 	// legitimately be ahead of settledSeq (Vouched).
 	recovered uint64
 	sent      atomic.Uint64
-	// fresh is set (once, in initMeta) when this Open made the dir new.
-	fresh bool
 	// notify is closed and replaced whenever durableSeq advances or the log
 	// fails or closes. Waiters load it before they check their condition.
 	notify atomic.Pointer[chan struct{}]
@@ -441,13 +439,8 @@ func (l *Log) initMeta() error {
 		return fmt.Errorf("wal: initialize %s: %w", l.opts.Dir, err)
 	}
 	l.incarnation = inc
-	l.fresh = true
 	return nil
 }
-
-// Fresh reports whether this Open initialized the dir: a new incarnation,
-// with no records from before.
-func (l *Log) Fresh() bool { return l.fresh }
 
 // newIncarnation returns a random 128-bit id in hex.
 func newIncarnation() (string, error) {
