@@ -50,13 +50,19 @@ func encodeFrame(payload []byte) []byte {
 	return dst
 }
 
+// frameVersionError is a frame of a version this build does not know: a
+// higher one was written by a newer quotad.
+type frameVersionError byte
+
+func (v frameVersionError) Error() string { return fmt.Sprintf("unknown frame version %d", byte(v)) }
+
 // decodeFrame checks frame and returns its payload, which aliases frame.
 func decodeFrame(frame []byte) ([]byte, error) {
 	if len(frame) < frameHeaderLen {
 		return nil, fmt.Errorf("%w (%d bytes)", errShortFrame, len(frame))
 	}
 	if v := frame[0]; v != frameVersion {
-		return nil, fmt.Errorf("unknown frame version %d", v)
+		return nil, frameVersionError(v)
 	}
 	payload := frame[frameHeaderLen:]
 	stored := binary.LittleEndian.Uint32(frame[1:frameHeaderLen])

@@ -177,8 +177,7 @@ func (l *Log) checkDurableMark(seen markSeen, last uint64) error {
 // markProblem says what is wrong with an unreadable durable mark; a frame
 // version above this build's was written by a newer quotad.
 func markProblem(err error) string {
-	var v int
-	if _, serr := fmt.Sscanf(err.Error(), "unknown frame version %d", &v); serr == nil && v > frameVersion {
+	if v, ok := errors.AsType[frameVersionError](err); ok && byte(v) > frameVersion {
 		return fmt.Sprintf("%v: written by a newer quotad, run that build or a later one", err)
 	}
 	return err.Error()
