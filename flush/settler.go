@@ -191,28 +191,28 @@ func (s *Settler) catchUp(ctx context.Context, mark uint64) error {
 			ErrMarkConflict, s.node, s.inc, mark, s.log.Vouched(), s.log.Vouched(), s.log.Vouched()+1, mark)
 	}
 	s.opts.Logger.Info("the ledger had settled further than this node's log knew; marking locally", "ledger", mark, "local", local)
-	if err := s.takeBackUnanswered(ctx, local, mark); err != nil {
+	b, err := s.batch(local, mark)
+	if err != nil {
+		return err
+	}
+	if err := s.takeBackUnanswered(ctx, b); err != nil {
 		return err
 	}
 	return s.opts.Engine.Settle(ctx, mark)
 }
 
-// takeBackUnanswered is for a range (prev, next] that an earlier attempt
-// settled without this node hearing the answer (the commit's reply lost, or
-// a crash between the commit and the local mark): which of its refunds the
-// ledger found to be duplicates, whose units it never credited back to this
-// node's reservation (SettleResult.DuplicateRefunds), is not known any
-// more. Every refund of reserved units in the range is taken back from the
+// takeBackUnanswered is for a batch b, the range (b.Prev, b.Next], that an
+// earlier attempt settled without this node hearing the answer (the
+// commit's reply lost, or a crash between the commit and the local mark):
+// which of its refunds the ledger found to be duplicates, whose units it
+// never credited back to this node's reservation
+// (SettleResult.DuplicateRefunds), is not known any more. Every refund of reserved units in the range is taken back from the
 // allowance, as a duplicate's is: left, a duplicate's units were spendable
 // here and not backed there (G1). A refund that was not a duplicate leaves
 // its units reserved in the ledger and unused here until the node hands
 // everything back (its drain, its next start): safe, only not spendable
 // meanwhile.
-func (s *Settler) takeBackUnanswered(ctx context.Context, prev, next uint64) error {
-	b, err := s.batch(prev, next)
-	if err != nil {
-		return err
-	}
+func (s *Settler) takeBackUnanswered(ctx context.Context, b *Batch) error {
 	var units int64
 	for _, r := range b.Refunds {
 		if !r.Reserved {
@@ -227,7 +227,7 @@ func (s *Settler) takeBackUnanswered(ctx context.Context, prev, next uint64) err
 	}
 	if units > 0 {
 		s.opts.Logger.Warn("refunds settled by an attempt whose answer was lost: their units are taken back from this node's allowance, since the ledger may have found them duplicates; "+
-			"those it did credit stay reserved for this node until it hands everything back (drain, next start)", "from_seq", prev+1, "to_seq", next, "units", units)
+			"those it did credit stay reserved for this node until it hands everything back (drain, next start)", "from_seq", b.Prev+1, "to_seq", b.Next, "units", units)
 	}
 	return nil
 }
@@ -334,7 +334,7 @@ func (s *Settler) settleBatch(ctx context.Context) (n int, more bool, err error)
 		if s.opts.AfterCommit != nil {
 			s.opts.AfterCommit()
 		}
-		err = s.afterCommit(ctx, prev, next, res)
+		err = s.afterCommit(ctx, b, res)
 	}
 	s.report(rep, err)
 	if err != nil {
@@ -350,10 +350,10 @@ func (s *Settler) settleBatch(ctx context.Context) (n int, more bool, err error)
 	return int(next - prev), next < durable, nil
 }
 
-func (s *Settler) afterCommit(ctx context.Context, prev, next uint64, res SettleResult) error {
+func (s *Settler) afterCommit(ctx context.Context, b *Batch, res SettleResult) error {
 	if !res.Applied {
 		// Applied before, by an attempt whose answer was lost.
-		if err := s.takeBackUnanswered(ctx, prev, next); err != nil {
+		if err := s.takeBackUnanswered(ctx, b); err != nil {
 			return err
 		}
 	}
@@ -369,7 +369,7 @@ func (s *Settler) afterCommit(ctx context.Context, prev, next uint64, res Settle
 	}
 	s.stats.Duplicates.Add(int64(len(res.Duplicates)))
 	s.stats.DuplicateRefunds.Add(int64(len(res.DuplicateRefunds)))
-	return s.opts.Engine.Settle(ctx, next)
+	return s.opts.Engine.Settle(ctx, b.Next)
 }
 
 func (s *Settler) report(rep SettleReport, err error) {
