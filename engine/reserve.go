@@ -258,12 +258,13 @@ func (e *Engine) Release(ctx context.Context, account string) error {
 // release and the retry loop never send one account's releases out of
 // order.
 func (e *Engine) sendReleases(ctx context.Context, account string) error {
+	sem := e.unreleased.sendSem()
 	select {
-	case e.unreleased.sendSem() <- struct{}{}:
+	case sem <- struct{}{}:
 	case <-ctx.Done():
 		return fmt.Errorf("%w (the release stays queued)", ctx.Err())
 	}
-	defer func() { <-e.unreleased.sendSem() }()
+	defer func() { <-sem }()
 	pending := e.unreleased.takeAccount(account)
 	for i, p := range pending {
 		if err := e.opts.Reserver.Release(ctx, account, p.allocs, p.seq); err != nil {
