@@ -311,7 +311,7 @@ func wantUsage(t *testing.T, l Ledger, account string, units int64) {
 // wantReconciled checks that every counter equals the event log.
 func wantReconciled(t *testing.T, l Ledger) {
 	t.Helper()
-	rows, err := l.Reconcile(t.Context())
+	rows, err := ReconcileRows(t.Context(), l)
 	if err != nil {
 		t.Fatalf("reconcile: %v", err)
 	}
@@ -1510,7 +1510,7 @@ func confUsageReconcile(t *testing.T, l Ledger) {
 	if _, err := l.Usage(ctx, "nobody", confPeriod); !errors.Is(err, ErrNotFound) {
 		t.Errorf("usage of a missing account: %v, want ErrNotFound", err)
 	}
-	rows, err := l.Reconcile(ctx)
+	rows, err := ReconcileRows(ctx, l)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1529,7 +1529,7 @@ func confUsageReconcile(t *testing.T, l Ledger) {
 
 	mustExecSQL(t, l, `UPDATE grants SET used = used + 1 WHERE account_id = 'acct-1' AND grant_id = 'm:2026-06'`)
 	mustExecSQL(t, l, `UPDATE usage_daily SET units = units + 2 WHERE account_id = 'acct-2'`)
-	rows, err = l.Reconcile(ctx)
+	rows, err = ReconcileRows(ctx, l)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1546,6 +1546,20 @@ func confUsageReconcile(t *testing.T, l Ledger) {
 	slices.SortFunc(diffs, func(a, b ReconcileRow) int { return strings.Compare(a.Account, b.Account) })
 	if !slices.Equal(diffs, wantDiffs) {
 		t.Errorf("reconcile after corrupting two counters: %+v, want %+v", diffs, wantDiffs)
+	}
+
+	// The rows stream: the caller's error stops the read at once and comes
+	// back as it was, with no more rows after it.
+	errEnough := errors.New("enough")
+	seen := 0
+	err = l.Reconcile(ctx, func(ReconcileRow) error {
+		if seen++; seen == 2 {
+			return errEnough
+		}
+		return nil
+	})
+	if !errors.Is(err, errEnough) || seen != 2 {
+		t.Errorf("reconcile stopped by its caller at the second row: %v after %d rows, want %v after 2", err, seen, errEnough)
 	}
 }
 
@@ -1697,7 +1711,7 @@ func confPruneEvents(t *testing.T, l Ledger) {
 	// what was pruned from it, and leaves the pruned months' usage out.
 	wantGrant(t, l, "acct-1", confJune, 3, 0)
 	wantGrant(t, l, "acct-1", "m:2026-07", 4, 0)
-	rows, err := l.Reconcile(ctx)
+	rows, err := ReconcileRows(ctx, l)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -122,11 +122,15 @@ type Ledger interface {
 	// Reconcile proves "counter equals log" (G6): for every grant, its used
 	// units against the sum of the event log's unrefunded allocations to it;
 	// for every account and period, the daily usage aggregates against the
-	// event log's unrefunded charges of that period. It returns every row;
-	// Diff marks the ones that disagree. After PruneEvents, a grant's used
-	// units are compared with the log plus what was pruned from it
+	// event log's unrefunded charges of that period. It calls each for every
+	// row as the ledger streams it (grants, then usage, each by account and
+	// scope), so that a ledger of millions of accounts is checked in constant
+	// memory; Diff marks the rows that disagree. It stops at each's first
+	// error and returns it. After PruneEvents, a grant's used units are
+	// compared with the log plus what was pruned from it
 	// (pruned_allocations), and the months pruned are not compared.
-	Reconcile(ctx context.Context) ([]ReconcileRow, error)
+	// ReconcileRows collects the rows of a small ledger.
+	Reconcile(ctx context.Context, each func(ReconcileRow) error) error
 	// PruneEvents drops the event log of the months before o.Before, oldest
 	// first, once nothing can change them any more (see prune.go); the
 	// grants, daily aggregates and alerts stay, and reconcile still checks
@@ -387,6 +391,18 @@ type AccountUsage struct {
 	Period  shard.Period
 	Units   int64
 	ByRoute map[string]int64
+}
+
+// ReconcileRows collects every row of l.Reconcile: for tests and small
+// ledgers (the demo's, chaos's); a ledger of many accounts is better
+// streamed.
+func ReconcileRows(ctx context.Context, l Ledger) ([]ReconcileRow, error) {
+	var rows []ReconcileRow
+	err := l.Reconcile(ctx, func(r ReconcileRow) error {
+		rows = append(rows, r)
+		return nil
+	})
+	return rows, err
 }
 
 // ReconcileRow compares one counter with the event log.

@@ -943,15 +943,13 @@ func (p *Postgres) Grants(ctx context.Context, account string) ([]GrantRow, erro
 // (the month of the day its aggregate is on). Batches settled with the event
 // log off count without leaving events, so their accounts show as Diff: the
 // log cannot vouch for them.
-func (p *Postgres) Reconcile(ctx context.Context) ([]ReconcileRow, error) {
-	var out []ReconcileRow
+func (p *Postgres) Reconcile(ctx context.Context, each func(ReconcileRow) error) error {
 	collect := func(kind string) func(pgx.Rows) error {
 		return func(rows pgx.Rows) error {
 			r := ReconcileRow{Kind: kind}
 			_, err := pgx.ForEachRow(rows, []any{&r.Account, &r.Scope, &r.Counter, &r.Events}, func() error {
 				r.Diff = r.Counter != r.Events
-				out = append(out, r)
-				return nil
+				return each(r)
 			})
 			return err
 		}
@@ -982,7 +980,7 @@ func (p *Postgres) Reconcile(ctx context.Context) ([]ReconcileRow, error) {
 		ORDER BY 1, 2`).Query(collect("usage"))
 	tx, err := p.sendTx(ctx, b)
 	defer tx.Rollback(ctx) // read only
-	return out, p.fail("reconcile", err)
+	return p.fail("reconcile", err)
 }
 
 // Events lists an account's event log, tombstones included.

@@ -123,7 +123,7 @@ func TestReplayServedBeforeAHandoffStaysBilled(t *testing.T) {
 			if got := r.used(t); got != 0 {
 				t.Fatalf("used %d once the replay was taken back too, want 0: nothing was served", got)
 			}
-			rows, err := r.l.Reconcile(ctx)
+			rows, err := ReconcileRows(ctx, r.l)
 			if err != nil {
 				t.Fatal(err)
 			}

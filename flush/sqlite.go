@@ -931,15 +931,15 @@ func (s *SQLite) Grants(ctx context.Context, account string) ([]GrantRow, error)
 
 // Reconcile compares the counters with the event log (G6), in one read
 // transaction; usage by UTC month of the charge.
-func (s *SQLite) Reconcile(ctx context.Context) ([]ReconcileRow, error) {
-	var out []ReconcileRow
+func (s *SQLite) Reconcile(ctx context.Context, each func(ReconcileRow) error) error {
 	collect := func(kind string) func(scan func(...any) error) error {
 		return func(scan func(...any) error) error {
 			r := ReconcileRow{Kind: kind}
-			err := scan(&r.Account, &r.Scope, &r.Counter, &r.Events)
+			if err := scan(&r.Account, &r.Scope, &r.Counter, &r.Events); err != nil {
+				return err
+			}
 			r.Diff = r.Counter != r.Events
-			out = append(out, r)
-			return err
+			return each(r)
 		}
 	}
 	err := s.read(ctx, func(tx *sql.Tx) error {
@@ -977,7 +977,7 @@ func (s *SQLite) Reconcile(ctx context.Context) ([]ReconcileRow, error) {
 			WHERE k.period >= (SELECT coalesce(max(pruned_before), '') FROM event_retention)
 			ORDER BY 1, 2`, nil, collect("usage"))
 	})
-	return out, s.fail("reconcile", err)
+	return s.fail("reconcile", err)
 }
 
 // Events lists an account's event log, tombstones included.

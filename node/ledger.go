@@ -431,7 +431,13 @@ func (n *Node) reconcileLoop(ctx context.Context) {
 			continue
 		}
 		rctx, cancel := context.WithTimeout(ctx, every/2)
-		rows, err := l.Reconcile(rctx)
+		diffs := 0
+		err := l.Reconcile(rctx, func(r flush.ReconcileRow) error {
+			if r.Diff {
+				diffs++
+			}
+			return nil
+		})
 		cancel()
 		if err != nil {
 			n.metrics.reconcileErrors.Inc()
@@ -439,12 +445,6 @@ func (n *Node) reconcileLoop(ctx context.Context) {
 			continue
 		}
 		n.metrics.reconcileLast.SetToCurrentTime()
-		diffs := 0
-		for _, r := range rows {
-			if r.Diff {
-				diffs++
-			}
-		}
 		n.metrics.reconcileDiffs.Set(float64(diffs))
 		if diffs > 0 {
 			n.log.Error("the ledger's counters differ from its event log; run quotad reconcile to see where", "differences", diffs)

@@ -225,7 +225,7 @@ func demoSummary(ctx context.Context, dsn string, cs []*customer) (*demoTotals, 
 		t.refunded += r.refunded
 		t.pending += r.pending
 	}
-	rows, err := l.Reconcile(ctx)
+	rows, err := flush.ReconcileRows(ctx, l)
 	if err != nil {
 		return nil, fmt.Errorf("demo: reconcile: %w", err)
 	}

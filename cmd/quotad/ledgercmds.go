@@ -113,6 +113,11 @@ Exits 0 when everything agrees, 3 when a difference is found, 1 on errors.`,
 	return cmd
 }
 
+// reconcileBlock is how many rows quotad reconcile aligns as one table: the
+// rows of a large ledger stream through in blocks of this many, so that
+// --all on millions of accounts runs in constant memory.
+const reconcileBlock = 1000
+
 // runReconcile writes its report to out and the data dirs' warnings (a dir
 // read without its lock) to errOut.
 func runReconcile(ctx context.Context, out, errOut io.Writer, dsn string, dataDirs []string, all bool) error {
@@ -121,10 +126,6 @@ func runReconcile(ctx context.Context, out, errOut io.Writer, dsn string, dataDi
 		return err
 	}
 	defer l.Close()
-	rows, err := l.Reconcile(ctx)
-	if err != nil {
-		return err
-	}
 	pruned, err := l.EventsPrunedBefore(ctx)
 	if err != nil {
 		return err
@@ -134,14 +135,23 @@ func runReconcile(ctx context.Context, out, errOut io.Writer, dsn string, dataDi
 	}
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "ACCOUNT\tKIND\tSCOPE\tCOUNTER\tEVENT LOG\tDIFFERENCE")
-	diffs := 0
-	for _, r := range rows {
+	rows, diffs, printed := 0, 0, 0
+	err = l.Reconcile(ctx, func(r flush.ReconcileRow) error {
+		rows++
 		if r.Diff {
 			diffs++
 		}
-		if r.Diff || all {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%+d\n", r.Account, r.Kind, r.Scope, r.Counter, r.Events, r.Counter-r.Events)
+		if !r.Diff && !all {
+			return nil
 		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%+d\n", r.Account, r.Kind, r.Scope, r.Counter, r.Events, r.Counter-r.Events)
+		if printed++; printed%reconcileBlock == 0 {
+			return tw.Flush() // NB: the rows stream; a tabwriter holds all it is given until Flush
+		}
+		return nil
+	})
+	if err != nil {
+		return err
 	}
 	tw.Flush()
 	for _, dir := range dataDirs {
@@ -149,7 +159,7 @@ func runReconcile(ctx context.Context, out, errOut io.Writer, dsn string, dataDi
 			return err
 		}
 	}
-	fmt.Fprintf(out, "\n%d rows compared, %d differences\n", len(rows), diffs)
+	fmt.Fprintf(out, "\n%d rows compared, %d differences\n", rows, diffs)
 	if diffs > 0 {
 		return &exitError{code: 3, err: fmt.Errorf("reconcile: %d differences between counters and the event log", diffs)}
 	}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -96,4 +97,42 @@ func migratedSQLite(t *testing.T) string {
 		t.Fatal(err)
 	}
 	return path
+}
+
+// quotad reconcile streams its rows: more differences than one aligned
+// block (reconcileBlock) are all printed, each once, with --all, the count
+// is right, and the exit code is 3.
+func TestReconcilePrintsEveryDifference(t *testing.T) {
+	path := migratedSQLite(t)
+	db, err := sql.Open("sqlite", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = reconcileBlock + 7
+	// Daily usage with no event behind it: one difference per account.
+	if _, err := db.Exec(`WITH RECURSIVE i(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM i WHERE x < ?)
+		INSERT INTO usage_daily (account_id, key_id, route, day, units, requests)
+		SELECT printf('acct-%05d', x), 'k', 'GET /x', '2026-06-15', 3, 1 FROM i`, n); err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+	var out bytes.Buffer
+	root := newRootCmd()
+	root.SetArgs([]string{"reconcile", "--ledger", "sqlite:" + path, "--all"})
+	root.SetOut(&out)
+	root.SetErr(&out)
+	err = root.ExecuteContext(context.Background())
+	var exit *exitError
+	if !errors.As(err, &exit) || exit.code != 3 {
+		t.Fatalf("reconcile of %d differences: %v, want exit code 3", n, err)
+	}
+	text := out.String()
+	for _, a := range []string{"acct-00001", fmt.Sprintf("acct-%05d", reconcileBlock), fmt.Sprintf("acct-%05d", reconcileBlock+1), fmt.Sprintf("acct-%05d", n)} {
+		if c := strings.Count(text, a+" "); c != 1 {
+			t.Errorf("%s printed %d times, want once", a, c)
+		}
+	}
+	if !strings.Contains(text, fmt.Sprintf("%d rows compared, %d differences", n, n)) {
+		t.Errorf("summary missing or wrong:\n%s", text[max(0, len(text)-300):])
+	}
 }

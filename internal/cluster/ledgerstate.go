@@ -29,7 +29,7 @@ func ReadLedger(ctx context.Context, l flush.Ledger, accounts []string) (*Ledger
 		}
 	}
 	var err error
-	if st.Reconcile, err = l.Reconcile(ctx); err != nil {
+	if st.Reconcile, err = flush.ReconcileRows(ctx, l); err != nil {
 		return nil, fmt.Errorf("cluster: reconcile: %w", err)
 	}
 	if st.Nodes, err = l.Nodes(ctx); err != nil {
