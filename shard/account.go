@@ -426,7 +426,11 @@ func (a *Account) allocate(units, wall, mono int64, params *Params, rec *Record)
 		}
 		avail := g.free()
 		if reserved {
-			avail = g.allowance
+			// What the ledger reserved for this node, but never more than
+			// the grant has free: a plan lowered below use plus allowance
+			// (a downgrade, a smaller quota) leaves the ledger's
+			// reservations as they were, and must stop charges at once.
+			avail = min(g.allowance, avail)
 			if g.exhaustedUntil <= mono && g.free() > g.allowance {
 				exhausted = false
 			}

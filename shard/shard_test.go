@@ -379,6 +379,33 @@ func TestReservationsMode(t *testing.T) {
 	}
 }
 
+// A plan lowered below use refuses at once in reservations mode too: the
+// allowance the ledger reserved under the old plan is not spent past the
+// new quota (the ledger lowers units and leaves reservations as they were).
+func TestDowngradeStopsAReservedAllowance(t *testing.T) {
+	p := DefaultParams()
+	p.Reservations = true
+	now := at("2026-06-10T00:00:00Z")
+	june := MonthlyGrantID(PeriodOf(now.Wall))
+	a := NewAccount(AccountConfig{ID: "a", Plan: hardPlan(100)})
+	var rec Record
+	a.Reserve(june, 80, now, &rec)
+	if d, _ := charge(a, "e1", 30, now, &p); d.Reason != OK {
+		t.Fatalf("under the old plan: %v", d.Reason)
+	}
+	a.Configure(AccountConfig{ID: "a", Plan: hardPlan(10)})
+	if d, _ := charge(a, "e2", 1, now, &p); d.Reason != QuotaExceeded || d.Remaining != 0 {
+		t.Fatalf("after a downgrade below use, with 50 units still reserved: %+v, want QuotaExceeded", d)
+	}
+	a.Configure(AccountConfig{ID: "a", Plan: hardPlan(35)})
+	if d, _ := charge(a, "e3", 6, now, &p); d.Reason != QuotaExceeded {
+		t.Fatalf("6 more on a quota of 35 with 30 used: %v, want QuotaExceeded", d.Reason)
+	}
+	if d, _ := charge(a, "e4", 5, now, &p); d.Reason != OK || d.Remaining != 0 {
+		t.Fatalf("the last 5 of 35: %+v", d)
+	}
+}
+
 // An owner that seeded the account before another node's charges were
 // settled counts less use than there is. When the ledger finds the grant
 // exhausted, answers show its use (Remaining 0 on the refusal, MonthUsed at
