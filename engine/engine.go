@@ -568,11 +568,11 @@ func (e *Engine) chargeOnce(account string, req *shard.Charge) (Result, error) {
 		// The replay's receipt is the charge's, from this node: with it
 		// RefundReplay takes the replay back here or, after the account
 		// moved, at its next owner.
-		res.Receipt = &shard.Receipt{EventID: r.EventID, Node: e.log.NodeID(), Gen: r.Gen, Units: r.Units, Period: r.Period, Wall: r.ChargeWall,
+		res.Receipt = &shard.Receipt{EventID: r.EventID, Account: r.Account, Node: e.log.NodeID(), Gen: r.Gen, Units: r.Units, Period: r.Period, Wall: r.ChargeWall,
 			Key: r.Key, Route: r.Route, Allocs: slices.Clone(r.Allocs)}
 		return res, nil
 	}
-	res.Receipt = &shard.Receipt{EventID: r.EventID, Node: e.log.NodeID(), Gen: r.Gen, Units: r.Units, Period: r.Period, Wall: r.Wall, Key: r.Key, Route: r.Route, Allocs: slices.Clone(r.Allocs)}
+	res.Receipt = &shard.Receipt{EventID: r.EventID, Account: r.Account, Node: e.log.NodeID(), Gen: r.Gen, Units: r.Units, Period: r.Period, Wall: r.Wall, Key: r.Key, Route: r.Route, Allocs: slices.Clone(r.Allocs)}
 	if e.params.Reservations {
 		e.noteSpendLocked(account, ent, req.Units, now)
 	}

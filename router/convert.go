@@ -24,7 +24,8 @@ var reasonFromPB = map[pb.Reason]shard.Reason{
 
 func decisionToPB(d *shard.Decision) *pb.Decision {
 	return &pb.Decision{Reason: reasonToPB[d.Reason], Units: d.Units, Limit: d.Limit, Remaining: d.Remaining, Reset_: d.Reset,
-		RetryAfter: d.RetryAfter, RateBurst: d.RateBurst, RateRemaining: d.RateRemaining, RateReset: d.RateReset, RateWindow: d.RateWindow}
+		RetryAfter: d.RetryAfter, RateBurst: d.RateBurst, RateRemaining: d.RateRemaining, RateReset: d.RateReset, RateWindow: d.RateWindow,
+		MonthUnits: d.MonthUnits, MonthUsed: d.MonthUsed}
 }
 
 // decisionFromPB reads d; a nil d, or a reason this build does not know,
@@ -34,14 +35,15 @@ func decisionFromPB(d *pb.Decision) shard.Decision {
 		return shard.Decision{}
 	}
 	return shard.Decision{Reason: reasonFromPB[d.Reason], Units: d.Units, Limit: d.Limit, Remaining: d.Remaining, Reset: d.Reset_,
-		RetryAfter: d.RetryAfter, RateBurst: d.RateBurst, RateRemaining: d.RateRemaining, RateReset: d.RateReset, RateWindow: d.RateWindow}
+		RetryAfter: d.RetryAfter, RateBurst: d.RateBurst, RateRemaining: d.RateRemaining, RateReset: d.RateReset, RateWindow: d.RateWindow,
+		MonthUnits: d.MonthUnits, MonthUsed: d.MonthUsed}
 }
 
 func receiptToPB(r *shard.Receipt) *pb.Receipt {
 	if r == nil {
 		return nil
 	}
-	out := &pb.Receipt{EventId: r.EventID, Node: r.Node, Gen: r.Gen, Units: r.Units, Period: int32(r.Period), Wall: r.Wall, Key: r.Key, Route: r.Route}
+	out := &pb.Receipt{EventId: r.EventID, Account: r.Account, Node: r.Node, Gen: r.Gen, Units: r.Units, Period: int32(r.Period), Wall: r.Wall, Key: r.Key, Route: r.Route}
 	for _, a := range r.Allocs {
 		out.Allocs = append(out.Allocs, &pb.Alloc{Grant: a.Grant, Units: a.Units})
 	}
@@ -52,7 +54,7 @@ func receiptFromPB(r *pb.Receipt) *shard.Receipt {
 	if r == nil {
 		return nil
 	}
-	out := &shard.Receipt{EventID: r.EventId, Node: r.Node, Gen: r.Gen, Units: r.Units, Period: shard.Period(r.Period), Wall: r.Wall, Key: r.Key, Route: r.Route}
+	out := &shard.Receipt{EventID: r.EventId, Account: r.Account, Node: r.Node, Gen: r.Gen, Units: r.Units, Period: shard.Period(r.Period), Wall: r.Wall, Key: r.Key, Route: r.Route}
 	for _, a := range r.Allocs {
 		out.Allocs = append(out.Allocs, shard.Alloc{Grant: a.Grant, Units: a.Units})
 	}
@@ -60,9 +62,9 @@ func receiptFromPB(r *pb.Receipt) *shard.Receipt {
 }
 
 func chargeToPB(c *ChargeRequest) *pb.ChargeRequest {
-	return &pb.ChargeRequest{Account: c.Account, EventId: c.EventID, ClientId: c.ClientID, Key: c.Key, Route: c.Route, Units: c.Units}
+	return &pb.ChargeRequest{Account: c.Account, EventId: c.EventID, ClientId: c.ClientID, Key: c.Key, Route: c.Route, Units: c.Units, Target: c.Target}
 }
 
 func chargeFromPB(c *pb.ChargeRequest) engine.Request {
-	return engine.Request{Account: c.Account, Charge: shard.Charge{EventID: c.EventId, ClientID: c.ClientId, Key: c.Key, Route: c.Route, Units: c.Units}}
+	return engine.Request{Account: c.Account, Charge: shard.Charge{EventID: c.EventId, ClientID: c.ClientId, Key: c.Key, Route: c.Route, Units: c.Units, Target: c.Target}}
 }

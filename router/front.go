@@ -3,6 +3,8 @@ package router
 import (
 	"bufio"
 	"context"
+	"crypto/sha256"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -439,6 +441,9 @@ func (f *front) admit(r *http.Request) (*charged, *Problem) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), f.opts.ChargeTimeout)
 	defer cancel()
 	req := ChargeRequest{Account: key.Account, EventID: eventID, ClientID: eventID != "", Key: key.ID, Route: route, Units: units}
+	if req.ClientID {
+		req.Target = RequestTarget(r)
+	}
 	var res ChargeResult
 	var durable func(context.Context) error
 	var err error
@@ -527,6 +532,22 @@ func apiKey(h http.Header) (key, from string, ok bool) {
 		return k, "Authorization", k != ""
 	}
 	return "", "", false
+}
+
+// RequestTarget is the digest the HTTP front sends as ChargeRequest.Target:
+// the method and the request target (path and query, as sent), so that an
+// Idempotency-Key names one request and a retry of it, however it reaches
+// the cluster. The host is left out: a client may retry through another
+// node's address. It is never 0.
+func RequestTarget(r *http.Request) uint64 {
+	h := sha256.New()
+	io.WriteString(h, r.Method)
+	h.Write([]byte{' '})
+	io.WriteString(h, r.URL.EscapedPath())
+	h.Write([]byte{'?'})
+	io.WriteString(h, r.URL.RawQuery)
+	var sum [sha256.Size]byte
+	return max(1, binary.BigEndian.Uint64(h.Sum(sum[:0])))
 }
 
 // maxIdempotencyKey bounds an Idempotency-Key's length.

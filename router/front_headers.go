@@ -30,7 +30,7 @@ const (
 	// ProblemBadRequest: a malformed header, such as Idempotency-Key (400).
 	ProblemBadRequest = problemBase + "bad-request"
 	// ProblemIdempotencyKeyReused: the Idempotency-Key was already used by
-	// the account for a request to another route (422, as the IETF draft
+	// the account for another request (422, as the IETF draft
 	// on the header asks); nothing was charged.
 	ProblemIdempotencyKeyReused = problemBase + "idempotency-key-reused"
 	// ProblemPayloadTooLarge: the body is over FrontOptions.MaxBodyBytes (413).
@@ -207,7 +207,7 @@ func refusal(d *shard.Decision, units int64, quotaStatus int) *Problem {
 		return p
 	case shard.IDReused:
 		return newProblem(ProblemIdempotencyKeyReused, "Idempotency-Key reused", http.StatusUnprocessableEntity,
-			"This Idempotency-Key was used by this account in the last 24 hours for a request to another route; a retry must repeat the same request, and a new request needs a new key. Nothing was charged.")
+			"This Idempotency-Key was used by this account in the last 24 hours for another request (another route, method, path or query); a retry must repeat the same request, and a new request needs a new key. Nothing was charged.")
 	case shard.UnknownAccount:
 		p := newProblem(ProblemQuotaUnavailable, "Quota unavailable", http.StatusServiceUnavailable,
 			"The owner of this key's account has not loaded its config yet; retry in a second.")

@@ -119,11 +119,25 @@ func TestProxyIdempotencyKey(t *testing.T) {
 		t.Errorf("422: X-Quota-Remaining %q, RateLimit %q; want the owner's state (96 left) on the answer it decided", got, reused.header.Get("RateLimit"))
 	}
 	expect(t, "the write's key on its own route again", do(t, proxy, "POST", "/v1/tasks", a1.key, nil, "Idempotency-Key: order-42"), 200, "96")
+	// Nor another request on the same route (another query or path, here
+	// under the default route "*", which spans every unpriced path): one
+	// key would serve them all for one charge, past a hard quota.
+	reusedFor := func(what, method, path, key string) {
+		t.Helper()
+		got := do(t, proxy, method, path, a1.key, nil, "Idempotency-Key: "+key)
+		if got.status != 422 || got.problem.Type != router.ProblemIdempotencyKeyReused || !strings.Contains(got.problem.Detail, "another request") {
+			t.Fatalf("key %s for %s: %d %+v; want 422 idempotency-key-reused", key, what, got.status, got.problem)
+		}
+	}
+	reusedFor("another query", "POST", "/v1/tasks?copy=2", "order-42")
+	expect(t, "a read of an unpriced path under a new key", do(t, proxy, "GET", "/v1/anything", a1.key, nil, "Idempotency-Key: read-7"), 200, "95")
+	expect(t, "its retry", do(t, proxy, "GET", "/v1/anything", a1.key, nil, "Idempotency-Key: read-7"), 200, "95")
+	reusedFor("another unpriced path", "GET", "/v1/other", "read-7")
 	for _, a := range []account{a1, a2} {
 		u := do(t, proxy, "GET", "/v1/usage", a.key, nil).usage(t)
 		want := map[string]int64{"POST /v1/tasks": 2}
 		if a == a1 {
-			want["POST /v1/tasks"] = 4
+			want["POST /v1/tasks"], want["*"] = 4, 1
 		}
 		if !reflect.DeepEqual(u.Routes, want) {
 			t.Fatalf("%s: usage %+v, want routes %v", a.id, u, want)

@@ -111,6 +111,14 @@ type ChargeRequest struct {
 	Route    string
 	// Units to charge: 0 (rate limited, not billed) to shard.MaxUnits.
 	Units int64
+	// Target is an optional digest of the request a ClientID names (the
+	// HTTP front hashes the method and request target; see
+	// RequestTarget). A ClientID reused with another non-zero Target is
+	// refused IDReused, as one reused for another Route is: otherwise one
+	// idempotency key would serve every request under one route for a
+	// single charge. The owner remembers it while it runs; after its
+	// restart, or at the account's next owner, only Route is compared.
+	Target uint64
 }
 
 // ChargeResult is the owner's decision.
@@ -289,7 +297,7 @@ func (r *Router) chargeVia(ctx context.Context, req ChargeRequest, target string
 func (r *Router) ChargeEarly(ctx context.Context, req ChargeRequest) (ChargeResult, func(context.Context) error, error) {
 	if owner, ok := r.cfg.Ring.Owner(req.Account); ok && owner.ID == r.self {
 		res, wait, err := r.cfg.Engine.ChargeEarly(ctx, req.Account, shard.Charge{EventID: req.EventID, ClientID: req.ClientID,
-			Key: req.Key, Route: req.Route, Units: req.Units})
+			Key: req.Key, Route: req.Route, Units: req.Units, Target: req.Target})
 		if !errors.Is(err, engine.ErrNotOwner) {
 			if err != nil {
 				return ChargeResult{}, nil, mapEngineErr(err)
@@ -304,7 +312,7 @@ func (r *Router) ChargeEarly(ctx context.Context, req ChargeRequest) (ChargeResu
 
 func (r *Router) chargeLocal(ctx context.Context, req ChargeRequest) (ChargeResult, error) {
 	r.stats.Local.Add(1)
-	res, err := r.cfg.Engine.Charge(ctx, req.Account, shard.Charge{EventID: req.EventID, ClientID: req.ClientID, Key: req.Key, Route: req.Route, Units: req.Units})
+	res, err := r.cfg.Engine.Charge(ctx, req.Account, shard.Charge{EventID: req.EventID, ClientID: req.ClientID, Key: req.Key, Route: req.Route, Units: req.Units, Target: req.Target})
 	if err != nil {
 		return ChargeResult{}, mapEngineErr(err)
 	}

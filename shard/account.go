@@ -11,6 +11,10 @@ import (
 // carries the receipt the charge returned.
 type Receipt struct {
 	EventID string
+	// Account is the account charged (set by the engine): a refund with
+	// the receipt for another account is refused (Invalid). Empty in
+	// receipts of older builds, which are not checked.
+	Account string
 	// Node is the node that charged (set by the engine): an attempt's refund
 	// that reaches another owner names it (Record.Origin).
 	Node   string
@@ -30,6 +34,38 @@ type Receipt struct {
 // return units twice or not at all; a receipt that old is refused
 // (UnknownEvent), as a client id older than the dedup window is.
 func Refundable(charged, now Period) bool { return charged >= now-1 }
+
+// fits reports whether r can be a receipt of a charge of account: its
+// account (when it names one) is account, and its units are those of a
+// charge, all allocated. The engine trusts receipts as the proof of a
+// charge it does not remember (a generated id); these checks catch one
+// passed with the wrong account, or altered.
+func (r *Receipt) fits(account string) bool {
+	if (r.Account != "" && r.Account != account) || r.Units <= 0 || r.Units > MaxUnits {
+		return false
+	}
+	var sum int64
+	for _, al := range r.Allocs {
+		if al.Units <= 0 || al.Units > MaxUnits {
+			return false
+		}
+		sum += al.Units
+	}
+	return sum == r.Units
+}
+
+// holds reports whether this owner's use of each of allocs' grants that it
+// has covers the units to give back: a charge made here was counted here
+// (or settled, which the use includes), so a refund of more than a grant's
+// use names a charge that never was.
+func (a *Account) holds(allocs []Alloc) bool {
+	for _, al := range allocs {
+		if g := a.grant(al.Grant); g != nil && g.used < al.Units {
+			return false
+		}
+	}
+	return true
+}
 
 // fromElsewhere reports whether r is the receipt of eventID from another
 // node than self (the account moved since): nothing of that charge, or of
@@ -54,6 +90,7 @@ type event struct {
 	pending bool
 	key     string
 	route   string
+	target  uint64 // Charge.Target of the charge; 0: unknown (rebuilt from the log)
 	allocs  []Alloc
 }
 
@@ -324,10 +361,11 @@ func (a *Account) Charge(req *Charge, now Now, params *Params, rec *Record) Deci
 				// Refunded (the work failed): a retry with the same id is a
 				// new charge, the id's next generation, not a free replay.
 				gen = e.gen + 1
-			case e.route != req.Route:
-				// The id names a charge for another route: a client bug
-				// (one key for two requests), never a retry. Replaying it
-				// would serve the new request for the old one's units.
+			case e.route != req.Route || (e.target != 0 && req.Target != 0 && e.target != req.Target):
+				// The id names a charge for another route, or another
+				// request: a client bug (one key for two requests), never a
+				// retry. Replaying it would serve the new request for the
+				// old one's units, or for nothing.
 				d.Reason = IDReused
 				a.fill(&d, now, wall)
 				return d
@@ -394,7 +432,7 @@ func (a *Account) Charge(req *Charge, now Now, params *Params, rec *Record) Deci
 		rec.Units, rec.Period, rec.Gen = req.Units, p, gen
 		if req.ClientID {
 			a.dedup.put(req.EventID, a.seen, event{gen: gen, units: req.Units, period: p, chargeAt: a.seen,
-				key: req.Key, route: req.Route, allocs: slices.Clone(rec.Allocs)})
+				key: req.Key, route: req.Route, target: req.Target, allocs: slices.Clone(rec.Allocs)})
 		}
 	}
 	d.Reason, d.Units = OK, req.Units
@@ -522,6 +560,11 @@ func (a *Account) RefundAttempt(eventID string, receipt *Receipt, self string, n
 	if receipt.fromElsewhere(eventID, self) {
 		p, wall := a.advance(now.Wall)
 		d := Decision{Reason: Refunded, Units: receipt.Units, Reset: p.End() / 1e9}
+		if !receipt.fits(a.cfg.ID) {
+			rec.Type, d.Reason, d.Units = 0, Invalid, 0
+			a.fill(&d, now, wall)
+			return d
+		}
 		if !Refundable(receipt.Period, p) {
 			rec.Type, d.Reason, d.Units = 0, UnknownEvent, 0
 			a.fill(&d, now, wall)
@@ -617,6 +660,8 @@ func (a *Account) refund(eventID string, receipt *Receipt, attempt bool, now Now
 	} else if receipt != nil && receipt.EventID == eventID {
 		if _, done := a.refunded.get(eventID, a.seen, params.DedupWindow); done {
 			d.Reason = AlreadyRefunded
+		} else if !receipt.fits(a.cfg.ID) || !a.holds(receipt.Allocs) {
+			d.Reason = Invalid // another account's receipt, or altered
 		} else if !Refundable(receipt.Period, p) {
 			d.Reason = UnknownEvent // too old: see Refundable
 		} else {

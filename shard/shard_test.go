@@ -3,6 +3,7 @@ package shard
 import (
 	"fmt"
 	"math"
+	"slices"
 	"testing"
 	"time"
 )
@@ -99,6 +100,96 @@ func TestRefundByReceiptOnce(t *testing.T) {
 	}
 	if d := a.Refund("gen-1", rc, now, &p, &rec); d.Reason != AlreadyRefunded || d.Remaining != 10 {
 		t.Fatalf("receipt twice: %+v", d)
+	}
+}
+
+// A receipt is the proof of a charge the owner does not remember (a
+// generated id): one passed with another account, or altered (units not
+// those of its allocations, more than its grant used), is refused Invalid
+// and changes nothing. A reviewer refunded 40 twice (once on the wrong
+// account) and 500 for a charge of 1, past a hard quota.
+func TestAlteredOrMisplacedReceiptIsRefused(t *testing.T) {
+	p := DefaultParams()
+	now := at("2026-06-10T00:00:00Z")
+	a := NewAccount(AccountConfig{ID: "a", Plan: hardPlan(100)})
+	b := NewAccount(AccountConfig{ID: "b", Plan: hardPlan(100)})
+	var rec Record
+	for _, acct := range []*Account{a, b} {
+		if d := acct.Charge(&Charge{EventID: "gen-" + acct.ID(), Units: 40, Route: "r"}, now, &p, &rec); d.Reason != OK {
+			t.Fatal(d.Reason)
+		}
+	}
+	good := Receipt{EventID: "gen-b", Account: "b", Units: 40, Period: rec.Period, Wall: rec.Wall, Route: "r", Allocs: slices.Clone(rec.Allocs)}
+	alter := func(f func(*Receipt)) *Receipt {
+		r := good
+		r.Allocs = slices.Clone(good.Allocs)
+		f(&r)
+		return &r
+	}
+	for name, c := range map[string]struct {
+		acct *Account
+		r    *Receipt
+	}{
+		"b's receipt on a":            {a, alter(func(*Receipt) {})},
+		"units above its allocations": {b, alter(func(r *Receipt) { r.Units = 41 })},
+		"more than the grant used":    {b, alter(func(r *Receipt) { r.Units, r.Allocs[0].Units = 500, 500 })},
+		"a negative allocation":       {b, alter(func(r *Receipt) { r.Units, r.Allocs = 40, append(r.Allocs, Alloc{Grant: r.Allocs[0].Grant, Units: -1}) })},
+	} {
+		before := c.acct.Usage(now)
+		if d := c.acct.Refund("gen-b", c.r, now, &p, &rec); d.Reason != Invalid || rec.Type != 0 {
+			t.Errorf("%s: %s, record %v; want invalid, nothing logged", name, d.Reason, rec.Type)
+		}
+		if d := c.acct.RefundAttempt("gen-b", c.r, "n1", now, &p, &rec); d.Reason != Invalid || rec.Type != 0 {
+			t.Errorf("%s, as an attempt's refund: %s, record %v; want invalid, nothing logged", name, d.Reason, rec.Type)
+		}
+		if u := c.acct.Usage(now); u.Used != before.Used {
+			t.Errorf("%s: used %d, was %d", name, u.Used, before.Used)
+		}
+	}
+	// A receipt of another node (the account moved since) is checked too.
+	moved := alter(func(r *Receipt) { r.Node = "n2" })
+	if d := a.RefundAttempt("gen-b", moved, "n1", now, &p, &rec); d.Reason != Invalid || rec.Type != 0 {
+		t.Errorf("b's receipt from another node on a: %s, want invalid", d.Reason)
+	}
+	// The receipt as it was, and one of an older build (no account), refund.
+	if d := b.Refund("gen-b", &good, now, &p, &rec); d.Reason != Refunded || d.Remaining != 100 {
+		t.Fatalf("b's own receipt: %+v", d)
+	}
+	old := Receipt{EventID: "gen-a", Units: 40, Period: good.Period, Wall: good.Wall, Route: "r", Allocs: slices.Clone(good.Allocs)}
+	if d := a.Refund("gen-a", &old, now, &p, &rec); d.Reason != Refunded {
+		t.Fatalf("a receipt without an account (an older build's): %s", d.Reason)
+	}
+}
+
+// One client id names one request: the HTTP front sends a digest of it
+// (Target), and the same id with another target is refused IDReused while
+// the owner remembers it; a target of 0 (a caller without one, or the
+// owner after a restart) compares the route only.
+func TestOneIDForTwoRequestsIsRefused(t *testing.T) {
+	p := DefaultParams()
+	a := NewAccount(AccountConfig{ID: "a", Plan: hardPlan(10)})
+	now := at("2026-06-10T00:00:00Z")
+	var rec Record
+	ch := func(target uint64) Reason {
+		return a.Charge(&Charge{EventID: "k", ClientID: true, Route: "*", Units: 1, Target: target}, now, &p, &rec).Reason
+	}
+	if r := ch(7); r != OK {
+		t.Fatal(r)
+	}
+	for target, want := range map[uint64]Reason{7: Replayed, 8: IDReused, 0: Replayed} {
+		if r := ch(target); r != want {
+			t.Errorf("key k with target %d: %s, want %s", target, r, want)
+		}
+	}
+	if u := a.Usage(now); u.Used != 1 {
+		t.Errorf("used %d, want 1", u.Used)
+	}
+	restored := NewAccount(AccountConfig{ID: "a", Plan: a.Plan()})
+	if err := restored.RestoreCheckpoint(a.AppendCheckpoint(nil)); err != nil {
+		t.Fatal(err)
+	}
+	if d := restored.Charge(&Charge{EventID: "k", ClientID: true, Route: "*", Units: 1, Target: 8}, now, &p, &rec); d.Reason != Replayed {
+		t.Errorf("after a restart, another target: %s, want replayed (the route alone is compared)", d.Reason)
 	}
 }
 

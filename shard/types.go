@@ -202,6 +202,14 @@ type Charge struct {
 	Key      string // the API key's id (never the plaintext), for usage by key
 	Route    string // the route pattern, for usage by route
 	Units    int64
+	// Target is a digest of the request a client id names (the HTTP front
+	// hashes its method and request target); 0: the caller has
+	// none. A client id reused with another target is refused IDReused,
+	// as one reused on another route is: without it one Idempotency-Key
+	// would serve every path under one route pattern for one charge. The
+	// owner keeps it in memory only: after its restart, or on the
+	// account's next owner, the route alone is compared.
+	Target uint64
 }
 
 // Decision is the answer to a charge or a refund.

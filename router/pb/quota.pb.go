@@ -160,10 +160,14 @@ type ChargeRequest struct {
 	// Empty: the owner makes a unique id.
 	EventId string `protobuf:"bytes,2,opt,name=event_id,json=eventId,proto3" json:"event_id,omitempty"`
 	// event_id came from the client (Idempotency-Key): deduplicated.
-	ClientId      bool   `protobuf:"varint,3,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
-	Key           string `protobuf:"bytes,4,opt,name=key,proto3" json:"key,omitempty"`
-	Route         string `protobuf:"bytes,5,opt,name=route,proto3" json:"route,omitempty"`
-	Units         int64  `protobuf:"varint,6,opt,name=units,proto3" json:"units,omitempty"`
+	ClientId bool   `protobuf:"varint,3,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
+	Key      string `protobuf:"bytes,4,opt,name=key,proto3" json:"key,omitempty"`
+	Route    string `protobuf:"bytes,5,opt,name=route,proto3" json:"route,omitempty"`
+	Units    int64  `protobuf:"varint,6,opt,name=units,proto3" json:"units,omitempty"`
+	// A digest of the request a client id names (the HTTP front: method
+	// and request target); 0: none. The owner refuses a client id
+	// reused with another target (ID_REUSED).
+	Target        uint64 `protobuf:"fixed64,7,opt,name=target,proto3" json:"target,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -236,6 +240,13 @@ func (x *ChargeRequest) GetRoute() string {
 func (x *ChargeRequest) GetUnits() int64 {
 	if x != nil {
 		return x.Units
+	}
+	return 0
+}
+
+func (x *ChargeRequest) GetTarget() uint64 {
+	if x != nil {
+		return x.Target
 	}
 	return 0
 }
@@ -327,6 +338,9 @@ type Decision struct {
 	RateRemaining int64 `protobuf:"varint,8,opt,name=rate_remaining,json=rateRemaining,proto3" json:"rate_remaining,omitempty"`
 	RateReset     int64 `protobuf:"varint,9,opt,name=rate_reset,json=rateReset,proto3" json:"rate_reset,omitempty"`
 	RateWindow    int64 `protobuf:"varint,10,opt,name=rate_window,json=rateWindow,proto3" json:"rate_window,omitempty"`
+	// The active monthly grant's units and use (0: no monthly quota).
+	MonthUnits    int64 `protobuf:"varint,11,opt,name=month_units,json=monthUnits,proto3" json:"month_units,omitempty"`
+	MonthUsed     int64 `protobuf:"varint,12,opt,name=month_used,json=monthUsed,proto3" json:"month_used,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -431,6 +445,20 @@ func (x *Decision) GetRateWindow() int64 {
 	return 0
 }
 
+func (x *Decision) GetMonthUnits() int64 {
+	if x != nil {
+		return x.MonthUnits
+	}
+	return 0
+}
+
+func (x *Decision) GetMonthUsed() int64 {
+	if x != nil {
+		return x.MonthUsed
+	}
+	return 0
+}
+
 type Alloc struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Grant         string                 `protobuf:"bytes,1,opt,name=grant,proto3" json:"grant,omitempty"`
@@ -495,7 +523,9 @@ type Receipt struct {
 	// The generation of a client id charged again after a refund.
 	Gen uint32 `protobuf:"varint,8,opt,name=gen,proto3" json:"gen,omitempty"`
 	// The node that charged.
-	Node          string `protobuf:"bytes,9,opt,name=node,proto3" json:"node,omitempty"`
+	Node string `protobuf:"bytes,9,opt,name=node,proto3" json:"node,omitempty"`
+	// The account charged: a refund with it for another account is refused.
+	Account       string `protobuf:"bytes,10,opt,name=account,proto3" json:"account,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -589,6 +619,13 @@ func (x *Receipt) GetGen() uint32 {
 func (x *Receipt) GetNode() string {
 	if x != nil {
 		return x.Node
+	}
+	return ""
+}
+
+func (x *Receipt) GetAccount() string {
+	if x != nil {
+		return x.Account
 	}
 	return ""
 }
@@ -1584,19 +1621,20 @@ var File_quota_proto protoreflect.FileDescriptor
 
 const file_quota_proto_rawDesc = "" +
 	"\n" +
-	"\vquota.proto\x12\fquotaring.v1\"\x9f\x01\n" +
+	"\vquota.proto\x12\fquotaring.v1\"\xb7\x01\n" +
 	"\rChargeRequest\x12\x18\n" +
 	"\aaccount\x18\x01 \x01(\tR\aaccount\x12\x19\n" +
 	"\bevent_id\x18\x02 \x01(\tR\aeventId\x12\x1b\n" +
 	"\tclient_id\x18\x03 \x01(\bR\bclientId\x12\x10\n" +
 	"\x03key\x18\x04 \x01(\tR\x03key\x12\x14\n" +
 	"\x05route\x18\x05 \x01(\tR\x05route\x12\x14\n" +
-	"\x05units\x18\x06 \x01(\x03R\x05units\"\x84\x01\n" +
+	"\x05units\x18\x06 \x01(\x03R\x05units\x12\x16\n" +
+	"\x06target\x18\a \x01(\x06R\x06target\"\x84\x01\n" +
 	"\vChargeBatch\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x125\n" +
 	"\acharges\x18\x02 \x03(\v2\x1b.quotaring.v1.ChargeRequestR\acharges\x12\x12\n" +
 	"\x04hops\x18\x03 \x01(\rR\x04hops\x12\x14\n" +
-	"\x05route\x18\x04 \x01(\bR\x05route\"\xbf\x02\n" +
+	"\x05route\x18\x04 \x01(\bR\x05route\"\xff\x02\n" +
 	"\bDecision\x12,\n" +
 	"\x06reason\x18\x01 \x01(\x0e2\x14.quotaring.v1.ReasonR\x06reason\x12\x14\n" +
 	"\x05units\x18\x02 \x01(\x03R\x05units\x12\x14\n" +
@@ -1612,10 +1650,14 @@ const file_quota_proto_rawDesc = "" +
 	"rate_reset\x18\t \x01(\x03R\trateReset\x12\x1f\n" +
 	"\vrate_window\x18\n" +
 	" \x01(\x03R\n" +
-	"rateWindow\"3\n" +
+	"rateWindow\x12\x1f\n" +
+	"\vmonth_units\x18\v \x01(\x03R\n" +
+	"monthUnits\x12\x1d\n" +
+	"\n" +
+	"month_used\x18\f \x01(\x03R\tmonthUsed\"3\n" +
 	"\x05Alloc\x12\x14\n" +
 	"\x05grant\x18\x01 \x01(\tR\x05grant\x12\x14\n" +
-	"\x05units\x18\x02 \x01(\x03R\x05units\"\xe1\x01\n" +
+	"\x05units\x18\x02 \x01(\x03R\x05units\"\xfb\x01\n" +
 	"\aReceipt\x12\x19\n" +
 	"\bevent_id\x18\x01 \x01(\tR\aeventId\x12\x14\n" +
 	"\x05units\x18\x02 \x01(\x03R\x05units\x12\x16\n" +
@@ -1625,7 +1667,9 @@ const file_quota_proto_rawDesc = "" +
 	"\x05route\x18\x06 \x01(\tR\x05route\x12+\n" +
 	"\x06allocs\x18\a \x03(\v2\x13.quotaring.v1.AllocR\x06allocs\x12\x10\n" +
 	"\x03gen\x18\b \x01(\rR\x03gen\x12\x12\n" +
-	"\x04node\x18\t \x01(\tR\x04node\"Z\n" +
+	"\x04node\x18\t \x01(\tR\x04node\x12\x18\n" +
+	"\aaccount\x18\n" +
+	" \x01(\tR\aaccount\"Z\n" +
 	"\n" +
 	"WrongOwner\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x12\x19\n" +
