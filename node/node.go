@@ -351,6 +351,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 		return nil, err
 	}
 	n.goLoop(n.fenceLoop)
+	n.goLoop(n.forgetNotOwned)
 	if n.cfg.ReconcileInterval > 0 {
 		n.goLoop(n.reconcileLoop)
 	}
@@ -606,7 +607,9 @@ func (n *Node) serve() error {
 		BaseContext: func(net.Listener) context.Context { return base },
 		ErrorLog:    slog.NewLogLogger(serverErrorLog(n.log.With("component", "http")), slog.LevelWarn)}
 	n.httpSrv.Protocols = frontProtocols(n.httpTLS != nil)
-	n.admin = &http.Server{Handler: n.adminHandler(), ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(serverErrorLog(n.log.With("component", "admin-http")), slog.LevelWarn)}
+	n.admin = &http.Server{Handler: n.adminHandler(), ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout: publicIdleTimeout, // a Prometheus scraper's or a dashboard's idle connection, as on the public port
+		ErrorLog:    slog.NewLogLogger(serverErrorLog(n.log.With("component", "admin-http")), slog.LevelWarn)}
 	for _, s := range []struct {
 		srv *http.Server
 		lis net.Listener

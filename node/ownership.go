@@ -58,7 +58,39 @@ func (n *Node) releaseNotOwned(ctx context.Context) {
 		}
 		if err := n.eng.Release(ctx, id); err != nil {
 			n.log.Warn("handing back the reservation of an account owned elsewhere failed", "account", id, "err", err)
+			continue
 		}
+		n.eng.Forget(id) // see forgetNotOwned
+	}
+}
+
+// forgetNotOwned lets go, once the node serves, of the accounts its log and
+// checkpoints brought back that another node owns now, as a partition lost
+// while running does (releaseLost): kept, every account the node ever
+// owned stayed in memory, dedup windows and all, and was loaded again at
+// each start. Their allowances were handed back before serving (or are by
+// releaseNotOwned once a late ledger answers); an account still holding
+// one, or with records the config snapshot does not include yet, stays
+// until it may go (Engine.Forget). It ends once it has looked, or with ctx.
+func (n *Node) forgetNotOwned(ctx context.Context) {
+	t := time.NewTicker(50 * time.Millisecond)
+	defer t.Stop()
+	for !n.isServing() {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+	forgot := 0
+	for _, id := range n.eng.AccountIDs() {
+		if !n.owns(id) {
+			n.eng.Forget(id)
+			forgot++
+		}
+	}
+	if forgot > 0 {
+		n.log.Info("let go of accounts owned by other nodes now", "accounts", forgot)
 	}
 }
 

@@ -206,3 +206,47 @@ func TestOneNodeReconciles(t *testing.T) {
 		t.Errorf("n3 ran a periodic reconcile beside n2 (last success %v)", v)
 	}
 }
+
+// A node that restarts into a ring where others own some of the accounts it
+// held lets those go once it has handed their reservations back, as it
+// does when it loses them while running: before, it kept every account it
+// had ever owned, and loaded them all again at each start.
+func TestRestartLetsGoOfAccountsOwnedElsewhere(t *testing.T) {
+	dir := t.TempDir()
+	dsn := "sqlite:" + filepath.Join(dir, "ledger.db")
+	accounts := twentyAccounts(100)
+	seedLedger(t, dsn, accounts)
+	n1, err := Start(context.Background(), startConfig(dsn, dir, "n1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	chargeEachThrough(t, n1, accounts) // n1 alone owns all twenty
+	cfg := n1.cfg
+	if err := n1.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	n2, err := Start(context.Background(), startConfig(dsn, dir, "n2"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { n2.Shutdown(context.Background()) })
+	cfg.Join = []string{n2.GossipAddr()}
+	again, err := Start(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { again.Shutdown(context.Background()) })
+	waitFor(t, 20*time.Second, "n1 serving in one ring with n2", func() bool {
+		return again.isServing() && len(again.Ring().View().Serving) == 2 && again.Ring().Epoch() == n2.Ring().Epoch()
+	})
+	var elsewhere []string
+	waitFor(t, 20*time.Second, "n1 holding only the accounts it owns", func() bool {
+		elsewhere = elsewhere[:0]
+		for _, id := range again.eng.AccountIDs() {
+			if !again.owns(id) {
+				elsewhere = append(elsewhere, id)
+			}
+		}
+		return len(elsewhere) == 0
+	})
+}
