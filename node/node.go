@@ -94,6 +94,12 @@ type Config struct {
 	// with the smallest id (one node of the ring does it); negative turns it
 	// off.
 	ReconcileInterval time.Duration
+	// DedupMaxIDs bounds the client event ids (Idempotency-Keys) an owner
+	// remembers per account for the dedup window; the oldest go first
+	// [100,000]. Each settle rewrites the window of every account that
+	// charged since the last (about 105 bytes an id): see README,
+	// "Accounts that send many Idempotency-Keys".
+	DedupMaxIDs int
 	// TestFaults exposes fault injection on the admin port (/test/...): for
 	// the chaos tests only.
 	TestFaults bool
@@ -440,7 +446,8 @@ func (n *Node) openEngine() error {
 	n.clockWake = make(chan struct{}, 1)
 	n.eng, err = engine.Open(engine.Options{
 		Log: n.wal, Clock: n.clock, Reserver: (*nodeReserver)(n), ReserveWindow: n.cfg.SettleInterval,
-		Owns: n.owns, Logger: n.log.With("component", "engine"), OnCharge: n.onCharge,
+		Params: shard.Params{DedupMax: n.cfg.DedupMaxIDs},
+		Owns:   n.owns, Logger: n.log.With("component", "engine"), OnCharge: n.onCharge,
 	})
 	if err != nil {
 		return fmt.Errorf("node: recover the engine: %w", err)

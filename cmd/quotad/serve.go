@@ -22,6 +22,7 @@ import (
 	"github.com/quotaring/quotaring/node"
 	"github.com/quotaring/quotaring/ring"
 	"github.com/quotaring/quotaring/router"
+	"github.com/quotaring/quotaring/shard"
 )
 
 type serveFlags struct {
@@ -32,6 +33,7 @@ type serveFlags struct {
 	rpcTLS                                   router.TLSFiles
 	advertiseHost                            string
 	reconcileInterval                        time.Duration
+	dedupMaxIDs                              int
 	maxClockOffset                           time.Duration
 	ringPreset                               string
 	settleInterval, snapshotInterval         time.Duration
@@ -94,6 +96,7 @@ for the next start.`,
 	fl.DurationVar(&f.drainTimeout, "drain-timeout", 10*time.Second, "on SIGTERM, how long in-flight requests may take to finish")
 	fl.DurationVar(&f.settleTimeout, "settle-timeout", 20*time.Second, "on SIGTERM, how long the final settle may take")
 	fl.DurationVar(&f.reconcileInterval, "reconcile-interval", 15*time.Minute, "how often to check the ledger's counters against its event log (exported as quotaring_reconcile_differences); one node, the serving member with the smallest id, runs it; 0 turns it off")
+	fl.IntVar(&f.dedupMaxIDs, "dedup-max-ids", shard.DefaultParams().DedupMax, fmt.Sprintf("the Idempotency-Keys an owner remembers per account for 24 h, the oldest dropped first (%d to %d); each settle rewrites the ids of every account that charged since, about 105 bytes an id (README: Accounts that send many Idempotency-Keys)", minDedupMaxIDs, maxDedupMaxIDs))
 	fl.DurationVar(&f.maxClockOffset, "max-clock-offset", node.DefaultMaxClockOffset, "how far this node's clock may stand from the ledger's, or step, before the node warns, holds to its time from before a step, or takes the ledger's time when the other nodes agree with the ledger (README: Months and clocks); at least "+node.MinMaxClockOffset.String())
 	fl.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
 	fl.StringVar(&f.logFormat, "log-format", "text", "text or json")
@@ -155,6 +158,9 @@ func (f *serveFlags) config(logger *slog.Logger) (node.Config, error) {
 	if f.maxClockOffset < node.MinMaxClockOffset {
 		return node.Config{}, fmt.Errorf("--max-clock-offset %s: want at least %s (a reading of the ledger's clock is off by up to half its round trip); the default is %s", f.maxClockOffset, node.MinMaxClockOffset, node.DefaultMaxClockOffset)
 	}
+	if f.dedupMaxIDs < minDedupMaxIDs || f.dedupMaxIDs > maxDedupMaxIDs {
+		return node.Config{}, fmt.Errorf("--dedup-max-ids %d: want %d to %d Idempotency-Keys remembered per account (default %d)", f.dedupMaxIDs, minDedupMaxIDs, maxDedupMaxIDs, shard.DefaultParams().DedupMax)
+	}
 	if f.reconcileInterval < 0 {
 		return node.Config{}, fmt.Errorf("--reconcile-interval %s: want a positive duration such as 15m, or 0 to turn it off", f.reconcileInterval)
 	}
@@ -181,8 +187,16 @@ func (f *serveFlags) config(logger *slog.Logger) (node.Config, error) {
 		RPCAddr: f.rpcAddr, HTTPAddr: f.httpAddr, AdminAddr: f.adminAddr, GossipAddr: f.gossipAddr,
 		Join: f.join, GossipKeys: gossipKeys, RPCTokens: rpcTokens, RPCTLS: f.rpcTLS, AdvertiseHost: f.advertiseHost, ReconcileInterval: reconcileInterval(f.reconcileInterval), RingPreset: f.ringPreset, SettleInterval: f.settleInterval, SnapshotInterval: f.snapshotInterval,
 		NoSync: !f.walSync, EventsOff: !f.events, DrainTimeout: f.drainTimeout, SettleTimeout: f.settleTimeout,
-		MaxClockOffset: f.maxClockOffset, TestFaults: f.testFaults, TestClockOffset: f.testClockOffset, Logger: logger}, nil
+		MaxClockOffset: f.maxClockOffset, DedupMaxIDs: f.dedupMaxIDs, TestFaults: f.testFaults, TestClockOffset: f.testClockOffset, Logger: logger}, nil
 }
+
+// The bounds of --dedup-max-ids: fewer than a thousand would forget a
+// busy account's keys within seconds; more than ten million would make one
+// account's checkpoint a gigabyte.
+const (
+	minDedupMaxIDs = 1_000
+	maxDedupMaxIDs = 10_000_000
+)
 
 // checkListenAddr checks a listen address flag before the node starts, so
 // that a bad one is reported by its flag's name.
