@@ -49,6 +49,21 @@ func (e *Engine) restore(cp wal.Checkpoint) error {
 	if err := ent.acct.RestoreCheckpoint(cp.Data); err != nil {
 		return fmt.Errorf("%w: in %s: %v", wal.ErrCorrupt, e.log.Dir(), err)
 	}
+	if cp.IDsStale {
+		ent.acct.RewriteIDs() // stored with another checkpoint: replaced at the next
+		ent.dirty = true
+		return nil
+	}
+	if len(cp.IDs) == 0 {
+		return nil
+	}
+	ids := make([]shard.StoredID, len(cp.IDs))
+	for i, id := range cp.IDs {
+		ids[i] = shard.StoredID{Kind: id.Kind, ID: id.ID, Value: id.Value}
+	}
+	if err := ent.acct.RestoreIDs(ids); err != nil {
+		return fmt.Errorf("%w: in %s: %v", wal.ErrCorrupt, e.log.Dir(), err)
+	}
 	return nil
 }
 

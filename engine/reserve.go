@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/quotaring/quotaring/shard"
-	"github.com/quotaring/quotaring/wal"
 )
 
 // reserve asks the ledger for shortfall units plus a chunk sized to recent
@@ -550,7 +549,13 @@ func (e *Engine) forgetLocked(st *stripe, account string, ent *entry) bool {
 		return false
 	}
 	if ent.dirty {
-		e.keepForgotten(wal.Checkpoint{Account: account, Seq: ent.acct.LastSeq, Data: ent.acct.AppendCheckpoint(nil)}, true)
+		cp := checkpointOf(account, ent.acct)
+		// Forgotten, its dedup memory goes with it, as when it was never
+		// here: back in memory it starts from the config snapshot, with no
+		// ids, and a restart must not bring back ids another owner may
+		// have refunded or replayed since.
+		cp.IDs, cp.ResetIDs = nil, true
+		e.keepForgotten(cp, true)
 	}
 	delete(st.accounts, account)
 	return true

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/quotaring/quotaring/shard"
 	"github.com/quotaring/quotaring/wal"
 )
 
@@ -43,7 +44,7 @@ func (e *Engine) checkpoints() ([]wal.Checkpoint, uint64) {
 				continue
 			}
 			ent.dirty = false
-			cps = append(cps, wal.Checkpoint{Account: id, Seq: ent.acct.LastSeq, Data: ent.acct.AppendCheckpoint(nil)})
+			cps = append(cps, checkpointOf(id, ent.acct))
 			maxSeq = max(maxSeq, ent.acct.LastSeq)
 		}
 		st.mu.Unlock()
@@ -55,7 +56,14 @@ func (e *Engine) checkpoints() ([]wal.Checkpoint, uint64) {
 	for id, cp := range forgotten {
 		st := e.stripeFor(id)
 		st.mu.Lock()
-		_, back := st.accounts[id]
+		ent, back := st.accounts[id]
+		if back {
+			// Its state here is new since Forget (from the config
+			// snapshot): the ids stored for the state forgotten are not
+			// its own, and its next checkpoint replaces them.
+			ent.acct.RewriteIDs()
+			ent.dirty = true
+		}
 		st.mu.Unlock()
 		if !back {
 			cps = append(cps, cp)
@@ -63,6 +71,18 @@ func (e *Engine) checkpoints() ([]wal.Checkpoint, uint64) {
 		}
 	}
 	return cps, maxSeq
+}
+
+// checkpointOf is acct's checkpoint for the next settle: its state, and
+// the ids it remembers that changed since its last one (all of them, over
+// what is stored, after a failed write or a restore). REQUIRES: the
+// account's stripe lock held.
+func checkpointOf(id string, acct *shard.Account) wal.Checkpoint {
+	cp := wal.Checkpoint{Account: id, Seq: acct.LastSeq, Data: acct.AppendCheckpointState(nil)}
+	cp.ResetIDs = acct.DrainIDs(func(s shard.StoredID) {
+		cp.IDs = append(cp.IDs, wal.CheckpointID{Kind: s.Kind, ID: s.ID, Value: s.Value})
+	})
+	return cp
 }
 
 // redirty marks accounts whose checkpoint was not written as changed again,
@@ -74,6 +94,7 @@ func (e *Engine) redirty(cps []wal.Checkpoint) {
 		ent, ok := st.accounts[cp.Account]
 		if ok {
 			ent.dirty = true
+			ent.acct.RewriteIDs() // the changes this checkpoint drained are not stored
 		}
 		st.mu.Unlock()
 		if !ok {

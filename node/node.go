@@ -96,8 +96,7 @@ type Config struct {
 	ReconcileInterval time.Duration
 	// DedupMaxIDs bounds the client event ids (Idempotency-Keys) an owner
 	// remembers per account for the dedup window; the oldest go first
-	// [100,000]. Each settle rewrites the window of every account that
-	// charged since the last (about 105 bytes an id): see README,
+	// [100,000]; each takes a few hundred bytes of memory: see README,
 	// "Accounts that send many Idempotency-Keys".
 	DedupMaxIDs int
 	// TestFaults exposes fault injection on the admin port (/test/...): for

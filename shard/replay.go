@@ -74,16 +74,46 @@ const checkpointVersion = 3
 
 // AppendCheckpoint appends the account's durable state (everything but the
 // config, which comes from the snapshot, and the bucket, which restarts
-// full):
+// full), with its remembered ids inline:
 //
-//	version=1 | last seq uvarint | period uvarint | latest wall varint
+//	version=3 | last seq uvarint | period uvarint | latest wall varint
 //	| n × grant (id | monthly byte | starts varint | expires varint | units varint | used varint | allowance varint)
 //	| n × route (route | units varint)
-//	| n × client id (id | gen uvarint | wall varint | units varint | seq uvarint | period uvarint | charge wall varint
-//	                 | flags byte (bit 0: refunded, bit 1: an attempt's refund pending) | replays uvarint | key | route
-//	                 | n × (grant | units uvarint))
+//	| n × client id (id | gen uvarint | wall varint | event)
 //	| n × refunded id (id | wall varint)
+//
+// where event is units varint | seq uvarint | period uvarint | charge wall
+// varint | flags byte (bit 0: refunded, bit 1: an attempt's refund pending)
+// | replays uvarint | key | route | n × (grant | units uvarint).
+//
+// The engine stores the ids apart instead (AppendCheckpointState and
+// DrainIDs): a busy account remembers up to Params.DedupMax of them, and
+// rewriting them all at every settle cost megabytes a second.
 func (a *Account) AppendCheckpoint(dst []byte) []byte {
+	dst = a.appendState(dst)
+	dst = binary.AppendUvarint(dst, uint64(a.dedup.len()))
+	a.dedup.each(func(id string, wall int64, e event) {
+		dst = appendString(dst, id)
+		dst = appendDedupValue(dst, wall, &e)
+	})
+	dst = binary.AppendUvarint(dst, uint64(a.refunded.len()))
+	a.refunded.each(func(id string, wall int64, _ struct{}) {
+		dst = appendString(dst, id)
+		dst = binary.AppendVarint(dst, wall)
+	})
+	return dst
+}
+
+// AppendCheckpointState appends the account's state as AppendCheckpoint
+// does, with no ids inline (both counts 0): the ids go apart, through
+// DrainIDs. A build that does not store ids apart reads it as a state that
+// remembers no ids.
+func (a *Account) AppendCheckpointState(dst []byte) []byte {
+	dst = a.appendState(dst)
+	return append(dst, 0, 0)
+}
+
+func (a *Account) appendState(dst []byte) []byte {
 	dst = append(dst, checkpointVersion)
 	dst = binary.AppendUvarint(dst, a.LastSeq)
 	dst = binary.AppendUvarint(dst, uint64(a.period))
@@ -101,34 +131,117 @@ func (a *Account) AppendCheckpoint(dst []byte) []byte {
 		dst = appendString(dst, r)
 		dst = binary.AppendVarint(dst, n)
 	}
-	dst = binary.AppendUvarint(dst, uint64(a.dedup.len()))
-	a.dedup.each(func(id string, wall int64, e event) {
-		dst = appendString(dst, id)
-		dst = binary.AppendUvarint(dst, uint64(e.gen))
-		dst = binary.AppendVarint(dst, wall)
-		dst = binary.AppendVarint(dst, e.units)
-		dst = binary.AppendUvarint(dst, e.seq)
-		dst = binary.AppendUvarint(dst, uint64(e.period))
-		dst = binary.AppendVarint(dst, e.chargeAt)
-		var flags byte
-		if e.refunded {
-			flags |= 1
-		}
-		if e.pending {
-			flags |= 2
-		}
-		dst = append(dst, flags)
-		dst = binary.AppendUvarint(dst, uint64(e.replays))
-		dst = appendString(dst, e.key)
-		dst = appendString(dst, e.route)
-		dst = appendAllocs(dst, e.allocs)
-	})
-	dst = binary.AppendUvarint(dst, uint64(a.refunded.len()))
-	a.refunded.each(func(id string, wall int64, _ struct{}) {
-		dst = appendString(dst, id)
-		dst = binary.AppendVarint(dst, wall)
-	})
 	return dst
+}
+
+// appendDedupValue encodes a remembered client id (without the id):
+// gen uvarint | wall varint | event, as in AppendCheckpoint.
+func appendDedupValue(dst []byte, wall int64, e *event) []byte {
+	dst = binary.AppendUvarint(dst, uint64(e.gen))
+	dst = binary.AppendVarint(dst, wall)
+	dst = binary.AppendVarint(dst, e.units)
+	dst = binary.AppendUvarint(dst, e.seq)
+	dst = binary.AppendUvarint(dst, uint64(e.period))
+	dst = binary.AppendVarint(dst, e.chargeAt)
+	var flags byte
+	if e.refunded {
+		flags |= 1
+	}
+	if e.pending {
+		flags |= 2
+	}
+	dst = append(dst, flags)
+	dst = binary.AppendUvarint(dst, uint64(e.replays))
+	dst = appendString(dst, e.key)
+	dst = appendString(dst, e.route)
+	return appendAllocs(dst, e.allocs)
+}
+
+func (d *decoder) dedupValue() (wall int64, e event) {
+	e.gen, wall = uint32(d.uvarint()), d.varint()
+	e.units, e.seq, e.period, e.chargeAt = d.varint(), d.uvarint(), Period(d.count()), d.varint()
+	flags := d.byte()
+	e.refunded, e.pending = flags&1 != 0, flags&2 != 0
+	e.replays = int32(min(d.uvarint(), 1<<30))
+	e.key, e.route = d.string(), d.string()
+	e.allocs = d.allocs(nil)
+	return wall, e
+}
+
+// Kinds of StoredID.
+const (
+	IDClient   byte = 'd' // a client id the dedup window remembers
+	IDRefunded byte = 'r' // an id refunded by its receipt
+)
+
+// StoredID is one remembered id as the engine stores it apart from the
+// account's checkpoint: its kind, the id, and its value (nil in DrainIDs
+// for an id dropped since the last drain).
+type StoredID struct {
+	Kind  byte
+	ID    string
+	Value []byte
+}
+
+// DrainIDs calls fn with each remembered id that changed since the last
+// drain (put, updated, or dropped: Value nil), and forgets what changed.
+// When it reports reset, fn had every id, and whatever was stored for the
+// account must be dropped before they are written. The account must be
+// checkpointed (AppendCheckpointState) in the same write; if that write
+// fails, call RewriteIDs.
+func (a *Account) DrainIDs(fn func(StoredID)) (reset bool) {
+	resetD := a.dedup.drain(func(id string, wall int64, e event, present bool) {
+		var v []byte
+		if present {
+			v = appendDedupValue(make([]byte, 0, 64), wall, &e)
+		}
+		fn(StoredID{Kind: IDClient, ID: id, Value: v})
+	})
+	resetR := a.refunded.drain(func(id string, wall int64, _ struct{}, present bool) {
+		var v []byte
+		if present {
+			v = binary.AppendVarint(make([]byte, 0, 8), wall)
+		}
+		fn(StoredID{Kind: IDRefunded, ID: id, Value: v})
+	})
+	if resetD != resetR {
+		panic("shard: an account's id windows disagree on a full rewrite") // both are set together
+	}
+	return resetD
+}
+
+// RewriteIDs makes the next DrainIDs write every id over whatever is
+// stored: the last drain's write failed, or what is stored is not this
+// state's.
+func (a *Account) RewriteIDs() {
+	a.dedup.rewriteAll()
+	a.refunded.rewriteAll()
+}
+
+// RestoreIDs adds the ids stored apart by DrainIDs to a state restored
+// from AppendCheckpointState, in any order.
+func (a *Account) RestoreIDs(ids []StoredID) error {
+	var dIDs, rIDs []string
+	var dWalls, rWalls []int64
+	var dVals []event
+	for _, s := range ids {
+		d := decoder{b: s.Value}
+		switch s.Kind {
+		case IDClient:
+			wall, e := d.dedupValue()
+			dIDs, dWalls, dVals = append(dIDs, s.ID), append(dWalls, wall), append(dVals, e)
+		case IDRefunded:
+			rIDs, rWalls = append(rIDs, s.ID), append(rWalls, d.varint())
+		default:
+			return fmt.Errorf("%w: stored id %q of account %q has kind %d, this build knows %q and %q", ErrCorruptRecord, s.ID, a.cfg.ID, s.Kind, IDClient, IDRefunded)
+		}
+		if d.err != nil || len(d.b) != 0 {
+			return fmt.Errorf("%w: stored id %q of account %q: %v (%d bytes left)", ErrCorruptRecord, s.ID, a.cfg.ID, d.err, len(d.b))
+		}
+	}
+	a.dedup.restore(dIDs, dWalls, dVals)
+	a.refunded.restore(rIDs, rWalls, make([]struct{}, len(rIDs)))
+	return nil
 }
 
 func appendBool(dst []byte, b bool) []byte {
@@ -159,21 +272,26 @@ func (a *Account) RestoreCheckpoint(b []byte) error {
 	for i, k := 0, d.count(); i < int(k) && d.err == nil; i++ {
 		n.addRoute(d.string(), d.varint())
 	}
+	inline := 0
 	for i, k := 0, d.count(); i < int(k) && d.err == nil; i++ {
-		id, gen, wall := d.string(), uint32(d.uvarint()), d.varint()
-		e := event{gen: gen, units: d.varint(), seq: d.uvarint(), period: Period(d.count()), chargeAt: d.varint()}
-		flags := d.byte()
-		e.refunded, e.pending = flags&1 != 0, flags&2 != 0
-		e.replays = int32(min(d.uvarint(), 1<<30))
-		e.key, e.route = d.string(), d.string()
-		e.allocs = d.allocs(nil)
+		id := d.string()
+		wall, e := d.dedupValue()
 		n.dedup.put(id, wall, e)
+		inline++
 	}
 	for i, k := 0, d.count(); i < int(k) && d.err == nil; i++ {
 		n.refunded.put(d.string(), d.varint(), struct{}{})
+		inline++
 	}
 	if d.err != nil || len(d.b) != 0 {
 		return fmt.Errorf("%w: checkpoint of account %q: %v (%d bytes left)", ErrCorruptRecord, a.cfg.ID, d.err, len(d.b))
+	}
+	n.dedup.changed, n.refunded.changed = nil, nil
+	if inline > 0 {
+		// Written inline (by a build before ids were stored apart, or by
+		// AppendCheckpoint): the next drain stores them all apart, over
+		// anything stored before.
+		n.RewriteIDs()
 	}
 	*a = n
 	a.Configure(a.cfg)

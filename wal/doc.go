@@ -47,6 +47,9 @@
 //	+-----+-----------------------------+
 //	| 'm' | name, bytes                 |  ->  frame: meta value
 //	+-----+-----------------------------+
+//	| 'i' | uvarint len(account),       |  ->  frame: the id's value (kind 0:
+//	|     | account, kind byte, id      |      the seq of the checkpoint that
+//	+-----+-----------------------------+      wrote the account's ids)
 //
 //	chunk: the records of one commit, consecutive from the key's seq
 //	+----------------+---------------------+---------+---------------------+---------+--

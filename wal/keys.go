@@ -11,7 +11,41 @@ const (
 	prefixRecord     = 'r' // 'r' + first seq of a chunk (8 bytes, big-endian)
 	prefixCheckpoint = 'c' // 'c' + account
 	prefixMeta       = 'm' // 'm' + name
+	prefixIDs        = 'i' // 'i' + uvarint len(account) + account + kind byte + id
 )
+
+// idsMarkKind is the kind of an account's mark among its ids: its value is
+// the seq of the checkpoint that last wrote them (see Checkpoint.IDs).
+const idsMarkKind = 0
+
+// idsPrefix is the prefix of an account's ids: the account is
+// length-prefixed, so no account's prefix is another's.
+func idsPrefix(account string) []byte {
+	k := make([]byte, 0, 2+len(account))
+	k = append(k, prefixIDs)
+	k = binary.AppendUvarint(k, uint64(len(account)))
+	return append(k, account...)
+}
+
+// idKey is the key of an account's id of kind.
+func idKey(account string, kind byte, id string) []byte {
+	k := idsPrefix(account)
+	k = append(k, kind)
+	return append(k, id...)
+}
+
+// keyAfterPrefix is the smallest key greater than every key that starts
+// with p.
+func keyAfterPrefix(p []byte) []byte {
+	end := append([]byte(nil), p...)
+	for i := len(end) - 1; i >= 0; i-- {
+		if end[i] != 0xff {
+			end[i]++
+			return end[:i+1]
+		}
+	}
+	return nil // all 0xff: no upper bound
+}
 
 // recordKeyLen is the length of every record key.
 const recordKeyLen = 1 + 8

@@ -1,6 +1,7 @@
 package wal
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 
@@ -13,6 +14,25 @@ type Checkpoint struct {
 	Account string
 	Seq     uint64
 	Data    []byte
+	// IDs are kept apart from Data, one key each, so that a checkpoint
+	// writes only those that changed: an account may remember a hundred
+	// thousand. Writing, each is put (Value set) or deleted (Value nil),
+	// after all of the account's stored ids are dropped when ResetIDs.
+	// Reading (Checkpoints), they are every id stored for the account, and
+	// IDsStale says that they were written with another checkpoint than
+	// this one (by a build that kept ids inline, since): the caller should
+	// ignore them and write them all again (ResetIDs).
+	IDs      []CheckpointID
+	ResetIDs bool
+	IDsStale bool
+}
+
+// CheckpointID is one id of a checkpoint's account (see Checkpoint.IDs);
+// Kind is the caller's, any byte but 0.
+type CheckpointID struct {
+	Kind  byte
+	ID    string
+	Value []byte
 }
 
 // Settle records that the records through upto reached the ledger. In one
@@ -83,7 +103,9 @@ func (l *Log) PutCheckpoints(cps []Checkpoint) error {
 }
 
 // putCheckpoints adds cps to b. A checkpoint's value is the frame of
-// seq (8 bytes, big-endian) followed by Data.
+// seq (8 bytes, big-endian) followed by Data; its ids go under the
+// account's ids prefix, with the mark (kind 0) set to seq: reading, ids
+// under another mark were not written with the checkpoint stored.
 func putCheckpoints(b *pebble.Batch, cps []Checkpoint) error {
 	for _, cp := range cps {
 		if cp.Account == "" {
@@ -92,6 +114,31 @@ func putCheckpoints(b *pebble.Batch, cps []Checkpoint) error {
 		body := append(encodeU64(cp.Seq), cp.Data...)
 		if err := b.Set(prefixKey(prefixCheckpoint, cp.Account), encodeFrame(body), nil); err != nil {
 			return err
+		}
+		if cp.ResetIDs {
+			// NB: a batch applies in order; the sets below outlive this range.
+			p := idsPrefix(cp.Account)
+			if err := b.DeleteRange(p, keyAfterPrefix(p), nil); err != nil {
+				return err
+			}
+		}
+		if err := b.Set(idKey(cp.Account, idsMarkKind, ""), encodeFrame(encodeU64(cp.Seq)), nil); err != nil {
+			return err
+		}
+		for _, id := range cp.IDs {
+			if id.Kind == idsMarkKind {
+				return fmt.Errorf("wal: checkpoint of %q has an id of kind 0, which is the mark's", cp.Account)
+			}
+			k := idKey(cp.Account, id.Kind, id.ID)
+			var err error
+			if id.Value == nil {
+				err = b.Delete(k, nil)
+			} else {
+				err = b.Set(k, encodeFrame(id.Value), nil)
+			}
+			if err != nil {
+				return err
+			}
 		}
 	}
 	return nil
@@ -111,15 +158,25 @@ func (l *Log) Checkpoints(fn func(cp Checkpoint) error) error {
 	if err != nil {
 		return l.pebbleError("read checkpoints", err)
 	}
-	err = l.eachCheckpoint(it, fn)
-	return closeAfter(err, it)
+	ids, err := l.db.NewIter(&pebble.IterOptions{
+		LowerBound: []byte{prefixIDs},
+		UpperBound: prefixEnd(prefixIDs),
+	})
+	if err != nil {
+		return closeAfter(l.pebbleError("read checkpoints", err), it)
+	}
+	err = l.eachCheckpoint(it, ids, fn)
+	return closeAfter(closeAfter(err, ids), it)
 }
 
-func (l *Log) eachCheckpoint(it *pebble.Iterator, fn func(cp Checkpoint) error) error {
+func (l *Log) eachCheckpoint(it, ids *pebble.Iterator, fn func(cp Checkpoint) error) error {
 	for valid := it.First(); valid; valid = it.Next() {
 		account := string(it.Key()[1:])
 		cp, err := l.decodeCheckpoint(account, it)
 		if err != nil {
+			return err
+		}
+		if err := l.readIDs(ids, &cp); err != nil {
 			return err
 		}
 		if err := fn(cp); err != nil {
@@ -147,4 +204,42 @@ func (l *Log) decodeCheckpoint(account string, it *pebble.Iterator) (Checkpoint,
 	}
 	seq, _ := decodeU64(body[:8])
 	return Checkpoint{Account: account, Seq: seq, Data: append([]byte(nil), body[8:]...)}, nil
+}
+
+// readIDs fills cp.IDs with the ids stored for its account, and
+// cp.IDsStale when they were not written with cp (their mark is another
+// seq, or missing while there are ids).
+func (l *Log) readIDs(it *pebble.Iterator, cp *Checkpoint) error {
+	p := idsPrefix(cp.Account)
+	mark, marked := uint64(0), false
+	for valid := it.SeekGE(p); valid && bytes.HasPrefix(it.Key(), p); valid = it.Next() {
+		rest := it.Key()[len(p):]
+		what := fmt.Sprintf("stored id %q of account %q", rest, cp.Account)
+		if len(rest) == 0 {
+			return corruptKey(l.opts.Dir, what, errors.New("no kind"))
+		}
+		v, err := it.ValueAndErr()
+		if err != nil {
+			return l.pebbleError("read "+what, err)
+		}
+		body, err := decodeFrame(v)
+		if err != nil {
+			return corruptKey(l.opts.Dir, what, err)
+		}
+		if rest[0] == idsMarkKind {
+			if mark, err = decodeU64(body); err != nil {
+				return corruptKey(l.opts.Dir, what, err)
+			}
+			marked = true
+			continue
+		}
+		cp.IDs = append(cp.IDs, CheckpointID{Kind: rest[0], ID: string(rest[1:]), Value: append([]byte(nil), body...)})
+	}
+	if err := it.Error(); err != nil {
+		return l.pebbleError("read the ids of "+cp.Account, err)
+	}
+	if (marked && mark != cp.Seq) || (!marked && len(cp.IDs) > 0) {
+		cp.IDs, cp.IDsStale = nil, true
+	}
+	return nil
 }

@@ -2,8 +2,11 @@ package wal
 
 import (
 	"errors"
+	"fmt"
+	"strings"
 	"testing"
 
+	"github.com/cockroachdb/pebble/v2"
 	"github.com/cockroachdb/pebble/v2/vfs"
 )
 
@@ -41,9 +44,9 @@ func TestSettle(t *testing.T) {
 	}
 	requireContiguous(t, readAll(t, l), 4, 10)
 	want := map[string]Checkpoint{
-		"acct-1": {"acct-1", 3, []byte("a1")},
-		"acct-2": {"acct-2", 4, []byte("a2")},
-		"acct-3": {"acct-3", 4, []byte("a3")},
+		"acct-1": {Account: "acct-1", Seq: 3, Data: []byte("a1")},
+		"acct-2": {Account: "acct-2", Seq: 4, Data: []byte("a2")},
+		"acct-3": {Account: "acct-3", Seq: 4, Data: []byte("a3")},
 	}
 	requireCheckpoints(t, l, want)
 
@@ -99,10 +102,67 @@ func TestPutCheckpointsReplaces(t *testing.T) {
 	if err := l.PutCheckpoints([]Checkpoint{{Account: "a", Seq: 2, Data: []byte("new")}, {Account: "b", Seq: 2}}); err != nil {
 		t.Fatal(err)
 	}
-	requireCheckpoints(t, l, map[string]Checkpoint{"a": {"a", 2, []byte("new")}, "b": {"b", 2, nil}})
+	requireCheckpoints(t, l, map[string]Checkpoint{"a": {Account: "a", Seq: 2, Data: []byte("new")}, "b": {Account: "b", Seq: 2, Data: nil}})
 	stop := errors.New("stop")
 	if err := l.Checkpoints(func(Checkpoint) error { return stop }); err != stop {
 		t.Fatalf("Checkpoints did not return fn's error: %v", err)
+	}
+}
+
+// A checkpoint's ids are stored apart, one key each: a checkpoint writes
+// only those that changed (a nil value deletes one), ResetIDs drops the
+// rest first, accounts whose names share a prefix keep their own, and ids
+// written with another checkpoint than the one stored (a build that kept
+// ids inline wrote it since) read as stale.
+func TestCheckpointIDs(t *testing.T) {
+	l := mustOpen(t, testOpts(vfs.NewMem()))
+	put := func(cps ...Checkpoint) {
+		t.Helper()
+		if err := l.PutCheckpoints(cps); err != nil {
+			t.Fatal(err)
+		}
+	}
+	read := func() map[string]Checkpoint {
+		t.Helper()
+		got := map[string]Checkpoint{}
+		if err := l.Checkpoints(func(cp Checkpoint) error { got[cp.Account] = cp; return nil }); err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+	ids := func(cp Checkpoint) string {
+		var out []string
+		for _, id := range cp.IDs {
+			out = append(out, fmt.Sprintf("%c:%s=%s", id.Kind, id.ID, id.Value))
+		}
+		return strings.Join(out, " ")
+	}
+	put(Checkpoint{Account: "a", Seq: 3, IDs: []CheckpointID{{'d', "x", []byte("1")}, {'d', "y", []byte("2")}, {'r', "x", []byte("3")}}},
+		Checkpoint{Account: "ab", Seq: 3, IDs: []CheckpointID{{'d', "x", []byte("9")}}})
+	got := read()
+	if ids(got["a"]) != "d:x=1 d:y=2 r:x=3" || ids(got["ab"]) != "d:x=9" || got["a"].IDsStale {
+		t.Fatalf("after the first checkpoints: a %q, ab %q", ids(got["a"]), ids(got["ab"]))
+	}
+	put(Checkpoint{Account: "a", Seq: 5, IDs: []CheckpointID{{'d', "x", nil}, {'d', "z", []byte("4")}}})
+	if got := read(); ids(got["a"]) != "d:y=2 d:z=4 r:x=3" || ids(got["ab"]) != "d:x=9" {
+		t.Fatalf("after a delete and a put: a %q, ab %q", ids(got["a"]), ids(got["ab"]))
+	}
+	put(Checkpoint{Account: "a", Seq: 6, ResetIDs: true, IDs: []CheckpointID{{'d', "w", []byte("5")}}})
+	if got := read(); ids(got["a"]) != "d:w=5" || ids(got["ab"]) != "d:x=9" {
+		t.Fatalf("after a reset: a %q, ab %q", ids(got["a"]), ids(got["ab"]))
+	}
+	// A build that keeps ids inline writes the checkpoint and leaves the
+	// ids and their mark as they were.
+	if err := l.write(func(b *pebble.Batch) error {
+		return b.Set(prefixKey(prefixCheckpoint, "a"), encodeFrame(append(encodeU64(7), "inline"...)), nil)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if got := read(); !got["a"].IDsStale || got["a"].IDs != nil || got["ab"].IDsStale {
+		t.Fatalf("ids under another checkpoint's mark: %+v, want stale and none", got["a"])
+	}
+	if err := l.PutCheckpoints([]Checkpoint{{Account: "a", Seq: 8, IDs: []CheckpointID{{0, "m", []byte("x")}}}}); err == nil {
+		t.Fatal("an id of kind 0 (the mark's) was stored")
 	}
 }
 

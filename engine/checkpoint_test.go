@@ -1,0 +1,129 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/quotaring/quotaring/shard"
+	"github.com/quotaring/quotaring/wal"
+)
+
+// A settle checkpoints only the ids that changed since the last one: an
+// account that remembers a thousand Idempotency-Keys and takes one more
+// writes one, not a thousand and one (a reviewer measured 18 MB/s of writes
+// from two busy accounts when every settle rewrote every key). A failed
+// write makes the next one rewrite them all, over what was stored; and a
+// restart remembers every key, whichever settle wrote it.
+func TestCheckpointWritesOnlyChangedIDs(t *testing.T) {
+	dir := t.TempDir()
+	clock := NewManualClock(time.Date(2026, 6, 10, 0, 0, 0, 0, time.UTC))
+	ctx := context.Background()
+	e := openEngine(t, dir, clock, testSnapshot(t, map[string]int64{"busy": 100_000}))
+	l := e.Log()
+	charge := func(id string) shard.Reason {
+		t.Helper()
+		res, err := e.Charge(ctx, "busy", shard.Charge{EventID: id, ClientID: true, Units: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res.Reason
+	}
+	idsWritten := func() (n int, reset bool) {
+		t.Helper()
+		cps, maxSeq := e.checkpoints()
+		if len(cps) != 1 || cps[0].Account != "busy" {
+			t.Fatalf("checkpoints %+v, want busy's only", cps)
+		}
+		if err := l.WaitDurable(ctx, maxSeq); err != nil {
+			t.Fatal(err)
+		}
+		if err := l.Settle(l.DurableSeq(), cps); err != nil {
+			t.Fatal(err)
+		}
+		return len(cps[0].IDs), cps[0].ResetIDs
+	}
+	for i := range 1000 {
+		charge(fmt.Sprint("k", i))
+	}
+	if n, reset := idsWritten(); n != 1000 || reset {
+		t.Fatalf("first checkpoint: %d ids (reset %v), want 1000", n, reset)
+	}
+	charge("k1000")
+	if d, err := e.Refund(ctx, "busy", "k7", nil); err != nil || d.Reason != shard.Refunded {
+		t.Fatalf("refund of k7: %v %v", d.Reason, err)
+	}
+	if n, reset := idsWritten(); n != 2 || reset {
+		t.Fatalf("after one charge and one refund: %d ids written (reset %v), want 2", n, reset)
+	}
+
+	charge("k1001")
+	if err := e.Settle(ctx, l.DurableSeq()+1); err == nil { // beyond the log: refused, nothing written
+		t.Fatal("a settle beyond the durable mark succeeded")
+	}
+	if n, reset := idsWritten(); n != 1002 || !reset {
+		t.Fatalf("after a failed settle: %d ids (reset %v), want all 1002 over what was stored", n, reset)
+	}
+	e.Close()
+	l.Close()
+
+	e2 := openEngine(t, dir, clock, nil)
+	e = e2
+	for _, id := range []string{"k0", "k999", "k1000", "k1001"} {
+		if r := charge(id); r != shard.Replayed {
+			t.Errorf("%s after a restart: %s, want replayed", id, r)
+		}
+	}
+	if r := charge("k7"); r != shard.OK {
+		t.Errorf("k7, refunded before the restart, charged again: %s, want ok (a new charge)", r)
+	}
+}
+
+// A data dir of a build that kept ids inline in the checkpoint opens with
+// every id remembered, and its next checkpoint stores them apart, over
+// anything stored before; so does one whose ids stored apart were left
+// behind by such a build (a rollback and a roll forward).
+func TestInlineIDsMoveApart(t *testing.T) {
+	dir := t.TempDir()
+	clock := NewManualClock(time.Date(2026, 6, 10, 0, 0, 0, 0, time.UTC))
+	ctx := context.Background()
+	s := testSnapshot(t, map[string]int64{"old": 100})
+	e := openEngine(t, dir, clock, s)
+	for _, id := range []string{"a", "b"} {
+		if res, err := e.Charge(ctx, "old", shard.Charge{EventID: id, ClientID: true, Units: 1}); err != nil || res.Reason != shard.OK {
+			t.Fatal(res.Reason, err)
+		}
+	}
+	if err := e.Settle(ctx, e.Log().DurableSeq()); err != nil { // "a" and "b" stored apart
+		t.Fatal(err)
+	}
+	// The older build: a checkpoint with "c" inline, ids apart untouched.
+	st := e.stripeFor("old")
+	st.mu.Lock()
+	acct := st.accounts["old"].acct
+	if res := acct.Charge(&shard.Charge{EventID: "c", ClientID: true, Units: 1}, clock.Now(), &e.params, &shard.Record{}); res.Reason != shard.OK {
+		t.Fatal(res.Reason)
+	}
+	acct.LastSeq++
+	inline := acct.AppendCheckpoint(nil)
+	seq := acct.LastSeq
+	st.mu.Unlock()
+	l := e.Log()
+	e.Close()
+	if err := l.PutCheckpoints([]wal.Checkpoint{{Account: "old", Seq: seq, Data: inline}}); err != nil {
+		t.Fatal(err)
+	}
+	l.Close()
+
+	e = openEngine(t, dir, clock, nil)
+	for _, id := range []string{"a", "b", "c"} {
+		if res, _ := e.Charge(ctx, "old", shard.Charge{EventID: id, ClientID: true, Units: 1}); res.Reason != shard.Replayed {
+			t.Errorf("%s after the older build's checkpoint: %s, want replayed", id, res.Reason)
+		}
+	}
+	cps, _ := e.checkpoints()
+	if len(cps) != 1 || !cps[0].ResetIDs || len(cps[0].IDs) != 3 {
+		t.Fatalf("the next checkpoint: %+v, want all three ids over what was stored", cps)
+	}
+}
