@@ -180,8 +180,9 @@ func (b *batcher[Req, Rep]) drop(c *call[Req, Rep]) bool {
 }
 
 // notSentError is the error of a call its caller's ctx ended while it was
-// still queued: taken out of the queue, it was never sent, so it certainly
-// was not applied. It wraps ctx's error.
+// still queued, or that was still queued when the batcher closed: taken out
+// of the queue, it was never sent, so it certainly was not applied. It
+// wraps ctx's error.
 type notSentError struct{ err error }
 
 func (e *notSentError) Error() string { return "not sent (still queued): " + e.err.Error() }
@@ -268,12 +269,13 @@ func (b *batcher[Req, Rep]) deliver(batch []*call[Req, Rep]) {
 	}
 }
 
+// fail ends calls that were never sent with err (a notSentError).
 func (b *batcher[Req, Rep]) fail(calls []*call[Req, Rep], err error) {
 	if err == nil {
 		err = context.Canceled
 	}
 	for _, c := range calls {
-		c.err = err
+		c.err = &notSentError{err}
 		close(c.done)
 	}
 }

@@ -171,8 +171,13 @@ func (o DialOptions) Dial(ctx context.Context, seeds ...string) (*Client, error)
 	return c, nil
 }
 
-// Close stops the refresh loop and closes the connections. Calls in flight
-// fail, and later calls answer ErrClosed. Closing again does nothing.
+// Close stops the refresh loop and closes the connections. Later calls, and
+// calls in flight that were not sent yet (queued behind others to their
+// owner), answer ErrClosed: nothing was applied. A call already sent when
+// Close cut it got no answer, so its owner may have applied it: it answers
+// ErrUnavailable, the outcome unknown, as any call its owner did not answer
+// (retry it, with the same event id, on a new Client). Closing again does
+// nothing.
 func (c *Client) Close() error {
 	if c.peers == nil {
 		return errNotDialed
@@ -255,8 +260,10 @@ func (c *Client) loop(ctx context.Context) {
 // ErrInternal, ErrInvalidRequest (an empty Account, Units < 0 or above
 // shard.MaxUnits, an EventID without ClientID: nothing was sent),
 // ErrRejected (the owner turned the call away: a wrong RPC token, say;
-// nothing was applied, and retrying cannot help), ErrClosed, and ctx's
-// error when ctx ended before anything was sent.
+// nothing was applied, and retrying cannot help), ErrClosed (the client was
+// closed before the charge was sent: nothing was applied; one Close cut
+// after it was sent is ErrUnavailable, see Close), and ctx's error when ctx
+// ended before anything was sent.
 //
 // Without an error the owner decided: Reason.Accepted, or a refusal. A
 // refusal is final (Reason.Final: invalid, id_reused), passes with time
@@ -382,21 +389,27 @@ func (c *Client) Usage(ctx context.Context, account string) (UsageResult, error)
 }
 
 // op names a call in errors, with what the caller can do when its owner
-// did not answer.
-type op struct{ name, silent string }
+// did not answer (silent), and when Close cut it after it was sent (closed).
+type op struct{ name, silent, closed string }
+
+const onNewClient = "on a new client (Dial one: this one is closed)"
 
 var (
-	opRefund = op{"refund", "the outcome is unknown: retrying the same refund is safe (a refund applies once)"}
-	opUsage  = op{"usage", "retry"}
+	opRefund = op{"refund", "the outcome is unknown: retrying the same refund is safe (a refund applies once)",
+		"the outcome is unknown: retry the same refund " + onNewClient + "; a refund applies once"}
+	opUsage = op{"usage", "retry", "retry " + onNewClient}
 )
 
 // chargeOp is the op of req (its EventID set).
 func chargeOp(req *ChargeRequest) op {
 	if req.ClientID {
-		return op{"charge", fmt.Sprintf("the outcome is unknown: retry with the same event id %q", req.EventID)}
+		return op{"charge", fmt.Sprintf("the outcome is unknown: retry with the same event id %q", req.EventID),
+			fmt.Sprintf("the outcome is unknown: retry with the same event id %q %s", req.EventID, onNewClient)}
 	}
 	return op{"charge", fmt.Sprintf("the outcome is unknown (the client's id for it was %q): another Charge is a new charge; "+
-		"to retry safely, send an EventID with ClientID", req.EventID)}
+		"to retry safely, send an EventID with ClientID", req.EventID),
+		fmt.Sprintf("the outcome is unknown (the client's id for it was %q): another Charge, %s, is a new charge; "+
+			"to retry safely, send an EventID with ClientID", req.EventID, onNewClient)}
 }
 
 // rpcError marks a call that got no answer (the owner may or may not have
@@ -442,8 +455,10 @@ func (c *Client) route(ctx context.Context, o op, account string, call func(cont
 			return nil
 		case err != nil && !errors.As(err, &rpcErr):
 			return err // the owner answered with an error
+		case err != nil && c.closed.Load():
+			return closedError(o, account, target, rpcErr.err)
 		case c.closed.Load():
-			return ErrClosed
+			return ErrClosed // WrongOwner answered: nothing was applied
 		case err != nil && rejected(rpcErr.err):
 			return rejectedError(account, target, o.name, rpcErr.err)
 		case err != nil:
@@ -480,6 +495,21 @@ func (c *Client) route(ctx context.Context, o op, account string, call func(cont
 		}
 	}
 	return fmt.Errorf("%w: ownership of account %q is moving; retry", ErrUnavailable, account)
+}
+
+// closedError is the error of a call to account's owner at addr that Close
+// cut (err, how it failed). Certainly never sent (still queued, or not
+// connected yet): ErrClosed, nothing was applied. Otherwise the owner may
+// have applied it: ErrUnavailable with an unknown outcome, as for any call
+// without an answer; ErrClosed would read as "nothing happened, give up",
+// and a charge the owner applied would stand unrefunded.
+func closedError(o op, account, addr string, err error) error {
+	var ns *notSentError
+	if errors.As(err, &ns) || notSent(err) {
+		return fmt.Errorf("%w: the %s for account %q was not sent, so nothing was applied", ErrClosed, o.name, account)
+	}
+	return fmt.Errorf("%w: the client was closed before the owner of account %q at %s answered the %s (%v); %s",
+		ErrUnavailable, account, addr, o.name, err, o.closed)
 }
 
 // peerError is the error for a connection the client could not get.

@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/quotaring/quotaring/internal/waitfor"
 	"github.com/quotaring/quotaring/router/pb"
 	"github.com/quotaring/quotaring/shard"
 	"github.com/quotaring/quotaring/snapshot"
@@ -307,5 +308,74 @@ func TestDialEndsBeforeTheConfig(t *testing.T) {
 	}
 	if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "config") {
 		t.Fatalf("Dial: %v; want DeadlineExceeded, naming the config read", err)
+	}
+}
+
+// holdingNode is a hangingNode that says when a Charge reached it.
+type holdingNode struct {
+	hangingNode
+	arrived chan string // the event id of each Charge that reached it
+}
+
+func (h *holdingNode) Charge(ctx context.Context, b *pb.ChargeBatch) (*pb.ChargeReplies, error) {
+	for _, c := range b.Charges {
+		h.arrived <- c.EventId
+	}
+	<-ctx.Done()
+	return nil, ctx.Err()
+}
+
+// A charge Close cuts after it reached its owner has an unknown outcome:
+// ErrUnavailable (the owner may have applied it; retry with the same id on
+// a new client), not ErrClosed, which reads as nothing applied and which
+// the middleware answers 500 without a refund. A charge still queued when
+// Close ran was never sent: ErrClosed.
+func TestClientCloseCutsASentCall(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := &holdingNode{hangingNode: hangingNode{addr: lis.Addr().String()}, arrived: make(chan string, 8)}
+	srv := grpc.NewServer()
+	pb.RegisterQuotaServer(srv, h)
+	go srv.Serve(lis)
+	defer srv.Stop()
+	c, err := DialOptions{RefreshInterval: -1, MaxInflight: 1}.Dial(context.Background(), h.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	charge := func(id string, out chan<- error) {
+		_, err := c.Charge(context.Background(), ChargeRequest{Account: "acme", Units: 1, EventID: id, ClientID: true})
+		out <- err
+	}
+	sent, queued := make(chan error, 1), make(chan error, 1)
+	go charge("sent-1", sent)
+	select {
+	case <-h.arrived:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the first charge never reached the owner")
+	}
+	go charge("queued-1", queued)
+	p, err := c.peers.get(h.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitfor.Cond(t, 10*time.Second, "the second charge queued behind the first", func() bool {
+		p.charges.mu.Lock()
+		defer p.charges.mu.Unlock()
+		return len(p.charges.queue) == 1
+	})
+	c.Close()
+	if err := <-sent; !errors.Is(err, ErrUnavailable) || errors.Is(err, ErrClosed) ||
+		!strings.Contains(err.Error(), `outcome is unknown: retry with the same event id "sent-1" on a new client`) {
+		t.Errorf("a charge the owner had when Close ran: %v; want ErrUnavailable (not ErrClosed), the outcome unknown, retry with the same id on a new client", err)
+	}
+	if err := <-queued; !errors.Is(err, ErrClosed) || errors.Is(err, ErrUnavailable) || !strings.Contains(err.Error(), "not sent") {
+		t.Errorf("a charge still queued when Close ran: %v; want ErrClosed, not sent", err)
+	}
+	select {
+	case id := <-h.arrived:
+		t.Errorf("the queued charge %s reached the owner after Close", id)
+	default:
 	}
 }

@@ -68,7 +68,9 @@
 // never accepted. ErrUnavailable means not decided now (retry, with the
 // same event id); ErrInvalidRequest, ErrRejected (the node turned the call
 // away: a wrong RPC token, a node of another version) and ErrClosed mean
-// retrying cannot help.
+// retrying cannot help. ErrClosed answers only calls Close stopped before
+// they were sent; one it cut on its way answers ErrUnavailable, its outcome
+// unknown.
 //
 // # Refusing rather than guessing
 //

@@ -27,8 +27,11 @@ var (
 	// ErrInternal: the owner failed (its log, its shutdown), or answered
 	// something this build cannot read.
 	ErrInternal = errors.New("router: internal error at the owner")
-	// ErrClosed: the Client was closed (Client.Close). It does not match
-	// ErrUnavailable: retrying cannot help; Dial a new Client.
+	// ErrClosed: the Client was closed (Client.Close) before the call was
+	// sent: nothing was applied. It does not match ErrUnavailable: retrying
+	// on this Client cannot help; Dial a new one. A call Close cut after it
+	// was sent is not ErrClosed but ErrUnavailable, its outcome unknown
+	// (retry it with the same event id on a new Client).
 	ErrClosed = errors.New("router: the client is closed (Close was called); Dial a new one")
 	// ErrInvalidRequest: the Client refused a request before sending it
 	// (an empty Account, Units out of range, an EventID without ClientID);
