@@ -79,6 +79,14 @@ type Client struct {
 	// fail together cause one refresh.
 	refreshing chan struct{}
 
+	// bg lives until Close. behind runs the ring view refreshes a call
+	// leaves behind when its caller's context ended before its owner
+	// answered (refreshBehind), one at a time (behindOn); Close waits for
+	// them.
+	bg       context.Context
+	behind   goroutines
+	behindOn atomic.Bool
+
 	cancel context.CancelFunc
 	done   chan struct{}
 	closed atomic.Bool
@@ -141,7 +149,7 @@ func (o DialOptions) Dial(ctx context.Context, seeds ...string) (*Client, error)
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
 	bg, cancel := context.WithCancel(context.Background())
-	c := &Client{opts: o, seeds: slices.Clone(seeds), cancel: cancel, done: make(chan struct{}), refreshing: make(chan struct{}, 1)}
+	c := &Client{opts: o, seeds: slices.Clone(seeds), bg: bg, cancel: cancel, done: make(chan struct{}), refreshing: make(chan struct{}, 1)}
 	c.peers = newPeers(bg, peerOptions{maxInflight: o.MaxInflight, maxBatch: o.MaxBatch, callTimeout: o.CallTimeout,
 		dialer: o.Dialer, epoch: c.epoch, hops: 0, token: o.Token, tls: o.TLS})
 	if err := c.refreshView(ctx, ""); err != nil {
@@ -187,6 +195,7 @@ func (c *Client) Close() error {
 	}
 	c.cancel()
 	<-c.done
+	c.behind.wait() // they end now: c.bg is canceled
 	return c.peers.close()
 }
 
@@ -469,12 +478,20 @@ func (c *Client) route(ctx context.Context, o op, account string, call func(cont
 			}
 			c.stats.Unreachable.Add(1)
 			if cerr := ctxEnded(ctx); cerr != nil {
+				// The caller left before the owner answered: read the ring
+				// anyway, or calls with deadlines shorter than CallTimeout
+				// would go to a hung owner until the next refresh (never,
+				// with RefreshInterval < 0), each waiting its whole deadline.
+				c.refreshBehind(v, target)
 				return fmt.Errorf("%w: the owner of account %q at %s did not answer the %s before the caller's context ended (%w); %s",
 					ErrUnavailable, account, target, o.name, cerr, o.silent)
 			}
 			if !refreshed {
 				refreshed = true
 				c.refreshAfter(ctx, v, "", target)
+				if c.view.Load() == v && ctxEnded(ctx) != nil {
+					c.refreshBehind(v, target) // the caller's context ended before the refresh could
+				}
 				v = c.view.Load()
 				if addr, ok := v.owner(account); ok && addr != target {
 					target = addr
@@ -563,6 +580,23 @@ func (c *Client) refreshAfter(ctx context.Context, seen *clientView, prefer, avo
 	if err := c.refreshViewLocked(ctx, prefer, avoid); err != nil {
 		c.opts.Logger.Warn("ring view refresh failed", "err", err)
 	}
+}
+
+// refreshBehind is refreshAfter(seen, avoid) in the background, for a call
+// whose caller's context ended before its owner at avoid answered (or
+// before the refresh after it was done), so that the next call goes to the
+// owner a fresh view names. At most one runs at a time, bounded by
+// CallTimeout; Close cancels it and waits for it.
+func (c *Client) refreshBehind(seen *clientView, avoid string) {
+	if c.closed.Load() || !c.behindOn.CompareAndSwap(false, true) {
+		return
+	}
+	c.behind.start(func() {
+		defer c.behindOn.Store(false)
+		ctx, cancel := context.WithTimeout(c.bg, c.opts.CallTimeout)
+		defer cancel()
+		c.refreshAfter(ctx, seen, "", avoid)
+	})
 }
 
 func (c *Client) refreshView(ctx context.Context, prefer string) error {

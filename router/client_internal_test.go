@@ -379,3 +379,147 @@ func TestClientCloseCutsASentCall(t *testing.T) {
 	default:
 	}
 }
+
+// movingRing is the ring two test nodes answer: members hung (whose Charge
+// never answers) and good (which accepts every charge), and the owner of
+// every account, which the test moves.
+type movingRing struct {
+	hung, good string
+	epoch      atomic.Uint64
+	owner      atomic.Int32 // index into [hung, good]
+}
+
+func (r *movingRing) view() *pb.RingViewReply {
+	owner := r.owner.Load()
+	owners := make([]int32, 8)
+	for i := range owners {
+		owners[i] = owner
+	}
+	return &pb.RingViewReply{Epoch: r.epoch.Load(), Hash: ringHash, PartitionCount: 8, Owners: owners,
+		Members: []*pb.Member{{Id: "hung", RpcAddr: r.hung, State: "serving"}, {Id: "good", RpcAddr: r.good, State: "serving"}}}
+}
+
+// moveTo makes the node at index owner the owner of every account.
+func (r *movingRing) moveTo(owner int32) {
+	r.owner.Store(owner)
+	r.epoch.Add(1)
+}
+
+type movingNode struct {
+	pb.UnimplementedQuotaServer
+	ring *movingRing
+	hung bool
+	// viewAsked, when set, is held by RingView until released closes (or
+	// the call ends).
+	viewAsked chan struct{}
+	released  chan struct{}
+}
+
+func (n *movingNode) RingView(ctx context.Context, _ *pb.RingViewRequest) (*pb.RingViewReply, error) {
+	if n.viewAsked != nil {
+		select {
+		case n.viewAsked <- struct{}{}:
+		default:
+		}
+		select {
+		case <-n.released:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	return n.ring.view(), nil
+}
+
+func (n *movingNode) Charge(ctx context.Context, b *pb.ChargeBatch) (*pb.ChargeReplies, error) {
+	if n.hung {
+		<-ctx.Done()
+		return nil, ctx.Err()
+	}
+	out := &pb.ChargeReplies{}
+	for _, c := range b.Charges {
+		out.Replies = append(out.Replies, &pb.ChargeReply{Decision: &pb.Decision{Reason: pb.Reason_OK}, EventId: c.EventId, Node: "good"})
+	}
+	return out, nil
+}
+
+// startMovingRing starts the hung node and the good one, the hung one
+// owning every account; good is the good node (to set its RingView hook
+// before the first call).
+func startMovingRing(t *testing.T) (r *movingRing, good *movingNode) {
+	t.Helper()
+	r = &movingRing{}
+	r.epoch.Store(1)
+	var addrs [2]string
+	nodes := [2]*movingNode{{ring: r, hung: true}, {ring: r}}
+	for i, n := range nodes {
+		lis, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		addrs[i] = lis.Addr().String()
+		srv := grpc.NewServer()
+		pb.RegisterQuotaServer(srv, n)
+		go srv.Serve(lis)
+		t.Cleanup(srv.Stop)
+	}
+	r.hung, r.good = addrs[0], addrs[1]
+	return r, nodes[1]
+}
+
+// A call whose owner hangs and whose caller's deadline is shorter than
+// CallTimeout still makes the client read the ring (in the background), so
+// the next call goes to the owner the ring now names: it used to return
+// before the refresh, and with RefreshInterval < 0 every call waited its
+// whole deadline at the hung owner until it came back.
+func TestClientShortDeadlineRoutesAroundAHungOwner(t *testing.T) {
+	r, _ := startMovingRing(t)
+	c, err := DialOptions{RefreshInterval: -1}.Dial(context.Background(), r.hung, r.good)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	r.moveTo(1) // the ring declared the hung node dead; the client does not know yet
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	if _, err := c.Charge(ctx, ChargeRequest{Account: "acme", Units: 1}); !errors.Is(err, ErrUnavailable) || !strings.Contains(err.Error(), r.hung) {
+		t.Fatalf("charge at the hung owner: %v; want ErrUnavailable naming %s", err, r.hung)
+	}
+	waitfor.Cond(t, 10*time.Second, "the client to read the ring after the caller left", func() bool { return c.Epoch() == 2 })
+	ctx, cancel = context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	if res, err := c.Charge(ctx, ChargeRequest{Account: "acme", Units: 1}); err != nil || res.Node != "good" {
+		t.Fatalf("the next charge: %+v, %v; want ok at the new owner", res, err)
+	}
+}
+
+// Close stops a background ring read that is stuck on a node that does not
+// answer, and waits for it.
+func TestClientCloseStopsABackgroundRefresh(t *testing.T) {
+	r, good := startMovingRing(t)
+	c, err := DialOptions{RefreshInterval: -1, CallTimeout: time.Minute}.Dial(context.Background(), r.hung, r.good)
+	if err != nil {
+		t.Fatal(err)
+	}
+	good.viewAsked, good.released = make(chan struct{}, 1), make(chan struct{})
+	defer close(good.released)
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	if _, err := c.Charge(ctx, ChargeRequest{Account: "acme", Units: 1}); !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("charge at the hung owner: %v; want ErrUnavailable", err)
+	}
+	select {
+	case <-good.viewAsked:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no ring read after the caller left")
+	}
+	closed := make(chan error, 1)
+	go func() { closed <- c.Close() }()
+	select {
+	case <-closed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Close waited for a stuck background ring read")
+	}
+	if !c.behindOn.CompareAndSwap(false, false) {
+		t.Fatal("the background ring read still runs after Close returned")
+	}
+}
