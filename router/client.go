@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -267,7 +268,9 @@ func (c *Client) loop(ctx context.Context) {
 // Reason is shard.Undecided (never Accepted). Errors are ErrUnavailable
 // (not decided now: retry, with the same EventID when one was set),
 // ErrInternal, ErrInvalidRequest (an empty Account, Units < 0 or above
-// shard.MaxUnits, an EventID without ClientID: nothing was sent),
+// shard.MaxUnits, an EventID without ClientID or longer than MaxEventID,
+// an Account, EventID, Route or Key that is not valid UTF-8: nothing was
+// sent),
 // ErrRejected (the owner turned the call away: a wrong RPC token, say;
 // nothing was applied, and retrying cannot help), ErrClosed (the client was
 // closed before the charge was sent: nothing was applied; one Close cut
@@ -310,11 +313,24 @@ func (c *Client) Charge(ctx context.Context, req ChargeRequest) (ChargeResult, e
 	return res, nil
 }
 
+// MaxEventID is the longest EventID Client.Charge sends, in bytes: as long
+// as the HTTP front's longest Idempotency-Key (255), which becomes the event
+// id. A longer one is ErrInvalidRequest.
+const MaxEventID = 255
+
 // checkCharge refuses what no owner could charge, before it is sent.
 func checkCharge(req *ChargeRequest) error {
 	switch {
 	case req.Account == "":
 		return fmt.Errorf("%w: ChargeRequest.Account is empty: name the account to charge", ErrInvalidRequest)
+	case len(req.EventID) > MaxEventID:
+		return fmt.Errorf("%w: ChargeRequest.EventID is %d bytes, more than %d (router.MaxEventID): use a shorter id (a hash of a longer one)",
+			ErrInvalidRequest, len(req.EventID), MaxEventID)
+	}
+	if err := checkUTF8("ChargeRequest", "Account", req.Account, "EventID", req.EventID, "Route", req.Route, "Key", req.Key); err != nil {
+		return err
+	}
+	switch {
 	case req.Units < 0 || req.Units > shard.MaxUnits:
 		return fmt.Errorf("%w: ChargeRequest.Units is %d: it must be 0 (rate limited, not billed) to %d (shard.MaxUnits)",
 			ErrInvalidRequest, req.Units, int64(shard.MaxUnits))
@@ -323,6 +339,30 @@ func checkCharge(req *ChargeRequest) error {
 			"(a retry with it is charged and billed once), or leave EventID empty and the client makes a unique id", ErrInvalidRequest, req.EventID)
 	}
 	return nil
+}
+
+// checkUTF8 refuses a string field of what (name, value pairs) that is not
+// valid UTF-8, which gRPC cannot send: it failed as an unknown outcome at
+// the owner (ErrUnavailable), on every retry.
+func checkUTF8(what string, fields ...string) error {
+	for i := 0; i+1 < len(fields); i += 2 {
+		if !utf8.ValidString(fields[i+1]) {
+			return fmt.Errorf("%w: %s.%s %q is not valid UTF-8, which the RPC cannot carry: send it as UTF-8 (or encode the bytes, in hex or base64)",
+				ErrInvalidRequest, what, fields[i], fields[i+1])
+		}
+	}
+	return nil
+}
+
+// checkRefund refuses what no owner could refund, before it is sent.
+func checkRefund(req *RefundRequest) error {
+	switch {
+	case req.Account == "":
+		return fmt.Errorf("%w: RefundRequest.Account is empty: name the account of the charge", ErrInvalidRequest)
+	case req.EventID == "":
+		return fmt.Errorf("%w: RefundRequest.EventID is empty: use the charge's ChargeResult.EventID (and its Receipt)", ErrInvalidRequest)
+	}
+	return checkUTF8("RefundRequest", "Account", req.Account, "EventID", req.EventID)
 }
 
 // Refund refunds an event at its account's owner, once: a second refund
@@ -337,11 +377,8 @@ func (c *Client) Refund(ctx context.Context, req RefundRequest) (shard.Decision,
 	if err := c.usable(); err != nil {
 		return shard.Decision{}, err
 	}
-	switch {
-	case req.Account == "":
-		return shard.Decision{}, fmt.Errorf("%w: RefundRequest.Account is empty: name the account of the charge", ErrInvalidRequest)
-	case req.EventID == "":
-		return shard.Decision{}, fmt.Errorf("%w: RefundRequest.EventID is empty: use the charge's ChargeResult.EventID (and its Receipt)", ErrInvalidRequest)
+	if err := checkRefund(&req); err != nil {
+		return shard.Decision{}, err
 	}
 	in := &pb.RefundRequest{Account: req.Account, EventId: req.EventID, Receipt: receiptToPB(req.Receipt), Attempt: req.Attempt, Replay: req.Replay}
 	var d shard.Decision
@@ -376,6 +413,9 @@ func (c *Client) Usage(ctx context.Context, account string) (UsageResult, error)
 	}
 	if account == "" {
 		return UsageResult{}, fmt.Errorf("%w: Usage needs an account", ErrInvalidRequest)
+	}
+	if err := checkUTF8("Usage", "account", account); err != nil {
+		return UsageResult{}, err
 	}
 	var u UsageResult
 	err := c.route(ctx, opUsage, account, func(ctx context.Context, p *peer) (*pb.WrongOwner, error) {

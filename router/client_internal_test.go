@@ -523,3 +523,33 @@ func TestClientCloseStopsABackgroundRefresh(t *testing.T) {
 		t.Fatal("the background ring read still runs after Close returned")
 	}
 }
+
+// A string field that is not valid UTF-8 (which gRPC cannot marshal), or an
+// EventID longer than MaxEventID, is ErrInvalidRequest naming the field,
+// and nothing is sent: it was ErrUnavailable with an unknown outcome, on
+// every retry, each counted Unreachable and forcing a ring read.
+func TestClientRefusesWhatTheRPCCannotCarry(t *testing.T) {
+	c, _ := dialHanging(t)
+	refreshes := c.Stats().Refreshes.Load()
+	ctx := context.Background()
+	bad := "caf\xe9"
+	charge := func(req ChargeRequest) error { _, err := c.Charge(ctx, req); return err }
+	for field, err := range map[string]error{
+		"ChargeRequest.Account": charge(ChargeRequest{Account: bad, Units: 1}),
+		"ChargeRequest.EventID": charge(ChargeRequest{Account: "acme", Units: 1, EventID: bad, ClientID: true}),
+		"ChargeRequest.Route":   charge(ChargeRequest{Account: "acme", Units: 1, Route: "GET /" + bad}),
+		"ChargeRequest.Key":     charge(ChargeRequest{Account: "acme", Units: 1, Key: bad}),
+		"ChargeRequest.EventID is 256 bytes, more than 255": charge(ChargeRequest{Account: "acme", Units: 1,
+			EventID: strings.Repeat("e", MaxEventID+1), ClientID: true}),
+		"RefundRequest.Account": func() error { _, err := c.Refund(ctx, RefundRequest{Account: bad, EventID: "e1"}); return err }(),
+		"RefundRequest.EventID": func() error { _, err := c.Refund(ctx, RefundRequest{Account: "acme", EventID: bad}); return err }(),
+		"Usage.account":         func() error { _, err := c.Usage(ctx, bad); return err }(),
+	} {
+		if !errors.Is(err, ErrInvalidRequest) || errors.Is(err, ErrUnavailable) || !strings.Contains(err.Error(), field) {
+			t.Errorf("%s: %v; want ErrInvalidRequest naming it", field, err)
+		}
+	}
+	if u, r := c.Stats().Unreachable.Load(), c.Stats().Refreshes.Load(); u != 0 || r != refreshes {
+		t.Errorf("Unreachable %d, %d ring reads; want 0 and none (nothing was sent)", u, r-refreshes)
+	}
+}
