@@ -119,7 +119,9 @@ func Dial(ctx context.Context, seeds ...string) (*Client, error) {
 }
 
 // Dial learns the ring from the first seed (RPC address, host:port) that
-// answers and reads the config snapshot; ctx bounds only that. Seeds are
+// answers and reads the config snapshot; ctx bounds only that. No seeds, an
+// empty one, one that is not host:port (unless a Dialer is set) or negative
+// options are ErrInvalidRequest, naming what is wrong. Seeds are
 // asked in turn, the next one as soon as the one before fails or has not
 // answered within a fraction of a second, so a hung seed does not use up
 // ctx; the first answer wins. When ctx ends first, the error wraps ctx's
@@ -133,10 +135,16 @@ func Dial(ctx context.Context, seeds ...string) (*Client, error) {
 // node it knows.
 func (o DialOptions) Dial(ctx context.Context, seeds ...string) (*Client, error) {
 	if len(seeds) == 0 {
-		return nil, errors.New("router: Dial needs at least one seed (a node's RPC address, host:port)")
+		return nil, fmt.Errorf("%w: Dial needs at least one seed (a node's RPC address, host:port, its --rpc-addr)", ErrInvalidRequest)
+	}
+	for _, s := range seeds {
+		if err := checkSeed(s, o.Dialer != nil); err != nil {
+			return nil, err
+		}
 	}
 	if o.CallTimeout < 0 || o.MaxBatch < 0 || o.MaxInflight < 0 {
-		return nil, errors.New("router: DialOptions must not be negative (but RefreshInterval)")
+		return nil, fmt.Errorf("%w: DialOptions must not be negative (but RefreshInterval): CallTimeout %s, MaxBatch %d, MaxInflight %d; 0 takes the default",
+			ErrInvalidRequest, o.CallTimeout, o.MaxBatch, o.MaxInflight)
 	}
 	setDefaultDuration(&o.CallTimeout, 5*time.Second)
 	setDefaultDuration(&o.RefreshInterval, 3*time.Second)
@@ -178,6 +186,25 @@ func (o DialOptions) Dial(ctx context.Context, seeds ...string) (*Client, error)
 		close(c.done)
 	}
 	return c, nil
+}
+
+// checkSeed refuses a seed no node can be at: empty, or (without a custom
+// Dialer, which gets seeds as they are) not host:port. Retrying cannot fix
+// it, so it is ErrInvalidRequest, not ErrUnavailable.
+func checkSeed(seed string, customDialer bool) error {
+	const want = "want a node's RPC address, host:port (its --rpc-addr, such as quotad-0.quotad:7400)"
+	switch {
+	case strings.TrimSpace(seed) == "":
+		return fmt.Errorf("%w: Dial seed %q is empty: %s", ErrInvalidRequest, seed, want)
+	case customDialer:
+		return nil
+	case strings.Contains(seed, "://"):
+		return fmt.Errorf("%w: Dial seed %q is a URL: %s", ErrInvalidRequest, seed, want)
+	}
+	if _, port, err := net.SplitHostPort(seed); err != nil || port == "" {
+		return fmt.Errorf("%w: Dial seed %q: %s", ErrInvalidRequest, seed, want)
+	}
+	return nil
 }
 
 // Close stops the refresh loop and closes the connections. Later calls, and
@@ -898,10 +925,18 @@ func ExplainTLSMismatch(err error, withTLS bool) error {
 	switch {
 	case strings.Contains(msg, "looked like an HTTP/1.1 header"):
 		return fmt.Errorf("%w (the address answered HTTP/1.1, not gRPC: it is likely a node's public or admin port, --http-addr or --admin-addr; dial the node's RPC port, --rpc-addr)", err)
+	case !withTLS && strings.Contains(msg, "error reading server preface: http2: frame too large"):
+		// What a node's gossip port with a --gossip-key answers gRPC.
+		return fmt.Errorf("%w (the address answered, but not gRPC: it is likely a node's gossip port, --gossip-addr; dial the node's RPC port, --rpc-addr)", err)
 	case !withTLS && strings.Contains(msg, "error reading server preface"):
-		return fmt.Errorf("%w (a node that requires TLS closes plaintext connections like this: if the cluster runs with --rpc-tls-*, dial with TLS: router.DialOptions.TLS from TLSFiles.ClientConfig, quotad bench cluster --rpc-tls-*)", err)
+		// A node's gossip port without a --gossip-key closes the
+		// connection the same way: the two cannot be told apart.
+		return fmt.Errorf("%w (the address closed the connection without speaking gRPC: either it is a node's RPC port that requires TLS, "+
+			"which closes plaintext connections like this: if the cluster runs with --rpc-tls-*, dial with TLS: router.DialOptions.TLS from TLSFiles.ClientConfig, quotad bench cluster --rpc-tls-*; "+
+			"or it is not a node's RPC port at all (its gossip port, --gossip-addr, does the same): dial the node's --rpc-addr)", err)
 	case withTLS && strings.Contains(msg, "first record does not look like a TLS handshake"):
-		return fmt.Errorf("%w (the node does not speak TLS: turn on --rpc-tls-* on the nodes, or dial without TLS)", err)
+		return fmt.Errorf("%w (the node does not speak TLS: turn on --rpc-tls-* on the nodes, or dial without TLS; "+
+			"or the address is not a node's RPC port at all (its gossip port, --gossip-addr, answers like this): dial the node's --rpc-addr)", err)
 	case withTLS && (strings.Contains(msg, "broken pipe") || strings.Contains(msg, "connection reset by peer")):
 		// TLS 1.3: the node checks the client's certificate after the
 		// client's side of the handshake is done, so its refusal can reach

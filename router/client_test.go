@@ -467,6 +467,36 @@ func TestDialErrorsAreClassified(t *testing.T) {
 	if _, err := o.Dial(ctx, nd.AdminAddr()); err == nil || !strings.Contains(err.Error(), "dial the node's RPC port, --rpc-addr") {
 		t.Errorf("Dial of the admin port: %v; want it named, and --rpc-addr", err)
 	}
+	// The gossip port closes the connection as a node requiring TLS does:
+	// the hint names both, not TLS alone.
+	if _, err := o.Dial(ctx, nd.GossipAddr()); err == nil || !strings.Contains(err.Error(), "gossip port, --gossip-addr") ||
+		!strings.Contains(err.Error(), "--rpc-addr") {
+		t.Errorf("Dial of the gossip port: %v; want the gossip port named as a possibility, and --rpc-addr", err)
+	}
+}
+
+// Seeds no node can be at, and no seeds, are configuration mistakes:
+// ErrInvalidRequest naming the seed, not ErrUnavailable, which callers
+// retry (and which retrying cannot fix).
+func TestDialRefusesBadSeeds(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for _, seeds := range [][]string{nil, {""}, {"127.0.0.50"}, {"127.0.0.50:"}, {"http://127.0.0.50:7400"}, {"127.0.0.1:7400", " "}} {
+		_, err := router.Dial(ctx, seeds...)
+		if !errors.Is(err, router.ErrInvalidRequest) || errors.Is(err, router.ErrUnavailable) {
+			t.Errorf("Dial(%q): %v; want ErrInvalidRequest", seeds, err)
+			continue
+		}
+		if want := "seed"; len(seeds) > 0 {
+			want = fmt.Sprintf("seed %q", seeds[len(seeds)-1])
+			if !strings.Contains(err.Error(), want) {
+				t.Errorf("Dial(%q): %v; want it to name the %s", seeds, err, want)
+			}
+		}
+	}
+	if _, err := (router.DialOptions{CallTimeout: -1}).Dial(ctx, "127.0.0.1:7400"); !errors.Is(err, router.ErrInvalidRequest) {
+		t.Errorf("Dial with a negative CallTimeout: %v; want ErrInvalidRequest", err)
+	}
 }
 
 // Middleware refuses a *Client that Dial did not make (nil, or a zero

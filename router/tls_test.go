@@ -398,7 +398,10 @@ func TestExplainTLSMismatch(t *testing.T) {
 		want    string
 	}{
 		{`connection error: desc = "error reading server preface: EOF"`, false, "dial with TLS"},
+		{`connection error: desc = "error reading server preface: EOF"`, false, "its gossip port, --gossip-addr"},
+		{`connection error: desc = "error reading server preface: http2: frame too large"`, false, "it is likely a node's gossip port, --gossip-addr"},
 		{`authentication handshake failed: tls: first record does not look like a TLS handshake`, true, "the node does not speak TLS"},
+		{`authentication handshake failed: tls: first record does not look like a TLS handshake`, true, "its gossip port, --gossip-addr"},
 		{`write tcp 127.0.0.1:1->127.0.0.1:2: write: broken pipe`, true, "it likely refused this client's certificate"},
 		{`read tcp 127.0.0.1:1->127.0.0.1:2: read: connection reset by peer`, true, "it likely refused this client's certificate"},
 		{`write tcp 127.0.0.1:1->127.0.0.1:2: write: broken pipe`, false, ""},
