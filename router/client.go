@@ -212,8 +212,8 @@ func checkSeed(seed string, customDialer bool) error {
 // owner), answer ErrClosed: nothing was applied. A call already sent when
 // Close cut it got no answer, so its owner may have applied it: it answers
 // ErrUnavailable, the outcome unknown, as any call its owner did not answer
-// (retry it, with the same event id, on a new Client). Closing again does
-// nothing.
+// (retry it on a new Client, with the same event id when it has ClientID).
+// Closing again does nothing.
 func (c *Client) Close() error {
 	if c.peers == nil {
 		return errNotDialed
@@ -293,7 +293,8 @@ func (c *Client) loop(ctx context.Context) {
 //
 // Check err before the result: with an error the result is zero and its
 // Reason is shard.Undecided (never Accepted). Errors are ErrUnavailable
-// (not decided now: retry, with the same EventID when one was set),
+// (not decided now, or the outcome unknown: retry; with ClientID, with the
+// same EventID, which is charged once; without, a retry is a new charge),
 // ErrInternal, ErrInvalidRequest (an empty Account, Units < 0 or above
 // shard.MaxUnits, an EventID without ClientID or longer than MaxEventID,
 // an Account, EventID, Route or Key that is not valid UTF-8: nothing was

@@ -65,8 +65,11 @@
 //
 // Client.Charge, Refund and Usage call the owner directly. Check the error
 // before the result: with an error the result's Reason is shard.Undecided,
-// never accepted. ErrUnavailable means not decided now (retry, with the
-// same event id); ErrInvalidRequest, ErrRejected (the node turned the call
+// never accepted. ErrUnavailable means not decided now, or the outcome is
+// unknown (the owner did not answer): retry. Only a charge with an EventID
+// and ClientID is safe to retry (with the same id: charged and billed
+// once); a charge without ClientID sent again is a new charge, with a new
+// id, which may bill twice when the first was applied. ErrInvalidRequest, ErrRejected (the node turned the call
 // away: a wrong RPC token, a node of another version) and ErrClosed mean
 // retrying cannot help. ErrClosed answers only calls Close stopped before
 // they were sent; one it cut on its way answers ErrUnavailable, its outcome

@@ -22,7 +22,9 @@ var (
 	// ErrUnavailable: the charge could not be decided now (no serving owner,
 	// the owner unreachable, the ledger unable to reserve, ownership moving).
 	// Answer quota-unavailable (503) and retry; nothing was charged, or the
-	// outcome is unknown and a retry with the same event id is safe.
+	// outcome is unknown: then a retry is safe with the same event id as a
+	// client id (ChargeRequest.ClientID), while a charge without one sent
+	// again is a new charge (the error says which).
 	ErrUnavailable = errors.New("router: quota unavailable")
 	// ErrInternal: the owner failed (its log, its shutdown), or answered
 	// something this build cannot read.
