@@ -500,7 +500,32 @@ func (e *rpcError) Unwrap() error { return e.err }
 // WrongOwner, the owner that answer names (having refreshed the view from
 // the node that answered); after no answer, once more at the owner a fresh
 // view names if it is another node. At most maxAttempts calls, never a loop.
+//
+// When an attempt got no answer and the one after it at the new owner
+// failed in any way (not sent, turned away, cut by Close), the first owner
+// may still have applied the call: the error is ErrUnavailable, the outcome
+// unknown, naming the first owner, never "not sent" or ErrClosed.
 func (c *Client) route(ctx context.Context, o op, account string, call func(context.Context, *peer) (*pb.WrongOwner, error)) error {
+	sentTo := ""
+	err := c.attempts(ctx, o, account, call, &sentTo)
+	if err == nil || sentTo == "" {
+		return err
+	}
+	then := o.silent
+	if c.closed.Load() {
+		then = o.closed
+	}
+	if cerr := ctxEnded(ctx); cerr != nil {
+		return fmt.Errorf("%w: the owner of account %q at %s did not answer the %s, and the retry at the owner the ring names now failed (%v; %w); %s",
+			ErrUnavailable, account, sentTo, o.name, err, cerr, then)
+	}
+	return fmt.Errorf("%w: the owner of account %q at %s did not answer the %s, and the retry at the owner the ring names now failed (%v); %s",
+		ErrUnavailable, account, sentTo, o.name, err, then)
+}
+
+// attempts is route's loop. *sentTo is set to an owner it left without
+// an answer, for another one the ring names.
+func (c *Client) attempts(ctx context.Context, o op, account string, call func(context.Context, *peer) (*pb.WrongOwner, error), sentTo *string) error {
 	if cerr := ctxEnded(ctx); cerr != nil {
 		return fmt.Errorf("router: %s for account %q not sent: %w", o.name, account, cerr)
 	}
@@ -562,12 +587,15 @@ func (c *Client) route(ctx context.Context, o op, account string, call func(cont
 				}
 				v = c.view.Load()
 				if addr, ok := v.owner(account); ok && addr != target {
+					if !notSent(rpcErr.err) {
+						*sentTo = target // it may have applied the call
+					}
 					target = addr
 					continue
 				}
 			}
 			if notSent(rpcErr.err) {
-				return fmt.Errorf("%w: the owner of account %q at %s could not be reached (%v); the %s was not sent: retry",
+				return fmt.Errorf("%w: the owner of account %q at %s could not be reached (%v); the %s was not sent to it: retry",
 					ErrUnavailable, account, target, rpcErr.err, o.name)
 			}
 			return fmt.Errorf("%w: the owner of account %q at %s did not answer the %s (%v); %s",

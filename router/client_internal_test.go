@@ -385,8 +385,10 @@ func TestClientCloseCutsASentCall(t *testing.T) {
 // every account, which the test moves.
 type movingRing struct {
 	hung, good string
-	epoch      atomic.Uint64
-	owner      atomic.Int32 // index into [hung, good]
+	// dead, when set, is a third member nothing listens at.
+	dead  string
+	epoch atomic.Uint64
+	owner atomic.Int32 // index into [hung, good, dead]
 }
 
 func (r *movingRing) view() *pb.RingViewReply {
@@ -395,8 +397,11 @@ func (r *movingRing) view() *pb.RingViewReply {
 	for i := range owners {
 		owners[i] = owner
 	}
-	return &pb.RingViewReply{Epoch: r.epoch.Load(), Hash: ringHash, PartitionCount: 8, Owners: owners,
-		Members: []*pb.Member{{Id: "hung", RpcAddr: r.hung, State: "serving"}, {Id: "good", RpcAddr: r.good, State: "serving"}}}
+	members := []*pb.Member{{Id: "hung", RpcAddr: r.hung, State: "serving"}, {Id: "good", RpcAddr: r.good, State: "serving"}}
+	if r.dead != "" {
+		members = append(members, &pb.Member{Id: "dead", RpcAddr: r.dead, State: "serving"})
+	}
+	return &pb.RingViewReply{Epoch: r.epoch.Load(), Hash: ringHash, PartitionCount: 8, Owners: owners, Members: members}
 }
 
 // moveTo makes the node at index owner the owner of every account.
@@ -551,5 +556,33 @@ func TestClientRefusesWhatTheRPCCannotCarry(t *testing.T) {
 	}
 	if u, r := c.Stats().Unreachable.Load(), c.Stats().Refreshes.Load(); u != 0 || r != refreshes {
 		t.Errorf("Unreachable %d, %d ring reads; want 0 and none (nothing was sent)", u, r-refreshes)
+	}
+}
+
+// A charge whose owner did not answer within CallTimeout, retried at the
+// owner a fresh ring names and failing there without being sent (that
+// owner cannot be reached), has an unknown outcome naming the first owner,
+// which may have applied it: it said "not sent", so a caller could give up
+// on a charge that stood.
+func TestClientRetryNotSentAfterNoAnswerIsUnknown(t *testing.T) {
+	r, _ := startMovingRing(t)
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.dead = lis.Addr().String()
+	lis.Close()
+	c, err := DialOptions{RefreshInterval: -1, CallTimeout: 300 * time.Millisecond}.Dial(context.Background(), r.hung, r.good)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	r.moveTo(2) // the hung node's accounts moved to one this client cannot reach
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, err = c.Charge(ctx, ChargeRequest{Account: "acme", Units: 1, EventID: "e1", ClientID: true})
+	if !errors.Is(err, ErrUnavailable) || !strings.Contains(err.Error(), r.hung+" did not answer the charge") ||
+		!strings.Contains(err.Error(), r.dead) || !strings.Contains(err.Error(), `the outcome is unknown: retry with the same event id "e1"`) {
+		t.Fatalf("charge unanswered at %s, then not sent to %s: %v; want ErrUnavailable, the outcome unknown, naming %s", r.hung, r.dead, err, r.hung)
 	}
 }
