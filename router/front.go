@@ -12,7 +12,9 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptrace"
+	"net/url"
 	"os"
+	"path"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -291,6 +293,10 @@ type front struct {
 	// reached the upstream (markSent), so clientLeft can tell a client that
 	// left before it from one that left after.
 	proxy bool
+	// base is the upstream URL's path (NewProxy): the upstream sees a
+	// request's path joined to it, and so redirects to the canonical path
+	// under it.
+	base string
 }
 
 // charged is one request's charge, refunded at most once.
@@ -300,10 +306,12 @@ type charged struct {
 	refunded bool
 	// durable, when set, waits until the charge is durable (EarlyCharger).
 	durable func(context.Context) error
-	// redirect: the request's path is one a Go ServeMux would only
-	// redirect (snapshot.Routes.MatchRedirect), priced as the route it
-	// redirects to; refunded when the upstream answers with a redirect.
-	redirect bool
+	// canonical, when set, is where a Go ServeMux would redirect the
+	// request (snapshot.Routes.MatchRedirect: a path not in canonical form,
+	// or a subtree's root without its slash): the escaped path, priced as
+	// its route. The request is refunded when the upstream answers with
+	// that redirect, and only then (canonicalRedirect).
+	canonical string
 }
 
 func (f *front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -465,7 +473,10 @@ func (f *front) admit(r *http.Request) (*charged, *Problem) {
 		return nil, internalError()
 	}
 	c := &charged{Caller: Caller{Account: key.Account, KeyID: key.ID, Route: route, Units: units, EventID: res.EventID,
-		Replayed: res.Reason == shard.Replayed, Decision: res.Decision}, durable: durable, redirect: redirect}
+		Replayed: res.Reason == shard.Replayed, Decision: res.Decision}, durable: durable}
+	if redirect {
+		c.canonical = canonicalPath(snap, r.Method, f.pricedHost(r), r.URL.EscapedPath())
+	}
 	if !res.Reason.Accepted() {
 		if durable != nil {
 			_ = durable(ctx) // a refusal logs nothing; this only reports it to metrics
@@ -479,6 +490,65 @@ func (f *front) admit(r *http.Request) (*charged, *Problem) {
 		c.receipt = res.Receipt
 	}
 	return c, nil
+}
+
+// canonicalPath is where a Go ServeMux redirects a request whose path
+// (escaped) MatchRedirect reports it would only redirect: the cleaned path,
+// with a final slash when that names a subtree's root without it.
+func canonicalPath(snap *snapshot.Snapshot, method, host, escaped string) string {
+	p := cleanPath(escaped)
+	if _, _, again := snap.Routes.MatchRedirect(method, host, p); again && !strings.HasSuffix(p, "/") {
+		p += "/"
+	}
+	return p
+}
+
+// cleanPath is net/http's: path.Clean, rooted, keeping a final slash.
+func cleanPath(p string) string {
+	if p == "" {
+		return "/"
+	}
+	if p[0] != '/' {
+		p = "/" + p
+	}
+	np := path.Clean(p)
+	if p[len(p)-1] == '/' && np != "/" {
+		np += "/"
+	}
+	return np
+}
+
+// canonicalRedirect reports whether the 3xx next answered is the redirect
+// to the canonical path: its Location, resolved against the request's URL,
+// is that path (under the upstream's base path, for the proxy) with the
+// request's query. Its scheme and host are not compared (an upstream
+// behind the proxy names its own). Any other redirect (a handler's
+// Post/Redirect/Get 303 on a path the upstream cleans itself) did the
+// work, and is billed as any answer.
+func (f *front) canonicalRedirect(rec *recorder, r *http.Request, canonical string) bool {
+	loc := rec.Header().Get("Location")
+	if loc == "" {
+		return false
+	}
+	ref, err := url.Parse(loc)
+	if err != nil {
+		return false
+	}
+	to := r.URL.ResolveReference(ref)
+	if to.RawQuery != r.URL.RawQuery {
+		return false
+	}
+	want := []string{canonical}
+	if f.base != "" && f.base != "/" {
+		want = append(want, strings.TrimSuffix(f.base, "/")+canonical)
+	}
+	for _, w := range want {
+		dec, err := url.PathUnescape(w)
+		if to.EscapedPath() == w || to.Path == w || (err == nil && to.Path == dec) {
+			return true
+		}
+	}
+	return false
 }
 
 // bodyBounded reports whether MaxBodyBytes applies to r: not to gRPC calls,
@@ -608,7 +678,7 @@ func (f *front) finish(rec *recorder, r *http.Request, c *charged, body *limited
 	case rec.failed:
 		why = "the upstream failed"
 	case left:
-	case c.redirect && code >= 300 && code < 400:
+	case c.canonical != "" && code >= 300 && code < 400 && f.canonicalRedirect(rec, r, c.canonical):
 		why = fmt.Sprintf("the upstream only redirected the request to its canonical path (%d)", code)
 	case f.opts.BillOn == BillOn2xx && (code < 200 && code != http.StatusSwitchingProtocols || code >= 400):
 		why = fmt.Sprintf("the answer was %d (bill-on 2xx)", code) // NB: a protocol upgrade that took place is a success

@@ -147,7 +147,7 @@ func NewProxy(upstream *url.URL, opts FrontOptions) (http.Handler, error) {
 		},
 		ErrorLog: slog.NewLogLogger(log.With("subsystem", "proxy").Handler(), slog.LevelWarn),
 	}
-	return &front{opts: opts, next: rp, proxy: true}, nil // NB: opts.defaults ran above
+	return &front{opts: opts, next: rp, proxy: true, base: upstream.Path}, nil // NB: opts.defaults ran above
 }
 
 // upstreamError is the ReverseProxy's ErrorHandler: the upstream gave no

@@ -12,6 +12,7 @@ import (
 	"net/http/httptrace"
 	"net/textproto"
 	"net/url"
+	"path"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -272,7 +273,7 @@ func testConfig(t *testing.T) staticConfig {
 	t.Helper()
 	s, err := snapshot.Decode([]byte(`{"version":1,"plans":[{"id":"p","monthly_quota":100,"hard":true}],
 		"accounts":[{"id":"acme","plan":"p"}],"keys":[{"id":"k1","hash":"` + snapshot.HashKey("secret") + `","account":"acme"}],
-		"routes":{"version":1,"default":1,"weights":{"POST /v1/tasks":2,"GET /v1/free":0,"POST /v1/files/{name}":7}}}`))
+		"routes":{"version":1,"default":1,"weights":{"POST /v1/tasks":2,"GET /v1/free":0,"POST /v1/files/{name}":7,"POST /v1/jobs/":3}}}`))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1352,21 +1353,43 @@ func TestBillingBypasses(t *testing.T) {
 	for _, tc := range []struct {
 		path     string
 		status   int
+		location string
 		refunded bool
 	}{
-		{"/v1//tasks", http.StatusTemporaryRedirect, true},
-		{"/v1/x/../tasks", http.StatusMovedPermanently, true},
-		{"/v1//tasks", http.StatusOK, false}, // an upstream that cleans paths itself served it
-		{"/v1/tasks", http.StatusFound, false},
+		{"/v1//tasks", http.StatusTemporaryRedirect, "/v1/tasks", true},
+		{"/v1/x/../tasks", http.StatusMovedPermanently, "/v1/tasks", true},
+		{"/v1//tasks?page=2", http.StatusPermanentRedirect, "/v1/tasks?page=2", true},
+		{"/v1//tasks", http.StatusMovedPermanently, "http://api.example.com/v1/tasks", true}, // an absolute Location names the upstream's host
+		{"/v1//jobs", http.StatusMovedPermanently, "/v1/jobs/", true},                        // cleaned, then the subtree's slash
+		{"/v1//tasks", http.StatusOK, "", false},                                             // an upstream that cleans paths itself served it
+		{"/v1/tasks", http.StatusFound, "/v1/tasks", false},
+		// A handler's own redirect on a path the upstream cleans itself
+		// did the work (Post/Redirect/Get): billed. It was refunded.
+		{"/v1//tasks", http.StatusSeeOther, "/v1/tasks/7", false},
+		{"/v1//tasks", http.StatusSeeOther, "", false},
+		{"/v1//tasks?page=2", http.StatusMovedPermanently, "/v1/tasks", false}, // not the query the request had
+		{"/v1//jobs", http.StatusMovedPermanently, "/v1/jobs", false},          // a ServeMux sends /v1//jobs to /v1/jobs/
 	} {
 		ch := &fakeCharger{decision: okDecision()}
-		h := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(tc.status) })
+		h := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+			if tc.location != "" {
+				w.Header().Set("Location", tc.location)
+			}
+			w.WriteHeader(tc.status)
+		})
 		req := newRequest("POST", "/", nil)
 		req.URL.Path, req.RequestURI = tc.path, tc.path
+		if p, q, ok := strings.Cut(tc.path, "?"); ok {
+			req.URL.Path, req.URL.RawQuery = p, q
+		}
 		serve(t, FrontOptions{Charger: ch, Config: testConfig(t)}, h, req)
 		charges, refunds := ch.counts()
-		if charges != 1 || ch.charges[0].Route != "POST /v1/tasks" || (refunds == 1) != tc.refunded {
-			t.Errorf("POST %s answered %d: charges %+v, %d refunds; want POST /v1/tasks charged, refunded %v", tc.path, tc.status, ch.charges, refunds, tc.refunded)
+		wantRoute := "POST /v1/tasks"
+		if strings.Contains(tc.path, "jobs") {
+			wantRoute = "POST /v1/jobs/"
+		}
+		if charges != 1 || ch.charges[0].Route != wantRoute || (refunds == 1) != tc.refunded {
+			t.Errorf("POST %s answered %d to %q: charges %+v, %d refunds; want %s charged, refunded %v", tc.path, tc.status, tc.location, ch.charges, refunds, wantRoute, tc.refunded)
 		}
 	}
 
@@ -1452,5 +1475,55 @@ func TestProxyPricesAndPassesWhatTheUpstreamSees(t *testing.T) {
 		if k := got.Get("Idempotency-Key"); k != "order-1" || got.Get(HeaderEvent) != "order-1" {
 			t.Errorf("trust %v: the upstream saw Idempotency-Key %q (event %q); want order-1", trust, k, got.Get(HeaderEvent))
 		}
+	}
+}
+
+// Through the proxy, to an upstream under a base path: a Go ServeMux's
+// redirect of a non-canonical path to its canonical one is refunded; a
+// path-cleaning upstream's Post/Redirect/Get 303 on the same path is the
+// handler's work, and billed (it was refunded every time).
+func TestProxyRefundsOnlyTheCanonicalRedirect(t *testing.T) {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /base/v1/tasks", func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, "/base/v1/tasks/7", http.StatusSeeOther)
+	})
+	cleaning := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		r.URL.Path = path.Clean(r.URL.Path) // as nginx's merge_slashes or Express
+		mux.ServeHTTP(w, r)
+	})
+	for _, tc := range []struct {
+		name     string
+		up       http.Handler
+		refunded bool
+	}{
+		{"a ServeMux's redirect to the canonical path", mux, true},
+		{"a path-cleaning upstream's 303", cleaning, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			up := httptest.NewServer(tc.up)
+			defer up.Close()
+			u, _ := url.Parse(up.URL + "/base")
+			ch := &fakeCharger{decision: okDecision()}
+			proxy, err := NewProxy(u, FrontOptions{Charger: ch, Config: testConfig(t)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			front := httptest.NewServer(proxy)
+			defer front.Close()
+			req, _ := http.NewRequest("POST", front.URL+"/v1/tasks", nil)
+			req.URL.Opaque = "//" + req.URL.Host + "//v1/tasks" // sent as is
+			req.Header.Set("X-Api-Key", "secret")
+			client := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+			res, err := client.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			res.Body.Close()
+			front.Close() // the handler has returned: its refund, if any, is made
+			charges, refunds := ch.counts()
+			if res.StatusCode/100 != 3 || charges != 1 || (refunds == 1) != tc.refunded {
+				t.Fatalf("POST //v1/tasks: %d to %q, %d charges, %d refunds; want a 3xx, refunded %v", res.StatusCode, res.Header.Get("Location"), charges, refunds, tc.refunded)
+			}
+		})
 	}
 }
