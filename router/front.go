@@ -90,6 +90,12 @@ type FrontOptions struct {
 	// it sees the request aborted (its body read fails), not complete. gRPC calls (Content-Type
 	// application/grpc...) are streams that may run for hours: the bound
 	// does not apply to them (the gRPC server's message size limit does).
+	// A body whose read fails before its end (the client went away
+	// mid-body, a malformed chunked encoding, an HTTP/2 stream reset) is
+	// refunded whatever BillOn says too, whatever the bound: the handler or
+	// upstream never got all of it. A client still there gets 400
+	// (bad-request). gRPC calls are exempt: a client ends a stream by
+	// cancelling it.
 	MaxBodyBytes int64
 	// UpstreamTimeout bounds the wait for the upstream's response headers
 	// (NewProxy only) [30s]. Streaming bodies are not cut off by it.
@@ -381,7 +387,9 @@ func (f *front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	r.Header.Set(HeaderEvent, c.EventID)
 	var body *limitedBody
 	bounded, idle := f.bodyBounded(r), f.proxy && f.opts.BodyIdleTimeout > 0 && !isGRPCCall(r)
-	if r.Body != nil && r.Body != http.NoBody && r.ContentLength != 0 && (bounded || idle) {
+	// Every body but a gRPC call's is wrapped, to notice one the client
+	// breaks off (a gRPC client ends a stream by cancelling it).
+	if r.Body != nil && r.Body != http.NoBody && r.ContentLength != 0 && !isGRPCCall(r) {
 		body = &limitedBody{ReadCloser: r.Body}
 		if bounded {
 			body.ReadCloser = http.MaxBytesReader(w, r.Body, f.opts.MaxBodyBytes)
@@ -975,8 +983,9 @@ func (w *recorder) grpcCall(r *http.Request) bool {
 	return isGRPC(w.Header().Get("Content-Type")) && isGRPCCall(r)
 }
 
-// limitedBody notes when http.MaxBytesReader cut the body off, and cuts
-// off a body idle for idle (its read deadline moves on before each read, and
+// limitedBody notes when http.MaxBytesReader cut the body off or the
+// client broke it off (a read failed other than at its end), and cuts off
+// a body idle for idle (its read deadline moves on before each read, and
 // goes once the body is read to its end: net/http's background read of the
 // connection, which notices a client that hangs up, must not time out
 // while the upstream answers). Its flags are atomic: http.Transport reads a
@@ -985,6 +994,12 @@ type limitedBody struct {
 	io.ReadCloser
 	tripped atomic.Bool // MaxBytesReader cut it off
 	stalled atomic.Bool // it sent nothing for idle
+	// broken: a read failed before its end, not by the front's doing: the
+	// client went away mid-body, or sent a malformed one (chunking, an
+	// HTTP/2 stream reset). Errors once the body is closed (the transport
+	// or the handler is done with it) or the handler returned are not.
+	broken atomic.Bool
+	closed atomic.Bool
 
 	idle time.Duration            // 0: no idle bound
 	rc   *http.ResponseController // the request's, for its read deadline
@@ -1005,8 +1020,20 @@ func (b *limitedBody) cutOff(maxBody int64) (why string, answer *Problem) {
 		return whyTooLarge, tooLarge(maxBody)
 	case b.stalled.Load():
 		return "the request body stalled", bodyStalled(b.idle)
+	case b.broken.Load():
+		return whyBodyBroken, bodyBroken()
 	}
 	return "", nil
+}
+
+// whyBodyBroken is the refund's reason for a body the client broke off.
+const whyBodyBroken = "the request body could not be read to its end"
+
+// Close notes that the body's reader is done with it: a read that fails
+// after (or racing) it is not the client's doing.
+func (b *limitedBody) Close() error {
+	b.closed.Store(true)
+	return b.ReadCloser.Close()
 }
 
 // handlerDone stops the read deadlines: ServeHTTP calls it as the handler
@@ -1026,6 +1053,8 @@ func (b *limitedBody) Read(p []byte) (int, error) {
 			b.tripped.Store(true)
 		case errors.Is(err, os.ErrDeadlineExceeded):
 			b.stalled.Store(true)
+		case err != io.EOF && !b.closed.Load() && !b.done.Load() && !errors.Is(err, http.ErrBodyReadAfterClose):
+			b.broken.Store(true)
 		}
 	}
 	if timed && err == io.EOF && !b.done.Load() {

@@ -27,7 +27,9 @@ const (
 	// Retry-After 1): nothing was charged, or an owner that stopped
 	// answering may have charged it (retry with the same Idempotency-Key).
 	ProblemQuotaUnavailable = problemBase + "quota-unavailable"
-	// ProblemBadRequest: a malformed header, such as Idempotency-Key (400).
+	// ProblemBadRequest: a malformed header, such as Idempotency-Key, or a
+	// request body that could not be read to its end (400; the charge was
+	// refunded).
 	ProblemBadRequest = problemBase + "bad-request"
 	// ProblemIdempotencyKeyReused: the Idempotency-Key was already used by
 	// the account for another request (422, as the IETF draft
@@ -254,6 +256,13 @@ func tooLarge(limit int64) *Problem {
 func bodyStalled(idle time.Duration) *Problem {
 	return newProblem(ProblemRequestTimeout, "Request body timed out", http.StatusRequestTimeout,
 		fmt.Sprintf("The request body sent nothing for %s; the request was cut off and the charge refunded. Send the body without pauses that long, or retry.", idle))
+}
+
+// bodyBroken answers a request whose body could not be read to its end:
+// the client went away mid-body (nobody reads this), or sent a malformed
+// body (a broken chunked encoding, an HTTP/2 stream reset).
+func bodyBroken() *Problem {
+	return badRequest("The request body could not be read to its end (the connection closed or the stream was reset mid-body, or its chunked encoding is malformed); the request was cut off and the charge refunded. Send the whole body, or retry.")
 }
 
 func badRequest(detail string) *Problem {

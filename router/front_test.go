@@ -1,6 +1,7 @@
 package router
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -17,6 +18,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/iotest"
 	"time"
 
 	"github.com/quotaring/quotaring/shard"
@@ -1525,5 +1527,115 @@ func TestProxyRefundsOnlyTheCanonicalRedirect(t *testing.T) {
 				t.Fatalf("POST //v1/tasks: %d to %q, %d charges, %d refunds; want a 3xx, refunded %v", res.StatusCode, res.Header.Get("Location"), charges, refunds, tc.refunded)
 			}
 		})
+	}
+}
+
+// A client that breaks its request body off (the connection closes
+// mid-body, with a Content-Length or chunked) or sends a malformed one is
+// refunded whatever the bill-on policy, as a body cut off for 413 or 408:
+// the upstream's read of the body failed, it did not serve the request.
+// The charge stood, since the upstream had the request's head.
+func TestBrokenBodyIsRefunded(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		head string // after the request line and the key
+		body string // sent after the upstream has the head
+		// hangUp: the client closes the connection after body; otherwise
+		// it reads the answer.
+		hangUp bool
+	}{
+		{"a Content-Length body cut short", "Content-Length: 1000\r\n", "0123456789", true},
+		{"a chunked body cut short", "Transfer-Encoding: chunked\r\n", "a\r\n0123456789\r\n", true},
+		{"a malformed chunked body", "Transfer-Encoding: chunked\r\n", "a\r\n0123456789\r\nzz\r\n", false},
+	} {
+		for _, policy := range []string{BillOnSuccess, BillOnAlways} {
+			t.Run(tc.name+", bill-on "+policy, func(t *testing.T) {
+				got, reads := make(chan struct{}, 1), make(chan error, 1)
+				up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+					got <- struct{}{}
+					_, err := io.Copy(io.Discard, r.Body)
+					reads <- err
+					if err == nil {
+						io.WriteString(w, "served")
+					}
+				}))
+				defer up.Close()
+				u, _ := url.Parse(up.URL)
+				ch := &fakeCharger{decision: okDecision()}
+				done := make(chan int, 1)
+				proxy, err := NewProxy(u, FrontOptions{Charger: ch, Config: testConfig(t), BillOn: policy,
+					OnRequest: func(code int, _ time.Duration) { done <- code }})
+				if err != nil {
+					t.Fatal(err)
+				}
+				front := httptest.NewServer(proxy)
+				defer front.Close()
+				conn, err := net.Dial("tcp", front.Listener.Addr().String())
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer conn.Close()
+				conn.SetDeadline(time.Now().Add(10 * time.Second)) // NB: a bound, not a wait
+				fmt.Fprintf(conn, "POST /v1/tasks HTTP/1.1\r\nHost: x\r\nX-Api-Key: secret\r\n%s\r\n", tc.head)
+				select {
+				case <-got: // the upstream has the request's head: a client leaving now used to stay billed
+				case <-time.After(10 * time.Second):
+					t.Fatal("the upstream never got the request")
+				}
+				io.WriteString(conn, tc.body)
+				if tc.hangUp {
+					conn.Close()
+				} else {
+					res, err := http.ReadResponse(bufio.NewReader(conn), nil)
+					if err != nil {
+						t.Fatal(err)
+					}
+					b, _ := io.ReadAll(res.Body)
+					res.Body.Close()
+					if res.StatusCode != 400 || !strings.Contains(string(b), ProblemBadRequest) || !strings.Contains(string(b), "refunded") ||
+						res.Header.Get("Content-Type") != "application/problem+json" {
+						t.Fatalf("answer %d %s; want 400 bad-request, refunded", res.StatusCode, b)
+					}
+				}
+				select {
+				case err := <-reads:
+					if err == nil {
+						t.Fatal("the upstream read a complete body")
+					}
+				case <-time.After(10 * time.Second):
+					t.Fatal("the upstream's read of the body did not end within 10 s")
+				}
+				select {
+				case code := <-done:
+					t.Logf("the front heard %d", code)
+				case <-time.After(10 * time.Second):
+					t.Fatal("the front never finished the request")
+				}
+				if c, r := ch.counts(); c != 1 || r != 1 {
+					t.Fatalf("%d charges, %d refunds; want the charge refunded", c, r)
+				}
+			})
+		}
+	}
+
+	// Middleware: a handler whose read of the body fails is refunded too;
+	// one that reads it whole is billed.
+	for _, tc := range []struct {
+		body     io.Reader
+		refunded bool
+	}{
+		{io.MultiReader(strings.NewReader("0123456789"), iotest.ErrReader(io.ErrUnexpectedEOF)), true},
+		{strings.NewReader("0123456789"), false},
+	} {
+		ch := &fakeCharger{decision: okDecision()}
+		h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if _, err := io.Copy(io.Discard, r.Body); err != nil {
+				http.Error(w, err.Error(), 400)
+			}
+		})
+		w, _ := serve(t, FrontOptions{Charger: ch, Config: testConfig(t), MaxBodyBytes: -1, BillOn: BillOnAlways}, h, newRequest("POST", "/v1/tasks", tc.body))
+		if _, r := ch.counts(); (r == 1) != tc.refunded {
+			t.Errorf("Middleware, body read failed %v: answer %d, %d refunds", tc.refunded, w.Code, r)
+		}
 	}
 }
