@@ -322,6 +322,17 @@ type charged struct {
 
 func (f *front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
+	if f.proxy && r.Method == http.MethodConnect {
+		// ReverseProxy would send it on as "CONNECT /", and relay an
+		// answer with a body, which RFC 9110 section 9.3.6 forbids for a
+		// 2xx to CONNECT: the proxy tunnels nothing. Refused before the key
+		// is looked up, so nothing is charged.
+		p := newProblem("about:blank", "Not Implemented", http.StatusNotImplemented,
+			"This API proxy does not tunnel (CONNECT); send the request itself to it, with its method and path.")
+		p.write(w, r)
+		f.observe(p.Status, time.Since(start))
+		return
+	}
 	if !f.opts.ChargePreflights && isPreflight(r) {
 		// A browser's CORS preflight carries no credentials: the API answers
 		// it, uncharged; the request it announces is charged as usual.

@@ -67,6 +67,9 @@ func CheckUpstream(u *url.URL) error {
 // Events and streaming RPCs are not buffered. Trailers pass through; the
 // front reads grpc-status from them.
 //
+// CONNECT is refused with 501 problem+json before the API key is looked
+// up, uncharged: the proxy tunnels nothing.
+//
 // The upstream failing (refused connection, reset, no response headers
 // within UpstreamTimeout) is answered 502 or 504 problem+json
 // (upstream-unavailable) and refunded unless BillOn is "always".

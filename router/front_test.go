@@ -1639,3 +1639,41 @@ func TestBrokenBodyIsRefunded(t *testing.T) {
 		}
 	}
 }
+
+// CONNECT is refused 501 problem+json, with or without a key, before
+// anything is charged: it was proxied as "CONNECT /", charged, and
+// answered 200 with a body (RFC 9110 section 9.3.6 forbids one).
+func TestProxyRefusesConnect(t *testing.T) {
+	var calls atomic.Int64
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { calls.Add(1) }))
+	defer up.Close()
+	u, _ := url.Parse(up.URL)
+	ch := &fakeCharger{decision: okDecision()}
+	proxy, err := NewProxy(u, FrontOptions{Charger: ch, Config: testConfig(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	front := httptest.NewServer(proxy)
+	defer front.Close()
+	for _, key := range []string{"X-Api-Key: secret\r\n", ""} {
+		conn, err := net.Dial("tcp", front.Listener.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		conn.SetDeadline(time.Now().Add(10 * time.Second)) // NB: a bound, not a wait
+		fmt.Fprintf(conn, "CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n%s\r\n", key)
+		res, err := http.ReadResponse(bufio.NewReader(conn), &http.Request{Method: "CONNECT"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var p Problem
+		err = json.NewDecoder(res.Body).Decode(&p)
+		conn.Close()
+		if err != nil || res.StatusCode != http.StatusNotImplemented || p.Status != 501 || res.Header.Get("Content-Type") != "application/problem+json" {
+			t.Fatalf("CONNECT with key %q: %d %v %+v (%v); want 501 problem+json", key, res.StatusCode, res.Header, p, err)
+		}
+	}
+	if c, _ := ch.counts(); c != 0 || calls.Load() != 0 {
+		t.Fatalf("%d charges, %d upstream calls; want none", c, calls.Load())
+	}
+}
