@@ -252,7 +252,7 @@ func CallerFrom(ctx context.Context) (*Caller, bool) {
 //
 //	UsagePath (unless NoUsageEndpoint): answer the caller's usage (JSON), charge nothing
 //	API key: X-Api-Key, else Authorization: Bearer  (none or unknown: 401)
-//	Idempotency-Key: 1..255 printable ASCII, else 400; it becomes the event id
+//	Idempotency-Key: 1..255 printable ASCII, an sf-string or bare, else 400; it becomes the event id
 //	Content-Length over MaxBodyBytes: 413
 //	route and units: the snapshot's route weights
 //	charge at the owner: refused -> problem+json, next never runs
@@ -642,10 +642,16 @@ func RequestTarget(r *http.Request) uint64 {
 // maxIdempotencyKey bounds an Idempotency-Key's length.
 const maxIdempotencyKey = 255
 
-// idempotencyKey validates the Idempotency-Key header: at most one, 1..255
-// printable ASCII characters. A value in double quotes (the IETF draft sends
-// it as a structured-field string) is the same key as without them. Event ids
-// are per account, so one value from two accounts names two events.
+// idempotencyKey validates the Idempotency-Key header: at most one, whose
+// key is 1..255 printable ASCII characters. The IETF draft
+// (draft-ietf-httpapi-idempotency-key-header) sends it as a structured-field
+// string: a value that starts with a double quote must be one (RFC 9651
+// section 3.3.3: printable ASCII, only \" and \\ escaped, a closing quote
+// and nothing after it), and the key is its content. A value without quotes
+// is taken as the key itself, leniently, but must not hold a double quote, a
+// backslash or a comma, so that one key has one spelling and a list
+// ("a", "b") is no key. Event ids are per account, so one value from two
+// accounts names two events.
 func idempotencyKey(h http.Header) (string, *Problem) {
 	vals := h.Values("Idempotency-Key")
 	switch len(vals) {
@@ -655,19 +661,49 @@ func idempotencyKey(h http.Header) (string, *Problem) {
 	default:
 		return "", badRequest("Send at most one Idempotency-Key header.")
 	}
-	k := vals[0]
-	if len(k) >= 2 && k[0] == '"' && k[len(k)-1] == '"' {
-		k = k[1 : len(k)-1]
+	v := vals[0]
+	for i := 0; i < len(v); i++ {
+		if v[i] < 0x20 || v[i] > 0x7e {
+			return "", badRequest(fmt.Sprintf("The Idempotency-Key may hold printable ASCII only (byte %d is 0x%02x).", i, v[i]))
+		}
+	}
+	k := v
+	if strings.HasPrefix(v, `"`) {
+		var prob *Problem
+		if k, prob = sfString(v); prob != nil {
+			return "", prob
+		}
+	} else if i := strings.IndexAny(v, `"\,`); i >= 0 {
+		return "", badRequest(fmt.Sprintf("The Idempotency-Key holds %q at byte %d: a key without quotes may not hold a double quote, a backslash or a comma. Send it as a structured-field string in double quotes, with \\\" and \\\\ escapes.", v[i], i))
 	}
 	if k == "" || len(k) > maxIdempotencyKey {
 		return "", badRequest(fmt.Sprintf("The Idempotency-Key must be 1 to %d characters long (got %d).", maxIdempotencyKey, len(k)))
 	}
-	for i := 0; i < len(k); i++ {
-		if k[i] < 0x20 || k[i] > 0x7e {
-			return "", badRequest(fmt.Sprintf("The Idempotency-Key may hold printable ASCII only (byte %d is 0x%02x).", i, k[i]))
+	return k, nil
+}
+
+// sfString parses v, printable ASCII starting with a double quote, as a
+// structured-field string and returns its content.
+func sfString(v string) (string, *Problem) {
+	var b strings.Builder
+	for i := 1; i < len(v); i++ {
+		switch c := v[i]; c {
+		case '\\':
+			if i+1 == len(v) || (v[i+1] != '"' && v[i+1] != '\\') {
+				return "", badRequest(fmt.Sprintf("The Idempotency-Key string has a backslash at byte %d not followed by a double quote or a backslash: only \\\" and \\\\ are escapes.", i))
+			}
+			i++
+			b.WriteByte(v[i])
+		case '"':
+			if i+1 < len(v) {
+				return "", badRequest(fmt.Sprintf("The Idempotency-Key has %q after its closing double quote: send one key (a list such as \"a\", \"b\" is not one).", v[i+1:]))
+			}
+			return b.String(), nil
+		default:
+			b.WriteByte(c)
 		}
 	}
-	return k, nil
+	return "", badRequest("The Idempotency-Key starts with a double quote but has no closing one: send the key as a structured-field string in double quotes, or without quotes.")
 }
 
 // finish answers a cut-off body with 413 if next did not answer, and refunds

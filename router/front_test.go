@@ -149,6 +149,25 @@ func TestIdempotencyKeyHeader(t *testing.T) {
 		{[]string{"tab\there"}, "", false},
 		{[]string{"caf\xc3\xa9"}, "", false},
 		{[]string{"a", "b"}, "", false},
+		// A quoted value is a structured-field string (RFC 9651): its
+		// content is the key, with \" and \\ unescaped; a list, an
+		// unbalanced quote, another escape or text after the string is
+		// refused. Unquoted, a key may not hold " \ or , (it was taken
+		// whole: "a", "b" was the key a", "b, and "a\"b" and a"b two keys).
+		{[]string{`"a", "b"`}, "", false},
+		{[]string{`"abc`}, "", false},
+		{[]string{`"`}, "", false},
+		{[]string{`"abc"x`}, "", false},
+		{[]string{`"abc";p=1`}, "", false},
+		{[]string{`"a\xb"`}, "", false},
+		{[]string{`"abc\"`}, "", false},
+		{[]string{`"a\"b"`}, `a"b`, true},
+		{[]string{`"a\\b"`}, `a\b`, true},
+		{[]string{`"a,b"`}, "a,b", true},
+		{[]string{`a"b`}, "", false},
+		{[]string{`a\b`}, "", false},
+		{[]string{`a, b`}, "", false},
+		{[]string{`abc"`}, "", false},
 	} {
 		h := http.Header{}
 		for _, v := range tc.vals {
