@@ -125,11 +125,12 @@ type FrontOptions struct {
 	// to the handler or upstream uncharged and without a Caller (see
 	// Middleware).
 	ChargePreflights bool
-	// TrustForwarded keeps the X-Forwarded-For, -Host and -Proto the client
-	// sent (NewProxy only): set it when quotad runs behind a load balancer
-	// that sets them, so the upstream sees the real client. Without it the
-	// proxy replaces them with what it saw itself, since a client could
-	// forge them.
+	// TrustForwarded keeps the X-Forwarded-For, -Host and -Proto, X-Real-IP
+	// and Forwarded the client sent (NewProxy only; X-Forwarded-For and
+	// Forwarded get the proxy's peer appended): set it when quotad runs
+	// behind a load balancer that sets them, so the upstream sees the real
+	// client. Without it the proxy replaces them with what it saw itself,
+	// since a client could forge them.
 	TrustForwarded bool
 	// ChargeTimeout bounds a charge, RefundTimeout a refund [10s each]. Both
 	// outlive the client's connection on purpose: see Middleware.

@@ -58,9 +58,11 @@ func CheckUpstream(u *url.URL) error {
 // What the upstream receives: the request as the client sent it (method,
 // path joined to upstream's path, query, body streamed, Authorization and
 // every end-to-end header; X-Api-Key too unless StripAPIKeyHeader), Host set
-// to the upstream's host, X-Forwarded-For/-Host/-Proto naming the client, and
-// X-Quota-Account and X-Quota-Event. ReverseProxy drops hop-by-hop headers
-// both ways and handles protocol upgrades.
+// to the upstream's host, X-Forwarded-For/-Host/-Proto, X-Real-IP and
+// Forwarded naming the client (the client's own are dropped, unless
+// TrustForwarded), Via with "quotad" appended, and X-Quota-Account and
+// X-Quota-Event. ReverseProxy drops hop-by-hop headers both ways and
+// handles protocol upgrades.
 //
 // Responses stream: ReverseProxy flushes at once for text/event-stream and
 // for bodies of unknown length (chunked answers, gRPC), so Server-Sent
@@ -104,19 +106,38 @@ func NewProxy(upstream *url.URL, opts FrontOptions) (http.Handler, error) {
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.Out = markSent(pr.In, pr.Out)
 			pr.SetURL(upstream)
+			in, h := pr.In.Header, pr.Out.Header
+			peer, _, err := net.SplitHostPort(pr.In.RemoteAddr)
+			if err != nil {
+				peer = "" // SetXForwarded then sets no X-Forwarded-For
+			}
 			if opts.TrustForwarded {
-				in, out := pr.In.Header, pr.Out.Header
-				out["X-Forwarded-For"] = in["X-Forwarded-For"] // SetXForwarded appends the peer to it
+				h["X-Forwarded-For"] = in["X-Forwarded-For"] // SetXForwarded appends the peer to it
 				pr.SetXForwarded()
 				for _, k := range []string{"X-Forwarded-Host", "X-Forwarded-Proto"} {
 					if v := in.Values(k); len(v) > 0 {
-						out[k] = v
+						h[k] = v
 					}
 				}
+				// ReverseProxy drops Forwarded: the balancer's passes on,
+				// and this hop's element follows (RFC 7239 section 4).
+				// X-Real-IP, which ReverseProxy keeps, passes as sent.
+				h["Forwarded"] = in["Forwarded"]
 			} else {
 				pr.SetXForwarded()
+				// chi's RealIP, gin and nginx's realip trust X-Real-IP
+				// before X-Forwarded-For: a client's own is forged.
+				h.Del("X-Real-IP")
+				if peer != "" {
+					h.Set("X-Real-IP", peer)
+				}
 			}
-			h := pr.Out.Header
+			if peer != "" {
+				h.Add("Forwarded", forwardedElement(peer, pr.In))
+			}
+			// RFC 9110 section 7.6.3: a gateway sends Via in each inbound
+			// request, after the Via the request came with.
+			h.Add("Via", viaProtocol(pr.In)+" quotad")
 			if k := pr.In.Header.Values("Idempotency-Key"); len(k) > 0 {
 				// The key the request was billed under reaches the upstream
 				// even if the client named it in Connection (hop-by-hop,
@@ -151,6 +172,46 @@ func NewProxy(upstream *url.URL, opts FrontOptions) (http.Handler, error) {
 		ErrorLog: slog.NewLogLogger(log.With("subsystem", "proxy").Handler(), slog.LevelWarn),
 	}
 	return &front{opts: opts, next: rp, proxy: true, base: upstream.Path}, nil // NB: opts.defaults ran above
+}
+
+// forwardedElement is the proxy's own element of Forwarded (RFC 7239):
+// the peer it got r from, the Host r named and its scheme, as the
+// X-Forwarded-* it sets.
+func forwardedElement(peer string, r *http.Request) string {
+	if strings.Contains(peer, ":") {
+		peer = "[" + peer + "]" // an IPv6 address (section 6)
+	}
+	proto := "http"
+	if r.TLS != nil {
+		proto = "https"
+	}
+	return "for=" + forwardedValue(peer) + ";host=" + forwardedValue(r.Host) + ";proto=" + proto
+}
+
+// forwardedValue is v as a token, or as a quoted-string when it is not one.
+func forwardedValue(v string) string {
+	for i := 0; i < len(v); i++ {
+		if !tokenChar(v[i]) {
+			return strconv.Quote(v) // NB: Host and peer hold printable ASCII; Quote escapes " and \ as a quoted-string does
+		}
+	}
+	if v == "" {
+		return `""`
+	}
+	return v
+}
+
+// tokenChar reports a tchar of RFC 9110 section 5.6.2.
+func tokenChar(c byte) bool {
+	return c >= '0' && c <= '9' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0
+}
+
+// viaProtocol is the received-protocol of Via for r: "1.1", "2", "3".
+func viaProtocol(r *http.Request) string {
+	if r.ProtoMajor >= 2 {
+		return strconv.Itoa(r.ProtoMajor)
+	}
+	return fmt.Sprintf("%d.%d", r.ProtoMajor, r.ProtoMinor)
 }
 
 // upstreamError is the ReverseProxy's ErrorHandler: the upstream gave no

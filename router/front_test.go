@@ -793,18 +793,32 @@ func TestTrustForwarded(t *testing.T) {
 		req.Header.Set("X-Api-Key", "secret")
 		req.Header.Set("X-Forwarded-For", "203.0.113.7")
 		req.Header.Set("X-Forwarded-Proto", "https")
+		req.Header.Set("X-Real-IP", "203.0.113.9")
+		req.Header.Set("Forwarded", "for=203.0.113.7;proto=https")
+		req.Header.Set("Via", "1.1 lb")
 		res, err := http.DefaultClient.Do(req)
 		front.Close()
 		if err != nil {
 			t.Fatal(err)
 		}
 		res.Body.Close()
-		wantFor, wantProto := "127.0.0.1", "http"
+		// The proxy's own Forwarded element: its peer, the Host it got.
+		hop := `for=127.0.0.1;host="` + strings.TrimPrefix(front.URL, "http://") + `";proto=http`
+		wantFor, wantProto, wantReal, wantFwd := "127.0.0.1", "http", "127.0.0.1", hop
 		if trust {
-			wantFor, wantProto = "203.0.113.7, 127.0.0.1", "https"
+			wantFor, wantProto, wantReal, wantFwd = "203.0.113.7, 127.0.0.1", "https", "203.0.113.9", "for=203.0.113.7;proto=https, "+hop
 		}
 		if f, p := got.Get("X-Forwarded-For"), got.Get("X-Forwarded-Proto"); f != wantFor || p != wantProto {
 			t.Errorf("trust %v: upstream saw X-Forwarded-For %q, -Proto %q; want %q, %q", trust, f, p, wantFor, wantProto)
+		}
+		// X-Real-IP (trusted first by chi's RealIP, gin, nginx) passed as the
+		// client forged it; Forwarded was dropped even when trusted.
+		if r, f := got.Get("X-Real-IP"), strings.Join(got.Values("Forwarded"), ", "); r != wantReal || f != wantFwd {
+			t.Errorf("trust %v: upstream saw X-Real-IP %q, Forwarded %q; want %q, %q", trust, r, f, wantReal, wantFwd)
+		}
+		// RFC 9110 section 7.6.3: a gateway sends Via, after the client's.
+		if v := strings.Join(got.Values("Via"), ", "); v != "1.1 lb, 1.1 quotad" {
+			t.Errorf("trust %v: upstream saw Via %q, want %q", trust, v, "1.1 lb, 1.1 quotad")
 		}
 	}
 }
