@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"math/bits"
 	"net/http"
 	"strconv"
 	"strings"
@@ -112,13 +113,20 @@ func ceilSeconds(ns int64) int64 {
 }
 
 // rateLimitHeaders formats the RateLimit-Policy and RateLimit fields of the
-// IETF httpapi draft (draft-ietf-httpapi-ratelimit-headers): structured
-// field lists with an item per policy. "burst" is the token bucket, when
-// the plan has a rate limit; "quota" is the period's units (monthly quota
-// and credits, in the plan's units: route weights, not requests):
+// IETF httpapi draft, in the syntax of draft-ietf-httpapi-ratelimit-headers-08
+// (structured field lists with an item per policy; RateLimit-Policy's q and
+// w, RateLimit's r and t). "burst" is the token bucket, when the plan has a
+// rate limit; "quota" is the period's units (monthly quota and credits, in
+// the plan's units: route weights, not requests):
 //
 //	RateLimit-Policy: "burst";q=<burst>;w=<seconds for a full refill>, "quota";q=<units>;w=<seconds in the period>
 //	RateLimit: "burst";r=<tokens left>;t=<seconds until full>, "quota";r=<units left>;t=<seconds until the period ends>
+//
+// With no token left (r=0), the burst's t is the seconds until the next
+// one instead (rounded up, at least 1): when the client may send again,
+// which is the Retry-After of a rate-limited refusal. The draft asks the two
+// to agree; t until full told a client to wait up to the whole window
+// (t=2 beside Retry-After: 1).
 //
 // now is Unix seconds. Every decision has a period end (the month, for
 // credits too); an item without one (reset 0) would have no w and no t.
@@ -132,10 +140,29 @@ func rateLimitHeaders(d *shard.Decision, now int64) (policy, limit string) {
 		lb = append(lb, `"burst";r=`...)
 		lb = strconv.AppendInt(lb, max(0, d.RateRemaining), 10)
 		lb = append(lb, ";t="...)
-		lb = strconv.AppendInt(lb, ceilSeconds(d.RateReset), 10)
+		t := ceilSeconds(d.RateReset)
+		if d.RateRemaining <= 0 {
+			t = max(1, ceilSeconds(nextToken(d)))
+		}
+		lb = strconv.AppendInt(lb, t, 10)
 	}
 	pb, lb = appendQuotaItems(pb, lb, d.Limit, d.Remaining, d.Reset, now)
 	return string(pb), string(lb)
+}
+
+// nextToken is the ns until the bucket of d, empty, has a token again: a
+// rate-limited refusal's RetryAfter (what its Retry-After says), else the
+// time until full less the refill time of the other burst-1 tokens.
+func nextToken(d *shard.Decision) int64 {
+	if d.Reason == shard.RateLimited && d.RetryAfter > 0 {
+		return d.RetryAfter
+	}
+	if d.RateBurst <= 0 || d.RateWindow <= 0 || d.RateReset <= 0 {
+		return d.RateReset
+	}
+	hi, lo := bits.Mul64(uint64(d.RateBurst-1), uint64(d.RateWindow))
+	others, _ := bits.Div64(hi, lo, uint64(d.RateBurst)) // NB: < RateWindow, so hi < RateBurst: no panic
+	return d.RateReset - int64(others)
 }
 
 // appendQuotaItems appends the "quota" items of RateLimit-Policy (to pb)

@@ -38,7 +38,10 @@ func TestRateLimitHeaders(t *testing.T) {
 		{shard.Decision{RateBurst: 10, RateRemaining: 3, RateReset: int64(700 * time.Millisecond), RateWindow: int64(time.Second), Limit: 60, Remaining: 7, Reset: july},
 			`"burst";q=10;w=1, "quota";q=60;w=2592000`, `"burst";r=3;t=1, "quota";r=7;t=216000`},
 		{shard.Decision{RateBurst: 3, RateRemaining: 0, RateReset: int64(60 * time.Second), RateWindow: int64(60 * time.Second), Limit: 5, Remaining: 0, Reset: july},
-			`"burst";q=3;w=60, "quota";q=5;w=2592000`, `"burst";r=0;t=60, "quota";r=0;t=216000`},
+			`"burst";q=3;w=60, "quota";q=5;w=2592000`, `"burst";r=0;t=20, "quota";r=0;t=216000`}, // empty: t until the next token (one per 20 s), not until full
+		// A rate-limited refusal: t is its Retry-After (was t=2 beside Retry-After: 1).
+		{shard.Decision{Reason: shard.RateLimited, RetryAfter: int64(500 * time.Millisecond), RateBurst: 2, RateRemaining: 0, RateReset: int64(1500 * time.Millisecond), RateWindow: int64(2 * time.Second), Limit: 60, Remaining: 7, Reset: july},
+			`"burst";q=2;w=2, "quota";q=60;w=2592000`, `"burst";r=0;t=1, "quota";r=7;t=216000`},
 		{shard.Decision{RateBurst: 5, RateRemaining: 5, RateReset: 0, RateWindow: int64(1500 * time.Millisecond), Limit: 1, Remaining: 1, Reset: july},
 			`"burst";q=5;w=2, "quota";q=1;w=2592000`, `"burst";r=5;t=0, "quota";r=1;t=216000`}, // full bucket: t=0; windows round up
 		{shard.Decision{RateBurst: 100, RateRemaining: -1, RateReset: 1, RateWindow: 1, Limit: 10, Remaining: -3, Reset: july},
@@ -54,6 +57,20 @@ func TestRateLimitHeaders(t *testing.T) {
 		policy, limit := rateLimitHeaders(&tc.d, now)
 		if policy != tc.policy || limit != tc.limit {
 			t.Errorf("%+v:\n got  %q %q\n want %q %q", tc.d, policy, limit, tc.policy, tc.limit)
+		}
+	}
+	// A rate-limited refusal's burst t and Retry-After agree, whatever the
+	// bucket: t is when the client may send again.
+	for _, d := range []shard.Decision{
+		{RetryAfter: int64(500 * time.Millisecond), RateBurst: 2, RateReset: int64(1500 * time.Millisecond), RateWindow: int64(2 * time.Second)},
+		{RetryAfter: int64(2100 * time.Millisecond), RateBurst: 10, RateReset: int64(30 * time.Second), RateWindow: int64(30 * time.Second)},
+		{RetryAfter: 1, RateBurst: 1, RateReset: 1, RateWindow: int64(time.Hour)},
+	} {
+		d.Reason, d.Limit, d.Remaining, d.Reset = shard.RateLimited, 10, 10, july
+		_, limit := rateLimitHeaders(&d, now)
+		want := fmt.Sprintf(`"burst";r=0;t=%d,`, refusal(&d, 1, 429).retryAfter)
+		if !strings.HasPrefix(limit, want) {
+			t.Errorf("%+v: RateLimit %q, want it to start %q (the Retry-After)", d, limit, want)
 		}
 	}
 }
