@@ -319,6 +319,9 @@ type charged struct {
 	// its route. The request is refunded when the upstream answers with
 	// that redirect, and only then (canonicalRedirect).
 	canonical string
+	// hard: the account's plan refuses past its quota, so the quota is a
+	// limit the RateLimit fields advertise (not for a soft plan).
+	hard bool
 }
 
 func (f *front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -354,7 +357,7 @@ func (f *front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	c, prob := f.admit(r)
 	if prob != nil {
 		if c != nil && (c.Decision.Reason == shard.RateLimited || c.Decision.Reason == shard.QuotaExceeded || c.Decision.Reason == shard.IDReused) {
-			setQuotaHeaders(w.Header(), &c.Decision, f.opts.Now().Unix()) // the owner's state; other refusals have none
+			setQuotaHeaders(w.Header(), &c.Decision, f.opts.Now().Unix(), c.hard) // the owner's state; other refusals have none
 		}
 		prob.write(w, r)
 		f.observe(prob.Status, time.Since(start))
@@ -366,8 +369,8 @@ func (f *front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	now := f.opts.Now().Unix()
-	setQuotaHeaders(w.Header(), &c.Decision, now)
-	rec := &recorder{ResponseWriter: w, headers: func(h http.Header) { setQuotaHeaders(h, &c.Decision, now) }}
+	setQuotaHeaders(w.Header(), &c.Decision, now, c.hard)
+	rec := &recorder{ResponseWriter: w, headers: func(h http.Header) { setQuotaHeaders(h, &c.Decision, now, c.hard) }}
 	rec.refundFirst = func(why string) { f.refundFirst(rec, r, c, why) }
 	if c.durable != nil {
 		rec.gate = func() error {
@@ -493,7 +496,7 @@ func (f *front) admit(r *http.Request) (*charged, *Problem) {
 		return nil, internalError()
 	}
 	c := &charged{Caller: Caller{Account: key.Account, KeyID: key.ID, Route: route, Units: units, EventID: res.EventID,
-		Replayed: res.Reason == shard.Replayed, Decision: res.Decision}, durable: durable}
+		Replayed: res.Reason == shard.Replayed, Decision: res.Decision}, durable: durable, hard: hardQuota(snap, key.Account)}
 	if redirect {
 		c.canonical = canonicalPath(snap, r.Method, f.pricedHost(r), r.URL.EscapedPath())
 	}
@@ -775,7 +778,7 @@ func (f *front) refundFirst(rec *recorder, r *http.Request, c *charged, why stri
 			}
 			return
 		}
-		setQuotaHeaders(h, &d, now)
+		setQuotaHeaders(h, &d, now, c.hard)
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/quotaring/quotaring/shard"
+	"github.com/quotaring/quotaring/snapshot"
 )
 
 // Problem types of the HTTP front's refusals (RFC 9457 "type" members). Each
@@ -128,9 +129,15 @@ func ceilSeconds(ns int64) int64 {
 // to agree; t until full told a client to wait up to the whole window
 // (t=2 beside Retry-After: 1).
 //
+// quota is false for a soft plan, which records overage and is never
+// refused for its quota: its "quota" item is left out, since a limit whose
+// r reads 0 for the rest of the month told a client following the draft to
+// stop for weeks while it was still served (X-Quota-* carry the figures).
+// Both fields are empty when no item is left.
+//
 // now is Unix seconds. Every decision has a period end (the month, for
 // credits too); an item without one (reset 0) would have no w and no t.
-func rateLimitHeaders(d *shard.Decision, now int64) (policy, limit string) {
+func rateLimitHeaders(d *shard.Decision, now int64, quota bool) (policy, limit string) {
 	pb, lb := make([]byte, 0, 96), make([]byte, 0, 96)
 	if d.RateBurst > 0 {
 		pb = append(pb, `"burst";q=`...)
@@ -146,7 +153,9 @@ func rateLimitHeaders(d *shard.Decision, now int64) (policy, limit string) {
 		}
 		lb = strconv.AppendInt(lb, t, 10)
 	}
-	pb, lb = appendQuotaItems(pb, lb, d.Limit, d.Remaining, d.Reset, now)
+	if quota {
+		pb, lb = appendQuotaItems(pb, lb, d.Limit, d.Remaining, d.Reset, now)
+	}
 	return string(pb), string(lb)
 }
 
@@ -191,12 +200,29 @@ func appendQuotaItems(pb, lb []byte, limitUnits, remaining, reset, now int64) ([
 func formatReset(unix int64) string { return time.Unix(unix, 0).UTC().Format(time.RFC3339) }
 
 // setQuotaHeaders puts the rate-limit and quota fields of d on h; now is
-// Unix seconds.
-func setQuotaHeaders(h http.Header, d *shard.Decision, now int64) {
-	policy, limit := rateLimitHeaders(d, now)
-	h.Set("RateLimit-Policy", policy)
-	h.Set("RateLimit", limit)
+// Unix seconds; quota is false for a soft plan (rateLimitHeaders).
+func setQuotaHeaders(h http.Header, d *shard.Decision, now int64, quota bool) {
+	policy, limit := rateLimitHeaders(d, now, quota)
+	setField(h, "RateLimit-Policy", policy)
+	setField(h, "RateLimit", limit)
 	setQuotaFields(h, d.Limit, d.Remaining, d.Reset)
+}
+
+// setField sets h's field k to v, or drops it when v is empty.
+func setField(h http.Header, k, v string) {
+	if v == "" {
+		h.Del(k)
+		return
+	}
+	h.Set(k, v)
+}
+
+// hardQuota reports whether the account's plan refuses past its quota (a
+// hard plan), as the snapshot has it; true when the snapshot does not know
+// the account (the owner's answer then decides).
+func hardQuota(snap *snapshot.Snapshot, account string) bool {
+	cfg, ok := snap.AccountConfig(account)
+	return !ok || cfg.Plan.Hard
 }
 
 // setQuotaFields sets X-Quota-Limit, X-Quota-Remaining and X-Quota-Reset

@@ -54,7 +54,7 @@ func TestRateLimitHeaders(t *testing.T) {
 		// Credits that never renew: no period, so no w and no t.
 		{shard.Decision{Limit: 500, Remaining: 120}, `"quota";q=500`, `"quota";r=120`},
 	} {
-		policy, limit := rateLimitHeaders(&tc.d, now)
+		policy, limit := rateLimitHeaders(&tc.d, now, true)
 		if policy != tc.policy || limit != tc.limit {
 			t.Errorf("%+v:\n got  %q %q\n want %q %q", tc.d, policy, limit, tc.policy, tc.limit)
 		}
@@ -67,7 +67,7 @@ func TestRateLimitHeaders(t *testing.T) {
 		{RetryAfter: 1, RateBurst: 1, RateReset: 1, RateWindow: int64(time.Hour)},
 	} {
 		d.Reason, d.Limit, d.Remaining, d.Reset = shard.RateLimited, 10, 10, july
-		_, limit := rateLimitHeaders(&d, now)
+		_, limit := rateLimitHeaders(&d, now, true)
 		want := fmt.Sprintf(`"burst";r=0;t=%d,`, refusal(&d, 1, 429).retryAfter)
 		if !strings.HasPrefix(limit, want) {
 			t.Errorf("%+v: RateLimit %q, want it to start %q (the Retry-After)", d, limit, want)
@@ -79,7 +79,7 @@ func TestQuotaHeaders(t *testing.T) {
 	h := http.Header{}
 	setQuotaHeaders(h, &shard.Decision{Limit: 60, Remaining: -2, Reset: time.Date(2026, 7, 1, 0, 0, 0, 0, time.UTC).Unix(),
 		RateBurst: 2, RateRemaining: 1, RateReset: int64(time.Second), RateWindow: int64(2 * time.Second)},
-		time.Date(2026, 6, 30, 23, 0, 0, 0, time.UTC).Unix())
+		time.Date(2026, 6, 30, 23, 0, 0, 0, time.UTC).Unix(), true)
 	want := http.Header{
 		"Ratelimit-Policy":  {`"burst";q=2;w=2, "quota";q=60;w=2592000`},
 		"Ratelimit":         {`"burst";r=1;t=1, "quota";r=0;t=3600`},
@@ -1725,5 +1725,58 @@ func TestProxyRefusesConnect(t *testing.T) {
 	}
 	if c, _ := ch.counts(); c != 0 || calls.Load() != 0 {
 		t.Fatalf("%d charges, %d upstream calls; want none", c, calls.Load())
+	}
+}
+
+// A soft plan records overage and is never refused for its quota: its
+// answers carry no "quota" item in RateLimit and RateLimit-Policy (r=0
+// there told a client following the draft to stop for the rest of the
+// month while it was still served), and X-Quota-* as before. A hard
+// plan's do.
+func TestSoftPlanAdvertisesNoQuotaLimit(t *testing.T) {
+	s, err := snapshot.Decode([]byte(`{"version":1,"plans":[{"id":"soft","monthly_quota":100,"hard":false},
+		{"id":"soft-rl","rate":"1/s","burst":5,"monthly_quota":100,"hard":false},{"id":"hard","monthly_quota":100,"hard":true}],
+		"accounts":[{"id":"s","plan":"soft"},{"id":"srl","plan":"soft-rl"},{"id":"h","plan":"hard"}],
+		"keys":[{"id":"k1","hash":"` + snapshot.HashKey("soft") + `","account":"s"},{"id":"k2","hash":"` + snapshot.HashKey("soft-rl") + `","account":"srl"},
+		{"id":"k3","hash":"` + snapshot.HashKey("hard") + `","account":"h"}],
+		"routes":{"version":1,"default":1}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	over := shard.Decision{Reason: shard.OK, Limit: 100, Remaining: 0, Reset: time.Date(2026, 7, 1, 0, 0, 0, 0, time.UTC).Unix()}
+	limited := over
+	limited.RateBurst, limited.RateRemaining, limited.RateReset, limited.RateWindow = 5, 4, int64(time.Second), int64(5*time.Second)
+	now := func() time.Time { return time.Date(2026, 6, 28, 12, 0, 0, 0, time.UTC) }
+	for _, tc := range []struct {
+		key           string
+		d             shard.Decision
+		policy, limit string
+	}{
+		{"soft", over, "", ""},
+		{"soft-rl", limited, `"burst";q=5;w=5`, `"burst";r=4;t=1`},
+		{"hard", over, `"quota";q=100;w=2592000`, `"quota";r=0;t=216000`},
+	} {
+		req := newRequest("POST", "/v1/tasks", nil)
+		req.Header.Set("Authorization", "Bearer "+tc.key)
+		w, _ := serve(t, FrontOptions{Charger: &fakeCharger{decision: tc.d}, Config: staticConfig{s}, Now: now},
+			http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}), req)
+		h := w.Result().Header
+		_, hasPolicy := h["Ratelimit-Policy"]
+		_, hasLimit := h["Ratelimit"]
+		if h.Get("RateLimit-Policy") != tc.policy || h.Get("RateLimit") != tc.limit || hasPolicy != (tc.policy != "") || hasLimit != (tc.limit != "") {
+			t.Errorf("%s plan: RateLimit-Policy %q, RateLimit %q; want %q, %q", tc.key, h.Get("RateLimit-Policy"), h.Get("RateLimit"), tc.policy, tc.limit)
+		}
+		if h.Get("X-Quota-Remaining") != "0" || h.Get("X-Quota-Limit") != "100" {
+			t.Errorf("%s plan: X-Quota-Limit %q, X-Quota-Remaining %q; want 100, 0", tc.key, h.Get("X-Quota-Limit"), h.Get("X-Quota-Remaining"))
+		}
+	}
+	// The usage endpoint too.
+	for key, want := range map[string]string{"soft": "", "hard": `"quota";r=98;t=216000`} {
+		req := newRequest("GET", "/v1/usage", nil)
+		req.Header.Set("Authorization", "Bearer "+key)
+		w, _ := serve(t, FrontOptions{Charger: &fakeCharger{}, Config: staticConfig{s}, Now: now}, http.NotFoundHandler(), req)
+		if got := w.Result().Header.Get("RateLimit"); w.Code != 200 || got != want || w.Result().Header.Get("X-Quota-Remaining") != "98" {
+			t.Errorf("usage, %s plan: %d, RateLimit %q, want %q", key, w.Code, got, want)
+		}
 	}
 }

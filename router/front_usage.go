@@ -36,9 +36,11 @@ func (f *front) serveUsage(w http.ResponseWriter, r *http.Request) int {
 		return prob.Status
 	}
 	h := w.Header()
-	policy, limit := appendQuotaItems(nil, nil, rep.Limit, rep.Remaining, rep.resetUnix, f.opts.Now().Unix())
-	h.Set("RateLimit-Policy", string(policy))
-	h.Set("RateLimit", string(limit))
+	if rep.hard { // a soft plan's quota is no limit (rateLimitHeaders)
+		policy, limit := appendQuotaItems(nil, nil, rep.Limit, rep.Remaining, rep.resetUnix, f.opts.Now().Unix())
+		h.Set("RateLimit-Policy", string(policy))
+		h.Set("RateLimit", string(limit))
+	}
 	setQuotaFields(h, rep.Limit, rep.Remaining, rep.resetUnix)
 	h.Set("Content-Type", "application/json")
 	h.Set("Cache-Control", "no-store")
@@ -53,10 +55,11 @@ func (f *front) serveUsage(w http.ResponseWriter, r *http.Request) int {
 type usageAnswer struct {
 	UsageReport
 	resetUnix int64
+	hard      bool // the account's plan is hard (hardQuota)
 }
 
 func (f *front) usage(r *http.Request) (*usageAnswer, *Problem) {
-	key, _, prob := f.caller(r)
+	key, snap, prob := f.caller(r)
 	if prob != nil {
 		return nil, prob
 	}
@@ -80,6 +83,6 @@ func (f *front) usage(r *http.Request) (*usageAnswer, *Problem) {
 	if routes == nil {
 		routes = map[string]int64{}
 	}
-	return &usageAnswer{resetUnix: u.Reset, UsageReport: UsageReport{Account: key.Account, Period: u.Period.String(),
+	return &usageAnswer{resetUnix: u.Reset, hard: hardQuota(snap, key.Account), UsageReport: UsageReport{Account: key.Account, Period: u.Period.String(),
 		Used: u.Used, Limit: u.Limit, Remaining: max(0, u.Remaining), Reset: formatReset(u.Reset), Routes: routes}}, nil
 }
