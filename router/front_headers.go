@@ -140,10 +140,7 @@ func ceilSeconds(ns int64) int64 {
 func rateLimitHeaders(d *shard.Decision, now int64, quota bool) (policy, limit string) {
 	pb, lb := make([]byte, 0, 96), make([]byte, 0, 96)
 	if d.RateBurst > 0 {
-		pb = append(pb, `"burst";q=`...)
-		pb = strconv.AppendInt(pb, d.RateBurst, 10)
-		pb = append(pb, ";w="...)
-		pb = strconv.AppendInt(pb, max(1, ceilSeconds(d.RateWindow)), 10)
+		pb = appendBurstPolicy(pb, d.RateBurst, d.RateWindow)
 		lb = append(lb, `"burst";r=`...)
 		lb = strconv.AppendInt(lb, max(0, d.RateRemaining), 10)
 		lb = append(lb, ";t="...)
@@ -157,6 +154,15 @@ func rateLimitHeaders(d *shard.Decision, now int64, quota bool) (policy, limit s
 		pb, lb = appendQuotaItems(pb, lb, d.Limit, d.Remaining, d.Reset, now)
 	}
 	return string(pb), string(lb)
+}
+
+// appendBurstPolicy appends RateLimit-Policy's "burst" item: a bucket of
+// burst tokens that refills in window ns.
+func appendBurstPolicy(pb []byte, burst, window int64) []byte {
+	pb = append(pb, `"burst";q=`...)
+	pb = strconv.AppendInt(pb, burst, 10)
+	pb = append(pb, ";w="...)
+	return strconv.AppendInt(pb, max(1, ceilSeconds(window)), 10)
 }
 
 // nextToken is the ns until the bucket of d, empty, has a token again: a
@@ -223,6 +229,26 @@ func setField(h http.Header, k, v string) {
 func hardQuota(snap *snapshot.Snapshot, account string) bool {
 	cfg, ok := snap.AccountConfig(account)
 	return !ok || cfg.Plan.Hard
+}
+
+// planPolicy is RateLimit-Policy for an account's plan, as the snapshot has
+// it: the policy every charged answer of the account carries (the "burst"
+// item as the owner's bucket fills it, shard.Bucket, and the "quota" item
+// for a hard plan), for the usage endpoint, which has no bucket state and
+// so only the "quota" item in RateLimit (limit).
+func planPolicy(snap *snapshot.Snapshot, account string, limitUnits, remaining, reset, now int64) (policy, limit []byte) {
+	cfg, ok := snap.AccountConfig(account)
+	if p := cfg.Plan; ok && !p.Rate.Unlimited() && p.Burst > 0 {
+		policy = appendBurstPolicy(policy, p.Burst, p.Burst*int64(p.Rate.Per)/p.Rate.Tokens)
+	}
+	if !ok || cfg.Plan.Hard {
+		qp, ql := appendQuotaItems(nil, nil, limitUnits, remaining, reset, now)
+		if len(policy) > 0 {
+			policy = append(policy, ", "...)
+		}
+		policy, limit = append(policy, qp...), ql
+	}
+	return policy, limit
 }
 
 // setQuotaFields sets X-Quota-Limit, X-Quota-Remaining and X-Quota-Reset

@@ -1780,3 +1780,35 @@ func TestSoftPlanAdvertisesNoQuotaLimit(t *testing.T) {
 		}
 	}
 }
+
+// The usage endpoint's RateLimit-Policy is the policy every other answer of
+// the account carries: it left the "burst" item out.
+func TestUsagePolicyIsTheAnswersPolicy(t *testing.T) {
+	s, err := snapshot.Decode([]byte(`{"version":1,"plans":[{"id":"hard-rl","rate":"2/s","burst":10,"monthly_quota":100,"hard":true},
+		{"id":"soft-rl","rate":"2/s","burst":10,"monthly_quota":100,"hard":false}],
+		"accounts":[{"id":"h","plan":"hard-rl"},{"id":"s","plan":"soft-rl"}],
+		"keys":[{"id":"k1","hash":"` + snapshot.HashKey("hard") + `","account":"h"},{"id":"k2","hash":"` + snapshot.HashKey("soft") + `","account":"s"}],
+		"routes":{"version":1,"default":1}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := func() time.Time { return time.Date(2026, 6, 28, 12, 0, 0, 0, time.UTC) }
+	// As the owner's bucket fills a decision for 2/s, burst 10 (shard.Bucket).
+	d := okDecision()
+	d.RateBurst, d.RateRemaining, d.RateReset, d.RateWindow = 10, 9, int64(500*time.Millisecond), int64(5*time.Second)
+	for key, want := range map[string]string{"hard": `"burst";q=10;w=5, "quota";q=100;w=2592000`, "soft": `"burst";q=10;w=5`} {
+		policy := func(path string) string {
+			req := newRequest("GET", path, nil)
+			req.Header.Set("Authorization", "Bearer "+key)
+			w, _ := serve(t, FrontOptions{Charger: &fakeCharger{decision: d}, Config: staticConfig{s}, Now: now},
+				http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}), req)
+			if w.Code != 200 {
+				t.Fatalf("%s plan: GET %s: %d", key, path, w.Code)
+			}
+			return w.Result().Header.Get("RateLimit-Policy")
+		}
+		if answer, usage := policy("/v1/tasks"), policy("/v1/usage"); answer != want || usage != want {
+			t.Errorf("%s plan: RateLimit-Policy %q on an answer, %q on the usage endpoint; want %q on both", key, answer, usage, want)
+		}
+	}
+}

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"net/http"
+
+	"github.com/quotaring/quotaring/snapshot"
 )
 
 // UsageReport is the usage endpoint's answer: the current period of the
@@ -36,11 +38,11 @@ func (f *front) serveUsage(w http.ResponseWriter, r *http.Request) int {
 		return prob.Status
 	}
 	h := w.Header()
-	if rep.hard { // a soft plan's quota is no limit (rateLimitHeaders)
-		policy, limit := appendQuotaItems(nil, nil, rep.Limit, rep.Remaining, rep.resetUnix, f.opts.Now().Unix())
-		h.Set("RateLimit-Policy", string(policy))
-		h.Set("RateLimit", string(limit))
-	}
+	// The policy of every other answer: "burst" too (it was left out), and
+	// no "quota" for a soft plan (rateLimitHeaders).
+	policy, limit := planPolicy(rep.snap, rep.Account, rep.Limit, rep.Remaining, rep.resetUnix, f.opts.Now().Unix())
+	setField(h, "RateLimit-Policy", string(policy))
+	setField(h, "RateLimit", string(limit))
 	setQuotaFields(h, rep.Limit, rep.Remaining, rep.resetUnix)
 	h.Set("Content-Type", "application/json")
 	h.Set("Cache-Control", "no-store")
@@ -55,7 +57,7 @@ func (f *front) serveUsage(w http.ResponseWriter, r *http.Request) int {
 type usageAnswer struct {
 	UsageReport
 	resetUnix int64
-	hard      bool // the account's plan is hard (hardQuota)
+	snap      *snapshot.Snapshot // the key was found in
 }
 
 func (f *front) usage(r *http.Request) (*usageAnswer, *Problem) {
@@ -83,6 +85,6 @@ func (f *front) usage(r *http.Request) (*usageAnswer, *Problem) {
 	if routes == nil {
 		routes = map[string]int64{}
 	}
-	return &usageAnswer{resetUnix: u.Reset, hard: hardQuota(snap, key.Account), UsageReport: UsageReport{Account: key.Account, Period: u.Period.String(),
+	return &usageAnswer{resetUnix: u.Reset, snap: snap, UsageReport: UsageReport{Account: key.Account, Period: u.Period.String(),
 		Used: u.Used, Limit: u.Limit, Remaining: max(0, u.Remaining), Reset: formatReset(u.Reset), Routes: routes}}, nil
 }
