@@ -760,7 +760,7 @@ func (f *front) finish(rec *recorder, r *http.Request, c *charged, body *limited
 // refundFirst refunds c before the front answers for it (413 for a body
 // that grew over the limit, 502 and 504 for a failed upstream), so that the
 // answer's quota headers are the account's state after the refund, which
-// its detail ("nothing was charged", "the charge is refunded") describes.
+// its detail ("its charge is refunded", "the charge is refunded") describes.
 // When the refund did not go through, that state is unknown and the answer
 // carries no quota headers: the charged state would contradict the detail.
 // The cost is the refund's round trip (at most RefundTimeout) on these
@@ -1068,7 +1068,7 @@ func (b *limitedBody) cutOff(maxBody int64) (why string, answer *Problem) {
 	switch {
 	case b == nil:
 	case b.tripped.Load():
-		return whyTooLarge, tooLarge(maxBody)
+		return whyTooLarge, cutTooLarge(maxBody)
 	case b.stalled.Load():
 		return "the request body stalled", bodyStalled(b.idle)
 	case b.broken.Load():

@@ -327,9 +327,19 @@ func notDurable() *Problem {
 		"The quota service could not record this request's charge durably, so its answer is withheld; the charge may or may not stand. Retry with the same Idempotency-Key: it is billed at most once.")
 }
 
+// tooLarge refuses a Content-Length over the limit, before any charge.
 func tooLarge(limit int64) *Problem {
 	return newProblem(ProblemPayloadTooLarge, "Payload too large", http.StatusRequestEntityTooLarge,
 		fmt.Sprintf("The request body is over the limit of %d bytes; nothing was charged.", limit))
+}
+
+// cutTooLarge answers a body without a Content-Length (chunked, or HTTP/2)
+// that grew over the limit: it was charged and streamed, then cut off and
+// refunded. It said "nothing was charged", which the account's usage (a
+// charge and its refund) contradicted.
+func cutTooLarge(limit int64) *Problem {
+	return newProblem(ProblemPayloadTooLarge, "Payload too large", http.StatusRequestEntityTooLarge,
+		fmt.Sprintf("The request body grew over the limit of %d bytes and was cut off; its charge is refunded. Send at most %d bytes (with a Content-Length, a larger body is refused before it is charged).", limit, limit))
 }
 
 func bodyStalled(idle time.Duration) *Problem {

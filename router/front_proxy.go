@@ -229,7 +229,7 @@ func upstreamError(w http.ResponseWriter, r *http.Request, err error, maxBody in
 	var prob *Problem
 	switch {
 	case errors.As(err, &mbe):
-		why, prob = whyTooLarge, tooLarge(maxBody)
+		why, prob = whyTooLarge, cutTooLarge(maxBody)
 	case rec != nil:
 		why, prob = rec.body.cutOff(maxBody)
 	}
