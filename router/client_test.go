@@ -88,7 +88,7 @@ func TestEmbeddedMiddlewareMatchesProxy(t *testing.T) {
 	last := do(t, local.URL, "GET", "/v1/tasks", embedded.key, nil)
 	if last.status != 429 || last.problem.Type != router.ProblemRateLimited || last.header.Get("Retry-After") != "20" ||
 		last.header.Get("RateLimit-Policy") != `"burst";q=3;w=60, "quota";q=60;w=2592000` ||
-		last.header.Get("RateLimit") != `"burst";r=0;t=60, "quota";r=32;t=216000` {
+		last.header.Get("RateLimit") != `"burst";r=0;t=20, "quota";r=32;t=216000` {
 		t.Fatalf("rate-limited: %d %+v %v", last.status, last.problem, last.header)
 	}
 	compare("an unknown key", do(t, proxy, "GET", "/v1/tasks", "qr_nope", nil), do(t, local.URL, "GET", "/v1/tasks", "qr_nope", nil))

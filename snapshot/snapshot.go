@@ -396,7 +396,7 @@ func (r *Routes) MatchHost(method, host, path string) (route string, units int64
 // subtree without its final slash ("/v1/jobs" for "/v1/jobs/"). Such a
 // request is still priced as the route it redirects to, since an upstream
 // that cleans paths itself serves it as that route; the HTTP front refunds
-// it when the upstream answers with a redirect.
+// it when the upstream answers with the redirect to the canonical path.
 func (r *Routes) MatchRedirect(method, host, path string) (route string, units int64, redirect bool) {
 	if r.mux == nil {
 		return DefaultRoute, r.Default, false

@@ -320,7 +320,7 @@ func (ff *frontFlags) register(cmd *cobra.Command, upstream *string) {
 	fl.DurationVar(&ff.bodyIdleTimeout, "body-idle-timeout", router.DefaultBodyIdleTimeout, "cut off a request body that sends nothing for this long: 408 and refund (gRPC calls exempt); -1s: never")
 	fl.BoolVar(&ff.stripAPIKey, "strip-api-key-header", false, "remove the header the API key came from before proxying: X-Api-Key, or Authorization when the key was its Bearer token")
 	fl.BoolVar(&ff.chargePreflights, "charge-preflights", false, "treat CORS preflights (OPTIONS with Origin and Access-Control-Request-Method) as any request: they then need an API key, which browsers never send with them; only for an API no browser calls across origins. Default: they reach the upstream uncharged")
-	fl.BoolVar(&ff.trustForwarded, "trust-forwarded-headers", false, "keep the client's X-Forwarded-For/-Host/-Proto (set it behind a load balancer that sets them); otherwise they are replaced, since clients can forge them")
+	fl.BoolVar(&ff.trustForwarded, "trust-forwarded-headers", false, "keep the client's X-Forwarded-For/-Host/-Proto, X-Real-IP and Forwarded (set it behind a load balancer that sets them); otherwise they are replaced, since clients can forge them")
 	cmd.Example += `
 
   # the proxy in front of an API on port 8081
