@@ -606,7 +606,7 @@ func (e *Engine) refund(ctx context.Context, account, eventID string, receipt *s
 		if attempt {
 			return a.RefundAttempt(eventID, receipt, e.log.NodeID(), now, &e.params, rec)
 		}
-		return a.Refund(eventID, receipt, now, &e.params, rec)
+		return a.Refund(eventID, receipt, e.log.NodeID(), now, &e.params, rec)
 	})
 }
 

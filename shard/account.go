@@ -540,9 +540,11 @@ func (a *Account) fill(d *Decision, now Now, wall int64) {
 
 // Refund returns an event's units to the grants that paid them, once. The
 // account finds the event in its dedup window (client ids) or takes it from
-// receipt (which may be nil).
-func (a *Account) Refund(eventID string, receipt *Receipt, now Now, params *Params, rec *Record) Decision {
-	return a.refund(eventID, receipt, false, now, params, rec)
+// receipt (which may be nil), checked: a receipt of another account, or
+// altered, is refused Invalid (see Receipt.fits; self is this node's id,
+// for a receipt of a charge it made, whose units its use must hold).
+func (a *Account) Refund(eventID string, receipt *Receipt, self string, now Now, params *Params, rec *Record) Decision {
+	return a.refund(eventID, receipt, self, false, now, params, rec)
 }
 
 // RefundAttempt refunds the charge one attempt made (receipt is what its
@@ -577,7 +579,7 @@ func (a *Account) RefundAttempt(eventID string, receipt *Receipt, self string, n
 		a.fill(&d, now, wall)
 		return d
 	}
-	return a.refund(eventID, receipt, true, now, params, rec)
+	return a.refund(eventID, receipt, self, true, now, params, rec)
 }
 
 // RefundReplay takes back a retry that was answered Replayed and then not
@@ -611,7 +613,7 @@ func (a *Account) RefundReplay(eventID string, receipt *Receipt, self string, no
 		e.replays--
 		a.dedup.update(eventID, e)
 		if e.replays == 0 && e.pending {
-			d = a.refund(eventID, nil, true, now, params, rec)
+			d = a.refund(eventID, nil, self, true, now, params, rec)
 			rec.Released = rec.Type == RecRefund
 			return d
 		}
@@ -622,7 +624,7 @@ func (a *Account) RefundReplay(eventID string, receipt *Receipt, self string, no
 	return d
 }
 
-func (a *Account) refund(eventID string, receipt *Receipt, attempt bool, now Now, params *Params, rec *Record) Decision {
+func (a *Account) refund(eventID string, receipt *Receipt, self string, attempt bool, now Now, params *Params, rec *Record) Decision {
 	rec.Type = 0
 	p, wall := a.advance(now.Wall)
 	d := Decision{Reset: p.End() / 1e9}
@@ -660,8 +662,11 @@ func (a *Account) refund(eventID string, receipt *Receipt, attempt bool, now Now
 	} else if receipt != nil && receipt.EventID == eventID {
 		if _, done := a.refunded.get(eventID, a.seen, params.DedupWindow); done {
 			d.Reason = AlreadyRefunded
-		} else if !receipt.fits(a.cfg.ID) || !a.holds(receipt.Allocs) {
-			d.Reason = Invalid // another account's receipt, or altered
+		} else if !receipt.fits(a.cfg.ID) || (receipt.Node == self && !a.holds(receipt.Allocs)) {
+			// Another account's receipt, or altered. Only a charge this
+			// node made is surely in its use: one another owner made
+			// before a handover may not be in the use it was seeded with.
+			d.Reason = Invalid
 		} else if !Refundable(receipt.Period, p) {
 			d.Reason = UnknownEvent // too old: see Refundable
 		} else {

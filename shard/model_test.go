@@ -191,7 +191,7 @@ func TestStateMachineMatchesModel(t *testing.T) {
 				}
 			case op < 7:
 				id := fmt.Sprint("e", rapid.IntRange(0, 15).Draw(t, "id"))
-				d := a.Refund(id, nil, now, &params, &rec)
+				d := a.Refund(id, nil, "", now, &params, &rec)
 				wr, wrem := m.refund(id, now)
 				if d.Reason != wr || d.Remaining != wrem {
 					t.Fatalf("op %d refund %s: got %v remaining %d, model %v %d", i, id, d.Reason, d.Remaining, wr, wrem)

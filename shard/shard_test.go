@@ -72,11 +72,11 @@ func TestRefundTwiceReturnsOnce(t *testing.T) {
 	now := at("2026-06-10T00:00:00Z")
 	charge(a, "e", 4, now, &p)
 	var rec Record
-	d := a.Refund("e", nil, now, &p, &rec)
+	d := a.Refund("e", nil, "", now, &p, &rec)
 	if d.Reason != Refunded || d.Units != 4 || rec.Type != RecRefund || d.Remaining != 10 {
 		t.Fatalf("first refund: %+v rec %v", d, rec.Type)
 	}
-	d = a.Refund("e", nil, now, &p, &rec)
+	d = a.Refund("e", nil, "", now, &p, &rec)
 	if d.Reason != AlreadyRefunded || rec.Type != 0 || d.Remaining != 10 {
 		t.Fatalf("second refund: %+v rec %v", d, rec.Type)
 	}
@@ -92,13 +92,13 @@ func TestRefundByReceiptOnce(t *testing.T) {
 		t.Fatal(d.Reason)
 	}
 	rc := &Receipt{EventID: "gen-1", Units: 3, Period: rec.Period, Wall: rec.Wall, Route: "r", Allocs: append([]Alloc(nil), rec.Allocs...)}
-	if d := a.Refund("gen-1", nil, now, &p, &rec); d.Reason != UnknownEvent {
+	if d := a.Refund("gen-1", nil, "", now, &p, &rec); d.Reason != UnknownEvent {
 		t.Fatalf("generated id without receipt: %v, want unknown_event", d.Reason)
 	}
-	if d := a.Refund("gen-1", rc, now, &p, &rec); d.Reason != Refunded || d.Remaining != 10 {
+	if d := a.Refund("gen-1", rc, "", now, &p, &rec); d.Reason != Refunded || d.Remaining != 10 {
 		t.Fatalf("with receipt: %+v", d)
 	}
-	if d := a.Refund("gen-1", rc, now, &p, &rec); d.Reason != AlreadyRefunded || d.Remaining != 10 {
+	if d := a.Refund("gen-1", rc, "", now, &p, &rec); d.Reason != AlreadyRefunded || d.Remaining != 10 {
 		t.Fatalf("receipt twice: %+v", d)
 	}
 }
@@ -119,7 +119,7 @@ func TestAlteredOrMisplacedReceiptIsRefused(t *testing.T) {
 			t.Fatal(d.Reason)
 		}
 	}
-	good := Receipt{EventID: "gen-b", Account: "b", Units: 40, Period: rec.Period, Wall: rec.Wall, Route: "r", Allocs: slices.Clone(rec.Allocs)}
+	good := Receipt{EventID: "gen-b", Account: "b", Node: "n1", Units: 40, Period: rec.Period, Wall: rec.Wall, Route: "r", Allocs: slices.Clone(rec.Allocs)}
 	alter := func(f func(*Receipt)) *Receipt {
 		r := good
 		r.Allocs = slices.Clone(good.Allocs)
@@ -136,7 +136,7 @@ func TestAlteredOrMisplacedReceiptIsRefused(t *testing.T) {
 		"a negative allocation":       {b, alter(func(r *Receipt) { r.Units, r.Allocs = 40, append(r.Allocs, Alloc{Grant: r.Allocs[0].Grant, Units: -1}) })},
 	} {
 		before := c.acct.Usage(now)
-		if d := c.acct.Refund("gen-b", c.r, now, &p, &rec); d.Reason != Invalid || rec.Type != 0 {
+		if d := c.acct.Refund("gen-b", c.r, "n1", now, &p, &rec); d.Reason != Invalid || rec.Type != 0 {
 			t.Errorf("%s: %s, record %v; want invalid, nothing logged", name, d.Reason, rec.Type)
 		}
 		if d := c.acct.RefundAttempt("gen-b", c.r, "n1", now, &p, &rec); d.Reason != Invalid || rec.Type != 0 {
@@ -146,17 +146,23 @@ func TestAlteredOrMisplacedReceiptIsRefused(t *testing.T) {
 			t.Errorf("%s: used %d, was %d", name, u.Used, before.Used)
 		}
 	}
-	// A receipt of another node (the account moved since) is checked too.
+	// A receipt of another node (the account moved since) is checked too,
+	// but for the use: the charge may not be in the use this owner was
+	// seeded with (another node made it before a handover).
 	moved := alter(func(r *Receipt) { r.Node = "n2" })
 	if d := a.RefundAttempt("gen-b", moved, "n1", now, &p, &rec); d.Reason != Invalid || rec.Type != 0 {
 		t.Errorf("b's receipt from another node on a: %s, want invalid", d.Reason)
 	}
+	fresh := NewAccount(AccountConfig{ID: "b", Plan: hardPlan(100)}) // seeded before n2's charge settled
+	if d := fresh.Refund("gen-b", moved, "n1", now, &p, &rec); d.Reason != Refunded {
+		t.Errorf("a receipt of another node's charge that the use does not hold yet: %s, want refunded", d.Reason)
+	}
 	// The receipt as it was, and one of an older build (no account), refund.
-	if d := b.Refund("gen-b", &good, now, &p, &rec); d.Reason != Refunded || d.Remaining != 100 {
+	if d := b.Refund("gen-b", &good, "n1", now, &p, &rec); d.Reason != Refunded || d.Remaining != 100 {
 		t.Fatalf("b's own receipt: %+v", d)
 	}
 	old := Receipt{EventID: "gen-a", Units: 40, Period: good.Period, Wall: good.Wall, Route: "r", Allocs: slices.Clone(good.Allocs)}
-	if d := a.Refund("gen-a", &old, now, &p, &rec); d.Reason != Refunded {
+	if d := a.Refund("gen-a", &old, "", now, &p, &rec); d.Reason != Refunded {
 		t.Fatalf("a receipt without an account (an older build's): %s", d.Reason)
 	}
 }
@@ -217,7 +223,7 @@ func TestReceiptsOfMonthsBeforeLastAreNotRefunded(t *testing.T) {
 			if attempt {
 				d = a.RefundAttempt("gen-2026-04", receipts["gen-2026-04"], self, june, &p, &rec)
 			} else {
-				d = a.Refund("gen-2026-04", receipts["gen-2026-04"], june, &p, &rec)
+				d = a.Refund("gen-2026-04", receipts["gen-2026-04"], "", june, &p, &rec)
 			}
 			if d.Reason != UnknownEvent || rec.Type != 0 || d.Units != 0 {
 				t.Fatalf("April's receipt in June (attempt %v, node %s): %v with record type %v, want unknown_event and no record", attempt, self, d.Reason, rec.Type)
@@ -227,7 +233,7 @@ func TestReceiptsOfMonthsBeforeLastAreNotRefunded(t *testing.T) {
 	if got := a.Usage(june).Remaining; got != 90 {
 		t.Fatalf("remaining %d after the refused refunds, want 90", got)
 	}
-	if d := a.Refund("gen-2026-05", receipts["gen-2026-05"], june, &p, &rec); d.Reason != Refunded || rec.Type != RecRefund || d.Remaining != 95 {
+	if d := a.Refund("gen-2026-05", receipts["gen-2026-05"], "", june, &p, &rec); d.Reason != Refunded || rec.Type != RecRefund || d.Remaining != 95 {
 		t.Fatalf("May's receipt in June: %+v (record type %v), want refunded", d, rec.Type)
 	}
 	if !Refundable(PeriodOf(june.Wall)-1, PeriodOf(june.Wall)) || Refundable(PeriodOf(june.Wall)-2, PeriodOf(june.Wall)) {
@@ -314,7 +320,7 @@ func TestRecordWallsNeverGoBackWhenTheClockDoes(t *testing.T) {
 	_, c := charge(a, "e1", 1, at("2026-06-10T12:00:30Z"), &p)
 	back := at("2026-06-10T12:00:00Z")
 	var r Record
-	if d := a.Refund("e1", nil, back, &p, &r); d.Reason != Refunded {
+	if d := a.Refund("e1", nil, "", back, &p, &r); d.Reason != Refunded {
 		t.Fatalf("refund: %v", d.Reason)
 	}
 	_, again := charge(a, "e1", 1, back, &p)
@@ -749,7 +755,7 @@ func TestCheckpointRestoresState(t *testing.T) {
 	a.Reserve(MonthlyGrantID(PeriodOf(now.Wall)), 50, now, &rec)
 	charge(a, "e1", 12, now, &p)
 	charge(a, "e2", 1, now, &p)
-	a.Refund("e2", nil, now, &p, &rec)
+	a.Refund("e2", nil, "", now, &p, &rec)
 	a.LastSeq = 42
 	b := NewAccount(cfg)
 	if err := b.RestoreCheckpoint(a.AppendCheckpoint(nil)); err != nil {
@@ -761,7 +767,7 @@ func TestCheckpointRestoresState(t *testing.T) {
 	if d, _ := charge(b, "e1", 12, now, &p); d.Reason != Replayed {
 		t.Fatalf("dedup lost in checkpoint: %v", d.Reason)
 	}
-	if d := b.Refund("e2", nil, now, &p, &rec); d.Reason != AlreadyRefunded {
+	if d := b.Refund("e2", nil, "", now, &p, &rec); d.Reason != AlreadyRefunded {
 		t.Fatalf("refund flag lost: %v", d.Reason)
 	}
 	if err := b.RestoreCheckpoint([]byte{1, 2}); err == nil {
@@ -815,7 +821,7 @@ func TestRetryAfterRefundIsChargedAgain(t *testing.T) {
 		if d, _ := charge(a, "job-7", 2, now, &p); d.Reason != Replayed {
 			t.Fatalf("generation %d retried before a refund: %v, want replayed", gen, d.Reason)
 		}
-		if d := a.Refund("job-7", nil, now, &p, &rec); d.Reason != Refunded || rec.Gen != gen {
+		if d := a.Refund("job-7", nil, "", now, &p, &rec); d.Reason != Refunded || rec.Gen != gen {
 			t.Fatalf("refund of generation %d: %v (record gen %d)", gen, d.Reason, rec.Gen)
 		}
 	}
