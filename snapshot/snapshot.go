@@ -23,8 +23,10 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"regexp"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 	"unicode"
@@ -86,11 +88,60 @@ func HashKey(plaintext string) string {
 	return hex.EncodeToString(sum[:])
 }
 
-// ParseRate reads "10/s", "600/m", "100/1m30s", "5/h" or "" (no limit).
+// ParseRate reads a rate as new plans take it: TOKENS/PERIOD, TOKENS a whole
+// number from 1 to shard.MaxUnits in decimal digits alone (no sign,
+// exponent, fraction, separator or blank), PERIOD s, m, h or a duration of
+// whole numbers and units ("1m30s", "500ms"); such as "10/s", "600/m",
+// "100/1m30s", "5/h". "" is no limit. Its error names the part at fault and
+// the form wanted.
+//
+// A plan stored before the check may hold a rate it refuses ("1e3/s"):
+// Build still loads it, as it did (see legacyRate).
 func ParseRate(s string) (shard.Rate, error) {
 	if s == "" {
 		return shard.Rate{}, nil
 	}
+	const form = "want TOKENS/PERIOD such as 10/s, 600/m or 100/1m30s"
+	n, per, ok := strings.Cut(s, "/")
+	if !ok {
+		return shard.Rate{}, fmt.Errorf("rate %q: no /: %s", s, form)
+	}
+	if n == "" || strings.IndexFunc(n, func(c rune) bool { return c < '0' || c > '9' }) >= 0 {
+		return shard.Rate{}, fmt.Errorf("rate %q: the count %q is not a whole number in digits (no sign, exponent, fraction, separator or space): %s", s, n, form)
+	}
+	tokens, err := strconv.ParseInt(n, 10, 64)
+	if err != nil || tokens < 1 || tokens > shard.MaxUnits {
+		return shard.Rate{}, fmt.Errorf("rate %q: the count %s is not from 1 to %d: %s", s, n, int64(shard.MaxUnits), form)
+	}
+	r := shard.Rate{Tokens: tokens}
+	switch per {
+	case "s":
+		r.Per = time.Second
+	case "m":
+		r.Per = time.Minute
+	case "h":
+		r.Per = time.Hour
+	default:
+		d, err := time.ParseDuration(per)
+		if !ratePeriod.MatchString(per) || err != nil || d <= 0 {
+			return shard.Rate{}, fmt.Errorf("rate %q: the period %q is not s, m, h or a positive duration of whole numbers and units (ms, s, m, h) such as 1m30s: %s", s, per, form)
+		}
+		r.Per = d
+	}
+	return r, nil
+}
+
+// ratePeriod is a period ParseRate takes besides s, m and h: whole numbers
+// with units, as time.ParseDuration writes them, without sign or fraction.
+var ratePeriod = regexp.MustCompile(`^([0-9]+(ns|us|µs|ms|s|m|h))+$`)
+
+// legacyRate is ParseRate as it was before it was strict: the count is
+// the leading digits of what is before the / ("1e3/s" is 1/s, "+5/s" 5/s),
+// the period s, m, h or any positive time.ParseDuration. Build reads a
+// stored plan's rate with it when ParseRate refuses it, so that a ledger
+// holding such a plan still loads (refusing it would leave every node
+// without a config after a restart) and enforces what it did.
+func legacyRate(s string) (shard.Rate, error) {
 	n, per, ok := strings.Cut(s, "/")
 	var r shard.Rate
 	if _, err := fmt.Sscanf(n, "%d", &r.Tokens); err != nil || !ok || r.Tokens <= 0 {
@@ -124,18 +175,38 @@ func (p Plan) Shard() (shard.Plan, error) {
 	if err != nil {
 		return shard.Plan{}, err
 	}
+	return p.shard(rate), nil
+}
+
+// storedShard is Shard for a plan read from the ledger: a rate ParseRate
+// refuses that the lenient parser before it took loads as it did then
+// (legacyRate), so that such a plan does not stop the whole config loading.
+func (p Plan) storedShard() (shard.Plan, error) {
+	rate, err := ParseRate(p.Rate)
+	if err != nil {
+		if old, lerr := legacyRate(p.Rate); lerr == nil {
+			rate, err = old, nil
+		}
+	}
+	if err != nil {
+		return shard.Plan{}, err
+	}
+	return p.shard(rate), nil
+}
+
+func (p Plan) shard(rate shard.Rate) shard.Plan {
 	sp := shard.Plan{ID: p.ID, Rate: rate, Burst: p.Burst, MonthlyQuota: p.MonthlyQuota, Hard: p.Hard}
 	if !rate.Unlimited() && sp.Burst == 0 {
 		sp.Burst = max(1, rate.Tokens)
 	}
-	return sp, nil
+	return sp
 }
 
 // Build validates s and indexes it. Every error names the row at fault.
 func (s *Snapshot) Build() error {
 	s.plans = make(map[string]shard.Plan, len(s.Plans))
 	for _, p := range s.Plans {
-		sp, err := p.Shard()
+		sp, err := p.storedShard()
 		if err != nil {
 			return fmt.Errorf("%w: plan %q: %v", ErrInvalid, p.ID, err)
 		}

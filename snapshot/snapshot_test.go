@@ -4,6 +4,9 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/quotaring/quotaring/shard"
 )
 
 // Patterns with a host part match requests to that host (any port), as in
@@ -110,5 +113,53 @@ func TestCheckPattern(t *testing.T) {
 		if err := CheckPattern(p); err != nil {
 			t.Errorf("CheckPattern(%q): %v", p, err)
 		}
+	}
+}
+
+// TestParseRate: a rate is read whole. Before, only the leading digits of
+// the count were read, so "1e3/s" was enforced as 1/s.
+func TestParseRate(t *testing.T) {
+	for s, want := range map[string]shard.Rate{
+		"10/s": {Tokens: 10, Per: time.Second}, "600/m": {Tokens: 600, Per: time.Minute}, "5/h": {Tokens: 5, Per: time.Hour},
+		"100/1m30s": {Tokens: 100, Per: 90 * time.Second}, "600/1m": {Tokens: 600, Per: time.Minute}, "100/1m0s": {Tokens: 100, Per: time.Minute},
+		"3/500ms": {Tokens: 3, Per: 500 * time.Millisecond}, "": {},
+	} {
+		if got, err := ParseRate(s); err != nil || got != want {
+			t.Errorf("ParseRate(%q) = %+v, %v; want %+v", s, got, err, want)
+		}
+	}
+	for s, why := range map[string]string{
+		"1e3/s": "not a whole number in digits", "1_000/s": "not a whole number in digits", "1.9/s": "not a whole number in digits",
+		"10abc/s": "not a whole number in digits", "+5/s": "not a whole number in digits", " 10/s": "not a whole number in digits",
+		"10 /s": "not a whole number in digits", "-5/s": "not a whole number in digits", "/s": "not a whole number in digits",
+		"0/s": "not from 1 to", "99999999999999999999/s": "not from 1 to", "1000000000000001/s": "not from 1 to",
+		"10": "no /", "ten": "no /", "10/ s": `period " s"`, "10/S": `period "S"`, "10/sec": `period "sec"`, "10/1.5s": `period "1.5s"`,
+		"10/+1s": `period "+1s"`, "10/0s": `period "0s"`, "10/s ": `period "s "`, "10/-1m": `period "-1m"`, "10/": `period ""`,
+	} {
+		_, err := ParseRate(s)
+		if err == nil || !strings.Contains(err.Error(), why) || !strings.Contains(err.Error(), fmt.Sprintf("rate %q", s)) ||
+			!strings.Contains(err.Error(), "want TOKENS/PERIOD such as 10/s") {
+			t.Errorf("ParseRate(%q) = %v; want an error naming it, saying %q and the form wanted", s, err, why)
+		}
+	}
+}
+
+// TestStoredLegacyRate: a plan stored before ParseRate was strict still
+// loads, with the rate it was enforced at, while a new plan with it is
+// refused (Plan.Shard, which the admin API and the ledger's writes use).
+func TestStoredLegacyRate(t *testing.T) {
+	s, err := Decode([]byte(`{"plans":[{"id":"old","rate":"1e3/s","monthly_quota":5,"hard":true},{"id":"new","rate":"10/s","monthly_quota":5}],
+		"accounts":[{"id":"acme","plan":"old"}],"keys":[],"routes":{"default":1}}`))
+	if err != nil {
+		t.Fatalf("a snapshot with a stored legacy rate: %v; want it loaded", err)
+	}
+	if cfg, _ := s.AccountConfig("acme"); cfg.Plan.Rate != (shard.Rate{Tokens: 1, Per: time.Second}) || cfg.Plan.Burst != 1 {
+		t.Errorf("legacy plan loads as %+v, want 1/s with burst 1 as before", cfg.Plan)
+	}
+	if _, err := s.Plans[0].Shard(); err == nil {
+		t.Error("Plan.Shard takes 1e3/s: a new plan must be refused")
+	}
+	if _, err := Decode([]byte(`{"plans":[{"id":"bad","rate":"ten","monthly_quota":5}],"accounts":[],"keys":[],"routes":{}}`)); err == nil {
+		t.Error("a rate neither parser reads loads")
 	}
 }

@@ -195,7 +195,7 @@ func TestQuotadAdmin(t *testing.T) {
 		args  []string
 		want  string
 	}{
-		{adminTestToken, []string{"plans", "set", "x", "--rate", "ten", "--quota", "5", "--hard"}, `rate "ten": want TOKENS/PERIOD`},
+		{adminTestToken, []string{"plans", "set", "x", "--rate", "ten", "--quota", "5", "--hard"}, `rate "ten": no /: want TOKENS/PERIOD`},
 		{adminTestToken, []string{"accounts", "set", "beta", "--plan", "nope"}, `plan "nope" does not exist`},
 		{adminTestToken, []string{"accounts", "show", "ghost"}, `account "ghost" does not exist (HTTP 404)`},
 		{adminTestToken, []string{"routes", "set", "GET /v1/{id=2"}, "not a valid pattern"},
