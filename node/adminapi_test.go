@@ -196,6 +196,7 @@ func TestAdminAPI(t *testing.T) {
 			"BAD PATTERN /x y": "holds whitespace",
 			"GET /v1/a b":      "%20",
 			"GET v1/x":         `reads as a host, not part of the path (a pattern is "METHOD [HOST]/PATH"): write "GET /v1/x"`,
+			"GET /v1/q?x=1":    `the query (?...) is not part of a route pattern`,
 		} {
 			p := wantProblem(t, n1, "PUT", "/admin/v1/routes", map[string]any{"weights": map[string]int{"POST /v1/exports": 25, pattern: 2}}, 400, fmt.Sprintf("weights[%q]", pattern))
 			if !strings.Contains(p.Detail, detail) {

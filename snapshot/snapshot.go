@@ -353,7 +353,9 @@ var httpMethods = []string{"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "CON
 // the path (text after the path, such as "GET /v1/x y", becomes part of
 // it; a space in a path is written %20, which matches the same requests),
 // or a path without its leading slash ("GET v1/x" is the host "v1" and the
-// path "/x": a host must hold a dot or a port, or be localhost).
+// path "/x": a host must hold a dot or a port, or be localhost), or a path
+// holding a query or a fragment ("GET /v1/q?x=1" matches only a request
+// whose path holds an escaped ?, %3F, never /v1/q with the query x=1).
 // Its error names the pattern and the fix. Patterns that ServeMux itself
 // refuses are left to Build.
 //
@@ -400,14 +402,23 @@ func CheckPattern(p string) error {
 	if strings.IndexFunc(path, unicode.IsSpace) >= 0 {
 		return fmt.Errorf("route %q: the path %q holds whitespace: write a space in a path as %%20, and nothing after the path", p, path)
 	}
+	if i := strings.IndexAny(path, "?#"); i >= 0 {
+		what := "the query (?...) is not part of a route pattern: a pattern matches the path alone, whatever the query"
+		if path[i] == '#' {
+			what = "a fragment (#...) is never sent to a server, so no request holds it"
+		}
+		return fmt.Errorf("route %q: the path %q holds %q: %s; write %q (a %q that is part of the path itself is written %s)",
+			p, path, path[i], what, strings.TrimSpace(method+" "+host+path[:i]), path[i], url.PathEscape(path[i:i+1]))
+	}
 	return nil
 }
 
 // Unmatchable lists the patterns of r that CheckPattern refuses, with its
 // errors, sorted: a table stored before the check may hold them. They load
 // and bill as before (refusing the table would leave a node on an older
-// one, or on none after a restart): all but a path with whitespace or a
-// one-word host match no request, so their requests cost Default. The node logs them so that
+// one, or on none after a restart): all but a path with whitespace, ? or #
+// (which match requests with it escaped) or a one-word host match no
+// request, so the requests they were meant for cost Default. The node logs them so that
 // an operator replaces the table.
 func (r *Routes) Unmatchable() []error {
 	var errs []error

@@ -94,6 +94,11 @@ func TestCheckPattern(t *testing.T) {
 		"v1/tasks/{id}":             `write "/v1/tasks/{id}"`,
 		"GET API.example.com/v1/x":  `write the host "API.example.com" in lower case without a final dot ("api.example.com")`,
 		"GET api.example.com./v1/x": `write the host "api.example.com." in lower case without a final dot ("api.example.com")`,
+		"GET /v1/q?x=1":             `the path "/v1/q?x=1" holds '?': the query (?...) is not part of a route pattern: a pattern matches the path alone, whatever the query; write "GET /v1/q" (a '?' that is part of the path itself is written %3F)`,
+		"GET /v1/q?":                `write "GET /v1/q"`,
+		"/v1/files/?":               `write "/v1/files/"`,
+		"POST api.example.com/x?y":  `write "POST api.example.com/x"`,
+		"GET /v1/page#top":          `the path "/v1/page#top" holds '#': a fragment (#...) is never sent to a server, so no request holds it; write "GET /v1/page" (a '#' that is part of the path itself is written %23)`,
 	} {
 		err := CheckPattern(p)
 		if err == nil || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), fmt.Sprintf("route %q", p)) {
@@ -108,7 +113,7 @@ func TestCheckPattern(t *testing.T) {
 		}
 	}
 	for _, p := range []string{"POST /v1/exports", "GET /v1/tasks/{id}", "/v1/files/", "GET\t/v1/tasks", "GET  /v1/tasks",
-		"api.example.com/v1/x", "POST api.example.com/v1/x", "localhost/v1/x", "PURGE /cache/{key...}", "GET /files/my%20doc",
+		"api.example.com/v1/x", "POST api.example.com/v1/x", "localhost/v1/x", "PURGE /cache/{key...}", "GET /files/my%20doc", "GET /v1/q%3Fx", "GET /v1/c%23",
 		"POST /pkg.Service/Method", "GET /{$}", "GET /v1/{id}/posts", "GET api:8080/v1/x", "GET 127.0.0.1/x", "GET [::1]/x"} {
 		if err := CheckPattern(p); err != nil {
 			t.Errorf("CheckPattern(%q): %v", p, err)

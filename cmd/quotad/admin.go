@@ -710,7 +710,8 @@ func newAdminRoutesCmd(c *adminClient) *cobra.Command {
 old one). Patterns are Go http.ServeMux patterns: "POST /v1/exports",
 "GET /v1/tasks/{id}", "/v1/files/" (a prefix); the most specific pattern wins.
 Methods are upper case ("GET", not "get") and followed by one space; write a
-space inside a path as %20. A pattern that cannot mean what it says is refused.
+space inside a path as %20. A pattern matches the path alone, never a ?query.
+A pattern that cannot mean what it says is refused.
 A weight of 0 rate-limits a route without billing it. Requests that match no
 pattern cost --default. With no patterns the command refuses, unless --clear
 says that every route is to cost --default.`,
