@@ -13,6 +13,7 @@ import (
 	"io"
 	"maps"
 	"net/http"
+	"reflect"
 	"regexp"
 	"slices"
 	"strconv"
@@ -283,7 +284,8 @@ func writeJSON(w http.ResponseWriter, status int, v any) error {
 const maxAdminBody = 1 << 20
 
 // decodeBody reads one JSON object into v, refusing unknown members (a typo
-// such as "montly_quota" would otherwise be silently ignored).
+// such as "montly_quota" would otherwise be silently ignored), members
+// given twice and members spelt in another case (checkMembers).
 func decodeBody(w http.ResponseWriter, r *http.Request, v any) error {
 	data, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxAdminBody))
 	var tooBig *http.MaxBytesError
@@ -302,10 +304,11 @@ func decodeBody(w http.ResponseWriter, r *http.Request, v any) error {
 		if _, err := dec.Token(); err != io.EOF {
 			return badInput("body", "one JSON object expected, found more after it")
 		}
-		// NB: encoding/json keeps the last of a member given twice; a
-		// body with {"hard": true, ..., "hard": false} is a mistake.
-		if field, dup := duplicateMember(data); dup {
-			return badInput(field, "given twice: give each member once")
+		// NB: encoding/json keeps the last of a member given twice, and
+		// matches names regardless of case: a body with {"hard": true,
+		// ..., "Hard": false} is a mistake.
+		if p := checkMembers(data, reflect.TypeOf(v)); p != nil {
+			return p
 		}
 		return nil
 	case errors.Is(err, io.EOF):
@@ -327,50 +330,135 @@ func decodeBody(w http.ResponseWriter, r *http.Request, v any) error {
 	return badInput("body", "%v", err)
 }
 
-// duplicateMember finds a member given twice in one object of data (valid
-// JSON), at any depth, and names it as badInput's field does ("hard",
-// `weights["GET /x"]`).
-func duplicateMember(data []byte) (string, bool) {
+// checkMembers walks data (valid JSON) along t, the type it was decoded
+// into, for what encoding/json lets through silently: a member given twice
+// in one object, at any depth, and a member of a struct spelled otherwise
+// than its documented name. encoding/json matches a member to a field
+// regardless of case (strings.EqualFold: "Units", "UNITS" and "unitſ" all
+// set units) and keeps the last of those given, so {"units":5,"Units":500000}
+// granted 500000 units. Names are compared as encoding/json does: equal
+// under case folding is the same member. The keys of a map (route
+// patterns) are matched exactly, as encoding/json does. The problem names
+// the member as badInput's field does ("hard", `weights["GET /x"]`).
+func checkMembers(data []byte, t reflect.Type) *adminProblem {
 	dec := json.NewDecoder(bytes.NewReader(data))
-	var walk func(path string) (string, bool)
-	walk = func(path string) (string, bool) {
+	var walk func(path string, t reflect.Type) *adminProblem
+	walk = func(path string, t reflect.Type) *adminProblem {
+		for t != nil && t.Kind() == reflect.Pointer {
+			t = t.Elem()
+		}
 		tok, err := dec.Token()
 		if err != nil {
-			return "", false
+			return nil
 		}
 		switch tok {
 		case json.Delim('{'):
-			seen := map[string]bool{}
+			var fields []string // the struct's member names, when t is one
+			if t != nil && t.Kind() == reflect.Struct {
+				fields = jsonNames(t)
+			}
+			seen := map[string]string{} // the member (its documented name, or the key) -> the spelling given first
+			var misspelt *adminProblem
 			for dec.More() {
 				kt, err := dec.Token()
 				k, ok := kt.(string)
 				if err != nil || !ok {
-					return "", false
+					return nil
 				}
 				p := k
 				if path != "" {
 					p = fmt.Sprintf("%s[%q]", path, k)
 				}
-				if seen[k] {
-					return p, true
+				member, elem := k, reflect.Type(nil)
+				switch {
+				case fields != nil:
+					i := slices.Index(fields, k)
+					if i < 0 {
+						i = slices.IndexFunc(fields, func(f string) bool { return strings.EqualFold(f, k) })
+					}
+					if i < 0 {
+						break // unknown: Decode refused it already
+					}
+					member = fields[i]
+					f, _ := t.FieldByName(fieldNameOf(t, member))
+					elem = f.Type
+					if member != k && misspelt == nil {
+						misspelt = badInput(p, "unknown member: member names are case-sensitive: did you mean %q?", member)
+					}
+				case t != nil && (t.Kind() == reflect.Map || t.Kind() == reflect.Slice || t.Kind() == reflect.Array):
+					elem = t.Elem()
 				}
-				seen[k] = true
-				if d, dup := walk(p); dup {
-					return d, true
+				if first, dup := seen[member]; dup {
+					if first == k {
+						return badInput(p, "given twice: give each member once")
+					}
+					field := member
+					if path != "" {
+						field = fmt.Sprintf("%s[%q]", path, member)
+					}
+					return badInput(field, "given twice, as %q and %q (member names are matched regardless of case): give it once, as %q", first, k, member)
+				}
+				seen[member] = k
+				if d := walk(p, elem); d != nil {
+					return d
 				}
 			}
 			_, _ = dec.Token() // }
+			return misspelt
 		case json.Delim('['):
+			var elem reflect.Type
+			if t != nil && (t.Kind() == reflect.Slice || t.Kind() == reflect.Array) {
+				elem = t.Elem()
+			}
 			for dec.More() {
-				if d, dup := walk(path); dup {
-					return d, true
+				if d := walk(path, elem); d != nil {
+					return d
 				}
 			}
 			_, _ = dec.Token() // ]
 		}
-		return "", false
+		return nil
 	}
-	return walk("")
+	return walk("", t)
+}
+
+// jsonNames are the member names of struct t's fields, as encoding/json
+// names them (the json tag's name, else the field's).
+func jsonNames(t reflect.Type) []string {
+	var names []string
+	for f := range t.Fields() {
+		if name := jsonName(f); name != "" {
+			names = append(names, name)
+		}
+	}
+	return names
+}
+
+func jsonName(f reflect.StructField) string {
+	if !f.IsExported() {
+		return ""
+	}
+	name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+	switch name {
+	case "-":
+		if f.Tag.Get("json") == "-" {
+			return ""
+		}
+	case "":
+		return f.Name
+	}
+	return name
+}
+
+// fieldNameOf is the Go name of struct t's field whose member name is
+// member.
+func fieldNameOf(t reflect.Type, member string) string {
+	for f := range t.Fields() {
+		if jsonName(f) == member {
+			return f.Name
+		}
+	}
+	return ""
 }
 
 func jsonKind(goKind string) string {
