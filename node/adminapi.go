@@ -480,15 +480,13 @@ func jsonKind(goKind string) string {
 // overflow into a negative limit. 10^15 is far beyond any real plan.
 const maxUnits = shard.MaxUnits
 
-// checkID validates an id from the path: printable, no spaces or slashes.
+// checkID validates the id of a plan, account or grant to create or change
+// (snapshot.CheckID: printable UTF-8, no spaces, slashes, format or control
+// characters). Ids are looked up as given: one stored before the check
+// can still be read.
 func checkID(field, id string) error {
-	if id == "" || len(id) > 200 {
-		return badInput(field, "must be 1 to 200 characters")
-	}
-	for _, c := range id {
-		if c <= ' ' || c == '/' || c == 0x7f {
-			return badInput(field, "%q: must not contain spaces, slashes or control characters", id)
-		}
+	if err := snapshot.CheckID(id); err != nil {
+		return badInput(field, "%v", err)
 	}
 	return nil
 }

@@ -30,6 +30,7 @@ import (
 	"strings"
 	"time"
 	"unicode"
+	"unicode/utf8"
 
 	"github.com/quotaring/quotaring/shard"
 )
@@ -162,6 +163,48 @@ func legacyRate(s string) (shard.Rate, error) {
 		r.Per = d
 	}
 	return r, nil
+}
+
+// MaxIDLen bounds an id (CheckID), in bytes.
+const MaxIDLen = 200
+
+// CheckID checks the id of a new plan, account or grant: 1 to MaxIDLen
+// bytes of valid UTF-8, every character printable (unicode.IsPrint) and
+// none a space, a format character (unicode.Cf: a zero-width space, a bidi
+// mark), a control character or a slash. Two ids must not differ by what
+// no one sees ("acme" and "acme\u200b" both list as acme), and an id must
+// read back as it was stored (invalid UTF-8 comes back as U+FFFD, which
+// finds nothing). Its error names the first character at fault and where
+// it is.
+//
+// Build does not apply it: an id stored before the check still loads.
+func CheckID(id string) error {
+	if id == "" || len(id) > MaxIDLen {
+		return fmt.Errorf("%q is %d bytes: an id is 1 to %d", id, len(id), MaxIDLen)
+	}
+	for i, n := 0, 1; i < len(id); n++ {
+		r, size := utf8.DecodeRuneInString(id[i:])
+		var what string
+		switch {
+		case r == utf8.RuneError && size == 1:
+			return fmt.Errorf("%q: byte %d (0x%02X) is not UTF-8: write an id in UTF-8", id, i+1, id[i])
+		case r == '/':
+			what = "a slash, which would split the id's path in the admin API"
+		case unicode.IsControl(r):
+			what = "a control character"
+		case unicode.IsSpace(r):
+			what = "a space"
+		case unicode.Is(unicode.Cf, r):
+			what = "a format character, which does not show"
+		case !unicode.IsPrint(r):
+			what = "not printable"
+		}
+		if what != "" {
+			return fmt.Errorf("%q: character %d (U+%04X, at byte %d) is %s: an id is printable characters without spaces, slashes or invisible ones", id, n, r, i+1, what)
+		}
+		i += size
+	}
+	return nil
 }
 
 // ErrInvalid wraps every validation error.

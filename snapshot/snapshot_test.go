@@ -168,3 +168,40 @@ func TestStoredLegacyRate(t *testing.T) {
 		t.Error("a rate neither parser reads loads")
 	}
 }
+
+// TestCheckID: ids that differ by what no one sees, or that do not read
+// back as stored, are refused for new plans, accounts and grants; a stored
+// one still loads.
+func TestCheckID(t *testing.T) {
+	for _, id := range []string{"acme", "order-1234", "team#42", "Ünïcødé", "日本", "a:b", strings.Repeat("x", MaxIDLen)} {
+		if err := CheckID(id); err != nil {
+			t.Errorf("CheckID(%q): %v", id, err)
+		}
+	}
+	for id, want := range map[string]string{
+		"acme\u200b":                    "character 5 (U+200B, at byte 5) is a format character",
+		"acme\u00a0":                    "character 5 (U+00A0, at byte 5) is a space",
+		"acme\u0085":                    "character 5 (U+0085, at byte 5) is a control character",
+		"ac\u202eme":                    "character 3 (U+202E, at byte 3) is a format character",
+		"acme\xff":                      "byte 5 (0xFF) is not UTF-8",
+		"é\xffx":                        "byte 3 (0xFF) is not UTF-8",
+		"ac me":                         "character 3 (U+0020, at byte 3) is a space",
+		"a\tb":                          "is a control character",
+		"a/b":                           "is a slash",
+		"a\x7f":                         "is a control character",
+		"a\u2028":                       "is a space",
+		"a\U000E0001":                   "is a format character",
+		"a\ue000":                       "is not printable", // private use
+		"":                              "an id is 1 to 200",
+		strings.Repeat("x", MaxIDLen+1): "201 bytes",
+	} {
+		if err := CheckID(id); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("CheckID(%q) = %v, want it to say %q", id, err, want)
+		}
+	}
+	// Build does not check ids: one stored before CheckID still loads.
+	s, err := Decode([]byte(`{"plans":[{"id":"p\u200b","monthly_quota":5}],"accounts":[{"id":"acme\u200b","plan":"p\u200b"}],"keys":[],"routes":{}}`))
+	if err != nil || !s.HasAccount("acme\u200b") {
+		t.Fatalf("a stored account id CheckID refuses: %v; want it loaded", err)
+	}
+}

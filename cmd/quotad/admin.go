@@ -390,6 +390,23 @@ func oneID(what string) cobra.PositionalArgs {
 	}
 }
 
+// newID is oneID for the id of a plan or account to create or change: it
+// must also be one the admin API takes for a new one (snapshot.CheckID:
+// printable UTF-8 without spaces, slashes, format or control characters).
+// oneID alone serves the commands that look an id up, so that one stored
+// before the check can still be shown.
+func newID(what string) cobra.PositionalArgs {
+	return func(cmd *cobra.Command, args []string) error {
+		if err := oneID(what)(cmd, args); err != nil {
+			return err
+		}
+		if err := snapshot.CheckID(args[0]); err != nil {
+			return fmt.Errorf("%s %v", what, err)
+		}
+		return nil
+	}
+}
+
 // --- plans ------------------------------------------------------------------
 
 func newAdminPlansCmd(c *adminClient) *cobra.Command {
@@ -411,7 +428,7 @@ records the overage for billing.`,
 		Example: `  quotad admin plans set pro --rate 10/s --burst 20 --quota 100000 --hard
   quotad admin plans set credits-only --quota 0 --hard
   quotad admin plans set metered --rate 50/s --quota 1000000 --soft`,
-		Args: oneID("plan id"),
+		Args: newID("plan id"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			body := map[string]any{"monthly_quota": quota, "hard": hard && !soft}
 			if rate != "" {
@@ -495,7 +512,7 @@ func newAdminAccountsCmd(c *adminClient) *cobra.Command {
 		Use:     "set ID --plan PLAN",
 		Short:   "Create an account or move it to another plan",
 		Example: `  quotad admin accounts set acme --plan pro`,
-		Args:    oneID("account id"),
+		Args:    newID("account id"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var out struct{ ID, Plan string }
 			return c.run(cmd, "PUT", "/admin/v1/accounts/"+pathID(args[0]), map[string]string{"plan": plan}, &out, func(w io.Writer) {
@@ -669,6 +686,9 @@ together (--expires on the first of a month), the quota goes first.`,
 				}
 			}
 			if id != "" {
+				if err := snapshot.CheckID(id); err != nil {
+					return fmt.Errorf("--id %v", err)
+				}
 				body["id"] = id
 			}
 			var g struct {
