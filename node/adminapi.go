@@ -646,9 +646,9 @@ func (n *Node) getAccount(ctx context.Context, w http.ResponseWriter, r *http.Re
 	id := r.PathValue("id")
 	period := shard.PeriodOf(n.clock.Now().Wall)
 	if q := r.URL.Query().Get("period"); q != "" {
-		p, ok := shard.ParsePeriod(q)
-		if !ok {
-			return badInput("period", "%q: want a month such as 2026-06", q)
+		p, err := parseMonth("period", q)
+		if err != nil {
+			return err
 		}
 		period = p
 	}
@@ -1079,9 +1079,9 @@ func (n *Node) listAlerts(ctx context.Context, w http.ResponseWriter, r *http.Re
 		return badInput("state", "%q: want pending, delivered, given_up or legacy", q.State)
 	}
 	if p := v.Get("period"); p != "" {
-		period, ok := shard.ParsePeriod(p)
-		if !ok {
-			return badInput("period", "%q: want a month such as 2026-06", p)
+		period, err := parseMonth("period", p)
+		if err != nil {
+			return err
 		}
 		q.Period = period
 	}
@@ -1121,9 +1121,9 @@ func alertView(a flush.AlertRecord) AlertView {
 // a node with a webhook sends it.
 func (n *Node) resendAlert(ctx context.Context, w http.ResponseWriter, r *http.Request, l flush.Ledger) error {
 	account := r.PathValue("account")
-	period, ok := shard.ParsePeriod(r.PathValue("period"))
-	if !ok {
-		return badInput("period", "%q: want a month such as 2026-06", r.PathValue("period"))
+	period, err := parseMonth("period", r.PathValue("period"))
+	if err != nil {
+		return err
 	}
 	threshold, err := strconv.Atoi(strings.TrimSuffix(r.PathValue("threshold"), "%"))
 	if err != nil || threshold < 1 || threshold > 100 {

@@ -46,4 +46,23 @@ func TestAdminAPIInput(t *testing.T) {
 			t.Fatalf("accounts %+v, want acme alone", accounts)
 		}
 	})
+
+	// Months past 2261 wrapped around (9999-12 showed 1816-02): every
+	// period parameter has the bounds of /admin/v1/usage.
+	t.Run("periods", func(t *testing.T) {
+		for _, period := range []string{"9999-12", "2262-05", "2262-01", "1969-12", "0000-01"} {
+			for _, path := range []string{"/admin/v1/accounts/acme?period=" + period, "/admin/v1/alerts?period=" + period, "/admin/v1/usage?period=" + period} {
+				if p := wantProblem(t, nd, "GET", path, nil, 400, "period"); !strings.Contains(p.Detail, "from 1970-01 to 2261-12") {
+					t.Errorf("GET %s: %q, want it to give the bounds", path, p.Detail)
+				}
+			}
+			wantProblem(t, nd, "POST", "/admin/v1/alerts/acme/"+period+"/80/resend", nil, 400, "period")
+		}
+		for _, period := range []string{"1970-01", "2261-12"} {
+			var v AccountView
+			if status, raw := adminCall(t, nd, testAdminToken, "GET", "/admin/v1/accounts/acme?period="+period, nil, &v); status != 200 || v.Usage.Period != period {
+				t.Errorf("GET account ?period=%s: %d %s", period, status, raw)
+			}
+		}
+	})
 }

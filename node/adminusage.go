@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"strconv"
 	"time"
@@ -57,12 +58,23 @@ type AccountUsageView struct {
 	ByRoute     map[string]int64 `json:"by_route"`
 }
 
-// parseMonth reads a period parameter: a month the ledger can hold (its
-// times are Unix nanoseconds, which end in 2262).
-func parseMonth(field, s string) (shard.Period, error) {
+// ParseMonth reads a month as the admin API and quotad admin take it
+// ("2026-06"): one the ledger can hold, from flush.MinBillingPeriod to
+// flush.MaxBillingPeriod, since its times are Unix nanoseconds, which end
+// in April 2262 (a later month wrapped around: 9999-12 read as 1816-02).
+func ParseMonth(s string) (shard.Period, error) {
 	p, ok := shard.ParsePeriod(s)
 	if !ok || p.String() != s || p < flush.MinBillingPeriod || p > flush.MaxBillingPeriod {
-		return 0, badInput(field, "%q: want a month such as 2026-06 (from %s to %s)", s, flush.MinBillingPeriod, flush.MaxBillingPeriod)
+		return 0, fmt.Errorf("%q: want a month such as 2026-06, from %s to %s", s, flush.MinBillingPeriod, flush.MaxBillingPeriod)
+	}
+	return p, nil
+}
+
+// parseMonth is ParseMonth for a parameter, a 400 naming it.
+func parseMonth(field, s string) (shard.Period, error) {
+	p, err := ParseMonth(s)
+	if err != nil {
+		return 0, badInput(field, "%v", err)
 	}
 	return p, nil
 }

@@ -24,7 +24,6 @@ import (
 
 	"github.com/quotaring/quotaring/node"
 	"github.com/quotaring/quotaring/router"
-	"github.com/quotaring/quotaring/shard"
 	"github.com/quotaring/quotaring/snapshot"
 )
 
@@ -362,8 +361,8 @@ func alertKeyArgs(cmd *cobra.Command, args []string) error {
 	if err := oneID("account")(cmd, args[:1]); err != nil {
 		return err
 	}
-	if _, ok := shard.ParsePeriod(args[1]); !ok {
-		return fmt.Errorf("period %q: want a month such as 2026-06", args[1])
+	if _, err := node.ParseMonth(args[1]); err != nil {
+		return fmt.Errorf("period %v", err)
 	}
 	if t, err := strconv.Atoi(strings.TrimSuffix(args[2], "%")); err != nil || t < 1 || t > 100 {
 		return fmt.Errorf("threshold %q: want a percentage from 1 to 100", args[2])
@@ -537,6 +536,9 @@ Settled figures trail the charges by up to one settle interval.`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			path := "/admin/v1/accounts/" + pathID(args[0])
 			if period != "" {
+				if _, err := node.ParseMonth(period); err != nil {
+					return fmt.Errorf("--period %v", err)
+				}
 				path += "?period=" + period
 			}
 			var v node.AccountView
@@ -859,8 +861,8 @@ month and threshold.`,
 			default:
 				return fmt.Errorf("--state %q: want pending, delivered, given_up or legacy", state)
 			}
-			if _, ok := shard.ParsePeriod(period); period != "" && !ok {
-				return fmt.Errorf("--period %q: want a month such as 2026-06", period)
+			if _, err := node.ParseMonth(period); period != "" && err != nil {
+				return fmt.Errorf("--period %v", err)
 			}
 			if limit < 1 || limit > 10000 {
 				return fmt.Errorf("--limit \"%d\": want a number from 1 to 10000", limit)

@@ -41,3 +41,20 @@ func TestQuotadAdminNewIDs(t *testing.T) {
 		t.Errorf("accounts show of an id stored before the check: %v, want it asked of the node", err)
 	}
 }
+
+// Months past 2261 wrapped around (accounts show --period 9999-12 showed
+// 1816-02): every --period has the bounds of the ledger, checked before
+// the call.
+func TestQuotadAdminPeriodBounds(t *testing.T) {
+	for _, args := range [][]string{
+		{"accounts", "show", "acme", "--period", "9999-12"}, {"accounts", "show", "acme", "--period", "2262-05"},
+		{"alerts", "--period", "9999-12"}, {"alerts", "resend", "acme", "2262-01", "80"}, {"usage", "--period", "1969-12"},
+	} {
+		if err := adminNoNode(t, args...); err == nil || !strings.Contains(err.Error(), "want a month such as 2026-06, from 1970-01 to 2261-12") {
+			t.Errorf("quotad admin %q: %v, want it refused before the call, giving the bounds", args, err)
+		}
+	}
+	if err := adminNoNode(t, "accounts", "show", "acme", "--period", "2261-12"); err == nil || !strings.Contains(err.Error(), "cannot reach") {
+		t.Errorf("accounts show --period 2261-12: %v, want it asked of the node", err)
+	}
+}

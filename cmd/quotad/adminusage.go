@@ -60,8 +60,8 @@ figures can still go down by such refunds until the next month is over.
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if period != "" {
-				if _, ok := shard.ParsePeriod(period); !ok {
-					return fmt.Errorf("--period %q: want a month such as 2026-06", period)
+				if _, err := node.ParseMonth(period); err != nil {
+					return fmt.Errorf("--period %v", err)
 				}
 			}
 			if pageSize < 1 || pageSize > flush.BillingMaxLimit {

@@ -149,7 +149,7 @@ func TestQuotadAdminUsage(t *testing.T) {
 		{[]string{"usage", "--page-size", "10001"}, "--page-size 10001"},
 		{[]string{"usage", "--json", "--by-route"}, "--json always carries by_route"},
 		{[]string{"usage", "--csv", "--json"}, "--csv and --json are two formats: give one"},
-		{[]string{"usage", "--period", "1969-12"}, `period: "1969-12": want a month such as 2026-06 (from 1970-01 to 2261-12) (HTTP 400)`},
+		{[]string{"usage", "--period", "1969-12"}, `--period "1969-12": want a month such as 2026-06, from 1970-01 to 2261-12`},
 	} {
 		_, _, err := quotadAdmin(t, n, adminTestToken, tc.args...)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {

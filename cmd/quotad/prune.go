@@ -8,7 +8,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/quotaring/quotaring/flush"
-	"github.com/quotaring/quotaring/shard"
+	"github.com/quotaring/quotaring/node"
 )
 
 func newPruneCmd() *cobra.Command {
@@ -55,9 +55,9 @@ nothing.`,
 			case before != "" && cmd.Flags().Changed("keep-months"):
 				return fmt.Errorf("--before and --keep-months: give one (--before names the month, --keep-months counts back from the current one)")
 			case before != "":
-				p, ok := shard.ParsePeriod(before)
-				if !ok || p.String() != before {
-					return fmt.Errorf("--before %q: want a month such as 2026-09", before)
+				p, err := node.ParseMonth(before)
+				if err != nil {
+					return fmt.Errorf("--before %v", err)
 				}
 				o.Before = p
 			case cmd.Flags().Changed("keep-months"):
