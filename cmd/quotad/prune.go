@@ -9,6 +9,7 @@ import (
 
 	"github.com/quotaring/quotaring/flush"
 	"github.com/quotaring/quotaring/node"
+	"github.com/quotaring/quotaring/shard"
 )
 
 func newPruneCmd() *cobra.Command {
@@ -62,7 +63,7 @@ nothing.`,
 				o.Before = p
 			case cmd.Flags().Changed("keep-months"):
 				if keep < 1 {
-					return fmt.Errorf("--keep-months %d: want 1 or more (whole months kept before the current one; last month's charges may still be refunded)", keep)
+					return fmt.Errorf("--keep-months %d: want 1 or more (whole months kept before the current one, back to 1970-01 at most; last month's charges may still be refunded)", keep)
 				}
 				o.KeepMonths = keep
 			default:
@@ -85,6 +86,22 @@ nothing.`,
 }
 
 func runPrune(ctx context.Context, out io.Writer, l flush.Ledger, o flush.PruneOptions) error {
+	if o.KeepMonths > 0 {
+		// The month --keep-months names, by the ledger's clock, as
+		// --before: so that one reaching back before the ledger's first
+		// month is refused as --before 1969-12 is, and the messages
+		// below name the month.
+		now, err := l.Clock(ctx)
+		if err != nil {
+			return err
+		}
+		cur := shard.PeriodOf(now.UnixNano())
+		if most := int64(cur) - int64(flush.MinBillingPeriod); int64(o.KeepMonths) > most {
+			return fmt.Errorf("--keep-months %d reaches back before %v, the first month a ledger holds (the ledger's month is %v): want 1 to %d",
+				o.KeepMonths, flush.MinBillingPeriod, cur, most)
+		}
+		o.Before, o.KeepMonths = cur-shard.Period(o.KeepMonths), 0
+	}
 	verb := "dropped"
 	if o.DryRun {
 		verb = "would drop"

@@ -84,10 +84,18 @@ func TestPruneCommand(t *testing.T) {
 	july, _ := shard.ParsePeriod("2026-07")
 	keep := fmt.Sprint(int(now - july))
 	out, err = run("prune", ledger, "--keep-months", keep, "--dry-run")
-	if err != nil || !strings.Contains(out, "would drop the event log of 2026-06: 2 events") || strings.Contains(out, "2026-07:") {
+	if err != nil || !strings.Contains(out, "would drop the event log of 2026-06: 2 events") || strings.Contains(out, "2026-07:") ||
+		!strings.Contains(out, "dry run: 2 events in 1 months before 2026-07 would go") {
 		t.Fatalf("dry run keeping %s months: %v\n%s", keep, err, out)
 	}
-	for _, args := range [][]string{{"--keep-months", "0"}, {"--keep-months", "-3"}, {"--keep-months", "2", "--before", "2026-07"}} {
+	// Every month back to 1970-01 kept: nothing to drop, and the message
+	// names the month (it said "before 0-01").
+	most := fmt.Sprint(int(now - flush.MinBillingPeriod))
+	if out, err = run("prune", ledger, "--keep-months", most, "--dry-run"); err != nil || !strings.Contains(out, "dry run: no event log before 1970-01 to drop") {
+		t.Fatalf("dry run keeping %s months: %v\n%s", most, err, out)
+	}
+	for _, args := range [][]string{{"--keep-months", "0"}, {"--keep-months", "-3"}, {"--keep-months", "2", "--before", "2026-07"},
+		{"--keep-months", "100000", "--dry-run"}, {"--keep-months", fmt.Sprint(int(now-flush.MinBillingPeriod) + 1), "--dry-run"}} {
 		if _, err := run(append([]string{"prune", ledger}, args...)...); err == nil || !strings.Contains(err.Error(), "--keep-months") {
 			t.Fatalf("prune %v: %v, want a refusal naming --keep-months", args, err)
 		}
