@@ -856,13 +856,52 @@ func (n *Node) addGrant(ctx context.Context, w http.ResponseWriter, r *http.Requ
 	}
 	if err := l.AddGrant(ctx, account, g); err != nil {
 		if errors.Is(err, flush.ErrInvalid) && b.ID != "" { // checked above but for its uniqueness
-			return badInput("id", "%s", ledgerDetail(err))
+			return n.existingGrant(ctx, w, l, account, g, b.StartsAt != "", err)
 		}
 		return noAccount(err, account)
 	}
 	n.log.Info("admin API: grant added", "account", account, "grant", g.ID, "units", g.Units, "remote", r.RemoteAddr)
-	return writeJSON(w, http.StatusCreated, map[string]any{"account": account, "id": g.ID, "units": g.Units,
-		"starts_at": g.StartsAt, "expires_at": nullTime(g.ExpiresAt)})
+	return writeJSON(w, http.StatusCreated, grantAnswer(account, g, true))
+}
+
+func grantAnswer(account string, g snapshot.Grant, created bool) map[string]any {
+	return map[string]any{"account": account, "id": g.ID, "units": g.Units, "starts_at": g.StartsAt,
+		"expires_at": nullTime(g.ExpiresAt), "created": created}
+}
+
+// existingGrant answers a grant whose id the account has already (the
+// ledger refused it with err). A grant's id is the key that makes a retry
+// safe (a client that timed out cannot tell whether its grant was stored):
+// the same grant again (units, expires_at, and starts_at when given: when
+// left out it was the first request's now) answers 200 with created
+// false, and changes nothing; another grant under the id is a 409.
+func (n *Node) existingGrant(ctx context.Context, w http.ResponseWriter, l flush.Ledger, account string, g snapshot.Grant, startsGiven bool, err error) error {
+	rows, gerr := l.Grants(ctx, account)
+	if gerr != nil {
+		return gerr
+	}
+	i := slices.IndexFunc(rows, func(x flush.GrantRow) bool { return !x.Monthly && x.Grant == g.ID })
+	if i < 0 {
+		return badInput("id", "%s", ledgerDetail(err))
+	}
+	old := snapshot.Grant{ID: g.ID, Units: rows[i].Units, StartsAt: rows[i].StartsAt.UTC(), ExpiresAt: rows[i].ExpiresAt}
+	if !old.ExpiresAt.IsZero() {
+		old.ExpiresAt = old.ExpiresAt.UTC()
+	}
+	sameTime := func(a, b time.Time) bool { // NB: Postgres keeps microseconds
+		return a.Truncate(time.Microsecond).Equal(b.Truncate(time.Microsecond))
+	}
+	if old.Units == g.Units && sameTime(old.ExpiresAt, g.ExpiresAt) && (!startsGiven || sameTime(old.StartsAt, g.StartsAt)) {
+		return writeJSON(w, http.StatusOK, grantAnswer(account, old, false))
+	}
+	expires := "never expires"
+	if !old.ExpiresAt.IsZero() {
+		expires = "expires_at " + old.ExpiresAt.Format(time.RFC3339Nano)
+	}
+	return &adminProblem{Status: http.StatusConflict, Type: "conflict", Field: "id",
+		Detail: fmt.Sprintf("id: account %q already has a grant %q, of %d units from %s that %s: ids are unique per account; "+
+			"choose another id for another grant (the same grant again, as a retry, answers 200 and changes nothing)",
+			account, g.ID, old.Units, old.StartsAt.Format(time.RFC3339Nano), expires)}
 }
 
 func nullTime(t time.Time) any {

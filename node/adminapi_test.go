@@ -233,7 +233,7 @@ func TestAdminAPI(t *testing.T) {
 	wantProblem(t, n1, "POST", "/admin/v1/accounts/acme/grants", map[string]any{"units": 5, "expires_at": "2999-01-01T00:00:00Z"}, 400, "expires_at")
 	wantProblem(t, n1, "POST", "/admin/v1/accounts/acme/grants", map[string]any{"units": -5}, 400, "units")
 	wantProblem(t, n1, "POST", "/admin/v1/accounts/acme/grants", map[string]any{"units": int64(9e18)}, 400, "units")
-	wantProblem(t, n1, "POST", "/admin/v1/accounts/acme/grants", map[string]any{"units": 5, "id": grant.ID}, 400, "id")
+	wantProblem(t, n1, "POST", "/admin/v1/accounts/acme/grants", map[string]any{"units": 5, "id": grant.ID}, 409, "id")
 	var routes RoutesView
 	if status, raw := adminCall(t, n1, testAdminToken, "PUT", "/admin/v1/routes",
 		map[string]any{"default": 1, "weights": map[string]int{"POST /v1/exports": 25, "GET /v1/tasks": 1}}, &routes); status != 200 || routes.Version == 0 {

@@ -65,4 +65,38 @@ func TestAdminAPIInput(t *testing.T) {
 			}
 		}
 	})
+
+	// A grant's id makes a retry safe: the same grant again answers 200
+	// and changes nothing; another under the id is a 409 (it was a 400).
+	t.Run("grant retries", func(t *testing.T) {
+		grant := map[string]any{"units": 5, "id": "order-1", "starts_at": "2026-01-01T00:00:00.123456Z", "expires_at": "2200-01-01T00:00:00Z"}
+		type answer struct {
+			ID      string
+			Units   int64
+			Created bool
+		}
+		var a answer
+		if status, raw := adminCall(t, nd, testAdminToken, "POST", "/admin/v1/accounts/acme/grants", grant, &a); status != 201 || !a.Created {
+			t.Fatalf("add grant: %d %s", status, raw)
+		}
+		for _, retry := range []map[string]any{grant, {"units": 5, "id": "order-1", "expires_at": "2200-01-01T00:00:00Z"}} {
+			a = answer{}
+			if status, raw := adminCall(t, nd, testAdminToken, "POST", "/admin/v1/accounts/acme/grants", retry, &a); status != 200 || a.Created || a.Units != 5 {
+				t.Fatalf("the same grant again %v: %d %s, want 200 with created false", retry, status, raw)
+			}
+		}
+		for _, other := range []map[string]any{
+			{"units": 6, "id": "order-1", "expires_at": "2200-01-01T00:00:00Z"},
+			{"units": 5, "id": "order-1"},
+			{"units": 5, "id": "order-1", "expires_at": "2200-01-01T00:00:00Z", "starts_at": "2026-01-02T00:00:00Z"},
+		} {
+			if p := wantProblem(t, nd, "POST", "/admin/v1/accounts/acme/grants", other, 409, "id"); !strings.Contains(p.Detail, `already has a grant "order-1", of 5 units`) {
+				t.Errorf("another grant under the id: %q", p.Detail)
+			}
+		}
+		rows, err := nd.Ledger().Grants(t.Context(), "acme")
+		if err != nil || len(rows) != 1 || rows[0].Units != 5 {
+			t.Fatalf("grants %+v %v, want order-1 once", rows, err)
+		}
+	})
 }

@@ -699,11 +699,16 @@ together (--expires on the first of a month), the quota goes first.`,
 				Units     int64      `json:"units"`
 				StartsAt  time.Time  `json:"starts_at"`
 				ExpiresAt *time.Time `json:"expires_at"`
+				Created   *bool      `json:"created"` // absent from an older node's answer
 			}
 			return c.run(cmd, "POST", "/admin/v1/accounts/"+pathID(args[0])+"/grants", body, &g, func(w io.Writer) {
 				until := "never expires"
 				if g.ExpiresAt != nil {
 					until = "until " + g.ExpiresAt.Format(time.RFC3339)
+				}
+				if g.Created != nil && !*g.Created {
+					fmt.Fprintf(w, "grant %s was there already, the same: %d units for %s from %s, %s; nothing changed\n", g.ID, g.Units, g.Account, g.StartsAt.Format(time.RFC3339), until)
+					return
 				}
 				fmt.Fprintf(w, "grant %s: %d units for %s from %s, %s; %s\n", g.ID, g.Units, g.Account, g.StartsAt.Format(time.RFC3339), until, refreshNote)
 			})
@@ -713,7 +718,7 @@ together (--expires on the first of a month), the quota goes first.`,
 	fl.Int64Var(&units, "units", 0, "units granted (required)")
 	fl.StringVar(&starts, "starts", "", "when the units become spendable (default now)")
 	fl.StringVar(&expires, "expires", "", "when unspent units lapse (default never)")
-	fl.StringVar(&id, "id", "", "the grant's id, such as an order number; unique per account (default generated)")
+	fl.StringVar(&id, "id", "", "the grant's id, such as an order number; unique per account (default generated). With it a retry is safe: the same grant again changes nothing, another under the id is refused")
 	add.MarkFlagRequired("units")
 	cmd.AddCommand(add)
 	return cmd
