@@ -172,8 +172,14 @@ func (n *Node) adminAuth(h http.Handler) http.Handler {
 	})
 }
 
-// adminEndpoint wraps an endpoint: token, reached ledger, time bound,
-// errors as problems.
+// AdminLedgerTimeout bounds an admin API call's work with the ledger: a
+// ledger that does not answer in time gets a 503. quotad admin waits
+// longer by default (--timeout), so that it gets that answer rather than
+// time out not knowing what happened.
+const AdminLedgerTimeout = 30 * time.Second
+
+// adminEndpoint wraps an endpoint: token, reached ledger, time bound
+// (AdminLedgerTimeout), errors as problems.
 func (n *Node) adminEndpoint(h adminFunc) http.Handler {
 	return n.adminAuth(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		l := n.Ledger()
@@ -183,7 +189,7 @@ func (n *Node) adminEndpoint(h adminFunc) http.Handler {
 				Detail: "this node has not reached the ledger yet (it keeps trying); retry in a few seconds, or ask another node"})
 			return
 		}
-		ctx, cancel := context.WithTimeout(r.Context(), 30*time.Second)
+		ctx, cancel := context.WithTimeout(r.Context(), AdminLedgerTimeout)
 		defer cancel()
 		if err := h(ctx, w, r, l); err != nil {
 			p := n.problemOf(r, err)

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -67,6 +68,13 @@ func (af *serveAdminFlags) apply(cfg *node.Config, token string) error {
 }
 
 // --- quotad admin -------------------------------------------------------------
+
+// adminDefaultTimeout is --timeout's default: longer than the node's own
+// bound on a call's work with the ledger (node.AdminLedgerTimeout), after
+// which the node answers 503 ("nothing was changed unless a retry shows
+// otherwise"). A client bound no longer than the node's would time out
+// first, not knowing whether a change was applied.
+const adminDefaultTimeout = node.AdminLedgerTimeout + 15*time.Second
 
 // adminClient talks to a node's admin API.
 type adminClient struct {
@@ -132,7 +140,7 @@ repeat. Give them on the command line; a QUOTAD_UNITS gets a warning.`,
 	pf.StringVar(&c.addr, "addr", "http://127.0.0.1:9090", "the URL of a node's admin port (its --admin-addr); environment: QUOTAD_ADMIN_URL")
 	pf.StringVar(&c.token, "token", "", "the admin token (the node's --admin-token); prefer QUOTAD_ADMIN_TOKEN, which ps does not show")
 	pf.BoolVar(&c.json, "json", false, "print the API's JSON answer instead of a table")
-	pf.DurationVar(&c.timeout, "timeout", 30*time.Second, "how long to wait for the node's answer")
+	pf.DurationVar(&c.timeout, "timeout", adminDefaultTimeout, "how long to wait for the node's answer; keep it longer than the node's own bound on the ledger (30s), so that a slow ledger's 503 arrives rather than a timeout that cannot say whether a change was applied")
 	pf.StringVar(&c.caCert, "ca-cert", "", "for an https --addr (a node with --admin-tls-cert): the CA certificate (PEM) to trust, when the node's certificate is not from one the system trusts; environment: QUOTAD_ADMIN_CA_CERT")
 	cmd.AddCommand(newAdminPlansCmd(c), newAdminAccountsCmd(c), newAdminKeysCmd(c), newAdminGrantsCmd(c), newAdminRoutesCmd(c),
 		&cobra.Command{
@@ -263,11 +271,17 @@ func (c *adminClient) do(ctx context.Context, method, path string, body, out any
 		case errors.As(err, &unknownCA) || errors.As(err, &badCert):
 			return nil, fmt.Errorf("the admin API at %s presented a certificate this command does not trust: %w (give the CA that issued it with --ca-cert or QUOTAD_ADMIN_CA_CERT)", c.addr, err)
 		}
+		if timedOut(err) {
+			return nil, c.timeoutError(method, path, err)
+		}
 		return nil, fmt.Errorf("cannot reach the admin API at %s (is a node's --admin-addr there? set --addr or QUOTAD_ADMIN_URL): %w", c.addr, err)
 	}
 	defer resp.Body.Close()
 	raw, err := io.ReadAll(io.LimitReader(resp.Body, 32<<20))
 	if err != nil {
+		if timedOut(err) {
+			return nil, c.timeoutError(method, path, err)
+		}
 		return nil, fmt.Errorf("%s %s: reading the answer: %w", method, path, err)
 	}
 	if resp.StatusCode >= 300 {
@@ -304,6 +318,26 @@ func (c *adminClient) do(ctx context.Context, method, path string, body, out any
 		}
 	}
 	return raw, nil
+}
+
+// timedOut reports whether err is --timeout running out (or the command's
+// context's deadline).
+func timedOut(err error) bool {
+	var ne net.Error
+	return errors.Is(err, context.DeadlineExceeded) || errors.As(err, &ne) && ne.Timeout()
+}
+
+// timeoutError says that the node did not answer within --timeout: it was
+// reached or may have been, so a change may have been applied.
+func (c *adminClient) timeoutError(method, path string, err error) error {
+	if method == http.MethodGet {
+		return fmt.Errorf("%s %s%s: no answer within --timeout %s (%v): the node or its ledger is slow; retry, or raise --timeout (QUOTAD_ADMIN_TIMEOUT)",
+			method, c.addr, path, c.timeout, err)
+	}
+	return fmt.Errorf("%s %s%s: no answer within --timeout %s (%v): the change may or may not have been applied; "+
+		"look before retrying (quotad admin accounts show, plans list, routes show; a grant retried with the same --id is safe), "+
+		"and give a --timeout longer than the node's %s bound on the ledger (default %s)",
+		method, c.addr, path, c.timeout, err, node.AdminLedgerTimeout, adminDefaultTimeout)
 }
 
 // decodeStrict decodes raw into a new value of out's type, refusing a

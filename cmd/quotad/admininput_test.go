@@ -3,8 +3,13 @@ package main
 import (
 	"bytes"
 	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
+
+	"github.com/quotaring/quotaring/node"
 )
 
 // adminNoNode runs quotad admin ARGS against an address where nothing
@@ -56,5 +61,41 @@ func TestQuotadAdminPeriodBounds(t *testing.T) {
 	}
 	if err := adminNoNode(t, "accounts", "show", "acme", "--period", "2261-12"); err == nil || !strings.Contains(err.Error(), "cannot reach") {
 		t.Errorf("accounts show --period 2261-12: %v, want it asked of the node", err)
+	}
+}
+
+// A node that does not answer within --timeout is not called unreachable:
+// the command says it timed out and, for a change, that the change may or
+// may not have been applied.
+func TestQuotadAdminTimeout(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(_ http.ResponseWriter, r *http.Request) {
+		// A node whose ledger hangs: no answer until the client gives up.
+		// NB: the body read first, or the server would not notice the
+		// client leaving and cancel the context.
+		io.Copy(io.Discard, r.Body)
+		<-r.Context().Done()
+	}))
+	defer srv.Close()
+	run := func(args ...string) error {
+		root := newRootCmd()
+		root.SetArgs(append([]string{"admin", "--addr", srv.URL, "--token", "x", "--timeout", "100ms"}, args...))
+		root.SetOut(io.Discard)
+		root.SetErr(io.Discard)
+		return root.ExecuteContext(context.Background())
+	}
+	err := run("plans", "set", "pro", "--quota", "5", "--hard")
+	if err == nil || strings.Contains(err.Error(), "cannot reach") || !strings.Contains(err.Error(), "no answer within --timeout 100ms") ||
+		!strings.Contains(err.Error(), "may or may not have been applied") {
+		t.Errorf("a write timing out: %v", err)
+	}
+	err = run("plans", "list")
+	if err == nil || strings.Contains(err.Error(), "cannot reach") || !strings.Contains(err.Error(), "no answer within --timeout 100ms") ||
+		strings.Contains(err.Error(), "applied") {
+		t.Errorf("a read timing out: %v", err)
+	}
+	// The default outlasts the node's own bound on the ledger, after which
+	// it answers 503 saying nothing was changed.
+	if adminDefaultTimeout <= node.AdminLedgerTimeout {
+		t.Errorf("--timeout's default %s is not longer than the node's %s", adminDefaultTimeout, node.AdminLedgerTimeout)
 	}
 }
