@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/quotaring/quotaring/shard"
+	"github.com/quotaring/quotaring/wal"
 )
 
 // reserve asks the ledger for shortfall units plus a chunk sized to recent
@@ -548,14 +549,18 @@ func (e *Engine) forgetLocked(st *stripe, account string, ent *entry) bool {
 	if len(ent.acct.Allowances()) > 0 || ent.waiting > 0 || ent.acct.LastSeq > e.snapSettled.Load() {
 		return false
 	}
-	if ent.dirty {
+	// Forgotten, its dedup memory goes with it, as when it was never here:
+	// back in memory it starts from the config snapshot, with no ids, and
+	// a restart must not bring back ids another owner may have refunded or
+	// replayed since. So its stored ids are dropped, whether its state
+	// changed since its checkpoint (then stored too) or not.
+	switch {
+	case ent.dirty:
 		cp := checkpointOf(account, ent.acct)
-		// Forgotten, its dedup memory goes with it, as when it was never
-		// here: back in memory it starts from the config snapshot, with no
-		// ids, and a restart must not bring back ids another owner may
-		// have refunded or replayed since.
 		cp.IDs, cp.ResetIDs = nil, true
 		e.keepForgotten(cp, true)
+	case ent.acct.MayHaveStoredIDs():
+		e.keepForgotten(wal.Checkpoint{Account: account, Seq: ent.acct.LastSeq, IDsOnly: true, ResetIDs: true}, true)
 	}
 	delete(st.accounts, account)
 	return true

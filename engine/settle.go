@@ -36,6 +36,29 @@ func (e *Engine) Settle(ctx context.Context, upto uint64) error {
 func (e *Engine) checkpoints() ([]wal.Checkpoint, uint64) {
 	var cps []wal.Checkpoint
 	var maxSeq uint64
+	// The forgotten first: an account back in memory since has a state new
+	// since Forget (from the config snapshot), and the ids stored for the
+	// state forgotten are not its own; its checkpoint below, in the same
+	// write, replaces them all. (Taken after it, a crash before the next
+	// settle restored the forgotten ids under the new state's mark.)
+	e.forgotMu.Lock()
+	forgotten := e.forgotten
+	e.forgotten = nil
+	e.forgotMu.Unlock()
+	for id, cp := range forgotten {
+		st := e.stripeFor(id)
+		st.mu.Lock()
+		ent, back := st.accounts[id]
+		if back {
+			ent.acct.RewriteIDs()
+			ent.dirty = true
+		}
+		st.mu.Unlock()
+		if !back {
+			cps = append(cps, cp)
+			maxSeq = max(maxSeq, cp.Seq)
+		}
+	}
 	for i := range e.stripes {
 		st := &e.stripes[i]
 		st.mu.Lock()
@@ -48,27 +71,6 @@ func (e *Engine) checkpoints() ([]wal.Checkpoint, uint64) {
 			maxSeq = max(maxSeq, ent.acct.LastSeq)
 		}
 		st.mu.Unlock()
-	}
-	e.forgotMu.Lock()
-	forgotten := e.forgotten
-	e.forgotten = nil
-	e.forgotMu.Unlock()
-	for id, cp := range forgotten {
-		st := e.stripeFor(id)
-		st.mu.Lock()
-		ent, back := st.accounts[id]
-		if back {
-			// Its state here is new since Forget (from the config
-			// snapshot): the ids stored for the state forgotten are not
-			// its own, and its next checkpoint replaces them.
-			ent.acct.RewriteIDs()
-			ent.dirty = true
-		}
-		st.mu.Unlock()
-		if !back {
-			cps = append(cps, cp)
-			maxSeq = max(maxSeq, cp.Seq)
-		}
 	}
 	return cps, maxSeq
 }

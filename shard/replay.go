@@ -210,6 +210,13 @@ func (a *Account) DrainIDs(fn func(StoredID)) (reset bool) {
 	return resetD
 }
 
+// MayHaveStoredIDs reports whether ids drained from this account may be
+// stored: it remembers some, has changes not drained yet, or its stored
+// ids are unknown. False means what is stored for it holds no ids.
+func (a *Account) MayHaveStoredIDs() bool {
+	return a.dedup.len() > 0 || a.refunded.len() > 0 || len(a.dedup.changed) > 0 || len(a.refunded.changed) > 0 || a.dedup.all || a.refunded.all
+}
+
 // RewriteIDs makes the next DrainIDs write every id over whatever is
 // stored: the last drain's write failed, or what is stored is not this
 // state's.

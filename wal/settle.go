@@ -25,6 +25,10 @@ type Checkpoint struct {
 	IDs      []CheckpointID
 	ResetIDs bool
 	IDsStale bool
+	// IDsOnly writes only the ids (with ResetIDs: drops them all), and
+	// leaves the stored checkpoint and its mark as they are: for an
+	// account let go whose state did not change since it was stored.
+	IDsOnly bool
 }
 
 // CheckpointID is one id of a checkpoint's account (see Checkpoint.IDs);
@@ -111,9 +115,11 @@ func putCheckpoints(b *pebble.Batch, cps []Checkpoint) error {
 		if cp.Account == "" {
 			return errors.New("wal: checkpoint with an empty account")
 		}
-		body := append(encodeU64(cp.Seq), cp.Data...)
-		if err := b.Set(prefixKey(prefixCheckpoint, cp.Account), encodeFrame(body), nil); err != nil {
-			return err
+		if !cp.IDsOnly {
+			body := append(encodeU64(cp.Seq), cp.Data...)
+			if err := b.Set(prefixKey(prefixCheckpoint, cp.Account), encodeFrame(body), nil); err != nil {
+				return err
+			}
 		}
 		if cp.ResetIDs {
 			// NB: a batch applies in order; the sets below outlive this range.
@@ -122,8 +128,10 @@ func putCheckpoints(b *pebble.Batch, cps []Checkpoint) error {
 				return err
 			}
 		}
-		if err := b.Set(idKey(cp.Account, idsMarkKind, ""), encodeFrame(encodeU64(cp.Seq)), nil); err != nil {
-			return err
+		if !cp.IDsOnly {
+			if err := b.Set(idKey(cp.Account, idsMarkKind, ""), encodeFrame(encodeU64(cp.Seq)), nil); err != nil {
+				return err
+			}
 		}
 		for _, id := range cp.IDs {
 			if id.Kind == idsMarkKind {

@@ -151,6 +151,11 @@ func TestCheckpointIDs(t *testing.T) {
 	if got := read(); ids(got["a"]) != "d:w=5" || ids(got["ab"]) != "d:x=9" {
 		t.Fatalf("after a reset: a %q, ab %q", ids(got["a"]), ids(got["ab"]))
 	}
+	// IDsOnly drops the ids and leaves the checkpoint as it is.
+	put(Checkpoint{Account: "ab", IDsOnly: true, ResetIDs: true})
+	if got := read(); ids(got["ab"]) != "" || got["ab"].Seq != 3 || got["ab"].IDsStale || ids(got["a"]) != "d:w=5" {
+		t.Fatalf("after dropping ab's ids alone: ab %+v, a %q", got["ab"], ids(got["a"]))
+	}
 	// A build that keeps ids inline writes the checkpoint and leaves the
 	// ids and their mark as they were.
 	if err := l.write(func(b *pebble.Batch) error {
