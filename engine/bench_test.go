@@ -73,3 +73,38 @@ func BenchmarkEngineCharge(b *testing.B) {
 		}
 	}
 }
+
+// go test ./engine -run NONE -bench SettleBusyKeyedAccounts -benchtime 20x
+//
+// Two accounts that each remember 100,000 Idempotency-Keys (the default
+// bound) take 1,000 new keyed charges each, then settle: one op is that
+// cycle. What a settle writes for them is what it measures: every key, or
+// only those that changed.
+func BenchmarkSettleBusyKeyedAccounts(b *testing.B) {
+	e, ids := benchEngine(b, true, 2)
+	ctx := context.Background()
+	n := 0
+	charge := func(k int) {
+		for _, acct := range ids {
+			for range k {
+				n++
+				res, err := e.Charge(ctx, acct, shard.Charge{EventID: fmt.Sprint("key-", n), ClientID: true, Route: "GET /v1/tasks", Units: 1})
+				if err != nil || res.Reason != shard.OK {
+					b.Fatal(res.Reason, err)
+				}
+			}
+		}
+	}
+	charge(shard.DefaultParams().DedupMax)
+	if err := e.Settle(ctx, e.Log().DurableSeq()); err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for range b.N {
+		charge(1000)
+		if err := e.Settle(ctx, e.Log().DurableSeq()); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
