@@ -378,6 +378,8 @@ func TestAlertGivenUpAfterItsAge(t *testing.T) {
 	a := testAlerter(t, srv.URL, l, func(c *Config) { c.AlertLease, c.AlertGiveUp = 300*time.Millisecond, 600*time.Millisecond })
 	a.onCharge("acme", decision(8, 10, june2026), nil)
 	got := ledgerAlert(t, l, "the alert given up", func(r flush.AlertRecord) bool { return r.State == flush.AlertGivenUp })
+	// NB: the sweep counts the failure once the ledger has given it up.
+	waitFor(t, 10*time.Second, "the give-up counted", func() bool { return a.stats.Failed.Load() >= 1 })
 	if got.LastError != "the webhook answered 502" || got.Attempts == 0 || int64(got.Attempts) > a.stats.Attempts.Load() || a.stats.Failed.Load() != 1 {
 		t.Fatalf("given up: %+v; %d attempts made, failed %d", got, a.stats.Attempts.Load(), a.stats.Failed.Load())
 	}
