@@ -65,6 +65,13 @@ func chargeToPB(c *ChargeRequest) *pb.ChargeRequest {
 	return &pb.ChargeRequest{Account: c.Account, EventId: c.EventID, ClientId: c.ClientID, Key: c.Key, Route: c.Route, Units: c.Units, Target: c.Target}
 }
 
+// chargeRequestFromPB is chargeToPB's inverse: a routed charge goes on as
+// the caller sent it, every field (the Target too, or a reused key would
+// be replayed at an owner reached through WrongOwner).
+func chargeRequestFromPB(c *pb.ChargeRequest) ChargeRequest {
+	return ChargeRequest{Account: c.Account, EventID: c.EventId, ClientID: c.ClientId, Key: c.Key, Route: c.Route, Units: c.Units, Target: c.Target}
+}
+
 func chargeFromPB(c *pb.ChargeRequest) engine.Request {
 	return engine.Request{Account: c.Account, Charge: shard.Charge{EventID: c.EventId, ClientID: c.ClientId, Key: c.Key, Route: c.Route, Units: c.Units, Target: c.Target}}
 }

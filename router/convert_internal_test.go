@@ -54,6 +54,9 @@ func TestConversionsKeepEveryField(t *testing.T) {
 	if in.Account != c.Account || in.Charge != want {
 		t.Errorf("charge through the RPC: %+v, want account %s and %+v", in, c.Account, want)
 	}
+	if back := chargeRequestFromPB(chargeToPB(&c)); back != c {
+		t.Errorf("a routed charge through the RPC: %+v, want %+v", back, c)
+	}
 	if n := reflect.TypeOf(c).NumField(); n != 7 {
 		t.Errorf("ChargeRequest has %d fields: check that chargeToPB and this test carry the new one", n)
 	}

@@ -91,11 +91,13 @@ type FrontOptions struct {
 	// application/grpc...) are streams that may run for hours: the bound
 	// does not apply to them (the gRPC server's message size limit does).
 	// A body whose read fails before its end (the client went away
-	// mid-body, a malformed chunked encoding, an HTTP/2 stream reset) is
-	// refunded whatever BillOn says too, whatever the bound: the handler or
-	// upstream never got all of it. A client still there gets 400
-	// (bad-request). gRPC calls are exempt: a client ends a stream by
-	// cancelling it.
+	// mid-body, a malformed chunked encoding, an HTTP/2 stream reset)
+	// before the answer began is refunded whatever BillOn says too,
+	// whatever the bound: the handler or upstream never got all of it. A
+	// client still there gets 400 (bad-request). One broken off after the
+	// answer began (a full-duplex upstream answers early) is billed as
+	// any answered request. gRPC calls are exempt: a client ends a stream
+	// by cancelling it.
 	MaxBodyBytes int64
 	// UpstreamTimeout bounds the wait for the upstream's response headers
 	// (NewProxy only) [30s]. Streaming bodies are not cut off by it.
@@ -889,6 +891,9 @@ type recorder struct {
 
 // final runs before the final status goes out.
 func (w *recorder) final() {
+	if w.body != nil {
+		w.body.answered.Store(true)
+	}
 	if w.headers != nil {
 		w.headers(w.Header())
 	}
@@ -1051,6 +1056,11 @@ type limitedBody struct {
 	// or the handler is done with it) or the handler returned are not.
 	broken atomic.Bool
 	closed atomic.Bool
+	// answered: the final answer's head went out (recorder.final). A body
+	// broken off after it is not broken: the client had its answer (a
+	// full-duplex upstream answers before it reads the whole body), and
+	// the request is billed as any answered one.
+	answered atomic.Bool
 
 	idle time.Duration            // 0: no idle bound
 	rc   *http.ResponseController // the request's, for its read deadline
@@ -1104,7 +1114,7 @@ func (b *limitedBody) Read(p []byte) (int, error) {
 			b.tripped.Store(true)
 		case errors.Is(err, os.ErrDeadlineExceeded):
 			b.stalled.Store(true)
-		case err != io.EOF && !b.closed.Load() && !b.done.Load() && !errors.Is(err, http.ErrBodyReadAfterClose):
+		case err != io.EOF && !b.closed.Load() && !b.done.Load() && !b.answered.Load() && !errors.Is(err, http.ErrBodyReadAfterClose):
 			b.broken.Store(true)
 		}
 	}

@@ -1669,23 +1669,34 @@ func TestBrokenBodyIsRefunded(t *testing.T) {
 	}
 
 	// Middleware: a handler whose read of the body fails is refunded too;
-	// one that reads it whole is billed.
+	// one that reads it whole is billed, and so is one that answered
+	// before its read failed (a full-duplex handler: the client had its
+	// answer).
+	broken := func() io.Reader {
+		return io.MultiReader(strings.NewReader("0123456789"), iotest.ErrReader(io.ErrUnexpectedEOF))
+	}
 	for _, tc := range []struct {
-		body     io.Reader
-		refunded bool
+		body        io.Reader
+		answerFirst bool
+		refunded    bool
 	}{
-		{io.MultiReader(strings.NewReader("0123456789"), iotest.ErrReader(io.ErrUnexpectedEOF)), true},
-		{strings.NewReader("0123456789"), false},
+		{broken(), false, true},
+		{strings.NewReader("0123456789"), false, false},
+		{broken(), true, false},
 	} {
 		ch := &fakeCharger{decision: okDecision()}
 		h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			if _, err := io.Copy(io.Discard, r.Body); err != nil {
+			if tc.answerFirst {
+				io.WriteString(w, "answered")
+				w.(http.Flusher).Flush()
+			}
+			if _, err := io.Copy(io.Discard, r.Body); err != nil && !tc.answerFirst {
 				http.Error(w, err.Error(), 400)
 			}
 		})
 		w, _ := serve(t, FrontOptions{Charger: ch, Config: testConfig(t), MaxBodyBytes: -1, BillOn: BillOnAlways}, h, newRequest("POST", "/v1/tasks", tc.body))
 		if _, r := ch.counts(); (r == 1) != tc.refunded {
-			t.Errorf("Middleware, body read failed %v: answer %d, %d refunds", tc.refunded, w.Code, r)
+			t.Errorf("Middleware, body read failed %v, answered first %v: answer %d, %d refunds", tc.refunded, tc.answerFirst, w.Code, r)
 		}
 	}
 }

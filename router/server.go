@@ -169,7 +169,7 @@ func (s *server) forwardBatch(ctx context.Context, addr string, charges []*pb.Ch
 // with WrongOwner followed), starting at target when a WrongOwner answer
 // named one.
 func (s *server) routeOne(ctx context.Context, c *pb.ChargeRequest, i int, replies []*pb.ChargeReply, target string) {
-	res, err := s.r.chargeVia(ctx, ChargeRequest{Account: c.Account, EventID: c.EventId, ClientID: c.ClientId, Key: c.Key, Route: c.Route, Units: c.Units}, target)
+	res, err := s.r.chargeVia(ctx, chargeRequestFromPB(c), target)
 	if err != nil {
 		code := pb.Error_INTERNAL
 		msg := err.Error()

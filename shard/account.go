@@ -507,7 +507,11 @@ func (a *Account) spend(allocs []Alloc, sign int64, reserved bool) {
 		if g == nil {
 			continue
 		}
-		g.used += sign * al.Units
+		// Never below 0: a refund of a charge another owner made before a
+		// handover may not be in the use this owner was seeded with (the
+		// ledger's refresh raises it once both settle), and use below 0
+		// would show more left than the grant has.
+		g.used = max(0, g.used+sign*al.Units)
 		if reserved {
 			g.allowance -= sign * al.Units
 		}

@@ -154,8 +154,8 @@ func TestAlteredOrMisplacedReceiptIsRefused(t *testing.T) {
 		t.Errorf("b's receipt from another node on a: %s, want invalid", d.Reason)
 	}
 	fresh := NewAccount(AccountConfig{ID: "b", Plan: hardPlan(100)}) // seeded before n2's charge settled
-	if d := fresh.Refund("gen-b", moved, "n1", now, &p, &rec); d.Reason != Refunded {
-		t.Errorf("a receipt of another node's charge that the use does not hold yet: %s, want refunded", d.Reason)
+	if d := fresh.Refund("gen-b", moved, "n1", now, &p, &rec); d.Reason != Refunded || d.Remaining != 100 || d.MonthUsed != 0 {
+		t.Errorf("a receipt of another node's charge that the use does not hold yet: %+v, want refunded, the use at 0 (never below)", d)
 	}
 	// The receipt as it was, and one of an older build (no account), refund.
 	if d := b.Refund("gen-b", &good, "n1", now, &p, &rec); d.Reason != Refunded || d.Remaining != 100 {
