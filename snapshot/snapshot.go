@@ -115,21 +115,29 @@ func ParseRate(s string) (shard.Rate, error) {
 		return shard.Rate{}, fmt.Errorf("rate %q: the count %s is not from 1 to %d: %s", s, n, int64(shard.MaxUnits), form)
 	}
 	r := shard.Rate{Tokens: tokens}
+	if d, ok := namedPeriod(per); ok {
+		r.Per = d
+		return r, nil
+	}
+	d, err := time.ParseDuration(per)
+	if !ratePeriod.MatchString(per) || err != nil || d <= 0 {
+		return shard.Rate{}, fmt.Errorf("rate %q: the period %q is not s, m, h or a positive duration of whole numbers and units (ms, s, m, h) such as 1m30s: %s", s, per, form)
+	}
+	r.Per = d
+	return r, nil
+}
+
+// namedPeriod is the period a rate names by its unit alone: s, m or h.
+func namedPeriod(per string) (time.Duration, bool) {
 	switch per {
 	case "s":
-		r.Per = time.Second
+		return time.Second, true
 	case "m":
-		r.Per = time.Minute
+		return time.Minute, true
 	case "h":
-		r.Per = time.Hour
-	default:
-		d, err := time.ParseDuration(per)
-		if !ratePeriod.MatchString(per) || err != nil || d <= 0 {
-			return shard.Rate{}, fmt.Errorf("rate %q: the period %q is not s, m, h or a positive duration of whole numbers and units (ms, s, m, h) such as 1m30s: %s", s, per, form)
-		}
-		r.Per = d
+		return time.Hour, true
 	}
-	return r, nil
+	return 0, false
 }
 
 // ratePeriod is a period ParseRate takes besides s, m and h: whole numbers
@@ -148,20 +156,15 @@ func legacyRate(s string) (shard.Rate, error) {
 	if _, err := fmt.Sscanf(n, "%d", &r.Tokens); err != nil || !ok || r.Tokens <= 0 {
 		return r, fmt.Errorf("rate %q: want TOKENS/PERIOD such as 10/s or 600/m", s)
 	}
-	switch per {
-	case "s":
-		r.Per = time.Second
-	case "m":
-		r.Per = time.Minute
-	case "h":
-		r.Per = time.Hour
-	default:
-		d, err := time.ParseDuration(per)
-		if err != nil || d <= 0 {
-			return r, fmt.Errorf("rate %q: period %q is not s, m, h or a positive duration", s, per)
-		}
+	if d, ok := namedPeriod(per); ok {
 		r.Per = d
+		return r, nil
 	}
+	d, err := time.ParseDuration(per)
+	if err != nil || d <= 0 {
+		return r, fmt.Errorf("rate %q: period %q is not s, m, h or a positive duration", s, per)
+	}
+	r.Per = d
 	return r, nil
 }
 
