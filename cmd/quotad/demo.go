@@ -157,7 +157,11 @@ func runDemo(ctx context.Context, out io.Writer, f demoFlags) (err error) {
 	}()
 	fmt.Fprintf(out, "%s\n", d.st.bold(fmt.Sprintf("quotaring demo: %s on this machine, one SQLite ledger, a sample API, 5 customers",
 		plural(int64(f.nodes), "quotad process", "quotad processes"))))
-	fmt.Fprintf(out, "Everything runs under %s; nothing else is touched.\n", dir)
+	left := "removed at the end; a second Ctrl-C ends at once and leaves it"
+	if f.keep {
+		left = "kept at the end (--keep)"
+	}
+	fmt.Fprintf(out, "Everything runs under %s (%s); nothing else is touched.\n", dir, left)
 
 	d.cs = demoCustomers(f.duration)
 	if err := d.seed(ctx); err != nil {
@@ -559,6 +563,7 @@ func (d *demoRun) failover(ctx context.Context, start time.Time, kill, restart t
 		return
 	}
 	d.killed = true
+	d.mon.setKilled(v.ID)
 	d.mon.setPhase("%s was killed (SIGKILL)", v.ID)
 	// The survivors notice through gossip; until then, calls to the dead
 	// owner fail and the front answers quota-unavailable.
@@ -581,6 +586,7 @@ func (d *demoRun) failover(ctx context.Context, start time.Time, kill, restart t
 		d.events.add("could not restart %s: %v", v.ID, err)
 		return
 	}
+	d.mon.setKilled("")
 	rctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	defer cancel()
 	if err := v.WaitReady(rctx); err != nil {

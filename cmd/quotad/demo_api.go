@@ -62,8 +62,35 @@ type demoAPI struct {
 	alertSecret string
 	events      atomic.Pointer[eventLog] // set once the nodes run; nil: not logged
 	badAlerts   atomic.Int64             // webhooks refused: bad signature or body
-	mu          sync.Mutex               // protects alerts
+	mu          sync.Mutex               // protects alerts and created
 	alerts      []node.Alert             // every webhook taken, in order
+	// created is the task each (account, Idempotency-Key) created: a retry
+	// gets the same task, as an API behind quotaring should do (the proxy
+	// bills a retry once and still sends it on). The demo runs 30 minutes
+	// at most, so it is not bounded.
+	created map[string]string
+}
+
+// createTask makes a task for r, or finds the one a request with the same
+// Idempotency-Key from the same account made (the account as the proxy
+// names it, router.HeaderAccount).
+func (a *demoAPI) createTask(r *http.Request) string {
+	key := r.Header.Get("Idempotency-Key")
+	if key == "" {
+		return fmt.Sprintf("task-%d", 2+a.tasks.Add(1))
+	}
+	k := r.Header.Get(router.HeaderAccount) + "\x00" + key
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	id, ok := a.created[k]
+	if !ok {
+		if a.created == nil {
+			a.created = map[string]string{}
+		}
+		id = fmt.Sprintf("task-%d", 2+a.tasks.Add(1))
+		a.created[k] = id
+	}
+	return id
 }
 
 // demoAlertPath is where the nodes POST quota alerts.
@@ -84,7 +111,7 @@ func startDemoAPI() (*demoAPI, error) {
 		}})
 	})
 	mux.HandleFunc("POST /v1/tasks", func(w http.ResponseWriter, r *http.Request) {
-		a.reply(w, r, http.StatusCreated, map[string]any{"id": fmt.Sprintf("task-%d", 2+a.tasks.Add(1)), "done": false})
+		a.reply(w, r, http.StatusCreated, map[string]any{"id": a.createTask(r), "done": false})
 	})
 	mux.HandleFunc("POST /v1/exports", func(w http.ResponseWriter, r *http.Request) {
 		time.Sleep(time.Duration(20+rand.IntN(30)) * time.Millisecond) // heavier work, heavier weight

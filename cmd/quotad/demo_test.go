@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"context"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -13,6 +15,7 @@ import (
 	"time"
 
 	"github.com/quotaring/quotaring/internal/cluster"
+	"github.com/quotaring/quotaring/router"
 )
 
 // TestDemo runs `quotad demo --duration 30s` as a process, its stdout a
@@ -173,5 +176,30 @@ func TestFailoverPlan(t *testing.T) {
 		if kill != tc.kill || restart != tc.restart || ok != tc.ok {
 			t.Errorf("failoverPlan(%d, %s) = %s, %s, %v; want %s, %s, %v", tc.nodes, tc.dur, kill, restart, ok, tc.kill, tc.restart, tc.ok)
 		}
+	}
+}
+
+// The sample API creates one task per (account, Idempotency-Key), as an API
+// behind quotaring should: the proxy bills a retry once and still sends it
+// on, and a reviewer got two tasks from the retry the demo tells you to try.
+func TestDemoAPICreatesOneTaskPerKey(t *testing.T) {
+	a := &demoAPI{}
+	req := func(account, key string) *http.Request {
+		r := httptest.NewRequest("POST", "/v1/tasks", nil)
+		r.Header.Set(router.HeaderAccount, account)
+		if key != "" {
+			r.Header.Set("Idempotency-Key", key)
+		}
+		return r
+	}
+	first := a.createTask(req("acme", "order-1"))
+	if again := a.createTask(req("acme", "order-1")); again != first {
+		t.Errorf("a retry with the key created %s, want %s again", again, first)
+	}
+	if other := a.createTask(req("globex", "order-1")); other == first {
+		t.Errorf("another account's request with the same key got %s's task", first)
+	}
+	if a.createTask(req("acme", "")) == a.createTask(req("acme", "")) {
+		t.Error("two requests without a key got one task")
 	}
 }

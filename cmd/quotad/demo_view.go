@@ -87,6 +87,7 @@ type monitor struct {
 	states map[string]string // node -> state in the reference view
 	refID  string            // whose view
 	phase  string
+	killed string // the node killed with SIGKILL and not restarted yet ("": none)
 	// average: show charges and refusals per second averaged over this
 	// many seconds (the final view) instead of the last second's.
 	average float64
@@ -95,6 +96,13 @@ type monitor struct {
 func newMonitor(c *cluster.Cluster, cs []*customer, tr *traffic, events *eventLog) *monitor {
 	return &monitor{c: c, cs: cs, tr: tr, events: events, nodes: make([]nodeStat, len(c.Nodes)),
 		owners: map[string]string{}, shares: map[string]int{}, states: map[string]string{}}
+}
+
+// setKilled names the node killed with SIGKILL, or "" once it restarted.
+func (m *monitor) setKilled(id string) {
+	m.mu.Lock()
+	m.killed = id
+	m.mu.Unlock()
 }
 
 func (m *monitor) setPhase(format string, args ...any) {
@@ -371,8 +379,11 @@ func (m *monitor) frame(st style, header []string, elapsed, total time.Duration,
 		s := m.nodes[i]
 		state := m.states[n.ID]
 		switch {
-		case !n.Running():
+		case !n.Running() && n.ID == m.killed:
 			out = append(out, fmt.Sprintf("%-4s %s", n.ID, st.red("DOWN (killed with SIGKILL; its data dir waits for a restart)")))
+			continue
+		case !n.Running():
+			out = append(out, fmt.Sprintf("%-4s %s", n.ID, st.yellow("stopped")))
 			continue
 		case state == "":
 			state = "joining"
