@@ -800,13 +800,14 @@ func (f *front) refund(r *http.Request, c *charged, why string) (shard.Decision,
 	if c.Replayed {
 		req = RefundRequest{Account: c.Account, EventID: c.EventID, Receipt: c.receipt, Replay: true}
 	}
-	d, err := f.opts.Charger.Refund(ctx, req)
+	d, err := f.refundRetried(ctx, req)
 	if err == nil && d.Reason == shard.Kept {
 		f.opts.Logger.Debug("refund kept: another attempt was served under this charge", "account", c.Account, "event", c.EventID, "why", why)
 		return d, true
 	}
 	if err != nil || (d.Reason != shard.Refunded && d.Reason != shard.AlreadyRefunded) {
-		// NB: the charge stands; an operator can refund the event by id.
+		// NB: the charge stands; a client id's event can still be refunded
+		// by id for the dedup window (router.Client.Refund).
 		f.opts.Logger.Warn("refund failed: the charge stands", "account", c.Account, "event", c.EventID,
 			"units", c.Units, "why", why, "reason", d.Reason, "err", err)
 		return d, false
@@ -814,6 +815,36 @@ func (f *front) refund(r *http.Request, c *charged, why string) (shard.Decision,
 	f.opts.Logger.Debug("refunded", "account", c.Account, "event", c.EventID, "units", c.Units, "why", why)
 	return d, true
 }
+
+// refundRetried sends req until the owner answers, ctx ends, or an error
+// says a retry cannot help. A refund applies once, so a retry is safe; and
+// an owner that has just crashed is back, or its account moved to a node
+// that answers, within seconds: a single try left such a refund undone,
+// and the failed request billed (a review's kill -9 did it).
+func (f *front) refundRetried(ctx context.Context, req RefundRequest) (shard.Decision, error) {
+	wait := refundRetryFirst
+	for {
+		d, err := f.opts.Charger.Refund(ctx, req)
+		if err == nil || !errors.Is(err, ErrUnavailable) || ctx.Err() != nil {
+			return d, err
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return d, err
+		case <-t.C:
+		}
+		wait = min(2*wait, refundRetryMax)
+	}
+}
+
+// The pauses between tries of a refund: doubling from the first to the
+// most, within FrontOptions.RefundTimeout.
+const (
+	refundRetryFirst = 100 * time.Millisecond
+	refundRetryMax   = time.Second
+)
 
 func (f *front) observe(code int, added time.Duration) {
 	if f.opts.OnRequest != nil {
