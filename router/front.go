@@ -328,6 +328,7 @@ type charged struct {
 
 func (f *front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
+	r = withoutLookalikes(r)
 	if f.proxy && r.Method == http.MethodConnect {
 		// ReverseProxy would send it on as "CONNECT /", and relay an
 		// answer with a body, which RFC 9110 section 9.3.6 forbids for a
@@ -515,6 +516,41 @@ func (f *front) admit(r *http.Request) (*charged, *Problem) {
 		c.receipt = res.Receipt
 	}
 	return c, nil
+}
+
+// ownedHeaders are the request headers the front sets or vouches for: the
+// account and event it charged, and where the request came from.
+var ownedHeaders = []string{HeaderAccount, HeaderEvent, "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto",
+	"X-Real-Ip", "Forwarded", "Via"}
+
+// withoutLookalikes returns r without the headers whose names read as one
+// of ownedHeaders once "_" is read as "-" (X_Quota_Account): the front
+// replaces the real ones, but an upstream that maps both to one name (CGI,
+// WSGI, Rack: HTTP_X_QUOTA_ACCOUNT) would take a client's forged copy
+// along. nginx drops such names by default for the same reason. r is
+// cloned only when it has one; the caller's request stays as it was.
+func withoutLookalikes(r *http.Request) *http.Request {
+	var drop []string
+	for name := range r.Header {
+		if !strings.Contains(name, "_") {
+			continue
+		}
+		dashed := strings.ReplaceAll(name, "_", "-")
+		for _, o := range ownedHeaders {
+			if strings.EqualFold(dashed, o) {
+				drop = append(drop, name)
+				break
+			}
+		}
+	}
+	if len(drop) == 0 {
+		return r
+	}
+	r = r.Clone(r.Context())
+	for _, name := range drop {
+		delete(r.Header, name)
+	}
+	return r
 }
 
 // canonicalPath is where a Go ServeMux redirects a request whose path

@@ -818,6 +818,13 @@ func TestTrustForwarded(t *testing.T) {
 		req.Header.Set("X-Real-IP", "203.0.113.9")
 		req.Header.Set("Forwarded", "for=203.0.113.7;proto=https")
 		req.Header.Set("Via", "1.1 lb")
+		// Lookalikes of the headers the proxy owns, which an upstream that
+		// reads "_" as "-" (CGI, WSGI, Rack) would take for them; a header
+		// of the API's own with an underscore passes.
+		for _, name := range []string{"X_Quota_Account", "x_quota_event", "X_Forwarded_For", "X_REAL_IP", "Forwarded_"} {
+			req.Header[name] = []string{"forged"}
+		}
+		req.Header["X_Api_Trace"] = []string{"kept"}
 		res, err := http.DefaultClient.Do(req)
 		front.Close()
 		if err != nil {
@@ -837,6 +844,14 @@ func TestTrustForwarded(t *testing.T) {
 		// client forged it; Forwarded was dropped even when trusted.
 		if r, f := got.Get("X-Real-IP"), strings.Join(got.Values("Forwarded"), ", "); r != wantReal || f != wantFwd {
 			t.Errorf("trust %v: upstream saw X-Real-IP %q, Forwarded %q; want %q, %q", trust, r, f, wantReal, wantFwd)
+		}
+		for name, vs := range got {
+			if strings.Contains(name, "_") && name != "X_api_trace" && name != "Forwarded_" {
+				t.Errorf("trust %v: the upstream got the lookalike %s: %q", trust, name, vs)
+			}
+		}
+		if got.Get("X_api_trace") != "kept" {
+			t.Errorf("trust %v: the API's own X_Api_Trace did not reach the upstream: %v", trust, got)
 		}
 		// RFC 9110 section 7.6.3: a gateway sends Via, after the client's.
 		if v := strings.Join(got.Values("Via"), ", "); v != "1.1 lb, 1.1 quotad" {

@@ -125,7 +125,8 @@ func Open(opts Options) (*Log, error) {
 				"give the node a new or empty directory (a volume's lost+found is fine), so that the log's files are not mixed with others",
 				opts.Dir, other)
 		}
-		if err := opts.FS.MkdirAll(opts.Dir, 0o755); err != nil {
+		// Owner only: the log holds accounts, usage and key ids.
+		if err := opts.FS.MkdirAll(opts.Dir, 0o700); err != nil {
 			return nil, fmt.Errorf("wal: create dir %s: %w", opts.Dir, err)
 		}
 	}
