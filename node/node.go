@@ -433,6 +433,9 @@ func (n *Node) openEngine() error {
 	if n.cfg.NoSync {
 		n.log.Warn("the log is not synced before answering (--wal-sync=false): a crash, even a kill -9 of this process, loses acknowledged charges; for benchmarks only, never in production")
 	}
+	if n.cfg.TestFaults {
+		n.log.Warn("fault injection is on (--test-faults): anyone who reaches the admin port can block this node's traffic, shift its clock and crash it through /test/..., without the admin token; for chaos tests only, never in production")
+	}
 	n.clock = n.cfg.Clock
 	if n.clock == nil {
 		n.sys = engine.NewSystemClock()

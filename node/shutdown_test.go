@@ -491,11 +491,14 @@ func TestUnsyncedLogWarns(t *testing.T) {
 	seedLedger(t, dsn, map[string]int64{"acme": 10})
 	var logs logbuf.Buffer
 	startNodesWith(t, dsn, func(c *Config) {
-		c.NoSync = true
+		c.NoSync, c.TestFaults = true, true
 		c.Logger = slog.New(slog.NewTextHandler(&logs, nil))
 	})
 	if !regexp.MustCompile(`level=WARN[^\n]*--wal-sync=false`).MatchString(logs.String()) {
 		t.Fatalf("a node with an unsynced log did not warn:\n%s", logs.String())
+	}
+	if !regexp.MustCompile(`level=WARN[^\n]*--test-faults`).MatchString(logs.String()) {
+		t.Fatalf("a node with fault injection on did not warn:\n%s", logs.String())
 	}
 }
 
