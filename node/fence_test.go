@@ -35,17 +35,7 @@ func TestFencedByALaterProcess(t *testing.T) {
 		t.Fatal("fenced by its own start")
 	default:
 	}
-	held := func() int64 {
-		rs, err := l.Reservations(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var units int64
-		for _, r := range rs {
-			units += r.Units
-		}
-		return units
-	}
+	held := func() int64 { return unitsReserved(t, l) }
 	if held() == 0 {
 		t.Fatal("the node holds no reservation for acme")
 	}
@@ -76,4 +66,18 @@ func TestFencedByALaterProcess(t *testing.T) {
 	if err != nil || len(events) != 1 || events[0].Units != 3 {
 		t.Fatalf("acme's events after the fenced stop: %+v, %v; want the one charge of 3 settled", events, err)
 	}
+}
+
+// unitsReserved is every unit l holds reserved, for any node.
+func unitsReserved(t *testing.T, l flush.Ledger) int64 {
+	t.Helper()
+	rs, err := l.Reservations(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var units int64
+	for _, r := range rs {
+		units += r.Units
+	}
+	return units
 }

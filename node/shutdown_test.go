@@ -525,17 +525,7 @@ func TestNewDataDirWithTheLedgerDownStopsWhenItIsBack(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer l.Close()
-	held := func() int64 {
-		rs, err := l.Reservations(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var n int64
-		for _, r := range rs {
-			n += r.Units
-		}
-		return n
-	}
+	held := func() int64 { return unitsReserved(t, l) }
 	before := held()
 	if before == 0 {
 		t.Fatal("the crashed incarnation holds no reservation")
