@@ -39,6 +39,21 @@ func writeDurable(t *testing.T, dir string, n int) string {
 	return crashed
 }
 
+// stoppedDir makes a data dir on real files whose log took n records (one
+// commit each, every one acknowledged) and then closed cleanly.
+func stoppedDir(t *testing.T, n int) string {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "data")
+	l := mustOpen(t, Options{Dir: dir, NodeID: "node-1"})
+	for i := range n {
+		appendDurable(t, l, payloadFor(uint64(i+1)))
+	}
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
 // overwrite writes n bytes of 0xA5 at off in name.
 func overwrite(t *testing.T, name string, off int64, n int) {
 	t.Helper()
@@ -559,12 +574,7 @@ func TestPebbleFormatPinned(t *testing.T) {
 // does not know (a newer quotad opened it) is refused with an error that
 // says so and what to do, not Pebble's raw one.
 func TestNewerPebbleFormatIsNamed(t *testing.T) {
-	dir := filepath.Join(t.TempDir(), "data")
-	l := mustOpen(t, Options{Dir: dir, NodeID: "node-1"})
-	appendDurable(t, l, payloadFor(1))
-	if err := l.Close(); err != nil {
-		t.Fatal(err)
-	}
+	dir := stoppedDir(t, 1)
 	markers, err := filepath.Glob(filepath.Join(dir, "marker.format-version.*"))
 	if err != nil || len(markers) != 1 {
 		t.Fatalf("format marker: %v, %v", markers, err)
@@ -573,7 +583,7 @@ func TestNewerPebbleFormatIsNamed(t *testing.T) {
 	if err := os.Rename(markers[0], markers[0][:i]+".099"); err != nil {
 		t.Fatal(err)
 	}
-	l, err = Open(Options{Dir: dir, NodeID: "node-1"})
+	l, err := Open(Options{Dir: dir, NodeID: "node-1"})
 	if err == nil {
 		l.Close()
 		t.Fatal("Open succeeded on a dir in an unknown (newer) Pebble format")
@@ -610,12 +620,7 @@ func TestNeverInitializedDirIsNamed(t *testing.T) {
 // TestMissingManifestIsNamed: a MANIFEST that its marker names, deleted,
 // is named with what it holds and the remedy, not Pebble's raw error.
 func TestMissingManifestIsNamed(t *testing.T) {
-	dir := filepath.Join(t.TempDir(), "data")
-	l := mustOpen(t, Options{Dir: dir, NodeID: "node-1"})
-	appendDurable(t, l, payloadFor(1))
-	if err := l.Close(); err != nil {
-		t.Fatal(err)
-	}
+	dir := stoppedDir(t, 1)
 	manifests, err := filepath.Glob(filepath.Join(dir, "MANIFEST-*"))
 	if err != nil || len(manifests) == 0 {
 		t.Fatalf("MANIFEST: %v, %v", manifests, err)
@@ -625,7 +630,7 @@ func TestMissingManifestIsNamed(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	l, err = Open(Options{Dir: dir, NodeID: "node-1"})
+	l, err := Open(Options{Dir: dir, NodeID: "node-1"})
 	if err == nil {
 		l.Close()
 		t.Fatal("Open succeeded without the MANIFEST")
