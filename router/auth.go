@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+	"google.golang.org/grpc/tap"
 )
 
 // The RPC token.
@@ -27,7 +28,7 @@ import (
 // "authorization: Bearer TOKEN" metadata (nodes forwarding to owners, the
 // embedded client with DialOptions.Token, quotad bench cluster
 // --rpc-token), and a node refuses a call without it, Unauthenticated,
-// before any handler runs.
+// before it reads the call's message.
 //
 // While a token is rotated, a node accepts several (ServerAuth's list: the
 // old and the new) and sends one (Config.Token), so rolling restarts
@@ -86,16 +87,26 @@ func (rpcToken) RequireTransportSecurity() bool { return false }
 // ServerAuth returns the gRPC server options that refuse, Unauthenticated,
 // every call that does not carry one of tokens (more than one while a
 // token is rotated). No tokens (or only empty ones) return none.
+//
+// The check is a tap handle (grpc.InTapHandle): it runs when a call's
+// headers arrive, before the server reads or decodes its message, so a
+// caller without the token costs a node no more than its headers (an
+// interceptor runs after the message is decoded, up to the 4 MiB limit).
+// It covers every method, unary or streaming, of every service.
 func ServerAuth(tokens ...string) []grpc.ServerOption {
 	tokens = slices.DeleteFunc(slices.Clone(tokens), func(t string) bool { return t == "" })
 	if len(tokens) == 0 {
 		return nil
 	}
-	return []grpc.ServerOption{grpc.ChainUnaryInterceptor(authInterceptor(tokens...))}
+	check := tokenCheck(tokens...)
+	return []grpc.ServerOption{grpc.InTapHandle(func(ctx context.Context, info *tap.Info) (context.Context, error) {
+		return ctx, check(info.Header)
+	})}
 }
 
-// authInterceptor refuses calls that do not carry one of tokens.
-func authInterceptor(tokens ...string) grpc.UnaryServerInterceptor {
+// tokenCheck returns what refuses metadata that does not carry one of
+// tokens: a status error, Unauthenticated, that says what to set.
+func tokenCheck(tokens ...string) func(metadata.MD) error {
 	// Hash both sides so the comparison takes the same time whatever the
 	// length of the token sent; compare with every accepted token, so the
 	// time does not say which one matched.
@@ -103,8 +114,7 @@ func authInterceptor(tokens ...string) grpc.UnaryServerInterceptor {
 	for i, t := range tokens {
 		wants[i] = sha256.Sum256([]byte(t))
 	}
-	check := func(ctx context.Context) error {
-		md, _ := metadata.FromIncomingContext(ctx)
+	return func(md metadata.MD) error {
 		for _, v := range md.Get("authorization") {
 			scheme, got, ok := strings.Cut(v, " ")
 			if !ok || !strings.EqualFold(scheme, "Bearer") {
@@ -121,11 +131,5 @@ func authInterceptor(tokens ...string) grpc.UnaryServerInterceptor {
 			return status.Error(codes.Unauthenticated, "router: wrong RPC token: use the cluster's --rpc-token (router.DialOptions.Token, QUOTAD_RPC_TOKEN)")
 		}
 		return status.Error(codes.Unauthenticated, "router: this node requires the cluster's RPC token: set router.DialOptions.Token, or --rpc-token (QUOTAD_RPC_TOKEN)")
-	}
-	return func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
-		if err := check(ctx); err != nil {
-			return nil, err
-		}
-		return h(ctx, req)
 	}
 }

@@ -2,28 +2,23 @@ package router
 
 import (
 	"context"
+	"net"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+
+	"github.com/quotaring/quotaring/router/pb"
 )
 
 const testRPCToken = "rpc-token-0123456789abcdef"
 
-// authCall runs the interceptor on a call whose incoming metadata is md, and
-// reports whether the handler ran and the error.
-func authCall(token string, md metadata.MD) (ran bool, err error) {
-	ctx := metadata.NewIncomingContext(context.Background(), md)
-	_, err = authInterceptor(token)(ctx, nil, nil, func(context.Context, any) (any, error) {
-		ran = true
-		return nil, nil
-	})
-	return ran, err
-}
-
-func TestAuthInterceptor(t *testing.T) {
+func TestTokenCheck(t *testing.T) {
 	for name, tc := range map[string]struct {
 		md   metadata.MD
 		ok   bool
@@ -36,26 +31,22 @@ func TestAuthInterceptor(t *testing.T) {
 		"a wrong token":     {metadata.Pairs("authorization", "Bearer "+testRPCToken+"x"), false, "wrong RPC token"},
 		"a prefix of it":    {metadata.Pairs("authorization", "Bearer "+testRPCToken[:16]), false, "wrong RPC token"},
 	} {
-		ran, err := authCall(testRPCToken, tc.md)
+		err := tokenCheck(testRPCToken)(tc.md)
 		if tc.ok {
-			if !ran || err != nil {
-				t.Errorf("%s: ran %v, %v; want the handler to run", name, ran, err)
+			if err != nil {
+				t.Errorf("%s: %v; want the call let through", name, err)
 			}
 			continue
 		}
-		if ran || status.Code(err) != codes.Unauthenticated || !strings.Contains(err.Error(), tc.want) {
-			t.Errorf("%s: ran %v, %v; want Unauthenticated saying %q before the handler", name, ran, err, tc.want)
+		if status.Code(err) != codes.Unauthenticated || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v; want Unauthenticated saying %q", name, err, tc.want)
 		}
 	}
 	// While a token is rotated a node accepts the new and the old one.
 	const oldToken = "old-rpc-token-0123456789"
-	ctxWith := func(tok string) context.Context {
-		return metadata.NewIncomingContext(context.Background(), metadata.Pairs("authorization", "Bearer "+tok))
-	}
-	h := func(context.Context, any) (any, error) { return nil, nil }
-	both := authInterceptor(testRPCToken, oldToken)
+	both := tokenCheck(testRPCToken, oldToken)
 	for tok, ok := range map[string]bool{testRPCToken: true, oldToken: true, "third-rpc-token-0123456789": false} {
-		if _, err := both(ctxWith(tok), nil, nil, h); (err == nil) != ok {
+		if err := both(metadata.Pairs("authorization", "Bearer "+tok)); (err == nil) != ok {
 			t.Errorf("rotating, token %q: %v, want accepted %v", tok, err, ok)
 		}
 	}
@@ -67,15 +58,79 @@ func TestAuthInterceptor(t *testing.T) {
 	}
 }
 
-// BenchmarkAuthInterceptor is what --rpc-token adds to every internal call
+// countingQuota counts the Charge calls that reach it.
+type countingQuota struct {
+	pb.UnimplementedQuotaServer
+	calls atomic.Int64
+}
+
+func (q *countingQuota) Charge(_ context.Context, b *pb.ChargeBatch) (*pb.ChargeReplies, error) {
+	q.calls.Add(1)
+	return &pb.ChargeReplies{Replies: make([]*pb.ChargeReply, len(b.Charges))}, nil
+}
+
+// TestServerAuthBeforeTheMessage: over a real gRPC connection, a call
+// without the token is refused before the server reads its message: a
+// message past the server's size limit is answered Unauthenticated, not
+// ResourceExhausted, and no handler runs; with the token the same server
+// serves.
+func TestServerAuthBeforeTheMessage(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer(ServerAuth(testRPCToken)...)
+	q := &countingQuota{}
+	pb.RegisterQuotaServer(srv, q)
+	go srv.Serve(lis)
+	defer srv.Stop()
+	dial := func(token string) pb.QuotaClient {
+		conn, err := grpc.NewClient("passthrough:///"+lis.Addr().String(),
+			append(NodeDialOptions(token, nil), grpc.WithDefaultCallOptions(grpc.MaxCallSendMsgSize(64<<20)))...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { conn.Close() })
+		return pb.NewQuotaClient(conn)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	small := &pb.ChargeBatch{Charges: []*pb.ChargeRequest{{Account: "acct-1", Units: 1}}}
+	huge := &pb.ChargeBatch{Charges: []*pb.ChargeRequest{{Account: strings.Repeat("a", 8<<20), Units: 1}}}
+
+	anon, wrong := dial(""), dial(testRPCToken+"x")
+	for name, call := range map[string]func() error{
+		"no token, small":    func() error { _, err := anon.Charge(ctx, small); return err },
+		"no token, 8 MiB":    func() error { _, err := anon.Charge(ctx, huge); return err },
+		"wrong token, 8 MiB": func() error { _, err := wrong.Charge(ctx, huge); return err },
+	} {
+		if err := call(); status.Code(err) != codes.Unauthenticated {
+			t.Errorf("%s: %v; want Unauthenticated before the message is read", name, err)
+		}
+	}
+	if n := q.calls.Load(); n != 0 {
+		t.Fatalf("%d calls without the token reached the handler", n)
+	}
+	good := dial(testRPCToken)
+	if _, err := good.Charge(ctx, small); err != nil {
+		t.Fatalf("with the token: %v", err)
+	}
+	if _, err := good.Charge(ctx, huge); status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("with the token, 8 MiB: %v; want the server's size limit (ResourceExhausted)", err)
+	}
+	if n := q.calls.Load(); n != 1 {
+		t.Fatalf("%d calls reached the handler, want 1", n)
+	}
+}
+
+// BenchmarkTokenCheck is what --rpc-token adds to every internal call
 // (one SHA-256 of the token sent, a constant-time compare).
-func BenchmarkAuthInterceptor(b *testing.B) {
-	ctx := metadata.NewIncomingContext(context.Background(), metadata.Pairs("authorization", "Bearer "+testRPCToken))
-	in := authInterceptor(testRPCToken)
-	h := func(context.Context, any) (any, error) { return nil, nil }
+func BenchmarkTokenCheck(b *testing.B) {
+	md := metadata.Pairs("authorization", "Bearer "+testRPCToken)
+	check := tokenCheck(testRPCToken)
 	b.ReportAllocs()
 	for b.Loop() {
-		if _, err := in(ctx, nil, nil, h); err != nil {
+		if err := check(md); err != nil {
 			b.Fatal(err)
 		}
 	}
