@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/pprof"
 	"os"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -24,21 +25,54 @@ func (n *Node) adminHandler() *http.ServeMux {
 	mux.HandleFunc("GET /readyz", n.readyz)
 	mux.HandleFunc("GET /status", n.statusPage) // status.go
 	mux.Handle("GET /metrics", promhttp.HandlerFor(n.reg, promhttp.HandlerOpts{Registry: n.reg}))
-	mux.HandleFunc("GET /debug/pprof/", pprof.Index)
+	// Profiles and fault injection take the admin token when the node has
+	// one (debugAuth): a profile shows the code's hot paths and a trace
+	// costs CPU while it runs.
+	mux.Handle("GET /debug/pprof/", n.debugAuth(http.HandlerFunc(pprof.Index)))
 	// NB: no /debug/pprof/cmdline: the command line may hold --admin-token,
-	// --alert-secret or a DSN with a password, and this port has no token.
+	// --alert-secret or a DSN with a password.
 	mux.HandleFunc("GET /debug/pprof/cmdline", http.NotFound)
-	mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
-	mux.HandleFunc("GET /debug/pprof/symbol", pprof.Symbol)
-	mux.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
+	mux.Handle("GET /debug/pprof/profile", n.debugAuth(boundSeconds(pprof.Profile)))
+	mux.Handle("GET /debug/pprof/symbol", n.debugAuth(http.HandlerFunc(pprof.Symbol)))
+	mux.Handle("GET /debug/pprof/trace", n.debugAuth(boundSeconds(pprof.Trace)))
 	n.adminAPI(mux) // /admin/v1/ (adminapi.go)
 	if n.cfg.TestFaults {
-		mux.HandleFunc("POST /test/block", n.testBlock)
-		mux.HandleFunc("POST /test/heal", n.testHeal)
-		mux.HandleFunc("POST /test/clock", n.testClock)
-		mux.HandleFunc("POST /test/crash-after-commit", n.testCrashAfterCommit)
+		mux.Handle("POST /test/block", n.debugAuth(http.HandlerFunc(n.testBlock)))
+		mux.Handle("POST /test/heal", n.debugAuth(http.HandlerFunc(n.testHeal)))
+		mux.Handle("POST /test/clock", n.debugAuth(http.HandlerFunc(n.testClock)))
+		mux.Handle("POST /test/crash-after-commit", n.debugAuth(http.HandlerFunc(n.testCrashAfterCommit)))
 	}
 	return mux
+}
+
+// debugAuth asks for the admin token (Authorization: Bearer, as the admin
+// API) on /debug/pprof/ and /test/... when the node has one; a node
+// without --admin-token serves them to whoever reaches its admin port.
+func (n *Node) debugAuth(h http.Handler) http.Handler {
+	if n.cfg.AdminToken == "" {
+		return h
+	}
+	return n.adminAuth(h)
+}
+
+// MaxProfileSeconds bounds ?seconds= of /debug/pprof/profile and
+// /debug/pprof/trace: a trace slows the node while it runs, and only one
+// CPU profile runs at a time.
+const MaxProfileSeconds = 300
+
+// boundSeconds refuses ?seconds= past MaxProfileSeconds, or not a whole
+// number of seconds, before h starts profiling.
+func boundSeconds(h http.HandlerFunc) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if v := r.URL.Query().Get("seconds"); v != "" {
+			if s, err := strconv.Atoi(v); err != nil || s < 1 || s > MaxProfileSeconds {
+				writeProblem(w, r, &adminProblem{Status: http.StatusBadRequest, Type: "invalid-request",
+					Detail: fmt.Sprintf("seconds=%q: want a whole number of seconds from 1 to %d", v, MaxProfileSeconds)})
+				return
+			}
+		}
+		h(w, r)
+	})
 }
 
 // readyz: the ring is joined and this node serves, its state is loaded, and

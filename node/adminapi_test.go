@@ -141,8 +141,27 @@ func TestAdminAPI(t *testing.T) {
 		if status, raw := adminCall(t, n1, "wrong-token-wrong-token", "GET", "/admin/v1/plans", nil, nil); status != http.StatusUnauthorized {
 			t.Fatalf("wrong token: %d %s", status, raw)
 		}
-		// The admin port has no token in front of pprof: its command line,
-		// which may hold the token, is not served.
+		// Profiles take the admin token when the node has one, and a
+		// profile's length is bounded; a node without one serves them.
+		for _, path := range []string{"/debug/pprof/", "/debug/pprof/heap", "/debug/pprof/symbol", "/debug/pprof/profile?seconds=1", "/debug/pprof/trace?seconds=1"} {
+			if status, raw := adminCall(t, n1, "", "GET", path, nil, nil); status != http.StatusUnauthorized {
+				t.Fatalf("%s without the token: %d %.200s, want 401", path, status, raw)
+			}
+		}
+		if status, raw := adminCall(t, n1, testAdminToken, "GET", "/debug/pprof/", nil, nil); status != http.StatusOK || !strings.Contains(string(raw), "goroutine") {
+			t.Fatalf("/debug/pprof/ with the token: %d %.200s", status, raw)
+		}
+		for _, q := range []string{"seconds=86400", "seconds=0", "seconds=1.5", "seconds=x"} {
+			if status, raw := adminCall(t, n1, testAdminToken, "GET", "/debug/pprof/trace?"+q, nil, nil); status != http.StatusBadRequest || !strings.Contains(string(raw), "from 1 to 300") {
+				t.Fatalf("/debug/pprof/trace?%s: %d %.200s, want 400 naming the bound", q, status, raw)
+			}
+		}
+		if res, err := http.Get("http://" + n2.AdminAddr() + "/debug/pprof/"); err != nil || res.StatusCode != http.StatusOK {
+			t.Fatalf("/debug/pprof/ on a node without an admin token: %v %v, want it served", res, err)
+		} else {
+			res.Body.Close()
+		}
+		// The command line, which may hold the token, is not served.
 		res, err := http.Get("http://" + n1.AdminAddr() + "/debug/pprof/cmdline")
 		if err != nil {
 			t.Fatal(err)

@@ -434,7 +434,7 @@ func (n *Node) openEngine() error {
 		n.log.Warn("the log is not synced before answering (--wal-sync=false): a crash, even a kill -9 of this process, loses acknowledged charges; for benchmarks only, never in production")
 	}
 	if n.cfg.TestFaults {
-		n.log.Warn("fault injection is on (--test-faults): anyone who reaches the admin port can block this node's traffic, shift its clock and crash it through /test/..., without the admin token; for chaos tests only, never in production")
+		n.log.Warn("fault injection is on (--test-faults): whoever reaches the admin port (with the admin token, when the node has one) can block this node's traffic, shift its clock and crash it through /test/...; for chaos tests only, never in production")
 	}
 	n.clock = n.cfg.Clock
 	if n.clock == nil {

@@ -490,15 +490,23 @@ func TestUnsyncedLogWarns(t *testing.T) {
 	dsn := "sqlite:" + filepath.Join(t.TempDir(), "ledger.db")
 	seedLedger(t, dsn, map[string]int64{"acme": 10})
 	var logs logbuf.Buffer
-	startNodesWith(t, dsn, func(c *Config) {
+	n := startNodesWith(t, dsn, func(c *Config) {
 		c.NoSync, c.TestFaults = true, true
+		c.AdminToken = testAdminToken
 		c.Logger = slog.New(slog.NewTextHandler(&logs, nil))
-	})
+	})[0]
 	if !regexp.MustCompile(`level=WARN[^\n]*--wal-sync=false`).MatchString(logs.String()) {
 		t.Fatalf("a node with an unsynced log did not warn:\n%s", logs.String())
 	}
 	if !regexp.MustCompile(`level=WARN[^\n]*--test-faults`).MatchString(logs.String()) {
 		t.Fatalf("a node with fault injection on did not warn:\n%s", logs.String())
+	}
+	// Fault injection takes the admin token when the node has one.
+	if status, raw := adminCall(t, n, "", "POST", "/test/heal", nil, nil); status != http.StatusUnauthorized {
+		t.Fatalf("POST /test/heal without the admin token: %d %s, want 401", status, raw)
+	}
+	if status, raw := adminCall(t, n, testAdminToken, "POST", "/test/heal", nil, nil); status != http.StatusOK || !strings.Contains(string(raw), "healed") {
+		t.Fatalf("POST /test/heal with the admin token: %d %s", status, raw)
 	}
 }
 

@@ -77,7 +77,7 @@ for the next start.`,
 	fl.StringVar(&f.ledger, "ledger", "", "the ledger: postgres://USER:PASSWORD@HOST:PORT/DB or sqlite:/path/ledger.db (required; a node without --join creates a missing SQLite file and migrates an empty database, a node with --join refuses a missing or empty SQLite file: a cluster shares one ledger)")
 	fl.StringVar(&f.rpcAddr, "rpc-addr", ":7400", "internal gRPC address (node to node, embedded clients)")
 	fl.StringVar(&f.httpAddr, "http-addr", ":8080", "public HTTP address (the proxy)")
-	fl.StringVar(&f.adminAddr, "admin-addr", ":9090", "admin address: /healthz, /readyz, /metrics, /debug/pprof, and the admin API (/admin/v1/, with --admin-token)")
+	fl.StringVar(&f.adminAddr, "admin-addr", ":9090", "admin address: /healthz, /readyz, /metrics, /status, /debug/pprof (with --admin-token when set), and the admin API (/admin/v1/, with --admin-token)")
 	fl.StringVar(&f.gossipAddr, "gossip-addr", ":7946", "gossip (memberlist) address, TCP and UDP")
 	fl.StringVar(&f.advertiseHost, "advertise-host", "", "the host or IP other nodes reach this one at, when the addresses listen on all interfaces (\":7400\"); default: the first private IPv4 address")
 	fl.StringSliceVar(&f.join, "join", nil, "the other nodes' gossip addresses (--gossip-addr): a host:port list, or a DNS name with many A records (a headless Service). Leave it empty for the first start of a new cluster's first node (on SQLite it creates the ledger then); from then on give every node, the first included, the others' addresses, so that it finds the cluster again after a restart")
