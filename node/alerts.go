@@ -199,6 +199,10 @@ const (
 	stageReport                      // Ledger.FinishAlert
 )
 
+// alertSecretMin is the shortest --alert-secret accepted, as for the
+// admin and RPC tokens.
+const alertSecretMin = 16
+
 // startAlerts validates the alert config and, with a webhook, hooks the
 // alerter to every answered charge and starts its sender.
 func (n *Node) startAlerts() error {
@@ -215,6 +219,9 @@ func (n *Node) startAlerts() error {
 	}
 	if c.AlertSecret == "" {
 		return fmt.Errorf("node: --alert-webhook needs --alert-secret (QUOTAD_ALERT_SECRET): alerts are signed so the receiver can tell them from forgeries")
+	}
+	if len(c.AlertSecret) < alertSecretMin {
+		return fmt.Errorf("node: --alert-secret is %d characters; use at least %d random ones (openssl rand -hex 32), and give the receiver the same: a short secret can be guessed, and then alerts forged", len(c.AlertSecret), alertSecretMin)
 	}
 	thresholds, err := alertThresholds(c.AlertThresholds)
 	if err != nil {

@@ -487,6 +487,10 @@ func TestAlertConfig(t *testing.T) {
 			t.Errorf("config %+v accepted", c)
 		}
 	}
+	n := &Node{cfg: Config{AlertWebhook: "http://example.com/hook", AlertSecret: "whsec-short"}, log: slog.New(slog.DiscardHandler), reg: prometheus.NewRegistry()}
+	if err := n.startAlerts(); err == nil || !strings.Contains(err.Error(), "--alert-secret is 11 characters; use at least 16") {
+		t.Errorf("an 11-character secret: %v, want it refused, naming the length to use", err)
+	}
 }
 
 func TestSignAlert(t *testing.T) {
