@@ -318,6 +318,49 @@ func TestSQLiteUnavailable(t *testing.T) {
 	}
 }
 
+// A new SQLite ledger, and its -wal file, are readable by their owner only:
+// they hold the API keys' hashes and every account's usage. An existing
+// file keeps its mode.
+func TestSQLiteNewFileIsPrivate(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "ledger.db")
+	l, err := OpenSQLite(t.Context(), path, SQLiteOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Migrate(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{path, path + "-wal"} {
+		fi, err := os.Stat(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m := fi.Mode().Perm(); m&0o077 != 0 {
+			t.Errorf("%s: mode %v, want no access for group and others", filepath.Base(f), m)
+		}
+	}
+	l.Close()
+	shared := filepath.Join(dir, "shared.db")
+	if err := os.WriteFile(shared, nil, 0o640); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(shared, 0o640); err != nil { // past the umask
+		t.Fatal(err)
+	}
+	l, err = OpenSQLite(t.Context(), shared, SQLiteOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if err := l.Migrate(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if fi, _ := os.Stat(shared); fi.Mode().Perm() != 0o640 {
+		t.Errorf("an existing ledger file: mode %v, want its own 0640 kept", fi.Mode().Perm())
+	}
+}
+
 // A file that is not an SQLite database (or a damaged one) is not an
 // outage to wait out: ErrInvalid, saying what to check, and nothing
 // written to it.

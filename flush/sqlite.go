@@ -25,7 +25,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
+	"os"
 	"strings"
 	"sync"
 	"time"
@@ -90,6 +92,19 @@ func OpenSQLite(ctx context.Context, path string, opts SQLiteOptions) (*SQLite, 
 	dsn := "file:" + path + "?" + params + "&_pragma=journal_mode(WAL)"
 	if path == ":memory:" {
 		dsn = "file::memory:?" + params
+	}
+	if path != ":memory:" {
+		// A new ledger is created readable by this user only: it holds
+		// the API keys' hashes, the plans and every account's usage.
+		// SQLite gives its -wal and -shm files the database's mode.
+		f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+		switch {
+		case err == nil:
+			f.Close()
+		case !errors.Is(err, fs.ErrExist):
+			return nil, fmt.Errorf("%w: cannot create the SQLite ledger at %s: %v: check that its directory exists and is writable by this user",
+				ErrUnavailable, path, err)
+		}
 	}
 	db, err := sql.Open("sqlite", dsn)
 	if err != nil {
