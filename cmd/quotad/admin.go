@@ -42,9 +42,9 @@ type serveAdminFlags struct {
 func (af *serveAdminFlags) register(cmd *cobra.Command, token *string) {
 	fl := cmd.Flags()
 	fl.StringVar(token, "admin-token", "", "bearer token of the admin API (/admin/v1/ on --admin-addr; quotad admin --token); empty disables the API. "+
-		"At least 16 random characters (openssl rand -hex 32); prefer QUOTAD_ADMIN_TOKEN, which ps does not show")
+		"At least 16 random characters (openssl rand -hex 32); prefer QUOTAD_ADMIN_TOKEN or QUOTAD_ADMIN_TOKEN_FILE (a file holding it), which ps does not show")
 	fl.StringVar(&af.webhook, "alert-webhook", "", "URL to POST quota alerts to (JSON, signed with --alert-secret); empty sends none")
-	fl.StringVar(&af.secret, "alert-secret", "", "HMAC-SHA256 key that signs alerts (X-Quotaring-Signature); required with --alert-webhook; prefer QUOTAD_ALERT_SECRET")
+	fl.StringVar(&af.secret, "alert-secret", "", "HMAC-SHA256 key that signs alerts (X-Quotaring-Signature); required with --alert-webhook, at least 16 characters; prefer QUOTAD_ALERT_SECRET or QUOTAD_ALERT_SECRET_FILE (a file holding it)")
 	fl.IntSliceVar(&af.thresholds, "alert-thresholds", []int{80, 100}, "percentages of a period's quota that alert, once per account and month each")
 	fl.DurationVar(&af.lease, "alert-lease", 10*time.Minute, "how long a claimed alert may stay undelivered before any node takes it over and tries again (a node's own round of retries ends before half of it)")
 	fl.DurationVar(&af.giveUp, "alert-give-up", 72*time.Hour, "how long after its first claim an undelivered alert is given up")
@@ -90,12 +90,17 @@ type adminClient struct {
 // serve's --admin-addr (host:port), and an operator exports both in one
 // shell or pod. QUOTAD_ADMIN_TOKEN is shared on purpose: serve's
 // --admin-token and admin's --token are the same secret.
-var adminEnv = []struct{ flag, env string }{
-	{"addr", "QUOTAD_ADMIN_URL"},
-	{"token", "QUOTAD_ADMIN_TOKEN"},
-	{"json", "QUOTAD_ADMIN_JSON"},
-	{"timeout", "QUOTAD_ADMIN_TIMEOUT"},
-	{"ca-cert", "QUOTAD_ADMIN_CA_CERT"},
+// The token may come from a file as well (QUOTAD_ADMIN_TOKEN_FILE, as
+// serve's secrets: lookupEnv).
+var adminEnv = []struct {
+	flag, env string
+	secret    bool
+}{
+	{"addr", "QUOTAD_ADMIN_URL", false},
+	{"token", "QUOTAD_ADMIN_TOKEN", true},
+	{"json", "QUOTAD_ADMIN_JSON", false},
+	{"timeout", "QUOTAD_ADMIN_TIMEOUT", false},
+	{"ca-cert", "QUOTAD_ADMIN_CA_CERT", false},
 }
 
 func newAdminCmd() *cobra.Command {
@@ -138,7 +143,7 @@ repeat. Give them on the command line; a QUOTAD_UNITS gets a warning.`,
 	}
 	pf := cmd.PersistentFlags()
 	pf.StringVar(&c.addr, "addr", "http://127.0.0.1:9090", "the URL of a node's admin port (its --admin-addr); environment: QUOTAD_ADMIN_URL")
-	pf.StringVar(&c.token, "token", "", "the admin token (the node's --admin-token); prefer QUOTAD_ADMIN_TOKEN, which ps does not show")
+	pf.StringVar(&c.token, "token", "", "the admin token (the node's --admin-token); prefer QUOTAD_ADMIN_TOKEN or QUOTAD_ADMIN_TOKEN_FILE (a file holding it), which ps does not show")
 	pf.BoolVar(&c.json, "json", false, "print the API's JSON answer instead of a table")
 	pf.DurationVar(&c.timeout, "timeout", adminDefaultTimeout, "how long to wait for the node's answer; keep it longer than the node's own bound on the ledger (30s), so that a slow ledger's 503 arrives rather than a timeout that cannot say whether a change was applied")
 	pf.StringVar(&c.caCert, "ca-cert", "", "for an https --addr (a node with --admin-tls-cert): the CA certificate (PEM) to trust, when the node's certificate is not from one the system trusts; environment: QUOTAD_ADMIN_CA_CERT")
@@ -179,8 +184,12 @@ func (c *adminClient) init(fs *pflag.FlagSet) error {
 		if f == nil || f.Changed {
 			continue
 		}
-		if v := os.Getenv(e.env); v != "" { // empty counts as unset
-			if err := setFromEnv(fs, e.flag, e.env, v); err != nil {
+		v, from, ok, err := lookupEnv(e.env, e.secret, true) // empty counts as unset
+		if err != nil {
+			errs = append(errs, err)
+			unset[e.flag] = true
+		} else if ok {
+			if err := setFromEnv(fs, e.flag, from, v); err != nil {
 				errs = append(errs, err)
 				unset[e.flag] = true
 			}

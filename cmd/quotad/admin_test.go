@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -496,5 +497,32 @@ func TestQuotadAdminHTTPS(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: %v, want an error saying %q", name, err, tc.want)
 		}
+	}
+}
+
+// quotad admin reads its token from the file QUOTAD_ADMIN_TOKEN_FILE names
+// (a mounted Secret), without the file's line break; a file that is not
+// there, or a token also in QUOTAD_ADMIN_TOKEN, is an error that names the
+// variable.
+func TestQuotadAdminTokenFile(t *testing.T) {
+	n := startAdminTestNode(t)
+	t.Setenv("QUOTAD_ADMIN_URL", "http://"+n.AdminAddr())
+	t.Setenv("QUOTAD_ADMIN_TOKEN", "")
+	file := filepath.Join(t.TempDir(), "admin-token")
+	if err := os.WriteFile(file, []byte(adminTestToken+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("QUOTAD_ADMIN_TOKEN_FILE", file)
+	if _, err := runQuotad(t, "admin", "plans", "list"); err != nil {
+		t.Fatalf("quotad admin plans list with QUOTAD_ADMIN_TOKEN_FILE: %v", err)
+	}
+	t.Setenv("QUOTAD_ADMIN_TOKEN", adminTestToken)
+	if _, err := runQuotad(t, "admin", "plans", "list"); err == nil || !strings.Contains(err.Error(), "both QUOTAD_ADMIN_TOKEN and QUOTAD_ADMIN_TOKEN_FILE are set") {
+		t.Fatalf("both variables set: %v", err)
+	}
+	t.Setenv("QUOTAD_ADMIN_TOKEN", "")
+	t.Setenv("QUOTAD_ADMIN_TOKEN_FILE", file+".missing")
+	if _, err := runQuotad(t, "admin", "plans", "list"); err == nil || !strings.Contains(err.Error(), "QUOTAD_ADMIN_TOKEN_FILE: open "+file+".missing") {
+		t.Fatalf("a missing file: %v", err)
 	}
 }

@@ -180,6 +180,9 @@ func warnUnknownEnv(w io.Writer, root *cobra.Command, environ []string) {
 				case f.Name == "help":
 				case !admin:
 					known[envName(f.Name)] = true
+					if secretFlags[f.Name] {
+						known[envName(f.Name)+"_FILE"] = true
+					}
 				case adminFlags[envName(f.Name)] == "":
 					adminFlags[envName(f.Name)] = adminEnvHint(f.Name)
 				}
@@ -192,6 +195,9 @@ func warnUnknownEnv(w io.Writer, root *cobra.Command, environ []string) {
 	walk(root, false)
 	for _, e := range adminEnv {
 		known[e.env] = true
+		if e.secret {
+			known[e.env+"_FILE"] = true
+		}
 	}
 	for _, kv := range environ {
 		name, _, _ := strings.Cut(kv, "=")
@@ -216,7 +222,8 @@ func adminEnvHint(flag string) string {
 	return fmt.Sprintf("the flags of quotad admin's commands have no environment twins; give --%s on the command line", flag)
 }
 
-// bindEnv sets every flag not given on the command line from QUOTAD_<NAME>.
+// bindEnv sets every flag not given on the command line from QUOTAD_<NAME>,
+// or for a secret (secretFlags) from the file QUOTAD_<NAME>_FILE names.
 func bindEnv(fs *pflag.FlagSet) error {
 	var errs []error
 	fs.VisitAll(func(f *pflag.Flag) {
@@ -224,8 +231,12 @@ func bindEnv(fs *pflag.FlagSet) error {
 			return
 		}
 		name := envName(f.Name)
-		if v, ok := os.LookupEnv(name); ok {
-			if err := setFromEnv(fs, f.Name, name, v); err != nil {
+		v, from, ok, err := lookupEnv(name, secretFlags[f.Name], false)
+		switch {
+		case err != nil:
+			errs = append(errs, err)
+		case ok:
+			if err := setFromEnv(fs, f.Name, from, v); err != nil {
 				errs = append(errs, err)
 			}
 		}
@@ -233,13 +244,66 @@ func bindEnv(fs *pflag.FlagSet) error {
 	return errors.Join(errs...)
 }
 
+// secretFlags are the flags whose values are secrets. Each also reads
+// QUOTAD_<FLAG>_FILE: the path of a file that holds the value (a mounted
+// Kubernetes Secret, a Docker or systemd credential), so that the secret
+// is in neither the command line nor the environment. Errors never quote
+// their values.
+var secretFlags = map[string]bool{"admin-token": true, "rpc-token": true, "gossip-key": true, "alert-secret": true, "ledger": true}
+
+// maxSecretFile bounds what a QUOTAD_*_FILE may hold: a secret is a line,
+// and a larger file is the wrong one.
+const maxSecretFile = 64 << 10
+
+// lookupEnv returns the value of the variable env, or for a secret the
+// content of the file env_FILE names (without its trailing line break),
+// and which variable gave it. Setting both is an error, and so is a file
+// that cannot be read, is empty or is too large. emptyUnset counts an
+// empty env as unset.
+func lookupEnv(env string, secret, emptyUnset bool) (v, from string, ok bool, err error) {
+	v, ok = os.LookupEnv(env)
+	ok = ok && !(emptyUnset && v == "")
+	if !secret {
+		return v, env, ok, nil
+	}
+	fileEnv := env + "_FILE"
+	path, fileSet := os.LookupEnv(fileEnv)
+	if !fileSet || path == "" {
+		return v, env, ok, nil
+	}
+	if ok {
+		return "", "", false, fmt.Errorf("both %s and %s are set: set one of them", env, fileEnv)
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return "", "", false, fmt.Errorf("%s: %v", fileEnv, err)
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, maxSecretFile+1))
+	switch {
+	case err != nil:
+		return "", "", false, fmt.Errorf("%s: read %s: %v", fileEnv, path, err)
+	case len(b) > maxSecretFile:
+		return "", "", false, fmt.Errorf("%s: %s is larger than %d KiB: it should hold the secret alone, on one line", fileEnv, path, maxSecretFile>>10)
+	}
+	v = strings.TrimSuffix(strings.TrimSuffix(string(b), "\n"), "\r")
+	if strings.TrimSpace(v) == "" {
+		return "", "", false, fmt.Errorf("%s: %s is empty: it should hold the secret", fileEnv, path)
+	}
+	return v, fileEnv, true, nil
+}
+
 // envAnnotation marks a flag set from the environment; its value is the
 // variable's name (explainEnv).
 const envAnnotation = "quotad-env"
 
-// setFromEnv sets flag from the variable env and remembers where it came from.
+// setFromEnv sets flag from the variable env and remembers where it came
+// from. An error quotes the value unless it is a secret.
 func setFromEnv(fs *pflag.FlagSet, flag, env, v string) error {
 	if err := fs.Set(flag, v); err != nil {
+		if secretFlags[flag] {
+			return fmt.Errorf("environment %s (--%s): %v", env, flag, err)
+		}
 		return fmt.Errorf("environment %s=%q: %v", env, v, err)
 	}
 	return fs.SetAnnotation(flag, envAnnotation, []string{env})

@@ -342,3 +342,75 @@ func TestServeStoppedWhileStartingExitsCleanly(t *testing.T) {
 		t.Fatalf("a stop while starting was logged as a ledger problem:\n%s", errOut.String())
 	}
 }
+
+// quotad serve's secrets can come from files (QUOTAD_<FLAG>_FILE): the
+// value is the file's content without its line break, errors name the
+// variable and never the secret, and a file that cannot be the secret
+// (missing, empty, too large) or a secret set both ways is refused.
+func TestServeSecretsFromFiles(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, content string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	t.Setenv("QUOTAD_DATA_DIR", filepath.Join(dir, "n1"))
+	t.Setenv("QUOTAD_LEDGER", "sqlite:"+filepath.Join(dir, "ledger.db"))
+	for name, tc := range map[string]struct {
+		env   map[string]string
+		wants []string
+	}{
+		"a short admin token": {map[string]string{"QUOTAD_ADMIN_TOKEN_FILE": write("admin", "tiny-secret\r\n")},
+			[]string{"--admin-token is 11 characters", "QUOTAD_ADMIN_TOKEN_FILE"}},
+		"a gossip key that is not base64": {map[string]string{"QUOTAD_GOSSIP_KEY_FILE": write("gossip", "not*base64*gossip*key\n")},
+			[]string{"--gossip-key", "QUOTAD_GOSSIP_KEY_FILE"}},
+		"both ways": {map[string]string{"QUOTAD_RPC_TOKEN": "rpc-token-0123456789abcdef", "QUOTAD_RPC_TOKEN_FILE": write("rpc", "rpc-token-0123456789abcdef\n")},
+			[]string{"both QUOTAD_RPC_TOKEN and QUOTAD_RPC_TOKEN_FILE are set"}},
+		"a missing file": {map[string]string{"QUOTAD_ALERT_SECRET_FILE": filepath.Join(dir, "nope")},
+			[]string{"QUOTAD_ALERT_SECRET_FILE: open " + filepath.Join(dir, "nope")}},
+		"an empty file": {map[string]string{"QUOTAD_ALERT_SECRET_FILE": write("empty", "\n")},
+			[]string{"QUOTAD_ALERT_SECRET_FILE: " + filepath.Join(dir, "empty") + " is empty"}},
+		"a large file": {map[string]string{"QUOTAD_LEDGER_FILE": write("big", strings.Repeat("x", 70<<10)), "QUOTAD_LEDGER": ""},
+			[]string{"QUOTAD_LEDGER_FILE: " + filepath.Join(dir, "big") + " is larger than 64 KiB"}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			for k, v := range tc.env {
+				t.Setenv(k, v)
+			}
+			if tc.env["QUOTAD_LEDGER"] == "" && tc.env["QUOTAD_LEDGER_FILE"] != "" {
+				os.Unsetenv("QUOTAD_LEDGER")
+			}
+			stderr, err := runQuotad(t, "serve")
+			if err == nil {
+				t.Fatal("quotad serve started")
+			}
+			for _, w := range tc.wants {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not say %q", err, w)
+				}
+			}
+			for _, secret := range []string{"tiny-secret", "not*base64", "rpc-token-0123"} {
+				if strings.Contains(err.Error(), secret) || strings.Contains(stderr, secret) {
+					t.Errorf("the secret %q is in the error or on stderr: %v\n%s", secret, err, stderr)
+				}
+			}
+			if strings.Contains(stderr, "_FILE matches no flag") {
+				t.Errorf("a _FILE variable warned about as unknown:\n%s", stderr)
+			}
+		})
+	}
+	// A secret read from its file reaches the flag, without the line break.
+	v, from, ok, err := lookupEnv("QUOTAD_ADMIN_TOKEN", true, false)
+	if err != nil || ok {
+		t.Fatalf("nothing set: %q %q %v %v", v, from, ok, err)
+	}
+	t.Setenv("QUOTAD_ADMIN_TOKEN_FILE", write("good", "admin-token-0123456789\n"))
+	if v, from, ok, err := lookupEnv("QUOTAD_ADMIN_TOKEN", true, false); err != nil || !ok || v != "admin-token-0123456789" || from != "QUOTAD_ADMIN_TOKEN_FILE" {
+		t.Fatalf("from a file: %q %q %v %v", v, from, ok, err)
+	}
+	if _, _, ok, _ := lookupEnv("QUOTAD_ADMIN_TOKEN", false, false); ok {
+		t.Fatal("a flag that is not a secret read a _FILE variable")
+	}
+}
