@@ -62,7 +62,8 @@ func CheckUpstream(u *url.URL) error {
 // Forwarded naming the client (the client's own are dropped, unless
 // TrustForwarded), Via with "quotad" appended, and X-Quota-Account and
 // X-Quota-Event. ReverseProxy drops hop-by-hop headers both ways and
-// handles protocol upgrades.
+// handles protocol upgrades (a WebSocket); an offer to upgrade to h2c is
+// dropped, since the requests sent after it would not be billed.
 //
 // Responses stream: ReverseProxy flushes at once for text/event-stream and
 // for bodies of unknown length (chunked answers, gRPC), so Server-Sent
@@ -107,6 +108,18 @@ func NewProxy(upstream *url.URL, opts FrontOptions) (http.Handler, error) {
 			pr.Out = markSent(pr.In, pr.Out)
 			pr.SetURL(upstream)
 			in, h := pr.In.Header, pr.Out.Header
+			if upgradesToH2C(h) {
+				// An h2c upgrade would turn the connection into an HTTP/2
+				// one to the upstream, which ReverseProxy then relays as
+				// bytes: every request sent over it after this one would
+				// reach the upstream unbilled and without a caller ("h2c
+				// smuggling"). The proxy drops the offer, as a server may
+				// (RFC 9110 section 7.8), and this request goes on as
+				// HTTP/1.1. WebSocket and other upgrades pass.
+				h.Del("Upgrade")
+				h.Del("Connection")
+				h.Del("HTTP2-Settings")
+			}
 			peer, _, err := net.SplitHostPort(pr.In.RemoteAddr)
 			if err != nil {
 				peer = "" // SetXForwarded then sets no X-Forwarded-For
@@ -172,6 +185,20 @@ func NewProxy(upstream *url.URL, opts FrontOptions) (http.Handler, error) {
 		ErrorLog: slog.NewLogLogger(log.With("subsystem", "proxy").Handler(), slog.LevelWarn),
 	}
 	return &front{opts: opts, next: rp, proxy: true, base: upstream.Path}, nil // NB: opts.defaults ran above
+}
+
+// upgradesToH2C reports whether h offers an upgrade to h2c (RFC 7540
+// section 3.2) among its Upgrade protocols.
+func upgradesToH2C(h http.Header) bool {
+	for _, v := range h.Values("Upgrade") {
+		for _, p := range strings.Split(v, ",") {
+			name, _, _ := strings.Cut(strings.TrimSpace(p), "/")
+			if strings.EqualFold(name, "h2c") {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // forwardedElement is the proxy's own element of Forwarded (RFC 7239):

@@ -14,6 +14,7 @@ import (
 	"net/textproto"
 	"net/url"
 	"path"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -857,6 +858,77 @@ func TestTrustForwarded(t *testing.T) {
 		if v := strings.Join(got.Values("Via"), ", "); v != "1.1 lb, 1.1 quotad" {
 			t.Errorf("trust %v: upstream saw Via %q, want %q", trust, v, "1.1 lb, 1.1 quotad")
 		}
+	}
+}
+
+// An offer to upgrade to h2c does not reach the upstream: once switched,
+// the connection would carry HTTP/2 requests to the upstream that the
+// proxy relays as bytes, unbilled. The request is served as HTTP/1.1 and
+// billed once; a WebSocket upgrade still passes.
+func TestProxyDropsH2CUpgrade(t *testing.T) {
+	var mu sync.Mutex
+	var sawUpgrade []string
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		sawUpgrade = append(sawUpgrade, r.Header.Get("Upgrade")+"|"+r.Header.Get("HTTP2-Settings"))
+		mu.Unlock()
+		if p := r.Header.Get("Upgrade"); p != "" { // switch, as an h2c or WebSocket server does
+			conn, brw, err := http.NewResponseController(w).Hijack()
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			defer conn.Close()
+			brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: " + p + "\r\n\r\n")
+			brw.Flush()
+			return
+		}
+		io.WriteString(w, "served over HTTP/1.1")
+	}))
+	defer up.Close()
+	u, _ := url.Parse(up.URL)
+	ch := &fakeCharger{decision: okDecision()}
+	proxy, err := NewProxy(u, FrontOptions{Charger: ch, Config: testConfig(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	front := httptest.NewServer(proxy)
+	defer front.Close()
+	send := func(connection, upgrade string) string {
+		conn, err := net.Dial("tcp", strings.TrimPrefix(front.URL, "http://"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		conn.SetDeadline(time.Now().Add(10 * time.Second))
+		fmt.Fprintf(conn, "GET /v1/tasks HTTP/1.1\r\nHost: api.example.com\r\nX-Api-Key: secret\r\nConnection: %s\r\nUpgrade: %s\r\nHTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\n\r\n", connection, upgrade)
+		line, err := bufio.NewReader(conn).ReadString('\n')
+		if err != nil {
+			t.Fatalf("Upgrade: %s: %v", upgrade, err)
+		}
+		return strings.TrimSpace(line)
+	}
+	for _, offer := range []struct{ connection, upgrade string }{
+		{"Upgrade, HTTP2-Settings", "h2c"},
+		{"Upgrade", "H2C"},
+		{"Upgrade, HTTP2-Settings", "foo/2, h2c"},
+	} {
+		if got := send(offer.connection, offer.upgrade); got != "HTTP/1.1 200 OK" {
+			t.Errorf("Upgrade: %s: the client got %q, want the request served as HTTP/1.1 (200)", offer.upgrade, got)
+		}
+	}
+	if got := send("Upgrade", "websocket"); got != "HTTP/1.1 101 Switching Protocols" {
+		t.Errorf("Upgrade: websocket: the client got %q, want the upgrade to pass", got)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if want := []string{"|", "|", "|", "websocket|AAMAAABkAARAAAAAAAIAAAAA"}; !slices.Equal(sawUpgrade, want) {
+		t.Errorf("the upstream saw Upgrade|HTTP2-Settings %q, want %q", sawUpgrade, want)
+	}
+	ch.mu.Lock()
+	defer ch.mu.Unlock()
+	if len(ch.charges) != 4 {
+		t.Errorf("%d charges for 4 requests", len(ch.charges))
 	}
 }
 
