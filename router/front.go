@@ -457,6 +457,47 @@ func (f *front) pricedHost(r *http.Request) string {
 	return r.Host
 }
 
+// methodOverrides are the headers with which a POST asks the framework
+// behind it to run it as another method: Rack's MethodOverride, Symfony
+// and Laravel, Express's method-override, Google's APIs.
+var methodOverrides = []string{"X-HTTP-Method-Override", "X-HTTP-Method", "X-Method-Override"}
+
+// pricedMethod is the method a request is priced by. A POST that names
+// another method in a method-override header may run as that method
+// upstream, so it is priced as the dearer of the two: priced as a POST,
+// a cheap POST /v1/things carrying "X-HTTP-Method-Override: DELETE" was
+// served as a dear DELETE and billed as a POST. An upstream that ignores
+// the header bills no less than the POST.
+func pricedMethod(snap *snapshot.Snapshot, r *http.Request, host string) string {
+	if r.Method != http.MethodPost {
+		return r.Method // the frameworks override POSTs only
+	}
+	method := r.Method
+	_, units, _ := snap.Routes.MatchRedirect(method, host, r.URL.EscapedPath())
+	for _, h := range methodOverrides {
+		for _, v := range r.Header.Values(h) {
+			m := strings.ToUpper(strings.TrimSpace(v))
+			if m == "" || m == method || !validMethod(m) {
+				continue
+			}
+			if _, u, _ := snap.Routes.MatchRedirect(m, host, r.URL.EscapedPath()); u > units {
+				method, units = m, u
+			}
+		}
+	}
+	return method
+}
+
+// validMethod reports whether m is a method token (RFC 9110 section 9.1).
+func validMethod(m string) bool {
+	for i := 0; i < len(m); i++ {
+		if !tokenChar(m[i]) {
+			return false
+		}
+	}
+	return m != ""
+}
+
 // admit resolves the key and the route, and charges. A refusal comes back
 // as a problem (with the charge's decision when there is one).
 func (f *front) admit(r *http.Request) (*charged, *Problem) {
@@ -471,7 +512,9 @@ func (f *front) admit(r *http.Request) (*charged, *Problem) {
 	if f.bodyBounded(r) && r.ContentLength > f.opts.MaxBodyBytes {
 		return nil, tooLarge(f.opts.MaxBodyBytes)
 	}
-	route, units, redirect := snap.Routes.MatchRedirect(r.Method, f.pricedHost(r), r.URL.EscapedPath())
+	host := f.pricedHost(r)
+	method := pricedMethod(snap, r, host)
+	route, units, redirect := snap.Routes.MatchRedirect(method, host, r.URL.EscapedPath())
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), f.opts.ChargeTimeout)
 	defer cancel()
 	req := ChargeRequest{Account: key.Account, EventID: eventID, ClientID: eventID != "", Key: key.ID, Route: route, Units: units}
@@ -501,7 +544,7 @@ func (f *front) admit(r *http.Request) (*charged, *Problem) {
 	c := &charged{Caller: Caller{Account: key.Account, KeyID: key.ID, Route: route, Units: units, EventID: res.EventID,
 		Replayed: res.Reason == shard.Replayed, Decision: res.Decision}, durable: durable, hard: hardQuota(snap, key.Account)}
 	if redirect {
-		c.canonical = canonicalPath(snap, r.Method, f.pricedHost(r), r.URL.EscapedPath())
+		c.canonical = canonicalPath(snap, method, host, r.URL.EscapedPath())
 	}
 	if !res.Reason.Accepted() {
 		if durable != nil {

@@ -932,6 +932,47 @@ func TestProxyDropsH2CUpgrade(t *testing.T) {
 	}
 }
 
+// A POST that asks for another method in a method-override header (which
+// Rack, Symfony, Laravel and Express's method-override honour) is priced as
+// the dearer of the two; other methods, and headers that name no method,
+// are priced as sent.
+func TestMethodOverrideIsPricedAsTheDearerMethod(t *testing.T) {
+	s, err := snapshot.Decode([]byte(`{"version":1,"plans":[{"id":"p","monthly_quota":100,"hard":true}],
+		"accounts":[{"id":"acme","plan":"p"}],"keys":[{"id":"k1","hash":"` + snapshot.HashKey("secret") + `","account":"acme"}],
+		"routes":{"version":1,"default":1,"weights":{"POST /v1/things":2,"PUT /v1/things":5,"DELETE /v1/things":10}}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ch := &fakeCharger{decision: okDecision()}
+	ok := http.HandlerFunc(func(http.ResponseWriter, *http.Request) {})
+	for _, tc := range []struct {
+		method  string
+		headers map[string][]string
+		route   string
+		units   int64
+	}{
+		{"POST", nil, "POST /v1/things", 2},
+		{"POST", map[string][]string{"X-Http-Method-Override": {"DELETE"}}, "DELETE /v1/things", 10},
+		{"POST", map[string][]string{"X-Http-Method": {"put"}}, "PUT /v1/things", 5},
+		{"POST", map[string][]string{"X-Method-Override": {"PUT"}, "X-Http-Method-Override": {"DELETE"}}, "DELETE /v1/things", 10},
+		{"POST", map[string][]string{"X-Http-Method-Override": {"GET"}}, "POST /v1/things", 2}, // cheaper: as a POST
+		{"POST", map[string][]string{"X-Http-Method-Override": {"DE LETE"}}, "POST /v1/things", 2},
+		{"GET", map[string][]string{"X-Http-Method-Override": {"DELETE"}}, "*", 1}, // frameworks override POSTs only
+	} {
+		req := newRequest(tc.method, "/v1/things", nil)
+		for k, v := range tc.headers {
+			req.Header[k] = v
+		}
+		serve(t, FrontOptions{Charger: ch, Config: staticConfig{s}}, ok, req)
+		ch.mu.Lock()
+		got := ch.charges[len(ch.charges)-1]
+		ch.mu.Unlock()
+		if got.Route != tc.route || got.Units != tc.units {
+			t.Errorf("%s /v1/things with %v: charged %d units as %q, want %d as %q", tc.method, tc.headers, got.Units, got.Route, tc.units, tc.route)
+		}
+	}
+}
+
 // A route pattern with a host part bills requests to that host: the front
 // matches with the request's Host, not a placeholder.
 func TestRouteWithHostIsBilled(t *testing.T) {
