@@ -472,13 +472,15 @@ func pricedMethod(snap *snapshot.Snapshot, r *http.Request, host string) string 
 	if r.Method != http.MethodPost {
 		return r.Method // the frameworks override POSTs only
 	}
-	method := r.Method
-	_, units, _ := snap.Routes.MatchRedirect(method, host, r.URL.EscapedPath())
+	method, units := r.Method, int64(-1) // units: the POST's, once looked up
 	for _, h := range methodOverrides {
 		for _, v := range r.Header.Values(h) {
 			m := strings.ToUpper(strings.TrimSpace(v))
 			if m == "" || m == method || !validMethod(m) {
 				continue
+			}
+			if units < 0 {
+				_, units, _ = snap.Routes.MatchRedirect(method, host, r.URL.EscapedPath())
 			}
 			if _, u, _ := snap.Routes.MatchRedirect(m, host, r.URL.EscapedPath()); u > units {
 				method, units = m, u
