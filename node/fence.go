@@ -105,8 +105,6 @@ func (n *Node) StopFenced(ctx context.Context) error {
 	n.leaving.Store(true)
 	n.stopServersNow()
 	n.stopLoops()
-	err := n.finalSettle(ctx)
-	n.closeAll()
 	cause := ErrFenced
 	select {
 	case <-n.fenced: // fenceCause was written before fenced closed
@@ -115,6 +113,11 @@ func (n *Node) StopFenced(ctx context.Context) error {
 		}
 	default: // stopped as fenced without being fenced: say the usual
 	}
+	var err error
+	if !errors.Is(cause, errWrongLedger) { // NB: not into a ledger that is not the cluster's
+		err = n.finalSettle(ctx)
+	}
+	n.closeAll()
 	if err != nil {
 		return fmt.Errorf("node %s: %w; %w", n.cfg.ID, cause, err)
 	}

@@ -353,6 +353,13 @@ func (n *Node) retryLedger(ctx context.Context) {
 			return
 		case <-t.C:
 			if n.connectLedger(ctx, false) {
+				// Reached late: serving already, from the data dir's
+				// config. A ledger that is not the peers' stops it; what
+				// its log holds stays there, for a start on the right one.
+				if err := n.checkSharedLedger(ctx); err != nil {
+					n.fenceWith(err, "this node's ledger, reached late (it was down at start), is not the one its peers settle into: this node stops taking charges and exits; "+
+						"its log keeps what it took, unsettled, for a start with the right --ledger", "err", err)
+				}
 				return
 			}
 		}

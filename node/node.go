@@ -349,6 +349,9 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	if err := n.serve(); err != nil {
 		return nil, err
 	}
+	if err := n.checkSharedLedger(ctx); err != nil {
+		return nil, fmt.Errorf("node: %w", err) // before it takes any account
+	}
 	if why := n.notServable(); why != "" {
 		n.log.Warn("not taking accounts yet: " + why + "; it stays a member of the ring that owns nothing, and the other nodes serve every account meanwhile")
 		n.goLoop(n.awaitServable)
@@ -570,7 +573,7 @@ func (n *Node) joinRing(rc ring.Config) error {
 	}
 	n.ring.Store(r)
 	n.router, err = router.New(router.Config{Engine: n.eng, Ring: r, Faults: n.faults, Token: n.rpcToken(), TLS: n.rpcTLS.client,
-		Logger: n.log.With("component", "router")})
+		Logger: n.log.With("component", "router"), LedgerStart: n.ledgerStart})
 	if err != nil {
 		return err
 	}

@@ -87,6 +87,10 @@ type Config struct {
 	// TLSFiles.ClientConfig); nil forwards in plaintext.
 	TLS    *tls.Config
 	Logger *slog.Logger
+	// LedgerStart, when set, answers the LedgerStart RPC: the process
+	// recorded at a node id's latest start in this node's ledger ("" for
+	// none). Nil answers Unimplemented.
+	LedgerStart func(ctx context.Context, node string) (process string, err error)
 }
 
 // ChargeRequest is one charge.

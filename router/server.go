@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -255,6 +256,42 @@ func (s *server) Usage(ctx context.Context, req *pb.UsageRequest) (*pb.UsageRepl
 	}
 	return &pb.UsageReply{Known: known, Period: u.Period.String(), Limit: u.Limit, Used: u.Used, Remaining: u.Remaining,
 		Reset_: u.Reset, Routes: u.Routes, Node: s.r.self}, nil
+}
+
+// LedgerStart reads a node id's latest start from this node's ledger
+// (Config.LedgerStart), within ledgerStartTimeout.
+func (s *server) LedgerStart(ctx context.Context, req *pb.LedgerStartRequest) (*pb.LedgerStartReply, error) {
+	if s.r.cfg.LedgerStart == nil {
+		return nil, status.Error(codes.Unimplemented, "router: this node does not read its ledger for peers")
+	}
+	if req.Node == "" {
+		return nil, status.Error(codes.InvalidArgument, "router: LedgerStart needs a node id")
+	}
+	ctx, cancel := context.WithTimeout(ctx, ledgerStartTimeout)
+	defer cancel()
+	process, err := s.r.cfg.LedgerStart(ctx, req.Node)
+	if err != nil {
+		return nil, status.Errorf(codes.Unavailable, "router: read node %s's latest start from the ledger: %v", req.Node, err)
+	}
+	return &pb.LedgerStartReply{Process: process, Node: s.r.self}, nil
+}
+
+// ledgerStartTimeout bounds the ledger read LedgerStart does for a peer.
+const ledgerStartTimeout = 5 * time.Second
+
+// PeerLedgerStart asks the node at addr (its RPC address) which process
+// its ledger recorded at node's latest start, and returns the process and
+// the id of the node that answered.
+func (r *Router) PeerLedgerStart(ctx context.Context, addr, node string) (process, answered string, err error) {
+	p, err := r.peers.get(addr)
+	if err != nil {
+		return "", "", err
+	}
+	rep, err := p.client.LedgerStart(ctx, &pb.LedgerStartRequest{Node: node})
+	if err != nil {
+		return "", "", err
+	}
+	return rep.Process, rep.Node, nil
 }
 
 func (s *server) RingView(context.Context, *pb.RingViewRequest) (*pb.RingViewReply, error) {

@@ -1617,6 +1617,105 @@ func (x *ConfigReply) GetNode() string {
 	return ""
 }
 
+type LedgerStartRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Node          string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LedgerStartRequest) Reset() {
+	*x = LedgerStartRequest{}
+	mi := &file_quota_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LedgerStartRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LedgerStartRequest) ProtoMessage() {}
+
+func (x *LedgerStartRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_quota_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LedgerStartRequest.ProtoReflect.Descriptor instead.
+func (*LedgerStartRequest) Descriptor() ([]byte, []int) {
+	return file_quota_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *LedgerStartRequest) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+type LedgerStartReply struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The random name the process gave itself at the node id's latest
+	// recorded start; empty when the ledger has no start of it.
+	Process string `protobuf:"bytes,1,opt,name=process,proto3" json:"process,omitempty"`
+	// The node that answered.
+	Node          string `protobuf:"bytes,2,opt,name=node,proto3" json:"node,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LedgerStartReply) Reset() {
+	*x = LedgerStartReply{}
+	mi := &file_quota_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LedgerStartReply) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LedgerStartReply) ProtoMessage() {}
+
+func (x *LedgerStartReply) ProtoReflect() protoreflect.Message {
+	mi := &file_quota_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LedgerStartReply.ProtoReflect.Descriptor instead.
+func (*LedgerStartReply) Descriptor() ([]byte, []int) {
+	return file_quota_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *LedgerStartReply) GetProcess() string {
+	if x != nil {
+		return x.Process
+	}
+	return ""
+}
+
+func (x *LedgerStartReply) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
 var File_quota_proto protoreflect.FileDescriptor
 
 const file_quota_proto_rawDesc = "" +
@@ -1751,7 +1850,12 @@ const file_quota_proto_rawDesc = "" +
 	"\aversion\x18\x01 \x01(\x03R\aversion\x12\x1c\n" +
 	"\tunchanged\x18\x02 \x01(\bR\tunchanged\x12\x1a\n" +
 	"\bsnapshot\x18\x03 \x01(\fR\bsnapshot\x12\x12\n" +
-	"\x04node\x18\x04 \x01(\tR\x04node*\xce\x01\n" +
+	"\x04node\x18\x04 \x01(\tR\x04node\"(\n" +
+	"\x12LedgerStartRequest\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\"@\n" +
+	"\x10LedgerStartReply\x12\x18\n" +
+	"\aprocess\x18\x01 \x01(\tR\aprocess\x12\x12\n" +
+	"\x04node\x18\x02 \x01(\tR\x04node*\xce\x01\n" +
 	"\x06Reason\x12\x16\n" +
 	"\x12REASON_UNSPECIFIED\x10\x00\x12\x06\n" +
 	"\x02OK\x10\x01\x12\f\n" +
@@ -1765,13 +1869,14 @@ const file_quota_proto_rawDesc = "" +
 	"\aINVALID\x10\t\x12\b\n" +
 	"\x04KEPT\x10\n" +
 	"\x12\r\n" +
-	"\tID_REUSED\x10\v2\xd4\x02\n" +
+	"\tID_REUSED\x10\v2\xa5\x03\n" +
 	"\x05Quota\x12@\n" +
 	"\x06Charge\x12\x19.quotaring.v1.ChargeBatch\x1a\x1b.quotaring.v1.ChargeReplies\x12@\n" +
 	"\x06Refund\x12\x19.quotaring.v1.RefundBatch\x1a\x1b.quotaring.v1.RefundReplies\x12=\n" +
 	"\x05Usage\x12\x1a.quotaring.v1.UsageRequest\x1a\x18.quotaring.v1.UsageReply\x12F\n" +
 	"\bRingView\x12\x1d.quotaring.v1.RingViewRequest\x1a\x1b.quotaring.v1.RingViewReply\x12@\n" +
-	"\x06Config\x12\x1b.quotaring.v1.ConfigRequest\x1a\x19.quotaring.v1.ConfigReplyB*Z(github.com/quotaring/quotaring/router/pbb\x06proto3"
+	"\x06Config\x12\x1b.quotaring.v1.ConfigRequest\x1a\x19.quotaring.v1.ConfigReply\x12O\n" +
+	"\vLedgerStart\x12 .quotaring.v1.LedgerStartRequest\x1a\x1e.quotaring.v1.LedgerStartReplyB*Z(github.com/quotaring/quotaring/router/pbb\x06proto3"
 
 var (
 	file_quota_proto_rawDescOnce sync.Once
@@ -1786,31 +1891,33 @@ func file_quota_proto_rawDescGZIP() []byte {
 }
 
 var file_quota_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_quota_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
+var file_quota_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
 var file_quota_proto_goTypes = []any{
-	(Reason)(0),             // 0: quotaring.v1.Reason
-	(Error_Code)(0),         // 1: quotaring.v1.Error.Code
-	(*ChargeRequest)(nil),   // 2: quotaring.v1.ChargeRequest
-	(*ChargeBatch)(nil),     // 3: quotaring.v1.ChargeBatch
-	(*Decision)(nil),        // 4: quotaring.v1.Decision
-	(*Alloc)(nil),           // 5: quotaring.v1.Alloc
-	(*Receipt)(nil),         // 6: quotaring.v1.Receipt
-	(*WrongOwner)(nil),      // 7: quotaring.v1.WrongOwner
-	(*Error)(nil),           // 8: quotaring.v1.Error
-	(*ChargeReply)(nil),     // 9: quotaring.v1.ChargeReply
-	(*ChargeReplies)(nil),   // 10: quotaring.v1.ChargeReplies
-	(*RefundRequest)(nil),   // 11: quotaring.v1.RefundRequest
-	(*RefundBatch)(nil),     // 12: quotaring.v1.RefundBatch
-	(*RefundReply)(nil),     // 13: quotaring.v1.RefundReply
-	(*RefundReplies)(nil),   // 14: quotaring.v1.RefundReplies
-	(*UsageRequest)(nil),    // 15: quotaring.v1.UsageRequest
-	(*UsageReply)(nil),      // 16: quotaring.v1.UsageReply
-	(*RingViewRequest)(nil), // 17: quotaring.v1.RingViewRequest
-	(*Member)(nil),          // 18: quotaring.v1.Member
-	(*RingViewReply)(nil),   // 19: quotaring.v1.RingViewReply
-	(*ConfigRequest)(nil),   // 20: quotaring.v1.ConfigRequest
-	(*ConfigReply)(nil),     // 21: quotaring.v1.ConfigReply
-	nil,                     // 22: quotaring.v1.UsageReply.RoutesEntry
+	(Reason)(0),                // 0: quotaring.v1.Reason
+	(Error_Code)(0),            // 1: quotaring.v1.Error.Code
+	(*ChargeRequest)(nil),      // 2: quotaring.v1.ChargeRequest
+	(*ChargeBatch)(nil),        // 3: quotaring.v1.ChargeBatch
+	(*Decision)(nil),           // 4: quotaring.v1.Decision
+	(*Alloc)(nil),              // 5: quotaring.v1.Alloc
+	(*Receipt)(nil),            // 6: quotaring.v1.Receipt
+	(*WrongOwner)(nil),         // 7: quotaring.v1.WrongOwner
+	(*Error)(nil),              // 8: quotaring.v1.Error
+	(*ChargeReply)(nil),        // 9: quotaring.v1.ChargeReply
+	(*ChargeReplies)(nil),      // 10: quotaring.v1.ChargeReplies
+	(*RefundRequest)(nil),      // 11: quotaring.v1.RefundRequest
+	(*RefundBatch)(nil),        // 12: quotaring.v1.RefundBatch
+	(*RefundReply)(nil),        // 13: quotaring.v1.RefundReply
+	(*RefundReplies)(nil),      // 14: quotaring.v1.RefundReplies
+	(*UsageRequest)(nil),       // 15: quotaring.v1.UsageRequest
+	(*UsageReply)(nil),         // 16: quotaring.v1.UsageReply
+	(*RingViewRequest)(nil),    // 17: quotaring.v1.RingViewRequest
+	(*Member)(nil),             // 18: quotaring.v1.Member
+	(*RingViewReply)(nil),      // 19: quotaring.v1.RingViewReply
+	(*ConfigRequest)(nil),      // 20: quotaring.v1.ConfigRequest
+	(*ConfigReply)(nil),        // 21: quotaring.v1.ConfigReply
+	(*LedgerStartRequest)(nil), // 22: quotaring.v1.LedgerStartRequest
+	(*LedgerStartReply)(nil),   // 23: quotaring.v1.LedgerStartReply
+	nil,                        // 24: quotaring.v1.UsageReply.RoutesEntry
 }
 var file_quota_proto_depIdxs = []int32{
 	2,  // 0: quotaring.v1.ChargeBatch.charges:type_name -> quotaring.v1.ChargeRequest
@@ -1829,20 +1936,22 @@ var file_quota_proto_depIdxs = []int32{
 	8,  // 13: quotaring.v1.RefundReply.error:type_name -> quotaring.v1.Error
 	13, // 14: quotaring.v1.RefundReplies.replies:type_name -> quotaring.v1.RefundReply
 	7,  // 15: quotaring.v1.UsageReply.wrong_owner:type_name -> quotaring.v1.WrongOwner
-	22, // 16: quotaring.v1.UsageReply.routes:type_name -> quotaring.v1.UsageReply.RoutesEntry
+	24, // 16: quotaring.v1.UsageReply.routes:type_name -> quotaring.v1.UsageReply.RoutesEntry
 	18, // 17: quotaring.v1.RingViewReply.members:type_name -> quotaring.v1.Member
 	3,  // 18: quotaring.v1.Quota.Charge:input_type -> quotaring.v1.ChargeBatch
 	12, // 19: quotaring.v1.Quota.Refund:input_type -> quotaring.v1.RefundBatch
 	15, // 20: quotaring.v1.Quota.Usage:input_type -> quotaring.v1.UsageRequest
 	17, // 21: quotaring.v1.Quota.RingView:input_type -> quotaring.v1.RingViewRequest
 	20, // 22: quotaring.v1.Quota.Config:input_type -> quotaring.v1.ConfigRequest
-	10, // 23: quotaring.v1.Quota.Charge:output_type -> quotaring.v1.ChargeReplies
-	14, // 24: quotaring.v1.Quota.Refund:output_type -> quotaring.v1.RefundReplies
-	16, // 25: quotaring.v1.Quota.Usage:output_type -> quotaring.v1.UsageReply
-	19, // 26: quotaring.v1.Quota.RingView:output_type -> quotaring.v1.RingViewReply
-	21, // 27: quotaring.v1.Quota.Config:output_type -> quotaring.v1.ConfigReply
-	23, // [23:28] is the sub-list for method output_type
-	18, // [18:23] is the sub-list for method input_type
+	22, // 23: quotaring.v1.Quota.LedgerStart:input_type -> quotaring.v1.LedgerStartRequest
+	10, // 24: quotaring.v1.Quota.Charge:output_type -> quotaring.v1.ChargeReplies
+	14, // 25: quotaring.v1.Quota.Refund:output_type -> quotaring.v1.RefundReplies
+	16, // 26: quotaring.v1.Quota.Usage:output_type -> quotaring.v1.UsageReply
+	19, // 27: quotaring.v1.Quota.RingView:output_type -> quotaring.v1.RingViewReply
+	21, // 28: quotaring.v1.Quota.Config:output_type -> quotaring.v1.ConfigReply
+	23, // 29: quotaring.v1.Quota.LedgerStart:output_type -> quotaring.v1.LedgerStartReply
+	24, // [24:30] is the sub-list for method output_type
+	18, // [18:24] is the sub-list for method input_type
 	18, // [18:18] is the sub-list for extension type_name
 	18, // [18:18] is the sub-list for extension extendee
 	0,  // [0:18] is the sub-list for field type_name
@@ -1859,7 +1968,7 @@ func file_quota_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_quota_proto_rawDesc), len(file_quota_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   21,
+			NumMessages:   23,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -23,11 +23,12 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Quota_Charge_FullMethodName   = "/quotaring.v1.Quota/Charge"
-	Quota_Refund_FullMethodName   = "/quotaring.v1.Quota/Refund"
-	Quota_Usage_FullMethodName    = "/quotaring.v1.Quota/Usage"
-	Quota_RingView_FullMethodName = "/quotaring.v1.Quota/RingView"
-	Quota_Config_FullMethodName   = "/quotaring.v1.Quota/Config"
+	Quota_Charge_FullMethodName      = "/quotaring.v1.Quota/Charge"
+	Quota_Refund_FullMethodName      = "/quotaring.v1.Quota/Refund"
+	Quota_Usage_FullMethodName       = "/quotaring.v1.Quota/Usage"
+	Quota_RingView_FullMethodName    = "/quotaring.v1.Quota/RingView"
+	Quota_Config_FullMethodName      = "/quotaring.v1.Quota/Config"
+	Quota_LedgerStart_FullMethodName = "/quotaring.v1.Quota/LedgerStart"
 )
 
 // QuotaClient is the client API for Quota service.
@@ -45,6 +46,11 @@ type QuotaClient interface {
 	// Config is the node's config snapshot (keys by hash, routes, plans), for
 	// embedded clients that run the HTTP middleware themselves.
 	Config(ctx context.Context, in *ConfigRequest, opts ...grpc.CallOption) (*ConfigReply, error)
+	// LedgerStart reads, from this node's ledger, the latest recorded start
+	// of a node id: a starting node asks its peers for its own, to check
+	// that it settles into the ledger they settle into. Unavailable when
+	// this node cannot read its ledger now.
+	LedgerStart(ctx context.Context, in *LedgerStartRequest, opts ...grpc.CallOption) (*LedgerStartReply, error)
 }
 
 type quotaClient struct {
@@ -105,6 +111,16 @@ func (c *quotaClient) Config(ctx context.Context, in *ConfigRequest, opts ...grp
 	return out, nil
 }
 
+func (c *quotaClient) LedgerStart(ctx context.Context, in *LedgerStartRequest, opts ...grpc.CallOption) (*LedgerStartReply, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(LedgerStartReply)
+	err := c.cc.Invoke(ctx, Quota_LedgerStart_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // QuotaServer is the server API for Quota service.
 // All implementations must embed UnimplementedQuotaServer
 // for forward compatibility.
@@ -120,6 +136,11 @@ type QuotaServer interface {
 	// Config is the node's config snapshot (keys by hash, routes, plans), for
 	// embedded clients that run the HTTP middleware themselves.
 	Config(context.Context, *ConfigRequest) (*ConfigReply, error)
+	// LedgerStart reads, from this node's ledger, the latest recorded start
+	// of a node id: a starting node asks its peers for its own, to check
+	// that it settles into the ledger they settle into. Unavailable when
+	// this node cannot read its ledger now.
+	LedgerStart(context.Context, *LedgerStartRequest) (*LedgerStartReply, error)
 	mustEmbedUnimplementedQuotaServer()
 }
 
@@ -144,6 +165,9 @@ func (UnimplementedQuotaServer) RingView(context.Context, *RingViewRequest) (*Ri
 }
 func (UnimplementedQuotaServer) Config(context.Context, *ConfigRequest) (*ConfigReply, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method Config not implemented")
+}
+func (UnimplementedQuotaServer) LedgerStart(context.Context, *LedgerStartRequest) (*LedgerStartReply, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method LedgerStart not implemented")
 }
 func (UnimplementedQuotaServer) mustEmbedUnimplementedQuotaServer() {}
 func (UnimplementedQuotaServer) testEmbeddedByValue()               {}
@@ -256,6 +280,24 @@ func _Quota_Config_Handler(srv interface{}, ctx context.Context, dec func(interf
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Quota_LedgerStart_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(LedgerStartRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(QuotaServer).LedgerStart(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Quota_LedgerStart_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(QuotaServer).LedgerStart(ctx, req.(*LedgerStartRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Quota_ServiceDesc is the grpc.ServiceDesc for Quota service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -282,6 +324,10 @@ var Quota_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Config",
 			Handler:    _Quota_Config_Handler,
+		},
+		{
+			MethodName: "LedgerStart",
+			Handler:    _Quota_LedgerStart_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
