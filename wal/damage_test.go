@@ -328,6 +328,22 @@ func TestMissingSSTableIsNamed(t *testing.T) {
 	requireBothRefuse(t, dir, sst, "is missing", "restore that file", "quotad revoke --node")
 }
 
+// A truncated sstable got Pebble's own message ("L6: 000019: object size
+// mismatch (...): 50000 (disk) != 113754 (MANIFEST)") and no remedy: it is
+// named, with both sizes and the remedy.
+func TestTruncatedSSTableIsNamed(t *testing.T) {
+	dir, sst := flushedDir(t, 40)
+	fi, err := os.Stat(sst)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(sst, fi.Size()/2); err != nil {
+		t.Fatal(err)
+	}
+	requireBothRefuse(t, dir, sst, fmt.Sprintf("is %d bytes long, but its MANIFEST says %d", fi.Size()/2, fi.Size()),
+		"restore that file", "quotad revoke --node")
+}
+
 // TestReadOnlyLeavesDirUnchanged opens the dir of a killed node (records
 // only in Pebble's WAL) with ReadOnly: the records are there to read,
 // writes are refused, and every file of the dir is byte-identical after

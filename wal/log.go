@@ -259,6 +259,14 @@ func openError(opts Options, err error) error {
 			}
 		}
 	}
+	if m := truncatedTable.FindStringSubmatch(err.Error()); m != nil {
+		return &damagedFileError{
+			msg: fmt.Sprintf("%s: dir %s: the sstable %s is %s bytes long, but its MANIFEST says %s: it was cut short or changed "+
+				"(a copy that did not finish, a full disk while copying); it holds records: restore that file from a copy of the disk and "+
+				"start again; if it cannot be restored, %s", ErrCorrupt, opts.Dir, m[1], m[2], m[3], remedy(opts.NodeID)),
+			cause: err,
+		}
+	}
 	if pebble.IsCorruptionError(err) && pebble.ExtractDataCorruptionInfo(err) == nil {
 		// Not an sstable: most likely a WAL that Pebble knows was synced
 		// past the damage. Name the file and offset if it is one.
@@ -603,6 +611,10 @@ func lockHeld(err error) bool {
 
 // missingTable finds the number of the sstable in Pebble's error for a file
 // its MANIFEST lists that is not in the dir.
+// truncatedTable finds, in Pebble's error, an sstable whose size on disk
+// is not the one its MANIFEST recorded (the first, when there are several).
+var truncatedTable = regexp.MustCompile(`object size mismatch \(([^)]+)\): (\d+) \(disk\) != (\d+) \(MANIFEST\)`)
+
 var missingTable = regexp.MustCompile(`file (\d+) \(type sstable\) unknown`)
 
 // missingManifest matches Pebble's error for a MANIFEST its marker names
