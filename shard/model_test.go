@@ -244,3 +244,37 @@ func spent(a *Account) []GrantView {
 	}
 	return out
 }
+
+// A bucket never holds more than its burst: hammered every nanosecond with
+// a rate whose tokens are not small against its period, every window
+// [s, s+t] between two admissions admits at most burst + floor(t·Tokens/Per)
+// (G7, exact). A refill that lands exactly where the bucket fills up must
+// stop at the capacity: keeping the few credits past it admitted one request
+// a nanosecond early, one over the bound.
+func TestBucketNeverHoldsMoreThanItsBurst(t *testing.T) {
+	for _, c := range []struct {
+		tokens, burst int64
+		per           time.Duration
+	}{{3, 1, 10}, {3, 2, 10}, {7, 1, 10}, {4, 3, 9}} {
+		t.Run(fmt.Sprintf("%d/%dns,b=%d", c.tokens, c.per, c.burst), func(t *testing.T) {
+			plan := Plan{Rate: Rate{Tokens: c.tokens, Per: c.per}, Burst: c.burst}
+			var b Bucket
+			var admitted []int64
+			for ns := int64(0); ns < 2000; ns++ {
+				b.refill(&plan, ns)
+				for ok, _ := b.allow(&plan); ok; ok, _ = b.allow(&plan) {
+					b.take(&plan)
+					admitted = append(admitted, ns)
+				}
+			}
+			for i := range admitted {
+				for j := i; j < len(admitted); j++ {
+					span := admitted[j] - admitted[i]
+					if n, bound := int64(j-i+1), c.burst+span*c.tokens/int64(c.per); n > bound {
+						t.Fatalf("%d admitted in [%d, %d] ns, bound burst + floor(t·rate) = %d", n, admitted[i], admitted[j], bound)
+					}
+				}
+			}
+		})
+	}
+}
