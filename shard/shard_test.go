@@ -133,6 +133,7 @@ func TestAlteredOrMisplacedReceiptIsRefused(t *testing.T) {
 		"b's receipt on a":            {a, alter(func(*Receipt) {})},
 		"units above its allocations": {b, alter(func(r *Receipt) { r.Units = 41 })},
 		"more than the grant used":    {b, alter(func(r *Receipt) { r.Units, r.Allocs[0].Units = 500, 500 })},
+		"one unit over the grant use": {b, alter(func(r *Receipt) { r.Units, r.Allocs[0].Units = 41, 41 })},
 		"a negative allocation":       {b, alter(func(r *Receipt) { r.Units, r.Allocs = 40, append(r.Allocs, Alloc{Grant: r.Allocs[0].Grant, Units: -1}) })},
 	} {
 		before := c.acct.Usage(now)
@@ -1019,5 +1020,174 @@ func TestChargeAboveMaxUnitsIsInvalid(t *testing.T) {
 	var back Record
 	if err := back.Decode(rec.AppendEncode(nil)); err != nil || back.Units != MaxUnits {
 		t.Fatalf("the record of a MaxUnits charge: %v, units %d", err, back.Units)
+	}
+}
+
+// At a rollover the previous month's grant stays (its charges may still be
+// refunded, see Refundable), with the use it had: a receipt of a June charge
+// refunded in July is checked against June's use and returns the units to
+// June, never to July. A grant dropped a month early let a receipt claiming
+// more than June ever used through.
+func TestLastMonthsGrantOutlivesTheRollover(t *testing.T) {
+	p := DefaultParams()
+	a := NewAccount(AccountConfig{ID: "a", Plan: hardPlan(100)})
+	june := at("2026-06-30T23:00:00Z")
+	var rec Record
+	if d := a.Charge(&Charge{EventID: "gen-1", Units: 40, Route: "r"}, june, &p, &rec); d.Reason != OK {
+		t.Fatal(d.Reason)
+	}
+	good := Receipt{EventID: "gen-1", Account: "a", Node: "n1", Units: 40, Period: rec.Period, Wall: rec.Wall, Route: "r", Allocs: slices.Clone(rec.Allocs)}
+	july := at("2026-07-01T01:00:00Z")
+	if d := a.Charge(&Charge{EventID: "gen-2", Units: 5, Route: "r"}, july, &p, &rec); d.Reason != OK {
+		t.Fatal(d.Reason)
+	}
+	used := func(id string) (int64, bool) {
+		for _, g := range a.Grants() {
+			if g.ID == id {
+				return g.Used, true
+			}
+		}
+		return 0, false
+	}
+	if u, ok := used("m:2026-06"); !ok || u != 40 {
+		t.Fatalf("June's grant in July: used %d, present %v; want 40, kept", u, ok)
+	}
+	inflated := good
+	inflated.Units, inflated.Allocs = 41, []Alloc{{Grant: "m:2026-06", Units: 41}}
+	if d := a.Refund("gen-1", &inflated, "n1", july, &p, &rec); d.Reason != Invalid || rec.Type != 0 {
+		t.Fatalf("a receipt claiming more than June used: %s, want invalid", d.Reason)
+	}
+	if d := a.Refund("gen-1", &good, "n1", july, &p, &rec); d.Reason != Refunded || d.MonthUsed != 5 {
+		t.Fatalf("June's receipt in July: %+v, want refunded, July's use still 5", d)
+	}
+	if u, _ := used("m:2026-06"); u != 0 {
+		t.Fatalf("June's grant after its refund: used %d, want 0", u)
+	}
+}
+
+// A refund of last month's charge changes nothing of this month's usage by
+// route: the units go back to last month's grant, and this month's routes
+// count only this month's charges.
+func TestRefundOfLastMonthLeavesThisMonthsRoutes(t *testing.T) {
+	p := DefaultParams()
+	a := NewAccount(AccountConfig{ID: "a", Plan: hardPlan(100)})
+	charge(a, "june", 4, at("2026-06-30T23:00:00Z"), &p)
+	july := at("2026-07-01T01:00:00Z")
+	charge(a, "july", 3, july, &p)
+	var rec Record
+	if d := a.Refund("june", nil, "", july, &p, &rec); d.Reason != Refunded || d.Units != 4 {
+		t.Fatalf("June's charge refunded in July: %+v", d)
+	}
+	u := a.Usage(july)
+	if u.Used != 3 || len(u.Routes) != 1 || u.Routes["GET /x"] != 3 {
+		t.Fatalf("July's usage after June's refund: used %d, routes %v; want 3, GET /x: 3", u.Used, u.Routes)
+	}
+}
+
+// An allowance is never dropped with its grant: a monthly grant long past
+// (two rollovers) that still holds units this node reserved stays, so that
+// a release hands them back to the ledger. Dropped, they stayed reserved
+// there until an operator revoked the node.
+func TestAllowanceOnAnOldMonthSurvivesRollovers(t *testing.T) {
+	p := DefaultParams()
+	p.Reservations = true
+	a := NewAccount(AccountConfig{ID: "a", Plan: hardPlan(100)})
+	april := at("2026-04-20T00:00:00Z")
+	a.Usage(april)
+	var rec Record
+	if !a.Reserve("m:2026-04", 7, april, &rec) {
+		t.Fatal("no April grant to reserve on")
+	}
+	june := at("2026-06-02T00:00:00Z")
+	if d, _ := charge(a, "e", 1, june, &p); d.Reason != NeedReservation {
+		t.Fatalf("a June charge with no June allowance: %s, want need_reservation", d.Reason)
+	}
+	if got := a.Allowances(); !slices.Equal(got, []Alloc{{Grant: "m:2026-04", Units: 7}}) {
+		t.Fatalf("allowances in June: %v, want April's 7 still to release", got)
+	}
+}
+
+// The dedup window is one rule, whatever order the ids sit in: an id is
+// remembered while younger than the window and forgotten at exactly the
+// window, even when expire cannot drop it yet because an id renewed in
+// place (a refunded id charged again) sits younger at the head of the queue.
+func TestIDIsForgottenAtExactlyTheWindow(t *testing.T) {
+	p := DefaultParams()
+	a := NewAccount(AccountConfig{ID: "a", Plan: hardPlan(100)})
+	t0 := at("2026-06-10T00:00:00Z")
+	later := func(d time.Duration) Now { return Now{Wall: t0.Wall + int64(d), Mono: t0.Mono + int64(d)} }
+	charge(a, "x", 1, t0, &p)
+	charge(a, "y", 1, later(time.Second), &p)
+	var rec Record
+	if d := a.Refund("x", nil, "", later(2*time.Hour), &p, &rec); d.Reason != Refunded {
+		t.Fatal(d.Reason)
+	}
+	if d, _ := charge(a, "x", 1, later(2*time.Hour), &p); d.Reason != OK {
+		t.Fatalf("x charged again: %s", d.Reason)
+	}
+	if d, _ := charge(a, "y", 1, later(24*time.Hour+time.Second-1), &p); d.Reason != Replayed {
+		t.Fatalf("y a nanosecond inside the window: %s, want replayed", d.Reason)
+	}
+	if d, rec := charge(a, "y", 1, later(24*time.Hour+time.Second), &p); d.Reason != OK || rec.Type != RecCharge {
+		t.Fatalf("y exactly a window old: %s, want a new charge", d.Reason)
+	}
+}
+
+// The dedup memory is bounded at DedupMax ids: the oldest beyond it is
+// forgotten, and its retry is a new charge.
+func TestDedupMemoryHoldsAtMostDedupMax(t *testing.T) {
+	p := DefaultParams()
+	p.DedupMax = 2
+	a := NewAccount(AccountConfig{ID: "a", Plan: hardPlan(100)})
+	now := at("2026-06-10T00:00:00Z")
+	for _, id := range []string{"a", "b", "c"} {
+		if d, _ := charge(a, id, 1, now, &p); d.Reason != OK {
+			t.Fatal(d.Reason)
+		}
+	}
+	if d, _ := charge(a, "c", 1, now, &p); d.Reason != Replayed {
+		t.Fatalf("the newest id again: %s, want replayed", d.Reason)
+	}
+	if d, rec := charge(a, "a", 1, now, &p); d.Reason != OK || rec.Type != RecCharge {
+		t.Fatalf("the oldest of three ids with room for two: %s, want a new charge", d.Reason)
+	}
+}
+
+// A refund by receipt survives a restart: rebuilt from its records, the
+// account remembers the generated id as refunded, and the same receipt
+// again answers AlreadyRefunded and returns nothing (G4). Forgotten, the
+// second refund went through whenever the grant's use still covered it.
+func TestRefundByReceiptSurvivesRecovery(t *testing.T) {
+	p := DefaultParams()
+	cfg := AccountConfig{ID: "a", Plan: hardPlan(100)}
+	a := NewAccount(cfg)
+	now := at("2026-06-10T00:00:00Z")
+	var log []Record
+	var rec Record
+	var rc *Receipt
+	for _, id := range []string{"gen-1", "gen-2"} {
+		if d := a.Charge(&Charge{EventID: id, Units: 40, Route: "r"}, now, &p, &rec); d.Reason != OK {
+			t.Fatal(d.Reason)
+		}
+		log = append(log, rec)
+		if rc == nil {
+			rc = &Receipt{EventID: id, Account: "a", Node: "n1", Units: 40, Period: rec.Period, Wall: rec.Wall, Route: "r", Allocs: slices.Clone(rec.Allocs)}
+		}
+		rec = Record{}
+	}
+	if d := a.Refund("gen-1", rc, "n1", now, &p, &rec); d.Reason != Refunded {
+		t.Fatal(d.Reason)
+	}
+	log = append(log, rec)
+	b := NewAccount(cfg)
+	for i := range log {
+		var got Record
+		if err := got.Decode(log[i].AppendEncode(nil)); err != nil {
+			t.Fatal(err)
+		}
+		b.ApplyRecord(uint64(i+1), &got, &p)
+	}
+	if d := b.Refund("gen-1", rc, "n1", now, &p, &rec); d.Reason != AlreadyRefunded || rec.Type != 0 || d.MonthUsed != 40 {
+		t.Fatalf("the receipt again after a restart: %+v (record %v), want already_refunded, used 40", d, rec.Type)
 	}
 }
