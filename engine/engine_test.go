@@ -399,3 +399,81 @@ func TestAbandonedChargeIsTakenBack(t *testing.T) {
 		t.Fatalf("%d units used after a served retry, want 5 (kept)", u)
 	}
 }
+
+// A checkpoint may include records above the settled mark (the account
+// kept charging); recovery replays only the records above the checkpoint,
+// never the one it ends at: that record is in the checkpoint already, and
+// applied again it counts its charge twice.
+func TestRecoveryDoesNotReplayTheCheckpointsLastRecord(t *testing.T) {
+	dir := t.TempDir()
+	clock := NewManualClock(time.Date(2026, 6, 10, 0, 0, 0, 0, time.UTC))
+	ctx := context.Background()
+	e := openEngine(t, dir, clock, testSnapshot(t, map[string]int64{"a": 100}))
+	l := e.Log()
+	var first uint64
+	for i := range 3 {
+		res, err := e.Charge(ctx, "a", shard.Charge{EventID: fmt.Sprint("c", i), ClientID: true, Units: 5})
+		if err != nil || res.Reason != shard.OK {
+			t.Fatalf("charge %d: %v %v", i, res.Reason, err)
+		}
+		if first == 0 {
+			first = res.Seq
+		}
+	}
+	// Settled through the first record only: the checkpoint holds all three.
+	if err := e.Settle(ctx, first); err != nil {
+		t.Fatal(err)
+	}
+	if n, _ := countRecords(t, l, shard.RecCharge); n != 2 {
+		t.Fatalf("%d charge records above the settled mark, want 2 (the checkpoint's last among them)", n)
+	}
+	e.Close()
+	l.Close()
+	e2 := openEngine(t, dir, clock, nil)
+	if u, _, _ := e2.Usage("a"); u.Used != 15 || u.Remaining != 85 {
+		t.Fatalf("after a restart: used %d, remaining %d; want 15, 85", u.Used, u.Remaining)
+	}
+}
+
+// Settle checkpoints an account only once every record its state includes
+// is durable: while a charge's record is held in fsync, a settle whose ctx
+// ends first returns an error and writes nothing, rather than storing a
+// checkpoint that remembers a charge (and its client id) that a crash could
+// still lose. Without the wait it went straight to the log's write with the
+// not yet durable charge in its checkpoint.
+func TestSettleWaitsForTheRecordsItsCheckpointsHold(t *testing.T) {
+	e, fs := openGated(t, testSnapshot(t, map[string]int64{"acme": 100}))
+	ctx := context.Background()
+	fs.Arm()
+	charged := make(chan error, 1)
+	go func() {
+		_, err := e.Charge(ctx, "acme", shard.Charge{EventID: "held", ClientID: true, Units: 3})
+		charged <- err
+	}()
+	<-fs.Entered // the charge's record is inside fsync, the account's state holds it
+	canceled, cancel := context.WithCancel(ctx)
+	cancel()
+	settled := make(chan error, 1)
+	go func() { settled <- e.Settle(canceled, e.Log().SettledSeq()) }()
+	var err error
+	waitfor.Cond(t, 10*time.Second, "the settle to give up on the held record", func() bool {
+		select {
+		case err = <-settled:
+			return true
+		default:
+			return false
+		}
+	})
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("settle while the checkpoint's record is held: %v, want context.Canceled", err)
+	}
+	fs.Release()
+	if err := <-charged; err != nil {
+		t.Fatal(err)
+	}
+	// Nothing was stored; the account is still to checkpoint.
+	cps, _ := e.checkpoints()
+	if len(cps) != 1 || cps[0].Account != "acme" {
+		t.Fatalf("checkpoints after the failed settle: %+v, want acme's again", cps)
+	}
+}
