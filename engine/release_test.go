@@ -9,6 +9,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cockroachdb/pebble/v2/vfs"
+
+	"github.com/quotaring/quotaring/internal/gatefs"
 	"github.com/quotaring/quotaring/shard"
 	"github.com/quotaring/quotaring/wal"
 )
@@ -348,5 +351,85 @@ func TestZeroingAllowancesKeepsTheAccountsMonth(t *testing.T) {
 	st.mu.Unlock()
 	if want := shard.PeriodOf(time.Date(2026, 6, 10, 0, 0, 0, 0, time.UTC).UnixNano()); p != want {
 		t.Fatalf("the account is in %v after its allowance was zeroed with the clock in July, want %v", p, want)
+	}
+}
+
+// durabilityLedger is a fakeLedger that notes every hand-back it got before
+// the log record that zeroed its allowance was durable.
+type durabilityLedger struct {
+	fakeLedger
+	log   atomic.Pointer[wal.Log]
+	early atomic.Int64 // hand-backs whose zeroing record was not durable yet
+}
+
+func (d *durabilityLedger) Release(ctx context.Context, account string, allocs []shard.Alloc, seq uint64) error {
+	if l := d.log.Load(); l != nil && l.DurableSeq() < seq {
+		d.early.Add(1)
+	}
+	return d.fakeLedger.Release(ctx, account, allocs, seq)
+}
+
+// A hand-back reaches the ledger only once the record that zeroed the
+// allowance here is durable: handed back first, a crash before that record
+// is durable restarts the node with the allowance still in its log, and it
+// spends units the ledger has given to others (G1). While the record is
+// held in fsync the release gives up (its own timeout) without asking the
+// ledger; the units stay reserved there, which only strands them.
+func TestReleaseWaitsForItsZeroingRecord(t *testing.T) {
+	ledger := &durabilityLedger{fakeLedger: fakeLedger{reserved: map[string]int64{}, released: map[string]int64{}}}
+	fs := gatefs.New(vfs.NewMem())
+	l, err := wal.Open(wal.Options{Dir: "data", NodeID: "n1", FS: fs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ledger.log.Store(l)
+	e, err := Open(Options{Log: l, Clock: NewManualClock(time.Date(2026, 6, 10, 0, 0, 0, 0, time.UTC)), Reserver: ledger})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close(); l.Close() })
+	t.Cleanup(fs.Release) // runs first: a failed test must not hang Close
+	if err := e.SetSnapshot(testSnapshot(t, map[string]int64{"acme": 1000}), AllSettled); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := e.Charge(context.Background(), "acme", shard.Charge{EventID: "e1", ClientID: true, Units: 1}); err != nil || res.Reason != shard.OK {
+		t.Fatalf("charge: %+v %v", res, err)
+	}
+	fs.Arm() // the zeroing record's fsync is held until the test ends
+	err = e.Release(context.Background(), "acme")
+	if n := ledger.early.Load(); n != 0 {
+		t.Fatalf("%d hand-backs reached the ledger before the record that zeroed them was durable", n)
+	}
+	if err == nil || ledger.releasedUnits("acme") != 0 {
+		t.Fatalf("release with its zeroing record held in fsync: %v, %d units handed back; want an error, none", err, ledger.releasedUnits("acme"))
+	}
+}
+
+// scarceLedger has only a unit to grant per round trip, the rest of the
+// grant being reserved by other nodes (HeldElsewhere).
+type scarceLedger struct {
+	fakeLedger
+	calls atomic.Int64
+}
+
+func (s *scarceLedger) Reserve(_ context.Context, req ReserveRequest) (ReserveResult, error) {
+	s.calls.Add(1)
+	id := shard.MonthlyGrantID(shard.PeriodOf(req.Wall))
+	return ReserveResult{Granted: []shard.Alloc{{Grant: id, Units: 1}}, HeldElsewhere: []string{id}}, nil
+}
+
+// A charge short of units that other nodes hold reserved (an owner handing
+// over, a lost node) answers quota-unavailable after one round trip that
+// could not cover it, even when the ledger found a few units: it does not
+// go back for the rest one round trip at a time.
+func TestShortfallHeldElsewhereIsUnavailableAfterOneRoundTrip(t *testing.T) {
+	ledger := &scarceLedger{fakeLedger: fakeLedger{reserved: map[string]int64{}, released: map[string]int64{}}}
+	e := openWithReserver(t, ledger)
+	_, err := e.Charge(context.Background(), "acme", shard.Charge{EventID: "e1", ClientID: true, Units: 5})
+	if !errors.Is(err, ErrQuotaUnavailable) {
+		t.Fatalf("a charge of 5 with 1 free and the rest held elsewhere: %v, want quota-unavailable", err)
+	}
+	if n := ledger.calls.Load(); n != 1 {
+		t.Fatalf("the ledger was asked %d times, want once", n)
 	}
 }
