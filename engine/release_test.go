@@ -433,3 +433,32 @@ func TestShortfallHeldElsewhereIsUnavailableAfterOneRoundTrip(t *testing.T) {
 		t.Fatalf("the ledger was asked %d times, want once", n)
 	}
 }
+
+// exhaustedLedger has nothing free: every grant asked about is exhausted.
+type exhaustedLedger struct {
+	fakeLedger
+	calls atomic.Int64
+}
+
+func (x *exhaustedLedger) Reserve(_ context.Context, req ReserveRequest) (ReserveResult, error) {
+	x.calls.Add(1)
+	return ReserveResult{Exhausted: []string{shard.MonthlyGrantID(shard.PeriodOf(req.Wall))}}, nil
+}
+
+// An account whose grant the ledger calls exhausted is refused
+// quota-exceeded (429, retry at the period's end) after one round trip, not
+// quota-unavailable (503, retry shortly); and until the backoff ends its
+// next charges are refused without asking the ledger again.
+func TestExhaustedGrantIsQuotaExceeded(t *testing.T) {
+	ledger := &exhaustedLedger{fakeLedger: fakeLedger{reserved: map[string]int64{}, released: map[string]int64{}}}
+	e := openWithReserver(t, ledger)
+	for i := range 3 {
+		res, err := e.Charge(context.Background(), "acme", shard.Charge{Units: 1})
+		if err != nil || res.Reason != shard.QuotaExceeded {
+			t.Fatalf("charge %d on an exhausted grant: %v %v, want quota_exceeded", i, res.Reason, err)
+		}
+	}
+	if n := ledger.calls.Load(); n != 1 {
+		t.Fatalf("the ledger was asked %d times, want once (then the backoff)", n)
+	}
+}
