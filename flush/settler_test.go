@@ -291,3 +291,57 @@ func TestHeartbeatFailureMakesTheSettlerUnhealthy(t *testing.T) {
 		t.Fatal("unhealthy after the heartbeat reached the ledger again")
 	}
 }
+
+// drainLedger records each batch's range and DrainedAt.
+type drainLedger struct {
+	Ledger
+	batches []*Batch
+}
+
+func (l *drainLedger) Settle(ctx context.Context, b *Batch) (SettleResult, error) {
+	l.batches = append(l.batches, b)
+	return l.Ledger.Settle(ctx, b)
+}
+
+// Only a batch that took everything the log held says so (DrainedAt, which
+// moves the node's settled_through, and with it the point up to which the
+// billing export calls a month final): a log settled in three batches
+// sends DrainedAt with the last one only. Sent with every batch, a month
+// read final while records of it still waited in the log.
+func TestOnlyTheBatchThatDrainsTheLogSaysSo(t *testing.T) {
+	ctx := context.Background()
+	sq, e := ledgerRig(t, nil)
+	log := e.Log()
+	for i := range 2500 {
+		rec := shard.Record{Type: shard.RecCharge, Account: "acct-1", EventID: fmt.Sprint("e", i), Units: 1}
+		if _, err := log.Append(rec.AppendEncode(nil)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := log.WaitDurable(ctx, log.LastSeq()); err != nil {
+		t.Fatal(err)
+	}
+	l := &drainLedger{Ledger: sq}
+	s, err := NewSettler(SettlerOptions{Ledger: l, Engine: e, MaxBatch: 1000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Register(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for try := 0; log.SettledSeq() < 2500; try++ {
+		if try == 5 {
+			t.Fatalf("settled to %d of 2500 after 5 tries", log.SettledSeq())
+		}
+		if _, err := s.SettleOnce(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var got []string
+	for _, b := range l.batches {
+		got = append(got, fmt.Sprintf("(%d,%d] drained=%v", b.Prev, b.Next, !b.DrainedAt.IsZero()))
+	}
+	if want := []string{"(0,1000] drained=false", "(1000,2000] drained=false", "(2000,2500] drained=true"}; !slices.Equal(got, want) {
+		t.Fatalf("batches %v, want %v", got, want)
+	}
+}
