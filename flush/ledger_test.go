@@ -758,3 +758,37 @@ func granted(res ReserveResult) int64 {
 	}
 	return n
 }
+
+// One batch holds a June charge of e1, its refund, and a July charge of e1
+// with the same ledger id (the node's clock jumped into July and its dedup
+// memory no longer held the id, so it started over at its first
+// generation). The June charge was refunded: the July one is a new charge,
+// billed, not a duplicate of a charge that no longer stands, exactly as
+// when the three settle in separate batches. (SQLite disagrees: it bills
+// nothing; see the mut-tests report.)
+func TestPostgresRefundedChargeAndItsNextMonthRetryInOneBatch(t *testing.T) {
+	l := openPG(t, pgtest.NewDB(t))
+	t.Cleanup(func() { l.Close() })
+	if err := l.Migrate(t.Context()); err != nil {
+		t.Fatalf("migrate: %v", err)
+	}
+	confSetup(t, l, 100, "acct-1")
+	a := confNode(t, l, "node-a")
+	june := time.Date(2026, 6, 30, 22, 0, 0, 0, time.UTC)
+	july := time.Date(2026, 7, 1, 1, 0, 0, 0, time.UTC)
+	res := a.settle(t, chargeOf("acct-1", "e1", 2, "").at(june), refundOf("acct-1", "e1", 2, "").at(june), chargeOf("acct-1", "e1", 3, "").at(july))
+	if len(res.Duplicates) != 0 {
+		t.Fatalf("e1 charged, refunded, charged again in July, in one batch: duplicates %+v, want none", res.Duplicates)
+	}
+	var billed int64
+	for _, e := range eventsOf(t, l, "acct-1") {
+		if !e.Refunded {
+			billed += e.Units
+		}
+	}
+	if billed != 3 {
+		t.Fatalf("billed %d units, want 3 (the July charge): %+v", billed, eventsOf(t, l, "acct-1"))
+	}
+	wantGrant(t, l, "acct-1", "m:2026-07", 3, 0)
+	wantReconciled(t, l)
+}
