@@ -472,6 +472,26 @@ func TestNoRefundWithoutACharge(t *testing.T) {
 	}
 }
 
+// A failed attempt's charge is refunded as an attempt's (Attempt), with
+// its receipt: the owner then keeps the charge when a retry with the same
+// Idempotency-Key was answered Replayed and served under it meanwhile
+// (shard.Account.RefundAttempt). Refunded as a plain refund, the charge
+// went back whatever the retry got, and the served retry was free.
+func TestFailedAttemptIsRefundedAsAnAttempt(t *testing.T) {
+	fail := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(502) })
+	for _, idem := range []string{"", "k"} {
+		ch := &fakeCharger{decision: okDecision()}
+		req := newRequest("POST", "/v1/tasks", nil)
+		if idem != "" {
+			req.Header.Set("Idempotency-Key", idem)
+		}
+		serve(t, FrontOptions{Charger: ch, Config: testConfig(t)}, fail, req)
+		if _, r := ch.counts(); r != 1 || !ch.refunds[0].Attempt || ch.refunds[0].Replay || ch.refunds[0].Receipt == nil {
+			t.Errorf("Idempotency-Key %q, answer 502: refunds %+v, want one Attempt refund with the charge's receipt", idem, ch.refunds)
+		}
+	}
+}
+
 // Refusals and failures to decide: problem+json, next never runs, nothing
 // to refund.
 func TestRefusalsNeverCallNext(t *testing.T) {
