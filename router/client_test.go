@@ -604,3 +604,44 @@ func TestHungOwner(t *testing.T) {
 		t.Errorf("charge at a hung owner took %s with CallTimeout %s: the refresh after it asked the hung node again", took.Round(time.Millisecond), callTimeout)
 	}
 }
+
+// An attempt's refund that travels to the owner stays an attempt's: sent
+// by a node that does not own the account (Router.Refund) or by the
+// embedded client, it keeps the charge when a retry with the same event id
+// was answered Replayed (and so served) since, and the account stays
+// billed. With Attempt lost on the way, the owner applied a plain refund
+// and the served retry was free.
+func TestForwardedAttemptRefundKeepsAServedRetry(t *testing.T) {
+	var accounts []account
+	for i := 0; i < 8; i++ {
+		id := fmt.Sprint("acct-", i)
+		accounts = append(accounts, account{id: id, key: keyOf(id), plan: monthly("m100", 100)})
+	}
+	c := startCluster(t, accounts, clusterOptions{nodes: 2})
+	ctx := context.Background()
+	target := accounts[0].id
+	owner, other := c.owner(t, target), c.notOwner(t, target)
+	client := dial(t, router.DialOptions{}, other.RPCAddr())
+	type api interface {
+		Charge(context.Context, router.ChargeRequest) (router.ChargeResult, error)
+		Refund(context.Context, router.RefundRequest) (shard.Decision, error)
+	}
+	for i, via := range []api{other.Router(), client} {
+		id := fmt.Sprint("job-", i)
+		req := router.ChargeRequest{Account: target, EventID: id, ClientID: true, Route: "POST /v1/tasks", Units: 2}
+		first, err := via.Charge(ctx, req)
+		if err != nil || first.Reason != shard.OK || first.Node != owner.ID() {
+			t.Fatalf("via %T: charge: %+v %v; want ok at the owner %s", via, first, err, owner.ID())
+		}
+		if retry, err := via.Charge(ctx, req); err != nil || retry.Reason != shard.Replayed {
+			t.Fatalf("via %T: retry: %+v %v; want replayed", via, retry, err)
+		}
+		d, err := via.Refund(ctx, router.RefundRequest{Account: target, EventID: id, Receipt: first.Receipt, Attempt: true})
+		if err != nil || d.Reason != shard.Kept {
+			t.Fatalf("via %T: the first attempt's refund after its retry was served: %v %v; want kept", via, d.Reason, err)
+		}
+	}
+	if u, _, err := owner.Engine().Usage(target); err != nil || u.Used != 4 {
+		t.Fatalf("used %d (%v), want 4: both charges stay billed", u.Used, err)
+	}
+}
