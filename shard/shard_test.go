@@ -1191,3 +1191,46 @@ func TestRefundByReceiptSurvivesRecovery(t *testing.T) {
 		t.Fatalf("the receipt again after a restart: %+v (record %v), want already_refunded, used 40", d, rec.Type)
 	}
 }
+
+// Units the ledger reserves end a grant's exhausted backoff: the ledger
+// had more after all (another node handed some back), so a charge short
+// of the new allowance asks again (NeedReservation) instead of being
+// refused for the quota until the backoff ends.
+func TestReservationEndsTheExhaustedBackoff(t *testing.T) {
+	p := DefaultParams()
+	p.Reservations = true
+	now := at("2026-06-10T00:00:00Z")
+	june := MonthlyGrantID(PeriodOf(now.Wall))
+	a := NewAccount(AccountConfig{ID: "a", Plan: hardPlan(100)})
+	a.MarkExhausted(june, now.Mono+int64(time.Hour))
+	if d, _ := charge(a, "e1", 3, now, &p); d.Reason != QuotaExceeded {
+		t.Fatalf("exhausted, nothing reserved: %v", d.Reason)
+	}
+	var rec Record
+	if !a.Reserve(june, 2, now, &rec) {
+		t.Fatal("reserve failed")
+	}
+	if d, _ := charge(a, "e1", 3, now, &p); d.Reason != NeedReservation || d.Shortfall != 1 {
+		t.Fatalf("2 reserved since, a charge of 3: %+v; want need_reservation short by 1", d)
+	}
+}
+
+// A plan whose burst is lowered applies at once: the bucket holds no more
+// than the new burst, even before any time has passed.
+func TestLowerBurstAppliesAtOnce(t *testing.T) {
+	p := DefaultParams()
+	now := at("2026-06-10T00:00:00Z")
+	plan := Plan{ID: "p", Rate: Rate{Tokens: 1, Per: time.Second}, Burst: 10}
+	a := NewAccount(AccountConfig{ID: "a", Plan: plan})
+	if d, _ := charge(a, "e0", 0, now, &p); d.Reason != OK || d.RateRemaining != 9 {
+		t.Fatalf("first request: %+v", d)
+	}
+	plan.Burst = 2
+	a.Configure(AccountConfig{ID: "a", Plan: plan})
+	for i := range 3 {
+		d, _ := charge(a, fmt.Sprint("e", i+1), 0, now, &p)
+		if want := map[bool]Reason{true: OK, false: RateLimited}[i < 2]; d.Reason != want {
+			t.Fatalf("request %d after the burst went down to 2: %s, want %s", i+1, d.Reason, want)
+		}
+	}
+}
