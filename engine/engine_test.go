@@ -477,3 +477,66 @@ func TestSettleWaitsForTheRecordsItsCheckpointsHold(t *testing.T) {
 		t.Fatalf("checkpoints after the failed settle: %+v, want acme's again", cps)
 	}
 }
+
+// A retry answered Replayed whose caller left before its record was
+// durable is taken back as a replay (RefundReplay), not refunded as the
+// charge's attempt: the charge's own attempt, failing later, then gets its
+// units back. Taken back as an attempt, the replay was never counted off,
+// the charge was held "pending" for it, and stayed billed though no attempt
+// was served.
+func TestAbandonedReplayIsTakenBackAsAReplay(t *testing.T) {
+	e, fs := openGated(t, testSnapshot(t, map[string]int64{"acme": 100}))
+	ctx := context.Background()
+	first, err := e.Charge(ctx, "acme", shard.Charge{EventID: "job", ClientID: true, Units: 5})
+	if err != nil || first.Reason != shard.OK {
+		t.Fatalf("first attempt: %+v %v", first, err)
+	}
+	fs.Arm()
+	retryCtx, cancel := context.WithCancel(ctx)
+	errc := make(chan error, 1)
+	go func() {
+		_, err := e.Charge(retryCtx, "acme", shard.Charge{EventID: "job", ClientID: true, Units: 5})
+		errc <- err
+	}()
+	<-fs.Entered // the replay's record is inside fsync
+	cancel()
+	if err := <-errc; !errors.Is(err, ErrQuotaUnavailable) {
+		t.Fatalf("the abandoned retry: %v, want quota-unavailable", err)
+	}
+	fs.Release()
+	if e.Stats().Replayed.Load() != 1 {
+		t.Fatalf("replays answered: %d, want 1", e.Stats().Replayed.Load())
+	}
+	// The first attempt's upstream failed: its refund applies, since the
+	// only retry was never served.
+	d, err := e.RefundAttempt(ctx, "acme", "job", first.Receipt)
+	if err != nil || d.Reason != shard.Refunded {
+		t.Fatalf("the first attempt's refund: %v %v, want refunded", d.Reason, err)
+	}
+	if u, _, _ := e.Usage("acme"); u.Used != 0 {
+		t.Fatalf("used %d, want 0: no attempt was served", u.Used)
+	}
+}
+
+// A receipt names the generation of the client id it charged: an id
+// refunded and charged again is its next generation, and that charge's
+// attempt refund (with its receipt) applies to it. A receipt without the
+// generation read as the first one's, and the refund answered Kept ("the
+// id moved on") and left the second charge billed.
+func TestReceiptOfALaterGenerationRefunds(t *testing.T) {
+	e := openEngine(t, t.TempDir(), NewManualClock(time.Date(2026, 6, 10, 0, 0, 0, 0, time.UTC)), testSnapshot(t, map[string]int64{"acme": 100}))
+	ctx := context.Background()
+	for gen := range 3 {
+		res, err := e.Charge(ctx, "acme", shard.Charge{EventID: "job", ClientID: true, Units: 5})
+		if err != nil || res.Reason != shard.OK || res.Receipt.Gen != uint32(gen) {
+			t.Fatalf("charge %d of job: %+v %v; want ok, generation %d", gen, res, err, gen)
+		}
+		d, err := e.RefundAttempt(ctx, "acme", "job", res.Receipt)
+		if err != nil || d.Reason != shard.Refunded {
+			t.Fatalf("refund of generation %d by its receipt: %v %v, want refunded", gen, d.Reason, err)
+		}
+	}
+	if u, _, _ := e.Usage("acme"); u.Used != 0 {
+		t.Fatalf("used %d after every generation was refunded, want 0", u.Used)
+	}
+}
