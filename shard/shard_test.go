@@ -1234,3 +1234,34 @@ func TestLowerBurstAppliesAtOnce(t *testing.T) {
 		}
 	}
 }
+
+// With two retries served under a charge, its attempt's refund is held
+// until both are taken back: the first take-back keeps the charge (the
+// other retry may have been served), the second releases it. Asked twice,
+// the attempt's refund is held once: the second ask answers Kept and logs
+// nothing more.
+func TestPendingRefundWaitsForEveryReplay(t *testing.T) {
+	p := DefaultParams()
+	a := NewAccount(AccountConfig{ID: "a", Plan: hardPlan(10)})
+	now := at("2026-06-10T00:00:00Z")
+	var rec Record
+	_, crec := charge(a, "k", 2, now, &p)
+	receipt := &Receipt{EventID: "k", Gen: crec.Gen, Units: 2, Allocs: slices.Clone(crec.Allocs)}
+	for i := range 2 {
+		if d, _ := charge(a, "k", 2, now, &p); d.Reason != Replayed {
+			t.Fatalf("retry %d: %v", i+1, d.Reason)
+		}
+	}
+	if d := a.RefundAttempt("k", receipt, "n1", now, &p, &rec); d.Reason != Kept || rec.Type != RecRefund || !rec.Kept {
+		t.Fatalf("the attempt's refund with two retries out: %+v (record %v)", d, rec.Type)
+	}
+	if d := a.RefundAttempt("k", receipt, "n1", now, &p, &rec); d.Reason != Kept || rec.Type != 0 {
+		t.Fatalf("the attempt's refund asked again: %s (record %v), want kept, nothing logged", d.Reason, rec.Type)
+	}
+	if d := a.RefundReplay("k", nil, "n1", now, &p, &rec); d.Reason != Kept || rec.Type != RecReplay || d.Remaining != 8 {
+		t.Fatalf("the first retry taken back, the second still out: %+v (record %v), want kept", d, rec.Type)
+	}
+	if d := a.RefundReplay("k", nil, "n1", now, &p, &rec); d.Reason != Refunded || !rec.Released || d.Remaining != 10 {
+		t.Fatalf("the last retry taken back: %+v (record %+v), want the pending refund released", d, rec)
+	}
+}
