@@ -540,3 +540,37 @@ func TestReceiptOfALaterGenerationRefunds(t *testing.T) {
 		t.Fatalf("used %d after every generation was refunded, want 0", u.Used)
 	}
 }
+
+// Every charge of a batch whose durability wait ended with its ctx is
+// taken back, not only the first: the forwarding caller that left hears
+// an error for each, and none stays billed.
+func TestAbandonedBatchIsTakenBackWhole(t *testing.T) {
+	e, fs := openGated(t, testSnapshot(t, map[string]int64{"acme": 100, "beta": 100}))
+	fs.Arm()
+	ctx, cancel := context.WithCancel(context.Background())
+	outc := make(chan []Outcome, 1)
+	go func() {
+		outc <- e.ChargeMany(ctx, []Request{
+			{Account: "acme", Charge: shard.Charge{Units: 3}},
+			{Account: "beta", Charge: shard.Charge{EventID: "b1", ClientID: true, Units: 4}},
+			{Account: "acme", Charge: shard.Charge{EventID: "a2", ClientID: true, Units: 5}},
+		})
+	}()
+	<-fs.Entered // the batch's records are inside fsync
+	cancel()
+	out := <-outc
+	fs.Release()
+	for i, o := range out {
+		if !errors.Is(o.Err, ErrQuotaUnavailable) {
+			t.Errorf("charge %d of the abandoned batch: %+v, want quota-unavailable", i, o)
+		}
+	}
+	if err := e.Log().WaitDurable(context.Background(), e.Log().LastSeq()); err != nil {
+		t.Fatal(err)
+	}
+	for _, acct := range []string{"acme", "beta"} {
+		if u, _, _ := e.Usage(acct); u.Used != 0 {
+			t.Errorf("%s: %d units used after its abandoned charges, want 0", acct, u.Used)
+		}
+	}
+}
