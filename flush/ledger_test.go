@@ -832,3 +832,15 @@ func TestReconcileNamesEventsOfAMissingGrant(t *testing.T) {
 		})
 	}
 }
+
+// Overage is what the month used past its quota, from the first unit: one
+// unit over bills one unit of overage, exactly the quota bills none.
+func TestBillingOverageFromTheFirstUnitOver(t *testing.T) {
+	for _, c := range []struct{ used, overage int64 }{{99, 0}, {100, 0}, {101, 1}, {150, 50}} {
+		r := BillingRow{Monthly: true, Quota: 100, QuotaUsed: c.used, Units: c.used}
+		r.finish(c.used, 0)
+		if r.Overage != c.overage {
+			t.Errorf("%d used of a quota of 100: overage %d, want %d", c.used, r.Overage, c.overage)
+		}
+	}
+}
