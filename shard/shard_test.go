@@ -1265,3 +1265,30 @@ func TestPendingRefundWaitsForEveryReplay(t *testing.T) {
 		t.Fatalf("the last retry taken back: %+v (record %+v), want the pending refund released", d, rec)
 	}
 }
+
+// In reservations mode a refund gives the units back to this node's
+// allowance, and its record says so (Reserved), so that the ledger returns
+// them to the node's reservation: spent again, they need no new round trip.
+// Returned to the grant only, they were lost to this node, and the next
+// charges waited for the ledger again.
+func TestRefundReturnsUnitsToTheAllowance(t *testing.T) {
+	p := DefaultParams()
+	p.Reservations = true
+	now := at("2026-06-10T00:00:00Z")
+	june := MonthlyGrantID(PeriodOf(now.Wall))
+	a := NewAccount(AccountConfig{ID: "a", Plan: hardPlan(100)})
+	var rec Record
+	a.Reserve(june, 10, now, &rec)
+	if d, _ := charge(a, "e1", 4, now, &p); d.Reason != OK {
+		t.Fatalf("charge: %v", d.Reason)
+	}
+	if d := a.Refund("e1", nil, "", now, &p, &rec); d.Reason != Refunded || !rec.Reserved {
+		t.Fatalf("refund: %v, record reserved %v; want refunded, reserved", d.Reason, rec.Reserved)
+	}
+	if got := a.Allowances(); !slices.Equal(got, []Alloc{{Grant: june, Units: 10}}) {
+		t.Fatalf("allowance after the refund: %v, want all 10 back", got)
+	}
+	if d, _ := charge(a, "e2", 10, now, &p); d.Reason != OK {
+		t.Fatalf("the 10 reserved units after the refund: %v, want ok", d.Reason)
+	}
+}
