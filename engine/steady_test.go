@@ -123,3 +123,25 @@ func BenchmarkClockNow(b *testing.B) {
 		})
 	}
 }
+
+// A step back is held like a step forward: a raw clock put back an hour
+// (into May, here) reads on from the monotonic clock, and the step is
+// signalled for the node to check with the ledger. Followed, the node
+// would open accounts new to it in the month before, and bill them there.
+func TestSteadyClockHoldsThroughAStepBack(t *testing.T) {
+	start := time.Date(2026, 6, 1, 0, 30, 0, 0, time.UTC)
+	raw := NewManualClock(start)
+	c := NewSteadyClock(raw, time.Second)
+	raw.SetWall(start.Add(-time.Hour))
+	if got := time.Unix(0, c.Now().Wall).UTC(); !got.Equal(start) {
+		t.Fatalf("after a step back an hour the clock reads %v, want %v (before the step)", got, start)
+	}
+	select {
+	case <-c.Stepped():
+	default:
+		t.Fatal("a step back was not signalled")
+	}
+	if d := c.Track(); d != -time.Hour {
+		t.Fatalf("Track after the step back = %v, want -1h", d)
+	}
+}
