@@ -492,6 +492,51 @@ func TestFailedAttemptIsRefundedAsAnAttempt(t *testing.T) {
 	}
 }
 
+// A handler that answered 500 failed, whether or not its client stayed to
+// read the answer: the charge is refunded. Only a client that left before
+// any answer was written (the work done or under way) keeps its charge.
+func TestFailedAnswerIsRefundedWhenTheClientLeft(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		write    bool
+		refunded bool
+	}{{"500 written, then the client left", true, true}, {"the client left, nothing written", false, false}} {
+		ch := &fakeCharger{decision: okDecision()}
+		ctx, cancel := context.WithCancel(context.Background())
+		h := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+			if tc.write {
+				w.WriteHeader(500)
+			}
+			cancel() // the client goes away
+		})
+		serve(t, FrontOptions{Charger: ch, Config: testConfig(t)}, h, newRequest("POST", "/v1/tasks", nil).WithContext(ctx))
+		if _, r := ch.counts(); r != map[bool]int{false: 0, true: 1}[tc.refunded] {
+			t.Errorf("%s: %d refunds, want refunded=%v", tc.name, r, tc.refunded)
+		}
+	}
+}
+
+// An upstream that cannot be reached answers 502; the charge is refunded
+// unless the policy is bill-on always, which never refunds for the
+// upstream (only for what the front itself cut off).
+func TestUnreachableUpstreamUnderBillOnAlways(t *testing.T) {
+	up := httptest.NewServer(http.NotFoundHandler())
+	u, _ := url.Parse(up.URL)
+	up.Close() // nothing listens there any more
+	for policy, refunds := range map[string]int{BillOnSuccess: 1, BillOn2xx: 1, BillOnAlways: 0} {
+		ch := &fakeCharger{decision: okDecision()}
+		p, err := NewProxy(u, FrontOptions{Charger: ch, Config: testConfig(t), BillOn: policy})
+		if err != nil {
+			t.Fatal(err)
+		}
+		w := httptest.NewRecorder()
+		p.ServeHTTP(w, newRequest("POST", "/v1/tasks", nil))
+		if _, r := ch.counts(); w.Code != http.StatusBadGateway || r != refunds {
+			t.Errorf("bill-on %s, upstream unreachable: %d with %d refunds, want 502 with %d", policy, w.Code, r, refunds)
+		}
+	}
+}
+
 // Refusals and failures to decide: problem+json, next never runs, nothing
 // to refund.
 func TestRefusalsNeverCallNext(t *testing.T) {
