@@ -134,6 +134,7 @@ func TestAlteredOrMisplacedReceiptIsRefused(t *testing.T) {
 		"units above its allocations": {b, alter(func(r *Receipt) { r.Units = 41 })},
 		"more than the grant used":    {b, alter(func(r *Receipt) { r.Units, r.Allocs[0].Units = 500, 500 })},
 		"one unit over the grant use": {b, alter(func(r *Receipt) { r.Units, r.Allocs[0].Units = 41, 41 })},
+		"no units at all":             {b, alter(func(r *Receipt) { r.Units, r.Allocs = 0, nil })},
 		"a negative allocation":       {b, alter(func(r *Receipt) { r.Units, r.Allocs = 40, append(r.Allocs, Alloc{Grant: r.Allocs[0].Grant, Units: -1}) })},
 	} {
 		before := c.acct.Usage(now)
