@@ -462,3 +462,29 @@ func TestExhaustedGrantIsQuotaExceeded(t *testing.T) {
 		t.Fatalf("the ledger was asked %d times, want once (then the backoff)", n)
 	}
 }
+
+// strangerLedger grants units of a grant the node's snapshot does not have
+// yet (the ledger's config is newer).
+type strangerLedger struct{ fakeLedger }
+
+func (s *strangerLedger) Reserve(_ context.Context, req ReserveRequest) (ReserveResult, error) {
+	return ReserveResult{Granted: []shard.Alloc{{Grant: "credit-new", Units: 5}}}, nil
+}
+
+// Units the ledger reserved on a grant this node does not know are handed
+// straight back, and the charge answers quota-unavailable (retry shortly):
+// kept, they stayed reserved in the ledger for nobody until the node
+// restarted or was revoked.
+func TestUnknownGrantsUnitsAreHandedBack(t *testing.T) {
+	ledger := &strangerLedger{fakeLedger{reserved: map[string]int64{}, released: map[string]int64{}}}
+	e := openWithReserver(t, ledger)
+	if _, err := e.Charge(context.Background(), "acme", shard.Charge{Units: 1}); !errors.Is(err, ErrQuotaUnavailable) {
+		t.Fatalf("a charge whose reservation came on an unknown grant: %v, want quota-unavailable", err)
+	}
+	if got := ledger.releasedUnits("acme"); got != 5 {
+		t.Fatalf("%d units handed back, want the 5 of the unknown grant", got)
+	}
+	if held := e.AllowanceHeld(); held != 0 {
+		t.Fatalf("allowance held %d, want 0", held)
+	}
+}
