@@ -764,10 +764,26 @@ func granted(res ReserveResult) int64 {
 // memory no longer held the id, so it started over at its first
 // generation). The June charge was refunded: the July one is a new charge,
 // billed, not a duplicate of a charge that no longer stands, exactly as
-// when the three settle in separate batches. (SQLite disagrees: it bills
-// nothing; see the mut-tests report.)
-func TestPostgresRefundedChargeAndItsNextMonthRetryInOneBatch(t *testing.T) {
-	l := openPG(t, pgtest.NewDB(t))
+// when the three settle in separate batches. On both ledgers: SQLite,
+// which keeps one event row whatever the month, settled every charge
+// before the refunds, took the July charge for a duplicate of the June
+// one, then refunded June, and billed nothing.
+func TestRefundedChargeAndItsNextMonthRetryInOneBatch(t *testing.T) {
+	for name, open := range map[string]func(t *testing.T) Ledger{
+		"sqlite": func(t *testing.T) Ledger {
+			l, err := OpenSQLite(t.Context(), filepath.Join(t.TempDir(), "ledger.db"), SQLiteOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return l
+		},
+		"postgres": func(t *testing.T) Ledger { return openPG(t, pgtest.NewDB(t)) },
+	} {
+		t.Run(name, func(t *testing.T) { refundedChargeAndItsNextMonthRetryInOneBatch(t, open(t)) })
+	}
+}
+
+func refundedChargeAndItsNextMonthRetryInOneBatch(t *testing.T, l Ledger) {
 	t.Cleanup(func() { l.Close() })
 	if err := l.Migrate(t.Context()); err != nil {
 		t.Fatalf("migrate: %v", err)

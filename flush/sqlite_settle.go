@@ -10,6 +10,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/quotaring/quotaring/shard"
@@ -79,13 +80,7 @@ func (st *sqliteSettle) run(ctx context.Context) error {
 		return markOutcome(b, mark, false)
 	}
 	if b.Events {
-		if err := st.logCharges(ctx); err != nil {
-			return err
-		}
-		if err := st.settleReplays(ctx); err != nil {
-			return err
-		}
-		if err := st.logRefunds(ctx); err != nil {
+		if err := st.logInOrder(ctx); err != nil {
 			return err
 		}
 	} else {
@@ -103,78 +98,111 @@ func (st *sqliteSettle) run(ctx context.Context) error {
 	return st.applyGrants(ctx)
 }
 
-// logCharges inserts the charges into the event log; a charge whose event
-// id is there already from another origin is a duplicate.
-func (st *sqliteSettle) logCharges(ctx context.Context) error {
-	if len(st.b.Charges) == 0 {
-		return nil
-	}
-	ins, err := st.tx.PrepareContext(ctx, `INSERT INTO events (account_id, event_id, client_id, key_id, route, units, charged_at, period,
+// logInOrder applies the batch's charges, replays and refunds to the event
+// log in log order (by Seq), as the node took them. The event log has one
+// row per event, whatever its month (Postgres keys it by month): charged
+// all before the refunds, a charge refunded and then charged again in the
+// next month within one batch (its id forgotten by then) found the first
+// charge's row still billed, was taken for a duplicate, and the refund
+// then left the event billed zero times though it was served.
+func (st *sqliteSettle) logInOrder(ctx context.Context) error {
+	var ins *sql.Stmt
+	if len(st.b.Charges) > 0 {
+		var err error
+		ins, err = st.tx.PrepareContext(ctx, `INSERT INTO events (account_id, event_id, client_id, key_id, route, units, charged_at, period,
 			node_id, incarnation, seq, allocations)
 		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 		ON CONFLICT (account_id, event_id) DO NOTHING`)
-	if err != nil {
-		return err
-	}
-	defer ins.Close()
-	for i := range st.b.Charges {
-		c := &st.b.Charges[i]
-		st.res.RoundTrips++
-		r, err := ins.ExecContext(ctx, c.Account, c.EventID, c.ClientID, c.Key, c.Route, c.Units, c.Wall, c.Period.String(),
-			st.b.Node, st.b.Incarnation, int64(c.Seq), encodeAllocs(c.Allocs))
 		if err != nil {
 			return err
 		}
-		if n, _ := r.RowsAffected(); n == 1 {
-			st.plan.billCharge(c)
-			continue
+		defer ins.Close()
+	}
+	cs, rps, rfs := st.b.Charges, st.b.Replays, st.b.Refunds
+	for len(cs)+len(rps)+len(rfs) > 0 {
+		// The lowest Seq of the three heads (each slice is in log order).
+		next, kind := uint64(math.MaxUint64), 0
+		if len(cs) > 0 && cs[0].Seq < next {
+			next, kind = cs[0].Seq, 1
 		}
-		var node, inc string
-		var seq int64
-		var refunded, tombstone, pending bool
-		var served int64
-		var refundWall sql.NullInt64
-		if err := st.queryRow(ctx, `SELECT node_id, incarnation, seq, refunded, tombstone, refund_pending, served_again, refund_wall FROM events WHERE account_id = ? AND event_id = ?`,
-			c.Account, c.EventID).Scan(&node, &inc, &seq, &refunded, &tombstone, &pending, &served, &refundWall); err != nil {
+		if len(rps) > 0 && rps[0].Seq < next {
+			next, kind = rps[0].Seq, 2
+		}
+		if len(rfs) > 0 && rfs[0].Seq < next {
+			kind = 3
+		}
+		var err error
+		switch kind {
+		case 1:
+			err, cs = st.logCharge(ctx, ins, &cs[0]), cs[1:]
+		case 2:
+			r := &rps[0]
+			if err = st.settleReplay(ctx, r); err != nil {
+				err = fmt.Errorf("replay of %s/%s: %w", r.Account, r.EventID, err)
+			}
+			rps = rps[1:]
+		case 3:
+			err, rfs = st.logRefund(ctx, &rfs[0]), rfs[1:]
+		}
+		if err != nil {
 			return err
 		}
-		if node == st.b.Node && inc == st.b.Incarnation && uint64(seq) == c.Seq {
-			continue // this very record was settled before, in another range
-		}
-		if tombstone && pending && node != st.b.Node {
-			// The tombstone of one attempt's refund (node's charge, not
-			// settled yet: see tombstone) and this is another attempt,
-			// served: it takes the event over and is billed, and the
-			// refunded attempt's charge, when it arrives, is one served
-			// retry fewer (served_again starts at -1).
-			if err := st.takeOver(ctx, c, -1); err != nil {
-				return err
-			}
-			continue
-		}
-		if refunded && !tombstone && served >= 0 && (!refundWall.Valid || c.Wall > refundWall.Int64) {
-			// The event was refunded (its attempt failed) and this retry,
-			// charged by another owner, was served: it takes the event over
-			// and is billed. Not a retry charged before the event's own
-			// refund (refund_wall): that refund covers it.
-			if err := st.takeOver(ctx, c, 0); err != nil {
-				return err
-			}
-			continue
-		}
-		if !refunded || served < 0 {
-			// A retry served by another owner while the event stands billed:
-			// the event's own attempt must not refund it any more. (Below
-			// zero: the late charge of an attempt whose refund came first,
-			// never served; it pays that debt back, billed or not.)
-			if _, err := st.exec(ctx, `UPDATE events SET served_again = served_again + 1 WHERE account_id = ? AND event_id = ?`,
-				c.Account, c.EventID); err != nil {
-				return err
-			}
-		}
-		st.res.Duplicates = append(st.res.Duplicates, chargeRef(c))
-		st.plan.reservedCharge(c)
 	}
+	return nil
+}
+
+// logCharge inserts a charge into the event log with ins; a charge whose
+// event id is there already from another origin is a duplicate.
+func (st *sqliteSettle) logCharge(ctx context.Context, ins *sql.Stmt, c *Charge) error {
+	st.res.RoundTrips++
+	r, err := ins.ExecContext(ctx, c.Account, c.EventID, c.ClientID, c.Key, c.Route, c.Units, c.Wall, c.Period.String(),
+		st.b.Node, st.b.Incarnation, int64(c.Seq), encodeAllocs(c.Allocs))
+	if err != nil {
+		return err
+	}
+	if n, _ := r.RowsAffected(); n == 1 {
+		st.plan.billCharge(c)
+		return nil
+	}
+	var node, inc string
+	var seq int64
+	var refunded, tombstone, pending bool
+	var served int64
+	var refundWall sql.NullInt64
+	if err := st.queryRow(ctx, `SELECT node_id, incarnation, seq, refunded, tombstone, refund_pending, served_again, refund_wall FROM events WHERE account_id = ? AND event_id = ?`,
+		c.Account, c.EventID).Scan(&node, &inc, &seq, &refunded, &tombstone, &pending, &served, &refundWall); err != nil {
+		return err
+	}
+	if node == st.b.Node && inc == st.b.Incarnation && uint64(seq) == c.Seq {
+		return nil // this very record was settled before, in another range
+	}
+	if tombstone && pending && node != st.b.Node {
+		// The tombstone of one attempt's refund (node's charge, not
+		// settled yet: see tombstone) and this is another attempt,
+		// served: it takes the event over and is billed, and the
+		// refunded attempt's charge, when it arrives, is one served
+		// retry fewer (served_again starts at -1).
+		return st.takeOver(ctx, c, -1)
+	}
+	if refunded && !tombstone && served >= 0 && (!refundWall.Valid || c.Wall > refundWall.Int64) {
+		// The event was refunded (its attempt failed) and this retry,
+		// charged by another owner, was served: it takes the event over
+		// and is billed. Not a retry charged before the event's own
+		// refund (refund_wall): that refund covers it.
+		return st.takeOver(ctx, c, 0)
+	}
+	if !refunded || served < 0 {
+		// A retry served by another owner while the event stands billed:
+		// the event's own attempt must not refund it any more. (Below
+		// zero: the late charge of an attempt whose refund came first,
+		// never served; it pays that debt back, billed or not.)
+		if _, err := st.exec(ctx, `UPDATE events SET served_again = served_again + 1 WHERE account_id = ? AND event_id = ?`,
+			c.Account, c.EventID); err != nil {
+			return err
+		}
+	}
+	st.res.Duplicates = append(st.res.Duplicates, chargeRef(c))
+	st.plan.reservedCharge(c)
 	return nil
 }
 
@@ -188,18 +216,6 @@ func (st *sqliteSettle) takeOver(ctx context.Context, c *Charge, served int64) e
 		return err
 	}
 	st.plan.billCharge(c)
-	return nil
-}
-
-// settleReplays counts the batch's replays on their events (see
-// replay.go), in log order.
-func (st *sqliteSettle) settleReplays(ctx context.Context) error {
-	for i := range st.b.Replays {
-		r := &st.b.Replays[i]
-		if err := st.settleReplay(ctx, r); err != nil {
-			return fmt.Errorf("replay of %s/%s: %w", r.Account, r.EventID, err)
-		}
-	}
 	return nil
 }
 
@@ -256,84 +272,78 @@ func (st *sqliteSettle) settleReplay(ctx context.Context, r *Replay) error {
 	return nil
 }
 
-// logRefunds applies the refunds to the event log (see Batch: who may
-// refund an event that retries were served under).
-func (st *sqliteSettle) logRefunds(ctx context.Context) error {
-	for i := range st.b.Refunds {
-		r := &st.b.Refunds[i]
-		var node string
-		var refunded, pending bool
-		var served, replays int64
-		err := st.queryRow(ctx, `SELECT node_id, refunded, served_again, refund_pending, replays FROM events WHERE account_id = ? AND event_id = ?`,
-			r.Account, r.EventID).Scan(&node, &refunded, &served, &pending, &replays)
-		switch {
-		case errors.Is(err, sql.ErrNoRows):
-			if err := st.tombstone(ctx, r); err != nil {
-				return err
-			}
-			continue
-		case err != nil:
-			return err
-		}
-		origin := st.b.Node // the node that charged the refunded attempt
-		if r.Origin != "" {
-			origin = r.Origin
-		}
-		apply := false
-		switch {
-		case refunded:
-		case !r.Attempt || served <= 0 && replays <= 0 && (r.Origin == "" || node == origin):
-			// The event's refund, or nobody else's retry was served and no
-			// replay stands (see replay.go). (An attempt another node
-			// charged, named by Origin, whose charge has not settled yet is
-			// not this row's: below.)
-			apply = true
-		case node == origin:
-			// A retry another node charged, or a replay, was served under
-			// the event: keep it until those are refunded too.
-			if _, err := st.exec(ctx, `UPDATE events SET refund_pending = 1 WHERE account_id = ? AND event_id = ?`, r.Account, r.EventID); err != nil {
-				return err
-			}
-		default:
-			// The refund of a retry another node charged, never billed: one
-			// served retry less (below zero when that charge has not settled
-			// yet: it will not count as served when it does); the event's
-			// own pending refund applies now if it was the last.
-			if _, err := st.exec(ctx, `UPDATE events SET served_again = served_again - 1 WHERE account_id = ? AND event_id = ?`, r.Account, r.EventID); err != nil {
-				return err
-			}
-			apply = served == 1 && replays <= 0 && pending
-		}
-		if !apply {
-			st.res.DuplicateRefunds = append(st.res.DuplicateRefunds, refundRef(r))
-			continue
-		}
-		var ev refundedEvent
-		var allocs string
-		// The event's own refund keeps when it was decided: the retries
-		// charged before it are covered by it (see logCharges).
-		var refundWall any
-		if !r.Attempt {
-			refundWall = r.Wall
-		}
-		if err := st.queryRow(ctx, `UPDATE events SET refunded = 1, refunded_at = ?, refund_wall = ?, refund_pending = 0, served_again = min(served_again, 0)
-			WHERE account_id = ? AND event_id = ?
-			RETURNING key_id, route, charged_at, units, allocations`, st.now, refundWall, r.Account, r.EventID).
-			Scan(&ev.key, &ev.route, &ev.chargeWall, &ev.units, &allocs); err != nil {
-			return err
-		}
-		if ev.allocs, err = decodeAllocs(allocs); err != nil {
-			return err
-		}
-		st.plan.applyRefund(r, ev)
+// logRefund applies a refund to the event log (see Batch: who may refund
+// an event that retries were served under).
+func (st *sqliteSettle) logRefund(ctx context.Context, r *Refund) error {
+	var node string
+	var refunded, pending bool
+	var served, replays int64
+	err := st.queryRow(ctx, `SELECT node_id, refunded, served_again, refund_pending, replays FROM events WHERE account_id = ? AND event_id = ?`,
+		r.Account, r.EventID).Scan(&node, &refunded, &served, &pending, &replays)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		return st.tombstone(ctx, r)
+	case err != nil:
+		return err
 	}
+	origin := st.b.Node // the node that charged the refunded attempt
+	if r.Origin != "" {
+		origin = r.Origin
+	}
+	apply := false
+	switch {
+	case refunded:
+	case !r.Attempt || served <= 0 && replays <= 0 && (r.Origin == "" || node == origin):
+		// The event's refund, or nobody else's retry was served and no
+		// replay stands (see replay.go). (An attempt another node
+		// charged, named by Origin, whose charge has not settled yet is
+		// not this row's: below.)
+		apply = true
+	case node == origin:
+		// A retry another node charged, or a replay, was served under
+		// the event: keep it until those are refunded too.
+		if _, err := st.exec(ctx, `UPDATE events SET refund_pending = 1 WHERE account_id = ? AND event_id = ?`, r.Account, r.EventID); err != nil {
+			return err
+		}
+	default:
+		// The refund of a retry another node charged, never billed: one
+		// served retry less (below zero when that charge has not settled
+		// yet: it will not count as served when it does); the event's
+		// own pending refund applies now if it was the last.
+		if _, err := st.exec(ctx, `UPDATE events SET served_again = served_again - 1 WHERE account_id = ? AND event_id = ?`, r.Account, r.EventID); err != nil {
+			return err
+		}
+		apply = served == 1 && replays <= 0 && pending
+	}
+	if !apply {
+		st.res.DuplicateRefunds = append(st.res.DuplicateRefunds, refundRef(r))
+		return nil
+	}
+	var ev refundedEvent
+	var allocs string
+	// The event's own refund keeps when it was decided: the retries
+	// charged before it are covered by it (see logCharge).
+	var refundWall any
+	if !r.Attempt {
+		refundWall = r.Wall
+	}
+	if err := st.queryRow(ctx, `UPDATE events SET refunded = 1, refunded_at = ?, refund_wall = ?, refund_pending = 0, served_again = min(served_again, 0)
+		WHERE account_id = ? AND event_id = ?
+		RETURNING key_id, route, charged_at, units, allocations`, st.now, refundWall, r.Account, r.EventID).
+		Scan(&ev.key, &ev.route, &ev.chargeWall, &ev.units, &allocs); err != nil {
+		return err
+	}
+	if ev.allocs, err = decodeAllocs(allocs); err != nil {
+		return err
+	}
+	st.plan.applyRefund(r, ev)
 	return nil
 }
 
 // tombstone records a refund that arrived before its charge. An attempt's
 // refund of another node's charge (Origin) stands for that charge only: the
 // tombstone names that node and is marked refund_pending, and a charge from
-// any other node (another attempt, served) takes the event over (logCharges).
+// any other node (another attempt, served) takes the event over (logCharge).
 func (st *sqliteSettle) tombstone(ctx context.Context, r *Refund) error {
 	node, onlyOrigin := st.b.Node, r.Attempt && r.Origin != ""
 	if onlyOrigin {
