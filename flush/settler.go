@@ -99,6 +99,7 @@ type logView interface {
 	Incarnation() string
 	NoteSettleSent(seq uint64)
 	Vouched() uint64
+	metaStore
 }
 
 // NewSettler checks the options. Start runs the loop; SettleOnce is the step.
@@ -169,26 +170,8 @@ func (s *Settler) catchUp(ctx context.Context, mark uint64) error {
 	switch {
 	case mark <= local:
 		return nil
-	case mark > s.log.DurableSeq():
-		taken := "no charge was taken since this log opened, so none is lost"
-		if v, d := s.log.Vouched(), s.log.DurableSeq(); d > v {
-			taken = fmt.Sprintf("records %d to %d, taken since this log opened, sit under sequence numbers the ledger settled for other "+
-				"charges: list them with quotad reconcile --data-dir and bill them by hand", v+1, d)
-		}
-		return fmt.Errorf("%w: the ledger has node %s (incarnation %s) settled to %d, but its log ends at %d: the data dir is older than the ledger "+
-			"(restored from a copy or a snapshot?), or another process runs as this node with a copy of it. Nothing is marked settled: a charge "+
-			"taken here would get a sequence number the ledger settled already, and be lost. Stop this node; if another process runs as it, "+
-			"stop one of them; otherwise %s, then run quotad revoke --node %s and start the node with an empty data dir (README: the ledger)",
-			ErrMarkConflict, s.node, s.inc, mark, s.log.DurableSeq(), taken, s.node)
-	case mark > s.log.Vouched():
-		// NB: marking them settled would drop charges this process took
-		// (and acknowledged) while the ledger was out of reach: the ledger
-		// holds other records under their seqs.
-		return fmt.Errorf("%w: the ledger has node %s (incarnation %s) settled to %d, but this log held records only to %d when it opened and sent none past %d to the ledger since: "+
-			"records %d to %d here are charges taken since, under sequence numbers the ledger already settled for other charges. The data dir is older than the ledger "+
-			"(restored from a copy?) or another process runs as this node. Nothing is marked settled: stop this node, list its unsettled charges with quotad reconcile --data-dir, "+
-			"bill them by hand, then start it with an empty data dir (README: the ledger)",
-			ErrMarkConflict, s.node, s.inc, mark, s.log.Vouched(), s.log.Vouched(), s.log.Vouched()+1, mark)
+	case mark > s.log.DurableSeq() || mark > s.log.Vouched():
+		return s.staleDir(mark)
 	}
 	s.opts.Logger.Info("the ledger had settled further than this node's log knew; marking locally", "ledger", mark, "local", local)
 	b, err := s.batch(local, mark)
@@ -199,6 +182,35 @@ func (s *Settler) catchUp(ctx context.Context, mark uint64) error {
 		return err
 	}
 	return s.opts.Engine.Settle(ctx, mark)
+}
+
+// staleDir reports a ledger mark beyond what this log can vouch for: the
+// data dir is older than the ledger (restored from a copy), or another
+// process settles as this node. Nothing is marked settled: the records this
+// process took since it opened sit under sequence numbers the ledger settled
+// for other charges, and marking them would drop them. Before it returns,
+// it records in the data dir which records the ledger billed already
+// (StaleDir), for quotad reconcile --data-dir and for the next start, which
+// refuses the dir.
+func (s *Settler) staleDir(mark uint64) error {
+	vouched, durable := s.log.Vouched(), s.log.DurableSeq()
+	billed := min(vouched, durable)
+	taken := "no charge was taken since this log opened, so there is nothing to bill by hand"
+	if durable > billed {
+		taken = fmt.Sprintf("records %d to %d are charges taken since it opened, under sequence numbers the ledger settled for other charges: "+
+			"quotad reconcile --data-dir lists them as the ones to bill by hand (and the records up to %d, which the ledger billed from the original dir, apart)",
+			billed+1, durable, billed)
+	}
+	sd := StaleDir{Node: s.node, Incarnation: s.inc, LedgerMark: mark, Billed: billed, Durable: durable, Found: time.Now()}
+	if err := recordStaleDir(s.log, sd); err != nil {
+		return fmt.Errorf("%w: %w: the ledger has node %s (incarnation %s) settled to %d, beyond the %d records this log held when it opened, "+
+			"and recording that in the data dir failed: %w", ErrMarkConflict, ErrStaleDataDir, s.node, s.inc, mark, billed, err)
+	}
+	return fmt.Errorf("%w: %w: the ledger has node %s (incarnation %s) settled to %d, but this log held records only to %d when it opened and sent none past that "+
+		"to the ledger since (its log ends at %d): the data dir is older than the ledger (restored from a copy or a snapshot?), or another process runs "+
+		"as this node with a copy of it. Nothing is marked settled, and this dir can never settle: %s. Stop this node; if another process runs as it, "+
+		"stop one of them; otherwise bill those charges by hand, then run quotad revoke --node %s and start the node with an empty data dir (README: the ledger)",
+		ErrMarkConflict, ErrStaleDataDir, s.node, s.inc, mark, billed, durable, taken, s.node)
 }
 
 // takeBackUnanswered is for a batch b, the range (b.Prev, b.Next], that an

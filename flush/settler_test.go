@@ -183,11 +183,29 @@ func TestSettlerRefusesToMarkRecordsTheLedgerNeverSaw(t *testing.T) {
 		t.Fatal(err)
 	}
 	err = s.Register(ctx)
-	if !errors.Is(err, ErrMarkConflict) || !strings.Contains(err.Error(), "records 6 to 10 here are charges taken since") {
-		t.Fatalf("Register: %v; want ErrMarkConflict naming records 6 to 10", err)
+	if !errors.Is(err, ErrMarkConflict) || !errors.Is(err, ErrStaleDataDir) || !strings.Contains(err.Error(), "records 6 to 12 are charges taken since it opened") {
+		t.Fatalf("Register: %v; want ErrMarkConflict and ErrStaleDataDir naming records 6 to 12", err)
 	}
 	if got := log.SettledSeq(); got != 0 {
 		t.Fatalf("the local settled mark is %d after the refusal, want 0 (nothing marked)", got)
+	}
+	// The dir says which records the ledger billed (1..5, the copy's,
+	// settled from the original dir) and which it never saw (6..12): only
+	// now can that be told, since a restart vouches for all it holds.
+	sd, ok, err := ReadStaleDir(log)
+	if err != nil || !ok {
+		t.Fatalf("the data dir's stale note: %+v, %v, %v; want one", sd, ok, err)
+	}
+	if sd.Node != "q1" || sd.Incarnation != log.Incarnation() || sd.LedgerMark != 10 || sd.Billed != 5 || sd.Durable != 12 {
+		t.Fatalf("stale note %+v; want node q1, ledger mark 10, billed through 5, durable 12", sd)
+	}
+	// Found again with more records (a retry), the first boundary stands.
+	appendN(log, 3)
+	if err := s.Register(ctx); !errors.Is(err, ErrStaleDataDir) {
+		t.Fatalf("Register again: %v", err)
+	}
+	if again, _, _ := ReadStaleDir(log); again.Billed != 5 || again.Durable != 12 {
+		t.Fatalf("the stale note moved to %+v; want billed through 5 kept", again)
 	}
 }
 
