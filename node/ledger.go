@@ -113,7 +113,20 @@ func (n *Node) tryLedger(ctx context.Context, beforeServing bool) (bool, error) 
 	if err != nil {
 		if errors.Is(err, flush.ErrMarkConflict) {
 			// Retrying will not fix it; the records stay in the log, unsettled.
-			n.log.Error("the ledger and this node's log disagree on what was settled: nothing is marked settled; follow the error's remedy", "err", err)
+			n.ledgerRefused.Store(&err)
+			if beforeServing {
+				n.log.Error("the ledger and this node's log disagree on what was settled: nothing is marked settled; follow the error's remedy", "err", err)
+			} else {
+				// Serving already (the ledger was down at start): every
+				// charge it takes from here on gets a sequence number the
+				// ledger settled for another, and is billed only by hand;
+				// its allowances are the copy's, which the ledger may no
+				// longer back. It stops, as a fenced node does, and the
+				// other nodes take its accounts.
+				n.fenceWith(err, "the ledger and this node's log disagree on what was settled, found when the ledger was first reached "+
+					"(it was down when this node started): this node can never settle what it takes, so it stops taking charges and exits "+
+					"without settling; the other nodes take its accounts. Follow the error's remedy", "err", err)
+			}
 		} else {
 			n.log.Warn("ledger reached but not usable yet", "err", err)
 		}
@@ -362,6 +375,11 @@ func (n *Node) retryLedger(ctx context.Context) {
 				}
 				return
 			}
+			select {
+			case <-n.fenced: // the ledger refused this node: no more tries
+				return
+			default:
+			}
 		}
 	}
 }
@@ -457,4 +475,22 @@ func (n *Node) reconcileLoop(ctx context.Context) {
 			n.log.Error("the ledger's counters differ from its event log; run quotad reconcile to see where", "differences", diffs)
 		}
 	}
+}
+
+// checkNotStale refuses a data dir in which a node found the ledger settled
+// beyond what the dir held when it opened (flush.StaleDir): a copy older
+// than the ledger, whose later records sit under sequence numbers the
+// ledger settled for other charges. Whether the ledger is up or not: a
+// start with it down served again from the copy's allowances, and a start
+// with it up vouched for every record the dir holds now and marked the
+// charges taken under reused numbers settled, dropping them.
+func (n *Node) checkNotStale() error {
+	sd, ok, err := flush.ReadStaleDir(n.wal)
+	if err != nil {
+		return fmt.Errorf("node: %w", err)
+	}
+	if !ok {
+		return nil
+	}
+	return fmt.Errorf("node: refusing to start: %w", flush.StaleDirError(n.cfg.DataDir, sd))
 }

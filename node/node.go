@@ -198,7 +198,11 @@ type Node struct {
 	// closes, and read after.
 	fenceCause  error
 	fenceChecks atomic.Int64 // checks that read the ledger (tests)
-	ready       atomic.Bool
+	// ledgerRefused is the settled mark conflict with which the ledger
+	// refused this data dir (flush.ErrMarkConflict), once it did: the
+	// ledger was reached, and the log can never settle into it.
+	ledgerRefused atomic.Pointer[error]
+	ready         atomic.Bool
 	// warnedIncarnations is set once a new data dir was checked against
 	// the ledger's earlier incarnations of this node id (ledger.go).
 	warnedIncarnations atomic.Bool
@@ -319,6 +323,9 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 		return nil, err
 	}
 	if err := n.openEngine(); err != nil {
+		return nil, err
+	}
+	if err := n.checkNotStale(); err != nil {
 		return nil, err
 	}
 	if ok, err := n.tryLedger(ctx, true); !ok {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/quotaring/quotaring/flush"
 	"github.com/quotaring/quotaring/ring"
 	"github.com/quotaring/quotaring/router"
 )
@@ -245,6 +246,14 @@ func (n *Node) finalSettle(ctx context.Context) error {
 	if s == nil {
 		if left == 0 {
 			return nil
+		}
+		if refused := n.ledgerRefused.Load(); refused != nil {
+			// NB: the conflict's own text is logged, and returned by
+			// StopFenced as its cause; this names it only.
+			err := fmt.Errorf("node: final settle: none, the ledger was reached and refused this data dir (%w); %d records stay in %s, unsettled, and never settle from it: "+
+				"quotad reconcile --data-dir %s tells the ones the ledger billed already from the ones to bill by hand", flush.ErrMarkConflict, left, n.cfg.DataDir, n.cfg.DataDir)
+			n.log.Error("final settle: none; the ledger refused this data dir (settled mark conflict)", "unsettled", left, "data_dir", n.cfg.DataDir)
+			return err
 		}
 		return fmt.Errorf("node: final settle: the ledger was never reached; %d records stay in %s for the next start", left, n.cfg.DataDir)
 	}
