@@ -100,7 +100,12 @@ func newReconcileCmd() *cobra.Command {
 unrefunded allocations to it, and per account and month the daily usage
 aggregates with the event log. With --data-dir (of stopped nodes), also list
 what each node's log holds that is not settled yet; each data dir is opened
-read-only and left exactly as it was.
+read-only and left exactly as it was. Records the ledger settled already are
+named as billed. A data dir that its node found to be older than the ledger
+(settled mark conflict: restored from a copy) can never settle: its records
+are split into those the ledger billed from the original dir (never bill them
+again) and those taken since under reused sequence numbers, listed record by
+record: bill exactly those by hand.
 
 Exits 0 when everything agrees, 3 when a difference is found, 1 on errors.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -155,7 +160,7 @@ func runReconcile(ctx context.Context, out, errOut io.Writer, dsn string, dataDi
 	}
 	tw.Flush()
 	for _, dir := range dataDirs {
-		if err := printUnsettled(out, errOut, dir); err != nil {
+		if err := printUnsettled(ctx, out, errOut, l, dir); err != nil {
 			return err
 		}
 	}
@@ -166,8 +171,12 @@ func runReconcile(ctx context.Context, out, errOut io.Writer, dsn string, dataDi
 	return nil
 }
 
-// printUnsettled lists a stopped node's unsettled charges per account.
-func printUnsettled(out, errOut io.Writer, dir string) error {
+// printUnsettled lists a stopped node's unsettled charges per account. A
+// dir that a node found to be older than the ledger (flush.StaleDir) can
+// never settle: its records are split into those the ledger billed from
+// the original dir (not to bill again) and those taken since under reused
+// sequence numbers, which are listed one by one to be billed by hand.
+func printUnsettled(ctx context.Context, out, errOut io.Writer, l flush.Ledger, dir string) error {
 	meta, err := os.Stat(dir)
 	if err != nil || !meta.IsDir() {
 		return fmt.Errorf("--data-dir %s: not a directory", dir)
@@ -175,40 +184,159 @@ func printUnsettled(out, errOut io.Writer, dir string) error {
 	// Read-only: the dir is evidence. A read-write open would flush the
 	// WAL into a new sstable, MANIFEST and WAL, and write the durable mark.
 	warn := slog.New(slog.NewTextHandler(errOut, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	l, err := wal.Open(wal.Options{Dir: dir, AnyNode: true, ReadOnly: true, Logger: warn})
+	wl, err := wal.Open(wal.Options{Dir: dir, AnyNode: true, ReadOnly: true, Logger: warn})
 	if err != nil {
 		return fmt.Errorf("open %s: %w", dir, err) // NB: a dir in use says so itself (wal names the LOCK and fuser)
 	}
-	defer l.Close()
-	units := map[string]int64{}
-	var rec shard.Record
-	err = l.Scan(l.SettledSeq(), l.DurableSeq(), func(_ uint64, p []byte) error {
-		if err := rec.Decode(p); err != nil {
-			return err
-		}
-		switch rec.Type {
-		case shard.RecCharge:
-			units[rec.Account] += rec.Units
-		case shard.RecRefund:
-			if !rec.Kept { // a kept refund returned nothing
-				units[rec.Account] -= rec.Units
-			}
-		}
-		return nil
-	})
+	defer wl.Close()
+	settled, durable := wl.SettledSeq(), wl.DurableSeq()
+	mark, known, err := ledgerMark(ctx, l, wl.NodeID(), wl.Incarnation())
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(out, "\nnode %s (%s): %d records not settled yet\n", l.NodeID(), dir, l.DurableSeq()-l.SettledSeq())
-	ids := make([]string, 0, len(units))
-	for id := range units {
-		ids = append(ids, id)
+	stale, isStale, err := flush.ReadStaleDir(wl)
+	if err != nil {
+		return fmt.Errorf("%s: %w", dir, err)
 	}
-	sort.Strings(ids)
-	for _, id := range ids {
-		fmt.Fprintf(out, "  %s: %+d units pending\n", id, units[id])
+	fmt.Fprintf(out, "\nnode %s (%s): %d records not settled yet\n", wl.NodeID(), dir, durable-settled)
+	switch {
+	case isStale:
+		billed := min(max(stale.Billed, settled), durable)
+		fmt.Fprintf(out, "  this data dir is older than the ledger: on %s the node found the ledger had it (incarnation %s) settled to %d while the dir held records only to %d when it opened",
+			stale.Found.UTC().Format(time.RFC3339), stale.Incarnation, stale.LedgerMark, stale.Billed)
+		if known {
+			fmt.Fprintf(out, " (the ledger's mark is %d now)", mark)
+		}
+		fmt.Fprintln(out, "; none of these records can be settled from it")
+		if billed > settled {
+			sum, err := unsettledUnits(wl, settled, billed, nil)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(out, "  records %d to %d: in the dir when it was restored, and settled by the ledger from the original dir: already billed, do not bill them again\n", settled+1, billed)
+			printUnits(out, "    ", sum, "units billed already")
+		}
+		if durable > billed {
+			var lines []string
+			sum, err := unsettledUnits(wl, billed, durable, &lines)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(out, "  records %d to %d: charges taken since, under sequence numbers the ledger settled for other charges: in no ledger, BILL THEM BY HAND\n", billed+1, durable)
+			printUnits(out, "    ", sum, "units to bill by hand")
+			fmt.Fprintln(out, "  to bill by hand, record by record:")
+			for _, line := range lines {
+				fmt.Fprintln(out, "    "+line)
+			}
+		} else {
+			fmt.Fprintln(out, "  no charge was taken since it was restored: nothing to bill by hand")
+		}
+		fmt.Fprintf(out, "  then run quotad revoke --node %s and start the node with an empty data dir\n", wl.NodeID())
+		return nil
+	case known && mark > durable:
+		// No node found it (the ledger was never reached from this dir),
+		// so nothing recorded where the copy's own records end.
+		fmt.Fprintf(out, "  this data dir is older than the ledger: the ledger has it (incarnation %s) settled to %d, beyond this log's end at %d, and no node "+
+			"started on it reached the ledger to record which of its records the ledger billed from the original dir: those and the charges taken "+
+			"since under reused sequence numbers cannot be told apart here; none of them can be settled from this dir\n", wl.Incarnation(), mark, durable)
+	case known && mark > settled:
+		sum, err := unsettledUnits(wl, settled, mark, nil)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(out, "  records %d to %d: settled by the ledger (its answer was not recorded here before the node stopped): already billed; the node's next start marks them\n", settled+1, mark)
+		printUnits(out, "    ", sum, "units billed already")
+		settled = mark
+		if durable > settled {
+			fmt.Fprintf(out, "  records %d to %d: not settled yet; the node settles them at its next start\n", settled+1, durable)
+		}
 	}
+	sum, err := unsettledUnits(wl, settled, durable, nil)
+	if err != nil {
+		return err
+	}
+	printUnits(out, "  ", sum, "units pending")
 	return nil
+}
+
+// ledgerMark is the ledger's settled mark of (node, incarnation), and
+// whether the ledger knows that incarnation. It only reads.
+func ledgerMark(ctx context.Context, l flush.Ledger, node, inc string) (uint64, bool, error) {
+	rows, err := l.Nodes(ctx)
+	if err != nil {
+		return 0, false, err
+	}
+	for _, r := range rows {
+		if r.Node == node && r.Incarnation == inc {
+			return r.Settled, true, nil
+		}
+	}
+	return 0, false, nil
+}
+
+// acctPeriod is an account and one of its billing months.
+type acctPeriod struct{ account, period string }
+
+// unsettledUnits sums the units of the charges and refunds in (after, upto]
+// by account and month and, when lines is not nil, appends one line per
+// charge or refund.
+func unsettledUnits(wl *wal.Log, after, upto uint64, lines *[]string) (map[acctPeriod]int64, error) {
+	units := map[acctPeriod]int64{}
+	var rec shard.Record
+	err := wl.Scan(after, upto, func(seq uint64, p []byte) error {
+		if err := rec.Decode(p); err != nil {
+			return err
+		}
+		var delta int64
+		switch {
+		case rec.Type == shard.RecCharge:
+			delta = rec.Units
+		case rec.Type == shard.RecRefund && !rec.Kept: // a kept refund returned nothing
+			delta = -rec.Units
+		default:
+			return nil
+		}
+		k := acctPeriod{rec.Account, rec.Period.String()}
+		units[k] += delta
+		if lines != nil {
+			what := "charge"
+			if delta < 0 {
+				what = "refund"
+			}
+			*lines = append(*lines, fmt.Sprintf("seq %d  %s  %s  month %s  event %q  key %s  route %q  %+d units  at %s",
+				seq, what, rec.Account, k.period, shard.LedgerEventID(rec.EventID, rec.Gen), rec.Key, rec.Route, delta,
+				time.Unix(0, rec.Wall).UTC().Format(time.RFC3339Nano)))
+		}
+		return nil
+	})
+	return units, err
+}
+
+// printUnits prints units by account (and month, when there are several),
+// sorted, each after indent and followed by what.
+func printUnits(out io.Writer, indent string, units map[acctPeriod]int64, what string) {
+	keys := make([]acctPeriod, 0, len(units))
+	months := map[string]map[string]bool{}
+	for k := range units {
+		keys = append(keys, k)
+		if months[k.account] == nil {
+			months[k.account] = map[string]bool{}
+		}
+		months[k.account][k.period] = true
+	}
+	sort.Slice(keys, func(i, j int) bool {
+		if keys[i].account != keys[j].account {
+			return keys[i].account < keys[j].account
+		}
+		return keys[i].period < keys[j].period
+	})
+	for _, k := range keys {
+		name := k.account
+		if what != "units pending" || len(months[k.account]) > 1 {
+			name += " " + k.period
+		}
+		fmt.Fprintf(out, "%s%s: %+d %s\n", indent, name, units[k], what)
+	}
 }
 
 func newRevokeCmd() *cobra.Command {

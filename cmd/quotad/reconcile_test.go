@@ -10,7 +10,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/quotaring/quotaring/engine"
 	"github.com/quotaring/quotaring/flush"
 	"github.com/quotaring/quotaring/internal/dirsnap"
 	"github.com/quotaring/quotaring/shard"
@@ -134,5 +136,143 @@ func TestReconcilePrintsEveryDifference(t *testing.T) {
 	}
 	if !strings.Contains(text, fmt.Sprintf("%d rows compared, %d differences", n, n)) {
 		t.Errorf("summary missing or wrong:\n%s", text[max(0, len(text)-300):])
+	}
+}
+
+// A data dir restored from a copy older than the ledger, started while the
+// ledger was down: its first records are the original dir's, which the
+// ledger settled from there; the ones it took since sit under sequence
+// numbers the ledger settled for other charges. reconcile --data-dir listed
+// all of them as "not settled yet", and billing them by hand billed the
+// first ones twice. It tells them apart from what the node recorded when it
+// found the conflict, and lists the ones to bill, record by record.
+func TestReconcileTellsAStaleDirsBilledRecordsFromTheOnesToBill(t *testing.T) {
+	ctx := context.Background()
+	path := migratedSQLite(t)
+	dir := filepath.Join(t.TempDir(), "q1")
+	period := shard.PeriodOf(time.Date(2026, 6, 15, 0, 0, 0, 0, time.UTC).UnixNano())
+	appendCharges := func(log *wal.Log, account string, units int64, n int) {
+		t.Helper()
+		for i := range n {
+			rec := shard.Record{Type: shard.RecCharge, Account: account, EventID: fmt.Sprint(account, "-", log.LastSeq()+1, "-", i), Units: units,
+				Key: "k1", Route: "GET /x", Period: period, Wall: period.Start()}
+			seq, err := log.Append(rec.AppendEncode(nil))
+			if err == nil {
+				err = log.WaitDurable(ctx, seq)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	log, err := wal.Open(wal.Options{Dir: dir, NodeID: "q1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	appendCharges(log, "acct-1", 3, 5) // the copy's records 1..5
+	if err := log.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// The copy, started with the ledger down: 4 more charges, 6..9.
+	log, err = wal.Open(wal.Options{Dir: dir, NodeID: "q1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	appendCharges(log, "acct-1", 1, 1)
+	appendCharges(log, "acct-2", 7, 3)
+	// The ledger settled the original dir to 7, then the copy reaches it.
+	l, err := flush.OpenSQLite(ctx, path, flush.SQLiteOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if _, err := l.RegisterNode(ctx, "q1", log.Incarnation()); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := l.Settle(ctx, &flush.Batch{Node: "q1", Incarnation: log.Incarnation(), Prev: 0, Next: 7, Events: true}); err != nil || !res.Applied {
+		t.Fatalf("the original dir's settle: %+v, %v", res, err)
+	}
+	e, err := engine.Open(engine.Options{Log: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := flush.NewSettler(flush.SettlerOptions{Ledger: l, Engine: e})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Register(ctx); !errors.Is(err, flush.ErrStaleDataDir) {
+		t.Fatalf("Register: %v; want ErrStaleDataDir", err)
+	}
+	e.Close()
+	if err := log.Close(); err != nil {
+		t.Fatal(err)
+	}
+	before := dirsnap.Take(t, dir)
+
+	var out bytes.Buffer
+	if err := runReconcile(ctx, &out, &out, "sqlite:"+path, []string{dir}, false); err != nil {
+		t.Fatalf("reconcile: %v\n%s", err, out.String())
+	}
+	got := out.String()
+	for _, want := range []string{
+		"9 records not settled yet",
+		"records 1 to 5: in the dir when it was restored, and settled by the ledger from the original dir: already billed, do not bill them again\n    acct-1 2026-06: +15 units billed already\n",
+		"records 6 to 9: charges taken since, under sequence numbers the ledger settled for other charges: in no ledger, BILL THEM BY HAND\n" +
+			"    acct-1 2026-06: +1 units to bill by hand\n    acct-2 2026-06: +21 units to bill by hand\n",
+		"    seq 6  charge  acct-1  month 2026-06",
+		"    seq 9  charge  acct-2  month 2026-06",
+		"then run quotad revoke --node q1",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("reconcile --data-dir on a stale dir does not say\n%s\nin\n%s", want, got)
+		}
+	}
+	if strings.Contains(got, "units pending") || strings.Contains(got, "seq 5 ") {
+		t.Errorf("reconcile lists the records the ledger billed as ones to bill:\n%s", got)
+	}
+	before.Unchanged(t, dir, "reconcile")
+}
+
+// A node stopped between a settle's commit and its local mark: the ledger
+// settled records its dir still holds. They are billed already; reconcile
+// says so instead of counting them as pending.
+func TestReconcileCountsRecordsTheLedgerSettledAsBilled(t *testing.T) {
+	ctx := context.Background()
+	path := migratedSQLite(t)
+	dir := filepath.Join(t.TempDir(), "q1")
+	log, err := wal.Open(wal.Options{Dir: dir, NodeID: "q1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 5 {
+		rec := shard.Record{Type: shard.RecCharge, Account: "acct-1", EventID: fmt.Sprint("e", i), Units: 2}
+		seq, err := log.Append(rec.AppendEncode(nil))
+		if err == nil {
+			err = log.WaitDurable(ctx, seq)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	l, err := flush.OpenSQLite(ctx, path, flush.SQLiteOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if _, err := l.RegisterNode(ctx, "q1", log.Incarnation()); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := l.Settle(ctx, &flush.Batch{Node: "q1", Incarnation: log.Incarnation(), Prev: 0, Next: 3, Events: true}); err != nil || !res.Applied {
+		t.Fatalf("settle (0, 3]: %+v, %v", res, err)
+	}
+	if err := log.Close(); err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	if err := runReconcile(ctx, &out, &out, "sqlite:"+path, []string{dir}, false); err != nil {
+		t.Fatalf("reconcile: %v\n%s", err, out.String())
+	}
+	if want := "records 1 to 3: settled by the ledger"; !strings.Contains(out.String(), want) || !strings.Contains(out.String(), "\n  acct-1: +4 units pending\n") {
+		t.Errorf("reconcile does not say %q and acct-1: +4 units pending:\n%s", want, out.String())
 	}
 }
