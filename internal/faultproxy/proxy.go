@@ -44,6 +44,9 @@ type Proxy struct {
 
 	latency      atomic.Int64 // nanoseconds added per chunk
 	commitsToCut atomic.Int64
+	// thaw, when set, is closed by SetFrozen(false): until then every chunk
+	// waits (SetFrozen).
+	thaw atomic.Pointer[chan struct{}]
 
 	accepted, refused, dialErrors atomic.Int64
 	bytesUp, bytesDown            atomic.Int64
@@ -84,6 +87,23 @@ func (p *Proxy) Addr() string { return p.ln.Addr().String() }
 // round trip takes at least 2*d more, and a reply that arrives in several
 // reads takes d more for each.
 func (p *Proxy) SetLatency(d time.Duration) { p.latency.Store(int64(max(d, 0))) }
+
+// SetFrozen(true) holds every chunk read from now on, in both directions,
+// until SetFrozen(false), and keeps every connection open: new connections
+// are accepted and dialled, and their bytes held too. The client sees a
+// server that stopped answering, as a SIGSTOPped Postgres (or one stuck on
+// its disk) looks: no error, no reset, nothing. Its own deadlines and
+// cancellations are all that end its calls.
+func (p *Proxy) SetFrozen(frozen bool) {
+	if frozen {
+		ch := make(chan struct{})
+		p.thaw.CompareAndSwap(nil, &ch)
+		return
+	}
+	if ch := p.thaw.Swap(nil); ch != nil {
+		close(*ch)
+	}
+}
 
 // SetDown(true) cuts every connection and refuses new ones until
 // SetDown(false). A refused connection is accepted by the kernel and then
@@ -311,20 +331,26 @@ func (c *conn) run() {
 	wg.Wait()
 }
 
-// wait blocks for the current latency; false means the connection closed.
+// wait blocks for the current latency, and while the proxy is frozen;
+// false means the connection closed.
 func (c *conn) wait() bool {
-	d := time.Duration(c.p.latency.Load())
-	if d <= 0 {
-		return c.ctx.Err() == nil
+	if d := time.Duration(c.p.latency.Load()); d > 0 {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		select {
+		case <-t.C:
+		case <-c.ctx.Done():
+			return false
+		}
 	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-c.ctx.Done():
-		return false
+	if thaw := c.p.thaw.Load(); thaw != nil {
+		select {
+		case <-*thaw:
+		case <-c.ctx.Done():
+			return false
+		}
 	}
+	return c.ctx.Err() == nil
 }
 
 func (c *conn) clientToServer(server net.Conn) {

@@ -342,3 +342,42 @@ func TestDialError(t *testing.T) {
 		t.Errorf("DialErrors = %d, want 1", st.DialErrors)
 	}
 }
+
+// A frozen proxy holds every byte and every connection: a query neither
+// fails nor answers until the client's own deadline, and a connection made
+// while frozen is answered once thawed (held, not dropped), as by a
+// SIGSTOPped server.
+func TestFrozen(t *testing.T) {
+	f := newFixture(t)
+	conn := connect(t, f.proxyDSN)
+	f.proxy.SetFrozen(true)
+	f.proxy.SetFrozen(true) // twice is once
+	late := make(chan error, 1)
+	go func() {
+		c, err := pgx.Connect(t.Context(), f.proxyDSN)
+		if err == nil {
+			_, err = c.Exec(t.Context(), "SELECT 1")
+			_ = c.Close(context.Background())
+		}
+		late <- err
+	}()
+	ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
+	_, err := conn.Exec(ctx, "SELECT 1")
+	cancel()
+	if !errors.Is(err, context.DeadlineExceeded) && !pgconn.Timeout(err) {
+		t.Fatalf("query through a frozen proxy: %v, want the client's deadline", err)
+	}
+	select {
+	case err := <-late:
+		t.Fatalf("a connection made while frozen got through: %v", err)
+	default:
+	}
+	f.proxy.SetFrozen(false)
+	f.proxy.SetFrozen(false)
+	if err := <-late; err != nil {
+		t.Fatalf("connection made while frozen, after the thaw: %v", err)
+	}
+	if st := f.proxy.Stats(); st.Cuts != 0 || st.Refused != 0 {
+		t.Fatalf("a freeze cut or refused connections: %+v", st)
+	}
+}
