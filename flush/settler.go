@@ -33,7 +33,19 @@ type SettlerOptions struct {
 	// Heartbeat is how often at least an idle node refreshes its
 	// heartbeat_at in the ledger (default HeartbeatEvery).
 	Heartbeat time.Duration
-	Logger    *slog.Logger
+	// CallTimeout bounds each call the settler makes to the ledger (one
+	// batch of a settle, a heartbeat; default DefaultCallTimeout). A call
+	// that has not answered by then is cancelled and fails like any other
+	// (the records stay in the log and are retried), and from that moment
+	// on the ledger counts as down (Healthy). A ledger that hangs (a
+	// SIGSTOPped or overloaded server, a lock held on its tables) answers
+	// no error: without a bound the call waited for ever and the node
+	// looked healthy throughout.
+	CallTimeout time.Duration
+	// Now reads the clock that times ledger calls and outages (default
+	// time.Now; tests).
+	Now    func() time.Time
+	Logger *slog.Logger
 	// OnSettle, when set, hears every attempt (for metrics).
 	OnSettle func(SettleReport)
 	// AfterCommit, when set, runs after the ledger committed a batch and
@@ -76,6 +88,14 @@ type Settler struct {
 	// that reached the ledger and of the last heartbeat that did not: an
 	// idle node learns that the ledger is down from its heartbeats only.
 	beatOK, beatErr atomic.Int64
+	// calling is the Unix ns (by opts.Now) at which the ledger call in
+	// progress started, 0 when none is: one that has run for CallTimeout
+	// makes the settler unhealthy even before it returns.
+	calling atomic.Int64
+	// downSince is when the current outage began (the first failed call
+	// since the last one that succeeded), zero while the ledger answers.
+	// Protected by mu (every ledger call of the settler runs under it).
+	downSince time.Time
 	// beatLog samples the failed-heartbeat warnings (every 2 s would flood
 	// the log in an outage).
 	beatLog logsample.Sampler
@@ -119,6 +139,12 @@ func NewSettler(opts SettlerOptions) (*Settler, error) {
 	if opts.MaxBackoff <= 0 {
 		opts.MaxBackoff = 30 * time.Second
 	}
+	if opts.CallTimeout <= 0 {
+		opts.CallTimeout = DefaultCallTimeout
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -137,13 +163,78 @@ func (s *Settler) LastSuccess() time.Time {
 	return time.Time{}
 }
 
-// Healthy reports whether the last settle attempt succeeded and the last
-// heartbeat reached the ledger (true before any failure). Before the
-// heartbeat counted, a node with nothing to settle looked healthy through a
-// ledger outage: a drain then handed its reservations back to a ledger that
-// refused them, and quotaring_ledger_up read 1.
+// Healthy reports whether the last settle attempt succeeded, the last
+// heartbeat reached the ledger (true before any failure), and no call to
+// the ledger has been waiting for its answer for CallTimeout or more.
+// Before the heartbeat counted, a node with nothing to settle looked
+// healthy through a ledger outage: a drain then handed its reservations
+// back to a ledger that refused them, and quotaring_ledger_up read 1.
+// Before the wait counted, a ledger that hung (no error, no answer) kept
+// every node healthy for as long as it hung: a call that hangs has neither
+// failed nor succeeded.
 func (s *Settler) Healthy() bool {
+	if t := s.calling.Load(); t != 0 && s.opts.Now().UnixNano()-t >= int64(s.opts.CallTimeout) {
+		return false
+	}
 	return s.lastErr.Load() <= s.lastOK.Load() && s.beatErr.Load() <= s.beatOK.Load()
+}
+
+// DefaultCallTimeout is how long one call of the settler to the ledger (a
+// settle's batch, a heartbeat) may take by default
+// (SettlerOptions.CallTimeout, quotad serve --ledger-timeout): a batch of
+// 100,000 records settles in well under a second on a healthy Postgres, and
+// one that times out is retried at half the size.
+const DefaultCallTimeout = 10 * time.Second
+
+// errCallTimedOut marks a ledger call the settler cancelled at CallTimeout.
+var errCallTimedOut = errors.New("the ledger did not answer in time")
+
+// CallTimedOut reports whether err is, or wraps, a ledger call the settler
+// cancelled for taking longer than its CallTimeout.
+func CallTimedOut(err error) bool { return errors.Is(err, errCallTimedOut) }
+
+// WhatToCheckWhenHung is what an operator checks when the ledger does not
+// answer at all (no error): the log line and the runbook say it.
+const WhatToCheckWhenHung = "a lock held on the ledger's tables (pg_locks, pg_stat_activity: a long transaction, a migration, " +
+	"LOCK TABLE, VACUUM FULL), the database server (a stopped or paused process, CPU, disk I/O, a failover under way) " +
+	"and the network to it"
+
+// call runs fn, one call to the ledger, under CallTimeout, and keeps the
+// outage bookkeeping: the first failure starts an outage, the first
+// success after one ends it with an INFO line. REQUIRES: s.mu held.
+func (s *Settler) call(ctx context.Context, what string, fn func(context.Context) error) error {
+	cctx, cancel := context.WithTimeout(ctx, s.opts.CallTimeout)
+	defer cancel()
+	start := s.opts.Now()
+	s.calling.Store(start.UnixNano())
+	err := fn(cctx)
+	if err != nil && ctx.Err() == nil && errors.Is(cctx.Err(), context.DeadlineExceeded) {
+		// NB: calling stays set, so Healthy stays false until the caller
+		// has recorded the failure and the next call starts.
+		err = fmt.Errorf("%w: a %s got no answer within %s (--ledger-timeout), cancelled: %w", errCallTimedOut, what, s.opts.CallTimeout, err)
+	} else {
+		s.calling.Store(0)
+	}
+	switch {
+	case err == nil && !s.downSince.IsZero():
+		s.opts.Logger.Info("the ledger answers again", "down_for", s.opts.Now().Sub(s.downSince).Round(time.Millisecond),
+			"unsettled", s.log.DurableSeq()-s.log.SettledSeq())
+		s.downSince = time.Time{}
+	case err != nil && ctx.Err() == nil && s.downSince.IsZero() && !errors.Is(err, ErrMarkConflict):
+		// NB: a mark conflict is an answer (settled elsewhere), not an
+		// outage.
+		s.downSince = start
+	}
+	return err
+}
+
+// downFor is how long the current outage has lasted, 0 when the ledger
+// answers. REQUIRES: s.mu held.
+func (s *Settler) downFor() time.Duration {
+	if s.downSince.IsZero() {
+		return 0
+	}
+	return s.opts.Now().Sub(s.downSince)
 }
 
 // Register tells the ledger about this (node, incarnation) and catches the
@@ -292,7 +383,10 @@ func (s *Settler) heartbeatLocked(ctx context.Context) error {
 	if looked := time.Now(); s.log.DurableSeq() == s.log.SettledSeq() { // NB: the time before the look, as in settleBatch
 		drainedAt = looked
 	}
-	if _, err := s.opts.Ledger.Heartbeat(ctx, s.node, s.inc, drainedAt); err != nil {
+	if err := s.call(ctx, "heartbeat", func(ctx context.Context) error {
+		_, err := s.opts.Ledger.Heartbeat(ctx, s.node, s.inc, drainedAt)
+		return err
+	}); err != nil {
 		s.beatErr.Store(time.Now().UnixNano())
 		return fmt.Errorf("flush: heartbeat of node %s: %w", s.node, err)
 	}
@@ -305,8 +399,17 @@ func (s *Settler) heartbeatLocked(ctx context.Context) error {
 // minute.
 func (s *Settler) warnBeat(err error) {
 	if ok, held := s.beatLog.Allow(time.Now(), time.Minute); ok {
+		s.mu.Lock()
+		down := s.downFor()
+		s.mu.Unlock()
+		if CallTimedOut(err) {
+			s.opts.Logger.Warn(fmt.Sprintf("the ledger has not answered a heartbeat for %s: it counts as down (quotaring_ledger_up 0); retried every %s (logged once a minute)",
+				s.opts.CallTimeout, s.opts.Heartbeat), "down_for", down.Round(time.Millisecond), "err", err,
+				"what_to_check", WhatToCheckWhenHung, "similar_lines_held_back", held)
+			return
+		}
 		s.opts.Logger.Warn("heartbeat to the ledger failed; retried every "+s.opts.Heartbeat.String()+" (logged once a minute)",
-			"err", err, "similar_lines_held_back", held)
+			"err", err, "down_for", down.Round(time.Millisecond), "similar_lines_held_back", held)
 	}
 }
 
@@ -333,11 +436,26 @@ func (s *Settler) settleBatch(ctx context.Context) (n int, more bool, err error)
 	}
 	t0 := time.Now()
 	s.log.NoteSettleSent(next)
-	res, err := s.opts.Ledger.Settle(ctx, b)
+	var res SettleResult
+	err = s.call(ctx, "settle", func(ctx context.Context) error {
+		// NB: a settle cancelled here may have committed all the same (the
+		// COMMIT went out, its answer did not come back): the retry sends
+		// the same range, the ledger's mark makes it a no-op
+		// (!res.Applied), and afterCommit takes back what that attempt's
+		// answer would have said.
+		var err error
+		res, err = s.opts.Ledger.Settle(ctx, b)
+		return err
+	})
 	rep := SettleReport{Records: int(next - prev), Charges: len(b.Charges), Duplicates: len(res.Duplicates),
 		Applied: res.Applied, Took: time.Since(t0), RoundTrips: res.RoundTrips, Err: err}
 	if errors.Is(err, ErrMarkConflict) {
-		if mark, rerr := s.opts.Ledger.RegisterNode(ctx, s.node, s.inc); rerr == nil && mark > prev && mark <= durable {
+		var mark uint64
+		rerr := s.call(ctx, "settle", func(ctx context.Context) (err error) {
+			mark, err = s.opts.Ledger.RegisterNode(ctx, s.node, s.inc)
+			return err
+		})
+		if rerr == nil && mark > prev && mark <= durable {
 			err = s.catchUp(ctx, mark) // the ledger is ahead within our log: mark locally and go on
 			return 0, err == nil, err
 		}
@@ -350,12 +468,17 @@ func (s *Settler) settleBatch(ctx context.Context) (n int, more bool, err error)
 	}
 	s.report(rep, err)
 	if err != nil {
-		if statementTimedOut(err) && s.limit > minBatch {
+		switch {
+		case statementTimedOut(err) && s.limit > minBatch:
 			// A role's statement_timeout shorter than one settle failed the
 			// same range at the same size for ever.
 			s.limit = max(minBatch, s.limit/2)
 			s.opts.Logger.Warn("the ledger cancelled a settle for taking too long (its statement_timeout?): settling in smaller batches",
 				"records", next-prev, "batch", s.limit, "what_to_do", "raise statement_timeout for the nodes' role, or leave it: smaller batches cost more round trips")
+		case CallTimedOut(err) && s.limit > minBatch:
+			// The same for our own bound: a ledger slow rather than hung
+			// gets through in smaller batches.
+			s.limit = max(minBatch, s.limit/2)
 		}
 		return 0, false, fmt.Errorf("flush: settle (%d, %d] of node %s: %w", prev, next, s.node, err)
 	}
@@ -483,7 +606,7 @@ func (s *Settler) loop(ctx context.Context) {
 		if _, err := s.SettleOnce(ctx); err != nil && ctx.Err() == nil {
 			fails := s.failed.Add(1)
 			wait = backoff(s.opts.Interval, s.opts.MaxBackoff, fails)
-			s.opts.Logger.Warn("settle failed; the records stay in the log and are retried", "err", err, "retry_in", wait)
+			s.warnSettle(err, wait)
 		} else {
 			s.failed.Store(0)
 			wait = s.opts.Interval
@@ -496,6 +619,21 @@ func (s *Settler) loop(ctx context.Context) {
 		}
 		t.Reset(wait)
 	}
+}
+
+// warnSettle logs a failed settle of the loop.
+func (s *Settler) warnSettle(err error, retryIn time.Duration) {
+	s.mu.Lock()
+	down, unsettled, batch := s.downFor(), s.log.DurableSeq()-s.log.SettledSeq(), s.limit
+	s.mu.Unlock()
+	if CallTimedOut(err) {
+		s.opts.Logger.Warn(fmt.Sprintf("the ledger has not answered a settle for %s: it counts as down (quotaring_ledger_up 0); the records stay in the log and are retried", s.opts.CallTimeout),
+			"down_for", down.Round(time.Millisecond), "unsettled", unsettled, "next_batch", batch, "retry_in", retryIn, "err", err,
+			"what_to_check", WhatToCheckWhenHung)
+		return
+	}
+	s.opts.Logger.Warn("settle failed; the records stay in the log and are retried", "err", err, "retry_in", retryIn,
+		"down_for", down.Round(time.Millisecond), "unsettled", unsettled)
 }
 
 // backoff doubles from base per failure up to max, with jitter.

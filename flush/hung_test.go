@@ -1,0 +1,280 @@
+package flush
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/quotaring/quotaring/engine"
+	"github.com/quotaring/quotaring/internal/logbuf"
+	"github.com/quotaring/quotaring/internal/pgtest"
+	"github.com/quotaring/quotaring/internal/waitfor"
+	"github.com/quotaring/quotaring/shard"
+	"github.com/quotaring/quotaring/snapshot"
+)
+
+// notCancelledWithin bounds how long a hung test ledger waits for the
+// settler to give up on a call; past it the ledger fails the call itself,
+// so that a settler without a bound fails the test instead of hanging it.
+const notCancelledWithin = 10 * time.Second
+
+var errNeverCancelled = errors.New("test ledger: the settler waited for this call for 10 s and never cancelled it")
+
+// hungLedger is a ledger that, while hung, answers neither a settle nor a
+// heartbeat (no error, no answer: a SIGSTOPped Postgres, a lock held on its
+// tables) until the caller gives up. With ignoreCtx it does not even see the
+// caller give up: it waits for release.
+type hungLedger struct {
+	Ledger
+	hung      atomic.Bool
+	ignoreCtx bool
+	entered   chan struct{} // one send per call that hangs
+	release   chan struct{}
+}
+
+func newHungLedger(l Ledger) *hungLedger {
+	return &hungLedger{Ledger: l, entered: make(chan struct{}, 100), release: make(chan struct{})}
+}
+
+func (l *hungLedger) hang(ctx context.Context) error {
+	if !l.hung.Load() {
+		return nil
+	}
+	l.entered <- struct{}{}
+	t := time.NewTimer(notCancelledWithin)
+	defer t.Stop()
+	done := ctx.Done()
+	if l.ignoreCtx {
+		done = nil
+	}
+	select {
+	case <-done:
+		return ctx.Err()
+	case <-l.release:
+		return nil
+	case <-t.C:
+		return errNeverCancelled
+	}
+}
+
+func (l *hungLedger) Settle(ctx context.Context, b *Batch) (SettleResult, error) {
+	if err := l.hang(ctx); err != nil {
+		return SettleResult{}, err
+	}
+	return l.Ledger.Settle(ctx, b)
+}
+
+func (l *hungLedger) Heartbeat(ctx context.Context, node, inc string, drainedAt time.Time) (uint64, error) {
+	if err := l.hang(ctx); err != nil {
+		return 0, err
+	}
+	return l.Ledger.Heartbeat(ctx, node, inc, drainedAt)
+}
+
+// appendCharges logs n durable charges of acct-1.
+func appendCharges(t *testing.T, e *engine.Engine, n int) {
+	t.Helper()
+	log := e.Log()
+	for i := range n {
+		rec := shard.Record{Type: shard.RecCharge, Account: "acct-1", EventID: fmt.Sprint("h", log.LastSeq()+1, "-", i), Units: 1}
+		if _, err := log.Append(rec.AppendEncode(nil)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := log.WaitDurable(context.Background(), log.LastSeq()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A settle that hangs has neither failed nor succeeded: Healthy compared
+// the last error with the last success and read true for as long as the
+// ledger hung (quotaring_ledger_up 1 through a 60 s SIGSTOP of Postgres).
+// A call that has waited CallTimeout counts as the ledger being down, even
+// before it returns (here it cannot: the ledger ignores the cancel).
+func TestHealthyFalseWhileALedgerCallHangs(t *testing.T) {
+	ctx := context.Background()
+	var mu sync.Mutex // protects now
+	now := time.Date(2026, 6, 10, 12, 0, 0, 0, time.UTC)
+	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	sq, e := ledgerRig(t, nil)
+	l := newHungLedger(sq)
+	l.ignoreCtx = true
+	s, err := NewSettler(SettlerOptions{Ledger: l, Engine: e, CallTimeout: time.Minute, Now: clock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Register(ctx); err != nil {
+		t.Fatal(err)
+	}
+	appendCharges(t, e, 3)
+	l.hung.Store(true)
+	done := make(chan error, 1)
+	go func() { _, err := s.SettleOnce(ctx); done <- err }()
+	<-l.entered
+	if !s.Healthy() {
+		t.Fatal("unhealthy the moment a settle started")
+	}
+	mu.Lock()
+	now = now.Add(time.Minute - time.Nanosecond)
+	mu.Unlock()
+	if !s.Healthy() {
+		t.Fatal("unhealthy before the settle had waited CallTimeout")
+	}
+	mu.Lock()
+	now = now.Add(time.Nanosecond)
+	mu.Unlock()
+	if s.Healthy() {
+		t.Fatal("healthy while a settle has waited CallTimeout (a minute) for the ledger's answer")
+	}
+	l.hung.Store(false)
+	close(l.release)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if !s.Healthy() {
+		t.Fatal("unhealthy after the settle got its answer")
+	}
+}
+
+// The settle loop against a ledger that hangs: each settle and heartbeat
+// is cancelled at CallTimeout and counts as a failure (retried, the
+// records kept), the ledger reads down, a WARN says for how long it has not
+// answered and what to check; when it answers again an INFO says so and
+// the records settle. Before, the loop waited in the first settle for as
+// long as the ledger hung, with nothing logged, counted or exported.
+func TestSettleLoopAgainstAHungLedger(t *testing.T) {
+	var logs logbuf.Buffer
+	sq, e := ledgerRig(t, nil)
+	l := newHungLedger(sq)
+	var errs atomic.Int64
+	s, err := NewSettler(SettlerOptions{Ledger: l, Engine: e, Interval: 10 * time.Millisecond, MaxBackoff: 50 * time.Millisecond,
+		Heartbeat: 10 * time.Millisecond, CallTimeout: 100 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(&logs, nil)),
+		OnSettle: func(r SettleReport) {
+			if r.Err != nil {
+				errs.Add(1)
+			}
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Register(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	l.hung.Store(true)
+	appendCharges(t, e, 5)
+	s.Start()
+	defer s.Close()
+	waitfor.Cond(t, 10*time.Second, "the settler to count the hung ledger down and say so", func() bool {
+		return !s.Healthy() && errs.Load() > 0 && strings.Contains(logs.String(), "the ledger has not answered a settle for 100ms")
+	})
+	if out := logs.String(); !strings.Contains(out, "what_to_check=") || !strings.Contains(out, "pg_locks") {
+		t.Fatalf("the WARN of a hung ledger does not say what to check:\n%s", out)
+	}
+	if got := e.Log().SettledSeq(); got != 0 {
+		t.Fatalf("settled to %d while the ledger hung", got)
+	}
+	l.hung.Store(false)
+	waitfor.Cond(t, 10*time.Second, "the settler to settle once the ledger answers", func() bool {
+		return s.Healthy() && e.Log().SettledSeq() == e.Log().DurableSeq()
+	})
+	waitfor.Cond(t, 10*time.Second, "an INFO line that the ledger answers again", func() bool {
+		return strings.Contains(logs.String(), `level=INFO msg="the ledger answers again"`)
+	})
+	if strings.Contains(logs.String(), errNeverCancelled.Error()) {
+		t.Fatalf("a call to the hung ledger was never cancelled:\n%s", logs.String())
+	}
+}
+
+// commitThenHang is a ledger whose armed Settle commits and then does not
+// answer until the caller gives up: the outcome, for the settler, unknown.
+type commitThenHang struct {
+	Ledger
+	armed atomic.Bool
+}
+
+func (l *commitThenHang) Settle(ctx context.Context, b *Batch) (SettleResult, error) {
+	if !l.armed.Swap(false) {
+		return l.Ledger.Settle(ctx, b)
+	}
+	if _, err := l.Ledger.Settle(context.WithoutCancel(ctx), b); err != nil {
+		return SettleResult{}, err
+	}
+	t := time.NewTimer(notCancelledWithin)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return SettleResult{}, ctx.Err()
+	case <-t.C:
+		return SettleResult{}, errNeverCancelled
+	}
+}
+
+// A settle cancelled at CallTimeout after the ledger committed it (the
+// answer was what took too long) is an error, retried with the same
+// range: the ledger's mark makes the retry a no-op, and every charge is
+// billed once (G2, G3), on a real Postgres.
+func TestSettleTimedOutAfterTheCommitBillsOnce(t *testing.T) {
+	ctx := context.Background()
+	dsn := pgtest.NewDB(t)
+	pg := openPG(t, dsn)
+	defer pg.Close()
+	if err := pg.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	clock := engine.NewManualClock(time.Date(2026, 6, 10, 0, 0, 0, 0, time.UTC))
+	if err := pg.UpsertPlan(ctx, snapshot.Plan{ID: "m100", MonthlyQuota: 100}); err != nil {
+		t.Fatal(err)
+	}
+	if err := pg.UpsertAccount(ctx, "acme", "m100"); err != nil {
+		t.Fatal(err)
+	}
+	snap, err := pg.Snapshot(ctx, time.Unix(0, clock.Now().Wall))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := &commitThenHang{Ledger: pg}
+	n := openTBNode(t, "n1", l, snap, clock)
+	s, err := NewSettler(SettlerOptions{Ledger: l, Engine: n.e, Events: true, CallTimeout: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, u := range []int64{3, 4} {
+		if res, err := n.e.Charge(ctx, "acme", shard.Charge{EventID: fmt.Sprint("e", i), ClientID: true, Units: u}); err != nil || res.Reason != shard.OK {
+			t.Fatalf("charge: %+v, %v", res, err)
+		}
+	}
+	l.armed.Store(true)
+	_, err = s.SettleOnce(ctx)
+	if !CallTimedOut(err) {
+		t.Fatalf("a settle whose answer did not come within CallTimeout: %v; want it cancelled as timed out", err)
+	}
+	if s.Healthy() {
+		t.Fatal("healthy after a settle timed out")
+	}
+	if got := n.e.Log().SettledSeq(); got != 0 {
+		t.Fatalf("the log marked settled to %d by a settle that timed out", got)
+	}
+	if _, err := s.SettleOnce(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !s.Healthy() || n.e.Log().SettledSeq() != n.e.Log().DurableSeq() {
+		t.Fatalf("after the retry: healthy %v, settled %d of %d", s.Healthy(), n.e.Log().SettledSeq(), n.e.Log().DurableSeq())
+	}
+	u, err := pg.Usage(ctx, "acme", shard.Period(2026*12+5))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if u.Units != 7 {
+		t.Errorf("usage of acme %d units after a settle timed out past its commit and was retried, want 7 (billed once)", u.Units)
+	}
+	if es := eventsOf(t, pg, "acme"); len(es) != 2 {
+		t.Errorf("%d events, want 2", len(es))
+	}
+	wantReconciled(t, pg)
+}
