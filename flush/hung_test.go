@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/quotaring/quotaring/engine"
+	"github.com/quotaring/quotaring/internal/faultproxy"
 	"github.com/quotaring/quotaring/internal/logbuf"
 	"github.com/quotaring/quotaring/internal/pgtest"
 	"github.com/quotaring/quotaring/internal/waitfor"
@@ -277,4 +278,37 @@ func TestSettleTimedOutAfterTheCommitBillsOnce(t *testing.T) {
 		t.Errorf("%d events, want 2", len(es))
 	}
 	wantReconciled(t, pg)
+}
+
+// Closing the ledger after a call to a hung server was cancelled took 15 s
+// (pgx's goodbye to that connection waits for the server): a node's
+// shutdown spent them after its final settle gave up, past its budget.
+func TestPostgresCloseDoesNotWaitForAHungServer(t *testing.T) {
+	dsn := pgtest.NewDB(t)
+	srv := pgtest.PackageServer(t)
+	if srv == nil {
+		return
+	}
+	proxy, err := faultproxy.New("127.0.0.1:0", srv.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer proxy.Close()
+	defer proxy.SetFrozen(false)
+	l := openPG(t, strings.Replace(dsn, srv.Addr(), proxy.Addr(), 1))
+	if _, err := l.Clock(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	proxy.SetFrozen(true)
+	ctx, cancel := context.WithTimeout(t.Context(), 100*time.Millisecond)
+	_, err = l.Clock(ctx)
+	cancel()
+	if err == nil {
+		t.Fatal("a call to a frozen ledger answered")
+	}
+	t0 := time.Now()
+	l.Close()
+	if took := time.Since(t0); took > closeWait+time.Second {
+		t.Fatalf("Close took %s with the server hung, want at most %s", took, closeWait)
+	}
 }

@@ -181,9 +181,29 @@ func scrubPassword(msg, dsn string) string {
 // minScrubLen is the shortest password scrubbed wherever it appears.
 const minScrubLen = 6
 
-// Close closes the pool.
+// closeWait bounds Close.
+const closeWait = 2 * time.Second
+
+// Close closes the pool, waiting at most closeWait. pgx says goodbye to a
+// connection whose query was cancelled with a cancel request and waits
+// up to 15 s for the server: a server that hangs (SIGSTOPped, say) held a
+// node's shutdown that long after its final settle gave up, past its
+// budget (quotad serve: drain + settle + 10 s). What is left closes in the
+// background; the process exits anyway.
 func (p *Postgres) Close() error {
-	p.pool.Close()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		p.pool.Close()
+	}()
+	t := time.NewTimer(closeWait)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+		p.log.Warn("the ledger has not answered the close of its connections within "+closeWait.String()+": leaving them to close in the background",
+			"ledger", p.where)
+	}
 	return nil
 }
 
