@@ -95,7 +95,7 @@ func (n *Node) tryLedger(ctx context.Context, beforeServing bool) (bool, error) 
 		return false, err
 	}
 	settler, err := flush.NewSettler(flush.SettlerOptions{Ledger: l, Engine: n.eng, Interval: n.cfg.SettleInterval,
-		Events: !n.cfg.EventsOff, Logger: n.log.With("component", "settler"), OnSettle: n.metrics.onSettle,
+		Events: !n.cfg.EventsOff, CallTimeout: n.cfg.LedgerTimeout, Logger: n.log.With("component", "settler"), OnSettle: n.metrics.onSettle,
 		AfterCommit: n.afterCommitFailpoint, Start: n.startToRecord()})
 	if err == nil {
 		err = settler.Register(ctx)

@@ -80,6 +80,11 @@ type Config struct {
 	// DrainTimeout bounds waiting for in-flight calls at shutdown [10s];
 	// SettleTimeout the final settle [20s].
 	DrainTimeout, SettleTimeout time.Duration
+	// LedgerTimeout bounds each call of the settle loop to the ledger (a
+	// settle's batch, a heartbeat) [flush.DefaultCallTimeout, 10s]: a call
+	// that has not answered by then is cancelled and retried, and the
+	// ledger counts as down (quotaring_ledger_up 0) from then on.
+	LedgerTimeout time.Duration
 	// LedgerRetry is the wait between attempts to reach the ledger when it is
 	// down [2s].
 	LedgerRetry time.Duration
@@ -243,7 +248,7 @@ func (c *Config) defaults() error {
 	if c.RingPreset == "" {
 		c.RingPreset = ring.PresetLAN
 	}
-	for _, d := range []*time.Duration{&c.SettleInterval, &c.DrainTimeout, &c.SettleTimeout, &c.SnapshotInterval, &c.LedgerRetry, &c.MaxClockOffset} { // ReconcileInterval < 0 means off
+	for _, d := range []*time.Duration{&c.SettleInterval, &c.DrainTimeout, &c.SettleTimeout, &c.LedgerTimeout, &c.SnapshotInterval, &c.LedgerRetry, &c.MaxClockOffset} { // ReconcileInterval < 0 means off
 		if *d < 0 {
 			return fmt.Errorf("node: durations must not be negative (got %s)", *d)
 		}
@@ -252,6 +257,7 @@ func (c *Config) defaults() error {
 	setDefault(&c.SnapshotInterval, 3*time.Second)
 	setDefault(&c.DrainTimeout, 10*time.Second)
 	setDefault(&c.SettleTimeout, 20*time.Second)
+	setDefault(&c.LedgerTimeout, flush.DefaultCallTimeout)
 	setDefault(&c.LedgerRetry, 2*time.Second)
 	setDefault(&c.ReconcileInterval, 15*time.Minute)
 	if c.TestClockOffset != 0 && c.Clock != nil {

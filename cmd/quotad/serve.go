@@ -39,6 +39,7 @@ type serveFlags struct {
 	settleInterval, snapshotInterval         time.Duration
 	walSync, events                          bool
 	drainTimeout, settleTimeout              time.Duration
+	ledgerTimeout                            time.Duration
 	testFaults                               bool
 	testClockOffset                          time.Duration
 	logLevel, logFormat                      string
@@ -95,6 +96,7 @@ for the next start.`,
 	fl.BoolVar(&f.events, "events", true, "keep the event log in the ledger (off: daily aggregates only, and no duplicate catch at settle)")
 	fl.DurationVar(&f.drainTimeout, "drain-timeout", 10*time.Second, "on SIGTERM, how long in-flight requests may take to finish")
 	fl.DurationVar(&f.settleTimeout, "settle-timeout", 20*time.Second, "on SIGTERM, how long the final settle may take")
+	fl.DurationVar(&f.ledgerTimeout, "ledger-timeout", flush.DefaultCallTimeout, "how long one settle or heartbeat may wait for the ledger's answer: past it the call is cancelled and retried, and the ledger counts as down (quotaring_ledger_up 0, a WARN)")
 	fl.DurationVar(&f.reconcileInterval, "reconcile-interval", 15*time.Minute, "how often to check the ledger's counters against its event log (exported as quotaring_reconcile_differences); one node, the serving member with the smallest id, runs it; 0 turns it off")
 	fl.IntVar(&f.dedupMaxIDs, "dedup-max-ids", shard.DefaultParams().DedupMax, fmt.Sprintf("the Idempotency-Keys an owner remembers per account for 24 h, the oldest dropped first (%d to %d); a few hundred bytes of memory each (README: Accounts that send many Idempotency-Keys)", minDedupMaxIDs, maxDedupMaxIDs))
 	fl.DurationVar(&f.maxClockOffset, "max-clock-offset", node.DefaultMaxClockOffset, "how far this node's clock may stand from the ledger's, or step, before the node warns, holds to its time from before a step, or takes the ledger's time when the other nodes agree with the ledger (README: Months and clocks); at least "+node.MinMaxClockOffset.String())
@@ -147,7 +149,7 @@ func (f *serveFlags) config(logger *slog.Logger) (node.Config, error) {
 		return node.Config{}, fmt.Errorf("--ring-preset %q: want lan or local", f.ringPreset)
 	}
 	for name, d := range map[string]time.Duration{"settle-interval": f.settleInterval, "snapshot-interval": f.snapshotInterval,
-		"drain-timeout": f.drainTimeout, "settle-timeout": f.settleTimeout} {
+		"drain-timeout": f.drainTimeout, "settle-timeout": f.settleTimeout, "ledger-timeout": f.ledgerTimeout} {
 		if d <= 0 {
 			return node.Config{}, fmt.Errorf("--%s %s: want a positive duration such as 1s", name, d)
 		}
@@ -186,7 +188,7 @@ func (f *serveFlags) config(logger *slog.Logger) (node.Config, error) {
 	return node.Config{HTTPTLS: f.httpTLS, AdminTLS: f.adminTLS, ID: f.nodeID, DataDir: f.dataDir, Ledger: f.ledger,
 		RPCAddr: f.rpcAddr, HTTPAddr: f.httpAddr, AdminAddr: f.adminAddr, GossipAddr: f.gossipAddr,
 		Join: f.join, GossipKeys: gossipKeys, RPCTokens: rpcTokens, RPCTLS: f.rpcTLS, AdvertiseHost: f.advertiseHost, ReconcileInterval: reconcileInterval(f.reconcileInterval), RingPreset: f.ringPreset, SettleInterval: f.settleInterval, SnapshotInterval: f.snapshotInterval,
-		NoSync: !f.walSync, EventsOff: !f.events, DrainTimeout: f.drainTimeout, SettleTimeout: f.settleTimeout,
+		NoSync: !f.walSync, EventsOff: !f.events, DrainTimeout: f.drainTimeout, SettleTimeout: f.settleTimeout, LedgerTimeout: f.ledgerTimeout,
 		MaxClockOffset: f.maxClockOffset, DedupMaxIDs: f.dedupMaxIDs, TestFaults: f.testFaults, TestClockOffset: f.testClockOffset, Logger: logger}, nil
 }
 

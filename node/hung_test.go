@@ -1,0 +1,91 @@
+package node
+
+import (
+	"context"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/quotaring/quotaring/internal/logbuf"
+	"github.com/quotaring/quotaring/router"
+	"github.com/quotaring/quotaring/shard"
+)
+
+// hungRig starts two nodes on a ledger behind a fault proxy, with
+// twentyAccounts(1000) (hard), n1 configured by mod and logging to logs,
+// and charges one account n1 owns until it settled once (n1 holds an
+// allowance of it). charge charges it once more at n1.
+func hungRig(t *testing.T, logs *logbuf.Buffer, mod func(*Config)) (n1 *Node, proxySet func(frozen bool), charge func() (shard.Decision, error), ok bool) {
+	t.Helper()
+	dsn, _, proxy, ok := proxiedPG(t)
+	if !ok {
+		return nil, nil, nil, false
+	}
+	accounts := twentyAccounts(1000)
+	seedLedger(t, dsn, accounts)
+	nodes := startNodesWith(t, dsn, func(c *Config) {
+		c.Logger = slog.New(slog.NewTextHandler(logs, nil))
+		mod(c)
+	}, nil)
+	t.Cleanup(func() { proxy.SetFrozen(false) }) // NB: after startNodesWith, so before its cleanup stops the nodes (LIFO)
+	n1 = nodes[0]
+	acct := ownedBy(t, n1, accounts)
+	charge = func() (shard.Decision, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		res, err := n1.Router().Charge(ctx, router.ChargeRequest{Account: acct, Route: "GET /x", Units: 1})
+		return res.Decision, err
+	}
+	waitFor(t, 10*time.Second, "n1 to charge "+acct, func() bool {
+		d, err := charge()
+		return err == nil && d.Reason == shard.OK
+	})
+	waitFor(t, 10*time.Second, "n1's charge settled", func() bool { return n1.wal.SettledSeq() == n1.wal.DurableSeq() })
+	return n1, proxy.SetFrozen, charge, true
+}
+
+// A ledger that stops answering without failing (the SRE review: Postgres
+// SIGSTOPped for 60 s, or a lock held on grants for 75 s, under traffic):
+// quotaring_ledger_up read 1 on every node for the whole freeze,
+// settle_errors_total stayed flat, and not one line was logged. Now the
+// node reads down within --ledger-timeout of the first call left
+// unanswered, says so at WARN with what to check, keeps serving (G8), and
+// says at INFO when the ledger answers again, then settles.
+func TestHungLedgerReadsDown(t *testing.T) {
+	var logs logbuf.Buffer
+	n1, setFrozen, charge, ok := hungRig(t, &logs, func(c *Config) { c.LedgerTimeout = 300 * time.Millisecond })
+	if !ok {
+		return
+	}
+	if v := gaugeValue(t, n1, "quotaring_ledger_up"); v != 1 {
+		t.Fatalf("quotaring_ledger_up %v with the ledger answering", v)
+	}
+	setFrozen(true)
+	for range 5 {
+		if d, err := charge(); err != nil || d.Reason != shard.OK {
+			t.Fatalf("charge with the ledger hung: %+v %v; want OK from the reservation (G8)", d, err)
+		}
+	}
+	// NB: under pgx's connect timeout (5 s), so that it is the hang that
+	// is seen, not a new connection failing.
+	waitFor(t, 4*time.Second, "quotaring_ledger_up 0 with the ledger hung", func() bool {
+		return gaugeValue(t, n1, "quotaring_ledger_up") == 0
+	})
+	waitFor(t, 10*time.Second, "a WARN that the ledger has not answered", func() bool {
+		return strings.Contains(logs.String(), "the ledger has not answered a ")
+	})
+	if !strings.Contains(logs.String(), "what_to_check=") {
+		t.Fatalf("the WARN does not say what to check:\n%s", logs.String())
+	}
+	if strings.Contains(logs.String(), "the ledger answers again") {
+		t.Fatal("logged that the ledger answers again while it hangs")
+	}
+	setFrozen(false)
+	waitFor(t, 20*time.Second, "quotaring_ledger_up 1 and everything settled once the ledger answers", func() bool {
+		return gaugeValue(t, n1, "quotaring_ledger_up") == 1 && n1.wal.SettledSeq() == n1.wal.DurableSeq()
+	})
+	waitFor(t, 10*time.Second, "an INFO that the ledger answers again", func() bool {
+		return strings.Contains(logs.String(), `level=INFO msg="the ledger answers again"`)
+	})
+}
