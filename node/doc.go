@@ -22,13 +22,14 @@
 //	state draining: the ring stops giving this node accounts
 //	stop the HTTP front and the gRPC server, letting in-flight calls finish
 //	  (DrainTimeout; the rest are cut off and refunded)
-//	hand every reservation back; settle everything (SettleTimeout)
-//	leave the ring; close
+//	hand every reservation back; settle everything (both within
+//	  SettleTimeout, and ending 5 s before the caller's deadline)
+//	leave the ring; close (the ledger's connections within 2 s)
 //
 // The last serving member announces draining only after the second step:
 // nobody could take its accounts over, and the refunds of requests cut off
 // there need an owner.
 //
-// If the final settle fails (ledger down), the records stay in the log for
+// If the final settle fails (ledger down, or hung past its budget), the records stay in the log for
 // the next start and Shutdown returns an error, so quotad exits non-zero.
 package node

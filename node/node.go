@@ -78,7 +78,8 @@ type Config struct {
 	// duplicate catch at settle).
 	EventsOff bool
 	// DrainTimeout bounds waiting for in-flight calls at shutdown [10s];
-	// SettleTimeout the final settle [20s].
+	// SettleTimeout the hand-back of reservations and the final settle
+	// together [20s].
 	DrainTimeout, SettleTimeout time.Duration
 	// LedgerTimeout bounds each call of the settle loop to the ledger (a
 	// settle's batch, a heartbeat) [flush.DefaultCallTimeout, 10s]: a call

@@ -35,14 +35,23 @@ func (n *Node) Shutdown(ctx context.Context) error {
 		n.announceDraining(ctx, r)
 	}
 	var errs []error
-	n.releaseAll(ctx)
+	// The hand-back and the final settle share --settle-timeout, and all
+	// the ledger work ends early enough to leave the ring and close within
+	// ctx (quotad serve's budget): against a ledger that hangs, each step
+	// took its own bound, and then closing waited on the ledger too (1m34s
+	// of a 40 s budget, past the pod's grace period).
+	wctx, wcancel := ledgerWorkContext(ctx)
+	defer wcancel()
+	sctx, scancel := context.WithTimeout(wctx, n.cfg.SettleTimeout)
+	defer scancel()
+	n.releaseAll(sctx)
 	n.stopLoops()
-	settleErr := n.finalSettle(ctx)
+	settleErr := n.finalSettle(sctx)
 	if settleErr != nil {
 		errs = append(errs, settleErr)
 	} else {
-		n.releaseStranded(ctx)
-		n.markStopped(ctx)
+		n.releaseStranded(wctx)
+		n.markStopped(wctx)
 	}
 	if r != nil {
 		lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
@@ -54,6 +63,20 @@ func (n *Node) Shutdown(ctx context.Context) error {
 	errs = append(errs, n.closeAll())
 	n.log.Info("stopped", "took", time.Since(t0).Round(time.Millisecond), "final_settle_ok", settleErr == nil)
 	return errors.Join(errs...)
+}
+
+// stopReserve is what the ledger work of a shutdown leaves of the
+// caller's deadline for what comes after it: leaving the ring, closing the
+// ledger (at most 2 s: flush.Postgres.Close) and the log.
+const stopReserve = 5 * time.Second
+
+// ledgerWorkContext is ctx ending stopReserve before ctx's deadline, if
+// it has one.
+func ledgerWorkContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	if d, ok := ctx.Deadline(); ok {
+		return context.WithDeadline(ctx, d.Add(-stopReserve))
+	}
+	return context.WithCancel(ctx)
 }
 
 // announceDraining tells the ring this node drains: it owns nothing more.
@@ -81,13 +104,15 @@ func (n *Node) lastServing(r *ring.Ring) bool {
 }
 
 // releaseAll hands every reservation back so the new owners find the units
-// free, unless the ledger looks down: then the node keeps them (its log
+// free, unless the ledger looks down (a call to it failed, or has waited
+// --ledger-timeout for its answer): then the node keeps them (its log
 // replays them at the next start, and the ledger still holds them for it),
 // rather than zeroing them here and stranding them there. It gets a
-// quarter of SettleTimeout: it had all of it, and then a slow ledger left
-// the final settle, which matters more, a few seconds of the shutdown's
-// budget (quotad serve's drain + settle + 10 s). What it could not hand
-// back, releaseStranded frees once the log is settled.
+// quarter of SettleTimeout, out of ctx (the settle phase's): it had all of
+// it, and then a slow ledger left the final settle, which matters more, a
+// few seconds of the shutdown's budget (quotad serve's drain + settle +
+// 10 s). What it could not hand back, releaseStranded frees once the log
+// is settled.
 func (n *Node) releaseAll(ctx context.Context) {
 	s := n.Settler()
 	if n.eng == nil || s == nil || !s.Healthy() {
@@ -236,7 +261,8 @@ func (n *Node) stopLoops() {
 	n.wg.Wait()
 }
 
-// finalSettle settles everything durable, within SettleTimeout.
+// finalSettle settles everything durable, within ctx (Shutdown's settle
+// phase) and SettleTimeout.
 func (n *Node) finalSettle(ctx context.Context) error {
 	if n.wal == nil {
 		return nil
