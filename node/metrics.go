@@ -156,7 +156,7 @@ func newMetrics(n *Node) *metrics {
 			Help:        "Always 1; its labels say which build of quotad runs this node (quotad version): compare them across nodes during a rolling upgrade.",
 			ConstLabels: prometheus.Labels{"version": n.build.Short(), "revision": n.build.Revision, "goversion": n.build.GoVersion}},
 			func() float64 { return 1 }),
-		gauge("quotaring_ledger_up", "1 when the ledger has been reached and the last settle and the last heartbeat (every 2 s) succeeded.", func() float64 {
+		gauge("quotaring_ledger_up", "1 when the ledger has been reached, the last settle and the last heartbeat (every 2 s) succeeded, and no call to the ledger has waited --ledger-timeout for its answer.", func() float64 {
 			if s := n.Settler(); s != nil && s.Healthy() {
 				return 1
 			}
