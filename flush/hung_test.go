@@ -30,13 +30,15 @@ var errNeverCancelled = errors.New("test ledger: the settler waited for this cal
 // hungLedger is a ledger that, while hung, answers neither a settle nor a
 // heartbeat (no error, no answer: a SIGSTOPped Postgres, a lock held on its
 // tables) until the caller gives up. With ignoreCtx it does not even see the
-// caller give up: it waits for release.
+// caller give up: it waits for release. With settlesOnly, heartbeats
+// answer (a lock held on grants: settles wait for it, heartbeats do not).
 type hungLedger struct {
 	Ledger
-	hung      atomic.Bool
-	ignoreCtx bool
-	entered   chan struct{} // one send per call that hangs
-	release   chan struct{}
+	hung        atomic.Bool
+	ignoreCtx   bool
+	settlesOnly bool
+	entered     chan struct{} // one send per call that hangs
+	release     chan struct{}
 }
 
 func newHungLedger(l Ledger) *hungLedger {
@@ -47,7 +49,10 @@ func (l *hungLedger) hang(ctx context.Context) error {
 	if !l.hung.Load() {
 		return nil
 	}
-	l.entered <- struct{}{}
+	select {
+	case l.entered <- struct{}{}:
+	default:
+	}
 	t := time.NewTimer(notCancelledWithin)
 	defer t.Stop()
 	done := ctx.Done()
@@ -72,6 +77,9 @@ func (l *hungLedger) Settle(ctx context.Context, b *Batch) (SettleResult, error)
 }
 
 func (l *hungLedger) Heartbeat(ctx context.Context, node, inc string, drainedAt time.Time) (uint64, error) {
+	if l.settlesOnly {
+		return l.Ledger.Heartbeat(ctx, node, inc, drainedAt)
+	}
 	if err := l.hang(ctx); err != nil {
 		return 0, err
 	}
@@ -150,9 +158,19 @@ func TestHealthyFalseWhileALedgerCallHangs(t *testing.T) {
 // the records settle. Before, the loop waited in the first settle for as
 // long as the ledger hung, with nothing logged, counted or exported.
 func TestSettleLoopAgainstAHungLedger(t *testing.T) {
+	for _, settlesOnly := range []bool{false, true} {
+		t.Run(map[bool]string{false: "all-calls", true: "settles-only"}[settlesOnly], func(t *testing.T) { testSettleLoopAgainstAHungLedger(t, settlesOnly) })
+	}
+}
+
+// testSettleLoopAgainstAHungLedger: with settlesOnly, the heartbeats
+// answer meanwhile (the SRE review's lock on grants): the ledger still
+// reads down, and is not said to answer again until the settles do.
+func testSettleLoopAgainstAHungLedger(t *testing.T, settlesOnly bool) {
 	var logs logbuf.Buffer
 	sq, e := ledgerRig(t, nil)
 	l := newHungLedger(sq)
+	l.settlesOnly = settlesOnly
 	var errs atomic.Int64
 	s, err := NewSettler(SettlerOptions{Ledger: l, Engine: e, Interval: 10 * time.Millisecond, MaxBackoff: 50 * time.Millisecond,
 		Heartbeat: 10 * time.Millisecond, CallTimeout: 100 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(&logs, nil)),
@@ -179,6 +197,16 @@ func TestSettleLoopAgainstAHungLedger(t *testing.T) {
 	}
 	if got := e.Log().SettledSeq(); got != 0 {
 		t.Fatalf("settled to %d while the ledger hung", got)
+	}
+	if settlesOnly {
+		// Heartbeats every 10 ms answer between the settles that hang.
+		waitfor.Cond(t, 10*time.Second, "another settle to time out", func() bool { return errs.Load() >= 3 })
+		if s.Healthy() {
+			t.Fatal("healthy while every settle hangs, because the heartbeats answer")
+		}
+	}
+	if strings.Contains(logs.String(), "the ledger answers again") {
+		t.Fatalf("said the ledger answers again while its settles hang:\n%s", logs.String())
 	}
 	l.hung.Store(false)
 	waitfor.Cond(t, 10*time.Second, "the settler to settle once the ledger answers", func() bool {

@@ -199,9 +199,9 @@ const WhatToCheckWhenHung = "a lock held on the ledger's tables (pg_locks, pg_st
 	"LOCK TABLE, VACUUM FULL), the database server (a stopped or paused process, CPU, disk I/O, a failover under way) " +
 	"and the network to it"
 
-// call runs fn, one call to the ledger, under CallTimeout, and keeps the
-// outage bookkeeping: the first failure starts an outage, the first
-// success after one ends it with an INFO line. REQUIRES: s.mu held.
+// call runs fn, one call to the ledger, under CallTimeout; its first
+// failure since the ledger last looked healthy starts an outage
+// (backUp ends it). REQUIRES: s.mu held.
 func (s *Settler) call(ctx context.Context, what string, fn func(context.Context) error) error {
 	cctx, cancel := context.WithTimeout(ctx, s.opts.CallTimeout)
 	defer cancel()
@@ -215,17 +215,26 @@ func (s *Settler) call(ctx context.Context, what string, fn func(context.Context
 	} else {
 		s.calling.Store(0)
 	}
-	switch {
-	case err == nil && !s.downSince.IsZero():
-		s.opts.Logger.Info("the ledger answers again", "down_for", s.opts.Now().Sub(s.downSince).Round(time.Millisecond),
-			"unsettled", s.log.DurableSeq()-s.log.SettledSeq())
-		s.downSince = time.Time{}
-	case err != nil && ctx.Err() == nil && s.downSince.IsZero() && !errors.Is(err, ErrMarkConflict):
+	if err != nil && ctx.Err() == nil && s.downSince.IsZero() && !errors.Is(err, ErrMarkConflict) {
 		// NB: a mark conflict is an answer (settled elsewhere), not an
 		// outage.
 		s.downSince = start
 	}
 	return err
+}
+
+// backUp ends the current outage, with an INFO line, once the ledger
+// looks healthy again: the settles and the heartbeats both answer. Not on
+// any answer: with a lock held on grants the heartbeats (nodes) answer and
+// the settles hang, and "answers again" between two "has not answered"
+// WARNs misled. REQUIRES: s.mu held.
+func (s *Settler) backUp() {
+	if s.downSince.IsZero() || !s.Healthy() {
+		return
+	}
+	s.opts.Logger.Info("the ledger answers again", "down_for", s.opts.Now().Sub(s.downSince).Round(time.Millisecond),
+		"unsettled", s.log.DurableSeq()-s.log.SettledSeq())
+	s.downSince = time.Time{}
 }
 
 // downFor is how long the current outage has lasted, 0 when the ledger
@@ -361,6 +370,7 @@ func (s *Settler) SettleOnce(ctx context.Context) (int, error) {
 	if err := s.heartbeatLocked(ctx); err != nil {
 		return total, err
 	}
+	s.backUp()
 	return total, nil
 }
 
@@ -392,6 +402,7 @@ func (s *Settler) heartbeatLocked(ctx context.Context) error {
 	}
 	s.lastBeat = time.Now()
 	s.beatOK.Store(s.lastBeat.UnixNano())
+	s.backUp()
 	return nil
 }
 
