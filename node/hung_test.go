@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/quotaring/quotaring/internal/logbuf"
 	"github.com/quotaring/quotaring/router"
 	"github.com/quotaring/quotaring/shard"
@@ -15,12 +17,18 @@ import (
 // hungRig starts two nodes on a ledger behind a fault proxy, with
 // twentyAccounts(1000) (hard), n1 configured by mod and logging to logs,
 // and charges one account n1 owns until it settled once (n1 holds an
-// allowance of it). charge charges it once more at n1.
+// allowance of it). charge charges it once more at n1; direct is the
+// ledger's DSN without the proxy.
 func hungRig(t *testing.T, logs *logbuf.Buffer, mod func(*Config)) (n1 *Node, proxySet func(frozen bool), charge func() (shard.Decision, error), ok bool) {
+	n1, proxySet, charge, _, ok = hungRigDirect(t, logs, mod)
+	return n1, proxySet, charge, ok
+}
+
+func hungRigDirect(t *testing.T, logs *logbuf.Buffer, mod func(*Config)) (n1 *Node, proxySet func(frozen bool), charge func() (shard.Decision, error), direct string, ok bool) {
 	t.Helper()
-	dsn, _, proxy, ok := proxiedPG(t)
+	dsn, direct, proxy, ok := proxiedPG(t)
 	if !ok {
-		return nil, nil, nil, false
+		return nil, nil, nil, "", false
 	}
 	accounts := twentyAccounts(1000)
 	seedLedger(t, dsn, accounts)
@@ -42,7 +50,7 @@ func hungRig(t *testing.T, logs *logbuf.Buffer, mod func(*Config)) (n1 *Node, pr
 		return err == nil && d.Reason == shard.OK
 	})
 	waitFor(t, 10*time.Second, "n1's charge settled", func() bool { return n1.wal.SettledSeq() == n1.wal.DurableSeq() })
-	return n1, proxy.SetFrozen, charge, true
+	return n1, proxy.SetFrozen, charge, direct, true
 }
 
 // A ledger that stops answering without failing (the SRE review: Postgres
@@ -83,6 +91,58 @@ func TestHungLedgerReadsDown(t *testing.T) {
 	}
 	setFrozen(false)
 	waitFor(t, 20*time.Second, "quotaring_ledger_up 1 and everything settled once the ledger answers", func() bool {
+		return gaugeValue(t, n1, "quotaring_ledger_up") == 1 && n1.wal.SettledSeq() == n1.wal.DurableSeq()
+	})
+	waitFor(t, 10*time.Second, "an INFO that the ledger answers again", func() bool {
+		return strings.Contains(logs.String(), `level=INFO msg="the ledger answers again"`)
+	})
+}
+
+// The SRE review's second repro: a transaction holds an ACCESS EXCLUSIVE
+// lock on grants (psql: begin; lock table grants ...; select
+// pg_sleep(75)). Settles wait for the lock, heartbeats (nodes) do not: the
+// node read quotaring_ledger_up 1, logged nothing, and lagged 72 s. Now
+// it reads down within --ledger-timeout, says so, and does not say the
+// ledger answers again (its heartbeats do) until the lock is gone and it
+// settled.
+func TestLedgerTableLockedReadsDown(t *testing.T) {
+	var logs logbuf.Buffer
+	n1, _, charge, direct, ok := hungRigDirect(t, &logs, func(c *Config) { c.LedgerTimeout = 300 * time.Millisecond })
+	if !ok {
+		return
+	}
+	ctx := context.Background()
+	locker, err := pgx.Connect(ctx, direct)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer locker.Close(ctx)
+	tx, err := locker.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, "LOCK TABLE grants IN ACCESS EXCLUSIVE MODE"); err != nil {
+		t.Fatal(err)
+	}
+	for range 5 {
+		if d, err := charge(); err != nil || d.Reason != shard.OK {
+			t.Fatalf("charge with grants locked: %+v %v; want OK from the reservation (G8)", d, err)
+		}
+	}
+	waitFor(t, 4*time.Second, "quotaring_ledger_up 0 with grants locked", func() bool {
+		return gaugeValue(t, n1, "quotaring_ledger_up") == 0
+	})
+	waitFor(t, 10*time.Second, "a WARN that the ledger has not answered a settle", func() bool {
+		return strings.Contains(logs.String(), "the ledger has not answered a settle")
+	})
+	if strings.Contains(logs.String(), "the ledger answers again") {
+		t.Fatalf("said the ledger answers again while its settles wait for a lock:\n%s", logs.String())
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 20*time.Second, "quotaring_ledger_up 1 and everything settled once the lock is gone", func() bool {
 		return gaugeValue(t, n1, "quotaring_ledger_up") == 1 && n1.wal.SettledSeq() == n1.wal.DurableSeq()
 	})
 	waitFor(t, 10*time.Second, "an INFO that the ledger answers again", func() bool {
