@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -338,5 +339,54 @@ func TestPostgresCloseDoesNotWaitForAHungServer(t *testing.T) {
 	l.Close()
 	if took := time.Since(t0); took > closeWait+time.Second {
 		t.Fatalf("Close took %s with the server hung, want at most %s", took, closeWait)
+	}
+}
+
+// hangingThenFast hangs every settle while hung (until the caller gives
+// up), and otherwise takes it as applied at once, recording its size.
+type hangingThenFast struct {
+	Ledger
+	hung  atomic.Bool
+	sizes []uint64
+}
+
+func (l *hangingThenFast) Settle(ctx context.Context, b *Batch) (SettleResult, error) {
+	if l.hung.Load() {
+		<-ctx.Done() // NB: the settler's CallTimeout ends it
+		return SettleResult{}, ctx.Err()
+	}
+	l.sizes = append(l.sizes, b.Next-b.Prev)
+	return SettleResult{Applied: true}, nil
+}
+
+// A settle that timed out is retried at half the size, in case the ledger
+// is slow rather than hung; once settles are quick again the batch grows
+// back to MaxBatch, so that a ledger that hung for a minute does not cost
+// ten times the round trips for ever after.
+func TestSettleBatchShrinksOnTimeoutsAndGrowsBack(t *testing.T) {
+	ctx := context.Background()
+	sq, e := ledgerRig(t, nil)
+	l := &hangingThenFast{Ledger: sq}
+	s, err := NewSettler(SettlerOptions{Ledger: l, Engine: e, MaxBatch: 4000, CallTimeout: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	appendCharges(t, e, 5000)
+	l.hung.Store(true)
+	for range 3 {
+		if _, err := s.SettleOnce(ctx); !CallTimedOut(err) {
+			t.Fatalf("settle against a hung ledger: %v, want it timed out", err)
+		}
+	}
+	l.hung.Store(false)
+	if _, err := s.SettleOnce(ctx); err != nil {
+		t.Fatal(err)
+	}
+	appendCharges(t, e, 4000)
+	if _, err := s.SettleOnce(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if want := []uint64{1000, 2000, 2000, 4000}; !slices.Equal(l.sizes, want) {
+		t.Fatalf("batches %v after three timeouts, want %v (cut to 1000, then doubled back to 4000)", l.sizes, want)
 	}
 }

@@ -74,13 +74,18 @@ type Settler struct {
 	log  logView
 	node string
 	inc  string
-	mu   sync.Mutex // serialises SettleOnce; protects lastBeat and limit
+	mu   sync.Mutex // serialises SettleOnce; protects lastBeat, limit, regrow and downSince
 	// lastBeat is when this node last wrote its heartbeat to the ledger
 	// (a settle or Register).
 	lastBeat time.Time
 	// limit is the records of one settle: MaxBatch, halved (down to
 	// minBatch) each time the ledger cancels a settle for taking too long.
-	limit   int
+	limit int
+	// regrow says limit was cut by settles that timed out on our side
+	// (CallTimeout), not by the ledger's statement_timeout: it doubles
+	// back towards MaxBatch after each quick settle, since a ledger that
+	// hung for a minute is not slow for ever.
+	regrow  bool
 	failed  atomic.Int64
 	lastOK  atomic.Int64 // Unix ns of the last successful settle
 	lastErr atomic.Int64 // Unix ns of the last failed one
@@ -483,15 +488,19 @@ func (s *Settler) settleBatch(ctx context.Context) (n int, more bool, err error)
 		case statementTimedOut(err) && s.limit > minBatch:
 			// A role's statement_timeout shorter than one settle failed the
 			// same range at the same size for ever.
-			s.limit = max(minBatch, s.limit/2)
+			s.limit, s.regrow = max(minBatch, s.limit/2), false
 			s.opts.Logger.Warn("the ledger cancelled a settle for taking too long (its statement_timeout?): settling in smaller batches",
 				"records", next-prev, "batch", s.limit, "what_to_do", "raise statement_timeout for the nodes' role, or leave it: smaller batches cost more round trips")
 		case CallTimedOut(err) && s.limit > minBatch:
 			// The same for our own bound: a ledger slow rather than hung
 			// gets through in smaller batches.
-			s.limit = max(minBatch, s.limit/2)
+			s.limit, s.regrow = max(minBatch, s.limit/2), true
 		}
 		return 0, false, fmt.Errorf("flush: settle (%d, %d] of node %s: %w", prev, next, s.node, err)
+	}
+	if s.regrow && rep.Took < s.opts.CallTimeout/4 {
+		s.limit = min(s.opts.MaxBatch, 2*s.limit)
+		s.regrow = s.limit < s.opts.MaxBatch
 	}
 	return int(next - prev), next < durable, nil
 }
