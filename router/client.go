@@ -651,7 +651,7 @@ func rejected(err error) bool {
 // rejectedError is ErrRejected for the call (what) on account's owner at
 // addr, keeping err (its gRPC status) in the chain.
 func rejectedError(account, addr, what string, err error) error {
-	return fmt.Errorf("%w: %s refused the %s for account %q (%w); nothing was applied: fix what it names (the RPC token, the versions of the nodes), retrying cannot help",
+	return fmt.Errorf("%w: %s refused the %s for account %q (%w); nothing was applied, and every call is refused alike until an operator fixes what it names (the RPC token, the versions of the nodes)",
 		ErrRejected, addr, what, account, err)
 }
 

@@ -296,8 +296,10 @@ func Middleware(opts FrontOptions) (func(http.Handler) http.Handler, error) {
 type front struct {
 	opts FrontOptions
 	next http.Handler
-	// undecided samples the "charge undecided" warnings.
-	undecided logsample.Sampler
+	// undecided, rejected and failed sample the lines of charges that
+	// failed (undecidedLog, failedLog), and usageLog the usage reads': in an
+	// outage every request writes one.
+	undecided, rejected, failed, usageLog logsample.Sampler
 	// proxy is set for NewProxy's front: next marks when the request
 	// reached the upstream (markSent), so clientLeft can tell a client that
 	// left before it from one that left after.
@@ -532,15 +534,11 @@ func (f *front) admit(r *http.Request) (*charged, *Problem) {
 		res, err = f.opts.Charger.Charge(ctx, req)
 	}
 	if err != nil {
-		if errors.Is(err, ErrUnavailable) || errors.Is(err, context.DeadlineExceeded) {
-			if ok, held := f.undecided.Allow(time.Now(), time.Second); ok {
-				// NB: one line a second: in a ledger or owner outage every
-				// request gets here (896 lines in 2 s in the Postgres audit).
-				f.opts.Logger.Warn("charge undecided", "account", key.Account, "err", err, "similar_lines_held_back", held)
-			}
+		if retryable(ctx, err) {
+			f.undecidedLog(key.Account, err)
 			return nil, unavailable("The quota service cannot decide this request now. Retry in a second; with the same Idempotency-Key a retry is never billed twice.")
 		}
-		f.opts.Logger.Error("charge failed", "account", key.Account, "err", err)
+		f.failedLog("charge failed", key.Account, err)
 		return nil, internalError()
 	}
 	c := &charged{Caller: Caller{Account: key.Account, KeyID: key.ID, Route: route, Units: units, EventID: res.EventID,
@@ -561,6 +559,49 @@ func (f *front) admit(r *http.Request) (*charged, *Problem) {
 		c.receipt = res.Receipt
 	}
 	return c, nil
+}
+
+// retryable reports whether a charge's (or a usage read's) error is one a
+// retry can fix, answered quota-unavailable (503, Retry-After) rather than
+// internal-error (500): no owner decided now or its answer was lost
+// (ErrUnavailable); the call's deadline passed, ctx's (whatever the owner
+// answered then: one of an earlier version answered it INTERNAL, "context
+// deadline exceeded"); or a node turned another's call away (ErrRejected:
+// the nodes' --rpc-token, TLS or versions differ), which an operator fixes,
+// not the client, whose retry goes through once they have. Nothing in
+// these says the client's request is at fault; clients that retry only 503
+// dropped them as 500s.
+func retryable(ctx context.Context, err error) bool {
+	return errors.Is(err, ErrUnavailable) || errors.Is(err, ErrRejected) || errors.Is(err, context.DeadlineExceeded) ||
+		ctxEnded(ctx) != nil
+}
+
+// undecidedLog logs a charge answered quota-unavailable (retryable), one
+// line a second at most, with the count held back: in a ledger or owner
+// outage every request gets here (896 lines in 2 s in the Postgres audit).
+// A rejection between nodes has a line of its own, an error: it lasts until
+// an operator fixes the nodes.
+func (f *front) undecidedLog(account string, err error) {
+	now := time.Now()
+	if errors.Is(err, ErrRejected) {
+		if ok, held := f.rejected.Allow(now, time.Second); ok {
+			f.opts.Logger.Error("charge undecided: a node refused this node's call; the nodes' --rpc-token (QUOTAD_RPC_TOKEN), --rpc-tls-* or versions differ, "+
+				"and the client was answered quota-unavailable until an operator fixes them", "account", account, "err", err, "similar_lines_held_back", held)
+		}
+		return
+	}
+	if ok, held := f.undecided.Allow(now, time.Second); ok {
+		f.opts.Logger.Warn("charge undecided", "account", account, "err", err, "similar_lines_held_back", held)
+	}
+}
+
+// failedLog logs a call answered internal-error (msg: "charge failed",
+// "usage failed"), sampled as undecidedLog: an owner whose log fails fails
+// every charge it owns.
+func (f *front) failedLog(msg, account string, err error) {
+	if ok, held := f.failed.Allow(time.Now(), time.Second); ok {
+		f.opts.Logger.Error(msg, "account", account, "err", err, "similar_lines_held_back", held)
+	}
 }
 
 // ownedHeaders are the request headers the front sets or vouches for: the

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -22,6 +23,10 @@ import (
 	"testing/iotest"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/quotaring/quotaring/internal/logbuf"
 	"github.com/quotaring/quotaring/shard"
 	"github.com/quotaring/quotaring/snapshot"
 )
@@ -253,13 +258,19 @@ type fakeCharger struct {
 	// gate, when set, holds every charge until it is closed; entered, when
 	// set, hears each charge that reached the gate.
 	gate, entered chan struct{}
+	// untilDeadline holds every charge until its ctx ends, then answers err:
+	// an owner that answered when the call's deadline passed.
+	untilDeadline bool
 
 	mu      sync.Mutex // protects charges and refunds
 	charges []ChargeRequest
 	refunds []RefundRequest
 }
 
-func (f *fakeCharger) Charge(_ context.Context, req ChargeRequest) (ChargeResult, error) {
+func (f *fakeCharger) Charge(ctx context.Context, req ChargeRequest) (ChargeResult, error) {
+	if f.untilDeadline {
+		<-ctx.Done()
+	}
 	if f.gate != nil {
 		if f.entered != nil {
 			f.entered <- struct{}{}
@@ -554,12 +565,21 @@ func TestRefusalsNeverCallNext(t *testing.T) {
 		{"quota exceeded (402)", &fakeCharger{decision: quota}, testConfig(t), 402, ProblemQuotaExceeded, []string{"Retry-After", "X-Quota-Remaining"}},
 		{"ErrUnavailable", &fakeCharger{err: ErrUnavailable}, testConfig(t), 503, ProblemQuotaUnavailable, []string{"Retry-After"}},
 		{"ErrInternal", &fakeCharger{err: ErrInternal}, testConfig(t), 500, ProblemInternal, nil},
+		// Retryable: an operator fixes the nodes' tokens, not the client.
+		{"ErrRejected (the nodes' RPC tokens differ)", &fakeCharger{err: rejectedError("acme", "127.0.0.1:7400", "charge",
+			status.Error(codes.Unauthenticated, "router: wrong RPC token: use the cluster's --rpc-token"))}, testConfig(t), 503, ProblemQuotaUnavailable, []string{"Retry-After"}},
+		// An owner of an earlier version answered a deadline INTERNAL
+		// ("router: internal error at the owner: context deadline
+		// exceeded (at n3)"): the deadline is why, and a retry decides it.
+		{"the deadline passed at the owner", &fakeCharger{untilDeadline: true, err: fmt.Errorf("%w: context deadline exceeded (at n3)", ErrInternal)},
+			testConfig(t), 503, ProblemQuotaUnavailable, []string{"Retry-After"}},
 		{"no snapshot yet", &fakeCharger{}, staticConfig{}, 503, ProblemQuotaUnavailable, []string{"Retry-After"}},
 		{"account not loaded at the owner", &fakeCharger{decision: shard.Decision{Reason: shard.UnknownAccount}}, testConfig(t), 503,
 			ProblemQuotaUnavailable, []string{"Retry-After"}},
 	} {
 		var seen []int
-		opts := FrontOptions{Charger: tc.ch, Config: tc.cfg, QuotaStatus: 402, OnRequest: func(code int, _ time.Duration) { seen = append(seen, code) }}
+		opts := FrontOptions{Charger: tc.ch, Config: tc.cfg, QuotaStatus: 402, OnRequest: func(code int, _ time.Duration) { seen = append(seen, code) },
+			ChargeTimeout: 200 * time.Millisecond}
 		w, _ := serve(t, opts, next, newRequest("POST", "/v1/tasks", nil))
 		var p Problem
 		if err := json.Unmarshal(w.Body.Bytes(), &p); err != nil || w.Code != tc.status || p.Type != tc.typ || p.Status != tc.status {
@@ -2023,6 +2043,38 @@ func TestUsagePolicyIsTheAnswersPolicy(t *testing.T) {
 		}
 		if answer, usage := policy("/v1/tasks"), policy("/v1/usage"); answer != want || usage != want {
 			t.Errorf("%s plan: RateLimit-Policy %q on an answer, %q on the usage endpoint; want %q on both", key, answer, usage, want)
+		}
+	}
+}
+
+// Failed charges are logged one line a second, with the count held back,
+// whatever their kind: an owner whose log fails, or nodes whose RPC tokens
+// differ, failed every request with a line of its own (one unsampled ERROR
+// per request). A rejection between nodes names the flag to fix.
+func TestChargeFailureLinesAreSampled(t *testing.T) {
+	next := http.HandlerFunc(func(http.ResponseWriter, *http.Request) { t.Error("next ran") })
+	rejected := rejectedError("acme", "127.0.0.1:7400", "charge", status.Error(codes.Unauthenticated, "router: wrong RPC token"))
+	for _, tc := range []struct {
+		err        error
+		line, want string
+	}{
+		{fmt.Errorf("%w: the log failed", ErrInternal), `msg="charge failed"`, "the log failed"},
+		{rejected, `msg="charge undecided: a node refused this node's call`, "--rpc-token (QUOTAD_RPC_TOKEN)"},
+		{fmt.Errorf("%w: the owner did not answer", ErrUnavailable), `msg="charge undecided"`, "did not answer"},
+	} {
+		var logs logbuf.Buffer
+		opts := FrontOptions{Charger: &fakeCharger{err: tc.err}, Config: testConfig(t), Logger: slog.New(slog.NewTextHandler(&logs, nil))}
+		h, err := Middleware(opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		front := h(next)
+		for range 20 { // well within a second
+			front.ServeHTTP(httptest.NewRecorder(), newRequest("POST", "/v1/tasks", nil))
+		}
+		out := logs.String()
+		if n := strings.Count(out, "\n"); n != 1 || !strings.Contains(out, tc.line) || !strings.Contains(out, tc.want) {
+			t.Errorf("20 charges failing with %v logged %d lines, want one %s naming %q:\n%s", tc.err, n, tc.line, tc.want, out)
 		}
 	}
 }

@@ -2,8 +2,8 @@ package router
 
 import (
 	"context"
-	"errors"
 	"net/http"
+	"time"
 
 	"github.com/quotaring/quotaring/snapshot"
 )
@@ -72,11 +72,13 @@ func (f *front) usage(r *http.Request) (*usageAnswer, *Problem) {
 	case err != nil && r.Context().Err() != nil:
 		// The client hung up first: nobody to answer, nothing failed.
 		return nil, &Problem{Status: statusClientClosed}
-	case err != nil && (errors.Is(err, ErrUnavailable) || errors.Is(err, context.DeadlineExceeded)):
-		f.opts.Logger.Warn("usage undecided", "account", key.Account, "err", err)
+	case err != nil && retryable(ctx, err):
+		if ok, held := f.usageLog.Allow(time.Now(), time.Second); ok {
+			f.opts.Logger.Warn("usage undecided", "account", key.Account, "err", err, "similar_lines_held_back", held)
+		}
 		return nil, unavailable("The quota service cannot read this account's usage now; retry in a second.")
 	case err != nil:
-		f.opts.Logger.Error("usage failed", "account", key.Account, "err", err)
+		f.failedLog("usage failed", key.Account, err)
 		return nil, internalError()
 	case !u.Known:
 		return nil, unavailable("The owner of this key's account has not loaded its config yet; retry in a second.")

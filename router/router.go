@@ -46,7 +46,9 @@ var (
 	// a message over its size limit (ResourceExhausted), a malformed call
 	// (InvalidArgument). Nothing was applied, and retrying cannot help until
 	// the setup is fixed. The gRPC status stays in the chain:
-	// status.Code(err) reads it. The HTTP front answers it 500.
+	// status.Code(err) reads it. The HTTP front answers it 503
+	// quota-unavailable, with Retry-After: between nodes it is an operator's
+	// to fix, not the client's, whose retry succeeds once that is done.
 	ErrRejected = errors.New("router: the node rejected the call")
 )
 

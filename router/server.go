@@ -175,7 +175,9 @@ func (s *server) routeOne(ctx context.Context, c *pb.ChargeRequest, i int, repli
 		code := pb.Error_INTERNAL
 		msg := err.Error()
 		switch {
-		case errors.Is(err, ErrUnavailable):
+		case errors.Is(err, ErrUnavailable), errors.Is(err, ErrRejected):
+			// A rejection between nodes (their RPC tokens differ) is the
+			// operator's to fix, not the caller's: as forwardBatch's.
 			code = pb.Error_QUOTA_UNAVAILABLE
 		case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
 			// The owner may have applied it: the outcome is unknown, and a
@@ -209,12 +211,21 @@ func (s *server) notOwner(account string) (*pb.WrongOwner, *pb.Error) {
 		"node %s is handing account %q over (draining, or its ring view is changing); retry with the same event id", s.r.self, account)}
 }
 
+// errorToPB is the answer for an engine error. The call's deadline (the
+// caller's, which gRPC carries here) passing while the charge waited (for a
+// reservation another charge of the account had in flight, say) is
+// quota-unavailable with the outcome unknown, not INTERNAL: it answered the
+// caller's clients 500 "internal-error", which clients that retry only 503
+// dropped, for a charge a retry decides.
 func errorToPB(err error) *pb.Error {
-	code := pb.Error_INTERNAL
-	if errors.Is(err, engine.ErrQuotaUnavailable) {
-		code = pb.Error_QUOTA_UNAVAILABLE
+	switch {
+	case errors.Is(err, engine.ErrQuotaUnavailable):
+		return &pb.Error{Code: pb.Error_QUOTA_UNAVAILABLE, Message: err.Error()}
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
+		return &pb.Error{Code: pb.Error_QUOTA_UNAVAILABLE, Message: fmt.Sprintf(
+			"the call's deadline passed before the owner decided (%v); the outcome is unknown, retry with the same event id", err)}
 	}
-	return &pb.Error{Code: code, Message: err.Error()}
+	return &pb.Error{Code: pb.Error_INTERNAL, Message: err.Error()}
 }
 
 func (s *server) Refund(ctx context.Context, b *pb.RefundBatch) (*pb.RefundReplies, error) {

@@ -2,12 +2,15 @@ package router
 
 import (
 	"context"
+	"errors"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/quotaring/quotaring/engine"
 	"github.com/quotaring/quotaring/ring"
 	"github.com/quotaring/quotaring/router/pb"
+	"github.com/quotaring/quotaring/shard"
 	"github.com/quotaring/quotaring/snapshot"
 	"github.com/quotaring/quotaring/wal"
 )
@@ -87,5 +90,69 @@ func TestNotOwnerWhileTheRingSaysSelf(t *testing.T) {
 	}
 	if _, err := srv.Usage(ctx, &pb.UsageRequest{Account: "acme"}); err == nil {
 		t.Fatal("usage answered from a node that does not own the account")
+	}
+}
+
+// blockedReserver holds every reservation until release is closed,
+// announcing each on entered.
+type blockedReserver struct{ entered, release chan struct{} }
+
+func (b blockedReserver) Reserve(ctx context.Context, _ engine.ReserveRequest) (engine.ReserveResult, error) {
+	b.entered <- struct{}{}
+	<-b.release
+	return engine.ReserveResult{}, errors.New("the test's ledger reserves nothing")
+}
+
+func (blockedReserver) Release(context.Context, string, []shard.Alloc, uint64) error { return nil }
+
+// A charge whose deadline (the forwarding node's, carried by gRPC) passes
+// at the owner while it waits, here behind another charge's reservation,
+// answers quota-unavailable with the outcome unknown: it answered INTERNAL
+// "context deadline exceeded", which the forwarding node's front turned
+// into 500 internal-error for a charge a retry decides.
+func TestOwnerAnswersAPassedDeadlineUnavailable(t *testing.T) {
+	l, err := wal.Open(wal.Options{Dir: t.TempDir(), NodeID: "n1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res := blockedReserver{entered: make(chan struct{}, 1), release: make(chan struct{})}
+	e, err := engine.Open(engine.Options{Log: l, Clock: engine.NewManualClock(time.Date(2026, 6, 10, 0, 0, 0, 0, time.UTC)), Reserver: res})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close(); l.Close() })
+	s := &snapshot.Snapshot{Version: 1, Plans: []snapshot.Plan{{ID: "p", MonthlyQuota: 10, Hard: true}}, Accounts: []snapshot.Account{{ID: "acme", Plan: "p"}}}
+	if err := s.Build(); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.SetSnapshot(s, engine.AllSettled); err != nil {
+		t.Fatal(err)
+	}
+	r, err := New(Config{Engine: e, Ring: selfRing{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Close() })
+	srv := r.Server()
+	first := make(chan struct{})
+	go func() {
+		defer close(first)
+		_, _ = srv.Charge(context.Background(), &pb.ChargeBatch{Charges: []*pb.ChargeRequest{{Account: "acme", EventId: "e1", ClientId: true, Units: 1}}})
+	}()
+	<-res.entered // e1 holds the account's reservation round trip
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	reps, err := srv.Charge(ctx, &pb.ChargeBatch{Charges: []*pb.ChargeRequest{{Account: "acme", EventId: "e2", ClientId: true, Units: 1}}})
+	close(res.release)
+	<-first
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep := reps.Replies[0]
+	if rep.GetError().GetCode() != pb.Error_QUOTA_UNAVAILABLE || !strings.Contains(rep.GetError().GetMessage(), "retry with the same event id") {
+		t.Fatalf("a charge past its deadline at the owner: %v, want quota-unavailable, retry with the same event id", rep)
+	}
+	if _, err := resultFromPB(rep); !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("the forwarding node reads it as %v, want ErrUnavailable", err)
 	}
 }
