@@ -15,7 +15,9 @@
 //	  the log holds; free this node's old reservations; read the snapshot.
 //	  With the ledger down, serve from the snapshot kept in the log and keep
 //	  trying in the background (G8).
-//	join the ring as joining, start the servers, then become serving
+//	join the ring as joining, start the servers; call each serving peer
+//	  once (RingView) with this node's RPC token and TLS, and wait while any
+//	  refuses them (peerauth.go); then become serving
 //
 // # Shutdown (SIGTERM)
 //

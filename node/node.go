@@ -25,6 +25,7 @@ import (
 	"github.com/quotaring/quotaring/engine"
 	"github.com/quotaring/quotaring/flush"
 	"github.com/quotaring/quotaring/internal/buildinfo"
+	"github.com/quotaring/quotaring/internal/logsample"
 	"github.com/quotaring/quotaring/ring"
 	"github.com/quotaring/quotaring/router"
 	"github.com/quotaring/quotaring/router/pb"
@@ -176,8 +177,16 @@ type Node struct {
 	// (Start, or awaitServable later).
 	serveMu sync.Mutex
 	serving atomic.Bool
-	reg     *prometheus.Registry
-	metrics *metrics
+	// peerAuthMu protects peerRefusal: why the serving peers refused this
+	// node's RPC calls at the last probePeers (peerauth.go), or "".
+	peerAuthMu  sync.Mutex
+	peerRefusal string
+	// rpcRefusedCalls counts the calls the RPC port refused for their
+	// token, and refusedLog samples their log lines (rpcRefused).
+	rpcRefusedCalls atomic.Int64
+	refusedLog      logsample.Sampler
+	reg             *prometheus.Registry
+	metrics         *metrics
 
 	// chargeHooks hear every answered charge (set before Start returns,
 	// read-only afterwards).
@@ -365,6 +374,9 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	}
 	if err := n.checkSharedLedger(ctx); err != nil {
 		return nil, fmt.Errorf("node: %w", err) // before it takes any account
+	}
+	if n.notServableExceptPeers() == "" {
+		n.probePeers(ctx)
 	}
 	if why := n.notServable(); why != "" {
 		n.log.Warn("not taking accounts yet: " + why + "; it stays a member of the ring that owns nothing, and the other nodes serve every account meanwhile")
@@ -603,7 +615,7 @@ func (n *Node) serve() error {
 	// Stream workers reuse warm goroutines: a goroutine per unary call spent
 	// about a tenth of a busy node's CPU growing and copying stacks.
 	opts := append([]grpc.ServerOption{grpc.NumStreamWorkers(uint32(4 * runtime.GOMAXPROCS(0)))}, // NB: shared write buffers are grpc's default now
-		router.ServerAuth(n.cfg.RPCTokens...)...)
+		router.ServerAuthNotify(n.rpcRefused, n.cfg.RPCTokens...)...)
 	if n.rpcTLS.server != nil {
 		opts = append(opts, grpc.Creds(credentials.NewTLS(n.rpcTLS.server)))
 	}
@@ -760,7 +772,23 @@ func (n *Node) Ring() *ring.Ring       { return n.ring.Load() }
 //   - Alone in its ring while a peer refused its gossip (ring.Refusal): the
 //     gossip keys differ, so there is a cluster it is locked out of, and
 //     serving alone would decide that cluster's accounts a second time.
+//   - Not serving yet, and serving peers refused its RPC calls at the last
+//     probePeers (its --rpc-token or RPC certificate is not the cluster's):
+//     it would fail every charge it forwards, and every one forwarded to
+//     it (peerauth.go).
 func (n *Node) notServable() string {
+	if why := n.notServableExceptPeers(); why != "" {
+		return why
+	}
+	if !n.isServing() {
+		return n.peerRefusalReason()
+	}
+	return ""
+}
+
+// notServableExceptPeers is notServable but for the probe of the peers,
+// which is worth making only once nothing else holds the node back.
+func (n *Node) notServableExceptPeers() string {
 	if n.eng.Snapshot() == nil {
 		return "no config yet (the ledger has not been reached and the data dir keeps no snapshot)"
 	}
@@ -834,6 +862,9 @@ func (n *Node) awaitServable(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		}
+		if n.notServableExceptPeers() == "" {
+			n.probePeers(ctx) // right before serving, and again while peers refuse
 		}
 		why := n.notServable()
 		if why == "" {

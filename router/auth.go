@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
+	grpcpeer "google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/tap"
 )
@@ -93,15 +94,68 @@ func (rpcToken) RequireTransportSecurity() bool { return false }
 // caller without the token costs a node no more than its headers (an
 // interceptor runs after the message is decoded, up to the 4 MiB limit).
 // It covers every method, unary or streaming, of every service.
-func ServerAuth(tokens ...string) []grpc.ServerOption {
+func ServerAuth(tokens ...string) []grpc.ServerOption { return ServerAuthNotify(nil, tokens...) }
+
+// ServerAuthNotify is ServerAuth that also tells refused, when it is not
+// nil, of each call it refuses: the caller's address (the connection's
+// remote address; "" when gRPC does not say) and the refusal (a status
+// error, Unauthenticated). A node logs them (rate-limited): a peer with
+// another --rpc-token had its calls refused while only the peer's log said
+// so. refused runs on the connection's reading goroutine before the
+// refusal is sent: it must not block.
+func ServerAuthNotify(refused func(remote string, err error), tokens ...string) []grpc.ServerOption {
 	tokens = slices.DeleteFunc(slices.Clone(tokens), func(t string) bool { return t == "" })
 	if len(tokens) == 0 {
 		return nil
 	}
 	check := tokenCheck(tokens...)
 	return []grpc.ServerOption{grpc.InTapHandle(func(ctx context.Context, info *tap.Info) (context.Context, error) {
-		return ctx, check(info.Header)
+		err := check(info.Header)
+		if err != nil && refused != nil {
+			remote := ""
+			if p, ok := grpcpeer.FromContext(ctx); ok && p.Addr != nil {
+				remote = p.Addr.String()
+			}
+			refused(remote, err)
+		}
+		return ctx, err
 	})}
+}
+
+// CredentialsRefused reports whether err, from a call to a node's RPC port,
+// says the node turned the caller's credentials away, or the two sides'
+// TLS settings do not fit: its RPC token (Unauthenticated,
+// PermissionDenied); its client certificate, or the node's certificate
+// that the caller does not trust; TLS on one side only. withTLS is whether
+// the caller dialled with TLS. An unreachable node (refused connection,
+// timeout) is not a refusal: nothing is known about its credentials.
+//
+// TLS 1.3 checks the client's certificate after the client's side of the
+// handshake is done, so a refusal can reach the client as a connection
+// closed under its first write (ExplainTLSMismatch) rather than as the
+// alert; with TLS, such a closure counts as a refusal too. A node that
+// crashed at that moment looks the same once; its next answer is a
+// refused connection.
+func CredentialsRefused(err error, withTLS bool) bool {
+	switch status.Code(err) {
+	case codes.Unauthenticated, codes.PermissionDenied:
+		return true
+	case codes.Unavailable:
+	default:
+		return false
+	}
+	msg := err.Error()
+	for _, s := range []string{"remote error: tls:", "x509:", "tls: failed to verify", "authentication handshake failed", "first record does not look like a TLS handshake"} {
+		if strings.Contains(msg, s) {
+			return true
+		}
+	}
+	if withTLS {
+		return strings.Contains(msg, "broken pipe") || strings.Contains(msg, "connection reset by peer")
+	}
+	// A plaintext caller of a node that requires TLS: the node closes the
+	// connection before gRPC's preface.
+	return strings.Contains(msg, "error reading server preface")
 }
 
 // tokenCheck returns what refuses metadata that does not carry one of

@@ -135,3 +135,33 @@ func BenchmarkTokenCheck(b *testing.B) {
 		}
 	}
 }
+
+// CredentialsRefused tells a node that turned the caller's credentials
+// away (its token, its certificate, TLS on one side only) from one that did
+// not answer: only the first keeps a joining node from serving.
+func TestCredentialsRefused(t *testing.T) {
+	unavailable := func(msg string) error { return status.Error(codes.Unavailable, msg) }
+	for _, tc := range []struct {
+		err     error
+		withTLS bool
+		want    bool
+	}{
+		{status.Error(codes.Unauthenticated, "router: wrong RPC token"), false, true},
+		{status.Error(codes.PermissionDenied, "no"), true, true},
+		{unavailable(`connection error: desc = "error reading server preface: remote error: tls: unknown certificate authority"`), true, true},
+		{unavailable(`connection error: desc = "transport: authentication handshake failed: tls: failed to verify certificate: x509: certificate signed by unknown authority"`), true, true},
+		{unavailable(`connection error: desc = "transport: authentication handshake failed: tls: first record does not look like a TLS handshake"`), true, true},
+		{unavailable(`connection error: desc = "error reading server preface: EOF"`), false, true}, // a TLS node closes a plaintext caller's connection
+		{unavailable(`connection error: desc = "transport: failed to write client preface: write tcp: broken pipe"`), true, true},
+		{unavailable(`connection error: desc = "transport: failed to write client preface: write tcp: broken pipe"`), false, false},
+		{unavailable(`connection error: desc = "transport: Error while dialing: dial tcp 127.0.0.1:7400: connect: connection refused"`), false, false},
+		{unavailable(`connection error: desc = "transport: Error while dialing: dial tcp 127.0.0.1:7400: connect: connection refused"`), true, false},
+		{status.Error(codes.DeadlineExceeded, "context deadline exceeded"), true, false},
+		{context.DeadlineExceeded, false, false},
+		{nil, false, false},
+	} {
+		if got := CredentialsRefused(tc.err, tc.withTLS); got != tc.want {
+			t.Errorf("CredentialsRefused(%v, TLS %v) = %v, want %v", tc.err, tc.withTLS, got, tc.want)
+		}
+	}
+}

@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"google.golang.org/grpc"
+
 	"github.com/quotaring/quotaring/engine"
 	"github.com/quotaring/quotaring/ring"
 	"github.com/quotaring/quotaring/router/pb"
@@ -178,9 +180,19 @@ type UsageResult struct {
 	Node  string
 }
 
-// Stats are counters for metrics.
+// Stats are counters for metrics. Refused counts the forwarded calls
+// (among ForwardErrors) that the node called turned away for this node's
+// credentials (CredentialsRefused: its RPC token or certificate).
 type Stats struct {
-	Local, Forwarded, WrongOwner, ForwardErrors atomic.Int64
+	Local, Forwarded, WrongOwner, ForwardErrors, Refused atomic.Int64
+}
+
+// forwardFailed counts a forwarded call that failed with err.
+func (r *Router) forwardFailed(err error) {
+	r.stats.ForwardErrors.Add(1)
+	if CredentialsRefused(err, r.cfg.TLS != nil) {
+		r.stats.Refused.Add(1)
+	}
 }
 
 // Router sends each charge to its account's owner: decided here when this
@@ -243,6 +255,38 @@ func (r *Router) forgetPeers(now time.Time) {
 	r.peers.forget(func(addr string) bool {
 		return slices.ContainsFunc(members, func(m ring.Meta) bool { return m.RPCAddr == addr })
 	}, now)
+}
+
+// Probe calls RingView, the cheapest call, on the node at addr over this
+// router's connection to it, with its token and TLS, as a forwarded charge
+// would go: nil when the node answered. A node checks its serving peers so
+// before it takes accounts (CredentialsRefused says whether an error is
+// theirs refusing it).
+func (r *Router) Probe(ctx context.Context, addr string) error {
+	p, err := r.peers.get(addr)
+	if err != nil {
+		return err
+	}
+	_, err = p.client.RingView(ctx, &pb.RingViewRequest{})
+	return err
+}
+
+// ProbeWithoutToken is Probe without the RPC token, on a connection of its
+// own (closed before it returns): nil means the node at addr takes calls
+// without a token, so it has none and sends none, and a router with one
+// (Config.Token) would refuse every call that node forwards to it.
+func (r *Router) ProbeWithoutToken(ctx context.Context, addr string) error {
+	opts := NodeDialOptions("", r.cfg.TLS)
+	if r.cfg.Faults != nil {
+		opts = append(opts, grpc.WithContextDialer(r.cfg.Faults.dial))
+	}
+	conn, err := grpc.NewClient("passthrough:///"+addr, opts...)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	_, err = pb.NewQuotaClient(conn).RingView(ctx, &pb.RingViewRequest{})
+	return err
 }
 
 // Close stops forwarding and closes peer connections.
@@ -351,7 +395,7 @@ func (r *Router) forwardCharge(ctx context.Context, addr string, req ChargeReque
 	r.stats.Forwarded.Add(1)
 	rep, err := p.charges.do(ctx, chargeToPB(&req))
 	if err != nil {
-		r.stats.ForwardErrors.Add(1)
+		r.forwardFailed(err)
 		return nil, ownerSilent(ctx, req.Account, addr, err)
 	}
 	return rep, nil
@@ -426,7 +470,7 @@ func (r *Router) Refund(ctx context.Context, req RefundRequest) (shard.Decision,
 		rep, err := p.refunds.do(ctx, &pb.RefundRequest{Account: req.Account, EventId: req.EventID, Receipt: receiptToPB(req.Receipt),
 			Attempt: req.Attempt, Replay: req.Replay})
 		if err != nil {
-			r.stats.ForwardErrors.Add(1)
+			r.forwardFailed(err)
 			if rejected(err) {
 				return shard.Decision{}, rejectedError(req.Account, target, "refund", err)
 			}

@@ -147,11 +147,11 @@ func (s *server) forwardBatch(ctx context.Context, addr string, charges []*pb.Ch
 	cctx, cancel := context.WithTimeout(ctx, s.r.cfg.CallTimeout)
 	defer cancel()
 	reps, errs := p.charges.doMany(cctx, batch)
-	failed := false
+	var failed error
 	for j, i := range ids {
 		switch {
 		case errs[j] != nil:
-			failed = true
+			failed = errs[j]
 			fail(i, errs[j])
 		case reps[j].WrongOwner != nil:
 			s.r.stats.WrongOwner.Add(1)
@@ -160,8 +160,8 @@ func (s *server) forwardBatch(ctx context.Context, addr string, charges []*pb.Ch
 			replies[i] = reps[j]
 		}
 	}
-	if failed {
-		s.r.stats.ForwardErrors.Add(1)
+	if failed != nil {
+		s.r.forwardFailed(failed)
 	}
 	return again
 }

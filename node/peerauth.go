@@ -1,0 +1,204 @@
+package node
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/quotaring/quotaring/ring"
+	"github.com/quotaring/quotaring/router"
+)
+
+// Checking the RPC credentials against the serving peers.
+//
+// A node whose --rpc-token (or RPC certificate) the others refuse could
+// still join the ring (gossip has its own key) and take its share of the
+// accounts: every charge it forwarded failed, and every charge the others
+// forwarded to it too, while it said it was ready (an SRE review: 498
+// "500 internal-error" answers in 25 s, nothing in its own log). Before it
+// takes accounts, a node now calls each serving peer once (RingView, as a
+// forwarded charge goes: its token, its TLS) and waits while any of them
+// refuses it, saying why on /readyz and in its log. A rotation run as
+// README says never trips it: each node accepts what every other sends at
+// every step. A peer that does not answer at all is no refusal: nothing is
+// known of its credentials, and a dead peer must not keep the others from
+// serving.
+
+// probeTimeout bounds one probe of one peer.
+const probeTimeout = 2 * time.Second
+
+// peerProbe is one serving peer's answer to probePeers.
+type peerProbe struct {
+	m   ring.Meta
+	err error // the refusal; nil when the peer took the call or did not answer
+	// tokenless is set when the peer took a call without a token while
+	// this node requires one.
+	tokenless bool
+}
+
+// probePeers calls every serving peer in this node's view and keeps why
+// they refuse its calls, or "" (peerRefusal), logging a new reason once.
+func (n *Node) probePeers(ctx context.Context) {
+	why, first := n.probeRefusal(ctx)
+	n.peerAuthMu.Lock()
+	prev := n.peerRefusal
+	n.peerRefusal = why
+	n.peerAuthMu.Unlock()
+	switch {
+	case why != "" && why != prev && first != nil:
+		n.log.Error("other nodes refuse this node's RPC calls: "+why, "err", first)
+	case why != "" && why != prev:
+		n.log.Error("this node would refuse other nodes' RPC calls: " + why)
+	case why == "" && prev != "":
+		n.log.Info("the serving nodes take this node's RPC calls now")
+	}
+}
+
+// peerRefusalReason is what the last probePeers found, or "".
+func (n *Node) peerRefusalReason() string {
+	n.peerAuthMu.Lock()
+	defer n.peerAuthMu.Unlock()
+	return n.peerRefusal
+}
+
+// probeRefusal probes the serving peers at once and says why they refuse
+// this node, or ""; first is the first refusal's error, for the log.
+func (n *Node) probeRefusal(ctx context.Context) (why string, first error) {
+	r, rt := n.Ring(), n.router
+	if r == nil || rt == nil {
+		return "", nil
+	}
+	v := r.View()
+	var peers []ring.Meta
+	for _, m := range v.Members {
+		if m.ID != n.cfg.ID && m.RPCAddr != "" && slices.Contains(v.Serving, m.ID) {
+			peers = append(peers, m)
+		}
+	}
+	probes := make([]peerProbe, len(peers))
+	var wg sync.WaitGroup
+	for i, m := range peers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			probes[i] = n.probePeer(ctx, m)
+		}()
+	}
+	wg.Wait()
+	var token, cert, tokenless []string
+	for _, p := range probes {
+		name := fmt.Sprintf("%s at %s", p.m.ID, p.m.RPCAddr)
+		switch {
+		case p.tokenless:
+			tokenless = append(tokenless, name)
+		case p.err == nil:
+			continue
+		case isTokenRefusal(p.err):
+			token = append(token, name)
+		default:
+			cert = append(cert, name)
+		}
+		if first == nil {
+			first = p.err
+		}
+	}
+	var whys []string
+	if len(token) > 0 {
+		// The status message is the peer's own and says which: no token,
+		// or another one.
+		msg := ""
+		for _, p := range probes {
+			if p.err != nil && isTokenRefusal(p.err) {
+				msg = status.Convert(p.err).Message()
+				break
+			}
+		}
+		whys = append(whys, fmt.Sprintf("the serving nodes %s refused this node's RPC token (%q): every charge it forwarded to them, and every one they forwarded to it, would fail; "+
+			"give every node the cluster's --rpc-token (QUOTAD_RPC_TOKEN); while rotating it, each node must accept what every other sends (README, \"Rotating\")",
+			strings.Join(token, ", "), msg))
+	}
+	if len(cert) > 0 {
+		whys = append(whys, fmt.Sprintf("the TLS handshake with %s failed (one refused the other's certificate, or only one side has --rpc-tls-*): "+
+			"give every node certificates from the same CA (--rpc-tls-cert, --rpc-tls-key, --rpc-tls-ca), allowed for client auth, or none", strings.Join(cert, ", ")))
+	}
+	if len(tokenless) > 0 {
+		whys = append(whys, fmt.Sprintf("the serving nodes %s take RPC calls without a token, so they send none, while this node requires one (--rpc-token): it would refuse every charge they forward to it; "+
+			"give every node the same --rpc-token (QUOTAD_RPC_TOKEN), or none", strings.Join(tokenless, ", ")))
+	}
+	return strings.Join(whys, "; "), first
+}
+
+// probePeer probes one peer: with this node's credentials, and, when this
+// node requires a token, without one (a peer that takes that has no token
+// to send).
+func (n *Node) probePeer(ctx context.Context, m ring.Meta) peerProbe {
+	ctx, cancel := context.WithTimeout(ctx, probeTimeout)
+	defer cancel()
+	withTLS := n.rpcTLS.client != nil
+	if err := n.router.Probe(ctx, m.RPCAddr); err != nil {
+		if router.CredentialsRefused(err, withTLS) {
+			return peerProbe{m: m, err: err}
+		}
+		return peerProbe{m: m} // no answer: nothing known
+	}
+	if n.rpcToken() != "" && n.router.ProbeWithoutToken(ctx, m.RPCAddr) == nil {
+		return peerProbe{m: m, tokenless: true}
+	}
+	return peerProbe{m: m}
+}
+
+// isTokenRefusal reports whether err is a refusal of the RPC token (as
+// opposed to one of TLS).
+func isTokenRefusal(err error) bool {
+	c := status.Code(err)
+	return c == codes.Unauthenticated || c == codes.PermissionDenied
+}
+
+// rpcRefused hears each call the RPC port refused for its token
+// (router.ServerAuthNotify): counted, and logged once per refusedEvery
+// with the count held back, naming the caller's address and the members
+// on its host.
+func (n *Node) rpcRefused(remote string, err error) {
+	n.rpcRefusedCalls.Add(1)
+	ok, held := n.refusedLog.Allow(time.Now(), refusedEvery)
+	if !ok {
+		return
+	}
+	from := remote
+	if from == "" {
+		from = "an unknown address"
+	}
+	if ids := n.membersOnHost(remote); len(ids) > 0 {
+		from += " (the host of " + strings.Join(ids, ", ") + ")"
+	}
+	n.log.Error("refused an RPC call from "+from+": "+status.Convert(err).Message()+
+		"; a node or embedded client with another --rpc-token (QUOTAD_RPC_TOKEN), or none, cannot forward charges to this node",
+		"remote", remote, "similar_lines_held_back", held)
+}
+
+// refusedEvery is how often rpcRefused logs at most.
+const refusedEvery = 10 * time.Second
+
+// membersOnHost names the ring members other than this node whose RPC
+// address is on remote's host.
+func (n *Node) membersOnHost(remote string) []string {
+	r := n.Ring()
+	host, _, err := net.SplitHostPort(remote)
+	if r == nil || err != nil {
+		return nil
+	}
+	var ids []string
+	for _, m := range r.View().Members {
+		if h, _, err := net.SplitHostPort(m.RPCAddr); err == nil && h == host && m.ID != n.cfg.ID {
+			ids = append(ids, m.ID)
+		}
+	}
+	return ids
+}

@@ -1,0 +1,178 @@
+package node
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/quotaring/quotaring/internal/logbuf"
+	"github.com/quotaring/quotaring/internal/pki"
+	"github.com/quotaring/quotaring/ring"
+	"github.com/quotaring/quotaring/router"
+)
+
+// readyz is a node's /readyz: its status and body.
+func readyz(t *testing.T, nd *Node) (int, string) {
+	t.Helper()
+	resp, err := http.Get("http://" + nd.AdminAddr() + "/readyz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(body)
+}
+
+// joinRefused starts a node that joins first (through gossip, which has
+// its own key) configured by mod, and waits until its /readyz says why it
+// takes no accounts, naming want; the cluster still serves without it.
+func joinRefused(t *testing.T, first *Node, dsn, id, want string, mod func(*Config)) (*Node, *logbuf.Buffer) {
+	t.Helper()
+	cfg := nodeConfig(dsn, id, filepath.Join(t.TempDir(), id))
+	cfg.Join = []string{first.GossipAddr()}
+	logs := new(logbuf.Buffer)
+	cfg.Logger = slog.New(slog.NewTextHandler(logs, nil))
+	mod(&cfg)
+	n2, err := Start(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { n2.Shutdown(context.Background()) })
+	waitFor(t, 10*time.Second, id+" in n1's gossip", func() bool {
+		return slices.ContainsFunc(first.Ring().View().Members, func(m ring.Meta) bool { return m.ID == id })
+	})
+	var code int
+	var body string
+	waitFor(t, 10*time.Second, id+"'s /readyz saying "+want, func() bool {
+		code, body = readyz(t, n2)
+		return code == http.StatusServiceUnavailable && strings.Contains(body, want)
+	})
+	t.Logf("%s: /readyz %d: %s", id, code, body)
+	if n2.Ready() || n2.isServing() {
+		t.Fatalf("%s says it is ready (serving %v) while its peers refuse its RPC calls: %s", id, n2.isServing(), body)
+	}
+	if v := first.Ring().View(); !slices.Equal(v.Serving, []string{"n1"}) {
+		t.Fatalf("n1's ring serves %v: %s took accounts that nobody could forward to or from it", v.Serving, id)
+	}
+	if !strings.Contains(logs.String(), want) {
+		t.Errorf("%s's log does not say %q:\n%s", id, want, logs.String())
+	}
+	return n2, logs
+}
+
+// A node whose RPC token the serving nodes refuse (another one, or none),
+// or that requires a token they do not send, joins the gossip (its key is
+// right) but takes no accounts, and its /readyz and its log name
+// --rpc-token: before, it took its share of the ring, said it was ready,
+// and every charge forwarded to or from it failed 500 while its own log
+// said nothing. The node that refuses its calls logs them with the
+// caller's address.
+func TestNodeWhoseRPCTokenThePeersRefuseOwnsNothing(t *testing.T) {
+	const token = "rpc-token-0123456789abcdef"
+	for name, tc := range map[string]struct {
+		cluster, joiner []string
+		want            string // in n2's /readyz and log
+		refusedLog      string // in n1's log; "" when n1 refuses nothing
+	}{
+		"a wrong token":                      {[]string{token}, []string{"another-token-0123456789"}, "wrong RPC token", "refused an RPC call from 127.0.0.1:"},
+		"no token":                           {[]string{token}, nil, "requires the cluster's RPC token", "refused an RPC call from 127.0.0.1:"},
+		"a token where the cluster has none": {nil, []string{token}, "take RPC calls without a token, so they send none, while this node requires one (--rpc-token)", ""},
+	} {
+		t.Run(name, func(t *testing.T) {
+			dsn := "sqlite:" + filepath.Join(t.TempDir(), "ledger.db")
+			seedLedger(t, dsn, twentyAccounts(100))
+			var n1Logs logbuf.Buffer
+			n1 := startNodesWith(t, dsn, func(c *Config) {
+				c.RPCTokens = tc.cluster
+				c.Logger = slog.New(slog.NewTextHandler(&n1Logs, nil))
+			})[0]
+			joinRefused(t, n1, dsn, "n2", tc.want, func(c *Config) { c.RPCTokens = tc.joiner })
+			_, body := readyz(t, n1)
+			if !strings.Contains(body, "ready") {
+				t.Errorf("n1's /readyz: %s", body)
+			}
+			if tc.refusedLog == "" {
+				return
+			}
+			waitFor(t, 5*time.Second, "n1 logging the refusal, naming --rpc-token", func() bool {
+				l := n1Logs.String()
+				return strings.Contains(l, tc.refusedLog) && strings.Contains(l, "the host of n2") && strings.Contains(l, "--rpc-token (QUOTAD_RPC_TOKEN)")
+			})
+		})
+	}
+}
+
+// The steps of a token rotation (README, "Rotating") never keep a node
+// from serving: each node accepts what every other sends.
+func TestRPCTokenRotationStepsServe(t *testing.T) {
+	const oldToken, newToken = "old-rpc-token-0123456789", "new-rpc-token-0123456789"
+	for name, steps := range map[string][2][]string{
+		"step 1 (OLD,NEW beside OLD)":     {{oldToken}, {oldToken, newToken}},
+		"step 2 (NEW,OLD beside OLD,NEW)": {{oldToken, newToken}, {newToken, oldToken}},
+		"step 3 (NEW beside NEW,OLD)":     {{newToken, oldToken}, {newToken}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			dsn := "sqlite:" + filepath.Join(t.TempDir(), "ledger.db")
+			accounts := twentyAccounts(100)
+			seedLedger(t, dsn, accounts)
+			nodes := startNodesWith(t, dsn, func(c *Config) { c.RPCTokens = steps[0] }, func(c *Config) { c.RPCTokens = steps[1] })
+			waitFor(t, 10*time.Second, "both nodes ready", func() bool { return nodes[0].Ready() && nodes[1].Ready() })
+			for _, through := range nodes {
+				chargeEachThrough(t, through, accounts)
+			}
+		})
+	}
+}
+
+// A node whose RPC certificate the serving nodes refuse (another CA's)
+// takes no accounts either, and says why.
+func TestNodeWhoseRPCCertificateThePeersRefuseOwnsNothing(t *testing.T) {
+	dir := t.TempDir()
+	names := pki.Names{IPs: []net.IP{net.IPv4(127, 0, 0, 1)}}
+	ca, err := pki.NewCA("cluster CA")
+	if err != nil {
+		t.Fatal(err)
+	}
+	files, err := ca.WriteFiles(dir, "node", names)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := pki.NewCA("another CA")
+	if err != nil {
+		t.Fatal(err)
+	}
+	otherFiles, err := other.WriteFiles(filepath.Join(dir, "other"), "node", names)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A node that trusts the cluster's CA and another, with a certificate
+	// of the other: it verifies n1, and n1 refuses its client certificate.
+	bundle := otherFiles
+	bundle.CA = filepath.Join(dir, "both-cas.pem")
+	if err := os.WriteFile(bundle.CA, append(slices.Clip(ca.PEM), other.PEM...), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	dsn := "sqlite:" + filepath.Join(t.TempDir(), "ledger.db")
+	seedLedger(t, dsn, twentyAccounts(100))
+	n1 := startNodesWith(t, dsn, func(c *Config) { c.RPCTLS = files })[0]
+	for _, tc := range []struct {
+		id, name string
+		files    router.TLSFiles
+	}{
+		{"n2", "a certificate of a CA the cluster does not trust", bundle},
+		{"n3", "another CA's certificate and CA", otherFiles},
+		{"n4", "no TLS", router.TLSFiles{}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			joinRefused(t, n1, dsn, tc.id, "the TLS handshake with n1 at", func(c *Config) { c.RPCTLS = tc.files })
+		})
+	}
+}
