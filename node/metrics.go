@@ -118,6 +118,10 @@ func newMetrics(n *Node) *metrics {
 		counter("quotaring_forwarded_total", "Calls forwarded to another owner.", routerStat(func(s *routerStats) int64 { return s.Forwarded.Load() })),
 		counter("quotaring_wrong_owner_total", "WrongOwner answers received.", routerStat(func(s *routerStats) int64 { return s.WrongOwner.Load() })),
 		counter("quotaring_forward_errors_total", "Forwarded calls that failed.", routerStat(func(s *routerStats) int64 { return s.ForwardErrors.Load() })),
+		counter("quotaring_forward_refused_total", "Forwarded calls the node called turned away for this node's RPC token or certificate (among the forward errors): the nodes' --rpc-token or --rpc-tls-* differ.",
+			routerStat(func(s *routerStats) int64 { return s.Refused.Load() })),
+		counter("quotaring_rpc_refused_total", "Calls to this node's RPC port refused for a missing or wrong RPC token (--rpc-token), from nodes or embedded clients.",
+			func() float64 { return float64(n.rpcRefusedCalls.Load()) }),
 		gauge("quotaring_unsettled_records", "Records in the log not yet settled.", func() float64 {
 			if n.wal == nil {
 				return 0
