@@ -25,7 +25,9 @@ import (
 // "500 internal-error" answers in 25 s, nothing in its own log). Before it
 // takes accounts, a node now calls each serving peer once (RingView, as a
 // forwarded charge goes: its token, its TLS) and waits while any of them
-// refuses it, saying why on /readyz and in its log. A rotation run as
+// refuses it, or answers that it has no token while this node requires one
+// (router.HeaderRPCAuth: it would send none, and be refused here), saying
+// why on /readyz and in its log. A rotation run as
 // README says never trips it: each node accepts what every other sends at
 // every step. A peer that does not answer at all is no refusal: nothing is
 // known of its credentials, and a dead peer must not keep the others from
@@ -38,7 +40,7 @@ const probeTimeout = 2 * time.Second
 type peerProbe struct {
 	m   ring.Meta
 	err error // the refusal; nil when the peer took the call or did not answer
-	// tokenless is set when the peer took a call without a token while
+	// tokenless is set when the peer has no token (it sends none) while
 	// this node requires one.
 	tokenless bool
 }
@@ -129,29 +131,25 @@ func (n *Node) probeRefusal(ctx context.Context) (why string, first error) {
 			"give every node certificates from the same CA (--rpc-tls-cert, --rpc-tls-key, --rpc-tls-ca), allowed for client auth, or none", strings.Join(cert, ", ")))
 	}
 	if len(tokenless) > 0 {
-		whys = append(whys, fmt.Sprintf("the serving nodes %s take RPC calls without a token, so they send none, while this node requires one (--rpc-token): it would refuse every charge they forward to it; "+
+		whys = append(whys, fmt.Sprintf("the serving nodes %s have no RPC token, so they send none, while this node requires one (--rpc-token): it would refuse every charge they forward to it; "+
 			"give every node the same --rpc-token (QUOTAD_RPC_TOKEN), or none", strings.Join(tokenless, ", ")))
 	}
 	return strings.Join(whys, "; "), first
 }
 
-// probePeer probes one peer: with this node's credentials, and, when this
-// node requires a token, without one (a peer that takes that has no token
-// to send).
+// probePeer probes one peer with this node's credentials; when this node
+// requires a token, the peer's answer also says whether it has one.
 func (n *Node) probePeer(ctx context.Context, m ring.Meta) peerProbe {
 	ctx, cancel := context.WithTimeout(ctx, probeTimeout)
 	defer cancel()
-	withTLS := n.rpcTLS.client != nil
-	if err := n.router.Probe(ctx, m.RPCAddr); err != nil {
-		if router.CredentialsRefused(err, withTLS) {
-			return peerProbe{m: m, err: err}
-		}
+	tokenless, err := n.router.Probe(ctx, m.RPCAddr)
+	switch {
+	case err != nil && router.CredentialsRefused(err, n.rpcTLS.client != nil):
+		return peerProbe{m: m, err: err}
+	case err != nil:
 		return peerProbe{m: m} // no answer: nothing known
 	}
-	if n.rpcToken() != "" && n.router.ProbeWithoutToken(ctx, m.RPCAddr) == nil {
-		return peerProbe{m: m, tokenless: true}
-	}
-	return peerProbe{m: m}
+	return peerProbe{m: m, tokenless: tokenless && n.rpcToken() != ""}
 }
 
 // isTokenRefusal reports whether err is a refusal of the RPC token (as

@@ -84,7 +84,7 @@ func TestNodeWhoseRPCTokenThePeersRefuseOwnsNothing(t *testing.T) {
 	}{
 		"a wrong token":                      {[]string{token}, []string{"another-token-0123456789"}, "wrong RPC token", "refused an RPC call from 127.0.0.1:"},
 		"no token":                           {[]string{token}, nil, "requires the cluster's RPC token", "refused an RPC call from 127.0.0.1:"},
-		"a token where the cluster has none": {nil, []string{token}, "take RPC calls without a token, so they send none, while this node requires one (--rpc-token)", ""},
+		"a token where the cluster has none": {nil, []string{token}, "have no RPC token, so they send none, while this node requires one (--rpc-token)", ""},
 	} {
 		t.Run(name, func(t *testing.T) {
 			dsn := "sqlite:" + filepath.Join(t.TempDir(), "ledger.db")
@@ -111,7 +111,8 @@ func TestNodeWhoseRPCTokenThePeersRefuseOwnsNothing(t *testing.T) {
 }
 
 // The steps of a token rotation (README, "Rotating") never keep a node
-// from serving: each node accepts what every other sends.
+// from serving: each node accepts what every other sends. Checking the
+// peers makes no call that they refuse (and log as refused).
 func TestRPCTokenRotationStepsServe(t *testing.T) {
 	const oldToken, newToken = "old-rpc-token-0123456789", "new-rpc-token-0123456789"
 	for name, steps := range map[string][2][]string{
@@ -123,10 +124,17 @@ func TestRPCTokenRotationStepsServe(t *testing.T) {
 			dsn := "sqlite:" + filepath.Join(t.TempDir(), "ledger.db")
 			accounts := twentyAccounts(100)
 			seedLedger(t, dsn, accounts)
-			nodes := startNodesWith(t, dsn, func(c *Config) { c.RPCTokens = steps[0] }, func(c *Config) { c.RPCTokens = steps[1] })
+			var logs logbuf.Buffer
+			logTo := func(c *Config) { c.Logger = slog.New(slog.NewTextHandler(&logs, nil)) }
+			nodes := startNodesWith(t, dsn, func(c *Config) { c.RPCTokens = steps[0]; logTo(c) }, func(c *Config) { c.RPCTokens = steps[1]; logTo(c) })
 			waitFor(t, 10*time.Second, "both nodes ready", func() bool { return nodes[0].Ready() && nodes[1].Ready() })
 			for _, through := range nodes {
 				chargeEachThrough(t, through, accounts)
+			}
+			for _, nd := range nodes {
+				if n := nd.rpcRefusedCalls.Load(); n != 0 {
+					t.Errorf("%s refused %d calls:\n%s", nd.ID(), n, logs.String())
+				}
 			}
 		})
 	}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/metadata"
 
 	"github.com/quotaring/quotaring/engine"
 	"github.com/quotaring/quotaring/ring"
@@ -261,32 +262,20 @@ func (r *Router) forgetPeers(now time.Time) {
 // router's connection to it, with its token and TLS, as a forwarded charge
 // would go: nil when the node answered. A node checks its serving peers so
 // before it takes accounts (CredentialsRefused says whether an error is
-// theirs refusing it).
-func (r *Router) Probe(ctx context.Context, addr string) error {
+// theirs refusing it). tokenless is set when the node answered that it
+// takes calls without a token (HeaderRPCAuth): it has none, so it sends
+// none, and a node that requires one would refuse every call it forwards.
+// A node of an earlier version does not say; tokenless is false then.
+func (r *Router) Probe(ctx context.Context, addr string) (tokenless bool, err error) {
 	p, err := r.peers.get(addr)
 	if err != nil {
-		return err
+		return false, err
 	}
-	_, err = p.client.RingView(ctx, &pb.RingViewRequest{})
-	return err
-}
-
-// ProbeWithoutToken is Probe without the RPC token, on a connection of its
-// own (closed before it returns): nil means the node at addr takes calls
-// without a token, so it has none and sends none, and a router with one
-// (Config.Token) would refuse every call that node forwards to it.
-func (r *Router) ProbeWithoutToken(ctx context.Context, addr string) error {
-	opts := NodeDialOptions("", r.cfg.TLS)
-	if r.cfg.Faults != nil {
-		opts = append(opts, grpc.WithContextDialer(r.cfg.Faults.dial))
+	var header metadata.MD
+	if _, err := p.client.RingView(ctx, &pb.RingViewRequest{}, grpc.Header(&header)); err != nil {
+		return false, err
 	}
-	conn, err := grpc.NewClient("passthrough:///"+addr, opts...)
-	if err != nil {
-		return err
-	}
-	defer conn.Close()
-	_, err = pb.NewQuotaClient(conn).RingView(ctx, &pb.RingViewRequest{})
-	return err
+	return slices.Contains(header.Get(HeaderRPCAuth), "none"), nil
 }
 
 // Close stops forwarding and closes peer connections.

@@ -7,7 +7,9 @@ import (
 	"sync"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
 	"github.com/quotaring/quotaring/engine"
@@ -305,7 +307,19 @@ func (r *Router) PeerLedgerStart(ctx context.Context, addr, node string) (proces
 	return rep.Process, rep.Node, nil
 }
 
-func (s *server) RingView(context.Context, *pb.RingViewRequest) (*pb.RingViewReply, error) {
+// HeaderRPCAuth is the response header of RingView that says whether the
+// node requires the RPC token: "token", or "none" (it takes any caller, and
+// sends no token when it forwards). A node that requires one reads it
+// before it takes accounts (Router.Probe), without a call that the peer
+// would refuse and log.
+const HeaderRPCAuth = "x-quotaring-rpc-auth"
+
+func (s *server) RingView(ctx context.Context, _ *pb.RingViewRequest) (*pb.RingViewReply, error) {
+	auth := "none"
+	if s.r.cfg.Token != "" { // a node sends the first of the tokens it requires (auth.go)
+		auth = "token"
+	}
+	_ = grpc.SetHeader(ctx, metadata.Pairs(HeaderRPCAuth, auth)) // NB: only fails outside a call (tests call it directly)
 	v := s.r.cfg.Ring.View()
 	rep := &pb.RingViewReply{Epoch: v.Epoch, PartitionCount: uint32(s.r.cfg.Ring.Layout().PartitionCount), Hash: "xxhash64 % partition_count"}
 	index := map[string]int32{}
