@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -77,9 +78,14 @@ func TestSettle(t *testing.T) {
 // mark returns exactly those, never the settled record it starts after.
 func TestSettleInsideAChunkKeepsTheRest(t *testing.T) {
 	fs := gatefs.New(vfs.NewMem())
+	var mu sync.Mutex // guards commits, which the log's goroutine appends to
 	var commits []int
 	opts := testOpts(fs)
-	opts.OnCommit = func(records, _ int, _ time.Duration) { commits = append(commits, records) }
+	opts.OnCommit = func(records, _ int, _ time.Duration) {
+		mu.Lock()
+		commits = append(commits, records)
+		mu.Unlock()
+	}
 	l := mustOpen(t, opts)
 	fs.Arm()
 	if _, err := l.Append(payloadFor(1)); err != nil {
@@ -95,9 +101,13 @@ func TestSettleInsideAChunkKeepsTheRest(t *testing.T) {
 	if err := l.WaitDurable(context.Background(), 10); err != nil {
 		t.Fatal(err)
 	}
-	if fmt.Sprint(commits) != "[1 9]" {
-		t.Fatalf("commits of %v records, want [1 9] (the test needs records 2..10 in one chunk)", commits)
+	// OnCommit may run after the waiter is woken: wait for both commits.
+	seen := func() string {
+		mu.Lock()
+		defer mu.Unlock()
+		return fmt.Sprint(commits)
 	}
+	waitUntil(t, "commits of 1 and 9 records (the test needs records 2..10 in one chunk)", func() bool { return seen() == "[1 9]" })
 	unsettled := func() map[uint64]string {
 		t.Helper()
 		got := map[uint64]string{}
