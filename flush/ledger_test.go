@@ -701,14 +701,10 @@ func TestPoolSize(t *testing.T) {
 	}
 }
 
-// A node's reservation never goes below zero: an operator revoked node-a
-// (quotad revoke frees what it held) before node-a settled the charge of 20
-// it had made from that reservation, and node-a has reserved 5 again since.
-// The settle moves the 20 to used and takes them off node-a's reservation
-// of 5, which stops at 0: a reservation of -15 would lower the grant's
-// reserved total and let other nodes reserve 15 units that are not there
-// (G1). Run on both ledgers.
-func TestSettleAfterRevokeKeepsReservationsAtZero(t *testing.T) {
+// onBothLedgers runs test as two subtests, on a fresh migrated SQLite
+// ledger and on a fresh migrated Postgres one, for behaviour the two must
+// share that the conformance suite does not cover.
+func onBothLedgers(t *testing.T, test func(t *testing.T, l Ledger)) {
 	for name, open := range map[string]func(t *testing.T) Ledger{
 		"sqlite": func(t *testing.T) Ledger {
 			l, err := OpenSQLite(t.Context(), filepath.Join(t.TempDir(), "ledger.db"), SQLiteOptions{})
@@ -722,33 +718,46 @@ func TestSettleAfterRevokeKeepsReservationsAtZero(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			l := open(t)
 			t.Cleanup(func() { l.Close() })
-			ctx := t.Context()
-			if err := l.Migrate(ctx); err != nil {
+			if err := l.Migrate(t.Context()); err != nil {
 				t.Fatalf("migrate: %v", err)
 			}
-			confSetup(t, l, 100, "acct-1")
-			a := confNode(t, l, "node-a")
-			if res, err := l.Reserve(ctx, "node-a", ReserveRequest{Account: "acct-1", Wall: confWallTime(), Need: 30}); err != nil || granted(res) != 30 {
-				t.Fatalf("node-a reserves 30: %+v %v", res, err)
-			}
-			if _, err := l.ReleaseNode(ctx, "node-a"); err != nil { // quotad revoke --node node-a
-				t.Fatal(err)
-			}
-			// node-a, back, reserves again before its log settles.
-			if res, err := l.Reserve(ctx, "node-a", ReserveRequest{Account: "acct-1", Wall: confWallTime(), Need: 5}); err != nil || granted(res) != 5 {
-				t.Fatalf("node-a reserves 5 after the revoke: %+v %v", res, err)
-			}
-			a.settle(t, chargeOf("acct-1", "e1", 20, confJune).withReserved())
-			wantGrant(t, l, "acct-1", confJune, 20, 0)
-			if r := reservationOf(t, l, "node-a", "acct-1", confJune); r != 0 {
-				t.Errorf("node-a's reservation after settling a charge it made before the revoke: %d, want 0", r)
-			}
-			res, err := l.Reserve(ctx, "node-b", ReserveRequest{Account: "acct-1", Wall: confWallTime(), Need: 100})
-			if err != nil || granted(res) != 80 {
-				t.Fatalf("node-b reserves all it can: %+v %v; want 80 (100 minus the 20 used)", res, err)
-			}
+			test(t, l)
 		})
 	}
+}
+
+// A node's reservation never goes below zero: an operator revoked node-a
+// (quotad revoke frees what it held) before node-a settled the charge of 20
+// it had made from that reservation, and node-a has reserved 5 again since.
+// The settle moves the 20 to used and takes them off node-a's reservation
+// of 5, which stops at 0: a reservation of -15 would lower the grant's
+// reserved total and let other nodes reserve 15 units that are not there
+// (G1). Run on both ledgers.
+func TestSettleAfterRevokeKeepsReservationsAtZero(t *testing.T) {
+	onBothLedgers(t, func(t *testing.T, l Ledger) {
+		ctx := t.Context()
+		confSetup(t, l, 100, "acct-1")
+		a := confNode(t, l, "node-a")
+		if res, err := l.Reserve(ctx, "node-a", ReserveRequest{Account: "acct-1", Wall: confWallTime(), Need: 30}); err != nil || granted(res) != 30 {
+			t.Fatalf("node-a reserves 30: %+v %v", res, err)
+		}
+		if _, err := l.ReleaseNode(ctx, "node-a"); err != nil { // quotad revoke --node node-a
+			t.Fatal(err)
+		}
+		// node-a, back, reserves again before its log settles.
+		if res, err := l.Reserve(ctx, "node-a", ReserveRequest{Account: "acct-1", Wall: confWallTime(), Need: 5}); err != nil || granted(res) != 5 {
+			t.Fatalf("node-a reserves 5 after the revoke: %+v %v", res, err)
+		}
+		a.settle(t, chargeOf("acct-1", "e1", 20, confJune).withReserved())
+		wantGrant(t, l, "acct-1", confJune, 20, 0)
+		if r := reservationOf(t, l, "node-a", "acct-1", confJune); r != 0 {
+			t.Errorf("node-a's reservation after settling a charge it made before the revoke: %d, want 0", r)
+		}
+		res, err := l.Reserve(ctx, "node-b", ReserveRequest{Account: "acct-1", Wall: confWallTime(), Need: 100})
+		if err != nil || granted(res) != 80 {
+			t.Fatalf("node-b reserves all it can: %+v %v; want 80 (100 minus the 20 used)", res, err)
+		}
+	})
 }
 
 func granted(res ReserveResult) int64 {
@@ -769,25 +778,10 @@ func granted(res ReserveResult) int64 {
 // before the refunds, took the July charge for a duplicate of the June
 // one, then refunded June, and billed nothing.
 func TestRefundedChargeAndItsNextMonthRetryInOneBatch(t *testing.T) {
-	for name, open := range map[string]func(t *testing.T) Ledger{
-		"sqlite": func(t *testing.T) Ledger {
-			l, err := OpenSQLite(t.Context(), filepath.Join(t.TempDir(), "ledger.db"), SQLiteOptions{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			return l
-		},
-		"postgres": func(t *testing.T) Ledger { return openPG(t, pgtest.NewDB(t)) },
-	} {
-		t.Run(name, func(t *testing.T) { refundedChargeAndItsNextMonthRetryInOneBatch(t, open(t)) })
-	}
+	onBothLedgers(t, refundedChargeAndItsNextMonthRetryInOneBatch)
 }
 
 func refundedChargeAndItsNextMonthRetryInOneBatch(t *testing.T, l Ledger) {
-	t.Cleanup(func() { l.Close() })
-	if err := l.Migrate(t.Context()); err != nil {
-		t.Fatalf("migrate: %v", err)
-	}
 	confSetup(t, l, 100, "acct-1")
 	a := confNode(t, l, "node-a")
 	june := time.Date(2026, 6, 30, 22, 0, 0, 0, time.UTC)
@@ -814,39 +808,23 @@ func refundedChargeAndItsNextMonthRetryInOneBatch(t *testing.T, l Ledger) {
 // reads 0 against the events' 5, a difference, never a row left out. Run on
 // both ledgers.
 func TestReconcileNamesEventsOfAMissingGrant(t *testing.T) {
-	for name, open := range map[string]func(t *testing.T) Ledger{
-		"sqlite": func(t *testing.T) Ledger {
-			l, err := OpenSQLite(t.Context(), filepath.Join(t.TempDir(), "ledger.db"), SQLiteOptions{})
-			if err != nil {
-				t.Fatal(err)
+	onBothLedgers(t, func(t *testing.T, l Ledger) {
+		confSetup(t, l, 100, "acct-1")
+		a := confNode(t, l, "node-a")
+		a.settle(t, chargeOf("acct-1", "e1", 5, confJune))
+		mustExecSQL(t, l, `DELETE FROM grants WHERE account_id = 'acct-1' AND grant_id = '`+confJune+`'`)
+		rows, err := ReconcileRows(t.Context(), l)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := ReconcileRow{Account: "acct-1", Kind: "grant", Scope: confJune, Counter: 0, Events: 5, Diff: true}
+		for _, r := range rows {
+			if r == want {
+				return
 			}
-			return l
-		},
-		"postgres": func(t *testing.T) Ledger { return openPG(t, pgtest.NewDB(t)) },
-	} {
-		t.Run(name, func(t *testing.T) {
-			l := open(t)
-			t.Cleanup(func() { l.Close() })
-			if err := l.Migrate(t.Context()); err != nil {
-				t.Fatalf("migrate: %v", err)
-			}
-			confSetup(t, l, 100, "acct-1")
-			a := confNode(t, l, "node-a")
-			a.settle(t, chargeOf("acct-1", "e1", 5, confJune))
-			mustExecSQL(t, l, `DELETE FROM grants WHERE account_id = 'acct-1' AND grant_id = '`+confJune+`'`)
-			rows, err := ReconcileRows(t.Context(), l)
-			if err != nil {
-				t.Fatal(err)
-			}
-			want := ReconcileRow{Account: "acct-1", Kind: "grant", Scope: confJune, Counter: 0, Events: 5, Diff: true}
-			for _, r := range rows {
-				if r == want {
-					return
-				}
-			}
-			t.Fatalf("reconcile rows %+v, want %+v among them", rows, want)
-		})
-	}
+		}
+		t.Fatalf("reconcile rows %+v, want %+v among them", rows, want)
+	})
 }
 
 // Overage is what the month used past its quota, from the first unit: one
