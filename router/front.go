@@ -462,7 +462,10 @@ func (f *front) pricedHost(r *http.Request) string {
 // methodOverrides are the headers with which a POST asks the framework
 // behind it to run it as another method: Rack's MethodOverride, Symfony
 // and Laravel, Express's method-override, Google's APIs.
-var methodOverrides = []string{"X-HTTP-Method-Override", "X-HTTP-Method", "X-Method-Override"}
+// Canonical forms (X-HTTP-Method-Override and the others), read straight
+// from the header map: a key that is not canonical costs an allocation per
+// lookup.
+var methodOverrides = []string{"X-Http-Method-Override", "X-Http-Method", "X-Method-Override"}
 
 // pricedMethod is the method a request is priced by. A POST that names
 // another method in a method-override header may run as that method
@@ -476,7 +479,7 @@ func pricedMethod(snap *snapshot.Snapshot, r *http.Request, host string) string 
 	}
 	method, units := r.Method, int64(-1) // units: the POST's, once looked up
 	for _, h := range methodOverrides {
-		for _, v := range r.Header.Values(h) {
+		for _, v := range r.Header[h] {
 			m := strings.ToUpper(strings.TrimSpace(v))
 			if m == "" || m == method || !validMethod(m) {
 				continue
