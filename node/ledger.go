@@ -23,8 +23,38 @@ func (n *Node) connectLedger(ctx context.Context, beforeServing bool) bool {
 	return ok
 }
 
-// tryLedger is connectLedger with the reason it failed.
+// tryLedger is connectLedger with the reason it failed. A node in the ring
+// already (the ledger reached late) proves the ledger is its peers'
+// (checkSharedLedger) between the two halves: before it settles anything
+// into it or reads anything from it.
 func (n *Node) tryLedger(ctx context.Context, beforeServing bool) (bool, error) {
+	p, err := n.reachLedger(ctx, beforeServing)
+	if err != nil {
+		return false, err
+	}
+	if err := n.checkSharedLedger(ctx); err != nil {
+		p.l.Close()
+		if !beforeServing {
+			n.fenceWith(err, "this node's ledger, reached late (it was down at start), is not the one its peers settle into: this node stops taking charges and exits; "+
+				"its log keeps what it took, unsettled, for a start with the right --ledger", "err", err)
+		}
+		return false, err
+	}
+	return n.useLedger(ctx, p, beforeServing)
+}
+
+// reachedLedger is a ledger reachLedger opened and registered this node
+// with (its start recorded), that nothing has been settled into or read
+// from yet.
+type reachedLedger struct {
+	l       flush.Ledger
+	settler *flush.Settler
+}
+
+// reachLedger is the first half of connectLedger: open, migrate, check the
+// node id, register and record this start. Nothing is settled into the
+// ledger, and nothing read from it is used, until useLedger.
+func (n *Node) reachLedger(ctx context.Context, beforeServing bool) (*reachedLedger, error) {
 	timeout := 10*time.Second + nodeLease // checkNodeIDFree may wait that long
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
@@ -32,7 +62,7 @@ func (n *Node) tryLedger(ctx context.Context, beforeServing bool) (bool, error) 
 	if errors.Is(err, flush.ErrInvalid) {
 		// A --ledger that does not parse, as opposed to one not reached:
 		// waiting will not fix it, and Start refuses to go on.
-		return false, fmt.Errorf("%w: %w", errLedgerAddress, err)
+		return nil, fmt.Errorf("%w: %w", errLedgerAddress, err)
 	}
 	if err == nil {
 		// Migrate only a ledger behind this quotad: migrating takes DDL
@@ -52,13 +82,13 @@ func (n *Node) tryLedger(ctx context.Context, beforeServing bool) (bool, error) 
 		// Waiting will not fix it: Start refuses to go on; retryLedger (the
 		// ledger was migrated while this node waited for it) says so again.
 		n.log.Error("the ledger was migrated by a newer quotad: upgrade this node (never roll back below the ledger's schema)", "err", err)
-		return false, err
+		return nil, err
 	case err != nil && ctx.Err() != nil:
-		return false, err // stopping: not the ledger's fault
+		return nil, err // stopping: not the ledger's fault
 	case err != nil:
 		n.log.Warn("ledger not reached; trying again", "err", err,
 			"what_to_check", flush.WhatToCheck(err))
-		return false, err
+		return nil, err
 	}
 	// NB: before Register (which writes this node's heartbeat) and
 	// before resetReservations frees what the node id holds. Also when the
@@ -92,7 +122,7 @@ func (n *Node) tryLedger(ctx context.Context, beforeServing bool) (bool, error) 
 		default:
 			n.log.Warn("ledger reached but not usable yet", "err", err)
 		}
-		return false, err
+		return nil, err
 	}
 	settler, err := flush.NewSettler(flush.SettlerOptions{Ledger: l, Engine: n.eng, Interval: n.cfg.SettleInterval,
 		Events: !n.cfg.EventsOff, CallTimeout: n.cfg.LedgerTimeout, Logger: n.log.With("component", "settler"), OnSettle: n.metrics.onSettle,
@@ -100,9 +130,22 @@ func (n *Node) tryLedger(ctx context.Context, beforeServing bool) (bool, error) 
 	if err == nil {
 		err = settler.Register(ctx)
 	}
-	if err == nil {
-		_, err = settler.SettleOnce(ctx)
+	if err != nil {
+		n.ledgerFailed(err, beforeServing)
+		l.Close()
+		return nil, err
 	}
+	return &reachedLedger{l: l, settler: settler}, nil
+}
+
+// useLedger is the second half of connectLedger, on a ledger reachLedger
+// reached: settle what the log holds, free this node's old reservations
+// (before serving), read the snapshot, and start the loops.
+func (n *Node) useLedger(ctx context.Context, p *reachedLedger, beforeServing bool) (bool, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second+nodeLease)
+	defer cancel()
+	l, settler := p.l, p.settler
+	_, err := settler.SettleOnce(ctx)
 	if err == nil && beforeServing {
 		err = n.resetReservations(ctx, l)
 	}
@@ -111,25 +154,7 @@ func (n *Node) tryLedger(ctx context.Context, beforeServing bool) (bool, error) 
 		err = refresher.RefreshOnce(ctx)
 	}
 	if err != nil {
-		if errors.Is(err, flush.ErrMarkConflict) {
-			// Retrying will not fix it; the records stay in the log, unsettled.
-			n.ledgerRefused.Store(&err)
-			if beforeServing {
-				n.log.Error("the ledger and this node's log disagree on what was settled: nothing is marked settled; follow the error's remedy", "err", err)
-			} else {
-				// Serving already (the ledger was down at start): every
-				// charge it takes from here on gets a sequence number the
-				// ledger settled for another, and is billed only by hand;
-				// its allowances are the copy's, which the ledger may no
-				// longer back. It stops, as a fenced node does, and the
-				// other nodes take its accounts.
-				n.fenceWith(err, "the ledger and this node's log disagree on what was settled, found when the ledger was first reached "+
-					"(it was down when this node started): this node can never settle what it takes, so it stops taking charges and exits "+
-					"without settling; the other nodes take its accounts. Follow the error's remedy", "err", err)
-			}
-		} else {
-			n.log.Warn("ledger reached but not usable yet", "err", err)
-		}
+		n.ledgerFailed(err, beforeServing)
 		l.Close()
 		return false, err
 	}
@@ -147,6 +172,29 @@ func (n *Node) tryLedger(ctx context.Context, beforeServing bool) (bool, error) 
 	}
 	n.log.Info("ledger connected", "settled", n.wal.SettledSeq())
 	return true, nil
+}
+
+// ledgerFailed logs why reaching or using the ledger failed. A settled
+// mark conflict found while serving fences the node.
+func (n *Node) ledgerFailed(err error, beforeServing bool) {
+	if !errors.Is(err, flush.ErrMarkConflict) {
+		n.log.Warn("ledger reached but not usable yet", "err", err)
+		return
+	}
+	// Retrying will not fix it; the records stay in the log, unsettled.
+	n.ledgerRefused.Store(&err)
+	if beforeServing {
+		n.log.Error("the ledger and this node's log disagree on what was settled: nothing is marked settled; follow the error's remedy", "err", err)
+		return
+	}
+	// Serving already (the ledger was down at start): every charge it takes
+	// from here on gets a sequence number the ledger settled for another,
+	// and is billed only by hand; its allowances are the copy's, which the
+	// ledger may no longer back. It stops, as a fenced node does, and the
+	// other nodes take its accounts.
+	n.fenceWith(err, "the ledger and this node's log disagree on what was settled, found when the ledger was first reached "+
+		"(it was down when this node started): this node can never settle what it takes, so it stops taking charges and exits "+
+		"without settling; the other nodes take its accounts. Follow the error's remedy", "err", err)
 }
 
 // logEarlierIncarnations logs an ERROR for each earlier incarnation of
@@ -366,13 +414,6 @@ func (n *Node) retryLedger(ctx context.Context) {
 			return
 		case <-t.C:
 			if n.connectLedger(ctx, false) {
-				// Reached late: serving already, from the data dir's
-				// config. A ledger that is not the peers' stops it; what
-				// its log holds stays there, for a start on the right one.
-				if err := n.checkSharedLedger(ctx); err != nil {
-					n.fenceWith(err, "this node's ledger, reached late (it was down at start), is not the one its peers settle into: this node stops taking charges and exits; "+
-						"its log keeps what it took, unsettled, for a start with the right --ledger", "err", err)
-				}
 				return
 			}
 			select {

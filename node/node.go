@@ -344,13 +344,16 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	if err := n.checkNotStale(); err != nil {
 		return nil, err
 	}
-	if ok, err := n.tryLedger(ctx, true); !ok {
+	// The ledger in two halves, with the ring joined between them: reached
+	// and this start recorded, then (once a peer has said it settles into
+	// the same ledger: checkSharedLedger) settled into and read.
+	ledgerDown := func(err error) error {
 		if errors.Is(err, flush.ErrSchemaTooNew) || errors.Is(err, flush.ErrMarkConflict) || errors.Is(err, errLedgerAddress) || errors.Is(err, errNodeIDInUse) ||
 			errors.Is(err, errEarlierIncarnationHolds) {
-			return nil, fmt.Errorf("node: %w", err) // waiting will not fix these
+			return fmt.Errorf("node: %w", err) // waiting will not fix these
 		}
 		if ctx.Err() != nil { // stopped while it tried: the ledger may be fine
-			return nil, fmt.Errorf("node: start interrupted: %w", context.Cause(ctx))
+			return fmt.Errorf("node: start interrupted: %w", context.Cause(ctx))
 		}
 		if n.eng.Snapshot() == nil {
 			n.log.Warn("the ledger is unreachable and this data dir keeps no config snapshot: not ready until the ledger answers")
@@ -358,9 +361,33 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 			n.log.Warn("the ledger is unreachable: serving from the config snapshot kept in the data dir, settling later (G8)")
 		}
 		n.goLoop(n.retryLedger)
+		return nil
+	}
+	reached, err := n.reachLedger(ctx, true)
+	if err != nil {
+		if err := ledgerDown(err); err != nil {
+			return nil, err
+		}
 	}
 	if err := n.joinRing(rc); err != nil {
+		if reached != nil {
+			// Registered: with nothing unsettled, it records a clean stop,
+			// so that the next start does not wait for this one.
+			n.markStoppedOn(ctx, reached.l)
+			reached.l.Close()
+		}
 		return nil, err
+	}
+	if reached != nil {
+		if err := n.checkSharedLedger(ctx); err != nil {
+			reached.l.Close()
+			return nil, fmt.Errorf("node: %w", err) // before anything is settled into it or read from it
+		}
+		if ok, err := n.useLedger(ctx, reached, true); !ok {
+			if err := ledgerDown(err); err != nil {
+				return nil, err
+			}
+		}
 	}
 	// The clock before the accounts: a node started with its clock off the
 	// ledger's, where the others agree with the ledger, takes the ledger's
@@ -371,9 +398,6 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	}
 	if err := n.serve(); err != nil {
 		return nil, err
-	}
-	if err := n.checkSharedLedger(ctx); err != nil {
-		return nil, fmt.Errorf("node: %w", err) // before it takes any account
 	}
 	if n.notServableExceptPeers() == "" {
 		n.probePeers(ctx)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -23,15 +24,18 @@ import (
 // the copy's use), and settled their charges where no bill would find
 // them. Nothing told the nodes apart: a copy holds the same rows.
 //
-// So a node proves it before it takes accounts: it has just recorded its
-// start in its ledger under a random process name (flush.NodeStart), and it
-// asks a serving peer to read this node id's latest start from the peer's
-// ledger (the LedgerStart RPC). The same process name comes back only if
-// both settle into one database; any other answer (none, or an earlier
-// process) means the ledgers differ, and the node refuses to start. A peer
-// that cannot read its ledger now, or runs a build without the RPC, proves
-// nothing either way: the next one is asked, and a node that none could
-// answer starts as before, with a warning.
+// So a node proves it before it settles anything into its ledger or reads
+// anything from it: it has just recorded its start there under a random
+// process name (flush.NodeStart), and it asks every serving peer to read
+// this node id's latest start from the peer's ledger (the LedgerStart
+// RPC). The same process name comes back only if both settle into one
+// database. When at least as many peers answer otherwise as read it, the
+// node refuses to start; so one peer on a wrong ledger neither keeps the
+// others' nodes out nor lets another node in. A peer that cannot read its
+// ledger now, or runs a build without the RPC, proves nothing either way;
+// a node that no peer could answer starts as before, with a warning. A
+// cluster's first node has no peer to ask: a whole cluster started cold
+// on a wrong ledger is not caught.
 
 // errWrongLedger marks a node whose ledger is not its peers'.
 var errWrongLedger = errors.New("this node's ledger is not the one the other nodes of its cluster settle into")
@@ -39,51 +43,111 @@ var errWrongLedger = errors.New("this node's ledger is not the one the other nod
 // sharedLedgerTimeout bounds one peer's answer.
 const sharedLedgerTimeout = 6 * time.Second
 
+// sharedLedgerPeerWait is how long a node that has just joined waits for
+// its ring to show a serving peer to ask.
+const sharedLedgerPeerWait = 3 * time.Second
+
 // checkSharedLedger asks the serving peers, one after another until one
 // can answer, whether their ledger holds this process's start. It returns
 // errWrongLedger (wrapped, saying what to check) when one says it does
 // not, and nil when one says it does, when there is no serving peer, or
-// when no peer could tell (logged). It needs this start recorded
-// (startRecorded) and the ring joined; otherwise there is nothing to prove
-// yet, and it returns nil.
+// when no peer could tell (logged). Call it once this start is recorded in
+// the ledger (reachLedger) and before anything is settled into it
+// (useLedger). Before the ring is joined there is no peer to ask, and it
+// returns nil: Start asks once it has joined.
 func (n *Node) checkSharedLedger(ctx context.Context) error {
 	r := n.Ring()
-	if r == nil || n.router == nil || !n.startRecorded.Load() {
+	if r == nil || n.router == nil {
 		return nil
 	}
-	var peers []ring.Meta
-	for _, m := range r.View().Members {
-		if m.ID != n.cfg.ID && m.State == ring.StateServing && m.RPCAddr != "" {
-			peers = append(peers, m)
+	servingPeers := func() []ring.Meta {
+		var peers []ring.Meta
+		for _, m := range r.View().Members {
+			if m.ID != n.cfg.ID && m.State == ring.StateServing && m.RPCAddr != "" {
+				peers = append(peers, m)
+			}
+		}
+		return peers
+	}
+	peers := servingPeers()
+	if len(peers) == 0 && len(n.cfg.Join) > 0 {
+		// Just joined: the ring learns the members from gossip events a
+		// moment after the join returns. A first node of a cluster, or
+		// one whose peers are not serving yet, waits this long for nothing.
+		deadline := time.NewTimer(sharedLedgerPeerWait)
+		defer deadline.Stop()
+		tick := time.NewTicker(50 * time.Millisecond)
+		defer tick.Stop()
+	wait:
+		for len(peers) == 0 {
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-deadline.C:
+				break wait
+			case <-tick.C:
+				peers = servingPeers()
+			}
 		}
 	}
-	var unanswered []string
-	for _, m := range peers {
-		cctx, cancel := context.WithTimeout(ctx, sharedLedgerTimeout)
-		process, _, err := n.router.PeerLedgerStart(cctx, m.RPCAddr, n.cfg.ID)
-		cancel()
+	// Every serving peer at once; the answers decide by majority, so that
+	// one peer on a wrong ledger (started while none could tell) neither
+	// refuses the nodes on the right one nor vouches for another on its own.
+	type answer struct {
+		m       ring.Meta
+		process string
+		err     error
+	}
+	answers := make([]answer, len(peers))
+	var wg sync.WaitGroup
+	for i, m := range peers {
+		wg.Add(1)
+		go func() { // ends within sharedLedgerTimeout
+			defer wg.Done()
+			cctx, cancel := context.WithTimeout(ctx, sharedLedgerTimeout)
+			defer cancel()
+			process, _, err := n.router.PeerLedgerStart(cctx, m.RPCAddr, n.cfg.ID)
+			answers[i] = answer{m: m, process: process, err: err}
+		}()
+	}
+	wg.Wait()
+	var unanswered, agree []string
+	var disagree []answer
+	for _, a := range answers {
 		switch {
-		case status.Code(err) == codes.Unimplemented:
-			unanswered = append(unanswered, m.ID+": an older build")
-			continue
-		case err != nil:
-			unanswered = append(unanswered, fmt.Sprintf("%s: %v", m.ID, err))
-			continue
-		case process == n.process:
-			n.log.Info("the ledger is the cluster's: a peer reads this start in its own", "peer", m.ID)
-			return nil
+		case status.Code(a.err) == codes.Unimplemented:
+			unanswered = append(unanswered, a.m.ID+": an older build")
+		case a.err != nil:
+			unanswered = append(unanswered, fmt.Sprintf("%s: %v", a.m.ID, a.err))
+		case a.process == n.process:
+			agree = append(agree, a.m.ID)
+		default:
+			disagree = append(disagree, a)
 		}
+	}
+	if len(disagree) > 0 && len(disagree) >= len(agree) {
+		a := disagree[0]
 		seen := "no start of this node id at all"
-		if process != "" {
-			seen = fmt.Sprintf("a start of this node id by another process (%q; this one is %q)", process, n.process)
+		if a.process != "" {
+			seen = fmt.Sprintf("a start of this node id by another process (%q; this one is %q)", a.process, n.process)
 		}
-		return fmt.Errorf("%w: node %s (at %s) reads, in its ledger, %s: --ledger %s names another database than the one the cluster settles into "+
+		others := ""
+		if len(disagree) > 1 || len(agree) > 0 {
+			others = fmt.Sprintf(" (%d of the %d peers that answered say so; %d read this start)", len(disagree), len(disagree)+len(agree), len(agree))
+		}
+		return fmt.Errorf("%w: node %s (at %s) reads, in its ledger, %s%s: --ledger %s names another database than the one the cluster settles into "+
 			"(a restored backup, a copy, another cluster's ledger, or an empty database), so this node would serve accounts from the wrong rows and bill "+
 			"their charges where no bill finds them. Give it the other nodes' --ledger; if they are the ones that are wrong, stop them instead. "+
 			"(If another process started as this node id in the meantime, that is the other thing to check.)",
-			errWrongLedger, m.ID, m.RPCAddr, seen, flush.RedactDSN(n.cfg.Ledger))
+			errWrongLedger, a.m.ID, a.m.RPCAddr, seen, others, flush.RedactDSN(n.cfg.Ledger))
 	}
-	if len(unanswered) > 0 {
+	for _, a := range disagree {
+		n.log.Error("a peer reads another ledger than this node and most of its peers: check that node's --ledger", "peer", a.m.ID, "peer_rpc", a.m.RPCAddr)
+	}
+	switch {
+	case len(agree) > 0:
+		n.log.Info("the ledger is the cluster's: peers read this start in their own", "peers", strings.Join(agree, ", "))
+	case len(unanswered) > 0:
 		n.log.Warn("could not check that this node's ledger is the one its peers settle into: none of them could answer; starting as before",
 			"peers", strings.Join(unanswered, "; "))
 	}

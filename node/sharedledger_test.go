@@ -7,6 +7,10 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/quotaring/quotaring/router"
+	"github.com/quotaring/quotaring/shard"
 )
 
 // A node whose --ledger names another database than its peers' is refused
@@ -60,5 +64,74 @@ func TestNodeOnAnotherLedgerIsRefused(t *testing.T) {
 		if _, err := start(id, dsn); err != nil {
 			t.Fatalf("%s on the cluster's ledger: %v", id, err)
 		}
+	}
+}
+
+// The review of the check above: a node restarted on a copy of the
+// ledger with charges still in its log settled them into the copy before
+// it asked a peer, so it was refused with its log marked settled and the
+// charges billed where no bill finds them. It now asks between recording
+// its start and settling: refused, the copy holds none of its events, and
+// its restart on the cluster's ledger settles them there.
+func TestRefusedLedgerGetsNothingSettled(t *testing.T) {
+	dir := t.TempDir()
+	ledger := filepath.Join(dir, "ledger.db")
+	dsn := "sqlite:" + ledger
+	accounts := twentyAccounts(1000)
+	seedLedger(t, dsn, accounts)
+	nodes := startNodesWith(t, dsn, nil, func(c *Config) { c.SettleInterval = time.Hour })
+	n1, n2 := nodes[0], nodes[1]
+	acct := ownedBy(t, n2, accounts)
+	ctx := context.Background()
+	for range 5 {
+		if res, err := n2.Router().Charge(ctx, router.ChargeRequest{Account: acct, Route: "GET /x", Units: 1}); err != nil || res.Reason != shard.OK {
+			t.Fatalf("charge at n2: %+v %v", res, err)
+		}
+	}
+	if n2.wal.SettledSeq() == n2.wal.DurableSeq() {
+		t.Fatal("n2's charges settled already; the test needs them in its log")
+	}
+	n2.Kill()
+
+	copied := filepath.Join(dir, "copy.db")
+	db, err := sql.Open("sqlite", "file:"+ledger)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	if _, err := db.Exec(`VACUUM INTO '` + copied + `'`); err != nil {
+		t.Fatal(err)
+	}
+	n2Events := func(path string) int {
+		t.Helper()
+		d, err := sql.Open("sqlite", "file:"+path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer d.Close()
+		var c int
+		if err := d.QueryRow(`SELECT count(*) FROM events WHERE node_id = 'n2'`).Scan(&c); err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	restart := func(ledgerDSN string) (*Node, error) {
+		cfg := startConfig(ledgerDSN, dir, "n2")
+		cfg.DataDir, cfg.Join = n2.cfg.DataDir, []string{n1.GossipAddr()}
+		return Start(ctx, cfg)
+	}
+	if _, err := restart("sqlite:" + copied); !errors.Is(err, errWrongLedger) {
+		t.Fatalf("n2 restarted on the copy: %v, want errWrongLedger", err)
+	}
+	if c := n2Events(copied); c != 0 {
+		t.Fatalf("the refused start settled %d of n2's events into the copy", c)
+	}
+	again, err := restart(dsn)
+	if err != nil {
+		t.Fatalf("n2 restarted on the cluster's ledger: %v", err)
+	}
+	t.Cleanup(func() { again.Shutdown(context.Background()) })
+	if c := n2Events(ledger); c != 5 {
+		t.Fatalf("the cluster's ledger holds %d of n2's 5 events after its restart there", c)
 	}
 }

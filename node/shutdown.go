@@ -179,8 +179,10 @@ func (n *Node) releaseStranded(ctx context.Context) {
 // scaled down for good held its last month's billing back, and quotad
 // prune's). Best effort: without the mark such a month waits for the node,
 // or for an operator, as before.
-func (n *Node) markStopped(ctx context.Context) {
-	l := n.Ledger()
+func (n *Node) markStopped(ctx context.Context) { n.markStoppedOn(ctx, n.Ledger()) }
+
+// markStoppedOn is markStopped on the ledger l (nil: none reached).
+func (n *Node) markStoppedOn(ctx context.Context, l flush.Ledger) {
 	if l == nil || n.wal == nil || n.wal.DurableSeq() != n.wal.SettledSeq() {
 		return
 	}
