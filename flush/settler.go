@@ -279,7 +279,7 @@ func (s *Settler) catchUp(ctx context.Context, mark uint64) error {
 		return s.staleDir(mark)
 	}
 	s.opts.Logger.Info("the ledger had settled further than this node's log knew; marking locally", "ledger", mark, "local", local)
-	b, err := s.batch(local, mark)
+	b, err := s.batch(local, mark, false)
 	if err != nil {
 		return err
 	}
@@ -443,10 +443,11 @@ func (s *Settler) settleBatch(ctx context.Context) (n int, more bool, err error)
 		return 0, false, nil
 	}
 	next := min(durable, prev+uint64(s.limit))
-	b, err := s.batch(prev, next)
+	b, err := s.batch(prev, next, true)
 	if err != nil {
 		return 0, false, err
 	}
+	next = b.Next // NB: cut before a charge of an event the batch refunds
 	if next == durable {
 		b.DrainedAt = readAt
 	}
@@ -545,15 +546,28 @@ func (s *Settler) report(rep SettleReport, err error) {
 // batch reads (prev, next] into a Batch. Reservation records stay local: the
 // ledger changed them when they were made. Replay records, and the replay
 // a released refund takes back, go to Batch.Replays.
-func (s *Settler) batch(prev, next uint64) (*Batch, error) {
+func (s *Settler) batch(prev, next uint64, cut bool) (*Batch, error) {
 	b := &Batch{Node: s.node, Incarnation: s.inc, Prev: prev, Next: next, Events: s.opts.Events}
 	var rec shard.Record
+	type event struct{ account, id string }
+	var refunded map[event]bool // cut: the events this batch refunds so far
 	err := s.log.Scan(prev, next, func(seq uint64, p []byte) error {
 		if err := rec.Decode(p); err != nil {
 			return fmt.Errorf("record %d: %w", seq, err)
 		}
 		switch rec.Type {
 		case shard.RecCharge:
+			if cut && rec.ClientID && refunded[event{rec.Account, shard.LedgerEventID(rec.EventID, rec.Gen)}] {
+				// A charge of an event this batch refunded before it (the
+				// node had forgotten the id: its dedup window passed, or
+				// DedupMax evicted it): settled with the refund, it met the
+				// event still billed and was taken for a duplicate, then the
+				// refund left it billed zero times (Postgres applies a
+				// batch's charges before its refunds). The batch ends
+				// before it; the next one bills it as the retry it is.
+				b.Next = seq - 1
+				return errCutBatch
+			}
 			b.Charges = append(b.Charges, Charge{Seq: seq, Account: rec.Account, EventID: shard.LedgerEventID(rec.EventID, rec.Gen), ClientID: rec.ClientID,
 				Key: rec.Key, Route: rec.Route, Units: rec.Units, Wall: rec.Wall, Period: rec.Period, Reserved: rec.Reserved,
 				Allocs: append([]shard.Alloc(nil), rec.Allocs...)})
@@ -570,14 +584,26 @@ func (s *Settler) batch(prev, next uint64) (*Batch, error) {
 			b.Refunds = append(b.Refunds, Refund{Seq: seq, Account: rec.Account, EventID: shard.LedgerEventID(rec.EventID, rec.Gen), Key: rec.Key, Route: rec.Route,
 				Units: rec.Units, Wall: rec.Wall, ChargeWall: rec.ChargeWall, Period: rec.Period, Reserved: rec.Reserved,
 				Attempt: rec.Attempt, Origin: rec.Origin, Allocs: append([]shard.Alloc(nil), rec.Allocs...)})
+			if cut {
+				if refunded == nil {
+					refunded = map[event]bool{}
+				}
+				refunded[event{rec.Account, shard.LedgerEventID(rec.EventID, rec.Gen)}] = true
+			}
 		}
 		return nil
 	})
+	if errors.Is(err, errCutBatch) {
+		err = nil
+	}
 	if err != nil {
 		return nil, err
 	}
 	return b, nil
 }
+
+// errCutBatch ends a batch's scan early (batch).
+var errCutBatch = errors.New("flush: batch cut")
 
 // Kick asks the loop to settle now (the unsettled log grew past MaxBatch).
 func (s *Settler) Kick() {

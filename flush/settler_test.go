@@ -363,3 +363,78 @@ func TestOnlyTheBatchThatDrainsTheLogSaysSo(t *testing.T) {
 		t.Fatalf("batches %v, want %v", got, want)
 	}
 }
+
+// A charge, its refund and the same event charged again (its id forgotten
+// by the node: the dedup window passed, or DedupMax evicted it), all in
+// one month and one settle range: settled as one batch, Postgres took the
+// second charge for a duplicate of the first (its charges go in before its
+// refunds) and then refunded the event, billing nothing for a request that
+// was served. The settler now ends the batch before such a charge: two
+// batches, 3 units billed, on both ledgers.
+func TestRetryOfARefundedEventSettlesInTheNextBatch(t *testing.T) {
+	onBothLedgers(t, func(t *testing.T, l Ledger) {
+		ctx := context.Background()
+		confSetup(t, l, 100, "acct-1")
+		log, err := wal.Open(wal.Options{Dir: t.TempDir(), NodeID: "q1"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		e, err := engine.Open(engine.Options{Log: log})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { e.Close(); log.Close() })
+		june10 := time.Date(2026, 6, 10, 12, 0, 0, 0, time.UTC).UnixNano()
+		june11 := june10 + int64(24*time.Hour)
+		period := shard.PeriodOf(june10)
+		grant := shard.MonthlyGrantID(period)
+		for _, rec := range []shard.Record{
+			{Type: shard.RecCharge, Account: "acct-1", EventID: "e1", ClientID: true, Key: "k1", Route: "POST /x", Units: 2, Period: period, Wall: june10,
+				Allocs: []shard.Alloc{{Grant: grant, Units: 2}}},
+			{Type: shard.RecRefund, Account: "acct-1", EventID: "e1", Key: "k1", Route: "POST /x", Units: 2, Period: period, Wall: june10, ChargeWall: june10,
+				Allocs: []shard.Alloc{{Grant: grant, Units: 2}}},
+			{Type: shard.RecCharge, Account: "acct-1", EventID: "e1", ClientID: true, Key: "k1", Route: "POST /x", Units: 3, Period: period, Wall: june11,
+				Allocs: []shard.Alloc{{Grant: grant, Units: 3}}},
+		} {
+			if _, err := log.Append(rec.AppendEncode(nil)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := log.WaitDurable(ctx, log.LastSeq()); err != nil {
+			t.Fatal(err)
+		}
+		dl := &drainLedger{Ledger: l}
+		s, err := NewSettler(SettlerOptions{Ledger: dl, Engine: e, Events: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Register(ctx); err != nil {
+			t.Fatal(err)
+		}
+		for try := 0; log.SettledSeq() < 3; try++ {
+			if try == 3 {
+				t.Fatalf("settled to %d of 3 after 3 tries", log.SettledSeq())
+			}
+			if _, err := s.SettleOnce(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var ranges []string
+		for _, b := range dl.batches {
+			ranges = append(ranges, fmt.Sprintf("(%d,%d]", b.Prev, b.Next))
+		}
+		if want := []string{"(0,2]", "(2,3]"}; !slices.Equal(ranges, want) {
+			t.Errorf("batches %v, want %v (cut before the retry)", ranges, want)
+		}
+		var billed int64
+		for _, ev := range eventsOf(t, l, "acct-1") {
+			if !ev.Refunded {
+				billed += ev.Units
+			}
+		}
+		if billed != 3 {
+			t.Fatalf("billed %d units, want 3 (the retry): %+v", billed, eventsOf(t, l, "acct-1"))
+		}
+		wantReconciled(t, l)
+	})
+}
