@@ -15,6 +15,7 @@ import (
 	"net/url"
 	"os"
 	"path"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -478,21 +479,43 @@ func pricedMethod(snap *snapshot.Snapshot, r *http.Request, host string) string 
 		return r.Method // the frameworks override POSTs only
 	}
 	method, units := r.Method, int64(-1) // units: the POST's, once looked up
-	for _, h := range methodOverrides {
-		for _, v := range r.Header[h] {
-			m := strings.ToUpper(strings.TrimSpace(v))
-			if m == "" || m == method || !validMethod(m) {
-				continue
-			}
-			if units < 0 {
-				_, units, _ = snap.Routes.MatchRedirect(method, host, r.URL.EscapedPath())
-			}
-			if _, u, _ := snap.Routes.MatchRedirect(m, host, r.URL.EscapedPath()); u > units {
-				method, units = m, u
+	overrides(r, func(m string) {
+		if m == method {
+			return
+		}
+		if units < 0 {
+			_, units, _ = snap.Routes.MatchRedirect(method, host, r.URL.EscapedPath())
+		}
+		if _, u, _ := snap.Routes.MatchRedirect(m, host, r.URL.EscapedPath()); u > units {
+			method, units = m, u
+		}
+	})
+	return method
+}
+
+// overrides calls fn with each method a POST names to run as: every item
+// of a method-override header's comma list (Express's method-override
+// takes the first; another framework may take another), and a _method
+// query parameter (Symfony and Laravel read it from the query too), upper
+// case, method tokens only.
+func overrides(r *http.Request, fn func(method string)) {
+	each := func(v string) {
+		for _, item := range strings.Split(v, ",") {
+			if m := strings.ToUpper(strings.TrimSpace(item)); validMethod(m) {
+				fn(m)
 			}
 		}
 	}
-	return method
+	for _, h := range methodOverrides {
+		for _, v := range r.Header[h] {
+			each(v)
+		}
+	}
+	if strings.Contains(r.URL.RawQuery, "_method") {
+		for _, v := range r.URL.Query()["_method"] {
+			each(v)
+		}
+	}
 }
 
 // validMethod reports whether m is a method token (RFC 9110 section 9.1).
@@ -613,7 +636,8 @@ var ownedHeaders = []string{HeaderAccount, HeaderEvent, "X-Forwarded-For", "X-Fo
 	"X-Real-Ip", "Forwarded", "Via"}
 
 // withoutLookalikes returns r without the headers whose names read as one
-// of ownedHeaders once "_" is read as "-" (X_Quota_Account): the front
+// of ownedHeaders or methodOverrides once "_" is read as "-"
+// (X_Quota_Account, X_HTTP_Method_Override): the front
 // replaces the real ones, but an upstream that maps both to one name (CGI,
 // WSGI, Rack: HTTP_X_QUOTA_ACCOUNT) would take a client's forged copy
 // along. nginx drops such names by default for the same reason. r is
@@ -625,7 +649,7 @@ func withoutLookalikes(r *http.Request) *http.Request {
 			continue
 		}
 		dashed := strings.ReplaceAll(name, "_", "-")
-		for _, o := range ownedHeaders {
+		for _, o := range slices.Concat(ownedHeaders, methodOverrides) {
 			if strings.EqualFold(dashed, o) {
 				drop = append(drop, name)
 				break
@@ -766,6 +790,14 @@ func RequestTarget(r *http.Request) uint64 {
 	io.WriteString(h, r.URL.EscapedPath())
 	h.Write([]byte{'?'})
 	io.WriteString(h, r.URL.RawQuery)
+	if r.Method == http.MethodPost {
+		// A method override names another request: the same key with
+		// another override is another request (422), not a free replay.
+		overrides(r, func(m string) {
+			h.Write([]byte{'\n'})
+			io.WriteString(h, m)
+		})
+	}
 	var sum [sha256.Size]byte
 	return max(1, binary.BigEndian.Uint64(h.Sum(sum[:0])))
 }

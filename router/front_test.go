@@ -907,7 +907,7 @@ func TestTrustForwarded(t *testing.T) {
 		// Lookalikes of the headers the proxy owns, which an upstream that
 		// reads "_" as "-" (CGI, WSGI, Rack) would take for them; a header
 		// of the API's own with an underscore passes.
-		for _, name := range []string{"X_Quota_Account", "x_quota_event", "X_Forwarded_For", "X_REAL_IP", "Forwarded_"} {
+		for _, name := range []string{"X_Quota_Account", "x_quota_event", "X_Forwarded_For", "X_REAL_IP", "Forwarded_", "X_HTTP_Method_Override"} {
 			req.Header[name] = []string{"forged"}
 		}
 		req.Header["X_Api_Trace"] = []string{"kept"}
@@ -1042,7 +1042,9 @@ func TestMethodOverrideIsPricedAsTheDearerMethod(t *testing.T) {
 		{"POST", map[string][]string{"X-Method-Override": {"PUT"}, "X-Http-Method-Override": {"DELETE"}}, "DELETE /v1/things", 10},
 		{"POST", map[string][]string{"X-Http-Method-Override": {"GET"}}, "POST /v1/things", 2}, // cheaper: as a POST
 		{"POST", map[string][]string{"X-Http-Method-Override": {"DE LETE"}}, "POST /v1/things", 2},
-		{"GET", map[string][]string{"X-Http-Method-Override": {"DELETE"}}, "*", 1}, // frameworks override POSTs only
+		{"GET", map[string][]string{"X-Http-Method-Override": {"DELETE"}}, "*", 1},                         // frameworks override POSTs only
+		{"POST", map[string][]string{"X-Http-Method-Override": {"DELETE, POST"}}, "DELETE /v1/things", 10}, // Express takes the first item
+		{"POST", map[string][]string{"X-Http-Method-Override": {"POST, put"}}, "PUT /v1/things", 5},
 	} {
 		req := newRequest(tc.method, "/v1/things", nil)
 		for k, v := range tc.headers {
@@ -1055,6 +1057,21 @@ func TestMethodOverrideIsPricedAsTheDearerMethod(t *testing.T) {
 		if got.Route != tc.route || got.Units != tc.units {
 			t.Errorf("%s /v1/things with %v: charged %d units as %q, want %d as %q", tc.method, tc.headers, got.Units, got.Route, tc.units, tc.route)
 		}
+	}
+	// Symfony and Laravel read _method from the query string too.
+	serve(t, FrontOptions{Charger: ch, Config: staticConfig{s}}, ok, newRequest("POST", "/v1/things?_method=DELETE", nil))
+	if got := ch.charges[len(ch.charges)-1]; got.Route != "DELETE /v1/things" || got.Units != 10 {
+		t.Errorf("POST /v1/things?_method=DELETE: charged %d units as %q, want 10 as DELETE", got.Units, got.Route)
+	}
+	// One Idempotency-Key, then the same request with an override: another
+	// request (refused 422 at the owner), not a free replay of the first.
+	plain, overridden := newRequest("POST", "/v1/things", nil), newRequest("POST", "/v1/things", nil)
+	overridden.Header.Set("X-HTTP-Method-Override", "GET")
+	if RequestTarget(plain) == RequestTarget(overridden) {
+		t.Error("a POST and the same POST with a method override have one RequestTarget")
+	}
+	if RequestTarget(plain) != RequestTarget(newRequest("POST", "/v1/things", nil)) {
+		t.Error("RequestTarget differs for the same request")
 	}
 }
 
