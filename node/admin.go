@@ -28,7 +28,7 @@ func (n *Node) adminHandler() *http.ServeMux {
 	// Profiles and fault injection take the admin token when the node has
 	// one (debugAuth): a profile shows the code's hot paths and a trace
 	// costs CPU while it runs.
-	mux.Handle("GET /debug/pprof/", n.debugAuth(http.HandlerFunc(pprof.Index)))
+	mux.Handle("GET /debug/pprof/", n.debugAuth(boundSeconds(pprof.Index))) // NB: a named profile takes ?seconds= too (a delta)
 	// NB: no /debug/pprof/cmdline: the command line may hold --admin-token,
 	// --alert-secret or a DSN with a password.
 	mux.HandleFunc("GET /debug/pprof/cmdline", http.NotFound)
@@ -55,9 +55,10 @@ func (n *Node) debugAuth(h http.Handler) http.Handler {
 	return n.adminAuth(h)
 }
 
-// MaxProfileSeconds bounds ?seconds= of /debug/pprof/profile and
-// /debug/pprof/trace: a trace slows the node while it runs, and only one
-// CPU profile runs at a time.
+// MaxProfileSeconds bounds ?seconds= of /debug/pprof/profile,
+// /debug/pprof/trace and a named profile's delta (/debug/pprof/heap?seconds=):
+// a trace slows the node while it runs, only one CPU profile runs at a
+// time, and each holds a goroutine and a connection for as long.
 const MaxProfileSeconds = 300
 
 // boundSeconds refuses ?seconds= past MaxProfileSeconds, or not a whole

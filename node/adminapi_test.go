@@ -151,9 +151,9 @@ func TestAdminAPI(t *testing.T) {
 		if status, raw := adminCall(t, n1, testAdminToken, "GET", "/debug/pprof/", nil, nil); status != http.StatusOK || !strings.Contains(string(raw), "goroutine") {
 			t.Fatalf("/debug/pprof/ with the token: %d %.200s", status, raw)
 		}
-		for _, q := range []string{"seconds=86400", "seconds=0", "seconds=1.5", "seconds=x"} {
-			if status, raw := adminCall(t, n1, testAdminToken, "GET", "/debug/pprof/trace?"+q, nil, nil); status != http.StatusBadRequest || !strings.Contains(string(raw), "from 1 to 300") {
-				t.Fatalf("/debug/pprof/trace?%s: %d %.200s, want 400 naming the bound", q, status, raw)
+		for _, q := range []string{"trace?seconds=86400", "trace?seconds=0", "trace?seconds=1.5", "profile?seconds=x", "heap?seconds=86400"} {
+			if status, raw := adminCall(t, n1, testAdminToken, "GET", "/debug/pprof/"+q, nil, nil); status != http.StatusBadRequest || !strings.Contains(string(raw), "from 1 to 300") {
+				t.Fatalf("/debug/pprof/%s: %d %.200s, want 400 naming the bound", q, status, raw)
 			}
 		}
 		if res, err := http.Get("http://" + n2.AdminAddr() + "/debug/pprof/"); err != nil || res.StatusCode != http.StatusOK {
