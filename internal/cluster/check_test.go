@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"slices"
 	"testing"
 
 	"github.com/quotaring/quotaring/flush"
@@ -68,5 +69,15 @@ func TestG4AllowsTakeBacksUnderGeneratedIDs(t *testing.T) {
 		if r.Verdict != tc.verdict {
 			t.Errorf("%s: %s (%v), want %s", tc.name, r.Verdict, r.Violations, tc.verdict)
 		}
+	}
+}
+
+// The harness's nodes get none of the operator's QUOTAD_* variables: one
+// exporting QUOTAD_ADMIN_TOKEN for quotad admin gave every chaos node an
+// admin token, and the fault injection then answered 401.
+func TestNodesDoNotInheritQuotadVariables(t *testing.T) {
+	got := nodeEnviron([]string{"PATH=/bin", "QUOTAD_ADMIN_TOKEN=secret-secret-secret", "QUOTAD_ADMIN_TOKEN_FILE=/run/t", "HOME=/root", "XQUOTAD_=1"})
+	if want := []string{"PATH=/bin", "HOME=/root", "XQUOTAD_=1"}; !slices.Equal(got, want) {
+		t.Fatalf("nodeEnviron = %v, want %v", got, want)
 	}
 }

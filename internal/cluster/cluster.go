@@ -311,9 +311,7 @@ func (n *Node) start(env []string) error {
 		return err
 	}
 	cmd := exec.Command(n.bin, n.args...)
-	if len(n.env)+len(env) > 0 {
-		cmd.Env = append(append(os.Environ(), n.env...), env...)
-	}
+	cmd.Env = append(append(nodeEnviron(os.Environ()), n.env...), env...)
 	cmd.Stdout, cmd.Stderr = f, f
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL} // never outlive the test
 	if err := cmd.Start(); err != nil {
@@ -606,4 +604,19 @@ func Poll(ctx context.Context, every time.Duration, cond func() (bool, error)) e
 		case <-t.C:
 		}
 	}
+}
+
+// nodeEnviron is environ without its QUOTAD_* variables: a node of the
+// harness is configured by its flags and the harness's own variables only.
+// An operator's shell that exports QUOTAD_ADMIN_TOKEN for quotad admin
+// gave every chaos node an admin token, and the fault injection (/test/...,
+// which then asks for it) answered 401.
+func nodeEnviron(environ []string) []string {
+	out := make([]string, 0, len(environ))
+	for _, kv := range environ {
+		if !strings.HasPrefix(kv, "QUOTAD_") {
+			out = append(out, kv)
+		}
+	}
+	return out
 }
