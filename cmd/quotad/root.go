@@ -7,6 +7,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"unicode"
 
 	"github.com/quotaring/quotaring/internal/buildinfo"
 	"github.com/spf13/cobra"
@@ -271,7 +272,7 @@ func lookupEnv(env string, secret, emptyUnset bool) (v, from string, ok bool, er
 	if !fileSet || path == "" {
 		return v, env, ok, nil
 	}
-	if ok {
+	if ok && v != "" { // NB: an empty one is unset here, as quotad admin reads its own
 		return "", "", false, fmt.Errorf("both %s and %s are set: set one of them", env, fileEnv)
 	}
 	f, err := os.Open(path)
@@ -289,6 +290,13 @@ func lookupEnv(env string, secret, emptyUnset bool) (v, from string, ok bool, er
 	v = strings.TrimSuffix(strings.TrimSuffix(string(b), "\n"), "\r")
 	if strings.TrimSpace(v) == "" {
 		return "", "", false, fmt.Errorf("%s: %s is empty: it should hold the secret", fileEnv, path)
+	}
+	if strings.TrimSpace(v) != v || strings.ContainsFunc(v, unicode.IsControl) || strings.HasPrefix(v, "\uFEFF") {
+		// A second line, spaces around it, a byte-order mark: kept, they
+		// would make a token no client can send, found only when calls
+		// fail.
+		return "", "", false, fmt.Errorf("%s: %s holds more than the secret (spaces around it, a second line, control characters or a byte-order mark): "+
+			"write the secret alone, with at most one final line break", fileEnv, path)
 	}
 	return v, fileEnv, true, nil
 }

@@ -372,6 +372,10 @@ func TestServeSecretsFromFiles(t *testing.T) {
 			[]string{"QUOTAD_ALERT_SECRET_FILE: open " + filepath.Join(dir, "nope")}},
 		"an empty file": {map[string]string{"QUOTAD_ALERT_SECRET_FILE": write("empty", "\n")},
 			[]string{"QUOTAD_ALERT_SECRET_FILE: " + filepath.Join(dir, "empty") + " is empty"}},
+		"a second line": {map[string]string{"QUOTAD_RPC_TOKEN_FILE": write("two-lines", "rpc-token-0123456789abcdef\n\n")},
+			[]string{"QUOTAD_RPC_TOKEN_FILE: " + filepath.Join(dir, "two-lines") + " holds more than the secret"}},
+		"spaces around it": {map[string]string{"QUOTAD_RPC_TOKEN_FILE": write("spaced", " rpc-token-0123456789abcdef \n")},
+			[]string{"holds more than the secret"}},
 		"a large file": {map[string]string{"QUOTAD_LEDGER_FILE": write("big", strings.Repeat("x", 70<<10)), "QUOTAD_LEDGER": ""},
 			[]string{"QUOTAD_LEDGER_FILE: " + filepath.Join(dir, "big") + " is larger than 64 KiB"}},
 	} {
