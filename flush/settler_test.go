@@ -321,6 +321,33 @@ func (l *drainLedger) Settle(ctx context.Context, b *Batch) (SettleResult, error
 	return l.Ledger.Settle(ctx, b)
 }
 
+// settleInBatches registers a Settler with opts (its Ledger wrapped to
+// keep the batches it is sent) and settles the engine's log to its end in
+// at most tries SettleOnce calls, and returns the batches.
+func settleInBatches(t *testing.T, opts SettlerOptions, tries int) []*Batch {
+	t.Helper()
+	ctx := context.Background()
+	dl := &drainLedger{Ledger: opts.Ledger}
+	opts.Ledger = dl
+	s, err := NewSettler(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Register(ctx); err != nil {
+		t.Fatal(err)
+	}
+	log := opts.Engine.Log()
+	for try := 0; log.SettledSeq() < log.DurableSeq(); try++ {
+		if try == tries {
+			t.Fatalf("settled to %d of %d after %d tries", log.SettledSeq(), log.DurableSeq(), tries)
+		}
+		if _, err := s.SettleOnce(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dl.batches
+}
+
 // Only a batch that took everything the log held says so (DrainedAt, which
 // moves the node's settled_through, and with it the point up to which the
 // billing export calls a month final): a log settled in three batches
@@ -339,24 +366,8 @@ func TestOnlyTheBatchThatDrainsTheLogSaysSo(t *testing.T) {
 	if err := log.WaitDurable(ctx, log.LastSeq()); err != nil {
 		t.Fatal(err)
 	}
-	l := &drainLedger{Ledger: sq}
-	s, err := NewSettler(SettlerOptions{Ledger: l, Engine: e, MaxBatch: 1000})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Register(ctx); err != nil {
-		t.Fatal(err)
-	}
-	for try := 0; log.SettledSeq() < 2500; try++ {
-		if try == 5 {
-			t.Fatalf("settled to %d of 2500 after 5 tries", log.SettledSeq())
-		}
-		if _, err := s.SettleOnce(ctx); err != nil {
-			t.Fatal(err)
-		}
-	}
 	var got []string
-	for _, b := range l.batches {
+	for _, b := range settleInBatches(t, SettlerOptions{Ledger: sq, Engine: e, MaxBatch: 1000}, 5) {
 		got = append(got, fmt.Sprintf("(%d,%d] drained=%v", b.Prev, b.Next, !b.DrainedAt.IsZero()))
 	}
 	if want := []string{"(0,1000] drained=false", "(1000,2000] drained=false", "(2000,2500] drained=true"}; !slices.Equal(got, want) {
@@ -403,24 +414,8 @@ func TestRetryOfARefundedEventSettlesInTheNextBatch(t *testing.T) {
 		if err := log.WaitDurable(ctx, log.LastSeq()); err != nil {
 			t.Fatal(err)
 		}
-		dl := &drainLedger{Ledger: l}
-		s, err := NewSettler(SettlerOptions{Ledger: dl, Engine: e, Events: true})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := s.Register(ctx); err != nil {
-			t.Fatal(err)
-		}
-		for try := 0; log.SettledSeq() < 3; try++ {
-			if try == 3 {
-				t.Fatalf("settled to %d of 3 after 3 tries", log.SettledSeq())
-			}
-			if _, err := s.SettleOnce(ctx); err != nil {
-				t.Fatal(err)
-			}
-		}
 		var ranges []string
-		for _, b := range dl.batches {
+		for _, b := range settleInBatches(t, SettlerOptions{Ledger: l, Engine: e, Events: true}, 3) {
 			ranges = append(ranges, fmt.Sprintf("(%d,%d]", b.Prev, b.Next))
 		}
 		if want := []string{"(0,2]", "(2,3]"}; !slices.Equal(ranges, want) {
