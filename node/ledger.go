@@ -32,6 +32,12 @@ func (n *Node) tryLedger(ctx context.Context, beforeServing bool) (bool, error) 
 	if err != nil {
 		return false, err
 	}
+	if !beforeServing && len(n.cfg.Join) > 0 && n.Ring() == nil { // NB: the ring is stored after the router (joinRing)
+		// A retry begun while Start still joins the ring: no peer to ask
+		// yet, so nothing is settled into this ledger; the next try asks.
+		p.l.Close()
+		return false, errors.New("node: not in the ring yet: the ledger is used once the peers can say it is theirs")
+	}
 	if err := n.checkSharedLedger(ctx); err != nil {
 		p.l.Close()
 		if !beforeServing {

@@ -621,12 +621,15 @@ func (n *Node) joinRing(rc ring.Config) error {
 		n.log.Warn("internal ports not locked: "+strings.Join(open, "; ")+"; keep --gossip-addr and --rpc-addr reachable only by the cluster and its embedded clients",
 			lockAttrs...)
 	}
-	n.ring.Store(r)
 	n.router, err = router.New(router.Config{Engine: n.eng, Ring: r, Faults: n.faults, Token: n.rpcToken(), TLS: n.rpcTLS.client,
 		Logger: n.log.With("component", "router"), LedgerStart: n.ledgerStart})
 	if err != nil {
+		n.ring.Store(r) // for abortStart to leave it
 		return err
 	}
+	// NB: after the router: a goroutine that loads the ring (retryLedger's
+	// checkSharedLedger) then reads n.router sees it set.
+	n.ring.Store(r)
 	changes, cancel := r.Subscribe(64)
 	n.goLoop(func(ctx context.Context) {
 		defer cancel()

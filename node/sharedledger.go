@@ -56,8 +56,8 @@ const sharedLedgerPeerWait = 3 * time.Second
 // (useLedger). Before the ring is joined there is no peer to ask, and it
 // returns nil: Start asks once it has joined.
 func (n *Node) checkSharedLedger(ctx context.Context) error {
-	r := n.Ring()
-	if r == nil || n.router == nil {
+	r := n.Ring() // NB: stored after n.router (joinRing)
+	if r == nil {
 		return nil
 	}
 	servingPeers := func() []ring.Meta {
