@@ -38,8 +38,13 @@ func (n *Node) tryLedger(ctx context.Context, beforeServing bool) (bool, error) 
 		p.l.Close()
 		return false, errors.New("node: not in the ring yet: the ledger is used once the peers can say it is theirs")
 	}
-	if err := n.checkSharedLedger(ctx); err != nil {
+	if err := n.checkSharedLedger(ctx, p.l); err != nil {
 		p.l.Close()
+		if errors.Is(err, errNodeIDInUse) && !beforeServing {
+			n.fence("another process runs as this node id, found when the ledger was first reached (it was down when this one started): "+
+				"this one stops taking charges and exits", "err", err)
+			return false, err
+		}
 		if !beforeServing {
 			n.fenceWith(err, "this node's ledger, reached late (it was down at start), is not the one its peers settle into: this node stops taking charges and exits; "+
 				"its log keeps what it took, unsettled, for a start with the right --ledger", "err", err)

@@ -55,7 +55,7 @@ const sharedLedgerPeerWait = 3 * time.Second
 // the ledger (reachLedger) and before anything is settled into it
 // (useLedger). Before the ring is joined there is no peer to ask, and it
 // returns nil: Start asks once it has joined.
-func (n *Node) checkSharedLedger(ctx context.Context) error {
+func (n *Node) checkSharedLedger(ctx context.Context, own flush.Ledger) error {
 	r := n.Ring() // NB: stored after n.router (joinRing)
 	if r == nil {
 		return nil
@@ -127,6 +127,16 @@ func (n *Node) checkSharedLedger(ctx context.Context) error {
 	}
 	if len(disagree) > 0 && len(disagree) >= len(agree) {
 		a := disagree[0]
+		if a.process != "" {
+			// The peers read a later start of this node id by another
+			// process: if this node's own ledger reads it too, the ledger
+			// is shared, and that process is a twin started as this id.
+			if s, err := own.LastStart(ctx, n.cfg.ID); err == nil && s.Process == a.process {
+				return fmt.Errorf("%w: another process started as this node id after this one (process %q, incarnation %s): refusing to start; "+
+					"two processes with one --node-id charge the same accounts twice and free each other's reservations. Give each process a --node-id of its own",
+					errNodeIDInUse, s.Process, s.Incarnation)
+			}
+		}
 		seen := "no start of this node id at all"
 		if a.process != "" {
 			seen = fmt.Sprintf("a start of this node id by another process (%q; this one is %q)", a.process, n.process)

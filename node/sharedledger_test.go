@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/quotaring/quotaring/flush"
 	"github.com/quotaring/quotaring/router"
 	"github.com/quotaring/quotaring/shard"
 )
@@ -133,5 +134,27 @@ func TestRefusedLedgerGetsNothingSettled(t *testing.T) {
 	t.Cleanup(func() { again.Shutdown(context.Background()) })
 	if c := n2Events(ledger); c != 5 {
 		t.Fatalf("the cluster's ledger holds %d of n2's 5 events after its restart there", c)
+	}
+}
+
+// A later start of this node id by another process, which the peers' ledger
+// and this node's own both read, is a twin, not another ledger: the check
+// says so (CI caught two twins started at once, one told its ledger was
+// wrong).
+func TestSharedLedgerCheckTellsATwinFromAnotherLedger(t *testing.T) {
+	dsn := "sqlite:" + filepath.Join(t.TempDir(), "ledger.db")
+	seedLedger(t, dsn, map[string]int64{"acme": 100})
+	nodes := startNodesWith(t, dsn, nil, nil)
+	n2 := nodes[1]
+	ctx := context.Background()
+	if err := n2.checkSharedLedger(ctx, n2.Ledger()); err != nil {
+		t.Fatalf("n2 on the cluster's ledger: %v", err)
+	}
+	if err := n2.Ledger().RecordStart(ctx, "n2", n2.wal.Incarnation(), flush.NodeStart{Build: "devel", Process: "twin-process"}); err != nil {
+		t.Fatal(err)
+	}
+	err := n2.checkSharedLedger(ctx, n2.Ledger())
+	if !errors.Is(err, errNodeIDInUse) || errors.Is(err, errWrongLedger) || !strings.Contains(err.Error(), "another process started as this node id after this one") {
+		t.Fatalf("a twin's later start: %v, want errNodeIDInUse naming it", err)
 	}
 }
