@@ -47,11 +47,14 @@ const sharedLedgerTimeout = 6 * time.Second
 // its ring to show a serving peer to ask.
 const sharedLedgerPeerWait = 3 * time.Second
 
-// checkSharedLedger asks the serving peers, one after another until one
-// can answer, whether their ledger holds this process's start. It returns
-// errWrongLedger (wrapped, saying what to check) when one says it does
-// not, and nil when one says it does, when there is no serving peer, or
-// when no peer could tell (logged). Call it once this start is recorded in
+// checkSharedLedger asks every serving peer at once whether its ledger
+// holds this process's start (waiting up to sharedLedgerPeerWait, with
+// --join, for the ring to show one). It returns errWrongLedger (wrapped,
+// saying what to check) when at least as many say it does not as say it
+// does; errNodeIDInUse when what they read instead is a later start of
+// this id that own reads too (a twin); and nil when more read it, when
+// there is no serving peer, or when none could tell (logged). own is
+// this node's ledger. Call it once this start is recorded in
 // the ledger (reachLedger) and before anything is settled into it
 // (useLedger). Before the ring is joined there is no peer to ask, and it
 // returns nil: Start asks once it has joined.
