@@ -40,15 +40,7 @@ func (n *Node) tryLedger(ctx context.Context, beforeServing bool) (bool, error) 
 	}
 	if err := n.checkSharedLedger(ctx, p.l); err != nil {
 		p.l.Close()
-		if errors.Is(err, errNodeIDInUse) && !beforeServing {
-			n.fence("another process runs as this node id, found when the ledger was first reached (it was down when this one started): "+
-				"this one stops taking charges and exits", "err", err)
-			return false, err
-		}
-		if !beforeServing {
-			n.fenceWith(err, "this node's ledger, reached late (it was down at start), is not the one its peers settle into: this node stops taking charges and exits; "+
-				"its log keeps what it took, unsettled, for a start with the right --ledger", "err", err)
-		}
+		n.ledgerFailed(err, beforeServing)
 		return false, err
 	}
 	return n.useLedger(ctx, p, beforeServing)
@@ -115,24 +107,7 @@ func (n *Node) reachLedger(ctx context.Context, beforeServing bool) (*reachedLed
 	}
 	if err != nil {
 		l.Close()
-		switch {
-		case errors.Is(err, errEarlierIncarnationHolds) && beforeServing:
-			n.log.Error("an earlier incarnation of this node id may hold unsettled charges: refusing to start", "err", err)
-		case errors.Is(err, errEarlierIncarnationHolds):
-			// Serving already (from nothing: a new dir has no config
-			// snapshot and owned no hard account's units): stop.
-			n.fenceWith(err, "an earlier incarnation of this node id may hold unsettled charges, found when the ledger was first reached "+
-				"(it was down when this one started): this one stops taking charges and exits", "err", err)
-		case errors.Is(err, errNodeIDInUse) && beforeServing:
-			n.log.Error("another process runs as this node id: refusing to start", "err", err)
-		case errors.Is(err, errNodeIDInUse):
-			// Serving already: stop as a process that a later one fenced.
-			n.fence("another process runs as this node id, found when the ledger was first reached (it was down when this one started): "+
-				"this one stops taking charges and exits; two processes with one --node-id charge the same accounts twice and free each other's reservations. "+
-				"Give each process a --node-id of its own", "err", err)
-		default:
-			n.log.Warn("ledger reached but not usable yet", "err", err)
-		}
+		n.ledgerFailed(err, beforeServing)
 		return nil, err
 	}
 	settler, err := flush.NewSettler(flush.SettlerOptions{Ledger: l, Engine: n.eng, Interval: n.cfg.SettleInterval,
@@ -185,27 +160,48 @@ func (n *Node) useLedger(ctx context.Context, p *reachedLedger, beforeServing bo
 	return true, nil
 }
 
-// ledgerFailed logs why reaching or using the ledger failed. A settled
-// mark conflict found while serving fences the node.
+// ledgerFailed logs why reaching or using the ledger failed. What waiting
+// will not fix is an ERROR before serving (Start refuses to go on), and
+// fences a node that is serving already (the ledger was down at start).
 func (n *Node) ledgerFailed(err error, beforeServing bool) {
-	if !errors.Is(err, flush.ErrMarkConflict) {
+	switch {
+	case errors.Is(err, errEarlierIncarnationHolds) && beforeServing:
+		n.log.Error("an earlier incarnation of this node id may hold unsettled charges: refusing to start", "err", err)
+	case errors.Is(err, errEarlierIncarnationHolds):
+		// Serving already (from nothing: a new dir has no config
+		// snapshot and owned no hard account's units): stop.
+		n.fenceWith(err, "an earlier incarnation of this node id may hold unsettled charges, found when the ledger was first reached "+
+			"(it was down when this one started): this one stops taking charges and exits", "err", err)
+	case errors.Is(err, errNodeIDInUse) && beforeServing:
+		n.log.Error("another process runs as this node id: refusing to start", "err", err)
+	case errors.Is(err, errNodeIDInUse):
+		// Serving already: stop as a process that a later one fenced.
+		n.fence("another process runs as this node id, found when the ledger was first reached (it was down when this one started): "+
+			"this one stops taking charges and exits; two processes with one --node-id charge the same accounts twice and free each other's reservations. "+
+			"Give each process a --node-id of its own", "err", err)
+	case errors.Is(err, errWrongLedger) && beforeServing:
+		// Start returns it; quotad prints it.
+	case errors.Is(err, errWrongLedger):
+		n.fenceWith(err, "this node's ledger, reached late (it was down at start), is not the one its peers settle into: this node stops taking charges and exits; "+
+			"its log keeps what it took, unsettled, for a start with the right --ledger", "err", err)
+	case errors.Is(err, flush.ErrMarkConflict):
+		// Retrying will not fix it; the records stay in the log, unsettled.
+		n.ledgerRefused.Store(&err)
+		if beforeServing {
+			n.log.Error("the ledger and this node's log disagree on what was settled: nothing is marked settled; follow the error's remedy", "err", err)
+			return
+		}
+		// Serving already (the ledger was down at start): every charge it
+		// takes from here on gets a sequence number the ledger settled for
+		// another, and is billed only by hand; its allowances are the
+		// copy's, which the ledger may no longer back. It stops, as a
+		// fenced node does, and the other nodes take its accounts.
+		n.fenceWith(err, "the ledger and this node's log disagree on what was settled, found when the ledger was first reached "+
+			"(it was down when this node started): this node can never settle what it takes, so it stops taking charges and exits "+
+			"without settling; the other nodes take its accounts. Follow the error's remedy", "err", err)
+	default:
 		n.log.Warn("ledger reached but not usable yet", "err", err)
-		return
 	}
-	// Retrying will not fix it; the records stay in the log, unsettled.
-	n.ledgerRefused.Store(&err)
-	if beforeServing {
-		n.log.Error("the ledger and this node's log disagree on what was settled: nothing is marked settled; follow the error's remedy", "err", err)
-		return
-	}
-	// Serving already (the ledger was down at start): every charge it takes
-	// from here on gets a sequence number the ledger settled for another,
-	// and is billed only by hand; its allowances are the copy's, which the
-	// ledger may no longer back. It stops, as a fenced node does, and the
-	// other nodes take its accounts.
-	n.fenceWith(err, "the ledger and this node's log disagree on what was settled, found when the ledger was first reached "+
-		"(it was down when this node started): this node can never settle what it takes, so it stops taking charges and exits "+
-		"without settling; the other nodes take its accounts. Follow the error's remedy", "err", err)
 }
 
 // logEarlierIncarnations logs an ERROR for each earlier incarnation of

@@ -381,9 +381,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	if reached != nil {
 		if err := n.checkSharedLedger(ctx, reached.l); err != nil {
 			reached.l.Close()
-			if errors.Is(err, errNodeIDInUse) {
-				n.log.Error("another process runs as this node id: refusing to start", "err", err)
-			}
+			n.ledgerFailed(err, true)
 			return nil, fmt.Errorf("node: %w", err) // before anything is settled into it or read from it
 		}
 		if ok, err := n.useLedger(ctx, reached, true); !ok {

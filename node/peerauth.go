@@ -73,17 +73,10 @@ func (n *Node) peerRefusalReason() string {
 // probeRefusal probes the serving peers at once and says why they refuse
 // this node, or ""; first is the first refusal's error, for the log.
 func (n *Node) probeRefusal(ctx context.Context) (why string, first error) {
-	r, rt := n.Ring(), n.router
-	if r == nil || rt == nil {
+	if n.Ring() == nil { // NB: stored after n.router (joinRing)
 		return "", nil
 	}
-	v := r.View()
-	var peers []ring.Meta
-	for _, m := range v.Members {
-		if m.ID != n.cfg.ID && m.RPCAddr != "" && slices.Contains(v.Serving, m.ID) {
-			peers = append(peers, m)
-		}
-	}
+	peers := n.servingPeers()
 	probes := make([]peerProbe, len(peers))
 	var wg sync.WaitGroup
 	for i, m := range peers {
@@ -135,6 +128,23 @@ func (n *Node) probeRefusal(ctx context.Context) (why string, first error) {
 			"give every node the same --rpc-token (QUOTAD_RPC_TOKEN), or none", strings.Join(tokenless, ", ")))
 	}
 	return strings.Join(whys, "; "), first
+}
+
+// servingPeers are the other members on the ring (serving) in this node's
+// view, with an RPC address to call.
+func (n *Node) servingPeers() []ring.Meta {
+	r := n.Ring()
+	if r == nil {
+		return nil
+	}
+	v := r.View()
+	var peers []ring.Meta
+	for _, m := range v.Members {
+		if m.ID != n.cfg.ID && m.RPCAddr != "" && slices.Contains(v.Serving, m.ID) {
+			peers = append(peers, m)
+		}
+	}
+	return peers
 }
 
 // probePeer probes one peer with this node's credentials; when this node

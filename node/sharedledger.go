@@ -59,20 +59,10 @@ const sharedLedgerPeerWait = 3 * time.Second
 // (useLedger). Before the ring is joined there is no peer to ask, and it
 // returns nil: Start asks once it has joined.
 func (n *Node) checkSharedLedger(ctx context.Context, own flush.Ledger) error {
-	r := n.Ring() // NB: stored after n.router (joinRing)
-	if r == nil {
+	if n.Ring() == nil { // NB: stored after n.router (joinRing)
 		return nil
 	}
-	servingPeers := func() []ring.Meta {
-		var peers []ring.Meta
-		for _, m := range r.View().Members {
-			if m.ID != n.cfg.ID && m.State == ring.StateServing && m.RPCAddr != "" {
-				peers = append(peers, m)
-			}
-		}
-		return peers
-	}
-	peers := servingPeers()
+	peers := n.servingPeers()
 	if len(peers) == 0 && len(n.cfg.Join) > 0 {
 		// Just joined: the ring learns the members from gossip events a
 		// moment after the join returns. A first node of a cluster, or
@@ -89,7 +79,7 @@ func (n *Node) checkSharedLedger(ctx context.Context, own flush.Ledger) error {
 			case <-deadline.C:
 				break wait
 			case <-tick.C:
-				peers = servingPeers()
+				peers = n.servingPeers()
 			}
 		}
 	}
