@@ -19,6 +19,7 @@ package flush
 import (
 	"context"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -172,4 +173,45 @@ func benchBatch(mark uint64, round, size int, events bool) *Batch {
 		}
 	}
 	return b
+}
+
+// BenchmarkReserve measures Reserve on Postgres: 8 callers of one node
+// (the engine's top-ups run in parallel) reserve one unit at a time over
+// 1,000 accounts, with the node's reservation lock (ReleaseNode waits on
+// it) and without, side by side:
+//
+//	QUOTARING_REQUIRE_PG=1 go test -run '^$' -bench BenchmarkReserve -benchtime 3s ./flush
+func BenchmarkReserve(b *testing.B) {
+	for _, lock := range []bool{true, false} {
+		b.Run(fmt.Sprintf("lock=%v", lock), func(b *testing.B) {
+			ctx := context.Background()
+			l := pgBench(b).(*Postgres)
+			defer l.Close()
+			l.noReserveLock = !lock
+			if err := l.Migrate(ctx); err != nil {
+				b.Fatal(err)
+			}
+			if err := l.UpsertPlan(ctx, snapshot.Plan{ID: "bench", MonthlyQuota: 1 << 40, Hard: true}); err != nil {
+				b.Fatal(err)
+			}
+			for i := range benchAccounts {
+				if err := l.UpsertAccount(ctx, fmt.Sprintf("acct-%d", i), "bench"); err != nil {
+					b.Fatal(err)
+				}
+			}
+			wall := time.Date(2026, 6, 15, 12, 0, 0, 0, time.UTC)
+			var next atomic.Int64
+			b.SetParallelism(4) // 8 callers on 2 cores
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					acct := fmt.Sprintf("acct-%d", next.Add(1)%benchAccounts)
+					if _, err := l.Reserve(ctx, "node-a", ReserveRequest{Account: acct, Wall: wall, Need: 1}); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			})
+		})
+	}
 }

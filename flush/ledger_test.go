@@ -838,3 +838,90 @@ func TestBillingOverageFromTheFirstUnitOver(t *testing.T) {
 		}
 	}
 }
+
+// A Reserve in flight when ReleaseNode runs: node-a's first reservation on
+// a grant waits for the grant's row lock (held here by another
+// transaction, as a settle holds it) while quotad revoke, or the node's own
+// shutdown, frees everything node-a holds. ReleaseNode's statements did not
+// see the reservation row the Reserve had not committed yet, so the Reserve
+// committed after the release and stranded its units (chaos --seed 11,
+// RES and LIVE). ReleaseNode waits for it now, and frees it too.
+func TestPostgresReleaseNodeWaitsForAReserveInFlight(t *testing.T) {
+	ctx := t.Context()
+	l := openPG(t, pgtest.NewDB(t))
+	defer l.Close()
+	if err := l.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	confSetup(t, l, 100, "acct-1")
+	// node-b's reservation makes the month's grant exist, so that it can be
+	// locked below.
+	if _, err := l.Reserve(ctx, "node-b", ReserveRequest{Account: "acct-1", Wall: confWallTime(), Need: 5}); err != nil {
+		t.Fatal(err)
+	}
+	blocker, err := l.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer blocker.Rollback(ctx)
+	if _, err := blocker.Exec(ctx, `SELECT 1 FROM grants WHERE account_id = 'acct-1' FOR UPDATE`); err != nil {
+		t.Fatal(err)
+	}
+	waiting := func(n int) bool {
+		var w int
+		if err := l.pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&w); err != nil {
+			t.Fatal(err)
+		}
+		return w >= n
+	}
+	reserved := make(chan error, 1)
+	go func() {
+		_, err := l.Reserve(context.Background(), "node-a", ReserveRequest{Account: "acct-1", Wall: confWallTime(), Need: 10})
+		reserved <- err
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for !waiting(1) {
+		if time.Now().After(deadline) {
+			t.Fatal("node-a's Reserve never waited on the grant's row")
+		}
+		time.Sleep(5 * time.Millisecond) // NB: polls a condition, bounded by the deadline
+	}
+	released := make(chan error, 1)
+	go func() {
+		_, err := l.ReleaseNode(context.Background(), "node-a")
+		released <- err
+	}()
+	// ReleaseNode either waits behind the Reserve or (the bug) returns at
+	// once having freed nothing.
+	for done := false; !done && !waiting(2); {
+		select {
+		case err := <-released:
+			released <- err
+			done = true
+		default:
+			if time.Now().After(deadline) {
+				t.Fatal("ReleaseNode neither returned nor waited")
+			}
+			time.Sleep(5 * time.Millisecond) // NB: polls a condition, bounded by the deadline
+		}
+	}
+	if err := blocker.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-reserved; err != nil {
+		t.Fatalf("node-a's Reserve: %v", err)
+	}
+	if err := <-released; err != nil {
+		t.Fatalf("ReleaseNode node-a: %v", err)
+	}
+	held, err := l.Reservations(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range held {
+		if r.Node == "node-a" {
+			t.Errorf("after ReleaseNode node-a, the ledger still holds %+v: a Reserve in flight committed after the release", r)
+		}
+	}
+	wantGrant(t, l, "acct-1", confJune, 0, 5)
+}

@@ -47,6 +47,13 @@ const (
 	partitionLockKey int64 = 0x71756f7461_02 // "quota" 02: creating event partitions
 )
 
+// reserveLockClass is the first key of the two-key advisory lock on a node's
+// reservations, pg_advisory_xact_lock(reserveLockClass, hashtext(node)):
+// Reserve takes it shared and ReleaseNode exclusive, each first, so that a
+// release waits for the reserves in flight (see ReleaseNode). Two-key locks
+// do not collide with the one-bigint keys above. Fixed forever, like them.
+const reserveLockClass int32 = 0x71756f74 // "quot"
+
 // defaultConnectTimeout bounds a connection attempt when neither the DSN
 // (connect_timeout) nor PGOptions says otherwise, so a ledger that does not
 // answer fails fast instead of hanging a start or a settle.
@@ -84,6 +91,10 @@ type Postgres struct {
 	mu sync.Mutex // protects partitions
 	// partitions holds the months whose event partition is known to exist.
 	partitions map[shard.Period]bool
+
+	// noReserveLock leaves the reservation lock out of Reserve. Set only by
+	// BenchmarkReserve, to measure what the lock costs in the same run.
+	noReserveLock bool
 }
 
 var _ Ledger = (*Postgres)(nil)

@@ -3,6 +3,9 @@ package flush
 // Reservations on Postgres. Every method locks the grants it touches with
 // SELECT ... ORDER BY grant_id FOR UPDATE first (the order Settle uses), and
 // keeps grants.reserved equal to the sum of the grant's reservations.
+// Reserve and ReleaseNode take the node's reservation lock (reserveLockClass)
+// before any grant, shared and exclusive, so a release cannot miss a
+// reservation still being made.
 
 import (
 	"context"
@@ -62,6 +65,9 @@ func (p *Postgres) Reserve(ctx context.Context, node string, req ReserveRequest)
 
 	b := &pgx.Batch{}
 	b.BeginTx(pgx.TxOptions{})
+	if !p.noReserveLock {
+		b.Queue(`SELECT pg_advisory_xact_lock_shared($1, hashtext($2))`, reserveLockClass, node).Exec(nop)
+	}
 	queueAccountExists(b, req.Account)
 	queueMonthly(b, []grantKey{{req.Account, shard.MonthlyGrantID(per)}})
 	b.Queue(pgActiveGrantsSQL, req.Account, wall, node).Query(func(rows pgx.Rows) error {
@@ -159,10 +165,20 @@ func (p *Postgres) Handoffs(ctx context.Context, since time.Time) ([]Handoff, er
 }
 
 // ReleaseNode frees every reservation node holds.
+//
+// It first waits for node's Reserves in flight, on the node's reservation
+// lock. Without that, a Reserve that had inserted node's first reservation
+// row on a grant, not committed yet and waiting for the grant's row lock,
+// was invisible to both statements below (READ COMMITTED snapshots), and
+// committed after the release: its units stayed reserved for a node that
+// had given everything back (quotad chaos --seed 11). A Reserve that starts
+// after the release is the caller's to prevent: the node's own release
+// stops its top-ups first, and quotad revoke is for a node that is gone.
 func (p *Postgres) ReleaseNode(ctx context.Context, node string) ([]Released, error) {
 	var out []Released
 	b := &pgx.Batch{}
 	b.BeginTx(pgx.TxOptions{})
+	b.Queue(`SELECT pg_advisory_xact_lock($1, hashtext($2))`, reserveLockClass, node).Exec(nop)
 	b.Queue(`SELECT 1 FROM grants WHERE (account_id, grant_id) IN (SELECT account_id, grant_id FROM reservations WHERE node_id = $1)
 		ORDER BY account_id, grant_id FOR UPDATE`, node).Exec(nop)
 	b.Queue(`WITH del AS (
