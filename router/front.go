@@ -135,6 +135,20 @@ type FrontOptions struct {
 	// client. Without it the proxy replaces them with what it saw itself,
 	// since a client could forge them.
 	TrustForwarded bool
+	// Upgrades are the protocols a client may switch its connection to
+	// through the proxy (NewProxy only), by the names of the Upgrade
+	// header, case-insensitively and whatever version follows a slash
+	// [websocket]. After the upstream's 101 the proxy relays bytes both
+	// ways: whatever the client sends over the switched connection reaches
+	// the upstream as part of the one request billed, so allow only a
+	// protocol that serves one request's worth over it (a WebSocket, or
+	// Docker's "tcp" for attach). An offer of any other protocol is taken
+	// out of the request, and the request is served without switching (as
+	// RFC 9110 section 7.8 lets a server do). h2c is never allowed: it
+	// carries any number of HTTP requests.
+	Upgrades []string
+	// NoUpgrades refuses every protocol switch, WebSocket included.
+	NoUpgrades bool
 	// ChargeTimeout bounds a charge, RefundTimeout a refund [10s each]. Both
 	// outlive the client's connection on purpose: see Middleware.
 	ChargeTimeout, RefundTimeout time.Duration
@@ -206,6 +220,14 @@ func (o *FrontOptions) policyDefaults() error {
 	for _, d := range []*time.Duration{&o.UpstreamTimeout, &o.ChargeTimeout, &o.RefundTimeout} {
 		if *d < 0 {
 			return fmt.Errorf("router: front timeouts must not be negative (got %s)", *d)
+		}
+	}
+	if o.NoUpgrades && len(o.Upgrades) > 0 {
+		return fmt.Errorf("router: NoUpgrades with Upgrades %q: set one of them", o.Upgrades)
+	}
+	for _, p := range o.Upgrades {
+		if err := checkUpgradeName(p); err != nil {
+			return err
 		}
 	}
 	setDefaultDuration(&o.UpstreamTimeout, 30*time.Second)

@@ -9,9 +9,12 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
+
+	"golang.org/x/net/http/httpguts"
 )
 
 // Request headers the proxy sets for the upstream, and Middleware for the
@@ -62,8 +65,9 @@ func CheckUpstream(u *url.URL) error {
 // Forwarded naming the client (the client's own are dropped, unless
 // TrustForwarded), Via with "quotad" appended, and X-Quota-Account and
 // X-Quota-Event. ReverseProxy drops hop-by-hop headers both ways and
-// handles protocol upgrades (a WebSocket); an offer to upgrade to h2c is
-// dropped, since the requests sent after it would not be billed.
+// handles protocol upgrades; only those in FrontOptions.Upgrades (a
+// WebSocket by default) are offered to the upstream, since the requests
+// sent after a switch would not be billed.
 //
 // Responses stream: ReverseProxy flushes at once for text/event-stream and
 // for bodies of unknown length (chunked answers, gRPC), so Server-Sent
@@ -103,22 +107,35 @@ func NewProxy(upstream *url.URL, opts FrontOptions) (http.Handler, error) {
 		transport = t
 	}
 	log := opts.Logger
+	var upgrades []string // the names allowed, lower case
+	switch {
+	case opts.NoUpgrades:
+	case opts.Upgrades == nil:
+		upgrades = []string{"websocket"}
+	default:
+		for _, p := range opts.Upgrades {
+			upgrades = append(upgrades, strings.ToLower(p))
+		}
+	}
 	rp := &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.Out = markSent(pr.In, pr.Out)
 			pr.SetURL(upstream)
 			in, h := pr.In.Header, pr.Out.Header
-			if upgradesToH2C(h) {
-				// An h2c upgrade would turn the connection into an HTTP/2
-				// one to the upstream, which ReverseProxy then relays as
-				// bytes: every request sent over it after this one would
-				// reach the upstream unbilled and without a caller ("h2c
-				// smuggling"). The proxy drops the offer, as a server may
-				// (RFC 9110 section 7.8), and this request goes on as
-				// HTTP/1.1. WebSocket and other upgrades pass.
-				h.Del("Upgrade")
-				h.Del("Connection")
-				h.Del("HTTP2-Settings")
+			if h.Get("Upgrade") != "" {
+				// After a 101 the proxy relays bytes: every request sent
+				// over the switched connection would reach the upstream
+				// unbilled and without a caller (with h2c, "h2c
+				// smuggling"). Only the protocols allowed stay offered;
+				// with none left, the request goes on without the offer
+				// and is served as HTTP/1.1 (RFC 9110 section 7.8).
+				if keep := allowedUpgrades(h.Values("Upgrade"), upgrades); keep == "" {
+					h.Del("Upgrade")
+					h.Del("Connection")
+					h.Del("HTTP2-Settings")
+				} else {
+					h.Set("Upgrade", keep)
+				}
 			}
 			peer, _, err := net.SplitHostPort(pr.In.RemoteAddr)
 			if err != nil {
@@ -187,18 +204,33 @@ func NewProxy(upstream *url.URL, opts FrontOptions) (http.Handler, error) {
 	return &front{opts: opts, next: rp, proxy: true, base: upstream.Path}, nil // NB: opts.defaults ran above
 }
 
-// upgradesToH2C reports whether h offers an upgrade to h2c (RFC 7540
-// section 3.2) among its Upgrade protocols.
-func upgradesToH2C(h http.Header) bool {
-	for _, v := range h.Values("Upgrade") {
+// allowedUpgrades is the Upgrade header's offers (RFC 9110 section 7.8:
+// protocol names, each with an optional /version) whose names are in
+// allowed, in the client's order, comma-separated; "" when none is.
+func allowedUpgrades(offers []string, allowed []string) string {
+	var keep []string
+	for _, v := range offers {
 		for _, p := range strings.Split(v, ",") {
-			name, _, _ := strings.Cut(strings.TrimSpace(p), "/")
-			if strings.EqualFold(name, "h2c") {
-				return true
+			p = strings.TrimSpace(p)
+			name, _, _ := strings.Cut(p, "/")
+			if p != "" && slices.Contains(allowed, strings.ToLower(name)) {
+				keep = append(keep, p)
 			}
 		}
 	}
-	return false
+	return strings.Join(keep, ", ")
+}
+
+// checkUpgradeName refuses an entry of FrontOptions.Upgrades that is not a
+// protocol name (an HTTP token), and h2c.
+func checkUpgradeName(p string) error {
+	if p == "" || strings.ContainsFunc(p, func(r rune) bool { return !httpguts.IsTokenRune(r) }) {
+		return fmt.Errorf("router: upgrade %q: want a protocol name as the Upgrade header gives it, such as websocket, without a version", p)
+	}
+	if strings.EqualFold(p, "h2c") {
+		return errors.New("router: upgrade h2c cannot be allowed: the requests sent over the switched connection would reach the upstream unbilled; clients that speak HTTP/2 without TLS connect with it directly (prior knowledge), which the front serves and bills per request")
+	}
+	return nil
 }
 
 // forwardedElement is the proxy's own element of Forwarded (RFC 7239):

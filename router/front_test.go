@@ -1017,6 +1017,97 @@ func TestProxyDropsH2CUpgrade(t *testing.T) {
 	}
 }
 
+// Only the protocols FrontOptions.Upgrades allows (a WebSocket by default)
+// are offered to the upstream: after a 101 the proxy relays bytes, and
+// whatever the client sent over the switched connection (Docker's "tcp"
+// attach, or any protocol an upstream happens to speak) would reach it
+// unbilled. An offer with nothing allowed left is served without switching.
+func TestProxyUpgradesOnlyTheAllowedProtocols(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		opts  FrontOptions
+		offer string
+		want  string // the status line the client gets
+		saw   string // the Upgrade the upstream saw
+	}{
+		{"default: websocket", FrontOptions{}, "websocket", "HTTP/1.1 101 Switching Protocols", "websocket"},
+		{"default: WebSocket among others", FrontOptions{}, "tcp, WebSocket/13", "HTTP/1.1 101 Switching Protocols", "WebSocket/13"},
+		{"default: tcp", FrontOptions{}, "tcp", "HTTP/1.1 200 OK", ""},
+		{"default: anything", FrontOptions{}, "IRC/6.9", "HTTP/1.1 200 OK", ""},
+		{"tcp allowed", FrontOptions{Upgrades: []string{"TCP"}}, "tcp", "HTTP/1.1 101 Switching Protocols", "tcp"},
+		{"tcp allowed: websocket", FrontOptions{Upgrades: []string{"tcp"}}, "websocket", "HTTP/1.1 200 OK", ""},
+		{"none", FrontOptions{NoUpgrades: true}, "websocket", "HTTP/1.1 200 OK", ""},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			saw := make(chan string, 1)
+			up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				saw <- r.Header.Get("Upgrade")
+				if p := r.Header.Get("Upgrade"); p != "" {
+					conn, brw, err := http.NewResponseController(w).Hijack()
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					defer conn.Close()
+					brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: " + p + "\r\n\r\n")
+					brw.Flush()
+					return
+				}
+				io.WriteString(w, "served without switching")
+			}))
+			defer up.Close()
+			u, _ := url.Parse(up.URL)
+			opts := c.opts
+			opts.Charger, opts.Config = &fakeCharger{decision: okDecision()}, testConfig(t)
+			proxy, err := NewProxy(u, opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			front := httptest.NewServer(proxy)
+			defer front.Close()
+			conn, err := net.Dial("tcp", strings.TrimPrefix(front.URL, "http://"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			conn.SetDeadline(time.Now().Add(10 * time.Second))
+			fmt.Fprintf(conn, "GET /v1/tasks HTTP/1.1\r\nHost: api.example.com\r\nX-Api-Key: secret\r\nConnection: Upgrade\r\nUpgrade: %s\r\n\r\n", c.offer)
+			line, err := bufio.NewReader(conn).ReadString('\n')
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := strings.TrimSpace(line); got != c.want {
+				t.Errorf("Upgrade: %s: the client got %q, want %q", c.offer, got, c.want)
+			}
+			if got := <-saw; got != c.saw {
+				t.Errorf("Upgrade: %s: the upstream saw Upgrade %q, want %q", c.offer, got, c.saw)
+			}
+		})
+	}
+}
+
+// Upgrades names protocols, and never h2c.
+func TestProxyUpgradesAreChecked(t *testing.T) {
+	for _, c := range []struct {
+		opts FrontOptions
+		want string
+	}{
+		{FrontOptions{Upgrades: []string{"h2c"}}, "upgrade h2c cannot be allowed"},
+		{FrontOptions{Upgrades: []string{"H2C"}}, "upgrade h2c cannot be allowed"},
+		{FrontOptions{Upgrades: []string{"websocket/13"}}, `upgrade "websocket/13": want a protocol name`},
+		{FrontOptions{Upgrades: []string{"web socket"}}, `upgrade "web socket": want a protocol name`},
+		{FrontOptions{Upgrades: []string{""}}, `upgrade "": want a protocol name`},
+		{FrontOptions{Upgrades: []string{"tcp"}, NoUpgrades: true}, "NoUpgrades with Upgrades"},
+	} {
+		if err := c.opts.Check(); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%+v: %v, want an error with %q", c.opts.Upgrades, err, c.want)
+		}
+	}
+	if err := (FrontOptions{Upgrades: []string{"websocket", "tcp"}}).Check(); err != nil {
+		t.Errorf("websocket, tcp: %v", err)
+	}
+}
+
 // A POST that asks for another method in a method-override header (which
 // Rack, Symfony, Laravel and Express's method-override honour) is priced as
 // the dearer of the two; other methods, and headers that name no method,

@@ -309,6 +309,7 @@ type frontFlags struct {
 	stripAPIKey       bool
 	chargePreflights  bool
 	trustForwarded    bool
+	upgrades          []string
 }
 
 func (ff *frontFlags) register(cmd *cobra.Command, upstream *string) {
@@ -322,6 +323,7 @@ func (ff *frontFlags) register(cmd *cobra.Command, upstream *string) {
 	fl.DurationVar(&ff.bodyIdleTimeout, "body-idle-timeout", router.DefaultBodyIdleTimeout, "cut off a request body that sends nothing for this long: 408 and refund (gRPC calls exempt); -1s: never")
 	fl.BoolVar(&ff.stripAPIKey, "strip-api-key-header", false, "remove the header the API key came from before proxying: X-Api-Key, or Authorization when the key was its Bearer token")
 	fl.BoolVar(&ff.chargePreflights, "charge-preflights", false, "treat CORS preflights (OPTIONS with Origin and Access-Control-Request-Method) as any request: they then need an API key, which browsers never send with them; only for an API no browser calls across origins. Default: they reach the upstream uncharged")
+	fl.StringSliceVar(&ff.upgrades, "upgrades", []string{"websocket"}, "protocols a client may switch to through the proxy (the Upgrade header's names, comma-separated), or none. After the switch the proxy relays bytes and bills the connection once, as one request: allow only protocols that serve one request's worth over it, such as tcp for Docker's attach. Other offers are taken out and the request is served without switching; h2c is never allowed")
 	fl.BoolVar(&ff.trustForwarded, "trust-forwarded-headers", false, "keep the client's X-Forwarded-For/-Host/-Proto, X-Real-IP and Forwarded (set it behind a load balancer that sets them); otherwise they are replaced, since clients can forge them")
 	cmd.Example += `
 
@@ -379,7 +381,15 @@ func (ff *frontFlags) build(upstream string) (func(*node.Node) (http.Handler, er
 		o.MaxBodyBytes, o.UpstreamTimeout, o.StripAPIKeyHeader = ff.maxBodyBytes, ff.upstreamTimeout, ff.stripAPIKey
 		o.TrustForwarded, o.ChargePreflights = ff.trustForwarded, ff.chargePreflights
 		o.BodyIdleTimeout = ff.bodyIdleTimeout
+		if len(ff.upgrades) == 1 && strings.EqualFold(ff.upgrades[0], "none") {
+			o.NoUpgrades = true
+		} else {
+			o.Upgrades = ff.upgrades
+		}
 		return o
+	}
+	if len(ff.upgrades) == 0 {
+		return nil, errors.New(`--upgrades is empty: give the protocols to allow, such as websocket, or "none" to allow no protocol switch`)
 	}
 	if err := opts(router.FrontOptions{}).Check(); err != nil {
 		return nil, err
