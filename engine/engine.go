@@ -85,6 +85,13 @@ type Options struct {
 	// Owns reports whether this node owns an account now. It is called under
 	// the account's stripe lock; nil means every account.
 	Owns func(account string) bool
+	// Hold, when set, is asked after Owns, under the same lock, before every
+	// charge, refund, usage read and reservation: a non-nil error (saying
+	// why) makes the engine decide nothing and answer an error wrapping
+	// ErrQuotaUnavailable and it, which callers retry. The node holds so
+	// while it does not trust its own view of the ring (after a pause of its
+	// process). It must not block; nil decides as usual.
+	Hold func() error
 	// Logger defaults to discarding.
 	Logger *slog.Logger
 	// OnCharge, when set, hears every charge once it is answered (after
@@ -270,6 +277,21 @@ func (e *Engine) entryLocked(st *stripe, account string) (*entry, bool) {
 
 func (e *Engine) ownsLocked(account string) bool {
 	return e.opts.Owns == nil || e.opts.Owns(account)
+}
+
+// mayDecideLocked is nil when this node may decide for account now: it
+// owns it (else ErrNotOwner) and Hold does not hold (else
+// ErrQuotaUnavailable). REQUIRES: the account's stripe mu held.
+func (e *Engine) mayDecideLocked(account string) error {
+	if !e.ownsLocked(account) {
+		return fmt.Errorf("%w: %q", ErrNotOwner, account)
+	}
+	if e.opts.Hold != nil {
+		if err := e.opts.Hold(); err != nil {
+			return fmt.Errorf("%w: account %q: %w", ErrQuotaUnavailable, account, err)
+		}
+	}
+	return nil
 }
 
 func (e *Engine) newEventID() string {
@@ -535,8 +557,8 @@ func (e *Engine) chargeOnce(account string, req *shard.Charge) (Result, error) {
 	st := e.stripeFor(account)
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	if !e.ownsLocked(account) {
-		return Result{}, fmt.Errorf("%w: %q", ErrNotOwner, account)
+	if err := e.mayDecideLocked(account); err != nil {
+		return Result{}, err
 	}
 	ent, ok := e.entryLocked(st, account)
 	if !ok {
@@ -629,9 +651,9 @@ func (e *Engine) refundWith(ctx context.Context, account, eventID string, apply 
 func (e *Engine) refundLogged(account, eventID string, apply func(*shard.Account, shard.Now, *shard.Record) shard.Decision) (d shard.Decision, wait bool, err error) {
 	st := e.stripeFor(account)
 	st.mu.Lock()
-	if !e.ownsLocked(account) {
+	if err := e.mayDecideLocked(account); err != nil {
 		st.mu.Unlock()
-		return shard.Decision{}, false, fmt.Errorf("%w: %q", ErrNotOwner, account)
+		return shard.Decision{}, false, err
 	}
 	ent, ok := e.entryLocked(st, account)
 	if !ok {
@@ -671,8 +693,8 @@ func (e *Engine) Usage(account string) (shard.Usage, bool, error) {
 	st := e.stripeFor(account)
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	if !e.ownsLocked(account) {
-		return shard.Usage{}, false, fmt.Errorf("%w: %q", ErrNotOwner, account)
+	if err := e.mayDecideLocked(account); err != nil {
+		return shard.Usage{}, false, err
 	}
 	ent, ok := e.entryLocked(st, account)
 	if !ok {

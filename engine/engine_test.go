@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -572,5 +573,48 @@ func TestAbandonedBatchIsTakenBackWhole(t *testing.T) {
 		if u, _, _ := e.Usage(acct); u.Used != 0 {
 			t.Errorf("%s: %d units used after its abandoned charges, want 0", acct, u.Used)
 		}
+	}
+}
+
+// While Hold holds, the engine decides nothing: a charge, a refund and a
+// usage read answer ErrQuotaUnavailable (retryable) with Hold's reason, and
+// nothing is logged; once it lets go, the same charge goes through.
+func TestHoldDecidesNothing(t *testing.T) {
+	l := openLog(t, t.TempDir())
+	defer l.Close()
+	why := errors.New("paused")
+	var holding atomic.Bool
+	holding.Store(true)
+	e, err := Open(Options{Log: l, Clock: NewManualClock(time.Date(2026, 6, 10, 0, 0, 0, 0, time.UTC)), Hold: func() error {
+		if holding.Load() {
+			return why
+		}
+		return nil
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	if err := e.SetSnapshot(testSnapshot(t, map[string]int64{"a": 5}), AllSettled); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	last := l.LastSeq()
+	if _, err := e.Charge(ctx, "a", shard.Charge{EventID: "e1", ClientID: true, Units: 1}); !errors.Is(err, ErrQuotaUnavailable) || !errors.Is(err, why) {
+		t.Fatalf("charge while held: %v, want ErrQuotaUnavailable and the hold's reason", err)
+	}
+	if _, err := e.Refund(ctx, "a", "e1", nil); !errors.Is(err, ErrQuotaUnavailable) {
+		t.Fatalf("refund while held: %v", err)
+	}
+	if _, _, err := e.Usage("a"); !errors.Is(err, ErrQuotaUnavailable) {
+		t.Fatalf("usage while held: %v", err)
+	}
+	if l.LastSeq() != last {
+		t.Fatalf("the log moved from %d to %d while held", last, l.LastSeq())
+	}
+	holding.Store(false)
+	res, err := e.Charge(ctx, "a", shard.Charge{EventID: "e1", ClientID: true, Units: 1})
+	if err != nil || res.Reason != shard.OK {
+		t.Fatalf("charge after the hold: %+v %v", res.Reason, err)
 	}
 }

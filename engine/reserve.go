@@ -23,9 +23,9 @@ func (e *Engine) reserve(ctx context.Context, account string, shortfall int64) e
 func (e *Engine) reserveOnce(ctx context.Context, account string, shortfall int64) error {
 	st := e.stripeFor(account)
 	st.mu.Lock()
-	if !e.ownsLocked(account) {
+	if err := e.mayDecideLocked(account); err != nil {
 		st.mu.Unlock()
-		return fmt.Errorf("%w: %q", ErrNotOwner, account)
+		return err
 	}
 	ent, ok := e.entryLocked(st, account)
 	if !ok {
