@@ -150,6 +150,20 @@ func newMetrics(n *Node) *metrics {
 			func() float64 { return n.cfg.MaxClockOffset.Seconds() }),
 		gauge("quotaring_clock_step_seconds", "How far this node's system clock stands from the time the node bills by: its time before a step, or the ledger's when the other nodes side with the ledger, counted on by the monotonic clock until the system clock agrees with the ledger's again; 0 while the node follows the system clock.",
 			func() float64 { return time.Duration(n.clockStep.Load()).Seconds() }),
+		counter("quotaring_pauses_total", "Pauses of this process (SIGSTOP, a frozen VM, a stall) longer than half the gossip failure timeout that it noticed; after each it decided nothing until a peer confirmed its ring view.",
+			func() float64 {
+				if n.pause == nil {
+					return 0
+				}
+				return float64(n.pause.count.Load())
+			}),
+		gauge("quotaring_pause_holding", "1 while this node, back from a pause, decides nothing (answers quota-unavailable) until a peer confirms its ring view; else 0.",
+			func() float64 {
+				if n.pause != nil && n.pause.holding.Load() {
+					return 1
+				}
+				return 0
+			}),
 		gauge("quotaring_reservations_held_units", "Units this node holds reserved in the ledger and has not spent.", func() float64 {
 			if n.eng == nil {
 				return 0

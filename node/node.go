@@ -116,8 +116,14 @@ type Config struct {
 	// Clock defaults to the system clock (with a test offset behind
 	// TestFaults), watched for steps (engine.SteadyClock, clock.go). A
 	// given clock is taken as it is: tests drive time through it.
-	Clock  engine.Clock
-	Logger *slog.Logger
+	Clock engine.Clock
+	// PauseClock is the monotonic clock the pause guard reads to notice
+	// that this process did not run (pause.go) [its own engine.SystemClock].
+	// Not Clock: a test that moves Clock by hand moves the time accounts
+	// are decided at, not the process's running; tests of the guard give
+	// it a clock of its own.
+	PauseClock engine.Clock
+	Logger     *slog.Logger
 	// Front, when set, builds the public HTTP handler (package router's
 	// proxy); nil serves 404 problem answers.
 	Front func(*Node) (http.Handler, error)
@@ -232,6 +238,9 @@ type Node struct {
 	// clockLoop for a check now (tests).
 	watch     *clockWatch
 	clockWake chan struct{}
+	// pause notices pauses of this process and holds every decision after
+	// one until the ring view is confirmed (pause.go); set in openEngine.
+	pause *pauseGuard
 	// crashAfterCommit arms the test failpoint of the settler (TestFaults).
 	crashAfterCommit atomic.Bool
 	draining         atomic.Bool
@@ -338,7 +347,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := n.openEngine(); err != nil {
+	if err := n.openEngine(pauseBound(rc)); err != nil {
 		return nil, err
 	}
 	if err := n.checkNotStale(); err != nil {
@@ -477,7 +486,10 @@ func anyHost(h string) bool {
 	return h == "" || ip != nil && ip.IsUnspecified()
 }
 
-func (n *Node) openEngine() error {
+// openEngine opens the data dir and the engine over it, and starts the
+// pause guard (pause.go) with pauseBound, which the engine asks before every
+// decision.
+func (n *Node) openEngine(pauseBound time.Duration) error {
 	var err error
 	n.wal, err = wal.Open(wal.Options{Dir: n.cfg.DataDir, NodeID: n.cfg.ID, NoSync: n.cfg.NoSync, Logger: n.log.With("component", "wal"),
 		OnCommit: n.metrics.onCommit})
@@ -500,10 +512,19 @@ func (n *Node) openEngine() error {
 	n.watch = &clockWatch{steady: n.steady, clock: n.clock, log: n.log, offset: &n.clockOffset, step: &n.clockStep, max: n.cfg.MaxClockOffset,
 		peers: n.peerClocks, publish: n.publishClock}
 	n.clockWake = make(chan struct{}, 1)
+	// NB: ticking from here on, before anything can be decided: a guard
+	// started later would find its first tick old and hold at once.
+	pc := n.cfg.PauseClock
+	if pc == nil {
+		pc = engine.NewSystemClock()
+	}
+	n.pause = newPauseGuard(pc, pauseBound)
+	n.goLoop(n.pauseLoop)
+	n.goLoop(n.confirmLoop)
 	n.eng, err = engine.Open(engine.Options{
 		Log: n.wal, Clock: n.clock, Reserver: (*nodeReserver)(n), ReserveWindow: n.cfg.SettleInterval,
 		Params: shard.Params{DedupMax: n.cfg.DedupMaxIDs},
-		Owns:   n.owns, Logger: n.log.With("component", "engine"), OnCharge: n.onCharge,
+		Owns:   n.owns, Hold: n.pause.check, Logger: n.log.With("component", "engine"), OnCharge: n.onCharge,
 	})
 	if err != nil {
 		return fmt.Errorf("node: recover the engine: %w", err)

@@ -264,6 +264,18 @@ func (c Config) memberlistConfig() *memberlist.Config {
 	return mc
 }
 
+// MinFailureTimeout is the shortest time after which the other members can
+// declare this node dead once it stops answering: a probe of it times out
+// (ProbeTimeout), then its suspicion runs out at its shortest
+// (SuspicionMult probe intervals, reached when peers confirm it; memberlist
+// lengthens it by log10 of the members beyond 10, never shortens it). With
+// the local preset that is 700 ms, with lan 4.5 s. A node that did not run
+// for less than this (a pause, a stall) cannot have lost its accounts.
+func (c Config) MinFailureTimeout() time.Duration {
+	mc := c.memberlistConfig()
+	return mc.ProbeTimeout + time.Duration(mc.SuspicionMult)*mc.ProbeInterval
+}
+
 // localPreset is memberlist.DefaultLocalConfig tightened for loopback tests.
 // With n <= 10 members memberlist's suspicion timeout is
 // SuspicionMult*ProbeInterval, shortened by peers' confirmations from

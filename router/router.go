@@ -258,6 +258,21 @@ func (r *Router) forgetPeers(now time.Time) {
 	}, now)
 }
 
+// PeerEpoch asks the node at addr for the epoch of its ring view
+// (RingView, over this router's connection to it, as Probe). A node back
+// from a pause compares it with its own before it decides again.
+func (r *Router) PeerEpoch(ctx context.Context, addr string) (uint64, error) {
+	p, err := r.peers.get(addr)
+	if err != nil {
+		return 0, err
+	}
+	rep, err := p.client.RingView(ctx, &pb.RingViewRequest{})
+	if err != nil {
+		return 0, err
+	}
+	return rep.Epoch, nil
+}
+
 // Probe calls RingView, the cheapest call, on the node at addr over this
 // router's connection to it, with its token and TLS, as a forwarded charge
 // would go: nil when the node answered. A node checks its serving peers so
