@@ -15,6 +15,7 @@ import (
 
 	"github.com/cespare/xxhash/v2"
 
+	"github.com/quotaring/quotaring/internal/logsample"
 	"github.com/quotaring/quotaring/shard"
 	"github.com/quotaring/quotaring/snapshot"
 	"github.com/quotaring/quotaring/wal"
@@ -82,6 +83,20 @@ type Options struct {
 	// ExhaustedBackoff is how long a grant the ledger called exhausted is not
 	// asked about again (default 1 s).
 	ExhaustedBackoff time.Duration
+	// LedgerTimeout bounds each call the engine makes to the Reserver on
+	// its own, with no caller waiting: a background top-up (and the
+	// hand-back of units it could not use), a round of retried releases
+	// (default DefaultLedgerTimeout; quotad serve --ledger-timeout, the
+	// bound of a settle). A call past it is cancelled and counted
+	// (Stats.ReserveTimeouts). Without it a Reserver that never answered
+	// held the top-up loop, and with it every later top-up and release
+	// retry, for as long as the ledger hung.
+	LedgerTimeout time.Duration
+	// ReserveTimeout bounds how long a charge waits for a reservation,
+	// its own or one in flight for its account (default
+	// DefaultReserveTimeout), before it answers ErrQuotaUnavailable: a
+	// charge that joins a background top-up must not wait LedgerTimeout.
+	ReserveTimeout time.Duration
 	// Owns reports whether this node owns an account now. It is called under
 	// the account's stripe lock; nil means every account.
 	Owns func(account string) bool
@@ -136,10 +151,13 @@ type Engine struct {
 	forgotten map[string]wal.Checkpoint
 
 	topups chan string
-	ctx    context.Context // canceled by Close: stops the top-up loop and its ledger calls
-	cancel context.CancelFunc
-	wg     sync.WaitGroup
-	closed atomic.Bool
+	// hungLog samples the WARNs of background calls the ledger left
+	// unanswered.
+	hungLog logsample.Sampler
+	ctx     context.Context // canceled by Close: stops the top-up loop and its ledger calls
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup
+	closed  atomic.Bool
 }
 
 // stripe is one lock's worth of accounts.
@@ -175,7 +193,21 @@ type entry struct {
 // Stats are counters for metrics.
 type Stats struct {
 	Charges, Refunds, Replayed, Refused, Reservations, ReserveErrors, TopUps atomic.Int64
+	// ReserveTimeouts counts the reservations and releases the engine gave
+	// up on at LedgerTimeout or ReserveTimeout (a reservation among
+	// ReserveErrors too). A reservation cancelled that way may have
+	// committed in the ledger (outcome unknown): its units stay reserved
+	// for this node, unused, until its next start or stop frees them all
+	// (flush.Ledger.ReleaseNode).
+	ReserveTimeouts atomic.Int64
 }
+
+// DefaultLedgerTimeout is Options.LedgerTimeout's default, the ledger call
+// bound of quotad serve (flush.DefaultCallTimeout; flush imports engine).
+const DefaultLedgerTimeout = 10 * time.Second
+
+// DefaultReserveTimeout is Options.ReserveTimeout's default.
+const DefaultReserveTimeout = 2 * time.Second
 
 // Open recovers the engine from its log: the last good snapshot, the
 // checkpoints, then every record above them.
@@ -223,6 +255,12 @@ func (e *Engine) fillDefaults() {
 	}
 	if e.opts.ExhaustedBackoff <= 0 {
 		e.opts.ExhaustedBackoff = time.Second
+	}
+	if e.opts.LedgerTimeout <= 0 {
+		e.opts.LedgerTimeout = DefaultLedgerTimeout
+	}
+	if e.opts.ReserveTimeout <= 0 {
+		e.opts.ReserveTimeout = DefaultReserveTimeout
 	}
 	if e.opts.Logger == nil {
 		e.opts.Logger = slog.New(slog.DiscardHandler)
@@ -523,7 +561,7 @@ func (e *Engine) decideFirst(account string, req *shard.Charge) (res Result, nee
 // times.
 func (e *Engine) decideReserving(ctx context.Context, account string, req shard.Charge, res Result) (Result, error) {
 	for round := 1; ; round++ {
-		err := e.reserve(ctx, account, res.Shortfall)
+		err := e.reserveForCharge(ctx, account, res.Shortfall)
 		e.wait(account, -res.Shortfall)
 		if err != nil {
 			return res, err
@@ -540,6 +578,22 @@ func (e *Engine) decideReserving(ctx context.Context, account string, req shard.
 			return res, fmt.Errorf("%w: account %q: units reserved were taken by concurrent charges %d times", ErrQuotaUnavailable, account, round)
 		}
 	}
+}
+
+// reserveForCharge is reserve for a charge waiting on it: within
+// ReserveTimeout, whether its own round trip or one in flight for the
+// account (a background top-up, bounded only by LedgerTimeout).
+func (e *Engine) reserveForCharge(ctx context.Context, account string, shortfall int64) error {
+	rctx, cancel := context.WithTimeout(ctx, e.opts.ReserveTimeout)
+	defer cancel()
+	err := e.reserve(rctx, account, shortfall)
+	if err != nil && timedOut(ctx, rctx) {
+		e.stats.ReserveTimeouts.Add(1)
+		if !errors.Is(err, ErrQuotaUnavailable) { // it waited for a round trip in flight
+			err = fmt.Errorf("%w: account %q: no reservation within %s: %w", ErrQuotaUnavailable, account, e.opts.ReserveTimeout, err)
+		}
+	}
+	return err
 }
 
 func (e *Engine) count(r shard.Reason) {

@@ -3,6 +3,7 @@ package engine
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"slices"
@@ -184,25 +185,65 @@ func (e *Engine) topupLoop() {
 			return
 		case <-retry.C:
 			if !e.unreleased.empty() {
-				ctx, cancel := context.WithTimeout(e.ctx, releaseTimeout)
-				if err := e.RetryReleases(ctx); err != nil {
-					e.opts.Logger.Debug("hand-back still refused by the ledger; retrying", "err", err)
-				}
-				cancel()
+				e.retryReleasesOnce()
 			}
 		case account := <-e.topups:
-			e.stats.TopUps.Add(1)
-			if err := e.reserve(e.ctx, account, 0); err != nil {
-				e.opts.Logger.Debug("top-up failed; the next charge that needs units will ask", "account", account, "err", err)
-			}
-			st := e.stripeFor(account)
-			st.mu.Lock()
-			if ent, ok := st.accounts[account]; ok {
-				ent.topping = false
-			}
-			st.mu.Unlock()
+			e.topUp(account)
 		}
 	}
+}
+
+// topUp reserves ahead for account, giving up after LedgerTimeout: the
+// loop serves every account and the release retries, so one call left
+// unanswered must not hold it. REQUIRES: the top-up loop's goroutine.
+func (e *Engine) topUp(account string) {
+	e.stats.TopUps.Add(1)
+	ctx, cancel := context.WithTimeout(e.ctx, e.opts.LedgerTimeout)
+	err := e.reserve(ctx, account, 0)
+	switch {
+	case err != nil && timedOut(e.ctx, ctx):
+		e.stats.ReserveTimeouts.Add(1)
+		if ok, held := e.hungLog.Allow(time.Now(), time.Minute); ok {
+			e.opts.Logger.Warn("the ledger did not answer a reservation top-up within --ledger-timeout; cancelled. "+
+				"The node serves from the units it holds, charges past them answer quota-unavailable; "+
+				"if the reserve committed after all, its units stay reserved for this node until its next start or stop frees them",
+				"account", account, "ledger_timeout", e.opts.LedgerTimeout, "err", err, "similar_lines_held_back", held)
+		}
+	case err != nil:
+		e.opts.Logger.Debug("top-up failed; the next charge that needs units will ask", "account", account, "err", err)
+	}
+	cancel()
+	st := e.stripeFor(account)
+	st.mu.Lock()
+	if ent, ok := st.accounts[account]; ok {
+		ent.topping = false
+	}
+	st.mu.Unlock()
+}
+
+// retryReleasesOnce is one round of the release retries, within
+// LedgerTimeout. REQUIRES: the top-up loop's goroutine.
+func (e *Engine) retryReleasesOnce() {
+	ctx, cancel := context.WithTimeout(e.ctx, e.opts.LedgerTimeout)
+	defer cancel()
+	err := e.RetryReleases(ctx)
+	switch {
+	case err != nil && timedOut(e.ctx, ctx):
+		e.stats.ReserveTimeouts.Add(1)
+		if ok, held := e.hungLog.Allow(time.Now(), time.Minute); ok {
+			e.opts.Logger.Warn("the ledger did not answer a retried hand-back within --ledger-timeout; cancelled and retried every second",
+				"ledger_timeout", e.opts.LedgerTimeout, "err", err, "similar_lines_held_back", held)
+		}
+	case err != nil:
+		e.opts.Logger.Debug("hand-back still refused by the ledger; retrying", "err", err)
+	}
+}
+
+// timedOut reports whether cctx, derived from ctx, ended at its own
+// deadline while ctx goes on: a call given up for its bound, not for its
+// caller (a Close, a client gone).
+func timedOut(ctx, cctx context.Context) bool {
+	return ctx.Err() == nil && errors.Is(cctx.Err(), context.DeadlineExceeded)
 }
 
 // bookkeeping is the time at which allowances are zeroed, handed back or

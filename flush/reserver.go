@@ -16,8 +16,10 @@ type Reserver struct {
 	// record that zeroed an allowance, the key that makes its release apply
 	// once (ReleaseKey).
 	Incarnation string
-	// Timeout bounds one call (default 2 s), so a charge waiting for its
-	// first reservation fails as quota-unavailable instead of hanging.
+	// Timeout bounds one call (default 2 s), whatever its context's
+	// deadline. quotad serve sets it to --ledger-timeout; the engine bounds
+	// a charge's wait for a reservation itself (engine.Options.ReserveTimeout,
+	// 2 s) and its background calls with its LedgerTimeout.
 	Timeout time.Duration
 }
 

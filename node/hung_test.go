@@ -98,6 +98,36 @@ func TestHungLedgerReadsDown(t *testing.T) {
 	})
 }
 
+// A background top-up is bounded by the node's --ledger-timeout, as
+// settles are: with the ledger hung, the top-up a charge queues is given up
+// at 300 ms here and counted (quotaring_reservation_timeouts_total), not
+// left to the Reserver's own 2 s, nor held by the engine for as long as the
+// ledger hangs.
+func TestTopUpAgainstAHungLedgerGivesUpAtLedgerTimeout(t *testing.T) {
+	var logs logbuf.Buffer
+	n1, setFrozen, charge, ok := hungRig(t, &logs, func(c *Config) { c.LedgerTimeout = 300 * time.Millisecond })
+	if !ok {
+		return
+	}
+	setFrozen(true)
+	stats := n1.eng.Stats()
+	topups := stats.TopUps.Load()
+	for stats.TopUps.Load() == topups {
+		if n1.eng.AllowanceHeld() <= 1 {
+			t.Fatal("the allowance is spent and no top-up was queued; the test needs one")
+		}
+		if d, err := charge(); err != nil || d.Reason != shard.OK {
+			t.Fatalf("charge with the ledger hung: %+v %v; want OK from the reservation (G8)", d, err)
+		}
+	}
+	waitFor(t, 1500*time.Millisecond, "the top-up given up at --ledger-timeout (300ms)", func() bool {
+		return stats.ReserveTimeouts.Load() > 0
+	})
+	waitFor(t, 5*time.Second, "a WARN naming --ledger-timeout", func() bool {
+		return strings.Contains(logs.String(), "the ledger did not answer a reservation top-up within --ledger-timeout")
+	})
+}
+
 // The SRE review's second repro: a transaction holds an ACCESS EXCLUSIVE
 // lock on grants (psql: begin; lock table grants ...; select
 // pg_sleep(75)). Settles wait for the lock, heartbeats (nodes) do not: the

@@ -442,7 +442,10 @@ func (r *nodeReserver) reserver() (*flush.Reserver, error) {
 	if l == nil {
 		return nil, fmt.Errorf("%w: the ledger has not been reached yet", flush.ErrUnavailable)
 	}
-	return &flush.Reserver{Ledger: l, Node: n.cfg.ID, Incarnation: n.wal.Incarnation()}, nil
+	// NB: Timeout is the outer bound of every call: the engine bounds a
+	// charge's wait shorter (ReserveTimeout) and its background calls with
+	// this same --ledger-timeout.
+	return &flush.Reserver{Ledger: l, Node: n.cfg.ID, Incarnation: n.wal.Incarnation(), Timeout: n.cfg.LedgerTimeout}, nil
 }
 
 func (r *nodeReserver) Reserve(ctx context.Context, req engine.ReserveRequest) (engine.ReserveResult, error) {

@@ -111,6 +111,8 @@ func newMetrics(n *Node) *metrics {
 		counter("quotaring_refunds_total", "Refunds applied.", engStat(func(s *engine.Stats) int64 { return s.Refunds.Load() })),
 		counter("quotaring_reservation_requests_total", "Reservation round trips to the ledger.", engStat(func(s *engine.Stats) int64 { return s.Reservations.Load() })),
 		counter("quotaring_reservation_errors_total", "Reservation round trips that failed.", engStat(func(s *engine.Stats) int64 { return s.ReserveErrors.Load() })),
+		counter("quotaring_reservation_timeouts_total", "Reservation and release calls given up for a ledger that did not answer: a background top-up or release retry after --ledger-timeout, a charge's reservation after 2 s. A reserve cancelled after it committed leaves its units reserved for this node until its next start or stop.",
+			engStat(func(s *engine.Stats) int64 { return s.ReserveTimeouts.Load() })),
 		counter("quotaring_settle_errors_total", "Settles that failed (retried with backoff).", settleStat(func(s *flush.SettlerStats) int64 { return s.Errors.Load() })),
 		counter("quotaring_duplicate_events_total", "Charges found already billed at settle (a retry that reached a new owner) and not billed again.",
 			settleStat(func(s *flush.SettlerStats) int64 { return s.Duplicates.Load() })),

@@ -85,7 +85,11 @@ type Config struct {
 	// LedgerTimeout bounds each call of the settle loop to the ledger (a
 	// settle's batch, a heartbeat) [flush.DefaultCallTimeout, 10s]: a call
 	// that has not answered by then is cancelled and retried, and the
-	// ledger counts as down (quotaring_ledger_up 0) from then on.
+	// ledger counts as down (quotaring_ledger_up 0) from then on. It
+	// bounds the engine's background reservation top-ups and release
+	// retries too (engine.Options.LedgerTimeout), and every reservation
+	// call; a charge waits for a reservation at most
+	// engine.DefaultReserveTimeout (2 s) whatever it is.
 	LedgerTimeout time.Duration
 	// LedgerRetry is the wait between attempts to reach the ledger when it is
 	// down [2s].
@@ -523,8 +527,9 @@ func (n *Node) openEngine(pauseBound time.Duration) error {
 	n.goLoop(n.confirmLoop)
 	n.eng, err = engine.Open(engine.Options{
 		Log: n.wal, Clock: n.clock, Reserver: (*nodeReserver)(n), ReserveWindow: n.cfg.SettleInterval,
-		Params: shard.Params{DedupMax: n.cfg.DedupMaxIDs},
-		Owns:   n.owns, Hold: n.pause.check, Logger: n.log.With("component", "engine"), OnCharge: n.onCharge,
+		LedgerTimeout: n.cfg.LedgerTimeout, // top-ups and release retries, bounded as settles are
+		Params:        shard.Params{DedupMax: n.cfg.DedupMaxIDs},
+		Owns:          n.owns, Hold: n.pause.check, Logger: n.log.With("component", "engine"), OnCharge: n.onCharge,
 	})
 	if err != nil {
 		return fmt.Errorf("node: recover the engine: %w", err)

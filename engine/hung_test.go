@@ -1,0 +1,156 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/quotaring/quotaring/internal/logbuf"
+	"github.com/quotaring/quotaring/internal/waitfor"
+	"github.com/quotaring/quotaring/shard"
+)
+
+// neverCancelledWithin bounds how long hungReserver waits for its caller to
+// give up; past it the call fails by itself, so that an engine without a
+// bound fails the test instead of hanging it.
+const neverCancelledWithin = 10 * time.Second
+
+var errNeverCancelled = errors.New("hung reserver: the engine waited for this call for 10 s and never cancelled it")
+
+// hungReserver grants what is asked until hung is set; then it answers
+// nothing, no error and no units (a SIGSTOPped Postgres, a lock held on
+// grants), until the caller gives up.
+type hungReserver struct {
+	fakeLedger
+	hung    atomic.Bool
+	entered chan struct{} // one send per call that hangs
+}
+
+func (h *hungReserver) hang(ctx context.Context) error {
+	select {
+	case h.entered <- struct{}{}:
+	default:
+	}
+	t := time.NewTimer(neverCancelledWithin)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return errNeverCancelled
+	}
+}
+
+func (h *hungReserver) Reserve(ctx context.Context, req ReserveRequest) (ReserveResult, error) {
+	if h.hung.Load() {
+		return ReserveResult{}, h.hang(ctx)
+	}
+	return h.fakeLedger.Reserve(ctx, req)
+}
+
+func newHungReserver() *hungReserver {
+	return &hungReserver{fakeLedger: fakeLedger{reserved: map[string]int64{}, released: map[string]int64{}}, entered: make(chan struct{}, 100)}
+}
+
+// openHung opens an engine on account "acme" (hard, 1,000) whose
+// reservations come from r, with the given timeouts.
+func openHung(t *testing.T, r Reserver, logs *logbuf.Buffer, ledgerTimeout, reserveTimeout time.Duration) *Engine {
+	t.Helper()
+	l := openLog(t, t.TempDir())
+	e, err := Open(Options{Log: l, Clock: NewManualClock(time.Date(2026, 6, 10, 0, 0, 0, 0, time.UTC)), Reserver: r,
+		LedgerTimeout: ledgerTimeout, ReserveTimeout: reserveTimeout, Logger: slog.New(slog.NewTextHandler(logs, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close(); l.Close() })
+	if err := e.SetSnapshot(testSnapshot(t, map[string]int64{"acme": 1000}), AllSettled); err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+// chargeUntilTopUp charges acme 1 unit at a time, from its allowance, until
+// the engine has queued top-up number n.
+func chargeUntilTopUp(t *testing.T, e *Engine, n int64) {
+	t.Helper()
+	for i := 0; e.Stats().TopUps.Load() < n; i++ {
+		if i == 100 {
+			t.Fatalf("100 charges and %d top-ups; want %d", e.Stats().TopUps.Load(), n)
+		}
+		if res, err := e.Charge(context.Background(), "acme", shard.Charge{Units: 1}); err != nil || res.Reason != shard.OK {
+			t.Fatalf("charge %d: %+v %v", i, res, err)
+		}
+		if e.AllowanceHeld() == 0 {
+			waitfor.Cond(t, 5*time.Second, "top-up queued", func() bool { return e.Stats().TopUps.Load() >= n })
+		}
+	}
+}
+
+// A background top-up the ledger never answers is cancelled at
+// LedgerTimeout (quotad serve --ledger-timeout), counted, and logged at
+// WARN, and the top-up loop goes on: before, the engine put no bound of its
+// own on it, so a Reserver that hung held the loop (every later top-up and
+// release retry) for as long as it hung.
+func TestBackgroundTopUpAgainstAHungLedgerTimesOut(t *testing.T) {
+	var logs logbuf.Buffer
+	r := newHungReserver()
+	e := openHung(t, r, &logs, 200*time.Millisecond, time.Minute)
+	if res, err := e.Charge(context.Background(), "acme", shard.Charge{Units: 1}); err != nil || res.Reason != shard.OK {
+		t.Fatalf("first charge: %+v %v", res, err)
+	}
+	r.hung.Store(true)
+	chargeUntilTopUp(t, e, 1)
+	<-r.entered
+	waitfor.Cond(t, 3*time.Second, "the hung top-up counted as timed out", func() bool {
+		return e.Stats().ReserveTimeouts.Load() == 1 && e.Stats().ReserveErrors.Load() == 1
+	})
+	waitfor.Cond(t, 3*time.Second, "a WARN naming --ledger-timeout", func() bool {
+		return strings.Contains(logs.String(), "level=WARN") && strings.Contains(logs.String(), "within --ledger-timeout")
+	})
+	// The loop is free: the next charge queues a second top-up, which
+	// times out in its turn.
+	chargeUntilTopUp(t, e, 2)
+	waitfor.Cond(t, 3*time.Second, "the second top-up timed out too", func() bool { return e.Stats().ReserveTimeouts.Load() == 2 })
+	r.hung.Store(false)
+	chargeUntilTopUp(t, e, 3)
+	waitfor.Cond(t, 3*time.Second, "a top-up once the ledger answers", func() bool {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		return r.reserved["acme"] > 0 && e.Stats().Reservations.Load() == 4
+	})
+	if got := e.Stats().ReserveTimeouts.Load(); got != 2 {
+		t.Errorf("%d timeouts counted, want 2", got)
+	}
+}
+
+// A charge that needs units while a background top-up of its account
+// hangs shares that round trip, but waits for it at most ReserveTimeout and
+// answers ErrQuotaUnavailable: the top-up itself may wait LedgerTimeout.
+func TestChargeJoiningAHungTopUpWaitsReserveTimeout(t *testing.T) {
+	var logs logbuf.Buffer
+	r := newHungReserver()
+	e := openHung(t, r, &logs, time.Minute, 300*time.Millisecond)
+	if res, err := e.Charge(context.Background(), "acme", shard.Charge{Units: 1}); err != nil || res.Reason != shard.OK {
+		t.Fatalf("first charge: %+v %v", res, err)
+	}
+	r.hung.Store(true)
+	chargeUntilTopUp(t, e, 1)
+	<-r.entered // the top-up hangs
+	held := e.AllowanceHeld()
+	t0 := time.Now()
+	_, err := e.Charge(context.Background(), "acme", shard.Charge{Units: held + 1})
+	took := time.Since(t0)
+	if !errors.Is(err, ErrQuotaUnavailable) {
+		t.Fatalf("charge past the allowance while the top-up hangs: %v; want ErrQuotaUnavailable", err)
+	}
+	if took > 5*time.Second {
+		t.Errorf("the charge waited %s for the hung top-up; want about ReserveTimeout (300ms)", took.Round(time.Millisecond))
+	}
+	if e.Stats().ReserveTimeouts.Load() != 1 {
+		t.Errorf("%d timeouts counted, want 1", e.Stats().ReserveTimeouts.Load())
+	}
+}
