@@ -201,6 +201,9 @@ func newMetrics(n *Node) *metrics {
 			return 0
 		}),
 		ringMembers{n: n, desc: prometheus.NewDesc("quotaring_ring_members", "Alive members by state.", []string{"state"}, nil)},
+		ringMismatches{n: n, desc: prometheus.NewDesc("quotaring_ring_mismatched_members",
+			"Alive members whose node meta disagrees with this node's config, by what: preset (another --ring-preset: failure detection mistimed), layout (another partition count, replication or load), meta (unreadable). Each is named in an ERROR line.",
+			[]string{"reason"}, nil)},
 	)
 	return m
 }
@@ -222,6 +225,27 @@ func (c ringMembers) Collect(ch chan<- prometheus.Metric) {
 	}
 	for st, k := range counts {
 		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(k), string(st))
+	}
+}
+
+// ringMismatches exports quotaring_ring_mismatched_members{reason}, every
+// reason present (0 when none) so that alerts can compare.
+type ringMismatches struct {
+	n    *Node
+	desc *prometheus.Desc
+}
+
+func (c ringMismatches) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+func (c ringMismatches) Collect(ch chan<- prometheus.Metric) {
+	counts := map[ring.MismatchReason]int{}
+	if r := c.n.Ring(); r != nil {
+		for _, mm := range r.Mismatches() {
+			counts[mm.Reason]++
+		}
+	}
+	for _, reason := range ring.MismatchReasons() {
+		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(counts[reason]), string(reason))
 	}
 }
 

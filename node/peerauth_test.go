@@ -184,3 +184,45 @@ func TestNodeWhoseRPCCertificateThePeersRefuseOwnsNothing(t *testing.T) {
 		})
 	}
 }
+
+// A node started with another --ring-preset than its peers (lan among
+// local ones) times failure detection differently: each side names the
+// other in an ERROR line (ring) and counts it in
+// quotaring_ring_mismatched_members{reason="preset"}. It is not refused,
+// as a member of another ring layout is not: the ring is the same.
+func TestRingPresetMismatchIsCounted(t *testing.T) {
+	dsn := "sqlite:" + filepath.Join(t.TempDir(), "ledger.db")
+	seedLedger(t, dsn, twentyAccounts(100))
+	nodes := startNodesWith(t, dsn, nil, func(c *Config) { c.RingPreset = ring.PresetLAN }, nil)
+	for i, want := range []float64{1, 2, 1} {
+		if got := mismatchGauge(t, nodes[i], "preset"); got != want {
+			t.Errorf("%s: quotaring_ring_mismatched_members{reason=preset} = %v, want %v", nodes[i].ID(), got, want)
+		}
+		if got := mismatchGauge(t, nodes[i], "layout"); got != 0 {
+			t.Errorf("%s: quotaring_ring_mismatched_members{reason=layout} = %v, want 0", nodes[i].ID(), got)
+		}
+	}
+}
+
+// mismatchGauge reads quotaring_ring_mismatched_members{reason}.
+func mismatchGauge(t *testing.T, nd *Node, reason string) float64 {
+	t.Helper()
+	families, err := nd.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		if f.GetName() != "quotaring_ring_mismatched_members" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "reason" && l.GetValue() == reason {
+					return m.GetGauge().GetValue()
+				}
+			}
+		}
+	}
+	t.Fatalf("no quotaring_ring_mismatched_members{reason=%q}", reason)
+	return 0
+}

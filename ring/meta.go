@@ -42,6 +42,10 @@ type Meta struct {
 	// Clock is what the member last found of its clock against the
 	// ledger's (SetClock).
 	Clock ClockVerdict
+	// Preset is the memberlist preset the member runs (Config.Preset,
+	// quotad serve --ring-preset), filled in by the ring; empty from a
+	// member of a version that does not say.
+	Preset string
 }
 
 // ClockVerdict is what a member last found of the clock it bills by against
@@ -95,13 +99,16 @@ var errBadMeta = errors.New("ring: bad node meta")
 // encodeMeta encodes the parts of m that memberlist does not already carry.
 // Layout (every integer big-endian or uvarint as noted):
 //
-//	+---------+-------+-------------+--------------+---------------+---------------+---------+
-//	| version | state | layout fp   | len+RPCAddr  | len+HTTPAddr  | len+AdminAddr | clock   |
-//	| 1 byte  | 1 byte| 4 bytes     | uvarint+bytes| uvarint+bytes | uvarint+bytes | 1 byte  |
-//	+---------+-------+-------------+--------------+---------------+---------------+---------+
+//	+---------+-------+-------------+--------------+---------------+---------------+---------+--------------+
+//	| version | state | layout fp   | len+RPCAddr  | len+HTTPAddr  | len+AdminAddr | clock   | len+Preset   |
+//	| 1 byte  | 1 byte| 4 bytes     | uvarint+bytes| uvarint+bytes | uvarint+bytes | 1 byte  | uvarint+bytes|
+//	+---------+-------+-------------+--------------+---------------+---------------+---------+--------------+
 //
-// The clock byte, added later, is written only when the verdict is known;
-// a decoder that finds none, or one it does not know, reads ClockUnknown.
+// The clock byte, added later, is written only when the verdict is known
+// or a preset follows (then 0 for unknown); a decoder that finds none, or
+// one it does not know, reads ClockUnknown. The preset, added after it, is
+// written only when set; a decoder that finds none (an older node) reads
+// "", which is no mismatch. Older decoders ignore both (trailing bytes).
 //
 // The layout fingerprint lets a node notice a peer that was started with a
 // different PartitionCount, ReplicationFactor or Load: such peers compute
@@ -118,8 +125,15 @@ func encodeMeta(m Meta, layoutFP uint32) ([]byte, error) {
 		b = binary.AppendUvarint(b, uint64(len(s)))
 		b = append(b, s...)
 	}
-	if m.Clock == ClockAgrees || m.Clock == ClockOff {
+	switch {
+	case m.Clock == ClockAgrees || m.Clock == ClockOff:
 		b = append(b, byte(m.Clock))
+	case m.Preset != "":
+		b = append(b, byte(ClockUnknown))
+	}
+	if m.Preset != "" {
+		b = binary.AppendUvarint(b, uint64(len(m.Preset)))
+		b = append(b, m.Preset...)
 	}
 	if len(b) > MaxMetaSize {
 		return nil, fmt.Errorf("ring: node meta is %d bytes, memberlist allows %d: shorten the addresses", len(b), MaxMetaSize)
@@ -154,8 +168,20 @@ func decodeMeta(id, gossipAddr string, b []byte) (Meta, uint32, error) {
 		*dst = string(rest[k : k+int(n)])
 		rest = rest[k+int(n):]
 	}
-	if len(rest) > 0 && (ClockVerdict(rest[0]) == ClockAgrees || ClockVerdict(rest[0]) == ClockOff) {
-		m.Clock = ClockVerdict(rest[0])
+	if len(rest) == 0 {
+		return m, fp, nil
+	}
+	switch v := ClockVerdict(rest[0]); v {
+	case ClockAgrees, ClockOff:
+		m.Clock = v
+	case ClockUnknown:
+	default:
+		return m, fp, nil // a newer field this version does not know: the preset cannot follow
+	}
+	// NB: a preset that does not parse is read as none, as from an older
+	// node: the member is not refused for a field this version may not know.
+	if n, k := binary.Uvarint(rest[1:]); k > 0 && n > 0 && n <= uint64(len(rest)-1-k) {
+		m.Preset = string(rest[1+k : 1+k+int(n)])
 	}
 	return m, fp, nil
 }

@@ -107,8 +107,11 @@ type Ring struct {
 type snapshot struct {
 	table   *Table // serving members; the last good table when err != nil
 	members []Meta // every alive member, sorted by ID
-	err     error  // why table does not match members, if it doesn't
-	changed chan struct{}
+	// mismatches are the alive members whose meta disagrees with this
+	// node's config, sorted by member.
+	mismatches []Mismatch
+	err        error // why table does not match members, if it doesn't
+	changed    chan struct{}
 }
 
 // nodeEvent is a memberlist event, copied out of the callback.
@@ -170,6 +173,7 @@ func New(cfg Config) (r *Ring, err error) {
 	r.state.Store(&snapshot{table: empty, changed: make(chan struct{})})
 	r.self = cfg.Meta
 	r.self.ID = cfg.NodeID
+	r.self.Preset = cfg.Preset
 	if r.selfMeta, err = encodeMeta(r.self, r.layout.fingerprint()); err != nil {
 		return nil, err
 	}
@@ -499,7 +503,7 @@ func (r *Ring) takeEvents() map[string]nodeEvent {
 // members.
 func (r *Ring) run() {
 	members := make(map[string]Meta)
-	warned := make(map[string]string) // node -> last meta complaint, to log once
+	warned := make(map[string]Mismatch) // node -> its mismatch, logged once; alive members only
 	for {
 		select {
 		case <-r.stop:
@@ -507,12 +511,80 @@ func (r *Ring) run() {
 		case <-r.kick:
 		}
 		r.apply(members, warned, r.takeEvents())
-		r.publish(members)
+		r.publish(members, warned)
+	}
+}
+
+// Mismatch is an alive member whose node meta disagrees with this node's
+// config in a way the ring cannot repair. The member is kept (it gossips,
+// and serves if it says so), and the mismatch is logged at ERROR once and
+// listed by Mismatches until the member leaves or agrees.
+type Mismatch struct {
+	Member string
+	Reason MismatchReason
+	// Theirs and Ours are the values that differ, when the meta names them
+	// (the preset).
+	Theirs, Ours string
+}
+
+// MismatchReason says what a Mismatch disagrees on.
+type MismatchReason string
+
+const (
+	// MismatchMeta: its meta cannot be read (another program, a newer
+	// incompatible encoding); it never serves.
+	MismatchMeta MismatchReason = "meta"
+	// MismatchLayout: another PartitionCount, ReplicationFactor or Load:
+	// its owners differ from ours.
+	MismatchLayout MismatchReason = "layout"
+	// MismatchPreset: another memberlist preset (--ring-preset): the two
+	// time failure detection differently, so one declares the other dead
+	// (and takes its accounts) far sooner or later than the other expects.
+	MismatchPreset MismatchReason = "preset"
+)
+
+// MismatchReasons lists every MismatchReason, for metrics.
+func MismatchReasons() []MismatchReason {
+	return []MismatchReason{MismatchMeta, MismatchLayout, MismatchPreset}
+}
+
+// Mismatches lists the alive members whose meta disagrees with this node's
+// config, sorted by member.
+func (r *Ring) Mismatches() []Mismatch {
+	return slices.Clone(r.state.Load().mismatches)
+}
+
+// mismatchOf compares a member's decoded meta with this node's config.
+// ok is false when they agree. A member that does not say its preset (an
+// older version) agrees.
+func (r *Ring) mismatchOf(m Meta, fp uint32, err error) (Mismatch, bool) {
+	switch {
+	case err != nil:
+		return Mismatch{Member: m.ID, Reason: MismatchMeta}, true
+	case fp != r.layout.fingerprint():
+		return Mismatch{Member: m.ID, Reason: MismatchLayout}, true
+	case m.Preset != "" && m.Preset != r.cfg.Preset:
+		return Mismatch{Member: m.ID, Reason: MismatchPreset, Theirs: m.Preset, Ours: r.cfg.Preset}, true
+	}
+	return Mismatch{}, false
+}
+
+// logMismatch logs mm at ERROR, saying what to do.
+func (r *Ring) logMismatch(mm Mismatch, addr string) {
+	switch mm.Reason {
+	case MismatchMeta:
+		r.log.Error("unreadable node meta: member is kept but never serves", "member", mm.Member, "addr", addr)
+	case MismatchLayout:
+		r.log.Error("member uses another ring layout (PartitionCount, ReplicationFactor or Load): its owners differ from ours", "member", mm.Member, "addr", addr)
+	case MismatchPreset:
+		r.log.Error("member runs another memberlist preset (--ring-preset): the two time failure detection differently, "+
+			"so one takes the other's accounts sooner or later than it expects; start every node of a cluster with the same --ring-preset",
+			"member", mm.Member, "addr", addr, "theirs", mm.Theirs, "ours", mm.Ours)
 	}
 }
 
 // apply folds events into members and the rejoin targets.
-func (r *Ring) apply(members map[string]Meta, warned map[string]string, evs map[string]nodeEvent) {
+func (r *Ring) apply(members map[string]Meta, warned map[string]Mismatch, evs map[string]nodeEvent) {
 	now := r.now()
 	r.knownMu.Lock()
 	defer r.knownMu.Unlock()
@@ -526,24 +598,21 @@ func (r *Ring) apply(members map[string]Meta, warned map[string]string, evs map[
 			continue
 		}
 		m, fp, err := decodeMeta(name, ev.addr, ev.meta)
-		var complaint string
+		mm, bad := r.mismatchOf(m, fp, err)
 		switch {
-		case err != nil:
-			complaint = "unreadable node meta: member is kept but never serves"
-		case fp != r.layout.fingerprint():
-			complaint = "member uses another ring layout (PartitionCount, ReplicationFactor or Load): its owners differ from ours"
+		case !bad:
+			delete(warned, name)
+		case warned[name] != mm:
+			r.logMismatch(mm, ev.addr)
+			warned[name] = mm
 		}
-		if complaint != "" && warned[name] != complaint {
-			r.log.Error(complaint, "member", name, "addr", ev.addr)
-		}
-		warned[name] = complaint
 		members[name] = m
 	}
 }
 
 // publish builds the snapshot for members, stores it, and tells subscribers
 // how this node's partitions moved.
-func (r *Ring) publish(members map[string]Meta) {
+func (r *Ring) publish(members map[string]Meta, warned map[string]Mismatch) {
 	old := r.state.Load()
 	all := make([]Meta, 0, len(members))
 	var serving []Meta
@@ -556,6 +625,10 @@ func (r *Ring) publish(members map[string]Meta) {
 	slices.SortFunc(all, func(a, b Meta) int { return strings.Compare(a.ID, b.ID) })
 
 	next := &snapshot{members: all, changed: make(chan struct{})}
+	for _, mm := range warned {
+		next.mismatches = append(next.mismatches, mm)
+	}
+	slices.SortFunc(next.mismatches, func(a, b Mismatch) int { return strings.Compare(a.Member, b.Member) })
 	if t, ok := old.table.withMembers(serving); ok {
 		next.table = t
 	} else if t, err := NewTable(r.layout, serving); err != nil {
