@@ -76,8 +76,9 @@ func boundSeconds(h http.HandlerFunc) http.Handler {
 	})
 }
 
-// readyz: the ring is joined and this node serves, its state is loaded, and
-// it has a config snapshot. The ledger being down does not make it unready
+// readyz: the ring is joined and this node serves, its state is loaded, it
+// has a config snapshot, and a majority of the serving peers do not refuse
+// the calls it forwards (forwardauth.go). The ledger being down does not make it unready
 // (G8): it serves from memory, its log and its reservations.
 func (n *Node) readyz(w http.ResponseWriter, _ *http.Request) {
 	var why []string
@@ -90,6 +91,13 @@ func (n *Node) readyz(w http.ResponseWriter, _ *http.Request) {
 	if n.ready.Load() && !n.draining.Load() {
 		if w := n.notServable(); w != "" {
 			why = append(why, "not taking accounts: "+w)
+		}
+		if n.isServing() {
+			// NB: it keeps its accounts (the ring is right); its
+			// forwards fail (forwardauth.go).
+			if w := n.forwardRefusal(); w != "" {
+				why = append(why, "its forwarded charges are refused: "+w)
+			}
 		}
 	} else if n.eng != nil && n.eng.Snapshot() == nil {
 		why = append(why, "no config snapshot yet (the ledger has not been reached and the data dir keeps none)")

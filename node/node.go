@@ -188,9 +188,14 @@ type Node struct {
 	serveMu sync.Mutex
 	serving atomic.Bool
 	// peerAuthMu protects peerRefusal: why the serving peers refused this
-	// node's RPC calls at the last probePeers (peerauth.go), or "".
+	// node's RPC calls at the last probePeers (peerauth.go), or "", and
+	// fwdRefusal: why they refuse its forwards now that it serves
+	// (forwardRefusal, forwardauth.go), or "".
 	peerAuthMu  sync.Mutex
 	peerRefusal string
+	fwdRefusal  string
+	// fwdAuth hears the outcome of every forwarded call (forwardauth.go).
+	fwdAuth forwardAuth
 	// rpcRefusedCalls counts the calls the RPC port refused for their
 	// token, and refusedLog samples their log lines (rpcRefused).
 	rpcRefusedCalls atomic.Int64
@@ -649,11 +654,12 @@ func (n *Node) joinRing(rc ring.Config) error {
 			lockAttrs...)
 	}
 	n.router, err = router.New(router.Config{Engine: n.eng, Ring: r, Faults: n.faults, Token: n.rpcToken(), TLS: n.rpcTLS.client,
-		Logger: n.log.With("component", "router"), LedgerStart: n.ledgerStart})
+		Logger: n.log.With("component", "router"), LedgerStart: n.ledgerStart, OnForward: n.onForward})
 	if err != nil {
 		n.ring.Store(r) // for abortStart to leave it
 		return err
 	}
+	n.goLoop(n.reprobeRefusing)
 	// NB: after the router: a goroutine that loads the ring (retryLedger's
 	// checkSharedLedger) then reads n.router sees it set.
 	n.ring.Store(r)
@@ -1056,7 +1062,7 @@ func (n *Node) Ready() bool {
 	if !n.ready.Load() || n.draining.Load() || n.eng.Snapshot() == nil {
 		return false
 	}
-	return n.isServing()
+	return n.isServing() && n.forwardRefusal() == ""
 }
 
 // publicIdleTimeout is how long the public port keeps an idle keep-alive

@@ -92,6 +92,12 @@ type Config struct {
 	// TLSFiles.ClientConfig); nil forwards in plaintext.
 	TLS    *tls.Config
 	Logger *slog.Logger
+	// OnForward, when set, hears the outcome of every call forwarded to a
+	// peer (a charge, a batch of charges, a refund, a usage read): the
+	// peer's RPC address and the call's error, nil when the peer answered.
+	// It runs on the caller's goroutine and must not block. The node
+	// watches it for peers that refuse its credentials (CredentialsRefused).
+	OnForward func(addr string, err error)
 	// LedgerStart, when set, answers the LedgerStart RPC: the process
 	// recorded at a node id's latest start in this node's ledger ("" for
 	// none). Nil answers Unimplemented.
@@ -186,6 +192,13 @@ type UsageResult struct {
 // credentials (CredentialsRefused: its RPC token or certificate).
 type Stats struct {
 	Local, Forwarded, WrongOwner, ForwardErrors, Refused atomic.Int64
+}
+
+// heard passes a forwarded call's outcome to Config.OnForward.
+func (r *Router) heard(addr string, err error) {
+	if r.cfg.OnForward != nil {
+		r.cfg.OnForward(addr, err)
+	}
 }
 
 // forwardFailed counts a forwarded call that failed with err.
@@ -398,6 +411,7 @@ func (r *Router) forwardCharge(ctx context.Context, addr string, req ChargeReque
 	}
 	r.stats.Forwarded.Add(1)
 	rep, err := p.charges.do(ctx, chargeToPB(&req))
+	r.heard(addr, err)
 	if err != nil {
 		r.forwardFailed(err)
 		return nil, ownerSilent(ctx, req.Account, addr, err)
@@ -473,6 +487,7 @@ func (r *Router) Refund(ctx context.Context, req RefundRequest) (shard.Decision,
 		r.stats.Forwarded.Add(1)
 		rep, err := p.refunds.do(ctx, &pb.RefundRequest{Account: req.Account, EventId: req.EventID, Receipt: receiptToPB(req.Receipt),
 			Attempt: req.Attempt, Replay: req.Replay})
+		r.heard(target, err)
 		if err != nil {
 			r.forwardFailed(err)
 			if rejected(err) {
@@ -536,6 +551,7 @@ func (r *Router) Usage(ctx context.Context, account string) (UsageResult, error)
 		ctx, cancel := context.WithTimeout(ctx, r.cfg.CallTimeout)
 		rep, err := p.client.Usage(ctx, &pb.UsageRequest{Epoch: r.cfg.Ring.Epoch(), Account: account, Hops: 1})
 		cancel()
+		r.heard(target, err)
 		if err != nil {
 			if rejected(err) {
 				return UsageResult{}, rejectedError(account, target, "usage read", err)

@@ -162,6 +162,7 @@ func (s *server) forwardBatch(ctx context.Context, addr string, charges []*pb.Ch
 			replies[i] = reps[j]
 		}
 	}
+	s.r.heard(addr, failed)
 	if failed != nil {
 		s.r.forwardFailed(failed)
 	}
