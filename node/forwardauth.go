@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/quotaring/quotaring/ring"
@@ -47,6 +48,9 @@ const forwardProbeEvery = time.Second
 // forwarded calls since the peer last answered one. It is the pure part:
 // the caller passes the time. Safe for concurrent use.
 type forwardAuth struct {
+	// some is true while peers may be non-empty: an answered call (every
+	// forward, on the charge path) then takes no lock when it is false.
+	some  atomic.Bool
 	mu    sync.Mutex // protects peers
 	peers map[string]*peerRefusals
 }
@@ -61,8 +65,12 @@ type peerRefusals struct {
 // heard records one call's outcome: refused says the peer refused this
 // node's credentials (router.CredentialsRefused).
 func (f *forwardAuth) heard(addr string, err error, refused bool, now time.Time) {
+	if err == nil && !f.some.Load() {
+		return // NB: nothing to clear; the common case
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	defer func() { f.some.Store(len(f.peers) > 0) }()
 	switch {
 	case err == nil:
 		delete(f.peers, addr)
@@ -99,6 +107,7 @@ func (f *forwardAuth) refusing(serving []ring.Meta, now time.Time) (peers []ring
 			delete(f.peers, addr)
 		}
 	}
+	f.some.Store(len(f.peers) > 0)
 	return peers, errs
 }
 
@@ -145,7 +154,11 @@ func forwardRefusalWhy(serving, refusing []ring.Meta, errs []error) string {
 
 // onForward hears each forwarded call (router.Config.OnForward).
 func (n *Node) onForward(addr string, err error) {
-	n.fwdAuth.heard(addr, err, err != nil && router.CredentialsRefused(err, n.rpcTLS.client != nil), time.Now())
+	var now time.Time
+	if err != nil {
+		now = time.Now() // NB: only a refusal needs it; answered calls are the charge path
+	}
+	n.fwdAuth.heard(addr, err, err != nil && router.CredentialsRefused(err, n.rpcTLS.client != nil), now)
 }
 
 // forwardRefusal is why this serving node is not ready because its peers
