@@ -154,10 +154,15 @@ type Engine struct {
 	// hungLog samples the WARNs of background calls the ledger left
 	// unanswered.
 	hungLog logsample.Sampler
-	ctx     context.Context // canceled by Close: stops the top-up loop and its ledger calls
-	cancel  context.CancelFunc
-	wg      sync.WaitGroup
-	closed  atomic.Bool
+	// stalledAt is the monotonic reading when the ledger last left a
+	// reservation unanswered past its bound; 0 while it answers. While it
+	// is set, a charge that needs a reservation is refused at once and the
+	// background top-up asks the ledger instead (reserveForCharge).
+	stalledAt atomic.Int64
+	ctx       context.Context // canceled by Close: stops the top-up loop and its ledger calls
+	cancel    context.CancelFunc
+	wg        sync.WaitGroup
+	closed    atomic.Bool
 }
 
 // stripe is one lock's worth of accounts.
@@ -583,17 +588,58 @@ func (e *Engine) decideReserving(ctx context.Context, account string, req shard.
 // reserveForCharge is reserve for a charge waiting on it: within
 // ReserveTimeout, whether its own round trip or one in flight for the
 // account (a background top-up, bounded only by LedgerTimeout).
+//
+// A ledger that left one unanswered past ReserveTimeout is not asked again
+// for a waiting charge: the charge is refused at once, quota-unavailable,
+// and a background top-up of its account asks instead (one call at a time,
+// within LedgerTimeout), whose answer ends the stall. Each charge used to
+// wait ReserveTimeout again, and with it every charge batched with it
+// (ChargeMany waits for its slowest reservation): soft accounts, which need
+// no reservation, were answered late or, queued behind such batches at the
+// callers, not at all while the ledger hung.
 func (e *Engine) reserveForCharge(ctx context.Context, account string, shortfall int64) error {
+	if at := e.stalledAt.Load(); at != 0 {
+		e.askLedger(account)
+		e.stats.ReserveErrors.Add(1)
+		return fmt.Errorf("%w: account %q: the ledger did not answer a reservation within %s (%s ago); refused at once until it answers the node's background one",
+			ErrQuotaUnavailable, account, e.opts.ReserveTimeout, time.Duration(e.clock.Now().Mono-at).Round(time.Millisecond))
+	}
 	rctx, cancel := context.WithTimeout(ctx, e.opts.ReserveTimeout)
 	defer cancel()
 	err := e.reserve(rctx, account, shortfall)
-	if err != nil && timedOut(ctx, rctx) {
+	switch {
+	case err != nil && timedOut(ctx, rctx):
 		e.stats.ReserveTimeouts.Add(1)
+		e.noteStall()
 		if !errors.Is(err, ErrQuotaUnavailable) { // it waited for a round trip in flight
 			err = fmt.Errorf("%w: account %q: no reservation within %s: %w", ErrQuotaUnavailable, account, e.opts.ReserveTimeout, err)
 		}
+	case err == nil:
+		e.stalledAt.Store(0)
 	}
 	return err
+}
+
+// noteStall marks the ledger as leaving reservations unanswered.
+func (e *Engine) noteStall() {
+	e.stalledAt.Store(max(1, e.clock.Now().Mono)) // NB: 0 means no stall
+}
+
+// askLedger queues a top-up of account, unless one is queued, so that the
+// ledger is asked in the background while charges are refused at once.
+func (e *Engine) askLedger(account string) {
+	st := e.stripeFor(account)
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	ent, ok := st.accounts[account]
+	if !ok || ent.topping {
+		return
+	}
+	select {
+	case e.topups <- account:
+		ent.topping = true
+	default: // the loop is behind; the next charge tries again
+	}
 }
 
 func (e *Engine) count(r shard.Reason) {

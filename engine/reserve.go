@@ -201,8 +201,13 @@ func (e *Engine) topUp(account string) {
 	ctx, cancel := context.WithTimeout(e.ctx, e.opts.LedgerTimeout)
 	err := e.reserve(ctx, account, 0)
 	switch {
-	case err != nil && timedOut(e.ctx, ctx):
+	case err == nil:
+		// The ledger answers: charges ask it again. (Only a success ends a
+		// stall: a ledger that fails fast would refuse them anyway.)
+		e.stalledAt.Store(0)
+	case timedOut(e.ctx, ctx):
 		e.stats.ReserveTimeouts.Add(1)
+		e.noteStall()
 		if ok, held := e.hungLog.Allow(time.Now(), time.Minute); ok {
 			e.opts.Logger.Warn("the ledger did not answer a reservation top-up within --ledger-timeout; cancelled. "+
 				"The node serves from the units it holds, charges past them answer quota-unavailable; "+
