@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -17,6 +18,7 @@ import (
 
 	"github.com/quotaring/quotaring/internal/faultproxy"
 	"github.com/quotaring/quotaring/internal/pgtest"
+	"github.com/quotaring/quotaring/internal/waitfor"
 	"github.com/quotaring/quotaring/shard"
 )
 
@@ -585,20 +587,7 @@ func TestPostgresConcurrentSettleOfOneEvent(t *testing.T) {
 		done <- err
 	}()
 	// node-a's insert waits on e1's key; then node-b commits.
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		var waiting int
-		if err := l.pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&waiting); err != nil {
-			t.Fatal(err)
-		}
-		if waiting > 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("node-a's settle never waited on e1's row")
-		}
-		time.Sleep(5 * time.Millisecond) // NB: polls a condition, bounded by the deadline
-	}
+	waitfor.Cond(t, 10*time.Second, "node-a's settle waits on e1's row", func() bool { return lockWaiters(t, l) > 0 })
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -867,44 +856,23 @@ func TestPostgresReleaseNodeWaitsForAReserveInFlight(t *testing.T) {
 	if _, err := blocker.Exec(ctx, `SELECT 1 FROM grants WHERE account_id = 'acct-1' FOR UPDATE`); err != nil {
 		t.Fatal(err)
 	}
-	waiting := func(n int) bool {
-		var w int
-		if err := l.pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&w); err != nil {
-			t.Fatal(err)
-		}
-		return w >= n
-	}
+	waiting := func(n int) bool { return lockWaiters(t, l) >= n }
 	reserved := make(chan error, 1)
 	go func() {
 		_, err := l.Reserve(context.Background(), "node-a", ReserveRequest{Account: "acct-1", Wall: confWallTime(), Need: 10})
 		reserved <- err
 	}()
-	deadline := time.Now().Add(10 * time.Second)
-	for !waiting(1) {
-		if time.Now().After(deadline) {
-			t.Fatal("node-a's Reserve never waited on the grant's row")
-		}
-		time.Sleep(5 * time.Millisecond) // NB: polls a condition, bounded by the deadline
-	}
+	waitfor.Cond(t, 10*time.Second, "node-a's Reserve waits on the grant's row", func() bool { return waiting(1) })
 	released := make(chan error, 1)
+	var returned atomic.Bool
 	go func() {
 		_, err := l.ReleaseNode(context.Background(), "node-a")
+		returned.Store(true)
 		released <- err
 	}()
 	// ReleaseNode either waits behind the Reserve or (the bug) returns at
 	// once having freed nothing.
-	for done := false; !done && !waiting(2); {
-		select {
-		case err := <-released:
-			released <- err
-			done = true
-		default:
-			if time.Now().After(deadline) {
-				t.Fatal("ReleaseNode neither returned nor waited")
-			}
-			time.Sleep(5 * time.Millisecond) // NB: polls a condition, bounded by the deadline
-		}
-	}
+	waitfor.Cond(t, 10*time.Second, "ReleaseNode returns or waits", func() bool { return returned.Load() || waiting(2) })
 	if err := blocker.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -924,4 +892,14 @@ func TestPostgresReleaseNodeWaitsForAReserveInFlight(t *testing.T) {
 		}
 	}
 	wantGrant(t, l, "acct-1", confJune, 0, 5)
+}
+
+// lockWaiters counts the sessions of l's database that wait for a lock.
+func lockWaiters(t *testing.T, l *Postgres) int {
+	t.Helper()
+	var n int
+	if err := l.pool.QueryRow(t.Context(), `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
 }

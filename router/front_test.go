@@ -946,18 +946,13 @@ func TestTrustForwarded(t *testing.T) {
 	}
 }
 
-// An offer to upgrade to h2c does not reach the upstream: once switched,
-// the connection would carry HTTP/2 requests to the upstream that the
-// proxy relays as bytes, unbilled. The request is served as HTTP/1.1 and
-// billed once; a WebSocket upgrade still passes.
-func TestProxyDropsH2CUpgrade(t *testing.T) {
-	var mu sync.Mutex
-	var sawUpgrade []string
-	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		mu.Lock()
-		sawUpgrade = append(sawUpgrade, r.Header.Get("Upgrade")+"|"+r.Header.Get("HTTP2-Settings"))
-		mu.Unlock()
-		if p := r.Header.Get("Upgrade"); p != "" { // switch, as an h2c or WebSocket server does
+// switchingUpstream is an upstream that switches to whatever protocol a
+// request offers in Upgrade (101, then nothing), as an h2c or WebSocket
+// server does, and serves a request without one; seen hears each request.
+func switchingUpstream(t *testing.T, seen func(*http.Request)) *httptest.Server {
+	return httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		seen(r)
+		if p := r.Header.Get("Upgrade"); p != "" {
 			conn, brw, err := http.NewResponseController(w).Hijack()
 			if err != nil {
 				t.Error(err)
@@ -968,8 +963,22 @@ func TestProxyDropsH2CUpgrade(t *testing.T) {
 			brw.Flush()
 			return
 		}
-		io.WriteString(w, "served over HTTP/1.1")
+		io.WriteString(w, "served without switching")
 	}))
+}
+
+// An offer to upgrade to h2c does not reach the upstream: once switched,
+// the connection would carry HTTP/2 requests to the upstream that the
+// proxy relays as bytes, unbilled. The request is served as HTTP/1.1 and
+// billed once; a WebSocket upgrade still passes.
+func TestProxyDropsH2CUpgrade(t *testing.T) {
+	var mu sync.Mutex
+	var sawUpgrade []string
+	up := switchingUpstream(t, func(r *http.Request) {
+		mu.Lock()
+		sawUpgrade = append(sawUpgrade, r.Header.Get("Upgrade")+"|"+r.Header.Get("HTTP2-Settings"))
+		mu.Unlock()
+	})
 	defer up.Close()
 	u, _ := url.Parse(up.URL)
 	ch := &fakeCharger{decision: okDecision()}
@@ -1040,21 +1049,7 @@ func TestProxyUpgradesOnlyTheAllowedProtocols(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			saw := make(chan string, 1)
-			up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-				saw <- r.Header.Get("Upgrade")
-				if p := r.Header.Get("Upgrade"); p != "" {
-					conn, brw, err := http.NewResponseController(w).Hijack()
-					if err != nil {
-						t.Error(err)
-						return
-					}
-					defer conn.Close()
-					brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: " + p + "\r\n\r\n")
-					brw.Flush()
-					return
-				}
-				io.WriteString(w, "served without switching")
-			}))
+			up := switchingUpstream(t, func(r *http.Request) { saw <- r.Header.Get("Upgrade") })
 			defer up.Close()
 			u, _ := url.Parse(up.URL)
 			opts := c.opts
