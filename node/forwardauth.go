@@ -21,17 +21,19 @@ import (
 // forwarded failed. Now each forwarded call's outcome is heard
 // (router.Config.OnForward): a peer that has refused this node's
 // credentials (router.CredentialsRefused) at least minForwardRefusals times
-// over at least forwardRefusedFor, with no answer in between, is refusing
-// it, and while a majority of the serving peers is, /readyz answers 503
-// naming them and the flag to check. The refusing peers are probed every
+// over at least forwardRefusedFor (its latest refusal that long after its
+// first), with no answer in between, is refusing it, and while a majority
+// of the serving peers is, /readyz answers 503 naming them and the flag to
+// check. The refusing peers are probed every
 // forwardProbeEvery (no traffic reaches a node that is not ready), and one
 // answer from a peer clears it. A peer that does not answer (down,
 // Unavailable), or answers with any other error, says nothing of the
-// credentials and changes nothing; so does one refusal (a peer that crashed
-// under a TLS handshake looks like one once). One peer alone refusing in a
-// larger cluster does not unready this node: that peer is the odd one (its
-// own --rpc-token is not the cluster's), and it would unready every other
-// node.
+// credentials and changes nothing; so does one burst of refusals however
+// many (a TLS peer that crashes resets every call in flight to it, which
+// looks like a refusal each, and then its port is closed: the refusals
+// stop). One peer alone refusing in a larger cluster does not unready this
+// node: that peer is the odd one (its own --rpc-token is not the
+// cluster's), and it would unready every other node.
 
 // minForwardRefusals and forwardRefusedFor make a peer's refusals
 // persistent (see above).
@@ -57,9 +59,10 @@ type forwardAuth struct {
 
 // peerRefusals are one peer's refusals since its last answer.
 type peerRefusals struct {
-	since time.Time // the first of them
-	n     int
-	last  error
+	since  time.Time // the first of them
+	latest time.Time // the latest of them
+	n      int
+	last   error
 }
 
 // heard records one call's outcome: refused says the peer refused this
@@ -84,20 +87,24 @@ func (f *forwardAuth) heard(addr string, err error, refused bool, now time.Time)
 			f.peers[addr] = p
 		}
 		p.n++
+		p.latest = now
 		p.last = err
 	}
 }
 
-// refusing returns the serving peers whose refusals are persistent at now,
-// with the last refusal of each, and forgets the addresses that are no
-// serving peer's any more.
-func (f *forwardAuth) refusing(serving []ring.Meta, now time.Time) (peers []ring.Meta, errs []error) {
+// refusing returns the serving peers whose refusals are persistent (at
+// least minForwardRefusals, the latest forwardRefusedFor or more after the
+// first), with the last refusal of each, and forgets the addresses that are
+// no serving peer's any more. A peer that refuses for real goes on refusing
+// the probes (reprobeRefusing), so its refusals spread over time; the
+// burst of a crashed TLS peer does not.
+func (f *forwardAuth) refusing(serving []ring.Meta) (peers []ring.Meta, errs []error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	known := make(map[string]bool, len(serving))
 	for _, m := range serving {
 		known[m.RPCAddr] = true
-		if p := f.peers[m.RPCAddr]; p != nil && p.n >= minForwardRefusals && now.Sub(p.since) >= forwardRefusedFor {
+		if p := f.peers[m.RPCAddr]; p != nil && p.n >= minForwardRefusals && p.latest.Sub(p.since) >= forwardRefusedFor {
 			peers = append(peers, m)
 			errs = append(errs, p.last)
 		}
@@ -166,7 +173,7 @@ func (n *Node) onForward(addr string, err error) {
 // at ERROR once, and its end at INFO.
 func (n *Node) forwardRefusal() string {
 	serving := n.servingPeers()
-	refusing, errs := n.fwdAuth.refusing(serving, time.Now())
+	refusing, errs := n.fwdAuth.refusing(serving)
 	why := forwardRefusalWhy(serving, refusing, errs)
 	n.peerAuthMu.Lock()
 	prev := n.fwdRefusal

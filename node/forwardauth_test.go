@@ -18,8 +18,8 @@ import (
 )
 
 // The rules of forwardAuth, on a hand-driven clock: refusals count only
-// once they persist (minForwardRefusals over forwardRefusedFor with no
-// answer between), an answer clears a peer, a peer that does not answer
+// once they persist (minForwardRefusals, the latest forwardRefusedFor or
+// more after the first, with no answer between), an answer clears a peer, a peer that does not answer
 // (Unavailable) changes nothing, and only a majority of the serving peers
 // refusing makes the node unready.
 func TestForwardRefusalsMustPersistAndBeAMajority(t *testing.T) {
@@ -27,8 +27,8 @@ func TestForwardRefusalsMustPersistAndBeAMajority(t *testing.T) {
 	refused := status.Error(codes.Unauthenticated, "wrong RPC token")
 	down := status.Error(codes.Unavailable, "connection refused")
 	t0 := time.Date(2026, 6, 10, 12, 0, 0, 0, time.UTC)
-	why := func(f *forwardAuth, now time.Time) string {
-		r, errs := f.refusing(peers, now)
+	why := func(f *forwardAuth) string {
+		r, errs := f.refusing(peers)
 		return forwardRefusalWhy(peers, r, errs)
 	}
 	refuseAll := func(f *forwardAuth, addrs []string, times int, at time.Time) {
@@ -41,53 +41,61 @@ func TestForwardRefusalsMustPersistAndBeAMajority(t *testing.T) {
 
 	var f forwardAuth
 	refuseAll(&f, []string{"a2", "a3", "a4"}, 10, t0)
-	if w := why(&f, t0.Add(forwardRefusedFor-time.Nanosecond)); w != "" {
-		t.Fatalf("unready on refusals younger than %s: %s", forwardRefusedFor, w)
+	if w := why(&f); w != "" {
+		t.Fatalf("unready on refusals all at one time: %s", w)
 	}
-	if w := why(&f, t0.Add(forwardRefusedFor)); !strings.Contains(w, "--rpc-token") || !strings.Contains(w, "n2 at a2, n3 at a3, n4 at a4") {
+	refuseAll(&f, []string{"a2", "a3", "a4"}, 1, t0.Add(forwardRefusedFor-time.Nanosecond))
+	if w := why(&f); w != "" {
+		t.Fatalf("unready on refusals spread over less than %s: %s", forwardRefusedFor, w)
+	}
+	refuseAll(&f, []string{"a2", "a3", "a4"}, 1, t0.Add(forwardRefusedFor))
+	if w := why(&f); !strings.Contains(w, "--rpc-token") || !strings.Contains(w, "n2 at a2, n3 at a3, n4 at a4") {
 		t.Fatalf("every peer refusing for %s: %q; want a reason naming them and --rpc-token", forwardRefusedFor, w)
 	}
 
 	f = forwardAuth{}
-	refuseAll(&f, []string{"a2", "a3", "a4"}, minForwardRefusals-1, t0)
-	if w := why(&f, t0.Add(time.Hour)); w != "" {
+	refuseAll(&f, []string{"a2", "a3", "a4"}, 1, t0)
+	refuseAll(&f, []string{"a2", "a3", "a4"}, minForwardRefusals-2, t0.Add(time.Hour))
+	if w := why(&f); w != "" {
 		t.Fatalf("unready on %d refusals each: %s", minForwardRefusals-1, w)
 	}
 
 	f = forwardAuth{}
 	refuseAll(&f, []string{"a2"}, 10, t0)
-	if w := why(&f, t0.Add(time.Hour)); w != "" {
+	refuseAll(&f, []string{"a2"}, 1, t0.Add(time.Hour))
+	if w := why(&f); w != "" {
 		t.Fatalf("unready with one peer of three refusing (the odd one out): %s", w)
 	}
 	refuseAll(&f, []string{"a3"}, 10, t0)
-	if w := why(&f, t0.Add(time.Hour)); w == "" {
+	refuseAll(&f, []string{"a3"}, 1, t0.Add(time.Hour))
+	if w := why(&f); w == "" {
 		t.Fatal("ready with two peers of three refusing persistently")
 	}
 	// A peer going down says nothing of the credentials: its refusals
 	// stand, and a peer never refused is not made a refuser.
 	f.heard("a3", down, false, t0.Add(time.Hour))
 	f.heard("a4", down, false, t0.Add(time.Hour))
-	if w := why(&f, t0.Add(time.Hour)); w == "" {
+	if w := why(&f); w == "" {
 		t.Fatal("an Unavailable answer cleared a peer's refusals")
 	}
 	// One answer clears a peer.
 	f.heard("a3", nil, false, t0.Add(time.Hour))
-	if w := why(&f, t0.Add(time.Hour)); w != "" {
+	if w := why(&f); w != "" {
 		t.Fatalf("unready after a refusing peer answered: %s", w)
 	}
 	// A peer that left the ring is forgotten.
-	f.refusing(peers[1:], t0)
+	f.refusing(peers[1:])
 	if s := f.suspects(); len(s) != 0 {
 		t.Fatalf("suspects %v after a2 left the serving peers", s)
 	}
 	// TLS refusals name the TLS flags.
 	f = forwardAuth{}
 	tlsErr := status.Error(codes.Unavailable, "authentication handshake failed: remote error: tls: unknown certificate authority")
-	for range minForwardRefusals {
-		f.heard("a2", tlsErr, true, t0)
-		f.heard("a3", tlsErr, true, t0)
+	for i := range minForwardRefusals { // one a probe interval apart
+		f.heard("a2", tlsErr, true, t0.Add(time.Duration(i)*forwardRefusedFor/(minForwardRefusals-1)))
+		f.heard("a3", tlsErr, true, t0.Add(time.Duration(i)*forwardRefusedFor/(minForwardRefusals-1)))
 	}
-	if w := why(&f, t0.Add(forwardRefusedFor)); !strings.Contains(w, "--rpc-tls-ca") {
+	if w := why(&f); !strings.Contains(w, "--rpc-tls-ca") {
 		t.Fatalf("TLS refusals: %q; want the --rpc-tls-* flags named", w)
 	}
 }
@@ -187,5 +195,37 @@ func TestPeerDownDoesNotUnreadyTheNode(t *testing.T) {
 	}
 	if code, body := readyz(t, n1); code != http.StatusOK {
 		t.Fatalf("n1 unready after forwards to a dead peer failed: %d %s", code, body)
+	}
+}
+
+// A TLS peer that crashes under load is no refusal. The calls in flight
+// to it when it dies fail with "connection reset by peer", which
+// router.CredentialsRefused counts as a refusal with TLS (a handshake
+// refused after it completed looks the same), one per caller; every later
+// call and probe finds the port closed ("connection refused"), which
+// changes nothing. Refusals that all came in one burst did not persist
+// over forwardRefusedFor: the node must stay ready, yet with the peer
+// still in the ring (memberlist takes longer than forwardRefusedFor to
+// declare it dead) it turned unready, in a two-node cluster the one node
+// left.
+func TestCrashedTLSPeerIsNoRefusal(t *testing.T) {
+	peers := []ring.Meta{{ID: "n2", RPCAddr: "10.0.0.2:7001"}}
+	reset := status.Error(codes.Unavailable, "error reading from server: read tcp 10.0.0.1:40000->10.0.0.2:7001: read: connection reset by peer")
+	closed := status.Error(codes.Unavailable, `connection error: desc = "transport: Error while dialing: dial tcp 10.0.0.2:7001: connect: connection refused"`)
+	if !router.CredentialsRefused(reset, true) || router.CredentialsRefused(closed, true) {
+		t.Fatal("the test needs a reset counted as a refusal with TLS, and a closed port not")
+	}
+	t0 := time.Date(2026, 6, 10, 12, 0, 0, 0, time.UTC)
+	var f forwardAuth
+	for range 2 * minForwardRefusals { // the charges in flight when n2 died
+		f.heard("10.0.0.2:7001", reset, router.CredentialsRefused(reset, true), t0)
+	}
+	for s := 1; s <= 10; s++ { // the probes every second after
+		now := t0.Add(time.Duration(s) * forwardProbeEvery)
+		f.heard("10.0.0.2:7001", closed, router.CredentialsRefused(closed, true), now)
+		r, errs := f.refusing(peers)
+		if w := forwardRefusalWhy(peers, r, errs); w != "" {
+			t.Fatalf("%s after one burst of resets from a crashed peer, whose port is closed since: unready: %s", now.Sub(t0), w)
+		}
 	}
 }
