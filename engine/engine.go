@@ -601,8 +601,8 @@ func (e *Engine) reserveForCharge(ctx context.Context, account string, shortfall
 	if at := e.stalledAt.Load(); at != 0 {
 		e.askLedger(account)
 		e.stats.ReserveErrors.Add(1)
-		return fmt.Errorf("%w: account %q: the ledger did not answer a reservation within %s (%s ago); refused at once until it answers the node's background one",
-			ErrQuotaUnavailable, account, e.opts.ReserveTimeout, time.Duration(e.clock.Now().Mono-at).Round(time.Millisecond))
+		return fmt.Errorf("%w: account %q: the ledger left a reservation unanswered past its bound %s ago; refused at once until it answers the node's background one",
+			ErrQuotaUnavailable, account, time.Duration(e.clock.Now().Mono-at).Round(time.Millisecond))
 	}
 	rctx, cancel := context.WithTimeout(ctx, e.opts.ReserveTimeout)
 	defer cancel()

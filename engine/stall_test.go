@@ -86,7 +86,7 @@ func TestStalledLedgerRefusesReservationsAtOnce(t *testing.T) {
 	// The next ones do not wait for the ledger.
 	for range 3 {
 		out = batch()
-		if !errors.Is(out[0].Err, ErrQuotaUnavailable) || !strings.Contains(out[0].Err.Error(), "did not answer") || out[1].Err != nil || out[1].Reason != shard.OK {
+		if !errors.Is(out[0].Err, ErrQuotaUnavailable) || !strings.Contains(out[0].Err.Error(), "left a reservation unanswered") || out[1].Err != nil || out[1].Reason != shard.OK {
 			t.Fatalf("batch during the stall: hard %v, soft %v %v; want quota-unavailable naming the stall, and OK", out[0].Err, out[1].Reason, out[1].Err)
 		}
 	}
