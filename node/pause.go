@@ -36,7 +36,7 @@ import (
 // names the same epoch (the same serving set, so the same owners), or no
 // peer is left in it (memberlist found them dead: alone, nobody took its
 // accounts). A peer that has not taken the node back yet names another
-// epoch, and the node keeps holding.
+// epoch, and the node keeps holding (pauseLongHoldBounds).
 //
 // pauseBound is half of ring.Config.MinFailureTimeout, the shortest time in
 // which the others can declare the node dead (local preset: 700 ms, so
@@ -48,6 +48,18 @@ import (
 
 // pauseTicksPerBound is how many ticks fit in pauseBound.
 const pauseTicksPerBound = 4
+
+// pauseLongHoldBounds is how many pauseBounds a hold lasts before the node
+// says, at WARN, why it is still not confirmed (local: 2.8 s; lan: 18 s),
+// and again every pauseLongHoldEvery while it lasts. A hold only ends with
+// a confirmation: peers that answer RingView with errors only (they refuse
+// this node's --rpc-token or certificate) or that name another epoch (they
+// do not count this node as serving, or run another ring layout) leave
+// ownership unclear, and a node refuses rather than guesses then.
+const pauseLongHoldBounds = 8
+
+// pauseLongHoldEvery spaces the WARNs of a long hold.
+const pauseLongHoldEvery = time.Minute
 
 // errPaused is the Hold error while a pause is held against.
 var errPaused = errors.New("this node did not run for a while (paused) and decides nothing until a peer confirms its ring view")
@@ -68,8 +80,10 @@ type pauseGuard struct {
 	// the confirm loop wakes.
 	seen chan struct{}
 
-	mu sync.Mutex
-	// protects pause: the pause held against; num 0 when none.
+	mu sync.Mutex // protects pause and confirmErr
+	// confirmErr is why the latest confirmation failed (nil: none did).
+	confirmErr error
+	// pause is the pause held against; num 0 when none.
 	pause struct {
 		num uint64
 		gap int64 // the longest gap seen while held, ns
@@ -145,6 +159,31 @@ func (g *pauseGuard) held() (num uint64, gap time.Duration) {
 	return g.pause.num, time.Duration(g.pause.gap)
 }
 
+// setLastErr notes why the latest confirmation failed (nil: it did not).
+func (g *pauseGuard) setLastErr(err error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.confirmErr = err
+}
+
+// lastErr is why the latest confirmation failed, or nil.
+func (g *pauseGuard) lastErr() error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.confirmErr
+}
+
+// heldFor is how long pause num has been held at the monotonic reading now
+// (0 when it is not the one held).
+func (g *pauseGuard) heldFor(num uint64, now int64) time.Duration {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.pause.num != num {
+		return 0
+	}
+	return time.Duration(now - g.pause.since)
+}
+
 // release ends the hold of pause num after a confirmation asked at the
 // monotonic reading asked, unless a gap was seen since (the process paused
 // again while it asked) or another pause is held. It reports whether it
@@ -204,6 +243,8 @@ func (n *Node) confirmLoop(ctx context.Context) {
 		if num, gap := g.held(); num != 0 {
 			n.logPause(gap)
 		}
+		var warned bool    // a long-hold WARN was logged for this hold
+		var lastWarn int64 // monotonic reading of the last one
 		for {
 			num, gap := g.held()
 			if num == 0 {
@@ -211,6 +252,14 @@ func (n *Node) confirmLoop(ctx context.Context) {
 			}
 			if n.confirmAfterPause(ctx, num, gap) {
 				break
+			}
+			now := g.clock.Now().Mono
+			if held := g.heldFor(num, now); held >= pauseLongHoldBounds*time.Duration(g.bound) && (!warned || now-lastWarn >= int64(pauseLongHoldEvery)) {
+				warned, lastWarn = true, now
+				n.log.Warn("still deciding nothing after a pause: no peer has confirmed this node's ring view "+
+					"(peers that refuse its RPC calls: check --rpc-token and --rpc-tls-* and /readyz; peers that see another ring: "+
+					"the ring's ERROR lines about another layout; peers cut off: the network)",
+					"paused_for", gap, "held_for", held.Round(time.Millisecond), "last_answer", g.lastErr())
 			}
 			retry.Reset(g.every())
 			select {
@@ -228,6 +277,7 @@ func (n *Node) confirmAfterPause(ctx context.Context, num uint64, gap time.Durat
 	g := n.pause
 	asked := g.clock.Now().Mono
 	by, err := n.ConfirmRing(ctx)
+	g.setLastErr(err)
 	if err != nil {
 		n.log.Debug("ring view not confirmed yet after a pause", "err", err)
 		return false

@@ -87,3 +87,29 @@ func TestPauseBoundFromTheRingPreset(t *testing.T) {
 		}
 	}
 }
+
+// heldFor measures the hold of the pause held, and nothing for another; the
+// confirm loop warns by it while no peer confirms (pauseLongHoldBounds).
+func TestPauseGuardHeldFor(t *testing.T) {
+	c := engine.NewManualClock(time.Date(2026, 6, 10, 0, 0, 0, 0, time.UTC))
+	g := newPauseGuard(c, 350*time.Millisecond)
+	if d := g.heldFor(1, c.Now().Mono); d != 0 {
+		t.Fatalf("held for %s with no pause", d)
+	}
+	c.Advance(time.Second)
+	if err := g.check(); !errors.Is(err, errPaused) {
+		t.Fatalf("after a gap: %v", err)
+	}
+	num, _ := g.held()
+	c.Advance(3 * time.Second)
+	if d := g.heldFor(num, c.Now().Mono); d != 3*time.Second {
+		t.Fatalf("held for %s, want 3s", d)
+	}
+	if d := g.heldFor(num+1, c.Now().Mono); d != 0 {
+		t.Fatalf("pause %d held for %s; it is not the one held", num+1, d)
+	}
+	g.setLastErr(errors.New("no serving peer answered"))
+	if err := g.lastErr(); err == nil || err.Error() != "no serving peer answered" {
+		t.Fatalf("last confirmation error: %v", err)
+	}
+}
