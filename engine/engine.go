@@ -193,6 +193,11 @@ type entry struct {
 	waiting int64
 	// use in the current and previous ReserveWindow, for sizing reservations
 	winStart, winUnits, prevUnits int64
+	// refundSeq is the seq of the account's last refund that gave reserved
+	// units back to its allowance (its record moves the ledger's
+	// reservation up when it settles). A hand-back of the allowance waits
+	// until the log is settled that far: see Release.
+	refundSeq uint64
 }
 
 // Stats are counters for metrics.
@@ -352,7 +357,16 @@ func (e *Engine) appendLocked(st *stripe, ent *entry) (uint64, error) {
 	}
 	ent.acct.LastSeq = seq
 	ent.dirty = true
+	ent.noteRefund(seq, &st.rec)
 	return seq, nil
+}
+
+// noteRefund keeps seq as the account's last refund into its allowance if
+// rec is one (see entry.refundSeq).
+func (ent *entry) noteRefund(seq uint64, rec *shard.Record) {
+	if rec.Type == shard.RecRefund && rec.Reserved {
+		ent.refundSeq = max(ent.refundSeq, seq)
+	}
 }
 
 // maxBatchReserves bounds the accounts of one ChargeMany batch that ask the

@@ -269,11 +269,18 @@ const releaseTimeout = 5 * time.Second
 // the ledger gave back), then released there. Used on handoff. Once the
 // allowance is zeroed, the hand-back runs to its end (within
 // releaseTimeout) even if ctx ends.
+//
+// An allowance that holds units a refund gave back is handed back only
+// once that refund is settled (the top-up loop sends it then, and Release
+// returns nil meanwhile): the ledger adds those units to the reservation
+// when the refund settles, and a hand-back that came first was floored at
+// zero there, so the refund's units then stayed reserved for a node that
+// held none, until its next drain or start (see entry.refundSeq).
 func (e *Engine) Release(ctx context.Context, account string) error {
 	if e.opts.Reserver == nil {
 		return nil
 	}
-	allocs, seq, err := e.zeroAllowance(account)
+	allocs, seq, after, err := e.zeroAllowance(account)
 	if err != nil || len(allocs) == 0 {
 		return err
 	}
@@ -291,12 +298,16 @@ func (e *Engine) Release(ctx context.Context, account string) error {
 	// waiting, in seq order: sent straight away, a newer release could
 	// apply before an older one, whose retry the ledger would then skip as
 	// applied (its key is older than the row's) though it never was.
-	e.unreleased.add(account, pendingRelease{seq: seq, allocs: allocs})
-	if err := e.sendReleases(ctx, account); err != nil {
+	e.unreleased.add(account, pendingRelease{seq: seq, allocs: allocs, after: after})
+	if err := e.sendReleases(ctx, account); err != nil && !errors.Is(err, errRefundUnsettled) {
 		return fmt.Errorf("engine: release of account %q in the ledger (retried in the background; the units stay reserved until then): %w", account, err)
 	}
 	return nil
 }
+
+// errRefundUnsettled stops sendReleases at a hand-back that waits for a
+// refund to settle (pendingRelease.after).
+var errRefundUnsettled = errors.New("engine: the hand-back waits until the refunds before it are settled")
 
 // sendReleases sends the queued releases of account to the ledger in seq
 // order, stopping at the first that fails (it and the rest stay queued for
@@ -313,7 +324,11 @@ func (e *Engine) sendReleases(ctx context.Context, account string) error {
 	defer func() { <-sem }()
 	pending := e.unreleased.takeAccount(account)
 	for i, p := range pending {
-		if err := e.opts.Reserver.Release(ctx, account, p.allocs, p.seq); err != nil {
+		err := errRefundUnsettled
+		if p.after <= e.log.SettledSeq() {
+			err = e.opts.Reserver.Release(ctx, account, p.allocs, p.seq)
+		}
+		if err != nil {
 			for _, q := range pending[i:] { // in order: the rest waits
 				e.unreleased.add(account, q)
 			}
@@ -374,11 +389,13 @@ func (u *unreleased) accounts() []string {
 	return ids
 }
 
-// pendingRelease is one failed release: the allocations and the seq of the
-// log record that zeroed them.
+// pendingRelease is one release not applied yet: the allocations, the seq
+// of the log record that zeroed them, and the seq the log must be settled
+// to before it is sent (the account's last refund into its allowance, see
+// Release; 0: none).
 type pendingRelease struct {
-	seq    uint64
-	allocs []shard.Alloc
+	seq, after uint64
+	allocs     []shard.Alloc
 }
 
 func (u *unreleased) add(account string, p pendingRelease) {
@@ -402,33 +419,35 @@ func (u *unreleased) empty() bool {
 func (e *Engine) RetryReleases(ctx context.Context) error {
 	var first error
 	for _, account := range e.unreleased.accounts() {
-		if err := e.sendReleases(ctx, account); err != nil && first == nil {
+		if err := e.sendReleases(ctx, account); err != nil && !errors.Is(err, errRefundUnsettled) && first == nil {
 			first = fmt.Errorf("engine: release of account %q in the ledger: %w", account, err)
 		}
 	}
 	return first
 }
 
-func (e *Engine) zeroAllowance(account string) ([]shard.Alloc, uint64, error) {
+// zeroAllowance zeroes the account's allowance in the log. It returns what
+// was zeroed, the seq of the last zeroing record, and the seq of the
+// account's last refund into its allowance (entry.refundSeq).
+func (e *Engine) zeroAllowance(account string) (allocs []shard.Alloc, seq, refundSeq uint64, err error) {
 	st := e.stripeFor(account)
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	ent, ok := st.accounts[account]
 	if !ok {
-		return nil, 0, nil
+		return nil, 0, 0, nil
 	}
-	allocs := ent.acct.Allowances()
-	var seq uint64
+	allocs = ent.acct.Allowances()
 	for _, a := range allocs {
 		ent.acct.Reserve(a.Grant, -a.Units, bookkeeping(), &st.rec)
 		s, err := e.appendLocked(st, ent)
 		if err != nil {
-			return nil, 0, err
+			return nil, 0, 0, err
 		}
 		seq = s
 	}
 	ent.chunk = 0
-	return allocs, seq, nil
+	return allocs, seq, ent.refundSeq, nil
 }
 
 // AccountIDs lists the accounts this node holds state for.
@@ -532,7 +551,7 @@ func (e *Engine) ReleaseAll(ctx context.Context) error {
 func (e *Engine) ZeroAllowances(ctx context.Context) error {
 	var last uint64
 	for _, id := range e.AccountIDs() {
-		_, seq, err := e.zeroAllowance(id)
+		_, seq, _, err := e.zeroAllowance(id)
 		if err != nil {
 			return err
 		}

@@ -130,7 +130,8 @@ func (n *Node) releaseAll(ctx context.Context) {
 // its log is settled: units of reservations whose commit reply was lost (a
 // slow ledger: the node never learned it held them), that a top-up got
 // after releaseAll, or that releaseAll kept because the ledger looked down
-// (it was back by the final settle) or could not hand back. The engine is
+// (it was back by the final settle), could not hand back, or left queued
+// until a refund settled (engine.Engine.Release). The engine is
 // closed first, so nothing reserves or spends any more.
 //
 // Every allowance left in the log is zeroed, durably, before the ledger
@@ -163,7 +164,7 @@ func (n *Node) releaseStranded(ctx context.Context) {
 		units += f.Units
 	}
 	if units > 0 {
-		n.log.Info("freed the reservations this node still held (kept while the ledger looked down, lost commit replies, late top-ups)",
+		n.log.Info("freed the reservations this node still held (kept while the ledger looked down, lost commit replies, late top-ups, hand-backs waiting for a refund to settle)",
 			"units", units, "grants", len(freed), "allowance_zeroed", held)
 	}
 	if s := n.Settler(); s != nil && held > 0 {
