@@ -42,6 +42,17 @@ func (c *SystemClock) Now() shard.Now {
 	return shard.Now{Wall: time.Now().UnixNano() + c.offset.Load(), Mono: int64(time.Since(c.start))}
 }
 
+// Mono is Now().Mono alone, for callers on a hot path that need no wall
+// reading (MonoClock).
+func (c *SystemClock) Mono() int64 { return int64(time.Since(c.start)) }
+
+// MonoClock is a Clock that reads its monotonic clock alone more cheaply
+// than Now (SystemClock, ManualClock).
+type MonoClock interface {
+	Clock
+	Mono() int64
+}
+
 // ManualClock is a clock tests move by hand.
 type ManualClock struct {
 	wall, mono atomic.Int64
@@ -56,6 +67,9 @@ func NewManualClock(wall time.Time) *ManualClock {
 
 // Now implements Clock.
 func (c *ManualClock) Now() shard.Now { return shard.Now{Wall: c.wall.Load(), Mono: c.mono.Load()} }
+
+// Mono is Now().Mono alone (MonoClock).
+func (c *ManualClock) Mono() int64 { return c.mono.Load() }
 
 // Advance moves both clocks forward by d.
 func (c *ManualClock) Advance(d time.Duration) {
