@@ -36,6 +36,18 @@ func TestPostgresConformance(t *testing.T) {
 	RunConformance(t, func(t *testing.T) Ledger { return openPG(t, pgtest.NewDB(t)) })
 }
 
+// migratedPG is a migrated ledger on a fresh database of the package's
+// Postgres, closed when the test ends.
+func migratedPG(t *testing.T) *Postgres {
+	t.Helper()
+	l := openPG(t, pgtest.NewDB(t))
+	t.Cleanup(func() { l.Close() })
+	if err := l.Migrate(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
 func openPG(t testing.TB, dsn string) *Postgres {
 	t.Helper()
 	l, err := OpenPostgres(context.Background(), dsn, PGOptions{})
@@ -182,12 +194,7 @@ func TestPostgresConnectErrors(t *testing.T) {
 // TestPostgresRoundTripsConstant: a settle sends the same number of
 // statements for 10 charges as for 5,000, with the event log on and off.
 func TestPostgresRoundTripsConstant(t *testing.T) {
-	ctx := t.Context()
-	l := openPG(t, pgtest.NewDB(t))
-	defer l.Close()
-	if err := l.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
+	l := migratedPG(t)
 	accounts := make([]string, 50)
 	for i := range accounts {
 		accounts[i] = fmt.Sprintf("acct-%d", i)
@@ -554,11 +561,7 @@ func TestPostgresLeastPrivilegeRole(t *testing.T) {
 // refunded (chaos --faults all --seed 42, G4). It takes the event over.
 func TestPostgresConcurrentSettleOfOneEvent(t *testing.T) {
 	ctx := t.Context()
-	l := openPG(t, pgtest.NewDB(t))
-	defer l.Close()
-	if err := l.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
+	l := migratedPG(t)
 	confSetup(t, l, 100, "acct-1")
 	a, b := confNode(t, l, "node-a"), confNode(t, l, "node-b")
 	// e0, billed by node-b already, makes node-a's batch below conflict at
@@ -837,11 +840,7 @@ func TestBillingOverageFromTheFirstUnitOver(t *testing.T) {
 // RES and LIVE). ReleaseNode waits for it now, and frees it too.
 func TestPostgresReleaseNodeWaitsForAReserveInFlight(t *testing.T) {
 	ctx := t.Context()
-	l := openPG(t, pgtest.NewDB(t))
-	defer l.Close()
-	if err := l.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
+	l := migratedPG(t)
 	confSetup(t, l, 100, "acct-1")
 	// node-b's reservation makes the month's grant exist, so that it can be
 	// locked below.
