@@ -201,18 +201,13 @@ func (n *Node) reprobeRefusing(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		var wg sync.WaitGroup
-		for _, addr := range n.fwdAuth.suspects() {
-			wg.Add(1)
-			go func() { // ends within probeTimeout
-				defer wg.Done()
-				pctx, cancel := context.WithTimeout(ctx, probeTimeout)
-				defer cancel()
-				_, err := n.router.Probe(pctx, addr)
-				n.onForward(addr, err)
-			}()
-		}
-		wg.Wait()
+		atOnce(n.fwdAuth.suspects(), func(addr string) struct{} { // within probeTimeout
+			pctx, cancel := context.WithTimeout(ctx, probeTimeout)
+			defer cancel()
+			_, err := n.router.Probe(pctx, addr)
+			n.onForward(addr, err)
+			return struct{}{}
+		})
 		n.forwardRefusal() // logs a change even while nobody asks /readyz
 	}
 }

@@ -318,17 +318,10 @@ func (n *Node) ConfirmRing(ctx context.Context) (by []string, err error) {
 		epoch uint64
 		err   error
 	}
-	answers := make([]answer, len(peers))
-	var wg sync.WaitGroup
-	for i, m := range peers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			e, err := n.router.PeerEpoch(ctx, m.RPCAddr)
-			answers[i] = answer{m: m, epoch: e, err: err}
-		}()
-	}
-	wg.Wait()
+	answers := atOnce(peers, func(m ring.Meta) answer { // within ctx's bound above
+		e, err := n.router.PeerEpoch(ctx, m.RPCAddr)
+		return answer{m: m, epoch: e, err: err}
+	})
 	var differ []string
 	for _, a := range answers {
 		switch {

@@ -76,17 +76,7 @@ func (n *Node) probeRefusal(ctx context.Context) (why string, first error) {
 	if n.Ring() == nil { // NB: stored after n.router (joinRing)
 		return "", nil
 	}
-	peers := n.servingPeers()
-	probes := make([]peerProbe, len(peers))
-	var wg sync.WaitGroup
-	for i, m := range peers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			probes[i] = n.probePeer(ctx, m)
-		}()
-	}
-	wg.Wait()
+	probes := atOnce(n.servingPeers(), func(m ring.Meta) peerProbe { return n.probePeer(ctx, m) })
 	var token, cert, tokenless []string
 	for _, p := range probes {
 		name := fmt.Sprintf("%s at %s", p.m.ID, p.m.RPCAddr)
@@ -145,6 +135,20 @@ func (n *Node) servingPeers() []ring.Meta {
 		}
 	}
 	return peers
+}
+
+// atOnce calls ask for every item at once, each on a goroutine of its own
+// that ends when ask returns (ask bounds its calls), and returns the
+// answers in items' order once all have returned. The node asks its peers
+// this way: probes, LedgerStart, RingView after a pause.
+func atOnce[E, T any](items []E, ask func(E) T) []T {
+	out := make([]T, len(items))
+	var wg sync.WaitGroup
+	for i, it := range items {
+		wg.Go(func() { out[i] = ask(it) })
+	}
+	wg.Wait()
+	return out
 }
 
 // probePeer probes one peer with this node's credentials; when this node

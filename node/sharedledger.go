@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"sync"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -91,19 +90,12 @@ func (n *Node) checkSharedLedger(ctx context.Context, own flush.Ledger) error {
 		process string
 		err     error
 	}
-	answers := make([]answer, len(peers))
-	var wg sync.WaitGroup
-	for i, m := range peers {
-		wg.Add(1)
-		go func() { // ends within sharedLedgerTimeout
-			defer wg.Done()
-			cctx, cancel := context.WithTimeout(ctx, sharedLedgerTimeout)
-			defer cancel()
-			process, _, err := n.router.PeerLedgerStart(cctx, m.RPCAddr, n.cfg.ID)
-			answers[i] = answer{m: m, process: process, err: err}
-		}()
-	}
-	wg.Wait()
+	answers := atOnce(peers, func(m ring.Meta) answer { // within sharedLedgerTimeout
+		cctx, cancel := context.WithTimeout(ctx, sharedLedgerTimeout)
+		defer cancel()
+		process, _, err := n.router.PeerLedgerStart(cctx, m.RPCAddr, n.cfg.ID)
+		return answer{m: m, process: process, err: err}
+	})
 	var unanswered, agree []string
 	var disagree []answer
 	for _, a := range answers {
