@@ -234,15 +234,7 @@ func TestSettlerShrinksBatchesTheLedgerTimesOut(t *testing.T) {
 	ctx := context.Background()
 	sq, e := ledgerRig(t, nil)
 	log := e.Log()
-	for i := range 5000 {
-		rec := shard.Record{Type: shard.RecCharge, Account: "acct-1", EventID: fmt.Sprint("e", i), Units: 1}
-		if _, err := log.Append(rec.AppendEncode(nil)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := log.WaitDurable(ctx, log.LastSeq()); err != nil {
-		t.Fatal(err)
-	}
+	appendCharges(t, e, 5000)
 	l := &timeoutLedger{Ledger: sq, max: 1500}
 	s, err := NewSettler(SettlerOptions{Ledger: l, Engine: e, MaxBatch: 4000})
 	if err != nil {
@@ -354,18 +346,8 @@ func settleInBatches(t *testing.T, opts SettlerOptions, tries int) []*Batch {
 // sends DrainedAt with the last one only. Sent with every batch, a month
 // read final while records of it still waited in the log.
 func TestOnlyTheBatchThatDrainsTheLogSaysSo(t *testing.T) {
-	ctx := context.Background()
 	sq, e := ledgerRig(t, nil)
-	log := e.Log()
-	for i := range 2500 {
-		rec := shard.Record{Type: shard.RecCharge, Account: "acct-1", EventID: fmt.Sprint("e", i), Units: 1}
-		if _, err := log.Append(rec.AppendEncode(nil)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := log.WaitDurable(ctx, log.LastSeq()); err != nil {
-		t.Fatal(err)
-	}
+	appendCharges(t, e, 2500)
 	var got []string
 	for _, b := range settleInBatches(t, SettlerOptions{Ledger: sq, Engine: e, MaxBatch: 1000}, 5) {
 		got = append(got, fmt.Sprintf("(%d,%d] drained=%v", b.Prev, b.Next, !b.DrainedAt.IsZero()))
