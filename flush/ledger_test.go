@@ -902,3 +902,64 @@ func lockWaiters(t *testing.T, l *Postgres) int {
 	}
 	return n
 }
+
+// TestPostgresReleaseNodeWaitsForASettleInFlight: a settle that gives a
+// refund's units back to node-a's reservation creates node-a's first
+// reservation row on the grant; a ReleaseNode running meanwhile must wait
+// for it and free it, not return having seen nothing (quotad revoke --force
+// of a node still settling).
+func TestPostgresReleaseNodeWaitsForASettleInFlight(t *testing.T) {
+	ctx := t.Context()
+	l := migratedPG(t)
+	confSetup(t, l, 100, "acct-1")
+	a := confNode(t, l, "node-a")
+	// Charged under a reservation node-a has no row for: the grant's used
+	// goes up, and node-a still has no reservation row.
+	a.settle(t, chargeOf("acct-1", "e1", 4, confJune).withReserved())
+	blocker, err := l.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer blocker.Rollback(ctx)
+	if _, err := blocker.Exec(ctx, `SELECT 1 FROM grants WHERE account_id = 'acct-1' FOR UPDATE`); err != nil {
+		t.Fatal(err)
+	}
+	settled := make(chan error, 1)
+	go func() {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		res, err := l.Settle(context.Background(), a.batchLocked(refundOf("acct-1", "e1", 4, confJune).withReserved()))
+		if err == nil && !res.Applied {
+			err = fmt.Errorf("the refund's batch was not applied")
+		}
+		settled <- err
+	}()
+	waitfor.Cond(t, 10*time.Second, "node-a's settle waits on the grant's row", func() bool { return lockWaiters(t, l) >= 1 })
+	released := make(chan error, 1)
+	var returned atomic.Bool
+	go func() {
+		_, err := l.ReleaseNode(context.Background(), "node-a")
+		returned.Store(true)
+		released <- err
+	}()
+	waitfor.Cond(t, 10*time.Second, "ReleaseNode returns or waits", func() bool { return returned.Load() || lockWaiters(t, l) >= 2 })
+	if err := blocker.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-settled; err != nil {
+		t.Fatalf("node-a's settle: %v", err)
+	}
+	if err := <-released; err != nil {
+		t.Fatalf("ReleaseNode node-a: %v", err)
+	}
+	held, err := l.Reservations(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range held {
+		if r.Node == "node-a" {
+			t.Errorf("after ReleaseNode node-a, the ledger still holds %+v: a settle in flight committed after the release", r)
+		}
+	}
+	wantGrant(t, l, "acct-1", confJune, 0, 0)
+}

@@ -5,7 +5,8 @@ package flush
 // keeps grants.reserved equal to the sum of the grant's reservations.
 // Reserve and ReleaseNode take the node's reservation lock (reserveLockClass)
 // before any grant, shared and exclusive, so a release cannot miss a
-// reservation still being made.
+// reservation still being made. A settle that gives units back to a
+// reservation (which may create the row) takes it shared too.
 
 import (
 	"context"

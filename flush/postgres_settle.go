@@ -21,8 +21,9 @@ package flush
 //	3. refunds: one statement over UNNEST arrays that marks found and
 //	   unrefunded events refunded, inserts tombstones for the missing ones,
 //	   and says which was which                                            (R)
-//	4. usage upsert | create missing monthly grants | lock grants FOR UPDATE
-//	   | reservations update/insert | grants update
+//	4. usage upsert | create missing monthly grants | [the node's
+//	   reservation lock, shared, when units go back into a reservation] |
+//	   lock grants FOR UPDATE | reservations update/insert | grants update
 //	5. COMMIT
 //
 // Why the direct COPY first: duplicates are rare (a client retry that
@@ -44,7 +45,8 @@ package flush
 // statements queued behind it are rolled back unread. SettleResult.RoundTrips
 // counts statements (BEGIN, COPY and COMMIT count one each): at most 11 with
 // the event log (15 when a duplicate sends the batch through staging; one
-// more near a month's edge) and 8 without, whatever the batch size.
+// more near a month's edge, one more when a refund gives units back to a
+// reservation) and 8 without (9), whatever the batch size.
 // Creating event partitions, the first time this process settles into a
 // month, adds 3 statements plus one per month (BEGIN | advisory lock |
 // CREATE TABLE ... PARTITION OF, then COMMIT).
@@ -965,11 +967,20 @@ func (s *pgSettle) queueApply(q *pgx.Batch) {
 	accounts, ids, used := make([]string, n), make([]string, n), make([]int64, n)
 	var rAccounts, rIDs []string
 	var rDelta []int64
+	grows := false
 	for i, g := range grants {
 		accounts[i], ids[i], used[i] = g.account, g.grant, g.used
 		if g.reserved != 0 {
 			rAccounts, rIDs, rDelta = append(rAccounts, g.account), append(rIDs, g.grant), append(rDelta, g.reserved)
+			grows = grows || g.reserved > 0
 		}
+	}
+	if grows {
+		// A positive delta may insert the node's first reservation row on
+		// a grant, which a ReleaseNode running meanwhile would not see
+		// (READ COMMITTED) and would leave behind: take the node's
+		// reservation lock shared, as Reserve does, before any grant.
+		q.Queue(`SELECT pg_advisory_xact_lock_shared($1, hashtext($2))`, reserveLockClass, s.b.Node).Exec(nop)
 	}
 	queueLockGrants(q, accounts, ids)
 	if len(rAccounts) > 0 {
