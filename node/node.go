@@ -978,10 +978,10 @@ func (n *Node) loadRPCTLS() error {
 	}
 	f.OnReload = func(err error) {
 		if err != nil {
-			n.log.Error("RPC TLS: the changed certificate or key did not load; the previous pair stays in use", "err", err)
+			n.log.Error("RPC TLS: the changed certificate, key or CA bundle did not load; the previous set stays in use", "err", err)
 			return
 		}
-		n.log.Info("RPC TLS: certificate reloaded", "cert", f.Cert)
+		n.log.Info("RPC TLS: certificate and CA bundle reloaded", "cert", f.Cert, "ca", f.CA)
 	}
 	var err error
 	if n.rpcTLS.server, n.rpcTLS.client, err = f.Configs(); err != nil {

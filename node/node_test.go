@@ -3,6 +3,7 @@ package node
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"database/sql"
 	"errors"
 	"fmt"
@@ -564,6 +565,115 @@ func TestRPCTLS(t *testing.T) {
 	}
 }
 
+// TestRPCTLSCARotation: the cluster's CA rotates on running nodes, with no
+// restart: both CAs in every node's bundle, certificates of the new CA,
+// then the new CA alone, each taken from the files at the next handshake.
+// A node started afterwards with the new CA alone joins and charges both
+// ways, an embedded client of the new CA charges through the old nodes,
+// and a client still on a certificate of the retired CA is refused.
+func TestRPCTLSCARotation(t *testing.T) {
+	dir := t.TempDir()
+	oldCA, _ := pki.NewCA("old CA")
+	newCA, _ := pki.NewCA("new CA")
+	ip := pki.Names{IPs: []net.IP{net.IPv4(127, 0, 0, 1)}}
+	files := make([]router.TLSFiles, 3)
+	for i := range files {
+		f, err := oldCA.WriteFiles(filepath.Join(dir, fmt.Sprint("n", i+1)), "node", ip)
+		if err != nil {
+			t.Fatal(err)
+		}
+		files[i] = f
+	}
+	dsn := "sqlite:" + filepath.Join(t.TempDir(), "ledger.db")
+	accounts := twentyAccounts(100)
+	seedLedger(t, dsn, accounts)
+	nodes := startNodesWith(t, dsn, func(c *Config) { c.RPCTLS = files[0] }, func(c *Config) { c.RPCTLS = files[1] })
+	for _, nd := range nodes {
+		chargeEachThrough(t, nd, accounts)
+	}
+
+	// Each write moves the file's mtime a minute further, as a rename
+	// by cert-manager would.
+	step := 0
+	write := func(path string, b []byte) {
+		t.Helper()
+		if err := os.WriteFile(path, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		step++
+		later := time.Now().Add(time.Duration(step) * time.Minute)
+		if err := os.Chtimes(path, later, later); err != nil {
+			t.Fatal(err)
+		}
+	}
+	both := append(append([]byte{}, oldCA.PEM...), newCA.PEM...)
+	for _, f := range files[:2] {
+		write(f.CA, both)
+	}
+	for _, f := range files[:2] {
+		certPEM, keyPEM, err := newCA.Issue("node", ip)
+		if err != nil {
+			t.Fatal(err)
+		}
+		write(f.Key, keyPEM)
+		write(f.Cert, certPEM)
+	}
+	for _, f := range files[:2] {
+		write(f.CA, newCA.PEM)
+	}
+
+	// n3 knows the new CA alone: its handshakes with n1 and n2 (new
+	// connections both ways) need their new certificates and bundles.
+	fresh, err := newCA.WriteFiles(filepath.Join(dir, "n3"), "node", ip)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := nodeConfig(dsn, "n3", filepath.Join(t.TempDir(), "n3"))
+	cfg.Join, cfg.RPCTLS = []string{nodes[0].GossipAddr()}, fresh
+	n3, err := Start(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { n3.Shutdown(context.Background()) })
+	waitFor(t, 20*time.Second, "n3 serving in every node's ring", func() bool {
+		for _, nd := range append(nodes, n3) {
+			if !slices.Contains(nd.Ring().View().Serving, "n3") {
+				return false
+			}
+		}
+		return true
+	})
+	forwarded := map[string]int{}
+	for _, nd := range append(nodes, n3) {
+		forwarded[nd.cfg.ID] = chargeEachThrough(t, nd, accounts)
+	}
+	if forwarded["n3"] == 0 || forwarded["n1"] == 0 {
+		t.Fatalf("forwarded %v: n3 to the old nodes and back must both be tested", forwarded)
+	}
+	client, err := fresh.ClientConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	clientChargesEach(t, "embedded client of the new CA", router.DialOptions{TLS: client}, accounts, nodes[0].RPCAddr())
+
+	stale, err := oldCA.WriteFiles(filepath.Join(dir, "stale"), "client", ip)
+	if err != nil {
+		t.Fatal(err)
+	}
+	write(stale.CA, both)
+	staleCfg, err := stale.ClientConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	_, err = router.DialOptions{TLS: staleCfg, CallTimeout: time.Second}.Dial(dctx, nodes[0].RPCAddr())
+	cancel()
+	if err == nil {
+		t.Fatal("a client on a certificate of the retired CA dialled n1")
+	}
+	t.Logf("a client of the retired CA: %v", err)
+}
+
 // TestHTTPSPorts: with HTTPTLS and AdminTLS (--http-tls-*, --admin-tls-*)
 // the public front and the admin port serve HTTPS, HTTP/2 offered; a
 // plaintext request gets Go's 400; the status page links the other nodes'
@@ -581,10 +691,9 @@ func TestHTTPSPorts(t *testing.T) {
 	withHTTPS := func(c *Config) { c.HTTPTLS, c.AdminTLS = pair, pair }
 	nodes := startNodesWith(t, dsn, withHTTPS, withHTTPS)
 
-	tlsCfg, err := files.ClientConfig() // trusts the CA; its client certificate is not asked for
-	if err != nil {
-		t.Fatal(err)
-	}
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(ca.PEM)
+	tlsCfg := &tls.Config{RootCAs: roots}
 	tr := &http.Transport{TLSClientConfig: tlsCfg, ForceAttemptHTTP2: true}
 	defer tr.CloseIdleConnections()
 	client := &http.Client{Transport: tr, Timeout: 10 * time.Second}

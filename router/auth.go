@@ -6,6 +6,7 @@ import (
 	"crypto/subtle"
 	"crypto/tls"
 	"fmt"
+	"net"
 	"slices"
 	"strings"
 
@@ -58,13 +59,57 @@ func CheckRPCToken(token string) error {
 func NodeDialOptions(token string, tlsConf *tls.Config) []grpc.DialOption {
 	creds := insecure.NewCredentials()
 	if tlsConf != nil {
-		creds = credentials.NewTLS(tlsConf)
+		creds = dialledName{credentials.NewTLS(tlsConf), tlsConf}
 	}
 	opts := []grpc.DialOption{grpc.WithTransportCredentials(creds)}
 	if token != "" {
 		opts = append(opts, WithRPCToken(token))
 	}
 	return opts
+}
+
+// dialledName hands the address dialled to a TLS config's
+// VerifyConnection (TLSFiles' client config checks the node's certificate
+// there, against the CA bundle of the moment). crypto/tls passes it
+// ConnectionState.ServerName, the SNI, which is empty for an IP address,
+// as ring members advertise; crypto/tls's own check uses the address, and
+// so does this one.
+type dialledName struct {
+	credentials.TransportCredentials
+	conf *tls.Config
+}
+
+func (d dialledName) ClientHandshake(ctx context.Context, authority string, raw net.Conn) (net.Conn, credentials.AuthInfo, error) {
+	if d.conf.VerifyConnection == nil {
+		return d.TransportCredentials.ClientHandshake(ctx, authority, raw)
+	}
+	name := d.conf.ServerName
+	if name == "" {
+		// What gRPC's own TLS credentials take as the server name.
+		name = authority
+		if host, _, err := net.SplitHostPort(authority); err == nil {
+			name = host
+		}
+	}
+	return credentials.NewTLS(withDialledName(d.conf, name)).ClientHandshake(ctx, authority, raw)
+}
+
+// withDialledName returns a copy of conf whose VerifyConnection sees name
+// as the server name when crypto/tls has none (an IP address).
+func withDialledName(conf *tls.Config, name string) *tls.Config {
+	verify := conf.VerifyConnection
+	cfg := conf.Clone()
+	cfg.VerifyConnection = func(cs tls.ConnectionState) error {
+		if cs.ServerName == "" {
+			cs.ServerName = name
+		}
+		return verify(cs)
+	}
+	return cfg
+}
+
+func (d dialledName) Clone() credentials.TransportCredentials {
+	return dialledName{d.TransportCredentials.Clone(), d.conf}
 }
 
 // WithRPCToken is the dial option that sends token with every call, for a

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
 	"fmt"
 	"os"
 	"sync"
@@ -20,13 +21,21 @@ import (
 // that CA does not get past the handshake; with the token as well, it must
 // hold both.
 //
-// The files are PEM, as cert-manager and `openssl` write them. The
-// certificate and key are read again when either file changes (checked at
-// each handshake; connections live long, so that is rare), so a renewed
-// certificate is used without a restart; a pair that does not load (a
-// rotation caught half-written) keeps the previous one. The CA bundle is
-// read at start: rotate a CA by putting the old and the new in one bundle,
-// a rolling restart, then the new alone.
+// The files are PEM, as cert-manager and `openssl` write them. All three
+// are read again when any of them changes (checked at each handshake;
+// connections live long, so that is rare), as one set: a renewed
+// certificate, or a new CA bundle, is used without a restart, and a set
+// that does not load or whose certificate does not chain to its bundle (a
+// rotation caught half-written, or a step taken out of order) keeps the
+// previous one. A CA rotates with no restart: the old and the new CA in one
+// bundle on every node, then certificates of the new CA, then the new CA
+// alone.
+//
+// The bundle is applied at every handshake, not baked into the configs:
+// the server's comes from GetConfigForClient, and the client verifies the
+// node's certificate itself in VerifyConnection (crypto/tls has no hook
+// for a client's roots), with the checks crypto/tls makes: the chain to the
+// bundle, for server use, and the name dialled (or ServerName).
 
 // TLSFiles names the PEM files of a node's (or an embedded client's) mutual
 // TLS on the internal RPC. All three are required.
@@ -43,9 +52,9 @@ type TLSFiles struct {
 	// certificate carries (say quotad.internal) to verify against that
 	// instead.
 	ServerName string
-	// OnReload, when set, hears of every reading of Cert and Key after the
-	// first (a file changed): nil when the new pair is in use, else why the
-	// previous one stays.
+	// OnReload, when set, hears of every reading of the files after the
+	// first (one of them changed): nil when the new set is in use, else why
+	// the previous one stays.
 	OnReload func(error)
 }
 
@@ -68,28 +77,71 @@ func (f TLSFiles) ClientConfig() (*tls.Config, error) {
 }
 
 // Configs returns both of a node's configs, sharing one reading of the
-// files (so a renewed certificate is read, and OnReload told, once).
+// files (so a change is read, and OnReload told, once).
 func (f TLSFiles) Configs() (server, client *tls.Config, err error) {
-	kp, pool, err := f.load()
+	kp, err := f.load()
 	if err != nil {
 		return nil, nil, err
 	}
+	getCert := func() (*tls.Certificate, error) { pair, _ := kp.get(); return pair, nil }
 	server = &tls.Config{
-		MinVersion:     tls.VersionTLS13,
-		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return kp.get() },
-		ClientAuth:     tls.RequireAndVerifyClientCert,
-		ClientCAs:      pool,
+		MinVersion: tls.VersionTLS13,
+		// The RPC port speaks gRPC: the per-handshake config must offer h2
+		// itself, as gRPC's credentials add it to this one only.
+		NextProtos: []string{"h2"},
+		GetConfigForClient: func(*tls.ClientHelloInfo) (*tls.Config, error) {
+			pair, roots := kp.get()
+			return &tls.Config{
+				MinVersion:   tls.VersionTLS13,
+				NextProtos:   []string{"h2"},
+				Certificates: []tls.Certificate{*pair},
+				ClientAuth:   tls.RequireAndVerifyClientCert,
+				ClientCAs:    roots,
+			}, nil
+		},
 	}
 	client = &tls.Config{
-		MinVersion:           tls.VersionTLS13,
-		RootCAs:              pool,
-		ServerName:           f.ServerName,
-		GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return kp.get() },
+		MinVersion: tls.VersionTLS13,
+		ServerName: f.ServerName,
+		// Verified in VerifyConnection against the bundle of the moment,
+		// with every check crypto/tls would make (see the top of the file).
+		InsecureSkipVerify: true,
+		VerifyConnection: func(cs tls.ConnectionState) error {
+			_, roots := kp.get()
+			if f.ServerName != "" {
+				cs.ServerName = f.ServerName
+			}
+			return verifyServer(cs, roots)
+		},
+		GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return getCert() },
 	}
 	return server, client, nil
 }
 
-func (f TLSFiles) load() (*keyPair, *x509.CertPool, error) {
+// verifyServer checks a node's certificate as crypto/tls does for a
+// client: it chains to roots, for server use, and carries the name dialled,
+// cs.ServerName. crypto/tls leaves that empty when the name is an IP
+// address (no SNI is sent for one), so NodeDialOptions fills it in from the
+// address dialled; TLSFiles.ServerName, when set, takes its place.
+func verifyServer(cs tls.ConnectionState, roots *x509.CertPool) error {
+	if len(cs.PeerCertificates) == 0 {
+		return errors.New("tls: the node presented no certificate")
+	}
+	if cs.ServerName == "" {
+		return errors.New("router: RPC TLS: no name to check the node's certificate against: dial with router.NodeDialOptions (it passes the address dialled), or set TLSFiles.ServerName")
+	}
+	opts := x509.VerifyOptions{Roots: roots, DNSName: cs.ServerName, Intermediates: x509.NewCertPool(),
+		KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
+	for _, c := range cs.PeerCertificates[1:] {
+		opts.Intermediates.AddCert(c)
+	}
+	if _, err := cs.PeerCertificates[0].Verify(opts); err != nil {
+		return &tls.CertificateVerificationError{UnverifiedCertificates: cs.PeerCertificates, Err: err}
+	}
+	return nil
+}
+
+func (f TLSFiles) load() (*keyPair, error) {
 	var missing []string
 	for _, x := range []struct{ name, path string }{{"certificate (--rpc-tls-cert)", f.Cert}, {"key (--rpc-tls-key)", f.Key}, {"CA bundle (--rpc-tls-ca)", f.CA}} {
 		if x.path == "" {
@@ -97,21 +149,26 @@ func (f TLSFiles) load() (*keyPair, *x509.CertPool, error) {
 		}
 	}
 	if len(missing) > 0 {
-		return nil, nil, fmt.Errorf("router: RPC TLS needs a certificate, its key and the CA bundle; missing: %v", missing)
+		return nil, fmt.Errorf("router: RPC TLS needs a certificate, its key and the CA bundle; missing: %v", missing)
 	}
-	pem, err := os.ReadFile(f.CA)
+	kp := &keyPair{label: "RPC TLS", cert: f.Cert, key: f.Key, ca: f.CA, onReload: f.OnReload}
+	if err := kp.reload(); err != nil {
+		return nil, err
+	}
+	return kp, nil
+}
+
+// readBundle reads a PEM CA bundle.
+func readBundle(label, path string) (*x509.CertPool, error) {
+	pem, err := os.ReadFile(path)
 	if err != nil {
-		return nil, nil, fmt.Errorf("router: RPC TLS: read the CA bundle: %w", err)
+		return nil, fmt.Errorf("router: %s: read the CA bundle: %w", label, err)
 	}
 	pool := x509.NewCertPool()
 	if !pool.AppendCertsFromPEM(pem) {
-		return nil, nil, fmt.Errorf("router: RPC TLS: %s holds no PEM certificate (want the CA's certificate, BEGIN CERTIFICATE)", f.CA)
+		return nil, fmt.Errorf("router: %s: %s holds no PEM certificate (want the CA's certificate, BEGIN CERTIFICATE)", label, path)
 	}
-	kp := &keyPair{label: "RPC TLS", cert: f.Cert, key: f.Key, ca: f.CA, roots: pool, onReload: f.OnReload}
-	if err := kp.reload(); err != nil {
-		return nil, nil, err
-	}
-	return kp, pool, nil
+	return pool, nil
 }
 
 // verifyPair checks that pair chains to roots for both uses: a node's one
@@ -139,17 +196,18 @@ func intermediates(c *tls.Certificate) *x509.CertPool {
 	return pool
 }
 
-// keyPair is a certificate and key read again when either file changes.
+// keyPair is a certificate and key, and for mutual TLS the CA bundle they
+// chain to, read again as one set when any of the files changes.
 type keyPair struct {
 	label         string // what the pair is for, in errors: "RPC TLS"
-	cert, key, ca string
-	// roots, when set, is the CA bundle the pair must chain to for both
-	// uses (mutual TLS); nil: the pair must only load and be in date.
-	roots    *x509.CertPool
-	onReload func(error)
-	mu       sync.Mutex // protects current and stamp
-	current  *tls.Certificate
-	stamp    [2]fileStamp // of cert and key when current was read
+	cert, key, ca string // ca: "" when the pair chains to no bundle of ours (HTTPS)
+	onReload      func(error)
+	mu            sync.Mutex // protects current, roots and stamp
+	current       *tls.Certificate
+	// roots is the CA bundle read with current (nil without ca): the pair
+	// chains to it for both uses, and peers are checked against it.
+	roots *x509.CertPool
+	stamp [3]fileStamp // of cert, key and ca when last read
 }
 
 type fileStamp struct {
@@ -158,6 +216,9 @@ type fileStamp struct {
 }
 
 func stampOf(path string) (fileStamp, error) {
+	if path == "" {
+		return fileStamp{}, nil
+	}
 	fi, err := os.Stat(path)
 	if err != nil {
 		return fileStamp{}, err
@@ -165,25 +226,32 @@ func stampOf(path string) (fileStamp, error) {
 	return fileStamp{fi.Size(), fi.ModTime()}, nil
 }
 
-// get returns the pair, read again first if a file changed. A pair that no
-// longer loads or verifies keeps the previous one: a rotation written
-// half-way must not break the handshakes in between.
-func (k *keyPair) get() (*tls.Certificate, error) {
+// get returns the pair and its CA bundle, read again first if a file
+// changed. A set that no longer loads or verifies keeps the previous one:
+// a rotation written half-way must not break the handshakes in between.
+func (k *keyPair) get() (*tls.Certificate, *x509.CertPool) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	c, errC := stampOf(k.cert)
-	s, errK := stampOf(k.key)
-	if errC == nil && errK == nil && (c != k.stamp[0] || s != k.stamp[1]) {
+	var now [3]fileStamp
+	for i, path := range []string{k.cert, k.key, k.ca} {
+		var err error
+		if now[i], err = stampOf(path); err != nil {
+			// A file gone for a moment (a rename in progress): keep the
+			// set, and look again at the next handshake.
+			return k.current, k.roots
+		}
+	}
+	if now != k.stamp {
 		err := k.reloadLocked()
 		if err != nil {
 			// Tried once per change, not at every handshake.
-			k.stamp = [2]fileStamp{c, s}
+			k.stamp = now
 		}
 		if k.onReload != nil {
 			k.onReload(err)
 		}
 	}
-	return k.current, nil
+	return k.current, k.roots
 }
 
 func (k *keyPair) reload() error {
@@ -193,6 +261,11 @@ func (k *keyPair) reload() error {
 }
 
 func (k *keyPair) reloadLocked() error {
+	var stamp [3]fileStamp
+	var err error
+	if stamp[2], err = stampOf(k.ca); err != nil {
+		return fmt.Errorf("router: %s: read the CA bundle: %w", k.label, err)
+	}
 	c, errC := stampOf(k.cert)
 	s, errK := stampOf(k.key)
 	switch {
@@ -202,6 +275,13 @@ func (k *keyPair) reloadLocked() error {
 		return fmt.Errorf("router: %s: the certificate: %w", k.label, errC)
 	case errK != nil:
 		return fmt.Errorf("router: %s: the key: %w", k.label, errK)
+	}
+	stamp[0], stamp[1] = c, s
+	var roots *x509.CertPool
+	if k.ca != "" {
+		if roots, err = readBundle(k.label, k.ca); err != nil {
+			return err
+		}
 	}
 	certPEM, err := os.ReadFile(k.cert)
 	if err != nil {
@@ -218,15 +298,15 @@ func (k *keyPair) reloadLocked() error {
 		}
 		return fmt.Errorf("router: %s: load %s and %s: %w", k.label, k.cert, k.key, err)
 	}
-	if k.roots != nil {
-		if err := verifyPair(&pair, k.roots); err != nil {
+	if roots != nil {
+		if err := verifyPair(&pair, roots); err != nil {
 			return fmt.Errorf("router: %s: %s: %w (CA bundle %s)", k.label, k.cert, err, k.ca)
 		}
 	} else if now := time.Now(); now.After(pair.Leaf.NotAfter) || now.Before(pair.Leaf.NotBefore) {
 		return fmt.Errorf("router: %s: %s is valid from %s to %s, not now: every client would refuse it; renew it",
 			k.label, k.cert, pair.Leaf.NotBefore.UTC().Format(time.RFC3339), pair.Leaf.NotAfter.UTC().Format(time.RFC3339))
 	}
-	k.current, k.stamp = &pair, [2]fileStamp{c, s}
+	k.current, k.roots, k.stamp = &pair, roots, stamp
 	return nil
 }
 
@@ -267,6 +347,6 @@ func (f CertFiles) ServerConfig(what string) (*tls.Config, error) {
 	}
 	return &tls.Config{
 		MinVersion:     tls.VersionTLS12,
-		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return kp.get() },
+		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) { pair, _ := kp.get(); return pair, nil },
 	}, nil
 }

@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/peer"
 
 	"github.com/quotaring/quotaring/internal/pki"
 	"github.com/quotaring/quotaring/router"
@@ -59,6 +60,12 @@ func tlsServer(t *testing.T, cfg *tls.Config) string {
 // or the error of the handshake or of the first read (with TLS 1.3 a
 // server's refusal of the client's certificate arrives there).
 func handshake(addr string, cfg *tls.Config) (*x509.Certificate, error) {
+	if cfg.VerifyConnection != nil {
+		// A TLSFiles client config: hand it the address, as
+		// NodeDialOptions does.
+		host, _, _ := net.SplitHostPort(addr)
+		cfg = router.WithDialledName(cfg, host)
+	}
 	c, err := tls.DialWithDialer(&net.Dialer{Timeout: 5 * time.Second}, "tcp", addr, cfg)
 	if err != nil {
 		return nil, err
@@ -273,12 +280,11 @@ func BenchmarkRPCTransport(b *testing.B) {
 		b.Fatal(err)
 	}
 	for _, tc := range []struct {
-		name     string
-		srv, cli []grpc.ServerOption
-		creds    credentials.TransportCredentials
+		name string
+		srv  []grpc.ServerOption
 	}{
-		{name: "plaintext", creds: insecure.NewCredentials()},
-		{name: "mtls", srv: []grpc.ServerOption{grpc.Creds(credentials.NewTLS(srvTLS))}, creds: credentials.NewTLS(cliTLS)},
+		{name: "plaintext"},
+		{name: "mtls", srv: []grpc.ServerOption{grpc.Creds(credentials.NewTLS(srvTLS))}},
 	} {
 		lis, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
@@ -287,7 +293,11 @@ func BenchmarkRPCTransport(b *testing.B) {
 		s := grpc.NewServer(tc.srv...)
 		pb.RegisterQuotaServer(s, echoQuota{})
 		go s.Serve(lis)
-		conn, err := grpc.NewClient("passthrough:///"+lis.Addr().String(), grpc.WithTransportCredentials(tc.creds))
+		dial := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+		if tc.name == "mtls" {
+			dial = router.NodeDialOptions("", cliTLS)
+		}
+		conn, err := grpc.NewClient("passthrough:///"+lis.Addr().String(), dial...)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -411,5 +421,145 @@ func TestExplainTLSMismatch(t *testing.T) {
 		if tc.want == "" && got != tc.err || tc.want != "" && !strings.Contains(got, tc.want) {
 			t.Errorf("%q (TLS %v): %q, want %q", tc.err, tc.withTLS, got, tc.want)
 		}
+	}
+}
+
+// TestTLSFilesCARotation: a CA rotates on running nodes with no restart,
+// over gRPC as nodes dial each other: both CAs in every bundle, then
+// certificates of the new CA, then the new CA alone, each step used from
+// the next handshake on. A step out of order (a bundle the node's own
+// certificate does not chain to) keeps the previous set, and says so.
+func TestTLSFilesCARotation(t *testing.T) {
+	dir := t.TempDir()
+	oldCA, _ := pki.NewCA("old CA")
+	newCA, _ := pki.NewCA("new CA")
+	ip := pki.Names{IPs: []net.IP{net.IPv4(127, 0, 0, 1)}}
+	node, err := oldCA.WriteFiles(filepath.Join(dir, "node"), "node", ip)
+	if err != nil {
+		t.Fatal(err)
+	}
+	client, err := oldCA.WriteFiles(filepath.Join(dir, "client"), "client", ip)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var reloads []error
+	node.OnReload = func(err error) { mu.Lock(); reloads = append(reloads, err); mu.Unlock() }
+	lastReload := func() (int, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if len(reloads) == 0 {
+			return 0, nil
+		}
+		return len(reloads), reloads[len(reloads)-1]
+	}
+	srvTLS, _, err := node.Configs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cliTLS, err := client.ClientConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := grpc.NewServer(grpc.Creds(credentials.NewTLS(srvTLS)))
+	pb.RegisterQuotaServer(s, echoQuota{})
+	go s.Serve(lis)
+	t.Cleanup(s.Stop)
+
+	// call makes a new connection (a new handshake) and returns the issuer
+	// of the certificate the node presented.
+	call := func(cfg *tls.Config) (string, error) {
+		conn, err := grpc.NewClient("passthrough:///"+lis.Addr().String(), router.NodeDialOptions("", cfg)...)
+		if err != nil {
+			return "", err
+		}
+		defer conn.Close()
+		var p peer.Peer
+		ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+		defer cancel()
+		_, err = pb.NewQuotaClient(conn).Charge(ctx, &pb.ChargeBatch{Charges: []*pb.ChargeRequest{{Account: "acct-1", Units: 1}}}, grpc.Peer(&p))
+		if err != nil {
+			return "", err
+		}
+		return p.AuthInfo.(credentials.TLSInfo).State.PeerCertificates[0].Issuer.CommonName, nil
+	}
+	// write puts b in path, its mtime a step later than the last write's,
+	// as a rename by cert-manager would.
+	step := 0
+	write := func(path string, b []byte) {
+		t.Helper()
+		writeFile(t, path, b)
+		step++
+		later := time.Now().Add(time.Duration(step) * time.Minute)
+		if err := os.Chtimes(path, later, later); err != nil {
+			t.Fatal(err)
+		}
+	}
+	reissue := func(ca *pki.CA, f router.TLSFiles, name string) {
+		t.Helper()
+		certPEM, keyPEM, err := ca.Issue(name, ip)
+		if err != nil {
+			t.Fatal(err)
+		}
+		write(f.Key, keyPEM)
+		write(f.Cert, certPEM)
+	}
+	wantIssuer := func(what, want string) {
+		t.Helper()
+		got, err := call(cliTLS)
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		if got != want {
+			t.Fatalf("%s: the node presents a certificate of %q, want %q", what, got, want)
+		}
+	}
+
+	wantIssuer("at start", "old CA")
+	both := append(append([]byte{}, oldCA.PEM...), newCA.PEM...)
+	write(node.CA, both)
+	write(client.CA, both)
+	wantIssuer("both CAs in the bundles", "old CA")
+	reissue(newCA, node, "node")
+	wantIssuer("the node on a certificate of the new CA, the client still on the old", "new CA")
+	reissue(newCA, client, "client")
+	wantIssuer("both on certificates of the new CA", "new CA")
+	write(node.CA, newCA.PEM)
+	write(client.CA, newCA.PEM)
+	wantIssuer("the new CA alone", "new CA")
+	if n, err := lastReload(); n == 0 || err != nil {
+		t.Fatalf("after the rotation OnReload heard %d readings, the last %v; want the last nil", n, err)
+	}
+
+	// A client still on the old CA's certificate is refused now, and a
+	// client that trusts the old CA alone refuses the node.
+	stale, err := oldCA.WriteFiles(filepath.Join(dir, "stale"), "stale", ip)
+	if err != nil {
+		t.Fatal(err)
+	}
+	staleBoth := stale
+	staleBoth.CA = filepath.Join(dir, "stale", "both.pem")
+	writeFile(t, staleBoth.CA, both)
+	for what, f := range map[string]router.TLSFiles{"a client certificate of the retired CA": staleBoth, "a client trusting the retired CA alone": stale} {
+		cfg, err := f.ClientConfig()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := call(cfg); err == nil {
+			t.Errorf("%s: the call went through", what)
+		}
+	}
+
+	// Out of order: a bundle of a third CA, which the node's certificate
+	// does not chain to. The node keeps the new CA, and says why.
+	third, _ := pki.NewCA("third CA")
+	write(node.CA, third.PEM)
+	wantIssuer("after a bundle the node's certificate does not chain to", "new CA")
+	if _, err := lastReload(); err == nil || !strings.Contains(err.Error(), "unknown authority") {
+		t.Fatalf("OnReload heard %v, want why the bundle was not taken (unknown authority)", err)
 	}
 }

@@ -410,7 +410,7 @@ func reconcileInterval(d time.Duration) time.Duration {
 func registerRPCTLSFlags(fl *pflag.FlagSet, f *router.TLSFiles, whose string) {
 	fl.StringVar(&f.Cert, "rpc-tls-cert", "", "mutual TLS on the internal RPC: "+whose+" certificate chain (PEM), presented as both server and client certificate; read again when it changes. With --rpc-tls-key and --rpc-tls-ca")
 	fl.StringVar(&f.Key, "rpc-tls-key", "", "the private key (PEM) of --rpc-tls-cert")
-	fl.StringVar(&f.CA, "rpc-tls-ca", "", "the CA bundle (PEM) every node's and embedded client's certificate must chain to; the same everywhere")
+	fl.StringVar(&f.CA, "rpc-tls-ca", "", "the CA bundle (PEM) every node's and embedded client's certificate must chain to; the same everywhere; read again with the certificate when either changes (rotate a CA with both in the bundle, new certificates, then the new alone)")
 	fl.StringVar(&f.ServerName, "rpc-tls-server-name", "", "the name every node's certificate carries, checked when dialling nodes; empty: the address dialled (nodes advertise IPs, so their certificates then need IP SANs)")
 }
 
