@@ -847,49 +847,10 @@ func TestPostgresReleaseNodeWaitsForAReserveInFlight(t *testing.T) {
 	if _, err := l.Reserve(ctx, "node-b", ReserveRequest{Account: "acct-1", Wall: confWallTime(), Need: 5}); err != nil {
 		t.Fatal(err)
 	}
-	blocker, err := l.pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer blocker.Rollback(ctx)
-	if _, err := blocker.Exec(ctx, `SELECT 1 FROM grants WHERE account_id = 'acct-1' FOR UPDATE`); err != nil {
-		t.Fatal(err)
-	}
-	waiting := func(n int) bool { return lockWaiters(t, l) >= n }
-	reserved := make(chan error, 1)
-	go func() {
+	releaseNodeDuringWrite(t, l, "node-a's Reserve", func() error {
 		_, err := l.Reserve(context.Background(), "node-a", ReserveRequest{Account: "acct-1", Wall: confWallTime(), Need: 10})
-		reserved <- err
-	}()
-	waitfor.Cond(t, 10*time.Second, "node-a's Reserve waits on the grant's row", func() bool { return waiting(1) })
-	released := make(chan error, 1)
-	var returned atomic.Bool
-	go func() {
-		_, err := l.ReleaseNode(context.Background(), "node-a")
-		returned.Store(true)
-		released <- err
-	}()
-	// ReleaseNode either waits behind the Reserve or (the bug) returns at
-	// once having freed nothing.
-	waitfor.Cond(t, 10*time.Second, "ReleaseNode returns or waits", func() bool { return returned.Load() || waiting(2) })
-	if err := blocker.Commit(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := <-reserved; err != nil {
-		t.Fatalf("node-a's Reserve: %v", err)
-	}
-	if err := <-released; err != nil {
-		t.Fatalf("ReleaseNode node-a: %v", err)
-	}
-	held, err := l.Reservations(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, r := range held {
-		if r.Node == "node-a" {
-			t.Errorf("after ReleaseNode node-a, the ledger still holds %+v: a Reserve in flight committed after the release", r)
-		}
-	}
+		return err
+	})
 	wantGrant(t, l, "acct-1", confJune, 0, 5)
 }
 
@@ -903,19 +864,15 @@ func lockWaiters(t *testing.T, l *Postgres) int {
 	return n
 }
 
-// TestPostgresReleaseNodeWaitsForASettleInFlight: a settle that gives a
-// refund's units back to node-a's reservation creates node-a's first
-// reservation row on the grant; a ReleaseNode running meanwhile must wait
-// for it and free it, not return having seen nothing (quotad revoke --force
-// of a node still settling).
-func TestPostgresReleaseNodeWaitsForASettleInFlight(t *testing.T) {
+// releaseNodeDuringWrite runs write, a transaction of node-a's on
+// acct-1's grant, while another transaction holds the grant's row (as a
+// settle of another node does), then ReleaseNode("node-a") while write
+// waits; once the row is free both must succeed and the ledger must hold
+// nothing of node-a's: ReleaseNode waited for write and freed what it
+// left, rather than returning at once having seen nothing.
+func releaseNodeDuringWrite(t *testing.T, l *Postgres, what string, write func() error) {
+	t.Helper()
 	ctx := t.Context()
-	l := migratedPG(t)
-	confSetup(t, l, 100, "acct-1")
-	a := confNode(t, l, "node-a")
-	// Charged under a reservation node-a has no row for: the grant's used
-	// goes up, and node-a still has no reservation row.
-	a.settle(t, chargeOf("acct-1", "e1", 4, confJune).withReserved())
 	blocker, err := l.pool.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -924,17 +881,9 @@ func TestPostgresReleaseNodeWaitsForASettleInFlight(t *testing.T) {
 	if _, err := blocker.Exec(ctx, `SELECT 1 FROM grants WHERE account_id = 'acct-1' FOR UPDATE`); err != nil {
 		t.Fatal(err)
 	}
-	settled := make(chan error, 1)
-	go func() {
-		a.mu.Lock()
-		defer a.mu.Unlock()
-		res, err := l.Settle(context.Background(), a.batchLocked(refundOf("acct-1", "e1", 4, confJune).withReserved()))
-		if err == nil && !res.Applied {
-			err = fmt.Errorf("the refund's batch was not applied")
-		}
-		settled <- err
-	}()
-	waitfor.Cond(t, 10*time.Second, "node-a's settle waits on the grant's row", func() bool { return lockWaiters(t, l) >= 1 })
+	wrote := make(chan error, 1)
+	go func() { wrote <- write() }()
+	waitfor.Cond(t, 10*time.Second, what+" waits on the grant's row", func() bool { return lockWaiters(t, l) >= 1 })
 	released := make(chan error, 1)
 	var returned atomic.Bool
 	go func() {
@@ -942,12 +891,14 @@ func TestPostgresReleaseNodeWaitsForASettleInFlight(t *testing.T) {
 		returned.Store(true)
 		released <- err
 	}()
+	// ReleaseNode either waits behind the write or (the bug) returns at
+	// once having freed nothing.
 	waitfor.Cond(t, 10*time.Second, "ReleaseNode returns or waits", func() bool { return returned.Load() || lockWaiters(t, l) >= 2 })
 	if err := blocker.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if err := <-settled; err != nil {
-		t.Fatalf("node-a's settle: %v", err)
+	if err := <-wrote; err != nil {
+		t.Fatalf("%s: %v", what, err)
 	}
 	if err := <-released; err != nil {
 		t.Fatalf("ReleaseNode node-a: %v", err)
@@ -958,8 +909,31 @@ func TestPostgresReleaseNodeWaitsForASettleInFlight(t *testing.T) {
 	}
 	for _, r := range held {
 		if r.Node == "node-a" {
-			t.Errorf("after ReleaseNode node-a, the ledger still holds %+v: a settle in flight committed after the release", r)
+			t.Errorf("after ReleaseNode node-a, the ledger still holds %+v: %s committed after the release", r, what)
 		}
 	}
+}
+
+// TestPostgresReleaseNodeWaitsForASettleInFlight: a settle that gives a
+// refund's units back to node-a's reservation creates node-a's first
+// reservation row on the grant; a ReleaseNode running meanwhile must wait
+// for it and free it, not return having seen nothing (quotad revoke --force
+// of a node still settling).
+func TestPostgresReleaseNodeWaitsForASettleInFlight(t *testing.T) {
+	l := migratedPG(t)
+	confSetup(t, l, 100, "acct-1")
+	a := confNode(t, l, "node-a")
+	// Charged under a reservation node-a has no row for: the grant's used
+	// goes up, and node-a still has no reservation row.
+	a.settle(t, chargeOf("acct-1", "e1", 4, confJune).withReserved())
+	releaseNodeDuringWrite(t, l, "node-a's settle of a refund", func() error {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		res, err := l.Settle(context.Background(), a.batchLocked(refundOf("acct-1", "e1", 4, confJune).withReserved()))
+		if err == nil && !res.Applied {
+			err = fmt.Errorf("the refund's batch was not applied")
+		}
+		return err
+	})
 	wantGrant(t, l, "acct-1", confJune, 0, 0)
 }
