@@ -64,6 +64,9 @@ func newWorld() *world {
 	w.in.Ledger.Reconcile = []flush.ReconcileRow{{Account: "hard-1", Kind: "grant", Scope: grant, Counter: 3, Events: 3}}
 	w.in.Ledger.Nodes = []flush.NodeRow{{Node: "n1", Incarnation: "inc-1", Settled: 20}}
 	w.in.Logs = []cluster.LogState{{Node: "n1", Incarnation: "inc-1", Settled: 20, Durable: 20}}
+	// Before the drain n1 held 2 units, and the ledger 3 for it: one of a
+	// reserve whose commit was cut off, which n1 counts in doubt.
+	w.in.Holds = []cluster.NodeHold{{Node: "n1", Held: 2, Uncertain: 1, Ledger: 3}, {Node: "n2"}}
 	// The ledger was down from 1.2 s to 3.4 s; a charge went through.
 	w.in.LedgerDown = []cluster.Window{{Kind: string(LedgerDown), Start: 1200 * ms, End: 3400 * ms}}
 	w.in.Faults = slices.Clone(w.in.LedgerDown)
@@ -185,6 +188,12 @@ func TestEachCheckerCanFail(t *testing.T) {
 		{"stranded reservation", "RES", func(w *world) {
 			w.in.Ledger.Reservations = []flush.Reservation{{Node: "n1", Account: "hard-1", Grant: grant, Units: 1}}
 		}, "node n1 still holds 1 units of grant m:2026-06", nil},
+		{"reservation stranded before the drain", "RES", func(w *world) { w.in.Holds[1].Ledger = 4 },
+			"before the drain the ledger reserved 4 units for node n2, which held 0 (0 in doubt): 4 units stranded until it stops", nil},
+		{"more stranded than in doubt", "RES", func(w *world) { w.in.Holds[0].Ledger = 5 },
+			"before the drain the ledger reserved 5 units for node n1, which held 2 (1 in doubt): 2 units stranded until it stops", nil},
+		{"a node holds what the ledger does not reserve", "RES", func(w *world) { w.in.Holds[0].Held = 4 },
+			"before the drain node n1 held 4 units and the ledger reserved 3 for it: 1 units no grant backs", nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			w := newWorld()

@@ -18,8 +18,9 @@
 //	run the workload (workload.go) and, from the same instant, the plan's
 //	  faults (nemesis.go); record every operation in a cluster.History
 //	heal everything, load for 5 s more, stop the load, wait until every log
-//	  is settled, SIGTERM every node (a drained node hands its reservations
-//	  back), read every data dir and the ledger
+//	  is settled, read what every node holds reserved and what the ledger
+//	  reserves for it (holds.go), SIGTERM every node (a drained node hands
+//	  its reservations back), read every data dir and the ledger
 //	run the checkers (internal/cluster/check.go) and write the report
 //
 // # Faults

@@ -548,6 +548,7 @@ func (h *harness) run(ctx context.Context) (*Report, error) {
 	if ctx.Err() != nil {
 		return h.interrupted(ctx, began)
 	}
+	holds := h.readHolds(ctx)
 	h.waitAlerts(ctx)
 	alerts := h.alertResult(ctx)
 	if ctx.Err() != nil {
@@ -562,7 +563,7 @@ func (h *harness) run(ctx context.Context) (*Report, error) {
 		return nil, err
 	}
 	in := &cluster.CheckInput{Ops: h.hist.Ops(), Accounts: h.acct.limits, Ledger: st, Logs: logs, Lost: h.lost, Starts: h.starts,
-		Faults: h.windows}
+		Faults: h.windows, Holds: holds}
 	for _, w := range h.windows {
 		if w.Kind == string(LedgerDown) {
 			in.LedgerDown = append(in.LedgerDown, w)

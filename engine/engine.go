@@ -210,7 +210,25 @@ type Stats struct {
 	// for this node, unused, until its next start or stop frees them all
 	// (flush.Ledger.ReleaseNode).
 	ReserveTimeouts atomic.Int64
+	// UncertainUnits bounds what the ledger may hold reserved for this node
+	// beyond its allowances: the units of reservations whose outcome is
+	// unknown (ReserveUncertainError) and of hand-backs of units it could
+	// not use that the ledger did not take. Nobody can spend those units
+	// (G1 holds) until the node's next start or stop frees them all.
+	UncertainUnits atomic.Int64
 }
+
+// ReserveUncertainError is a Reserver's error for a reservation whose
+// outcome is unknown (its commit was cut off): the ledger may have
+// reserved Units for this node, which the node does not hold. The engine
+// counts them in Stats.UncertainUnits.
+type ReserveUncertainError struct {
+	Units int64
+	Err   error
+}
+
+func (e *ReserveUncertainError) Error() string { return e.Err.Error() }
+func (e *ReserveUncertainError) Unwrap() error { return e.Err }
 
 // DefaultLedgerTimeout is Options.LedgerTimeout's default, the ledger call
 // bound of quotad serve (flush.DefaultCallTimeout; flush imports engine).

@@ -488,3 +488,62 @@ func TestUnknownGrantsUnitsAreHandedBack(t *testing.T) {
 		t.Fatalf("allowance held %d, want 0", held)
 	}
 }
+
+// doubtLedger is a fakeLedger whose next Reserve reports its outcome
+// unknown (a commit cut off) after granting, or grants units of a grant
+// the engine does not know, per its fields.
+type doubtLedger struct {
+	fakeLedger
+	cutCommit    atomic.Bool // the next Reserve reserves Need and reports its outcome unknown
+	unknownGrant atomic.Bool // the next Reserve grants Need of a grant the engine has not heard of
+}
+
+func (d *doubtLedger) Reserve(ctx context.Context, req ReserveRequest) (ReserveResult, error) {
+	res, err := d.fakeLedger.Reserve(ctx, req)
+	switch {
+	case err != nil:
+		return res, err
+	case d.cutCommit.Swap(false):
+		return ReserveResult{}, &ReserveUncertainError{Units: req.Need, Err: errors.New("commit: connection reset (outcome unknown)")}
+	case d.unknownGrant.Swap(false):
+		res.Granted[0].Grant = "credit-of-tomorrow"
+	}
+	return res, nil
+}
+
+// Stats.UncertainUnits counts what the ledger may hold reserved for the
+// node beyond its allowances: a reservation whose outcome is unknown, and
+// units the node could not use whose hand-back the ledger refused. The
+// chaos harness compares it with the ledger before the drain.
+func TestUncertainUnitsCounted(t *testing.T) {
+	d := &doubtLedger{fakeLedger: fakeLedger{reserved: map[string]int64{}, released: map[string]int64{}}}
+	e := openWithReserver(t, d)
+	d.cutCommit.Store(true)
+	res, err := e.Charge(context.Background(), "acme", shard.Charge{EventID: "e1", ClientID: true, Units: 1})
+	if !errors.Is(err, ErrQuotaUnavailable) {
+		t.Fatalf("charge whose reservation's outcome is unknown: %+v, %v; want ErrQuotaUnavailable", res, err)
+	}
+	d.mu.Lock()
+	inDoubt := d.reserved["acme"]
+	d.mu.Unlock()
+	if got := e.Stats().UncertainUnits.Load(); got != inDoubt || got == 0 {
+		t.Fatalf("UncertainUnits = %d after a reservation of %d units with its outcome unknown", got, inDoubt)
+	}
+	if held := e.AllowanceHeld(); held != 0 {
+		t.Fatalf("the node holds %d units of a reservation it never saw answered", held)
+	}
+
+	d.mu.Lock()
+	d.refuse = true
+	d.mu.Unlock()
+	d.unknownGrant.Store(true)
+	if _, err := e.Charge(context.Background(), "acme", shard.Charge{EventID: "e2", ClientID: true, Units: 1}); !errors.Is(err, ErrQuotaUnavailable) {
+		t.Fatalf("charge whose reservation was all of an unknown grant: %v; want ErrQuotaUnavailable", err)
+	}
+	d.mu.Lock()
+	total := d.reserved["acme"]
+	d.mu.Unlock()
+	if got := e.Stats().UncertainUnits.Load(); got != total {
+		t.Errorf("UncertainUnits = %d after a hand-back the ledger refused; want %d, every unit reserved and not held", got, total)
+	}
+}

@@ -42,11 +42,20 @@ func (e *Engine) reserveOnce(ctx context.Context, account string, shortfall int6
 	res, err := e.opts.Reserver.Reserve(ctx, ReserveRequest{Account: account, Wall: wall, Need: need})
 	if err != nil {
 		e.stats.ReserveErrors.Add(1)
+		if unc, ok := errors.AsType[*ReserveUncertainError](err); ok {
+			e.stats.UncertainUnits.Add(unc.Units)
+		}
 		return fmt.Errorf("%w: account %q: %v", ErrQuotaUnavailable, account, err)
 	}
 	giveBack, err := e.applyReservation(account, need, res)
+	if err != nil {
+		// Granted in the ledger, and not (all) in the allowance: the log
+		// did not take it.
+		e.stats.UncertainUnits.Add(granted(res) - units(giveBack))
+	}
 	if len(giveBack) > 0 {
 		if rerr := e.opts.Reserver.Release(ctx, account, giveBack, 0); rerr != nil {
+			e.stats.UncertainUnits.Add(units(giveBack))
 			e.opts.Logger.Warn("reservation left stranded in the ledger; it returns at this node's next restart or with quotad revoke",
 				"account", account, "allocs", giveBack, "err", rerr)
 		}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/quotaring/quotaring/engine"
 	"github.com/quotaring/quotaring/internal/faultproxy"
 	"github.com/quotaring/quotaring/internal/pgtest"
 	"github.com/quotaring/quotaring/internal/waitfor"
@@ -78,18 +79,7 @@ func TestSQLiteInMemory(t *testing.T) {
 // retry of the same batch must find it applied: counted once.
 func TestPostgresCommitReplyLost(t *testing.T) {
 	ctx := t.Context()
-	dsn := pgtest.NewDB(t)
-	srv := pgtest.PackageServer(t)
-	proxy, err := faultproxy.New("127.0.0.1:0", srv.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer proxy.Close()
-	l := openPG(t, strings.Replace(dsn, srv.Addr(), proxy.Addr(), 1))
-	defer l.Close()
-	if err := l.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
+	l, proxy := migratedPGBehindProxy(t)
 	confSetup(t, l, 100, "acct-1")
 	n := confNode(t, l, "node-a")
 	n.settle(t, chargeOf("acct-1", "e0", 1, confJune)) // partitions and statements in place
@@ -114,6 +104,64 @@ func TestPostgresCommitReplyLost(t *testing.T) {
 		t.Errorf("%d events, want 3", len(es))
 	}
 	wantReconciled(t, l)
+}
+
+// migratedPGBehindProxy is a fresh migrated database reached through a
+// fault proxy, to cut what the tests choose.
+func migratedPGBehindProxy(t *testing.T) (*Postgres, *faultproxy.Proxy) {
+	t.Helper()
+	dsn := pgtest.NewDB(t)
+	srv := pgtest.PackageServer(t)
+	proxy, err := faultproxy.New("127.0.0.1:0", srv.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { proxy.Close() })
+	l := openPG(t, strings.Replace(dsn, srv.Addr(), proxy.Addr(), 1))
+	t.Cleanup(func() { l.Close() })
+	if err := l.Migrate(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	return l, proxy
+}
+
+// TestPostgresReserveCommitReplyLost: a reservation whose COMMIT happens
+// but whose reply is lost fails with an engine.ReserveUncertainError that
+// names the units now reserved for the node: the engine counts them as
+// what the ledger may hold beyond its allowances.
+func TestPostgresReserveCommitReplyLost(t *testing.T) {
+	ctx := t.Context()
+	l, proxy := migratedPGBehindProxy(t)
+	confSetup(t, l, 100, "acct-1")
+	if _, err := l.Reserve(ctx, "node-a", ReserveRequest{Account: "acct-1", Wall: confWallTime(), Need: 1}); err != nil {
+		t.Fatal(err) // the month's grant and the statements in place
+	}
+	proxy.CutAfterCommit(1)
+	res, err := l.Reserve(ctx, "node-a", ReserveRequest{Account: "acct-1", Wall: confWallTime(), Need: 7})
+	unc, ok := errors.AsType[*engine.ReserveUncertainError](err)
+	if !ok {
+		t.Fatalf("reserve whose commit reply was lost: %+v, %v; want an engine.ReserveUncertainError", res, err)
+	}
+	if unc.Units != 7 {
+		t.Errorf("ReserveUncertainError.Units = %d, want the 7 the commit reserved", unc.Units)
+	}
+	if !errors.Is(err, ErrUnavailable) {
+		t.Errorf("%v: want it to wrap ErrUnavailable (the connection broke)", err)
+	}
+	wantGrant(t, l, "acct-1", confJune, 0, 8)
+	// A reservation that reserved nothing has no outcome in doubt.
+	if _, err := l.Reserve(ctx, "node-b", ReserveRequest{Account: "acct-1", Wall: confWallTime(), Need: 92}); err != nil {
+		t.Fatal(err)
+	}
+	proxy.CutAfterCommit(1)
+	_, err = l.Reserve(ctx, "node-a", ReserveRequest{Account: "acct-1", Wall: confWallTime(), Need: 5})
+	if err == nil {
+		t.Fatal("a reserve whose commit was cut answered no error")
+	}
+	if _, ok := errors.AsType[*engine.ReserveUncertainError](err); ok {
+		t.Errorf("a reserve of nothing whose commit was cut: %v; want no ReserveUncertainError", err)
+	}
+	proxy.CutAfterCommit(0)
 }
 
 // TestPostgresConnectErrors: a DSN that does not parse or does not connect

@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/quotaring/quotaring/engine"
 	"github.com/quotaring/quotaring/shard"
 )
 
@@ -107,7 +108,15 @@ func (p *Postgres) Reserve(ctx context.Context, node string, req ReserveRequest)
 		}
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return ReserveResult{}, p.fail(op+": commit (outcome unknown: the units may be reserved; ReleaseNode frees them)", err)
+		err = p.fail(op+": commit (outcome unknown: the units may be reserved; ReleaseNode frees them)", err)
+		var units int64
+		for _, a := range res.Granted {
+			units += a.Units
+		}
+		if units > 0 {
+			err = &engine.ReserveUncertainError{Units: units, Err: err}
+		}
+		return ReserveResult{}, err
 	}
 	return res, nil
 }

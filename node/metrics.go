@@ -172,6 +172,12 @@ func newMetrics(n *Node) *metrics {
 			}
 			return float64(n.eng.AllowanceHeld())
 		}),
+		gauge("quotaring_reservations_uncertain_units", "The most units the ledger may hold reserved for this node beyond quotaring_reservations_held_units: reservations whose commit was cut off (outcome unknown) and hand-backs of units it could not use that the ledger refused. Nobody can spend them until this node's next start or stop frees them (or quotad revoke).", func() float64 {
+			if n.eng == nil {
+				return 0
+			}
+			return float64(n.eng.Stats().UncertainUnits.Load())
+		}),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "quotaring_build_info",
 			Help:        "Always 1; its labels say which build of quotad runs this node (quotad version): compare them across nodes during a rolling upgrade.",
 			ConstLabels: prometheus.Labels{"version": n.build.Short(), "revision": n.build.Revision, "goversion": n.build.GoVersion}},

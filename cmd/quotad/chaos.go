@@ -39,7 +39,8 @@ against the recorded history and the ledger:
   G9    no period goes backwards after a clock jump
   AVAIL no account stays undecided 15 s past the faults that held it
   SEQ   settled sequences contiguous per (node, incarnation)
-  RES   no reservation stranded after the final drain
+  RES   reservations agree with the nodes before the final drain (give or
+        take the units each counts in doubt); none left after it
   ALERT quota alerts delivered at least once, signed, as the ledger records
         them; a hard account that used its month up has its 80 % and 100 %
   LIVE  nodes come back, drain and exit 0

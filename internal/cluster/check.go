@@ -85,7 +85,31 @@ type CheckInput struct {
 	// converged (restarts, new nodes): each may start a full token bucket
 	// for the accounts it then owns (G7).
 	Starts []int64
+	// Holds are each running node's reservations before the final drain
+	// (RES); nil when they were not read.
+	Holds []NodeHold
 }
+
+// NodeHold is what one node holds reserved and what the ledger reserves
+// for it, read once every log is settled and before the final drain, when
+// the two must agree: a drain frees everything a node holds in the ledger,
+// so after it a node's stranded units no longer show.
+type NodeHold struct {
+	Node string `json:"node"`
+	// Held is the node's quotaring_reservations_held_units: the units its
+	// allowances hold.
+	Held int64 `json:"held"`
+	// Uncertain is its quotaring_reservations_uncertain_units: the most the
+	// ledger may hold for it beyond Held (reserves whose commit was cut
+	// off, refused hand-backs).
+	Uncertain int64 `json:"uncertain"`
+	// Ledger is the sum of the ledger's reservation rows of the node.
+	Ledger int64 `json:"ledger"`
+}
+
+// Agrees reports whether the ledger reserves for the node what it holds,
+// give or take the units in doubt.
+func (h NodeHold) Agrees() bool { return h.Ledger >= h.Held && h.Ledger <= h.Held+h.Uncertain }
 
 // Verdicts.
 const (
@@ -153,7 +177,7 @@ var Checkers = []Checker{
 	{"G9", "no period goes backwards", CheckG9},
 	{"AVAIL", "every account is decided again within 15 s of the faults that held it", CheckAvail},
 	{"SEQ", "settled sequences contiguous per incarnation", CheckSeq},
-	{"RES", "no reservation stranded after the final drain", CheckReservations},
+	{"RES", "reservations agree with the nodes before the final drain; none left after it", CheckReservations},
 }
 
 // Check runs the checkers named by ids (all when none) in report order.
@@ -1074,12 +1098,30 @@ func CheckSeq(in *CheckInput) Result {
 	return c.done(summary)
 }
 
-// CheckReservations: once every node drained, the ledger holds no
+// CheckReservations: before the final drain, with every log settled, the
+// ledger reserves for each node what the node holds (Holds), beyond it at
+// most the units the node counts in doubt: more would be units stranded
+// for nobody until the node stops, less units the node could spend that
+// no grant backs. Once every node drained, the ledger holds no
 // reservation: none per node, and no grant with reserved units.
 func CheckReservations(in *CheckInput) Result {
 	var c collector
 	if in.Ledger == nil {
 		return Result{Verdict: NotExercised, Summary: "no ledger state"}
+	}
+	var doubt int64
+	agree := 0
+	for _, h := range in.Holds {
+		doubt += h.Uncertain
+		switch {
+		case h.Agrees():
+			agree++
+		case h.Ledger < h.Held:
+			c.add(Violation{Detail: fmt.Sprintf("before the drain node %s held %d units and the ledger reserved %d for it: %d units no grant backs", h.Node, h.Held, h.Ledger, h.Held-h.Ledger)})
+		default:
+			c.add(Violation{Detail: fmt.Sprintf("before the drain the ledger reserved %d units for node %s, which held %d (%d in doubt): %d units stranded until it stops",
+				h.Ledger, h.Node, h.Held, h.Uncertain, h.Ledger-h.Held-h.Uncertain)})
+		}
 	}
 	var units int64
 	for _, r := range in.Ledger.Reservations {
@@ -1095,5 +1137,9 @@ func CheckReservations(in *CheckInput) Result {
 			}
 		}
 	}
-	return c.done(fmt.Sprintf("%d reservation rows, %d units held", len(in.Ledger.Reservations), units))
+	before := "before the drain not read"
+	if in.Holds != nil {
+		before = fmt.Sprintf("before the drain %d of %d nodes agree with the ledger (%d units in doubt)", agree, len(in.Holds), doubt)
+	}
+	return c.done(fmt.Sprintf("%s; after it %d reservation rows, %d units held", before, len(in.Ledger.Reservations), units))
 }

@@ -1,0 +1,83 @@
+package chaos
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/quotaring/quotaring/internal/cluster"
+)
+
+// holdsWait bounds the wait for every node's reservations to agree with
+// the ledger's once the logs are settled: a hand-back waiting for its
+// refunds to settle goes out at the next second's retry, and a top-up the
+// last charges asked for may still be on its way.
+const holdsWait = 15 * time.Second
+
+// readHolds reads what each running node holds reserved and what the
+// ledger reserves for it, again until they agree or holdsWait passes, and
+// returns the last reading for CheckReservations to judge (RES). The
+// final drain frees all a node holds in the ledger, so a reservation
+// stranded while the node ran shows here only. nil when nothing could be
+// read (noted in the report).
+func (h *harness) readHolds(ctx context.Context) []cluster.NodeHold {
+	ctx, cancel := context.WithTimeout(ctx, holdsWait)
+	defer cancel()
+	var last []cluster.NodeHold
+	var lastErr error
+	_ = cluster.Poll(ctx, 200*time.Millisecond, func() (bool, error) {
+		holds, err := h.holdsOnce(ctx)
+		if err != nil {
+			lastErr = err
+			return false, nil
+		}
+		last, lastErr = holds, nil
+		for _, x := range holds {
+			if !x.Agrees() {
+				return false, nil
+			}
+		}
+		return true, nil
+	})
+	if last == nil {
+		h.note("the nodes' reservations before the drain could not be read: %v", lastErr)
+	}
+	return last
+}
+
+// holdsOnce is one reading: each running node's metrics, then the
+// ledger's reservations.
+func (h *harness) holdsOnce(ctx context.Context) ([]cluster.NodeHold, error) {
+	var holds []cluster.NodeHold
+	for _, n := range h.c.Nodes {
+		if !n.Running() {
+			continue
+		}
+		code, body, err := n.AdminGet(ctx, "/metrics")
+		if err == nil && code != http.StatusOK {
+			err = fmt.Errorf("answered %d", code)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("%s /metrics: %w", n.ID, err)
+		}
+		held, ok1 := cluster.MetricValue(body, "quotaring_reservations_held_units")
+		doubt, ok2 := cluster.MetricValue(body, "quotaring_reservations_uncertain_units")
+		if !ok1 || !ok2 {
+			return nil, fmt.Errorf("%s /metrics has no quotaring_reservations_held_units or quotaring_reservations_uncertain_units (a quotad of another build?)", n.ID)
+		}
+		holds = append(holds, cluster.NodeHold{Node: n.ID, Held: int64(held), Uncertain: int64(doubt)})
+	}
+	rs, err := h.ledger.Reservations(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("the ledger's reservations: %w", err)
+	}
+	for i := range holds {
+		for _, r := range rs {
+			if r.Node == holds[i].Node {
+				holds[i].Ledger += r.Units
+			}
+		}
+	}
+	return holds, nil
+}
