@@ -1109,13 +1109,14 @@ func CheckReservations(in *CheckInput) Result {
 	if in.Ledger == nil {
 		return Result{Verdict: NotExercised, Summary: "no ledger state"}
 	}
-	var doubt int64
+	var doubt, excess int64
 	agree := 0
 	for _, h := range in.Holds {
 		doubt += h.Uncertain
 		switch {
 		case h.Agrees():
 			agree++
+			excess += h.Ledger - h.Held
 		case h.Ledger < h.Held:
 			c.add(Violation{Detail: fmt.Sprintf("before the drain node %s held %d units and the ledger reserved %d for it: %d units no grant backs", h.Node, h.Held, h.Ledger, h.Held-h.Ledger)})
 		default:
@@ -1139,7 +1140,7 @@ func CheckReservations(in *CheckInput) Result {
 	}
 	before := "before the drain not read"
 	if in.Holds != nil {
-		before = fmt.Sprintf("before the drain %d of %d nodes agree with the ledger (%d units in doubt)", agree, len(in.Holds), doubt)
+		before = fmt.Sprintf("before the drain %d of %d nodes agree with the ledger (%d units in doubt, %d of them reserved)", agree, len(in.Holds), doubt, excess)
 	}
 	return c.done(fmt.Sprintf("%s; after it %d reservation rows, %d units held", before, len(in.Ledger.Reservations), units))
 }
