@@ -212,8 +212,10 @@ type Stats struct {
 	ReserveTimeouts atomic.Int64
 	// UncertainUnits bounds what the ledger may hold reserved for this node
 	// beyond its allowances: the units of reservations whose outcome is
-	// unknown (ReserveUncertainError) and of hand-backs of units it could
-	// not use that the ledger did not take. Nobody can spend those units
+	// unknown (ReserveUncertainError), of hand-backs of units it could not
+	// use that the ledger did not take, and of refunds taken back whose
+	// credit in the ledger is not known (TakeBackUncertain, and what
+	// TakeBack overdraws). Nobody can spend those units
 	// (G1 holds) until the node's next start or stop frees them all.
 	UncertainUnits atomic.Int64
 }

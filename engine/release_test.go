@@ -547,3 +547,37 @@ func TestUncertainUnitsCounted(t *testing.T) {
 		t.Errorf("UncertainUnits = %d after a hand-back the ledger refused; want %d, every unit reserved and not held", got, total)
 	}
 }
+
+// TakeBack (a refund the ledger found a duplicate) after a hand-back
+// overdraws the allowance, which owes the unit: the hand-back gave it back
+// with the rest. The next hand-back must not send that -1 to the ledger:
+// it added a unit to the node's reservation that nobody held (quotad chaos
+// --seed 12, RES before the drain). The unit overdrawn counts in doubt.
+func TestTakeBackAfterAHandBack(t *testing.T) {
+	ledger := &fakeLedger{reserved: map[string]int64{}, released: map[string]int64{}}
+	e, held := openReserving(t, ledger)
+	ctx := context.Background()
+	if err := e.Release(ctx, "acme"); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.TakeBack(ctx, "acme", []shard.Alloc{{Grant: "m:2026-06", Units: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	if got := e.AllowanceHeld(); got != -1 {
+		t.Fatalf("allowance %d after a take-back from a handed-back allowance, want -1 (owed)", got)
+	}
+	if got := e.Stats().UncertainUnits.Load(); got != 1 {
+		t.Errorf("UncertainUnits = %d, want the 1 unit overdrawn", got)
+	}
+	if err := e.Release(ctx, "acme"); err != nil {
+		t.Fatal(err)
+	}
+	if got := e.AllowanceHeld(); got != 0 {
+		t.Errorf("allowance %d after the second hand-back, want 0", got)
+	}
+	ledger.mu.Lock()
+	defer ledger.mu.Unlock()
+	if got := ledger.released["acme"]; got != held {
+		t.Errorf("the ledger got %d units back in all, want the %d held: the second hand-back sent the -1", got, held)
+	}
+}

@@ -1390,6 +1390,12 @@ func confReleaseOnce(t *testing.T, l Ledger) {
 	release(1, ReleaseKey{Incarnation: "inc-b", Seq: 1 << 40})
 	release(1, ReleaseKey{Incarnation: "inc-b", Seq: 1 << 40})
 	wantGrant(t, l, "acct-1", confJune, 0, 8)
+	// A negative count is refused: subtracted, it would reserve units for
+	// a node that does not hold them.
+	if err := l.Release(ctx, "node-a", "acct-1", []shard.Alloc{{Grant: confJune, Units: -1}}, ReleaseKey{}); !errors.Is(err, ErrInvalid) {
+		t.Errorf("release of -1 unit: %v, want ErrInvalid", err)
+	}
+	wantGrant(t, l, "acct-1", confJune, 0, 8)
 	// Freed and reserved again (a node's reset at start), a row starts over.
 	if _, err := l.ReleaseNode(ctx, "node-a"); err != nil {
 		t.Fatal(err)

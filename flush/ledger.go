@@ -79,7 +79,8 @@ type Ledger interface {
 	// account as handed off (Handoffs): an owner releases when it loses an
 	// account or stops. A release with a key (ReleaseKey) applies once:
 	// retried after a lost answer, it is skipped where that key, or a later
-	// one of the same incarnation, already applied.
+	// one of the same incarnation, already applied. A negative count is
+	// ErrInvalid (it would add to the reservation).
 	Release(ctx context.Context, node, account string, allocs []shard.Alloc, key ReleaseKey) error
 	// Handoffs lists the accounts released since the given time with the units
 	// released: the next owner reserves ahead for them.

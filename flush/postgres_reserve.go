@@ -139,8 +139,8 @@ func allocColumns(allocs []shard.Alloc) (ids []string, units []int64) {
 // Release hands units of node's reservations on an account's grants back,
 // never below zero, once per key (ReleaseKey).
 func (p *Postgres) Release(ctx context.Context, node, account string, allocs []shard.Alloc, key ReleaseKey) error {
-	if len(allocs) == 0 {
-		return nil
+	if err := validRelease(node, account, allocs); err != nil || len(allocs) == 0 {
+		return err
 	}
 	ids, units := allocColumns(allocs)
 	accounts := make([]string, len(ids))
@@ -160,6 +160,18 @@ func (p *Postgres) Release(ctx context.Context, node, account string, allocs []s
 	b.Queue(`INSERT INTO handoffs (account_id, units, released_at) VALUES ($1, $2, now())
 		ON CONFLICT (account_id) DO UPDATE SET units = excluded.units, released_at = excluded.released_at`, account, sumUnits(units)).Exec(nop)
 	return p.fail(fmt.Sprintf("release %s's reservations of %s", node, account), p.inTx(ctx, b))
+}
+
+// validRelease refuses a release of a negative count: the statements
+// subtract it from the reservation (floored at zero), so a negative one
+// would reserve units for a node that does not hold them.
+func validRelease(node, account string, allocs []shard.Alloc) error {
+	for _, a := range allocs {
+		if a.Units < 0 {
+			return fmt.Errorf("%w: release of %s's reservation of %s, grant %q: %d units; want zero or more", ErrInvalid, node, account, a.Grant, a.Units)
+		}
+	}
+	return nil
 }
 
 // Handoffs lists the accounts released since the given time, with the units

@@ -335,7 +335,9 @@ func (s *Settler) takeBackUnanswered(ctx context.Context, b *Batch) error {
 		if !r.Reserved {
 			continue
 		}
-		if err := s.opts.Engine.TakeBack(ctx, r.Account, r.Allocs); err != nil {
+		// Counted in doubt (quotaring_reservations_uncertain_units): the
+		// ledger holds the units of those it credited.
+		if err := s.opts.Engine.TakeBackUncertain(ctx, r.Account, r.Allocs); err != nil {
 			return err
 		}
 		for _, a := range r.Allocs {

@@ -498,8 +498,8 @@ func (s *SQLite) Reserve(ctx context.Context, node string, req ReserveRequest) (
 // Release hands units of node's reservations on an account's grants back,
 // never below zero.
 func (s *SQLite) Release(ctx context.Context, node, account string, allocs []shard.Alloc, key ReleaseKey) error {
-	if len(allocs) == 0 {
-		return nil
+	if err := validRelease(node, account, allocs); err != nil || len(allocs) == 0 {
+		return err
 	}
 	ids, units := allocColumns(allocs)
 	return s.fail(fmt.Sprintf("release %s's reservations of %s", node, account), s.write(ctx, func(tx *sql.Tx) error {

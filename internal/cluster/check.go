@@ -101,7 +101,8 @@ type NodeHold struct {
 	Held int64 `json:"held"`
 	// Uncertain is its quotaring_reservations_uncertain_units: the most the
 	// ledger may hold for it beyond Held (reserves whose commit was cut
-	// off, refused hand-backs).
+	// off, refused hand-backs, refunds taken back whose credit is not
+	// known).
 	Uncertain int64 `json:"uncertain"`
 	// Ledger is the sum of the ledger's reservation rows of the node.
 	Ledger int64 `json:"ledger"`
