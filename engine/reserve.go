@@ -531,8 +531,7 @@ func (g *flightGroup) do(ctx context.Context, key string, fn func() error) error
 // drain). The units overdrawn count in doubt (Stats.UncertainUnits): where
 // the ledger floored the hand-back at zero, it holds them reserved.
 func (e *Engine) TakeBack(ctx context.Context, account string, allocs []shard.Alloc) error {
-	_, err := e.takeBack(ctx, account, allocs)
-	return err
+	return e.takeBack(ctx, account, allocs, false)
 }
 
 // TakeBackUncertain is TakeBack for refunds the ledger may or may not have
@@ -540,45 +539,48 @@ func (e *Engine) TakeBack(ctx context.Context, account string, allocs []shard.Al
 // units taken back are counted in Stats.UncertainUnits, since the ledger
 // may hold them reserved for this node.
 func (e *Engine) TakeBackUncertain(ctx context.Context, account string, allocs []shard.Alloc) error {
-	taken, err := e.takeBack(ctx, account, allocs)
-	e.stats.UncertainUnits.Add(taken)
-	return err
+	return e.takeBack(ctx, account, allocs, true)
 }
 
-// takeBack is TakeBack, and says how many units it took.
-func (e *Engine) takeBack(ctx context.Context, account string, allocs []shard.Alloc) (taken int64, err error) {
+// takeBack is TakeBack, counting in doubt every unit it takes (uncertain)
+// or only those it overdraws.
+func (e *Engine) takeBack(ctx context.Context, account string, allocs []shard.Alloc, uncertain bool) error {
 	st := e.stripeFor(account)
 	st.mu.Lock()
 	ent, ok := st.accounts[account]
 	if !ok {
 		st.mu.Unlock()
-		return 0, nil
+		return nil
 	}
 	held := map[string]int64{}
 	for _, a := range ent.acct.Allowances() {
 		held[a.Grant] = a.Units
 	}
 	var seq uint64
-	var overdrawn int64
+	var doubt int64
 	for _, a := range allocs {
 		if a.Units <= 0 || !ent.acct.Reserve(a.Grant, -a.Units, bookkeeping(), &st.rec) {
 			continue
 		}
-		overdrawn += a.Units - min(a.Units, max(held[a.Grant], 0))
+		if uncertain {
+			doubt += a.Units
+		} else {
+			doubt += a.Units - min(a.Units, max(held[a.Grant], 0)) // overdrawn
+		}
 		held[a.Grant] -= a.Units
 		s, err := e.appendLocked(st, ent)
 		if err != nil {
 			st.mu.Unlock()
-			return taken, err
+			return err
 		}
-		seq, taken = s, taken+a.Units
+		seq = s
 	}
 	st.mu.Unlock()
-	e.stats.UncertainUnits.Add(overdrawn)
+	e.stats.UncertainUnits.Add(doubt)
 	if seq == 0 {
-		return taken, nil
+		return nil
 	}
-	return taken, e.log.WaitDurable(ctx, seq)
+	return e.log.WaitDurable(ctx, seq)
 }
 
 // ReleaseAll hands every allowance back (graceful shutdown, and the reset at
