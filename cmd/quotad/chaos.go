@@ -151,7 +151,11 @@ func printChaosReport(out io.Writer, rep *chaos.Report, dir string, written bool
 	tw.Flush()
 	for _, r := range rep.Results {
 		for _, v := range r.Violations {
-			fmt.Fprintf(out, "\n%s: %s %s: %s\n", r.ID, v.Account, v.Event, v.Detail)
+			who := strings.TrimSpace(v.Account + " " + v.Event)
+			if who != "" {
+				who += ": "
+			}
+			fmt.Fprintf(out, "\n%s: %s%s\n", r.ID, who, v.Detail)
 			for _, id := range v.Ops {
 				fmt.Fprintf(out, "    %s\n", rep.Offending[id])
 			}
