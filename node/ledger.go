@@ -139,6 +139,9 @@ func (n *Node) useLedger(ctx context.Context, p *reachedLedger, beforeServing bo
 	if err == nil {
 		err = refresher.RefreshOnce(ctx)
 	}
+	if err == nil && !beforeServing {
+		n.countInheritedReservations(ctx, l)
+	}
 	if err != nil {
 		n.ledgerFailed(err, beforeServing)
 		l.Close()
@@ -407,6 +410,37 @@ func (n *Node) resetReservations(ctx context.Context, l flush.Ledger) error {
 		n.log.Info("freed reservations this node held before it started", "units", units, "grants", len(freed))
 	}
 	return nil
+}
+
+// countInheritedReservations is for a node that reached its ledger late
+// (it was down at start, and the node served from its data dir, so
+// resetReservations did not run): what the ledger reserves for this node
+// id beyond what this process holds is counted in doubt
+// (quotaring_reservations_uncertain_units) and logged. Those are units of
+// the process before it: a reserve whose record its crash lost, a
+// hand-back it zeroed and never sent. They stay reserved, spendable by
+// nobody, until this node's next stop or start frees them all (or quotad
+// revoke). No reservation is made meanwhile (the ledger is not in use
+// yet); charges going on, and charges not settled yet, only make the
+// count larger.
+func (n *Node) countInheritedReservations(ctx context.Context, l flush.Ledger) {
+	rs, err := l.Reservations(ctx)
+	if err != nil {
+		n.log.Warn("could not read this node's reservations in the ledger, reached late; units an earlier process reserved may stay reserved until this node stops, uncounted", "err", err)
+		return
+	}
+	var units int64
+	for _, r := range rs {
+		if r.Node == n.cfg.ID {
+			units += r.Units
+		}
+	}
+	if extra := units - n.eng.AllowanceHeld(); extra > 0 {
+		n.eng.Stats().UncertainUnits.Add(extra)
+		n.log.Warn("the ledger, reached late (it was down at start), reserves more for this node than this process holds: "+
+			"units of the process before it (a reservation or a hand-back its crash cut off); they stay reserved, spendable by nobody, "+
+			"until this node's next stop or start frees them (or quotad revoke)", "units", extra)
+	}
 }
 
 // retryLedger keeps trying to reach the ledger while it is down at start.

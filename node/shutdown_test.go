@@ -18,6 +18,7 @@ import (
 	"github.com/quotaring/quotaring/internal/faultproxy"
 	"github.com/quotaring/quotaring/internal/logbuf"
 	"github.com/quotaring/quotaring/internal/pgtest"
+	"github.com/quotaring/quotaring/ring"
 	"github.com/quotaring/quotaring/router"
 	"github.com/quotaring/quotaring/shard"
 	"github.com/quotaring/quotaring/snapshot"
@@ -558,5 +559,66 @@ func TestNewDataDirWithTheLedgerDownStopsWhenItIsBack(t *testing.T) {
 	}
 	if got := held(); got != before {
 		t.Fatalf("the crashed incarnation's reservations went from %d to %d units", before, got)
+	}
+}
+
+// A node that reaches its ledger late (it was down at start) does not
+// reset its reservations, as it serves from its data dir: what the ledger
+// reserves for its id beyond what it holds, here 7 units its previous
+// process reserved and never logged (killed with the reply on its way),
+// is counted in doubt (quotaring_reservations_uncertain_units), and its
+// stop frees them. Before, nothing counted them: the chaos harness's RES
+// found 3 such units (go test ./chaos_test -run TestChaos/handbacks: n2
+// restarted with its data dir while Postgres was stopped).
+func TestLateLedgerCountsInheritedReservations(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	if err := os.Mkdir(filepath.Join(dir, "ledger"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	dsn := "sqlite:" + filepath.Join(dir, "ledger", "l.db")
+	seedLedger(t, dsn, map[string]int64{"acme": 1000})
+	l, err := flush.Open(ctx, dsn, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if res, err := l.Reserve(ctx, "n1", flush.ReserveRequest{Account: "acme", Wall: time.Now(), Need: 7}); err != nil || len(res.Granted) == 0 {
+		t.Fatalf("reserve: %+v %v", res, err)
+	}
+	// The node's ledger is the same file through a directory that does
+	// not exist yet: down at start.
+	link := filepath.Join(dir, "link")
+	nd, err := Start(ctx, Config{ID: "n1", DataDir: filepath.Join(dir, "n1"), Ledger: "sqlite:" + filepath.Join(link, "l.db"),
+		RPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", AdminAddr: "127.0.0.1:0", GossipAddr: "127.0.0.1:0", RingPreset: ring.PresetLocal,
+		SettleInterval: 100 * time.Millisecond, SnapshotInterval: 100 * time.Millisecond, LedgerRetry: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stopped := false
+	t.Cleanup(func() {
+		if !stopped {
+			nd.Shutdown(context.Background())
+		}
+	})
+	if err := os.Symlink(filepath.Join(dir, "ledger"), link); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "the node to reach its ledger", func() bool { return nd.Ledger() != nil })
+	if got := nd.Engine().Stats().UncertainUnits.Load(); got != 7 {
+		t.Errorf("units in doubt after reaching the ledger late: %d, want the 7 its previous process reserved", got)
+	}
+	stopped = true
+	if err := nd.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	held, err := l.Reservations(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range held {
+		if r.Node == "n1" && r.Units != 0 {
+			t.Errorf("after its stop n1 still holds %d units of %s/%s", r.Units, r.Account, r.Grant)
+		}
 	}
 }
