@@ -45,15 +45,7 @@ func TestShutdownFreesReservationsTheNodeDidNotKnowOf(t *testing.T) {
 	if err := nd.Shutdown(ctx); err != nil {
 		t.Fatal(err)
 	}
-	held, err := l.Reservations(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, r := range held {
-		if r.Node == nd.ID() && r.Units != 0 {
-			t.Fatalf("after the drain %s still holds %d units of %s/%s", r.Node, r.Units, r.Account, r.Grant)
-		}
-	}
+	wantNothingReserved(t, l, nd.ID())
 }
 
 // A node that drains with everything settled says so in the ledger, so
@@ -612,13 +604,20 @@ func TestLateLedgerCountsInheritedReservations(t *testing.T) {
 	if err := nd.Shutdown(ctx); err != nil {
 		t.Fatal(err)
 	}
-	held, err := l.Reservations(ctx)
+	wantNothingReserved(t, l, "n1")
+}
+
+// wantNothingReserved fails t if the ledger still reserves units for node
+// (after its drain).
+func wantNothingReserved(t *testing.T, l flush.Ledger, node string) {
+	t.Helper()
+	held, err := l.Reservations(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, r := range held {
-		if r.Node == "n1" && r.Units != 0 {
-			t.Errorf("after its stop n1 still holds %d units of %s/%s", r.Units, r.Account, r.Grant)
+		if r.Node == node && r.Units != 0 {
+			t.Errorf("after its drain %s still holds %d units of %s/%s", r.Node, r.Units, r.Account, r.Grant)
 		}
 	}
 }
