@@ -46,43 +46,50 @@ func (h *harness) readHolds(ctx context.Context) []cluster.NodeHold {
 	if last == nil {
 		h.note("the nodes' reservations before the drain could not be read: %v", lastErr)
 	}
+	var disagree []string
 	for _, x := range last {
 		if !x.Agrees() {
-			h.keepHoldEvidence(ctx, x.Node)
+			disagree = append(disagree, x.Node)
 		}
+	}
+	if len(disagree) > 0 {
+		h.keepHoldEvidence(ctx, disagree)
 	}
 	return last
 }
 
-// keepHoldEvidence writes, for a node whose reservations disagree with the
-// ledger's, what both sides show per account before the drain erases it:
-// the node's status page (each owned account's grants, with the units its
-// allowance holds as "reserved") and the ledger's reservation rows of the
-// node, to NODE-status.html and NODE-reservations.txt in the run's dir.
-func (h *harness) keepHoldEvidence(ctx context.Context, node string) {
+// keepHoldEvidence writes, for each node whose reservations disagree with
+// the ledger's, what both sides show per account before the drain erases
+// it: the node's status page (each owned account's grants, with the units
+// its allowance holds as "reserved") and the ledger's reservation rows of
+// the node, to NODE-status.html and NODE-reservations.txt in the run's dir.
+func (h *harness) keepHoldEvidence(ctx context.Context, nodes []string) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
-	for _, n := range h.c.Nodes {
-		if n.ID != node || !n.Running() {
-			continue
-		}
-		if _, body, err := n.AdminGet(ctx, "/status"); err == nil {
-			_ = os.WriteFile(filepath.Join(h.dir, node+"-status.html"), []byte(body), 0o644)
-		}
-	}
 	rs, err := h.ledger.Reservations(ctx)
 	if err != nil {
+		h.note("the ledger's reservations could not be kept for %v: %v", nodes, err)
 		return
 	}
-	var b strings.Builder
-	fmt.Fprintf(&b, "# the ledger's reservations of %s before the drain: account grant units\n", node)
-	for _, r := range rs {
-		if r.Node == node && r.Units != 0 {
-			fmt.Fprintf(&b, "%s %s %d\n", r.Account, r.Grant, r.Units)
+	for _, node := range nodes {
+		for _, n := range h.c.Nodes {
+			if n.ID != node || !n.Running() {
+				continue
+			}
+			if _, body, err := n.AdminGet(ctx, "/status"); err == nil {
+				_ = os.WriteFile(filepath.Join(h.dir, node+"-status.html"), []byte(body), 0o644)
+			}
 		}
+		var b strings.Builder
+		fmt.Fprintf(&b, "# the ledger's reservations of %s before the drain: account grant units\n", node)
+		for _, r := range rs {
+			if r.Node == node && r.Units != 0 {
+				fmt.Fprintf(&b, "%s %s %d\n", r.Account, r.Grant, r.Units)
+			}
+		}
+		_ = os.WriteFile(filepath.Join(h.dir, node+"-reservations.txt"), []byte(b.String()), 0o644)
+		h.note("%s's reservations disagree with the ledger's before the drain: its status page and the ledger's rows are kept in %s (%s-status.html, %s-reservations.txt)", node, h.dir, node, node)
 	}
-	_ = os.WriteFile(filepath.Join(h.dir, node+"-reservations.txt"), []byte(b.String()), 0o644)
-	h.note("%s's reservations disagree with the ledger's before the drain: its status page and the ledger's rows are kept in %s (%s-status.html, %s-reservations.txt)", node, h.dir, node, node)
 }
 
 // holdsOnce is one reading: each running node's metrics, then the
