@@ -167,7 +167,13 @@ func (n *Node) releaseStranded(ctx context.Context) {
 		n.log.Info("freed the reservations this node still held (kept while the ledger looked down, lost commit replies, late top-ups, hand-backs waiting for a refund to settle)",
 			"units", units, "grants", len(freed), "allowance_zeroed", held)
 	}
-	if s := n.Settler(); s != nil && held > 0 {
+	// Settled whenever anything is left unsettled, not only when units
+	// were held: an allowance below zero (a refund of an older version
+	// taken back in the final settle, engine.Engine.TakeBack) is zeroed
+	// too, and its record was left unsettled after the drain when the
+	// sum read zero or less (quotad chaos --seed 12: SEQ, "1 records
+	// durable but not settled after the final drain").
+	if s := n.Settler(); s != nil && n.wal.DurableSeq() > n.wal.SettledSeq() {
 		if _, err := s.SettleOnce(rctx); err != nil {
 			n.log.Warn("could not settle the log's last records (allowances zeroed); the next start settles them", "err", err)
 		}

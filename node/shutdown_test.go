@@ -476,6 +476,44 @@ func TestDrainAfterALedgerBlipLeavesNoUnbackedAllowance(t *testing.T) {
 	}
 }
 
+// The drain ends with its log settled even when the allowances it zeroes
+// last sum to nothing: a take-back in the final settle (a duplicate refund
+// logged by an older version) leaves an allowance below zero after the
+// hand-backs, releaseStranded zeroes it, and it settled that record only
+// when the units held summed above zero (quotad chaos --seed 12: SEQ, "1
+// records durable but not settled after the final drain").
+func TestDrainSettlesAnAllowanceBelowZero(t *testing.T) {
+	dsn := "sqlite:" + filepath.Join(t.TempDir(), "ledger.db")
+	n1, _, acct, _ := chargedOnN1(t, dsn)
+	ctx := t.Context()
+	// Shutdown's steps, with the take-back between the final settle and
+	// releaseStranded.
+	n1.releaseAll(ctx)
+	n1.stopLoops()
+	if err := n1.finalSettle(ctx); err != nil {
+		t.Fatalf("final settle: %v", err)
+	}
+	var grant string
+	for _, a := range n1.eng.Accounts() {
+		if a.ID == acct && len(a.Grants) > 0 {
+			grant = a.Grants[0].ID
+		}
+	}
+	if grant == "" {
+		t.Fatalf("n1 holds no grant of %s", acct)
+	}
+	if err := n1.eng.TakeBack(ctx, acct, []shard.Alloc{{Grant: grant, Units: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	if held := n1.eng.AllowanceHeld(); held >= 0 {
+		t.Fatalf("allowance held after the take-back: %d, want below zero", held)
+	}
+	n1.releaseStranded(ctx)
+	if settled, durable := n1.wal.SettledSeq(), n1.wal.DurableSeq(); settled != durable {
+		t.Fatalf("after releaseStranded the log is settled to %d of %d durable records; want all", settled, durable)
+	}
+}
+
 // A node whose log is not synced before it answers says so at start, at
 // WARN: it loses acknowledged charges on a machine crash, and started that
 // way by a stray QUOTAD_WAL_SYNC=false it said nothing.
