@@ -43,6 +43,13 @@
 // again; when about half of an account's last reservation is spent, a
 // background loop tops it up, so steady traffic never waits for the ledger.
 //
+// A refund's units go back to the grant in the ledger when its record
+// settles, never to the allowance: only the ledger knows whether a refund
+// counted (two owners can refund one event during a handoff), so units
+// credited here first could be spent twice. A charge that lacks units while
+// a refund of its account is unsettled waits for that settle
+// (Options.SettleSoon asks for it) before it asks for a reservation.
+//
 // # Clocks
 //
 // A decision reads Clock once: a wall reading, which names the month, and a

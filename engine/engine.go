@@ -107,6 +107,12 @@ type Options struct {
 	// while it does not trust its own view of the ring (after a pause of its
 	// process). It must not block; nil decides as usual.
 	Hold func() error
+	// SettleSoon, when set, asks the settler to settle the log now (it
+	// must not block): a charge short of units calls it while it waits
+	// for a refund of its account to settle (the refund's units are the
+	// ledger's to reserve once it has). Unset, the charge waits for the
+	// settler's next round.
+	SettleSoon func()
 	// Logger defaults to discarding.
 	Logger *slog.Logger
 	// OnCharge, when set, hears every charge once it is answered (after
@@ -159,6 +165,10 @@ type Engine struct {
 	// is set, a charge that needs a reservation is refused at once and the
 	// background top-up asks the ledger instead (reserveForCharge).
 	stalledAt atomic.Int64
+	// settled is closed, and replaced, each time Settle moves the log's
+	// settled mark (waitSettled).
+	settledMu sync.Mutex // protects settled
+	settled   chan struct{}
 	ctx       context.Context // canceled by Close: stops the top-up loop and its ledger calls
 	cancel    context.CancelFunc
 	wg        sync.WaitGroup
@@ -196,8 +206,15 @@ type entry struct {
 	// refundSeq is the seq of the account's last refund that gave reserved
 	// units back to its allowance (its record moves the ledger's
 	// reservation up when it settles). A hand-back of the allowance waits
-	// until the log is settled that far: see Release.
+	// until the log is settled that far: see Release. Only records of older
+	// versions do that now (shard.Record.Reserved).
 	refundSeq uint64
+	// freedSeq is the seq of the account's last refund that gave hard
+	// units back to the ledger's grant (reservations on): the ledger has
+	// them free once the log is settled that far. A charge short of units
+	// waits for that settle before it asks for a reservation
+	// (reserveOnce), so that a refunded unit can be spent again at once.
+	freedSeq uint64
 }
 
 // Stats are counters for metrics.
@@ -377,15 +394,20 @@ func (e *Engine) appendLocked(st *stripe, ent *entry) (uint64, error) {
 	}
 	ent.acct.LastSeq = seq
 	ent.dirty = true
-	ent.noteRefund(seq, &st.rec)
+	ent.noteRefund(seq, &st.rec, e.params.Reservations)
 	return seq, nil
 }
 
-// noteRefund keeps seq as the account's last refund into its allowance if
-// rec is one (see entry.refundSeq).
-func (ent *entry) noteRefund(seq uint64, rec *shard.Record) {
-	if rec.Type == shard.RecRefund && rec.Reserved {
+// noteRefund keeps seq as the account's last refund into its allowance
+// (entry.refundSeq) or into the ledger's hard grants (entry.freedSeq) if
+// rec is one.
+func (ent *entry) noteRefund(seq uint64, rec *shard.Record, reservations bool) {
+	switch {
+	case rec.Type != shard.RecRefund || rec.Kept || rec.Origin != "":
+	case rec.Reserved:
 		ent.refundSeq = max(ent.refundSeq, seq)
+	case reservations: // only hard accounts reserve: a soft one's is never read
+		ent.freedSeq = max(ent.freedSeq, seq)
 	}
 }
 

@@ -36,7 +36,7 @@ func (e *Engine) recover() error {
 			ent.acct.ApplyRecord(seq, &rec, &e.params)
 			ent.dirty = true
 		}
-		ent.noteRefund(seq, &rec) // unsettled: a hand-back waits for it too
+		ent.noteRefund(seq, &rec, e.params.Reservations) // unsettled: a hand-back or a reservation waits for it too
 		return nil
 	})
 	if err != nil {

@@ -36,9 +36,22 @@ func (e *Engine) reserveOnce(ctx context.Context, account string, shortfall int6
 	now := e.clock.Now()
 	wall := ent.acct.Wall(now.Wall) // the account's month, which may be ahead of this clock
 	need := addSat(max(shortfall, ent.waiting), max(ent.chunkLocked(now.Mono, int64(e.opts.ReserveWindow)), chunkFloor(ent.acct.Limit(wall))))
+	freed := ent.freedSeq
 	st.mu.Unlock()
 
+	if shortfall > 0 && freed > e.log.SettledSeq() {
+		// A refund gave units of this account back to the ledger's grant
+		// (shard: Account.refund), and the ledger has them only once it
+		// settles: asked before, it would answer the grant exhausted and
+		// the charge would be refused while this node shows units left.
+		if err := e.waitSettled(ctx, freed); err != nil {
+			return fmt.Errorf("%w: account %q: a refund of its units is not settled in the ledger yet (log record %d): %v; retry shortly",
+				ErrQuotaUnavailable, account, freed, err)
+		}
+	}
+
 	e.stats.Reservations.Add(1)
+	asked := e.log.SettledSeq() // the ledger's answer includes this node's refunds up to here
 	res, err := e.opts.Reserver.Reserve(ctx, ReserveRequest{Account: account, Wall: wall, Need: need})
 	if err != nil {
 		e.stats.ReserveErrors.Add(1)
@@ -47,7 +60,7 @@ func (e *Engine) reserveOnce(ctx context.Context, account string, shortfall int6
 		}
 		return fmt.Errorf("%w: account %q: %v", ErrQuotaUnavailable, account, err)
 	}
-	giveBack, err := e.applyReservation(account, need, res)
+	giveBack, err := e.applyReservation(account, asked, res)
 	if err != nil {
 		// Granted in the ledger, and not (all) in the allowance: the log
 		// did not take it.
@@ -102,8 +115,13 @@ func units(allocs []shard.Alloc) int64 {
 
 // applyReservation logs the granted units as allowance. Units for a grant
 // this node does not know (its snapshot is older than the ledger's) or for an
-// account it no longer owns are handed back.
-func (e *Engine) applyReservation(account string, need int64, res ReserveResult) (giveBack []shard.Alloc, err error) {
+// account it no longer owns are handed back. asked is the log's settled mark
+// when the ledger was asked: a grant it called exhausted is not marked so
+// when a refund of the account was unsettled then (entry.freedSeq), since
+// the refund's units are free there once it settles (a top-up answered
+// after a refund marked the grant exhausted again, and the next charge was
+// refused without asking).
+func (e *Engine) applyReservation(account string, asked uint64, res ReserveResult) (giveBack []shard.Alloc, err error) {
 	st := e.stripeFor(account)
 	st.mu.Lock()
 	defer st.mu.Unlock()
@@ -128,6 +146,9 @@ func (e *Engine) applyReservation(account string, need int64, res ReserveResult)
 	}
 	if total > 0 {
 		ent.chunk = total
+	}
+	if ent.freedSeq > asked {
+		return giveBack, nil
 	}
 	for _, id := range res.Exhausted {
 		ent.acct.MarkExhausted(id, now.Mono+int64(e.opts.ExhaustedBackoff))
@@ -519,7 +540,9 @@ func (g *flightGroup) do(ctx context.Context, key string, fn func() error) error
 // TakeBack removes units from the account's allowance without asking the
 // ledger: the settler calls it for a refund the ledger found to be a
 // duplicate (the units had been credited here but not there). It logs the
-// change like any reservation change.
+// change like any reservation change. Only refund records older versions
+// logged credit the allowance (shard.Record.Reserved): refunds now give
+// their units to the ledger's grant.
 //
 // It may take the allowance below zero: a hand-back since gave the
 // credited units back with the rest, and the ledger took them off the

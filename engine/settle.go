@@ -27,7 +27,39 @@ func (e *Engine) Settle(ctx context.Context, upto uint64) error {
 		e.redirty(cps)
 		return fmt.Errorf("engine: settle to %d: %w", upto, err)
 	}
+	e.settledMu.Lock()
+	if e.settled != nil {
+		close(e.settled)
+		e.settled = nil
+	}
+	e.settledMu.Unlock()
 	return nil
+}
+
+// waitSettled waits until the log is settled through seq, asking the
+// settler to settle now (Options.SettleSoon), or until ctx ends.
+func (e *Engine) waitSettled(ctx context.Context, seq uint64) error {
+	for {
+		e.settledMu.Lock()
+		if e.settled == nil {
+			e.settled = make(chan struct{})
+		}
+		ch := e.settled
+		e.settledMu.Unlock()
+		if e.log.SettledSeq() >= seq { // NB: read after taking ch, so a Settle between the two closes it
+			return nil
+		}
+		if e.opts.SettleSoon != nil {
+			e.opts.SettleSoon()
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-e.ctx.Done():
+			return ErrClosed
+		}
+	}
 }
 
 // checkpoints collects the changed accounts' states and clears their dirty

@@ -535,11 +535,20 @@ func (n *Node) openEngine(pauseBound time.Duration) error {
 		LedgerTimeout: n.cfg.LedgerTimeout, // top-ups and release retries, bounded as settles are
 		Params:        shard.Params{DedupMax: n.cfg.DedupMaxIDs},
 		Owns:          n.owns, Hold: n.pause.check, Logger: n.log.With("component", "engine"), OnCharge: n.onCharge,
+		SettleSoon: n.settleSoon,
 	})
 	if err != nil {
 		return fmt.Errorf("node: recover the engine: %w", err)
 	}
 	return nil
+}
+
+// settleSoon asks the settler, once the ledger is reached, to settle now
+// (engine.Options.SettleSoon).
+func (n *Node) settleSoon() {
+	if s := n.Settler(); s != nil {
+		s.Kick()
+	}
 }
 
 // onCharge hears every charge the engine answered: metrics, and (when

@@ -686,7 +686,24 @@ func (a *Account) refund(eventID string, receipt *Receipt, self string, attempt 
 		a.fill(&d, now, wall)
 		return d
 	}
-	rec.Reserved, rec.Attempt = a.reserved(params), attempt
+	// A refund's units go back to the grant in the ledger, free for any
+	// node to reserve (Reserved false), never into this node's allowance:
+	// credited here before the ledger had looked, a refund that turned out
+	// a duplicate (two owners refunding one event during a handoff) left
+	// units spendable here that the ledger did not back, and a charge
+	// could spend them before the take-back (G1: quotad chaos --seed 12,
+	// 21 of 20). Spending them again takes a reservation once the refund
+	// is settled; the engine waits for that settle when a charge lacks
+	// them (see engine.Engine's reserve). The grant is no longer known to
+	// be exhausted, so the next charge short of units asks the ledger.
+	rec.Attempt = attempt
+	if a.reserved(params) {
+		for _, al := range rec.Allocs {
+			if g := a.grant(al.Grant); g != nil {
+				g.exhaustedUntil = 0
+			}
+		}
+	}
 	a.unspend(rec)
 	d.Reason, d.Units = Refunded, rec.Units
 	a.fill(&d, now, wall)

@@ -55,7 +55,9 @@
 //
 // # Refunds
 //
-// A refund returns an event's units to the grants that paid them, once. The
+// A refund returns an event's units to the grants that paid them, once; in
+// reservations mode to the grant in the ledger (the record is not Reserved),
+// not to this node's allowance, and the grant counts as exhausted no more. The
 // account remembers client ids for the dedup window and the last RecentEvents
 // generated ids; a refund for an event it does not remember answers
 // UnknownEvent.

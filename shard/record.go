@@ -70,7 +70,9 @@ type Record struct {
 	Gen uint32
 	// Reserved says the units came from (charge) or went back to (refund)
 	// this node's reservation: the ledger moves them between used and this
-	// node's reserved units accordingly.
+	// node's reserved units accordingly. Refunds no longer set it (their
+	// units go back to the grant's free units: see Account.refund); the
+	// ledger and recovery still honour it on records older versions logged.
 	Reserved bool
 	Key      string // charge, refund: API key id
 	Route    string // charge, refund

@@ -1272,7 +1272,13 @@ func TestPendingRefundWaitsForEveryReplay(t *testing.T) {
 // them to the node's reservation: spent again, they need no new round trip.
 // Returned to the grant only, they were lost to this node, and the next
 // charges waited for the ledger again.
-func TestRefundReturnsUnitsToTheAllowance(t *testing.T) {
+// A refund in reservations mode gives its units back to the grant in the
+// ledger, not to this node's allowance: a refund that the ledger finds to be
+// a duplicate (two owners refunding one event during a handoff) must leave
+// nothing here to spend (G1). The grant is no longer known to be exhausted:
+// the next charge short of units asks the ledger, which has them once the
+// refund settles.
+func TestRefundReturnsUnitsToTheLedger(t *testing.T) {
 	p := DefaultParams()
 	p.Reservations = true
 	now := at("2026-06-10T00:00:00Z")
@@ -1280,16 +1286,35 @@ func TestRefundReturnsUnitsToTheAllowance(t *testing.T) {
 	a := NewAccount(AccountConfig{ID: "a", Plan: hardPlan(100)})
 	var rec Record
 	a.Reserve(june, 10, now, &rec)
-	if d, _ := charge(a, "e1", 4, now, &p); d.Reason != OK {
+	if d, _ := charge(a, "e1", 10, now, &p); d.Reason != OK {
 		t.Fatalf("charge: %v", d.Reason)
 	}
-	if d := a.Refund("e1", nil, "", now, &p, &rec); d.Reason != Refunded || !rec.Reserved {
-		t.Fatalf("refund: %v, record reserved %v; want refunded, reserved", d.Reason, rec.Reserved)
+	a.MarkExhausted(june, now.Mono+int64(time.Hour))
+	if d, _ := charge(a, "e2", 1, now, &p); d.Reason != QuotaExceeded {
+		t.Fatalf("a charge with the grant exhausted in the ledger: %v, want quota exceeded", d.Reason)
 	}
-	if got := a.Allowances(); !slices.Equal(got, []Alloc{{Grant: june, Units: 10}}) {
-		t.Fatalf("allowance after the refund: %v, want all 10 back", got)
+	d := a.Refund("e1", nil, "", now, &p, &rec)
+	if d.Reason != Refunded || rec.Reserved || rec.Units != 10 {
+		t.Fatalf("refund: %v, %d units, record reserved %v; want refunded, 10 units, not reserved", d.Reason, rec.Units, rec.Reserved)
 	}
-	if d, _ := charge(a, "e2", 10, now, &p); d.Reason != OK {
-		t.Fatalf("the 10 reserved units after the refund: %v, want ok", d.Reason)
+	if got := a.Allowances(); !slices.Equal(got, []Alloc{{Grant: june, Units: 0}}) && len(got) != 0 {
+		t.Fatalf("allowance after the refund: %v, want nothing: the units went back to the ledger", got)
+	}
+	if d, _ := charge(a, "e3", 4, now, &p); d.Reason != NeedReservation || d.Shortfall != 4 {
+		t.Fatalf("a charge after the refund: %v short %d, want a reservation of 4 asked for (the refund's units are the ledger's)", d.Reason, d.Shortfall)
+	}
+	// Recovery applies the refund record the same way.
+	b := NewAccount(AccountConfig{ID: "a", Plan: hardPlan(100)})
+	var r2 Record
+	b.Reserve(june, 10, now, &r2)
+	chargeRec := Record{Type: RecCharge, Account: "a", EventID: "e1", ClientID: true, Units: 10, Period: PeriodOf(now.Wall), Wall: now.Wall, Reserved: true,
+		Allocs: []Alloc{{Grant: june, Units: 10}}}
+	b.ApplyRecord(1, &chargeRec, &p)
+	b.ApplyRecord(2, &rec, &p)
+	if got := b.Allowance(now.Wall); got != 0 {
+		t.Fatalf("allowance after recovering the refund: %d, want 0", got)
+	}
+	if g := b.Grants(); len(g) != 1 || g[0].Used != 0 || g[0].Allowance != 0 {
+		t.Fatalf("grants after recovering the refund: %+v, want used 0, allowance 0", g)
 	}
 }
