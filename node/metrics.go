@@ -172,7 +172,7 @@ func newMetrics(n *Node) *metrics {
 			}
 			return float64(n.eng.AllowanceHeld())
 		}),
-		gauge("quotaring_reservations_uncertain_units", "The most units the ledger may hold reserved for this node beyond quotaring_reservations_held_units: reservations whose commit was cut off (outcome unknown), hand-backs of units it could not use that the ledger refused, and refunds taken back from its allowance whose credit in the ledger is not known (a settle whose answer was lost, a duplicate refund taken back after a hand-back). Nobody can spend them until this node's next start or stop frees them (or quotad revoke).", func() float64 {
+		gauge("quotaring_reservations_uncertain_units", "The most units the ledger may hold reserved for this node beyond quotaring_reservations_held_units: reservations whose commit was cut off (outcome unknown), hand-backs of units it could not use that the ledger refused, and refunds logged by older versions taken back from its allowance whose credit in the ledger is not known (a settle whose answer was lost, a duplicate refund taken back after a hand-back). Nobody can spend them until this node's next start or stop frees them (or quotad revoke).", func() float64 {
 			if n.eng == nil {
 				return 0
 			}
