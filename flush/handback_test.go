@@ -3,11 +3,8 @@ package flush
 import (
 	"context"
 	"testing"
-	"time"
 
-	"github.com/quotaring/quotaring/engine"
 	"github.com/quotaring/quotaring/shard"
-	"github.com/quotaring/quotaring/snapshot"
 )
 
 // A hand-back of an allowance that holds units a refund gave back, sent
@@ -20,18 +17,7 @@ import (
 // settle.
 func TestHandBackAfterAnUnsettledRefundFreesItsUnits(t *testing.T) {
 	ctx := context.Background()
-	clock := engine.NewManualClock(time.Date(2026, 6, 10, 0, 0, 0, 0, time.UTC))
-	l := migratedSQLite(t, func() time.Time { return time.Unix(0, clock.Now().Wall) })
-	if err := l.UpsertPlan(ctx, snapshot.Plan{ID: "m100", MonthlyQuota: 100, Hard: true}); err != nil {
-		t.Fatal(err)
-	}
-	if err := l.UpsertAccount(ctx, "acme", "m100"); err != nil {
-		t.Fatal(err)
-	}
-	snap, err := l.Snapshot(ctx, time.Unix(0, clock.Now().Wall))
-	if err != nil {
-		t.Fatal(err)
-	}
+	l, snap, clock := hardAcme(t, 100)
 	n1 := openTBNode(t, "n1", l, snap, clock)
 	reservedInLedger := func() int64 {
 		rs, err := l.Reservations(ctx)

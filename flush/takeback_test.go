@@ -3,6 +3,7 @@ package flush
 import (
 	"context"
 	"errors"
+	"fmt"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
@@ -81,6 +82,44 @@ func openTBNodeWith(t *testing.T, id string, l Ledger, snap *snapshot.Snapshot, 
 	return tbNode{e: e, s: s}
 }
 
+// mustRefund refunds acme's event id at n, which must answer Refunded.
+func (n tbNode) mustRefund(t *testing.T, id string, receipt *shard.Receipt) {
+	t.Helper()
+	if d, err := n.e.Refund(t.Context(), "acme", id, receipt); err != nil || d.Reason != shard.Refunded {
+		t.Fatalf("refund of %s: %+v, %v", id, d, err)
+	}
+}
+
+// mustSettle settles n's log once.
+func (n tbNode) mustSettle(t *testing.T) {
+	t.Helper()
+	if _, err := n.s.SettleOnce(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// hardAcme is a SQLite ledger with one account, acme, on a hard plan of
+// quota units a month, its config snapshot, and the clock both read
+// (10 June 2026).
+func hardAcme(t *testing.T, quota int64) (*SQLite, *snapshot.Snapshot, *engine.ManualClock) {
+	t.Helper()
+	ctx := t.Context()
+	clock := engine.NewManualClock(time.Date(2026, 6, 10, 0, 0, 0, 0, time.UTC))
+	l := migratedSQLite(t, func() time.Time { return time.Unix(0, clock.Now().Wall) })
+	plan := snapshot.Plan{ID: fmt.Sprintf("m%d", quota), MonthlyQuota: quota, Hard: true}
+	if err := l.UpsertPlan(ctx, plan); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.UpsertAccount(ctx, "acme", plan.ID); err != nil {
+		t.Fatal(err)
+	}
+	snap, err := l.Snapshot(ctx, time.Unix(0, clock.Now().Wall))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l, snap, clock
+}
+
 // An event refunded at two owners (a handover): the ledger refunds it once.
 // Refunds used to credit the refunding node's allowance, and the settler
 // took a duplicate's units back; when that settle's answer was lost, the
@@ -98,18 +137,7 @@ func TestDuplicateRefundTakenBackWhenTheSettleAnswerIsLost(t *testing.T) {
 
 func testLostSettleAnswer(t *testing.T, more, dup bool) {
 	ctx := context.Background()
-	clock := engine.NewManualClock(time.Date(2026, 6, 10, 0, 0, 0, 0, time.UTC))
-	base := migratedSQLite(t, func() time.Time { return time.Unix(0, clock.Now().Wall) })
-	if err := base.UpsertPlan(ctx, snapshot.Plan{ID: "m100", MonthlyQuota: 100, Hard: true}); err != nil {
-		t.Fatal(err)
-	}
-	if err := base.UpsertAccount(ctx, "acme", "m100"); err != nil {
-		t.Fatal(err)
-	}
-	snap, err := base.Snapshot(ctx, time.Unix(0, clock.Now().Wall))
-	if err != nil {
-		t.Fatal(err)
-	}
+	base, snap, clock := hardAcme(t, 100)
 	lossy := &lostSettleAnswer{Ledger: base}
 	n1 := openTBNode(t, "n1", lossy, snap, clock)
 	n2 := openTBNode(t, "n2", base, snap, clock)
@@ -124,16 +152,10 @@ func testLostSettleAnswer(t *testing.T, more, dup bool) {
 	// The event is refunded at n2 (it owns acme now) and settled there
 	// first, then at n1 too.
 	if dup {
-		if d, err := n2.e.Refund(ctx, "acme", "e1", res.Receipt); err != nil || d.Reason != shard.Refunded {
-			t.Fatalf("refund at n2: %+v, %v", d, err)
-		}
-		if _, err := n2.s.SettleOnce(ctx); err != nil {
-			t.Fatal(err)
-		}
+		n2.mustRefund(t, "e1", res.Receipt)
+		n2.mustSettle(t)
 	}
-	if d, err := n1.e.Refund(ctx, "acme", "e1", res.Receipt); err != nil || d.Reason != shard.Refunded {
-		t.Fatalf("refund at n1: %+v, %v", d, err)
-	}
+	n1.mustRefund(t, "e1", res.Receipt)
 	lossy.lose.Store(true)
 	if _, err := n1.s.SettleOnce(ctx); err == nil {
 		t.Fatal("the settle whose answer was lost reported no error")
@@ -180,18 +202,7 @@ func testLostSettleAnswer(t *testing.T, more, dup bool) {
 // the refund's settle, which it asks for).
 func TestDuplicateRefundLeavesNothingToSpendTwice(t *testing.T) {
 	ctx := t.Context()
-	clock := engine.NewManualClock(time.Date(2026, 6, 10, 0, 0, 0, 0, time.UTC))
-	l := migratedSQLite(t, func() time.Time { return time.Unix(0, clock.Now().Wall) })
-	if err := l.UpsertPlan(ctx, snapshot.Plan{ID: "m20", MonthlyQuota: 20, Hard: true}); err != nil {
-		t.Fatal(err)
-	}
-	if err := l.UpsertAccount(ctx, "acme", "m20"); err != nil {
-		t.Fatal(err)
-	}
-	snap, err := l.Snapshot(ctx, time.Unix(0, clock.Now().Wall))
-	if err != nil {
-		t.Fatal(err)
-	}
+	l, snap, clock := hardAcme(t, 20)
 	n1 := openTBNodeWith(t, "n1", l, snap, clock, true)
 	n2 := openTBNodeWith(t, "n2", l, snap, clock, true)
 	charge := func(n tbNode, id string, units int64) (engine.Result, error) {
@@ -204,9 +215,7 @@ func TestDuplicateRefundLeavesNothingToSpendTwice(t *testing.T) {
 	if err != nil || r1.Reason != shard.OK {
 		t.Fatalf("charge e1 at n1: %+v, %v", r1, err)
 	}
-	if _, err := n1.s.SettleOnce(ctx); err != nil {
-		t.Fatal(err)
-	}
+	n1.mustSettle(t)
 	if err := n1.e.Release(ctx, "acme"); err != nil { // the handoff: n1 hands its units back
 		t.Fatal(err)
 	}
@@ -214,19 +223,11 @@ func TestDuplicateRefundLeavesNothingToSpendTwice(t *testing.T) {
 	if err != nil || r2.Reason != shard.OK {
 		t.Fatalf("charge e1 at n2: %+v, %v", r2, err)
 	}
-	if _, err := n2.s.SettleOnce(ctx); err != nil { // a duplicate: not billed, its units free in the ledger
-		t.Fatal(err)
-	}
+	n2.mustSettle(t) // a duplicate: not billed, its units free in the ledger
 	// The refund at n1 settles first and applies; n2's is the duplicate.
-	if d, err := n1.e.Refund(ctx, "acme", "e1", r1.Receipt); err != nil || d.Reason != shard.Refunded {
-		t.Fatalf("refund of e1 at n1: %+v, %v", d, err)
-	}
-	if _, err := n1.s.SettleOnce(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if d, err := n2.e.Refund(ctx, "acme", "e1", r2.Receipt); err != nil || d.Reason != shard.Refunded {
-		t.Fatalf("refund of e1 at n2: %+v, %v", d, err)
-	}
+	n1.mustRefund(t, "e1", r1.Receipt)
+	n1.mustSettle(t)
+	n2.mustRefund(t, "e1", r2.Receipt)
 
 	// n2 spends all it holds before its own settle has told it anything,
 	// then both nodes spend one unit at a time until the ledger has none.
@@ -255,9 +256,7 @@ func TestDuplicateRefundLeavesNothingToSpendTwice(t *testing.T) {
 			}
 		}
 		for _, n := range []tbNode{n1, n2} {
-			if _, err := n.s.SettleOnce(ctx); err != nil {
-				t.Fatal(err)
-			}
+			n.mustSettle(t)
 		}
 		if exceeded == 2 {
 			break
@@ -385,18 +384,7 @@ func TestMonthNotFinalWhileSettlesFail(t *testing.T) {
 // exceeded while the node showed units left.
 func TestRefundedUnitsSpendableAtOnce(t *testing.T) {
 	ctx := t.Context()
-	clock := engine.NewManualClock(time.Date(2026, 6, 10, 0, 0, 0, 0, time.UTC))
-	l := migratedSQLite(t, func() time.Time { return time.Unix(0, clock.Now().Wall) })
-	if err := l.UpsertPlan(ctx, snapshot.Plan{ID: "m10", MonthlyQuota: 10, Hard: true}); err != nil {
-		t.Fatal(err)
-	}
-	if err := l.UpsertAccount(ctx, "acme", "m10"); err != nil {
-		t.Fatal(err)
-	}
-	snap, err := l.Snapshot(ctx, time.Unix(0, clock.Now().Wall))
-	if err != nil {
-		t.Fatal(err)
-	}
+	l, snap, clock := hardAcme(t, 10)
 	n := openTBNodeWith(t, "n1", l, snap, clock, true)
 	charge := func(units int64) (engine.Result, error) {
 		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
@@ -420,9 +408,7 @@ func TestRefundedUnitsSpendableAtOnce(t *testing.T) {
 	if err != nil || res.Reason != shard.OK || res.Remaining != 0 {
 		t.Fatalf("charge of the 3 refunded units: %+v, %v; want ok, 0 left", res, err)
 	}
-	if _, err := n.s.SettleOnce(ctx); err != nil {
-		t.Fatal(err)
-	}
+	n.mustSettle(t)
 	june := shard.MonthlyGrantID(shard.PeriodOf(clock.Now().Wall))
 	if g := grantOf(t, l, "acme", june); g.Used != 10 || g.Reserved != 0 {
 		t.Fatalf("the ledger's grant: used %d, reserved %d; want 10 used, none reserved", g.Used, g.Reserved)
