@@ -403,7 +403,7 @@ func (e *Engine) appendLocked(st *stripe, ent *entry) (uint64, error) {
 // rec is one.
 func (ent *entry) noteRefund(seq uint64, rec *shard.Record, reservations bool) {
 	switch {
-	case rec.Type != shard.RecRefund || rec.Kept || rec.Origin != "":
+	case rec.Type != shard.RecRefund || rec.Kept:
 	case rec.Reserved:
 		ent.refundSeq = max(ent.refundSeq, seq)
 	case reservations: // only hard accounts reserve: a soft one's is never read

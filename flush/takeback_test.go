@@ -414,3 +414,51 @@ func TestRefundedUnitsSpendableAtOnce(t *testing.T) {
 		t.Fatalf("the ledger's grant: used %d, reserved %d; want 10 used, none reserved", g.Used, g.Reserved)
 	}
 }
+
+// The HTTP front refunds an attempt whose upstream failed through the
+// account's owner, which may be a new one since the charge (Record.Origin):
+// the refund applies in the ledger, and the new owner, whose use was seeded
+// from the ledger with that charge in it, must let the units be spent
+// again. It kept counting them used, and refused them (quota exceeded)
+// until the account moved again.
+func TestForeignAttemptRefundFreesTheUnitsAtTheNewOwner(t *testing.T) {
+	ctx := t.Context()
+	l, snap, clock := hardAcme(t, 10)
+	n1 := openTBNodeWith(t, "n1", l, snap, clock, true)
+	n2 := openTBNodeWith(t, "n2", l, snap, clock, true)
+	charge := func(n tbNode, units int64) (engine.Result, error) {
+		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		return n.e.Charge(cctx, "acme", shard.Charge{Units: units})
+	}
+	first, err := charge(n1, 4)
+	if err != nil || first.Reason != shard.OK {
+		t.Fatalf("charge 4 at n1: %+v, %v", first, err)
+	}
+	n1.mustSettle(t)
+	if err := n1.e.Release(ctx, "acme"); err != nil { // the account moves to n2
+		t.Fatal(err)
+	}
+	seeded, err := l.Snapshot(ctx, time.Unix(0, clock.Now().Wall))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := n2.e.SetSnapshot(seeded, engine.AllSettled); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := charge(n2, 6); err != nil || res.Reason != shard.OK || res.Remaining != 0 {
+		t.Fatalf("charge 6 at n2: %+v, %v; want ok, 0 left", res, err)
+	}
+	d, err := n2.e.RefundAttempt(ctx, "acme", first.EventID, first.Receipt)
+	if err != nil || d.Reason != shard.Refunded || d.Remaining != 4 {
+		t.Fatalf("n1's attempt refunded through n2: %+v, %v; want refunded, 4 left", d, err)
+	}
+	if res, err := charge(n2, 4); err != nil || res.Reason != shard.OK {
+		t.Fatalf("charge of the 4 refunded units at n2: %+v, %v; want ok", res, err)
+	}
+	n2.mustSettle(t)
+	june := shard.MonthlyGrantID(shard.PeriodOf(clock.Now().Wall))
+	if g := grantOf(t, l, "acme", june); g.Used != 10 {
+		t.Fatalf("the ledger's grant: used %d, want 10", g.Used)
+	}
+}

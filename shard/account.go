@@ -580,6 +580,7 @@ func (a *Account) RefundAttempt(eventID string, receipt *Receipt, self string, n
 		rec.EventID, rec.Attempt, rec.Origin = eventID, true, receipt.Node
 		rec.Units, rec.Period, rec.ChargeWall, rec.Key, rec.Route, rec.Gen = receipt.Units, receipt.Period, receipt.Wall, receipt.Key, receipt.Route, receipt.Gen
 		rec.Allocs = append(rec.Allocs, receipt.Allocs...)
+		a.unspendElsewhere(rec, params)
 		a.fill(&d, now, wall)
 		return d
 	}
@@ -697,17 +698,46 @@ func (a *Account) refund(eventID string, receipt *Receipt, self string, attempt 
 	// them (see engine.Engine's reserve). The grant is no longer known to
 	// be exhausted, so the next charge short of units asks the ledger.
 	rec.Attempt = attempt
-	if a.reserved(params) {
-		for _, al := range rec.Allocs {
-			if g := a.grant(al.Grant); g != nil {
-				g.exhaustedUntil = 0
-			}
-		}
-	}
+	a.notExhausted(rec.Allocs, params)
 	a.unspend(rec)
 	d.Reason, d.Units = Refunded, rec.Units
 	a.fill(&d, now, wall)
 	return d
+}
+
+// unspendElsewhere lowers the use of the grants an attempt's refund of
+// another node's charge names (Record.Origin). Nothing else of that charge
+// is here (its dedup entry, its route count, its allowance are the other
+// node's), but the use this owner was seeded or refreshed with from the
+// ledger counts it once settled: kept, the refunded units stayed used here
+// until the account moved again, and a hard account at its quota was
+// refused units the ledger had free. Where the ledger keeps the event
+// instead (a retry served under it) or this use never counted the charge,
+// the next refresh raises the use back (settled use is a lower bound), and
+// hard limits hold whatever this reads: charges spend reserved units only.
+// So it does so in reservations mode only; without reservations the use
+// here is what enforces. The grants count as exhausted no more (see
+// refund).
+func (a *Account) unspendElsewhere(rec *Record, params *Params) {
+	if !params.Reservations {
+		return
+	}
+	a.spend(rec.Allocs, -1, false)
+	a.notExhausted(rec.Allocs, params)
+}
+
+// notExhausted forgets that the ledger called the grants of allocs
+// exhausted (reservations mode): a refund gives their units back there, so
+// the next charge short of units asks the ledger again.
+func (a *Account) notExhausted(allocs []Alloc, params *Params) {
+	if !a.reserved(params) {
+		return
+	}
+	for _, al := range allocs {
+		if g := a.grant(al.Grant); g != nil {
+			g.exhaustedUntil = 0
+		}
+	}
 }
 
 func (a *Account) unspend(rec *Record) {

@@ -51,9 +51,10 @@ type Record struct {
 	Attempt bool
 	// Origin, on an attempt's refund, names the node that charged the
 	// attempt when it is not this one (the account moved since): this node
-	// holds nothing of that charge, so the record changes nothing here and
-	// only tells the ledger. Empty: this node charged it. On a replay taken
-	// back, it names the node that answered the replay.
+	// holds nothing of that charge but the use it counts of it (from the
+	// ledger), which the record lowers; the rest is the ledger's to decide.
+	// Empty: this node charged it. On a replay taken back, it names the
+	// node that answered the replay.
 	Origin string
 	// Kept marks an attempt's refund held back because retries answered
 	// Replayed may have been served under the charge (the event stays

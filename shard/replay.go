@@ -28,7 +28,10 @@ func (a *Account) ApplyRecord(seq uint64, rec *Record, params *Params) {
 		}
 	case RecRefund:
 		if rec.Origin != "" {
-			break // another node's charge: nothing of it is here (see Record.Origin)
+			// Another node's charge: only the use this owner counts of it
+			// is here (see unspendElsewhere).
+			a.unspendElsewhere(rec, params)
+			break
 		}
 		a.advance(rec.Wall)
 		a.dedup.expire(a.seen, params.DedupWindow, params.DedupMax)

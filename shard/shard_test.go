@@ -1318,3 +1318,36 @@ func TestRefundReturnsUnitsToTheLedger(t *testing.T) {
 		t.Fatalf("grants after recovering the refund: %+v, want used 0, allowance 0", g)
 	}
 }
+
+// An attempt's refund of a charge another node made (the account moved
+// here since) lowers the use this owner counts, in reservations mode: the
+// use it was seeded with from the ledger counts that charge, and kept, the
+// refunded units stayed used here until the account moved again, so a hard
+// account at its quota was refused units the ledger had free. Recovery
+// replays it the same way.
+func TestForeignAttemptRefundLowersTheUse(t *testing.T) {
+	p := DefaultParams()
+	p.Reservations = true
+	now := at("2026-06-10T00:00:00Z")
+	june := MonthlyGrantID(PeriodOf(now.Wall))
+	cfg := AccountConfig{ID: "a", Plan: hardPlan(10), MonthlyUsed: map[string]int64{june: 10}}
+	a := NewAccount(cfg)
+	a.MarkExhausted(june, now.Mono+int64(time.Hour))
+	if d, _ := charge(a, "x", 1, now, &p); d.Reason != QuotaExceeded {
+		t.Fatalf("a charge with the quota used up: %v, want quota exceeded", d.Reason)
+	}
+	var rec Record
+	foreign := &Receipt{EventID: "e1", Account: "a", Node: "n2", Units: 4, Period: PeriodOf(now.Wall), Allocs: []Alloc{{Grant: june, Units: 4}}}
+	d := a.RefundAttempt("e1", foreign, "n1", now, &p, &rec)
+	if d.Reason != Refunded || rec.Origin != "n2" || d.Remaining != 4 {
+		t.Fatalf("a foreign attempt's refund: %+v, origin %q; want refunded, 4 left, origin n2", d, rec.Origin)
+	}
+	if d, _ := charge(a, "y", 4, now, &p); d.Reason != NeedReservation || d.Shortfall != 4 {
+		t.Fatalf("a charge of the refunded units: %v short %d, want a reservation of 4 asked for", d.Reason, d.Shortfall)
+	}
+	b := NewAccount(cfg)
+	b.ApplyRecord(1, &rec, &p)
+	if u := b.Usage(now); u.Remaining != 4 {
+		t.Fatalf("after replaying the refund: %+v, want 4 left", u)
+	}
+}
