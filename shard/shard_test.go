@@ -18,6 +18,15 @@ func at(s string) Now {
 
 func hardPlan(quota int64) Plan { return Plan{ID: "p", MonthlyQuota: quota, Hard: true} }
 
+// reservationsOn10June is the params of a node with a ledger (reservations
+// on), 10 June 2026, and June's monthly grant id.
+func reservationsOn10June() (Params, Now, string) {
+	p := DefaultParams()
+	p.Reservations = true
+	now := at("2026-06-10T00:00:00Z")
+	return p, now, MonthlyGrantID(PeriodOf(now.Wall))
+}
+
 func charge(a *Account, id string, units int64, now Now, p *Params) (Decision, Record) {
 	var rec Record
 	d := a.Charge(&Charge{EventID: id, ClientID: true, Key: "k1", Route: "GET /x", Units: units}, now, p, &rec)
@@ -482,10 +491,7 @@ func TestReservationsMode(t *testing.T) {
 // allowance the ledger reserved under the old plan is not spent past the
 // new quota (the ledger lowers units and leaves reservations as they were).
 func TestDowngradeStopsAReservedAllowance(t *testing.T) {
-	p := DefaultParams()
-	p.Reservations = true
-	now := at("2026-06-10T00:00:00Z")
-	june := MonthlyGrantID(PeriodOf(now.Wall))
+	p, now, june := reservationsOn10June()
 	a := NewAccount(AccountConfig{ID: "a", Plan: hardPlan(100)})
 	var rec Record
 	a.Reserve(june, 80, now, &rec)
@@ -511,10 +517,7 @@ func TestDowngradeStopsAReservedAllowance(t *testing.T) {
 // the quota, so the 100 % alert fires), while the ledger is still asked
 // again once it grants more.
 func TestExhaustedGrantShowsTheLedgersUse(t *testing.T) {
-	p := DefaultParams()
-	p.Reservations = true
-	now := at("2026-06-10T00:00:00Z")
-	june := MonthlyGrantID(PeriodOf(now.Wall))
+	p, now, june := reservationsOn10June()
 	a := NewAccount(AccountConfig{ID: "a", Plan: hardPlan(60), MonthlyUsed: map[string]int64{june: 40}})
 	var rec Record
 	a.Reserve(june, 2, now, &rec) // the ledger: 40 settled + 18 a dead owner charged + 2 for this node
@@ -1198,10 +1201,7 @@ func TestRefundByReceiptSurvivesRecovery(t *testing.T) {
 // of the new allowance asks again (NeedReservation) instead of being
 // refused for the quota until the backoff ends.
 func TestReservationEndsTheExhaustedBackoff(t *testing.T) {
-	p := DefaultParams()
-	p.Reservations = true
-	now := at("2026-06-10T00:00:00Z")
-	june := MonthlyGrantID(PeriodOf(now.Wall))
+	p, now, june := reservationsOn10June()
 	a := NewAccount(AccountConfig{ID: "a", Plan: hardPlan(100)})
 	a.MarkExhausted(june, now.Mono+int64(time.Hour))
 	if d, _ := charge(a, "e1", 3, now, &p); d.Reason != QuotaExceeded {
@@ -1279,10 +1279,7 @@ func TestPendingRefundWaitsForEveryReplay(t *testing.T) {
 // the next charge short of units asks the ledger, which has them once the
 // refund settles.
 func TestRefundReturnsUnitsToTheLedger(t *testing.T) {
-	p := DefaultParams()
-	p.Reservations = true
-	now := at("2026-06-10T00:00:00Z")
-	june := MonthlyGrantID(PeriodOf(now.Wall))
+	p, now, june := reservationsOn10June()
 	a := NewAccount(AccountConfig{ID: "a", Plan: hardPlan(100)})
 	var rec Record
 	a.Reserve(june, 10, now, &rec)
@@ -1326,10 +1323,7 @@ func TestRefundReturnsUnitsToTheLedger(t *testing.T) {
 // account at its quota was refused units the ledger had free. Recovery
 // replays it the same way.
 func TestForeignAttemptRefundLowersTheUse(t *testing.T) {
-	p := DefaultParams()
-	p.Reservations = true
-	now := at("2026-06-10T00:00:00Z")
-	june := MonthlyGrantID(PeriodOf(now.Wall))
+	p, now, june := reservationsOn10June()
 	cfg := AccountConfig{ID: "a", Plan: hardPlan(10), MonthlyUsed: map[string]int64{june: 10}}
 	a := NewAccount(cfg)
 	a.MarkExhausted(june, now.Mono+int64(time.Hour))
