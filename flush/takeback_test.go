@@ -46,7 +46,14 @@ func openTBNode(t *testing.T, id string, l Ledger, snap *snapshot.Snapshot, cloc
 // the test calls SettleOnce.
 func openTBNodeWith(t *testing.T, id string, l Ledger, snap *snapshot.Snapshot, clock engine.Clock, onKick bool) tbNode {
 	t.Helper()
-	log, err := wal.Open(wal.Options{Dir: filepath.Join(t.TempDir(), id), NodeID: id})
+	return openTBNodeIn(t, filepath.Join(t.TempDir(), id), id, l, snap, clock, onKick)
+}
+
+// openTBNodeIn is openTBNodeWith on the log in dir (a restart: the engine
+// recovers what the log holds).
+func openTBNodeIn(t *testing.T, dir, id string, l Ledger, snap *snapshot.Snapshot, clock engine.Clock, onKick bool) tbNode {
+	t.Helper()
+	log, err := wal.Open(wal.Options{Dir: dir, NodeID: id})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -96,6 +103,20 @@ func (n tbNode) mustSettle(t *testing.T) {
 	if _, err := n.s.SettleOnce(t.Context()); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// reservedFor sums the ledger's reservations by node.
+func reservedFor(t *testing.T, l Ledger) map[string]int64 {
+	t.Helper()
+	rs, err := l.Reservations(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	held := map[string]int64{}
+	for _, r := range rs {
+		held[r.Node] += r.Units
+	}
+	return held
 }
 
 // hardAcme is a SQLite ledger with one account, acme, on a hard plan of
@@ -169,14 +190,7 @@ func testLostSettleAnswer(t *testing.T, more, dup bool) {
 		t.Fatal(err)
 	}
 
-	rs, err := base.Reservations(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	held := map[string]int64{}
-	for _, r := range rs {
-		held[r.Node] += r.Units
-	}
+	held := reservedFor(t, base)
 	for id, n := range map[string]tbNode{"n1": n1, "n2": n2} {
 		if a := n.e.AllowanceHeld(); a > held[id] {
 			t.Errorf("%s may spend an allowance of %d; the ledger reserves %d for it: %d units not backed (spent past the quota)", id, a, held[id], a-held[id])
@@ -460,5 +474,56 @@ func TestForeignAttemptRefundFreesTheUnitsAtTheNewOwner(t *testing.T) {
 	june := shard.MonthlyGrantID(shard.PeriodOf(clock.Now().Wall))
 	if g := grantOf(t, l, "acme", june); g.Used != 10 {
 		t.Fatalf("the ledger's grant: used %d, want 10", g.Used)
+	}
+}
+
+// A node upgraded with unsettled records in its log may hold refunds an
+// older version logged, which gave their units back into the allowance
+// (Reserved). They still settle as they did: the ledger credits them to
+// the node's reservation, or, when another owner's refund of the event
+// settled first, the node takes the units back from its allowance. Either
+// way the node holds exactly what the ledger reserves for it.
+func TestOlderVersionsReservedRefundStillSettles(t *testing.T) {
+	for _, dup := range []bool{false, true} {
+		t.Run(map[bool]string{false: "applied", true: "duplicate"}[dup], func(t *testing.T) {
+			ctx := t.Context()
+			l, snap, clock := hardAcme(t, 20)
+			dir := t.TempDir()
+			n1 := openTBNodeIn(t, dir, "n1", l, snap, clock, false)
+			res, err := n1.e.Charge(ctx, "acme", shard.Charge{EventID: "e1", ClientID: true, Units: 5})
+			if err != nil || res.Reason != shard.OK {
+				t.Fatalf("charge: %+v, %v", res, err)
+			}
+			n1.mustSettle(t)
+			if dup {
+				n2 := openTBNode(t, "n2", l, snap, clock)
+				n2.mustRefund(t, "e1", res.Receipt)
+				n2.mustSettle(t)
+			}
+			// The refund as an older version logged it, then a restart on
+			// the new version, which replays it.
+			r := res.Receipt
+			old := shard.Record{Type: shard.RecRefund, Wall: clock.Now().Wall, Account: "acme", EventID: "e1", Reserved: true,
+				Units: r.Units, Period: r.Period, ChargeWall: r.Wall, Key: r.Key, Route: r.Route, Gen: r.Gen, Allocs: r.Allocs}
+			seq, err := n1.e.Log().Append(old.AppendEncode(nil))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := n1.e.Log().WaitDurable(ctx, seq); err != nil {
+				t.Fatal(err)
+			}
+			n1.e.Close()
+			n1.e.Log().Close()
+			n1 = openTBNodeIn(t, dir, "n1", l, snap, clock, false)
+			heldBefore := n1.e.AllowanceHeld()
+			n1.mustSettle(t)
+			if held, reserved := n1.e.AllowanceHeld(), reservedFor(t, l)["n1"]; held != reserved {
+				t.Fatalf("n1 holds %d (before the settle %d), the ledger reserves %d for it: want the same", held, heldBefore, reserved)
+			}
+			june := shard.MonthlyGrantID(shard.PeriodOf(clock.Now().Wall))
+			if g := grantOf(t, l, "acme", june); g.Used != 0 {
+				t.Fatalf("the ledger's grant: used %d, want 0 (e1 refunded once)", g.Used)
+			}
+		})
 	}
 }
