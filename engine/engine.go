@@ -166,13 +166,16 @@ type Engine struct {
 	// background top-up asks the ledger instead (reserveForCharge).
 	stalledAt atomic.Int64
 	// settled is closed, and replaced, each time Settle moves the log's
-	// settled mark (waitSettled).
-	settledMu sync.Mutex // protects settled
-	settled   chan struct{}
-	ctx       context.Context // canceled by Close: stops the top-up loop and its ledger calls
-	cancel    context.CancelFunc
-	wg        sync.WaitGroup
-	closed    atomic.Bool
+	// settled mark or the settler reports a failed settle (waitSettled);
+	// settleFails counts those failures, settleErr is the last.
+	settledMu   sync.Mutex // protects settled, settleFails and settleErr
+	settled     chan struct{}
+	settleFails uint64
+	settleErr   error
+	ctx         context.Context // canceled by Close: stops the top-up loop and its ledger calls
+	cancel      context.CancelFunc
+	wg          sync.WaitGroup
+	closed      atomic.Bool
 }
 
 // stripe is one lock's worth of accounts.

@@ -28,26 +28,53 @@ func (e *Engine) Settle(ctx context.Context, upto uint64) error {
 		return fmt.Errorf("engine: settle to %d: %w", upto, err)
 	}
 	e.settledMu.Lock()
-	if e.settled != nil {
-		close(e.settled)
-		e.settled = nil
-	}
+	e.wakeSettleWaitersLocked()
 	e.settledMu.Unlock()
 	return nil
 }
 
+// SettleFailed is the settler's report that a settle of the log failed
+// (the ledger down, refusing, timing out): a charge waiting for a refund
+// of its account to settle (waitSettled) answers at once, rather than when
+// its wait for a reservation runs out.
+func (e *Engine) SettleFailed(err error) {
+	e.settledMu.Lock()
+	e.settleFails++
+	e.settleErr = err
+	e.wakeSettleWaitersLocked()
+	e.settledMu.Unlock()
+}
+
+// wakeSettleWaitersLocked wakes every waitSettled. REQUIRES: settledMu.
+func (e *Engine) wakeSettleWaitersLocked() {
+	if e.settled != nil {
+		close(e.settled)
+		e.settled = nil
+	}
+}
+
 // waitSettled waits until the log is settled through seq, asking the
-// settler to settle now (Options.SettleSoon), or until ctx ends.
+// settler to settle now (Options.SettleSoon), until a settle fails
+// (SettleFailed), or until ctx ends.
 func (e *Engine) waitSettled(ctx context.Context, seq uint64) error {
-	for {
+	var fails0 uint64
+	for first := true; ; first = false {
 		e.settledMu.Lock()
 		if e.settled == nil {
 			e.settled = make(chan struct{})
 		}
-		ch := e.settled
+		ch, fails, lastErr := e.settled, e.settleFails, e.settleErr
 		e.settledMu.Unlock()
+		if first {
+			fails0 = fails
+		}
 		if e.log.SettledSeq() >= seq { // NB: read after taking ch, so a Settle between the two closes it
 			return nil
+		}
+		if fails != fails0 {
+			// Perhaps a settle that began before the one asked for; the
+			// caller's retry waits again, for a settle of its own.
+			return fmt.Errorf("a settle of the log failed: %w", lastErr)
 		}
 		if e.opts.SettleSoon != nil {
 			e.opts.SettleSoon()

@@ -364,6 +364,7 @@ func (s *Settler) SettleOnce(ctx context.Context) (int, error) {
 		n, more, err := s.settleBatch(ctx)
 		total += n
 		if err != nil {
+			s.opts.Engine.SettleFailed(err) // charges waiting for a refund's settle answer now
 			return total, err
 		}
 		if n > 0 {

@@ -97,6 +97,14 @@ func (n tbNode) mustRefund(t *testing.T, id string, receipt *shard.Receipt) {
 	}
 }
 
+// chargeAcme charges acme units at n, under client id id (none when
+// empty), waiting at most 10 s.
+func (n tbNode) chargeAcme(t *testing.T, id string, units int64) (engine.Result, error) {
+	cctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	return n.e.Charge(cctx, "acme", shard.Charge{EventID: id, ClientID: id != "", Units: units})
+}
+
 // mustSettle settles n's log once.
 func (n tbNode) mustSettle(t *testing.T) {
 	t.Helper()
@@ -219,11 +227,7 @@ func TestDuplicateRefundLeavesNothingToSpendTwice(t *testing.T) {
 	l, snap, clock := hardAcme(t, 20)
 	n1 := openTBNodeWith(t, "n1", l, snap, clock, true)
 	n2 := openTBNodeWith(t, "n2", l, snap, clock, true)
-	charge := func(n tbNode, id string, units int64) (engine.Result, error) {
-		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		defer cancel()
-		return n.e.Charge(cctx, "acme", shard.Charge{EventID: id, ClientID: id != "", Units: units})
-	}
+	charge := func(n tbNode, id string, units int64) (engine.Result, error) { return n.chargeAcme(t, id, units) }
 
 	r1, err := charge(n1, "e1", 5)
 	if err != nil || r1.Reason != shard.OK {
@@ -400,11 +404,7 @@ func TestRefundedUnitsSpendableAtOnce(t *testing.T) {
 	ctx := t.Context()
 	l, snap, clock := hardAcme(t, 10)
 	n := openTBNodeWith(t, "n1", l, snap, clock, true)
-	charge := func(units int64) (engine.Result, error) {
-		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		defer cancel()
-		return n.e.Charge(cctx, "acme", shard.Charge{Units: units})
-	}
+	charge := func(units int64) (engine.Result, error) { return n.chargeAcme(t, "", units) }
 	first, err := charge(3)
 	if err != nil || first.Reason != shard.OK {
 		t.Fatalf("charge 3: %+v, %v", first, err)
@@ -440,11 +440,7 @@ func TestForeignAttemptRefundFreesTheUnitsAtTheNewOwner(t *testing.T) {
 	l, snap, clock := hardAcme(t, 10)
 	n1 := openTBNodeWith(t, "n1", l, snap, clock, true)
 	n2 := openTBNodeWith(t, "n2", l, snap, clock, true)
-	charge := func(n tbNode, units int64) (engine.Result, error) {
-		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		defer cancel()
-		return n.e.Charge(cctx, "acme", shard.Charge{Units: units})
-	}
+	charge := func(n tbNode, units int64) (engine.Result, error) { return n.chargeAcme(t, "", units) }
 	first, err := charge(n1, 4)
 	if err != nil || first.Reason != shard.OK {
 		t.Fatalf("charge 4 at n1: %+v, %v", first, err)
@@ -525,5 +521,34 @@ func TestOlderVersionsReservedRefundStillSettles(t *testing.T) {
 				t.Fatalf("the ledger's grant: used %d, want 0 (e1 refunded once)", g.Used)
 			}
 		})
+	}
+}
+
+// A charge that waits for a refund of its account to settle answers as
+// soon as that settle fails (the ledger refusing it): quota-unavailable,
+// with the ledger's error. It waited out its 2 s for a reservation instead,
+// which also marked the ledger stalled, so every charge that needed units
+// was then refused at once until a reservation succeeded again. Once the
+// ledger settles again, the refunded units are there.
+func TestWaitForARefundsSettleEndsWhenTheSettleFails(t *testing.T) {
+	l, snap, clock := hardAcme(t, 10)
+	fl := &failingSettles{Ledger: l}
+	n := openTBNodeWith(t, "n1", fl, snap, clock, true)
+	charge := func(units int64) (engine.Result, error) { return n.chargeAcme(t, "", units) }
+	res, err := charge(10)
+	if err != nil || res.Reason != shard.OK {
+		t.Fatalf("charge 10: %+v, %v", res, err)
+	}
+	n.mustRefund(t, res.EventID, res.Receipt)
+	fl.fail.Store(true)
+	if res, err := charge(3); !errors.Is(err, engine.ErrQuotaUnavailable) || !strings.Contains(err.Error(), "statement timeout") {
+		t.Fatalf("a charge of refunded units while the ledger refuses settles: %+v, %v; want quota unavailable naming the settle's error", res, err)
+	}
+	if got := n.e.Stats().ReserveTimeouts.Load(); got != 0 {
+		t.Fatalf("%d reservations timed out: the charge waited out its bound", got)
+	}
+	fl.fail.Store(false)
+	if res, err := charge(3); err != nil || res.Reason != shard.OK {
+		t.Fatalf("the same charge once the ledger settles again: %+v, %v; want ok", res, err)
 	}
 }
