@@ -257,15 +257,9 @@ func (n *Node) checkEarlierIncarnations(ctx context.Context, l flush.Ledger) err
 	if len(earlier) == 0 {
 		return nil
 	}
-	rs, err := l.Reservations(ctx)
+	held, err := n.reservedInLedger(ctx, l)
 	if err != nil {
 		return err
-	}
-	var held int64
-	for _, r := range rs {
-		if r.Node == n.cfg.ID {
-			held += r.Units
-		}
 	}
 	if held == 0 {
 		// Nothing to spend twice (a lost disk revoked, say), but that dir
@@ -424,16 +418,10 @@ func (n *Node) resetReservations(ctx context.Context, l flush.Ledger) error {
 // yet); charges going on, and charges not settled yet, only make the
 // count larger.
 func (n *Node) countInheritedReservations(ctx context.Context, l flush.Ledger) {
-	rs, err := l.Reservations(ctx)
+	units, err := n.reservedInLedger(ctx, l)
 	if err != nil {
 		n.log.Warn("could not read this node's reservations in the ledger, reached late; units an earlier process reserved may stay reserved until this node stops, uncounted", "err", err)
 		return
-	}
-	var units int64
-	for _, r := range rs {
-		if r.Node == n.cfg.ID {
-			units += r.Units
-		}
 	}
 	if extra := units - n.eng.AllowanceHeld(); extra > 0 {
 		n.eng.Stats().UncertainUnits.Add(extra)
@@ -441,6 +429,22 @@ func (n *Node) countInheritedReservations(ctx context.Context, l flush.Ledger) {
 			"units of the process before it (a reservation or a hand-back its crash cut off); they stay reserved, spendable by nobody, "+
 			"until this node's next stop or start frees them (or quotad revoke)", "units", extra)
 	}
+}
+
+// reservedInLedger is the units the ledger reserves for this node id, over
+// every account and grant.
+func (n *Node) reservedInLedger(ctx context.Context, l flush.Ledger) (int64, error) {
+	rs, err := l.Reservations(ctx)
+	if err != nil {
+		return 0, err
+	}
+	var units int64
+	for _, r := range rs {
+		if r.Node == n.cfg.ID {
+			units += r.Units
+		}
+	}
+	return units, nil
 }
 
 // retryLedger keeps trying to reach the ledger while it is down at start.
