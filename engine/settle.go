@@ -57,17 +57,16 @@ func (e *Engine) wakeSettleWaitersLocked() {
 // settler to settle now (Options.SettleSoon), until a settle fails
 // (SettleFailed), or until ctx ends.
 func (e *Engine) waitSettled(ctx context.Context, seq uint64) error {
-	var fails0 uint64
-	for first := true; ; first = false {
+	e.settledMu.Lock()
+	fails0 := e.settleFails
+	e.settledMu.Unlock()
+	for {
 		e.settledMu.Lock()
 		if e.settled == nil {
 			e.settled = make(chan struct{})
 		}
 		ch, fails, lastErr := e.settled, e.settleFails, e.settleErr
 		e.settledMu.Unlock()
-		if first {
-			fails0 = fails
-		}
 		if e.log.SettledSeq() >= seq { // NB: read after taking ch, so a Settle between the two closes it
 			return nil
 		}
