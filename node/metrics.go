@@ -152,7 +152,7 @@ func newMetrics(n *Node) *metrics {
 			func() float64 { return n.cfg.MaxClockOffset.Seconds() }),
 		gauge("quotaring_clock_step_seconds", "How far this node's system clock stands from the time the node bills by: its time before a step, or the ledger's when the other nodes side with the ledger, counted on by the monotonic clock until the system clock agrees with the ledger's again; 0 while the node follows the system clock.",
 			func() float64 { return time.Duration(n.clockStep.Load()).Seconds() }),
-		counter("quotaring_pauses_total", "Pauses of this process (SIGSTOP, a frozen VM, a stall) longer than half the gossip failure timeout that it noticed; after each it decided nothing until a peer confirmed its ring view.",
+		counter("quotaring_pauses_total", "Pauses of this process (SIGSTOP, a frozen VM, a suspended machine, a stall; or its wall clock stepped forward) longer than half the gossip failure timeout that it noticed; after each it decided nothing until a peer confirmed its ring view.",
 			func() float64 {
 				if n.pause == nil {
 					return 0

@@ -15,7 +15,7 @@ import (
 // Pauses.
 //
 // A node whose process stops running (SIGSTOP, a frozen or migrated VM, a
-// stall of the whole process) for longer than the gossip failure timeout is
+// suspended machine, a stall of the whole process) for longer than the gossip failure timeout is
 // declared dead by the others, who take its accounts. When it runs again it
 // still sees itself as their owner until gossip corrects it, and it decided
 // at once every charge queued in its sockets meanwhile, from the state it
@@ -26,10 +26,18 @@ import (
 // with a burst of 5 at 1/m). Quotas held (the paused node spends only units
 // reserved for it in the ledger), rate limits did not.
 //
-// So a node watches its own running. A ticker notes the monotonic clock
-// (Config.PauseClock) every pauseBound/pauseTicksPerBound; a gap between two ticks longer than
-// pauseBound, or a decision that finds the last tick older than that (a
-// charge handled before the ticker ran again), is a pause. From then on the
+// So a node watches its own running. A ticker reads the clock
+// (Config.PauseClock) every pauseBound/pauseTicksPerBound; a gap between two
+// ticks longer than pauseBound, or a decision that finds the last tick older
+// than that (a charge handled before the ticker ran again), is a pause. The
+// gap is the monotonic time passed plus what the wall clock gained on the
+// monotonic one meanwhile: Linux's monotonic clock stands still while the
+// whole machine is suspended (a laptop's lid, a VM suspended to memory),
+// the wall clock does not, and gossip's timers on the other nodes ran on.
+// A wall clock stepped forward by more than the bound (an NTP step, an
+// operator's date) looks the same and costs one needless hold; a step back
+// counts for nothing, and NTP's slewing (at most 0.05 % of a tick) nothing
+// that matters (TestPauseGuardSeesASuspendedMachine). From then on the
 // engine decides nothing (charges, refunds, usage reads and reservations
 // answer quota-unavailable, which clients retry) until the node's view of
 // the ring is confirmed: every serving peer in it that answers RingView
@@ -67,14 +75,15 @@ var errPaused = errors.New("this node did not run for a while (paused) and decid
 // pauseGuard notices pauses of this process and holds decisions until the
 // ring is confirmed (see above). Its methods are safe for concurrent use.
 type pauseGuard struct {
+	// clock is read in every decision (check: BenchmarkPauseCheck).
 	clock engine.Clock
-	// mono reads clock's monotonic clock alone: check runs in every
-	// decision (BenchmarkPauseCheck).
-	mono  func() int64
 	bound int64 // ns: a gap between ticks longer than this is a pause
-	// lastTick is the monotonic reading of the last tick, in ns: written
-	// by tick, read by check.
-	lastTick atomic.Int64
+	// lastTick is the monotonic reading of the last tick, and lastOffset
+	// the wall reading minus the monotonic one then, in ns: written by
+	// tick (and release), read by check. A reader may find one from a
+	// tick and the other from the tick before: each bounds a gap by
+	// itself, so either pair measures one no longer than it was.
+	lastTick, lastOffset atomic.Int64
 	// holding is set while mu.pause.num != 0: check's fast path reads it.
 	holding atomic.Bool
 	// count is the number of pauses seen (quotaring_pauses_total).
@@ -99,12 +108,27 @@ type pauseGuard struct {
 
 func newPauseGuard(clock engine.Clock, bound time.Duration) *pauseGuard {
 	g := &pauseGuard{clock: clock, bound: int64(bound), seen: make(chan struct{}, 1)}
-	g.mono = func() int64 { return clock.Now().Mono }
-	if mc, ok := clock.(engine.MonoClock); ok {
-		g.mono = mc.Mono
-	}
-	g.lastTick.Store(g.mono())
+	mono, off := g.read()
+	g.lastTick.Store(mono)
+	g.lastOffset.Store(off)
 	return g
+}
+
+// read returns the monotonic reading now and the wall clock's offset from
+// it, in ns.
+func (g *pauseGuard) read() (mono, off int64) {
+	now := g.clock.Now()
+	return now.Mono, now.Wall - now.Mono
+}
+
+// mono is the monotonic reading now.
+func (g *pauseGuard) mono() int64 { return g.clock.Now().Mono }
+
+// gap is how long this process may not have run, from the last tick to a
+// reading (mono, off): the monotonic time between the two, plus what the
+// wall clock gained on the monotonic one (a suspended machine).
+func (g *pauseGuard) gap(mono, off int64) int64 {
+	return mono - g.lastTick.Load() + max(off-g.lastOffset.Load(), 0)
 }
 
 // every is the tick interval.
@@ -116,8 +140,8 @@ func (g *pauseGuard) every() time.Duration {
 // pause it holds, and reports the gap and whether a new hold began (the
 // confirm loop logs it).
 func (g *pauseGuard) tick() (gap time.Duration, began bool) {
-	now := g.mono()
-	d := now - g.lastTick.Swap(now)
+	now, off := g.read()
+	d := now - g.lastTick.Swap(now) + max(off-g.lastOffset.Swap(off), 0)
 	if d <= g.bound {
 		return 0, false
 	}
@@ -128,8 +152,8 @@ func (g *pauseGuard) tick() (gap time.Duration, began bool) {
 // last tick is older than the bound (the ticker has not run since a pause).
 func (g *pauseGuard) check() error {
 	if !g.holding.Load() {
-		now := g.mono()
-		d := now - g.lastTick.Load()
+		now, off := g.read()
+		d := g.gap(now, off)
 		if d <= g.bound {
 			return nil
 		}
@@ -204,9 +228,10 @@ func (g *pauseGuard) release(num uint64, asked int64) (bool, time.Duration) {
 	}
 	// NB: the ticker may not have run since the pause (it is the confirm
 	// loop that answered): a tick now, or check would hold again at once.
-	now := g.mono()
-	if now-g.lastTick.Load() > g.bound {
+	now, off := g.read()
+	if g.gap(now, off) > g.bound {
 		g.lastTick.Store(now)
+		g.lastOffset.Store(off)
 	}
 	held := time.Duration(now - p.since)
 	p.num = 0
@@ -230,7 +255,7 @@ func (n *Node) pauseLoop(ctx context.Context) {
 }
 
 func (n *Node) logPause(gap time.Duration) {
-	n.log.Warn("this process did not run for "+gap.Round(time.Millisecond).String()+" (paused: SIGSTOP, a frozen VM, a stalled process); "+
+	n.log.Warn("this process did not run for "+gap.Round(time.Millisecond).String()+" (paused: SIGSTOP, a frozen VM, a suspended machine, a stalled process; or the wall clock stepped forward); "+
 		"the others may have declared it dead and taken its accounts: deciding nothing (quota-unavailable) until a peer confirms its ring view",
 		"paused_for", gap, "pause_bound", time.Duration(n.pause.bound))
 }
