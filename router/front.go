@@ -111,6 +111,14 @@ type FrontOptions struct {
 	// charge is refunded whatever BillOn says. A slow but steady upload goes
 	// on; gRPC calls, which may idle for hours, are exempt.
 	BodyIdleTimeout time.Duration
+	// BodyTimeout cuts off a request body not read to its end within this
+	// long of the request's arrival (NewProxy only) [0: no bound]: a client
+	// that sends a byte now and then, never idle for BodyIdleTimeout, held
+	// its request for as long as it liked. The client gets 408
+	// (request-timeout) and the charge is refunded, as for a stalled body;
+	// gRPC calls are exempt. Set it above the slowest upload you serve on
+	// purpose.
+	BodyTimeout time.Duration
 	// Transport carries proxied requests (NewProxy only). Nil: a clone of
 	// http.DefaultTransport with ResponseHeaderTimeout = UpstreamTimeout and
 	// room for many idle connections to the upstream.
@@ -217,7 +225,7 @@ func (o *FrontOptions) policyDefaults() error {
 	if o.MaxBodyBytes == 0 {
 		o.MaxBodyBytes = DefaultMaxBodyBytes
 	}
-	for _, d := range []*time.Duration{&o.UpstreamTimeout, &o.ChargeTimeout, &o.RefundTimeout} {
+	for _, d := range []*time.Duration{&o.UpstreamTimeout, &o.ChargeTimeout, &o.RefundTimeout, &o.BodyTimeout} {
 		if *d < 0 {
 			return fmt.Errorf("router: front timeouts must not be negative (got %s)", *d)
 		}
@@ -429,7 +437,8 @@ func (f *front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	r.Header.Set(HeaderAccount, c.Account)
 	r.Header.Set(HeaderEvent, c.EventID)
 	var body *limitedBody
-	bounded, idle := f.bodyBounded(r), f.proxy && f.opts.BodyIdleTimeout > 0 && !isGRPCCall(r)
+	bounded := f.bodyBounded(r)
+	idle, total := f.proxy && f.opts.BodyIdleTimeout > 0, f.proxy && f.opts.BodyTimeout > 0
 	// Every body but a gRPC call's is wrapped, to notice one the client
 	// breaks off (a gRPC client ends a stream by cancelling it).
 	if r.Body != nil && r.Body != http.NoBody && r.ContentLength != 0 && !isGRPCCall(r) {
@@ -438,7 +447,13 @@ func (f *front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			body.ReadCloser = http.MaxBytesReader(w, r.Body, f.opts.MaxBodyBytes)
 		}
 		if idle {
-			body.idle, body.rc = f.opts.BodyIdleTimeout, http.NewResponseController(w)
+			body.idle = f.opts.BodyIdleTimeout
+		}
+		if total {
+			body.total, body.deadline = f.opts.BodyTimeout, start.Add(f.opts.BodyTimeout)
+		}
+		if idle || total {
+			body.rc = http.NewResponseController(w)
 		}
 		r.Body, rec.body = body, body
 	}
@@ -1251,8 +1266,9 @@ func (w *recorder) grpcCall(r *http.Request) bool {
 
 // limitedBody notes when http.MaxBytesReader cut the body off or the
 // client broke it off (a read failed other than at its end), and cuts off
-// a body idle for idle (its read deadline moves on before each read, and
-// goes once the body is read to its end: net/http's background read of the
+// a body idle for idle, or not read to its end by deadline (the read
+// deadline, the sooner of the two, moves on before each read, and goes
+// once the body is read to its end: net/http's background read of the
 // connection, which notices a client that hangs up, must not time out
 // while the upstream answers). Its flags are atomic: http.Transport reads a
 // proxied body on its own goroutine.
@@ -1260,6 +1276,7 @@ type limitedBody struct {
 	io.ReadCloser
 	tripped atomic.Bool // MaxBytesReader cut it off
 	stalled atomic.Bool // it sent nothing for idle
+	late    atomic.Bool // it was not read to its end by deadline
 	// broken: a read failed before its end, not by the front's doing: the
 	// client went away mid-body, or sent a malformed one (chunking, an
 	// HTTP/2 stream reset). Errors once the body is closed (the transport
@@ -1272,8 +1289,12 @@ type limitedBody struct {
 	// the request is billed as any answered one.
 	answered atomic.Bool
 
-	idle time.Duration            // 0: no idle bound
-	rc   *http.ResponseController // the request's, for its read deadline
+	idle time.Duration // 0: no idle bound
+	// total is FrontOptions.BodyTimeout and deadline the request's arrival
+	// plus it (zero: no bound).
+	total    time.Duration
+	deadline time.Time
+	rc       *http.ResponseController // the request's, for its read deadline
 	// done is set when the handler has returned: a ResponseController must
 	// not be used after, and the transport may still read (and fail).
 	done atomic.Bool
@@ -1283,12 +1304,15 @@ type limitedBody struct {
 const whyTooLarge = "the request body was over the limit"
 
 // cutOff says why the front cut the body off and what it answers: over the
-// limit (413) or stalled (408); "" and nil when it did not (b may be nil).
+// limit (413), stalled or too slow (408); "" and nil when it did not (b
+// may be nil).
 func (b *limitedBody) cutOff(maxBody int64) (why string, answer *Problem) {
 	switch {
 	case b == nil:
 	case b.tripped.Load():
 		return whyTooLarge, cutTooLarge(maxBody)
+	case b.late.Load():
+		return "the request body took too long", bodyTooSlow(b.total)
 	case b.stalled.Load():
 		return "the request body stalled", bodyStalled(b.idle)
 	case b.broken.Load():
@@ -1312,9 +1336,15 @@ func (b *limitedBody) Close() error {
 func (b *limitedBody) handlerDone() { b.done.Store(true) }
 
 func (b *limitedBody) Read(p []byte) (int, error) {
-	timed := b.idle > 0 && !b.done.Load()
+	timed := b.rc != nil && !b.done.Load()
 	if timed {
-		_ = b.rc.SetReadDeadline(time.Now().Add(b.idle)) // NB: ErrNotSupported leaves the body unbounded, as before
+		d := b.deadline
+		if b.idle > 0 {
+			if next := time.Now().Add(b.idle); d.IsZero() || next.Before(d) {
+				d = next
+			}
+		}
+		_ = b.rc.SetReadDeadline(d) // NB: ErrNotSupported leaves the body unbounded, as before
 	}
 	n, err := b.ReadCloser.Read(p)
 	if err != nil {
@@ -1322,6 +1352,8 @@ func (b *limitedBody) Read(p []byte) (int, error) {
 		switch {
 		case errors.As(err, &mbe):
 			b.tripped.Store(true)
+		case errors.Is(err, os.ErrDeadlineExceeded) && !b.deadline.IsZero() && !time.Now().Before(b.deadline):
+			b.late.Store(true)
 		case errors.Is(err, os.ErrDeadlineExceeded):
 			b.stalled.Store(true)
 		case err != io.EOF && !b.closed.Load() && !b.done.Load() && !b.answered.Load() && !errors.Is(err, http.ErrBodyReadAfterClose):

@@ -40,7 +40,8 @@ const (
 	// ProblemPayloadTooLarge: the body is over FrontOptions.MaxBodyBytes (413).
 	ProblemPayloadTooLarge = problemBase + "payload-too-large"
 	// ProblemRequestTimeout: the request body sent nothing for
-	// FrontOptions.BodyIdleTimeout (408); the charge was refunded.
+	// FrontOptions.BodyIdleTimeout, or was not sent in full within
+	// FrontOptions.BodyTimeout (408); the charge was refunded.
 	ProblemRequestTimeout = problemBase + "request-timeout"
 	// ProblemUpstreamUnavailable: the upstream failed or timed out (502 or
 	// 504); the charge was refunded, but under BillOnAlways, where it
@@ -345,6 +346,11 @@ func cutTooLarge(limit int64) *Problem {
 func bodyStalled(idle time.Duration) *Problem {
 	return newProblem(ProblemRequestTimeout, "Request body timed out", http.StatusRequestTimeout,
 		fmt.Sprintf("The request body sent nothing for %s; the request was cut off and the charge refunded. Send the body without pauses that long, or retry.", idle))
+}
+
+func bodyTooSlow(total time.Duration) *Problem {
+	return newProblem(ProblemRequestTimeout, "Request body timed out", http.StatusRequestTimeout,
+		fmt.Sprintf("The request body was not sent in full within %s of the request; the request was cut off and the charge refunded. Send it faster, or a smaller one.", total))
 }
 
 // bodyBroken answers a request whose body could not be read to its end:

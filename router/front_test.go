@@ -1684,6 +1684,92 @@ func TestStalledBodyIsCutOff(t *testing.T) {
 	}
 }
 
+// A body that trickles steadily, never idle for BodyIdleTimeout, is cut
+// off once BodyTimeout has passed since the request came: 408
+// request-timeout with its own detail, the upstream sees the request
+// aborted, and the charge is refunded. A body sent in full within it goes
+// through, billed. (Before, a client that sent a byte now and then held
+// its request, a goroutine and an upstream request for as long as it
+// liked.)
+func TestTricklingBodyIsCutOffAtTheBodyTimeout(t *testing.T) {
+	for _, proto := range []string{"http", "h2c"} {
+		t.Run(proto, func(t *testing.T) {
+			reads := make(chan error, 4)
+			up := protoServer(t, proto, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				_, err := io.Copy(io.Discard, r.Body)
+				reads <- err
+				if err == nil {
+					io.WriteString(w, "served")
+				}
+			}))
+			u, _ := url.Parse(up.URL)
+			u.Scheme = proto
+			const total = time.Second
+			ch := &fakeCharger{decision: okDecision()}
+			proxy, err := NewProxy(u, FrontOptions{Charger: ch, Config: testConfig(t), BodyIdleTimeout: time.Minute, BodyTimeout: total})
+			if err != nil {
+				t.Fatal(err)
+			}
+			front := protoServer(t, proto, proxy)
+			client := &http.Client{Transport: &http.Transport{Protocols: front.Config.Protocols}, Timeout: 10 * time.Second} // NB: a bound: without the cut-off the trickle runs for its 10 s
+			post := func(body io.Reader) (int, string) {
+				t.Helper()
+				req, _ := http.NewRequest("POST", front.URL+"/v1/tasks", body)
+				req.Header.Set("X-Api-Key", "secret")
+				res, err := client.Do(req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer res.Body.Close()
+				b, _ := io.ReadAll(res.Body)
+				return res.StatusCode, string(b)
+			}
+			trickle := func(w *io.PipeWriter, every time.Duration, n int) {
+				tick := time.NewTicker(every)
+				defer tick.Stop()
+				for range n {
+					<-tick.C
+					if _, err := w.Write([]byte("x")); err != nil {
+						return // NB: the test closed the pipe
+					}
+				}
+				w.Close()
+			}
+
+			// A byte every 100 ms for 10 s: never idle, far slower than total.
+			pr, pw := io.Pipe()
+			defer pw.Close()
+			go trickle(pw, 100*time.Millisecond, 100)
+			code, body := post(pr)
+			if code != http.StatusRequestTimeout || !strings.Contains(body, ProblemRequestTimeout) || !strings.Contains(body, "not sent in full within 1s") {
+				t.Fatalf("a trickling body: %d %s, want 408 %s, not sent in full within 1s", code, body, ProblemRequestTimeout)
+			}
+			select {
+			case err := <-reads:
+				if err == nil {
+					t.Fatal("the upstream read a complete body; it must see the request aborted")
+				}
+			case <-time.After(10 * time.Second): // NB: a deadline, not a wait
+				t.Fatal("the upstream's read of the trickling body did not end within 10 s")
+			}
+			if c, r := ch.counts(); c != 1 || r != 1 {
+				t.Fatalf("%d charges, %d refunds after the trickling body; want it refunded", c, r)
+			}
+
+			// Three bytes 20 ms apart: in full well within total.
+			pr, pw = io.Pipe()
+			defer pw.Close()
+			go trickle(pw, 20*time.Millisecond, 3)
+			if code, body := post(pr); code != http.StatusOK || body != "served" {
+				t.Fatalf("a body sent within the bound: %d %s, want 200 served", code, body)
+			}
+			if c, r := ch.counts(); c != 2 || r != 1 {
+				t.Fatalf("%d charges, %d refunds after the body within the bound; want it billed", c, r)
+			}
+		})
+	}
+}
+
 // Ways a client got work done uncharged, each closed: hanging up once the
 // upstream had the request (bill-on 2xx refunded the 499), cancelling a
 // gRPC stream (its missing or CANCELLED status was refunded under every

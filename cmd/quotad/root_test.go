@@ -235,6 +235,7 @@ func TestServeFrontAndAlertFlags(t *testing.T) {
 		"max-body-bytes":    {[]string{"--max-body-bytes", "-5"}, "--max-body-bytes -5: want a positive size, or -1 for no limit"},
 		"upstream-timeout":  {[]string{"--upstream-timeout", "0"}, "--upstream-timeout 0s: want a positive duration"},
 		"body-idle-timeout": {[]string{"--body-idle-timeout", "0"}, "--body-idle-timeout 0: want a duration such as 60s"},
+		"body-timeout":      {[]string{"--body-timeout", "-1s"}, "--body-timeout -1s: want a duration such as 10m, or 0 for no bound"},
 		"usage-path":        {[]string{"--usage-path", "nope"}, `--usage-path "nope": want a path starting with /`},
 		"alert-thresholds":  {[]string{"--alert-thresholds", "0,150"}, "--alert-thresholds: 0 is not a percentage from 1 to 100"},
 		"max-clock-offset":  {[]string{"--max-clock-offset", "100ms"}, "--max-clock-offset 100ms: want at least 250ms"},

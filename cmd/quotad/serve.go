@@ -306,6 +306,7 @@ type frontFlags struct {
 	maxBodyBytes      int64
 	upstreamTimeout   time.Duration
 	bodyIdleTimeout   time.Duration
+	bodyTimeout       time.Duration
 	stripAPIKey       bool
 	chargePreflights  bool
 	trustForwarded    bool
@@ -321,6 +322,7 @@ func (ff *frontFlags) register(cmd *cobra.Command, upstream *string) {
 	fl.Int64Var(&ff.maxBodyBytes, "max-body-bytes", router.DefaultMaxBodyBytes, "largest request body; larger is refused with 413 and not charged (-1: no limit)")
 	fl.DurationVar(&ff.upstreamTimeout, "upstream-timeout", 30*time.Second, "how long to wait for the upstream's response headers before answering 504 and refunding")
 	fl.DurationVar(&ff.bodyIdleTimeout, "body-idle-timeout", router.DefaultBodyIdleTimeout, "cut off a request body that sends nothing for this long: 408 and refund (gRPC calls exempt); -1s: never")
+	fl.DurationVar(&ff.bodyTimeout, "body-timeout", 0, "cut off a request body not sent in full within this long of the request's headers, however steadily it trickles: 408 and refund (gRPC calls exempt); set it above the slowest upload you serve; 0: no bound")
 	fl.BoolVar(&ff.stripAPIKey, "strip-api-key-header", false, "remove the header the API key came from before proxying: X-Api-Key, or Authorization when the key was its Bearer token")
 	fl.BoolVar(&ff.chargePreflights, "charge-preflights", false, "treat CORS preflights (OPTIONS with Origin and Access-Control-Request-Method) as any request: they then need an API key, which browsers never send with them; only for an API no browser calls across origins. Default: they reach the upstream uncharged")
 	fl.StringSliceVar(&ff.upgrades, "upgrades", []string{"websocket"}, "protocols a client may switch to through the proxy (the Upgrade header's names, comma-separated), or none. After the switch the proxy relays bytes and bills the connection once, as one request: allow only protocols that serve one request's worth over it, such as tcp for Docker's attach. Other offers are taken out and the request is served without switching; h2c is never allowed")
@@ -354,6 +356,9 @@ func (ff *frontFlags) check() error {
 	if ff.bodyIdleTimeout == 0 {
 		return fmt.Errorf("--body-idle-timeout 0: want a duration such as 60s, or a negative one (-1s) for no bound")
 	}
+	if ff.bodyTimeout < 0 {
+		return fmt.Errorf("--body-timeout %s: want a duration such as 10m, or 0 for no bound", ff.bodyTimeout)
+	}
 	if ff.maxBodyBytes == 0 || ff.maxBodyBytes < -1 {
 		return fmt.Errorf("--max-body-bytes %d: want a positive size, or -1 for no limit", ff.maxBodyBytes)
 	}
@@ -380,7 +385,7 @@ func (ff *frontFlags) build(upstream string) (func(*node.Node) (http.Handler, er
 		o.UsagePath, o.QuotaStatus, o.BillOn = ff.usagePath, ff.quotaStatus, ff.billOn
 		o.MaxBodyBytes, o.UpstreamTimeout, o.StripAPIKeyHeader = ff.maxBodyBytes, ff.upstreamTimeout, ff.stripAPIKey
 		o.TrustForwarded, o.ChargePreflights = ff.trustForwarded, ff.chargePreflights
-		o.BodyIdleTimeout = ff.bodyIdleTimeout
+		o.BodyIdleTimeout, o.BodyTimeout = ff.bodyIdleTimeout, ff.bodyTimeout
 		if len(ff.upgrades) == 1 && strings.EqualFold(ff.upgrades[0], "none") {
 			o.NoUpgrades = true
 		} else {
