@@ -15,12 +15,13 @@ import (
 // Pauses.
 //
 // A node whose process stops running (SIGSTOP, a frozen or migrated VM, a
-// suspended machine, a stall of the whole process) for longer than the gossip failure timeout is
-// declared dead by the others, who take its accounts. When it runs again it
-// still sees itself as their owner until gossip corrects it, and it decided
-// at once every charge queued in its sockets meanwhile, from the state it
-// had before the pause: for accounts another node owned by then, with a
-// token bucket of its own beside the new owner's (internal/cluster
+// suspended machine, a stall of the whole process) for longer than the
+// gossip failure timeout is declared dead by the others, who take its
+// accounts. When it runs again it still sees itself as their owner until
+// gossip corrects it, and it decided at once every charge queued in its
+// sockets meanwhile, from the state it had before the pause: for accounts
+// another node owned by then, with a token bucket of its own beside the new
+// owner's (internal/cluster
 // TestPausedOwnerDecidesNothingUntilItsRingIsConfirmed: 9 queued charges
 // decided that way, and a rate-limited account got 10 through in seconds
 // with a burst of 5 at 1/m). Quotas held (the paused node spends only units
