@@ -1601,6 +1601,47 @@ func TestStripAPIKeyHeader(t *testing.T) {
 	}
 }
 
+// bodyCutRig is a proxy (opts, with a charger that allows everything) over
+// proto in front of an upstream that reads each body to its end, sends
+// the result of that read on reads, and answers "served" when it
+// succeeded; post sends a body through it and returns the status and
+// answer. Its client gives up after 10 s: without a cut-off, a stalled or
+// trickling body would wait that long.
+func bodyCutRig(t *testing.T, proto string, opts FrontOptions) (ch *fakeCharger, reads chan error, post func(io.Reader) (int, string)) {
+	t.Helper()
+	reads = make(chan error, 4)
+	up := protoServer(t, proto, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, err := io.Copy(io.Discard, r.Body)
+		reads <- err
+		if err == nil {
+			io.WriteString(w, "served")
+		}
+	}))
+	u, _ := url.Parse(up.URL)
+	u.Scheme = proto
+	ch = &fakeCharger{decision: okDecision()}
+	opts.Charger, opts.Config = ch, testConfig(t)
+	proxy, err := NewProxy(u, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	front := protoServer(t, proto, proxy)
+	client := &http.Client{Transport: &http.Transport{Protocols: front.Config.Protocols}, Timeout: 10 * time.Second} // NB: a bound, see above
+	post = func(body io.Reader) (int, string) {
+		t.Helper()
+		req, _ := http.NewRequest("POST", front.URL+"/v1/tasks", body)
+		req.Header.Set("X-Api-Key", "secret")
+		res, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer res.Body.Close()
+		b, _ := io.ReadAll(res.Body)
+		return res.StatusCode, string(b)
+	}
+	return ch, reads, post
+}
+
 // A request body that sends nothing for BodyIdleTimeout is cut off: the
 // client gets 408 request-timeout, the upstream sees the request aborted,
 // and the charge is refunded. A slow but steady body goes through, billed.
@@ -1609,36 +1650,8 @@ func TestStripAPIKeyHeader(t *testing.T) {
 func TestStalledBodyIsCutOff(t *testing.T) {
 	for _, proto := range []string{"http", "h2c"} {
 		t.Run(proto, func(t *testing.T) {
-			reads := make(chan error, 4)
-			up := protoServer(t, proto, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-				_, err := io.Copy(io.Discard, r.Body)
-				reads <- err
-				if err == nil {
-					io.WriteString(w, "served")
-				}
-			}))
-			u, _ := url.Parse(up.URL)
-			u.Scheme = proto
 			const idle = 300 * time.Millisecond
-			ch := &fakeCharger{decision: okDecision()}
-			proxy, err := NewProxy(u, FrontOptions{Charger: ch, Config: testConfig(t), BodyIdleTimeout: idle})
-			if err != nil {
-				t.Fatal(err)
-			}
-			front := protoServer(t, proto, proxy)
-			client := &http.Client{Transport: &http.Transport{Protocols: front.Config.Protocols}, Timeout: 10 * time.Second} // NB: a bound: without the cut-off a stalled body waits for ever
-			post := func(body io.Reader) (int, string) {
-				t.Helper()
-				req, _ := http.NewRequest("POST", front.URL+"/v1/tasks", body)
-				req.Header.Set("X-Api-Key", "secret")
-				res, err := client.Do(req)
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer res.Body.Close()
-				b, _ := io.ReadAll(res.Body)
-				return res.StatusCode, string(b)
-			}
+			ch, reads, post := bodyCutRig(t, proto, FrontOptions{BodyIdleTimeout: idle})
 
 			// 4 KiB, then nothing.
 			pr, pw := io.Pipe()
@@ -1694,36 +1707,8 @@ func TestStalledBodyIsCutOff(t *testing.T) {
 func TestTricklingBodyIsCutOffAtTheBodyTimeout(t *testing.T) {
 	for _, proto := range []string{"http", "h2c"} {
 		t.Run(proto, func(t *testing.T) {
-			reads := make(chan error, 4)
-			up := protoServer(t, proto, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-				_, err := io.Copy(io.Discard, r.Body)
-				reads <- err
-				if err == nil {
-					io.WriteString(w, "served")
-				}
-			}))
-			u, _ := url.Parse(up.URL)
-			u.Scheme = proto
 			const total = time.Second
-			ch := &fakeCharger{decision: okDecision()}
-			proxy, err := NewProxy(u, FrontOptions{Charger: ch, Config: testConfig(t), BodyIdleTimeout: time.Minute, BodyTimeout: total})
-			if err != nil {
-				t.Fatal(err)
-			}
-			front := protoServer(t, proto, proxy)
-			client := &http.Client{Transport: &http.Transport{Protocols: front.Config.Protocols}, Timeout: 10 * time.Second} // NB: a bound: without the cut-off the trickle runs for its 10 s
-			post := func(body io.Reader) (int, string) {
-				t.Helper()
-				req, _ := http.NewRequest("POST", front.URL+"/v1/tasks", body)
-				req.Header.Set("X-Api-Key", "secret")
-				res, err := client.Do(req)
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer res.Body.Close()
-				b, _ := io.ReadAll(res.Body)
-				return res.StatusCode, string(b)
-			}
+			ch, reads, post := bodyCutRig(t, proto, FrontOptions{BodyIdleTimeout: time.Minute, BodyTimeout: total})
 			trickle := func(w *io.PipeWriter, every time.Duration, n int) {
 				tick := time.NewTicker(every)
 				defer tick.Stop()
