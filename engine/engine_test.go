@@ -192,6 +192,51 @@ func TestRetryRefundAndRestart(t *testing.T) {
 	}
 }
 
+// An Idempotency-Key names one request (Charge.Target) across the owner's
+// restarts too: a key settled into the checkpoint (its id stored apart) and
+// one still in the log are both refused for another request after a
+// restart, and replayed for their own.
+func TestAKeysRequestSurvivesRestart(t *testing.T) {
+	dir := t.TempDir()
+	clock := NewManualClock(time.Date(2026, 6, 10, 0, 0, 0, 0, time.UTC))
+	ctx := context.Background()
+	e := openEngine(t, dir, clock, testSnapshot(t, map[string]int64{"acme": 100}))
+	l := e.Log()
+	key := func(e *Engine, id string, target uint64) shard.Reason {
+		t.Helper()
+		res, err := e.Charge(ctx, "acme", shard.Charge{EventID: id, ClientID: true, Route: "GET /v1/tasks/{id}", Units: 1, Target: target})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res.Reason
+	}
+	if r := key(e, "settled", 7); r != shard.OK {
+		t.Fatal(r)
+	}
+	if err := e.Settle(ctx, l.DurableSeq()); err != nil {
+		t.Fatal(err)
+	}
+	if r := key(e, "logged", 8); r != shard.OK {
+		t.Fatal(r)
+	}
+	e.Close()
+	l.Close()
+
+	e2 := openEngine(t, dir, clock, nil)
+	for _, c := range []struct {
+		id     string
+		target uint64
+		want   shard.Reason
+	}{{"settled", 9, shard.IDReused}, {"logged", 9, shard.IDReused}, {"settled", 7, shard.Replayed}, {"logged", 8, shard.Replayed}} {
+		if r := key(e2, c.id, c.target); r != c.want {
+			t.Errorf("after a restart, key %q for request %d: %v, want %v", c.id, c.target, r, c.want)
+		}
+	}
+	if u, _, _ := e2.Usage("acme"); u.Used != 2 {
+		t.Errorf("used %d after the restart, want 2", u.Used)
+	}
+}
+
 func TestSettleCheckpointsAndTruncates(t *testing.T) {
 	dir := t.TempDir()
 	clock := NewManualClock(time.Date(2026, 6, 10, 0, 0, 0, 0, time.UTC))

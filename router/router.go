@@ -137,8 +137,9 @@ type ChargeRequest struct {
 	// RequestTarget). A ClientID reused with another non-zero Target is
 	// refused IDReused, as one reused for another Route is: otherwise one
 	// idempotency key would serve every request under one route for a
-	// single charge. The owner remembers it while it runs; after its
-	// restart, or at the account's next owner, only Route is compared.
+	// single charge. The owner remembers it with the ClientID, across its
+	// restarts; the account's next owner knows neither and charges the
+	// ClientID again (the ledger bills the event once).
 	Target uint64
 }
 

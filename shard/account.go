@@ -90,7 +90,7 @@ type event struct {
 	pending bool
 	key     string
 	route   string
-	target  uint64 // Charge.Target of the charge; 0: unknown (rebuilt from the log)
+	target  uint64 // Charge.Target of the charge; 0: none, or logged by a quotad that did not keep it
 	allocs  []Alloc
 }
 
@@ -431,6 +431,7 @@ func (a *Account) Charge(req *Charge, now Now, params *Params, rec *Record) Deci
 		rec.EventID, rec.ClientID, rec.Key, rec.Route = req.EventID, req.ClientID, req.Key, req.Route
 		rec.Units, rec.Period, rec.Gen = req.Units, p, gen
 		if req.ClientID {
+			rec.Target = req.Target
 			a.dedup.put(req.EventID, a.seen, event{gen: gen, units: req.Units, period: p, chargeAt: a.seen,
 				key: req.Key, route: req.Route, target: req.Target, allocs: slices.Clone(rec.Allocs)})
 		}

@@ -3,6 +3,7 @@ package shard
 import (
 	"encoding/binary"
 	"fmt"
+	"math"
 	"strconv"
 )
 
@@ -89,6 +90,11 @@ type Record struct {
 	// Charge fills Key, Route, Units, ChargeWall and Allocs too, from the
 	// charge replayed, for the caller's receipt (they are not encoded).
 
+	// Target is, on a charge with a client id, the digest of the request
+	// the id names (Charge.Target; 0: none), so that a restarted owner
+	// still refuses the id for another request.
+	Target uint64
+
 	allocBuf [4]Alloc
 }
 
@@ -102,8 +108,8 @@ func (r *Record) reset(t RecordType, account string, wall int64) {
 // wal's frame (version byte, checksum):
 //
 //	charge:  type=1 | wall varint | account | event | flags byte (bit 0: client id, bit 1: reserved,
-//	         bit 2: a generation follows) | [gen uvarint] | key | route | units uvarint | period uvarint
-//	         | n uvarint | n × (grant | units uvarint)
+//	         bit 2: a generation follows, bit 7: a target follows) | [gen uvarint] | key | route | units uvarint
+//	         | period uvarint | n uvarint | n × (grant | units uvarint) | [target: 8 bytes, little-endian]
 //	refund:  type=2 | wall varint | account | event | flags byte (bit 1: reserved, bit 2: generation, bit 3: attempt,
 //	         bit 4: origin) | [gen uvarint] | [origin] | key | route | units uvarint | period uvarint | charge wall varint
 //	         | n uvarint | n × (grant | units uvarint)
@@ -112,7 +118,9 @@ func (r *Record) reset(t RecordType, account string, wall int64) {
 //	         | [origin] | period uvarint | delta varint
 //
 // where a refund's flags also carry bit 5 (Kept) and bit 6 (Released), and
-// a string is a uvarint length followed by its bytes.
+// a string is a uvarint length followed by its bytes. The target comes last
+// so that a quotad from before it (which ignores bit 7) finds trailing bytes
+// and refuses the record as corrupt rather than misreading it.
 func (r *Record) AppendEncode(dst []byte) []byte {
 	dst = append(dst, byte(r.Type))
 	dst = binary.AppendVarint(dst, r.Wall)
@@ -126,6 +134,9 @@ func (r *Record) AppendEncode(dst []byte) []byte {
 		dst = binary.AppendUvarint(dst, uint64(r.Units))
 		dst = binary.AppendUvarint(dst, uint64(r.Period))
 		dst = appendAllocs(dst, r.Allocs)
+		if r.Target != 0 {
+			dst = binary.LittleEndian.AppendUint64(dst, r.Target)
+		}
 	case RecRefund:
 		dst = appendString(dst, r.EventID)
 		dst = r.appendFlags(dst)
@@ -170,6 +181,9 @@ func (r *Record) appendFlags(dst []byte) []byte {
 	if r.Released {
 		f |= 64
 	}
+	if r.Target != 0 && r.Type == RecCharge {
+		f |= 128
+	}
 	dst = append(dst, f)
 	if r.Gen != 0 {
 		dst = binary.AppendUvarint(dst, uint64(r.Gen))
@@ -180,7 +194,9 @@ func (r *Record) appendFlags(dst []byte) []byte {
 	return dst
 }
 
-func (d *decoder) flags(r *Record) {
+// flags reads the flags byte and what follows it; it reports whether a
+// target follows at the record's end (bit 7).
+func (d *decoder) flags(r *Record) (target bool) {
 	f := d.byte()
 	r.ClientID, r.Reserved, r.Attempt = f&1 != 0, f&2 != 0, f&8 != 0
 	r.Kept, r.Released = f&32 != 0, f&64 != 0
@@ -194,6 +210,7 @@ func (d *decoder) flags(r *Record) {
 	if f&16 != 0 {
 		r.Origin = d.string()
 	}
+	return f&128 != 0
 }
 
 // LedgerEventID is the event id the ledger keeps for a charge: the id
@@ -231,15 +248,22 @@ func (r *Record) Decode(b []byte) error {
 	switch t {
 	case RecCharge:
 		r.EventID = d.string()
-		d.flags(r)
+		target := d.flags(r)
 		r.Key, r.Route = d.string(), d.string()
-		r.Units, r.Period = d.count(), Period(d.count())
+		r.Units, r.Period = d.count(), d.period()
 		r.Allocs = d.allocs(r.Allocs)
+		if target {
+			if r.Target = d.u64(); r.Target == 0 && d.err == nil {
+				d.fail("target") // 0 is written as no target
+			}
+		}
 	case RecRefund:
 		r.EventID = d.string()
-		d.flags(r)
+		if d.flags(r) {
+			d.fail("flags (a target on a refund)")
+		}
 		r.Key, r.Route = d.string(), d.string()
-		r.Units, r.Period = d.count(), Period(d.count())
+		r.Units, r.Period = d.count(), d.period()
 		r.ChargeWall = d.varint()
 		r.Allocs = d.allocs(r.Allocs)
 	case RecReserve:
@@ -247,8 +271,10 @@ func (r *Record) Decode(b []byte) error {
 		r.Delta = d.varint()
 	case RecReplay:
 		r.EventID = d.string()
-		d.flags(r)
-		r.Period = Period(d.count())
+		if d.flags(r) {
+			d.fail("flags (a target on a replay)")
+		}
+		r.Period = d.period()
 		if r.Delta = d.varint(); r.Delta != 1 && r.Delta != -1 && d.err == nil {
 			d.fail("replay delta")
 		}
@@ -308,6 +334,17 @@ func (d *decoder) uvarint() uint64 {
 	return v
 }
 
+// u64 reads 8 bytes, little-endian.
+func (d *decoder) u64() uint64 {
+	if len(d.b) < 8 {
+		d.fail("8-byte word")
+		return 0
+	}
+	v := binary.LittleEndian.Uint64(d.b)
+	d.b = d.b[8:]
+	return v
+}
+
 // count reads a non-negative int64.
 func (d *decoder) count() int64 {
 	v := d.uvarint()
@@ -316,6 +353,16 @@ func (d *decoder) count() int64 {
 		return 0
 	}
 	return int64(v)
+}
+
+// period reads a Period, which is never negative and fits its int32.
+func (d *decoder) period() Period {
+	v := d.uvarint()
+	if v > math.MaxInt32 {
+		d.fail("period")
+		return 0
+	}
+	return Period(v)
 }
 
 func (d *decoder) string() string {

@@ -24,7 +24,7 @@ func (a *Account) ApplyRecord(seq uint64, rec *Record, params *Params) {
 		if rec.ClientID {
 			a.dedup.expire(a.seen, params.DedupWindow, params.DedupMax)
 			a.dedup.put(rec.EventID, a.seen, event{gen: rec.Gen, units: rec.Units, seq: seq, period: rec.Period, chargeAt: rec.Wall,
-				key: rec.Key, route: rec.Route, allocs: slices.Clone(rec.Allocs)})
+				key: rec.Key, route: rec.Route, target: rec.Target, allocs: slices.Clone(rec.Allocs)})
 		}
 	case RecRefund:
 		if rec.Origin != "" {
@@ -86,8 +86,11 @@ const checkpointVersion = 3
 //	| n × refunded id (id | wall varint)
 //
 // where event is units varint | seq uvarint | period uvarint | charge wall
-// varint | flags byte (bit 0: refunded, bit 1: an attempt's refund pending)
-// | replays uvarint | key | route | n × (grant | units uvarint).
+// varint | flags byte (bit 0: refunded, bit 1: an attempt's refund pending,
+// bit 2: a target follows) | replays uvarint | key | route | n × (grant |
+// units uvarint) | [target: 8 bytes, little-endian]. The target comes last:
+// a quotad from before it finds bytes left over in a stored id and refuses
+// it as corrupt rather than misreading it.
 //
 // The engine stores the ids apart instead (AppendCheckpointState and
 // DrainIDs): a busy account remembers up to Params.DedupMax of them, and
@@ -153,21 +156,33 @@ func appendDedupValue(dst []byte, wall int64, e *event) []byte {
 	if e.pending {
 		flags |= 2
 	}
+	if e.target != 0 {
+		flags |= 4
+	}
 	dst = append(dst, flags)
 	dst = binary.AppendUvarint(dst, uint64(e.replays))
 	dst = appendString(dst, e.key)
 	dst = appendString(dst, e.route)
-	return appendAllocs(dst, e.allocs)
+	dst = appendAllocs(dst, e.allocs)
+	if e.target != 0 {
+		dst = binary.LittleEndian.AppendUint64(dst, e.target)
+	}
+	return dst
 }
 
 func (d *decoder) dedupValue() (wall int64, e event) {
 	e.gen, wall = uint32(d.uvarint()), d.varint()
-	e.units, e.seq, e.period, e.chargeAt = d.varint(), d.uvarint(), Period(d.count()), d.varint()
+	e.units, e.seq, e.period, e.chargeAt = d.varint(), d.uvarint(), d.period(), d.varint()
 	flags := d.byte()
 	e.refunded, e.pending = flags&1 != 0, flags&2 != 0
 	e.replays = int32(min(d.uvarint(), 1<<30))
 	e.key, e.route = d.string(), d.string()
 	e.allocs = d.allocs(nil)
+	if flags&4 != 0 {
+		if e.target = d.u64(); e.target == 0 && d.err == nil {
+			d.fail("target") // 0 is written as no target
+		}
+	}
 	return wall, e
 }
 
@@ -272,7 +287,7 @@ func (a *Account) RestoreCheckpoint(b []byte) error {
 	var n Account
 	n.cfg = a.cfg
 	n.LastSeq = d.uvarint()
-	n.period = Period(d.count())
+	n.period = d.period()
 	n.seen = d.varint()
 	for i, k := 0, d.count(); i < int(k) && d.err == nil; i++ {
 		g := grant{id: d.string(), monthly: d.byte() == 1}

@@ -1,6 +1,7 @@
 package shard
 
 import (
+	"encoding/binary"
 	"fmt"
 	"math"
 	"slices"
@@ -180,8 +181,9 @@ func TestAlteredOrMisplacedReceiptIsRefused(t *testing.T) {
 
 // One client id names one request: the HTTP front sends a digest of it
 // (Target), and the same id with another target is refused IDReused while
-// the owner remembers it; a target of 0 (a caller without one, or the
-// owner after a restart) compares the route only.
+// the owner remembers it, across its restarts (the target is in the
+// charge's log record and in the stored id); a target of 0 (a caller
+// without one) compares the route only.
 func TestOneIDForTwoRequestsIsRefused(t *testing.T) {
 	p := DefaultParams()
 	a := NewAccount(AccountConfig{ID: "a", Plan: hardPlan(10)})
@@ -201,12 +203,69 @@ func TestOneIDForTwoRequestsIsRefused(t *testing.T) {
 	if u := a.Usage(now); u.Used != 1 {
 		t.Errorf("used %d, want 1", u.Used)
 	}
-	restored := NewAccount(AccountConfig{ID: "a", Plan: a.Plan()})
-	if err := restored.RestoreCheckpoint(a.AppendCheckpoint(nil)); err != nil {
+	var first Record
+	if d := a.Charge(&Charge{EventID: "k2", ClientID: true, Route: "*", Units: 1, Target: 9}, now, &p, &first); d.Reason != OK || first.Target != 9 {
+		t.Fatalf("second key: %s, record target %d, want ok and 9", d.Reason, first.Target)
+	}
+	// Restarted three ways: from a checkpoint with the ids inline (an
+	// older build's), from one with the ids stored apart (DrainIDs, as the
+	// engine does), and from the log alone.
+	inline := NewAccount(AccountConfig{ID: "a", Plan: a.Plan()})
+	if err := inline.RestoreCheckpoint(a.AppendCheckpoint(nil)); err != nil {
 		t.Fatal(err)
 	}
-	if d := restored.Charge(&Charge{EventID: "k", ClientID: true, Route: "*", Units: 1, Target: 8}, now, &p, &rec); d.Reason != Replayed {
-		t.Errorf("after a restart, another target: %s, want replayed (the route alone is compared)", d.Reason)
+	apart := NewAccount(AccountConfig{ID: "a", Plan: a.Plan()})
+	var ids []StoredID
+	a.DrainIDs(func(id StoredID) { ids = append(ids, id) })
+	if err := apart.RestoreCheckpoint(a.AppendCheckpointState(nil)); err != nil {
+		t.Fatal(err)
+	}
+	if err := apart.RestoreIDs(ids); err != nil {
+		t.Fatal(err)
+	}
+	logged := NewAccount(AccountConfig{ID: "a", Plan: a.Plan()})
+	var back Record
+	if err := back.Decode(first.AppendEncode(nil)); err != nil {
+		t.Fatal(err)
+	}
+	logged.ApplyRecord(1, &back, &p)
+	for name, r := range map[string]*Account{"inline checkpoint": inline, "ids apart": apart, "log": logged} {
+		if d := r.Charge(&Charge{EventID: "k2", ClientID: true, Route: "*", Units: 1, Target: 8}, now, &p, &rec); d.Reason != IDReused {
+			t.Errorf("restored from the %s, key k2 with another target: %s, want id_reused", name, d.Reason)
+		}
+		if d := r.Charge(&Charge{EventID: "k2", ClientID: true, Route: "*", Units: 1, Target: 9}, now, &p, &rec); d.Reason != Replayed {
+			t.Errorf("restored from the %s, key k2 with its own target: %s, want replayed", name, d.Reason)
+		}
+	}
+}
+
+// A stored id written before targets were kept (no flag bit 2) still
+// restores, comparing the route only; one whose flag promises a target it
+// does not hold, or holds a target of 0, is corrupt.
+func TestStoredIDTargetEncoding(t *testing.T) {
+	e := event{units: 1, key: "k", route: "*", target: 5}
+	b := appendDedupValue(nil, 10, &e)
+	d := decoder{b: b}
+	if _, got := d.dedupValue(); d.err != nil || len(d.b) != 0 || got.target != 5 {
+		t.Fatalf("round trip: target %d, err %v, %d bytes left", got.target, d.err, len(d.b))
+	}
+	e.target = 0
+	old := appendDedupValue(nil, 10, &e)
+	if len(old) != len(b)-8 {
+		t.Fatalf("no target takes %d bytes, with one %d: want 8 more", len(old), len(b))
+	}
+	d = decoder{b: old}
+	if _, got := d.dedupValue(); d.err != nil || len(d.b) != 0 || got.target != 0 {
+		t.Fatalf("without a target: %d, err %v", got.target, d.err)
+	}
+	d = decoder{b: b[:len(b)-1]}
+	if d.dedupValue(); d.err == nil {
+		t.Fatal("a truncated target decoded")
+	}
+	zero := append(append([]byte(nil), b[:len(b)-8]...), 0, 0, 0, 0, 0, 0, 0, 0)
+	d = decoder{b: zero}
+	if d.dedupValue(); d.err == nil {
+		t.Fatal("a target of 0 behind the flag decoded")
 	}
 }
 
@@ -651,6 +710,7 @@ func TestRateLimitRefusalTakesNoToken(t *testing.T) {
 func TestRecordRoundTrip(t *testing.T) {
 	recs := []Record{
 		{Type: RecCharge, Wall: 123, Account: "acct", EventID: "ev", ClientID: true, Key: "k", Route: "GET /x", Units: 9, Period: 24317, Allocs: []Alloc{{"m:2026-06", 4}, {"c1", 5}}},
+		{Type: RecCharge, Wall: 124, Account: "acct", EventID: "ev2", ClientID: true, Gen: 1, Key: "k", Route: "GET /x", Units: 9, Period: 24317, Allocs: []Alloc{{"c1", 9}}, Target: 1<<63 | 5},
 		{Type: RecRefund, Wall: -5, Account: "a", EventID: "e", Reserved: true, Gen: 3, Key: "k", Route: "r", Units: 3, Period: 1, ChargeWall: 99, Allocs: []Alloc{{"g", 3}}},
 		{Type: RecReserve, Wall: 7, Account: "a", Grant: "g", Delta: -40},
 		{Type: RecReplay, Wall: 8, Account: "a", EventID: "e", Gen: 2, Period: 24317, Delta: 1},
@@ -664,7 +724,7 @@ func TestRecordRoundTrip(t *testing.T) {
 		if err := got.Decode(b); err != nil {
 			t.Fatal(err)
 		}
-		if fmt.Sprintf("%+v", got.AppendEncode(nil)) != fmt.Sprintf("%+v", b) {
+		if fmt.Sprintf("%+v", got.AppendEncode(nil)) != fmt.Sprintf("%+v", b) || got.Target != r.Target {
 			t.Fatalf("round trip of %+v gave %+v", r, got)
 		}
 		for i := 0; i < len(b); i++ {
@@ -672,6 +732,26 @@ func TestRecordRoundTrip(t *testing.T) {
 				t.Fatalf("%s truncated to %d bytes decoded without error", r.Type, i)
 			}
 		}
+	}
+	// A target is a charge's only: a refund whose flags promise one is
+	// corrupt, with or without one behind it.
+	refund := Record{Type: RecRefund, Wall: 10, Account: "a", EventID: "e", Units: 3, Period: 1, Allocs: []Alloc{{"g", 3}}}
+	b := refund.AppendEncode(nil)
+	const flagsAt = 1 + 1 + 2 + 2 // type, wall 10, "a", "e"
+	b[flagsAt] |= 128
+	var got Record
+	if err := got.Decode(b); err == nil {
+		t.Fatal("a refund whose flags promise a target decoded without error")
+	}
+	if err := got.Decode(binary.LittleEndian.AppendUint64(b, 7)); err == nil {
+		t.Fatal("a refund with a target decoded without error")
+	}
+	// A charge's target of 0 is written as none: 0 behind the flag is corrupt.
+	charge := recs[1]
+	b = charge.AppendEncode(nil)
+	clear(b[len(b)-8:])
+	if err := got.Decode(b); err == nil {
+		t.Fatal("a charge with a target of 0 behind the flag decoded without error")
 	}
 }
 

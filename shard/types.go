@@ -207,8 +207,9 @@ type Charge struct {
 	// none. A client id reused with another target is refused IDReused,
 	// as one reused on another route is: without it one Idempotency-Key
 	// would serve every path under one route pattern for one charge. The
-	// owner keeps it in memory only: after its restart, or on the
-	// account's next owner, the route alone is compared.
+	// owner logs it with the charge and keeps it with the id, across its
+	// restarts; the account's next owner knows nothing of the id, so it
+	// charges it again (the ledger bills the event once).
 	Target uint64
 }
 
