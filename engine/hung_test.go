@@ -5,55 +5,32 @@ import (
 	"errors"
 	"log/slog"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/quotaring/quotaring/internal/hang"
 	"github.com/quotaring/quotaring/internal/logbuf"
 	"github.com/quotaring/quotaring/internal/waitfor"
 	"github.com/quotaring/quotaring/shard"
 )
 
-// neverCancelledWithin bounds how long hungReserver waits for its caller to
-// give up; past it the call fails by itself, so that an engine without a
-// bound fails the test instead of hanging it.
-const neverCancelledWithin = 10 * time.Second
-
-var errNeverCancelled = errors.New("hung reserver: the engine waited for this call for 10 s and never cancelled it")
-
-// hungReserver grants what is asked until hung is set; then it answers
-// nothing, no error and no units (a SIGSTOPped Postgres, a lock held on
-// grants), until the caller gives up.
+// hungReserver grants what is asked until its gate is hung; then it
+// answers nothing, no error and no units (a SIGSTOPped Postgres, a lock
+// held on grants), until the caller gives up.
 type hungReserver struct {
 	fakeLedger
-	hung    atomic.Bool
-	entered chan struct{} // one send per call that hangs
-}
-
-func (h *hungReserver) hang(ctx context.Context) error {
-	select {
-	case h.entered <- struct{}{}:
-	default:
-	}
-	t := time.NewTimer(neverCancelledWithin)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return errNeverCancelled
-	}
+	gate *hang.Gate
 }
 
 func (h *hungReserver) Reserve(ctx context.Context, req ReserveRequest) (ReserveResult, error) {
-	if h.hung.Load() {
-		return ReserveResult{}, h.hang(ctx)
+	if err := h.gate.Wait(ctx); err != nil {
+		return ReserveResult{}, err
 	}
 	return h.fakeLedger.Reserve(ctx, req)
 }
 
 func newHungReserver() *hungReserver {
-	return &hungReserver{fakeLedger: fakeLedger{reserved: map[string]int64{}, released: map[string]int64{}}, entered: make(chan struct{}, 100)}
+	return &hungReserver{fakeLedger: fakeLedger{reserved: map[string]int64{}, released: map[string]int64{}}, gate: hang.New()}
 }
 
 // openHung opens an engine on account "acme" (hard, 1,000) whose
@@ -102,9 +79,9 @@ func TestBackgroundTopUpAgainstAHungLedgerTimesOut(t *testing.T) {
 	if res, err := e.Charge(context.Background(), "acme", shard.Charge{Units: 1}); err != nil || res.Reason != shard.OK {
 		t.Fatalf("first charge: %+v %v", res, err)
 	}
-	r.hung.Store(true)
+	r.gate.Hung.Store(true)
 	chargeUntilTopUp(t, e, 1)
-	<-r.entered
+	<-r.gate.Entered
 	waitfor.Cond(t, 3*time.Second, "the hung top-up counted as timed out", func() bool {
 		return e.Stats().ReserveTimeouts.Load() == 1 && e.Stats().ReserveErrors.Load() == 1
 	})
@@ -115,7 +92,7 @@ func TestBackgroundTopUpAgainstAHungLedgerTimesOut(t *testing.T) {
 	// times out in its turn.
 	chargeUntilTopUp(t, e, 2)
 	waitfor.Cond(t, 3*time.Second, "the second top-up timed out too", func() bool { return e.Stats().ReserveTimeouts.Load() == 2 })
-	r.hung.Store(false)
+	r.gate.Hung.Store(false)
 	chargeUntilTopUp(t, e, 3)
 	waitfor.Cond(t, 3*time.Second, "a top-up once the ledger answers", func() bool {
 		r.mu.Lock()
@@ -137,9 +114,9 @@ func TestChargeJoiningAHungTopUpWaitsReserveTimeout(t *testing.T) {
 	if res, err := e.Charge(context.Background(), "acme", shard.Charge{Units: 1}); err != nil || res.Reason != shard.OK {
 		t.Fatalf("first charge: %+v %v", res, err)
 	}
-	r.hung.Store(true)
+	r.gate.Hung.Store(true)
 	chargeUntilTopUp(t, e, 1)
-	<-r.entered // the top-up hangs
+	<-r.gate.Entered // the top-up hangs
 	held := e.AllowanceHeld()
 	t0 := time.Now()
 	_, err := e.Charge(context.Background(), "acme", shard.Charge{Units: held + 1})

@@ -2,7 +2,6 @@ package flush
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -14,6 +13,7 @@ import (
 
 	"github.com/quotaring/quotaring/engine"
 	"github.com/quotaring/quotaring/internal/faultproxy"
+	"github.com/quotaring/quotaring/internal/hang"
 	"github.com/quotaring/quotaring/internal/logbuf"
 	"github.com/quotaring/quotaring/internal/pgtest"
 	"github.com/quotaring/quotaring/internal/waitfor"
@@ -21,57 +21,24 @@ import (
 	"github.com/quotaring/quotaring/snapshot"
 )
 
-// notCancelledWithin bounds how long a hung test ledger waits for the
-// settler to give up on a call; past it the ledger fails the call itself,
-// so that a settler without a bound fails the test instead of hanging it.
-const notCancelledWithin = 10 * time.Second
-
-var errNeverCancelled = errors.New("test ledger: the settler waited for this call for 10 s and never cancelled it")
-
-// hungLedger is a ledger that, while hung, answers neither a settle nor a
-// heartbeat (no error, no answer: a SIGSTOPped Postgres, a lock held on its
-// tables) until the caller gives up. With ignoreCtx it does not even see the
-// caller give up: it waits for release. With settlesOnly, heartbeats
-// answer (a lock held on grants: settles wait for it, heartbeats do not).
+// hungLedger is a ledger that, while its gate is hung, answers neither a
+// settle nor a heartbeat (no error, no answer: a SIGSTOPped Postgres, a lock
+// held on its tables) until the caller gives up. With gate.IgnoreCtx it
+// does not even see the caller give up: it waits for gate.Release. With
+// settlesOnly, heartbeats answer (a lock held on grants: settles wait for
+// it, heartbeats do not).
 type hungLedger struct {
 	Ledger
-	hung        atomic.Bool
-	ignoreCtx   bool
+	gate        *hang.Gate
 	settlesOnly bool
-	entered     chan struct{} // one send per call that hangs
-	release     chan struct{}
 }
 
 func newHungLedger(l Ledger) *hungLedger {
-	return &hungLedger{Ledger: l, entered: make(chan struct{}, 100), release: make(chan struct{})}
-}
-
-func (l *hungLedger) hang(ctx context.Context) error {
-	if !l.hung.Load() {
-		return nil
-	}
-	select {
-	case l.entered <- struct{}{}:
-	default:
-	}
-	t := time.NewTimer(notCancelledWithin)
-	defer t.Stop()
-	done := ctx.Done()
-	if l.ignoreCtx {
-		done = nil
-	}
-	select {
-	case <-done:
-		return ctx.Err()
-	case <-l.release:
-		return nil
-	case <-t.C:
-		return errNeverCancelled
-	}
+	return &hungLedger{Ledger: l, gate: hang.New()}
 }
 
 func (l *hungLedger) Settle(ctx context.Context, b *Batch) (SettleResult, error) {
-	if err := l.hang(ctx); err != nil {
+	if err := l.gate.Wait(ctx); err != nil {
 		return SettleResult{}, err
 	}
 	return l.Ledger.Settle(ctx, b)
@@ -81,7 +48,7 @@ func (l *hungLedger) Heartbeat(ctx context.Context, node, inc string, drainedAt 
 	if l.settlesOnly {
 		return l.Ledger.Heartbeat(ctx, node, inc, drainedAt)
 	}
-	if err := l.hang(ctx); err != nil {
+	if err := l.gate.Wait(ctx); err != nil {
 		return 0, err
 	}
 	return l.Ledger.Heartbeat(ctx, node, inc, drainedAt)
@@ -114,7 +81,7 @@ func TestHealthyFalseWhileALedgerCallHangs(t *testing.T) {
 	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
 	sq, e := ledgerRig(t, nil)
 	l := newHungLedger(sq)
-	l.ignoreCtx = true
+	l.gate.IgnoreCtx = true
 	s, err := NewSettler(SettlerOptions{Ledger: l, Engine: e, CallTimeout: time.Minute, Now: clock})
 	if err != nil {
 		t.Fatal(err)
@@ -123,10 +90,10 @@ func TestHealthyFalseWhileALedgerCallHangs(t *testing.T) {
 		t.Fatal(err)
 	}
 	appendCharges(t, e, 3)
-	l.hung.Store(true)
+	l.gate.Hung.Store(true)
 	done := make(chan error, 1)
 	go func() { _, err := s.SettleOnce(ctx); done <- err }()
-	<-l.entered
+	<-l.gate.Entered
 	if !s.Healthy() {
 		t.Fatal("unhealthy the moment a settle started")
 	}
@@ -142,8 +109,8 @@ func TestHealthyFalseWhileALedgerCallHangs(t *testing.T) {
 	if s.Healthy() {
 		t.Fatal("healthy while a settle has waited CallTimeout (a minute) for the ledger's answer")
 	}
-	l.hung.Store(false)
-	close(l.release)
+	l.gate.Hung.Store(false)
+	l.gate.Release()
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
@@ -186,7 +153,7 @@ func testSettleLoopAgainstAHungLedger(t *testing.T, settlesOnly bool) {
 	if err := s.Register(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	l.hung.Store(true)
+	l.gate.Hung.Store(true)
 	appendCharges(t, e, 5)
 	s.Start()
 	defer s.Close()
@@ -209,14 +176,14 @@ func testSettleLoopAgainstAHungLedger(t *testing.T, settlesOnly bool) {
 	if strings.Contains(logs.String(), "the ledger answers again") {
 		t.Fatalf("said the ledger answers again while its settles hang:\n%s", logs.String())
 	}
-	l.hung.Store(false)
+	l.gate.Hung.Store(false)
 	waitfor.Cond(t, 10*time.Second, "the settler to settle once the ledger answers", func() bool {
 		return s.Healthy() && e.Log().SettledSeq() == e.Log().DurableSeq()
 	})
 	waitfor.Cond(t, 10*time.Second, "an INFO line that the ledger answers again", func() bool {
 		return strings.Contains(logs.String(), `level=INFO msg="the ledger answers again"`)
 	})
-	if strings.Contains(logs.String(), errNeverCancelled.Error()) {
+	if strings.Contains(logs.String(), hang.ErrNeverCancelled.Error()) {
 		t.Fatalf("a call to the hung ledger was never cancelled:\n%s", logs.String())
 	}
 }
@@ -235,14 +202,7 @@ func (l *commitThenHang) Settle(ctx context.Context, b *Batch) (SettleResult, er
 	if _, err := l.Ledger.Settle(context.WithoutCancel(ctx), b); err != nil {
 		return SettleResult{}, err
 	}
-	t := time.NewTimer(notCancelledWithin)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return SettleResult{}, ctx.Err()
-	case <-t.C:
-		return SettleResult{}, errNeverCancelled
-	}
+	return SettleResult{}, hang.Until(ctx)
 }
 
 // A settle cancelled at CallTimeout after the ledger committed it (the
