@@ -77,8 +77,8 @@ func BenchmarkEngineCharge(b *testing.B) {
 // go test ./engine -run NONE -bench SettleBusyKeyedAccounts -benchtime 20x
 //
 // Two accounts that each remember 100,000 Idempotency-Keys (the default
-// bound) take 1,000 new keyed charges each, then settle: one op is that
-// cycle. What a settle writes for them is what it measures: every key, or
+// bound) take 1,000 new keyed charges each (with a request digest, as the
+// HTTP front sends), then settle: one op is that cycle. What a settle writes for them is what it measures: every key, or
 // only those that changed.
 func BenchmarkSettleBusyKeyedAccounts(b *testing.B) {
 	e, ids := benchEngine(b, true, 2)
@@ -88,7 +88,7 @@ func BenchmarkSettleBusyKeyedAccounts(b *testing.B) {
 		for _, acct := range ids {
 			for range k {
 				n++
-				res, err := e.Charge(ctx, acct, shard.Charge{EventID: fmt.Sprint("key-", n), ClientID: true, Route: "GET /v1/tasks", Units: 1})
+				res, err := e.Charge(ctx, acct, shard.Charge{EventID: fmt.Sprint("key-", n), ClientID: true, Route: "GET /v1/tasks", Units: 1, Target: uint64(n)})
 				if err != nil || res.Reason != shard.OK {
 					b.Fatal(res.Reason, err)
 				}
