@@ -18,10 +18,8 @@ import (
 // write makes the next one rewrite them all, over what was stored; and a
 // restart remembers every key, whichever settle wrote it.
 func TestCheckpointWritesOnlyChangedIDs(t *testing.T) {
-	dir := t.TempDir()
-	clock := NewManualClock(time.Date(2026, 6, 10, 0, 0, 0, 0, time.UTC))
+	e, dir, clock := openRestartable(t, map[string]int64{"busy": 100_000})
 	ctx := context.Background()
-	e := openEngine(t, dir, clock, testSnapshot(t, map[string]int64{"busy": 100_000}))
 	l := e.Log()
 	charge := func(id string) shard.Reason {
 		t.Helper()

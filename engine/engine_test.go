@@ -57,6 +57,15 @@ func openEngine(t testing.TB, dir string, clock Clock, s *snapshot.Snapshot) *En
 	return e
 }
 
+// openRestartable opens an engine on a new data dir at 10 June 2026 with
+// accounts (hard quotas) for a test that restarts it: openEngine(t, dir,
+// clock, nil) opens the dir again from what it holds.
+func openRestartable(t testing.TB, accounts map[string]int64) (e *Engine, dir string, clock *ManualClock) {
+	dir = t.TempDir()
+	clock = NewManualClock(time.Date(2026, 6, 10, 0, 0, 0, 0, time.UTC))
+	return openEngine(t, dir, clock, testSnapshot(t, accounts)), dir, clock
+}
+
 func countRecords(t testing.TB, l *wal.Log, typ shard.RecordType) (n int, units int64) {
 	var rec shard.Record
 	err := l.Scan(l.SettledSeq(), l.DurableSeq(), func(_ uint64, p []byte) error {
@@ -197,10 +206,8 @@ func TestRetryRefundAndRestart(t *testing.T) {
 // one still in the log are both refused for another request after a
 // restart, and replayed for their own.
 func TestAKeysRequestSurvivesRestart(t *testing.T) {
-	dir := t.TempDir()
-	clock := NewManualClock(time.Date(2026, 6, 10, 0, 0, 0, 0, time.UTC))
+	e, dir, clock := openRestartable(t, map[string]int64{"acme": 100})
 	ctx := context.Background()
-	e := openEngine(t, dir, clock, testSnapshot(t, map[string]int64{"acme": 100}))
 	l := e.Log()
 	key := func(e *Engine, id string, target uint64) shard.Reason {
 		t.Helper()
@@ -451,10 +458,8 @@ func TestAbandonedChargeIsTakenBack(t *testing.T) {
 // never the one it ends at: that record is in the checkpoint already, and
 // applied again it counts its charge twice.
 func TestRecoveryDoesNotReplayTheCheckpointsLastRecord(t *testing.T) {
-	dir := t.TempDir()
-	clock := NewManualClock(time.Date(2026, 6, 10, 0, 0, 0, 0, time.UTC))
+	e, dir, clock := openRestartable(t, map[string]int64{"a": 100})
 	ctx := context.Background()
-	e := openEngine(t, dir, clock, testSnapshot(t, map[string]int64{"a": 100}))
 	l := e.Log()
 	var first uint64
 	for i := range 3 {
