@@ -13,6 +13,7 @@ import (
 
 	"github.com/quotaring/quotaring/flush"
 	"github.com/quotaring/quotaring/internal/pgtest"
+	"github.com/quotaring/quotaring/router/pb"
 	"github.com/quotaring/quotaring/snapshot"
 )
 
@@ -223,4 +224,54 @@ func TestTwoProcessesStartedAsOneNodeID(t *testing.T) {
 	tc.Nodes = append(tc.Nodes, survivor) // converged with the others, and stopped at the end
 	tc.mu.Unlock()
 	tc.converge(60 * time.Second)
+}
+
+// An Idempotency-Key names one request across its owner's crash: a key
+// charged and settled before a SIGKILL, and one charged just before it
+// (in the log only), are refused ID_REUSED for another request (another
+// Target) by the restarted process, replayed for their own, and billed
+// once.
+func TestAKeysRequestSurvivesAKill(t *testing.T) {
+	tc := newTestCluster(t, 1)
+	tc.hardAccounts(snapshot.Plan{ID: "keys", MonthlyQuota: 100, Hard: true}, "keyed")
+	ctx := context.Background()
+	n := tc.Nodes[0]
+	charge := func(key string, target uint64) string {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		var op Op
+		tc.conns.ChargeRouted(ctx, n, &pb.ChargeRequest{Account: "keyed", EventId: key, ClientId: true, Route: "GET /v1/tasks/{id}", Units: 1, Target: target}, &op)
+		if op.Reason == "" {
+			t.Fatalf("key %s: no decision: %s", key, op.Err)
+		}
+		return op.Reason
+	}
+	if r := charge("settled", 7); r != "ok" {
+		t.Fatalf("first key: %s", r)
+	}
+	tc.settleAll(30 * time.Second)
+	if r := charge("logged", 8); r != "ok" {
+		t.Fatalf("second key: %s", r)
+	}
+	if err := n.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	tc.converge(30 * time.Second)
+	for _, c := range []struct {
+		key    string
+		target uint64
+		want   string
+	}{{"settled", 9, "id_reused"}, {"logged", 9, "id_reused"}, {"settled", 7, "replayed"}, {"logged", 8, "replayed"}} {
+		if r := charge(c.key, c.target); r != c.want {
+			t.Errorf("after the kill, key %q for request %d: %s, want %s", c.key, c.target, r, c.want)
+		}
+	}
+	tc.settleAll(30 * time.Second)
+	if u := tc.used("keyed"); u != 2 {
+		t.Fatalf("the ledger holds %d units, want 2 (two keys, each billed once)", u)
+	}
 }
