@@ -120,7 +120,9 @@ func (r *Record) reset(t RecordType, account string, wall int64) {
 // where a refund's flags also carry bit 5 (Kept) and bit 6 (Released), and
 // a string is a uvarint length followed by its bytes. The target comes last
 // so that a quotad from before it (which ignores bit 7) finds trailing bytes
-// and refuses the record as corrupt rather than misreading it.
+// and refuses the record as corrupt rather than misreading it. Bit 7 is the
+// flags byte's last: a later field needs a new record type (which an older
+// quotad refuses by its number).
 func (r *Record) AppendEncode(dst []byte) []byte {
 	dst = append(dst, byte(r.Type))
 	dst = binary.AppendVarint(dst, r.Wall)
@@ -279,7 +281,7 @@ func (r *Record) Decode(b []byte) error {
 			d.fail("replay delta")
 		}
 	default:
-		return fmt.Errorf("%w: unknown type %d", ErrCorruptRecord, t)
+		return fmt.Errorf("%w: unknown type %d (a newer quotad's? run that one or a later one)", ErrCorruptRecord, t)
 	}
 	if d.err != nil {
 		return fmt.Errorf("%w: %s record: %v", ErrCorruptRecord, t, d.err)

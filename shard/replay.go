@@ -174,6 +174,11 @@ func (d *decoder) dedupValue() (wall int64, e event) {
 	e.gen, wall = uint32(d.uvarint()), d.varint()
 	e.units, e.seq, e.period, e.chargeAt = d.varint(), d.uvarint(), d.period(), d.varint()
 	flags := d.byte()
+	if flags&^7 != 0 && d.err == nil {
+		// A bit this build does not know: the layout past it is not this
+		// build's either. Say so, not just "malformed".
+		d.fail(fmt.Sprintf("flags %#x (bits this quotad does not know: written by a newer quotad, run that one or a later one)", flags))
+	}
 	e.refunded, e.pending = flags&1 != 0, flags&2 != 0
 	e.replays = int32(min(d.uvarint(), 1<<30))
 	e.key, e.route = d.string(), d.string()

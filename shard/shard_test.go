@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 )
@@ -266,6 +267,17 @@ func TestStoredIDTargetEncoding(t *testing.T) {
 	d = decoder{b: zero}
 	if d.dedupValue(); d.err == nil {
 		t.Fatal("a target of 0 behind the flag decoded")
+	}
+	// A flag bit this build does not know is a newer quotad's: said so.
+	newer := slices.Clone(b)
+	const flagsAt = 1 + 1 + 1 + 1 + 1 + 1 // gen 0, wall 10, units 1, seq 0, period 0, charge wall 0
+	if newer[flagsAt] != 4 {
+		t.Fatalf("the test's flags offset is wrong: byte %d is %#x, want the target flag 0x4", flagsAt, newer[flagsAt])
+	}
+	newer[flagsAt] |= 8
+	d = decoder{b: newer}
+	if d.dedupValue(); d.err == nil || !strings.Contains(d.err.Error(), "newer quotad") {
+		t.Fatalf("a stored id with an unknown flag: %v, want an error that names a newer quotad", d.err)
 	}
 }
 
