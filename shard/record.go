@@ -287,7 +287,7 @@ func (r *Record) Decode(b []byte) error {
 		return fmt.Errorf("%w: %s record: %v", ErrCorruptRecord, t, d.err)
 	}
 	if len(d.b) != 0 {
-		return fmt.Errorf("%w: %s record: %d trailing bytes", ErrCorruptRecord, t, len(d.b))
+		return fmt.Errorf("%w: %s record: %d trailing bytes (a newer quotad's? run that one or a later one)", ErrCorruptRecord, t, len(d.b))
 	}
 	return nil
 }

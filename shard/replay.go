@@ -265,8 +265,11 @@ func (a *Account) RestoreIDs(ids []StoredID) error {
 		default:
 			return fmt.Errorf("%w: stored id %q of account %q has kind %d, this build knows %q and %q", ErrCorruptRecord, s.ID, a.cfg.ID, s.Kind, IDClient, IDRefunded)
 		}
-		if d.err != nil || len(d.b) != 0 {
-			return fmt.Errorf("%w: stored id %q of account %q: %v (%d bytes left)", ErrCorruptRecord, s.ID, a.cfg.ID, d.err, len(d.b))
+		if d.err != nil {
+			return fmt.Errorf("%w: stored id %q of account %q: %v", ErrCorruptRecord, s.ID, a.cfg.ID, d.err)
+		}
+		if len(d.b) != 0 {
+			return fmt.Errorf("%w: stored id %q of account %q: %d bytes left over (a newer quotad's? run that one or a later one)", ErrCorruptRecord, s.ID, a.cfg.ID, len(d.b))
 		}
 	}
 	a.dedup.restore(dIDs, dWalls, dVals)
