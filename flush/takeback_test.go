@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/quotaring/quotaring/engine"
+	"github.com/quotaring/quotaring/internal/waitfor"
 	"github.com/quotaring/quotaring/shard"
 	"github.com/quotaring/quotaring/snapshot"
 	"github.com/quotaring/quotaring/wal"
@@ -445,6 +446,11 @@ func TestForeignAttemptRefundFreesTheUnitsAtTheNewOwner(t *testing.T) {
 	if err != nil || first.Reason != shard.OK {
 		t.Fatalf("charge 4 at n1: %+v, %v", first, err)
 	}
+	// The charge spent all n1 had reserved, so n1 tops up in the
+	// background (the 6 units left): wait for it, or it may land after the
+	// hand-back below and hold the units n2 needs. (A real node stops
+	// owning the account first, and a late top-up is handed back.)
+	waitfor.Cond(t, 10*time.Second, "n1's top-up after its charge", func() bool { return n1.e.AllowanceHeld() == 6 })
 	n1.mustSettle(t)
 	if err := n1.e.Release(ctx, "acme"); err != nil { // the account moves to n2
 		t.Fatal(err)
