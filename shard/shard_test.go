@@ -242,7 +242,8 @@ func TestOneIDForTwoRequestsIsRefused(t *testing.T) {
 
 // A stored id written before targets were kept (no flag bit 2) still
 // restores, comparing the route only; one whose flag promises a target it
-// does not hold, or holds a target of 0, is corrupt.
+// does not hold, or holds a target of 0, is corrupt; one with a flag bit
+// this build does not know is refused as a newer quotad's.
 func TestStoredIDTargetEncoding(t *testing.T) {
 	e := event{units: 1, key: "k", route: "*", target: 5}
 	b := appendDedupValue(nil, 10, &e)
