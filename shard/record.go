@@ -136,9 +136,7 @@ func (r *Record) AppendEncode(dst []byte) []byte {
 		dst = binary.AppendUvarint(dst, uint64(r.Units))
 		dst = binary.AppendUvarint(dst, uint64(r.Period))
 		dst = appendAllocs(dst, r.Allocs)
-		if r.Target != 0 {
-			dst = binary.LittleEndian.AppendUint64(dst, r.Target)
-		}
+		dst = appendTarget(dst, r.Target)
 	case RecRefund:
 		dst = appendString(dst, r.EventID)
 		dst = r.appendFlags(dst)
@@ -255,9 +253,7 @@ func (r *Record) Decode(b []byte) error {
 		r.Units, r.Period = d.count(), d.period()
 		r.Allocs = d.allocs(r.Allocs)
 		if target {
-			if r.Target = d.u64(); r.Target == 0 && d.err == nil {
-				d.fail("target") // 0 is written as no target
-			}
+			r.Target = d.target()
 		}
 	case RecRefund:
 		r.EventID = d.string()
@@ -336,14 +332,28 @@ func (d *decoder) uvarint() uint64 {
 	return v
 }
 
-// u64 reads 8 bytes, little-endian.
-func (d *decoder) u64() uint64 {
+// appendTarget appends a request digest (Charge.Target) as 8 bytes,
+// little-endian, or nothing for 0 (none): the record or stored id says in
+// its flags whether one follows.
+func appendTarget(dst []byte, target uint64) []byte {
+	if target == 0 {
+		return dst
+	}
+	return binary.LittleEndian.AppendUint64(dst, target)
+}
+
+// target reads what appendTarget wrote for a digest; 0, which is written
+// as none, is malformed.
+func (d *decoder) target() uint64 {
 	if len(d.b) < 8 {
-		d.fail("8-byte word")
+		d.fail("target")
 		return 0
 	}
 	v := binary.LittleEndian.Uint64(d.b)
 	d.b = d.b[8:]
+	if v == 0 {
+		d.fail("target (0 is written as none)")
+	}
 	return v
 }
 

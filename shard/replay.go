@@ -164,10 +164,7 @@ func appendDedupValue(dst []byte, wall int64, e *event) []byte {
 	dst = appendString(dst, e.key)
 	dst = appendString(dst, e.route)
 	dst = appendAllocs(dst, e.allocs)
-	if e.target != 0 {
-		dst = binary.LittleEndian.AppendUint64(dst, e.target)
-	}
-	return dst
+	return appendTarget(dst, e.target)
 }
 
 func (d *decoder) dedupValue() (wall int64, e event) {
@@ -184,9 +181,7 @@ func (d *decoder) dedupValue() (wall int64, e event) {
 	e.key, e.route = d.string(), d.string()
 	e.allocs = d.allocs(nil)
 	if flags&4 != 0 {
-		if e.target = d.u64(); e.target == 0 && d.err == nil {
-			d.fail("target") // 0 is written as no target
-		}
+		e.target = d.target()
 	}
 	return wall, e
 }
