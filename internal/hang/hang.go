@@ -35,12 +35,18 @@ var ErrNeverCancelled = fmt.Errorf("hung call: the caller waited %s for it and n
 
 // Until holds a call until ctx ends (ctx.Err()) or NeverCancelled has
 // passed (ErrNeverCancelled): one call that hangs, outside any gate.
-func Until(ctx context.Context) error {
+func Until(ctx context.Context) error { return hold(ctx, ctx.Done(), nil) }
+
+// hold waits for done (ctx.Err()), release (nil) or NeverCancelled
+// (ErrNeverCancelled); a nil channel never fires.
+func hold(ctx context.Context, done, release <-chan struct{}) error {
 	t := time.NewTimer(NeverCancelled)
 	defer t.Stop()
 	select {
-	case <-ctx.Done():
+	case <-done:
 		return ctx.Err()
+	case <-release:
+		return nil
 	case <-t.C:
 		return ErrNeverCancelled
 	}
@@ -79,20 +85,11 @@ func (g *Gate) Wait(ctx context.Context) error {
 	case g.Entered <- struct{}{}:
 	default:
 	}
-	t := time.NewTimer(NeverCancelled)
-	defer t.Stop()
 	done := ctx.Done()
 	if g.IgnoreCtx {
 		done = nil
 	}
-	select {
-	case <-done:
-		return ctx.Err()
-	case <-g.release:
-		return nil
-	case <-t.C:
-		return ErrNeverCancelled
-	}
+	return hold(ctx, done, g.release)
 }
 
 // Release lets every held call go on, and every later one: a gate
