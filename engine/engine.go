@@ -73,7 +73,8 @@ type Options struct {
 	// Stripes is the number of lock stripes (default 256).
 	Stripes int
 	// Params are shared by all accounts; Params.Reservations is set from
-	// Reserver != nil. Zero DedupWindow/DedupMax take shard.DefaultParams.
+	// Reserver != nil. Zero DedupWindow/DedupMax/MaxReplays take
+	// shard.DefaultParams; a negative MaxReplays bounds no replays.
 	Params shard.Params
 	// Reserver, when set, makes hard limits spend only reserved units.
 	Reserver Reserver
@@ -298,6 +299,9 @@ func (e *Engine) fillDefaults() {
 	}
 	if e.params.DedupMax <= 0 {
 		e.params.DedupMax = def.DedupMax
+	}
+	if e.params.MaxReplays == 0 {
+		e.params.MaxReplays = def.MaxReplays
 	}
 	e.params.Reservations = e.opts.Reserver != nil
 	if e.opts.ReserveWindow <= 0 {

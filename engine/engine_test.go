@@ -244,6 +244,59 @@ func TestAKeysRequestSurvivesRestart(t *testing.T) {
 	}
 }
 
+// The bound on one key's served replays (shard.DefaultMaxReplays when
+// Params.MaxReplays is 0) counts across the owner's restarts: replays
+// settled into the checkpoint and replays only in the log both count.
+// A negative MaxReplays bounds nothing.
+func TestReplayBoundSurvivesRestart(t *testing.T) {
+	e, dir, clock := openRestartable(t, map[string]int64{"acme": 100})
+	ctx := context.Background()
+	l := e.Log()
+	charge := func(e *Engine) shard.Reason {
+		t.Helper()
+		res, err := e.Charge(ctx, "acme", shard.Charge{EventID: "job-1", ClientID: true, Route: "*", Units: 3})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res.Reason
+	}
+	if r := charge(e); r != shard.OK {
+		t.Fatal(r)
+	}
+	for i := range shard.DefaultMaxReplays {
+		if i == shard.DefaultMaxReplays/2 {
+			if err := e.Settle(ctx, l.DurableSeq()); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if r := charge(e); r != shard.Replayed {
+			t.Fatalf("retry %d: %v, want replayed", i+1, r)
+		}
+	}
+	e.Close()
+	l.Close()
+
+	e2 := openEngine(t, dir, clock, nil)
+	if r := charge(e2); r != shard.ReplayLimit {
+		t.Fatalf("after a restart, retry %d: %v, want replay_limit", shard.DefaultMaxReplays+1, r)
+	}
+	if u, _, _ := e2.Usage("acme"); u.Used != 3 {
+		t.Errorf("used %d after the restart, want 3 (billed once)", u.Used)
+	}
+	e2.Close()
+	e2.Log().Close()
+
+	l3 := openLog(t, dir)
+	e3, err := Open(Options{Log: l3, Clock: clock, Params: shard.Params{MaxReplays: -1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e3.Close(); l3.Close() })
+	if r := charge(e3); r != shard.Replayed {
+		t.Fatalf("MaxReplays -1: %v, want replayed (no bound)", r)
+	}
+}
+
 func TestSettleCheckpointsAndTruncates(t *testing.T) {
 	dir := t.TempDir()
 	clock := NewManualClock(time.Date(2026, 6, 10, 0, 0, 0, 0, time.UTC))

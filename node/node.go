@@ -110,6 +110,11 @@ type Config struct {
 	// [100,000]; each takes a few hundred bytes of memory: see README,
 	// "Accounts that send many Idempotency-Keys".
 	DedupMaxIDs int
+	// DedupMaxReplays bounds the retries of one Idempotency-Key an owner
+	// serves (billed once, run again) before it refuses the next
+	// (shard.ReplayLimit, 422 idempotency-replay-limit) [10]; negative bounds
+	// none. See README, "Idempotency".
+	DedupMaxReplays int
 	// TestFaults exposes fault injection on the admin port (/test/...): for
 	// the chaos tests only.
 	TestFaults bool
@@ -533,7 +538,7 @@ func (n *Node) openEngine(pauseBound time.Duration) error {
 	n.eng, err = engine.Open(engine.Options{
 		Log: n.wal, Clock: n.clock, Reserver: (*nodeReserver)(n), ReserveWindow: n.cfg.SettleInterval,
 		LedgerTimeout: n.cfg.LedgerTimeout, // top-ups and release retries, bounded as settles are
-		Params:        shard.Params{DedupMax: n.cfg.DedupMaxIDs},
+		Params:        shard.Params{DedupMax: n.cfg.DedupMaxIDs, MaxReplays: int32(max(-1, min(n.cfg.DedupMaxReplays, 1<<30)))},
 		Owns:          n.owns, Hold: n.pause.check, Logger: n.log.With("component", "engine"), OnCharge: n.onCharge,
 		SettleSoon: n.settleSoon,
 	})

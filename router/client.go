@@ -306,7 +306,7 @@ func (c *Client) loop(ctx context.Context) {
 // ended before anything was sent.
 //
 // Without an error the owner decided: Reason.Accepted, or a refusal. A
-// refusal is final (Reason.Final: invalid, id_reused), passes with time
+// refusal is final (Reason.Final: invalid, id_reused, replay_limit), passes with time
 // (rate_limited, and quota_exceeded until the period renews:
 // Decision.RetryIn says when), needs more units than time brings
 // (quota_exceeded on used-up credits: RetryIn's ok is false, and so is

@@ -11,7 +11,7 @@ var reasonToPB = map[shard.Reason]pb.Reason{
 	shard.QuotaExceeded: pb.Reason_QUOTA_EXCEEDED, shard.UnknownAccount: pb.Reason_UNKNOWN_ACCOUNT,
 	shard.Refunded: pb.Reason_REFUNDED, shard.AlreadyRefunded: pb.Reason_ALREADY_REFUNDED,
 	shard.UnknownEvent: pb.Reason_UNKNOWN_EVENT, shard.Invalid: pb.Reason_INVALID, shard.Kept: pb.Reason_KEPT,
-	shard.IDReused: pb.Reason_ID_REUSED,
+	shard.IDReused: pb.Reason_ID_REUSED, shard.ReplayLimit: pb.Reason_REPLAY_LIMIT,
 }
 
 var reasonFromPB = map[pb.Reason]shard.Reason{
@@ -19,7 +19,7 @@ var reasonFromPB = map[pb.Reason]shard.Reason{
 	pb.Reason_QUOTA_EXCEEDED: shard.QuotaExceeded, pb.Reason_UNKNOWN_ACCOUNT: shard.UnknownAccount,
 	pb.Reason_REFUNDED: shard.Refunded, pb.Reason_ALREADY_REFUNDED: shard.AlreadyRefunded,
 	pb.Reason_UNKNOWN_EVENT: shard.UnknownEvent, pb.Reason_INVALID: shard.Invalid, pb.Reason_KEPT: shard.Kept,
-	pb.Reason_ID_REUSED: shard.IDReused,
+	pb.Reason_ID_REUSED: shard.IDReused, pb.Reason_REPLAY_LIMIT: shard.ReplayLimit,
 }
 
 func decisionToPB(d *shard.Decision) *pb.Decision {

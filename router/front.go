@@ -392,7 +392,7 @@ func (f *front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	c, prob := f.admit(r)
 	if prob != nil {
-		if c != nil && (c.Decision.Reason == shard.RateLimited || c.Decision.Reason == shard.QuotaExceeded || c.Decision.Reason == shard.IDReused) {
+		if c != nil && (c.Decision.Reason == shard.RateLimited || c.Decision.Reason == shard.QuotaExceeded || c.Decision.Reason == shard.IDReused || c.Decision.Reason == shard.ReplayLimit) {
 			setQuotaHeaders(w.Header(), &c.Decision, f.opts.Now().Unix(), c.hard) // the owner's state; other refusals have none
 		}
 		prob.write(w, r)

@@ -37,6 +37,11 @@ const (
 	// the account for another request (422, as the IETF draft
 	// on the header asks); nothing was charged.
 	ProblemIdempotencyKeyReused = problemBase + "idempotency-key-reused"
+	// ProblemIdempotencyReplayLimit: the Idempotency-Key's request was
+	// already served again, billed once, as often as an owner serves one
+	// key (serve --dedup-max-replays); a new request needs a new key (422;
+	// nothing was charged, the upstream was not called).
+	ProblemIdempotencyReplayLimit = problemBase + "idempotency-replay-limit"
 	// ProblemPayloadTooLarge: the body is over FrontOptions.MaxBodyBytes (413).
 	ProblemPayloadTooLarge = problemBase + "payload-too-large"
 	// ProblemRequestTimeout: the request body sent nothing for
@@ -290,6 +295,9 @@ func refusal(d *shard.Decision, units int64, quotaStatus int) *Problem {
 	case shard.IDReused:
 		return newProblem(ProblemIdempotencyKeyReused, "Idempotency-Key reused", http.StatusUnprocessableEntity,
 			"This Idempotency-Key was used by this account in the last 24 hours for another request (another route, method, path or query); a retry must repeat the same request, and a new request needs a new key. Nothing was charged.")
+	case shard.ReplayLimit:
+		return newProblem(ProblemIdempotencyReplayLimit, "Idempotency-Key replayed too often", http.StatusUnprocessableEntity,
+			"This request was already served again under this Idempotency-Key, and billed once, as often as a key is served (a client's retries need far fewer); each retry runs the request again, so a new request needs a new key. Nothing was charged and the request was not served.")
 	case shard.UnknownAccount:
 		p := newProblem(ProblemQuotaUnavailable, "Quota unavailable", http.StatusServiceUnavailable,
 			"The owner of this key's account has not loaded its config yet; retry in a second.")
@@ -368,16 +376,17 @@ func isGRPC(contentType string) bool { return strings.HasPrefix(contentType, "ap
 
 // gRPC status codes (google.golang.org/grpc/codes), by problem type.
 var grpcCodes = map[string]int{
-	ProblemQuotaExceeded:        8,  // RESOURCE_EXHAUSTED
-	ProblemRateLimited:          8,  // RESOURCE_EXHAUSTED
-	ProblemPayloadTooLarge:      8,  // RESOURCE_EXHAUSTED, as gRPC answers a message over its limit
-	ProblemRequestTimeout:       4,  // DEADLINE_EXCEEDED
-	ProblemUnknownKey:           16, // UNAUTHENTICATED
-	ProblemQuotaUnavailable:     14, // UNAVAILABLE
-	ProblemUpstreamUnavailable:  14, // UNAVAILABLE (DEADLINE_EXCEEDED for 504)
-	ProblemBadRequest:           3,  // INVALID_ARGUMENT
-	ProblemIdempotencyKeyReused: 9,  // FAILED_PRECONDITION
-	ProblemInternal:             13, // INTERNAL
+	ProblemQuotaExceeded:          8,  // RESOURCE_EXHAUSTED
+	ProblemRateLimited:            8,  // RESOURCE_EXHAUSTED
+	ProblemPayloadTooLarge:        8,  // RESOURCE_EXHAUSTED, as gRPC answers a message over its limit
+	ProblemRequestTimeout:         4,  // DEADLINE_EXCEEDED
+	ProblemUnknownKey:             16, // UNAUTHENTICATED
+	ProblemQuotaUnavailable:       14, // UNAVAILABLE
+	ProblemUpstreamUnavailable:    14, // UNAVAILABLE (DEADLINE_EXCEEDED for 504)
+	ProblemBadRequest:             3,  // INVALID_ARGUMENT
+	ProblemIdempotencyKeyReused:   9,  // FAILED_PRECONDITION
+	ProblemIdempotencyReplayLimit: 9,  // FAILED_PRECONDITION
+	ProblemInternal:               13, // INTERNAL
 }
 
 // writeGRPC answers p as a trailers-only gRPC response: HTTP 200 with

@@ -12,6 +12,7 @@ import (
 
 	"github.com/quotaring/quotaring/engine"
 	"github.com/quotaring/quotaring/router"
+	"github.com/quotaring/quotaring/shard"
 	"github.com/quotaring/quotaring/snapshot"
 )
 
@@ -148,6 +149,40 @@ func TestProxyIdempotencyKey(t *testing.T) {
 	}
 	if n := up.count("POST /v1/exports"); n != 0 {
 		t.Fatalf("the upstream served %d exports, want 0 (the reused key was refused before it)", n)
+	}
+}
+
+// A retry under one Idempotency-Key is served again and billed once, so
+// an owner serves one key's request at most shard.DefaultMaxReplays times
+// over: the next is refused 422 idempotency-replay-limit with the owner's
+// quota headers, charges nothing and does not reach the upstream, also
+// through a node that forwards to the owner (the refusal crosses the
+// internal RPC). Another key is served as before.
+func TestProxyIdempotencyReplayLimit(t *testing.T) {
+	up := newUpstream(t)
+	acme := account{id: "loop-co", key: keyOf("loop-co"), plan: monthly("m100", 100)}
+	c := startCluster(t, []account{acme}, clusterOptions{nodes: 3, clock: engine.NewManualClock(june28), upstream: up.URL})
+	proxy := "http://" + c.notOwner(t, acme.id).HTTPAddr()
+
+	expect(t, "the first write", do(t, proxy, "POST", "/v1/tasks", acme.key, nil, "Idempotency-Key: job-1"), 200, "98")
+	for i := range shard.DefaultMaxReplays {
+		expect(t, fmt.Sprint("retry ", i+1), do(t, proxy, "POST", "/v1/tasks", acme.key, nil, "Idempotency-Key: job-1"), 200, "98")
+	}
+	for i := 0; i < 2; i++ {
+		got := do(t, proxy, "POST", "/v1/tasks", acme.key, nil, "Idempotency-Key: job-1")
+		if got.status != 422 || got.problem.Type != router.ProblemIdempotencyReplayLimit || !strings.Contains(got.problem.Detail, "new key") {
+			t.Fatalf("retry %d of key job-1: %d %+v; want 422 idempotency-replay-limit", shard.DefaultMaxReplays+1+i, got.status, got.problem)
+		}
+		if r := got.header.Get("X-Quota-Remaining"); r != "98" {
+			t.Errorf("422: X-Quota-Remaining %q, want the owner's 98", r)
+		}
+	}
+	if n := up.count("POST /v1/tasks"); n != 1+shard.DefaultMaxReplays {
+		t.Fatalf("the upstream served key job-1 %d times, want %d (the refused retries must not reach it)", n, 1+shard.DefaultMaxReplays)
+	}
+	expect(t, "a write under a new key", do(t, proxy, "POST", "/v1/tasks", acme.key, nil, "Idempotency-Key: job-2"), 200, "96")
+	if u := do(t, proxy, "GET", "/v1/usage", acme.key, nil).usage(t); u.Used != 4 {
+		t.Fatalf("used %d, want 4: two writes, each billed once", u.Used)
 	}
 }
 

@@ -112,7 +112,10 @@ type ChargeRequest struct {
 	// idempotency key (the HTTP front's Idempotency-Key): the owner
 	// remembers it for a day, a retry with it is charged once and billed
 	// once (answered Replayed), and reusing it for another Route is refused
-	// (IDReused).
+	// (IDReused). A retry is served again, so the owner answers Replayed
+	// at most its replay bound's times (quotad serve --dedup-max-replays,
+	// 10 by default; replays taken back with RefundReplay do not count)
+	// and ReplayLimit after that.
 	//
 	// Leave EventID empty for a charge that needs no idempotency:
 	// Client.Charge then makes a unique id itself (so that its own retry at

@@ -369,6 +369,13 @@ func (a *Account) Charge(req *Charge, now Now, params *Params, rec *Record) Deci
 				d.Reason = IDReused
 				a.fill(&d, now, wall)
 				return d
+			case params.MaxReplays > 0 && e.replays >= params.MaxReplays:
+				// Served that often already: a retry loop sends far fewer,
+				// so this is one key reused for new work (new bodies on the
+				// same request), each run of which would be free.
+				d.Reason = ReplayLimit
+				a.fill(&d, now, wall)
+				return d
 			default:
 				replay, replaying = e, true
 			}

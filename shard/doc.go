@@ -20,9 +20,13 @@
 //     a RecReplay record: a retry served under the charge, which an attempt's
 //     refund (RefundAttempt) must not un-bill, counted here and in the ledger
 //     until RefundReplay takes it back. The caller must wait until
-//     Decision.Seq is durable before it answers, like the first time. The same id for another route (Charge.Route) is not a retry but a
-//     client's mistake: it answers IDReused and charges nothing, or a request
-//     to an expensive route would be served for a cheap one's units.
+//     Decision.Seq is durable before it answers, like the first time. The
+//     same id for another route (Charge.Route) is not a retry but a client's
+//     mistake: it answers IDReused and charges nothing, or a request to an
+//     expensive route would be served for a cheap one's units. An id already
+//     replayed Params.MaxReplays times answers ReplayLimit and charges
+//     nothing: each replay is served for free, so the bound is what one
+//     charge can buy.
 //  3. Token bucket: one token per request, whatever its units (rate limits
 //     count requests, quotas count units). An empty bucket answers RateLimited
 //     with RetryAfter until the next token. A refused request takes no token: it

@@ -1058,6 +1058,78 @@ func TestOneIDForTwoRoutesIsRefused(t *testing.T) {
 	}
 }
 
+// A replay is served again for no charge, so one id is served at most
+// Params.MaxReplays times over: the next retry is refused ReplayLimit,
+// charges nothing, logs nothing and takes no rate-limit token. A replay
+// taken back (its upstream failed) frees its place, the count survives a
+// restart by checkpoint and by log, and MaxReplays 0 bounds nothing.
+func TestReplaysOfOneIDAreBounded(t *testing.T) {
+	p := DefaultParams()
+	p.MaxReplays = 3
+	plan := Plan{ID: "p", MonthlyQuota: 100, Hard: true, Rate: Rate{Tokens: 1, Per: time.Hour}, Burst: 6}
+	a := NewAccount(AccountConfig{ID: "a", Plan: plan})
+	now := at("2026-06-10T00:00:00Z")
+	var rec Record
+	var log [][]byte // a's records, encoded as the log holds them
+	charge := func(acct *Account) Decision {
+		d := acct.Charge(&Charge{EventID: "k", ClientID: true, Route: "*", Units: 5}, now, &p, &rec)
+		if rec.Type != 0 && acct == a {
+			log = append(log, rec.AppendEncode(nil))
+		}
+		return d
+	}
+	if d := charge(a); d.Reason != OK {
+		t.Fatal(d.Reason)
+	}
+	for i := 0; i < 3; i++ {
+		if d := charge(a); d.Reason != Replayed {
+			t.Fatalf("retry %d: %s, want replayed", i+1, d.Reason)
+		}
+	}
+	d := charge(a)
+	if d.Reason != ReplayLimit || rec.Type != 0 || d.Remaining != 95 || !d.Reason.Final() || d.Reason.Accepted() {
+		t.Fatalf("retry 4: %s, record type %v, remaining %d; want replay_limit (final), no record, 95 left", d.Reason, rec.Type, d.Remaining)
+	}
+	// Taking one replay back (its upstream failed) frees its place.
+	if d := a.RefundReplay("k", nil, "", now, &p, &rec); d.Reason != Kept || rec.Type != RecReplay || rec.Delta != -1 {
+		t.Fatalf("a replay taken back: %s, record type %v, delta %d; want kept, a replay record of -1", d.Reason, rec.Type, rec.Delta)
+	}
+	log = append(log, rec.AppendEncode(nil))
+	if d := charge(a); d.Reason != Replayed {
+		t.Fatalf("a retry after one was taken back: %s, want replayed", d.Reason)
+	}
+	// Restarted by checkpoint and by log: the count is the same.
+	byCheckpoint := NewAccount(AccountConfig{ID: "a", Plan: plan})
+	if err := byCheckpoint.RestoreCheckpoint(a.AppendCheckpoint(nil)); err != nil {
+		t.Fatal(err)
+	}
+	byLog := NewAccount(AccountConfig{ID: "a", Plan: plan})
+	for i := range log {
+		var back Record
+		if err := back.Decode(log[i]); err != nil {
+			t.Fatal(err)
+		}
+		byLog.ApplyRecord(uint64(i+1), &back, &p)
+	}
+	for name, r := range map[string]*Account{"live": a, "checkpoint": byCheckpoint, "log": byLog} {
+		if d := charge(r); d.Reason != ReplayLimit {
+			t.Errorf("%s: retry after 3 served: %s, want replay_limit", name, d.Reason)
+		}
+		if u := r.Usage(now); u.Used != 5 {
+			t.Errorf("%s: used %d, want 5 (billed once)", name, u.Used)
+		}
+	}
+	// The refusals took no token: a burst of 6 less the charge and four
+	// replays leaves one for a new key.
+	if d := a.Charge(&Charge{EventID: "k2", ClientID: true, Route: "*", Units: 1}, now, &p, &rec); d.Reason != OK {
+		t.Fatalf("a new key: %s, want ok", d.Reason)
+	}
+	p.MaxReplays = 0
+	if d := charge(byLog); d.Reason != Replayed {
+		t.Fatalf("MaxReplays 0: %s, want replayed (no bound)", d.Reason)
+	}
+}
+
 // The zero Decision, which comes back with every error, is never accepted:
 // a caller that looks at Reason before err must not let an undecided
 // request through.

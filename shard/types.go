@@ -107,11 +107,24 @@ type Params struct {
 	DedupWindow int64
 	// DedupMax bounds the remembered client ids per account; the oldest go first.
 	DedupMax int
+	// MaxReplays bounds the retries of one client id answered Replayed and
+	// served (billed once) at a time: the next is refused ReplayLimit. A
+	// replay taken back (RefundReplay: its upstream failed) frees its place.
+	// Replays are served again for no charge, so without a bound one
+	// Idempotency-Key would buy any number of runs of its request for one
+	// charge for as long as the id is remembered. 0: no bound.
+	MaxReplays int32
 }
 
-// DefaultParams remembers client ids for 24 hours, at most 100,000 per account.
+// DefaultMaxReplays is DefaultParams' MaxReplays: ten served retries of one
+// request is far beyond what a client's retry loop sends (SDKs retry two or
+// three times), and still bounds what one charge buys.
+const DefaultMaxReplays = 10
+
+// DefaultParams remembers client ids for 24 hours, at most 100,000 per
+// account, and serves at most DefaultMaxReplays retries of each.
 func DefaultParams() Params {
-	return Params{DedupWindow: int64(24 * time.Hour), DedupMax: 100_000}
+	return Params{DedupWindow: int64(24 * time.Hour), DedupMax: 100_000, MaxReplays: DefaultMaxReplays}
 }
 
 // Reason is the outcome of an operation.
@@ -122,12 +135,13 @@ func DefaultParams() Params {
 // as these numbers, and no log record or checkpoint holds one.
 type Reason uint8
 
-// Reasons. OK to UnknownAccount, Invalid and IDReused are the answers a
-// caller sees for a charge; Refunded to Kept, UnknownAccount and Invalid
+// Reasons. OK to UnknownAccount, Invalid, IDReused and ReplayLimit are the
+// answers a caller sees for a charge; Refunded to Kept, UnknownAccount and Invalid
 // for a refund.
 //
 // A refusal is final when the same request, retried, gets it again however
-// long the caller waits (Reason.Final): Invalid, IDReused, and for refunds
+// long the caller waits (Reason.Final): Invalid, IDReused, ReplayLimit
+// (until a replay is taken back or the id is forgotten), and for refunds
 // AlreadyRefunded, UnknownEvent and Kept. RateLimited and QuotaExceeded
 // pass with time: Decision.RetryIn says when. UnknownAccount is neither: an
 // account missing from the config stays unknown, but one created in the
@@ -147,9 +161,10 @@ const (
 	Invalid                       // the request is malformed (units < 0 or > MaxUnits, empty id)
 	Kept                          // an attempt's refund refused: a retry was served under the charge
 	IDReused                      // a client event id already charged for another route: charged nothing
+	ReplayLimit                   // a client event id already replayed Params.MaxReplays times: charged nothing, not served
 )
 
-var reasonNames = [...]string{"undecided", "ok", "replayed", "rate_limited", "quota_exceeded", "unknown_account", "need_reservation", "refunded", "already_refunded", "unknown_event", "invalid", "kept", "id_reused"}
+var reasonNames = [...]string{"undecided", "ok", "replayed", "rate_limited", "quota_exceeded", "unknown_account", "need_reservation", "refunded", "already_refunded", "unknown_event", "invalid", "kept", "id_reused", "replay_limit"}
 
 func (r Reason) String() string {
 	if int(r) < len(reasonNames) {
@@ -174,12 +189,12 @@ func (r Reason) Accepted() bool { return r == OK || r == Replayed }
 // Final reports whether r is a refusal that the same request, retried,
 // gets again however long the caller waits: a malformed request (Invalid),
 // an event id used for another route (IDReused: a new request needs a new
-// id), and the refund answers AlreadyRefunded, UnknownEvent and Kept.
+// id) or retried too often (ReplayLimit), and the refund answers AlreadyRefunded, UnknownEvent and Kept.
 // Undecided is not final: the operation failed and its error says whether
 // to retry. Neither is UnknownAccount (see the Reasons).
 func (r Reason) Final() bool {
 	switch r {
-	case Invalid, IDReused, AlreadyRefunded, UnknownEvent, Kept:
+	case Invalid, IDReused, ReplayLimit, AlreadyRefunded, UnknownEvent, Kept:
 		return true
 	}
 	return false

@@ -240,6 +240,7 @@ func TestServeFrontAndAlertFlags(t *testing.T) {
 		"alert-thresholds":  {[]string{"--alert-thresholds", "0,150"}, "--alert-thresholds: 0 is not a percentage from 1 to 100"},
 		"max-clock-offset":  {[]string{"--max-clock-offset", "100ms"}, "--max-clock-offset 100ms: want at least 250ms"},
 		"dedup-max-ids":     {[]string{"--dedup-max-ids", "10"}, "--dedup-max-ids 10: want 1000 to 10000000 Idempotency-Keys remembered per account"},
+		"dedup-max-replays": {[]string{"--dedup-max-replays", "-1"}, "--dedup-max-replays -1: want 0 to 1000000 served retries of one Idempotency-Key, 0 for no bound (default 10)"},
 		"test-clock-offset": {[]string{"--test-clock-offset", "1h"}, "--test-clock-offset is a chaos test's fault: it needs --test-faults"},
 		"upstream port":     {[]string{"--upstream", "http://127.0.0.1:99999"}, `--upstream http://127.0.0.1:99999: port "99999" is not a number from 1 to 65535`},
 		"upstream host":     {[]string{"--upstream", "http://:8081"}, "--upstream http://:8081: the URL names no host"},

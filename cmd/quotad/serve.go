@@ -33,7 +33,7 @@ type serveFlags struct {
 	rpcTLS                                   router.TLSFiles
 	advertiseHost                            string
 	reconcileInterval                        time.Duration
-	dedupMaxIDs                              int
+	dedupMaxIDs, dedupMaxReplays             int
 	maxClockOffset                           time.Duration
 	ringPreset                               string
 	settleInterval, snapshotInterval         time.Duration
@@ -99,6 +99,7 @@ for the next start.`,
 	fl.DurationVar(&f.ledgerTimeout, "ledger-timeout", flush.DefaultCallTimeout, "how long one settle, heartbeat or background reservation top-up may wait for the ledger's answer: past it the call is cancelled and retried, and the ledger counts as down (quotaring_ledger_up 0, a WARN)")
 	fl.DurationVar(&f.reconcileInterval, "reconcile-interval", 15*time.Minute, "how often to check the ledger's counters against its event log (exported as quotaring_reconcile_differences); one node, the serving member with the smallest id, runs it; 0 turns it off")
 	fl.IntVar(&f.dedupMaxIDs, "dedup-max-ids", shard.DefaultParams().DedupMax, fmt.Sprintf("the Idempotency-Keys an owner remembers per account for 24 h, the oldest dropped first (%d to %d); a few hundred bytes of memory each (README: Accounts that send many Idempotency-Keys)", minDedupMaxIDs, maxDedupMaxIDs))
+	fl.IntVar(&f.dedupMaxReplays, "dedup-max-replays", shard.DefaultMaxReplays, fmt.Sprintf("the retries of one Idempotency-Key an owner serves again, billed once, before it refuses the next 422 idempotency-replay-limit (0 to %d; 0 serves every retry: one charge then buys any number of runs within 24 h; README: Idempotency)", maxDedupMaxReplays))
 	fl.DurationVar(&f.maxClockOffset, "max-clock-offset", node.DefaultMaxClockOffset, "how far this node's clock may stand from the ledger's, or step, before the node warns, holds to its time from before a step, or takes the ledger's time when the other nodes agree with the ledger (README: Months and clocks); at least "+node.MinMaxClockOffset.String())
 	fl.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
 	fl.StringVar(&f.logFormat, "log-format", "text", "text or json")
@@ -163,6 +164,9 @@ func (f *serveFlags) config(logger *slog.Logger) (node.Config, error) {
 	if f.dedupMaxIDs < minDedupMaxIDs || f.dedupMaxIDs > maxDedupMaxIDs {
 		return node.Config{}, fmt.Errorf("--dedup-max-ids %d: want %d to %d Idempotency-Keys remembered per account (default %d)", f.dedupMaxIDs, minDedupMaxIDs, maxDedupMaxIDs, shard.DefaultParams().DedupMax)
 	}
+	if f.dedupMaxReplays < 0 || f.dedupMaxReplays > maxDedupMaxReplays {
+		return node.Config{}, fmt.Errorf("--dedup-max-replays %d: want 0 to %d served retries of one Idempotency-Key, 0 for no bound (default %d)", f.dedupMaxReplays, maxDedupMaxReplays, shard.DefaultMaxReplays)
+	}
 	if f.reconcileInterval < 0 {
 		return node.Config{}, fmt.Errorf("--reconcile-interval %s: want a positive duration such as 15m, or 0 to turn it off", f.reconcileInterval)
 	}
@@ -189,7 +193,7 @@ func (f *serveFlags) config(logger *slog.Logger) (node.Config, error) {
 		RPCAddr: f.rpcAddr, HTTPAddr: f.httpAddr, AdminAddr: f.adminAddr, GossipAddr: f.gossipAddr,
 		Join: f.join, GossipKeys: gossipKeys, RPCTokens: rpcTokens, RPCTLS: f.rpcTLS, AdvertiseHost: f.advertiseHost, ReconcileInterval: reconcileInterval(f.reconcileInterval), RingPreset: f.ringPreset, SettleInterval: f.settleInterval, SnapshotInterval: f.snapshotInterval,
 		NoSync: !f.walSync, EventsOff: !f.events, DrainTimeout: f.drainTimeout, SettleTimeout: f.settleTimeout, LedgerTimeout: f.ledgerTimeout,
-		MaxClockOffset: f.maxClockOffset, DedupMaxIDs: f.dedupMaxIDs, TestFaults: f.testFaults, TestClockOffset: f.testClockOffset, Logger: logger}, nil
+		MaxClockOffset: f.maxClockOffset, DedupMaxIDs: f.dedupMaxIDs, DedupMaxReplays: dedupMaxReplays(f.dedupMaxReplays), TestFaults: f.testFaults, TestClockOffset: f.testClockOffset, Logger: logger}, nil
 }
 
 // The bounds of --dedup-max-ids: fewer than a thousand would forget a
@@ -198,6 +202,9 @@ func (f *serveFlags) config(logger *slog.Logger) (node.Config, error) {
 const (
 	minDedupMaxIDs = 1_000
 	maxDedupMaxIDs = 10_000_000
+	// A million served retries of one request is no bound worth the name;
+	// 0 says "none" plainly.
+	maxDedupMaxReplays = 1_000_000
 )
 
 // checkListenAddr checks a listen address flag before the node starts, so
@@ -403,6 +410,15 @@ func (ff *frontFlags) build(upstream string) (func(*node.Node) (http.Handler, er
 }
 
 // reconcileInterval maps the flag's 0 (off) to node.Config's negative.
+// dedupMaxReplays maps the flag's 0 (no bound) to node.Config's negative,
+// whose 0 is the default.
+func dedupMaxReplays(n int) int {
+	if n == 0 {
+		return -1
+	}
+	return n
+}
+
 func reconcileInterval(d time.Duration) time.Duration {
 	if d == 0 {
 		return -1

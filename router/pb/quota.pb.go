@@ -42,6 +42,10 @@ const (
 	// A client event id already charged for another route: charged nothing
 	// (one Idempotency-Key for two different requests).
 	Reason_ID_REUSED Reason = 11
+	// A client event id whose retries were served (billed once) as often as
+	// the owner serves one id: charged nothing, not to be served. A build
+	// from before it reads it as no decision.
+	Reason_REPLAY_LIMIT Reason = 12
 )
 
 // Enum value maps for Reason.
@@ -59,6 +63,7 @@ var (
 		9:  "INVALID",
 		10: "KEPT",
 		11: "ID_REUSED",
+		12: "REPLAY_LIMIT",
 	}
 	Reason_value = map[string]int32{
 		"REASON_UNSPECIFIED": 0,
@@ -73,6 +78,7 @@ var (
 		"INVALID":            9,
 		"KEPT":               10,
 		"ID_REUSED":          11,
+		"REPLAY_LIMIT":       12,
 	}
 )
 
@@ -1855,7 +1861,7 @@ const file_quota_proto_rawDesc = "" +
 	"\x04node\x18\x01 \x01(\tR\x04node\"@\n" +
 	"\x10LedgerStartReply\x12\x18\n" +
 	"\aprocess\x18\x01 \x01(\tR\aprocess\x12\x12\n" +
-	"\x04node\x18\x02 \x01(\tR\x04node*\xce\x01\n" +
+	"\x04node\x18\x02 \x01(\tR\x04node*\xe0\x01\n" +
 	"\x06Reason\x12\x16\n" +
 	"\x12REASON_UNSPECIFIED\x10\x00\x12\x06\n" +
 	"\x02OK\x10\x01\x12\f\n" +
@@ -1869,7 +1875,8 @@ const file_quota_proto_rawDesc = "" +
 	"\aINVALID\x10\t\x12\b\n" +
 	"\x04KEPT\x10\n" +
 	"\x12\r\n" +
-	"\tID_REUSED\x10\v2\xa5\x03\n" +
+	"\tID_REUSED\x10\v\x12\x10\n" +
+	"\fREPLAY_LIMIT\x10\f2\xa5\x03\n" +
 	"\x05Quota\x12@\n" +
 	"\x06Charge\x12\x19.quotaring.v1.ChargeBatch\x1a\x1b.quotaring.v1.ChargeReplies\x12@\n" +
 	"\x06Refund\x12\x19.quotaring.v1.RefundBatch\x1a\x1b.quotaring.v1.RefundReplies\x12=\n" +
