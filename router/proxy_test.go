@@ -2,9 +2,11 @@ package router_test
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"reflect"
 	"strings"
 	"testing"
@@ -157,32 +159,65 @@ func TestProxyIdempotencyKey(t *testing.T) {
 // over: the next is refused 422 idempotency-replay-limit with the owner's
 // quota headers, charges nothing and does not reach the upstream, also
 // through a node that forwards to the owner (the refusal crosses the
-// internal RPC). Another key is served as before.
+// internal RPC), and the middleware on an embedded client answers the
+// same. Another key is served as before.
 func TestProxyIdempotencyReplayLimit(t *testing.T) {
 	up := newUpstream(t)
 	acme := account{id: "loop-co", key: keyOf("loop-co"), plan: monthly("m100", 100)}
-	c := startCluster(t, []account{acme}, clusterOptions{nodes: 3, clock: engine.NewManualClock(june28), upstream: up.URL})
-	proxy := "http://" + c.notOwner(t, acme.id).HTTPAddr()
+	embedded := account{id: "loop-embedded", key: keyOf("loop-embedded"), plan: monthly("m100", 100)}
+	c := startCluster(t, []account{acme, embedded}, clusterOptions{nodes: 3, clock: engine.NewManualClock(june28), upstream: up.URL})
+	seed := c.notOwner(t, acme.id, embedded.id)
+	proxy := "http://" + seed.HTTPAddr()
+	client := dial(t, router.DialOptions{RefreshInterval: -1}, seed.RPCAddr())
+	mw, err := router.Middleware(router.FrontOptions{Charger: client, Config: client,
+		Now: func() time.Time { return time.Unix(0, c.clock.Now().Wall) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	local := httptest.NewServer(mw(newUpstream(t)))
+	defer local.Close()
+	for i := 0; i <= shard.DefaultMaxReplays+1; i++ {
+		p := do(t, proxy, "POST", "/v1/exports", acme.key, nil, "Idempotency-Key: exp-1")
+		m := do(t, local.URL, "POST", "/v1/exports", embedded.key, nil, "Idempotency-Key: exp-1")
+		if p.status != m.status || p.problem != m.problem || p.header.Get("X-Quota-Remaining") != m.header.Get("X-Quota-Remaining") {
+			t.Fatalf("export %d: proxy %d %+v, middleware %d %+v", i+1, p.status, p.problem, m.status, m.problem)
+		}
+		wantStatus, wantType := 200, ""
+		if i > shard.DefaultMaxReplays { // the charge, then DefaultMaxReplays retries served
+			wantStatus, wantType = 422, router.ProblemIdempotencyReplayLimit
+		}
+		if m.status != wantStatus || m.problem.Type != wantType || m.header.Get("X-Quota-Remaining") != "75" {
+			t.Fatalf("export %d: %d %+v, %s left; want %d %q, 75 left", i+1, m.status, m.problem, m.header.Get("X-Quota-Remaining"), wantStatus, wantType)
+		}
+	}
+	if n := up.count("POST /v1/exports"); n != 1+shard.DefaultMaxReplays {
+		t.Fatalf("the upstream served key exp-1 %d times, want %d", n, 1+shard.DefaultMaxReplays)
+	}
+	res, err := client.Charge(context.Background(), router.ChargeRequest{Account: embedded.id, EventID: "exp-1", ClientID: true,
+		Route: "POST /v1/exports", Units: 25, Target: router.RequestTarget(httptest.NewRequest("POST", "/v1/exports", nil))})
+	if err != nil || res.Reason != shard.ReplayLimit || !res.Reason.Final() {
+		t.Fatalf("the client's own retry of exp-1: %+v, %v; want replay_limit, final", res, err)
+	}
 
-	expect(t, "the first write", do(t, proxy, "POST", "/v1/tasks", acme.key, nil, "Idempotency-Key: job-1"), 200, "98")
+	expect(t, "the first write", do(t, proxy, "POST", "/v1/tasks", acme.key, nil, "Idempotency-Key: job-1"), 200, "73")
 	for i := range shard.DefaultMaxReplays {
-		expect(t, fmt.Sprint("retry ", i+1), do(t, proxy, "POST", "/v1/tasks", acme.key, nil, "Idempotency-Key: job-1"), 200, "98")
+		expect(t, fmt.Sprint("retry ", i+1), do(t, proxy, "POST", "/v1/tasks", acme.key, nil, "Idempotency-Key: job-1"), 200, "73")
 	}
 	for i := 0; i < 2; i++ {
 		got := do(t, proxy, "POST", "/v1/tasks", acme.key, nil, "Idempotency-Key: job-1")
 		if got.status != 422 || got.problem.Type != router.ProblemIdempotencyReplayLimit || !strings.Contains(got.problem.Detail, "new key") {
 			t.Fatalf("retry %d of key job-1: %d %+v; want 422 idempotency-replay-limit", shard.DefaultMaxReplays+1+i, got.status, got.problem)
 		}
-		if r := got.header.Get("X-Quota-Remaining"); r != "98" {
-			t.Errorf("422: X-Quota-Remaining %q, want the owner's 98", r)
+		if r := got.header.Get("X-Quota-Remaining"); r != "73" {
+			t.Errorf("422: X-Quota-Remaining %q, want the owner's 73", r)
 		}
 	}
 	if n := up.count("POST /v1/tasks"); n != 1+shard.DefaultMaxReplays {
 		t.Fatalf("the upstream served key job-1 %d times, want %d (the refused retries must not reach it)", n, 1+shard.DefaultMaxReplays)
 	}
-	expect(t, "a write under a new key", do(t, proxy, "POST", "/v1/tasks", acme.key, nil, "Idempotency-Key: job-2"), 200, "96")
-	if u := do(t, proxy, "GET", "/v1/usage", acme.key, nil).usage(t); u.Used != 4 {
-		t.Fatalf("used %d, want 4: two writes, each billed once", u.Used)
+	expect(t, "a write under a new key", do(t, proxy, "POST", "/v1/tasks", acme.key, nil, "Idempotency-Key: job-2"), 200, "71")
+	if u := do(t, proxy, "GET", "/v1/usage", acme.key, nil).usage(t); u.Used != 29 {
+		t.Fatalf("used %d, want 29: an export and two writes, each billed once", u.Used)
 	}
 }
 
