@@ -230,9 +230,11 @@ func TestTwoProcessesStartedAsOneNodeID(t *testing.T) {
 // charged and settled before a SIGKILL, and one charged just before it
 // (in the log only), are refused ID_REUSED for another request (another
 // Target) by the restarted process, replayed for their own, and billed
-// once.
+// once. The served retries of a key count across the kill too: under
+// --dedup-max-replays 2, a key retried once before it and once after it
+// is refused REPLAY_LIMIT the next time.
 func TestAKeysRequestSurvivesAKill(t *testing.T) {
-	tc := newTestCluster(t, 1)
+	tc := newTestCluster(t, 1, "--dedup-max-replays", "2")
 	tc.hardAccounts(snapshot.Plan{ID: "keys", MonthlyQuota: 100, Hard: true}, "keyed")
 	ctx := context.Background()
 	n := tc.Nodes[0]
@@ -254,6 +256,9 @@ func TestAKeysRequestSurvivesAKill(t *testing.T) {
 	if r := charge("logged", 8); r != "ok" {
 		t.Fatalf("second key: %s", r)
 	}
+	if r := charge("logged", 8); r != "replayed" {
+		t.Fatalf("second key's retry: %s", r)
+	}
 	if err := n.Kill(); err != nil {
 		t.Fatal(err)
 	}
@@ -269,6 +274,9 @@ func TestAKeysRequestSurvivesAKill(t *testing.T) {
 		if r := charge(c.key, c.target); r != c.want {
 			t.Errorf("after the kill, key %q for request %d: %s, want %s", c.key, c.target, r, c.want)
 		}
+	}
+	if r := charge("logged", 8); r != "replay_limit" {
+		t.Errorf("after the kill, the third retry of key \"logged\": %s, want replay_limit (--dedup-max-replays 2)", r)
 	}
 	tc.settleAll(30 * time.Second)
 	if u := tc.used("keyed"); u != 2 {
