@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/quotaring/quotaring/engine"
+	"github.com/quotaring/quotaring/node"
 	"github.com/quotaring/quotaring/router"
 	"github.com/quotaring/quotaring/shard"
 	"github.com/quotaring/quotaring/snapshot"
@@ -32,6 +33,22 @@ func dial(t testing.TB, o router.DialOptions, seeds ...string) *router.Client {
 	return c
 }
 
+// embeddedFront dials a client to seed and serves the middleware on it,
+// around an upstream of its own, on the cluster's clock: the embedded
+// counterpart of seed's proxy.
+func embeddedFront(t *testing.T, c *cluster, seed *node.Node) (*router.Client, *httptest.Server) {
+	t.Helper()
+	client := dial(t, router.DialOptions{RefreshInterval: -1}, seed.RPCAddr())
+	mw, err := router.Middleware(router.FrontOptions{Charger: client, Config: client,
+		Now: func() time.Time { return time.Unix(0, c.clock.Now().Wall) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	local := httptest.NewServer(mw(newUpstream(t)))
+	t.Cleanup(local.Close)
+	return client, local
+}
+
 // Show 5: the embedded client, connected to one node, with the middleware
 // around a local handler, answers as the proxy does, while the accounts are
 // owned by the other nodes.
@@ -44,17 +61,10 @@ func TestEmbeddedMiddlewareMatchesProxy(t *testing.T) {
 	seedNode := c.notOwner(t, viaProxy.id, embedded.id)
 	proxy := "http://" + seedNode.HTTPAddr()
 
-	client := dial(t, router.DialOptions{RefreshInterval: -1}, seedNode.RPCAddr())
+	client, local := embeddedFront(t, c, seedNode)
 	if s := client.Snapshot(); s == nil || !s.HasAccount(embedded.id) {
 		t.Fatalf("the client has no config snapshot with %q", embedded.id)
 	}
-	mw, err := router.Middleware(router.FrontOptions{Charger: client, Config: client,
-		Now: func() time.Time { return time.Unix(0, c.clock.Now().Wall) }})
-	if err != nil {
-		t.Fatal(err)
-	}
-	local := httptest.NewServer(mw(newUpstream(t)))
-	defer local.Close()
 
 	steps := []struct{ method, path string }{
 		{"GET", "/v1/tasks"}, {"POST", "/v1/tasks"}, {"POST", "/v1/exports"},

@@ -168,14 +168,7 @@ func TestProxyIdempotencyReplayLimit(t *testing.T) {
 	c := startCluster(t, []account{acme, embedded}, clusterOptions{nodes: 3, clock: engine.NewManualClock(june28), upstream: up.URL})
 	seed := c.notOwner(t, acme.id, embedded.id)
 	proxy := "http://" + seed.HTTPAddr()
-	client := dial(t, router.DialOptions{RefreshInterval: -1}, seed.RPCAddr())
-	mw, err := router.Middleware(router.FrontOptions{Charger: client, Config: client,
-		Now: func() time.Time { return time.Unix(0, c.clock.Now().Wall) }})
-	if err != nil {
-		t.Fatal(err)
-	}
-	local := httptest.NewServer(mw(newUpstream(t)))
-	defer local.Close()
+	client, local := embeddedFront(t, c, seed)
 	for i := 0; i <= shard.DefaultMaxReplays+1; i++ {
 		p := do(t, proxy, "POST", "/v1/exports", acme.key, nil, "Idempotency-Key: exp-1")
 		m := do(t, local.URL, "POST", "/v1/exports", embedded.key, nil, "Idempotency-Key: exp-1")
