@@ -947,8 +947,14 @@ func (f *front) finish(rec *recorder, r *http.Request, c *charged, body *limited
 	if why == "" {
 		return
 	}
-	if rec.wrote && rec.writeErr == nil && !rec.hijacked {
-		_ = http.NewResponseController(rec.ResponseWriter).Flush() // the client has the answer's head before the refund round trip
+	// The client has the answer's head before the refund round trip, but
+	// for a gRPC call: a failed call's status mostly comes trailers-only
+	// (one HEADERS frame that ends the stream), and flushed now it would
+	// go out as headers without the end of the stream, so that the client
+	// reads INTERNAL ("closed the stream without sending trailers") instead
+	// of the status. Nor after refundFirst, whose answer is written whole.
+	if rec.wrote && rec.writeErr == nil && !rec.hijacked && !c.refunded && !isGRPCCall(r) {
+		_ = http.NewResponseController(rec.ResponseWriter).Flush()
 	}
 	f.refund(r, c, why)
 }

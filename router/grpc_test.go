@@ -18,12 +18,16 @@ import (
 )
 
 // grpcAPI is a real gRPC upstream (any service would do; this one is at
-// hand): Usage fails with INTERNAL for the account "fail".
+// hand): Usage fails with INTERNAL for the account "fail" and NOT_FOUND
+// for "missing".
 type grpcAPI struct{ pb.UnimplementedQuotaServer }
 
 func (grpcAPI) Usage(_ context.Context, req *pb.UsageRequest) (*pb.UsageReply, error) {
-	if req.Account == "fail" {
+	switch req.Account {
+	case "fail":
 		return nil, status.Error(codes.Internal, "the upstream broke")
+	case "missing":
+		return nil, status.Error(codes.NotFound, "no such account")
 	}
 	return &pb.UsageReply{Known: true, Node: "upstream"}, nil
 }
@@ -68,6 +72,14 @@ func TestProxyGRPCUpstream(t *testing.T) {
 		t.Fatalf("failing call: %v, want INTERNAL from the upstream", err)
 	}
 	waitFor(t, 5*time.Second, "the refund of the failed call", func() bool { return c.refunds() == before+1 })
+	// The upstream's own status reaches the client through the refund: the
+	// front must not flush a trailers-only answer's head before refunding
+	// (the client would read INTERNAL, "closed the stream without sending
+	// trailers", whatever the upstream said).
+	if _, _, err := call(acct.key, "missing"); status.Code(err) != codes.NotFound {
+		t.Fatalf("a call the upstream answers NOT_FOUND: %v, want NOT_FOUND", err)
+	}
+	waitFor(t, 5*time.Second, "the refund of the NOT_FOUND call", func() bool { return c.refunds() == before+2 })
 
 	if _, _, err := call("qr_nope", "ok"); status.Code(err) != codes.Unauthenticated {
 		t.Fatalf("unknown key: %v, want UNAUTHENTICATED", err)
