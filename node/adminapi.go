@@ -815,11 +815,13 @@ func parseTime(field, s string) (time.Time, error) {
 	if err != nil {
 		return t, badInput(field, "%q: want an RFC 3339 time such as 2026-07-01T00:00:00Z", s)
 	}
-	// The ledger stores Unix nanoseconds, which end in April 2262.
+	// The ledger stores Unix nanoseconds, which end in April 2262. The
+	// bound is on the instant: 1970-01-01T00:00:00+14:00 is 1969 in UTC.
+	t = t.UTC()
 	if t.Year() < 1970 || t.Year() > 2261 {
-		return t, badInput(field, "%q: want a time from 1970 to 2261 (leave expires_at out for a grant that never expires)", s)
+		return t, badInput(field, "%q: want a time from 1970 to 2261 in UTC (leave expires_at out for a grant that never expires)", s)
 	}
-	return t.UTC(), nil
+	return t, nil
 }
 
 func (n *Node) addGrant(ctx context.Context, w http.ResponseWriter, r *http.Request, l flush.Ledger) error {

@@ -41,6 +41,13 @@ func TestAdminAPIInput(t *testing.T) {
 		wantProblem(t, nd, "PUT", "/admin/v1/plans/pro%E2%80%8B", map[string]any{"monthly_quota": 1, "hard": true}, 400, "id")
 		wantProblem(t, nd, "POST", "/admin/v1/accounts/acme/grants", map[string]any{"units": 5, "id": "order\u200b1"}, 400, "id")
 		wantProblem(t, nd, "POST", "/admin/v1/accounts/acme/grants", map[string]any{"units": 5, "id": "order\u00a01"}, 400, "id")
+		// The 1970-2261 bound is on the instant, not on the year an offset
+		// writes it in: these are 1969 and 2262 in UTC.
+		for field, at := range map[string]string{"starts_at": "1970-01-01T00:00:00+14:00", "expires_at": "2261-12-31T23:00:00-14:00"} {
+			if p := wantProblem(t, nd, "POST", "/admin/v1/accounts/acme/grants", map[string]any{"units": 5, "id": "order-t", field: at}, 400, field); !strings.Contains(p.Detail, "from 1970 to 2261") {
+				t.Errorf("%s %s: %q", field, at, p.Detail)
+			}
+		}
 		var accounts struct{ Accounts []struct{ ID string } }
 		if adminCall(t, nd, testAdminToken, "GET", "/admin/v1/accounts", nil, &accounts); len(accounts.Accounts) != 1 {
 			t.Fatalf("accounts %+v, want acme alone", accounts)
