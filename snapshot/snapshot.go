@@ -441,6 +441,10 @@ func CheckPattern(p string) error {
 	if strings.IndexFunc(host, unicode.IsSpace) >= 0 {
 		return fmt.Errorf("route %q: the host %q holds whitespace: write \"METHOD /path\" with one space after the method, or \"METHOD host/path\"", p, host)
 	}
+	if h, port, err := net.SplitHostPort(host); err == nil {
+		return fmt.Errorf("route %q: the host %q names a port (%s): a request's host is matched without its port, so this pattern matches no request; write %q, which matches that host on any port",
+			p, host, port, strings.TrimSpace(method+" "+h+path))
+	}
 	if host != strings.ToLower(host) || strings.HasSuffix(host, ".") {
 		return fmt.Errorf("route %q: write the host %q in lower case without a final dot (%q): a request's host is matched that way, since "+
 			"API.Example.com and api.example.com. name api.example.com", p, host, strings.TrimSuffix(strings.ToLower(host), "."))

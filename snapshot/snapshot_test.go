@@ -81,24 +81,26 @@ func TestMatchRedirect(t *testing.T) {
 // the fix in the error, and keeps every other valid pattern.
 func TestCheckPattern(t *testing.T) {
 	for p, want := range map[string]string{
-		"get /v1/tasks":             `method "get" is not upper case and matches no request (methods are case-sensitive): did you mean GET /v1/tasks?`,
-		"Post /v1/exports":          "did you mean POST /v1/exports?",
-		"POST/v1/x":                 `route "POST/v1/x": "POST" reads as a host, not a method: put a space between the method and the path ("POST /v1/x")`,
-		"post/v1/x":                 `("POST /v1/x")`,
-		"GET DELETE/v1/x":           `"DELETE" reads as a host, not a second method: write "GET /v1/x"`,
-		"BAD PATTERN /x y":          `the host "PATTERN " holds whitespace`,
-		"GET /v1/a b":               `the path "/v1/a b" holds whitespace: write a space in a path as %20`,
-		"GET /v1/tasks ":            `the path "/v1/tasks " holds whitespace`,
-		"GET api.example .com/v1/x": `the host "api.example .com" holds whitespace`,
-		"GET v1/x":                  `"v1" reads as a host, not part of the path (a pattern is "METHOD [HOST]/PATH"): write "GET /v1/x"`,
-		"v1/tasks/{id}":             `write "/v1/tasks/{id}"`,
-		"GET API.example.com/v1/x":  `write the host "API.example.com" in lower case without a final dot ("api.example.com")`,
-		"GET api.example.com./v1/x": `write the host "api.example.com." in lower case without a final dot ("api.example.com")`,
-		"GET /v1/q?x=1":             `the path "/v1/q?x=1" holds '?': the query (?...) is not part of a route pattern: a pattern matches the path alone, whatever the query; write "GET /v1/q" (a '?' that is part of the path itself is written %3F)`,
-		"GET /v1/q?":                `write "GET /v1/q"`,
-		"/v1/files/?":               `write "/v1/files/"`,
-		"POST api.example.com/x?y":  `write "POST api.example.com/x"`,
-		"GET /v1/page#top":          `the path "/v1/page#top" holds '#': a fragment (#...) is never sent to a server, so no request holds it; write "GET /v1/page" (a '#' that is part of the path itself is written %23)`,
+		"get /v1/tasks":              `method "get" is not upper case and matches no request (methods are case-sensitive): did you mean GET /v1/tasks?`,
+		"Post /v1/exports":           "did you mean POST /v1/exports?",
+		"POST/v1/x":                  `route "POST/v1/x": "POST" reads as a host, not a method: put a space between the method and the path ("POST /v1/x")`,
+		"post/v1/x":                  `("POST /v1/x")`,
+		"GET DELETE/v1/x":            `"DELETE" reads as a host, not a second method: write "GET /v1/x"`,
+		"BAD PATTERN /x y":           `the host "PATTERN " holds whitespace`,
+		"GET /v1/a b":                `the path "/v1/a b" holds whitespace: write a space in a path as %20`,
+		"GET /v1/tasks ":             `the path "/v1/tasks " holds whitespace`,
+		"GET api.example .com/v1/x":  `the host "api.example .com" holds whitespace`,
+		"GET v1/x":                   `"v1" reads as a host, not part of the path (a pattern is "METHOD [HOST]/PATH"): write "GET /v1/x"`,
+		"v1/tasks/{id}":              `write "/v1/tasks/{id}"`,
+		"GET API.example.com/v1/x":   `write the host "API.example.com" in lower case without a final dot ("api.example.com")`,
+		"GET api.example.com./v1/x":  `write the host "api.example.com." in lower case without a final dot ("api.example.com")`,
+		"GET /v1/q?x=1":              `the path "/v1/q?x=1" holds '?': the query (?...) is not part of a route pattern: a pattern matches the path alone, whatever the query; write "GET /v1/q" (a '?' that is part of the path itself is written %3F)`,
+		"GET /v1/q?":                 `write "GET /v1/q"`,
+		"/v1/files/?":                `write "/v1/files/"`,
+		"POST api.example.com/x?y":   `write "POST api.example.com/x"`,
+		"GET api.example.com:8443/x": `the host "api.example.com:8443" names a port (8443): a request's host is matched without its port, so this pattern matches no request; write "GET api.example.com/x"`,
+		"localhost:8080/v1/x":        `write "localhost/v1/x"`,
+		"GET /v1/page#top":           `the path "/v1/page#top" holds '#': a fragment (#...) is never sent to a server, so no request holds it; write "GET /v1/page" (a '#' that is part of the path itself is written %23)`,
 	} {
 		err := CheckPattern(p)
 		if err == nil || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), fmt.Sprintf("route %q", p)) {
@@ -114,7 +116,7 @@ func TestCheckPattern(t *testing.T) {
 	}
 	for _, p := range []string{"POST /v1/exports", "GET /v1/tasks/{id}", "/v1/files/", "GET\t/v1/tasks", "GET  /v1/tasks",
 		"api.example.com/v1/x", "POST api.example.com/v1/x", "localhost/v1/x", "PURGE /cache/{key...}", "GET /files/my%20doc", "GET /v1/q%3Fx", "GET /v1/c%23",
-		"POST /pkg.Service/Method", "GET /{$}", "GET /v1/{id}/posts", "GET api:8080/v1/x", "GET 127.0.0.1/x", "GET [::1]/x"} {
+		"POST /pkg.Service/Method", "GET /{$}", "GET /v1/{id}/posts", "GET 127.0.0.1/x", "GET [::1]/x"} {
 		if err := CheckPattern(p); err != nil {
 			t.Errorf("CheckPattern(%q): %v", p, err)
 		}
