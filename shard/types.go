@@ -136,8 +136,8 @@ func DefaultParams() Params {
 type Reason uint8
 
 // Reasons. OK to UnknownAccount, Invalid, IDReused and ReplayLimit are the
-// answers a caller sees for a charge; Refunded to Kept, UnknownAccount and Invalid
-// for a refund.
+// answers a caller sees for a charge; Refunded to Kept, UnknownAccount and
+// Invalid for a refund.
 //
 // A refusal is final when the same request, retried, gets it again however
 // long the caller waits (Reason.Final): Invalid, IDReused, ReplayLimit
@@ -189,7 +189,8 @@ func (r Reason) Accepted() bool { return r == OK || r == Replayed }
 // Final reports whether r is a refusal that the same request, retried,
 // gets again however long the caller waits: a malformed request (Invalid),
 // an event id used for another route (IDReused: a new request needs a new
-// id) or retried too often (ReplayLimit), and the refund answers AlreadyRefunded, UnknownEvent and Kept.
+// id) or retried too often (ReplayLimit), and the refund answers
+// AlreadyRefunded, UnknownEvent and Kept.
 // Undecided is not final: the operation failed and its error says whether
 // to retry. Neither is UnknownAccount (see the Reasons).
 func (r Reason) Final() bool {
