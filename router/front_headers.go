@@ -80,7 +80,7 @@ func newProblem(typ, title string, status int, detail string) *Problem {
 // reach a gRPC client as metadata. r may be nil.
 func (p *Problem) write(w http.ResponseWriter, r *http.Request) {
 	if r != nil && isGRPC(r.Header.Get("Content-Type")) {
-		p.writeGRPC(w)
+		p.writeGRPC(w, r.Header.Get("Content-Type"))
 		return
 	}
 	h := w.Header()
@@ -392,8 +392,10 @@ var grpcCodes = map[string]int{
 // writeGRPC answers p as a trailers-only gRPC response: HTTP 200 with
 // grpc-status and grpc-message (the problem's title and detail) in the
 // headers, as gRPC servers answer a call that fails before any message;
-// X-Quota-Problem carries the problem type.
-func (p *Problem) writeGRPC(w http.ResponseWriter) {
+// X-Quota-Problem carries the problem type. A gRPC-Web caller (asked with
+// contentType application/grpc-web...) gets its own type back: its clients
+// check the answer's type before they read grpc-status.
+func (p *Problem) writeGRPC(w http.ResponseWriter, contentType string) {
 	code, ok := grpcCodes[p.Type]
 	switch {
 	case p.Type == ProblemUpstreamUnavailable && p.Status == http.StatusGatewayTimeout:
@@ -403,7 +405,11 @@ func (p *Problem) writeGRPC(w http.ResponseWriter) {
 	}
 	h := w.Header()
 	h.Del("Content-Length")
-	h.Set("Content-Type", "application/grpc")
+	if ct, _, _ := strings.Cut(contentType, ";"); strings.HasPrefix(ct, "application/grpc-web") {
+		h.Set("Content-Type", strings.TrimSpace(ct))
+	} else {
+		h.Set("Content-Type", "application/grpc")
+	}
 	h.Set("Grpc-Status", strconv.Itoa(code))
 	h.Set("Grpc-Message", grpcMessage(p.Title+": "+p.Detail))
 	h.Set("X-Quota-Problem", p.Type)

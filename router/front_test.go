@@ -732,6 +732,17 @@ func TestProblemAsGRPC(t *testing.T) {
 			t.Errorf("%s: %d %v %q", tc.p.Type, w.Code, h, w.Body)
 		}
 	}
+	// A gRPC-Web caller gets its own content type back, which its clients
+	// check before they read grpc-status.
+	for _, ct := range []string{"application/grpc-web+proto", "application/grpc-web-text"} {
+		web := httptest.NewRequest("POST", "/pkg.Svc/Method", nil)
+		web.Header.Set("Content-Type", ct)
+		w := httptest.NewRecorder()
+		unknownKey(true).write(w, web)
+		if w.Header().Get("Content-Type") != ct || w.Header().Get("Grpc-Status") != "16" {
+			t.Errorf("gRPC-Web %s: %v", ct, w.Header())
+		}
+	}
 	if got := grpcMessage("50% off: café\n"); got != "50%25 off: caf%C3%A9%0A" {
 		t.Errorf("grpcMessage: %q", got)
 	}
