@@ -862,6 +862,9 @@ func (n *Node) addGrant(ctx context.Context, w http.ResponseWriter, r *http.Requ
 			return badInput("expires_at", "%s is not after starts_at %s", g.ExpiresAt.Format(time.RFC3339), g.StartsAt.Format(time.RFC3339))
 		}
 	}
+	if err := n.checkGrantTotal(ctx, l, account, g); err != nil {
+		return err
+	}
 	if err := l.AddGrant(ctx, account, g); err != nil {
 		if errors.Is(err, flush.ErrInvalid) && b.ID != "" { // checked above but for its uniqueness
 			return n.existingGrant(ctx, w, l, account, g, b.StartsAt != "", err)
@@ -870,6 +873,48 @@ func (n *Node) addGrant(ctx context.Context, w http.ResponseWriter, r *http.Requ
 	}
 	n.log.Info("admin API: grant added", "account", account, "grant", g.ID, "units", g.Units, "remote", r.RemoteAddr)
 	return writeJSON(w, http.StatusCreated, grantAnswer(account, g, true))
+}
+
+// maxGrantTotal bounds the units of an account's unexpired grants taken
+// together: each is at most maxUnits, but the owner sums them (Limit,
+// Remaining), and ~9,300 grants of 10^15 wrapped the sum around to a
+// negative limit. A thousand times the largest grant leaves the sum, with
+// a monthly quota, far inside int64.
+const maxGrantTotal = 1000 * maxUnits
+
+// checkGrantTotal refuses g when the account's grants that have not
+// expired would sum past maxGrantTotal with it. A grant whose id the
+// account has is left to the ledger (a retry answers 200, another grant
+// under the id 409). Two grants added at once may both pass: the bound is
+// for absurd input, with a thousandfold margin, not for exact accounting.
+func (n *Node) checkGrantTotal(ctx context.Context, l flush.Ledger, account string, g snapshot.Grant) error {
+	rows, err := l.Grants(ctx, account)
+	if err != nil {
+		return err
+	}
+	now := n.wall()
+	var total int64
+	for _, row := range rows {
+		if row.Monthly {
+			continue
+		}
+		if row.Grant == g.ID {
+			return nil
+		}
+		if !row.ExpiresAt.IsZero() && !row.ExpiresAt.After(now) {
+			continue
+		}
+		if row.Units > maxGrantTotal-total { // NB: grants stored before this check may already pass it
+			total = maxGrantTotal + 1
+			break
+		}
+		total += row.Units
+	}
+	if total > maxGrantTotal-g.Units {
+		return badInput("units", "account %q holds %d units in grants that have not expired; %d more would pass %d, the most an account's grants may hold together (the owner sums them): let some expire or be used up first",
+			account, total, g.Units, int64(maxGrantTotal))
+	}
+	return nil
 }
 
 func grantAnswer(account string, g snapshot.Grant, created bool) map[string]any {

@@ -1,9 +1,12 @@
 package node
 
 import (
+	"fmt"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/quotaring/quotaring/shard"
 )
 
 // startAdminNode starts one node with the admin API on a fresh SQLite
@@ -70,6 +73,30 @@ func TestAdminAPIInput(t *testing.T) {
 			if status, raw := adminCall(t, nd, testAdminToken, "GET", "/admin/v1/accounts/acme?period="+period, nil, &v); status != 200 || v.Usage.Period != period {
 				t.Errorf("GET account ?period=%s: %d %s", period, status, raw)
 			}
+		}
+	})
+
+	// Each grant is at most 10^15 units and the owner sums an account's
+	// grants: ~9,300 of the largest wrapped the sum around to a negative
+	// limit. A thousand of them fill the account; the next is refused,
+	// naming the total, while a retry of one already held still answers.
+	t.Run("grant total", func(t *testing.T) {
+		if status, raw := adminCall(t, nd, testAdminToken, "PUT", "/admin/v1/accounts/big", map[string]any{"plan": "pro"}, nil); status != 200 {
+			t.Fatalf("create account big: %d %s", status, raw)
+		}
+		grant := func(i int) map[string]any {
+			return map[string]any{"units": int64(shard.MaxUnits), "id": fmt.Sprint("g-", i)}
+		}
+		for i := range 1000 {
+			if status, raw := adminCall(t, nd, testAdminToken, "POST", "/admin/v1/accounts/big/grants", grant(i), nil); status != 201 {
+				t.Fatalf("grant %d: %d %s", i, status, raw)
+			}
+		}
+		if p := wantProblem(t, nd, "POST", "/admin/v1/accounts/big/grants", grant(1000), 400, "units"); !strings.Contains(p.Detail, "1000000000000000000 units in grants") {
+			t.Errorf("grant 1000: %q, want it to name the total held", p.Detail)
+		}
+		if status, raw := adminCall(t, nd, testAdminToken, "POST", "/admin/v1/accounts/big/grants", grant(7), nil); status != 200 {
+			t.Errorf("grant 7 again (a retry): %d %s, want 200", status, raw)
 		}
 	})
 
