@@ -393,8 +393,15 @@ func (c *adminClient) run(cmd *cobra.Command, method, path string, body, out any
 const refreshNote = "nodes apply it at their next config refresh (a few seconds)"
 
 // pathID escapes an id for a path segment: an account named "team#42"
-// must not become the account "team" and a fragment.
-func pathID(id string) string { return url.PathEscape(id) }
+// must not become the account "team" and a fragment, nor one named "." or
+// ".." a dot-segment that the node's mux cleans away (PathEscape leaves
+// dots alone), which sent `accounts show .` to the list of accounts.
+func pathID(id string) string {
+	if id == "." || id == ".." {
+		return strings.Repeat("%2E", len(id))
+	}
+	return url.PathEscape(id)
+}
 
 // alertKeyArgs checks resend's ACCOUNT PERIOD THRESHOLD before the call.
 func alertKeyArgs(cmd *cobra.Command, args []string) error {
