@@ -395,8 +395,10 @@ func (h *harness) chargeHTTP(ctx context.Context, n *cluster.Node, path string, 
 	switch kind := p.Type[strings.LastIndex(p.Type, "/")+1:]; kind {
 	case "quota-exceeded", "rate-limited", "unknown-key":
 		op.Status, op.Reason = cluster.StatusRefused, strings.ReplaceAll(kind, "-", "_")
-	case "idempotency-key-reused", "idempotency-replay-limit": // decided by the owner, charged nothing
-		op.Status, op.Reason = cluster.StatusRefused, map[string]string{"idempotency-key-reused": "id_reused", "idempotency-replay-limit": "replay_limit"}[kind]
+	case "idempotency-key-reused": // decided by the owner, charged nothing
+		op.Status, op.Reason = cluster.StatusRefused, shard.IDReused.String()
+	case "idempotency-replay-limit":
+		op.Status, op.Reason = cluster.StatusRefused, shard.ReplayLimit.String()
 	case "upstream-unavailable":
 		op.Status, op.Reason, op.RefundPending = cluster.StatusOK, "ok", true
 	default:

@@ -409,7 +409,6 @@ func (ff *frontFlags) build(upstream string) (func(*node.Node) (http.Handler, er
 	return func(n *node.Node) (http.Handler, error) { return router.NewProxy(u, opts(n.FrontOptions())) }, nil
 }
 
-// reconcileInterval maps the flag's 0 (off) to node.Config's negative.
 // dedupMaxReplays maps the flag's 0 (no bound) to node.Config's negative,
 // whose 0 is the default.
 func dedupMaxReplays(n int) int {
@@ -419,6 +418,7 @@ func dedupMaxReplays(n int) int {
 	return n
 }
 
+// reconcileInterval maps the flag's 0 (off) to node.Config's negative.
 func reconcileInterval(d time.Duration) time.Duration {
 	if d == 0 {
 		return -1
