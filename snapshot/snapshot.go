@@ -442,6 +442,9 @@ func CheckPattern(p string) error {
 		return fmt.Errorf("route %q: the host %q holds whitespace: write \"METHOD /path\" with one space after the method, or \"METHOD host/path\"", p, host)
 	}
 	if h, port, err := net.SplitHostPort(host); err == nil {
+		if strings.Contains(h, ":") {
+			h = "[" + h + "]" // an IPv6 address keeps its brackets in a pattern
+		}
 		return fmt.Errorf("route %q: the host %q names a port (%s): a request's host is matched without its port, so this pattern matches no request; write %q, which matches that host on any port",
 			p, host, port, strings.TrimSpace(method+" "+h+path))
 	}

@@ -100,6 +100,7 @@ func TestCheckPattern(t *testing.T) {
 		"POST api.example.com/x?y":   `write "POST api.example.com/x"`,
 		"GET api.example.com:8443/x": `the host "api.example.com:8443" names a port (8443): a request's host is matched without its port, so this pattern matches no request; write "GET api.example.com/x"`,
 		"localhost:8080/v1/x":        `write "localhost/v1/x"`,
+		"GET [::1]:8080/x":           `write "GET [::1]/x"`,
 		"GET /v1/page#top":           `the path "/v1/page#top" holds '#': a fragment (#...) is never sent to a server, so no request holds it; write "GET /v1/page" (a '#' that is part of the path itself is written %23)`,
 	} {
 		err := CheckPattern(p)
