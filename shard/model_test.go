@@ -69,6 +69,7 @@ type model struct {
 	seen      int64 // latest wall
 	used      map[Period]int64
 	events    map[string]modelEvent // client ids
+	maxReplay int32                 // Params.MaxReplays; 0: no bound
 	milli     int64                 // bucket in milli-tokens... at ms resolution
 	lastMs    int64
 	bucketSet bool
@@ -79,6 +80,7 @@ type modelEvent struct {
 	units    int64
 	period   Period
 	refunded bool
+	replays  int32 // answered Replayed (none is taken back here)
 }
 
 func (m *model) step(now Now) Period {
@@ -104,12 +106,17 @@ func (m *model) step(now Now) Period {
 func (m *model) charge(id string, units int64, now Now) (Reason, int64) {
 	p := m.step(now)
 	if e, ok := m.event(id, now); ok && !e.refunded { // a refunded id is charged again: a retry of failed work
+		if m.maxReplay > 0 && e.replays >= m.maxReplay {
+			return ReplayLimit, m.remaining() // served that often: refused before the rate limit, no token
+		}
 		if m.rate > 0 && m.milli < 1000 {
 			return RateLimited, m.remaining() // a replay is served again: it takes a token
 		}
 		if m.rate > 0 {
 			m.milli -= 1000
 		}
+		e.replays++
+		m.events[id] = e
 		return Replayed, m.remaining()
 	}
 	if m.rate > 0 && m.milli < 1000 {
@@ -171,9 +178,10 @@ func TestStateMachineMatchesModel(t *testing.T) {
 			plan.Rate = Rate{Tokens: rate, Per: time.Second}
 		}
 		params := DefaultParams()
+		params.MaxReplays = rapid.SampledFrom([]int32{0, 2, DefaultMaxReplays}).Draw(t, "max replays")
 		cfg := AccountConfig{ID: "a", Plan: plan}
 		a := NewAccount(cfg)
-		m := &model{quota: quota, hard: hard, rate: rate, burst: burst, used: map[Period]int64{}, events: map[string]modelEvent{}}
+		m := &model{quota: quota, hard: hard, rate: rate, burst: burst, used: map[Period]int64{}, events: map[string]modelEvent{}, maxReplay: params.MaxReplays}
 		wall := at("2026-06-29T00:00:00Z").Wall
 		mono := int64(0)
 		var log []Record
