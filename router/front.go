@@ -464,6 +464,13 @@ func (f *front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if inNext == 0 && !t.IsZero() {
 			inNext = time.Since(t)
 		}
+		if p == http.ErrAbortHandler && rec.gateErr != nil {
+			// The gate failed: the front answered 500 in full and failed
+			// every write after it, which ReverseProxy answers with this
+			// abort. Passing it on would cut the connection under that
+			// answer (the client read EOF or a stream reset).
+			p = nil
+		}
 		if p != nil && (p != http.ErrAbortHandler || (rec.writeErr == nil && !clientLeft(r))) {
 			rec.failed = true // NB: an abort after a failed write, or once the client left, is the client leaving, not the upstream failing
 		}

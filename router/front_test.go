@@ -801,6 +801,57 @@ func TestEarlyChargeHoldsTheAnswerUntilDurable(t *testing.T) {
 	}
 }
 
+// Through the proxy on a real server, a charge whose wait fails after the
+// upstream answered is a whole 500 problem+json, not a cut connection:
+// ReverseProxy aborts the handler (http.ErrAbortHandler) when its copy of
+// the upstream's body fails, and the front's gate fails that copy; the
+// front had answered in full, so it does not pass the abort on. Over
+// HTTP/1.1 and HTTP/2, with a body the upstream streams too.
+func TestEarlyChargeNotDurableThroughTheProxy(t *testing.T) {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Set-Cookie", "session=1")
+		w.WriteHeader(201)
+		io.WriteString(w, "created")
+		if r.URL.Query().Has("stream") {
+			w.(http.Flusher).Flush()
+			io.WriteString(w, " and more")
+		}
+	}))
+	defer up.Close()
+	u, _ := url.Parse(up.URL)
+	for _, h2 := range []bool{false, true} {
+		for _, path := range []string{"/v1/tasks", "/v1/tasks?stream=1"} {
+			ch := &earlyCharger{fakeCharger: fakeCharger{decision: okDecision()}, waitErr: errors.New("log failed")}
+			proxy, err := NewProxy(u, FrontOptions{Charger: ch, Config: testConfig(t)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			front := httptest.NewUnstartedServer(proxy)
+			front.EnableHTTP2 = h2
+			front.StartTLS()
+			req, _ := http.NewRequest("POST", front.URL+path, nil)
+			req.Header.Set("X-Api-Key", "secret")
+			res, err := front.Client().Do(req)
+			var body []byte
+			if err == nil {
+				body, err = io.ReadAll(res.Body)
+				res.Body.Close()
+			}
+			front.Close()
+			_, refunds := ch.counts()
+			switch {
+			case err != nil:
+				t.Errorf("http2=%v %s: %v; want a 500 problem+json", h2, path, err)
+			case res.StatusCode != 500 || res.Header.Get("Content-Type") != "application/problem+json" || strings.Contains(string(body), "created") ||
+				res.Header.Get("Set-Cookie") != "" || refunds != 1:
+				t.Errorf("http2=%v %s: %d %v %q, %d refunds; want 500 problem+json, nothing of the upstream, a refund", h2, path, res.StatusCode, res.Header, body, refunds)
+			case h2 != (res.ProtoMajor == 2):
+				t.Errorf("http2=%v: the answer came over %s", h2, res.Proto)
+			}
+		}
+	}
+}
+
 // A CORS preflight needs no key and is never charged: the API answers it.
 // A plain OPTIONS is a request like any other.
 func TestPreflightPassesUncharged(t *testing.T) {
