@@ -115,6 +115,7 @@ func runBenchEngine(ctx context.Context, out, progress io.Writer, f benchEngineF
 	fmt.Fprintf(out, "quotad bench engine: %d accounts, %s per run, GOMAXPROCS=%d\n\n", f.accounts, f.duration, runtimeProcs())
 	fmt.Fprintf(out, "%-14s %6s %12s %10s %10s %10s %14s\n", "target", "conc", "charges/s", "p50", "p99", "p999", "fsyncs/1k")
 	results := map[string]loadgen.Report{}
+	var failed int64
 	for _, target := range targets {
 		for _, c := range concs {
 			rep, fsyncs, err := benchOne(ctx, target, c, f, filepath.Join(dir, fmt.Sprintf("%s-%d", target, c)), progress, interactive)
@@ -128,11 +129,15 @@ func runBenchEngine(ctx context.Context, out, progress io.Writer, f benchEngineF
 			}
 			fmt.Fprintf(out, "%-14s %6d %12.0f %10s %10s %10s %14s\n", target, c, rep.OpsPerSec, fmtDur(rep.P50), fmtDur(rep.P99), fmtDur(rep.P999), fs)
 			if rep.Errors > 0 {
+				failed += rep.Errors
 				fmt.Fprintf(out, "  %d errors, first: %v\n", rep.Errors, rep.FirstErr)
 			}
 		}
 	}
 	printRatios(out, results, concs)
+	if failed > 0 {
+		return fmt.Errorf("%d charges failed (see above): the figures count only the charges that succeeded", failed)
+	}
 	return nil
 }
 

@@ -186,6 +186,7 @@ func runBenchCluster(ctx context.Context, out, progress io.Writer, f benchCluste
 	}
 	fmt.Fprintf(out, "quotad bench cluster: %d accounts (%s), mode %s, client %s, %d charges per call, %s per run\n\n", f.accounts, f.spread, f.mode, f.client, f.batch, f.duration)
 	fmt.Fprintf(out, "%6s %12s %12s %10s %10s %10s %8s\n", "conc", "charges/s", "calls/s", "p50", "p99", "p999", "errors")
+	var failed int64
 	for _, c := range concs {
 		pick := picker(f.spread, len(accounts), c)
 		rep, err := loadgen.Run(ctx, loadgen.Config{Concurrency: c, Duration: f.duration, Warmup: f.duration / 10, Progress: progress,
@@ -204,8 +205,14 @@ func runBenchCluster(ctx context.Context, out, progress io.Writer, f benchCluste
 		}
 		fmt.Fprintf(out, "%6d %12.0f %12.0f %10s %10s %10s %8d\n", c, rep.OpsPerSec, rep.CallsPerSec, fmtDur(rep.P50), fmtDur(rep.P99), fmtDur(rep.P999), rep.Errors)
 		if rep.Errors > 0 {
+			failed += rep.Errors
 			fmt.Fprintf(out, "       first error: %v\n", rep.FirstErr)
 		}
+	}
+	if failed > 0 {
+		// The figures count only the calls that succeeded; a run with
+		// failures is no measurement to record, and a script must see it.
+		return fmt.Errorf("%d calls failed (see above): the figures count only the calls that succeeded", failed)
 	}
 	return nil
 }

@@ -41,7 +41,8 @@ type Config struct {
 // batched call may carry many; 0 is counted as 1).
 type Func func(ctx context.Context, worker int, i int64) (ops int, err error)
 
-// Report is the outcome of a run.
+// Report is the outcome of a run. Calls, Ops, their rates and the latency
+// percentiles count the calls that succeeded; Errors counts those that failed.
 type Report struct {
 	Label          string
 	Calls, Ops     int64
@@ -161,14 +162,18 @@ func drive(ctx context.Context, n int, fn Func, hist *Histogram, c *counters) {
 				if err != nil && ended(ctx) {
 					return // cut short by the end of the run: not an error
 				}
-				local.Record(time.Since(t0))
 				wc := &c.workers[w]
-				wc.calls.Add(1)
-				wc.ops.Add(int64(max(ops, 1)))
 				if err != nil {
+					// A failed call is no throughput and no latency: a
+					// refused charge answers fast, and counting it would
+					// flatter both figures.
 					wc.errors.Add(1)
 					c.firstErr.CompareAndSwap(nil, &err)
+					continue
 				}
+				local.Record(time.Since(t0))
+				wc.calls.Add(1)
+				wc.ops.Add(int64(max(ops, 1)))
 			}
 		}()
 	}

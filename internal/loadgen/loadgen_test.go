@@ -38,3 +38,18 @@ func TestRunCountsOpsAndErrors(t *testing.T) {
 		t.Fatalf("%+v", rep)
 	}
 }
+
+// A call that fails carried nothing: a cluster that refuses every call must
+// not report charges/s or a latency.
+func TestFailedCallsAreNotThroughput(t *testing.T) {
+	boom := errors.New("boom")
+	rep, err := Run(context.Background(), Config{Concurrency: 2, Duration: 20 * time.Millisecond}, func(ctx context.Context, w int, i int64) (int, error) {
+		return 100, boom
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Errors == 0 || rep.Calls != 0 || rep.Ops != 0 || rep.OpsPerSec != 0 || rep.P50 != 0 || !errors.Is(rep.FirstErr, boom) {
+		t.Fatalf("%+v", rep)
+	}
+}
