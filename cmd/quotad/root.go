@@ -142,6 +142,13 @@ func noStrayArgs(c *cobra.Command) {
 	if c.Args == nil && !c.HasSubCommands() {
 		c.Args = noArgs
 	}
+	if c.HasParent() && c.HasSubCommands() && c.Run == nil && c.RunE == nil {
+		// A group such as 'quotad bench': cobra prints its help and exits 0
+		// for a mistyped subcommand ('quotad bench clsuter'), which a script
+		// takes for success.
+		c.RunE = unknownSubcommand
+		c.DisableFlagsInUseLine = true // "quotad bench" alone prints this help
+	}
 	for _, sub := range c.Commands() {
 		noStrayArgs(sub)
 	}
@@ -162,6 +169,28 @@ func noArgs(cmd *cobra.Command, args []string) error {
 		return fmt.Errorf("%s takes no arguments, only flags: did you mean --%s %s?", cmd.CommandPath(), f, args[0])
 	}
 	return fmt.Errorf("%s takes no arguments, only flags (got %q): see %s --help", cmd.CommandPath(), strings.Join(args, " "), cmd.CommandPath())
+}
+
+// unknownSubcommand runs a group command: alone it prints the group's
+// help; with a word it refuses it, suggesting the closest subcommand.
+func unknownSubcommand(cmd *cobra.Command, args []string) error {
+	if len(args) == 0 {
+		return cmd.Help()
+	}
+	var names []string
+	for _, sub := range cmd.Commands() {
+		if sub.IsAvailableCommand() {
+			names = append(names, sub.Name())
+		}
+	}
+	msg := fmt.Sprintf("unknown command %q for %s (its commands: %s)", args[0], cmd.CommandPath(), strings.Join(names, ", "))
+	if cmd.SuggestionsMinimumDistance <= 0 {
+		cmd.SuggestionsMinimumDistance = 2 // cobra's default for the root's own suggestions
+	}
+	if s := cmd.SuggestionsFor(args[0]); len(s) > 0 {
+		msg += fmt.Sprintf(": did you mean %s %s?", cmd.CommandPath(), s[0])
+	}
+	return errors.New(msg)
 }
 
 // warnUnknownEnv warns about QUOTAD_* variables that no command reads: a

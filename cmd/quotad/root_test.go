@@ -57,6 +57,30 @@ func TestStrayArguments(t *testing.T) {
 	}
 }
 
+// A mistyped subcommand of a group fails, suggesting the right one; the
+// group alone still prints its help and succeeds.
+func TestUnknownSubcommand(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"bench", "clsuter"}, `unknown command "clsuter" for quotad bench (its commands: cluster, engine, proxy, upstream): did you mean quotad bench cluster?`},
+		{[]string{"admin", "plan"}, `unknown command "plan" for quotad admin`},
+		{[]string{"admin", "keys", "rm"}, `unknown command "rm" for quotad admin keys`},
+	} {
+		if _, err := runQuotad(t, tc.args...); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("quotad %s: %v, want %q", strings.Join(tc.args, " "), err, tc.want)
+		}
+	}
+	var out bytes.Buffer
+	root := newRootCmd()
+	root.SetArgs([]string{"bench"})
+	root.SetOut(&out)
+	if err := root.Execute(); err != nil || !strings.Contains(out.String(), "cluster") {
+		t.Fatalf("quotad bench: %v\n%s", err, out.String())
+	}
+}
+
 func TestVersion(t *testing.T) {
 	build := buildinfo.Read()
 	run := func(args ...string) string {
