@@ -90,14 +90,14 @@ for the next start.`,
 	fl.StringVar(&f.adminTLS.Cert, "admin-tls-cert", "", "serve the admin port (--admin-addr: the admin API, the status page, /metrics, the probes) over HTTPS with this certificate chain (PEM), read again when it changes; with --admin-tls-key")
 	fl.StringVar(&f.adminTLS.Key, "admin-tls-key", "", "the private key (PEM) of --admin-tls-cert")
 	fl.StringVar(&f.ringPreset, "ring-preset", ring.PresetLAN, "gossip timings: lan (production) or local (tests on one machine)")
-	fl.DurationVar(&f.settleInterval, "settle-interval", time.Second, "how often to settle the log into the ledger (also the span a reservation is sized to cover twice)")
-	fl.DurationVar(&f.snapshotInterval, "snapshot-interval", 3*time.Second, "how often to read the config (plans, accounts, keys, weights) from the ledger")
+	fl.DurationVar(&f.settleInterval, "settle-interval", time.Second, "how often to settle the log into the ledger (also the span a reservation is sized to cover twice); at least 10ms")
+	fl.DurationVar(&f.snapshotInterval, "snapshot-interval", 3*time.Second, "how often to read the config (plans, accounts, keys, weights) from the ledger; at least 100ms")
 	fl.BoolVar(&f.walSync, "wal-sync", true, "fsync the log before answering; false is for benchmarks only: a crash then LOSES acknowledged charges")
 	fl.BoolVar(&f.events, "events", true, "keep the event log in the ledger (off: daily aggregates only, and no duplicate catch at settle)")
 	fl.DurationVar(&f.drainTimeout, "drain-timeout", 10*time.Second, "on SIGTERM, how long in-flight requests may take to finish")
-	fl.DurationVar(&f.settleTimeout, "settle-timeout", 20*time.Second, "on SIGTERM, how long handing reservations back and the final settle may take together")
-	fl.DurationVar(&f.ledgerTimeout, "ledger-timeout", flush.DefaultCallTimeout, "how long one settle, heartbeat or background reservation top-up may wait for the ledger's answer: past it the call is cancelled and retried, and the ledger counts as down (quotaring_ledger_up 0, a WARN)")
-	fl.DurationVar(&f.reconcileInterval, "reconcile-interval", 15*time.Minute, "how often to check the ledger's counters against its event log (exported as quotaring_reconcile_differences); one node, the serving member with the smallest id, runs it; 0 turns it off")
+	fl.DurationVar(&f.settleTimeout, "settle-timeout", 20*time.Second, "on SIGTERM, how long handing reservations back and the final settle may take together; at least 100ms")
+	fl.DurationVar(&f.ledgerTimeout, "ledger-timeout", flush.DefaultCallTimeout, "how long one settle, heartbeat or background reservation top-up may wait for the ledger's answer: past it the call is cancelled and retried, and the ledger counts as down (quotaring_ledger_up 0, a WARN); at least 100ms")
+	fl.DurationVar(&f.reconcileInterval, "reconcile-interval", 15*time.Minute, "how often to check the ledger's counters against its event log (exported as quotaring_reconcile_differences); one node, the serving member with the smallest id, runs it; at least 1m, or 0 to turn it off")
 	fl.IntVar(&f.dedupMaxIDs, "dedup-max-ids", shard.DefaultParams().DedupMax, fmt.Sprintf("the Idempotency-Keys an owner remembers per account for 24 h, the oldest dropped first (%d to %d); a few hundred bytes of memory each (README: Accounts that send many Idempotency-Keys)", minDedupMaxIDs, maxDedupMaxIDs))
 	fl.IntVar(&f.dedupMaxReplays, "dedup-max-replays", shard.DefaultMaxReplays, fmt.Sprintf("the retries of one Idempotency-Key an owner serves again, billed once, before it refuses the next 422 idempotency-replay-limit (0 to %d; 0 serves every retry: one charge then buys any number of runs within 24 h; README: Idempotency)", maxDedupMaxReplays))
 	fl.DurationVar(&f.maxClockOffset, "max-clock-offset", node.DefaultMaxClockOffset, "how far this node's clock may stand from the ledger's, or step, before the node warns, holds to its time from before a step, or takes the ledger's time when the other nodes agree with the ledger (README: Months and clocks); at least "+node.MinMaxClockOffset.String())
@@ -149,10 +149,22 @@ func (f *serveFlags) config(logger *slog.Logger) (node.Config, error) {
 	if f.ringPreset != ring.PresetLAN && f.ringPreset != ring.PresetLocal {
 		return node.Config{}, fmt.Errorf("--ring-preset %q: want lan or local", f.ringPreset)
 	}
-	for name, d := range map[string]time.Duration{"settle-interval": f.settleInterval, "snapshot-interval": f.snapshotInterval,
-		"drain-timeout": f.drainTimeout, "settle-timeout": f.settleTimeout, "ledger-timeout": f.ledgerTimeout} {
-		if d <= 0 {
-			return node.Config{}, fmt.Errorf("--%s %s: want a positive duration such as 1s", name, d)
+	for _, d := range []struct {
+		name   string
+		v, min time.Duration
+		why    string
+	}{
+		{"settle-interval", f.settleInterval, minSettleInterval, "a shorter one settles batches of one charge and keeps the ledger busy"},
+		{"snapshot-interval", f.snapshotInterval, minSnapshotInterval, "each refresh reads plans, accounts, keys and weights from the ledger"},
+		{"ledger-timeout", f.ledgerTimeout, minLedgerTimeout, "a healthy ledger's answer would count as down"},
+		{"settle-timeout", f.settleTimeout, minLedgerTimeout, "handing reservations back needs a ledger round trip"},
+		{"drain-timeout", f.drainTimeout, time.Millisecond, ""},
+	} {
+		switch {
+		case d.v <= 0:
+			return node.Config{}, fmt.Errorf("--%s %s: want a positive duration such as 1s", d.name, d.v)
+		case d.v < d.min:
+			return node.Config{}, fmt.Errorf("--%s %s: want at least %s (%s)", d.name, d.v, d.min, d.why)
 		}
 	}
 	if f.testClockOffset != 0 && !f.testFaults {
@@ -167,8 +179,8 @@ func (f *serveFlags) config(logger *slog.Logger) (node.Config, error) {
 	if f.dedupMaxReplays < 0 || f.dedupMaxReplays > maxDedupMaxReplays {
 		return node.Config{}, fmt.Errorf("--dedup-max-replays %d: want 0 to %d served retries of one Idempotency-Key, 0 for no bound (default %d)", f.dedupMaxReplays, maxDedupMaxReplays, shard.DefaultMaxReplays)
 	}
-	if f.reconcileInterval < 0 {
-		return node.Config{}, fmt.Errorf("--reconcile-interval %s: want a positive duration such as 15m, or 0 to turn it off", f.reconcileInterval)
+	if f.reconcileInterval < 0 || f.reconcileInterval > 0 && f.reconcileInterval < minReconcileInterval {
+		return node.Config{}, fmt.Errorf("--reconcile-interval %s: want at least %s (each run reads the month's whole event log), such as 15m, or 0 to turn it off", f.reconcileInterval, minReconcileInterval)
 	}
 	gossipKeys, err := parseGossipKeys(f.gossipKey)
 	if err != nil {
@@ -417,6 +429,18 @@ func dedupMaxReplays(n int) int {
 	}
 	return n
 }
+
+// The least --settle-interval, --snapshot-interval, --ledger-timeout (and
+// --settle-timeout) and --reconcile-interval serve takes: below them a node
+// spends itself and the ledger on bookkeeping, or reads a healthy ledger as
+// down. A nanosecond is a typo ("1" read as 1ns is refused by the flag
+// parser, "1ns" is not).
+const (
+	minSettleInterval    = 10 * time.Millisecond
+	minSnapshotInterval  = 100 * time.Millisecond
+	minLedgerTimeout     = 100 * time.Millisecond
+	minReconcileInterval = time.Minute
+)
 
 // reconcileInterval maps the flag's 0 (off) to node.Config's negative.
 func reconcileInterval(d time.Duration) time.Duration {
