@@ -126,3 +126,43 @@ func TestAdminIDArguments(t *testing.T) {
 		}
 	}
 }
+
+// --force and prune's --lost-node override safety checks, so a variable
+// left set in the environment does not: QUOTAD_FORCE is warned about and
+// ignored, and revoke still refuses a node heard from just now.
+func TestSafetyOverridesHaveNoEnvTwin(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "ledger.db")
+	l, err := flush.OpenSQLite(context.Background(), path, flush.SQLiteOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Migrate(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.RegisterNode(context.Background(), "q1", "q1-inc"); err != nil {
+		t.Fatal(err)
+	}
+	l.Close()
+	t.Setenv("QUOTAD_FORCE", "true")
+	t.Setenv("QUOTAD_LOST_NODE", "q1")
+	stderr, err := runQuotad(t, "revoke", "--ledger", "sqlite:"+path, "--node", "q1")
+	if err == nil || !strings.Contains(err.Error(), "heard from") {
+		t.Fatalf("revoke of a node heard from just now with QUOTAD_FORCE=true: %v, want the refusal", err)
+	}
+	for _, want := range []string{"QUOTAD_FORCE is not read: quotad revoke's --force overrides a safety check", "QUOTAD_LOST_NODE is not read: quotad prune's --lost-node"} {
+		if !strings.Contains(stderr, want) {
+			t.Errorf("stderr:\n%s\nwant %q", stderr, want)
+		}
+	}
+	root := newRootCmd()
+	prune, _, err := root.Find([]string{"prune"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := bindEnv(prune.Flags()); err != nil {
+		t.Fatal(err)
+	}
+	if v := prune.Flags().Lookup("lost-node").Value.String(); v != "[]" {
+		t.Errorf("prune --lost-node from QUOTAD_LOST_NODE: %s", v)
+	}
+}

@@ -197,10 +197,10 @@ func unknownSubcommand(cmd *cobra.Command, args []string) error {
 // misspelt QUOTAD_SETTLE_INTRVAL would otherwise be ignored in silence, and
 // so would QUOTAD_UNITS, which looks like the twin of quotad admin grants
 // add --units but is not: quotad admin's flags have no QUOTAD_<FLAG> twins
-// (adminEnv has the few it reads).
+// (adminEnv has the few it reads), nor do the flags marked noEnv.
 func warnUnknownEnv(w io.Writer, root *cobra.Command, environ []string) {
 	known := map[string]bool{}
-	adminFlags := map[string]string{} // QUOTAD_<FLAG> of quotad admin's flags: what to say instead
+	notRead := map[string]string{} // QUOTAD_<FLAG> of flags without twins (quotad admin's, noEnv): what to say instead
 	var walk func(c *cobra.Command, admin bool)
 	walk = func(c *cobra.Command, admin bool) {
 		admin = admin || c.Parent() == root && c.Name() == "admin"
@@ -208,13 +208,15 @@ func warnUnknownEnv(w io.Writer, root *cobra.Command, environ []string) {
 			fs.VisitAll(func(f *pflag.Flag) {
 				switch {
 				case f.Name == "help":
+				case f.Annotations[noEnv] != nil:
+					notRead[envName(f.Name)] = fmt.Sprintf("%s's --%s overrides a safety check and has no environment twin; give it on the command line", c.CommandPath(), f.Name)
 				case !admin:
 					known[envName(f.Name)] = true
 					if secretFlags[f.Name] {
 						known[envName(f.Name)+"_FILE"] = true
 					}
-				case adminFlags[envName(f.Name)] == "":
-					adminFlags[envName(f.Name)] = adminEnvHint(f.Name)
+				case notRead[envName(f.Name)] == "":
+					notRead[envName(f.Name)] = adminEnvHint(f.Name)
 				}
 			})
 		}
@@ -233,8 +235,8 @@ func warnUnknownEnv(w io.Writer, root *cobra.Command, environ []string) {
 		name, _, _ := strings.Cut(kv, "=")
 		switch {
 		case !strings.HasPrefix(name, "QUOTAD_") || known[name]:
-		case adminFlags[name] != "":
-			fmt.Fprintf(w, "quotad: warning: %s is not read: %s\n", name, adminFlags[name])
+		case notRead[name] != "":
+			fmt.Fprintf(w, "quotad: warning: %s is not read: %s\n", name, notRead[name])
 		default:
 			fmt.Fprintf(w, "quotad: warning: %s matches no flag of any quotad command; ignored (a typo?)\n", name)
 		}
@@ -257,7 +259,7 @@ func adminEnvHint(flag string) string {
 func bindEnv(fs *pflag.FlagSet) error {
 	var errs []error
 	fs.VisitAll(func(f *pflag.Flag) {
-		if f.Changed || f.Name == "help" {
+		if f.Changed || f.Name == "help" || f.Annotations[noEnv] != nil {
 			return
 		}
 		name := envName(f.Name)
@@ -272,6 +274,19 @@ func bindEnv(fs *pflag.FlagSet) error {
 		}
 	})
 	return errors.Join(errs...)
+}
+
+// noEnv annotates a flag that has no environment twin because it
+// overrides a safety check (revoke --force, prune --lost-node): a variable
+// left set in a shell or a job's environment would override it on every
+// run, unseen. Its QUOTAD_<FLAG> gets a warning instead.
+const noEnv = "quotaring/no-env"
+
+// markNoEnv keeps flag out of bindEnv, saying why in the warning.
+func markNoEnv(cmd *cobra.Command, flag string) {
+	if err := cmd.Flags().SetAnnotation(flag, noEnv, []string{"true"}); err != nil {
+		panic(err) // a programming error: no such flag
+	}
 }
 
 // secretFlags are the flags whose values are secrets. Each also reads
