@@ -17,9 +17,11 @@ import (
 	"net/url"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -213,15 +215,20 @@ func (n *Node) startAlerts() error {
 		}
 		return nil
 	}
-	u, err := url.Parse(c.AlertWebhook)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return fmt.Errorf("node: --alert-webhook %q: want an absolute http:// or https:// URL", c.AlertWebhook)
+	u, err := CheckAlertWebhook(c.AlertWebhook)
+	if err != nil {
+		return err
 	}
 	if c.AlertSecret == "" {
 		return fmt.Errorf("node: --alert-webhook needs --alert-secret (QUOTAD_ALERT_SECRET): alerts are signed so the receiver can tell them from forgeries")
 	}
 	if len(c.AlertSecret) < alertSecretMin {
 		return fmt.Errorf("node: --alert-secret is %d characters; use at least %d random ones (openssl rand -hex 32), and give the receiver the same: a short secret can be guessed, and then alerts forged", len(c.AlertSecret), alertSecretMin)
+	}
+	if strings.TrimSpace(c.AlertSecret) != c.AlertSecret || strings.ContainsFunc(c.AlertSecret, unicode.IsControl) || strings.HasPrefix(c.AlertSecret, "\uFEFF") {
+		// The receiver is given the secret without them: every signature
+		// would fail its check, found only when alerts go missing.
+		return fmt.Errorf("node: --alert-secret has spaces or a line break around it, or control characters: give the secret alone, as the receiver has it")
 	}
 	thresholds, err := alertThresholds(c.AlertThresholds)
 	if err != nil {
@@ -285,6 +292,38 @@ func redactURL(u *url.URL) string {
 	}
 	return r.String()
 }
+
+// CheckAlertWebhook parses Config.AlertWebhook, refusing what can never
+// be delivered to: not an absolute http:// or https:// URL, no host name,
+// a port that is not a number from 1 to 65535, or a #fragment (never
+// sent). Errors show the URL without its query and password.
+func CheckAlertWebhook(raw string) (*url.URL, error) {
+	u, err := url.Parse(raw)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, fmt.Errorf("node: --alert-webhook: want an absolute http:// or https:// URL, such as https://billing.example.com/hooks/quota")
+	}
+	shown := redactURL(u)
+	switch {
+	case u.Hostname() == "":
+		return nil, fmt.Errorf("node: --alert-webhook %s: the URL names no host: want http(s)://HOST[:PORT]/path", shown)
+	case u.Fragment != "":
+		return nil, fmt.Errorf("node: --alert-webhook %s: a #fragment is never sent to a server: leave it out", shown)
+	}
+	if p := u.Port(); p != "" {
+		if n, err := strconv.Atoi(p); err != nil || n < 1 || n > 65535 {
+			return nil, fmt.Errorf("node: --alert-webhook %s: port %q is not a number from 1 to 65535", shown, p)
+		}
+	} else if strings.HasSuffix(u.Host, ":") {
+		return nil, fmt.Errorf("node: --alert-webhook %s: the port after the colon is missing", shown)
+	}
+	return u, nil
+}
+
+// MinAlertLease is the shortest --alert-lease quotad serve takes (outside
+// chaos tests): a node's round of tries gets half the lease, and one
+// webhook call may take up to 10 s; under it a slow but working receiver
+// has its calls cut short every round, and the alert is never delivered.
+const MinAlertLease = 3 * alertTimeout
 
 // CheckAlertThresholds reports what is wrong with Config.AlertThresholds
 // (each a percentage from 1 to 100, at most 32 of them), naming the flag

@@ -491,6 +491,18 @@ func TestAlertConfig(t *testing.T) {
 	if err := n.startAlerts(); err == nil || !strings.Contains(err.Error(), "--alert-secret is 11 characters; use at least 16") {
 		t.Errorf("an 11-character secret: %v, want it refused, naming the length to use", err)
 	}
+	// The receiver is given the secret alone: with a line break or spaces
+	// around it every signature would fail there.
+	for _, secret := range []string{testAlertSecret + "\n", " " + testAlertSecret, testAlertSecret + "\x00"} {
+		n := &Node{cfg: Config{AlertWebhook: "http://example.com/hook", AlertSecret: secret}, log: slog.New(slog.DiscardHandler), reg: prometheus.NewRegistry()}
+		if err := n.startAlerts(); err == nil || !strings.Contains(err.Error(), "--alert-secret has spaces or a line break around it") {
+			t.Errorf("secret %q: %v, want it refused", secret, err)
+		}
+	}
+	n = &Node{cfg: Config{AlertWebhook: "http://example.com:99999/hook", AlertSecret: testAlertSecret}, log: slog.New(slog.DiscardHandler), reg: prometheus.NewRegistry()}
+	if err := n.startAlerts(); err == nil || !strings.Contains(err.Error(), `port "99999" is not a number from 1 to 65535`) {
+		t.Errorf("webhook port 99999: %v, want it refused", err)
+	}
 }
 
 func TestSignAlert(t *testing.T) {

@@ -46,13 +46,21 @@ func (af *serveAdminFlags) register(cmd *cobra.Command, token *string) {
 	fl.StringVar(&af.webhook, "alert-webhook", "", "URL to POST quota alerts to (JSON, signed with --alert-secret); empty sends none")
 	fl.StringVar(&af.secret, "alert-secret", "", "HMAC-SHA256 key that signs alerts (X-Quotaring-Signature); required with --alert-webhook, at least 16 characters; prefer QUOTAD_ALERT_SECRET or QUOTAD_ALERT_SECRET_FILE (a file holding it)")
 	fl.IntSliceVar(&af.thresholds, "alert-thresholds", []int{80, 100}, "percentages of a period's quota that alert, once per account and month each")
-	fl.DurationVar(&af.lease, "alert-lease", 10*time.Minute, "how long a claimed alert may stay undelivered before any node takes it over and tries again (a node's own round of retries ends before half of it)")
+	fl.DurationVar(&af.lease, "alert-lease", 10*time.Minute, "how long a claimed alert may stay undelivered before any node takes it over and tries again (a node's own round of retries ends before half of it); at least 30s")
 	fl.DurationVar(&af.giveUp, "alert-give-up", 72*time.Hour, "how long after its first claim an undelivered alert is given up")
 }
 
 func (af *serveAdminFlags) apply(cfg *node.Config, token string) error {
 	if af.lease <= 0 || af.giveUp <= 0 {
 		return fmt.Errorf("--alert-lease %s and --alert-give-up %s must be positive durations (such as 10m and 72h)", af.lease, af.giveUp)
+	}
+	if af.lease < node.MinAlertLease && !cfg.TestFaults {
+		return fmt.Errorf("--alert-lease %s: want at least %s: each node's round of tries gets half the lease and one webhook call may take 10s, so a shorter lease cuts a slow receiver's calls short every round and the alert is never delivered (default 10m)", af.lease, node.MinAlertLease)
+	}
+	if af.webhook != "" {
+		if _, err := node.CheckAlertWebhook(af.webhook); err != nil {
+			return err
+		}
 	}
 	if af.giveUp < af.lease {
 		return fmt.Errorf("--alert-give-up %s is shorter than --alert-lease %s: an undelivered alert is taken over only after the lease, so every alert whose first round of retries failed would be given up untried; give up after the lease or later (default 72h)", af.giveUp, af.lease)

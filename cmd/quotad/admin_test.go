@@ -300,8 +300,26 @@ func TestServeAlertFlags(t *testing.T) {
 		t.Fatalf("a give-up age shorter than the lease: %v", err)
 	}
 	af.lease = 5 * time.Second
+	if err := af.apply(&cfg, "tok"); err == nil || !strings.Contains(err.Error(), "--alert-lease 5s: want at least 30s") {
+		t.Fatalf("a lease shorter than a webhook call's round: %v", err)
+	}
+	cfg.TestFaults = true // chaos tests shorten it, to see takeovers
 	if err := af.apply(&cfg, "tok"); err != nil || cfg.AlertLease != 5*time.Second || cfg.AlertGiveUp != time.Hour || cfg.AlertWebhook != "http://billing/hooks" {
 		t.Fatalf("%v %+v", err, cfg)
+	}
+	cfg.TestFaults = false
+	af.lease = 30 * time.Second
+	for webhook, want := range map[string]string{
+		"http://127.0.0.1:99999/hooks":        `--alert-webhook http://127.0.0.1:99999/hooks: port "99999" is not a number from 1 to 65535`,
+		"http://:8081/hooks":                  "--alert-webhook http://:8081/hooks: the URL names no host",
+		"https://billing/hooks#quota":         "a #fragment is never sent",
+		"ftp://billing/hooks":                 "want an absolute http:// or https:// URL",
+		"https://u:pw@billing:0/hooks?t=tok1": `--alert-webhook https://u@billing:0/hooks: port "0"`,
+	} {
+		af.webhook = webhook
+		if err := af.apply(&cfg, ""); err == nil || !strings.Contains(err.Error(), want) || strings.Contains(err.Error(), "pw") || strings.Contains(err.Error(), "tok1") {
+			t.Errorf("--alert-webhook %s: %v, want %q, without the password or query", webhook, err, want)
+		}
 	}
 }
 

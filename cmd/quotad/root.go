@@ -314,6 +314,11 @@ func lookupEnv(env string, secret, emptyUnset bool) (v, from string, ok bool, er
 	fileEnv := env + "_FILE"
 	path, fileSet := os.LookupEnv(fileEnv)
 	if !fileSet || path == "" {
+		if ok && v != "" && notASecretAlone(v) {
+			// As for a file below: export X="$(cat f)" keeps no line
+			// break, but X=$'...\n' or a YAML block scalar does.
+			return "", "", false, fmt.Errorf("%s holds more than the secret (spaces around it, a line break, control characters or a byte-order mark): set it to the secret alone", env)
+		}
 		return v, env, ok, nil
 	}
 	if ok && v != "" { // NB: an empty one is unset here, as quotad admin reads its own
@@ -335,7 +340,7 @@ func lookupEnv(env string, secret, emptyUnset bool) (v, from string, ok bool, er
 	if strings.TrimSpace(v) == "" {
 		return "", "", false, fmt.Errorf("%s: %s is empty: it should hold the secret", fileEnv, path)
 	}
-	if strings.TrimSpace(v) != v || strings.ContainsFunc(v, unicode.IsControl) || strings.HasPrefix(v, "\uFEFF") {
+	if notASecretAlone(v) {
 		// A second line, spaces around it, a byte-order mark: kept, they
 		// would make a token no client can send, found only when calls
 		// fail.
@@ -343,6 +348,14 @@ func lookupEnv(env string, secret, emptyUnset bool) (v, from string, ok bool, er
 			"write the secret alone, with at most one final line break", fileEnv, path)
 	}
 	return v, fileEnv, true, nil
+}
+
+// notASecretAlone reports whether v holds more than a secret: spaces around
+// it, a line break or other control characters, a byte-order mark. Kept,
+// they would make a token no client can send, or a key the other side
+// does not have, found only when calls fail.
+func notASecretAlone(v string) bool {
+	return strings.TrimSpace(v) != v || strings.ContainsFunc(v, unicode.IsControl) || strings.HasPrefix(v, "\uFEFF")
 }
 
 // envAnnotation marks a flag set from the environment; its value is the

@@ -408,6 +408,10 @@ func TestServeSecretsFromFiles(t *testing.T) {
 			[]string{"QUOTAD_RPC_TOKEN_FILE: " + filepath.Join(dir, "two-lines") + " holds more than the secret"}},
 		"spaces around it": {map[string]string{"QUOTAD_RPC_TOKEN_FILE": write("spaced", " rpc-token-0123456789abcdef \n")},
 			[]string{"holds more than the secret"}},
+		"a line break in the variable": {map[string]string{"QUOTAD_ALERT_SECRET": "rpc-token-0123456789abcdef\n"},
+			[]string{"QUOTAD_ALERT_SECRET holds more than the secret"}},
+		"a space in the variable": {map[string]string{"QUOTAD_RPC_TOKEN": "rpc-token-0123456789abcdef "},
+			[]string{"QUOTAD_RPC_TOKEN holds more than the secret"}},
 		"a large file": {map[string]string{"QUOTAD_LEDGER_FILE": write("big", strings.Repeat("x", 70<<10)), "QUOTAD_LEDGER": ""},
 			[]string{"QUOTAD_LEDGER_FILE: " + filepath.Join(dir, "big") + " is larger than 64 KiB"}},
 	} {
