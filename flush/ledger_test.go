@@ -375,6 +375,50 @@ func TestSQLiteUnavailable(t *testing.T) {
 	}
 }
 
+// The ledger is the file the path names, byte for byte: SQLite reads its
+// name as a URI, where %20 is a space, so a path with a % in it created
+// one file and kept the ledger in another.
+func TestSQLitePathIsTheFile(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "q%20data")
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, "ledger%41.db")
+	l, err := OpenSQLite(t.Context(), path, SQLiteOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Migrate(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	l.Close()
+	if fi, err := os.Stat(path); err != nil || fi.Size() == 0 {
+		t.Errorf("the ledger at %s: %v, %v bytes; want the migrated database there", path, err, fi)
+	}
+	if entries, _ := os.ReadDir(filepath.Dir(dir)); len(entries) != 1 {
+		t.Errorf("files beside the data dir: %v; want none (the ledger went elsewhere)", entries)
+	}
+	for _, name := range []string{"ledgerA.db", "ledger%41.db-journal"} {
+		if _, err := os.Stat(filepath.Join(dir, name)); err == nil {
+			t.Errorf("%s exists: the ledger was written under a decoded name", name)
+		}
+	}
+}
+
+// A directory, or a sqlite:// URL (a host, or a relative path by another
+// convention), is never a ledger: refused as invalid, not waited for.
+func TestSQLiteLedgerThatCanNeverOpen(t *testing.T) {
+	_, err := OpenSQLite(t.Context(), t.TempDir(), SQLiteOptions{})
+	if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "is a directory") {
+		t.Errorf("open a directory: %v; want ErrInvalid saying it is a directory", err)
+	}
+	for _, ledger := range []string{"sqlite://tmp/ledger.db", "sqlite:///tmp/ledger.db"} {
+		if err := CheckLedger(ledger); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "sqlite:/path/to/ledger.db, with one slash") {
+			t.Errorf("CheckLedger(%q) = %v; want ErrInvalid naming the one-slash form", ledger, err)
+		}
+	}
+}
+
 // A new SQLite ledger, and its -wal file, are readable by their owner only:
 // they hold the API keys' hashes and every account's usage. An existing
 // file keeps its mode.

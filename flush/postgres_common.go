@@ -78,10 +78,8 @@ func CheckLedger(ledger string) error {
 		_, err := parsePGConfig(ledger)
 		return err
 	case strings.HasPrefix(ledger, "sqlite:"), strings.HasSuffix(ledger, ".db"):
-		if path, _ := SQLitePath(ledger); checkSQLitePath(path) != nil {
-			return fmt.Errorf("%w: SQLite ledger %q: want sqlite:/path/to/ledger.db, a file path without ? or #", ErrInvalid, ledger)
-		}
-		return nil
+		path, _ := SQLitePath(ledger)
+		return checkSQLitePath(path)
 	}
 	return fmt.Errorf("%w: ledger %q is neither form this quotad accepts: postgres://USER:PASSWORD@HOST:PORT/DB (or postgresql://...) for Postgres, "+
 		"or sqlite:/path/to/file.db (or a path ending in .db) for SQLite", ErrInvalid, redactDSN(ledger))

@@ -28,6 +28,7 @@ import (
 	"io/fs"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"time"
@@ -66,13 +67,23 @@ type SQLite struct {
 var _ Ledger = (*SQLite)(nil)
 
 // checkSQLitePath refuses a path OpenSQLite cannot use as a file name in
-// the driver's URI (empty, or holding ? or #).
+// the driver's URI: empty, holding ? or # (they end a URI's path), or
+// starting with // (sqlite://x/ledger.db: a URL naming host x, or by
+// another convention the relative path x/ledger.db; either way not what
+// it looks like).
 func checkSQLitePath(path string) error {
-	if path == "" || strings.ContainsAny(path, "?#") {
-		return fmt.Errorf("%w: SQLite ledger path %q: want a file path without ? or #, or :memory:", ErrInvalid, path)
+	switch {
+	case path == "" || strings.ContainsAny(path, "?#"):
+		return fmt.Errorf("%w: SQLite ledger path %q: want sqlite:/path/to/ledger.db, a file path without ? or #, or :memory:", ErrInvalid, path)
+	case strings.HasPrefix(path, "//"):
+		return fmt.Errorf("%w: SQLite ledger path %q: want sqlite:/path/to/ledger.db, with one slash after the colon (sqlite://... reads as a URL naming a host), or sqlite:relative/ledger.db", ErrInvalid, path)
 	}
 	return nil
 }
+
+// sqliteURIPath is path as the file part of the driver's file: URI, where
+// SQLite decodes %XX: a % stands for itself. (? and # are refused.)
+func sqliteURIPath(path string) string { return strings.ReplaceAll(path, "%", "%25") }
 
 // OpenSQLite opens (creating if needed) the ledger file at path, or a
 // private in-memory ledger for ":memory:". It does not migrate.
@@ -89,11 +100,14 @@ func OpenSQLite(ctx context.Context, path string, opts SQLiteOptions) (*SQLite, 
 		busy = 10 * time.Second
 	}
 	params := fmt.Sprintf("_pragma=busy_timeout(%d)&_pragma=foreign_keys(1)&_pragma=synchronous(FULL)&_txlock=immediate", busy.Milliseconds())
-	dsn := "file:" + path + "?" + params + "&_pragma=journal_mode(WAL)"
+	dsn := "file:" + sqliteURIPath(path) + "?" + params + "&_pragma=journal_mode(WAL)"
 	if path == ":memory:" {
 		dsn = "file::memory:?" + params
 	}
 	if path != ":memory:" {
+		if fi, err := os.Stat(path); err == nil && fi.IsDir() {
+			return nil, fmt.Errorf("%w: the SQLite ledger path %s is a directory: --ledger names the ledger's file (sqlite:%s)", ErrInvalid, path, filepath.Join(path, "ledger.db"))
+		}
 		// A new ledger is created readable by this user only: it holds
 		// the API keys' hashes, the plans and every account's usage.
 		// SQLite gives its -wal and -shm files the database's mode.

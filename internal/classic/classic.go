@@ -17,6 +17,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 
 	_ "modernc.org/sqlite" // the pure-Go SQLite driver
@@ -30,7 +31,8 @@ type Store struct {
 
 // Open opens path (":memory:" for memory) and creates the tables.
 func Open(path string) (*Store, error) {
-	dsn := "file:" + path + "?_pragma=journal_mode(WAL)&_pragma=synchronous(FULL)&_pragma=busy_timeout(10000)"
+	// SQLite decodes %XX in a file: URI's path: a % stands for itself.
+	dsn := "file:" + strings.ReplaceAll(path, "%", "%25") + "?_pragma=journal_mode(WAL)&_pragma=synchronous(FULL)&_pragma=busy_timeout(10000)"
 	if path == ":memory:" {
 		dsn = "file::memory:"
 	}
