@@ -12,8 +12,10 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"slices"
 	"strings"
 	"time"
+	"unicode"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
@@ -137,8 +139,10 @@ func (f *serveFlags) config(logger *slog.Logger) (node.Config, error) {
 	if err := checkJoinedSQLite(f.ledger, f.join); err != nil {
 		return node.Config{}, err
 	}
-	if f.nodeID == "" || strings.ContainsAny(f.nodeID, " \t\n/") {
-		return node.Config{}, fmt.Errorf("--node-id %q: want a non-empty id without spaces or slashes", f.nodeID)
+	if f.nodeID == "" || strings.ContainsAny(f.nodeID, "/,") || strings.ContainsFunc(f.nodeID, func(r rune) bool { return unicode.IsSpace(r) || unicode.IsControl(r) }) {
+		// NB: commas separate ids in --lost-node lists, and a control
+		// character would forge lines in logs and the chaos report.
+		return node.Config{}, fmt.Errorf("--node-id %q: want a non-empty id without spaces, commas, slashes or control characters, such as q1 or the pod's name", f.nodeID)
 	}
 	for _, a := range []struct{ flag, v, example string }{{"rpc-addr", f.rpcAddr, ":7400"}, {"http-addr", f.httpAddr, ":8080"},
 		{"admin-addr", f.adminAddr, ":9090"}, {"gossip-addr", f.gossipAddr, ":7946"}} {
@@ -381,6 +385,16 @@ func (ff *frontFlags) check() error {
 	if ff.maxBodyBytes == 0 || ff.maxBodyBytes < -1 {
 		return fmt.Errorf("--max-body-bytes %d: want a positive size, or -1 for no limit", ff.maxBodyBytes)
 	}
+	switch none := slices.IndexFunc(ff.upgrades, func(p string) bool { return strings.EqualFold(p, "none") }); {
+	case len(ff.upgrades) == 0:
+		return errors.New(`--upgrades is empty: give the protocols to allow, such as websocket, or "none" to allow no protocol switch`)
+	case none >= 0 && len(ff.upgrades) > 1:
+		return fmt.Errorf(`--upgrades %q: "none" allows no protocol switch and stands alone; drop it, or the protocols`, strings.Join(ff.upgrades, ","))
+	case none < 0:
+		if err := (router.FrontOptions{Upgrades: ff.upgrades}).Check(); err != nil {
+			return fmt.Errorf("--upgrades: %w", err)
+		}
+	}
 	return nil
 }
 
@@ -411,9 +425,6 @@ func (ff *frontFlags) build(upstream string) (func(*node.Node) (http.Handler, er
 			o.Upgrades = ff.upgrades
 		}
 		return o
-	}
-	if len(ff.upgrades) == 0 {
-		return nil, errors.New(`--upgrades is empty: give the protocols to allow, such as websocket, or "none" to allow no protocol switch`)
 	}
 	if err := opts(router.FrontOptions{}).Check(); err != nil {
 		return nil, err
