@@ -254,33 +254,34 @@ func TestServeFrontAndAlertFlags(t *testing.T) {
 		args []string
 		want string
 	}{
-		"bill-on":            {[]string{"--bill-on", "never"}, `--bill-on "never": want success, 2xx or always`},
-		"quota-status":       {[]string{"--quota-status", "500"}, "--quota-status 500: want 429, 402 or 403"},
-		"max-body-bytes":     {[]string{"--max-body-bytes", "-5"}, "--max-body-bytes -5: want a positive size, or -1 for no limit"},
-		"upstream-timeout":   {[]string{"--upstream-timeout", "0"}, "--upstream-timeout 0s: want a positive duration"},
-		"body-idle-timeout":  {[]string{"--body-idle-timeout", "0"}, "--body-idle-timeout 0: want a duration such as 60s"},
-		"body-timeout":       {[]string{"--body-timeout", "-1s"}, "--body-timeout -1s: want a duration such as 10m, or 0 for no bound"},
-		"usage-path":         {[]string{"--usage-path", "nope"}, `--usage-path "nope": want a path starting with /`},
-		"alert-thresholds":   {[]string{"--alert-thresholds", "0,150"}, "--alert-thresholds: 0 is not a percentage from 1 to 100"},
-		"max-clock-offset":   {[]string{"--max-clock-offset", "100ms"}, "--max-clock-offset 100ms: want at least 250ms"},
-		"dedup-max-ids":      {[]string{"--dedup-max-ids", "10"}, "--dedup-max-ids 10: want 1000 to 10000000 Idempotency-Keys remembered per account"},
-		"dedup-max-replays":  {[]string{"--dedup-max-replays", "-1"}, "--dedup-max-replays -1: want 0 to 1000000 served retries of one Idempotency-Key, 0 for no bound (default 10)"},
-		"test-clock-offset":  {[]string{"--test-clock-offset", "1h"}, "--test-clock-offset is a chaos test's fault: it needs --test-faults"},
-		"node-id comma":      {[]string{"--node-id", "q1,q2"}, `--node-id "q1,q2": want a non-empty id without spaces, commas, slashes or control characters`},
-		"node-id control":    {[]string{"--node-id", "q1\x1b[31m"}, `--node-id "q1\x1b[31m"`},
-		"upgrades none and":  {[]string{"--upgrades", "none,websocket"}, `--upgrades "none,websocket": "none" allows no protocol switch and stands alone`},
-		"upgrades h2c":       {[]string{"--upgrades", "websocket,h2c"}, "--upgrades: router: upgrade h2c cannot be allowed"},
-		"upgrades empty":     {[]string{"--upgrades", ""}, "--upgrades is empty"},
-		"settle-interval":    {[]string{"--settle-interval", "1ns"}, "--settle-interval 1ns: want at least 10ms"},
-		"snapshot-interval":  {[]string{"--snapshot-interval", "10ms"}, "--snapshot-interval 10ms: want at least 100ms"},
-		"ledger-timeout":     {[]string{"--ledger-timeout", "1ms"}, "--ledger-timeout 1ms: want at least 100ms"},
-		"settle-timeout":     {[]string{"--settle-timeout", "1ns"}, "--settle-timeout 1ns: want at least 100ms"},
-		"drain-timeout":      {[]string{"--drain-timeout", "0"}, "--drain-timeout 0s: want a positive duration"},
-		"reconcile-interval": {[]string{"--reconcile-interval", "1s"}, "--reconcile-interval 1s: want at least 1m0s"},
-		"upstream port":      {[]string{"--upstream", "http://127.0.0.1:99999"}, `--upstream http://127.0.0.1:99999: port "99999" is not a number from 1 to 65535`},
-		"upstream host":      {[]string{"--upstream", "http://:8081"}, "--upstream http://:8081: the URL names no host"},
-		"upstream fragment":  {[]string{"--upstream", "http://127.0.0.1:8081/api#v1"}, "a #fragment is never sent"},
-		"upstream user":      {[]string{"--upstream", "http://u:secret@127.0.0.1:8081"}, "--upstream http://u:xxxxx@127.0.0.1:8081: the proxy does not send a user and password"},
+		"bill-on":              {[]string{"--bill-on", "never"}, `--bill-on "never": want success, 2xx or always`},
+		"quota-status":         {[]string{"--quota-status", "500"}, "--quota-status 500: want 429, 402 or 403"},
+		"max-body-bytes":       {[]string{"--max-body-bytes", "-5"}, "--max-body-bytes -5: want a positive size, or -1 for no limit"},
+		"upstream-timeout":     {[]string{"--upstream-timeout", "0"}, "--upstream-timeout 0s: want a positive duration"},
+		"body-idle-timeout":    {[]string{"--body-idle-timeout", "0"}, "--body-idle-timeout 0: want a duration such as 60s"},
+		"body-timeout":         {[]string{"--body-timeout", "-1s"}, "--body-timeout -1s: want a duration such as 10m, or 0 for no bound"},
+		"usage-path":           {[]string{"--usage-path", "nope"}, `--usage-path "nope": want a path starting with /`},
+		"alert-thresholds":     {[]string{"--alert-thresholds", "0,150"}, "--alert-thresholds: 0 is not a percentage from 1 to 100"},
+		"max-clock-offset":     {[]string{"--max-clock-offset", "100ms"}, "--max-clock-offset 100ms: want at least 250ms"},
+		"dedup-max-ids":        {[]string{"--dedup-max-ids", "10"}, "--dedup-max-ids 10: want 1000 to 10000000 Idempotency-Keys remembered per account"},
+		"dedup-max-replays":    {[]string{"--dedup-max-replays", "-1"}, "--dedup-max-replays -1: want 0 to 1000000 served retries of one Idempotency-Key, 0 for no bound (default 10)"},
+		"test-clock-offset":    {[]string{"--test-clock-offset", "1h"}, "--test-clock-offset is a chaos test's fault: it needs --test-faults"},
+		"events off reconcile": {[]string{"--events=false", "--reconcile-interval", "15m"}, "--reconcile-interval 15m0s with --events=false: reconcile checks the ledger's counters against its event log"},
+		"node-id comma":        {[]string{"--node-id", "q1,q2"}, `--node-id "q1,q2": want a non-empty id without spaces, commas, slashes or control characters`},
+		"node-id control":      {[]string{"--node-id", "q1\x1b[31m"}, `--node-id "q1\x1b[31m"`},
+		"upgrades none and":    {[]string{"--upgrades", "none,websocket"}, `--upgrades "none,websocket": "none" allows no protocol switch and stands alone`},
+		"upgrades h2c":         {[]string{"--upgrades", "websocket,h2c"}, "--upgrades: router: upgrade h2c cannot be allowed"},
+		"upgrades empty":       {[]string{"--upgrades", ""}, "--upgrades is empty"},
+		"settle-interval":      {[]string{"--settle-interval", "1ns"}, "--settle-interval 1ns: want at least 10ms"},
+		"snapshot-interval":    {[]string{"--snapshot-interval", "10ms"}, "--snapshot-interval 10ms: want at least 100ms"},
+		"ledger-timeout":       {[]string{"--ledger-timeout", "1ms"}, "--ledger-timeout 1ms: want at least 100ms"},
+		"settle-timeout":       {[]string{"--settle-timeout", "1ns"}, "--settle-timeout 1ns: want at least 100ms"},
+		"drain-timeout":        {[]string{"--drain-timeout", "0"}, "--drain-timeout 0s: want a positive duration"},
+		"reconcile-interval":   {[]string{"--reconcile-interval", "1s"}, "--reconcile-interval 1s: want at least 1m0s"},
+		"upstream port":        {[]string{"--upstream", "http://127.0.0.1:99999"}, `--upstream http://127.0.0.1:99999: port "99999" is not a number from 1 to 65535`},
+		"upstream host":        {[]string{"--upstream", "http://:8081"}, "--upstream http://:8081: the URL names no host"},
+		"upstream fragment":    {[]string{"--upstream", "http://127.0.0.1:8081/api#v1"}, "a #fragment is never sent"},
+		"upstream user":        {[]string{"--upstream", "http://u:secret@127.0.0.1:8081"}, "--upstream http://u:xxxxx@127.0.0.1:8081: the proxy does not send a user and password"},
 	}
 	for name, tc := range cases {
 		for _, upstream := range [][]string{nil, {"--upstream", "http://127.0.0.1:1"}} {
@@ -295,6 +296,24 @@ func TestServeFrontAndAlertFlags(t *testing.T) {
 				t.Errorf("%s %v: %v, want an error saying %q", name, upstream, err, tc.want)
 			}
 		}
+	}
+}
+
+// --events=false keeps no event log, so the periodic reconcile, which
+// checks the counters against it, is off unless asked for (refused above).
+func TestServeEventsOffTurnsReconcileOff(t *testing.T) {
+	dir := t.TempDir()
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	var stderr bytes.Buffer
+	root := newRootCmd()
+	root.SetArgs([]string{"serve", "--data-dir", filepath.Join(dir, "n1"), "--ledger", "sqlite:" + filepath.Join(dir, "ledger.db"), "--events=false",
+		"--rpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0", "--gossip-addr", "127.0.0.1:0"})
+	root.SetOut(io.Discard)
+	root.SetErr(&stderr)
+	root.ExecuteContext(ctx) // NB: stops at once; the config was made first
+	if !strings.Contains(stderr.String(), "periodic reconcile is off: --events=false keeps no event log") {
+		t.Fatalf("serve --events=false said:\n%s\nwant the periodic reconcile turned off, saying why", stderr.String())
 	}
 }
 

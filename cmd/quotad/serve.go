@@ -35,6 +35,7 @@ type serveFlags struct {
 	rpcTLS                                   router.TLSFiles
 	advertiseHost                            string
 	reconcileInterval                        time.Duration
+	reconcileSet                             bool // --reconcile-interval given (flag or QUOTAD_RECONCILE_INTERVAL)
 	dedupMaxIDs, dedupMaxReplays             int
 	maxClockOffset                           time.Duration
 	ringPreset                               string
@@ -71,7 +72,10 @@ if the final settle fails, it exits 1 and the records stay in the data dir
 for the next start.`,
 		Example: `  quotad serve --node-id q1 --data-dir /var/lib/quotad --ledger postgres://quotad@db/quotaring \
       --join quotad-gossip.default.svc.cluster.local`,
-		RunE: func(cmd *cobra.Command, _ []string) error { return runServe(cmd.Context(), cmd.ErrOrStderr(), f) },
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			f.reconcileSet = cmd.Flags().Changed("reconcile-interval")
+			return runServe(cmd.Context(), cmd.ErrOrStderr(), f)
+		},
 	}
 	host, _ := os.Hostname()
 	fl := cmd.Flags()
@@ -186,6 +190,17 @@ func (f *serveFlags) config(logger *slog.Logger) (node.Config, error) {
 	if f.reconcileInterval < 0 || f.reconcileInterval > 0 && f.reconcileInterval < minReconcileInterval {
 		return node.Config{}, fmt.Errorf("--reconcile-interval %s: want at least %s (each run reads the month's whole event log), such as 15m, or 0 to turn it off", f.reconcileInterval, minReconcileInterval)
 	}
+	reconcile := f.reconcileInterval
+	if !f.events && reconcile > 0 {
+		// Reconcile checks the counters against the event log, which
+		// --events=false does not keep: every run would report every
+		// counter as a difference (an ERROR and a firing alert).
+		if f.reconcileSet {
+			return node.Config{}, fmt.Errorf("--reconcile-interval %s with --events=false: reconcile checks the ledger's counters against its event log, which --events=false does not keep; leave --reconcile-interval at 0", reconcile)
+		}
+		reconcile = 0
+		logger.Info("periodic reconcile is off: --events=false keeps no event log to check the counters against")
+	}
 	gossipKeys, err := parseGossipKeys(f.gossipKey)
 	if err != nil {
 		return node.Config{}, err
@@ -207,7 +222,7 @@ func (f *serveFlags) config(logger *slog.Logger) (node.Config, error) {
 	}
 	return node.Config{HTTPTLS: f.httpTLS, AdminTLS: f.adminTLS, ID: f.nodeID, DataDir: f.dataDir, Ledger: f.ledger,
 		RPCAddr: f.rpcAddr, HTTPAddr: f.httpAddr, AdminAddr: f.adminAddr, GossipAddr: f.gossipAddr,
-		Join: f.join, GossipKeys: gossipKeys, RPCTokens: rpcTokens, RPCTLS: f.rpcTLS, AdvertiseHost: f.advertiseHost, ReconcileInterval: reconcileInterval(f.reconcileInterval), RingPreset: f.ringPreset, SettleInterval: f.settleInterval, SnapshotInterval: f.snapshotInterval,
+		Join: f.join, GossipKeys: gossipKeys, RPCTokens: rpcTokens, RPCTLS: f.rpcTLS, AdvertiseHost: f.advertiseHost, ReconcileInterval: reconcileInterval(reconcile), RingPreset: f.ringPreset, SettleInterval: f.settleInterval, SnapshotInterval: f.snapshotInterval,
 		NoSync: !f.walSync, EventsOff: !f.events, DrainTimeout: f.drainTimeout, SettleTimeout: f.settleTimeout, LedgerTimeout: f.ledgerTimeout,
 		MaxClockOffset: f.maxClockOffset, DedupMaxIDs: f.dedupMaxIDs, DedupMaxReplays: dedupMaxReplays(f.dedupMaxReplays), TestFaults: f.testFaults, TestClockOffset: f.testClockOffset, Logger: logger}, nil
 }
