@@ -42,8 +42,9 @@ type Config struct {
 	Ledger string
 	// Listen addresses, host:port (port 0: any free port).
 	RPCAddr, HTTPAddr, AdminAddr, GossipAddr string
-	// AdvertiseHost is the host or IP other nodes reach this one at, for
+	// AdvertiseHost is the IP address other nodes reach this one at, for
 	// listeners on every address (":7400"); empty: the first private IPv4.
+	// An IP, since gossip (memberlist) advertises one.
 	AdvertiseHost string
 	// Join lists seeds (host:port or DNS names); empty for the first node.
 	Join []string

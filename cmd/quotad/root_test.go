@@ -266,6 +266,7 @@ func TestServeFrontAndAlertFlags(t *testing.T) {
 		"dedup-max-ids":        {[]string{"--dedup-max-ids", "10"}, "--dedup-max-ids 10: want 1000 to 10000000 Idempotency-Keys remembered per account"},
 		"dedup-max-replays":    {[]string{"--dedup-max-replays", "-1"}, "--dedup-max-replays -1: want 0 to 1000000 served retries of one Idempotency-Key, 0 for no bound (default 10)"},
 		"test-clock-offset":    {[]string{"--test-clock-offset", "1h"}, "--test-clock-offset is a chaos test's fault: it needs --test-faults"},
+		"advertise-host":       {[]string{"--advertise-host", "quotad-0.quotad"}, `--advertise-host "quotad-0.quotad": want this node's IP address`},
 		"events off reconcile": {[]string{"--events=false", "--reconcile-interval", "15m"}, "--reconcile-interval 15m0s with --events=false: reconcile checks the ledger's counters against its event log"},
 		"node-id comma":        {[]string{"--node-id", "q1,q2"}, `--node-id "q1,q2": want a non-empty id without spaces, commas, slashes or control characters`},
 		"node-id control":      {[]string{"--node-id", "q1\x1b[31m"}, `--node-id "q1\x1b[31m"`},

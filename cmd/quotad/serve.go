@@ -86,7 +86,7 @@ for the next start.`,
 	fl.StringVar(&f.httpAddr, "http-addr", ":8080", "public HTTP address (the proxy)")
 	fl.StringVar(&f.adminAddr, "admin-addr", ":9090", "admin address: /healthz, /readyz, /metrics, /status, /debug/pprof (with --admin-token when set), and the admin API (/admin/v1/, with --admin-token)")
 	fl.StringVar(&f.gossipAddr, "gossip-addr", ":7946", "gossip (memberlist) address, TCP and UDP")
-	fl.StringVar(&f.advertiseHost, "advertise-host", "", "the host or IP other nodes reach this one at, when the addresses listen on all interfaces (\":7400\"); default: the first private IPv4 address")
+	fl.StringVar(&f.advertiseHost, "advertise-host", "", "the IP address other nodes reach this one at, when the addresses listen on all interfaces (\":7400\"): gossip advertises an IP, not a name (in Kubernetes, the pod's IP from the downward API); default: the first private IPv4 address")
 	fl.StringSliceVar(&f.join, "join", nil, "the other nodes' gossip addresses (--gossip-addr): a host:port list, or a DNS name with many A records (a headless Service). Leave it empty for the first start of a new cluster's first node (on SQLite it creates the ledger then); from then on give every node, the first included, the others' addresses, so that it finds the cluster again after a restart")
 	fl.StringVar(&f.gossipKey, "gossip-key", "", "encrypt and authenticate gossip with this key: base64 of 16, 24 or 32 random bytes (openssl rand -base64 32), the same on every node; empty gossips in plaintext, so keep the gossip port private. KEY,OLD,... while rotating: the first sends, all are accepted. Prefer QUOTAD_GOSSIP_KEY or QUOTAD_GOSSIP_KEY_FILE (a file holding it), which ps does not show")
 	fl.StringVar(&f.rpcToken, "rpc-token", "", "a shared secret every call to the internal RPC port must carry (nodes forwarding, embedded clients: router.DialOptions.Token, quotad bench cluster --rpc-token): the same on every node, at least 16 characters (openssl rand -hex 32); empty leaves the RPC port open to whoever reaches it. TOKEN,OLD,... while rotating: the first is sent, all are accepted. Prefer QUOTAD_RPC_TOKEN or QUOTAD_RPC_TOKEN_FILE (a file holding it), which ps does not show")
@@ -153,6 +153,9 @@ func (f *serveFlags) config(logger *slog.Logger) (node.Config, error) {
 		if err := checkListenAddr(a.flag, a.v, a.example); err != nil {
 			return node.Config{}, err
 		}
+	}
+	if f.advertiseHost != "" && net.ParseIP(f.advertiseHost) == nil {
+		return node.Config{}, fmt.Errorf("--advertise-host %q: want this node's IP address, such as 10.0.3.7: gossip advertises an IP, not a host name (in Kubernetes, the pod's IP: status.podIP through the downward API)", f.advertiseHost)
 	}
 	if f.ringPreset != ring.PresetLAN && f.ringPreset != ring.PresetLocal {
 		return node.Config{}, fmt.Errorf("--ring-preset %q: want lan or local", f.ringPreset)
