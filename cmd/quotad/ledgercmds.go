@@ -113,7 +113,8 @@ Exits 0 when everything agrees, 3 when a difference is found, 1 on errors.`,
 		},
 	}
 	ledgerFlag(cmd, &dsn)
-	cmd.Flags().StringSliceVar(&dataDirs, "data-dir", nil, "data dirs of stopped nodes whose unsettled records to list")
+	cmd.Flags().StringSliceVar(&dataDirs, "data-dir", nil, "data dirs of stopped nodes whose unsettled records to list (not read from QUOTAD_DATA_DIR, the running node's own)")
+	markNoEnv(cmd, "data-dir", "lists stopped nodes' dirs and is not read from the environment, where QUOTAD_DATA_DIR is a running node's own dir; give them on the command line")
 	cmd.Flags().BoolVar(&all, "all", false, "print every row, not only differences")
 	return cmd
 }
@@ -371,7 +372,7 @@ node id the ledger has never seen is refused too.`,
 	cmd.Flags().StringVar(&nodeID, "node", "", "the lost node's id (required)")
 	cmd.Flags().BoolVar(&dryRun, "dry-run", false, "only list what would be freed")
 	cmd.Flags().BoolVar(&force, "force", false, "revoke even though the node was heard from in the last 2 minutes (only when you know it is stopped)")
-	markNoEnv(cmd, "force")
+	markNoEnv(cmd, "force", safetyOverride)
 	return cmd
 }
 

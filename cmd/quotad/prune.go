@@ -82,7 +82,7 @@ nothing.`,
 	cmd.Flags().IntVar(&keep, "keep-months", 0, "whole months to keep before the current one (by the ledger's clock), 1 or more: the month that many back is --before (this or --before)")
 	cmd.Flags().BoolVar(&dryRun, "dry-run", false, "check and count the events of each month that would go; change nothing")
 	cmd.Flags().StringSliceVar(&lost, "lost-node", nil, "a node gone for good (revoked) whose last heartbeat would otherwise hold its months back; repeat or comma-separate")
-	markNoEnv(cmd, "lost-node")
+	markNoEnv(cmd, "lost-node", safetyOverride)
 	return cmd
 }
 

@@ -154,7 +154,20 @@ func TestSafetyOverridesHaveNoEnvTwin(t *testing.T) {
 			t.Errorf("stderr:\n%s\nwant %q", stderr, want)
 		}
 	}
+	// reconcile's --data-dir lists stopped nodes' dirs: the running node's
+	// own QUOTAD_DATA_DIR (a pod's environment) is not one of them.
+	t.Setenv("QUOTAD_DATA_DIR", t.TempDir())
 	root := newRootCmd()
+	reconcile, _, err := root.Find([]string{"reconcile"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := bindEnv(reconcile.Flags()); err != nil {
+		t.Fatal(err)
+	}
+	if v := reconcile.Flags().Lookup("data-dir").Value.String(); v != "[]" {
+		t.Errorf("reconcile --data-dir from QUOTAD_DATA_DIR: %s", v)
+	}
 	prune, _, err := root.Find([]string{"prune"})
 	if err != nil {
 		t.Fatal(err)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"unicode"
@@ -107,8 +108,11 @@ func explainEnv(fs *pflag.FlagSet, err error) error {
 		if len(env) == 0 {
 			return
 		}
-		v := f.Value.String()
-		if mentionsFlag(msg, f.Name) || (v != "" && strings.Contains(msg, strconv.Quote(v))) {
+		vs := []string{f.Value.String()}
+		if sv, ok := f.Value.(pflag.SliceValue); ok {
+			vs = sv.GetSlice() // a list's error quotes the entry, not "[a,b]"
+		}
+		if mentionsFlag(msg, f.Name) || slices.ContainsFunc(vs, func(v string) bool { return v != "" && strings.Contains(msg, strconv.Quote(v)) }) {
 			from = append(from, fmt.Sprintf("--%s came from the environment variable %s", f.Name, env[0]))
 		}
 	})
@@ -209,7 +213,7 @@ func warnUnknownEnv(w io.Writer, root *cobra.Command, environ []string) {
 				switch {
 				case f.Name == "help":
 				case f.Annotations[noEnv] != nil:
-					notRead[envName(f.Name)] = fmt.Sprintf("%s's --%s overrides a safety check and has no environment twin; give it on the command line", c.CommandPath(), f.Name)
+					notRead[envName(f.Name)] = fmt.Sprintf("%s's --%s %s", c.CommandPath(), f.Name, f.Annotations[noEnv][0])
 				case !admin:
 					known[envName(f.Name)] = true
 					if secretFlags[f.Name] {
@@ -276,18 +280,24 @@ func bindEnv(fs *pflag.FlagSet) error {
 	return errors.Join(errs...)
 }
 
-// noEnv annotates a flag that has no environment twin because it
-// overrides a safety check (revoke --force, prune --lost-node): a variable
-// left set in a shell or a job's environment would override it on every
-// run, unseen. Its QUOTAD_<FLAG> gets a warning instead.
+// noEnv annotates a flag that has no environment twin: one that overrides
+// a safety check (revoke --force, prune --lost-node), where a variable left
+// set in a shell or a job's environment would override it on every run,
+// unseen; or one whose twin means something else (reconcile --data-dir
+// lists stopped nodes' dirs, QUOTAD_DATA_DIR is the running node's own).
+// Its QUOTAD_<FLAG>, unless another command reads it, gets a warning.
 const noEnv = "quotaring/no-env"
 
-// markNoEnv keeps flag out of bindEnv, saying why in the warning.
-func markNoEnv(cmd *cobra.Command, flag string) {
-	if err := cmd.Flags().SetAnnotation(flag, noEnv, []string{"true"}); err != nil {
+// markNoEnv keeps flag out of bindEnv; why ends the warning's sentence
+// "QUOTAD_X is not read: <command>'s --flag ...".
+func markNoEnv(cmd *cobra.Command, flag, why string) {
+	if err := cmd.Flags().SetAnnotation(flag, noEnv, []string{why}); err != nil {
 		panic(err) // a programming error: no such flag
 	}
 }
+
+// safetyOverride is markNoEnv's why for a flag that overrides a check.
+const safetyOverride = "overrides a safety check and has no environment twin; give it on the command line"
 
 // secretFlags are the flags whose values are secrets. Each also reads
 // QUOTAD_<FLAG>_FILE: the path of a file that holds the value (a mounted

@@ -218,6 +218,10 @@ func TestExplainEnv(t *testing.T) {
 	fs.String("admin-token", "", "")
 	fs.String("rpc-tls", "", "")
 	fs.String("typed", "", "")
+	fs.StringSlice("join", nil, "")
+	if err := setFromEnv(fs, "join", "QUOTAD_JOIN", "q1:7946,q2:x"); err != nil {
+		t.Fatal(err)
+	}
 	if err := setFromEnv(fs, "admin-addr", "QUOTAD_ADMIN_ADDR", "a:b:c"); err != nil {
 		t.Fatal(err)
 	}
@@ -230,6 +234,7 @@ func TestExplainEnv(t *testing.T) {
 		`--admin-addr is bad`:                          `--admin-addr is bad (--admin-addr came from the environment variable QUOTAD_ADMIN_ADDR)`,
 		`--rpc-tls-cert is missing`:                    `--rpc-tls-cert is missing`, // another flag
 		`--typed "y" and --admin-token are bad`:        `--typed "y" and --admin-token are bad`,
+		`ring: seed "q2:x": bad port`:                  `ring: seed "q2:x": bad port (--join came from the environment variable QUOTAD_JOIN)`, // a list's entry
 	} {
 		if got := explainEnv(fs, errors.New(in)).Error(); got != want {
 			t.Errorf("explainEnv(%q) = %q, want %q", in, got, want)
