@@ -278,6 +278,7 @@ func TestServeFrontAndAlertFlags(t *testing.T) {
 		"upgrades none and":    {[]string{"--upgrades", "none,websocket"}, `--upgrades "none,websocket": "none" allows no protocol switch and stands alone`},
 		"upgrades h2c":         {[]string{"--upgrades", "websocket,h2c"}, "--upgrades: router: upgrade h2c cannot be allowed"},
 		"upgrades empty":       {[]string{"--upgrades", ""}, "--upgrades is empty"},
+		"http-tls half":        {[]string{"--http-tls-cert", "cert.pem"}, "HTTPS needs --http-tls-cert and --http-tls-key together; --http-tls-key is missing"},
 		"settle-interval":      {[]string{"--settle-interval", "1ns"}, "--settle-interval 1ns: want at least 10ms"},
 		"snapshot-interval":    {[]string{"--snapshot-interval", "10ms"}, "--snapshot-interval 10ms: want at least 100ms"},
 		"ledger-timeout":       {[]string{"--ledger-timeout", "1ms"}, "--ledger-timeout 1ms: want at least 100ms"},
@@ -320,6 +321,23 @@ func TestServeEventsOffTurnsReconcileOff(t *testing.T) {
 	root.ExecuteContext(ctx) // NB: stops at once; the config was made first
 	if !strings.Contains(stderr.String(), "periodic reconcile is off: --events=false keeps no event log") {
 		t.Fatalf("serve --events=false said:\n%s\nwant the periodic reconcile turned off, saying why", stderr.String())
+	}
+}
+
+// A --join list written with spaces after its commas (as lists often are,
+// in QUOTAD_JOIN above all) is read without them: " 127.0.0.1:7947" was
+// refused as a host that is no IP address or DNS name.
+func TestServeTrimsTheJoinList(t *testing.T) {
+	dir := t.TempDir()
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel() // NB: the node stops at once, after checking its ring's settings
+	root := newRootCmd()
+	root.SetArgs([]string{"serve", "--data-dir", filepath.Join(dir, "n1"), "--ledger", "sqlite:" + migratedSQLite(t), "--join", "127.0.0.1:7946, 127.0.0.1:7947",
+		"--rpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0", "--gossip-addr", "127.0.0.1:0"})
+	root.SetOut(io.Discard)
+	root.SetErr(io.Discard)
+	if err := root.ExecuteContext(ctx); err != nil && strings.Contains(err.Error(), "join address") {
+		t.Fatalf("--join with a space after its comma: %v", err)
 	}
 }
 

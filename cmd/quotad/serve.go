@@ -140,6 +140,9 @@ func (f *serveFlags) config(logger *slog.Logger) (node.Config, error) {
 	if f.ledger == "" {
 		return node.Config{}, errors.New("--ledger is required: postgres://USER:PASSWORD@HOST:PORT/DB or sqlite:/path/ledger.db (QUOTAD_LEDGER)")
 	}
+	for i, j := range f.join {
+		f.join[i] = strings.TrimSpace(j) // "q1:7946, q2:7946", as lists are often written
+	}
 	if err := checkJoinedSQLite(f.ledger, f.join); err != nil {
 		return node.Config{}, err
 	}
@@ -220,7 +223,11 @@ func (f *serveFlags) config(logger *slog.Logger) (node.Config, error) {
 		files router.CertFiles
 	}{{"--http-tls", f.httpTLS}, {"--admin-tls", f.adminTLS}} {
 		if c.files.Enabled() && (c.files.Cert == "" || c.files.Key == "") {
-			return node.Config{}, fmt.Errorf("HTTPS needs %s-cert and %s-key together; one is missing", c.flag, c.flag)
+			missing := c.flag + "-key"
+			if c.files.Cert == "" {
+				missing = c.flag + "-cert"
+			}
+			return node.Config{}, fmt.Errorf("HTTPS needs %s-cert and %s-key together; %s is missing", c.flag, c.flag, missing)
 		}
 	}
 	return node.Config{HTTPTLS: f.httpTLS, AdminTLS: f.adminTLS, ID: f.nodeID, DataDir: f.dataDir, Ledger: f.ledger,
