@@ -77,13 +77,22 @@ func parseInts(s, what string) ([]int, error) {
 	var out []int
 	for _, p := range strings.Split(s, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(p))
-		if err != nil || n <= 0 {
-			return nil, fmt.Errorf("--%s %q: want comma-separated positive numbers such as 1,64,512", what, s)
+		if err != nil || n <= 0 || n > maxBenchConcurrency {
+			return nil, fmt.Errorf("--%s %q: want comma-separated numbers from 1 to %d, such as 1,64,512", what, s, maxBenchConcurrency)
 		}
 		out = append(out, n)
 	}
 	return out, nil
 }
+
+// The bounds of the bench commands' sizes: past them a typo (an extra
+// zero or three) would start millions of goroutines, build a 4 MB call
+// gRPC refuses, or spend the run making account ids.
+const (
+	maxBenchConcurrency = 100_000
+	maxBenchBatch       = 10_000
+	maxBenchAccounts    = 10_000_000
+)
 
 var benchTargets = map[string]bool{"engine": true, "engine-nosync": true, "sqlite-memory": true, "sqlite-file": true}
 
@@ -92,8 +101,8 @@ func runBenchEngine(ctx context.Context, out, progress io.Writer, f benchEngineF
 	if err != nil {
 		return err
 	}
-	if f.accounts <= 0 {
-		return fmt.Errorf("--accounts %d: want at least 1", f.accounts)
+	if f.accounts <= 0 || f.accounts > maxBenchAccounts {
+		return fmt.Errorf("--accounts %d: want 1 to %d", f.accounts, maxBenchAccounts)
 	}
 	if f.duration <= 0 {
 		return fmt.Errorf("--duration %s: want a positive duration, such as 5s", f.duration)

@@ -96,8 +96,10 @@ func runBenchCluster(ctx context.Context, out, progress io.Writer, f benchCluste
 	switch {
 	case len(f.nodes) == 0:
 		return fmt.Errorf("--nodes is required: the RPC address of at least one node")
-	case f.accounts <= 0 || f.batch <= 0:
-		return fmt.Errorf("--accounts and --batch must be positive")
+	case f.accounts <= 0 || f.accounts > maxBenchAccounts:
+		return fmt.Errorf("--accounts %d: want 1 to %d", f.accounts, maxBenchAccounts)
+	case f.batch <= 0 || f.batch > maxBenchBatch:
+		return fmt.Errorf("--batch %d: want 1 to %d charges per call", f.batch, maxBenchBatch)
 	case f.duration <= 0:
 		return fmt.Errorf("--duration %s: want a positive duration, such as 10s", f.duration)
 	case f.spread != "uniform" && f.spread != "zipf":
@@ -200,10 +202,17 @@ func runBenchCluster(ctx context.Context, out, progress io.Writer, f benchCluste
 			}
 			return f.batch, benchCall(ctx, f.mode, first, owners, conns, reqs)
 		})
+		stopped := ""
 		if err != nil {
-			return err
+			if rep.Calls+rep.Errors == 0 {
+				return err
+			}
+			stopped = fmt.Sprintf("   (stopped after %s)", rep.Elapsed.Round(100*time.Millisecond))
 		}
-		fmt.Fprintf(out, "%6d %12.0f %12.0f %10s %10s %10s %8d\n", c, rep.OpsPerSec, rep.CallsPerSec, fmtDur(rep.P50), fmtDur(rep.P99), fmtDur(rep.P999), rep.Errors)
+		fmt.Fprintf(out, "%6d %12.0f %12.0f %10s %10s %10s %8d%s\n", c, rep.OpsPerSec, rep.CallsPerSec, fmtDur(rep.P50), fmtDur(rep.P99), fmtDur(rep.P999), rep.Errors, stopped)
+		if err != nil {
+			return err // Ctrl-C: the row so far is printed, the rest not run
+		}
 		if rep.Errors > 0 {
 			failed += rep.Errors
 			fmt.Fprintf(out, "       first error: %v\n", rep.FirstErr)

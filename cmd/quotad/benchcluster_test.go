@@ -6,6 +6,7 @@ import (
 	"io"
 	"strings"
 	"testing"
+	"time"
 )
 
 // quotad bench cluster on a cluster without its accounts says how to make
@@ -44,5 +45,39 @@ func TestBenchClusterFailsWhenCallsFail(t *testing.T) {
 	}
 	if rows != 1 {
 		t.Fatalf("want one row for concurrency 2 in:\n%s", out)
+	}
+}
+
+// Sizes past any sensible run are typos, refused before anything starts.
+func TestBenchBounds(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"bench", "cluster", "--nodes", "127.0.0.1:1", "--batch", "20000"}, "--batch 20000: want 1 to 10000 charges per call"},
+		{[]string{"bench", "cluster", "--nodes", "127.0.0.1:1", "--concurrency", "64,1000000"}, `--concurrency "64,1000000": want comma-separated numbers from 1 to 100000`},
+		{[]string{"bench", "cluster", "--nodes", "127.0.0.1:1", "--accounts", "100000000"}, "--accounts 100000000: want 1 to 10000000"},
+		{[]string{"bench", "engine", "--accounts", "0"}, "--accounts 0: want 1 to 10000000"},
+	} {
+		if _, err := runQuotad(t, tc.args...); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("quotad %s: %v, want %q", strings.Join(tc.args, " "), err, tc.want)
+		}
+	}
+}
+
+// Ctrl-C in the middle of a row prints what it measured so far, marked as
+// stopped, instead of dropping it.
+func TestBenchClusterStoppedPrintsItsRow(t *testing.T) {
+	n := startAdminTestNode(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second) // the Ctrl-C, after the 200 ms warm-up
+	defer cancel()
+	var stdout bytes.Buffer
+	root := newRootCmd()
+	root.SetArgs([]string{"bench", "cluster", "--nodes", n.RPCAddr(), "--accounts", "10", "--concurrency", "2,4", "--duration", "2s", "--warm=false"})
+	root.SetOut(&stdout)
+	root.SetErr(io.Discard)
+	err := root.ExecuteContext(ctx)
+	if err == nil || !strings.Contains(stdout.String(), "(stopped after") || strings.Contains(stdout.String(), "\n     4 ") {
+		t.Fatalf("bench cluster stopped during its first row: %v\n%s\nwant that row, marked as stopped, and no other", err, stdout.String())
 	}
 }
