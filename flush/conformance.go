@@ -2056,6 +2056,10 @@ func confAlertDelivery(t *testing.T, l Ledger) {
 	finish("delivered twice", a80, "c1", AlertDelivered, 1, "", false)
 	finish("given up under another's claim", a100, "c2", AlertGivenUp, 1, "x", false)
 	finish("a failed round", a100, "c3", AlertPending, 8, "webhook: 502 Bad Gateway", true)
+	// Its reply was lost, and the node records it again: the round's 8
+	// calls are counted once (checked at the takeover below).
+	finish("a failed round, recorded again", a100, "c3", AlertPending, 8, "webhook: 502 Bad Gateway", true)
+	finish("given up by a claim whose round ended", a100, "c3", AlertGivenUp, 1, "x", false)
 	finish("refused by the receiver", b80, "c4", AlertGivenUp, 1, "webhook answered 401", true)
 
 	// Takeovers: stale claims (any, with a lease of 1 ns), the oldest first.

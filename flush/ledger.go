@@ -157,6 +157,9 @@ type Ledger interface {
 	// AlertGivenUp (only while a.Claim holds it) or AlertPending (a round
 	// that failed: only the attempts and the error are recorded, and the
 	// alert waits for a takeover). attempts adds to the row's webhook calls.
+	// A pending round ends its claim (it becomes Claim + claimEnded), so
+	// that recording it again (its reply was lost) changes nothing and
+	// reports true, and the claim can no longer give the alert up.
 	// It reports false when the row was not pending under those terms.
 	FinishAlert(ctx context.Context, a AlertRecord, state AlertState, attempts int, lastErr string) (bool, error)
 	// TakeOverAlerts claims for claim up to limit pending alerts whose claim
@@ -577,6 +580,11 @@ func (q AlertQuery) args() (period, state string, limit int64) {
 	}
 	return period, string(q.State), limit
 }
+
+// claimEnded marks a claim whose round ended without delivery (FinishAlert
+// with AlertPending): the alert waits for a takeover. Claims are random
+// tokens without '#'.
+const claimEnded = "#ended"
 
 // checkAlertFinish checks what FinishAlert needs.
 func checkAlertFinish(a AlertRecord, state AlertState) error {

@@ -496,12 +496,13 @@ func (p *Postgres) FinishAlert(ctx context.Context, a AlertRecord, state AlertSt
 	if err := checkAlertFinish(a, state); err != nil {
 		return false, err
 	}
-	tag, err := p.pool.Exec(ctx, `UPDATE alerts SET state = $5, attempts = attempts + $6,
+	tag, err := p.pool.Exec(ctx, `UPDATE alerts SET state = $5, attempts = attempts + CASE WHEN claim = $8 THEN 0 ELSE $6 END,
 			last_error = CASE WHEN $7 = '' THEN last_error ELSE $7 END,
-			finished_at = CASE WHEN $5 = 'pending' THEN NULL ELSE now() END
+			finished_at = CASE WHEN $5 = 'pending' THEN NULL ELSE now() END,
+			claim = CASE WHEN $5 = 'pending' THEN $8 ELSE claim END
 		WHERE account_id = $1 AND period = $2 AND threshold = $3 AND state = 'pending'
-			AND (claim = $4 OR $5 = 'delivered')`,
-		a.Account, a.Period.String(), a.Threshold, a.Claim, string(state), attempts, lastErr)
+			AND (claim = $4 OR $5 = 'delivered' OR ($5 = 'pending' AND claim = $8))`,
+		a.Account, a.Period.String(), a.Threshold, a.Claim, string(state), attempts, lastErr, a.Claim+claimEnded)
 	if err != nil {
 		return false, p.fail("finish alert", err)
 	}

@@ -430,10 +430,14 @@ func (s *SQLite) FinishAlert(ctx context.Context, a AlertRecord, state AlertStat
 		if state != AlertPending {
 			finished = s.now().UnixNano()
 		}
-		r, err := tx.ExecContext(ctx, `UPDATE alerts SET state = ?, attempts = attempts + ?,
-				last_error = CASE WHEN ? = '' THEN last_error ELSE ? END, finished_at = ?
-			WHERE account_id = ? AND period = ? AND threshold = ? AND state = 'pending' AND (claim = ? OR ? = 'delivered')`,
-			string(state), attempts, lastErr, lastErr, finished, a.Account, a.Period.String(), a.Threshold, a.Claim, string(state))
+		ended := a.Claim + claimEnded
+		r, err := tx.ExecContext(ctx, `UPDATE alerts SET state = ?, attempts = attempts + CASE WHEN claim = ? THEN 0 ELSE ? END,
+				last_error = CASE WHEN ? = '' THEN last_error ELSE ? END, finished_at = ?,
+				claim = CASE WHEN ? = 'pending' THEN ? ELSE claim END
+			WHERE account_id = ? AND period = ? AND threshold = ? AND state = 'pending'
+				AND (claim = ? OR ? = 'delivered' OR (? = 'pending' AND claim = ?))`,
+			string(state), ended, attempts, lastErr, lastErr, finished, string(state), ended,
+			a.Account, a.Period.String(), a.Threshold, a.Claim, string(state), string(state), ended)
 		if err == nil {
 			n, err = r.RowsAffected()
 		}
