@@ -172,7 +172,7 @@ func (f *serveFlags) config(logger *slog.Logger) (node.Config, error) {
 		{"snapshot-interval", f.snapshotInterval, minSnapshotInterval, "each refresh reads plans, accounts, keys and weights from the ledger"},
 		{"ledger-timeout", f.ledgerTimeout, minLedgerTimeout, "a healthy ledger's answer would count as down"},
 		{"settle-timeout", f.settleTimeout, minLedgerTimeout, "handing reservations back needs a ledger round trip"},
-		{"drain-timeout", f.drainTimeout, time.Millisecond, ""},
+		{"drain-timeout", f.drainTimeout, time.Millisecond, "a shorter one cuts off every request still running"},
 	} {
 		switch {
 		case d.v <= 0:
