@@ -158,24 +158,16 @@ func TestSafetyOverridesHaveNoEnvTwin(t *testing.T) {
 	// own QUOTAD_DATA_DIR (a pod's environment) is not one of them.
 	t.Setenv("QUOTAD_DATA_DIR", t.TempDir())
 	root := newRootCmd()
-	reconcile, _, err := root.Find([]string{"reconcile"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := bindEnv(reconcile.Flags()); err != nil {
-		t.Fatal(err)
-	}
-	if v := reconcile.Flags().Lookup("data-dir").Value.String(); v != "[]" {
-		t.Errorf("reconcile --data-dir from QUOTAD_DATA_DIR: %s", v)
-	}
-	prune, _, err := root.Find([]string{"prune"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := bindEnv(prune.Flags()); err != nil {
-		t.Fatal(err)
-	}
-	if v := prune.Flags().Lookup("lost-node").Value.String(); v != "[]" {
-		t.Errorf("prune --lost-node from QUOTAD_LOST_NODE: %s", v)
+	for _, c := range []struct{ cmd, flag string }{{"reconcile", "data-dir"}, {"prune", "lost-node"}, {"revoke", "force"}} {
+		cmd, _, err := root.Find([]string{c.cmd})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := bindEnv(cmd.Flags()); err != nil {
+			t.Fatal(err)
+		}
+		if f := cmd.Flags().Lookup(c.flag); f.Changed {
+			t.Errorf("%s --%s set from %s: %s", c.cmd, c.flag, envName(c.flag), f.Value)
+		}
 	}
 }
