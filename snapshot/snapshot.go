@@ -495,10 +495,14 @@ func register(mux *http.ServeMux, pattern string, h http.Handler) (err error) {
 }
 
 // canonicalHost is host (a Host header, maybe with a port) in lower case,
-// without its port and a final dot.
+// without its port and a final dot; an IPv6 address keeps its brackets, as
+// patterns write it ("[::1]:8080" is "[::1]").
 func canonicalHost(host string) string {
 	if h, _, err := net.SplitHostPort(host); err == nil {
 		host = h
+		if strings.Contains(h, ":") {
+			host = "[" + h + "]"
+		}
 	}
 	return strings.TrimSuffix(strings.ToLower(host), ".")
 }

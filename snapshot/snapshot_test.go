@@ -14,7 +14,7 @@ import (
 func TestMatchHost(t *testing.T) {
 	s := Snapshot{Routes: Routes{Default: 1, Weights: map[string]int64{
 		"api.example.com/v1/exports": 25, "POST /v1/exports": 10, "GET api.example.com/v1/tasks/{id}": 3,
-		"POST /v1/exports/{name}": 50, "GET /v1/reports/{id}/{format}": 40}}}
+		"POST /v1/exports/{name}": 50, "GET /v1/reports/{id}/{format}": 40, "GET [::1]/v1/tasks/{id}": 4}}}
 	if err := s.Build(); err != nil {
 		t.Fatal(err)
 	}
@@ -32,6 +32,10 @@ func TestMatchHost(t *testing.T) {
 		{"POST", "API.Example.com", "/v1/exports", "api.example.com/v1/exports", 25},
 		{"POST", "api.example.com.", "/v1/exports", "api.example.com/v1/exports", 25},
 		{"POST", "Api.Example.Com.:443", "/v1/exports", "api.example.com/v1/exports", 25},
+		// An IPv6 host on any port too (its port once took its brackets,
+		// and then it matched only without a port).
+		{"GET", "[::1]", "/v1/tasks/7", "GET [::1]/v1/tasks/{id}", 4},
+		{"GET", "[::1]:8080", "/v1/tasks/7", "GET [::1]/v1/tasks/{id}", 4},
 		// The escaped path, as ServeMux matches it: %2F stays in its segment
 		// and %2e%2e is no dot-segment (the decoded path billed the default).
 		{"POST", "", "/v1/exports/a%2Fb", "POST /v1/exports/{name}", 50},
