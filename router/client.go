@@ -14,6 +14,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -865,11 +866,17 @@ func (c *Client) readView(ctx context.Context, addr string) (*clientView, error)
 	return &clientView{epoch: rep.Epoch, layout: ring.Layout{PartitionCount: int(rep.PartitionCount)}, members: rep.Members, owners: rep.Owners}, nil
 }
 
+// maxConfigBytes bounds the config snapshot the client takes from a node
+// (about 200 bytes an account with a key: millions of accounts).
+const maxConfigBytes = 1 << 30
+
 // refreshConfig reads the config snapshot from the first node that has one
 // (firstAnswer), sending the version held so an unchanged config costs no
 // bytes. A node's answer replaces the held snapshot whenever its version
 // differs (a ledger rebuilt from scratch starts again at a lower version).
 func (c *Client) refreshConfig(ctx context.Context) error {
+	// NB: the snapshot is one message, past gRPC's default 4 MiB limit on
+	// a received one from some 20,000 accounts with a key each.
 	var known int64
 	held := c.snap.Load()
 	if held != nil {
@@ -882,7 +889,7 @@ func (c *Client) refreshConfig(ctx context.Context) error {
 		}
 		ctx, cancel := context.WithTimeout(ctx, c.opts.CallTimeout)
 		defer cancel()
-		rep, err := p.client.Config(ctx, &pb.ConfigRequest{KnownVersion: known})
+		rep, err := p.client.Config(ctx, &pb.ConfigRequest{KnownVersion: known}, grpc.MaxCallRecvMsgSize(maxConfigBytes))
 		switch {
 		case err != nil:
 			return nil, fmt.Errorf("%s: %w", addr, err)

@@ -586,3 +586,35 @@ func TestClientRetryNotSentAfterNoAnswerIsUnknown(t *testing.T) {
 		t.Fatalf("charge unanswered at %s, then not sent to %s: %v; want ErrUnavailable, the outcome unknown, naming %s", r.hung, r.dead, err, r.hung)
 	}
 }
+
+// bigConfigNode answers Config with a snapshot larger than gRPC's default
+// 4 MiB limit on a received message.
+type bigConfigNode struct{ hangingNode }
+
+func (n *bigConfigNode) Config(ctx context.Context, _ *pb.ConfigRequest) (*pb.ConfigReply, error) {
+	pad := strings.Repeat("x", 5<<20)
+	return &pb.ConfigReply{Version: 7, Snapshot: []byte(`{"version":7,"pad":"` + pad + `"}`), Node: "big"}, nil
+}
+
+// A cluster's config past 4 MiB (some 20,000 accounts with a key each)
+// reaches the client: gRPC's default limit refused it, and the client
+// answered every request 503 with "no config snapshot yet".
+func TestLargeConfigReachesTheClient(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := &bigConfigNode{hangingNode{addr: lis.Addr().String()}}
+	srv := grpc.NewServer()
+	pb.RegisterQuotaServer(srv, n)
+	go srv.Serve(lis)
+	defer srv.Stop()
+	c, err := DialOptions{RefreshInterval: -1}.Dial(context.Background(), n.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if s := c.Snapshot(); s == nil || s.Version != 7 {
+		t.Fatalf("config after Dial: %+v; want version 7", s)
+	}
+}
