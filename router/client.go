@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -26,15 +27,15 @@ import (
 
 // DialOptions configure a Client. Zero values take the defaults in brackets.
 type DialOptions struct {
-	// CallTimeout bounds one RPC [5s].
+	// CallTimeout bounds one RPC [5s]; at least MinCallTimeout.
 	CallTimeout time.Duration
 	// RefreshInterval is how often the client reads the ring view and the
-	// config snapshot [3s]. Negative: never in the background (call
-	// Client.Refresh).
+	// config snapshot [3s]; at least MinRefreshInterval. Negative: never in
+	// the background (call Client.Refresh).
 	RefreshInterval time.Duration
 	// MaxBatch bounds the charges of one call to an owner [512]; MaxInflight
-	// the calls in flight to one owner [4]. Calls beyond it are coalesced
-	// into the next batch.
+	// the calls of one kind (charges, refunds) in flight to one owner [4].
+	// Calls beyond it are coalesced into the next batch.
 	MaxBatch, MaxInflight int
 	// Dialer, when set, opens connections to nodes (tests, custom networks).
 	Dialer func(ctx context.Context, addr string) (net.Conn, error)
@@ -121,8 +122,11 @@ func Dial(ctx context.Context, seeds ...string) (*Client, error) {
 
 // Dial learns the ring from the first seed (RPC address, host:port) that
 // answers and reads the config snapshot; ctx bounds only that. No seeds, an
-// empty one, one that is not host:port (unless a Dialer is set) or negative
-// options are ErrInvalidRequest, naming what is wrong. Seeds are
+// empty one, one that is not host:port with a port from 1 to 65535 (unless
+// a Dialer is set), negative options (but RefreshInterval), durations
+// under MinCallTimeout and MinRefreshInterval, a Token with spaces or
+// non-ASCII characters, or a nil ctx are ErrInvalidRequest, naming what is
+// wrong. Seeds are
 // asked in turn, the next one as soon as the one before fails or has not
 // answered within a fraction of a second, so a hung seed does not use up
 // ctx; the first answer wins. When ctx ends first, the error wraps ctx's
@@ -135,6 +139,9 @@ func Dial(ctx context.Context, seeds ...string) (*Client, error) {
 // Afterwards the client refreshes both every RefreshInterval, from any
 // node it knows.
 func (o DialOptions) Dial(ctx context.Context, seeds ...string) (*Client, error) {
+	if ctx == nil {
+		return nil, errNilContext
+	}
 	if len(seeds) == 0 {
 		return nil, fmt.Errorf("%w: Dial needs at least one seed (a node's RPC address, host:port, its --rpc-addr)", ErrInvalidRequest)
 	}
@@ -146,6 +153,17 @@ func (o DialOptions) Dial(ctx context.Context, seeds ...string) (*Client, error)
 	if o.CallTimeout < 0 || o.MaxBatch < 0 || o.MaxInflight < 0 {
 		return nil, fmt.Errorf("%w: DialOptions must not be negative (but RefreshInterval): CallTimeout %s, MaxBatch %d, MaxInflight %d; 0 takes the default",
 			ErrInvalidRequest, o.CallTimeout, o.MaxBatch, o.MaxInflight)
+	}
+	if (o.CallTimeout > 0 && o.CallTimeout < MinCallTimeout) || (o.RefreshInterval > 0 && o.RefreshInterval < MinRefreshInterval) {
+		// 5 is 5ns, not 5s: every call would time out, and a refresh loop
+		// would spin on the nodes.
+		return nil, fmt.Errorf("%w: DialOptions.CallTimeout %s and RefreshInterval %s: want at least %s and %s (0 takes the defaults, 5s and 3s); durations are time.Duration, so 5 is 5ns: write 5 * time.Second",
+			ErrInvalidRequest, o.CallTimeout, o.RefreshInterval, MinCallTimeout, MinRefreshInterval)
+	}
+	if o.Token != "" && strings.ContainsFunc(o.Token, func(r rune) bool { return r <= ' ' || r > '~' }) {
+		// gRPC sends only printable ASCII in metadata: every call would
+		// fail as if the node were down.
+		return nil, fmt.Errorf("%w: DialOptions.Token holds spaces, a line break or characters outside printable ASCII (a file read with its final newline? strings.TrimSpace it): the nodes' --rpc-token is sent as it is", ErrInvalidRequest)
 	}
 	setDefaultDuration(&o.CallTimeout, 5*time.Second)
 	setDefaultDuration(&o.RefreshInterval, 3*time.Second)
@@ -202,11 +220,26 @@ func checkSeed(seed string, customDialer bool) error {
 	case strings.Contains(seed, "://"):
 		return fmt.Errorf("%w: Dial seed %q is a URL: %s", ErrInvalidRequest, seed, want)
 	}
+	if strings.TrimSpace(seed) != seed {
+		return fmt.Errorf("%w: Dial seed %q has spaces around it: %s", ErrInvalidRequest, seed, want)
+	}
 	if _, port, err := net.SplitHostPort(seed); err != nil || port == "" {
 		return fmt.Errorf("%w: Dial seed %q: %s", ErrInvalidRequest, seed, want)
+	} else if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+		return fmt.Errorf("%w: Dial seed %q: port %q is not a number from 1 to 65535: %s", ErrInvalidRequest, seed, port, want)
 	}
 	return nil
 }
+
+// errNilContext answers a call made with a nil context.Context, as net/http
+// refuses one.
+var errNilContext = fmt.Errorf("%w: a nil Context: pass context.Background() or a request's context", ErrInvalidRequest)
+
+// The least DialOptions.CallTimeout and RefreshInterval Dial takes.
+const (
+	MinCallTimeout     = 10 * time.Millisecond
+	MinRefreshInterval = 100 * time.Millisecond
+)
 
 // Close stops the refresh loop and closes the connections. Later calls, and
 // calls in flight that were not sent yet (queued behind others to their
@@ -228,9 +261,12 @@ func (c *Client) Close() error {
 	return c.peers.close()
 }
 
-// usable is nil when c can call nodes: made by Dial and not closed.
-func (c *Client) usable() error {
+// usable is nil when c can call nodes (made by Dial and not closed) with
+// ctx.
+func (c *Client) usable(ctx context.Context) error {
 	switch {
+	case ctx == nil:
+		return errNilContext
 	case c.peers == nil:
 		return errNotDialed
 	case c.closed.Load():
@@ -258,7 +294,7 @@ func (c *Client) epoch() uint64 {
 // Refresh reads the ring view and the config snapshot once; the background
 // loop calls it every RefreshInterval.
 func (c *Client) Refresh(ctx context.Context) error {
-	if err := c.usable(); err != nil {
+	if err := c.usable(ctx); err != nil {
 		return err
 	}
 	err := errors.Join(c.refreshView(ctx, ""), c.refreshConfig(ctx))
@@ -314,7 +350,7 @@ func (c *Client) loop(ctx context.Context) {
 // Final), or is unknown_account (the owner's config lacks the account; one
 // created seconds ago is loaded within a few seconds; not Final).
 func (c *Client) Charge(ctx context.Context, req ChargeRequest) (ChargeResult, error) {
-	if err := c.usable(); err != nil {
+	if err := c.usable(ctx); err != nil {
 		return ChargeResult{}, err
 	}
 	if err := checkCharge(&req); err != nil {
@@ -403,7 +439,7 @@ func checkRefund(req *RefundRequest) error {
 // of that month (quotad prune). Errors are as for Charge;
 // after ErrUnavailable a retry of the same refund is safe.
 func (c *Client) Refund(ctx context.Context, req RefundRequest) (shard.Decision, error) {
-	if err := c.usable(); err != nil {
+	if err := c.usable(ctx); err != nil {
 		return shard.Decision{}, err
 	}
 	if err := checkRefund(&req); err != nil {
@@ -437,7 +473,7 @@ func (c *Client) Refund(ctx context.Context, req RefundRequest) (shard.Decision,
 // Usage reads an account's current period at its owner. An account the
 // owner's config lacks answers Known false and no error (see UsageResult).
 func (c *Client) Usage(ctx context.Context, account string) (UsageResult, error) {
-	if err := c.usable(); err != nil {
+	if err := c.usable(ctx); err != nil {
 		return UsageResult{}, err
 	}
 	if account == "" {

@@ -491,7 +491,8 @@ func TestDialErrorsAreClassified(t *testing.T) {
 func TestDialRefusesBadSeeds(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	for _, seeds := range [][]string{nil, {""}, {"127.0.0.50"}, {"127.0.0.50:"}, {"http://127.0.0.50:7400"}, {"127.0.0.1:7400", " "}} {
+	for _, seeds := range [][]string{nil, {""}, {"127.0.0.50"}, {"127.0.0.50:"}, {"http://127.0.0.50:7400"}, {"127.0.0.1:7400", " "},
+		{"127.0.0.50:99999"}, {"127.0.0.50:abc"}, {" 127.0.0.50:7400"}} {
 		_, err := router.Dial(ctx, seeds...)
 		if !errors.Is(err, router.ErrInvalidRequest) || errors.Is(err, router.ErrUnavailable) {
 			t.Errorf("Dial(%q): %v; want ErrInvalidRequest", seeds, err)
@@ -504,8 +505,30 @@ func TestDialRefusesBadSeeds(t *testing.T) {
 			}
 		}
 	}
-	if _, err := (router.DialOptions{CallTimeout: -1}).Dial(ctx, "127.0.0.1:7400"); !errors.Is(err, router.ErrInvalidRequest) {
-		t.Errorf("Dial with a negative CallTimeout: %v; want ErrInvalidRequest", err)
+	for _, c := range []struct {
+		opts router.DialOptions
+		want string
+	}{
+		{router.DialOptions{CallTimeout: -1}, "must not be negative"},
+		// time.Duration(5) is 5ns: every call timed out, as if no node answered.
+		{router.DialOptions{CallTimeout: 5}, "CallTimeout 5ns and RefreshInterval 0s: want at least 10ms and 100ms"},
+		// 1ns: the refresh loop read the ring thousands of times a second.
+		{router.DialOptions{RefreshInterval: 1}, "want at least 10ms and 100ms"},
+		// A token read from a file with its newline: gRPC refused to send
+		// it, and Dial said no node answered.
+		{router.DialOptions{Token: "rpc-token-0123456789abcdef\n"}, "DialOptions.Token holds spaces, a line break"},
+	} {
+		if _, err := c.opts.Dial(ctx, "127.0.0.1:7400"); !errors.Is(err, router.ErrInvalidRequest) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("Dial with %+v: %v; want ErrInvalidRequest saying %q", c.opts, err, c.want)
+		}
+	}
+	//lint:ignore SA1012 a nil Context is what is tested
+	if _, err := router.Dial(nil, "127.0.0.1:7400"); !errors.Is(err, router.ErrInvalidRequest) || !strings.Contains(err.Error(), "nil Context") {
+		t.Errorf("Dial with a nil Context: %v; want ErrInvalidRequest", err)
+	}
+	//lint:ignore SA1012 a nil Context is what is tested
+	if _, err := (&router.Client{}).Charge(nil, router.ChargeRequest{Account: "acme", Units: 1}); !errors.Is(err, router.ErrInvalidRequest) {
+		t.Errorf("Charge with a nil Context: %v; want ErrInvalidRequest (it panicked)", err)
 	}
 }
 
