@@ -33,7 +33,8 @@ type DialOptions struct {
 	// config snapshot [3s]; at least MinRefreshInterval. Negative: never in
 	// the background (call Client.Refresh).
 	RefreshInterval time.Duration
-	// MaxBatch bounds the charges of one call to an owner [512]; MaxInflight
+	// MaxBatch bounds the charges of one call to an owner [512], at most
+	// MaxMaxBatch; MaxInflight
 	// the calls of one kind (charges, refunds) in flight to one owner [4].
 	// Calls beyond it are coalesced into the next batch.
 	MaxBatch, MaxInflight int
@@ -153,6 +154,9 @@ func (o DialOptions) Dial(ctx context.Context, seeds ...string) (*Client, error)
 	if o.CallTimeout < 0 || o.MaxBatch < 0 || o.MaxInflight < 0 {
 		return nil, fmt.Errorf("%w: DialOptions must not be negative (but RefreshInterval): CallTimeout %s, MaxBatch %d, MaxInflight %d; 0 takes the default",
 			ErrInvalidRequest, o.CallTimeout, o.MaxBatch, o.MaxInflight)
+	}
+	if o.MaxBatch > MaxMaxBatch {
+		return nil, fmt.Errorf("%w: DialOptions.MaxBatch %d: want at most %d (router.MaxMaxBatch): a larger batch may pass gRPC's 4 MiB message limit", ErrInvalidRequest, o.MaxBatch, MaxMaxBatch)
 	}
 	if (o.CallTimeout > 0 && o.CallTimeout < MinCallTimeout) || (o.RefreshInterval > 0 && o.RefreshInterval < MinRefreshInterval) {
 		// 5 is 5ns, not 5s: every call would time out, and a refresh loop
@@ -383,6 +387,16 @@ func (c *Client) Charge(ctx context.Context, req ChargeRequest) (ChargeResult, e
 // id. A longer one is ErrInvalidRequest.
 const MaxEventID = 255
 
+// MaxField is the longest Account, Route or Key Client.Charge sends, in
+// bytes (accounts are at most 200, snapshot.MaxIDLen; routes are patterns;
+// keys are key ids). With MaxBatch at most MaxMaxBatch, a batch stays
+// under gRPC's 4 MiB message limit, past which the whole batch, other
+// callers' charges with it, would be turned away.
+const MaxField = 1024
+
+// MaxMaxBatch is the largest DialOptions.MaxBatch.
+const MaxMaxBatch = 1024
+
 // checkCharge refuses what no owner could charge, before it is sent.
 func checkCharge(req *ChargeRequest) error {
 	switch {
@@ -394,6 +408,11 @@ func checkCharge(req *ChargeRequest) error {
 	}
 	if err := checkUTF8("ChargeRequest", "Account", req.Account, "EventID", req.EventID, "Route", req.Route, "Key", req.Key); err != nil {
 		return err
+	}
+	for _, f := range []struct{ name, v string }{{"Account", req.Account}, {"Route", req.Route}, {"Key", req.Key}} {
+		if len(f.v) > MaxField {
+			return fmt.Errorf("%w: ChargeRequest.%s is %d bytes, more than %d (router.MaxField)", ErrInvalidRequest, f.name, len(f.v), MaxField)
+		}
 	}
 	switch {
 	case req.Units < 0 || req.Units > shard.MaxUnits:
@@ -426,6 +445,10 @@ func checkRefund(req *RefundRequest) error {
 		return fmt.Errorf("%w: RefundRequest.Account is empty: name the account of the charge", ErrInvalidRequest)
 	case req.EventID == "":
 		return fmt.Errorf("%w: RefundRequest.EventID is empty: use the charge's ChargeResult.EventID (and its Receipt)", ErrInvalidRequest)
+	}
+	if len(req.Account) > MaxField || len(req.EventID) > MaxEventID {
+		return fmt.Errorf("%w: RefundRequest.Account is %d bytes and EventID %d: want at most %d and %d (router.MaxField, MaxEventID)",
+			ErrInvalidRequest, len(req.Account), len(req.EventID), MaxField, MaxEventID)
 	}
 	return checkUTF8("RefundRequest", "Account", req.Account, "EventID", req.EventID)
 }

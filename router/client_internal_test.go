@@ -618,3 +618,28 @@ func TestLargeConfigReachesTheClient(t *testing.T) {
 		t.Fatalf("config after Dial: %+v; want version 7", s)
 	}
 }
+
+// A field no owner needs that long is refused before it is sent: a 5 MiB
+// Route or Key made its whole batch, other callers' charges with it, pass
+// gRPC's 4 MiB limit and come back ErrRejected.
+func TestOversizedFieldsAreRefused(t *testing.T) {
+	long := strings.Repeat("k", MaxField+1)
+	for name, req := range map[string]ChargeRequest{
+		"Account": {Account: long, Units: 1},
+		"Route":   {Account: "acme", Route: long, Units: 1},
+		"Key":     {Account: "acme", Key: long, Units: 1},
+	} {
+		if err := checkCharge(&req); !errors.Is(err, ErrInvalidRequest) || !strings.Contains(err.Error(), "ChargeRequest."+name) {
+			t.Errorf("a %d-byte %s: %v; want ErrInvalidRequest naming it", len(long), name, err)
+		}
+	}
+	if err := checkCharge(&ChargeRequest{Account: "acme", Route: strings.Repeat("r", MaxField), Units: 1}); err != nil {
+		t.Errorf("a Route of MaxField bytes: %v", err)
+	}
+	if err := checkRefund(&RefundRequest{Account: long, EventID: "e1"}); !errors.Is(err, ErrInvalidRequest) {
+		t.Errorf("a refund of a %d-byte account: %v", len(long), err)
+	}
+	if _, err := (DialOptions{MaxBatch: MaxMaxBatch + 1}).Dial(context.Background(), "127.0.0.1:7400"); !errors.Is(err, ErrInvalidRequest) || !strings.Contains(err.Error(), "MaxBatch") {
+		t.Errorf("MaxBatch %d: %v; want ErrInvalidRequest", MaxMaxBatch+1, err)
+	}
+}

@@ -168,6 +168,10 @@ func legacyRate(s string) (shard.Rate, error) {
 	return r, nil
 }
 
+// MaxPatternLen bounds a route pattern (CheckPattern), in bytes: each
+// charge carries its route, and router.Client sends at most 1 KiB of it.
+const MaxPatternLen = 1024
+
 // MaxIDLen bounds an id (CheckID), in bytes.
 const MaxIDLen = 200
 
@@ -409,6 +413,9 @@ var httpMethods = []string{"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "CON
 // them); Build does not apply it, so that a table stored before the check
 // still loads (see Unmatchable).
 func CheckPattern(p string) error {
+	if len(p) > MaxPatternLen {
+		return fmt.Errorf("route %.40q...: the pattern is %d bytes: want at most %d", p, len(p), MaxPatternLen)
+	}
 	// NB: split as ServeMux does: the method ends at the first space or
 	// tab, and blanks after it are skipped.
 	method, _, found := strings.Cut(strings.ReplaceAll(p, "\t", " "), " ")

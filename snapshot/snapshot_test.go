@@ -83,6 +83,18 @@ func TestMatchRedirect(t *testing.T) {
 
 // CheckPattern refuses what ServeMux takes but no request can match, with
 // the fix in the error, and keeps every other valid pattern.
+// A pattern is at most MaxPatternLen bytes: every charge carries it, and
+// router.Client refuses a longer route.
+func TestCheckPatternLength(t *testing.T) {
+	ok := "GET /" + strings.Repeat("a", MaxPatternLen-5)
+	if err := CheckPattern(ok); err != nil {
+		t.Errorf("a pattern of %d bytes: %v", len(ok), err)
+	}
+	if err := CheckPattern(ok + "b"); err == nil || !strings.Contains(err.Error(), "the pattern is 1025 bytes: want at most 1024") {
+		t.Errorf("a pattern of %d bytes: %v; want it refused", len(ok)+1, err)
+	}
+}
+
 func TestCheckPattern(t *testing.T) {
 	for p, want := range map[string]string{
 		"get /v1/tasks":              `method "get" is not upper case and matches no request (methods are case-sensitive): did you mean GET /v1/tasks?`,
