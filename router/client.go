@@ -426,12 +426,17 @@ func checkCharge(req *ChargeRequest) error {
 }
 
 // checkUTF8 refuses a string field of what (name, value pairs) that is not
-// valid UTF-8, which gRPC cannot send: it failed as an unknown outcome at
-// the owner (ErrUnavailable), on every retry.
+// valid UTF-8, which gRPC cannot send (it failed as an unknown outcome at
+// the owner, ErrUnavailable, on every retry), or that holds a NUL byte,
+// which the ledger cannot store (the owner answers invalid).
 func checkUTF8(what string, fields ...string) error {
 	for i := 0; i+1 < len(fields); i += 2 {
 		if !utf8.ValidString(fields[i+1]) {
 			return fmt.Errorf("%w: %s.%s %q is not valid UTF-8, which the RPC cannot carry: send it as UTF-8 (or encode the bytes, in hex or base64)",
+				ErrInvalidRequest, what, fields[i], fields[i+1])
+		}
+		if strings.IndexByte(fields[i+1], 0) >= 0 {
+			return fmt.Errorf("%w: %s.%s %q holds a NUL byte, which the ledger cannot store: leave it out (or encode the bytes, in hex or base64)",
 				ErrInvalidRequest, what, fields[i], fields[i+1])
 		}
 	}

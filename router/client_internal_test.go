@@ -633,6 +633,9 @@ func TestOversizedFieldsAreRefused(t *testing.T) {
 			t.Errorf("a %d-byte %s: %v; want ErrInvalidRequest naming it", len(long), name, err)
 		}
 	}
+	if err := checkCharge(&ChargeRequest{Account: "acme", Route: "GET /x\x00", Units: 1}); !errors.Is(err, ErrInvalidRequest) || !strings.Contains(err.Error(), "holds a NUL byte") {
+		t.Errorf("a Route with a NUL byte: %v; want ErrInvalidRequest", err)
+	}
 	if err := checkCharge(&ChargeRequest{Account: "acme", Route: strings.Repeat("r", MaxField), Units: 1}); err != nil {
 		t.Errorf("a Route of MaxField bytes: %v", err)
 	}

@@ -114,6 +114,33 @@ func TestRefundByReceiptOnce(t *testing.T) {
 	}
 }
 
+// A charge whose EventID, Key or Route could never be stored is Invalid and
+// changes nothing: the log would take it, and then every settle into
+// Postgres (which refuses a NUL byte and bytes that are not UTF-8 in text)
+// would fail on it, for ever.
+func TestChargeWithUnstorableTextIsInvalid(t *testing.T) {
+	p := DefaultParams()
+	now := at("2026-06-10T00:00:00Z")
+	a := NewAccount(AccountConfig{ID: "a", Plan: hardPlan(100)})
+	var rec Record
+	long := strings.Repeat("r", MaxTextLen+1)
+	for name, c := range map[string]Charge{
+		"NUL in the route":       {EventID: "e1", Units: 1, Route: "GET /x\x00"},
+		"NUL in the key":         {EventID: "e1", Units: 1, Route: "r", Key: "k\x00"},
+		"NUL in the event id":    {EventID: "e\x001", ClientID: true, Units: 1, Route: "r"},
+		"not UTF-8 in the route": {EventID: "e1", Units: 1, Route: "GET /\xff"},
+		"a route too long":       {EventID: "e1", Units: 1, Route: long},
+		"an event id too long":   {EventID: long, ClientID: true, Units: 1, Route: "r"},
+	} {
+		if d := a.Charge(&c, now, &p, &rec); d.Reason != Invalid || rec.Type != 0 {
+			t.Errorf("%s: %v (record type %d); want invalid, nothing logged", name, d.Reason, rec.Type)
+		}
+	}
+	if d := a.Charge(&Charge{EventID: "e1", Units: 1, Route: strings.Repeat("r", MaxTextLen)}, now, &p, &rec); d.Reason != OK {
+		t.Errorf("a route of MaxTextLen bytes: %v", d.Reason)
+	}
+}
+
 // A receipt is the proof of a charge the owner does not remember (a
 // generated id): one passed with another account, or altered (units not
 // those of its allocations, more than its grant used), is refused Invalid

@@ -3,7 +3,9 @@ package shard
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // Now is a reading of the two clocks a decision needs. The caller reads them;
@@ -158,7 +160,7 @@ const (
 	Refunded                      // the refund returned the units
 	AlreadyRefunded               // a second refund: nothing changed
 	UnknownEvent                  // the account does not remember this event: a generated id refunded without its receipt, a client id older than the dedup window, or a receipt of a charge before last month (Refundable)
-	Invalid                       // the request is malformed (units < 0 or > MaxUnits, empty id)
+	Invalid                       // the request is malformed (units < 0 or > MaxUnits, empty id, a text field storable does not take)
 	Kept                          // an attempt's refund refused: a retry was served under the charge
 	IDReused                      // a client event id already charged for another route: charged nothing
 	ReplayLimit                   // a client event id already replayed Params.MaxReplays times: charged nothing, not served
@@ -199,6 +201,18 @@ func (r Reason) Final() bool {
 		return true
 	}
 	return false
+}
+
+// MaxTextLen bounds a charge's EventID, Key and Route, in bytes (storable).
+const MaxTextLen = 1024
+
+// storable reports whether s can be stored as a charge's text field: the
+// log takes any bytes, but the ledger's event log (Postgres text) refuses
+// a NUL byte and bytes that are not UTF-8, and a settle holding one would
+// fail for ever. It is at most MaxTextLen bytes, since every charge carries
+// its route and key into the log and the ledger.
+func storable(s string) bool {
+	return len(s) <= MaxTextLen && strings.IndexByte(s, 0) < 0 && utf8.ValidString(s)
 }
 
 // MaxUnits bounds the Units of one charge: a charge of more is Invalid.
