@@ -19,6 +19,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/quotaring/quotaring/flush"
 	"github.com/quotaring/quotaring/shard"
@@ -189,6 +190,10 @@ func (n *Node) adminEndpoint(h adminFunc) http.Handler {
 				Detail: "this node has not reached the ledger yet (it keeps trying); retry in a few seconds, or ask another node"})
 			return
 		}
+		if p := checkRequestText(r); p != nil {
+			writeProblem(w, r, p)
+			return
+		}
 		ctx, cancel := context.WithTimeout(r.Context(), AdminLedgerTimeout)
 		defer cancel()
 		if err := h(ctx, w, r, l); err != nil {
@@ -199,6 +204,68 @@ func (n *Node) adminEndpoint(h adminFunc) http.Handler {
 			writeProblem(w, r, p)
 		}
 	}))
+}
+
+// checkRequestText refuses a path or query parameter holding a NUL byte or
+// bytes that are not UTF-8 (%00, %FF): no id holds them, and Postgres
+// refuses them in text, which answered 500 with its own error.
+func checkRequestText(r *http.Request) *adminProblem {
+	for _, seg := range strings.Split(r.Pattern, "/") {
+		if name, ok := strings.CutPrefix(seg, "{"); ok {
+			name = strings.TrimSuffix(strings.TrimSuffix(name, "}"), "...")
+			if why := unstorable(r.PathValue(name)); why != "" {
+				return badInput(name, "%q: %s", r.PathValue(name), why)
+			}
+		}
+	}
+	if why := unstorable(r.URL.Path); why != "" {
+		return badInput("path", "%q: %s", r.URL.EscapedPath(), why)
+	}
+	for k, vs := range r.URL.Query() {
+		for _, v := range append([]string{k}, vs...) {
+			if why := unstorable(v); why != "" {
+				return badInput(strings.ToValidUTF8(strings.ReplaceAll(k, "\x00", ""), "?"), "%q: %s", v, why)
+			}
+		}
+	}
+	return nil
+}
+
+// unstorable says what keeps s from being text the ledger stores (a NUL
+// byte, a byte that is not UTF-8), or "".
+func unstorable(s string) string {
+	for i := 0; i < len(s); {
+		r, n := utf8.DecodeRuneInString(s[i:])
+		switch {
+		case r == utf8.RuneError && n == 1:
+			return fmt.Sprintf("byte %d (0x%02X) is not UTF-8", i+1, s[i])
+		case r == 0:
+			return fmt.Sprintf("byte %d is a NUL", i+1)
+		}
+		i += n
+	}
+	return ""
+}
+
+// hasNULEscape reports whether JSON text data holds a \u0000 escape (a NUL
+// in a string, which Postgres refuses in text; a raw NUL byte is not JSON),
+// not counting an escaped backslash followed by "u0000".
+func hasNULEscape(data []byte) bool {
+	for i := 0; ; {
+		j := bytes.Index(data[i:], []byte(`\u0000`))
+		if j < 0 {
+			return false
+		}
+		j += i
+		n := 0 // backslashes ending at j, j's own included
+		for k := j; k >= 0 && data[k] == '\\'; k-- {
+			n++
+		}
+		if n%2 == 1 {
+			return true
+		}
+		i = j + 1
+	}
 }
 
 // adminProblem is an RFC 9457 problem. Field, when set, names the input at
@@ -309,6 +376,9 @@ func decodeBody(w http.ResponseWriter, r *http.Request, v any) error {
 	case err == nil:
 		if _, err := dec.Token(); err != io.EOF {
 			return badInput("body", "one JSON object expected, found more after it")
+		}
+		if hasNULEscape(data) {
+			return badInput("body", "a string holds a NUL character (\\u0000), which the ledger cannot store: leave it out")
 		}
 		// NB: encoding/json keeps the last of a member given twice, and
 		// matches names regardless of case: a body with {"hard": true,

@@ -57,6 +57,28 @@ func TestAdminAPIInput(t *testing.T) {
 		}
 	})
 
+	// A NUL byte or a byte that is not UTF-8 in a path segment, a query
+	// parameter or a JSON string is a 400 naming it: Postgres refuses them
+	// in text, and the API answered 500 with Postgres's error.
+	t.Run("unstorable text", func(t *testing.T) {
+		for _, c := range []struct{ method, path, field string }{
+			{"POST", "/admin/v1/accounts/a%FFb/keys", "id"},
+			{"POST", "/admin/v1/accounts/a%00b/grants", "id"},
+			{"DELETE", "/admin/v1/keys/k%00", "key_id"},
+			{"GET", "/admin/v1/alerts?account=%FF", "account"},
+			{"GET", "/admin/v1/usage?after=%00", "after"},
+			{"POST", "/admin/v1/alerts/a%00/2026-06/80/resend", "account"},
+		} {
+			wantProblem(t, nd, c.method, c.path, nil, 400, c.field)
+		}
+		wantProblem(t, nd, "PUT", "/admin/v1/accounts/acme", `{"plan":"pro\u0000"}`, 400, "body")
+		wantProblem(t, nd, "PUT", "/admin/v1/routes", `{"default":1,"weights":{"GET /a\u0000":1}}`, 400, "body")
+		// An escaped backslash before "u0000" is no NUL.
+		if _, raw := adminCall(t, nd, testAdminToken, "PUT", "/admin/v1/accounts/acme", `{"plan":"pro\\u0000"}`, nil); strings.Contains(string(raw), "NUL") {
+			t.Errorf("an escaped backslash read as a NUL: %s", raw)
+		}
+	})
+
 	// Months past 2261 wrapped around (9999-12 showed 1816-02): every
 	// period parameter has the bounds of /admin/v1/usage.
 	t.Run("periods", func(t *testing.T) {
