@@ -367,6 +367,10 @@ func decodeBody(w http.ResponseWriter, r *http.Request, v any) error {
 	} else if err != nil {
 		return badInput("body", "%v", err)
 	}
+	if t := bytes.TrimLeft(data, " \t\r\n"); len(t) > 0 && t[0] != '{' {
+		// null decoded into nothing and set every member to its zero.
+		return badInput("body", "want a JSON object ({...}), got %s", strings.Fields(string(t[:min(len(t), 20)]))[0])
+	}
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
 	err = dec.Decode(v)
@@ -1110,6 +1114,11 @@ func (n *Node) putRoutes(ctx context.Context, w http.ResponseWriter, r *http.Req
 	}
 	if err := validRoutes(def, b.Weights); err != nil {
 		return err
+	}
+	if b.Weights == nil {
+		// NB: a body without it (or null for it) replaced the table with an
+		// empty one, and every route billed the default.
+		return badInput("weights", `required: the whole table, {"PATTERN": UNITS, ...}; {} for an empty one, where every request costs the default`)
 	}
 	version, err := l.SetRoutes(ctx, def, b.Weights)
 	if err != nil {

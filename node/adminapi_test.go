@@ -194,6 +194,10 @@ func TestAdminAPI(t *testing.T) {
 		wantProblem(t, n1, "PUT", "/admin/v1/plans/gold", `{"monthly_quota": 5,`, 400, "body")
 		wantProblem(t, n1, "PUT", "/admin/v1/plans/gold", `{"monthly_quota": 5, "hard": true, "hard": false}`, 400, "hard")
 		wantProblem(t, n1, "PUT", "/admin/v1/routes", `{"weights": {"GET /x": 1, "GET /y": 2, "GET /x": 3}}`, 400, `weights["GET /x"]`)
+		// The table is replaced whole: without weights it was emptied.
+		wantProblem(t, n1, "PUT", "/admin/v1/routes", `{"default": 2}`, 400, "weights")
+		wantProblem(t, n1, "PUT", "/admin/v1/routes", `{"default": 2, "weights": null}`, 400, "weights")
+		wantProblem(t, n1, "PUT", "/admin/v1/routes", `null`, 400, "body")
 		wantProblem(t, n1, "PUT", "/admin/v1/accounts/acme", map[string]any{"plan": "no-such-plan"}, 400, "plan")
 		wantProblem(t, n1, "PUT", "/admin/v1/accounts/acme", map[string]any{}, 400, "plan")
 		wantProblem(t, n1, "PUT", "/admin/v1/routes", map[string]any{"weights": map[string]int{"GET /v1/{id": 2}}, 400, `weights["GET /v1/{id"]`)

@@ -36,6 +36,10 @@ func TestDecodeBodyMemberNames(t *testing.T) {
 		{`{"Weights":{"GET /x":1}}`, &routesBody{}, "Weights", []string{`did you mean "weights"?`}},
 		{`{"weights":{"GET /x":1,"GET /y":2,"GET /x":3}}`, &routesBody{}, `weights["GET /x"]`, []string{"given twice"}},
 		{`{"montly_quota":1,"hard":true}`, &planBody{}, "montly_quota", []string{"unknown member"}},
+		// null decoded into nothing: every member at its zero (an empty
+		// route table, from jq printing a missing key).
+		{`null`, &routesBody{}, "body", []string{"want a JSON object ({...}), got null"}},
+		{` [1]`, &grantBody{}, "body", []string{"want a JSON object"}},
 	} {
 		p := decode(c.body, c.v)
 		if p == nil || p.Status != 400 || p.Field != c.field {
