@@ -837,10 +837,19 @@ func newID(prefix string) string {
 
 func (n *Node) createKey(ctx context.Context, w http.ResponseWriter, r *http.Request, l flush.Ledger) error {
 	account := r.PathValue("id")
-	if r.ContentLength > 0 {
-		var empty struct{}
-		if err := decodeBody(w, r, &empty); err != nil {
-			return err
+	if r.ContentLength != 0 { // NB: -1 when chunked: the body was ignored
+		if data, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxAdminBody)); err != nil {
+			var tooBig *http.MaxBytesError
+			if errors.As(err, &tooBig) {
+				return err
+			}
+			return badInput("body", "%v", err)
+		} else if len(bytes.TrimSpace(data)) > 0 {
+			var empty struct{}
+			r.Body = io.NopCloser(bytes.NewReader(data))
+			if err := decodeBody(w, r, &empty); err != nil {
+				return err
+			}
 		}
 	}
 	plain := newKeyPlaintext()
@@ -964,7 +973,7 @@ const maxGrantTotal = 1000 * maxUnits
 func (n *Node) checkGrantTotal(ctx context.Context, l flush.Ledger, account string, g snapshot.Grant) error {
 	rows, err := l.Grants(ctx, account)
 	if err != nil {
-		return err
+		return noAccount(err, account)
 	}
 	now := n.wall()
 	var total int64

@@ -227,6 +227,24 @@ func TestAdminAPI(t *testing.T) {
 			}
 		}
 		wantProblem(t, n1, "POST", "/admin/v1/accounts/ghost/keys", nil, 404, "")
+		if p := wantProblem(t, n1, "POST", "/admin/v1/accounts/ghost/grants", map[string]any{"units": 5}, 404, ""); !strings.Contains(p.Detail, `account "ghost" does not exist: create it first`) {
+			t.Errorf("a grant to a missing account: %q, want it to say how to create the account", p.Detail)
+		}
+		// A chunked body is read as any other: it was ignored, and junk
+		// made a key.
+		req, err := http.NewRequest("POST", "http://"+n1.AdminAddr()+"/admin/v1/accounts/acme/keys", io.MultiReader(strings.NewReader(`{"bogus":1}`)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Authorization", "Bearer "+testAdminToken)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 400 {
+			t.Errorf("a chunked body with an unknown member: %d, want 400 and no key", resp.StatusCode)
+		}
 		wantProblem(t, n1, "DELETE", "/admin/v1/keys/key_nope", nil, 404, "")
 		wantProblem(t, n1, "GET", "/admin/v1/accounts/ghost", nil, 404, "")
 	})
