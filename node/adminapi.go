@@ -122,9 +122,10 @@ func (n *Node) adminAPI(mux *http.ServeMux) {
 	})))
 }
 
-// checkQuery refuses a query parameter h does not read, or one given twice,
-// as unknown JSON members are refused: a typo (?month= for ?period=) must
-// not quietly answer for the default.
+// checkQuery refuses a query parameter h does not read, one given twice,
+// or one given empty (but ?after=, the first page), as unknown JSON members
+// are refused: a typo (?month= for ?period=) or an unset variable
+// (?period=) must not quietly answer for the default.
 func checkQuery(known []string, h adminFunc) adminFunc {
 	return func(ctx context.Context, w http.ResponseWriter, r *http.Request, l flush.Ledger) error {
 		q := r.URL.Query()
@@ -136,6 +137,10 @@ func checkQuery(known []string, h adminFunc) adminFunc {
 				return badInput(k, "unknown query parameter: %s %s takes %s", r.Method, r.URL.Path, strings.Join(known, ", "))
 			case len(q[k]) > 1:
 				return badInput(k, "given %d times: give it once", len(q[k]))
+			case q[k][0] == "" && k != "after":
+				// ?period= from an unset shell variable answered for the
+				// current month: a billing job exported the running one.
+				return badInput(k, "empty: give a value, or leave the parameter out for its default")
 			}
 		}
 		return h(ctx, w, r, l)
@@ -944,7 +949,15 @@ func (n *Node) addGrant(ctx context.Context, w http.ResponseWriter, r *http.Requ
 		if !g.ExpiresAt.After(g.StartsAt) {
 			return badInput("expires_at", "%s is not after starts_at %s", g.ExpiresAt.Format(time.RFC3339), g.StartsAt.Format(time.RFC3339))
 		}
+		if now := n.wall(); !g.ExpiresAt.After(now) {
+			// With a past starts_at it was taken, and listed as if it
+			// could be spent.
+			return badInput("expires_at", "%s has passed (it is %s): the grant could never be spent", g.ExpiresAt.Format(time.RFC3339), now.Format(time.RFC3339))
+		}
 	}
+	// Postgres keeps microseconds: the 201 showed nanoseconds that a
+	// retry's 200 then did not.
+	g.StartsAt, g.ExpiresAt = g.StartsAt.Truncate(time.Microsecond), g.ExpiresAt.Truncate(time.Microsecond)
 	if err := n.checkGrantTotal(ctx, l, account, g); err != nil {
 		return err
 	}

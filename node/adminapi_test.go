@@ -272,6 +272,10 @@ func TestAdminAPI(t *testing.T) {
 	}
 	wantProblem(t, n1, "POST", "/admin/v1/accounts/acme/grants", map[string]any{"units": 5, "expires_at": "tomorrow"}, 400, "expires_at")
 	wantProblem(t, n1, "POST", "/admin/v1/accounts/acme/grants", map[string]any{"units": 5, "expires_at": "2999-01-01T00:00:00Z"}, 400, "expires_at")
+	// A grant over before it is made was taken, and listed as spendable.
+	if p := wantProblem(t, n1, "POST", "/admin/v1/accounts/acme/grants", map[string]any{"units": 5, "starts_at": "2020-01-01T00:00:00Z", "expires_at": "2021-01-01T00:00:00Z"}, 400, "expires_at"); !strings.Contains(p.Detail, "has passed") {
+		t.Errorf("a grant that expired before it was made: %q", p.Detail)
+	}
 	wantProblem(t, n1, "POST", "/admin/v1/accounts/acme/grants", map[string]any{"units": -5}, 400, "units")
 	wantProblem(t, n1, "POST", "/admin/v1/accounts/acme/grants", map[string]any{"units": int64(9e18)}, 400, "units")
 	wantProblem(t, n1, "POST", "/admin/v1/accounts/acme/grants", map[string]any{"units": 5, "id": grant.ID}, 409, "id")

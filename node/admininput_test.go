@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/quotaring/quotaring/shard"
 )
@@ -90,6 +91,14 @@ func TestAdminAPIInput(t *testing.T) {
 			}
 			wantProblem(t, nd, "POST", "/admin/v1/alerts/acme/"+period+"/80/resend", nil, 400, "period")
 		}
+		// An empty one is not the default: ?period=$UNSET exported the
+		// running month.
+		for _, path := range []string{"/admin/v1/accounts/acme?period=", "/admin/v1/usage?period=", "/admin/v1/usage?limit=", "/admin/v1/alerts?account="} {
+			_, field, _ := strings.Cut(path, "?")
+			if p := wantProblem(t, nd, "GET", path, nil, 400, strings.TrimSuffix(field, "=")); !strings.Contains(p.Detail, "empty") {
+				t.Errorf("GET %s: %q", path, p.Detail)
+			}
+		}
 		for _, period := range []string{"1970-01", "2261-12"} {
 			var v AccountView
 			if status, raw := adminCall(t, nd, testAdminToken, "GET", "/admin/v1/accounts/acme?period="+period, nil, &v); status != 200 || v.Usage.Period != period {
@@ -119,6 +128,23 @@ func TestAdminAPIInput(t *testing.T) {
 		}
 		if status, raw := adminCall(t, nd, testAdminToken, "POST", "/admin/v1/accounts/big/grants", grant(7), nil); status != 200 {
 			t.Errorf("grant 7 again (a retry): %d %s, want 200", status, raw)
+		}
+	})
+
+	// The 201 shows the times as stored: Postgres keeps microseconds, and
+	// the answer showed nanoseconds that a retry's 200 did not.
+	t.Run("grant times as stored", func(t *testing.T) {
+		var a struct {
+			StartsAt  time.Time `json:"starts_at"`
+			ExpiresAt time.Time `json:"expires_at"`
+		}
+		if status, raw := adminCall(t, nd, testAdminToken, "PUT", "/admin/v1/accounts/ns", map[string]any{"plan": "pro"}, nil); status != 200 {
+			t.Fatalf("put account: %d %s", status, raw)
+		}
+		if status, raw := adminCall(t, nd, testAdminToken, "POST", "/admin/v1/accounts/ns/grants",
+			map[string]any{"units": 5, "id": "order-ns", "starts_at": "2026-01-01T00:00:00.999999999Z", "expires_at": "2200-01-01T00:00:00.000000999Z"}, &a); status != 201 ||
+			a.StartsAt.Nanosecond() != 999999000 || a.ExpiresAt.Nanosecond() != 0 {
+			t.Errorf("add grant with nanoseconds: %d %s; want them cut to microseconds", status, raw)
 		}
 	})
 

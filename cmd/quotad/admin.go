@@ -75,6 +75,18 @@ func (af *serveAdminFlags) apply(cfg *node.Config, token string) error {
 	return nil
 }
 
+// givenEmpty refuses a flag of cmd given with an empty value: --period ""
+// from an unset variable ($LASTMONTH) meant the current month, and a
+// billing job exported the running one.
+func givenEmpty(cmd *cobra.Command, names ...string) error {
+	for _, name := range names {
+		if f := cmd.Flags().Lookup(name); f != nil && f.Changed && f.Value.String() == "" {
+			return fmt.Errorf("--%s is empty (an unset variable?): give a value, or leave --%s out for its default", name, name)
+		}
+	}
+	return nil
+}
+
 // --- quotad admin -------------------------------------------------------------
 
 // adminDefaultTimeout is --timeout's default: longer than the node's own
@@ -255,7 +267,14 @@ type problem struct {
 	Status int    `json:"status"`
 	Detail string `json:"detail"`
 	Title  string `json:"title"`
+	Field  string `json:"field"`
 }
+
+// fieldFlags are the flags of quotad admin's commands that set an API
+// field of another name: a problem naming the field is shown naming the
+// flag the user typed ("--quota: -5 is negative", not "monthly_quota: ...").
+var fieldFlags = map[string]string{"monthly_quota": "--quota", "starts_at": "--starts", "expires_at": "--expires",
+	"units": "--units", "burst": "--burst", "rate": "--rate", "plan": "--plan", "default": "--default"}
 
 // do calls the API. On success it returns the raw answer and, when out is
 // not nil, decodes it there; on failure an error carrying the server's
@@ -305,6 +324,9 @@ func (c *adminClient) do(ctx context.Context, method, path string, body, out any
 		var p problem
 		if strings.HasPrefix(resp.Header.Get("Content-Type"), "application/problem+json") && json.Unmarshal(raw, &p) == nil && p.Detail != "" {
 			msg := p.Detail
+			if flag, ok := fieldFlags[p.Field]; ok && strings.HasPrefix(msg, p.Field+": ") {
+				msg = flag + ": " + strings.TrimPrefix(msg, p.Field+": ")
+			}
 			if resp.Header.Get(node.AdminAPIHeader) == "" && isFrontProblem(p.Type) {
 				msg += fmt.Sprintf(" (this answer came from a node's public HTTP port, --http-addr: point --addr or QUOTAD_ADMIN_URL at its admin port, --admin-addr, not %s)", c.addr)
 			} else if resp.StatusCode == http.StatusUnauthorized && c.token == "" {
@@ -487,7 +509,19 @@ records the overage for billing.`,
   quotad admin plans set metered --rate 50/s --quota 1000000 --soft`,
 		Args: newID("plan id"),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			body := map[string]any{"monthly_quota": quota, "hard": hard && !soft}
+			for _, f := range []struct {
+				name string
+				v    bool
+			}{{"hard", hard}, {"soft", soft}} {
+				if cmd.Flags().Changed(f.name) && !f.v {
+					// --soft=false made a soft plan: hard was its default.
+					return fmt.Errorf("--%s=false: say what the plan is, --hard or --soft", f.name)
+				}
+			}
+			if quota < 0 || burst < 0 {
+				return fmt.Errorf("--quota %d and --burst %d: want 0 or more", quota, burst)
+			}
+			body := map[string]any{"monthly_quota": quota, "hard": hard}
 			if rate != "" {
 				body["rate"] = rate
 			}
@@ -592,6 +626,9 @@ Settled figures trail the charges by up to one settle interval.`,
   quotad admin accounts show acme --period 2026-05 --json`,
 		Args: oneID("account id"),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := givenEmpty(cmd, "period"); err != nil {
+				return err
+			}
 			path := "/admin/v1/accounts/" + pathID(args[0])
 			if period != "" {
 				if _, err := node.ParseMonth(period); err != nil {
@@ -712,7 +749,7 @@ prints the key alone.`,
 // parseWhen reads RFC 3339 or a date (midnight UTC) and returns RFC 3339.
 func parseWhen(flag, s string) (string, error) {
 	if t, err := time.Parse(time.RFC3339, s); err == nil {
-		return t.UTC().Format(time.RFC3339), nil
+		return t.UTC().Format(time.RFC3339Nano), nil // NB: RFC3339 dropped a fraction of a second
 	}
 	if t, err := time.Parse("2006-01-02", s); err == nil {
 		return t.Format(time.RFC3339), nil
@@ -735,6 +772,9 @@ together (--expires on the first of a month), the quota goes first.`,
   quotad admin grants add acme --units 100000 --starts 2026-07-01 --expires 2027-07-01 --id order-1234`,
 		Args: oneID("account id"),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if units < 1 {
+				return fmt.Errorf("--units %d: want 1 or more units to grant", units)
+			}
 			body := map[string]any{"units": units}
 			for _, f := range []struct{ flag, val, field string }{{"starts", starts, "starts_at"}, {"expires", expires, "expires_at"}} {
 				if f.val != "" {
@@ -918,6 +958,9 @@ month and threshold.`,
   quotad admin alerts --period 2026-06 --limit 5000 --json`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := givenEmpty(cmd, "account", "period", "state"); err != nil {
+				return err
+			}
 			// Checked here too, so a typo is named before the network is.
 			switch state {
 			case "", "pending", "delivered", "given_up", "legacy":

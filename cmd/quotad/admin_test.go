@@ -84,6 +84,10 @@ func TestQuotadAdmin(t *testing.T) {
 		t.Fatalf("plans set: %q", out)
 	}
 	mustAdmin(t, n, "plans", "set", "metered", "--quota", "50", "--soft")
+	// The node's error names its field; the command shows the flag typed.
+	if _, _, err := quotadAdmin(t, n, adminTestToken, "plans", "set", "big", "--quota", "4000000000000000000", "--hard"); err == nil || !strings.HasPrefix(err.Error(), "--quota: ") {
+		t.Errorf("plans set with a quota past the bound: %v; want the error to name --quota", err)
+	}
 	if out := mustAdmin(t, n, "plans", "list"); !strings.Contains(out, "pro") || !strings.Contains(out, "metered") || !strings.Contains(out, "soft") {
 		t.Fatalf("plans list: %q", out)
 	}

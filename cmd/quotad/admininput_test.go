@@ -47,6 +47,30 @@ func TestQuotadAdminNewIDs(t *testing.T) {
 	}
 }
 
+// Flags are checked as typed: --soft=false made a soft plan, --period ""
+// (an unset variable) meant the current month, and the node's errors named
+// its fields (monthly_quota) rather than the flags.
+func TestQuotadAdminFlagsAsTyped(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"plans", "set", "pro", "--quota", "5", "--soft=false"}, "--soft=false: say what the plan is, --hard or --soft"},
+		{[]string{"plans", "set", "pro", "--quota", "-5", "--hard"}, "--quota -5 and --burst 0: want 0 or more"},
+		{[]string{"grants", "add", "acme", "--units", "0"}, "--units 0: want 1 or more"},
+		{[]string{"accounts", "show", "acme", "--period", ""}, "--period is empty (an unset variable?)"},
+		{[]string{"usage", "--period", ""}, "--period is empty"},
+		{[]string{"alerts", "--account", ""}, "--account is empty"},
+	} {
+		if err := adminNoNode(t, c.args...); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("quotad admin %q: %v, want it refused before the call, saying %q", c.args, err, c.want)
+		}
+	}
+	if got, err := parseWhen("starts", "2026-07-01T00:00:00.75Z"); err != nil || got != "2026-07-01T00:00:00.75Z" {
+		t.Errorf("--starts with a fraction of a second: %q, %v; want it kept", got, err)
+	}
+}
+
 // Months past 2261 wrapped around (accounts show --period 9999-12 showed
 // 1816-02): every --period has the bounds of the ledger, checked before
 // the call.
