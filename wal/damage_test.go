@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	iofs "io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -520,15 +521,22 @@ func TestLostMetaIsDamage(t *testing.T) {
 // end; otherwise Open refuses, naming the mark, the WAL and what to do.
 func TestUnreadableMarkWithShortLogStopsOpen(t *testing.T) {
 	for _, tc := range []struct {
-		name   string
-		mark   []byte
-		cut    bool
-		wantOK bool
-		want   string
+		name    string
+		mark    []byte
+		cut     bool
+		wantOK  bool
+		want    string
+		notWant string
 	}{
-		{"garbled mark, log whole", []byte("hello"), false, true, ""},
-		{"garbled mark, log cut short", []byte("hello"), true, false, "unknown frame version 104"},
-		{"newer mark, log cut short", append([]byte{frameVersion + 1}, bytes.Repeat([]byte{0}, 20)...), true, false, "written by a newer quotad"},
+		{"garbled mark, log whole", []byte("hello"), false, true, "", ""},
+		// Garbage is damage, not a newer build's frame: "written by a
+		// newer quotad" sent operators looking for a build that never was.
+		{"garbled mark, log cut short", []byte("hello"), true, false, "unknown frame version 104", "newer quotad"},
+		{"newer mark, log cut short", append([]byte{frameVersion + 1}, bytes.Repeat([]byte{0}, 20)...), true, false, "written by a newer quotad", ""},
+		// An empty mark (a copy that skipped it) was read as no mark at
+		// all: the check was off, and a cut log opened without a word.
+		{"empty mark, log whole", []byte{}, false, true, "", ""},
+		{"empty mark, log cut short", []byte{}, true, false, "empty", ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			crashed := writeDurable(t, filepath.Join(t.TempDir(), "data"), 60)
@@ -567,6 +575,9 @@ func TestUnreadableMarkWithShortLogStopsOpen(t *testing.T) {
 				if !strings.Contains(err.Error(), want) {
 					t.Errorf("error %q does not name %q", err, want)
 				}
+			}
+			if tc.notWant != "" && strings.Contains(err.Error(), tc.notWant) {
+				t.Errorf("error %q says %q", err, tc.notWant)
 			}
 			before.Unchanged(t, crashed, "the refused Open")
 			t.Log(err)
@@ -674,8 +685,12 @@ func TestForeignDirRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	writeFile(t, filepath.Join(other, "notes.txt"), []byte("mine"))
+	// A name that only ends as Pebble's do is not Pebble's: a log dir
+	// (/var/log/quotad) was taken for a data dir, and a rotation job
+	// deleting *.log would have deleted the WAL.
+	writeFile(t, filepath.Join(other, "app.log"), []byte("mine"))
 	before := dirsnap.Take(t, other)
-	if l, err := Open(Options{Dir: other, NodeID: "node-1"}); err == nil || !strings.Contains(err.Error(), "notes.txt") ||
+	if l, err := Open(Options{Dir: other, NodeID: "node-1"}); err == nil || !strings.Contains(err.Error(), "app.log, notes.txt") ||
 		!strings.Contains(err.Error(), "not a quotad data dir") {
 		if err == nil {
 			l.Close()
@@ -683,4 +698,22 @@ func TestForeignDirRefused(t *testing.T) {
 		t.Fatalf("Open of a dir holding notes.txt: %v, want a refusal naming it", err)
 	}
 	before.Unchanged(t, other, "the refused Open")
+}
+
+// TestUnwritableDirIsNotALockHeld: a data dir this user cannot write (a
+// root-owned volume, a node run as another user) was reported as "another
+// process holds its lock", and fuser named nobody. Creating the LOCK file
+// failing is an access problem; fcntl's own EAGAIN or EACCES is a lock held.
+func TestUnwritableDirIsNotALockHeld(t *testing.T) {
+	dir := t.TempDir()
+	opts := Options{Dir: dir, NodeID: "node-1", FS: vfs.Default}
+	create := fmt.Errorf("pebble: %w", &iofs.PathError{Op: "open", Path: filepath.Join(dir, "LOCK"), Err: syscall.EACCES})
+	err := openError(opts, create)
+	if strings.Contains(err.Error(), "another process holds") || !strings.Contains(err.Error(), "is not writable by this process's user") ||
+		!strings.Contains(err.Error(), "chown -R") {
+		t.Errorf("LOCK not creatable: %v; want the access problem and its fix", err)
+	}
+	if err := openError(opts, syscall.EAGAIN); !strings.Contains(err.Error(), "another process holds its lock") {
+		t.Errorf("fcntl's EAGAIN: %v; want the lock named as held", err)
+	}
 }

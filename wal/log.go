@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	iofs "io/fs"
 	"log/slog"
 	"os"
 	"regexp"
@@ -239,6 +240,10 @@ func openError(opts Options, err error) error {
 		return fmt.Errorf("wal: data dir %s is in use: another process holds its lock %s, most likely "+
 			"another quotad serving it (or a quotad reconcile reading it); stop that process first "+
 			"(`fuser -v %s` names it), and never run two nodes on one data dir: %w", opts.Dir, lock, lock, err)
+	}
+	if errors.Is(err, os.ErrPermission) {
+		return fmt.Errorf("wal: data dir %s is not writable by this process's user (uid %d): give the dir and its files to that user "+
+			"(chown -R %d %s) or, in Kubernetes, set the pod's securityContext.fsGroup: %w", opts.Dir, os.Getuid(), os.Getuid(), opts.Dir, err)
 	}
 	if errors.Is(err, os.ErrNotExist) {
 		if m := missingManifest.FindStringSubmatch(err.Error()); m != nil {
@@ -605,6 +610,12 @@ func (l *Log) stopLocked(err error) {
 // a dir that another process (EAGAIN or EACCES from fcntl), or this one,
 // holds.
 func lockHeld(err error) bool {
+	if _, ok := errors.AsType[*iofs.PathError](err); ok {
+		// Creating the LOCK file failed (EACCES: the dir is not this
+		// user's), which was read as "another process holds it": only
+		// fcntl's own errors come bare.
+		return false
+	}
 	return errors.Is(err, syscall.EAGAIN) || errors.Is(err, syscall.EACCES) ||
 		strings.Contains(err.Error(), "lock held by current process")
 }
@@ -679,13 +690,19 @@ const (
 // dataDirFile says what kind of file name is in a data dir.
 func dataDirFile(name string) int {
 	switch {
-	case strings.HasSuffix(name, ".log"), strings.HasSuffix(name, ".sst"), strings.HasSuffix(name, ".blob"), name == durableMarkName:
+	case pebbleRecordsFile.MatchString(name), name == durableMarkName:
 		return recordsFile
-	case name == "LOCK", strings.HasPrefix(name, "MANIFEST-"), strings.HasPrefix(name, "marker."), strings.HasPrefix(name, "OPTIONS-"):
+	case name == "LOCK", strings.HasPrefix(name, "MANIFEST-"), strings.HasPrefix(name, "marker."), strings.HasPrefix(name, "OPTIONS-"),
+		name == durableMarkName+markTempSuffix:
 		return bookkeepingFile
 	}
 	return otherFile
 }
+
+// pebbleRecordsFile matches the names Pebble gives its WAL files, sstables
+// and blob files (000002.log): a name that only ends so (app.log, in a log
+// dir given as --data-dir) is not Pebble's.
+var pebbleRecordsFile = regexp.MustCompile(`^[0-9]{6,}\.(log|sst|blob)$`)
 
 // foreignFiles names, for a dir that holds no file of a data dir (Pebble's
 // or the durable mark), the first few of its entries other than a volume's

@@ -65,7 +65,12 @@ func readDurableMark(fs vfs.FS, dir string) (markSeen, error) {
 		return markSeen{}, fmt.Errorf("wal: read %s: %w", path, err)
 	}
 	if len(data) == 0 {
-		return markSeen{}, nil
+		// NB: openDurableMark never leaves one empty (it renames a written
+		// one into place); a copy or restore that skipped empty-looking
+		// files, or a truncation, did. Read as no mark, it turned the
+		// check off: a cut log then opened with its acknowledged records
+		// silently gone.
+		return markSeen{found: true, bad: errors.New("empty (0 bytes): a copy or restore that left it out, or a truncation?")}, nil
 	}
 	body, err := decodeFrame(data)
 	if err == nil && len(body) < 8 {
@@ -78,28 +83,43 @@ func readDurableMark(fs vfs.FS, dir string) (markSeen, error) {
 	return markSeen{found: true, inc: string(body[:len(body)-8]), seq: seq}, nil
 }
 
-// openDurableMark opens (or creates) the durable mark of dir and writes seq
-// into it, synced, with the dir entry.
+// openDurableMark writes seq as the durable mark of dir, synced, and opens
+// it for the next writes. The mark is written whole to a temporary file and
+// renamed into place, so that it is never empty (readDurableMark takes an
+// empty one for a damaged one) nor, after a crash, half of another
+// incarnation's.
 func openDurableMark(fs vfs.FS, dir, inc string, seq uint64) (*durableMark, error) {
 	path := fs.PathJoin(dir, durableMarkName)
-	f, err := fs.OpenReadWrite(path, vfs.WriteCategoryUnspecified)
+	tmp := path + markTempSuffix
+	m := &durableMark{path: path, inc: inc}
+	f, err := fs.Create(tmp, vfs.WriteCategoryUnspecified)
 	if err != nil {
-		return nil, fmt.Errorf("wal: open %s: %w", path, err)
+		return nil, fmt.Errorf("wal: create %s: %w", tmp, err)
 	}
-	m := &durableMark{f: f, path: path, inc: inc}
+	m.f = f
 	err = m.write(seq)
 	if err == nil {
 		err = f.Sync()
+	}
+	err = errors.Join(err, f.Close())
+	if err == nil {
+		err = fs.Rename(tmp, path)
 	}
 	if err == nil {
 		err = syncDir(fs, dir)
 	}
 	if err != nil {
-		_ = f.Close()
 		return nil, fmt.Errorf("wal: write %s: %w", path, err)
+	}
+	if m.f, err = fs.OpenReadWrite(path, vfs.WriteCategoryUnspecified); err != nil {
+		return nil, fmt.Errorf("wal: open %s: %w", path, err)
 	}
 	return m, nil
 }
+
+// markTempSuffix names the durable mark's temporary file while it is
+// written (openDurableMark).
+const markTempSuffix = ".tmp"
 
 // write overwrites the mark with seq, without fsync. The frame has a fixed
 // size for an incarnation, so a later write covers an earlier one.
@@ -177,7 +197,10 @@ func (l *Log) checkDurableMark(seen markSeen, last uint64) error {
 // markProblem says what is wrong with an unreadable durable mark; a frame
 // version above this build's was written by a newer quotad.
 func markProblem(err error) string {
-	if v, ok := errors.AsType[frameVersionError](err); ok && byte(v) > frameVersion {
+	// NB: only a version a few above this build's: a garbage first byte
+	// is any of 256, and "newer quotad" sent operators after a build that
+	// never was.
+	if v, ok := errors.AsType[frameVersionError](err); ok && byte(v) > frameVersion && byte(v) <= frameVersion+8 {
 		return fmt.Sprintf("%v: written by a newer quotad, run that build or a later one", err)
 	}
 	return err.Error()
