@@ -12,6 +12,7 @@ import (
 	"os"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -108,14 +109,20 @@ func Open(opts Options) (*Log, error) {
 			"ever written to it (a first start that failed, on a full disk say); remove the dir and start the node again",
 			opts.Dir, never, durableMarkName)
 	}
-	if marker := missingManifestMarker(opts.FS, opts.Dir); marker != "" {
+	if markers := missingMarkers(opts.FS, opts.Dir); len(markers) > 0 {
 		// NB: before any pebble.Open: a read-write one takes the dir for
 		// an empty one and creates a new DB over the old MANIFEST, losing
-		// every record in it.
-		return nil, fmt.Errorf("%w: dir %s: the file that names its current Pebble MANIFEST (marker.manifest.*) is missing, "+
-			"though the MANIFEST is there: create it again as an empty file naming the newest MANIFEST "+
-			"(`touch %s`) and start again; keep the rest of the dir as it is",
-			ErrCorrupt, opts.Dir, opts.FS.PathJoin(opts.Dir, marker))
+		// every record in it. Both markers are named at once: touching
+		// the manifest's alone led to Pebble's "database already exists
+		// and is not pristine", with no remedy.
+		paths := make([]string, len(markers))
+		for i, m := range markers {
+			paths[i] = opts.FS.PathJoin(opts.Dir, m)
+		}
+		return nil, fmt.Errorf("%w: dir %s: Pebble's marker files, empty files whose names say which MANIFEST is current and which "+
+			"format the dir is in, are missing (%s), though the MANIFEST is there (a copy that skipped empty files?): create them "+
+			"again (`touch %s`) and start again; keep the rest of the dir as it is",
+			ErrCorrupt, opts.Dir, strings.Join(markers, ", "), strings.Join(paths, " "))
 	}
 	if (opts.AnyNode || opts.ReadOnly) && !hasManifest(opts.FS, opts.Dir) {
 		return nil, fmt.Errorf("wal: %s is not a quotad data dir (no Pebble MANIFEST in it)", opts.Dir)
@@ -657,27 +664,64 @@ func neverInitialized(fs vfs.FS, dir string) string {
 	return strings.Join(pebbleFiles, ", ")
 }
 
-// missingManifestMarker returns the name the marker file of dir's newest
-// MANIFEST would have when dir holds MANIFEST files but no marker naming one
-// (Pebble then takes the dir for an empty one); "" otherwise.
-func missingManifestMarker(fs vfs.FS, dir string) string {
+// missingMarkers returns the names Pebble's marker files would have when
+// dir holds MANIFEST files but lacks them: the one naming the newest
+// MANIFEST (without it Pebble takes the dir for an empty one), and the one
+// naming the format, read from the newest OPTIONS file (this build's when
+// there is none). Empty when dir has both, or no MANIFEST.
+func missingMarkers(fs vfs.FS, dir string) []string {
 	names, err := fs.List(dir)
 	if err != nil {
-		return ""
+		return nil
 	}
-	newest := ""
+	newest, options := "", ""
+	haveManifest, haveFormat := false, false
 	for _, n := range names {
-		if strings.HasPrefix(n, "marker.manifest.") {
-			return ""
-		}
-		if strings.HasPrefix(n, "MANIFEST-") && n > newest { // NB: zero-padded numbers sort as strings
+		switch {
+		case strings.HasPrefix(n, "marker.manifest."):
+			haveManifest = true
+		case strings.HasPrefix(n, "marker.format-version."):
+			haveFormat = true
+		case strings.HasPrefix(n, "MANIFEST-") && n > newest: // NB: zero-padded numbers sort as strings
 			newest = n
+		case strings.HasPrefix(n, "OPTIONS-") && n > options:
+			options = n
 		}
 	}
 	if newest == "" {
-		return ""
+		return nil
 	}
-	return "marker.manifest.000001." + newest
+	var out []string
+	if !haveManifest {
+		out = append(out, "marker.manifest.000001."+newest)
+	}
+	if !haveFormat {
+		format := formatMajorVersion
+		if options != "" {
+			if data, err := readSmallFile(fs, fs.PathJoin(dir, options)); err == nil {
+				if m := optionsFormat.FindSubmatch(data); m != nil {
+					if v, err := strconv.ParseUint(string(m[1]), 10, 32); err == nil {
+						format = pebble.FormatMajorVersion(v)
+					}
+				}
+			}
+		}
+		out = append(out, "marker.format-version.000001."+format.String())
+	}
+	return out
+}
+
+// optionsFormat finds the format a Pebble OPTIONS file names.
+var optionsFormat = regexp.MustCompile(`(?m)^\s*format_major_version=(\d+)\s*$`)
+
+// readSmallFile reads up to 1 MiB of name.
+func readSmallFile(fs vfs.FS, name string) ([]byte, error) {
+	f, err := fs.Open(name)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return io.ReadAll(io.LimitReader(f, 1<<20))
 }
 
 // The kinds of file a data dir holds (dataDirFile).
