@@ -555,7 +555,9 @@ func overrides(r *http.Request, fn func(method string)) {
 			each(v)
 		}
 	}
-	if strings.Contains(r.URL.RawQuery, "_method") {
+	// NB: parsed whenever the query holds an escape too: ?%5Fmethod=DELETE
+	// is _method to every framework that reads it, and skipped the check.
+	if q := r.URL.RawQuery; strings.Contains(q, "_method") || strings.IndexByte(q, '%') >= 0 {
 		for _, v := range r.URL.Query()["_method"] {
 			each(v)
 		}

@@ -1206,10 +1206,13 @@ func TestMethodOverrideIsPricedAsTheDearerMethod(t *testing.T) {
 			t.Errorf("%s /v1/things with %v: charged %d units as %q, want %d as %q", tc.method, tc.headers, got.Units, got.Route, tc.units, tc.route)
 		}
 	}
-	// Symfony and Laravel read _method from the query string too.
-	serve(t, FrontOptions{Charger: ch, Config: staticConfig{s}}, ok, newRequest("POST", "/v1/things?_method=DELETE", nil))
-	if got := ch.charges[len(ch.charges)-1]; got.Route != "DELETE /v1/things" || got.Units != 10 {
-		t.Errorf("POST /v1/things?_method=DELETE: charged %d units as %q, want 10 as DELETE", got.Units, got.Route)
+	// Symfony and Laravel read _method from the query string too, and
+	// decode its name as any other: an escaped one was priced as POST.
+	for _, q := range []string{"_method=DELETE", "%5Fmethod=DELETE", "%5fmethod=DELETE", "_%6Dethod=DELETE", "a=1&_method=DELETE"} {
+		serve(t, FrontOptions{Charger: ch, Config: staticConfig{s}}, ok, newRequest("POST", "/v1/things?"+q, nil))
+		if got := ch.charges[len(ch.charges)-1]; got.Route != "DELETE /v1/things" || got.Units != 10 {
+			t.Errorf("POST /v1/things?%s: charged %d units as %q, want 10 as DELETE", q, got.Units, got.Route)
+		}
 	}
 	// One Idempotency-Key, then the same request with an override: another
 	// request (refused 422 at the owner), not a free replay of the first.
