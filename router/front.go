@@ -1362,7 +1362,11 @@ func (b *limitedBody) Read(p []byte) (int, error) {
 		_ = b.rc.SetReadDeadline(d) // NB: ErrNotSupported leaves the body unbounded, as before
 	}
 	n, err := b.ReadCloser.Read(p)
-	if err != nil {
+	if err != nil && !b.answered.Load() {
+		// NB: once the answer's head went out, a body cut off, stalled or
+		// broken is billed as any answered request: the client had its
+		// answer (refunding it gave a full-duplex endpoint's answer away
+		// to a client that padded its body past the limit, or paused).
 		var mbe *http.MaxBytesError
 		switch {
 		case errors.As(err, &mbe):
@@ -1371,12 +1375,21 @@ func (b *limitedBody) Read(p []byte) (int, error) {
 			b.late.Store(true)
 		case errors.Is(err, os.ErrDeadlineExceeded):
 			b.stalled.Store(true)
-		case err != io.EOF && !b.closed.Load() && !b.done.Load() && !b.answered.Load() && !errors.Is(err, http.ErrBodyReadAfterClose):
+		case err != io.EOF && !b.closed.Load() && !b.done.Load() && !errors.Is(err, http.ErrBodyReadAfterClose):
 			b.broken.Store(true)
 		}
 	}
-	if timed && err == io.EOF && !b.done.Load() {
-		_ = b.rc.SetReadDeadline(time.Time{})
+	if timed && !b.done.Load() {
+		switch {
+		case err == io.EOF:
+			_ = b.rc.SetReadDeadline(time.Time{})
+		case err == nil && b.idle > 0:
+			// The idle bound is on a read that waits, not on the time
+			// between reads: on HTTP/2 the deadline's timer closes the
+			// body even while no read waits, so an upstream that paused
+			// reading had a steady upload cut off as stalled (408).
+			_ = b.rc.SetReadDeadline(b.deadline)
+		}
 	}
 	return n, err
 }

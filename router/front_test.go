@@ -2,6 +2,8 @@ package router
 
 import (
 	"bufio"
+	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -1762,6 +1764,53 @@ func TestStalledBodyIsCutOff(t *testing.T) {
 	}
 }
 
+// The idle bound is on the client, not on the upstream: a body sent at once
+// whose upstream pauses reading it for longer than BodyIdleTimeout is no
+// stalled body. Over HTTP/2 the read deadline's timer fired while no read
+// waited and closed the body: a 408 and a refund for a steady upload.
+func TestUpstreamPauseIsNoStalledBody(t *testing.T) {
+	for _, proto := range []string{"http", "h2c"} {
+		t.Run(proto, func(t *testing.T) {
+			const idle = 200 * time.Millisecond
+			up := protoServer(t, proto, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if _, err := io.CopyN(io.Discard, r.Body, 64<<10); err != nil {
+					http.Error(w, err.Error(), 400)
+					return
+				}
+				time.Sleep(3 * idle) // NB: the upstream's own pause (writing to slow storage, say), not a wait in the test
+				if _, err := io.Copy(io.Discard, r.Body); err != nil {
+					http.Error(w, err.Error(), 400)
+					return
+				}
+				io.WriteString(w, "served")
+			}))
+			u, _ := url.Parse(up.URL)
+			u.Scheme = proto
+			ch := &fakeCharger{decision: okDecision()}
+			proxy, err := NewProxy(u, FrontOptions{Charger: ch, Config: testConfig(t), BodyIdleTimeout: idle, MaxBodyBytes: -1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			front := protoServer(t, proto, proxy)
+			client := &http.Client{Transport: &http.Transport{Protocols: front.Config.Protocols}, Timeout: 10 * time.Second}
+			req, _ := http.NewRequest("POST", front.URL+"/v1/tasks", bytes.NewReader(make([]byte, 8<<20)))
+			req.Header.Set("X-Api-Key", "secret")
+			res, err := client.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, _ := io.ReadAll(res.Body)
+			res.Body.Close()
+			if res.StatusCode != 200 || string(b) != "served" {
+				t.Fatalf("an 8 MiB body sent at once, the upstream pausing %s: %d %s; want 200 served", 3*idle, res.StatusCode, b)
+			}
+			if c, r := ch.counts(); c != 1 || r != 0 {
+				t.Fatalf("%d charges, %d refunds; want it billed", c, r)
+			}
+		})
+	}
+}
+
 // A body that trickles steadily, never idle for BodyIdleTimeout, is cut
 // off once BodyTimeout has passed since the request came: 408
 // request-timeout with its own detail, the upstream sees the request
@@ -2141,10 +2190,15 @@ func TestBrokenBodyIsRefunded(t *testing.T) {
 		body        io.Reader
 		answerFirst bool
 		refunded    bool
+		maxBody     int64 // 0: no limit
 	}{
-		{broken(), false, true},
-		{strings.NewReader("0123456789"), false, false},
-		{broken(), true, false},
+		{broken(), false, true, 0},
+		{strings.NewReader("0123456789"), false, false, 0},
+		{broken(), true, false, 0},
+		// Over the limit: refunded before the answer, billed after it (a
+		// client padding its body past the limit got the answer free).
+		{io.MultiReader(strings.NewReader("0123456789")), false, true, 5},
+		{io.MultiReader(strings.NewReader("0123456789")), true, false, 5},
 	} {
 		ch := &fakeCharger{decision: okDecision()}
 		h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -2156,9 +2210,10 @@ func TestBrokenBodyIsRefunded(t *testing.T) {
 				http.Error(w, err.Error(), 400)
 			}
 		})
-		w, _ := serve(t, FrontOptions{Charger: ch, Config: testConfig(t), MaxBodyBytes: -1, BillOn: BillOnAlways}, h, newRequest("POST", "/v1/tasks", tc.body))
+		maxBody := cmp.Or(tc.maxBody, -1)
+		w, _ := serve(t, FrontOptions{Charger: ch, Config: testConfig(t), MaxBodyBytes: maxBody, BillOn: BillOnAlways}, h, newRequest("POST", "/v1/tasks", tc.body))
 		if _, r := ch.counts(); (r == 1) != tc.refunded {
-			t.Errorf("Middleware, body read failed %v, answered first %v: answer %d, %d refunds", tc.refunded, tc.answerFirst, w.Code, r)
+			t.Errorf("Middleware, refund wanted %v, answered first %v, limit %d: answer %d, %d refunds", tc.refunded, tc.answerFirst, maxBody, w.Code, r)
 		}
 	}
 }
