@@ -286,6 +286,11 @@ func refusal(d *shard.Decision, units int64, quotaStatus int) *Problem {
 		if d.RetryAfter == shard.Never {
 			p.Detail = fmt.Sprintf("This request costs %s and the account has %d left of %d; its credits are used up and waiting does not renew them.",
 				unitsText(units), max(0, d.Remaining), d.Limit)
+			if d.MonthUnits > 0 {
+				p.Detail = fmt.Sprintf("This request costs %s and the account has %d left of %d: more than its monthly quota of %d and the credits it will still have "+
+					"give, so waiting for the next month does not help; it needs more credits or a larger plan.",
+					unitsText(units), max(0, d.Remaining), d.Limit, d.MonthUnits)
+			}
 			return p
 		}
 		p.retryAfter = max(1, ceilSeconds(d.RetryAfter))

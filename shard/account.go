@@ -123,6 +123,20 @@ func (g *grant) active(wall int64) bool {
 
 func (g *grant) free() int64 { return max(0, g.units-g.used) }
 
+// creditsAt sums what the account's bought credits (not monthly grants)
+// still have free that are active at wall, or start later and have not
+// expired by then.
+func (a *Account) creditsAt(wall int64) int64 {
+	var n int64
+	for i := range a.grants {
+		g := &a.grants[i]
+		if !g.monthly && (g.expiresAt == 0 || wall < g.expiresAt) {
+			n += g.free() // NB: at most 10^18 together (the admin API's bound)
+		}
+	}
+	return n
+}
+
 // settledAtLeast raises the grant's use to what the ledger has settled
 // (every node's charges), when that is more than this owner counted: after
 // the account moved away and back, the other owner's charges are settled
@@ -418,7 +432,11 @@ func (a *Account) Charge(req *Charge, now Now, params *Params, rec *Record) Deci
 			if d.Reason == QuotaExceeded {
 				d.Shortfall = 0
 				d.RetryAfter = Never
-				if plan.MonthlyQuota > 0 {
+				if plan.MonthlyQuota > 0 && req.Units <= plan.MonthlyQuota+a.creditsAt(p.End()) {
+					// NB: a request that costs more than the next month
+					// gives (its quota, and the credits still active
+					// then) is not helped by waiting: it was told to
+					// come back next month, and refused again then.
 					d.RetryAfter = p.End() - wall
 				}
 			}

@@ -114,6 +114,36 @@ func TestRefundByReceiptOnce(t *testing.T) {
 	}
 }
 
+// A refusal says when to retry only when waiting can help: a request that
+// costs more than next month gives (its quota and the credits active then)
+// was told to come back next month, and refused again then.
+func TestRetryAfterOnlyWhenWaitingHelps(t *testing.T) {
+	p := DefaultParams()
+	now := at("2026-06-10T00:00:00Z")
+	toJuly := at("2026-07-01T00:00:00Z").Wall - now.Wall
+	for _, c := range []struct {
+		name    string
+		credits []GrantConfig
+		units   int64
+		want    int64
+	}{
+		{"within next month's quota", nil, 8, toJuly},
+		// 20 credits left now, short of 25: next month adds 10.
+		{"past any month's quota", nil, 25, Never},
+		{"past the quota, within it and a credit", []GrantConfig{{ID: "c", Units: 20, StartsAt: now.Wall - 1, ExpiresAt: at("2026-09-01T00:00:00Z").Wall}}, 25, toJuly},
+		{"past the quota and a credit that ends with June", []GrantConfig{{ID: "c", Units: 20, StartsAt: now.Wall - 1, ExpiresAt: at("2026-07-01T00:00:00Z").Wall}}, 25, Never},
+	} {
+		a := NewAccount(AccountConfig{ID: "a", Plan: hardPlan(10), Credits: c.credits})
+		var rec Record
+		if d := a.Charge(&Charge{EventID: "fill", Units: 10, Route: "r"}, now, &p, &rec); d.Reason != OK {
+			t.Fatalf("%s: using the month up: %v", c.name, d.Reason)
+		}
+		if d := a.Charge(&Charge{EventID: "e", Units: c.units, Route: "r"}, now, &p, &rec); d.Reason != QuotaExceeded || d.RetryAfter != c.want {
+			t.Errorf("%s: %v, retry after %d; want quota_exceeded, %d", c.name, d.Reason, d.RetryAfter, c.want)
+		}
+	}
+}
+
 // A charge whose EventID, Key or Route could never be stored is Invalid and
 // changes nothing: the log would take it, and then every settle into
 // Postgres (which refuses a NUL byte and bytes that are not UTF-8 in text)
