@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -53,6 +54,26 @@ func CheckUpstream(u *url.URL) error {
 	return nil
 }
 
+// trailerCopy is a request body that, at its end, copies the trailers the
+// client sent (in, filled as the body ends) into the upstream request's
+// (out), which the transport sends after the body.
+type trailerCopy struct {
+	io.ReadCloser
+	in, out http.Header
+}
+
+func (t *trailerCopy) Read(p []byte) (int, error) {
+	n, err := t.ReadCloser.Read(p)
+	if err == io.EOF {
+		for k, v := range t.in {
+			if len(v) > 0 {
+				t.out[k] = v
+			}
+		}
+	}
+	return n, err
+}
+
 // NewProxy returns the clustered proxy: Middleware(opts) around an
 // httputil.ReverseProxy to upstream: http://, https:// (HTTP/2 when the
 // upstream offers it), or h2c:// for HTTP/2 without TLS, which gRPC servers
@@ -71,8 +92,8 @@ func CheckUpstream(u *url.URL) error {
 //
 // Responses stream: ReverseProxy flushes at once for text/event-stream and
 // for bodies of unknown length (chunked answers, gRPC), so Server-Sent
-// Events and streaming RPCs are not buffered. Trailers pass through; the
-// front reads grpc-status from them.
+// Events and streaming RPCs are not buffered. Trailers pass through, a
+// request's too (trailerCopy); the front reads grpc-status from them.
 //
 // CONNECT is refused with 501 problem+json before the API key is looked
 // up, uncharged: the proxy tunnels nothing.
@@ -120,6 +141,12 @@ func NewProxy(upstream *url.URL, opts FrontOptions) (http.Handler, error) {
 	rp := &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.Out = markSent(pr.In, pr.Out)
+			if len(pr.In.Trailer) > 0 && pr.Out.Body != nil && pr.Out.Trailer != nil {
+				// ReverseProxy copies the request's Trailer map before the
+				// body is read, with the names and no values: the upstream
+				// got the trailers empty.
+				pr.Out.Body = &trailerCopy{ReadCloser: pr.Out.Body, in: pr.In.Trailer, out: pr.Out.Trailer}
+			}
 			pr.SetURL(upstream)
 			in, h := pr.In.Header, pr.Out.Header
 			if h.Get("Upgrade") != "" {

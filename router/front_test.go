@@ -2372,3 +2372,42 @@ func TestChargeFailureLinesAreSampled(t *testing.T) {
 		}
 	}
 }
+
+// Request trailers pass through with their values (README: trailers pass
+// through): ReverseProxy copied the Trailer map before the body was read,
+// and the upstream got the names without values.
+func TestRequestTrailersPassThrough(t *testing.T) {
+	for _, proto := range []string{"http", "h2c"} {
+		t.Run(proto, func(t *testing.T) {
+			got := make(chan http.Header, 1)
+			up := protoServer(t, proto, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				io.Copy(io.Discard, r.Body)
+				got <- r.Trailer.Clone()
+			}))
+			u, _ := url.Parse(up.URL)
+			u.Scheme = proto
+			proxy, err := NewProxy(u, FrontOptions{Charger: &fakeCharger{decision: okDecision()}, Config: testConfig(t)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			front := protoServer(t, proto, proxy)
+			client := &http.Client{Transport: &http.Transport{Protocols: front.Config.Protocols}, Timeout: 10 * time.Second}
+			req, _ := http.NewRequest("POST", front.URL+"/v1/tasks", io.MultiReader(strings.NewReader("payload")))
+			req.Header.Set("X-Api-Key", "secret")
+			req.Trailer = http.Header{"X-Checksum": {"abc"}}
+			res, err := client.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			res.Body.Close()
+			select {
+			case tr := <-got:
+				if tr.Get("X-Checksum") != "abc" {
+					t.Fatalf("the upstream got trailers %v; want X-Checksum: abc", tr)
+				}
+			case <-time.After(10 * time.Second): // NB: a deadline, not a wait
+				t.Fatal("the upstream never got the request")
+			}
+		})
+	}
+}
