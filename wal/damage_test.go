@@ -360,6 +360,26 @@ func TestMissingMarkersAreNamed(t *testing.T) {
 	}
 }
 
+// A MANIFEST cut short (a copy or restore that stopped early) loses the
+// sstable it listed: the error blamed the WAL and suggested an empty dir,
+// though the records are intact in the sstable. It names the sstable the
+// MANIFEST does not list, and the MANIFEST to restore first; the dir is
+// left as it is.
+func TestCutManifestIsNamed(t *testing.T) {
+	dir, sst := flushedDir(t, 40)
+	manifests, _ := filepath.Glob(filepath.Join(dir, "MANIFEST-*"))
+	slices.Sort(manifests)
+	manifest := manifests[len(manifests)-1]
+	data, err := os.ReadFile(manifest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, manifest, data[:50])
+	before := dirsnap.Take(t, dir)
+	requireBothRefuse(t, dir, filepath.Base(sst), "not listed in", filepath.Base(manifest), "restore")
+	before.Unchanged(t, dir, "a refused Open")
+}
+
 // A deleted sstable got Pebble's own message ("file 000005 (type sstable)
 // unknown to the objstorage provider"): it is named, with the remedy.
 func TestMissingSSTableIsNamed(t *testing.T) {

@@ -379,6 +379,12 @@ func (l *Log) loadMeta() error {
 			// Only a dir with a durable mark is checked read-only, and the
 			// mark is written after the meta is durable: the meta (the
 			// first records a dir gets) is gone, with whatever followed.
+			if ssts, manifest := l.unlistedTables(); ssts != "" {
+				return corruptKey(l.opts.Dir, "meta "+metaNodeID, fmt.Errorf("missing, though %s shows the dir in use; the sstables %s in the dir are "+
+					"not listed in its MANIFEST %s, which was most likely cut short or replaced (a copy or restore that stopped early): the records "+
+					"are probably in those sstables: restore %s from a copy of the disk first and start again, keeping the rest of the dir; "+
+					"if it cannot be restored, %s", durableMarkName, ssts, manifest, l.opts.FS.PathJoin(l.opts.Dir, manifest), remedy(l.opts.NodeID)))
+			}
 			return corruptKey(l.opts.Dir, "meta "+metaNodeID, fmt.Errorf("missing, though %s shows the dir in use: its first records are gone "+
 				"(a WAL damaged near its start, or a lost sstable or MANIFEST; %s); %s", durableMarkName, describeWALs(l.opts.FS, l.opts.Dir), remedy(l.opts.NodeID)))
 		}
@@ -662,6 +668,37 @@ func neverInitialized(fs vfs.FS, dir string) string {
 		return ""
 	}
 	return strings.Join(pebbleFiles, ", ")
+}
+
+// unlistedTables names the sstables in the dir that the open DB does not
+// list (its MANIFEST, the newest, is then the one named), or "" when every
+// one is listed or they cannot be read.
+func (l *Log) unlistedTables() (ssts, manifest string) {
+	levels, err := l.db.SSTables()
+	if err != nil {
+		return "", ""
+	}
+	listed := map[string]bool{}
+	for _, level := range levels {
+		for _, t := range level {
+			listed[t.BackingSSTNum.String()+".sst"] = true
+		}
+	}
+	names, err := l.opts.FS.List(l.opts.Dir)
+	if err != nil {
+		return "", ""
+	}
+	var out []string
+	for _, n := range names {
+		switch {
+		case strings.HasSuffix(n, ".sst") && pebbleRecordsFile.MatchString(n) && !listed[n]:
+			out = append(out, n)
+		case strings.HasPrefix(n, "MANIFEST-") && n > manifest: // NB: zero-padded numbers sort as strings
+			manifest = n
+		}
+	}
+	slices.Sort(out)
+	return strings.Join(out, ", "), manifest
 }
 
 // missingMarkers returns the names Pebble's marker files would have when
