@@ -365,7 +365,14 @@ node id the ledger has never seen is refused too.`,
 				return err
 			}
 			defer l.Close()
-			return runRevoke(cmd.Context(), cmd.OutOrStdout(), l, nodeID, dryRun, force, time.Now())
+			// NB: by the ledger's clock, which wrote the heartbeats: by this
+			// machine's, minutes ahead, a running node looked silent and
+			// was freed without --force (its accounts could overshoot).
+			now, err := l.Clock(cmd.Context())
+			if err != nil {
+				return fmt.Errorf("read the ledger's clock: %w", err)
+			}
+			return runRevoke(cmd.Context(), cmd.OutOrStdout(), l, nodeID, dryRun, force, now)
 		},
 	}
 	ledgerFlag(cmd, &dsn)
@@ -381,6 +388,9 @@ node id the ledger has never seen is refused too.`,
 // without --force.
 const revokeQuiet = 2 * time.Minute
 
+// runRevoke frees nodeID's reservations; now is the ledger's clock (how
+// long ago the node was heard from is measured by the clock that wrote its
+// heartbeats).
 func runRevoke(ctx context.Context, out io.Writer, l flush.Ledger, nodeID string, dryRun, force bool, now time.Time) error {
 	nodes, err := l.Nodes(ctx)
 	if err != nil {
