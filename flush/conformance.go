@@ -1991,6 +1991,16 @@ func confMissedAlerts(t *testing.T, l Ledger) {
 	a.settle(t, chargeOf("acct-1", "e1", 8, confJune), chargeOf("acct-2", "e2", 6, confJune), chargeOf("acct-2", "e3", 4, confJune),
 		chargeOf("acct-3", "e4", 7, confJune), chargeOf("acct-4", "e5", 9, confJune))
 	a.settle(t, refundOf("acct-4", "e5", 9, confJune)) // refunded below every threshold
+	// A plan whose quota times a threshold passes int64 ("unlimited" as
+	// 10^17): Postgres's bigint product overflowed, and the query failed
+	// for every account, on every sweep.
+	if err := l.UpsertPlan(ctx, snapshot.Plan{ID: "huge", MonthlyQuota: 100_000_000_000_000_000}); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.UpsertAccount(ctx, "acct-5", "huge"); err != nil {
+		t.Fatal(err)
+	}
+	a.settle(t, chargeOf("acct-5", "e6", 5, confJune))
 	missed := func(period shard.Period, limit int) []MissedAlert {
 		t.Helper()
 		got, err := l.MissedAlerts(ctx, period, []int{80, 100}, limit)

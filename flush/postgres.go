@@ -566,13 +566,16 @@ func (p *Postgres) TakeOverAlerts(ctx context.Context, claim string, lease, give
 
 // MissedAlerts lists thresholds crossed with no alert (see Ledger): the
 // monthly grants are read by their id, each threshold as a row of its own.
+// Reached is used >= ceil(units * threshold / 100) in integers that cannot
+// overflow (node's reached): used * 100 did past 9.2e16, and failed the
+// query for every account.
 func (p *Postgres) MissedAlerts(ctx context.Context, period shard.Period, thresholds []int, limit int) ([]MissedAlert, error) {
 	if err := checkMissed(thresholds, limit); err != nil || len(thresholds) == 0 {
 		return nil, err
 	}
 	rows, _ := p.pool.Query(ctx, `SELECT g.account_id, t.threshold, g.used, g.units
 		FROM grants g CROSS JOIN unnest($2::int[]) AS t(threshold)
-		WHERE g.grant_id = $1 AND g.units > 0 AND g.used * 100 >= g.units * t.threshold
+		WHERE g.grant_id = $1 AND g.units > 0 AND g.used >= (g.units / 100) * t.threshold + ((g.units % 100) * t.threshold + 99) / 100
 			AND NOT EXISTS (SELECT 1 FROM alerts a WHERE a.account_id = g.account_id AND a.period = $3 AND a.threshold = t.threshold)
 		ORDER BY g.account_id, t.threshold
 		LIMIT $4`, shard.MonthlyGrantID(period), thresholds, period.String(), limit)

@@ -405,7 +405,7 @@ func (s *SQLite) MissedAlerts(ctx context.Context, period shard.Period, threshol
 	err := s.read(ctx, func(tx *sql.Tx) error {
 		return queryEach(ctx, tx, `SELECT g.account_id, t.value, g.used, g.units
 			FROM grants g, json_each(?) t
-			WHERE g.grant_id = ? AND g.units > 0 AND g.used * 100 >= g.units * t.value
+			WHERE g.grant_id = ? AND g.units > 0 AND g.used >= (g.units / 100) * t.value + ((g.units % 100) * t.value + 99) / 100
 				AND NOT EXISTS (SELECT 1 FROM alerts a WHERE a.account_id = g.account_id AND a.period = ? AND a.threshold = t.value)
 			ORDER BY g.account_id, t.value
 			LIMIT ?`, []any{string(ts), shard.MonthlyGrantID(period), period.String(), limit},
