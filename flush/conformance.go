@@ -733,6 +733,17 @@ func confServedAcrossOwners(t *testing.T, l Ledger) {
 		t.Fatalf("node-b's refund of its retry after node-a's pending one: %+v, want applied", res)
 	}
 	wantUsage(t, l, "acct-1", 4)
+	// e6b: the same, both refunds in one batch (a settle interval holds
+	// both): applied in log order, as two batches are. Postgres marked the
+	// second a duplicate unread, and the event stayed billed.
+	a.settle(t, chargeOf("acct-1", "e6b", 2, confJune).withReserved())
+	b.settle(t, chargeOf("acct-1", "e6b", 2, confJune).withReserved())
+	wantUsage(t, l, "acct-1", 6)
+	if res := b.settle(t, refundOf("acct-1", "e6b", 2, confJune).attempt().chargedBy("node-a"),
+		refundOf("acct-1", "e6b", 2, confJune).withReserved().attempt()); len(res.DuplicateRefunds) != 1 {
+		t.Fatalf("node-a's attempt and node-b's retry refunded in one batch: %+v, want the first kept and the second applied", res)
+	}
+	wantUsage(t, l, "acct-1", 4)
 
 	// e7: node-a's charge was served; node-b, a stale owner after a pause,
 	// charged the abandoned first attempt and refunded it when its client

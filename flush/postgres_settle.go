@@ -624,10 +624,10 @@ func (s *pgSettle) settleLog(ctx context.Context, tx pgx.Tx) error {
 	if err := s.settleReplays(ctx, tx); err != nil {
 		return err
 	}
-	refunds, outcomes := s.dedupRefunds()
-	if len(refunds) > 0 {
+	outcomes := make([]refundOutcome, len(b.Refunds))
+	for _, send := range s.refundRounds() {
 		q := &pgx.Batch{}
-		s.queueRefunds(q, refunds, outcomes)
+		s.queueRefunds(q, send, outcomes)
 		s.res.RoundTrips++
 		if err := tx.SendBatch(ctx, q).Close(); err != nil {
 			return err
@@ -869,23 +869,27 @@ type refundOutcome struct {
 	event refundedEvent // refundApplied: the event as the log has it
 }
 
-// dedupRefunds returns the indexes of the refunds to send (the first of
-// each event) and an outcome slot per refund; later refunds of the same
-// event in the batch are duplicates already.
-func (s *pgSettle) dedupRefunds() (send []int, outcomes []refundOutcome) {
-	outcomes = make([]refundOutcome, len(s.b.Refunds))
-	seen := make(map[refundKey]bool, len(s.b.Refunds))
+// refundRounds splits the batch's refunds into rounds that each hold at
+// most one refund of an event, in log order: round k holds each event's
+// k-th refund. One statement decides a round, and the next sees what it
+// did, so an event's refunds apply in log order as SQLite's do. (A later
+// refund of an event in the batch was marked a duplicate unread, though an
+// attempt's refund that the first kept pending is released by the next:
+// the event stayed billed.) Nearly always there is one round.
+func (s *pgSettle) refundRounds() [][]int {
+	var rounds [][]int
+	count := make(map[refundKey]int, len(s.b.Refunds))
 	for i := range s.b.Refunds {
 		r := &s.b.Refunds[i]
 		k := refundKey{r.Account, r.EventID, r.Period}
-		if seen[k] {
-			outcomes[i].kind = refundDuplicate
-			continue
+		n := count[k]
+		count[k] = n + 1
+		if n == len(rounds) {
+			rounds = append(rounds, nil)
 		}
-		seen[k] = true
-		send = append(send, i)
+		rounds[n] = append(rounds[n], i)
 	}
-	return send, outcomes
+	return rounds
 }
 
 // queueRefunds queues pgRefundsSQL for the refunds at the given indexes; its
