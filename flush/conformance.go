@@ -790,6 +790,23 @@ func confServedAcrossOwners(t *testing.T, l Ledger) {
 		t.Fatalf("node-b's refund of the e9 it took over: %+v, want applied", res)
 	}
 	wantUsage(t, l, "acct-1", 4)
+	// e10: one node charged a client's retry again (its dedup had forgotten
+	// the key), both in one batch, then refunded the first attempt: the
+	// retry was served, so the refund is kept, as with two batches.
+	// Postgres did not count a retry whose first copy came in the same
+	// statement, and un-billed the served retry.
+	if res := a.settle(t, chargeOf("acct-1", "e10", 3, confJune).withReserved(), chargeOf("acct-1", "e10", 3, confJune).withReserved()); len(res.Duplicates) != 1 {
+		t.Fatalf("e10 charged twice in one batch: %+v, want the second a duplicate", res)
+	}
+	wantUsage(t, l, "acct-1", 7)
+	if res := a.settle(t, refundOf("acct-1", "e10", 3, confJune).withReserved().attempt()); len(res.DuplicateRefunds) != 1 {
+		t.Fatalf("the first attempt of e10 refunded after its retry was served: %+v, want kept", res)
+	}
+	wantUsage(t, l, "acct-1", 7)
+	if res := a.settle(t, refundOf("acct-1", "e10", 3, confJune).withReserved()); len(res.DuplicateRefunds) != 0 {
+		t.Fatalf("the event's own refund of e10: %+v, want applied", res)
+	}
+	wantUsage(t, l, "acct-1", 4)
 	// used + reserved stays within the units, and the counters equal the log.
 	g := grantOf(t, l, "acct-1", confJune)
 	if g.Used != 4 || g.Used+g.Reserved > g.Units {

@@ -806,11 +806,10 @@ func collectOrigins(rows pgx.Rows, dups map[uint64]origin) ([]uint64, error) {
 }
 
 // pgReprobeSQL looks again, in a statement of its own, for the rows of
-// charges whose insert found a row it could not see: see reprobe. $1, $2:
-// node, incarnation (rows of this batch's own are left out).
-const pgReprobeSQL = pgOriginSelect + `unnest($3::bigint[], $4::text[], $5::text[], $6::date[], $7::timestamptz[])
-	AS d(seq, account_id, event_id, period_start, charged_at)` + pgOriginJoin + `
-WHERE NOT (e.node_id = $1 AND e.incarnation = $2)`
+// charges whose insert found a row it could not see: see reprobe. $1: the
+// batch's node (pgOriginSelect); $2-$6: the charges.
+const pgReprobeSQL = pgOriginSelect + `unnest($2::bigint[], $3::text[], $4::text[], $5::date[], $6::timestamptz[])
+	AS d(seq, account_id, event_id, period_start, charged_at)` + pgOriginJoin
 
 // reprobe reads again the rows of the charges at seqs, which the insert
 // statement found in the way but did not see: rows a concurrent settle (a
@@ -819,7 +818,11 @@ WHERE NOT (e.node_id = $1 AND e.incarnation = $2)`
 // unseen, such a charge was a plain duplicate, not billed: and when the
 // other settle had refunded its own attempt, the served charge was lost
 // (G4). A statement of its own sees them. A row this batch inserted (the
-// same event id twice in it) stays a plain duplicate, as before.
+// same event id twice in it: a node whose dedup forgot the key charged a
+// client's retry again) is seen too, so the retry counts as served again,
+// as it does when the two settle in two batches and on SQLite; it was a
+// plain duplicate, and a refund of the first attempt then un-billed the
+// served retry.
 func (s *pgSettle) reprobe(ctx context.Context, tx pgx.Tx, charges []Charge, dups map[uint64]origin, seqs []uint64) error {
 	want := make(map[uint64]bool, len(seqs))
 	for _, q := range seqs {
@@ -834,7 +837,7 @@ func (s *pgSettle) reprobe(ctx context.Context, tx pgx.Tx, charges []Charge, dup
 		}
 	}
 	s.res.RoundTrips++
-	rows, _ := tx.Query(ctx, pgReprobeSQL, s.b.Node, s.b.Incarnation, qs, accounts, events, starts, walls)
+	rows, _ := tx.Query(ctx, pgReprobeSQL, s.b.Node, qs, accounts, events, starts, walls)
 	_, err := collectOrigins(rows, dups) // rows still not seen stay plain duplicates
 	return err
 }
