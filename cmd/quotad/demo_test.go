@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -14,8 +15,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/quotaring/quotaring/flush"
 	"github.com/quotaring/quotaring/internal/cluster"
+	"github.com/quotaring/quotaring/node"
 	"github.com/quotaring/quotaring/router"
+	"github.com/quotaring/quotaring/shard"
 )
 
 // TestDemo runs `quotad demo --duration 30s` as a process, its stdout a
@@ -201,5 +205,23 @@ func TestDemoAPICreatesOneTaskPerKey(t *testing.T) {
 	}
 	if a.createTask(req("acme", "")) == a.createTask(req("acme", "")) {
 		t.Error("two requests without a key got one task")
+	}
+}
+
+// The alerts that differ from what the webhook took fail the demo: they
+// were only shown in red, and the demo said OK and exited 0. An alert
+// still pending is not a failure (its lease runs on after the demo).
+func TestDemoAlertProblems(t *testing.T) {
+	d := &demoRun{out: io.Discard, api: &demoAPI{}}
+	d.api.badAlerts.Store(1)
+	d.api.alerts = []node.Alert{{Account: "acme", Period: "2026-06", Threshold: 80}}
+	june := shard.PeriodOf(time.Date(2026, 6, 10, 0, 0, 0, 0, time.UTC).UnixNano())
+	problems := d.alertLines([]flush.AlertRecord{
+		{Account: "acme", Period: june, Threshold: 80, State: flush.AlertDelivered},
+		{Account: "acme", Period: june, Threshold: 100, State: flush.AlertDelivered}, // never taken
+		{Account: "beta", Period: june, Threshold: 80, State: flush.AlertPending},
+	})
+	if got := strings.Join(problems, "; "); got != "1 alerts refused by the webhook for a bad signature; 1 alerts marked delivered that the webhook never took" {
+		t.Errorf("problems: %q", got)
 	}
 }
