@@ -3,6 +3,7 @@ package chaos
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -244,6 +245,19 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	plan, err := NewPlan(cfg.Seed, cfg.Nodes, cfg.Duration, cfg.Faults)
 	if err != nil {
 		return nil, err
+	}
+	if len(cfg.Faults) > 0 && len(plan.Episodes) == 0 {
+		// It ran its whole duration without a fault and passed: a chaos
+		// test that tested nothing.
+		return nil, fmt.Errorf("chaos: no fault of --faults %s fits this run, so it would test nothing: %s", joinFaults(cfg.Faults), plan.whyMissing(plan.Missing()))
+	}
+	if fi, err := os.Stat(cfg.Binary); err != nil || fi.IsDir() || fi.Mode().Perm()&0o111 == 0 {
+		// Checked before Postgres and the dirs are set up: a typo failed
+		// at the first node's start and left --dir in use.
+		if err == nil {
+			err = errors.New("not an executable file")
+		}
+		return nil, fmt.Errorf("chaos: --binary %s: want a quotad executable (%v)", cfg.Binary, err)
 	}
 	if err := cfg.checkDirs(); err != nil {
 		return nil, err

@@ -291,6 +291,20 @@ func sorted(s []string) []string {
 	return out
 }
 
+// whyMissing says why the faults m have no episode: scale-down never takes
+// the cluster below minNodes, and the rest had no room in the duration.
+func (p *Plan) whyMissing(m []Fault) string {
+	var parts []string
+	if p.Nodes <= minNodes && slices.Contains(m, ScaleDown) {
+		parts = append(parts, fmt.Sprintf("scale-down (it never takes the cluster below %d nodes: give --nodes %d or more)", minNodes, minNodes+1))
+		m = slices.DeleteFunc(slices.Clone(m), func(f Fault) bool { return f == ScaleDown })
+	}
+	if len(m) > 0 {
+		parts = append(parts, fmt.Sprintf("no room in %s: %s (a longer --duration fits more)", p.Duration, joinFaults(m)))
+	}
+	return strings.Join(parts, "; ")
+}
+
 // Missing lists the faults the plan was given but has no episode of: a
 // short duration leaves no room for them.
 func (p *Plan) Missing() []Fault {
@@ -308,7 +322,7 @@ func (p *Plan) String() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "seed %d: %d nodes for %s, faults %s\n", p.Seed, p.Nodes, p.Duration, joinFaults(p.Faults))
 	if m := p.Missing(); len(m) > 0 {
-		fmt.Fprintf(&b, "  NOT IN THE PLAN, no room in %s: %s (a longer --duration fits more)\n", p.Duration, joinFaults(m))
+		fmt.Fprintf(&b, "  NOT IN THE PLAN: %s\n", p.whyMissing(m))
 	}
 	for _, e := range p.Episodes {
 		fmt.Fprintf(&b, "  %8s %8s  %s\n", clock(e.Start), clock(e.End), e.Describe())

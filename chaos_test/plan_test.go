@@ -147,8 +147,14 @@ func TestPlanNamesTheFaultsItHasNoRoomFor(t *testing.T) {
 	if m := p.Missing(); !slices.Equal(m, []Fault{Kill, LedgerDown}) {
 		t.Fatalf("missing %v, want [kill ledger-down]:\n%s", m, p)
 	}
-	if !strings.Contains(p.String(), "NOT IN THE PLAN, no room in 15s: kill,ledger-down") {
+	if !strings.Contains(p.String(), "NOT IN THE PLAN: no room in 15s: kill,ledger-down") {
 		t.Fatalf("the plan does not say which faults it has no room for:\n%s", p)
+	}
+	// scale-down never takes 3 nodes below 3: that is what the plan says,
+	// not that a longer --duration would fit it.
+	p = mustPlan(t, 1, 3, 10*time.Minute, "scale-down")
+	if len(p.Episodes) != 0 || !strings.Contains(p.String(), "scale-down (it never takes the cluster below 3 nodes: give --nodes 4 or more)") {
+		t.Fatalf("scale-down on 3 nodes:\n%s", p)
 	}
 	for _, g := range goldenPlans(t) {
 		if m := g.Missing(); len(m) > 0 || strings.Contains(g.String(), "NOT IN THE PLAN") {

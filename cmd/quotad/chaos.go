@@ -182,8 +182,8 @@ func checkChaosFlags(cfg *chaos.Config) error {
 		return fmt.Errorf("chaos: --workers %d: want at least 1", cfg.Workers)
 	case !(cfg.Rate >= 0.5 && cfg.Rate <= 100_000): // NB: NaN fails every comparison
 		return fmt.Errorf("chaos: --rate %g: want 0.5 to 100000 operations a second (fewer tests nothing; the workload's ticker cannot go faster)", cfg.Rate)
-	case cfg.SettleInterval <= 0:
-		return fmt.Errorf("chaos: --settle-interval %s: want more than 0", cfg.SettleInterval)
+	case cfg.SettleInterval < minSettleInterval:
+		return fmt.Errorf("chaos: --settle-interval %s: want at least %s (the nodes' own floor)", cfg.SettleInterval, minSettleInterval)
 	case cfg.FirstIP < 2 || cfg.FirstIP > 250:
 		return fmt.Errorf("chaos: --first-ip %d: want 2 to 250 (node i listens on SUBNET.(first-ip + i))", cfg.FirstIP)
 	case cfg.Nodes > chaos.MaxNodes(cfg.FirstIP):

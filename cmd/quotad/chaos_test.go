@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"context"
+	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -33,6 +35,8 @@ func TestChaosFlags(t *testing.T) {
 		{[]string{"--rate", "1e-9"}, "--rate 1e-09"}, // a run that tests nothing
 		{[]string{"--first-ip", "300"}, "--first-ip 300: want 2 to 250"},
 		{[]string{"--settle-interval", "0"}, "--settle-interval 0s"},
+		{[]string{"--settle-interval", "1ms"}, "--settle-interval 1ms: want at least 10ms"}, // the nodes refused it, after Postgres started
+		{[]string{"--nodes", "3", "--faults", "scale-down"}, "no fault of --faults scale-down fits this run"},
 		{[]string{"--first-ip", "0"}, "--first-ip 0"},
 		{[]string{"--faults", "crashes"}, `unknown fault "crashes"`},
 		{[]string{"--faults", ","}, "no faults given"},
@@ -49,6 +53,13 @@ func TestChaosFlags(t *testing.T) {
 		if strings.Contains(out.String(), "starting") {
 			t.Errorf("quotad chaos %s started a cluster:\n%s", strings.Join(tc.args, " "), out.String())
 		}
+	}
+	dir := t.TempDir()
+	if _, err := runQuotad(t, "chaos", "--binary", filepath.Join(dir, "nope"), "--dir", filepath.Join(dir, "run")); err == nil || !strings.Contains(err.Error(), "--binary") {
+		t.Errorf("quotad chaos with a missing --binary: %v, want it named before anything starts", err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "run")); !os.IsNotExist(err) {
+		t.Errorf("quotad chaos with a missing --binary left --dir behind (%v)", err)
 	}
 }
 
