@@ -160,16 +160,22 @@ func runReconcile(ctx context.Context, out, errOut io.Writer, dsn string, dataDi
 		return err
 	}
 	tw.Flush()
+	// Every dir is listed, and the summary and the exit code say the
+	// ledger's verdict, whatever a dir's problem: a mistyped --data-dir
+	// ended the run with exit 1 and no summary, hiding a difference.
+	var dirErrs []error
 	for _, dir := range dataDirs {
 		if err := printUnsettled(ctx, out, errOut, l, dir); err != nil {
-			return err
+			fmt.Fprintf(out, "\n%s: %v\n", dir, err)
+			dirErrs = append(dirErrs, err)
 		}
 	}
 	fmt.Fprintf(out, "\n%d rows compared, %d differences\n", rows, diffs)
 	if diffs > 0 {
-		return &exitError{code: 3, err: fmt.Errorf("reconcile: %d differences between counters and the event log", diffs)}
+		err := fmt.Errorf("reconcile: %d differences between counters and the event log", diffs)
+		return &exitError{code: 3, err: errors.Join(append([]error{err}, dirErrs...)...)}
 	}
-	return nil
+	return errors.Join(dirErrs...)
 }
 
 // printUnsettled lists a stopped node's unsettled charges per account. A
@@ -240,6 +246,15 @@ func printUnsettled(ctx context.Context, out, errOut io.Writer, l flush.Ledger, 
 		fmt.Fprintf(out, "  this data dir is older than the ledger: the ledger has it (incarnation %s) settled to %d, beyond this log's end at %d, and no node "+
 			"started on it reached the ledger to record which of its records the ledger billed from the original dir: those and the charges taken "+
 			"since under reused sequence numbers cannot be told apart here; none of them can be settled from this dir\n", wl.Incarnation(), mark, durable)
+		sum, err := unsettledUnits(wl, settled, durable, nil)
+		if err != nil {
+			return err
+		}
+		// NB: not "units pending": some were billed already, and billing
+		// them by hand would bill those twice.
+		printUnits(out, "    ", sum, "units billed already or to bill by hand (which, this dir cannot tell: compare with the ledger's event log for this incarnation)")
+		fmt.Fprintf(out, "  then run quotad revoke --node %s and start the node with an empty data dir\n", wl.NodeID())
+		return nil
 	case known && mark > settled:
 		sum, err := unsettledUnits(wl, settled, mark, nil)
 		if err != nil {

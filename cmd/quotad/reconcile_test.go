@@ -276,3 +276,69 @@ func TestReconcileCountsRecordsTheLedgerSettledAsBilled(t *testing.T) {
 		t.Errorf("reconcile does not say %q and acct-1: +4 units pending:\n%s", want, out.String())
 	}
 }
+
+// A dir older than the ledger that no node started on (so nothing recorded
+// where its own records end): the ledger's mark is past the log's end, and
+// its records cannot be told billed from not. They were summed as "units
+// pending", and an operator billing those billed some twice.
+func TestReconcileDoesNotCallAnOlderDirsRecordsPending(t *testing.T) {
+	ctx := context.Background()
+	path := migratedSQLite(t)
+	dir := filepath.Join(t.TempDir(), "q1")
+	log, err := wal.Open(wal.Options{Dir: dir, NodeID: "q1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		rec := shard.Record{Type: shard.RecCharge, Account: "acct-1", EventID: fmt.Sprint("e", i), Units: 2}
+		seq, err := log.Append(rec.AppendEncode(nil))
+		if err == nil {
+			err = log.WaitDurable(ctx, seq)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	l, err := flush.OpenSQLite(ctx, path, flush.SQLiteOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if _, err := l.RegisterNode(ctx, "q1", log.Incarnation()); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := l.Settle(ctx, &flush.Batch{Node: "q1", Incarnation: log.Incarnation(), Prev: 0, Next: 5, Events: true}); err != nil || !res.Applied {
+		t.Fatalf("settle (0, 5]: %+v, %v", res, err)
+	}
+	if err := log.Close(); err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	if err := runReconcile(ctx, &out, &out, "sqlite:"+path, []string{dir}, false); err != nil {
+		t.Fatalf("reconcile: %v\n%s", err, out.String())
+	}
+	if got := out.String(); strings.Contains(got, "units pending") || !strings.Contains(got, "+6 units billed already or to bill by hand") {
+		t.Errorf("reconcile of a dir older than the ledger:\n%s\nwant its 6 units as not told apart, not pending", got)
+	}
+}
+
+// A --data-dir that cannot be read does not hide the ledger's verdict: the
+// summary is printed and a difference still exits 3 (it was exit 1 with no
+// summary).
+func TestReconcileBadDirKeepsTheVerdict(t *testing.T) {
+	path := migratedSQLite(t)
+	db, err := sql.Open("sqlite", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec(`INSERT INTO usage_daily (account_id, key_id, route, day, units, requests) VALUES ('acct-1', 'k', 'GET /x', '2026-06-15', 3, 1)`); err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+	var out bytes.Buffer
+	err = runReconcile(context.Background(), &out, &out, "sqlite:"+path, []string{filepath.Join(t.TempDir(), "nope")}, false)
+	var exit *exitError
+	if !errors.As(err, &exit) || exit.code != 3 || !strings.Contains(err.Error(), "not a directory") || !strings.Contains(out.String(), "1 differences") {
+		t.Fatalf("reconcile with a difference and a bad --data-dir: %v\n%s\nwant exit 3, the summary and the dir's error", err, out.String())
+	}
+}
