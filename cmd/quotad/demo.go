@@ -142,7 +142,10 @@ func runDemo(ctx context.Context, out io.Writer, f demoFlags) (err error) {
 	d.dir, d.dsn = dir, "sqlite:"+filepath.Join(dir, "ledger.db")
 	defer func() {
 		switch {
-		case err != nil && ctx.Err() != nil: // Ctrl-C: the nodes are stopped by now
+		case err != nil && ctx.Err() != nil && !errors.As(err, new(*exitError)): // Ctrl-C: the nodes are stopped by now
+			// NB: not the checks' own failure (exitError: the stop and
+			// the comparison run on after a Ctrl-C): that stays exit 1,
+			// and its dir is kept.
 			err = &exitError{code: 130, err: errors.New("demo: interrupted")}
 			if !f.keep {
 				removeDir()
