@@ -247,10 +247,7 @@ func TestConfigRefreshDoesNotUndoANewerOne(t *testing.T) {
 		t.Fatal(err)
 	}
 	n := &slowConfigNode{hangingNode: hangingNode{addr: lis.Addr().String()}, asked: make(chan struct{}, 1), release: make(chan struct{})}
-	srv := grpc.NewServer()
-	pb.RegisterQuotaServer(srv, n)
-	go srv.Serve(lis)
-	defer srv.Stop()
+	serveFake(t, lis, n)
 	c, err := DialOptions{RefreshInterval: -1}.Dial(context.Background(), n.addr)
 	if err != nil {
 		t.Fatal(err)
@@ -604,12 +601,8 @@ func TestLargeConfigReachesTheClient(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	n := &bigConfigNode{hangingNode{addr: lis.Addr().String()}}
-	srv := grpc.NewServer()
-	pb.RegisterQuotaServer(srv, n)
-	go srv.Serve(lis)
-	defer srv.Stop()
-	c, err := DialOptions{RefreshInterval: -1}.Dial(context.Background(), n.addr)
+	serveFake(t, lis, &bigConfigNode{hangingNode{addr: lis.Addr().String()}})
+	c, err := DialOptions{RefreshInterval: -1}.Dial(context.Background(), lis.Addr().String())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -645,4 +638,13 @@ func TestOversizedFieldsAreRefused(t *testing.T) {
 	if _, err := (DialOptions{MaxBatch: MaxMaxBatch + 1}).Dial(context.Background(), "127.0.0.1:7400"); !errors.Is(err, ErrInvalidRequest) || !strings.Contains(err.Error(), "MaxBatch") {
 		t.Errorf("MaxBatch %d: %v; want ErrInvalidRequest", MaxMaxBatch+1, err)
 	}
+}
+
+// serveFake serves n, a fake node, on lis until the test ends.
+func serveFake(t *testing.T, lis net.Listener, n pb.QuotaServer) {
+	t.Helper()
+	srv := grpc.NewServer()
+	pb.RegisterQuotaServer(srv, n)
+	go srv.Serve(lis)
+	t.Cleanup(srv.Stop)
 }

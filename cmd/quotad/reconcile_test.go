@@ -237,39 +237,9 @@ func TestReconcileTellsAStaleDirsBilledRecordsFromTheOnesToBill(t *testing.T) {
 // settled records its dir still holds. They are billed already; reconcile
 // says so instead of counting them as pending.
 func TestReconcileCountsRecordsTheLedgerSettledAsBilled(t *testing.T) {
-	ctx := context.Background()
-	path := migratedSQLite(t)
-	dir := filepath.Join(t.TempDir(), "q1")
-	log, err := wal.Open(wal.Options{Dir: dir, NodeID: "q1"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i := range 5 {
-		rec := shard.Record{Type: shard.RecCharge, Account: "acct-1", EventID: fmt.Sprint("e", i), Units: 2}
-		seq, err := log.Append(rec.AppendEncode(nil))
-		if err == nil {
-			err = log.WaitDurable(ctx, seq)
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
-	l, err := flush.OpenSQLite(ctx, path, flush.SQLiteOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	if _, err := l.RegisterNode(ctx, "q1", log.Incarnation()); err != nil {
-		t.Fatal(err)
-	}
-	if res, err := l.Settle(ctx, &flush.Batch{Node: "q1", Incarnation: log.Incarnation(), Prev: 0, Next: 3, Events: true}); err != nil || !res.Applied {
-		t.Fatalf("settle (0, 3]: %+v, %v", res, err)
-	}
-	if err := log.Close(); err != nil {
-		t.Fatal(err)
-	}
+	path, dir := reconcileDir(t, 5, 3)
 	var out bytes.Buffer
-	if err := runReconcile(ctx, &out, &out, "sqlite:"+path, []string{dir}, false); err != nil {
+	if err := runReconcile(context.Background(), &out, &out, "sqlite:"+path, []string{dir}, false); err != nil {
 		t.Fatalf("reconcile: %v\n%s", err, out.String())
 	}
 	if want := "records 1 to 3: settled by the ledger"; !strings.Contains(out.String(), want) || !strings.Contains(out.String(), "\n  acct-1: +4 units pending\n") {
@@ -277,19 +247,19 @@ func TestReconcileCountsRecordsTheLedgerSettledAsBilled(t *testing.T) {
 	}
 }
 
-// A dir older than the ledger that no node started on (so nothing recorded
-// where its own records end): the ledger's mark is past the log's end, and
-// its records cannot be told billed from not. They were summed as "units
-// pending", and an operator billing those billed some twice.
-func TestReconcileDoesNotCallAnOlderDirsRecordsPending(t *testing.T) {
+// reconcileDir makes a stopped node q1's data dir holding records charges
+// of 2 units to acct-1, and a migrated SQLite ledger that settled its
+// incarnation to settled (beyond the log's end when settled > records).
+func reconcileDir(t *testing.T, records int, settled uint64) (path, dir string) {
+	t.Helper()
 	ctx := context.Background()
-	path := migratedSQLite(t)
-	dir := filepath.Join(t.TempDir(), "q1")
+	path = migratedSQLite(t)
+	dir = filepath.Join(t.TempDir(), "q1")
 	log, err := wal.Open(wal.Options{Dir: dir, NodeID: "q1"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	for i := range 3 {
+	for i := range records {
 		rec := shard.Record{Type: shard.RecCharge, Account: "acct-1", EventID: fmt.Sprint("e", i), Units: 2}
 		seq, err := log.Append(rec.AppendEncode(nil))
 		if err == nil {
@@ -307,14 +277,23 @@ func TestReconcileDoesNotCallAnOlderDirsRecordsPending(t *testing.T) {
 	if _, err := l.RegisterNode(ctx, "q1", log.Incarnation()); err != nil {
 		t.Fatal(err)
 	}
-	if res, err := l.Settle(ctx, &flush.Batch{Node: "q1", Incarnation: log.Incarnation(), Prev: 0, Next: 5, Events: true}); err != nil || !res.Applied {
-		t.Fatalf("settle (0, 5]: %+v, %v", res, err)
+	if res, err := l.Settle(ctx, &flush.Batch{Node: "q1", Incarnation: log.Incarnation(), Prev: 0, Next: settled, Events: true}); err != nil || !res.Applied {
+		t.Fatalf("settle (0, %d]: %+v, %v", settled, res, err)
 	}
 	if err := log.Close(); err != nil {
 		t.Fatal(err)
 	}
+	return path, dir
+}
+
+// A dir older than the ledger that no node started on (so nothing recorded
+// where its own records end): the ledger's mark is past the log's end, and
+// its records cannot be told billed from not. They were summed as "units
+// pending", and an operator billing those billed some twice.
+func TestReconcileDoesNotCallAnOlderDirsRecordsPending(t *testing.T) {
+	path, dir := reconcileDir(t, 3, 5)
 	var out bytes.Buffer
-	if err := runReconcile(ctx, &out, &out, "sqlite:"+path, []string{dir}, false); err != nil {
+	if err := runReconcile(context.Background(), &out, &out, "sqlite:"+path, []string{dir}, false); err != nil {
 		t.Fatalf("reconcile: %v\n%s", err, out.String())
 	}
 	if got := out.String(); strings.Contains(got, "units pending") || !strings.Contains(got, "+6 units billed already or to bill by hand") {
