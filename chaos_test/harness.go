@@ -251,16 +251,17 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		// test that tested nothing.
 		return nil, fmt.Errorf("chaos: no fault of --faults %s fits this run, so it would test nothing: %s", joinFaults(cfg.Faults), plan.whyMissing(plan.Missing()))
 	}
+	if err := cfg.checkDirs(); err != nil {
+		return nil, err
+	}
 	if fi, err := os.Stat(cfg.Binary); err != nil || fi.IsDir() || fi.Mode().Perm()&0o111 == 0 {
-		// Checked before Postgres and the dirs are set up: a typo failed
-		// at the first node's start and left --dir in use.
+		// Checked before Postgres starts and anything is written to --dir
+		// (still empty, so the same --dir serves the next run): a typo
+		// failed at the first node's start and left --dir in use.
 		if err == nil {
 			err = errors.New("not an executable file")
 		}
 		return nil, fmt.Errorf("chaos: --binary %s: want a quotad executable (%v)", cfg.Binary, err)
-	}
-	if err := cfg.checkDirs(); err != nil {
-		return nil, err
 	}
 	// The cluster runs with its internal ports locked, as the README
 	// advises for production: the faults then also exercise forwarding

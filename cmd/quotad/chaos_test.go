@@ -58,8 +58,8 @@ func TestChaosFlags(t *testing.T) {
 	if _, err := runQuotad(t, "chaos", "--binary", filepath.Join(dir, "nope"), "--dir", filepath.Join(dir, "run")); err == nil || !strings.Contains(err.Error(), "--binary") {
 		t.Errorf("quotad chaos with a missing --binary: %v, want it named before anything starts", err)
 	}
-	if _, err := os.Stat(filepath.Join(dir, "run")); !os.IsNotExist(err) {
-		t.Errorf("quotad chaos with a missing --binary left --dir behind (%v)", err)
+	if ents, err := os.ReadDir(filepath.Join(dir, "run")); len(ents) > 0 || err != nil && !os.IsNotExist(err) {
+		t.Errorf("quotad chaos with a missing --binary left --dir in use: %v, %v", ents, err)
 	}
 }
 
