@@ -34,9 +34,9 @@ type DialOptions struct {
 	// the background (call Client.Refresh).
 	RefreshInterval time.Duration
 	// MaxBatch bounds the charges of one call to an owner [512], at most
-	// MaxMaxBatch; MaxInflight
-	// the calls of one kind (charges, refunds) in flight to one owner [4].
-	// Calls beyond it are coalesced into the next batch.
+	// MaxMaxBatch; MaxInflight the calls of one kind (charges, refunds) in
+	// flight to one owner [4]. Calls beyond it are coalesced into the next
+	// batch.
 	MaxBatch, MaxInflight int
 	// Dialer, when set, opens connections to nodes (tests, custom networks).
 	Dialer func(ctx context.Context, addr string) (net.Conn, error)

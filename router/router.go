@@ -40,8 +40,10 @@ var (
 	ErrClosed = errors.New("router: the client is closed (Close was called); Dial a new one")
 	// ErrInvalidRequest: the Client refused a request before sending it
 	// (an empty Account, Units out of range, an EventID without ClientID or
-	// longer than MaxEventID, a string that is not valid UTF-8); the error
-	// names the field. Retrying the same request cannot help.
+	// longer than MaxEventID, an Account, Route or Key longer than MaxField,
+	// a string that is not valid UTF-8 or holds a NUL byte, a nil context),
+	// or Dial refused its options; the error names the field. Retrying the
+	// same request cannot help.
 	ErrInvalidRequest = errors.New("router: invalid request")
 	// ErrRejected: the node turned the call away before handling it: a
 	// wrong or missing RPC token (gRPC Unauthenticated, PermissionDenied),
