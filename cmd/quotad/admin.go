@@ -47,7 +47,7 @@ func (af *serveAdminFlags) register(cmd *cobra.Command, token *string) {
 	fl.StringVar(&af.secret, "alert-secret", "", "HMAC-SHA256 key that signs alerts (X-Quotaring-Signature); required with --alert-webhook, at least 16 characters; prefer QUOTAD_ALERT_SECRET or QUOTAD_ALERT_SECRET_FILE (a file holding it)")
 	fl.IntSliceVar(&af.thresholds, "alert-thresholds", []int{80, 100}, "percentages of a period's quota that alert, once per account and month each")
 	fl.DurationVar(&af.lease, "alert-lease", 10*time.Minute, "how long a claimed alert may stay undelivered before any node takes it over and tries again (a node's own round of retries ends before half of it); at least 30s")
-	fl.DurationVar(&af.giveUp, "alert-give-up", 72*time.Hour, "how long after its first claim an undelivered alert is given up")
+	fl.DurationVar(&af.giveUp, "alert-give-up", 72*time.Hour, "how long after its first claim an undelivered alert is given up; at least --alert-lease")
 }
 
 func (af *serveAdminFlags) apply(cfg *node.Config, token string) error {

@@ -58,9 +58,13 @@ plan whose quota and rate limit the run cannot exhaust (rate x rounds x round
 requests, plus a warm-up round). A refusal or any other non-2xx answer counts
 as an error and is reported.`,
 		Example: `  # a sample upstream that works 1 ms per request, a node in front of it, a key
+  export QUOTAD_ADMIN_TOKEN=$(openssl rand -hex 32) QUOTAD_ADMIN_URL=http://127.0.0.1:9090
   quotad bench upstream --listen 127.0.0.1:8081 --work 1ms &
   quotad serve --node-id n1 --data-dir ./n1 --ledger sqlite:./ledger.db \
-      --upstream http://127.0.0.1:8081 --http-addr 127.0.0.1:8080 &
+      --upstream http://127.0.0.1:8081 --http-addr 127.0.0.1:8080 --admin-addr 127.0.0.1:9090 &
+  quotad admin plans set bench --quota 1000000000 --soft   # a plan the run cannot use up
+  quotad admin accounts set bench --plan bench
+  quotad admin keys create bench                           # prints the key, once
   QUOTAD_API_KEY=qr_live_... quotad bench proxy --proxy http://127.0.0.1:8080 \
       --direct http://127.0.0.1:8081 --rate 2000`,
 		RunE: func(cmd *cobra.Command, _ []string) error {

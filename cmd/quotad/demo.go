@@ -50,7 +50,7 @@ twice), then it is restarted with its data dir. At the end every node
 settles and the demo compares what clients were told with what the ledger
 holds: acknowledged against settled units, overshoot past hard limits, lost
 usage, and a reconcile of counters against the event log. It exits 1 if
-anything is off.
+anything is off, 130 when interrupted (it then checks nothing).
 
 While it runs, it prints a proxy address with curl commands and a key of
 your own to try, and each node's status page (http://ADMIN/status).

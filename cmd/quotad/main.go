@@ -22,8 +22,9 @@ func main() {
 }
 
 // notifyContext returns a context that ends on the first SIGINT or SIGTERM:
-// every command then stops in order (a node drains, the demo and chaos stop
-// their processes and keep what they recorded). A second Ctrl-C (SIGINT, a
+// every command then stops in order (a node drains, chaos stops its
+// processes and keeps what it recorded, the demo stops its processes and
+// removes its dir unless --keep). A second Ctrl-C (SIGINT, a
 // person at a terminal) ends the process at once, with the default action;
 // a repeated SIGTERM (a supervisor signalling the group, then the process)
 // is ignored, so that a drain is never cut short by it. stop releases the

@@ -48,8 +48,8 @@ so the same command line serves every month (deploy/kubernetes has such a
 CronJob). --keep-months 1 is the least: last month's charges may still be
 refunded. --dry-run counts the events each month holds and changes
 nothing.`,
-		Example: `  quotad prune --ledger "$OWNER_DSN" --before 2026-09 --dry-run
-  quotad prune --ledger "$OWNER_DSN" --keep-months 12`,
+		Example: `  QUOTAD_LEDGER="$OWNER_DSN" quotad prune --before 2026-09 --dry-run   # the DSN out of ps
+  QUOTAD_LEDGER="$OWNER_DSN" quotad prune --keep-months 12`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			o := flush.PruneOptions{DryRun: dryRun, Lost: lost}
 			switch {

@@ -31,7 +31,9 @@ Every flag of a command can also be set by an environment variable:
 QUOTAD_ + the flag name in upper case with - as _ (--data-dir: QUOTAD_DATA_DIR).
 A flag on the command line wins over the environment. quotad admin is the
 exception: its five connection flags have QUOTAD_ADMIN_* twins and the rest
-have none (quotad admin --help).`,
+have none (quotad admin --help); so are revoke --force and prune --lost-node
+(they override safety checks) and reconcile --data-dir (QUOTAD_DATA_DIR is
+a running node's own dir), which have none.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
@@ -211,7 +213,7 @@ func warnUnknownEnv(w io.Writer, root *cobra.Command, environ []string) {
 		for _, fs := range []*pflag.FlagSet{c.LocalNonPersistentFlags(), c.PersistentFlags()} {
 			fs.VisitAll(func(f *pflag.Flag) {
 				switch {
-				case f.Name == "help":
+				case f.Name == "help", f.Name == "version" && c == root: // NB: QUOTAD_VERSION sets nothing: warned about
 				case f.Annotations[noEnv] != nil:
 					notRead[envName(f.Name)] = fmt.Sprintf("%s's --%s %s", c.CommandPath(), f.Name, f.Annotations[noEnv][0])
 				case !admin:
@@ -263,7 +265,7 @@ func adminEnvHint(flag string) string {
 func bindEnv(fs *pflag.FlagSet) error {
 	var errs []error
 	fs.VisitAll(func(f *pflag.Flag) {
-		if f.Changed || f.Name == "help" || f.Annotations[noEnv] != nil {
+		if f.Changed || f.Name == "help" || f.Name == "version" || f.Annotations[noEnv] != nil {
 			return
 		}
 		name := envName(f.Name)

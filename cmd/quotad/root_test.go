@@ -24,6 +24,13 @@ func TestWarnUnknownEnv(t *testing.T) {
 	if got := w.String(); !strings.Contains(got, "QUOTAD_SETTLE_INTRVAL") || strings.Count(got, "\n") != 1 {
 		t.Fatalf("warnings:\n%s\nwant one, for QUOTAD_SETTLE_INTRVAL", got)
 	}
+	// quotad --version's flag has no twin: QUOTAD_VERSION sets nothing,
+	// and was passed over in silence.
+	w.Reset()
+	warnUnknownEnv(&w, newRootCmd(), []string{"QUOTAD_VERSION=true"})
+	if !strings.Contains(w.String(), "QUOTAD_VERSION matches no flag") {
+		t.Errorf("QUOTAD_VERSION: warnings %q, want one", w.String())
+	}
 }
 
 // Commands that take no arguments refuse them; variadic ones still work.

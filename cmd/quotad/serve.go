@@ -103,7 +103,7 @@ for the next start.`,
 	fl.DurationVar(&f.drainTimeout, "drain-timeout", 10*time.Second, "on SIGTERM, how long in-flight requests may take to finish")
 	fl.DurationVar(&f.settleTimeout, "settle-timeout", 20*time.Second, "on SIGTERM, how long handing reservations back and the final settle may take together; at least 100ms")
 	fl.DurationVar(&f.ledgerTimeout, "ledger-timeout", flush.DefaultCallTimeout, "how long one settle, heartbeat or background reservation top-up may wait for the ledger's answer: past it the call is cancelled and retried, and the ledger counts as down (quotaring_ledger_up 0, a WARN); at least 100ms")
-	fl.DurationVar(&f.reconcileInterval, "reconcile-interval", 15*time.Minute, "how often to check the ledger's counters against its event log (exported as quotaring_reconcile_differences); one node, the serving member with the smallest id, runs it; at least 1m, or 0 to turn it off")
+	fl.DurationVar(&f.reconcileInterval, "reconcile-interval", 15*time.Minute, "how often to check the ledger's counters against its event log (exported as quotaring_reconcile_differences); one node, the serving member with the smallest id, runs it; at least 1m, or 0 to turn it off (off by default with --events=false, which keeps no event log, and refused with it)")
 	fl.IntVar(&f.dedupMaxIDs, "dedup-max-ids", shard.DefaultParams().DedupMax, fmt.Sprintf("the Idempotency-Keys an owner remembers per account for 24 h, the oldest dropped first (%d to %d); a few hundred bytes of memory each (README: Accounts that send many Idempotency-Keys)", minDedupMaxIDs, maxDedupMaxIDs))
 	fl.IntVar(&f.dedupMaxReplays, "dedup-max-replays", shard.DefaultMaxReplays, fmt.Sprintf("the retries of one Idempotency-Key an owner serves again, billed once, before it refuses the next 422 idempotency-replay-limit (0 to %d; 0 serves every retry: one charge then buys any number of runs within 24 h; README: Idempotency)", maxDedupMaxReplays))
 	fl.DurationVar(&f.maxClockOffset, "max-clock-offset", node.DefaultMaxClockOffset, "how far this node's clock may stand from the ledger's, or step, before the node warns, holds to its time from before a step, or takes the ledger's time when the other nodes agree with the ledger (README: Months and clocks); at least "+node.MinMaxClockOffset.String())
@@ -489,7 +489,11 @@ func reconcileInterval(d time.Duration) time.Duration {
 // registerRPCTLSFlags adds --rpc-tls-cert, -key, -ca and -server-name (whose
 // certificate: "the node's" or "this client's").
 func registerRPCTLSFlags(fl *pflag.FlagSet, f *router.TLSFiles, whose string) {
-	fl.StringVar(&f.Cert, "rpc-tls-cert", "", "mutual TLS on the internal RPC: "+whose+" certificate chain (PEM), presented as both server and client certificate; read again when it changes. With --rpc-tls-key and --rpc-tls-ca")
+	presented := "presented as both server and client certificate" // a node serves and dials
+	if whose != "the node's" {
+		presented = "presented as its client certificate"
+	}
+	fl.StringVar(&f.Cert, "rpc-tls-cert", "", "mutual TLS on the internal RPC: "+whose+" certificate chain (PEM), "+presented+"; read again when it changes. With --rpc-tls-key and --rpc-tls-ca")
 	fl.StringVar(&f.Key, "rpc-tls-key", "", "the private key (PEM) of --rpc-tls-cert")
 	fl.StringVar(&f.CA, "rpc-tls-ca", "", "the CA bundle (PEM) every node's and embedded client's certificate must chain to; the same everywhere; read again with the certificate when either changes (rotate a CA with both in the bundle, new certificates, then the new alone)")
 	fl.StringVar(&f.ServerName, "rpc-tls-server-name", "", "the name every node's certificate carries, checked when dialling nodes; empty: the address dialled (nodes advertise IPs, so their certificates then need IP SANs)")
