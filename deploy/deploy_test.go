@@ -60,8 +60,10 @@ const repoRoot = ".."
 // serveShutdownMargin is what quotad serve adds to --drain-timeout +
 // --settle-timeout to bound its whole shutdown (runServe in
 // cmd/quotad/serve.go: handing reservations back, leaving the ring), plus the
-// 5 s the ring's Close may take after it. The grace period must cover it too.
-const serveShutdownMargin = 15 * time.Second
+// 5 s the ring's Close may take after it and the 2 s the ledger's Close may
+// wait for its connections (flush's closeWait). The grace period must cover
+// it too.
+const serveShutdownMargin = 17 * time.Second
 
 // ---------------------------------------------------------------- the binary
 
@@ -296,14 +298,24 @@ func commandFlags(t *testing.T, bin, command string) (map[string]flagInfo, []byt
 	return flags, out
 }
 
-// flagOfEnv maps QUOTAD_DATA_DIR to data-dir (cmd/quotad's bindEnv, reversed).
+// flagOfEnv maps QUOTAD_DATA_DIR to data-dir (cmd/quotad's bindEnv, reversed),
+// and a secret's file twin, QUOTAD_GOSSIP_KEY_FILE, to gossip-key (the file
+// holds the flag's value: cmd/quotad's lookupEnv).
 func flagOfEnv(env string) (string, bool) {
 	rest, ok := strings.CutPrefix(env, "QUOTAD_")
 	if !ok || rest == "" {
 		return "", false
 	}
-	return strings.ToLower(strings.ReplaceAll(rest, "_", "-")), true
+	flag := strings.ToLower(strings.ReplaceAll(rest, "_", "-"))
+	if secret, ok := strings.CutSuffix(flag, "-file"); ok && secretFileFlags[secret] {
+		return secret, true
+	}
+	return flag, true
 }
+
+// secretFileFlags are the flags whose QUOTAD_<FLAG>_FILE names a file
+// holding the value (cmd/quotad's secretFlags).
+var secretFileFlags = map[string]bool{"admin-token": true, "rpc-token": true, "gossip-key": true, "alert-secret": true, "ledger": true}
 
 // cleanEnv is the environment for running quotad in tests: no QUOTAD_* from
 // the caller's shell.
