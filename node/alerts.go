@@ -26,6 +26,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/quotaring/quotaring/flush"
+	"github.com/quotaring/quotaring/router"
 	"github.com/quotaring/quotaring/shard"
 )
 
@@ -302,19 +303,8 @@ func CheckAlertWebhook(raw string) (*url.URL, error) {
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return nil, fmt.Errorf("node: --alert-webhook: want an absolute http:// or https:// URL, such as https://billing.example.com/hooks/quota")
 	}
-	shown := redactURL(u)
-	switch {
-	case u.Hostname() == "":
-		return nil, fmt.Errorf("node: --alert-webhook %s: the URL names no host: want http(s)://HOST[:PORT]/path", shown)
-	case u.Fragment != "":
-		return nil, fmt.Errorf("node: --alert-webhook %s: a #fragment is never sent to a server: leave it out", shown)
-	}
-	if p := u.Port(); p != "" {
-		if n, err := strconv.Atoi(p); err != nil || n < 1 || n > 65535 {
-			return nil, fmt.Errorf("node: --alert-webhook %s: port %q is not a number from 1 to 65535", shown, p)
-		}
-	} else if strings.HasSuffix(u.Host, ":") {
-		return nil, fmt.Errorf("node: --alert-webhook %s: the port after the colon is missing", shown)
+	if err := router.CheckURLHost(u, "node: --alert-webhook "+redactURL(u), "http(s)://HOST[:PORT]/path"); err != nil {
+		return nil, err
 	}
 	return u, nil
 }

@@ -9,7 +9,6 @@ import (
 	"log/slog"
 	"net"
 	"slices"
-	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -229,7 +228,7 @@ func checkSeed(seed string, customDialer bool) error {
 	}
 	if _, port, err := net.SplitHostPort(seed); err != nil || port == "" {
 		return fmt.Errorf("%w: Dial seed %q: %s", ErrInvalidRequest, seed, want)
-	} else if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+	} else if !validPort(port) {
 		return fmt.Errorf("%w: Dial seed %q: port %q is not a number from 1 to 65535: %s", ErrInvalidRequest, seed, port, want)
 	}
 	return nil

@@ -37,21 +37,42 @@ func CheckUpstream(u *url.URL) error {
 	switch {
 	case u == nil || (u.Scheme != "http" && u.Scheme != "https" && u.Scheme != "h2c") || u.Host == "":
 		return fmt.Errorf("upstream %v: want an absolute http://, https:// or h2c:// URL, such as http://127.0.0.1:8081", u)
-	case u.Hostname() == "":
-		return fmt.Errorf("upstream %v: the URL names no host: want http://HOST[:PORT][/base]", u)
-	case u.Fragment != "":
-		return fmt.Errorf("upstream %v: a #fragment is never sent to a server: leave it out", u)
-	case u.User != nil:
+	}
+	if err := CheckURLHost(u, "upstream "+u.Redacted(), "http://HOST[:PORT][/base]"); err != nil {
+		return err
+	}
+	if u.User != nil {
 		return fmt.Errorf("upstream %v: the proxy does not send a user and password from the URL: leave them out", u.Redacted())
 	}
+	return nil
+}
+
+// CheckURLHost reports what keeps an absolute URL from reaching a server:
+// no host name, a port that is not a number from 1 to 65535 (or a colon
+// with none after it), or a #fragment, which is never sent. name is the URL
+// as errors show it (without its password), want the form to ask for.
+// --upstream and --alert-webhook are checked by it.
+func CheckURLHost(u *url.URL, name, want string) error {
+	switch {
+	case u.Hostname() == "":
+		return fmt.Errorf("%s: the URL names no host: want %s", name, want)
+	case u.Fragment != "":
+		return fmt.Errorf("%s: a #fragment is never sent to a server: leave it out", name)
+	}
 	if p := u.Port(); p != "" {
-		if n, err := strconv.Atoi(p); err != nil || n < 1 || n > 65535 {
-			return fmt.Errorf("upstream %v: port %q is not a number from 1 to 65535", u, p)
+		if !validPort(p) {
+			return fmt.Errorf("%s: port %q is not a number from 1 to 65535", name, p)
 		}
 	} else if strings.HasSuffix(u.Host, ":") {
-		return fmt.Errorf("upstream %v: the port after the colon is missing", u)
+		return fmt.Errorf("%s: the port after the colon is missing", name)
 	}
 	return nil
+}
+
+// validPort reports whether p is a TCP port number, 1 to 65535.
+func validPort(p string) bool {
+	n, err := strconv.Atoi(p)
+	return err == nil && n >= 1 && n <= 65535
 }
 
 // trailerCopy is a request body that, at its end, copies the trailers the
