@@ -43,6 +43,7 @@ func RunConformance(t *testing.T, open func(t *testing.T) Ledger) {
 		{"ReplaysAcrossOwners", confReplaysAcrossOwners},
 		{"RetryAcrossMonths", confAcrossMonths},
 		{"RetryAcrossMonthsOneBatch", confAcrossMonthsOneBatch},
+		{"RefundedRetryAcrossMonths", confRefundedAcrossMonths},
 		{"ReserveInALaterMonth", confReserveLaterMonth},
 		{"Refunds", confRefunds},
 		{"TombstoneThenCharge", confTombstone},
@@ -807,6 +808,21 @@ func confServedAcrossOwners(t *testing.T, l Ledger) {
 		t.Fatalf("the event's own refund of e10: %+v, want applied", res)
 	}
 	wantUsage(t, l, "acct-1", 4)
+	// e11: node-b charged two retries of the refunded e11 (its dedup had
+	// forgotten the key), both after the refund, settled in one batch: the
+	// first takes the event over, the second is served again under it.
+	// Postgres took the event over twice and billed both.
+	a.settle(t, chargeOf("acct-1", "e11", 5, confJune).withReserved(), refundOf("acct-1", "e11", 5, confJune).withReserved())
+	twice := chargeOf("acct-1", "e11", 5, confJune).withReserved()
+	twice.wall = twice.wall.Add(2 * time.Minute)
+	if res := b.settle(t, twice, twice); len(res.Duplicates) != 1 {
+		t.Fatalf("two retries of the refunded e11 in one batch: %+v, want the second a duplicate", res)
+	}
+	wantUsage(t, l, "acct-1", 9)
+	if res := b.settle(t, refundOf("acct-1", "e11", 5, confJune).withReserved()); len(res.DuplicateRefunds) != 0 {
+		t.Fatalf("the refund of the e11 node-b took over: %+v, want applied", res)
+	}
+	wantUsage(t, l, "acct-1", 4)
 	// used + reserved stays within the units, and the counters equal the log.
 	g := grantOf(t, l, "acct-1", confJune)
 	if g.Used != 4 || g.Used+g.Reserved > g.Units {
@@ -1046,6 +1062,83 @@ func confAcrossMonths(t *testing.T, l Ledger) {
 			t.Errorf("tombstone %+v: a refund near the edge missed its event", e)
 		}
 	}
+	wantReconciled(t, l)
+}
+
+// A refunded event and its retry in the next month decide as they do
+// within one month (confLateAttemptCharge, confServedAcrossOwners e8, e9).
+// Postgres looked in the neighbouring month for billed events only: a
+// served retry after another node's attempt's refund (its tombstone) was
+// billed nowhere, and a retry charged before the event's own refund was
+// decided was billed on top of it.
+func confRefundedAcrossMonths(t *testing.T, l Ledger) {
+	confSetup(t, l, 100, "acct-1")
+	a, b := confNode(t, l, "node-a"), confNode(t, l, "node-b")
+	june := time.Date(2026, 6, 30, 23, 59, 30, 0, time.UTC)
+	july := time.Date(2026, 7, 1, 0, 0, 10, 0, time.UTC) // before the refunds below are decided (a minute after their charge)
+	billed := func(event string) (n int64) {
+		for _, e := range eventsOf(t, l, "acct-1") {
+			if e.EventID == event && !e.Refunded {
+				n += e.Units
+			}
+		}
+		return n
+	}
+
+	// e1: node-a's June attempt is refunded through node-b before node-a's
+	// charge settles (a tombstone in June); node-b's July retry was served:
+	// billed, and node-a's late charge is not.
+	b.settle(t, refundOf("acct-1", "e1", 3, "").at(june).attempt().chargedBy("node-a"))
+	if res := b.settle(t, chargeOf("acct-1", "e1", 3, "").at(july)); len(res.Duplicates) != 0 {
+		t.Fatalf("node-b's served July retry after node-a's June attempt's refund: %+v, want billed", res)
+	}
+	if res := a.settle(t, chargeOf("acct-1", "e1", 3, "").at(june)); len(res.Duplicates) != 1 {
+		t.Fatalf("node-a's late June charge of its refunded attempt: %+v, want a duplicate", res)
+	}
+	if got := billed("e1"); got != 3 {
+		t.Fatalf("e1 billed %d units, want 3 (node-b's retry): %+v", got, eventsOf(t, l, "acct-1"))
+	}
+	wantGrant(t, l, "acct-1", "m:2026-07", 3, 0)
+
+	// e2: node-a's June charge and its own refund (decided a minute later,
+	// in July); node-b's retry, charged before that refund, settles after
+	// it: the refund covers it, nothing is billed.
+	a.settle(t, chargeOf("acct-1", "e2", 4, "").at(june), refundOf("acct-1", "e2", 4, "").at(june))
+	if res := b.settle(t, chargeOf("acct-1", "e2", 4, "").at(july)); len(res.Duplicates) != 1 {
+		t.Fatalf("node-b's July retry of e2, charged before e2's refund: %+v, want a duplicate, not billed", res)
+	}
+	if got := billed("e2"); got != 0 {
+		t.Fatalf("e2 billed %d units, want 0: %+v", got, eventsOf(t, l, "acct-1"))
+	}
+	// e3: as e2, but the retry was charged after the refund: a new request,
+	// billed once, and node-b's own refund of it then applies.
+	a.settle(t, chargeOf("acct-1", "e3", 5, "").at(june), refundOf("acct-1", "e3", 5, "").at(june))
+	if res := b.settle(t, chargeOf("acct-1", "e3", 5, "").at(july.Add(5*time.Minute))); len(res.Duplicates) != 0 {
+		t.Fatalf("node-b's July retry of e3, charged after e3's refund: %+v, want billed", res)
+	}
+	if got := billed("e3"); got != 5 {
+		t.Fatalf("e3 billed %d units, want 5: %+v", got, eventsOf(t, l, "acct-1"))
+	}
+	wantGrant(t, l, "acct-1", "m:2026-07", 8, 0)
+	if res := b.settle(t, refundOf("acct-1", "e3", 5, "").at(july.Add(5*time.Minute))); len(res.DuplicateRefunds) != 0 {
+		t.Fatalf("node-b's refund of the e3 it took over: %+v, want applied", res)
+	}
+	if got := billed("e3"); got != 0 {
+		t.Fatalf("e3 billed %d units after its refund, want 0: %+v", got, eventsOf(t, l, "acct-1"))
+	}
+	wantGrant(t, l, "acct-1", "m:2026-07", 3, 0)
+	// e4: two July retries of a refunded June event in one batch (node-b's
+	// dedup had forgotten the key): the first takes the event over, the
+	// second is served again under it.
+	a.settle(t, chargeOf("acct-1", "e4", 6, "").at(june), refundOf("acct-1", "e4", 6, "").at(june))
+	retry := chargeOf("acct-1", "e4", 6, "").at(july.Add(5 * time.Minute))
+	if res := b.settle(t, retry, retry); len(res.Duplicates) != 1 {
+		t.Fatalf("two July retries of the refunded e4 in one batch: %+v, want the second a duplicate", res)
+	}
+	if got := billed("e4"); got != 6 {
+		t.Fatalf("e4 billed %d units, want 6: %+v", got, eventsOf(t, l, "acct-1"))
+	}
+	wantGrant(t, l, "acct-1", "m:2026-07", 9, 0)
 	wantReconciled(t, l)
 }
 

@@ -126,11 +126,21 @@ const pgInsertChargesSQL = `WITH ins AS (
 ` + pgOriginSelect + `dup d LEFT` + pgOriginJoin
 
 // pgTakeOverSQL gives a refunded event to a retry another node charged and
-// served: the retry is billed under the event id. $1, $2: node, incarnation.
+// served: the retry is billed under the event id. $1, $2: node, incarnation;
+// $13: the row's month; $14, $15: the retry's, into which the row moves
+// (pgTakeOverWhere).
 const pgTakeOverSQL = `UPDATE events SET refunded = false, refunded_at = NULL, refund_wall = NULL, served_again = 0, replays = 0, refund_pending = false,
 	client_id = $3, key_id = $4, route = $5, units = $6, charged_at = $7, node_id = $1, incarnation = $2, seq = $8,
-	grant_ids = $9, grant_units = $10
-WHERE account_id = $11 AND event_id = $12 AND period_start = $13 AND refunded AND NOT tombstone`
+	grant_ids = $9, grant_units = $10, period = $14, period_start = $15` + pgTakeOverWhere + ` AND refunded AND NOT tombstone`
+
+// pgTakeOverWhere picks the row a take-over updates. A row in the
+// neighbouring month (pgCrossMonthSQL) moves into the retry's month, where it
+// is billed, as SQLite's single row takes the retry's period; unless that
+// month has a row of the event by now (then the take-over updates nothing
+// and the charge is decided again: see decideCharge).
+const pgTakeOverWhere = `
+WHERE account_id = $11 AND event_id = $12 AND period_start = $13
+	AND ($13::date = $15::date OR NOT EXISTS (SELECT 1 FROM events x WHERE x.account_id = $11 AND x.event_id = $12 AND x.period_start = $15))`
 
 // pgTakeOverTombstoneSQL gives the tombstone of one attempt's refund (the
 // charge of node_id, not settled yet; see pgRefundsSQL) to another attempt,
@@ -139,8 +149,7 @@ WHERE account_id = $11 AND event_id = $12 AND period_start = $13 AND refunded AN
 // $1, $2: node, incarnation.
 const pgTakeOverTombstoneSQL = `UPDATE events SET refunded = false, refunded_at = NULL, tombstone = false, served_again = -1, replays = 0,
 	refund_pending = false, client_id = $3, key_id = $4, route = $5, units = $6, charged_at = $7, node_id = $1, incarnation = $2,
-	seq = $8, grant_ids = $9, grant_units = $10
-WHERE account_id = $11 AND event_id = $12 AND period_start = $13 AND tombstone AND refund_pending`
+	seq = $8, grant_ids = $9, grant_units = $10, period = $14, period_start = $15` + pgTakeOverWhere + ` AND tombstone AND refund_pending`
 
 // pgServedAgainSQL counts a retry another node charged and served while
 // the event stands billed, or, below zero, the late charge of an attempt
@@ -148,19 +157,19 @@ WHERE account_id = $11 AND event_id = $12 AND period_start = $13 AND tombstone A
 const pgServedAgainSQL = `UPDATE events SET served_again = served_again + 1
 WHERE account_id = $1 AND event_id = $2 AND period_start = $3 AND (NOT refunded OR served_again < 0)`
 
-// pgCrossMonthSQL finds, for charges near a month's edge, an unrefunded
-// row of the same event id in the neighbouring month's partition (the unique
-// key is per month): a retry that crossed the month boundary and a failover,
-// or a node whose clock ran into the next month. $1..$4: seq, account,
-// event id, the neighbouring month's start.
-const pgCrossMonthSQL = `SELECT k.seq, e.node_id, e.incarnation, e.seq, e.period_start
-FROM unnest($1::bigint[], $2::text[], $3::text[], $4::date[]) AS k(seq, account_id, event_id, period_start)
-JOIN LATERAL (
-	SELECT e.node_id, e.incarnation, e.seq, e.period_start FROM events e
-	WHERE e.account_id = k.account_id AND e.event_id = k.event_id AND e.period_start = k.period_start
-		AND NOT (e.refunded AND NOT e.tombstone)
-	LIMIT 1
-) e ON true`
+// pgCrossMonthSQL finds, for charges near a month's edge whose own month
+// has no row of their event id, the row in the neighbouring month's
+// partition (the unique key is per month), with its origin as
+// pgOriginSelect reads it: a retry that crossed the month boundary and a
+// failover, or a node whose clock ran into the next month. The charge then
+// decides on that row as it would on one in its own month (billed: a
+// duplicate; refunded: a take-over, or covered by the event's own refund;
+// another attempt's tombstone: a take-over), as on SQLite, whose event log
+// is one table. $1: the batch's node; $2..$6: seq, account, event id, the
+// neighbouring month's start, charged at; $7: the charge's own month.
+const pgCrossMonthSQL = pgOriginSelect + `unnest($2::bigint[], $3::text[], $4::text[], $5::date[], $6::timestamptz[], $7::date[])
+	AS d(seq, account_id, event_id, period_start, charged_at, own_start)` + pgOriginJoin + `
+WHERE NOT EXISTS (SELECT 1 FROM events o WHERE o.account_id = d.account_id AND o.event_id = d.event_id AND o.period_start = d.own_start)`
 
 // crossMonthWindow is how close to its month's start or end a charge or
 // refund must be for its event id to be looked up in the neighbouring month
@@ -356,17 +365,21 @@ func (p *Postgres) Settle(ctx context.Context, b *Batch) (SettleResult, error) {
 	return res, p.fail(op, err)
 }
 
-// takeOver gives the event's row to charge c with query (pgTakeOverSQL or
-// pgTakeOverTombstoneSQL), billed.
-func (s *pgSettle) takeOver(ctx context.Context, tx pgx.Tx, query string, c *Charge) error {
+// takeOver gives the event's row (in month from) to charge c with query
+// (pgTakeOverSQL or pgTakeOverTombstoneSQL), billed, moving it into c's
+// month. It reports false, billing nothing, when the row is no longer one
+// to take over: this batch changed it (an earlier retry of the event took
+// it over) or moved it.
+func (s *pgSettle) takeOver(ctx context.Context, tx pgx.Tx, query string, c *Charge, from time.Time) (bool, error) {
 	ids, units := allocArrays(c.Allocs)
 	s.res.RoundTrips++
-	if _, err := tx.Exec(ctx, query, s.b.Node, s.b.Incarnation, c.ClientID, c.Key, c.Route, c.Units,
-		time.Unix(0, c.Wall).UTC(), int64(c.Seq), ids, units, c.Account, c.EventID, periodDate(c.Period)); err != nil {
-		return err
+	tag, err := tx.Exec(ctx, query, s.b.Node, s.b.Incarnation, c.ClientID, c.Key, c.Route, c.Units,
+		time.Unix(0, c.Wall).UTC(), int64(c.Seq), ids, units, c.Account, c.EventID, from, c.Period.String(), periodDate(c.Period))
+	if err != nil || tag.RowsAffected() == 0 {
+		return false, err
 	}
 	s.plan.billCharge(c)
-	return nil
+	return true, nil
 }
 
 // pgSettle is one Settle call's state.
@@ -375,8 +388,8 @@ type pgSettle struct {
 	b    *Batch
 	res  *SettleResult
 	plan *settlePlan
-	// cross: the batch's charges whose event id the neighbouring month
-	// already bills, by seq (pgCrossMonthSQL).
+	// cross: the batch's charges whose event id has a row in the
+	// neighbouring month and none in their own, by seq (pgCrossMonthSQL).
 	cross map[uint64]origin
 }
 
@@ -394,7 +407,7 @@ func (s *pgSettle) queueCrossMonth(q *pgx.Batch) {
 	}
 	var seqs []int64
 	var accounts, events []string
-	var starts []time.Time
+	var starts, walls, owns []time.Time
 	// The batch itself may hold the neighbouring month's charge: a node
 	// that charged an event, then (its clock jumped into the next month,
 	// its own dedup window passed) its retry, and settled both together
@@ -424,6 +437,7 @@ func (s *pgSettle) queueCrossMonth(q *pgx.Batch) {
 				continue
 			}
 			seqs, accounts, events, starts = append(seqs, int64(c.Seq)), append(accounts, c.Account), append(events, c.EventID), append(starts, periodDate(p))
+			walls, owns = append(walls, time.Unix(0, c.Wall).UTC()), append(owns, periodDate(c.Period))
 		}
 		if _, in := first[monthKey{c.Account, c.EventID, c.Period}]; !in {
 			first[monthKey{c.Account, c.EventID, c.Period}] = c.Seq
@@ -435,13 +449,15 @@ func (s *pgSettle) queueCrossMonth(q *pgx.Batch) {
 	if s.cross == nil {
 		s.cross = make(map[uint64]origin)
 	}
-	q.Queue(pgCrossMonthSQL, seqs, accounts, events, starts).Query(func(rows pgx.Rows) error {
+	neighbour := make(map[int64]*time.Time, len(seqs))
+	for i, q := range seqs {
+		neighbour[q] = &starts[i]
+	}
+	q.Queue(pgCrossMonthSQL, s.b.Node, seqs, accounts, events, starts, walls, owns).Query(func(rows pgx.Rows) error {
 		var seq int64
 		var o origin
-		var start time.Time
-		_, err := pgx.ForEachRow(rows, []any{&seq, &o.node, &o.incarnation, &o.seq, &start}, func() error {
-			at := start // a copy per row: start is scanned into again
-			o.start = &at
+		_, err := pgx.ForEachRow(rows, []any{&seq, &o.node, &o.incarnation, &o.seq, &o.refunded, &o.takeOver}, func() error {
+			o.start = neighbour[seq]
 			s.cross[uint64(seq)] = o
 			o = origin{}
 			return nil
@@ -587,38 +603,12 @@ func (s *pgSettle) settleLog(ctx context.Context, tx pgx.Tx) error {
 	for i := range b.Charges {
 		c := &b.Charges[i]
 		o, dup := dups[c.Seq]
-		switch {
-		case !dup:
+		if !dup {
 			s.plan.billCharge(c)
-		case o.node != nil && *o.node == b.Node && *o.incarnation == b.Incarnation && uint64(*o.seq) == c.Seq:
-			// This very record is in the log already (settled in another
-			// batch range): it was billed then.
-		case o.takeOver != nil && *o.takeOver:
-			// Another node's attempt's refund left the tombstone; this
-			// attempt was served: it takes the event over and is billed.
-			if err := s.takeOver(ctx, tx, pgTakeOverTombstoneSQL, c); err != nil {
-				return err
-			}
-		case o.refunded != nil && *o.refunded:
-			// A retry served, the event refunded (an attempt's refund, or
-			// the event's own decided before this charge): it takes the
-			// event over and is billed.
-			if err := s.takeOver(ctx, tx, pgTakeOverSQL, c); err != nil {
-				return err
-			}
-		default:
-			if o.node != nil {
-				start := periodDate(c.Period)
-				if o.start != nil {
-					start = *o.start
-				}
-				s.res.RoundTrips++
-				if _, err := tx.Exec(ctx, pgServedAgainSQL, c.Account, c.EventID, start); err != nil {
-					return err
-				}
-			}
-			s.res.Duplicates = append(s.res.Duplicates, chargeRef(c))
-			s.plan.reservedCharge(c)
+			continue
+		}
+		if err := s.decideCharge(ctx, tx, c, o, false); err != nil {
+			return err
 		}
 	}
 	if err := s.settleReplays(ctx, tx); err != nil {
@@ -654,6 +644,82 @@ func (s *pgSettle) settleLog(ctx context.Context, tx pgx.Tx) error {
 	}
 	s.res.RoundTrips += third.Len()
 	return tx.SendBatch(ctx, third).Close()
+}
+
+// decideCharge settles charge c, whose event id has a row already (origin
+// o): billed again, taking the event over, or a duplicate. A take-over that
+// finds the row changed by this batch (an earlier retry of the event in it
+// took the event over) reads the row again and decides once more; again
+// says this is that second time.
+func (s *pgSettle) decideCharge(ctx context.Context, tx pgx.Tx, c *Charge, o origin, again bool) error {
+	b := s.b
+	from := periodDate(c.Period)
+	if o.start != nil {
+		from = *o.start
+	}
+	var query string
+	switch {
+	case o.node != nil && *o.node == b.Node && *o.incarnation == b.Incarnation && uint64(*o.seq) == c.Seq:
+		// This very record is in the log already (settled in another
+		// batch range): it was billed then.
+		return nil
+	case o.takeOver != nil && *o.takeOver:
+		// Another node's attempt's refund left the tombstone; this
+		// attempt was served: it takes the event over and is billed.
+		query = pgTakeOverTombstoneSQL
+	case o.refunded != nil && *o.refunded:
+		// A retry served, the event refunded (an attempt's refund, or
+		// the event's own decided before this charge): it takes the
+		// event over and is billed.
+		query = pgTakeOverSQL
+	default:
+		if o.node != nil {
+			s.res.RoundTrips++
+			if _, err := tx.Exec(ctx, pgServedAgainSQL, c.Account, c.EventID, from); err != nil {
+				return err
+			}
+		}
+		s.res.Duplicates = append(s.res.Duplicates, chargeRef(c))
+		s.plan.reservedCharge(c)
+		return nil
+	}
+	switch took, err := s.takeOver(ctx, tx, query, c, from); {
+	case err != nil || took:
+		return err
+	case again:
+		return fmt.Errorf("charge %s/%s (seq %d): its event's row changed under a concurrent settle: retry the batch", c.Account, c.EventID, c.Seq)
+	}
+	o, err := s.probe(ctx, tx, c)
+	if err != nil {
+		return err
+	}
+	return s.decideCharge(ctx, tx, c, o, true)
+}
+
+// probe reads the origin of c's event row afresh: in c's month, else (near
+// an edge) in the neighbouring one.
+func (s *pgSettle) probe(ctx context.Context, tx pgx.Tx, c *Charge) (origin, error) {
+	months := []shard.Period{c.Period}
+	if p, near := neighbourMonth(c.Period, c.Wall); near {
+		months = append(months, p)
+	}
+	for _, p := range months {
+		dups := map[uint64]origin{}
+		s.res.RoundTrips++
+		rows, _ := tx.Query(ctx, pgReprobeSQL, s.b.Node, []int64{int64(c.Seq)}, []string{c.Account}, []string{c.EventID},
+			[]time.Time{periodDate(p)}, []time.Time{time.Unix(0, c.Wall).UTC()})
+		if _, err := collectOrigins(rows, dups); err != nil {
+			return origin{}, err
+		}
+		if o := dups[c.Seq]; o.node != nil {
+			if p != c.Period {
+				start := periodDate(p)
+				o.start = &start
+			}
+			return o, nil
+		}
+	}
+	return origin{}, fmt.Errorf("charge %s/%s (seq %d): its event's row is gone under a concurrent settle: retry the batch", c.Account, c.EventID, c.Seq)
 }
 
 // pgReplayRowSQL reads and locks the event a replay counts on.
