@@ -112,6 +112,8 @@ func runBenchCluster(ctx context.Context, out, progress io.Writer, f benchCluste
 		return fmt.Errorf("--client embedded always calls owners directly: use it with --mode direct")
 	case f.inflight < 0 || (f.inflight > 0 && f.client != "embedded"):
 		return fmt.Errorf("--inflight %d: a positive number, with --client embedded only", f.inflight)
+	case f.setup && f.ledger == "":
+		return fmt.Errorf("--setup needs --ledger: the ledger (a Postgres DSN or a SQLite path) to create the bench plan and accounts in")
 	case f.client == "embedded" && f.batch != 1:
 		return fmt.Errorf("--client embedded charges one unit of work per call (its batching is the coalescing of concurrent calls): use --batch 1, or --client rpc for --batch %d", f.batch)
 	}

@@ -57,6 +57,7 @@ func TestBenchBounds(t *testing.T) {
 		{[]string{"bench", "cluster", "--nodes", "127.0.0.1:1", "--batch", "20000"}, "--batch 20000: want 1 to 10000 charges per call"},
 		{[]string{"bench", "cluster", "--nodes", "127.0.0.1:1", "--concurrency", "64,1000000"}, `--concurrency "64,1000000": want comma-separated numbers from 1 to 100000`},
 		{[]string{"bench", "cluster", "--nodes", "127.0.0.1:1", "--accounts", "100000000"}, "--accounts 100000000: want 1 to 10000000"},
+		{[]string{"bench", "cluster", "--nodes", "127.0.0.1:1", "--setup"}, "--setup needs --ledger"},
 		{[]string{"bench", "engine", "--accounts", "0"}, "--accounts 0: want 1 to 10000000"},
 	} {
 		if _, err := runQuotad(t, tc.args...); err == nil || !strings.Contains(err.Error(), tc.want) {
