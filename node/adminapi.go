@@ -116,10 +116,12 @@ func (n *Node) adminAPI(mux *http.ServeMux) {
 				Detail: fmt.Sprintf("%s %s is not supported; use %s", r.Method, r.URL.Path, methods)})
 		})))
 	}
-	mux.Handle("/admin/v1/", n.adminAuth(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	notFound := n.adminAuth(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, r, &adminProblem{Status: http.StatusNotFound, Type: "not-found",
 			Detail: fmt.Sprintf("no admin endpoint %s %s (see the README's admin API section)", r.Method, r.URL.Path)})
-	})))
+	}))
+	mux.Handle("/admin/v1/", notFound)
+	mux.Handle("/admin/v1", notFound) // else ServeMux redirects it to /admin/v1/, token or none
 }
 
 // checkQuery refuses a query parameter h does not read, one given twice,

@@ -177,6 +177,18 @@ func TestAdminAPI(t *testing.T) {
 		}
 		wantProblem(t, n1, "GET", "/admin/v1/nope", nil, http.StatusNotFound, "")
 		wantProblem(t, n1, "DELETE", "/admin/v1/plans", nil, http.StatusMethodNotAllowed, "")
+		// /admin/v1 itself too: not ServeMux's redirect to /admin/v1/
+		// ahead of the token check.
+		noFollow := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+		res, err = noFollow.Get("http://" + n1.AdminAddr() + "/admin/v1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Body.Close()
+		if res.StatusCode != http.StatusUnauthorized {
+			t.Fatalf("GET /admin/v1 without token: %d, want 401", res.StatusCode)
+		}
+		wantProblem(t, n1, "GET", "/admin/v1", nil, http.StatusNotFound, "")
 	})
 
 	t.Run("bad input", func(t *testing.T) {
