@@ -46,6 +46,7 @@ func (n *Node) Shutdown(ctx context.Context) error {
 	defer scancel()
 	n.releaseAll(sctx)
 	n.stopLoops()
+	n.reachAtStop(sctx)
 	settleErr := n.finalSettle(sctx)
 	if settleErr != nil {
 		errs = append(errs, settleErr)
@@ -268,6 +269,45 @@ func (n *Node) stopLoops() {
 		rf.Close()
 	}
 	n.wg.Wait()
+}
+
+// reachAtStop is the last try at a ledger this process has not reached
+// (it was down at the start), once the background tries have stopped, so
+// that the final settle has one to settle into. A ledger back moments
+// before the stop (a node scaled down right after an outage; a first try
+// still waiting out the node id's lease when the drain cancelled it) left
+// every record this process took in its data dir, which nothing may start
+// again, and its reservations held. It takes the same checks as any late
+// reach (the node id free, no earlier incarnation holding units, the
+// peers' ledger), within ctx, and starts no loop: finalSettle and
+// releaseStranded use the ledger, and closeAll closes it.
+func (n *Node) reachAtStop(ctx context.Context) {
+	if n.wal == nil || n.Settler() != nil || n.ledgerRefused.Load() != nil || n.wal.DurableSeq() == n.wal.SettledSeq() {
+		return
+	}
+	select {
+	case <-n.fenced:
+		return
+	default:
+	}
+	n.log.Info("stopping with the ledger never reached since the start: trying it once more for the final settle",
+		"unsettled", n.wal.DurableSeq()-n.wal.SettledSeq())
+	p, err := n.reachLedger(ctx, false)
+	if err != nil {
+		return // reachLedger and ledgerFailed said why
+	}
+	if n.Ring() != nil {
+		if err := n.checkSharedLedger(ctx, p.l); err != nil {
+			p.l.Close()
+			n.ledgerFailed(err, false)
+			return
+		}
+	}
+	n.startRecorded.Store(true)
+	n.ledger.Store(&ledgerBox{l: p.l})
+	n.mu.Lock()
+	n.settler = p.settler
+	n.mu.Unlock()
 }
 
 // finalSettle settles everything durable, within ctx (Shutdown's settle

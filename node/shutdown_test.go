@@ -659,3 +659,78 @@ func wantNothingReserved(t *testing.T, l flush.Ledger, node string) {
 		}
 	}
 }
+
+// A node started while its ledger was down, and stopped after the ledger
+// came back but before its background tries reached it (or while the
+// first one waited out the node id's lease), reaches it once more at its
+// stop and settles what it took. It gave up instead ("the ledger was never
+// reached"): a node scaled down moments after a ledger outage (quotad chaos
+// --seed 43) left 422 acknowledged records in a data dir nothing would
+// start again, and its reservations held.
+func TestStopReachesALedgerBackSinceTheStart(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	if err := os.Mkdir(filepath.Join(dir, "ledger"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	dsn := "sqlite:" + filepath.Join(dir, "ledger", "l.db")
+	seedLedger(t, dsn, map[string]int64{"acme": 1000})
+	charge := func(nd *Node) {
+		t.Helper()
+		res, err := nd.Router().Charge(ctx, router.ChargeRequest{Account: "acme", Route: "GET /x", Units: 1})
+		if err != nil || res.Reason != shard.OK {
+			t.Fatalf("charge: %+v, %v", res, err)
+		}
+	}
+	// The first life charges and dies before settling it.
+	cfg := nodeConfig(dsn, "n1", filepath.Join(dir, "n1"))
+	cfg.SettleInterval = time.Hour
+	first, err := Start(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 20*time.Second, "the node serving", first.isServing)
+	charge(first)
+	first.Kill()
+
+	// The second starts with the ledger out of reach (through a directory
+	// that does not exist yet), charges from its data dir, and tries the
+	// ledger again only after an hour.
+	cfg.Ledger = "sqlite:" + filepath.Join(dir, "link", "l.db")
+	cfg.LedgerRetry = time.Hour
+	nd, err := Start(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stopped := false
+	t.Cleanup(func() {
+		if !stopped {
+			nd.Shutdown(context.Background())
+		}
+	})
+	waitFor(t, 20*time.Second, "the node serving", nd.isServing)
+	charge(nd)
+	if nd.Ledger() != nil {
+		t.Fatal("the node reached a ledger that was down")
+	}
+	if err := os.Symlink(filepath.Join(dir, "ledger"), filepath.Join(dir, "link")); err != nil {
+		t.Fatal(err)
+	}
+	stopped = true
+	if err := nd.Shutdown(ctx); err != nil {
+		t.Fatalf("stop with the ledger back: %v, want its records settled", err)
+	}
+	l, err := flush.Open(ctx, dsn, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	u, err := l.Usage(ctx, "acme", shard.PeriodOf(time.Now().UnixNano()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if u.Units != 2 {
+		t.Errorf("acme used %d units in the ledger, want the 2 charged in both lives", u.Units)
+	}
+	wantNothingReserved(t, l, "n1")
+}
