@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/base32"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -143,11 +144,14 @@ type Engine struct {
 	// snapSettled is the log's settled mark read before snap was: snap's
 	// settled use includes this node's records up to it (SetSnapshot).
 	snapSettled atomic.Uint64
-	stripes     []stripe
-	idPrefix    string
-	idSeq       atomic.Uint64
-	flights     flightGroup
-	stats       Stats
+	// keptMarkKnown: recover read snapSettled with the kept snapshot
+	// (metaSnapshotSettled). Written and read by Open only.
+	keptMarkKnown bool
+	stripes       []stripe
+	idPrefix      string
+	idSeq         atomic.Uint64
+	flights       flightGroup
+	stats         Stats
 	// unreleased are hand-backs the ledger refused, retried (reserve.go).
 	unreleased unreleased
 	// forgotten holds the last state of accounts Forget dropped while they
@@ -957,6 +961,11 @@ func (e *Engine) SetSnapshot(s *snapshot.Snapshot, settled uint64) error {
 	if err := e.log.PutMeta(metaSnapshot, data); err != nil {
 		return fmt.Errorf("engine: keep snapshot %d: %w", s.Version, err)
 	}
+	// After the snapshot: a crash in between pairs it with an older mark,
+	// which counts its use for fewer accounts at the next start, never more.
+	if err := e.log.PutMeta(metaSnapshotSettled, binary.BigEndian.AppendUint64(nil, settled)); err != nil {
+		return fmt.Errorf("engine: keep snapshot %d's settled mark: %w", s.Version, err)
+	}
 	e.applySnapshot(s, settled)
 	e.kept.Store(true)
 	return nil
@@ -985,3 +994,9 @@ func (e *Engine) applySnapshot(s *snapshot.Snapshot, settled uint64) {
 // before the node's clock could step back also hold "engine.wall", a
 // high-water mark of the clock that nothing reads any more.)
 const metaSnapshot = "engine.snapshot"
+
+// metaSnapshotSettled keeps the settled mark the kept snapshot was read at
+// (8 bytes, big-endian): a restart counts the snapshot's settled use for an
+// account whose checkpoint is not past it (restore). Absent (written by an
+// earlier build), it counts for none until the first refresh.
+const metaSnapshotSettled = "engine.snapshot.settled"

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"encoding/binary"
 	"fmt"
 
 	"github.com/quotaring/quotaring/shard"
@@ -22,6 +23,14 @@ func (e *Engine) recover() error {
 		}
 		e.snap.Store(s)
 		e.kept.Store(true)
+		mark, ok, err := e.log.GetMeta(metaSnapshotSettled)
+		if err != nil {
+			return fmt.Errorf("engine: read the kept snapshot's settled mark: %w", err)
+		}
+		if ok && len(mark) == 8 {
+			e.snapSettled.Store(binary.BigEndian.Uint64(mark))
+			e.keptMarkKnown = true
+		}
 	}
 	if err := e.log.Checkpoints(e.restore); err != nil {
 		return fmt.Errorf("engine: restore checkpoints: %w", err)
@@ -50,6 +59,14 @@ func (e *Engine) restore(cp wal.Checkpoint) error {
 	if err := ent.acct.RestoreCheckpoint(cp.Data); err != nil {
 		return fmt.Errorf("%w: in %s: %v", wal.ErrCorrupt, e.log.Dir(), err)
 	}
+	if s := e.snap.Load(); s != nil && e.keptMarkKnown && ent.acct.LastSeq <= e.snapSettled.Load() {
+		// The kept snapshot was read after every record the checkpoint
+		// holds: its settled use counts (use another owner settled while
+		// the account was away). See recoveredEntry.
+		if cfg, ok := s.AccountConfig(cp.Account); ok {
+			ent.acct.Configure(cfg)
+		}
+	}
 	if cp.IDsStale {
 		ent.acct.RewriteIDs() // stored with another checkpoint: replaced at the next
 		ent.dirty = true
@@ -70,7 +87,12 @@ func (e *Engine) restore(cp wal.Checkpoint) error {
 
 // recoveredEntry finds or makes the entry for an account found in the log,
 // configured from the snapshot if it has the account (the state is kept even
-// if the account is gone from the config: its records still settle).
+// if the account is gone from the config: its records still settle). The
+// snapshot's settled use does not raise the account's (UseBehind): it was
+// read at some settled mark, and a checkpoint or records past it may hold a
+// refund whose charge it counts (a restart counted refunded units again for
+// the rest of the month); restore lets it count where the mark, kept with
+// the snapshot, says it is newer. A node's first refresh counts it anyway.
 func (e *Engine) recoveredEntry(account string) *entry {
 	st := e.stripeFor(account)
 	if ent, ok := st.accounts[account]; ok {
@@ -82,6 +104,7 @@ func (e *Engine) recoveredEntry(account string) *entry {
 			cfg = c
 		}
 	}
+	cfg.UseBehind = true
 	ent := &entry{acct: shard.NewAccount(cfg)}
 	st.accounts[account] = ent
 	return ent
