@@ -510,8 +510,22 @@ func (a *Account) allocate(units, wall, mono int64, params *Params, rec *Record)
 	if a.cfg.Plan.Hard {
 		return rest, exhausted
 	}
-	// Soft: the overage goes on the current monthly grant.
-	rec.Allocs = appendAlloc(rec.Allocs, MonthlyGrantID(a.period), rest)
+	// Soft: the overage goes on the current monthly grant, up to
+	// MaxMonthUse.
+	id := MonthlyGrantID(a.period)
+	month := int64(0)
+	if g := a.grant(id); g != nil {
+		month = g.used
+	}
+	for _, al := range rec.Allocs {
+		if al.Grant == id {
+			month += al.Units
+		}
+	}
+	if rest > MaxMonthUse-month {
+		return rest, true
+	}
+	rec.Allocs = appendAlloc(rec.Allocs, id, rest)
 	return 0, exhausted
 }
 

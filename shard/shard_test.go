@@ -1567,3 +1567,26 @@ func TestForeignAttemptRefundLowersTheUse(t *testing.T) {
 		t.Fatalf("after replaying the refund: %+v, want 4 left", u)
 	}
 }
+
+// A soft plan's month takes at most MaxMonthUse units: its overage had no
+// bound, and past int64 the month's use read 0 again (the floor at 0)
+// while the ledger refused every settle of the batch (Postgres: bigint out
+// of range) or stored a float that broke every snapshot read (SQLite).
+func TestSoftMonthUseIsBounded(t *testing.T) {
+	p := DefaultParams()
+	a := NewAccount(AccountConfig{ID: "a", Plan: Plan{ID: "soft", MonthlyQuota: 1000}})
+	now := at("2026-06-10T00:00:00Z")
+	var rec Record
+	for i := range MaxMonthUse / MaxUnits {
+		if d := a.Charge(&Charge{EventID: fmt.Sprintf("e%d", i), Route: "r", Units: MaxUnits}, now, &p, &rec); d.Reason != OK {
+			t.Fatalf("charge %d of %d units: %s", i, int64(MaxUnits), d.Reason)
+		}
+	}
+	d := a.Charge(&Charge{EventID: "one-more", Route: "r", Units: 1}, now, &p, &rec)
+	if d.Reason != QuotaExceeded || rec.Type != 0 {
+		t.Fatalf("a charge past %d units in a month: %s (record type %d), want quota_exceeded, nothing logged", int64(MaxMonthUse), d.Reason, rec.Type)
+	}
+	if d.MonthUsed != MaxMonthUse {
+		t.Errorf("month used %d, want %d", d.MonthUsed, int64(MaxMonthUse))
+	}
+}

@@ -223,6 +223,14 @@ func storable(s string) bool {
 // real charge, and the admin API bounds quotas and grants by the same.
 const MaxUnits = 1_000_000_000_000_000
 
+// MaxMonthUse bounds what a soft plan's month may take, overage included
+// (a hard plan's is its quota and credits, each bounded by the admin API):
+// 1,000 charges of MaxUnits. Past it a charge is QuotaExceeded until the
+// next month. Unbounded, the month's use wrapped past int64 after ~9,224
+// of them, and the ledger refused the settle (a bigint out of range) or,
+// on SQLite, stored a float that every later snapshot read failed on.
+const MaxMonthUse = 1000 * MaxUnits
+
 // Charge asks for Units on behalf of an account.
 type Charge struct {
 	EventID string
