@@ -2,7 +2,9 @@ package shard
 
 import (
 	"slices"
+	"strconv"
 	"strings"
+	"time"
 )
 
 // Receipt is what a charge's caller keeps to refund it later: the event and
@@ -34,6 +36,23 @@ type Receipt struct {
 // return units twice or not at all; a receipt that old is refused
 // (UnknownEvent), as a client id older than the dedup window is.
 func Refundable(charged, now Period) bool { return charged >= now-1 }
+
+// RefundedWindow is how long an account remembers the events it refunded
+// (up to Params.DedupMax of them), so that a receipt is refunded once: as
+// long as Refundable takes it, its charge's month and the next, which is at
+// most 62 days after the charge. It was the dedup window (24 h), after
+// which the same receipt was refunded again.
+const RefundedWindow = int64(62 * 24 * time.Hour)
+
+// refundedKey is the key of an event's refund in Account.refunded: its
+// id, and its generation when a refunded client id was charged again (a
+// NUL never occurs in an event id: see storable).
+func refundedKey(eventID string, gen uint32) string {
+	if gen == 0 {
+		return eventID
+	}
+	return eventID + "\x00" + strconv.FormatUint(uint64(gen), 10)
+}
 
 // fits reports whether r can be a receipt of a charge of account: its
 // account (when it names one) is account, and its units are those of a
@@ -674,7 +693,7 @@ func (a *Account) refund(eventID string, receipt *Receipt, self string, attempt 
 	p, wall := a.advance(now.Wall)
 	d := Decision{Reset: p.End() / 1e9}
 	a.dedup.expire(a.seen, params.DedupWindow, params.DedupMax)
-	a.refunded.expire(a.seen, params.DedupWindow, params.DedupMax)
+	a.refunded.expire(a.seen, RefundedWindow, params.DedupMax)
 	rec.reset(RecRefund, a.cfg.ID, a.seen)
 	rec.EventID = eventID
 	if e, ok := a.dedup.get(eventID, a.seen, params.DedupWindow); ok {
@@ -701,11 +720,13 @@ func (a *Account) refund(eventID string, receipt *Receipt, self string, attempt 
 		default:
 			e.refunded = true
 			a.dedup.update(eventID, e)
+			// Also by receipt, once the dedup entry has gone.
+			a.refunded.put(refundedKey(eventID, e.gen), a.seen, struct{}{})
 			rec.Units, rec.Period, rec.ChargeWall, rec.Key, rec.Route, rec.Gen = e.units, e.period, e.chargeAt, e.key, e.route, e.gen
 			rec.Allocs = append(rec.Allocs, e.allocs...)
 		}
 	} else if receipt != nil && receipt.EventID == eventID {
-		if _, done := a.refunded.get(eventID, a.seen, params.DedupWindow); done {
+		if _, done := a.refunded.get(refundedKey(eventID, receipt.Gen), a.seen, RefundedWindow); done {
 			d.Reason = AlreadyRefunded
 		} else if !receipt.fits(a.cfg.ID) || (receipt.Node == self && !a.holds(receipt.Allocs)) {
 			// Another account's receipt, or altered. Only a charge this
@@ -715,7 +736,7 @@ func (a *Account) refund(eventID string, receipt *Receipt, self string, attempt 
 		} else if !Refundable(receipt.Period, p) {
 			d.Reason = UnknownEvent // too old: see Refundable
 		} else {
-			a.refunded.put(eventID, a.seen, struct{}{})
+			a.refunded.put(refundedKey(eventID, receipt.Gen), a.seen, struct{}{})
 			rec.Units, rec.Period, rec.ChargeWall, rec.Key, rec.Route, rec.Gen = receipt.Units, receipt.Period, receipt.Wall, receipt.Key, receipt.Route, receipt.Gen
 			rec.Allocs = append(rec.Allocs, receipt.Allocs...)
 		}

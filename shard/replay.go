@@ -35,7 +35,7 @@ func (a *Account) ApplyRecord(seq uint64, rec *Record, params *Params) {
 		}
 		a.advance(rec.Wall)
 		a.dedup.expire(a.seen, params.DedupWindow, params.DedupMax)
-		a.refunded.expire(a.seen, params.DedupWindow, params.DedupMax)
+		a.refunded.expire(a.seen, RefundedWindow, params.DedupMax)
 		if rec.Kept {
 			// Held back while replays may be served: pending, nothing returned.
 			if e, ok := a.dedup.get(rec.EventID, a.seen, params.DedupWindow); ok && e.gen == rec.Gen {
@@ -47,9 +47,8 @@ func (a *Account) ApplyRecord(seq uint64, rec *Record, params *Params) {
 		if e, ok := a.dedup.get(rec.EventID, a.seen, params.DedupWindow); ok && e.gen == rec.Gen {
 			e.refunded = true
 			a.dedup.update(rec.EventID, e)
-		} else {
-			a.refunded.put(rec.EventID, a.seen, struct{}{})
 		}
+		a.refunded.put(refundedKey(rec.EventID, rec.Gen), a.seen, struct{}{})
 		a.unspend(rec)
 	case RecReplay:
 		if rec.Origin != "" {

@@ -1590,3 +1590,54 @@ func TestSoftMonthUseIsBounded(t *testing.T) {
 		t.Errorf("month used %d, want %d", d.MonthUsed, int64(MaxMonthUse))
 	}
 }
+
+// A receipt can be refunded in its charge's month and the next
+// (Refundable), and it is refunded once over all that time: the memory
+// of receipts refunded lasted the dedup window only (24 h), after which
+// the same receipt was refunded again (with --events=false, the ledger
+// credited the grant twice). A client id refunded by id is refused by its
+// receipt after its dedup entry has gone, too; and its next generation,
+// charged again after the refund, can still be refunded.
+func TestReceiptRefundedOnceWhileRefundable(t *testing.T) {
+	p := DefaultParams()
+	a := NewAccount(AccountConfig{ID: "a", Plan: hardPlan(1000)})
+	now := at("2026-06-10T00:00:00Z")
+	later := Now{Wall: now.Wall + int64(25*time.Hour), Mono: now.Mono + int64(25*time.Hour)}
+	muchLater := Now{Wall: at("2026-07-30T00:00:00Z").Wall, Mono: now.Mono + int64(50*24*time.Hour)}
+	var rec Record
+	receipt := func(id string, gen uint32) *Receipt {
+		return &Receipt{EventID: id, Account: "a", Node: "n1", Units: rec.Units, Period: rec.Period, Wall: rec.Wall, Route: "r", Gen: gen,
+			Allocs: append([]Alloc(nil), rec.Allocs...)}
+	}
+	a.Charge(&Charge{EventID: "gen-1", Route: "r", Units: 10}, now, &p, &rec)
+	generated := receipt("gen-1", 0)
+	a.Charge(&Charge{EventID: "key-1", ClientID: true, Route: "r", Units: 10}, now, &p, &rec)
+	client := receipt("key-1", 0)
+	a.Charge(&Charge{EventID: "other", Route: "r", Units: 50}, now, &p, &rec)
+
+	if d := a.Refund("gen-1", generated, "n1", now, &p, &rec); d.Reason != Refunded {
+		t.Fatalf("first refund of a receipt: %s", d.Reason)
+	}
+	if d := a.Refund("key-1", nil, "n1", now, &p, &rec); d.Reason != Refunded {
+		t.Fatalf("refund of a client id: %s", d.Reason)
+	}
+	for _, when := range []Now{later, muchLater} {
+		if d := a.Refund("gen-1", generated, "n1", when, &p, &rec); d.Reason != AlreadyRefunded {
+			t.Errorf("the same receipt refunded again %s later: %s, want already_refunded", time.Duration(when.Wall-now.Wall), d.Reason)
+		}
+		if d := a.Refund("key-1", client, "n1", when, &p, &rec); d.Reason != AlreadyRefunded {
+			t.Errorf("a client id refunded by id, then by its receipt %s later: %s, want already_refunded", time.Duration(when.Wall-now.Wall), d.Reason)
+		}
+	}
+	// The client id's next generation is a charge of its own.
+	a.Charge(&Charge{EventID: "key-2", ClientID: true, Route: "r", Units: 5}, now, &p, &rec)
+	a.Refund("key-2", nil, "n1", now, &p, &rec)
+	a.Charge(&Charge{EventID: "key-2", ClientID: true, Route: "r", Units: 5}, now, &p, &rec)
+	if rec.Gen != 1 {
+		t.Fatalf("key-2 charged again after its refund: generation %d, want 1", rec.Gen)
+	}
+	next := receipt("key-2", 1)
+	if d := a.Refund("key-2", next, "n1", later, &p, &rec); d.Reason != Refunded {
+		t.Errorf("key-2's second generation refunded by its receipt after the dedup window: %s, want refunded", d.Reason)
+	}
+}
