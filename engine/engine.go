@@ -464,28 +464,77 @@ func (e *Engine) Charge(ctx context.Context, account string, req shard.Charge) (
 // the wait's ctx ended (the caller's deadline: a disk slower than it, or a
 // caller that left), the record will still become durable and settle, while
 // the caller hears an error and keeps no receipt to refund it with: so the
-// charge is refunded here, by a refund record logged after it (not waited
-// for: the caller is gone), unless a retry was served under its event id
-// meanwhile. The error then wraps ErrQuotaUnavailable: nothing is charged
-// and a retry is safe. Other failures (a failed or closed log) are returned
-// as they are: the log takes nothing more.
+// charge is taken back here, by a refund record logged after it, unless a
+// retry was served under its event id meanwhile. The error then wraps
+// ErrQuotaUnavailable and says a retry is safe, once the take-back is
+// durable: a crash between the charge's record and its refund's bills the
+// charge while the caller, told to retry, is charged again (without an
+// Idempotency-Key); if it does not become durable within abandonWait (the
+// caller is gone or late already), the error says the charge may be
+// billed. Other failures (a failed or closed log) are returned as they
+// are: the log takes nothing more.
 func (e *Engine) abandon(account string, res Result, werr error) error {
+	tb := e.abandonLog(account, res, werr)
+	return tb.outcome(e.waitTakeBack(tb.seq))
+}
+
+// takenBack is a take-back logged by abandonLog, to wait for (seq, 0 for
+// nothing logged) before saying what became of the charge (outcome).
+type takenBack struct {
+	err   error
+	seq   uint64
+	final bool // err is the answer as it is: nothing was taken back
+}
+
+func (e *Engine) abandonLog(account string, res Result, werr error) takenBack {
 	err := fmt.Errorf("engine: charge %q of account %q not durable: %w", res.EventID, account, werr)
 	if !errors.Is(werr, context.Canceled) && !errors.Is(werr, context.DeadlineExceeded) {
-		return err
+		return takenBack{err: err, final: true}
 	}
-	if res.Receipt != nil {
-		if _, _, rerr := e.refundLogged(account, res.EventID, func(a *shard.Account, now shard.Now, rec *shard.Record) shard.Decision {
-			if res.Reason == shard.Replayed {
-				return a.RefundReplay(res.EventID, res.Receipt, e.log.NodeID(), now, &e.params, rec)
-			}
-			return a.RefundAttempt(res.EventID, res.Receipt, e.log.NodeID(), now, &e.params, rec)
-		}); rerr != nil {
-			return fmt.Errorf("%w; taking it back failed too (%v): it may be billed", err, rerr)
+	if res.Receipt == nil {
+		return takenBack{err: err}
+	}
+	before := e.log.LastSeq()
+	d, _, rerr := e.refundLogged(account, res.EventID, func(a *shard.Account, now shard.Now, rec *shard.Record) shard.Decision {
+		if res.Reason == shard.Replayed {
+			return a.RefundReplay(res.EventID, res.Receipt, e.log.NodeID(), now, &e.params, rec)
 		}
+		return a.RefundAttempt(res.EventID, res.Receipt, e.log.NodeID(), now, &e.params, rec)
+	})
+	if rerr != nil {
+		return takenBack{err: fmt.Errorf("%w; taking it back failed too (%v): it may be billed", err, rerr), final: true}
 	}
-	return fmt.Errorf("%w: %w; it was taken back, retry", ErrQuotaUnavailable, err)
+	tb := takenBack{err: err}
+	if d.Seq > before { // else no record (a retry was served under it, its refund asked before): nothing to wait for
+		tb.seq = d.Seq
+	}
+	return tb
 }
+
+// waitTakeBack waits, within abandonWait, until seq (0: none) is durable.
+func (e *Engine) waitTakeBack(seq uint64) error {
+	if seq == 0 {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), abandonWait)
+	defer cancel()
+	return e.log.WaitDurable(ctx, seq)
+}
+
+// outcome is the take-back's error, given durable, the wait for its record.
+func (tb takenBack) outcome(durable error) error {
+	switch {
+	case tb.final:
+		return tb.err
+	case tb.seq > 0 && durable != nil:
+		return fmt.Errorf("%w: %w; taking it back did not become durable either (%v): it may be billed, "+
+			"so retry only with the same event id (Idempotency-Key)", ErrQuotaUnavailable, tb.err, durable)
+	}
+	return fmt.Errorf("%w: %w; it was taken back, retry", ErrQuotaUnavailable, tb.err)
+}
+
+// abandonWait bounds abandon's wait for its take-back to be durable.
+const abandonWait = 5 * time.Second
 
 // ChargeEarly decides req like Charge but answers before the record is
 // durable: the caller must call wait, and get nil from it, before it tells
@@ -587,10 +636,19 @@ func (e *Engine) ChargeMany(ctx context.Context, reqs []Request) []Outcome {
 	}
 	if last > 0 {
 		if err := e.log.WaitDurable(ctx, last); err != nil {
+			// Every charge taken back first, then one wait for them all
+			// (abandon), not one fsync after another.
+			tbs := make(map[int]takenBack)
+			var back uint64
 			for i := range out {
 				if out[i].Err == nil && out[i].Seq > 0 {
-					out[i] = Outcome{Err: e.abandon(reqs[i].Account, out[i].Result, err)}
+					tbs[i] = e.abandonLog(reqs[i].Account, out[i].Result, err)
+					back = max(back, tbs[i].seq)
 				}
+			}
+			durable := e.waitTakeBack(back)
+			for i, tb := range tbs {
+				out[i] = Outcome{Err: tb.outcome(durable)}
 			}
 		}
 	}

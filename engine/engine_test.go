@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -465,13 +466,25 @@ func TestAbandonedChargeIsTakenBack(t *testing.T) {
 		fs.Arm()
 		ctx, cancel := context.WithCancel(context.Background())
 		errc := make(chan error, 1)
+		last := e.Log().LastSeq()
 		go func() { errc <- charge(ctx, "", 7, many) }()
-		<-fs.Entered // the charge's record is inside fsync
+		// The charge's record logged, and the log's syncs held (the one
+		// that entered may be another WAL file's: wait for both).
+		waitfor.Cond(t, 5*time.Second, "the charge to be logged", func() bool { return e.Log().LastSeq() >= last+1 })
+		<-fs.Entered
 		cancel()
-		err := <-errc
+		waitfor.Cond(t, 5*time.Second, "the take-back to be logged", func() bool { return e.Log().LastSeq() >= last+2 })
+		// "Taken back" is said only once the take-back is durable: a crash
+		// before would bill the charge while its caller retried.
+		select {
+		case err := <-errc:
+			t.Fatalf("ChargeMany=%v: abandoned charge answered (%v) before its take-back was durable", many, err)
+		default:
+		}
 		fs.Release()
-		if !errors.Is(err, ErrQuotaUnavailable) || !errors.Is(err, context.Canceled) {
-			t.Fatalf("ChargeMany=%v: abandoned charge: %v, want quota-unavailable wrapping context.Canceled", many, err)
+		err := <-errc
+		if !errors.Is(err, ErrQuotaUnavailable) || !errors.Is(err, context.Canceled) || !strings.Contains(err.Error(), "it was taken back, retry") {
+			t.Fatalf("ChargeMany=%v: abandoned charge: %v, want quota-unavailable wrapping context.Canceled, taken back", many, err)
 		}
 		if err := e.Log().WaitDurable(context.Background(), e.Log().LastSeq()); err != nil {
 			t.Fatal(err)
@@ -489,17 +502,30 @@ func TestAbandonedChargeIsTakenBack(t *testing.T) {
 	fs.Arm()
 	ctx, cancel := context.WithCancel(context.Background())
 	errc := make(chan error, 2)
+	base := e.Log().LastSeq()
 	go func() { errc <- charge(ctx, "job-1", 5, false) }()
+	waitfor.Cond(t, 5*time.Second, "the charge to be logged", func() bool { return e.Log().LastSeq() >= base+1 })
 	<-fs.Entered
 	go func() { errc <- charge(context.Background(), "job-1", 5, false) }()
-	waitfor.Cond(t, 5*time.Second, "the retry to be answered replayed", func() bool { return e.Stats().Replayed.Load() == 1 })
+	waitfor.Cond(t, 5*time.Second, "the retry to be answered replayed, and logged", func() bool {
+		return e.Stats().Replayed.Load() == 1 && e.Log().LastSeq() >= base+2
+	})
 	cancel()
-	if err := <-errc; !errors.Is(err, ErrQuotaUnavailable) {
-		t.Fatalf("first attempt: %v, want quota-unavailable", err)
-	}
+	waitfor.Cond(t, 5*time.Second, "the first attempt's refund to be logged (kept)", func() bool { return e.Log().LastSeq() >= base+3 })
 	fs.Release()
-	if err := <-errc; err != nil {
-		t.Fatalf("the retry: %v", err)
+	var served, unavailable int
+	for range 2 {
+		switch err := <-errc; {
+		case err == nil:
+			served++
+		case errors.Is(err, ErrQuotaUnavailable):
+			unavailable++
+		default:
+			t.Fatalf("the first attempt or its retry: %v", err)
+		}
+	}
+	if served != 1 || unavailable != 1 {
+		t.Fatalf("%d served and %d quota-unavailable, want the retry served and the first attempt quota-unavailable", served, unavailable)
 	}
 	if u := used(); u != 5 {
 		t.Fatalf("%d units used after a served retry, want 5 (kept)", u)
@@ -598,16 +624,19 @@ func TestAbandonedReplayIsTakenBackAsAReplay(t *testing.T) {
 	fs.Arm()
 	retryCtx, cancel := context.WithCancel(ctx)
 	errc := make(chan error, 1)
+	last := e.Log().LastSeq()
 	go func() {
 		_, err := e.Charge(retryCtx, "acme", shard.Charge{EventID: "job", ClientID: true, Units: 5})
 		errc <- err
 	}()
-	<-fs.Entered // the replay's record is inside fsync
+	waitfor.Cond(t, 5*time.Second, "the replay to be logged", func() bool { return e.Log().LastSeq() >= last+1 })
+	<-fs.Entered // syncs held
 	cancel()
-	if err := <-errc; !errors.Is(err, ErrQuotaUnavailable) {
-		t.Fatalf("the abandoned retry: %v, want quota-unavailable", err)
-	}
+	waitfor.Cond(t, 5*time.Second, "the replay's take-back to be logged", func() bool { return e.Log().LastSeq() > last+1 })
 	fs.Release()
+	if err := <-errc; !errors.Is(err, ErrQuotaUnavailable) || !strings.Contains(err.Error(), "it was taken back, retry") {
+		t.Fatalf("the abandoned retry: %v, want quota-unavailable, taken back", err)
+	}
 	if e.Stats().Replayed.Load() != 1 {
 		t.Fatalf("replays answered: %d, want 1", e.Stats().Replayed.Load())
 	}
@@ -653,6 +682,7 @@ func TestAbandonedBatchIsTakenBackWhole(t *testing.T) {
 	fs.Arm()
 	ctx, cancel := context.WithCancel(context.Background())
 	outc := make(chan []Outcome, 1)
+	last := e.Log().LastSeq()
 	go func() {
 		outc <- e.ChargeMany(ctx, []Request{
 			{Account: "acme", Charge: shard.Charge{Units: 3}},
@@ -660,13 +690,17 @@ func TestAbandonedBatchIsTakenBackWhole(t *testing.T) {
 			{Account: "acme", Charge: shard.Charge{EventID: "a2", ClientID: true, Units: 5}},
 		})
 	}()
-	<-fs.Entered // the batch's records are inside fsync
+	waitfor.Cond(t, 5*time.Second, "the batch to be logged", func() bool { return e.Log().LastSeq() >= last+3 })
+	<-fs.Entered // syncs held
 	cancel()
-	out := <-outc
+	// All three taken back before any waits for the disk: one wait for
+	// all, not one fsync after another.
+	waitfor.Cond(t, 5*time.Second, "the batch's take-backs to be logged", func() bool { return e.Log().LastSeq() >= last+6 })
 	fs.Release()
+	out := <-outc
 	for i, o := range out {
-		if !errors.Is(o.Err, ErrQuotaUnavailable) {
-			t.Errorf("charge %d of the abandoned batch: %+v, want quota-unavailable", i, o)
+		if !errors.Is(o.Err, ErrQuotaUnavailable) || !strings.Contains(o.Err.Error(), "it was taken back, retry") {
+			t.Errorf("charge %d of the abandoned batch: %+v, want quota-unavailable, taken back", i, o)
 		}
 	}
 	if err := e.Log().WaitDurable(context.Background(), e.Log().LastSeq()); err != nil {
