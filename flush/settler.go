@@ -87,12 +87,17 @@ type Settler struct {
 	// hung for a minute is not slow for ever.
 	regrow  bool
 	failed  atomic.Int64
-	lastOK  atomic.Int64 // Unix ns of the last successful settle
-	lastErr atomic.Int64 // Unix ns of the last failed one
-	// beatOK and beatErr are the Unix ns of the last heartbeat (or settle)
+	lastOK  atomic.Int64 // stamp of the last successful settle
+	lastErr atomic.Int64 // stamp of the last failed one
+	// beatOK and beatErr are the stamps of the last heartbeat (or settle)
 	// that reached the ledger and of the last heartbeat that did not: an
 	// idle node learns that the ledger is down from its heartbeats only.
 	beatOK, beatErr atomic.Int64
+	// born is when the settler was made, with the monotonic clock reading
+	// the stamps above count from (stamp): Healthy compares them, and wall
+	// clock stamps read a failure after a step back of the clock as older
+	// than the last success, so a ledger down looked up.
+	born time.Time
 	// calling is the Unix ns (by opts.Now) at which the ledger call in
 	// progress started, 0 when none is: one that has run for CallTimeout
 	// makes the settler unhealthy even before it returns.
@@ -154,8 +159,12 @@ func NewSettler(opts SettlerOptions) (*Settler, error) {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
 	l := opts.Engine.Log()
-	return &Settler{opts: opts, log: l, node: l.NodeID(), inc: l.Incarnation(), limit: opts.MaxBatch, kick: make(chan struct{}, 1)}, nil
+	return &Settler{opts: opts, log: l, node: l.NodeID(), inc: l.Incarnation(), limit: opts.MaxBatch, kick: make(chan struct{}, 1), born: time.Now()}, nil
 }
+
+// stamp is now for lastOK, lastErr, beatOK and beatErr: nanoseconds since
+// born on the monotonic clock, plus one (0 is "never").
+func (s *Settler) stamp() int64 { return int64(time.Since(s.born)) + 1 }
 
 // Stats are the settler's counters.
 func (s *Settler) Stats() *SettlerStats { return &s.stats }
@@ -163,7 +172,7 @@ func (s *Settler) Stats() *SettlerStats { return &s.stats }
 // LastSuccess is when the last settle succeeded (zero if never).
 func (s *Settler) LastSuccess() time.Time {
 	if ns := s.lastOK.Load(); ns > 0 {
-		return time.Unix(0, ns)
+		return s.born.Add(time.Duration(ns - 1)).Round(0)
 	}
 	return time.Time{}
 }
@@ -369,7 +378,7 @@ func (s *Settler) SettleOnce(ctx context.Context) (int, error) {
 		}
 		if n > 0 {
 			s.lastBeat = time.Now() // the settle refreshed heartbeat_at
-			s.beatOK.Store(s.lastBeat.UnixNano())
+			s.beatOK.Store(s.stamp())
 		}
 		if !more {
 			break
@@ -405,11 +414,11 @@ func (s *Settler) heartbeatLocked(ctx context.Context) error {
 		_, err := s.opts.Ledger.Heartbeat(ctx, s.node, s.inc, drainedAt)
 		return err
 	}); err != nil {
-		s.beatErr.Store(time.Now().UnixNano())
+		s.beatErr.Store(s.stamp())
 		return fmt.Errorf("flush: heartbeat of node %s: %w", s.node, err)
 	}
 	s.lastBeat = time.Now()
-	s.beatOK.Store(s.lastBeat.UnixNano())
+	s.beatOK.Store(s.stamp())
 	s.backUp()
 	return nil
 }
@@ -535,11 +544,11 @@ func (s *Settler) report(rep SettleReport, err error) {
 	rep.Err = err
 	if err != nil {
 		s.stats.Errors.Add(1)
-		s.lastErr.Store(time.Now().UnixNano())
+		s.lastErr.Store(s.stamp())
 	} else {
 		s.stats.Settles.Add(1)
 		s.stats.Records.Add(int64(rep.Records))
-		s.lastOK.Store(time.Now().UnixNano())
+		s.lastOK.Store(s.stamp())
 	}
 	if s.opts.OnSettle != nil {
 		s.opts.OnSettle(rep)
