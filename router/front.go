@@ -71,7 +71,7 @@ type FrontOptions struct {
 	// Config resolves API keys (by SHA-256 hash) and route weights
 	// (required).
 	Config ConfigSource
-	// UsagePath answers the caller's usage as JSON (GET) ["/v1/usage"]: that
+	// UsagePath answers the caller's usage as JSON (GET, HEAD) ["/v1/usage"]: that
 	// path, for every method and host, is the front's and never reaches
 	// the handler or upstream behind it.
 	UsagePath string

@@ -25,7 +25,7 @@ type UsageReport struct {
 func (f *front) serveUsage(w http.ResponseWriter, r *http.Request) int {
 	if r.Method != http.MethodGet && r.Method != http.MethodHead {
 		w.Header().Set("Allow", "GET, HEAD")
-		p := newProblem("about:blank", "Method Not Allowed", http.StatusMethodNotAllowed, "The usage endpoint answers GET.")
+		p := newProblem("about:blank", "Method Not Allowed", http.StatusMethodNotAllowed, "The usage endpoint answers GET and HEAD.")
 		p.write(w, r)
 		return p.Status
 	}

@@ -518,8 +518,11 @@ records the overage for billing.`,
 					return fmt.Errorf("--%s=false: say what the plan is, --hard or --soft", f.name)
 				}
 			}
-			if quota < 0 || burst < 0 {
-				return fmt.Errorf("--quota %d and --burst %d: want 0 or more", quota, burst)
+			if quota < 0 {
+				return fmt.Errorf("--quota %d: want 0 or more", quota)
+			}
+			if burst < 0 {
+				return fmt.Errorf("--burst %d: want 0 or more", burst)
 			}
 			body := map[string]any{"monthly_quota": quota, "hard": hard}
 			if rate != "" {

@@ -56,7 +56,7 @@ func TestQuotadAdminFlagsAsTyped(t *testing.T) {
 		want string
 	}{
 		{[]string{"plans", "set", "pro", "--quota", "5", "--soft=false"}, "--soft=false: say what the plan is, --hard or --soft"},
-		{[]string{"plans", "set", "pro", "--quota", "-5", "--hard"}, "--quota -5 and --burst 0: want 0 or more"},
+		{[]string{"plans", "set", "pro", "--quota", "-5", "--hard"}, "--quota -5: want 0 or more"},
 		{[]string{"grants", "add", "acme", "--units", "0"}, "--units 0: want 1 or more"},
 		{[]string{"accounts", "show", "acme", "--period", ""}, "--period is empty (an unset variable?)"},
 		{[]string{"usage", "--period", ""}, "--period is empty"},

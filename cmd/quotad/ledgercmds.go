@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"os"
 	"slices"
@@ -184,9 +185,13 @@ func runReconcile(ctx context.Context, out, errOut io.Writer, dsn string, dataDi
 // the original dir (not to bill again) and those taken since under reused
 // sequence numbers, which are listed one by one to be billed by hand.
 func printUnsettled(ctx context.Context, out, errOut io.Writer, l flush.Ledger, dir string) error {
-	meta, err := os.Stat(dir)
-	if err != nil || !meta.IsDir() {
-		return fmt.Errorf("--data-dir %s: not a directory", dir)
+	switch meta, err := os.Stat(dir); {
+	case errors.Is(err, fs.ErrNotExist):
+		return fmt.Errorf("--data-dir %s: does not exist (give a stopped node's data dir)", dir)
+	case err != nil:
+		return fmt.Errorf("--data-dir %s: %w", dir, err)
+	case !meta.IsDir():
+		return fmt.Errorf("--data-dir %s: not a directory (give a stopped node's data dir)", dir)
 	}
 	// Read-only: the dir is evidence. A read-write open would flush the
 	// WAL into a new sstable, MANIFEST and WAL, and write the durable mark.
@@ -420,7 +425,11 @@ func runRevoke(ctx context.Context, out io.Writer, l flush.Ledger, nodeID string
 	last := flush.LatestRunning(nodes)[nodeID].Heartbeat // zero when every incarnation stopped cleanly
 	switch {
 	case !slices.Contains(known, nodeID):
-		return fmt.Errorf("the ledger has never seen a node %q (it knows: %s); check the id (quotad serve --node-id)", nodeID, strings.Join(known, ", "))
+		knows := "it knows: " + strings.Join(known, ", ")
+		if len(known) == 0 {
+			knows = "it knows no node: is --ledger the one the cluster settles into?"
+		}
+		return fmt.Errorf("the ledger has never seen a node %q (%s); check the id (quotad serve --node-id)", nodeID, knows)
 	case now.Sub(last) < revokeQuiet && !force && !dryRun:
 		return fmt.Errorf("node %s was heard from %s ago (its last heartbeat, at %s): it may be running, and freeing a running node's reservations lets its accounts overshoot. Stop it first, or wait until it has been silent for %s; --force if you know it is stopped",
 			nodeID, now.Sub(last).Round(time.Second), last.UTC().Format(time.RFC3339), revokeQuiet)

@@ -120,9 +120,9 @@ func runPrune(ctx context.Context, out io.Writer, l flush.Ledger, o flush.PruneO
 	case o.DryRun && len(res.Months) == 0:
 		fmt.Fprintf(out, "dry run: no event log before %v to drop\n", o.Before)
 	case o.DryRun:
-		fmt.Fprintf(out, "dry run: %d events in %d months before %v would go; nothing changed\n", total, len(res.Months), o.Before)
+		fmt.Fprintf(out, "dry run: %s in %s before %v would go; nothing changed\n", plural(total, "event", "events"), plural(int64(len(res.Months)), "month", "months"), o.Before)
 	default:
-		fmt.Fprintf(out, "%d events in %d months dropped; the ledger holds no event log before %v\n", total, len(res.Months), res.PrunedBefore)
+		fmt.Fprintf(out, "%s in %s dropped; the ledger holds no event log before %v\n", plural(total, "event", "events"), plural(int64(len(res.Months)), "month", "months"), res.PrunedBefore)
 	}
 	return nil
 }

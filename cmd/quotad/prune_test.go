@@ -85,7 +85,7 @@ func TestPruneCommand(t *testing.T) {
 	keep := fmt.Sprint(int(now - july))
 	out, err = run("prune", ledger, "--keep-months", keep, "--dry-run")
 	if err != nil || !strings.Contains(out, "would drop the event log of 2026-06: 2 events") || strings.Contains(out, "2026-07:") ||
-		!strings.Contains(out, "dry run: 2 events in 1 months before 2026-07 would go") {
+		!strings.Contains(out, "dry run: 2 events in 1 month before 2026-07 would go") {
 		t.Fatalf("dry run keeping %s months: %v\n%s", keep, err, out)
 	}
 	// Every month back to 1970-01 kept: nothing to drop, and the message

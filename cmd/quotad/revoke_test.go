@@ -171,3 +171,21 @@ func TestSafetyOverridesHaveNoEnvTwin(t *testing.T) {
 		}
 	}
 }
+
+// A ledger that knows no node at all says so, and what that suggests (the
+// wrong --ledger), not "(it knows: )".
+func TestRevokeOnALedgerWithoutNodes(t *testing.T) {
+	ctx := context.Background()
+	l, err := flush.OpenSQLite(ctx, filepath.Join(t.TempDir(), "ledger.db"), flush.SQLiteOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if err := l.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	if err := runRevoke(ctx, &out, l, "q1", true, false, time.Now()); err == nil || !strings.Contains(err.Error(), "it knows no node: is --ledger the one") {
+		t.Fatalf("revoke on a ledger without nodes: %v", err)
+	}
+}

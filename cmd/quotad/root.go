@@ -59,7 +59,7 @@ func newVersionCmd(build buildinfo.Info) *cobra.Command {
 		Long: `Print this quotad's version, the commit it was built from and the Go that built
 it. A running node logs the same when it starts, exports it as the
 quotaring_build_info metric, and records the short form in the ledger's nodes
-table (quotad admin nodes, the admin API's /v1/nodes), where a rolling upgrade
+table (quotad admin nodes, the admin API's /admin/v1/nodes), where a rolling upgrade
 shows which nodes still run the older build.
 
 The version is the one a release build was linked with (the Dockerfile's

@@ -364,7 +364,7 @@ type frontFlags struct {
 func (ff *frontFlags) register(cmd *cobra.Command, upstream *string) {
 	fl := cmd.Flags()
 	fl.StringVar(upstream, "upstream", "", "the API to proxy to on --http-addr: http://host:port[/base], https://..., or h2c://host:port for a gRPC server without TLS; empty serves no front (404)")
-	fl.StringVar(&ff.usagePath, "usage-path", "/v1/usage", "path that answers the caller's usage as JSON (GET), never proxied")
+	fl.StringVar(&ff.usagePath, "usage-path", "/v1/usage", "path that answers the caller's usage as JSON (GET and HEAD), never proxied")
 	fl.IntVar(&ff.quotaStatus, "quota-status", http.StatusTooManyRequests, "status of a quota-exceeded refusal: 429, 402 or 403 (rate limits are always 429)")
 	fl.StringVar(&ff.billOn, "bill-on", router.BillOnSuccess, "when a request keeps its charge: success (refund 5xx, upstream failures and gRPC errors), 2xx (refund anything but 2xx/3xx) or always")
 	fl.Int64Var(&ff.maxBodyBytes, "max-body-bytes", router.DefaultMaxBodyBytes, "largest request body; larger is refused with 413 and not charged (-1: no limit)")
