@@ -128,7 +128,13 @@ func runBenchEngine(ctx context.Context, out, progress io.Writer, f benchEngineF
 	for _, target := range targets {
 		for _, c := range concs {
 			rep, fsyncs, err := benchOne(ctx, target, c, f, filepath.Join(dir, fmt.Sprintf("%s-%d", target, c)), progress, interactive)
-			if err != nil {
+			stopped := ""
+			switch {
+			case err != nil && ctx.Err() != nil && rep.Calls+rep.Errors > 0:
+				stopped = fmt.Sprintf("   (stopped after %s)", rep.Elapsed.Round(100*time.Millisecond))
+			case err != nil && ctx.Err() != nil:
+				return benchInterrupted("engine")
+			case err != nil:
 				return fmt.Errorf("%s at concurrency %d: %w", target, c, err)
 			}
 			results[fmt.Sprint(target, c)] = rep
@@ -136,7 +142,10 @@ func runBenchEngine(ctx context.Context, out, progress io.Writer, f benchEngineF
 			if fsyncs >= 0 {
 				fs = fmt.Sprintf("%.1f", fsyncs)
 			}
-			fmt.Fprintf(out, "%-14s %6d %12.0f %10s %10s %10s %14s\n", target, c, rep.OpsPerSec, fmtDur(rep.P50), fmtDur(rep.P99), fmtDur(rep.P999), fs)
+			fmt.Fprintf(out, "%-14s %6d %12.0f %10s %10s %10s %14s%s\n", target, c, rep.OpsPerSec, fmtDur(rep.P50), fmtDur(rep.P99), fmtDur(rep.P999), fs, stopped)
+			if stopped != "" {
+				return benchInterrupted("engine") // the row so far is printed, the rest not run
+			}
 			if rep.Errors > 0 {
 				failed += rep.Errors
 				fmt.Fprintf(out, "  %d errors, first: %v\n", rep.Errors, rep.FirstErr)
@@ -177,6 +186,12 @@ func fmtDur(d time.Duration) string {
 
 // benchOne runs one target at one concurrency. fsyncs is per 1,000 charges,
 // or -1 where it does not apply.
+// benchInterrupted is the error of a bench that Ctrl-C (or SIGTERM)
+// stopped, once it printed what it had measured: exit 130, as a shell's.
+func benchInterrupted(which string) error {
+	return &exitError{code: 130, err: fmt.Errorf("bench %s: interrupted", which)}
+}
+
 func benchOne(ctx context.Context, target string, conc int, f benchEngineFlags, dir string, progress io.Writer, interactive bool) (loadgen.Report, float64, error) {
 	cfg := loadgen.Config{Concurrency: conc, Duration: f.duration, Warmup: f.duration / 10, Progress: progress,
 		Interactive: interactive, Label: fmt.Sprintf("%s x%d", target, conc)}

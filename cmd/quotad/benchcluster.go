@@ -207,13 +207,19 @@ func runBenchCluster(ctx context.Context, out, progress io.Writer, f benchCluste
 		stopped := ""
 		if err != nil {
 			if rep.Calls+rep.Errors == 0 {
+				if ctx.Err() != nil {
+					return benchInterrupted("cluster")
+				}
 				return err
 			}
 			stopped = fmt.Sprintf("   (stopped after %s)", rep.Elapsed.Round(100*time.Millisecond))
 		}
 		fmt.Fprintf(out, "%6d %12.0f %12.0f %10s %10s %10s %8d%s\n", c, rep.OpsPerSec, rep.CallsPerSec, fmtDur(rep.P50), fmtDur(rep.P99), fmtDur(rep.P999), rep.Errors, stopped)
+		if err != nil && ctx.Err() != nil {
+			return benchInterrupted("cluster") // Ctrl-C: the row so far is printed, the rest not run
+		}
 		if err != nil {
-			return err // Ctrl-C: the row so far is printed, the rest not run
+			return err
 		}
 		if rep.Errors > 0 {
 			failed += rep.Errors

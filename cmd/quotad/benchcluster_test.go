@@ -78,7 +78,23 @@ func TestBenchClusterStoppedPrintsItsRow(t *testing.T) {
 	root.SetOut(&stdout)
 	root.SetErr(io.Discard)
 	err := root.ExecuteContext(ctx)
-	if err == nil || !strings.Contains(stdout.String(), "(stopped after") || strings.Contains(stdout.String(), "\n     4 ") {
-		t.Fatalf("bench cluster stopped during its first row: %v\n%s\nwant that row, marked as stopped, and no other", err, stdout.String())
+	if exitCode(err) != 130 || !strings.Contains(stdout.String(), "(stopped after") || strings.Contains(stdout.String(), "\n     4 ") {
+		t.Fatalf("bench cluster stopped during its first row: %v (exit %d)\n%s\nwant that row, marked as stopped, and no other, and exit 130", err, exitCode(err), stdout.String())
+	}
+}
+
+// bench engine too: the row it stopped, marked, and exit 130. It printed
+// "context canceled" and exit 1, and no row.
+func TestBenchEngineStoppedPrintsItsRow(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	var stdout bytes.Buffer
+	root := newRootCmd()
+	root.SetArgs([]string{"bench", "engine", "--targets", "engine-nosync", "--accounts", "10", "--concurrency", "1,2", "--duration", "3s", "--dir", t.TempDir()})
+	root.SetOut(&stdout)
+	root.SetErr(io.Discard)
+	err := root.ExecuteContext(ctx)
+	if exitCode(err) != 130 || !strings.Contains(stdout.String(), "(stopped after") || strings.Contains(stdout.String(), "engine-nosync       2") {
+		t.Fatalf("bench engine stopped during its first row: %v (exit %d)\n%s\nwant that row, marked as stopped, and no other, and exit 130", err, exitCode(err), stdout.String())
 	}
 }

@@ -185,21 +185,35 @@ func runBenchProxy(ctx context.Context, out, progress io.Writer, f benchProxyFla
 	if f.warmup > 0 {
 		for _, t := range targets {
 			fmt.Fprintf(progress, "warm-up: %s for %s\n", t.name, f.warmup)
-			if _, err := t.openLoop(ctx, f, f.warmup); err != nil {
+			if _, err := t.openLoop(ctx, f, f.warmup); ctx.Err() != nil {
+				return benchInterrupted("proxy")
+			} else if err != nil {
 				return err
 			}
 		}
 	}
 	total := map[string]*benchRound{"direct": {}, "proxied": {}}
+	stopped := 0 // the round Ctrl-C stopped; the table holds the ones before it
+rounds:
 	for i := 1; i <= f.rounds; i++ {
+		round := map[string]*benchRound{}
 		for _, t := range targets {
 			r, err := t.openLoop(ctx, f, f.round)
-			if err != nil {
+			switch {
+			case ctx.Err() != nil && i > 1: // the round's requests cut short: not counted
+				stopped = i
+				break rounds
+			case ctx.Err() != nil:
+				return benchInterrupted("proxy")
+			case err != nil:
 				return err
 			}
 			fmt.Fprintf(progress, "round %d/%d %-8s %6d requests  p50 %-9s p99 %-9s errors %d\n",
 				i, f.rounds, t.name, len(r.lat), fmtDur(pctile(r.lat, 50)), fmtDur(pctile(r.lat, 99)), r.errors)
-			agg := total[t.name]
+			round[t.name] = r
+		}
+		for name, r := range round { // both ways, or neither: the ratios compare like with like
+			agg := total[name]
 			agg.lat = append(agg.lat, r.lat...)
 			agg.errors += r.errors
 			agg.late += r.late
@@ -230,6 +244,10 @@ func runBenchProxy(ctx context.Context, out, progress io.Writer, f benchProxyFla
 		if n := len(r.lat) + int(r.errors); r.late*100 > int64(n) {
 			fmt.Fprintf(out, "%s: %d requests left more than 1 ms late: the load generator is short of CPU, and latencies are an upper bound\n", name, r.late)
 		}
+	}
+	if stopped > 0 {
+		fmt.Fprintf(out, "(stopped in round %d of %d: the figures are those of the rounds before it)\n", stopped, f.rounds)
+		return benchInterrupted("proxy")
 	}
 	if d.errors+p.errors > 0 {
 		return fmt.Errorf("%d requests failed (see above)", d.errors+p.errors)

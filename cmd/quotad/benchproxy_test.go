@@ -69,8 +69,20 @@ func TestBenchProxy(t *testing.T) {
 		}
 	}
 
+	// Ctrl-C after a round: the table of the rounds before the one it
+	// stopped, said so, and exit 130 (it printed nothing, exit 1).
+	stopCtx, stop := context.WithTimeout(ctx, 1500*time.Millisecond)
+	stopped := f
+	stopped.round, stopped.rounds = 300*time.Millisecond, 20
+	out.Reset()
+	err := runBenchProxy(stopCtx, &out, &progress, stopped)
+	stop()
+	if exitCode(err) != 130 || !strings.Contains(out.String(), "(stopped in round ") || !strings.Contains(out.String(), "\nproxied ") {
+		t.Fatalf("bench proxy stopped after its first round: %v (exit %d)\n%s\nwant the rounds before it and exit 130", err, exitCode(err), out.String())
+	}
+
 	f.keys = []string{"bad-key"}
-	err := runBenchProxy(ctx, &out, &progress, f)
+	err = runBenchProxy(ctx, &out, &progress, f)
 	if err == nil || !strings.Contains(err.Error(), "401") || !strings.Contains(err.Error(), "unknown-key") {
 		t.Fatalf("a wrong key: %v, want the proxy's 401 unknown-key at the first request", err)
 	}
