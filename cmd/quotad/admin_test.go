@@ -395,6 +395,13 @@ func TestQuotadAdminEnvBesideServe(t *testing.T) {
 		!strings.Contains(err.Error(), "--addr came from the environment variable QUOTAD_ADMIN_URL") {
 		t.Fatalf("an unreachable QUOTAD_ADMIN_URL: %v", err)
 	}
+	// Also for the flags read before the command runs (--ca-cert).
+	t.Setenv("QUOTAD_ADMIN_CA_CERT", filepath.Join(t.TempDir(), "missing.pem"))
+	_, err = runQuotad(t, "admin", "plans", "list")
+	if err == nil || !strings.Contains(err.Error(), "--ca-cert came from the environment variable QUOTAD_ADMIN_CA_CERT") {
+		t.Fatalf("a QUOTAD_ADMIN_CA_CERT that does not exist: %v", err)
+	}
+	os.Unsetenv("QUOTAD_ADMIN_CA_CERT")
 	// A variable that does not parse is the one error: its flag is not
 	// then reported with a zero value no one gave.
 	t.Setenv("QUOTAD_ADMIN_TIMEOUT", "5")

@@ -91,6 +91,11 @@ func nameEnvInErrors(c *cobra.Command) {
 			return explainEnv(cmd.Flags(), run(cmd, args))
 		}
 	}
+	if pre := c.PersistentPreRunE; pre != nil { // quotad admin reads its flags (--ca-cert, ...) there
+		c.PersistentPreRunE = func(cmd *cobra.Command, args []string) error {
+			return explainEnv(cmd.Flags(), pre(cmd, args))
+		}
+	}
 	for _, sub := range c.Commands() {
 		nameEnvInErrors(sub)
 	}
@@ -114,7 +119,12 @@ func explainEnv(fs *pflag.FlagSet, err error) error {
 		if sv, ok := f.Value.(pflag.SliceValue); ok {
 			vs = sv.GetSlice() // a list's error quotes the entry, not "[a,b]"
 		}
-		if mentionsFlag(msg, f.Name) || slices.ContainsFunc(vs, func(v string) bool { return v != "" && strings.Contains(msg, strconv.Quote(v)) }) {
+		quoted := func(v string) bool {
+			// Quoted, or a path (or URL) as it is: errors from the data
+			// dir, TLS files and the like name the path bare.
+			return v != "" && (strings.Contains(msg, strconv.Quote(v)) || len(v) > 1 && strings.Contains(v, "/") && strings.Contains(msg, v))
+		}
+		if mentionsFlag(msg, f.Name) || slices.ContainsFunc(vs, quoted) {
 			from = append(from, fmt.Sprintf("--%s came from the environment variable %s", f.Name, env[0]))
 		}
 	})

@@ -226,6 +226,10 @@ func TestExplainEnv(t *testing.T) {
 	fs.String("rpc-tls", "", "")
 	fs.String("typed", "", "")
 	fs.StringSlice("join", nil, "")
+	fs.String("data-dir", "", "")
+	if err := setFromEnv(fs, "data-dir", "QUOTAD_DATA_DIR", "/var/lib/app"); err != nil {
+		t.Fatal(err)
+	}
 	if err := setFromEnv(fs, "join", "QUOTAD_JOIN", "q1:7946,q2:x"); err != nil {
 		t.Fatal(err)
 	}
@@ -241,7 +245,8 @@ func TestExplainEnv(t *testing.T) {
 		`--admin-addr is bad`:                          `--admin-addr is bad (--admin-addr came from the environment variable QUOTAD_ADMIN_ADDR)`,
 		`--rpc-tls-cert is missing`:                    `--rpc-tls-cert is missing`, // another flag
 		`--typed "y" and --admin-token are bad`:        `--typed "y" and --admin-token are bad`,
-		`ring: seed "q2:x": bad port`:                  `ring: seed "q2:x": bad port (--join came from the environment variable QUOTAD_JOIN)`, // a list's entry
+		`ring: seed "q2:x": bad port`:                  `ring: seed "q2:x": bad port (--join came from the environment variable QUOTAD_JOIN)`,                     // a list's entry
+		`wal: data dir /var/lib/app is not empty`:      `wal: data dir /var/lib/app is not empty (--data-dir came from the environment variable QUOTAD_DATA_DIR)`, // a path, bare
 	} {
 		if got := explainEnv(fs, errors.New(in)).Error(); got != want {
 			t.Errorf("explainEnv(%q) = %q, want %q", in, got, want)
