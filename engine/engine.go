@@ -102,6 +102,10 @@ type Options struct {
 	// Owns reports whether this node owns an account now. It is called under
 	// the account's stripe lock; nil means every account.
 	Owns func(account string) bool
+	// MayRefund, when set, lets refunds through for an account Owns says
+	// this node does not own: a draining node's accounts while no member
+	// serves them (the whole cluster stopping at once). Called like Owns.
+	MayRefund func(account string) bool
 	// Hold, when set, is asked after Owns, under the same lock, before every
 	// charge, refund, usage read and reservation: a non-nil error (saying
 	// why) makes the engine decide nothing and answer an error wrapping
@@ -388,6 +392,20 @@ func (e *Engine) mayDecideLocked(account string) error {
 		}
 	}
 	return nil
+}
+
+// mayRefundLocked is mayDecideLocked for a refund: Options.MayRefund may
+// let it through where Owns does not. REQUIRES: the account's stripe mu held.
+func (e *Engine) mayRefundLocked(account string) error {
+	if !e.ownsLocked(account) && e.opts.MayRefund != nil && e.opts.MayRefund(account) {
+		if e.opts.Hold != nil {
+			if err := e.opts.Hold(); err != nil {
+				return fmt.Errorf("%w: account %q: %w", ErrQuotaUnavailable, account, err)
+			}
+		}
+		return nil
+	}
+	return e.mayDecideLocked(account)
 }
 
 func (e *Engine) newEventID() string {
@@ -876,7 +894,7 @@ func (e *Engine) refundWith(ctx context.Context, account, eventID string, apply 
 func (e *Engine) refundLogged(account, eventID string, apply func(*shard.Account, shard.Now, *shard.Record) shard.Decision) (d shard.Decision, wait bool, err error) {
 	st := e.stripeFor(account)
 	st.mu.Lock()
-	if err := e.mayDecideLocked(account); err != nil {
+	if err := e.mayRefundLocked(account); err != nil {
 		st.mu.Unlock()
 		return shard.Decision{}, false, err
 	}

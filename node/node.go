@@ -263,9 +263,12 @@ type Node struct {
 	// answers false from then on): at once, or, for the last serving
 	// member, once its in-flight requests are done (Shutdown).
 	leaving atomic.Bool
-	ctx     context.Context // canceled by Shutdown: stops background loops
-	cancel  context.CancelFunc
-	wg      sync.WaitGroup
+	// drainTable is the ring's table when this node announced draining:
+	// the accounts it owned then (drainOwns).
+	drainTable atomic.Pointer[ring.Table]
+	ctx        context.Context // canceled by Shutdown: stops background loops
+	cancel     context.CancelFunc
+	wg         sync.WaitGroup
 }
 
 type ledgerBox struct{ l flush.Ledger }
@@ -540,7 +543,7 @@ func (n *Node) openEngine(pauseBound time.Duration) error {
 		Log: n.wal, Clock: n.clock, Reserver: (*nodeReserver)(n), ReserveWindow: n.cfg.SettleInterval,
 		LedgerTimeout: n.cfg.LedgerTimeout, // top-ups and release retries, bounded as settles are
 		Params:        shard.Params{DedupMax: n.cfg.DedupMaxIDs, MaxReplays: int32(max(-1, min(n.cfg.DedupMaxReplays, 1<<30)))},
-		Owns:          n.owns, Hold: n.pause.check, Logger: n.log.With("component", "engine"), OnCharge: n.onCharge,
+		Owns:          n.owns, MayRefund: n.drainOwns, Hold: n.pause.check, Logger: n.log.With("component", "engine"), OnCharge: n.onCharge,
 		SettleSoon: n.settleSoon,
 	})
 	if err != nil {
@@ -574,6 +577,25 @@ func (n *Node) owns(account string) bool {
 		return false
 	}
 	m, ok := r.Owner(account)
+	return ok && m.ID == n.cfg.ID
+}
+
+// drainOwns is the engine's MayRefund: while this node drains and no
+// member serves account (the whole cluster stopping at once: every node
+// announced draining, so nobody owns anything), the accounts it owned when
+// it announced draining are still its to refund. Their requests in flight
+// finish during the drain, and one whose upstream failed was refunded
+// through the account's owner: there was none, and the charge stood,
+// billed. Charges stay refused (owns).
+func (n *Node) drainOwns(account string) bool {
+	r, t := n.ring.Load(), n.drainTable.Load()
+	if r == nil || t == nil || !n.draining.Load() {
+		return false
+	}
+	if _, ok := r.Owner(account); ok {
+		return false // a serving member owns it: refunds go there
+	}
+	m, ok := t.Owner(account)
 	return ok && m.ID == n.cfg.ID
 }
 

@@ -86,6 +86,7 @@ func ledgerWorkContext(ctx context.Context) (context.Context, context.CancelFunc
 // waiting on it with ctx ate the whole budget and left an expired context
 // for the settle and the releases.
 func (n *Node) announceDraining(ctx context.Context, r *ring.Ring) {
+	n.drainTable.Store(r.Table()) // what it owned: see drainOwns
 	n.leaving.Store(true)
 	actx, cancel := context.WithTimeout(ctx, announceTimeout)
 	defer cancel()

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -733,4 +734,62 @@ func TestStopReachesALedgerBackSinceTheStart(t *testing.T) {
 		t.Errorf("acme used %d units in the ledger, want the 2 charged in both lives", u.Units)
 	}
 	wantNothingReserved(t, l, "n1")
+}
+
+// The whole cluster stopped at once (a StatefulSet deleted or scaled to 0,
+// the local script's stop): every node announces draining, and once it
+// hears the others do so too, no member serves and no account has an
+// owner. A request whose upstream fails during the drain is refunded
+// through the account's owner: there was none, the refund failed, and the
+// charge stood, billed. A draining node now refunds, itself, the accounts
+// it owned when it announced draining, while no member serves them.
+func TestRefundsWhileTheWholeClusterDrains(t *testing.T) {
+	srv := pgtest.PackageServer(t)
+	dsn := pgtest.NewDB(t)
+	if srv == nil {
+		return
+	}
+	accounts := twentyAccounts(1000)
+	seedLedger(t, dsn, accounts)
+	nodes := startNodesWith(t, dsn, nil, nil)
+	n1, n2 := nodes[0], nodes[1]
+	acct := ownedBy(t, n1, accounts)
+	var res router.ChargeResult
+	waitFor(t, 10*time.Second, "a charge of "+acct, func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		var err error
+		res, err = n1.Router().Charge(ctx, router.ChargeRequest{Account: acct, Route: "GET /x", Units: 1})
+		return err == nil && res.Reason == shard.OK
+	})
+	// Both drain at once: what two concurrent Shutdowns do before their
+	// requests finish.
+	var wg sync.WaitGroup
+	for _, nd := range []*Node{n1, n2} {
+		last := nd.lastServing(nd.Ring()) // false on both: each sees the other serving
+		nd.draining.Store(true)
+		wg.Go(func() {
+			if !last {
+				nd.announceDraining(context.Background(), nd.Ring())
+			}
+		})
+	}
+	wg.Wait()
+	waitFor(t, 10*time.Second, "no member serving", func() bool {
+		return len(n1.Ring().View().Serving) == 0 && len(n2.Ring().View().Serving) == 0
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	d, err := n1.Router().Refund(ctx, router.RefundRequest{Account: acct, EventID: res.EventID, Receipt: res.Receipt, Attempt: true})
+	if err != nil || d.Reason != shard.Refunded {
+		t.Fatalf("refund of a charge made before the whole cluster drained: %v %v, want refunded", d.Reason, err)
+	}
+	// The other node owned nothing of it: it does not refund it.
+	if _, err := n2.Router().Refund(ctx, router.RefundRequest{Account: acct, EventID: res.EventID, Receipt: res.Receipt, Attempt: true}); !errors.Is(err, router.ErrUnavailable) {
+		t.Fatalf("refund through a node that did not own the account: %v, want unavailable", err)
+	}
+	// Charges stay refused: a drained node takes none.
+	if _, err := n1.Router().Charge(ctx, router.ChargeRequest{Account: acct, Route: "GET /x", Units: 1}); !errors.Is(err, router.ErrUnavailable) {
+		t.Fatalf("a charge while the whole cluster drains: %v, want unavailable", err)
+	}
 }

@@ -472,6 +472,15 @@ func (r *Router) Refund(ctx context.Context, req RefundRequest) (shard.Decision,
 		if target == "" {
 			owner, ok := r.cfg.Ring.Owner(req.Account)
 			if !ok {
+				// Nobody serves it: the whole cluster draining. This node
+				// refunds its own accounts then (engine.Options.MayRefund).
+				d, err := engineRefund(ctx, r.cfg.Engine, req)
+				if err == nil {
+					return d, nil
+				}
+				if !errors.Is(err, engine.ErrNotOwner) {
+					return d, mapEngineErr(err)
+				}
 				return shard.Decision{}, fmt.Errorf("%w: no serving node owns account %q", ErrUnavailable, req.Account)
 			}
 			if owner.ID == r.self {
