@@ -608,10 +608,20 @@ func (e *Engine) takeBack(ctx context.Context, account string, allocs []shard.Al
 
 // ReleaseAll hands every allowance back (graceful shutdown, and the reset at
 // start once the log is settled). It returns the first error and goes on
-// with the other accounts.
+// with the other accounts, until ctx ends.
 func (e *Engine) ReleaseAll(ctx context.Context) error {
 	first := e.RetryReleases(ctx)
 	for _, id := range e.AccountIDs() {
+		if err := ctx.Err(); err != nil {
+			// Out of time (each Release may take releaseTimeout against a
+			// ledger that hangs, one after another): the rest keep their
+			// allowances, in the log and the ledger, for the next start
+			// or the drain's releaseStranded.
+			if first == nil {
+				first = fmt.Errorf("engine: release of every account: %w (the rest keep their allowances)", err)
+			}
+			break
+		}
 		if err := e.Release(ctx, id); err != nil && first == nil {
 			first = err
 		}

@@ -9,7 +9,9 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/quotaring/quotaring/internal/faultproxy"
 	"github.com/quotaring/quotaring/internal/logbuf"
+	"github.com/quotaring/quotaring/internal/pgtest"
 	"github.com/quotaring/quotaring/router"
 	"github.com/quotaring/quotaring/shard"
 )
@@ -220,5 +222,57 @@ func TestShutdownWithAHungLedgerKeepsItsBudget(t *testing.T) {
 				t.Fatalf("Shutdown with the ledger hung: %v; want the final settle's failure, the records kept for the next start", err)
 			}
 		})
+	}
+}
+
+// The same with many accounts, each holding an allowance: the drain's
+// hand-backs (releaseAll, and the ring change's releaseLost) took one
+// hand-back's bound (5 s) per account against the hung ledger, one after
+// another: 9 accounts took 25 s of a 13 s budget, and a node holding a
+// thousand would have been killed at its grace period before its final
+// settle. They stop at the first that hangs; the rest keep their
+// allowances in the log and the ledger, as a kill -9 would.
+func TestShutdownWithAHungLedgerAndManyAccounts(t *testing.T) {
+	srv := pgtest.PackageServer(t)
+	direct := pgtest.NewDB(t)
+	if srv == nil {
+		return
+	}
+	proxy, err := faultproxy.New("127.0.0.1:0", srv.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { proxy.Close() })
+	t.Cleanup(func() { proxy.SetFrozen(false) })
+	dsn := strings.Replace(direct, srv.Addr(), proxy.Addr(), 1)
+	accounts := twentyAccounts(1000)
+	seedLedger(t, dsn, accounts)
+	nodes := startNodesWith(t, dsn, func(c *Config) { c.DrainTimeout, c.SettleTimeout = time.Second, 2*time.Second }, nil)
+	n1 := nodes[0]
+	held := 0
+	for a := range accounts {
+		if o, _ := n1.Ring().Owner(a); o.ID != n1.cfg.ID {
+			continue
+		}
+		held++
+		waitFor(t, 10*time.Second, "a charge of "+a, func() bool {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			res, err := n1.Router().Charge(ctx, router.ChargeRequest{Account: a, Route: "GET /x", Units: 1})
+			return err == nil && res.Reason == shard.OK
+		})
+	}
+	if held < 4 {
+		t.Fatalf("n1 holds %d accounts, want several", held)
+	}
+	waitFor(t, 10*time.Second, "n1's charges settled", func() bool { return n1.wal.SettledSeq() == n1.wal.DurableSeq() })
+	proxy.SetFrozen(true)
+	const budget = 13 * time.Second // drain + settle + 10 s, as quotad serve
+	ctx, cancel := context.WithTimeout(context.Background(), budget)
+	defer cancel()
+	t0 := time.Now()
+	_ = n1.Shutdown(ctx)
+	if took := time.Since(t0); took > budget {
+		t.Errorf("Shutdown of a node holding %d accounts took %s with the ledger hung; its budget was %s", held, took.Round(time.Millisecond), budget)
 	}
 }

@@ -123,6 +123,13 @@ func (n *Node) releaseLost(ctx context.Context, lost []int) {
 			if failed++; firstErr == nil {
 				firstErr = err
 			}
+			if n.draining.Load() {
+				// Each failed hand-back waited its bound (5 s) for a ledger
+				// that may hang: one after another they took a drain far
+				// past its budget. The rest keep their allowances, as the
+				// ledger looking down does (above).
+				break
+			}
 			continue
 		}
 		// Its state here goes stale as the new owner charges; if the
