@@ -27,9 +27,11 @@ var (
 	// ErrNotOwner: this node does not own the account (any more). Retry at the
 	// owner; never charge here.
 	ErrNotOwner = errors.New("engine: not the owner of this account")
-	// ErrQuotaUnavailable: the account needs a reservation and the ledger
-	// could not be reached. Answer quota-unavailable (503) and retry later.
-	ErrQuotaUnavailable = errors.New("engine: quota unavailable: the ledger could not reserve units")
+	// ErrQuotaUnavailable: the account cannot be decided now (its
+	// reservation could not be made, the node holds every decision during
+	// a pause, a charge was taken back): the wrapping error says which.
+	// Answer quota-unavailable (503) and retry later.
+	ErrQuotaUnavailable = errors.New("engine: quota unavailable")
 	// ErrClosed: the engine is closed.
 	ErrClosed = errors.New("engine: closed")
 )

@@ -58,7 +58,7 @@ func (e *Engine) reserveOnce(ctx context.Context, account string, shortfall int6
 		if unc, ok := errors.AsType[*ReserveUncertainError](err); ok {
 			e.stats.UncertainUnits.Add(unc.Units)
 		}
-		return fmt.Errorf("%w: account %q: %v", ErrQuotaUnavailable, account, err)
+		return fmt.Errorf("%w: the ledger could not reserve units: account %q: %v", ErrQuotaUnavailable, account, err)
 	}
 	giveBack, err := e.applyReservation(account, asked, res)
 	if err != nil {

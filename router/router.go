@@ -555,7 +555,10 @@ func (r *Router) Usage(ctx context.Context, account string) (UsageResult, error)
 				if errors.Is(err, engine.ErrNotOwner) {
 					continue
 				}
-				return UsageResult{Usage: u, Known: known, Node: r.self}, err
+				if err != nil {
+					return UsageResult{}, mapEngineErr(err) // a pause's hold: quota-unavailable, not a 500
+				}
+				return UsageResult{Usage: u, Known: known, Node: r.self}, nil
 			}
 			target = owner.RPCAddr
 		}

@@ -265,8 +265,11 @@ func (s *server) Usage(ctx context.Context, req *pb.UsageRequest) (*pb.UsageRepl
 		}
 		return &pb.UsageReply{WrongOwner: wo, Node: s.r.self}, nil
 	}
+	if errors.Is(err, engine.ErrQuotaUnavailable) {
+		return nil, status.Error(codes.Unavailable, err.Error()) // a pause's hold: retry, as for a charge
+	}
 	if err != nil {
-		return nil, err
+		return nil, status.Error(codes.Internal, err.Error())
 	}
 	return &pb.UsageReply{Known: known, Period: u.Period.String(), Limit: u.Limit, Used: u.Used, Remaining: u.Remaining,
 		Reset_: u.Reset, Routes: u.Routes, Node: s.r.self}, nil

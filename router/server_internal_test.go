@@ -13,6 +13,8 @@ import (
 	"github.com/quotaring/quotaring/shard"
 	"github.com/quotaring/quotaring/snapshot"
 	"github.com/quotaring/quotaring/wal"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // selfRing names this node the owner of every account.
@@ -28,11 +30,19 @@ func (selfRing) Layout() ring.Layout            { return ring.Layout{} }
 // router whose ring names this node the owner of everything.
 func openSelfOwned(t *testing.T, owns func(string) bool) *Router {
 	t.Helper()
+	return openSelfOwnedWith(t, func(o *engine.Options) { o.Owns = owns })
+}
+
+// openSelfOwnedWith is openSelfOwned with the engine's options set by opt.
+func openSelfOwnedWith(t *testing.T, opt func(*engine.Options)) *Router {
+	t.Helper()
 	l, err := wal.Open(wal.Options{Dir: t.TempDir(), NodeID: "n1"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	e, err := engine.Open(engine.Options{Log: l, Clock: engine.NewManualClock(time.Date(2026, 6, 10, 0, 0, 0, 0, time.UTC)), Owns: owns})
+	opts := engine.Options{Log: l, Clock: engine.NewManualClock(time.Date(2026, 6, 10, 0, 0, 0, 0, time.UTC))}
+	opt(&opts)
+	e, err := engine.Open(opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -50,6 +60,23 @@ func openSelfOwned(t *testing.T, owns func(string) bool) *Router {
 	}
 	t.Cleanup(func() { r.Close() })
 	return r
+}
+
+// A usage read while the node holds every decision (a pause) is
+// quota-unavailable, retried, as a charge is: it was a 500 internal-error
+// at the usage endpoint, and gRPC's Unknown ("did not answer") to a peer,
+// and its text blamed the ledger.
+func TestUsageDuringAHoldIsUnavailable(t *testing.T) {
+	r := openSelfOwnedWith(t, func(o *engine.Options) { o.Hold = func() error { return errors.New("paused") } })
+	ctx := context.Background()
+	_, err := r.Usage(ctx, "acme")
+	if !errors.Is(err, ErrUnavailable) || strings.Contains(err.Error(), "ledger") {
+		t.Errorf("Router.Usage during a hold: %v, want ErrUnavailable, not blaming the ledger", err)
+	}
+	_, err = r.Server().Usage(ctx, &pb.UsageRequest{Account: "acme", Hops: 1})
+	if status.Code(err) != codes.Unavailable {
+		t.Errorf("Server.Usage during a hold: %v (code %s), want Unavailable", err, status.Code(err))
+	}
 }
 
 // A routed charge whose caller's deadline ran out answers quota-unavailable
