@@ -223,6 +223,21 @@ func TestAlertRules(t *testing.T) {
 			t.Errorf("%s: no alert on %s", path, m)
 		}
 	}
+	// The job the rules select is the one the README's scrape config names
+	// (a rule on another job never fires, or fires for ever).
+	readme, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	jobName := regexp.MustCompile(`(?m)^\s*- job_name:\s*(\S+)`).FindSubmatch(readme)
+	if jobName == nil {
+		t.Fatal("README.md: no Prometheus scrape config with a job_name")
+	}
+	for _, m := range regexp.MustCompile(`job="([^"]*)"`).FindAllStringSubmatch(string(b), -1) {
+		if m[1] != string(jobName[1]) {
+			t.Errorf("%s selects job=%q, but the README's scrape config names the job %s", path, m[1], jobName[1])
+		}
+	}
 	if p, err := exec.LookPath("promtool"); err == nil {
 		if out, err := exec.Command(p, "check", "rules", path).CombinedOutput(); err != nil {
 			t.Errorf("promtool check rules %s: %v\n%s", path, err, out)

@@ -5,6 +5,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"slices"
 	"strings"
@@ -58,6 +59,36 @@ func TestMetricsMatchTheDeployList(t *testing.T) {
 	for name := range exported {
 		if strings.HasPrefix(name, "quotaring_") && !listed[name] {
 			t.Errorf("the node exports %s, which deploy/metrics.txt does not list", name)
+		}
+	}
+	// Every label value an alert rule selects is one the node exports (the
+	// node creates its label combinations at start): a rule on
+	// reason="unavailble" would never fire.
+	rules, err := os.ReadFile(filepath.Join(filepath.Dir(file), "..", "..", "deploy", "prometheus", "alerts.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	matchers := regexp.MustCompile(`(quotaring_[a-z0-9_]+)\{([^}]*)\}`).FindAllStringSubmatch(string(rules), -1)
+	if len(matchers) == 0 {
+		t.Fatal("found no quotaring_ selector with labels in deploy/prometheus/alerts.yaml")
+	}
+	for _, m := range matchers {
+		for _, pair := range strings.Split(m[2], ",") {
+			k, v, ok := strings.Cut(strings.TrimSpace(pair), "=")
+			if !ok || strings.HasPrefix(v, "~") || strings.HasSuffix(k, "!") {
+				t.Errorf("alerts.yaml: %s{%s}: only exact matchers are checked; make this one k=\"v\" or extend the test", m[1], m[2])
+				continue
+			}
+			found := false
+			for _, line := range strings.Split(body, "\n") {
+				if strings.HasPrefix(line, m[1]+"{") && strings.Contains(line, k+"="+v) {
+					found = true
+					break
+				}
+			}
+			if !found {
+				t.Errorf("alerts.yaml selects %s{%s=%s}, which no series of the node has", m[1], k, v)
+			}
 		}
 	}
 }
