@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -31,7 +32,7 @@ func TestCheckpointWritesOnlyChangedIDs(t *testing.T) {
 	}
 	idsWritten := func() (n int, reset bool) {
 		t.Helper()
-		cps, maxSeq := e.checkpoints()
+		cps, maxSeq, _ := e.checkpoints()
 		if len(cps) != 1 || cps[0].Account != "busy" {
 			t.Fatalf("checkpoints %+v, want busy's only", cps)
 		}
@@ -123,7 +124,7 @@ func TestInlineIDsMoveApart(t *testing.T) {
 			t.Errorf("%s after the older build's checkpoint: %s, want replayed", id, res.Reason)
 		}
 	}
-	cps, _ := e.checkpoints()
+	cps, _, _ := e.checkpoints()
 	if len(cps) != 1 || !cps[0].ResetIDs || len(cps[0].IDs) != 3 {
 		t.Fatalf("the next checkpoint: %+v, want all three ids over what was stored", cps)
 	}
@@ -201,5 +202,51 @@ func TestForgottenAccountsIDsStayForgotten(t *testing.T) {
 				t.Fatalf("k2, charged after the account came back, after a restart: %s, want replayed", res.Reason)
 			}
 		})
+	}
+}
+
+// An account whose record the log refused (a record over MaxBatchBytes)
+// holds in memory a charge its log does not, and answers nothing more until
+// a restart (entry.broken). Its state was still checkpointed at the next
+// settle, so the restart counted a charge never logged nor billed, and
+// remembered its id as served. Now nothing more settles from the log (the
+// error says to restart), and the restart replays the account from it.
+func TestAccountAheadOfItsLogStopsTheSettle(t *testing.T) {
+	dir := t.TempDir()
+	clock := NewManualClock(time.Date(2026, 6, 10, 0, 0, 0, 0, time.UTC))
+	open := func() (*Engine, *wal.Log) {
+		l, err := wal.Open(wal.Options{Dir: dir, NodeID: "n1", MaxBatchBytes: 600})
+		if err != nil {
+			t.Fatal(err)
+		}
+		e, err := Open(Options{Log: l, Clock: clock})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := e.SetSnapshot(testSnapshot(t, map[string]int64{"acme": 100}), AllSettled); err != nil {
+			t.Fatal(err)
+		}
+		return e, l
+	}
+	e, l := open()
+	ctx := context.Background()
+	if res, err := e.Charge(ctx, "acme", shard.Charge{EventID: "small", ClientID: true, Route: "r", Units: 1}); err != nil || res.Reason != shard.OK {
+		t.Fatalf("charge: %+v %v", res, err)
+	}
+	if _, err := e.Charge(ctx, "acme", shard.Charge{EventID: "big", ClientID: true, Route: strings.Repeat("r", 1000), Units: 5}); err == nil {
+		t.Fatal("a charge whose record is over MaxBatchBytes was logged")
+	}
+	if err := e.Settle(ctx, l.DurableSeq()); err == nil || !strings.Contains(err.Error(), "restart the node") {
+		t.Fatalf("settle with an account ahead of its log: %v, want a refusal that says to restart", err)
+	}
+	e.Close()
+	l.Close()
+	e, l = open()
+	defer func() { e.Close(); l.Close() }()
+	if u, _, _ := e.Usage("acme"); u.Used != 1 {
+		t.Errorf("after a restart acme uses %d, want 1 (the charge the log refused is not one)", u.Used)
+	}
+	if res, err := e.Charge(ctx, "acme", shard.Charge{EventID: "big", ClientID: true, Route: "r", Units: 5}); err != nil || res.Reason != shard.OK {
+		t.Errorf("the refused charge's id again after a restart: %+v %v, want a new charge (ok), not a replay", res, err)
 	}
 }

@@ -602,7 +602,7 @@ func TestSettleWaitsForTheRecordsItsCheckpointsHold(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Nothing was stored; the account is still to checkpoint.
-	cps, _ := e.checkpoints()
+	cps, _, _ := e.checkpoints()
 	if len(cps) != 1 || cps[0].Account != "acme" {
 		t.Fatalf("checkpoints after the failed settle: %+v, want acme's again", cps)
 	}

@@ -18,7 +18,18 @@ import (
 // written only once every record it includes is durable: a checkpoint must
 // never remember a charge (or a client id) whose record could still be lost.
 func (e *Engine) Settle(ctx context.Context, upto uint64) error {
-	cps, maxSeq := e.checkpoints()
+	cps, maxSeq, broken := e.checkpoints()
+	if broken != nil {
+		// Its state in memory holds a change its log refused: checkpointed,
+		// a restart would count a charge never logged nor billed (and
+		// remember its id as served); left out, this settle would drop
+		// the records that only the checkpoint carried. The log keeps every
+		// record until a restart replays them.
+		e.redirty(cps)
+		e.opts.Logger.Error("an account's state is ahead of its log: nothing more is settled from this log until the node restarts; restart it (the log replays the account)",
+			"err", broken)
+		return fmt.Errorf("engine: settle to %d: %w; restart the node", upto, broken)
+	}
 	if err := e.log.WaitDurable(ctx, maxSeq); err != nil {
 		e.redirty(cps)
 		return fmt.Errorf("engine: settle to %d: wait for checkpointed records: %w", upto, err)
@@ -91,7 +102,7 @@ func (e *Engine) waitSettled(ctx context.Context, seq uint64) error {
 // checkpoints collects the changed accounts' states and clears their dirty
 // marks, and takes the states Forget kept of dropped accounts (unless the
 // account is back in memory: its own state is the one to keep then).
-func (e *Engine) checkpoints() ([]wal.Checkpoint, uint64) {
+func (e *Engine) checkpoints() (_ []wal.Checkpoint, _ uint64, broken error) {
 	var cps []wal.Checkpoint
 	var maxSeq uint64
 	// The forgotten first: an account back in memory since has a state new
@@ -121,6 +132,9 @@ func (e *Engine) checkpoints() ([]wal.Checkpoint, uint64) {
 		st := &e.stripes[i]
 		st.mu.Lock()
 		for id, ent := range st.accounts {
+			if ent.broken != nil && broken == nil {
+				broken = ent.broken // see Settle
+			}
 			if !ent.dirty {
 				continue
 			}
@@ -130,7 +144,7 @@ func (e *Engine) checkpoints() ([]wal.Checkpoint, uint64) {
 		}
 		st.mu.Unlock()
 	}
-	return cps, maxSeq
+	return cps, maxSeq, broken
 }
 
 // checkpointOf is acct's checkpoint for the next settle: its state, and
