@@ -44,6 +44,13 @@ func Refundable(charged, now Period) bool { return charged >= now-1 }
 // which the same receipt was refunded again.
 const RefundedWindow = int64(62 * 24 * time.Hour)
 
+// elsewhereKey is the key in Account.refunded of an attempt's refund of
+// another node's charge (RefundAttempt): per node, since each attempt
+// charged at its own.
+func elsewhereKey(eventID string, gen uint32, node string) string {
+	return refundedKey(eventID, gen) + "\x00@" + node
+}
+
 // refundedKey is the key of an event's refund in Account.refunded: its
 // id, and its generation when a refunded client id was charged again (a
 // NUL never occurs in an event id: see storable).
@@ -635,6 +642,17 @@ func (a *Account) RefundAttempt(eventID string, receipt *Receipt, self string, n
 			a.fill(&d, now, wall)
 			return d
 		}
+		// Once: a retry of this refund (its reply lost) lowered the use
+		// here again, and logged a second refund (which the ledger
+		// credited twice with the event log off).
+		key := elsewhereKey(eventID, receipt.Gen, receipt.Node)
+		a.refunded.expire(a.seen, RefundedWindow, params.DedupMax)
+		if _, done := a.refunded.get(key, a.seen, RefundedWindow); done {
+			rec.Type, d.Reason, d.Units = 0, AlreadyRefunded, 0
+			a.fill(&d, now, wall)
+			return d
+		}
+		a.refunded.put(key, a.seen, struct{}{})
 		rec.reset(RecRefund, a.cfg.ID, a.seen)
 		rec.EventID, rec.Attempt, rec.Origin = eventID, true, receipt.Node
 		rec.Units, rec.Period, rec.ChargeWall, rec.Key, rec.Route, rec.Gen = receipt.Units, receipt.Period, receipt.Wall, receipt.Key, receipt.Route, receipt.Gen

@@ -29,8 +29,9 @@ func (a *Account) ApplyRecord(seq uint64, rec *Record, params *Params) {
 	case RecRefund:
 		if rec.Origin != "" {
 			// Another node's charge: only the use this owner counts of it
-			// is here (see unspendElsewhere).
+			// is here (see unspendElsewhere), and that it was refunded.
 			a.unspendElsewhere(rec, params)
+			a.refunded.put(elsewhereKey(rec.EventID, rec.Gen, rec.Origin), rec.Wall, struct{}{})
 			break
 		}
 		a.advance(rec.Wall)

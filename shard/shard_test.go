@@ -1641,3 +1641,38 @@ func TestReceiptRefundedOnceWhileRefundable(t *testing.T) {
 		t.Errorf("key-2's second generation refunded by its receipt after the dedup window: %s, want refunded", d.Reason)
 	}
 }
+
+// An attempt's refund of another node's charge applies once: repeated (the
+// front retries a refund whose reply was lost), it lowered the use again
+// and logged another refund. Once per node's attempt, and after a replay
+// of the log too.
+func TestRefundOfAnotherNodesChargeOnce(t *testing.T) {
+	p := DefaultParams()
+	p.Reservations = true
+	a := NewAccount(AccountConfig{ID: "a", Plan: Plan{ID: "soft", MonthlyQuota: 1000}})
+	now := at("2026-06-10T00:00:00Z")
+	var rec Record
+	a.Charge(&Charge{EventID: "other", Route: "r", Units: 50}, now, &p, &rec)
+	grant := MonthlyGrantID(rec.Period)
+	receipt := func(node string) *Receipt {
+		return &Receipt{EventID: "job", Account: "a", Node: node, Units: 10, Period: rec.Period, Wall: rec.Wall, Route: "r",
+			Allocs: []Alloc{{Grant: grant, Units: 10}}}
+	}
+	if d := a.RefundAttempt("job", receipt("n2"), "n1", now, &p, &rec); d.Reason != Refunded || rec.Type != RecRefund {
+		t.Fatalf("first refund of n2's attempt: %s (record %d)", d.Reason, rec.Type)
+	}
+	logged := rec
+	logged.Allocs = slices.Clone(rec.Allocs)
+	if d := a.RefundAttempt("job", receipt("n2"), "n1", now, &p, &rec); d.Reason != AlreadyRefunded || rec.Type != 0 {
+		t.Errorf("the same refund again: %s (record %d), want already_refunded, nothing logged", d.Reason, rec.Type)
+	}
+	if d := a.RefundAttempt("job", receipt("n3"), "n1", now, &p, &rec); d.Reason != Refunded {
+		t.Errorf("n3's attempt of the same id: %s, want refunded (an attempt of its own)", d.Reason)
+	}
+	// Replayed from the log (a restart), the first is remembered too.
+	b := NewAccount(AccountConfig{ID: "a", Plan: Plan{ID: "soft", MonthlyQuota: 1000}})
+	b.ApplyRecord(1, &logged, &p)
+	if d := b.RefundAttempt("job", receipt("n2"), "n1", now, &p, &rec); d.Reason != AlreadyRefunded {
+		t.Errorf("after a replay of the log: %s, want already_refunded", d.Reason)
+	}
+}
