@@ -9,9 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/quotaring/quotaring/internal/faultproxy"
 	"github.com/quotaring/quotaring/internal/logbuf"
-	"github.com/quotaring/quotaring/internal/pgtest"
 	"github.com/quotaring/quotaring/router"
 	"github.com/quotaring/quotaring/shard"
 )
@@ -233,18 +231,11 @@ func TestShutdownWithAHungLedgerKeepsItsBudget(t *testing.T) {
 // settle. They stop at the first that hangs; the rest keep their
 // allowances in the log and the ledger, as a kill -9 would.
 func TestShutdownWithAHungLedgerAndManyAccounts(t *testing.T) {
-	srv := pgtest.PackageServer(t)
-	direct := pgtest.NewDB(t)
-	if srv == nil {
+	dsn, _, proxy, ok := proxiedPG(t)
+	if !ok {
 		return
 	}
-	proxy, err := faultproxy.New("127.0.0.1:0", srv.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { proxy.Close() })
 	t.Cleanup(func() { proxy.SetFrozen(false) })
-	dsn := strings.Replace(direct, srv.Addr(), proxy.Addr(), 1)
 	accounts := twentyAccounts(1000)
 	seedLedger(t, dsn, accounts)
 	nodes := startNodesWith(t, dsn, func(c *Config) { c.DrainTimeout, c.SettleTimeout = time.Second, 2*time.Second }, nil)

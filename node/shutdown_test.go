@@ -603,12 +603,7 @@ func TestNewDataDirWithTheLedgerDownStopsWhenItIsBack(t *testing.T) {
 // restarted with its data dir while Postgres was stopped).
 func TestLateLedgerCountsInheritedReservations(t *testing.T) {
 	ctx := context.Background()
-	dir := t.TempDir()
-	if err := os.Mkdir(filepath.Join(dir, "ledger"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	dsn := "sqlite:" + filepath.Join(dir, "ledger", "l.db")
-	seedLedger(t, dsn, map[string]int64{"acme": 1000})
+	dir, dsn := lateLedger(t)
 	l, err := flush.Open(ctx, dsn, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -646,6 +641,20 @@ func TestLateLedgerCountsInheritedReservations(t *testing.T) {
 	wantNothingReserved(t, l, "n1")
 }
 
+// lateLedger is a SQLite ledger with account acme (1,000 a month) at
+// dsn, in dir/ledger: a node given it through dir/link (a directory that
+// does not exist until the test links it) starts with its ledger down.
+func lateLedger(t *testing.T) (dir, dsn string) {
+	t.Helper()
+	dir = t.TempDir()
+	if err := os.Mkdir(filepath.Join(dir, "ledger"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	dsn = "sqlite:" + filepath.Join(dir, "ledger", "l.db")
+	seedLedger(t, dsn, map[string]int64{"acme": 1000})
+	return dir, dsn
+}
+
 // wantNothingReserved fails t if the ledger still reserves units for node
 // (after its drain).
 func wantNothingReserved(t *testing.T, l flush.Ledger, node string) {
@@ -670,12 +679,7 @@ func wantNothingReserved(t *testing.T, l flush.Ledger, node string) {
 // start again, and its reservations held.
 func TestStopReachesALedgerBackSinceTheStart(t *testing.T) {
 	ctx := context.Background()
-	dir := t.TempDir()
-	if err := os.Mkdir(filepath.Join(dir, "ledger"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	dsn := "sqlite:" + filepath.Join(dir, "ledger", "l.db")
-	seedLedger(t, dsn, map[string]int64{"acme": 1000})
+	dir, dsn := lateLedger(t)
 	charge := func(nd *Node) {
 		t.Helper()
 		res, err := nd.Router().Charge(ctx, router.ChargeRequest{Account: "acme", Route: "GET /x", Units: 1})

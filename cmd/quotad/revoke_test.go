@@ -176,14 +176,11 @@ func TestSafetyOverridesHaveNoEnvTwin(t *testing.T) {
 // wrong --ledger), not "(it knows: )".
 func TestRevokeOnALedgerWithoutNodes(t *testing.T) {
 	ctx := context.Background()
-	l, err := flush.OpenSQLite(ctx, filepath.Join(t.TempDir(), "ledger.db"), flush.SQLiteOptions{})
+	l, err := flush.OpenSQLite(ctx, migratedSQLite(t), flush.SQLiteOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer l.Close()
-	if err := l.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
 	var out bytes.Buffer
 	if err := runRevoke(ctx, &out, l, "q1", true, false, time.Now()); err == nil || !strings.Contains(err.Error(), "it knows no node: is --ledger the one") {
 		t.Fatalf("revoke on a ledger without nodes: %v", err)
