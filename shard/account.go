@@ -47,18 +47,17 @@ const RefundedWindow = int64(62 * 24 * time.Hour)
 // elsewhereKey is the key in Account.refunded of an attempt's refund of
 // another node's charge (RefundAttempt): per node, since each attempt
 // charged at its own.
-func elsewhereKey(eventID string, gen uint32, node string) string {
-	return refundedKey(eventID, gen) + "\x00@" + node
+func elsewhereKey(eventID string, gen uint32, chargeWall int64, node string) string {
+	return refundedKey(eventID, gen, chargeWall) + "\x00@" + node
 }
 
-// refundedKey is the key of an event's refund in Account.refunded: its
-// id, and its generation when a refunded client id was charged again (a
-// NUL never occurs in an event id: see storable).
-func refundedKey(eventID string, gen uint32) string {
-	if gen == 0 {
-		return eventID
-	}
-	return eventID + "\x00" + strconv.FormatUint(uint64(gen), 10)
+// refundedKey is the key of a charge's refund in Account.refunded: its
+// event id, generation and time, which name one charge (a client id used
+// again after its dedup window starts at generation 0 again, and its new
+// charge must stay refundable). A NUL never occurs in an event id: see
+// storable.
+func refundedKey(eventID string, gen uint32, chargeWall int64) string {
+	return eventID + "\x00" + strconv.FormatUint(uint64(gen), 10) + "\x00" + strconv.FormatInt(chargeWall, 10)
 }
 
 // fits reports whether r can be a receipt of a charge of account: its
@@ -645,7 +644,7 @@ func (a *Account) RefundAttempt(eventID string, receipt *Receipt, self string, n
 		// Once: a retry of this refund (its reply lost) lowered the use
 		// here again, and logged a second refund (which the ledger
 		// credited twice with the event log off).
-		key := elsewhereKey(eventID, receipt.Gen, receipt.Node)
+		key := elsewhereKey(eventID, receipt.Gen, receipt.Wall, receipt.Node)
 		a.refunded.expire(a.seen, RefundedWindow, params.DedupMax)
 		if _, done := a.refunded.get(key, a.seen, RefundedWindow); done {
 			rec.Type, d.Reason, d.Units = 0, AlreadyRefunded, 0
@@ -739,12 +738,12 @@ func (a *Account) refund(eventID string, receipt *Receipt, self string, attempt 
 			e.refunded = true
 			a.dedup.update(eventID, e)
 			// Also by receipt, once the dedup entry has gone.
-			a.refunded.put(refundedKey(eventID, e.gen), a.seen, struct{}{})
+			a.refunded.put(refundedKey(eventID, e.gen, e.chargeAt), a.seen, struct{}{})
 			rec.Units, rec.Period, rec.ChargeWall, rec.Key, rec.Route, rec.Gen = e.units, e.period, e.chargeAt, e.key, e.route, e.gen
 			rec.Allocs = append(rec.Allocs, e.allocs...)
 		}
 	} else if receipt != nil && receipt.EventID == eventID {
-		if _, done := a.refunded.get(refundedKey(eventID, receipt.Gen), a.seen, RefundedWindow); done {
+		if _, done := a.refunded.get(refundedKey(eventID, receipt.Gen, receipt.Wall), a.seen, RefundedWindow); done {
 			d.Reason = AlreadyRefunded
 		} else if !receipt.fits(a.cfg.ID) || (receipt.Node == self && !a.holds(receipt.Allocs)) {
 			// Another account's receipt, or altered. Only a charge this
@@ -754,7 +753,7 @@ func (a *Account) refund(eventID string, receipt *Receipt, self string, attempt 
 		} else if !Refundable(receipt.Period, p) {
 			d.Reason = UnknownEvent // too old: see Refundable
 		} else {
-			a.refunded.put(refundedKey(eventID, receipt.Gen), a.seen, struct{}{})
+			a.refunded.put(refundedKey(eventID, receipt.Gen, receipt.Wall), a.seen, struct{}{})
 			rec.Units, rec.Period, rec.ChargeWall, rec.Key, rec.Route, rec.Gen = receipt.Units, receipt.Period, receipt.Wall, receipt.Key, receipt.Route, receipt.Gen
 			rec.Allocs = append(rec.Allocs, receipt.Allocs...)
 		}

@@ -31,7 +31,7 @@ func (a *Account) ApplyRecord(seq uint64, rec *Record, params *Params) {
 			// Another node's charge: only the use this owner counts of it
 			// is here (see unspendElsewhere), and that it was refunded.
 			a.unspendElsewhere(rec, params)
-			a.refunded.put(elsewhereKey(rec.EventID, rec.Gen, rec.Origin), rec.Wall, struct{}{})
+			a.refunded.put(elsewhereKey(rec.EventID, rec.Gen, rec.ChargeWall, rec.Origin), rec.Wall, struct{}{})
 			break
 		}
 		a.advance(rec.Wall)
@@ -49,7 +49,7 @@ func (a *Account) ApplyRecord(seq uint64, rec *Record, params *Params) {
 			e.refunded = true
 			a.dedup.update(rec.EventID, e)
 		}
-		a.refunded.put(refundedKey(rec.EventID, rec.Gen), a.seen, struct{}{})
+		a.refunded.put(refundedKey(rec.EventID, rec.Gen, rec.ChargeWall), a.seen, struct{}{})
 		a.unspend(rec)
 	case RecReplay:
 		if rec.Origin != "" {

@@ -1676,3 +1676,29 @@ func TestRefundOfAnotherNodesChargeOnce(t *testing.T) {
 		t.Errorf("after a replay of the log: %s, want already_refunded", d.Reason)
 	}
 }
+
+// A client id used again after its dedup window (a new charge, at
+// generation 0 again) can be refunded by its receipt: the memory of the
+// first charge's refund named the id only, and answered already_refunded.
+func TestReusedIDRefundedByReceipt(t *testing.T) {
+	p := DefaultParams()
+	a := NewAccount(AccountConfig{ID: "a", Plan: hardPlan(1000)})
+	t0 := at("2026-06-10T00:00:00Z")
+	step := func(h int) Now { return Now{Wall: t0.Wall + int64(h)*int64(time.Hour), Mono: t0.Mono + int64(h)*int64(time.Hour)} }
+	var rec Record
+	a.Charge(&Charge{EventID: "order-7", ClientID: true, Route: "r", Units: 10}, t0, &p, &rec)
+	if d := a.Refund("order-7", nil, "n1", t0, &p, &rec); d.Reason != Refunded {
+		t.Fatalf("first refund: %s", d.Reason)
+	}
+	if d := a.Charge(&Charge{EventID: "order-7", ClientID: true, Route: "r", Units: 10}, step(25), &p, &rec); d.Reason != OK {
+		t.Fatalf("the reused id: %s", d.Reason)
+	}
+	receipt := &Receipt{EventID: "order-7", Account: "a", Node: "n1", Units: rec.Units, Period: rec.Period, Wall: rec.Wall, Route: "r", Gen: rec.Gen,
+		Allocs: append([]Alloc(nil), rec.Allocs...)}
+	if d := a.Refund("order-7", receipt, "n1", step(75), &p, &rec); d.Reason != Refunded {
+		t.Fatalf("the second charge's refund by its receipt: %s, want refunded", d.Reason)
+	}
+	if d := a.Refund("order-7", receipt, "n1", step(76), &p, &rec); d.Reason != AlreadyRefunded {
+		t.Fatalf("that receipt again: %s, want already_refunded", d.Reason)
+	}
+}
