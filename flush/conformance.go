@@ -1139,6 +1139,17 @@ func confRefundedAcrossMonths(t *testing.T, l Ledger) {
 		t.Fatalf("e4 billed %d units, want 6: %+v", got, eventsOf(t, l, "acct-1"))
 	}
 	wantGrant(t, l, "acct-1", "m:2026-07", 9, 0)
+	// e5: as e1, but node-a's attempt was charged 30 h before June's end,
+	// so its late charge does not look into July: the tombstone must stay
+	// in June for it. Postgres moved it into July with node-b's retry, and
+	// the late charge went in fresh, billed a second time.
+	early := time.Date(2026, 6, 29, 18, 0, 0, 0, time.UTC)
+	b.settle(t, refundOf("acct-1", "e5", 3, "").at(early).attempt().chargedBy("node-a"))
+	b.settle(t, chargeOf("acct-1", "e5", 3, "").at(july))
+	a.settle(t, chargeOf("acct-1", "e5", 3, "").at(early))
+	if got := billed("e5"); got != 3 {
+		t.Fatalf("e5 billed %d units, want 3 (node-b's retry, once): %+v", got, eventsOf(t, l, "acct-1"))
+	}
 	wantReconciled(t, l)
 }
 

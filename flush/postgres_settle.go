@@ -101,7 +101,7 @@ const pgOriginSelect = `SELECT d.seq, e.node_id, e.incarnation, e.seq,
 FROM `
 
 const pgOriginJoin = ` JOIN LATERAL (
-	SELECT e.node_id, e.incarnation, e.seq, e.refunded, e.tombstone, e.refund_pending, e.served_again, e.refund_wall FROM events e
+	SELECT e.node_id, e.incarnation, e.seq, e.refunded, e.tombstone, e.refund_pending, e.served_again, e.refund_wall, e.charged_at FROM events e
 	WHERE e.account_id = d.account_id AND e.event_id = d.event_id AND e.period_start = d.period_start
 	LIMIT 1
 ) e ON true`
@@ -169,7 +169,8 @@ WHERE account_id = $1 AND event_id = $2 AND period_start = $3 AND (NOT refunded 
 // neighbouring month's start, charged at; $7: the charge's own month.
 const pgCrossMonthSQL = pgOriginSelect + `unnest($2::bigint[], $3::text[], $4::text[], $5::date[], $6::timestamptz[], $7::date[])
 	AS d(seq, account_id, event_id, period_start, charged_at, own_start)` + pgOriginJoin + `
-WHERE NOT EXISTS (SELECT 1 FROM events o WHERE o.account_id = d.account_id AND o.event_id = d.event_id AND o.period_start = d.own_start)`
+WHERE NOT EXISTS (SELECT 1 FROM events o WHERE o.account_id = d.account_id AND o.event_id = d.event_id AND o.period_start = d.own_start)
+	AND abs(extract(epoch FROM d.charged_at - e.charged_at)) <= $8`
 
 // crossMonthWindow is how close to its month's start or end a charge or
 // refund must be for its event id to be looked up in the neighbouring month
@@ -453,7 +454,13 @@ func (s *pgSettle) queueCrossMonth(q *pgx.Batch) {
 	for i, q := range seqs {
 		neighbour[q] = &starts[i]
 	}
-	q.Queue(pgCrossMonthSQL, s.b.Node, seqs, accounts, events, starts, walls, owns).Query(func(rows pgx.Rows) error {
+	// Only a row charged within the window of this charge: the lookup is
+	// one-sided (a charge looks across only near its own month's edge), so
+	// a row moved into this month by a retry 30 h after it was charged
+	// would be found by that retry, and missed by its late attempt, which
+	// went in fresh and billed the event twice.
+	window := float64(crossMonthWindow()) / 1e9
+	q.Queue(pgCrossMonthSQL, s.b.Node, seqs, accounts, events, starts, walls, owns, window).Query(func(rows pgx.Rows) error {
 		var seq int64
 		var o origin
 		_, err := pgx.ForEachRow(rows, []any{&seq, &o.node, &o.incarnation, &o.seq, &o.refunded, &o.takeOver}, func() error {
