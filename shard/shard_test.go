@@ -1684,7 +1684,9 @@ func TestReusedIDRefundedByReceipt(t *testing.T) {
 	p := DefaultParams()
 	a := NewAccount(AccountConfig{ID: "a", Plan: hardPlan(1000)})
 	t0 := at("2026-06-10T00:00:00Z")
-	step := func(h int) Now { return Now{Wall: t0.Wall + int64(h)*int64(time.Hour), Mono: t0.Mono + int64(h)*int64(time.Hour)} }
+	step := func(h int) Now {
+		return Now{Wall: t0.Wall + int64(h)*int64(time.Hour), Mono: t0.Mono + int64(h)*int64(time.Hour)}
+	}
 	var rec Record
 	a.Charge(&Charge{EventID: "order-7", ClientID: true, Route: "r", Units: 10}, t0, &p, &rec)
 	if d := a.Refund("order-7", nil, "n1", t0, &p, &rec); d.Reason != Refunded {
