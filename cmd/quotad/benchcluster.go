@@ -204,6 +204,9 @@ func runBenchCluster(ctx context.Context, out, progress io.Writer, f benchCluste
 			}
 			return f.batch, benchCall(ctx, f.mode, first, owners, conns, reqs)
 		})
+		if err == nil && ctx.Err() != nil {
+			err = ctx.Err() // stopped as the run ended: its calls were cut short all the same
+		}
 		stopped := ""
 		if err != nil {
 			if rep.Calls+rep.Errors == 0 {
