@@ -388,26 +388,27 @@ func (e *Engine) mayDecideLocked(account string) error {
 	if !e.ownsLocked(account) {
 		return fmt.Errorf("%w: %q", ErrNotOwner, account)
 	}
+	return e.holdLocked(account)
+}
+
+// mayRefundLocked is mayDecideLocked for a refund: Options.MayRefund may
+// let it through where Owns does not. REQUIRES: the account's stripe mu held.
+func (e *Engine) mayRefundLocked(account string) error {
+	if !e.ownsLocked(account) && (e.opts.MayRefund == nil || !e.opts.MayRefund(account)) {
+		return fmt.Errorf("%w: %q", ErrNotOwner, account)
+	}
+	return e.holdLocked(account)
+}
+
+// holdLocked is Options.Hold's answer, as an error wrapping
+// ErrQuotaUnavailable. REQUIRES: the account's stripe mu held.
+func (e *Engine) holdLocked(account string) error {
 	if e.opts.Hold != nil {
 		if err := e.opts.Hold(); err != nil {
 			return fmt.Errorf("%w: account %q: %w", ErrQuotaUnavailable, account, err)
 		}
 	}
 	return nil
-}
-
-// mayRefundLocked is mayDecideLocked for a refund: Options.MayRefund may
-// let it through where Owns does not. REQUIRES: the account's stripe mu held.
-func (e *Engine) mayRefundLocked(account string) error {
-	if !e.ownsLocked(account) && e.opts.MayRefund != nil && e.opts.MayRefund(account) {
-		if e.opts.Hold != nil {
-			if err := e.opts.Hold(); err != nil {
-				return fmt.Errorf("%w: account %q: %w", ErrQuotaUnavailable, account, err)
-			}
-		}
-		return nil
-	}
-	return e.mayDecideLocked(account)
 }
 
 func (e *Engine) newEventID() string {

@@ -28,22 +28,33 @@ func (n *Node) connectLedger(ctx context.Context, beforeServing bool) bool {
 // (checkSharedLedger) between the two halves: before it settles anything
 // into it or reads anything from it.
 func (n *Node) tryLedger(ctx context.Context, beforeServing bool) (bool, error) {
-	p, err := n.reachLedger(ctx, beforeServing)
+	p, err := n.reachPeersLedger(ctx, beforeServing)
 	if err != nil {
 		return false, err
+	}
+	return n.useLedger(ctx, p, beforeServing)
+}
+
+// reachPeersLedger is reachLedger and, for a node in the ring, the proof
+// that the ledger is its peers' (checkSharedLedger): what tryLedger and a
+// stop's last try (reachAtStop) do before using it.
+func (n *Node) reachPeersLedger(ctx context.Context, beforeServing bool) (*reachedLedger, error) {
+	p, err := n.reachLedger(ctx, beforeServing)
+	if err != nil {
+		return nil, err
 	}
 	if !beforeServing && len(n.cfg.Join) > 0 && n.Ring() == nil { // NB: the ring is stored after the router (joinRing)
 		// A retry begun while Start still joins the ring: no peer to ask
 		// yet, so nothing is settled into this ledger; the next try asks.
 		p.l.Close()
-		return false, errors.New("node: not in the ring yet: the ledger is used once the peers can say it is theirs")
+		return nil, errors.New("node: not in the ring yet: the ledger is used once the peers can say it is theirs")
 	}
 	if err := n.checkSharedLedger(ctx, p.l); err != nil {
 		p.l.Close()
 		n.ledgerFailed(err, beforeServing)
-		return false, err
+		return nil, err
 	}
-	return n.useLedger(ctx, p, beforeServing)
+	return p, nil
 }
 
 // reachedLedger is a ledger reachLedger opened and registered this node

@@ -293,16 +293,10 @@ func (n *Node) reachAtStop(ctx context.Context) {
 	}
 	n.log.Info("stopping with the ledger never reached since the start: trying it once more for the final settle",
 		"unsettled", n.wal.DurableSeq()-n.wal.SettledSeq())
-	p, err := n.reachLedger(ctx, false)
+	p, err := n.reachPeersLedger(ctx, false)
 	if err != nil {
-		return // reachLedger and ledgerFailed said why
-	}
-	if n.Ring() != nil {
-		if err := n.checkSharedLedger(ctx, p.l); err != nil {
-			p.l.Close()
-			n.ledgerFailed(err, false)
-			return
-		}
+		n.log.Warn("the ledger could not be used at the stop either", "err", err)
+		return
 	}
 	n.startRecorded.Store(true)
 	n.ledger.Store(&ledgerBox{l: p.l})
