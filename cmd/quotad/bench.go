@@ -128,14 +128,11 @@ func runBenchEngine(ctx context.Context, out, progress io.Writer, f benchEngineF
 	for _, target := range targets {
 		for _, c := range concs {
 			rep, fsyncs, err := benchOne(ctx, target, c, f, filepath.Join(dir, fmt.Sprintf("%s-%d", target, c)), progress, interactive)
-			if err == nil && ctx.Err() != nil {
-				err = ctx.Err() // stopped as the run ended: its calls were cut short all the same
-			}
 			stopped := ""
 			switch {
-			case err != nil && ctx.Err() != nil && rep.Calls+rep.Errors > 0:
+			case err != nil && loadgen.Ended(ctx) && rep.Calls+rep.Errors > 0:
 				stopped = fmt.Sprintf("   (stopped after %s)", rep.Elapsed.Round(100*time.Millisecond))
-			case err != nil && ctx.Err() != nil:
+			case err != nil && loadgen.Ended(ctx):
 				return benchInterrupted("engine")
 			case err != nil:
 				return fmt.Errorf("%s at concurrency %d: %w", target, c, err)

@@ -204,13 +204,10 @@ func runBenchCluster(ctx context.Context, out, progress io.Writer, f benchCluste
 			}
 			return f.batch, benchCall(ctx, f.mode, first, owners, conns, reqs)
 		})
-		if err == nil && ctx.Err() != nil {
-			err = ctx.Err() // stopped as the run ended: its calls were cut short all the same
-		}
 		stopped := ""
 		if err != nil {
 			if rep.Calls+rep.Errors == 0 {
-				if ctx.Err() != nil {
+				if loadgen.Ended(ctx) {
 					return benchInterrupted("cluster")
 				}
 				return err
@@ -218,7 +215,7 @@ func runBenchCluster(ctx context.Context, out, progress io.Writer, f benchCluste
 			stopped = fmt.Sprintf("   (stopped after %s)", rep.Elapsed.Round(100*time.Millisecond))
 		}
 		fmt.Fprintf(out, "%6d %12.0f %12.0f %10s %10s %10s %8d%s\n", c, rep.OpsPerSec, rep.CallsPerSec, fmtDur(rep.P50), fmtDur(rep.P99), fmtDur(rep.P999), rep.Errors, stopped)
-		if err != nil && ctx.Err() != nil {
+		if err != nil && loadgen.Ended(ctx) {
 			return benchInterrupted("cluster") // Ctrl-C: the row so far is printed, the rest not run
 		}
 		if err != nil {

@@ -111,8 +111,8 @@ func Run(ctx context.Context, cfg Config, fn Func) (Report, error) {
 	}
 	rep.CallsPerSec = float64(rep.Calls) / elapsed.Seconds()
 	rep.OpsPerSec = float64(rep.Ops) / elapsed.Seconds()
-	if ctx.Err() != nil {
-		return rep, ctx.Err()
+	if Ended(ctx) {
+		return rep, endedErr(ctx)
 	}
 	return rep, nil
 }
@@ -156,10 +156,10 @@ func drive(ctx context.Context, n int, fn Func, hist *Histogram, c *counters) {
 			defer wg.Done()
 			var local Histogram
 			defer hist.Merge(&local)
-			for i := int64(0); ctx.Err() == nil; i++ {
+			for i := int64(0); !Ended(ctx); i++ {
 				t0 := time.Now()
 				ops, err := fn(ctx, w, i)
-				if err != nil && ended(ctx) {
+				if err != nil && Ended(ctx) {
 					return // cut short by the end of the run: not an error
 				}
 				wc := &c.workers[w]
@@ -180,14 +180,25 @@ func drive(ctx context.Context, n int, fn Func, hist *Histogram, c *counters) {
 	wg.Wait()
 }
 
-// ended reports whether ctx is done or past its deadline: a call may see
-// its deadline pass (gRPC checks it itself) before ctx's timer fires.
-func ended(ctx context.Context) bool {
+// Ended reports whether ctx is done or past its deadline: a call may see
+// its deadline pass (gRPC checks it itself) before ctx's timer fires, and
+// a caller that asks ctx.Err() in that moment would take a run cut short
+// for a whole one.
+func Ended(ctx context.Context) bool {
 	if ctx.Err() != nil {
 		return true
 	}
 	d, ok := ctx.Deadline()
 	return ok && !time.Now().Before(d)
+}
+
+// endedErr is ctx's error once Ended: DeadlineExceeded while the timer
+// has not fired yet.
+func endedErr(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return context.DeadlineExceeded
 }
 
 func progress(cfg Config, c *counters, start time.Time, done <-chan struct{}) {

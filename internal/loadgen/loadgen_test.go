@@ -53,3 +53,25 @@ func TestFailedCallsAreNotThroughput(t *testing.T) {
 		t.Fatalf("%+v", rep)
 	}
 }
+
+// pastDeadline is a context whose deadline has passed but whose timer has
+// not fired yet: Err is still nil, as it is for a moment on a busy machine.
+type pastDeadline struct{ context.Context }
+
+func (pastDeadline) Deadline() (time.Time, bool) { return time.Now().Add(-time.Millisecond), true }
+
+// A run whose caller's deadline passed is stopped, even before the
+// context's timer says so: bench cluster printed such a row as a full
+// measurement (and ran its next row, of nothing) in about one run in eight.
+func TestRunPastItsCallersDeadlineIsStopped(t *testing.T) {
+	ctx := pastDeadline{context.Background()}
+	if !Ended(ctx) {
+		t.Fatal("Ended: a context past its deadline has ended")
+	}
+	_, err := Run(ctx, Config{Concurrency: 2, Duration: time.Second}, func(ctx context.Context, w int, i int64) (int, error) {
+		return 1, ctx.Err()
+	})
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Run = %v, want context.DeadlineExceeded", err)
+	}
+}
