@@ -10,6 +10,7 @@ import (
 	"net"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 	"unicode/utf8"
@@ -935,8 +936,11 @@ const maxConfigBytes = 1 << 30
 
 // refreshConfig reads the config snapshot from the first node that has one
 // (firstAnswer), sending the version held so an unchanged config costs no
-// bytes. A node's answer replaces the held snapshot whenever its version
-// differs (a ledger rebuilt from scratch starts again at a lower version).
+// bytes. A newer version replaces the held snapshot. An older one is a
+// node that lags (its ledger down, it serves the config it last read: a
+// key revoked since would work again through this client), so the next
+// node is asked; it is taken only when no node answered the version held
+// or a newer one (a ledger rebuilt from scratch starts again lower).
 func (c *Client) refreshConfig(ctx context.Context) error {
 	// NB: the snapshot is one message, past gRPC's default 4 MiB limit on
 	// a received one from some 20,000 accounts with a key each.
@@ -945,6 +949,8 @@ func (c *Client) refreshConfig(ctx context.Context) error {
 	if held != nil {
 		known = held.Version
 	}
+	var olderMu sync.Mutex    // protects older
+	var older *pb.ConfigReply // the newest answer older than held
 	rep, err := firstAnswer(ctx, c.sources("", ""), func(ctx context.Context, addr string) (*pb.ConfigReply, error) {
 		p, err := c.peers.get(addr)
 		if err != nil {
@@ -958,11 +964,23 @@ func (c *Client) refreshConfig(ctx context.Context) error {
 			return nil, fmt.Errorf("%s: %w", addr, err)
 		case !rep.Unchanged && len(rep.Snapshot) == 0:
 			return nil, fmt.Errorf("%s: the node has no config snapshot yet", addr)
+		case held != nil && !rep.Unchanged && rep.Version < known:
+			olderMu.Lock()
+			if older == nil || rep.Version > older.Version {
+				older = rep
+			}
+			olderMu.Unlock()
+			return nil, fmt.Errorf("%s: config version %d, older than the %d held (the node lags its ledger)", addr, rep.Version, known)
 		}
 		return rep, nil
 	})
+	if err != nil && ctxEnded(ctx) == nil { // every node asked: none has the version held
+		olderMu.Lock()
+		rep = older
+		olderMu.Unlock()
+	}
 	switch {
-	case err != nil:
+	case rep == nil:
 		return fmt.Errorf("router: no node gave a config snapshot: %w", err)
 	case rep.Unchanged:
 		return nil

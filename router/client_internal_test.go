@@ -3,6 +3,7 @@ package router
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"strings"
 	"sync/atomic"
@@ -647,4 +648,88 @@ func serveFake(t *testing.T, lis net.Listener, n pb.QuotaServer) {
 	pb.RegisterQuotaServer(srv, n)
 	go srv.Serve(lis)
 	t.Cleanup(srv.Stop)
+}
+
+// versionNode serves a config of a fixed version, in a ring view that names
+// members (in that order).
+type versionNode struct {
+	hangingNode
+	version int64
+	members []string
+}
+
+func (n *versionNode) RingView(ctx context.Context, req *pb.RingViewRequest) (*pb.RingViewReply, error) {
+	rep, _ := n.hangingNode.RingView(ctx, req)
+	rep.Members = nil
+	for _, m := range n.members {
+		rep.Members = append(rep.Members, &pb.Member{Id: m, RpcAddr: m, State: "serving"})
+	}
+	return rep, nil
+}
+
+func (n *versionNode) Config(_ context.Context, req *pb.ConfigRequest) (*pb.ConfigReply, error) {
+	if req.KnownVersion == n.version {
+		return &pb.ConfigReply{Version: n.version, Unchanged: true, Node: n.addr}, nil
+	}
+	return &pb.ConfigReply{Version: n.version, Snapshot: fmt.Appendf(nil, `{"version":%d}`, n.version), Node: n.addr}, nil
+}
+
+// startVersionNodes starts one node per version, each naming all of them
+// (in the order given) in its ring view.
+func startVersionNodes(t *testing.T, versions ...int64) []string {
+	t.Helper()
+	var addrs []string
+	var liss []net.Listener
+	for range versions {
+		lis, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		liss = append(liss, lis)
+		addrs = append(addrs, lis.Addr().String())
+	}
+	for i, v := range versions {
+		serveFake(t, liss[i], &versionNode{hangingNode: hangingNode{addr: addrs[i]}, version: v, members: addrs})
+	}
+	return addrs
+}
+
+// A node whose ledger is down serves the config it last read: a client
+// that asked it took that older version over the newer one it held, and a
+// key it had seen revoked worked through it again. An older version is
+// taken only when no node has the one held (a ledger rebuilt from scratch).
+func TestConfigRefreshKeepsANewerOneThanALaggingNodes(t *testing.T) {
+	addrs := startVersionNodes(t, 1, 3) // the lagging node first: asked first
+	c, err := DialOptions{RefreshInterval: -1}.Dial(context.Background(), addrs[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	v3, err := snapshot.Decode([]byte(`{"version":3}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.snap.Store(v3)
+	for i := 0; i < 3; i++ {
+		if err := c.refreshConfig(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		if v := c.Snapshot().Version; v != 3 {
+			t.Fatalf("config version %d after a refresh that asked a lagging node first, want 3 (the newer one kept)", v)
+		}
+	}
+
+	rebuilt := startVersionNodes(t, 1, 1)
+	c2, err := DialOptions{RefreshInterval: -1}.Dial(context.Background(), rebuilt[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c2.Close()
+	c2.snap.Store(v3)
+	if err := c2.refreshConfig(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if v := c2.Snapshot().Version; v != 1 {
+		t.Fatalf("config version %d when every node serves version 1, want 1 (a ledger rebuilt from scratch)", v)
+	}
 }
