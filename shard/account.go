@@ -240,7 +240,7 @@ func (a *Account) Configure(cfg AccountConfig) {
 	defer a.catchUp(cfg)
 	a.cfg = cfg
 	if !cfg.Plan.Rate.Unlimited() && a.bucket.init {
-		a.bucket.clamp(&a.cfg.Plan)
+		a.bucket.reconfigure(&a.cfg.Plan)
 	}
 	kept := a.grants[:0]
 	for _, g := range a.grants {

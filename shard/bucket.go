@@ -1,5 +1,7 @@
 package shard
 
+import "math/bits"
+
 // Bucket is a token bucket in exact integer arithmetic.
 //
 // Credit is counted in "token·ns / Per" units: one token is worth Per credit
@@ -11,6 +13,7 @@ package shard
 // A new bucket is full. Time comes from the monotonic reading only (G9).
 type Bucket struct {
 	credit int64
+	per    int64 // the Rate.Per credit is counted in (one token is per credit)
 	last   int64 // Now.Mono of the last refill
 	init   bool
 }
@@ -22,7 +25,7 @@ func capacity(p *Plan) int64 { return p.Burst * int64(p.Rate.Per) }
 func (b *Bucket) refill(p *Plan, mono int64) {
 	c := capacity(p)
 	if !b.init {
-		b.credit, b.last, b.init = c, mono, true
+		b.credit, b.per, b.last, b.init = c, int64(p.Rate.Per), mono, true
 		return
 	}
 	elapsed := mono - b.last
@@ -53,9 +56,25 @@ func (b *Bucket) allow(p *Plan) (bool, int64) {
 
 func (b *Bucket) take(p *Plan) { b.credit -= int64(p.Rate.Per) }
 
-// clamp fits the credit under a (possibly smaller) new capacity.
-func (b *Bucket) clamp(p *Plan) {
-	if c := capacity(p); b.credit > c {
+// reconfigure carries the credit over to a new plan: the tokens left are
+// kept (rounded down) when the rate's period changed, since credit counts
+// in the period's unit (10/m with one token left, read as 10/s, had ten),
+// and fitted under a (possibly smaller) new capacity.
+func (b *Bucket) reconfigure(p *Plan) {
+	c := capacity(p)
+	if per := int64(p.Rate.Per); per != b.per && b.per > 0 {
+		// credit·per/b.per in 128 bits: credit and per are each under 2^62.
+		hi, lo := bits.Mul64(uint64(b.credit), uint64(per))
+		if hi >= uint64(b.per) {
+			b.credit = c // the quotient overflows: far above any capacity
+		} else if q, _ := bits.Div64(hi, lo, uint64(b.per)); q > uint64(c) {
+			b.credit = c
+		} else {
+			b.credit = int64(q)
+		}
+		b.per = per
+	}
+	if b.credit > c {
 		b.credit = c
 	}
 }

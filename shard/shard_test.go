@@ -1704,3 +1704,41 @@ func TestReusedIDRefundedByReceipt(t *testing.T) {
 		t.Fatalf("that receipt again: %s, want already_refunded", d.Reason)
 	}
 }
+
+// A plan's rate period changed mid-month: the bucket's credit is counted
+// in the old period's unit, and was read in the new one. 10/m with one
+// token left, changed to 10/s, had 10 tokens (one burst more than it had);
+// 10/s full, changed to 10/m, had a sixth of a token (a burst less).
+func TestRatePeriodChangeKeepsTheTokensLeft(t *testing.T) {
+	p := DefaultParams()
+	perMinute := Plan{ID: "r", Rate: Rate{Tokens: 10, Per: time.Minute}, Burst: 10}
+	perSecond := Plan{ID: "r", Rate: Rate{Tokens: 10, Per: time.Second}, Burst: 10}
+	now := at("2026-06-10T00:00:00Z")
+	a := NewAccount(AccountConfig{ID: "a", Plan: perMinute})
+	for i := 0; i < 9; i++ {
+		if d, _ := charge(a, fmt.Sprint("m", i), 1, now, &p); d.Reason != OK {
+			t.Fatalf("charge %d at 10/m: %v", i, d.Reason)
+		}
+	}
+	a.Configure(AccountConfig{ID: "a", Plan: perSecond})
+	if d, _ := charge(a, "s0", 1, now, &p); d.Reason != OK || d.RateRemaining != 0 {
+		t.Fatalf("the token left, after 10/m became 10/s: %+v, want ok and 0 left", d)
+	}
+	if d, _ := charge(a, "s1", 1, now, &p); d.Reason != RateLimited {
+		t.Fatalf("a second charge at the same instant after 10/m became 10/s: %v, want rate_limited (one token was left)", d.Reason)
+	}
+
+	b := NewAccount(AccountConfig{ID: "b", Plan: perSecond})
+	if d, _ := charge(b, "s0", 1, now, &p); d.Reason != OK || d.RateRemaining != 9 {
+		t.Fatalf("first charge at 10/s: %+v", d)
+	}
+	b.Configure(AccountConfig{ID: "b", Plan: perMinute})
+	for i := 0; i < 9; i++ {
+		if d, _ := charge(b, fmt.Sprint("m", i), 1, now, &p); d.Reason != OK {
+			t.Fatalf("charge %d of the 9 tokens left, after 10/s became 10/m: %v", i, d.Reason)
+		}
+	}
+	if d, _ := charge(b, "m9", 1, now, &p); d.Reason != RateLimited {
+		t.Fatalf("a tenth charge after 10/s became 10/m: %v, want rate_limited", d.Reason)
+	}
+}
