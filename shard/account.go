@@ -244,19 +244,27 @@ func (a *Account) Configure(cfg AccountConfig) {
 	}
 	kept := a.grants[:0]
 	for _, g := range a.grants {
+		units := g.units
 		if g.monthly {
 			g.units = cfg.Plan.MonthlyQuota
 			if !cfg.UseBehind {
 				g.settledAtLeast(cfg.MonthlyUsed[g.id])
 			}
-			kept = append(kept, g)
 		} else if c, ok := findCredit(cfg.Credits, g.id); ok {
 			g.units, g.startsAt, g.expiresAt = c.Units, c.StartsAt, c.ExpiresAt
 			if !cfg.UseBehind {
 				g.settledAtLeast(c.Used)
 			}
-			kept = append(kept, g)
+		} else {
+			continue
 		}
+		if g.units > units {
+			// The ledger called the grant exhausted at fewer units: an
+			// upgrade asks it again at once, rather than refusing until the
+			// mark ends with Retry-After the month's end.
+			g.exhaustedUntil = 0
+		}
+		kept = append(kept, g)
 	}
 	clear(a.grants[len(kept):])
 	a.grants = kept

@@ -1742,3 +1742,35 @@ func TestRatePeriodChangeKeepsTheTokensLeft(t *testing.T) {
 		t.Fatalf("a tenth charge after 10/s became 10/m: %v, want rate_limited", d.Reason)
 	}
 }
+
+// An upgrade right after the ledger called the month exhausted: the mark
+// (a second, so that refusals do not each ask the ledger) outlived the
+// plan it was about, and the account was refused with Retry-After to the
+// month's end though its new quota had room. A credit bought then too.
+func TestUpgradeForgetsTheExhaustedMark(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		cfg  AccountConfig
+	}{
+		{"larger quota", AccountConfig{ID: "a", Plan: hardPlan(20)}},
+		{"a larger credit", AccountConfig{ID: "a", Plan: hardPlan(10), Credits: []GrantConfig{{ID: "c1", Units: 5}}}},
+	} {
+		p, now, june := reservationsOn10June()
+		a := NewAccount(AccountConfig{ID: "a", Plan: hardPlan(10), Credits: []GrantConfig{{ID: "c1", Units: 1}}})
+		var rec Record
+		a.Reserve(june, 10, now, &rec)
+		a.Reserve("c1", 1, now, &rec)
+		if d, _ := charge(a, "e1", 11, now, &p); d.Reason != OK {
+			t.Fatalf("%s: the whole quota and credit: %v", c.name, d.Reason)
+		}
+		a.MarkExhausted(june, now.Mono+int64(time.Second))
+		a.MarkExhausted("c1", now.Mono+int64(time.Second))
+		if d, _ := charge(a, "e2", 1, now, &p); d.Reason != QuotaExceeded {
+			t.Fatalf("%s: exhausted before the upgrade: %v", c.name, d.Reason)
+		}
+		a.Configure(c.cfg)
+		if d, _ := charge(a, "e3", 1, now, &p); d.Reason != NeedReservation {
+			t.Fatalf("%s: a charge right after the upgrade: %+v, want need_reservation (ask the ledger for the new units)", c.name, d)
+		}
+	}
+}
