@@ -1311,6 +1311,18 @@ func alertView(a flush.AlertRecord) AlertView {
 	return v
 }
 
+// ParseThreshold reads an alert threshold as quotad admin alerts resend and
+// the admin API take it: a percentage from 1 to 100 in digits alone, with
+// an optional "%" ("80", "80%"; not "+80").
+func ParseThreshold(s string) (int, error) {
+	d := strings.TrimSuffix(s, "%")
+	t, err := strconv.Atoi(d)
+	if err != nil || d == "" || d[0] < '0' || d[0] > '9' || t < 1 || t > 100 {
+		return 0, fmt.Errorf("%q: want a percentage from 1 to 100", s)
+	}
+	return t, nil
+}
+
 // resendAlert answers POST /admin/v1/alerts/{account}/{period}/{threshold}/resend:
 // the alert (delivered or given up) is pending again, and the next sweep of
 // a node with a webhook sends it.
@@ -1320,9 +1332,9 @@ func (n *Node) resendAlert(ctx context.Context, w http.ResponseWriter, r *http.R
 	if err != nil {
 		return err
 	}
-	threshold, err := strconv.Atoi(strings.TrimSuffix(r.PathValue("threshold"), "%"))
-	if err != nil || threshold < 1 || threshold > 100 {
-		return badInput("threshold", "%q: want a percentage from 1 to 100", r.PathValue("threshold"))
+	threshold, err := ParseThreshold(r.PathValue("threshold"))
+	if err != nil {
+		return badInput("threshold", "%v", err)
 	}
 	a, err := l.ResendAlert(ctx, account, period, threshold)
 	switch {

@@ -80,6 +80,14 @@ func TestAdminAPIInput(t *testing.T) {
 		}
 	})
 
+	// A threshold is digits and an optional %: "+80" and " 80" were read
+	// as 80.
+	t.Run("thresholds", func(t *testing.T) {
+		for _, th := range []string{"+80", "%2080", "0x50", "80.0", "0", "101", "%25"} {
+			wantProblem(t, nd, "POST", "/admin/v1/alerts/acme/2026-06/"+th+"/resend", nil, 400, "threshold")
+		}
+	})
+
 	// Months past 2261 wrapped around (9999-12 showed 1816-02): every
 	// period parameter has the bounds of /admin/v1/usage.
 	t.Run("periods", func(t *testing.T) {

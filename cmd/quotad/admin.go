@@ -444,8 +444,8 @@ func alertKeyArgs(cmd *cobra.Command, args []string) error {
 	if _, err := node.ParseMonth(args[1]); err != nil {
 		return fmt.Errorf("period %v", err)
 	}
-	if t, err := strconv.Atoi(strings.TrimSuffix(args[2], "%")); err != nil || t < 1 || t > 100 {
-		return fmt.Errorf("threshold %q: want a percentage from 1 to 100", args[2])
+	if _, err := node.ParseThreshold(args[2]); err != nil {
+		return fmt.Errorf("threshold %v", err)
 	}
 	return nil
 }

@@ -223,6 +223,7 @@ func TestQuotadAdmin(t *testing.T) {
 		{adminTestToken, []string{"alerts", "resend", "acme", "2026-05", "80"}, "no 2026-05 80% alert of acme in the ledger"},
 		{adminTestToken, []string{"alerts", "resend", "acme", "June", "80"}, `"June": want a month such as 2026-06`},
 		{adminTestToken, []string{"alerts", "resend", "acme", "2026-06", "180"}, `"180": want a percentage from 1 to 100`},
+		{adminTestToken, []string{"alerts", "resend", "acme", "2026-06", "+80"}, `threshold "+80": want a percentage from 1 to 100`},
 		{adminTestToken, []string{"alerts", "resend", "acme", "2026-06"}, "want ACCOUNT PERIOD THRESHOLD (such as: acme 2026-06 80), got 2 arguments"},
 		{adminTestToken, []string{"alerts", "resend", "", "2026-06", "80"}, `account "": want 1 to 200 characters`},
 		{adminTestToken, []string{"alerts", "--limit", "-5"}, `"-5": want a number from 1 to 10000`},
