@@ -44,6 +44,7 @@ func RunConformance(t *testing.T, open func(t *testing.T) Ledger) {
 		{"RetryAcrossMonths", confAcrossMonths},
 		{"RetryAcrossMonthsOneBatch", confAcrossMonthsOneBatch},
 		{"RefundedRetryAcrossMonths", confRefundedAcrossMonths},
+		{"ReplayAfterRetryMovedMonths", confReplayAfterMove},
 		{"ReserveInALaterMonth", confReserveLaterMonth},
 		{"Refunds", confRefunds},
 		{"TombstoneThenCharge", confTombstone},
@@ -1149,6 +1150,68 @@ func confRefundedAcrossMonths(t *testing.T, l Ledger) {
 	a.settle(t, chargeOf("acct-1", "e5", 3, "").at(early))
 	if got := billed("e5"); got != 3 {
 		t.Fatalf("e5 billed %d units, want 3 (node-b's retry, once): %+v", got, eventsOf(t, l, "acct-1"))
+	}
+	wantReconciled(t, l)
+}
+
+// A replay (and its take-back) of a June charge that settles after a
+// July retry took the event's row over counts on that row, as it does
+// within one month and on SQLite (confReplaysAcrossOwners e3). Postgres
+// moves the row into July (pgTakeOverWhere) but looked for a replay's row
+// in the charge's month only: the served replay was dropped, so a later
+// refund of the retry un-billed the event, and the replay's take-back
+// waited in replay_takebacks (June) for a replay that never comes.
+func confReplayAfterMove(t *testing.T, l Ledger) {
+	confSetup(t, l, 100, "acct-1")
+	a, b := confNode(t, l, "node-a"), confNode(t, l, "node-b")
+	june := time.Date(2026, 6, 30, 23, 59, 30, 0, time.UTC)
+	july := time.Date(2026, 7, 1, 0, 0, 10, 0, time.UTC)
+	billed := func(event string) (n int64) {
+		for _, e := range eventsOf(t, l, "acct-1") {
+			if e.EventID == event && !e.Refunded {
+				n += e.Units
+			}
+		}
+		return n
+	}
+	moved := func(event string) {
+		t.Helper()
+		if res := b.settle(t, chargeOf("acct-1", event, 3, "").at(july)); len(res.Duplicates) != 0 {
+			t.Fatalf("node-b's July retry of the refunded %s: %+v, want it to take the event over", event, res)
+		}
+	}
+	// e1: node-a's June attempt failed and is refunded through node-b;
+	// node-b's July retry takes the event over; node-a's replay of another
+	// retry (answered before it heard of the move, and served) settles
+	// late; node-b's retry then fails and its attempt is refunded: the
+	// replay stands, so the refund is kept and e1 stays billed once.
+	a.settle(t, chargeOf("acct-1", "e1", 3, "").at(june))
+	b.settle(t, refundOf("acct-1", "e1", 3, "").at(june).attempt().chargedBy("node-a"))
+	moved("e1")
+	a.settle(t, replayOf("acct-1", "e1").at(june.Add(10*time.Second)))
+	if res := b.settle(t, refundOf("acct-1", "e1", 3, "").at(july).attempt()); len(res.DuplicateRefunds) != 1 {
+		t.Errorf("node-b's attempt refund of e1 while node-a's replay was served: %+v, want kept", res)
+	}
+	if got := billed("e1"); got != 3 {
+		t.Errorf("e1 billed %d units, want 3 (node-a's served replay): %+v", got, eventsOf(t, l, "acct-1"))
+	}
+	// e2: as e1 up to the replay, which node-a then takes back: the
+	// take-back counts the replay off; nothing waits in the ledger.
+	a.settle(t, chargeOf("acct-1", "e2", 3, "").at(june))
+	b.settle(t, refundOf("acct-1", "e2", 3, "").at(june).attempt().chargedBy("node-a"))
+	moved("e2")
+	a.settle(t, replayOf("acct-1", "e2").at(june.Add(10*time.Second)), takeBackOf("acct-1", "e2").at(june.Add(20*time.Second)))
+	if got := billed("e2"); got != 3 {
+		t.Errorf("e2 billed %d units, want 3 (node-b's retry): %+v", got, eventsOf(t, l, "acct-1"))
+	}
+	counter, ok := l.(interface {
+		waitingTakeBacks(context.Context) (int64, error)
+	})
+	if !ok {
+		t.Fatalf("%T does not count its waiting take-backs", l)
+	}
+	if n, err := counter.waitingTakeBacks(t.Context()); err != nil || n != 0 {
+		t.Errorf("waiting take-backs: %d, %v; want 0 (node-a's replay and its take-back both settled)", n, err)
 	}
 	wantReconciled(t, l)
 }

@@ -789,12 +789,30 @@ func (s *pgSettle) settleReplay(ctx context.Context, tx pgx.Tx, r *Replay) error
 	var chargedAt time.Time
 	var ids []string
 	var units []int64
-	s.res.RoundTrips++
-	err := tx.QueryRow(ctx, pgReplayRowSQL, r.Account, r.EventID, start).Scan(&row.refunded, &row.tombstone, &row.pending, &row.servedAgain,
-		&row.replays, &row.node, &refundWall, &ev.key, &ev.route, &chargedAt, &ev.units, &ids, &units)
+	// The event's row: in the charge's month, or, near its edge, in the
+	// neighbouring month a retry's take-over moved it into (pgTakeOverWhere),
+	// as refunds find it (pgRefundsSQL). Waiting take-backs stay keyed by the
+	// charge's month (start): a replay and its take-back both carry it.
+	rowStart := start
+	read := func() error {
+		s.res.RoundTrips++
+		return tx.QueryRow(ctx, pgReplayRowSQL, r.Account, r.EventID, rowStart).Scan(&row.refunded, &row.tombstone, &row.pending, &row.servedAgain,
+			&row.replays, &row.node, &refundWall, &ev.key, &ev.route, &chargedAt, &ev.units, &ids, &units)
+	}
+	err := read()
+	if p, near := neighbourMonth(r.Period, r.Wall); errors.Is(err, pgx.ErrNoRows) && near {
+		rowStart = periodDate(p)
+		err = read()
+		if d := chargedAt.UnixNano() - r.Wall; err == nil && max(d, -d) > crossMonthWindow() {
+			// Another use of the id there (a client id used again after
+			// its dedup window), as pgCrossMonthSQL tells them apart.
+			row, ev, refundWall, ids, units = replayRow{}, refundedEvent{}, nil, nil, nil
+			rowStart, err = start, pgx.ErrNoRows
+		}
+	}
 	switch {
 	case errors.Is(err, pgx.ErrNoRows) && r.Delta > 0:
-		return nil // its charge is not in this month's log (events were off, or it crossed a month): nothing to count on
+		return nil // its charge is not in the log near its month (events were off): nothing to count on
 	case errors.Is(err, pgx.ErrNoRows):
 		row.replays = 0
 	case err != nil:
@@ -812,7 +830,7 @@ func (s *pgSettle) settleReplay(ctx context.Context, tx pgx.Tx, r *Replay) error
 	next, out := decideReplay(row, r, s.b.Node)
 	retomb := row.tombstone && !next.tombstone
 	s.res.RoundTrips++
-	if _, err := tx.Exec(ctx, pgReplayWriteSQL, r.Account, r.EventID, start, next.refunded, next.tombstone, next.pending, next.replays,
+	if _, err := tx.Exec(ctx, pgReplayWriteSQL, r.Account, r.EventID, rowStart, next.refunded, next.tombstone, next.pending, next.replays,
 		next.refundWall != nil, retomb, s.b.Node, s.b.Incarnation, int64(r.Seq)); err != nil {
 		return err
 	}
