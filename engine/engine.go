@@ -208,7 +208,10 @@ type entry struct {
 	broken error
 	// letGo is set when Forget was asked while the snapshot lacked some of
 	// the account's records: the first snapshot that includes them drops it.
-	letGo   bool
+	letGo bool
+	// reseed is set when the account came back while letGo (regainLocked):
+	// the next snapshot with all its records sets its use to the ledger's.
+	reseed  bool
 	chunk   int64 // size of its last reservation
 	topping bool  // a top-up is queued
 	// waiting is the units of charges blocked on a reservation right now: a
@@ -369,6 +372,9 @@ func (e *Engine) entryLocked(st *stripe, account string) (*entry, bool) {
 		return nil, false
 	}
 	if ent, ok := st.accounts[account]; ok {
+		if ent.letGo && e.ownsLocked(account) {
+			regainLocked(ent)
+		}
 		return ent, true
 	}
 	cfg, _ := snap.AccountConfig(account)
@@ -1062,7 +1068,11 @@ func (e *Engine) applySnapshot(s *snapshot.Snapshot, settled uint64) {
 			}
 			if cfg, ok := s.AccountConfig(id); ok {
 				cfg.UseBehind = ent.acct.LastSeq > settled
+				cfg.Reseed = ent.reseed
 				ent.acct.Configure(cfg)
+				if !cfg.UseBehind {
+					ent.reseed = false
+				}
 			}
 		}
 		st.mu.Unlock()

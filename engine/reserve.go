@@ -688,11 +688,27 @@ func (e *Engine) Forget(account string) bool {
 	return e.forgetLocked(st, account, ent)
 }
 
+// regainLocked is an account let go (Forget kept it: the snapshot lacked
+// its records) that is this node's again: what it remembers from before the
+// loss is stale, since the other owner may have refunded or charged its ids
+// and refunded its charges meanwhile. Its ids go (as Forget's would), and
+// its use is set to the ledger's by the first snapshot that includes every
+// record of it (not only raised). REQUIRES: the account's stripe mu held.
+func regainLocked(ent *entry) {
+	if !ent.letGo {
+		return
+	}
+	ent.letGo = false
+	ent.acct.ForgetIDs()
+	ent.dirty = true
+	ent.reseed = true
+}
+
 // forgetLocked drops ent if Forget may now: see Forget. It clears letGo
 // when the account is this node's again. REQUIRES: st.mu held.
 func (e *Engine) forgetLocked(st *stripe, account string, ent *entry) bool {
 	if e.ownsLocked(account) {
-		ent.letGo = false
+		regainLocked(ent)
 		return false
 	}
 	if len(ent.acct.Allowances()) > 0 || ent.waiting > 0 || ent.acct.LastSeq > e.snapSettled.Load() {

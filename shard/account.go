@@ -248,11 +248,17 @@ func (a *Account) Configure(cfg AccountConfig) {
 		if g.monthly {
 			g.units = cfg.Plan.MonthlyQuota
 			if !cfg.UseBehind {
+				if cfg.Reseed {
+					g.used = 0
+				}
 				g.settledAtLeast(cfg.MonthlyUsed[g.id])
 			}
 		} else if c, ok := findCredit(cfg.Credits, g.id); ok {
 			g.units, g.startsAt, g.expiresAt = c.Units, c.StartsAt, c.ExpiresAt
 			if !cfg.UseBehind {
+				if cfg.Reseed {
+					g.used = 0
+				}
 				g.settledAtLeast(c.Used)
 			}
 		} else {

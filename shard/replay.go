@@ -243,6 +243,18 @@ func (a *Account) RewriteIDs() {
 	a.refunded.rewriteAll()
 }
 
+// ForgetIDs drops every remembered client id: the account came back from
+// another owner, which may have refunded or charged them since, so what
+// this node remembers of them is stale (the ledger's unique event ids
+// decide from here on, as after a move to a node that never had it). The
+// refunds remembered stay: a receipt refunded here is refunded for good,
+// and with --events=false nothing else stops a second refund of it. The
+// next DrainIDs rewrites the stored ids.
+func (a *Account) ForgetIDs() {
+	a.dedup = idWindow[event]{}
+	a.RewriteIDs()
+}
+
 // RestoreIDs adds the ids stored apart by DrainIDs to a state restored
 // from AppendCheckpointState, in any order.
 func (a *Account) RestoreIDs(ids []StoredID) error {

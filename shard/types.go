@@ -97,6 +97,10 @@ type AccountConfig struct {
 	// is, since raising it to the ledger's figure would count a charge again
 	// whose refund has not settled yet. The engine sets it per account.
 	UseBehind bool
+	// Reseed (with UseBehind false) sets the grants' use to the settled
+	// use above, lower or higher: the account came back from another owner,
+	// and the use this node kept counts charges that owner refunded since.
+	Reseed bool
 }
 
 // Params are the owner's settings that every account shares.

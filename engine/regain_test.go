@@ -1,0 +1,94 @@
+package engine
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/quotaring/quotaring/shard"
+)
+
+// An account the ring takes away and gives back before a snapshot includes
+// this node's records of it (Forget deferred: a flapping member, a join
+// then a leave) must not answer from what it remembered before the loss:
+// meanwhile the other owner refunded k1 (its attempt's upstream failed;
+// the receipt named this node). A retry of k1 here was answered Replayed,
+// served for nothing, and the 4 units the ledger had freed stayed counted
+// here for the rest of the month (a refresh only raises use).
+func TestRegainedAccountDoesNotAnswerFromBeforeTheLoss(t *testing.T) {
+	ctx := context.Background()
+	var owns atomic.Bool
+	owns.Store(true)
+	l := openLog(t, t.TempDir())
+	e, err := Open(Options{Log: l, Clock: NewManualClock(time.Date(2026, 6, 10, 0, 0, 0, 0, time.UTC)), Owns: func(string) bool { return owns.Load() }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close(); l.Close() })
+	refreshAcme(t, e, 1, 0)
+	if res, err := e.Charge(ctx, "acme", shard.Charge{EventID: "k1", ClientID: true, Units: 4}); err != nil || res.Reason != shard.OK {
+		t.Fatalf("charge: %+v %v", res, err)
+	}
+
+	owns.Store(false) // lost (releaseLost): k1 not settled yet, so kept
+	if e.Forget("acme") {
+		t.Fatal("Forget dropped an account whose charge the snapshot lacks")
+	}
+	// The new owner refunds k1 by its receipt; the ledger has k1 refunded.
+	owns.Store(true) // ...and the account comes back at once
+
+	res, err := e.Charge(ctx, "acme", shard.Charge{EventID: "k1", ClientID: true, Units: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Reason == shard.Replayed {
+		t.Errorf("retry of k1 after the account came back: replayed (served unbilled) from the dedup memory of before the loss; the other owner refunded k1 meanwhile")
+	}
+	// Everything settles; the ledger holds k1 refunded and (when charged
+	// again above) taken over: 4 used if the retry was billed, 0 if not.
+	if err := e.Settle(ctx, l.DurableSeq()); err != nil {
+		t.Fatal(err)
+	}
+	ledgerUsed := int64(0)
+	if res.Reason == shard.OK {
+		ledgerUsed = 4
+	}
+	refreshAcme(t, e, 2, ledgerUsed)
+	if u, ok, err := e.Usage("acme"); err != nil || !ok || u.Remaining != 100-ledgerUsed {
+		t.Errorf("after a refresh with every record settled: %+v; want %d left as the ledger says", u, 100-ledgerUsed)
+	}
+}
+
+// The same with reservations on: the stale use refused units the ledger
+// had free (quota_exceeded until the month ended).
+func TestRegainedHardAccountGetsItsRefundedUnits(t *testing.T) {
+	ctx := context.Background()
+	var owns atomic.Bool
+	owns.Store(true)
+	ledger := &fakeLedger{reserved: map[string]int64{}, released: map[string]int64{}}
+	l := openLog(t, t.TempDir())
+	e, err := Open(Options{Log: l, Clock: NewManualClock(time.Date(2026, 6, 10, 0, 0, 0, 0, time.UTC)), Reserver: ledger, Owns: func(string) bool { return owns.Load() }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close(); l.Close() })
+	refreshAcme(t, e, 1, 0) // quota 100
+	if res, err := e.Charge(ctx, "acme", shard.Charge{EventID: "k1", ClientID: true, Units: 100}); err != nil || res.Reason != shard.OK {
+		t.Fatalf("charge: %+v %v", res, err)
+	}
+	owns.Store(false)
+	if err := e.Release(ctx, "acme"); err != nil {
+		t.Fatal(err)
+	}
+	e.Forget("acme")
+	owns.Store(true) // back; the other owner refunded k1 meanwhile
+	if err := e.Settle(ctx, l.DurableSeq()); err != nil {
+		t.Fatal(err)
+	}
+	refreshAcme(t, e, 2, 0) // ledger: 0 used, 100 free
+	res, err := e.Charge(ctx, "acme", shard.Charge{EventID: "k2", ClientID: true, Units: 50})
+	if err != nil || res.Reason != shard.OK {
+		t.Fatalf("charge of 50 with the ledger at 0 of 100 used: %+v %v", res.Reason, err)
+	}
+}
