@@ -51,21 +51,40 @@ func (e *Engine) recover() error {
 	if err != nil {
 		return fmt.Errorf("engine: replay: %w", err)
 	}
+	e.countKeptSnapshot()
 	return nil
+}
+
+// countKeptSnapshot configures, from the kept snapshot, the accounts whose
+// every record here is at or below the mark kept with it: its settled use
+// counts for them (use another owner settled while the account was away).
+// Not for an account with records above the mark, checkpointed or
+// replayed: the mark is a lower bound (read before the ledger), and the
+// snapshot may count those records already (a settle the ledger committed
+// whose local half a crash cut off), or lack a refund among them. See
+// recoveredEntry, and SetSnapshot's UseBehind.
+func (e *Engine) countKeptSnapshot() {
+	s := e.snap.Load()
+	if s == nil || !e.keptMarkKnown {
+		return
+	}
+	mark := e.snapSettled.Load()
+	for i := range e.stripes {
+		for id, ent := range e.stripes[i].accounts {
+			if ent.acct.LastSeq > mark {
+				continue
+			}
+			if cfg, ok := s.AccountConfig(id); ok {
+				ent.acct.Configure(cfg)
+			}
+		}
+	}
 }
 
 func (e *Engine) restore(cp wal.Checkpoint) error {
 	ent := e.recoveredEntry(cp.Account)
 	if err := ent.acct.RestoreCheckpoint(cp.Data); err != nil {
 		return fmt.Errorf("%w: in %s: %v", wal.ErrCorrupt, e.log.Dir(), err)
-	}
-	if s := e.snap.Load(); s != nil && e.keptMarkKnown && ent.acct.LastSeq <= e.snapSettled.Load() {
-		// The kept snapshot was read after every record the checkpoint
-		// holds: its settled use counts (use another owner settled while
-		// the account was away). See recoveredEntry.
-		if cfg, ok := s.AccountConfig(cp.Account); ok {
-			ent.acct.Configure(cfg)
-		}
 	}
 	if cp.IDsStale {
 		ent.acct.RewriteIDs() // stored with another checkpoint: replaced at the next
