@@ -166,6 +166,9 @@ type Engine struct {
 	// whose records that settle deleted.
 	forgotMu  sync.Mutex // protects forgotten
 	forgotten map[string]wal.Checkpoint
+	// ckptMu serializes taking checkpoints and writing them (Settle,
+	// storeForgotten).
+	ckptMu sync.Mutex
 
 	topups chan string
 	// hungLog samples the WARNs of background calls the ledger left
@@ -1059,11 +1062,18 @@ func (e *Engine) SetSnapshot(s *snapshot.Snapshot, settled uint64) error {
 func (e *Engine) applySnapshot(s *snapshot.Snapshot, settled uint64) {
 	e.snapSettled.Store(settled)
 	e.snap.Store(s)
+	dropped := false
+	defer func() {
+		if dropped {
+			e.storeForgotten()
+		}
+	}()
 	for i := range e.stripes {
 		st := &e.stripes[i]
 		st.mu.Lock()
 		for id, ent := range st.accounts {
 			if ent.letGo && e.forgetLocked(st, id, ent) {
+				dropped = true
 				continue
 			}
 			if cfg, ok := s.AccountConfig(id); ok {

@@ -679,13 +679,18 @@ func (e *Engine) Prefetch(ctx context.Context, account string, units int64) erro
 func (e *Engine) Forget(account string) bool {
 	st := e.stripeFor(account)
 	st.mu.Lock()
-	defer st.mu.Unlock()
 	ent, ok := st.accounts[account]
 	if !ok {
+		st.mu.Unlock()
 		return false
 	}
 	ent.letGo = true
-	return e.forgetLocked(st, account, ent)
+	dropped := e.forgetLocked(st, account, ent)
+	st.mu.Unlock()
+	if dropped {
+		e.storeForgotten()
+	}
+	return dropped
 }
 
 // regainLocked is an account let go (Forget kept it: the snapshot lacked

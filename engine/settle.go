@@ -18,6 +18,8 @@ import (
 // written only once every record it includes is durable: a checkpoint must
 // never remember a charge (or a client id) whose record could still be lost.
 func (e *Engine) Settle(ctx context.Context, upto uint64) error {
+	e.ckptMu.Lock() // see storeForgotten
+	defer e.ckptMu.Unlock()
 	cps, maxSeq, broken := e.checkpoints()
 	if broken != nil {
 		// Its state in memory holds a change its log refused: checkpointed,
@@ -103,31 +105,12 @@ func (e *Engine) waitSettled(ctx context.Context, seq uint64) error {
 // marks, and takes the states Forget kept of dropped accounts (unless the
 // account is back in memory: its own state is the one to keep then).
 func (e *Engine) checkpoints() (_ []wal.Checkpoint, _ uint64, broken error) {
-	var cps []wal.Checkpoint
-	var maxSeq uint64
 	// The forgotten first: an account back in memory since has a state new
 	// since Forget (from the config snapshot), and the ids stored for the
 	// state forgotten are not its own; its checkpoint below, in the same
 	// write, replaces them all. (Taken after it, a crash before the next
 	// settle restored the forgotten ids under the new state's mark.)
-	e.forgotMu.Lock()
-	forgotten := e.forgotten
-	e.forgotten = nil
-	e.forgotMu.Unlock()
-	for id, cp := range forgotten {
-		st := e.stripeFor(id)
-		st.mu.Lock()
-		ent, back := st.accounts[id]
-		if back {
-			ent.acct.RewriteIDs()
-			ent.dirty = true
-		}
-		st.mu.Unlock()
-		if !back {
-			cps = append(cps, cp)
-			maxSeq = max(maxSeq, cp.Seq)
-		}
-	}
+	cps, maxSeq := e.takeForgotten()
 	for i := range e.stripes {
 		st := &e.stripes[i]
 		st.mu.Lock()
@@ -157,6 +140,50 @@ func checkpointOf(id string, acct *shard.Account) wal.Checkpoint {
 		cp.IDs = append(cp.IDs, wal.CheckpointID{Kind: s.Kind, ID: s.ID, Value: s.Value})
 	})
 	return cp
+}
+
+// takeForgotten takes the states Forget kept of accounts not back in
+// memory; for one back, it marks its own state to write all its ids.
+func (e *Engine) takeForgotten() (cps []wal.Checkpoint, maxSeq uint64) {
+	e.forgotMu.Lock()
+	forgotten := e.forgotten
+	e.forgotten = nil
+	e.forgotMu.Unlock()
+	for id, cp := range forgotten {
+		st := e.stripeFor(id)
+		st.mu.Lock()
+		ent, back := st.accounts[id]
+		if back {
+			ent.acct.RewriteIDs()
+			ent.dirty = true
+		}
+		st.mu.Unlock()
+		if !back {
+			cps = append(cps, cp)
+			maxSeq = max(maxSeq, cp.Seq)
+		}
+	}
+	return cps, maxSeq
+}
+
+// storeForgotten writes the states Forget kept at once, rather than at the
+// next settle that moves records (an idle log moves none for long): a
+// crash before it brought back the dropped ids, and an account regained
+// answered Replayed to a retry its other owner had refunded since. Their
+// records are settled (Forget waits for that), so durable. ckptMu keeps a
+// settle that took the account's state before Forget from writing it
+// (and its ids) after the drop.
+func (e *Engine) storeForgotten() {
+	e.ckptMu.Lock()
+	defer e.ckptMu.Unlock()
+	cps, _ := e.takeForgotten()
+	if len(cps) == 0 {
+		return
+	}
+	if err := e.log.PutCheckpoints(cps); err != nil {
+		e.redirty(cps) // the next settle tries again
+		e.opts.Logger.Warn("storing the state of accounts let go failed; the next settle tries again", "accounts", len(cps), "err", err)
+	}
 }
 
 // redirty marks accounts whose checkpoint was not written as changed again,

@@ -1,0 +1,100 @@
+package engine_test
+
+import (
+	"context"
+	"path/filepath"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/quotaring/quotaring/engine"
+	"github.com/quotaring/quotaring/flush"
+	"github.com/quotaring/quotaring/shard"
+	"github.com/quotaring/quotaring/wal"
+)
+
+// openOwning is restartRig.open with an ownership switch.
+func (r *restartRig) openOwning(owns *atomic.Bool) {
+	r.t.Helper()
+	log, err := wal.Open(wal.Options{Dir: filepath.Join(r.dir, r.node), NodeID: r.node})
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	e, err := engine.Open(engine.Options{Log: log, Clock: r.clock, Reserver: &flush.Reserver{Ledger: r.l, Node: r.node, Incarnation: log.Incarnation()},
+		Owns: func(a string) bool { return a != "a1" || owns.Load() }})
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	s, err := flush.NewSettler(flush.SettlerOptions{Ledger: r.l, Engine: e, Events: true})
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	if err := s.Register(context.Background()); err != nil {
+		r.t.Fatal(err)
+	}
+	r.log, r.e, r.s = log, e, s
+}
+
+// Forget drops an account's client ids (a restart must not bring them
+// back: another owner may refund or replay them meanwhile); the drop is
+// stored at the next settle. A crash before it brought the ids back, and
+// the account, back at this node, answered a retry of an id its other
+// owner had refunded Replayed (served for nothing) instead of charging it
+// again as the id's next generation.
+func TestForgottenIDsStayForgottenAfterACrash(t *testing.T) {
+	for _, idle := range []bool{false, true} {
+		name := map[bool]string{false: "crash before the next settle", true: "idle log: a settle moves nothing"}[idle]
+		t.Run(name, func(t *testing.T) {
+			ctx := context.Background()
+			dir := t.TempDir()
+			l := hardLedger(t, dir, "a1", "a2")
+			clock := engine.NewManualClock(time.Date(2026, 6, 10, 0, 0, 0, 0, time.UTC))
+			var owns1, owns2 atomic.Bool
+			owns1.Store(true)
+			n1 := &restartRig{t: t, l: l, clock: clock, dir: dir, node: "n1"}
+			n1.openOwning(&owns1)
+			n1.refresh()
+			k := shard.Charge{Route: "r", Units: 10, EventID: "K", ClientID: true}
+			res, err := n1.e.Charge(ctx, "a1", k)
+			if err != nil || res.Reason != shard.OK {
+				t.Fatalf("charge K: %s, %v", res.Reason, err)
+			}
+			n1.settle()
+			// a1 moves to n2: n1 hands back, settles, refreshes, forgets.
+			owns1.Store(false)
+			if err := n1.e.Release(ctx, "a1"); err != nil {
+				t.Fatal(err)
+			}
+			n1.settle()
+			n1.refresh()
+			if !n1.e.Forget("a1") {
+				t.Fatal("Forget kept a1")
+			}
+			if idle {
+				n1.settle() // nothing to move: the drop stays in memory
+			} else {
+				n1.charge("a2", 1) // other traffic, whose settle a crash cuts off
+			}
+			n1.close() // kill -9
+			owns2.Store(true)
+			n2 := &restartRig{t: t, l: l, clock: clock, dir: dir, node: "n2"}
+			n2.openOwning(&owns2)
+			n2.refresh()
+			if d, err := n2.e.Refund(ctx, "a1", "K", res.Receipt); err != nil || d.Reason != shard.Refunded {
+				t.Fatalf("refund K at n2: %s, %v", d.Reason, err)
+			}
+			n2.settle()
+			n2.close()
+			// a1 comes back to n1.
+			owns1.Store(true)
+			n1.openOwning(&owns1)
+			defer n1.close()
+			n1.settle()
+			n1.refresh()
+			again, err := n1.e.Charge(ctx, "a1", k)
+			if err != nil || again.Reason != shard.OK {
+				t.Errorf("a retry of K, refunded at n2, at n1: %s, %v; want a new charge (OK)", again.Reason, err)
+			}
+		})
+	}
+}
