@@ -40,6 +40,7 @@ func RunConformance(t *testing.T, open func(t *testing.T) Ledger) {
 		{"Duplicates", confDuplicates},
 		{"RetriesServedAcrossOwners", confServedAcrossOwners},
 		{"LateAttemptCharge", confLateAttemptCharge},
+		{"LateRetryOfRefundedEvent", confLateRetryOfRefunded},
 		{"ReplaysAcrossOwners", confReplaysAcrossOwners},
 		{"RetryAcrossMonths", confAcrossMonths},
 		{"RetryAcrossMonthsOneBatch", confAcrossMonthsOneBatch},
@@ -899,6 +900,77 @@ func confLateAttemptCharge(t *testing.T, l Ledger) {
 	if g.Used != 3 || g.Used+g.Reserved > g.Units {
 		t.Errorf("grant %+v, want used 3 within its units", g)
 	}
+	wantReconciled(t, l)
+}
+
+// confLateRetryOfRefunded: node-a's attempt of e1 failed and was
+// refunded; node-b served the client's retry (same ledger event id: node-b
+// never saw node-a's charge, so its generation is 0), whose upstream failed
+// too; the account moved on to node-c, through which the front refunds
+// node-b's attempt (Origin node-b), and that refund settles before
+// node-b's charge (node-b cut off from the ledger). Nothing was served:
+// node-b's late charge must not take the refunded event over.
+func confLateRetryOfRefunded(t *testing.T, l Ledger) {
+	a, b := twoReservingNodes(t, l)
+	c := confNode(t, l, "node-c")
+	billed := func(event string) (n int64) {
+		for _, e := range eventsOf(t, l, "acct-1") {
+			if e.EventID == event && !e.Refunded {
+				n += e.Units
+			}
+		}
+		return n
+	}
+	// e1: node-a's own refund of its attempt.
+	a.settle(t, chargeOf("acct-1", "e1", 4, confJune).withReserved())
+	a.settle(t, refundOf("acct-1", "e1", 4, confJune).withReserved().attempt())
+	c.settle(t, refundOf("acct-1", "e1", 4, confJune).attempt().chargedBy("node-b"))
+	if res := b.settle(t, chargeOf("acct-1", "e1", 4, confJune).withReserved()); len(res.Duplicates) != 1 {
+		t.Errorf("node-b's late charge of its retry of refunded e1, its attempt refunded through node-c first: %+v, want a duplicate", res)
+	}
+	if got := billed("e1"); got != 0 {
+		t.Errorf("e1 billed %d units, want 0 (no attempt was served): %+v", got, eventsOf(t, l, "acct-1"))
+	}
+	// e2: as e1, node-a's attempt refunded through node-b (Origin node-a).
+	a.settle(t, chargeOf("acct-1", "e2", 3, confJune).withReserved())
+	b.settle(t, refundOf("acct-1", "e2", 3, confJune).attempt().chargedBy("node-a"))
+	c.settle(t, refundOf("acct-1", "e2", 3, confJune).attempt().chargedBy("node-b"))
+	if res := b.settle(t, chargeOf("acct-1", "e2", 3, confJune).withReserved()); len(res.Duplicates) != 1 {
+		t.Errorf("node-b's late charge of its refunded retry of e2: %+v, want a duplicate", res)
+	}
+	if got := billed("e2"); got != 0 {
+		t.Errorf("e2 billed %d units, want 0: %+v", got, eventsOf(t, l, "acct-1"))
+	}
+	// ... and a third retry, served at node-c, takes the event over: billed.
+	if res := c.settle(t, chargeOf("acct-1", "e2", 3, confJune).withReserved()); len(res.Duplicates) != 0 {
+		t.Errorf("node-c's served retry of e2: %+v, want billed", res)
+	}
+	if got := billed("e2"); got != 3 {
+		t.Errorf("e2 billed %d units, want 3 (node-c's retry): %+v", got, eventsOf(t, l, "acct-1"))
+	}
+	// e3: node-a's attempt refunded through node-b before node-a's charge
+	// settled (a tombstone), then node-b's, through node-c: neither late
+	// charge is billed, in whichever order they settle.
+	b.settle(t, refundOf("acct-1", "e3", 2, confJune).attempt().chargedBy("node-a"))
+	c.settle(t, refundOf("acct-1", "e3", 2, confJune).attempt().chargedBy("node-b"))
+	b.settle(t, chargeOf("acct-1", "e3", 2, confJune).withReserved())
+	a.settle(t, chargeOf("acct-1", "e3", 2, confJune).withReserved())
+	if got := billed("e3"); got != 0 {
+		t.Errorf("e3 billed %d units, want 0: %+v", got, eventsOf(t, l, "acct-1"))
+	}
+	// e4: node-b's retry settled (covered) before the event's own refund,
+	// then its attempt's refund comes through node-c: nothing is owed, and
+	// a retry charged after the refund takes the event over, billed.
+	a.settle(t, chargeOf("acct-1", "e4", 5, confJune).withReserved())
+	b.settle(t, chargeOf("acct-1", "e4", 5, confJune).withReserved())
+	a.settle(t, refundOf("acct-1", "e4", 5, confJune).withReserved())
+	c.settle(t, refundOf("acct-1", "e4", 5, confJune).attempt().chargedBy("node-b"))
+	late := chargeOf("acct-1", "e4", 5, confJune).withReserved()
+	late.wall = late.wall.Add(2 * time.Minute)
+	if res := c.settle(t, late); len(res.Duplicates) != 0 {
+		t.Errorf("node-c's retry of e4 charged after its refund: %+v, want billed", res)
+	}
+	wantUsage(t, l, "acct-1", 8)
 	wantReconciled(t, l)
 }
 

@@ -97,7 +97,7 @@ var pgEventColumns = []string{"account_id", "event_id", "client_id", "key_id", "
 // a plain join chose to scan and sort the month's partition.
 const pgOriginSelect = `SELECT d.seq, e.node_id, e.incarnation, e.seq,
 	e.refunded AND NOT e.tombstone AND e.served_again >= 0 AND (e.refund_wall IS NULL OR d.charged_at > e.refund_wall),
-	e.tombstone AND e.refund_pending AND e.node_id <> $1
+	e.tombstone AND e.refund_pending AND e.node_id <> $1 AND e.served_again >= 0
 FROM `
 
 const pgOriginJoin = ` JOIN LATERAL (
@@ -249,6 +249,17 @@ const pgRefundsSQL = `WITH r0 AS (
 		AND NOT e.refunded AND r.attempt
 		AND NOT (e.served_again <= 0 AND e.replays <= 0 AND (r.origin = $1 OR r.origin = e.node_id))
 		AND NOT (e.node_id <> r.origin AND e.served_again = 1 AND e.replays <= 0 AND e.refund_pending)
+	RETURNING r.ord
+), owed AS (
+	-- Refunded already, and this is the refund of a retry another node
+	-- (origin) charged after it, not settled yet (settled, it would have
+	-- taken the event over): that charge is owed, one served retry fewer,
+	-- so that it does not take the event over when it settles.
+	UPDATE events e SET served_again = e.served_again - 1
+	FROM r
+	WHERE e.account_id = r.account_id AND e.event_id = r.event_id AND e.period_start = r.period_start
+		AND e.refunded AND r.attempt AND r.origin <> $1 AND e.node_id <> r.origin
+		AND (e.refund_wall IS NULL OR r.charged_at > e.refund_wall)
 	RETURNING r.ord
 ), tomb AS (
 	-- Not found: a tombstone. An attempt's refund of another node's charge

@@ -176,7 +176,7 @@ func (st *sqliteSettle) logCharge(ctx context.Context, ins *sql.Stmt, c *Charge)
 	if node == st.b.Node && inc == st.b.Incarnation && uint64(seq) == c.Seq {
 		return nil // this very record was settled before, in another range
 	}
-	if tombstone && pending && node != st.b.Node {
+	if tombstone && pending && node != st.b.Node && served >= 0 {
 		// The tombstone of one attempt's refund (node's charge, not
 		// settled yet: see tombstone) and this is another attempt,
 		// served: it takes the event over and is billed, and the
@@ -278,8 +278,9 @@ func (st *sqliteSettle) logRefund(ctx context.Context, r *Refund) error {
 	var node string
 	var refunded, pending bool
 	var served, replays int64
-	err := st.queryRow(ctx, `SELECT node_id, refunded, served_again, refund_pending, replays FROM events WHERE account_id = ? AND event_id = ?`,
-		r.Account, r.EventID).Scan(&node, &refunded, &served, &pending, &replays)
+	var wasRefundWall sql.NullInt64
+	err := st.queryRow(ctx, `SELECT node_id, refunded, served_again, refund_pending, replays, refund_wall FROM events WHERE account_id = ? AND event_id = ?`,
+		r.Account, r.EventID).Scan(&node, &refunded, &served, &pending, &replays, &wasRefundWall)
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
 		return st.tombstone(ctx, r)
@@ -292,6 +293,16 @@ func (st *sqliteSettle) logRefund(ctx context.Context, r *Refund) error {
 	}
 	apply := false
 	switch {
+	case refunded && r.Attempt && r.Origin != "" && r.Origin != st.b.Node && node != r.Origin &&
+		(!wasRefundWall.Valid || r.ChargeWall > wasRefundWall.Int64):
+		// The refund of a retry another node charged after the event was
+		// refunded, whose charge has not settled yet (settled, it would
+		// have taken the event over): that charge is owed, one served
+		// retry fewer, so that it does not take the event over and bill
+		// a request whose attempt failed (see logCharge).
+		if _, err := st.exec(ctx, `UPDATE events SET served_again = served_again - 1 WHERE account_id = ? AND event_id = ?`, r.Account, r.EventID); err != nil {
+			return err
+		}
 	case refunded:
 	case !r.Attempt || served <= 0 && replays <= 0 && (r.Origin == "" || node == origin):
 		// The event's refund, or nobody else's retry was served and no
