@@ -92,3 +92,39 @@ func TestRegainedHardAccountGetsItsRefundedUnits(t *testing.T) {
 		t.Fatalf("charge of 50 with the ledger at 0 of 100 used: %+v %v", res.Reason, err)
 	}
 }
+
+// The same when the hand-back failed (the ledger down as the ring took
+// the account): the node skipped Forget for it, so the account was never
+// let go, and a regain answered from before the loss all the same. LetGo
+// lets it go whatever the hand-back did.
+func TestLetGoAfterAFailedHandBack(t *testing.T) {
+	ctx := context.Background()
+	var owns atomic.Bool
+	owns.Store(true)
+	ledger := &fakeLedger{reserved: map[string]int64{}, released: map[string]int64{}}
+	l := openLog(t, t.TempDir())
+	e, err := Open(Options{Log: l, Clock: NewManualClock(time.Date(2026, 6, 10, 0, 0, 0, 0, time.UTC)), Reserver: ledger, Owns: func(string) bool { return owns.Load() }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close(); l.Close() })
+	refreshAcme(t, e, 1, 0)
+	if res, err := e.Charge(ctx, "acme", shard.Charge{EventID: "k1", ClientID: true, Units: 4}); err != nil || res.Reason != shard.OK {
+		t.Fatalf("charge: %+v %v", res, err)
+	}
+	owns.Store(false)
+	ledger.mu.Lock()
+	ledger.refuse = true
+	ledger.mu.Unlock()
+	if err := e.LetGo(ctx, "acme"); err == nil {
+		t.Fatal("LetGo with the ledger refusing the hand-back: nil, want its error")
+	}
+	owns.Store(true) // back; the other owner refunded k1 meanwhile
+	res, err := e.Charge(ctx, "acme", shard.Charge{EventID: "k1", ClientID: true, Units: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Reason == shard.Replayed {
+		t.Errorf("retry of k1 after the account came back (its hand-back had failed): replayed from the dedup memory of before the loss")
+	}
+}

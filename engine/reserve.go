@@ -291,6 +291,18 @@ func timedOut(ctx, cctx context.Context) bool {
 // chaos --faults all --seed 7).
 func bookkeeping() shard.Now { return shard.Now{} }
 
+// LetGo is Release then Forget, for an account the ring took from this
+// node. It lets the account go even when the hand-back fails (the
+// allowance is zeroed in the log first, and the ledger's half is retried
+// in the background): kept as an ordinary account, it would answer from
+// its state of before the loss if the ring gave it back (see
+// regainLocked). It returns Release's error.
+func (e *Engine) LetGo(ctx context.Context, account string) error {
+	err := e.Release(ctx, account)
+	e.Forget(account)
+	return err
+}
+
 // releaseTimeout bounds a hand-back once the allowance is zeroed.
 const releaseTimeout = 5 * time.Second
 
@@ -675,7 +687,9 @@ func (e *Engine) Prefetch(ctx context.Context, account string, units int64) erro
 // from it, an account regained at once would miss its own unsettled charges
 // or, worse, count a settled charge whose refund had not settled, for good
 // (a refresh only raises use). Kept, it is the exact count of this node's
-// own charges, which the next complete refresh raises to the ledger's.
+// own charges; if the account comes back meanwhile, its client ids go and
+// the next complete refresh sets its use to the ledger's (regainLocked).
+// The drop is written at once (storeForgotten).
 func (e *Engine) Forget(account string) bool {
 	st := e.stripeFor(account)
 	st.mu.Lock()

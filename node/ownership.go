@@ -56,7 +56,11 @@ func (n *Node) releaseNotOwned(ctx context.Context) {
 		if n.owns(id) {
 			continue
 		}
-		if err := n.eng.Release(ctx, id); err != nil {
+		// Let go (see Engine.Forget) even when the hand-back fails: its
+		// state here goes stale as the new owner charges; if the account
+		// comes back it starts again from the ledger's settled use (once a
+		// snapshot includes this node's records of it).
+		if err := n.eng.LetGo(ctx, id); err != nil {
 			n.log.Warn("handing back the reservation of an account owned elsewhere failed", "account", id, "err", err)
 			continue
 		}
@@ -117,7 +121,11 @@ func (n *Node) releaseLost(ctx context.Context, lost []int) {
 		if !set[r.Partition(id)] || n.owns(id) {
 			continue
 		}
-		if err := n.eng.Release(ctx, id); err != nil {
+		// Let go (see Engine.Forget) even when the hand-back fails: its
+		// state here goes stale as the new owner charges; if the account
+		// comes back it starts again from the ledger's settled use (once a
+		// snapshot includes this node's records of it).
+		if err := n.eng.LetGo(ctx, id); err != nil {
 			// One line for all of them: with the ledger down this is every
 			// account the node held.
 			if failed++; firstErr == nil {
@@ -132,11 +140,6 @@ func (n *Node) releaseLost(ctx context.Context, lost []int) {
 			}
 			continue
 		}
-		// Its state here goes stale as the new owner charges; if the
-		// account comes back it starts again from the ledger's settled use
-		// (once a snapshot includes this node's records of it: until then
-		// the engine keeps it, see Engine.Forget).
-		n.eng.Forget(id)
 		released++
 	}
 	if s := n.Settler(); s != nil {
