@@ -98,3 +98,49 @@ func TestForgottenIDsStayForgottenAfterACrash(t *testing.T) {
 		})
 	}
 }
+
+// An account forgotten keeps its checkpoint's use on disk (only its ids
+// go); a restart restored that use and a refresh only raises use, so a
+// refund its other owner settled meanwhile stayed counted here for the
+// month after the account came back: a hard quota of 100 with nothing
+// used in the ledger refused 95. A restored account's use is set to the
+// ledger's by the first snapshot that includes all its records.
+func TestRestartedAccountTakesTheLedgersUse(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	l := hardLedger(t, dir, "a1")
+	clock := engine.NewManualClock(time.Date(2026, 6, 10, 0, 0, 0, 0, time.UTC))
+	var owns1, owns2 atomic.Bool
+	owns1.Store(true)
+	n1 := &restartRig{t: t, l: l, clock: clock, dir: dir, node: "n1"}
+	n1.openOwning(&owns1)
+	n1.refresh()
+	res := n1.charge("a1", 10)
+	n1.settle()
+	owns1.Store(false) // a1 moves to n2
+	if err := n1.e.LetGo(ctx, "a1"); err != nil {
+		t.Fatal(err)
+	}
+	n1.settle()
+	n1.refresh()
+	n1.e.Forget("a1")
+	n1.close()
+	owns2.Store(true)
+	n2 := &restartRig{t: t, l: l, clock: clock, dir: dir, node: "n2"}
+	n2.openOwning(&owns2)
+	n2.refresh()
+	if d, err := n2.e.Refund(ctx, "a1", res.EventID, res.Receipt); err != nil || d.Reason != shard.Refunded {
+		t.Fatalf("refund at n2: %s, %v", d.Reason, err)
+	}
+	n2.settle()
+	n2.close()
+	owns1.Store(true) // a1 comes back to n1, restarted
+	n1.openOwning(&owns1)
+	defer n1.close()
+	n1.settle()
+	n1.refresh()
+	if u, ok, err := n1.e.Usage("a1"); err != nil || !ok || u.Remaining != 100 {
+		t.Errorf("a1 at n1 after its restart and a refresh: %+v, %v; want 100 left, as the ledger has it (n2 refunded the charge)", u, err)
+	}
+	n1.charge("a1", 95)
+}
