@@ -178,6 +178,18 @@ func (g *grant) settledAtLeast(settled int64) {
 	}
 }
 
+// settled takes the ledger's settled use: raised to it (settledAtLeast),
+// or, with reseed, set to it when lower (refunds another owner settled of
+// charges this owner counted); what the ledger showed that this owner
+// never counted stays unseen.
+func (g *grant) settled(settled int64, reseed bool) {
+	if reseed && settled < g.used {
+		g.used = max(settled, 0)
+		return
+	}
+	g.settledAtLeast(settled)
+}
+
 // shownUsed and shownFree are the use and what is left as answers show
 // them: with the use the ledger showed that this owner did not count.
 func (g *grant) shownUsed() int64 { return g.used + g.unseen }
@@ -248,18 +260,12 @@ func (a *Account) Configure(cfg AccountConfig) {
 		if g.monthly {
 			g.units = cfg.Plan.MonthlyQuota
 			if !cfg.UseBehind {
-				if cfg.Reseed {
-					g.used = 0
-				}
-				g.settledAtLeast(cfg.MonthlyUsed[g.id])
+				g.settled(cfg.MonthlyUsed[g.id], cfg.Reseed)
 			}
 		} else if c, ok := findCredit(cfg.Credits, g.id); ok {
 			g.units, g.startsAt, g.expiresAt = c.Units, c.StartsAt, c.ExpiresAt
 			if !cfg.UseBehind {
-				if cfg.Reseed {
-					g.used = 0
-				}
-				g.settledAtLeast(c.Used)
+				g.settled(c.Used, cfg.Reseed)
 			}
 		} else {
 			continue

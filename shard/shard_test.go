@@ -1774,3 +1774,30 @@ func TestUpgradeForgetsTheExhaustedMark(t *testing.T) {
 		}
 	}
 }
+
+// A reseed (an account regained or restored) sets the use to the
+// ledger's; the use the ledger showed that this owner never counted
+// (unseen, other nodes' unsettled charges) is still unseen. It went
+// down by the whole settled figure, and the account showed 50 left of
+// 100 where the ledger had 10.
+func TestReseedKeepsTheUseNotSeenHere(t *testing.T) {
+	p, now, june := reservationsOn10June()
+	a := NewAccount(AccountConfig{ID: "a", Plan: hardPlan(100)})
+	var rec Record
+	a.Reserve(june, 50, now, &rec)
+	if d, _ := charge(a, "e1", 40, now, &p); d.Reason != OK {
+		t.Fatalf("charge: %v", d.Reason)
+	}
+	a.MarkExhausted(june, now.Mono+int64(time.Second)) // the ledger: 90 used or reserved
+	if u := a.Usage(now); u.Remaining != 10 {
+		t.Fatalf("before the reseed: %d left, want 10", u.Remaining)
+	}
+	a.Configure(AccountConfig{ID: "a", Plan: hardPlan(100), MonthlyUsed: map[string]int64{june: 40}, Reseed: true})
+	if u := a.Usage(now); u.Remaining != 10 {
+		t.Fatalf("after a reseed at the settled 40: %d left, want 10 (the 50 the ledger showed that this owner never counted are still unseen)", u.Remaining)
+	}
+	a.Configure(AccountConfig{ID: "a", Plan: hardPlan(100), MonthlyUsed: map[string]int64{june: 30}, Reseed: true})
+	if u := a.Usage(now); u.Remaining != 20 {
+		t.Fatalf("after a reseed at 30 (a refund settled elsewhere): %d left, want 20", u.Remaining)
+	}
+}
