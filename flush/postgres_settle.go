@@ -986,7 +986,7 @@ func (s *pgSettle) refundRounds() [][]int {
 	count := make(map[refundKey]int, len(s.b.Refunds))
 	for i := range s.b.Refunds {
 		r := &s.b.Refunds[i]
-		k := refundKey{r.Account, r.EventID, r.Period}
+		k := refundKey{account: r.Account, event: r.EventID} // any month: near an edge two months' refunds can find one row
 		n := count[k]
 		count[k] = n + 1
 		if n == len(rounds) {
