@@ -629,11 +629,20 @@ func (s *pgSettle) settleLog(ctx context.Context, tx pgx.Tx) error {
 			return err
 		}
 	}
-	if err := s.settleReplays(ctx, tx); err != nil {
+	// An event with both replays and refunds in the batch has them decided
+	// one by one in log order, as SQLite does (a refund logged before a
+	// replay's take-back sees the replay standing and is kept; decided
+	// after it, it applied and un-billed the event served elsewhere). The
+	// others' replays, then their refunds in rounds.
+	outcomes := make([]refundOutcome, len(b.Refunds))
+	mixed := s.mixedEvents()
+	if err := s.settleReplays(ctx, tx, func(r *Replay) bool { return !mixed[refundKey{account: r.Account, event: r.EventID}] }); err != nil {
 		return err
 	}
-	outcomes := make([]refundOutcome, len(b.Refunds))
-	for _, send := range s.refundRounds() {
+	if err := s.settleMixed(ctx, tx, mixed, outcomes); err != nil {
+		return err
+	}
+	for _, send := range s.refundRounds(mixed) {
 		q := &pgx.Batch{}
 		s.queueRefunds(q, send, outcomes)
 		s.res.RoundTrips++
@@ -767,8 +776,70 @@ RETURNING count`
 
 // settleReplays counts the batch's replays on their events (see
 // replay.go), in (account, event) order, each event's in log order.
-func (s *pgSettle) settleReplays(ctx context.Context, tx pgx.Tx) error {
-	rs := slices.Clone(s.b.Replays)
+// mixedEvents names the events with both replays and refunds in the batch.
+func (s *pgSettle) mixedEvents() map[refundKey]bool {
+	if len(s.b.Replays) == 0 || len(s.b.Refunds) == 0 {
+		return nil
+	}
+	replayed := make(map[refundKey]bool, len(s.b.Replays))
+	for i := range s.b.Replays {
+		replayed[refundKey{account: s.b.Replays[i].Account, event: s.b.Replays[i].EventID}] = true
+	}
+	var mixed map[refundKey]bool
+	for i := range s.b.Refunds {
+		if k := (refundKey{account: s.b.Refunds[i].Account, event: s.b.Refunds[i].EventID}); replayed[k] {
+			if mixed == nil {
+				mixed = make(map[refundKey]bool)
+			}
+			mixed[k] = true
+		}
+	}
+	return mixed
+}
+
+// settleMixed decides the replays and refunds of the mixed events one at a
+// time, in log order (a refund in a round of its own).
+func (s *pgSettle) settleMixed(ctx context.Context, tx pgx.Tx, mixed map[refundKey]bool, outcomes []refundOutcome) error {
+	if len(mixed) == 0 {
+		return nil
+	}
+	type step struct {
+		seq    uint64
+		replay *Replay
+		refund int
+	}
+	var steps []step
+	for i := range s.b.Replays {
+		if r := &s.b.Replays[i]; mixed[refundKey{account: r.Account, event: r.EventID}] {
+			steps = append(steps, step{seq: r.Seq, replay: r})
+		}
+	}
+	for i := range s.b.Refunds {
+		if r := &s.b.Refunds[i]; mixed[refundKey{account: r.Account, event: r.EventID}] {
+			steps = append(steps, step{seq: r.Seq, refund: i})
+		}
+	}
+	slices.SortFunc(steps, func(a, b step) int { return cmp.Compare(a.seq, b.seq) })
+	for _, st := range steps {
+		if st.replay != nil {
+			if err := s.settleReplay(ctx, tx, st.replay); err != nil {
+				return fmt.Errorf("replay of %s/%s: %w", st.replay.Account, st.replay.EventID, err)
+			}
+			continue
+		}
+		q := &pgx.Batch{}
+		s.queueRefunds(q, []int{st.refund}, outcomes)
+		s.res.RoundTrips++
+		if err := tx.SendBatch(ctx, q).Close(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// settleReplays settles the batch's replays that want says, one by one.
+func (s *pgSettle) settleReplays(ctx context.Context, tx pgx.Tx, want func(*Replay) bool) error {
+	rs := slices.DeleteFunc(slices.Clone(s.b.Replays), func(r Replay) bool { return !want(&r) })
 	slices.SortStableFunc(rs, func(a, b Replay) int {
 		return cmp.Or(cmp.Compare(a.Account, b.Account), cmp.Compare(a.EventID, b.EventID))
 	})
@@ -981,12 +1052,15 @@ type refundOutcome struct {
 // refund of an event in the batch was marked a duplicate unread, though an
 // attempt's refund that the first kept pending is released by the next:
 // the event stayed billed.) Nearly always there is one round.
-func (s *pgSettle) refundRounds() [][]int {
+func (s *pgSettle) refundRounds(skip map[refundKey]bool) [][]int {
 	var rounds [][]int
 	count := make(map[refundKey]int, len(s.b.Refunds))
 	for i := range s.b.Refunds {
 		r := &s.b.Refunds[i]
 		k := refundKey{account: r.Account, event: r.EventID} // any month: near an edge two months' refunds can find one row
+		if skip[k] {
+			continue // decided in log order with its replays (settleMixed)
+		}
 		n := count[k]
 		count[k] = n + 1
 		if n == len(rounds) {
