@@ -492,17 +492,34 @@ func TestReadOnlyOpensOnReadOnlyMount(t *testing.T) {
 // flush at once and for ever, so a node on a full disk spun at full CPU
 // and never served. Other background errors are only logged.
 func TestFullDiskExits(t *testing.T) {
+	for errno, want := range map[syscall.Errno]string{
+		syscall.ENOSPC: "no space left on device for the data dir /var/lib/quotad",
+		// A used-up disk quota and a file system remounted read-only after
+		// a disk error spun Pebble the same way (logged only).
+		syscall.EDQUOT: "the disk quota of the data dir /var/lib/quotad is used up",
+		syscall.EROFS:  "the file system of the data dir /var/lib/quotad is read-only",
+	} {
+		var logs bytes.Buffer
+		var codes []int
+		o := Options{Dir: "/var/lib/quotad", Logger: slog.New(slog.NewTextHandler(&logs, nil)), Exit: func(c int) { codes = append(codes, c) }}
+		l := o.eventListener()
+		l.BackgroundError(fmt.Errorf("pebble: flush: %w", &os.PathError{Op: "write", Path: "/var/lib/quotad/000012.sst", Err: errno}))
+		if len(codes) != 1 || codes[0] != 1 || !strings.Contains(logs.String(), want) {
+			t.Fatalf("%v: exit codes %v, log:\n%s\nwant exit 1 and one line saying %q", errno, codes, logs.String(), want)
+		}
+	}
 	var logs bytes.Buffer
 	var codes []int
 	o := Options{Dir: "/var/lib/quotad", Logger: slog.New(slog.NewTextHandler(&logs, nil)), Exit: func(c int) { codes = append(codes, c) }}
 	l := o.eventListener()
-	l.BackgroundError(fmt.Errorf("pebble: flush: %w", &os.PathError{Op: "write", Path: "/var/lib/quotad/000012.sst", Err: syscall.ENOSPC}))
-	if len(codes) != 1 || codes[0] != 1 || !strings.Contains(logs.String(), "no space left on device for the data dir /var/lib/quotad") {
-		t.Fatalf("ENOSPC: exit codes %v, log:\n%s\nwant exit 1 and one line naming the dir", codes, logs.String())
+	for range 100 { // Pebble retries at once: one line, not a hundred stack traces
+		l.BackgroundError(fmt.Errorf("pebble: compaction: %w\n(1) attached stack trace\n  -- stack trace:", os.ErrPermission))
 	}
-	l.BackgroundError(fmt.Errorf("pebble: compaction: %w", os.ErrPermission))
-	if len(codes) != 1 {
+	if len(codes) != 0 {
 		t.Fatalf("another background error exited (%v); it is only logged", codes)
+	}
+	if n := strings.Count(logs.String(), "\n"); n != 1 || strings.Contains(logs.String(), "stack trace") {
+		t.Fatalf("a hundred retries of another background error logged %d lines:\n%s\nwant one, without the stack trace", n, logs.String())
 	}
 }
 

@@ -13,6 +13,8 @@ import (
 
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/cockroachdb/pebble/v2/vfs"
+
+	"github.com/quotaring/quotaring/internal/logsample"
 )
 
 // Defaults for the zero values of Options.
@@ -204,20 +206,34 @@ func (noLock) Close() error { return nil }
 // eventListener logs the Pebble events an operator needs.
 func (o Options) eventListener() *pebble.EventListener {
 	log := o.Logger.With("subsystem", "pebble")
+	var others logsample.Sampler // the background errors that do not exit
 	return &pebble.EventListener{
 		BackgroundError: func(err error) {
-			if errors.Is(err, syscall.ENOSPC) {
-				// Pebble retries a failed flush or compaction at once, for
-				// ever: with the disk full, a node spun at full CPU, logged
-				// millions of lines and never served. Exit, as for the
-				// storage errors Pebble calls fatal: nothing durable is lost.
-				log.Error("fatal storage error, exiting: no space left on device for the data dir "+o.Dir+
-					": free space there (df -h), then start the node again; it replays its log",
+			// Pebble retries a failed flush or compaction at once, for ever:
+			// with the disk full, a node spun at full CPU, logged millions of
+			// lines and never served. Exit on the errors that do not clear
+			// by themselves, as for the storage errors Pebble calls fatal:
+			// nothing durable is lost, and the next start replays the log.
+			var why string
+			switch {
+			case errors.Is(err, syscall.ENOSPC):
+				why = "no space left on device for the data dir " + o.Dir + ": free space there (df -h)"
+			case errors.Is(err, syscall.EDQUOT):
+				why = "the disk quota of the data dir " + o.Dir + " is used up: raise it or free space (quota -s, xfs_quota)"
+			case errors.Is(err, syscall.EROFS):
+				why = "the file system of the data dir " + o.Dir + " is read-only (remounted after a disk error?): check the kernel log (dmesg), repair and remount it read-write"
+			}
+			if why != "" {
+				log.Error("fatal storage error, exiting: "+why+", then start the node again; it replays its log",
 					"err", firstLine(err), "fatal", true)
 				o.Exit(1)
 				return
 			}
-			log.Error("background error", "err", err)
+			// Retried at once by Pebble too: one line a second, without the
+			// stack trace each error carries.
+			if ok, held := others.Allow(time.Now(), time.Second); ok {
+				log.Error("background error", "err", firstLine(err), "similar_lines_held_back", held)
+			}
 		},
 		DiskSlow: func(info pebble.DiskSlowInfo) {
 			log.Warn("disk slow", "path", info.Path, "op", info.OpType.String(), "took", info.Duration)
