@@ -48,6 +48,7 @@ func RunConformance(t *testing.T, open func(t *testing.T) Ledger) {
 		{"ReplayAfterRetryMovedMonths", confReplayAfterMove},
 		{"RefundsOfOneRowFromTwoMonths", confRefundsOfOneRowFromTwoMonths},
 		{"RefundBeforeATakeBackInOneBatch", confRefundBeforeTakeBack},
+		{"ReleasedRefundOfAnUnbilledRetry", confReleasedRefundOfUnbilledRetry},
 		{"ReserveInALaterMonth", confReserveLaterMonth},
 		{"Refunds", confRefunds},
 		{"TombstoneThenCharge", confTombstone},
@@ -221,7 +222,7 @@ func (s *confSettler) batchLocked(recs ...rec) *Batch {
 		if r.refund {
 			b.Refunds = append(b.Refunds, Refund{Seq: seq, Account: r.account, EventID: r.event, Key: "key-" + r.account, Route: r.route,
 				Units: r.units, Wall: wall + int64(time.Minute), ChargeWall: wall, Period: shard.PeriodOf(wall), Reserved: r.reserved,
-				Attempt: r.attemptRefund, Origin: r.origin, Allocs: r.allocs})
+				Attempt: r.attemptRefund, Origin: r.origin, Released: r.released, Allocs: r.allocs})
 			continue
 		}
 		b.Charges = append(b.Charges, Charge{Seq: seq, Account: r.account, EventID: r.event, ClientID: true, Key: "key-" + r.account,
@@ -2494,6 +2495,40 @@ func confRefundBeforeTakeBack(t *testing.T, l Ledger) {
 	}
 	if billed != 1 {
 		t.Errorf("e1 billed %d units, want 1 (node-a's attempt was served): %+v", billed, eventsOf(t, l, "acct-1"))
+	}
+	wantReconciled(t, l)
+}
+
+// node-c's attempt of e1 was served. node-b charged a retry (a duplicate,
+// not billed) and answered another retry Replayed; node-b's retry failed
+// (its refund kept: the replay stands), then the replay failed too, which
+// logs the take-back and the same attempt's refund again, released. Both
+// ledgers counted node-b's one unbilled retry off twice, and the second
+// record applied to node-c's row as the event's own refund: the attempt
+// served was billed 0. Found by a randomized comparison of the two
+// ledgers against what was served (seed 73 and most of the others).
+func confReleasedRefundOfUnbilledRetry(t *testing.T, l Ledger) {
+	confSetup(t, l, 100, "acct-1")
+	b, c := confNode(t, l, "node-b"), confNode(t, l, "node-c")
+	c.settle(t, chargeOf("acct-1", "e1", 1, confJune))
+	b.settle(t, chargeOf("acct-1", "e1", 1, confJune), replayOf("acct-1", "e1"),
+		refundOf("acct-1", "e1", 1, confJune).attempt(), refundOf("acct-1", "e1", 1, confJune).releasing())
+	// e2: the same, with each record in a batch of its own.
+	c.settle(t, chargeOf("acct-1", "e2", 1, confJune))
+	b.settle(t, chargeOf("acct-1", "e2", 1, confJune))
+	b.settle(t, replayOf("acct-1", "e2"))
+	b.settle(t, refundOf("acct-1", "e2", 1, confJune).attempt())
+	b.settle(t, refundOf("acct-1", "e2", 1, confJune).releasing())
+	for _, ev := range []string{"e1", "e2"} {
+		var billed int64
+		for _, e := range eventsOf(t, l, "acct-1") {
+			if e.EventID == ev && !e.Refunded {
+				billed += e.Units
+			}
+		}
+		if billed != 1 {
+			t.Errorf("%s billed %d units, want 1 (node-c's attempt was served): %+v", ev, billed, eventsOf(t, l, "acct-1"))
+		}
 	}
 	wantReconciled(t, l)
 }

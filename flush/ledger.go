@@ -302,7 +302,13 @@ type Refund struct {
 	// Origin: the node that charged the refunded attempt when it is not the
 	// batch's node (the account moved since); empty: the batch's node.
 	Origin string
-	Allocs []shard.Alloc
+	// Released: the attempt's refund again, released by the take-back of
+	// its charge's last replay; the same attempt logged it before, kept
+	// (pending). On another node's row (this node's charge was a retry,
+	// not billed) that first record counted the retry off already, so
+	// this one changes nothing there.
+	Released bool
+	Allocs   []shard.Alloc
 }
 
 // EventRef names an event.

@@ -194,11 +194,12 @@ func neighbourMonth(p shard.Period, wall int64) (shard.Period, bool) {
 // a duplicate refund. $1, $2: node, incarnation; $3..$12: the refunds;
 // $13..$15: their allocations, flattened (refund ordinal, grant, units), for
 // the tombstones; $16, $17: attempt, origin; $18: the neighbouring month to
-// look in (the refund's own month when it is not near an edge).
+// look in (the refund's own month when it is not near an edge); $19: the
+// refunds' walls; $20: released (Refund.Released).
 const pgRefundsSQL = `WITH r0 AS (
 	SELECT * FROM unnest($3::int[], $4::text[], $5::text[], $6::date[], $7::text[], $8::text[], $9::bigint[],
-		$10::timestamptz[], $11::text[], $12::bigint[], $16::bool[], $17::text[], $18::date[], $19::timestamptz[])
-		AS r(ord, account_id, event_id, period_start, key_id, route, units, charged_at, period, seq, attempt, origin, other_start, refund_wall)
+		$10::timestamptz[], $11::text[], $12::bigint[], $16::bool[], $17::text[], $18::date[], $19::timestamptz[], $20::bool[])
+		AS r(ord, account_id, event_id, period_start, key_id, route, units, charged_at, period, seq, attempt, origin, other_start, refund_wall, released)
 ), r AS (
 	-- A refund near a month's edge whose event is not in its own month but
 	-- in the neighbouring one (other_start; its own month when none) applies
@@ -208,14 +209,16 @@ const pgRefundsSQL = `WITH r0 AS (
 			AND NOT EXISTS (SELECT 1 FROM events e WHERE e.account_id = r0.account_id AND e.event_id = r0.event_id AND e.period_start = r0.period_start)
 			AND EXISTS (SELECT 1 FROM events e WHERE e.account_id = r0.account_id AND e.event_id = r0.event_id AND e.period_start = r0.other_start)
 		THEN r0.other_start ELSE r0.period_start END AS period_start,
-		r0.key_id, r0.route, r0.units, r0.charged_at, r0.period, r0.seq, r0.attempt, r0.origin, r0.refund_wall
+		r0.key_id, r0.route, r0.units, r0.charged_at, r0.period, r0.seq, r0.attempt, r0.origin, r0.refund_wall, r0.released
 	FROM r0
 ), a AS (
 	SELECT * FROM unnest($13::int[], $14::text[], $15::bigint[]) WITH ORDINALITY AS a(ord, grant_id, units, i)
 ), cur AS MATERIALIZED (
-	SELECT r.ord, r.seq, e.refunded
+	-- again: a released refund (Refund.Released) on another node's row,
+	-- counted off already by the same attempt's refund logged before.
+	SELECT r.ord, r.seq, e.refunded, (r.released AND NOT e.refunded AND e.node_id <> r.origin) AS again
 	FROM r LEFT JOIN LATERAL (
-		SELECT e.refunded FROM events e
+		SELECT e.refunded, e.node_id FROM events e
 		WHERE e.account_id = r.account_id AND e.event_id = r.event_id AND e.period_start = r.period_start
 		LIMIT 1
 	) e ON true
@@ -232,7 +235,7 @@ const pgRefundsSQL = `WITH r0 AS (
 		refund_wall = CASE WHEN r.attempt THEN NULL ELSE r.refund_wall END
 	FROM r
 	WHERE e.account_id = r.account_id AND e.event_id = r.event_id AND e.period_start = r.period_start
-		AND NOT e.refunded
+		AND NOT e.refunded AND NOT (r.released AND e.node_id <> r.origin)
 		AND (NOT r.attempt
 			OR (e.served_again <= 0 AND e.replays <= 0 AND (r.origin = $1 OR r.origin = e.node_id))
 			OR (e.node_id <> r.origin AND e.served_again = 1 AND e.replays <= 0 AND e.refund_pending))
@@ -246,7 +249,7 @@ const pgRefundsSQL = `WITH r0 AS (
 		served_again = CASE WHEN e.node_id <> r.origin THEN e.served_again - 1 ELSE e.served_again END
 	FROM r
 	WHERE e.account_id = r.account_id AND e.event_id = r.event_id AND e.period_start = r.period_start
-		AND NOT e.refunded AND r.attempt
+		AND NOT e.refunded AND r.attempt AND NOT (r.released AND e.node_id <> r.origin)
 		AND NOT (e.served_again <= 0 AND e.replays <= 0 AND (r.origin = $1 OR r.origin = e.node_id))
 		AND NOT (e.node_id <> r.origin AND e.served_again = 1 AND e.replays <= 0 AND e.refund_pending)
 	RETURNING r.ord
@@ -279,7 +282,7 @@ const pgRefundsSQL = `WITH r0 AS (
 	ON CONFLICT DO NOTHING
 	RETURNING seq
 )
-SELECT cur.ord, cur.refunded OR k.ord IS NOT NULL, u.ord IS NOT NULL, t.seq IS NOT NULL,
+SELECT cur.ord, cur.refunded OR cur.again IS TRUE OR k.ord IS NOT NULL, u.ord IS NOT NULL, t.seq IS NOT NULL,
 	u.key_id, u.route, u.charged_at, u.units, u.grant_ids, u.grant_units
 FROM cur
 LEFT JOIN upd u ON u.ord = cur.ord
@@ -1078,7 +1081,7 @@ func (s *pgSettle) queueRefunds(q *pgx.Batch, send []int, outcomes []refundOutco
 	ords, accounts, events, starts := make([]int32, n), make([]string, n), make([]string, n), make([]time.Time, n)
 	keys, routes, units, charged := make([]string, n), make([]string, n), make([]int64, n), make([]time.Time, n)
 	periods, seqs, attempts, origins := make([]string, n), make([]int64, n), make([]bool, n), make([]string, n)
-	others, walls := make([]time.Time, n), make([]time.Time, n)
+	others, walls, released := make([]time.Time, n), make([]time.Time, n), make([]bool, n)
 	var aOrd []int32
 	var aGrant []string
 	var aUnits []int64
@@ -1086,7 +1089,7 @@ func (s *pgSettle) queueRefunds(q *pgx.Batch, send []int, outcomes []refundOutco
 		r := &s.b.Refunds[i]
 		ords[j], accounts[j], events[j], starts[j] = int32(i), r.Account, r.EventID, periodDate(r.Period)
 		keys[j], routes[j], units[j], charged[j] = r.Key, r.Route, r.Units, time.Unix(0, r.ChargeWall).UTC()
-		periods[j], seqs[j], attempts[j], origins[j] = r.Period.String(), int64(r.Seq), r.Attempt, r.Origin
+		periods[j], seqs[j], attempts[j], origins[j], released[j] = r.Period.String(), int64(r.Seq), r.Attempt, r.Origin, r.Released
 		if r.Origin == "" {
 			origins[j] = s.b.Node
 		}
@@ -1099,7 +1102,7 @@ func (s *pgSettle) queueRefunds(q *pgx.Batch, send []int, outcomes []refundOutco
 		}
 	}
 	q.Queue(pgRefundsSQL, s.b.Node, s.b.Incarnation, ords, accounts, events, starts, keys, routes, units, charged, periods, seqs,
-		aOrd, aGrant, aUnits, attempts, origins, others, walls).Query(func(rows pgx.Rows) error {
+		aOrd, aGrant, aUnits, attempts, origins, others, walls, released).Query(func(rows pgx.Rows) error {
 		for rows.Next() {
 			var ord int32
 			var wasRefunded *bool

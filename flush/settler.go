@@ -595,7 +595,7 @@ func (s *Settler) batch(prev, next uint64, cut bool) (*Batch, error) {
 			}
 			b.Refunds = append(b.Refunds, Refund{Seq: seq, Account: rec.Account, EventID: shard.LedgerEventID(rec.EventID, rec.Gen), Key: rec.Key, Route: rec.Route,
 				Units: rec.Units, Wall: rec.Wall, ChargeWall: rec.ChargeWall, Period: rec.Period, Reserved: rec.Reserved,
-				Attempt: rec.Attempt, Origin: rec.Origin, Allocs: append([]shard.Alloc(nil), rec.Allocs...)})
+				Attempt: rec.Attempt, Origin: rec.Origin, Released: rec.Released, Allocs: append([]shard.Alloc(nil), rec.Allocs...)})
 			if cut {
 				if refunded == nil {
 					refunded = map[event]bool{}

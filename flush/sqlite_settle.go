@@ -293,6 +293,11 @@ func (st *sqliteSettle) logRefund(ctx context.Context, r *Refund) error {
 	}
 	apply := false
 	switch {
+	case r.Released && !refunded && node != origin:
+		// Logged before, kept, on this row that another node's attempt
+		// holds: it counted this node's unbilled retry off then (the
+		// default case below). Counted again, the second record un-billed
+		// the attempt served elsewhere.
 	case refunded && r.Attempt && r.Origin != "" && r.Origin != st.b.Node && node != r.Origin &&
 		(!wasRefundWall.Valid || r.ChargeWall > wasRefundWall.Int64):
 		// The refund of a retry another node charged after the event was
