@@ -822,7 +822,9 @@ func (s *pgSettle) settleMixed(ctx context.Context, tx pgx.Tx, mixed map[refundK
 			steps = append(steps, step{seq: r.Seq, refund: i})
 		}
 	}
-	slices.SortFunc(steps, func(a, b step) int { return cmp.Compare(a.seq, b.seq) })
+	// Stable: a released refund shares its seq with the take-back logged
+	// with it (appended first), which counts off before the refund.
+	slices.SortStableFunc(steps, func(a, b step) int { return cmp.Compare(a.seq, b.seq) })
 	for _, st := range steps {
 		if st.replay != nil {
 			if err := s.settleReplay(ctx, tx, st.replay); err != nil {
