@@ -2,37 +2,18 @@ package engine_test
 
 import (
 	"context"
-	"path/filepath"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/quotaring/quotaring/engine"
-	"github.com/quotaring/quotaring/flush"
 	"github.com/quotaring/quotaring/shard"
-	"github.com/quotaring/quotaring/wal"
 )
 
-// openOwning is restartRig.open with an ownership switch.
+// openOwning is restartRig.open with an ownership switch for a1.
 func (r *restartRig) openOwning(owns *atomic.Bool) {
-	r.t.Helper()
-	log, err := wal.Open(wal.Options{Dir: filepath.Join(r.dir, r.node), NodeID: r.node})
-	if err != nil {
-		r.t.Fatal(err)
-	}
-	e, err := engine.Open(engine.Options{Log: log, Clock: r.clock, Reserver: &flush.Reserver{Ledger: r.l, Node: r.node, Incarnation: log.Incarnation()},
-		Owns: func(a string) bool { return a != "a1" || owns.Load() }})
-	if err != nil {
-		r.t.Fatal(err)
-	}
-	s, err := flush.NewSettler(flush.SettlerOptions{Ledger: r.l, Engine: e, Events: true})
-	if err != nil {
-		r.t.Fatal(err)
-	}
-	if err := s.Register(context.Background()); err != nil {
-		r.t.Fatal(err)
-	}
-	r.log, r.e, r.s = log, e, s
+	r.owns = func(a string) bool { return a != "a1" || owns.Load() }
+	r.open()
 }
 
 // Forget drops an account's client ids (a restart must not bring them

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/quotaring/quotaring/shard"
+	"github.com/quotaring/quotaring/wal"
 )
 
 // An account the ring takes away and gives back before a snapshot includes
@@ -18,14 +19,7 @@ import (
 // here for the rest of the month (a refresh only raises use).
 func TestRegainedAccountDoesNotAnswerFromBeforeTheLoss(t *testing.T) {
 	ctx := context.Background()
-	var owns atomic.Bool
-	owns.Store(true)
-	l := openLog(t, t.TempDir())
-	e, err := Open(Options{Log: l, Clock: NewManualClock(time.Date(2026, 6, 10, 0, 0, 0, 0, time.UTC)), Owns: func(string) bool { return owns.Load() }})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { e.Close(); l.Close() })
+	e, l, owns := openOwned(t, nil)
 	refreshAcme(t, e, 1, 0)
 	if res, err := e.Charge(ctx, "acme", shard.Charge{EventID: "k1", ClientID: true, Units: 4}); err != nil || res.Reason != shard.OK {
 		t.Fatalf("charge: %+v %v", res, err)
@@ -64,15 +58,8 @@ func TestRegainedAccountDoesNotAnswerFromBeforeTheLoss(t *testing.T) {
 // had free (quota_exceeded until the month ended).
 func TestRegainedHardAccountGetsItsRefundedUnits(t *testing.T) {
 	ctx := context.Background()
-	var owns atomic.Bool
-	owns.Store(true)
 	ledger := &fakeLedger{reserved: map[string]int64{}, released: map[string]int64{}}
-	l := openLog(t, t.TempDir())
-	e, err := Open(Options{Log: l, Clock: NewManualClock(time.Date(2026, 6, 10, 0, 0, 0, 0, time.UTC)), Reserver: ledger, Owns: func(string) bool { return owns.Load() }})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { e.Close(); l.Close() })
+	e, l, owns := openOwned(t, ledger)
 	refreshAcme(t, e, 1, 0) // quota 100
 	if res, err := e.Charge(ctx, "acme", shard.Charge{EventID: "k1", ClientID: true, Units: 100}); err != nil || res.Reason != shard.OK {
 		t.Fatalf("charge: %+v %v", res, err)
@@ -99,15 +86,8 @@ func TestRegainedHardAccountGetsItsRefundedUnits(t *testing.T) {
 // lets it go whatever the hand-back did.
 func TestLetGoAfterAFailedHandBack(t *testing.T) {
 	ctx := context.Background()
-	var owns atomic.Bool
-	owns.Store(true)
 	ledger := &fakeLedger{reserved: map[string]int64{}, released: map[string]int64{}}
-	l := openLog(t, t.TempDir())
-	e, err := Open(Options{Log: l, Clock: NewManualClock(time.Date(2026, 6, 10, 0, 0, 0, 0, time.UTC)), Reserver: ledger, Owns: func(string) bool { return owns.Load() }})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { e.Close(); l.Close() })
+	e, _, owns := openOwned(t, ledger)
 	refreshAcme(t, e, 1, 0)
 	if res, err := e.Charge(ctx, "acme", shard.Charge{EventID: "k1", ClientID: true, Units: 4}); err != nil || res.Reason != shard.OK {
 		t.Fatalf("charge: %+v %v", res, err)
@@ -127,4 +107,24 @@ func TestLetGoAfterAFailedHandBack(t *testing.T) {
 	if res.Reason == shard.Replayed {
 		t.Errorf("retry of k1 after the account came back (its hand-back had failed): replayed from the dedup memory of before the loss")
 	}
+}
+
+// openOwned opens an engine on 10 June 2026 (reserving from ledger, when
+// not nil) that owns every account while the returned switch is on (it
+// starts on).
+func openOwned(t *testing.T, ledger *fakeLedger) (*Engine, *wal.Log, *atomic.Bool) {
+	t.Helper()
+	owns := new(atomic.Bool)
+	owns.Store(true)
+	l := openLog(t, t.TempDir())
+	opts := Options{Log: l, Clock: NewManualClock(time.Date(2026, 6, 10, 0, 0, 0, 0, time.UTC)), Owns: func(string) bool { return owns.Load() }}
+	if ledger != nil {
+		opts.Reserver = ledger
+	}
+	e, err := Open(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close(); l.Close() })
+	return e, l, owns
 }

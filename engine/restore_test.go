@@ -21,6 +21,7 @@ type restartRig struct {
 	clock *engine.ManualClock
 	dir   string
 	node  string
+	owns  func(account string) bool // nil: every account
 	log   *wal.Log
 	e     *engine.Engine
 	s     *flush.Settler
@@ -32,7 +33,7 @@ func (r *restartRig) open() {
 	if err != nil {
 		r.t.Fatal(err)
 	}
-	e, err := engine.Open(engine.Options{Log: log, Clock: r.clock, Reserver: &flush.Reserver{Ledger: r.l, Node: r.node, Incarnation: log.Incarnation()}})
+	e, err := engine.Open(engine.Options{Log: log, Clock: r.clock, Reserver: &flush.Reserver{Ledger: r.l, Node: r.node, Incarnation: log.Incarnation()}, Owns: r.owns})
 	if err != nil {
 		r.t.Fatal(err)
 	}

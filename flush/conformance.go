@@ -916,14 +916,6 @@ func confLateAttemptCharge(t *testing.T, l Ledger) {
 func confLateRetryOfRefunded(t *testing.T, l Ledger) {
 	a, b := twoReservingNodes(t, l)
 	c := confNode(t, l, "node-c")
-	billed := func(event string) (n int64) {
-		for _, e := range eventsOf(t, l, "acct-1") {
-			if e.EventID == event && !e.Refunded {
-				n += e.Units
-			}
-		}
-		return n
-	}
 	// e1: node-a's own refund of its attempt.
 	a.settle(t, chargeOf("acct-1", "e1", 4, confJune).withReserved())
 	a.settle(t, refundOf("acct-1", "e1", 4, confJune).withReserved().attempt())
@@ -931,7 +923,7 @@ func confLateRetryOfRefunded(t *testing.T, l Ledger) {
 	if res := b.settle(t, chargeOf("acct-1", "e1", 4, confJune).withReserved()); len(res.Duplicates) != 1 {
 		t.Errorf("node-b's late charge of its retry of refunded e1, its attempt refunded through node-c first: %+v, want a duplicate", res)
 	}
-	if got := billed("e1"); got != 0 {
+	if got := billedOf(t, l, "e1"); got != 0 {
 		t.Errorf("e1 billed %d units, want 0 (no attempt was served): %+v", got, eventsOf(t, l, "acct-1"))
 	}
 	// e2: as e1, node-a's attempt refunded through node-b (Origin node-a).
@@ -941,14 +933,14 @@ func confLateRetryOfRefunded(t *testing.T, l Ledger) {
 	if res := b.settle(t, chargeOf("acct-1", "e2", 3, confJune).withReserved()); len(res.Duplicates) != 1 {
 		t.Errorf("node-b's late charge of its refunded retry of e2: %+v, want a duplicate", res)
 	}
-	if got := billed("e2"); got != 0 {
+	if got := billedOf(t, l, "e2"); got != 0 {
 		t.Errorf("e2 billed %d units, want 0: %+v", got, eventsOf(t, l, "acct-1"))
 	}
 	// ... and a third retry, served at node-c, takes the event over: billed.
 	if res := c.settle(t, chargeOf("acct-1", "e2", 3, confJune).withReserved()); len(res.Duplicates) != 0 {
 		t.Errorf("node-c's served retry of e2: %+v, want billed", res)
 	}
-	if got := billed("e2"); got != 3 {
+	if got := billedOf(t, l, "e2"); got != 3 {
 		t.Errorf("e2 billed %d units, want 3 (node-c's retry): %+v", got, eventsOf(t, l, "acct-1"))
 	}
 	// e3: node-a's attempt refunded through node-b before node-a's charge
@@ -958,7 +950,7 @@ func confLateRetryOfRefunded(t *testing.T, l Ledger) {
 	c.settle(t, refundOf("acct-1", "e3", 2, confJune).attempt().chargedBy("node-b"))
 	b.settle(t, chargeOf("acct-1", "e3", 2, confJune).withReserved())
 	a.settle(t, chargeOf("acct-1", "e3", 2, confJune).withReserved())
-	if got := billed("e3"); got != 0 {
+	if got := billedOf(t, l, "e3"); got != 0 {
 		t.Errorf("e3 billed %d units, want 0: %+v", got, eventsOf(t, l, "acct-1"))
 	}
 	// e4: node-b's retry settled (covered) before the event's own refund,
@@ -1152,14 +1144,6 @@ func confRefundedAcrossMonths(t *testing.T, l Ledger) {
 	a, b := confNode(t, l, "node-a"), confNode(t, l, "node-b")
 	june := time.Date(2026, 6, 30, 23, 59, 30, 0, time.UTC)
 	july := time.Date(2026, 7, 1, 0, 0, 10, 0, time.UTC) // before the refunds below are decided (a minute after their charge)
-	billed := func(event string) (n int64) {
-		for _, e := range eventsOf(t, l, "acct-1") {
-			if e.EventID == event && !e.Refunded {
-				n += e.Units
-			}
-		}
-		return n
-	}
 
 	// e1: node-a's June attempt is refunded through node-b before node-a's
 	// charge settles (a tombstone in June); node-b's July retry was served:
@@ -1171,7 +1155,7 @@ func confRefundedAcrossMonths(t *testing.T, l Ledger) {
 	if res := a.settle(t, chargeOf("acct-1", "e1", 3, "").at(june)); len(res.Duplicates) != 1 {
 		t.Fatalf("node-a's late June charge of its refunded attempt: %+v, want a duplicate", res)
 	}
-	if got := billed("e1"); got != 3 {
+	if got := billedOf(t, l, "e1"); got != 3 {
 		t.Fatalf("e1 billed %d units, want 3 (node-b's retry): %+v", got, eventsOf(t, l, "acct-1"))
 	}
 	wantGrant(t, l, "acct-1", "m:2026-07", 3, 0)
@@ -1183,7 +1167,7 @@ func confRefundedAcrossMonths(t *testing.T, l Ledger) {
 	if res := b.settle(t, chargeOf("acct-1", "e2", 4, "").at(july)); len(res.Duplicates) != 1 {
 		t.Fatalf("node-b's July retry of e2, charged before e2's refund: %+v, want a duplicate, not billed", res)
 	}
-	if got := billed("e2"); got != 0 {
+	if got := billedOf(t, l, "e2"); got != 0 {
 		t.Fatalf("e2 billed %d units, want 0: %+v", got, eventsOf(t, l, "acct-1"))
 	}
 	// e3: as e2, but the retry was charged after the refund: a new request,
@@ -1192,14 +1176,14 @@ func confRefundedAcrossMonths(t *testing.T, l Ledger) {
 	if res := b.settle(t, chargeOf("acct-1", "e3", 5, "").at(july.Add(5*time.Minute))); len(res.Duplicates) != 0 {
 		t.Fatalf("node-b's July retry of e3, charged after e3's refund: %+v, want billed", res)
 	}
-	if got := billed("e3"); got != 5 {
+	if got := billedOf(t, l, "e3"); got != 5 {
 		t.Fatalf("e3 billed %d units, want 5: %+v", got, eventsOf(t, l, "acct-1"))
 	}
 	wantGrant(t, l, "acct-1", "m:2026-07", 8, 0)
 	if res := b.settle(t, refundOf("acct-1", "e3", 5, "").at(july.Add(5*time.Minute))); len(res.DuplicateRefunds) != 0 {
 		t.Fatalf("node-b's refund of the e3 it took over: %+v, want applied", res)
 	}
-	if got := billed("e3"); got != 0 {
+	if got := billedOf(t, l, "e3"); got != 0 {
 		t.Fatalf("e3 billed %d units after its refund, want 0: %+v", got, eventsOf(t, l, "acct-1"))
 	}
 	wantGrant(t, l, "acct-1", "m:2026-07", 3, 0)
@@ -1211,7 +1195,7 @@ func confRefundedAcrossMonths(t *testing.T, l Ledger) {
 	if res := b.settle(t, retry, retry); len(res.Duplicates) != 1 {
 		t.Fatalf("two July retries of the refunded e4 in one batch: %+v, want the second a duplicate", res)
 	}
-	if got := billed("e4"); got != 6 {
+	if got := billedOf(t, l, "e4"); got != 6 {
 		t.Fatalf("e4 billed %d units, want 6: %+v", got, eventsOf(t, l, "acct-1"))
 	}
 	wantGrant(t, l, "acct-1", "m:2026-07", 9, 0)
@@ -1223,7 +1207,7 @@ func confRefundedAcrossMonths(t *testing.T, l Ledger) {
 	b.settle(t, refundOf("acct-1", "e5", 3, "").at(early).attempt().chargedBy("node-a"))
 	b.settle(t, chargeOf("acct-1", "e5", 3, "").at(july))
 	a.settle(t, chargeOf("acct-1", "e5", 3, "").at(early))
-	if got := billed("e5"); got != 3 {
+	if got := billedOf(t, l, "e5"); got != 3 {
 		t.Fatalf("e5 billed %d units, want 3 (node-b's retry, once): %+v", got, eventsOf(t, l, "acct-1"))
 	}
 	wantReconciled(t, l)
@@ -1241,14 +1225,6 @@ func confReplayAfterMove(t *testing.T, l Ledger) {
 	a, b := confNode(t, l, "node-a"), confNode(t, l, "node-b")
 	june := time.Date(2026, 6, 30, 23, 59, 30, 0, time.UTC)
 	july := time.Date(2026, 7, 1, 0, 0, 10, 0, time.UTC)
-	billed := func(event string) (n int64) {
-		for _, e := range eventsOf(t, l, "acct-1") {
-			if e.EventID == event && !e.Refunded {
-				n += e.Units
-			}
-		}
-		return n
-	}
 	moved := func(event string) {
 		t.Helper()
 		if res := b.settle(t, chargeOf("acct-1", event, 3, "").at(july)); len(res.Duplicates) != 0 {
@@ -1267,7 +1243,7 @@ func confReplayAfterMove(t *testing.T, l Ledger) {
 	if res := b.settle(t, refundOf("acct-1", "e1", 3, "").at(july).attempt()); len(res.DuplicateRefunds) != 1 {
 		t.Errorf("node-b's attempt refund of e1 while node-a's replay was served: %+v, want kept", res)
 	}
-	if got := billed("e1"); got != 3 {
+	if got := billedOf(t, l, "e1"); got != 3 {
 		t.Errorf("e1 billed %d units, want 3 (node-a's served replay): %+v", got, eventsOf(t, l, "acct-1"))
 	}
 	// e2: as e1 up to the replay, which node-a then takes back: the
@@ -1276,7 +1252,7 @@ func confReplayAfterMove(t *testing.T, l Ledger) {
 	b.settle(t, refundOf("acct-1", "e2", 3, "").at(june).attempt().chargedBy("node-a"))
 	moved("e2")
 	a.settle(t, replayOf("acct-1", "e2").at(june.Add(10*time.Second)), takeBackOf("acct-1", "e2").at(june.Add(20*time.Second)))
-	if got := billed("e2"); got != 3 {
+	if got := billedOf(t, l, "e2"); got != 3 {
 		t.Errorf("e2 billed %d units, want 3 (node-b's retry): %+v", got, eventsOf(t, l, "acct-1"))
 	}
 	counter, ok := l.(interface {
@@ -2459,15 +2435,7 @@ func confRefundsOfOneRowFromTwoMonths(t *testing.T, l Ledger) {
 	a.settle(t, chargeOf("acct-1", "e2", 4, "").at(june), refundOf("acct-1", "e2", 4, "").at(june).attempt(),
 		refundOf("acct-1", "e2", 4, "").at(july).attempt().chargedBy("node-b"))
 	b.settle(t, chargeOf("acct-1", "e2", 4, "").at(july))
-	var billed int64
-	for _, e := range eventsOf(t, l, "acct-1") {
-		if e.EventID == "e2" && !e.Refunded {
-			billed += e.Units
-		}
-	}
-	if billed != 0 {
-		t.Errorf("e2 billed %d units, want 0 (no attempt was served): %+v", billed, eventsOf(t, l, "acct-1"))
-	}
+	wantBilled(t, l, "e2", 0, "no attempt was served")
 	wantReconciled(t, l)
 }
 
@@ -2487,15 +2455,7 @@ func confRefundBeforeTakeBack(t *testing.T, l Ledger) {
 	b.settle(t, replayOf("acct-1", "e1"))
 	c.settle(t, chargeOf("acct-1", "e1", 1, confJune), refundOf("acct-1", "e1", 1, confJune).attempt(),
 		takeBackOf("acct-1", "e1").chargedBy("node-b"))
-	var billed int64
-	for _, e := range eventsOf(t, l, "acct-1") {
-		if e.EventID == "e1" && !e.Refunded {
-			billed += e.Units
-		}
-	}
-	if billed != 1 {
-		t.Errorf("e1 billed %d units, want 1 (node-a's attempt was served): %+v", billed, eventsOf(t, l, "acct-1"))
-	}
+	wantBilled(t, l, "e1", 1, "node-a's attempt was served")
 	wantReconciled(t, l)
 }
 
@@ -2519,16 +2479,26 @@ func confReleasedRefundOfUnbilledRetry(t *testing.T, l Ledger) {
 	b.settle(t, replayOf("acct-1", "e2"))
 	b.settle(t, refundOf("acct-1", "e2", 1, confJune).attempt())
 	b.settle(t, refundOf("acct-1", "e2", 1, confJune).releasing())
-	for _, ev := range []string{"e1", "e2"} {
-		var billed int64
-		for _, e := range eventsOf(t, l, "acct-1") {
-			if e.EventID == ev && !e.Refunded {
-				billed += e.Units
-			}
-		}
-		if billed != 1 {
-			t.Errorf("%s billed %d units, want 1 (node-c's attempt was served): %+v", ev, billed, eventsOf(t, l, "acct-1"))
+	wantBilled(t, l, "e1", 1, "node-c's attempt was served")
+	wantBilled(t, l, "e2", 1, "node-c's attempt was served")
+	wantReconciled(t, l)
+}
+
+// billedOf is the units acct-1's event is billed: its rows not refunded.
+func billedOf(t *testing.T, l Ledger, event string) (n int64) {
+	t.Helper()
+	for _, e := range eventsOf(t, l, "acct-1") {
+		if e.EventID == event && !e.Refunded {
+			n += e.Units
 		}
 	}
-	wantReconciled(t, l)
+	return n
+}
+
+// wantBilled fails t unless acct-1's event is billed units, saying why.
+func wantBilled(t *testing.T, l Ledger, event string, units int64, why string) {
+	t.Helper()
+	if got := billedOf(t, l, event); got != units {
+		t.Errorf("%s billed %d units, want %d (%s): %+v", event, got, units, why, eventsOf(t, l, "acct-1"))
+	}
 }

@@ -1,11 +1,9 @@
 package wal
 
 import (
-	"bytes"
 	"log/slog"
 	"os"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -14,26 +12,9 @@ import (
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/cockroachdb/pebble/v2/vfs/errorfs"
 
+	"github.com/quotaring/quotaring/internal/logbuf"
 	"github.com/quotaring/quotaring/internal/waitfor"
 )
-
-// syncBuffer is a bytes.Buffer safe for Pebble's background goroutines.
-type syncBuffer struct {
-	mu sync.Mutex // protects b
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // A used-up disk quota (EDQUOT: XFS project quotas, a per-user quota) is a
 // full disk to Pebble, through a real flush: it failed at once and for
@@ -47,7 +28,7 @@ func TestQuotaExceededExits(t *testing.T) {
 		}
 		return nil
 	}))
-	var logs syncBuffer
+	var logs logbuf.Buffer
 	var exits atomic.Int64
 	opts := testOpts(fs)
 	opts.Logger = slog.New(slog.NewTextHandler(&logs, nil))
