@@ -13,7 +13,7 @@ import "math/bits"
 // A new bucket is full. Time comes from the monotonic reading only (G9).
 type Bucket struct {
 	credit int64
-	per    int64 // the Rate.Per credit is counted in (one token is per credit)
+	per    int64 // the Rate.Per the credit counts in: a token is worth per credit
 	last   int64 // Now.Mono of the last refill
 	init   bool
 }
