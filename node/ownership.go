@@ -62,9 +62,7 @@ func (n *Node) releaseNotOwned(ctx context.Context) {
 		// snapshot includes this node's records of it).
 		if err := n.eng.LetGo(ctx, id); err != nil {
 			n.log.Warn("handing back the reservation of an account owned elsewhere failed", "account", id, "err", err)
-			continue
 		}
-		n.eng.Forget(id) // see forgetNotOwned
 	}
 }
 
