@@ -706,6 +706,15 @@ func (a *Account) RefundReplay(eventID string, receipt *Receipt, self string, no
 	}
 	e, ok := a.dedup.get(eventID, a.seen, params.DedupWindow)
 	switch {
+	case !ok && receipt != nil && receipt.EventID == eventID && (receipt.Account == "" || receipt.Account == a.cfg.ID) && Refundable(receipt.Period, p):
+		// This node's replay, its id no longer remembered here (the
+		// account let go and come back, ForgetIDs): the ledger counts it
+		// off, as it does another node's, and applies a refund the
+		// attempt left pending when it was the last. Answered
+		// UnknownEvent and logged nothing, the event stayed billed though
+		// nothing was served.
+		rec.reset(RecReplay, a.cfg.ID, a.seen)
+		rec.EventID, rec.Gen, rec.Period, rec.Delta = eventID, receipt.Gen, receipt.Period, -1
 	case !ok:
 		d.Reason = UnknownEvent
 	case e.refunded || (receipt != nil && receipt.EventID == eventID && receipt.Gen != e.gen):

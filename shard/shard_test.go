@@ -1801,3 +1801,32 @@ func TestReseedKeepsTheUseNotSeenHere(t *testing.T) {
 		t.Fatalf("after a reseed at 30 (a refund settled elsewhere): %d left, want 20", u.Remaining)
 	}
 }
+
+// This node's replay taken back after the node forgot the id (the account
+// let go and come back: ForgetIDs, or dropped and seeded again): it was
+// answered UnknownEvent and logged nothing, so the ledger never counted
+// the replay off and the refund it held pending (the attempt failed too)
+// was never applied: billed, though nothing was served. The take-back goes
+// to the ledger as another node's does.
+func TestReplayTakenBackAfterTheIDWasForgotten(t *testing.T) {
+	p := DefaultParams()
+	a := NewAccount(AccountConfig{ID: "a", Plan: hardPlan(10)})
+	now := at("2026-06-10T00:00:00Z")
+	_, crec := charge(a, "k", 2, now, &p)
+	receipt := &Receipt{EventID: "k", Node: "n1", Gen: crec.Gen, Units: 2, Period: crec.Period}
+	if d, _ := charge(a, "k", 2, now, &p); d.Reason != Replayed {
+		t.Fatalf("retry: %v", d.Reason)
+	}
+	var rec Record
+	if d := a.RefundAttempt("k", receipt, "n1", now, &p, &rec); d.Reason != Kept {
+		t.Fatalf("the attempt's refund with a replay out: %+v", d)
+	}
+	a.ForgetIDs()
+	if d := a.RefundReplay("k", receipt, "n1", now, &p, &rec); d.Reason != Kept || rec.Type != RecReplay || rec.Delta != -1 || rec.Gen != crec.Gen || rec.Period != crec.Period {
+		t.Fatalf("the replay taken back once the id was forgotten: %+v (record %+v), want Kept and a take-back record for the ledger", d, rec)
+	}
+	// Without a receipt there is nothing to name: unknown, as before.
+	if d := a.RefundReplay("k", nil, "n1", now, &p, &rec); d.Reason != UnknownEvent || rec.Type != 0 {
+		t.Fatalf("a take-back with no receipt once the id was forgotten: %+v (record %+v), want UnknownEvent and nothing logged", d, rec)
+	}
+}
