@@ -49,6 +49,9 @@ func RunConformance(t *testing.T, open func(t *testing.T) Ledger) {
 		{"RefundsOfOneRowFromTwoMonths", confRefundsOfOneRowFromTwoMonths},
 		{"RefundBeforeATakeBackInOneBatch", confRefundBeforeTakeBack},
 		{"ReleasedRefundOfAnUnbilledRetry", confReleasedRefundOfUnbilledRetry},
+		{"LateChargesPayTheirOwnNodesDebts", confOwedPerNode},
+		{"ReleasedRefundAppliesThePendingOne", confReleasedRefundAppliesPending},
+		{"TakeBackBeforeARetryInOneBatch", confTakeBackBeforeRetry},
 		{"ReserveInALaterMonth", confReserveLaterMonth},
 		{"Refunds", confRefunds},
 		{"TombstoneThenCharge", confTombstone},
@@ -2501,4 +2504,147 @@ func wantBilled(t *testing.T, l Ledger, event string, units int64, why string) {
 	if got := billedOf(t, l, event); got != units {
 		t.Errorf("%s billed %d units, want %d (%s): %+v", event, got, units, why, eventsOf(t, l, "acct-1"))
 	}
+}
+
+// confOwedPerNode: the refund of a retry another node charged, settled
+// before that charge, leaves a debt named for that node (events.owed): only
+// that node's late charge pays it back. Counted on one number, node-c's
+// served charge paid node-a's debt and node-a's failed retry then took the
+// event over, billed (e1, e2); and the take-over of a tombstone whose own
+// charge had settled owed that charge a second time, so that node-c's
+// failed retry then paid the phantom debt and its refund un-billed
+// node-a's served attempt (e3); and node-c's debt cancelled node-a's
+// served retry, so that node-b's refund of its own attempt un-billed the
+// event (e4). An older build's row, with no names, keeps its rules (e5).
+func confOwedPerNode(t *testing.T, l Ledger) {
+	confSetup(t, l, 100, "acct-1")
+	a, b, c := confNode(t, l, "node-a"), confNode(t, l, "node-b"), confNode(t, l, "node-c")
+	billed := func(event string) (n int64) {
+		for _, e := range eventsOf(t, l, "acct-1") {
+			if e.EventID == event && !e.Refunded {
+				n += e.Units
+			}
+		}
+		return n
+	}
+	// e1: node-b's attempt and node-a's retry (refunded through node-b
+	// before node-a's charge settled) failed, and node-c's retry, served
+	// at first, was refunded through node-a.
+	b.settle(t, chargeOf("acct-1", "e1", 4, confJune), refundOf("acct-1", "e1", 4, confJune).attempt().chargedBy("node-a"),
+		refundOf("acct-1", "e1", 4, confJune).attempt())
+	c.settle(t, chargeOf("acct-1", "e1", 4, confJune))
+	a.settle(t, chargeOf("acct-1", "e1", 4, confJune), refundOf("acct-1", "e1", 4, confJune).attempt().chargedBy("node-c"))
+	if got := billed("e1"); got != 0 {
+		t.Errorf("e1 billed %d units, want 0 (every attempt failed): %+v", got, eventsOf(t, l, "acct-1"))
+	}
+	// e2: node-b's and node-c's attempts both refunded through node-a
+	// before either charge settled.
+	a.settle(t, refundOf("acct-1", "e2", 3, confJune).attempt().chargedBy("node-b"),
+		refundOf("acct-1", "e2", 3, confJune).attempt().chargedBy("node-c"))
+	b.settle(t, chargeOf("acct-1", "e2", 3, confJune))
+	c.settle(t, chargeOf("acct-1", "e2", 3, confJune))
+	if got := billed("e2"); got != 0 {
+		t.Errorf("e2 billed %d units, want 0 (both attempts failed): %+v", got, eventsOf(t, l, "acct-1"))
+	}
+	// e3: node-b's attempt refunded through node-a (a tombstone), its
+	// charge settles, then node-a's retry, served, and node-c's, failed.
+	a.settle(t, refundOf("acct-1", "e3", 1, confJune).attempt().chargedBy("node-b"))
+	b.settle(t, chargeOf("acct-1", "e3", 1, confJune))
+	a.settle(t, chargeOf("acct-1", "e3", 1, confJune))
+	c.settle(t, chargeOf("acct-1", "e3", 1, confJune), refundOf("acct-1", "e3", 1, confJune).attempt())
+	if got := billed("e3"); got != 1 {
+		t.Errorf("e3 billed %d units, want 1 (node-a's retry was served): %+v", got, eventsOf(t, l, "acct-1"))
+	}
+	// e4: node-b's attempt failed (refunded through node-c), node-c's
+	// too (refunded through node-b before node-c's charge settled), and
+	// node-a's retry was served: node-c's debt does not count node-a's
+	// served retry off, so node-b's refund is kept pending, and node-c's
+	// late charge pays its own debt.
+	b.settle(t, chargeOf("acct-1", "e4", 2, confJune), refundOf("acct-1", "e4", 2, confJune).attempt().chargedBy("node-c"))
+	a.settle(t, chargeOf("acct-1", "e4", 2, confJune))
+	c.settle(t, refundOf("acct-1", "e4", 2, confJune).attempt().chargedBy("node-b"))
+	c.settle(t, chargeOf("acct-1", "e4", 2, confJune))
+	if got := billed("e4"); got != 2 {
+		t.Errorf("e4 billed %d units, want 2 (node-a's retry was served): %+v", got, eventsOf(t, l, "acct-1"))
+	}
+	// e5: a row of an older build, with a debt it did not name
+	// (served_again -1, no owed): any node's late charge pays it and is
+	// not billed, as before; the next served retry takes the event over.
+	a.settle(t, chargeOf("acct-1", "e5", 5, confJune), refundOf("acct-1", "e5", 5, confJune).attempt())
+	mustExecSQL(t, l, `UPDATE events SET served_again = -1 WHERE event_id = 'e5'`)
+	if res := b.settle(t, chargeOf("acct-1", "e5", 5, confJune)); len(res.Duplicates) != 1 {
+		t.Errorf("node-b's charge of e5 with an unnamed debt: %+v, want a duplicate (pays the debt)", res)
+	}
+	if res := c.settle(t, chargeOf("acct-1", "e5", 5, confJune)); len(res.Duplicates) != 0 {
+		t.Errorf("node-c's charge of e5, the debt paid: %+v, want billed", res)
+	}
+	if got := billed("e5"); got != 5 {
+		t.Errorf("e5 billed %d units, want 5: %+v", got, eventsOf(t, l, "acct-1"))
+	}
+	wantUsage(t, l, "acct-1", 8)
+	wantReconciled(t, l)
+}
+
+// confReleasedRefundAppliesPending: node-c's attempt, charged first, and
+// node-a's retry and its replay all failed. node-c's refund (through
+// node-a) was kept pending while node-a's retry and replay stood; node-a's
+// refund of its retry counted it off, and the take-back of its replay
+// released its refund again (Released), on node-c's row: nothing is served
+// any more, and node-c's pending refund applies. It stayed pending, the
+// event billed.
+func confReleasedRefundAppliesPending(t *testing.T, l Ledger) {
+	confSetup(t, l, 100, "acct-1")
+	a, c := confNode(t, l, "node-a"), confNode(t, l, "node-c")
+	c.settle(t, chargeOf("acct-1", "e1", 4, confJune))
+	a.settle(t, chargeOf("acct-1", "e1", 4, confJune), replayOf("acct-1", "e1"),
+		refundOf("acct-1", "e1", 4, confJune).attempt().chargedBy("node-c"),
+		refundOf("acct-1", "e1", 4, confJune).attempt(), refundOf("acct-1", "e1", 4, confJune).releasing())
+	// e2: the same, each record in a batch of its own.
+	c.settle(t, chargeOf("acct-1", "e2", 3, confJune))
+	a.settle(t, chargeOf("acct-1", "e2", 3, confJune))
+	a.settle(t, replayOf("acct-1", "e2"))
+	a.settle(t, refundOf("acct-1", "e2", 3, confJune).attempt().chargedBy("node-c"))
+	a.settle(t, refundOf("acct-1", "e2", 3, confJune).attempt())
+	a.settle(t, refundOf("acct-1", "e2", 3, confJune).releasing())
+	for _, ev := range []string{"e1", "e2"} {
+		var billed int64
+		for _, e := range eventsOf(t, l, "acct-1") {
+			if e.EventID == ev && !e.Refunded {
+				billed += e.Units
+			}
+		}
+		if billed != 0 {
+			t.Errorf("%s billed %d units, want 0 (every attempt failed): %+v", ev, billed, eventsOf(t, l, "acct-1"))
+		}
+	}
+	wantUsage(t, l, "acct-1", 0)
+	wantReconciled(t, l)
+}
+
+// confTakeBackBeforeARetry: node-b's attempt was refunded while its replay
+// stood (pending); node-a, the account's next owner, logged the replay's
+// take-back (which releases that refund) and then charged a retry, served:
+// decided in log order, as SQLite does, the retry finds the event refunded
+// and takes it over, billed. Postgres decided the charge before the
+// take-back: a duplicate under an event the take-back then un-billed.
+func confTakeBackBeforeRetry(t *testing.T, l Ledger) {
+	confSetup(t, l, 100, "acct-1")
+	a, b := confNode(t, l, "node-a"), confNode(t, l, "node-b")
+	b.settle(t, chargeOf("acct-1", "e1", 3, confJune), replayOf("acct-1", "e1"), refundOf("acct-1", "e1", 3, confJune).attempt())
+	retry := chargeOf("acct-1", "e1", 3, confJune)
+	retry.wall = retry.wall.Add(time.Hour)
+	if res := a.settle(t, takeBackOf("acct-1", "e1").chargedBy("node-b"), retry); len(res.Duplicates) != 0 {
+		t.Errorf("node-a's retry after the take-back: %+v, want billed", res)
+	}
+	var billed int64
+	for _, e := range eventsOf(t, l, "acct-1") {
+		if e.EventID == "e1" && !e.Refunded {
+			billed += e.Units
+		}
+	}
+	if billed != 3 {
+		t.Errorf("e1 billed %d units, want 3 (node-a's retry was served): %+v", billed, eventsOf(t, l, "acct-1"))
+	}
+	wantUsage(t, l, "acct-1", 3)
+	wantReconciled(t, l)
 }

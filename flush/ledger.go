@@ -234,11 +234,15 @@ var (
 //     later is a Duplicate. An attempt's refund naming another node's charge
 //     (Origin) stands for that charge only: found, it does not refund a row
 //     another node charged while that charge has not settled (served_again
-//     goes below zero instead, so that the charge is no served retry when it
-//     arrives, even after the event was refunded); not found, its
-//     tombstone names that node, and a charge from
+//     goes below zero instead, and events.owed names that node: see
+//     owed.go; so that the charge is no served retry when it arrives, even
+//     after the event was refunded, and only that node's charge pays the
+//     debt back: another node's served retry still takes a refunded event
+//     over; served retries are named too, events.served_by, and an
+//     attempt's refund counts off only its own node's); not found, its tombstone names that node, and a charge from
 //     any other node (another attempt, served) takes the event over and is
-//     billed. Replays (see replay.go) count as served retries too (their
+//     billed, the tombstone's node then owed; that node's own charge,
+//     settling on its tombstone first, makes it a plain refunded row. Replays (see replay.go) count as served retries too (their
 //     own count, events.replays), after the batch's charges and before its
 //     refunds. So an event is billed exactly when some attempt under it was
 //     served.

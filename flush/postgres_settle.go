@@ -96,12 +96,13 @@ var pgEventColumns = []string{"account_id", "event_id", "client_id", "key_id", "
 // node. The LATERAL ... LIMIT 1 probe keeps the planner on the primary key:
 // a plain join chose to scan and sort the month's partition.
 const pgOriginSelect = `SELECT d.seq, e.node_id, e.incarnation, e.seq,
-	e.refunded AND NOT e.tombstone AND e.served_again >= 0 AND (e.refund_wall IS NULL OR d.charged_at > e.refund_wall),
-	e.tombstone AND e.refund_pending AND e.node_id <> $1 AND e.served_again >= 0
+	e.refunded AND NOT e.tombstone AND NOT $1 = ANY(e.owed) AND e.served_again - cardinality(e.served_by) + cardinality(e.owed) >= 0
+		AND (e.refund_wall IS NULL OR d.charged_at > e.refund_wall),
+	e.tombstone AND e.refund_pending AND e.node_id <> $1 AND NOT $1 = ANY(e.owed) AND e.served_again - cardinality(e.served_by) + cardinality(e.owed) >= 0
 FROM `
 
 const pgOriginJoin = ` JOIN LATERAL (
-	SELECT e.node_id, e.incarnation, e.seq, e.refunded, e.tombstone, e.refund_pending, e.served_again, e.refund_wall, e.charged_at FROM events e
+	SELECT e.node_id, e.incarnation, e.seq, e.refunded, e.tombstone, e.refund_pending, e.served_again, e.refund_wall, e.charged_at, e.served_by, e.owed FROM events e
 	WHERE e.account_id = d.account_id AND e.event_id = d.event_id AND e.period_start = d.period_start
 	LIMIT 1
 ) e ON true`
@@ -126,10 +127,11 @@ const pgInsertChargesSQL = `WITH ins AS (
 ` + pgOriginSelect + `dup d LEFT` + pgOriginJoin
 
 // pgTakeOverSQL gives a refunded event to a retry another node charged and
-// served: the retry is billed under the event id. $1, $2: node, incarnation;
+// served: the retry is billed under the event id, the other nodes' late
+// charges still owed (owed.go). $1, $2: node, incarnation;
 // $13: the row's month; $14, $15: the retry's, into which the row moves
 // (pgTakeOverWhere).
-const pgTakeOverSQL = `UPDATE events SET refunded = false, refunded_at = NULL, refund_wall = NULL, served_again = 0, replays = 0, refund_pending = false,
+const pgTakeOverSQL = `UPDATE events SET refunded = false, refunded_at = NULL, refund_wall = NULL, served_again = -cardinality(owed), served_by = '{}', replays = 0, refund_pending = false,
 	client_id = $3, key_id = $4, route = $5, units = $6, charged_at = $7, node_id = $1, incarnation = $2, seq = $8,
 	grant_ids = $9, grant_units = $10, period = $14, period_start = $15` + pgTakeOverWhere + ` AND refunded AND NOT tombstone`
 
@@ -145,17 +147,42 @@ WHERE account_id = $11 AND event_id = $12 AND period_start = $13
 // pgTakeOverTombstoneSQL gives the tombstone of one attempt's refund (the
 // charge of node_id, not settled yet; see pgRefundsSQL) to another attempt,
 // served: it is billed under the event id, and the refunded attempt's
-// charge, when it arrives, is one served retry fewer (served_again -1).
+// charge, when it arrives, is owed (a debt named for node_id in owed).
 // $1, $2: node, incarnation.
-const pgTakeOverTombstoneSQL = `UPDATE events SET refunded = false, refunded_at = NULL, tombstone = false, served_again = -1, replays = 0,
+const pgTakeOverTombstoneSQL = `UPDATE events SET refunded = false, refunded_at = NULL, tombstone = false,
+	served_again = -cardinality(owed) - 1, served_by = '{}', owed = owed || node_id, replays = 0,
 	refund_pending = false, client_id = $3, key_id = $4, route = $5, units = $6, charged_at = $7, node_id = $1, incarnation = $2,
 	seq = $8, grant_ids = $9, grant_units = $10, period = $14, period_start = $15` + pgTakeOverWhere + ` AND tombstone AND refund_pending`
 
-// pgServedAgainSQL counts a retry another node charged and served while
-// the event stands billed, or, below zero, the late charge of an attempt
-// whose refund settled first (pays that back, the event billed or not).
-const pgServedAgainSQL = `UPDATE events SET served_again = served_again + 1
-WHERE account_id = $1 AND event_id = $2 AND period_start = $3 AND (NOT refunded OR served_again < 0)`
+// pgServedAgainSQL settles a charge of node $4 (incarnation $5, seq $6)
+// that neither takes its event over nor was settled before (see owed.go):
+// the late charge of an attempt whose refund settled first, owed (owed
+// names $4), pays that debt back, the event billed or not; the charge of
+// the attempt whose refund left the tombstone ($4's, refund pending) makes
+// the row that refunded charge, no tombstone (another attempt, served, then
+// takes it over owing nothing for it); a late charge pays an older build's
+// unnamed debt; and a retry served while the event stands billed counts as
+// served again, in served_by.
+const pgServedAgainSQL = `UPDATE events SET
+	served_again = CASE WHEN ` + pgOwedMine + ` OR NOT refunded OR ` + pgUnnamed + ` < 0 THEN served_again + 1 ELSE served_again END,
+	owed = CASE WHEN ` + pgOwedMine + ` THEN owed[1:array_position(owed, $4) - 1] || owed[array_position(owed, $4) + 1:cardinality(owed)] ELSE owed END,
+	served_by = CASE WHEN NOT ` + pgOwedMine + ` AND NOT refunded AND ` + pgUnnamed + ` >= 0 THEN served_by || $4 ELSE served_by END,
+	tombstone = tombstone AND NOT ` + pgOwnTombstone + `,
+	refund_pending = refund_pending AND NOT ` + pgOwnTombstone + `,
+	incarnation = CASE WHEN ` + pgOwnTombstone + ` THEN $5 ELSE incarnation END,
+	seq = CASE WHEN ` + pgOwnTombstone + ` THEN $6 ELSE seq END
+WHERE account_id = $1 AND event_id = $2 AND period_start = $3
+	AND (` + pgOwedMine + ` OR NOT refunded OR ` + pgUnnamed + ` < 0 OR ` + pgOwnTombstone + `)`
+
+// pgOwedMine: the row owes node $4's late charge.
+const pgOwedMine = `($4 = ANY(owed))`
+
+// pgOwnTombstone: the row is the tombstone of node $4's attempt's refund,
+// and $4 owes nothing else.
+const pgOwnTombstone = `(tombstone AND refund_pending AND node_id = $4 AND NOT $4 = ANY(owed))`
+
+// pgUnnamed is served_again's part no name accounts for (againRow.unnamed).
+const pgUnnamed = `(served_again - cardinality(served_by) + cardinality(owed))`
 
 // pgCrossMonthSQL finds, for charges near a month's edge whose own month
 // has no row of their event id, the row in the neighbouring month's
@@ -231,14 +258,22 @@ const pgRefundsSQL = `WITH r0 AS (
 	-- own pending refund (see Batch).
 	-- The event's own refund keeps when it was decided (refund_wall): the
 	-- retries charged before it are covered by it (pgInsertChargesSQL).
-	UPDATE events e SET refunded = true, refunded_at = now(), refund_pending = false, served_again = least(e.served_again, 0),
+	-- (served: the retries served under the event, againRow.standing;
+	-- counts: this refund counts off a served retry of origin's, or an
+	-- older build's unnamed one.)
+	UPDATE events e SET refunded = true, refunded_at = now(), refund_pending = false,
+		served_again = least(e.served_again - cardinality(e.served_by), -cardinality(e.owed)), served_by = '{}',
 		refund_wall = CASE WHEN r.attempt THEN NULL ELSE r.refund_wall END
 	FROM r
 	WHERE e.account_id = r.account_id AND e.event_id = r.event_id AND e.period_start = r.period_start
-		AND NOT e.refunded AND NOT (r.released AND e.node_id <> r.origin)
-		AND (NOT r.attempt
-			OR (e.served_again <= 0 AND e.replays <= 0 AND (r.origin = $1 OR r.origin = e.node_id))
-			OR (e.node_id <> r.origin AND e.served_again = 1 AND e.replays <= 0 AND e.refund_pending))
+		AND NOT e.refunded
+		AND (NOT (r.released AND e.node_id <> r.origin) AND (NOT r.attempt
+				OR (e.served_again + cardinality(e.owed) <= 0 AND e.replays <= 0 AND (r.origin = $1 OR r.origin = e.node_id))
+				OR (e.node_id <> r.origin AND e.served_again + cardinality(e.owed) = 1 AND e.replays <= 0 AND e.refund_pending
+					AND (r.origin = ANY(e.served_by) OR e.served_again - cardinality(e.served_by) + cardinality(e.owed) > 0)))
+			-- a released refund on another node's row, its take-back
+			-- leaving nothing served: the event's own pending refund
+			OR (r.released AND e.node_id <> r.origin AND e.served_again + cardinality(e.owed) <= 0 AND e.replays <= 0 AND e.refund_pending))
 	RETURNING r.ord, e.key_id, e.route, e.charged_at, e.units, e.grant_ids, e.grant_units
 ), kept AS (
 	-- Kept: the event's own node asks while others' retries were served
@@ -246,19 +281,27 @@ const pgRefundsSQL = `WITH r0 AS (
 	-- below zero when that retry's charge has not settled yet, so that it
 	-- does not count as served when it does).
 	UPDATE events e SET refund_pending = e.refund_pending OR e.node_id = r.origin,
-		served_again = CASE WHEN e.node_id <> r.origin THEN e.served_again - 1 ELSE e.served_again END
+		served_again = CASE WHEN e.node_id <> r.origin THEN e.served_again - 1 ELSE e.served_again END,
+		-- origin's served retry counted off, or an older build's unnamed
+		-- one, else a debt of origin's (owed.go)
+		served_by = CASE WHEN e.node_id <> r.origin AND r.origin = ANY(e.served_by)
+			THEN e.served_by[1:array_position(e.served_by, r.origin) - 1] || e.served_by[array_position(e.served_by, r.origin) + 1:cardinality(e.served_by)]
+			ELSE e.served_by END,
+		owed = CASE WHEN e.node_id <> r.origin AND NOT r.origin = ANY(e.served_by) AND e.served_again - cardinality(e.served_by) + cardinality(e.owed) <= 0
+			THEN e.owed || r.origin ELSE e.owed END
 	FROM r
 	WHERE e.account_id = r.account_id AND e.event_id = r.event_id AND e.period_start = r.period_start
 		AND NOT e.refunded AND r.attempt AND NOT (r.released AND e.node_id <> r.origin)
-		AND NOT (e.served_again <= 0 AND e.replays <= 0 AND (r.origin = $1 OR r.origin = e.node_id))
-		AND NOT (e.node_id <> r.origin AND e.served_again = 1 AND e.replays <= 0 AND e.refund_pending)
+		AND NOT (e.served_again + cardinality(e.owed) <= 0 AND e.replays <= 0 AND (r.origin = $1 OR r.origin = e.node_id))
+		AND NOT (e.node_id <> r.origin AND e.served_again + cardinality(e.owed) = 1 AND e.replays <= 0 AND e.refund_pending
+			AND (r.origin = ANY(e.served_by) OR e.served_again - cardinality(e.served_by) + cardinality(e.owed) > 0))
 	RETURNING r.ord
 ), owed AS (
 	-- Refunded already, and this is the refund of a retry another node
 	-- (origin) charged after it, not settled yet (settled, it would have
 	-- taken the event over): that charge is owed, one served retry fewer,
 	-- so that it does not take the event over when it settles.
-	UPDATE events e SET served_again = e.served_again - 1
+	UPDATE events e SET served_again = e.served_again - 1, owed = e.owed || r.origin
 	FROM r
 	WHERE e.account_id = r.account_id AND e.event_id = r.event_id AND e.period_start = r.period_start
 		AND e.refunded AND r.attempt AND r.origin <> $1 AND e.node_id <> r.origin
@@ -406,6 +449,9 @@ type pgSettle struct {
 	// cross: the batch's charges whose event id has a row in the
 	// neighbouring month and none in their own, by seq (pgCrossMonthSQL).
 	cross map[uint64]origin
+	// dupSeqs: the seqs of res.Duplicates' charges, to put them in log
+	// order, as SQLite reports them, when settleMixed decided some later.
+	dupSeqs []uint64
 }
 
 // queueCrossMonth queues pgCrossMonthSQL for the batch's client-id charges
@@ -617,10 +663,18 @@ func (s *pgSettle) settleLog(ctx context.Context, tx pgx.Tx) error {
 	for seq, o := range s.cross {
 		dups[seq] = o
 	}
-	// The duplicates first: a retry's served_again count must be in place
-	// before a refund in the same batch reads it (a stale owner's unbilled
-	// retry and its attempt's refund, settled together, must not un-bill
-	// the charge that was served elsewhere).
+	// An event with replays and refunds, or replays and charges found in
+	// the log already, in the batch has them decided one by one in log
+	// order, as SQLite does (below: a refund logged before a replay's
+	// take-back sees the replay standing and is kept; decided after it, it
+	// applied and un-billed the event served elsewhere; and a take-back
+	// that releases the event's pending refund before a retry's charge
+	// lets that retry take the event over, billed).
+	mixed := s.mixedEvents(dups)
+	// The other duplicates first: a retry's served_again count must be in
+	// place before a refund in the same batch reads it (a stale owner's
+	// unbilled retry and its attempt's refund, settled together, must not
+	// un-bill the charge that was served elsewhere).
 	for i := range b.Charges {
 		c := &b.Charges[i]
 		o, dup := dups[c.Seq]
@@ -628,23 +682,22 @@ func (s *pgSettle) settleLog(ctx context.Context, tx pgx.Tx) error {
 			s.plan.billCharge(c)
 			continue
 		}
+		if mixed[refundKey{account: c.Account, event: c.EventID}] {
+			continue // settleMixed
+		}
 		if err := s.decideCharge(ctx, tx, c, o, false); err != nil {
 			return err
 		}
 	}
-	// An event with both replays and refunds in the batch has them decided
-	// one by one in log order, as SQLite does (a refund logged before a
-	// replay's take-back sees the replay standing and is kept; decided
-	// after it, it applied and un-billed the event served elsewhere). The
-	// others' replays, then their refunds in rounds.
+	// The others' replays, then their refunds in rounds.
 	outcomes := make([]refundOutcome, len(b.Refunds))
-	mixed := s.mixedEvents()
 	if err := s.settleReplays(ctx, tx, func(r *Replay) bool { return !mixed[refundKey{account: r.Account, event: r.EventID}] }); err != nil {
 		return err
 	}
-	if err := s.settleMixed(ctx, tx, mixed, outcomes); err != nil {
+	if err := s.settleMixed(ctx, tx, mixed, dups, outcomes); err != nil {
 		return err
 	}
+	s.dupsInLogOrder()
 	for _, send := range s.refundRounds(mixed) {
 		q := &pgx.Batch{}
 		s.queueRefunds(q, send, outcomes)
@@ -705,11 +758,11 @@ func (s *pgSettle) decideCharge(ctx context.Context, tx pgx.Tx, c *Charge, o ori
 	default:
 		if o.node != nil {
 			s.res.RoundTrips++
-			if _, err := tx.Exec(ctx, pgServedAgainSQL, c.Account, c.EventID, from); err != nil {
+			if _, err := tx.Exec(ctx, pgServedAgainSQL, c.Account, c.EventID, from, b.Node, b.Incarnation, int64(c.Seq)); err != nil {
 				return err
 			}
 		}
-		s.res.Duplicates = append(s.res.Duplicates, chargeRef(c))
+		s.res.Duplicates, s.dupSeqs = append(s.res.Duplicates, chargeRef(c)), append(s.dupSeqs, c.Seq)
 		s.plan.reservedCharge(c)
 		return nil
 	}
@@ -752,8 +805,9 @@ func (s *pgSettle) probe(ctx context.Context, tx pgx.Tx, c *Charge) (origin, err
 	return origin{}, fmt.Errorf("charge %s/%s (seq %d): its event's row is gone under a concurrent settle: retry the batch", c.Account, c.EventID, c.Seq)
 }
 
-// pgReplayRowSQL reads and locks the event a replay counts on.
-const pgReplayRowSQL = `SELECT refunded, tombstone, refund_pending, served_again, replays, node_id, refund_wall,
+// pgReplayRowSQL reads and locks the event a replay counts on (servedAgain:
+// the retries served under it, againRow.standing).
+const pgReplayRowSQL = `SELECT refunded, tombstone, refund_pending, served_again + cardinality(owed), replays, node_id, refund_wall,
 	key_id, route, charged_at, units, grant_ids, grant_units
 FROM events WHERE account_id = $1 AND event_id = $2 AND period_start = $3 FOR UPDATE`
 
@@ -779,9 +833,10 @@ RETURNING count`
 
 // settleReplays counts the batch's replays on their events (see
 // replay.go), in (account, event) order, each event's in log order.
-// mixedEvents names the events with both replays and refunds in the batch.
-func (s *pgSettle) mixedEvents() map[refundKey]bool {
-	if len(s.b.Replays) == 0 || len(s.b.Refunds) == 0 {
+// mixedEvents names the events with replays and refunds, or replays and
+// duplicate charges (dups), in the batch.
+func (s *pgSettle) mixedEvents(dups map[uint64]origin) map[refundKey]bool {
+	if len(s.b.Replays) == 0 || len(s.b.Refunds) == 0 && len(dups) == 0 {
 		return nil
 	}
 	replayed := make(map[refundKey]bool, len(s.b.Replays))
@@ -797,21 +852,58 @@ func (s *pgSettle) mixedEvents() map[refundKey]bool {
 			mixed[k] = true
 		}
 	}
+	for i := range s.b.Charges {
+		c := &s.b.Charges[i]
+		if _, dup := dups[c.Seq]; !dup {
+			continue
+		}
+		if k := (refundKey{account: c.Account, event: c.EventID}); replayed[k] {
+			if mixed == nil {
+				mixed = make(map[refundKey]bool)
+			}
+			mixed[k] = true
+		}
+	}
 	return mixed
 }
 
-// settleMixed decides the replays and refunds of the mixed events one at a
-// time, in log order (a refund in a round of its own).
-func (s *pgSettle) settleMixed(ctx context.Context, tx pgx.Tx, mixed map[refundKey]bool, outcomes []refundOutcome) error {
+// dupsInLogOrder sorts res.Duplicates by their charges' seqs.
+func (s *pgSettle) dupsInLogOrder() {
+	if slices.IsSorted(s.dupSeqs) {
+		return
+	}
+	idx := make([]int, len(s.dupSeqs))
+	for i := range idx {
+		idx[i] = i
+	}
+	slices.SortStableFunc(idx, func(a, b int) int { return cmp.Compare(s.dupSeqs[a], s.dupSeqs[b]) })
+	dups, seqs := make([]EventRef, len(idx)), make([]uint64, len(idx))
+	for i, j := range idx {
+		dups[i], seqs[i] = s.res.Duplicates[j], s.dupSeqs[j]
+	}
+	s.res.Duplicates, s.dupSeqs = dups, seqs
+}
+
+// settleMixed decides the duplicate charges (dups), replays and refunds of
+// the mixed events one at a time, in log order (a refund in a round of its
+// own).
+func (s *pgSettle) settleMixed(ctx context.Context, tx pgx.Tx, mixed map[refundKey]bool, dups map[uint64]origin, outcomes []refundOutcome) error {
 	if len(mixed) == 0 {
 		return nil
 	}
 	type step struct {
 		seq    uint64
+		charge *Charge
 		replay *Replay
 		refund int
 	}
 	var steps []step
+	for i := range s.b.Charges {
+		c := &s.b.Charges[i]
+		if _, dup := dups[c.Seq]; dup && mixed[refundKey{account: c.Account, event: c.EventID}] {
+			steps = append(steps, step{seq: c.Seq, charge: c})
+		}
+	}
 	for i := range s.b.Replays {
 		if r := &s.b.Replays[i]; mixed[refundKey{account: r.Account, event: r.EventID}] {
 			steps = append(steps, step{seq: r.Seq, replay: r})
@@ -826,6 +918,17 @@ func (s *pgSettle) settleMixed(ctx context.Context, tx pgx.Tx, mixed map[refundK
 	// with it (appended first), which counts off before the refund.
 	slices.SortStableFunc(steps, func(a, b step) int { return cmp.Compare(a.seq, b.seq) })
 	for _, st := range steps {
+		if st.charge != nil {
+			// Its row as the steps before left it.
+			o, err := s.probe(ctx, tx, st.charge)
+			if err != nil {
+				return err
+			}
+			if err := s.decideCharge(ctx, tx, st.charge, o, false); err != nil {
+				return err
+			}
+			continue
+		}
 		if st.replay != nil {
 			if err := s.settleReplay(ctx, tx, st.replay); err != nil {
 				return fmt.Errorf("replay of %s/%s: %w", st.replay.Account, st.replay.EventID, err)
@@ -1024,9 +1127,10 @@ func (s *pgSettle) reprobe(ctx context.Context, tx pgx.Tx, charges []Charge, dup
 type origin struct {
 	node, incarnation *string
 	seq               *int64
-	// refunded: refunded, not a tombstone, no attempt's late charge owed
-	// (served_again >= 0), and not by the event's own refund decided after
-	// this charge (refund_wall): this charge takes the event over.
+	// refunded: refunded, not a tombstone, this node's late charge not
+	// owed (owed), no unnamed debts (owed.go), and not by the event's own
+	// refund decided after this charge (refund_wall): this charge takes
+	// the event over.
 	refunded *bool
 	// takeOver: the row is the tombstone of another node's attempt's
 	// refund, which this charge (another attempt, served) takes over.

@@ -74,9 +74,9 @@ const (
 //     refund covers it; decided after it, the replay is a request after the
 //     refund, billed (as a retry charged after it is).
 //   - A take-back is one less. When it was the last, no other owner's retry
-//     stands (served_again <= 0) and the event's attempt's refund is
-//     pending, that refund applies, unless the batch's refund record
-//     applies it itself (Released).
+//     stands (servedAgain <= 0, the count againRow.standing) and the
+//     event's attempt's refund is pending, that refund applies, unless the
+//     batch's refund record applies it itself (Released).
 func decideReplay(row replayRow, r *Replay, node string) (replayRow, replayOutcome) {
 	next := row
 	if r.Delta < 0 {

@@ -167,37 +167,64 @@ func (st *sqliteSettle) logCharge(ctx context.Context, ins *sql.Stmt, c *Charge)
 	var node, inc string
 	var seq int64
 	var refunded, tombstone, pending bool
-	var served int64
 	var refundWall sql.NullInt64
-	if err := st.queryRow(ctx, `SELECT node_id, incarnation, seq, refunded, tombstone, refund_pending, served_again, refund_wall FROM events WHERE account_id = ? AND event_id = ?`,
-		c.Account, c.EventID).Scan(&node, &inc, &seq, &refunded, &tombstone, &pending, &served, &refundWall); err != nil {
+	var ag againRow
+	var servedBy, owed string
+	if err := st.queryRow(ctx, `SELECT node_id, incarnation, seq, refunded, tombstone, refund_pending, served_again, refund_wall, served_by, owed
+		FROM events WHERE account_id = ? AND event_id = ?`,
+		c.Account, c.EventID).Scan(&node, &inc, &seq, &refunded, &tombstone, &pending, &ag.served, &refundWall, &servedBy, &owed); err != nil {
 		return err
 	}
 	if node == st.b.Node && inc == st.b.Incarnation && uint64(seq) == c.Seq {
 		return nil // this very record was settled before, in another range
 	}
-	if tombstone && pending && node != st.b.Node && served >= 0 {
+	if err := ag.decode(servedBy, owed); err != nil {
+		return fmt.Errorf("event %s/%s: %w", c.Account, c.EventID, err)
+	}
+	rest, mine := takeOne(ag.owed, st.b.Node)
+	// Debts of an older build's (unnamed: see owed.go): any node's late
+	// charge pays them, and none takes the event over while they stand.
+	debts := ag.unnamed() < 0
+	switch {
+	case mine:
+		// The late charge of an attempt whose refund settled first,
+		// never served: it pays this node's debt back, billed or not.
+		ag.owed, ag.served = rest, ag.served+1
+		if err := st.writeAgain(ctx, c.Account, c.EventID, ag); err != nil {
+			return err
+		}
+	case tombstone && pending && node == st.b.Node:
+		// The charge of the attempt whose refund left the tombstone: the
+		// row is that refunded charge now, no tombstone, so that another
+		// attempt, served, takes it over owing nothing for this one.
+		if _, err := st.exec(ctx, `UPDATE events SET tombstone = 0, refund_pending = 0, incarnation = ?, seq = ? WHERE account_id = ? AND event_id = ?`,
+			st.b.Incarnation, int64(c.Seq), c.Account, c.EventID); err != nil {
+			return err
+		}
+	case tombstone && pending && node != st.b.Node && !debts:
 		// The tombstone of one attempt's refund (node's charge, not
 		// settled yet: see tombstone) and this is another attempt,
 		// served: it takes the event over and is billed, and the
-		// refunded attempt's charge, when it arrives, is one served
-		// retry fewer (served_again starts at -1).
-		return st.takeOver(ctx, c, -1)
-	}
-	if refunded && !tombstone && served >= 0 && (!refundWall.Valid || c.Wall > refundWall.Int64) {
+		// refunded attempt's charge, when it arrives, is owed.
+		return st.takeOver(ctx, c, append(ag.owed, node))
+	case refunded && !tombstone && !debts && (!refundWall.Valid || c.Wall > refundWall.Int64):
 		// The event was refunded (its attempt failed) and this retry,
 		// charged by another owner, was served: it takes the event over
-		// and is billed. Not a retry charged before the event's own
-		// refund (refund_wall): that refund covers it.
-		return st.takeOver(ctx, c, 0)
-	}
-	if !refunded || served < 0 {
+		// and is billed, the other nodes' late charges still owed. Not a
+		// retry charged before the event's own refund (refund_wall):
+		// that refund covers it.
+		return st.takeOver(ctx, c, ag.owed)
+	case debts:
+		// An older build's debt, paid back by this late charge.
+		ag.served++
+		if err := st.writeAgain(ctx, c.Account, c.EventID, ag); err != nil {
+			return err
+		}
+	case !refunded:
 		// A retry served by another owner while the event stands billed:
-		// the event's own attempt must not refund it any more. (Below
-		// zero: the late charge of an attempt whose refund came first,
-		// never served; it pays that debt back, billed or not.)
-		if _, err := st.exec(ctx, `UPDATE events SET served_again = served_again + 1 WHERE account_id = ? AND event_id = ?`,
-			c.Account, c.EventID); err != nil {
+		// the event's own attempt must not refund it any more.
+		ag.served, ag.servedBy = ag.served+1, append(ag.servedBy, st.b.Node)
+		if err := st.writeAgain(ctx, c.Account, c.EventID, ag); err != nil {
 			return err
 		}
 	}
@@ -207,11 +234,13 @@ func (st *sqliteSettle) logCharge(ctx context.Context, ins *sql.Stmt, c *Charge)
 }
 
 // takeOver gives the event's row to charge c (this batch's node's), billed:
-// unrefunded, no tombstone, its served retries counted from served.
-func (st *sqliteSettle) takeOver(ctx context.Context, c *Charge, served int64) error {
-	if _, err := st.exec(ctx, `UPDATE events SET refunded = 0, refunded_at = NULL, refund_wall = NULL, tombstone = 0, served_again = ?, replays = 0, refund_pending = 0, client_id = ?,
+// unrefunded, no tombstone, no served retries, the late charges of owed
+// still owed.
+func (st *sqliteSettle) takeOver(ctx context.Context, c *Charge, owed []string) error {
+	if _, err := st.exec(ctx, `UPDATE events SET refunded = 0, refunded_at = NULL, refund_wall = NULL, tombstone = 0, served_again = ?, served_by = '[]', owed = ?,
+			replays = 0, refund_pending = 0, client_id = ?,
 			key_id = ?, route = ?, units = ?, charged_at = ?, period = ?, node_id = ?, incarnation = ?, seq = ?, allocations = ?
-		WHERE account_id = ? AND event_id = ?`, served, c.ClientID, c.Key, c.Route, c.Units, c.Wall, c.Period.String(),
+		WHERE account_id = ? AND event_id = ?`, -int64(len(owed)), encodeNodes(owed), c.ClientID, c.Key, c.Route, c.Units, c.Wall, c.Period.String(),
 		st.b.Node, st.b.Incarnation, int64(c.Seq), encodeAllocs(c.Allocs), c.Account, c.EventID); err != nil {
 		return err
 	}
@@ -235,7 +264,8 @@ func (st *sqliteSettle) settleReplay(ctx context.Context, r *Replay) error {
 	var ev refundedEvent
 	var refundWall sql.NullInt64
 	var allocs string
-	err := st.queryRow(ctx, `SELECT refunded, tombstone, refund_pending, served_again, replays, node_id, refund_wall, key_id, route, charged_at, units, allocations
+	// servedAgain: the retries served under the event (againRow.standing).
+	err := st.queryRow(ctx, `SELECT refunded, tombstone, refund_pending, served_again + json_array_length(owed), replays, node_id, refund_wall, key_id, route, charged_at, units, allocations
 		FROM events WHERE account_id = ? AND event_id = ?`, r.Account, r.EventID).Scan(&row.refunded, &row.tombstone, &row.pending, &row.servedAgain,
 		&row.replays, &row.node, &refundWall, &ev.key, &ev.route, &ev.chargeWall, &ev.units, &allocs)
 	switch {
@@ -275,19 +305,24 @@ func (st *sqliteSettle) settleReplay(ctx context.Context, r *Replay) error {
 // logRefund applies a refund to the event log (see Batch: who may refund
 // an event that retries were served under).
 func (st *sqliteSettle) logRefund(ctx context.Context, r *Refund) error {
-	var node string
+	var node, servedByText, owedText string
 	var refunded, pending bool
-	var served, replays int64
+	var replays int64
+	var ag againRow
 	var wasRefundWall sql.NullInt64
-	err := st.queryRow(ctx, `SELECT node_id, refunded, served_again, refund_pending, replays, refund_wall FROM events WHERE account_id = ? AND event_id = ?`,
-		r.Account, r.EventID).Scan(&node, &refunded, &served, &pending, &replays, &wasRefundWall)
+	err := st.queryRow(ctx, `SELECT node_id, refunded, served_again, refund_pending, replays, refund_wall, served_by, owed FROM events WHERE account_id = ? AND event_id = ?`,
+		r.Account, r.EventID).Scan(&node, &refunded, &ag.served, &pending, &replays, &wasRefundWall, &servedByText, &owedText)
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
 		return st.tombstone(ctx, r)
 	case err != nil:
 		return err
 	}
-	origin := st.b.Node // the node that charged the refunded attempt
+	if err := ag.decode(servedByText, owedText); err != nil {
+		return fmt.Errorf("event %s/%s: %w", r.Account, r.EventID, err)
+	}
+	served := ag.standing() // the retries served under the event
+	origin := st.b.Node     // the node that charged the refunded attempt
 	if r.Origin != "" {
 		origin = r.Origin
 	}
@@ -297,7 +332,11 @@ func (st *sqliteSettle) logRefund(ctx context.Context, r *Refund) error {
 		// Logged before, kept, on this row that another node's attempt
 		// holds: it counted this node's unbilled retry off then (the
 		// default case below). Counted again, the second record un-billed
-		// the attempt served elsewhere.
+		// the attempt served elsewhere. But when its take-back (settled
+		// just before it) left nothing served under the event, the
+		// event's own pending refund applies now: decideReplay leaves it
+		// to this record.
+		apply = served <= 0 && replays <= 0 && pending
 	case refunded && r.Attempt && r.Origin != "" && r.Origin != st.b.Node && node != r.Origin &&
 		(!wasRefundWall.Valid || r.ChargeWall > wasRefundWall.Int64):
 		// The refund of a retry another node charged after the event was
@@ -305,7 +344,8 @@ func (st *sqliteSettle) logRefund(ctx context.Context, r *Refund) error {
 		// have taken the event over): that charge is owed, one served
 		// retry fewer, so that it does not take the event over and bill
 		// a request whose attempt failed (see logCharge).
-		if _, err := st.exec(ctx, `UPDATE events SET served_again = served_again - 1 WHERE account_id = ? AND event_id = ?`, r.Account, r.EventID); err != nil {
+		ag.served, ag.owed = ag.served-1, append(ag.owed, origin)
+		if err := st.writeAgain(ctx, r.Account, r.EventID, ag); err != nil {
 			return err
 		}
 	case refunded:
@@ -322,14 +362,24 @@ func (st *sqliteSettle) logRefund(ctx context.Context, r *Refund) error {
 			return err
 		}
 	default:
-		// The refund of a retry another node charged, never billed: one
-		// served retry less (below zero when that charge has not settled
-		// yet: it will not count as served when it does); the event's
-		// own pending refund applies now if it was the last.
-		if _, err := st.exec(ctx, `UPDATE events SET served_again = served_again - 1 WHERE account_id = ? AND event_id = ?`, r.Account, r.EventID); err != nil {
+		// The refund of a retry another node charged, never billed: that
+		// node's served retry counted off, or, its charge not settled
+		// yet, a debt of that node's (owed: the charge will not count as
+		// served when it settles); the event's own pending refund
+		// applies now if it was the last.
+		counted := false
+		if rest, ok := takeOne(ag.servedBy, origin); ok {
+			ag.servedBy, counted = rest, true
+		} else if ag.unnamed() > 0 {
+			counted = true // an older build's count
+		} else {
+			ag.owed = append(ag.owed, origin)
+		}
+		ag.served--
+		if err := st.writeAgain(ctx, r.Account, r.EventID, ag); err != nil {
 			return err
 		}
-		apply = served == 1 && replays <= 0 && pending
+		apply = counted && served == 1 && replays <= 0 && pending
 	}
 	if !apply {
 		st.res.DuplicateRefunds = append(st.res.DuplicateRefunds, refundRef(r))
@@ -343,9 +393,9 @@ func (st *sqliteSettle) logRefund(ctx context.Context, r *Refund) error {
 	if !r.Attempt {
 		refundWall = r.Wall
 	}
-	if err := st.queryRow(ctx, `UPDATE events SET refunded = 1, refunded_at = ?, refund_wall = ?, refund_pending = 0, served_again = min(served_again, 0)
+	if err := st.queryRow(ctx, `UPDATE events SET refunded = 1, refunded_at = ?, refund_wall = ?, refund_pending = 0, served_again = ?, served_by = '[]'
 		WHERE account_id = ? AND event_id = ?
-		RETURNING key_id, route, charged_at, units, allocations`, st.now, refundWall, r.Account, r.EventID).
+		RETURNING key_id, route, charged_at, units, allocations`, st.now, refundWall, ag.refunded(), r.Account, r.EventID).
 		Scan(&ev.key, &ev.route, &ev.chargeWall, &ev.units, &allocs); err != nil {
 		return err
 	}
@@ -354,6 +404,13 @@ func (st *sqliteSettle) logRefund(ctx context.Context, r *Refund) error {
 	}
 	st.plan.applyRefund(r, ev)
 	return nil
+}
+
+// writeAgain writes an event's served_again and its names.
+func (st *sqliteSettle) writeAgain(ctx context.Context, account, event string, ag againRow) error {
+	_, err := st.exec(ctx, `UPDATE events SET served_again = ?, served_by = ?, owed = ? WHERE account_id = ? AND event_id = ?`,
+		ag.served, encodeNodes(ag.servedBy), encodeNodes(ag.owed), account, event)
+	return err
 }
 
 // tombstone records a refund that arrived before its charge. An attempt's
