@@ -16,6 +16,48 @@ func (r *restartRig) openOwning(owns *atomic.Bool) {
 	r.open()
 }
 
+// twoOwners is n1 and n2 on one hard ledger and clock: n1 open, owning a1;
+// n2 made, not open, owning a1 once it opens (see refundAtN2).
+type twoOwners struct {
+	n1, n2       *restartRig
+	owns1, owns2 atomic.Bool
+}
+
+func newTwoOwners(t *testing.T, accounts ...string) *twoOwners {
+	dir := t.TempDir()
+	l := hardLedger(t, dir, accounts...)
+	clock := engine.NewManualClock(time.Date(2026, 6, 10, 0, 0, 0, 0, time.UTC))
+	o := &twoOwners{n1: &restartRig{t: t, l: l, clock: clock, dir: dir, node: "n1"}, n2: &restartRig{t: t, l: l, clock: clock, dir: dir, node: "n2"}}
+	o.owns1.Store(true)
+	o.n1.openOwning(&o.owns1)
+	o.n1.refresh()
+	return o
+}
+
+// refundAtN2 opens n2, the owner of a1 now, refunds a1's event by its
+// receipt there, settles and closes it.
+func (o *twoOwners) refundAtN2(t *testing.T, event string, receipt *shard.Receipt) {
+	t.Helper()
+	o.owns2.Store(true)
+	o.n2.openOwning(&o.owns2)
+	o.n2.refresh()
+	if d, err := o.n2.e.Refund(context.Background(), "a1", event, receipt); err != nil || d.Reason != shard.Refunded {
+		t.Fatalf("refund %s at n2: %s, %v", event, d.Reason, err)
+	}
+	o.n2.settle()
+	o.n2.close()
+}
+
+// backToN1 gives a1 back to n1, opened again (closed at the test's end),
+// settled and refreshed.
+func (o *twoOwners) backToN1(t *testing.T) {
+	o.owns1.Store(true)
+	o.n1.openOwning(&o.owns1)
+	t.Cleanup(o.n1.close)
+	o.n1.settle()
+	o.n1.refresh()
+}
+
 // Forget drops an account's client ids (a restart must not bring them
 // back: another owner may refund or replay them meanwhile); the drop is
 // stored at the next settle. A crash before it brought the ids back, and
@@ -27,14 +69,8 @@ func TestForgottenIDsStayForgottenAfterACrash(t *testing.T) {
 		name := map[bool]string{false: "crash before the next settle", true: "idle log: a settle moves nothing"}[idle]
 		t.Run(name, func(t *testing.T) {
 			ctx := context.Background()
-			dir := t.TempDir()
-			l := hardLedger(t, dir, "a1", "a2")
-			clock := engine.NewManualClock(time.Date(2026, 6, 10, 0, 0, 0, 0, time.UTC))
-			var owns1, owns2 atomic.Bool
-			owns1.Store(true)
-			n1 := &restartRig{t: t, l: l, clock: clock, dir: dir, node: "n1"}
-			n1.openOwning(&owns1)
-			n1.refresh()
+			o := newTwoOwners(t, "a1", "a2")
+			n1 := o.n1
 			k := shard.Charge{Route: "r", Units: 10, EventID: "K", ClientID: true}
 			res, err := n1.e.Charge(ctx, "a1", k)
 			if err != nil || res.Reason != shard.OK {
@@ -42,7 +78,7 @@ func TestForgottenIDsStayForgottenAfterACrash(t *testing.T) {
 			}
 			n1.settle()
 			// a1 moves to n2: n1 hands back, settles, refreshes, forgets.
-			owns1.Store(false)
+			o.owns1.Store(false)
 			if err := n1.e.Release(ctx, "a1"); err != nil {
 				t.Fatal(err)
 			}
@@ -57,21 +93,8 @@ func TestForgottenIDsStayForgottenAfterACrash(t *testing.T) {
 				n1.charge("a2", 1) // other traffic, whose settle a crash cuts off
 			}
 			n1.close() // kill -9
-			owns2.Store(true)
-			n2 := &restartRig{t: t, l: l, clock: clock, dir: dir, node: "n2"}
-			n2.openOwning(&owns2)
-			n2.refresh()
-			if d, err := n2.e.Refund(ctx, "a1", "K", res.Receipt); err != nil || d.Reason != shard.Refunded {
-				t.Fatalf("refund K at n2: %s, %v", d.Reason, err)
-			}
-			n2.settle()
-			n2.close()
-			// a1 comes back to n1.
-			owns1.Store(true)
-			n1.openOwning(&owns1)
-			defer n1.close()
-			n1.settle()
-			n1.refresh()
+			o.refundAtN2(t, "K", res.Receipt)
+			o.backToN1(t)
 			again, err := n1.e.Charge(ctx, "a1", k)
 			if err != nil || again.Reason != shard.OK {
 				t.Errorf("a retry of K, refunded at n2, at n1: %s, %v; want a new charge (OK)", again.Reason, err)
@@ -88,17 +111,11 @@ func TestForgottenIDsStayForgottenAfterACrash(t *testing.T) {
 // ledger's by the first snapshot that includes all its records.
 func TestRestartedAccountTakesTheLedgersUse(t *testing.T) {
 	ctx := context.Background()
-	dir := t.TempDir()
-	l := hardLedger(t, dir, "a1")
-	clock := engine.NewManualClock(time.Date(2026, 6, 10, 0, 0, 0, 0, time.UTC))
-	var owns1, owns2 atomic.Bool
-	owns1.Store(true)
-	n1 := &restartRig{t: t, l: l, clock: clock, dir: dir, node: "n1"}
-	n1.openOwning(&owns1)
-	n1.refresh()
+	o := newTwoOwners(t, "a1")
+	n1 := o.n1
 	res := n1.charge("a1", 10)
 	n1.settle()
-	owns1.Store(false) // a1 moves to n2
+	o.owns1.Store(false) // a1 moves to n2
 	if err := n1.e.LetGo(ctx, "a1"); err != nil {
 		t.Fatal(err)
 	}
@@ -106,20 +123,8 @@ func TestRestartedAccountTakesTheLedgersUse(t *testing.T) {
 	n1.refresh()
 	n1.e.Forget("a1")
 	n1.close()
-	owns2.Store(true)
-	n2 := &restartRig{t: t, l: l, clock: clock, dir: dir, node: "n2"}
-	n2.openOwning(&owns2)
-	n2.refresh()
-	if d, err := n2.e.Refund(ctx, "a1", res.EventID, res.Receipt); err != nil || d.Reason != shard.Refunded {
-		t.Fatalf("refund at n2: %s, %v", d.Reason, err)
-	}
-	n2.settle()
-	n2.close()
-	owns1.Store(true) // a1 comes back to n1, restarted
-	n1.openOwning(&owns1)
-	defer n1.close()
-	n1.settle()
-	n1.refresh()
+	o.refundAtN2(t, res.EventID, res.Receipt)
+	o.backToN1(t) // restarted
 	if u, ok, err := n1.e.Usage("a1"); err != nil || !ok || u.Remaining != 100 {
 		t.Errorf("a1 at n1 after its restart and a refresh: %+v, %v; want 100 left, as the ledger has it (n2 refunded the charge)", u, err)
 	}

@@ -2519,14 +2519,6 @@ func wantBilled(t *testing.T, l Ledger, event string, units int64, why string) {
 func confOwedPerNode(t *testing.T, l Ledger) {
 	confSetup(t, l, 100, "acct-1")
 	a, b, c := confNode(t, l, "node-a"), confNode(t, l, "node-b"), confNode(t, l, "node-c")
-	billed := func(event string) (n int64) {
-		for _, e := range eventsOf(t, l, "acct-1") {
-			if e.EventID == event && !e.Refunded {
-				n += e.Units
-			}
-		}
-		return n
-	}
 	// e1: node-b's attempt and node-a's retry (refunded through node-b
 	// before node-a's charge settled) failed, and node-c's retry, served
 	// at first, was refunded through node-a.
@@ -2534,27 +2526,21 @@ func confOwedPerNode(t *testing.T, l Ledger) {
 		refundOf("acct-1", "e1", 4, confJune).attempt())
 	c.settle(t, chargeOf("acct-1", "e1", 4, confJune))
 	a.settle(t, chargeOf("acct-1", "e1", 4, confJune), refundOf("acct-1", "e1", 4, confJune).attempt().chargedBy("node-c"))
-	if got := billed("e1"); got != 0 {
-		t.Errorf("e1 billed %d units, want 0 (every attempt failed): %+v", got, eventsOf(t, l, "acct-1"))
-	}
+	wantBilled(t, l, "e1", 0, "every attempt failed")
 	// e2: node-b's and node-c's attempts both refunded through node-a
 	// before either charge settled.
 	a.settle(t, refundOf("acct-1", "e2", 3, confJune).attempt().chargedBy("node-b"),
 		refundOf("acct-1", "e2", 3, confJune).attempt().chargedBy("node-c"))
 	b.settle(t, chargeOf("acct-1", "e2", 3, confJune))
 	c.settle(t, chargeOf("acct-1", "e2", 3, confJune))
-	if got := billed("e2"); got != 0 {
-		t.Errorf("e2 billed %d units, want 0 (both attempts failed): %+v", got, eventsOf(t, l, "acct-1"))
-	}
+	wantBilled(t, l, "e2", 0, "both attempts failed")
 	// e3: node-b's attempt refunded through node-a (a tombstone), its
 	// charge settles, then node-a's retry, served, and node-c's, failed.
 	a.settle(t, refundOf("acct-1", "e3", 1, confJune).attempt().chargedBy("node-b"))
 	b.settle(t, chargeOf("acct-1", "e3", 1, confJune))
 	a.settle(t, chargeOf("acct-1", "e3", 1, confJune))
 	c.settle(t, chargeOf("acct-1", "e3", 1, confJune), refundOf("acct-1", "e3", 1, confJune).attempt())
-	if got := billed("e3"); got != 1 {
-		t.Errorf("e3 billed %d units, want 1 (node-a's retry was served): %+v", got, eventsOf(t, l, "acct-1"))
-	}
+	wantBilled(t, l, "e3", 1, "node-a's retry was served")
 	// e4: node-b's attempt failed (refunded through node-c), node-c's
 	// too (refunded through node-b before node-c's charge settled), and
 	// node-a's retry was served: node-c's debt does not count node-a's
@@ -2564,9 +2550,7 @@ func confOwedPerNode(t *testing.T, l Ledger) {
 	a.settle(t, chargeOf("acct-1", "e4", 2, confJune))
 	c.settle(t, refundOf("acct-1", "e4", 2, confJune).attempt().chargedBy("node-b"))
 	c.settle(t, chargeOf("acct-1", "e4", 2, confJune))
-	if got := billed("e4"); got != 2 {
-		t.Errorf("e4 billed %d units, want 2 (node-a's retry was served): %+v", got, eventsOf(t, l, "acct-1"))
-	}
+	wantBilled(t, l, "e4", 2, "node-a's retry was served")
 	// e5: a row of an older build, with a debt it did not name
 	// (served_again -1, no owed): any node's late charge pays it and is
 	// not billed, as before; the next served retry takes the event over.
@@ -2578,9 +2562,7 @@ func confOwedPerNode(t *testing.T, l Ledger) {
 	if res := c.settle(t, chargeOf("acct-1", "e5", 5, confJune)); len(res.Duplicates) != 0 {
 		t.Errorf("node-c's charge of e5, the debt paid: %+v, want billed", res)
 	}
-	if got := billed("e5"); got != 5 {
-		t.Errorf("e5 billed %d units, want 5: %+v", got, eventsOf(t, l, "acct-1"))
-	}
+	wantBilled(t, l, "e5", 5, "node-c's served retry took the event over")
 	wantUsage(t, l, "acct-1", 8)
 	wantReconciled(t, l)
 }

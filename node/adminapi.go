@@ -1317,7 +1317,7 @@ func alertView(a flush.AlertRecord) AlertView {
 func ParseThreshold(s string) (int, error) {
 	d := strings.TrimSuffix(s, "%")
 	t, err := strconv.Atoi(d)
-	if err != nil || d == "" || d[0] < '0' || d[0] > '9' || t < 1 || t > 100 {
+	if err != nil || d[0] < '0' || d[0] > '9' || t < 1 || t > 100 { // Atoi took d: not empty
 		return 0, fmt.Errorf("%q: want a percentage from 1 to 100", s)
 	}
 	return t, nil
