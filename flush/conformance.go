@@ -52,6 +52,7 @@ func RunConformance(t *testing.T, open func(t *testing.T) Ledger) {
 		{"LateChargesPayTheirOwnNodesDebts", confOwedPerNode},
 		{"ReleasedRefundAppliesThePendingOne", confReleasedRefundAppliesPending},
 		{"TakeBackBeforeARetryInOneBatch", confTakeBackBeforeRetry},
+		{"TakeBackCountsItsOwnNodesReplay", confTakeBackOfAnotherNodesReplay},
 		{"ReserveInALaterMonth", confReserveLaterMonth},
 		{"Refunds", confRefunds},
 		{"TombstoneThenCharge", confTombstone},
@@ -2628,5 +2629,51 @@ func confTakeBackBeforeRetry(t *testing.T, l Ledger) {
 		t.Errorf("e1 billed %d units, want 3 (node-a's retry was served): %+v", billed, eventsOf(t, l, "acct-1"))
 	}
 	wantUsage(t, l, "acct-1", 3)
+	wantReconciled(t, l)
+}
+
+// confTakeBackCountsItsOwnNodesReplay: a take-back counts off a replay of
+// the node that answered it (Replay.Origin), not another node's. node-a
+// charged e1 and answered a retry Replayed; the account moved to node-b,
+// which refunded node-a's attempt, charged a retry and answered another
+// Replayed; back at node-a, every one of them failed: node-a logged the
+// refund of node-b's retry, the take-back of node-b's replay and of its
+// own. node-a settled first: the take-back of node-b's replay, which had
+// not settled yet, counted off node-a's (the event's replays were one
+// count), node-a's own take-back then waited for a replay that had settled
+// already, and node-b's replay, settled last, found the event refunded and
+// billed it again: 2 units for a request that was never served (both
+// ledgers). Found by a randomized comparison of the two ledgers (seed
+// 4881, across the month's edge: e2).
+func confTakeBackOfAnotherNodesReplay(t *testing.T, l Ledger) {
+	confSetup(t, l, 100, "acct-1")
+	a, b := confNode(t, l, "node-a"), confNode(t, l, "node-b")
+	for _, c := range []struct {
+		event             string
+		first, retry, end time.Time
+	}{
+		{"e1", time.Date(2026, 6, 10, 12, 0, 0, 0, time.UTC), time.Date(2026, 6, 10, 12, 1, 0, 0, time.UTC), time.Date(2026, 6, 10, 12, 4, 0, 0, time.UTC)},
+		{"e2", time.Date(2026, 6, 30, 23, 59, 7, 0, time.UTC), time.Date(2026, 7, 1, 0, 0, 41, 0, time.UTC), time.Date(2026, 7, 1, 0, 3, 15, 0, time.UTC)},
+	} {
+		a.settle(t, chargeOf("acct-1", c.event, 2, "").at(c.first),
+			replayOf("acct-1", c.event).at(c.first),
+			refundOf("acct-1", c.event, 2, "").at(c.retry).attempt().chargedBy("node-b"),
+			takeBackOf("acct-1", c.event).at(c.retry).chargedBy("node-b"),
+			takeBackOf("acct-1", c.event).at(c.first))
+		b.settle(t, refundOf("acct-1", c.event, 2, "").at(c.first).attempt().chargedBy("node-a"))
+		b.settle(t, chargeOf("acct-1", c.event, 2, "").at(c.retry), replayOf("acct-1", c.event).at(c.retry))
+		wantBilled(t, l, c.event, 0, "no attempt was served")
+	}
+	// e3: a row of an older build, whose replay it did not name (replays
+	// 1, replayed_by empty): another node's take-back counts it off, as
+	// before, and the attempt's pending refund applies.
+	a.settle(t, chargeOf("acct-1", "e3", 3, confJune), replayOf("acct-1", "e3"), refundOf("acct-1", "e3", 3, confJune).attempt())
+	unnamed := `UPDATE events SET replayed_by = '{}' WHERE event_id = 'e3'`
+	if _, ok := l.(*SQLite); ok {
+		unnamed = `UPDATE events SET replayed_by = '[]' WHERE event_id = 'e3'`
+	}
+	mustExecSQL(t, l, unnamed)
+	b.settle(t, takeBackOf("acct-1", "e3").chargedBy("node-c"))
+	wantBilled(t, l, "e3", 0, "the older build's replay was taken back")
 	wantReconciled(t, l)
 }

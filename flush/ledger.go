@@ -239,13 +239,15 @@ var (
 //     after the event was refunded, and only that node's charge pays the
 //     debt back: another node's served retry still takes a refunded event
 //     over; served retries are named too, events.served_by, and an
-//     attempt's refund counts off only its own node's); not found, its tombstone names that node, and a charge from
-//     any other node (another attempt, served) takes the event over and is
-//     billed, the tombstone's node then owed; that node's own charge,
-//     settling on its tombstone first, makes it a plain refunded row. Replays (see replay.go) count as served retries too (their
-//     own count, events.replays), after the batch's charges and before its
-//     refunds. So an event is billed exactly when some attempt under it was
-//     served.
+//     attempt's refund counts off only its own node's); not found, its
+//     tombstone names that node, and a charge from any other node (another
+//     attempt, served) takes the event over and is billed, the tombstone's
+//     node then owed; that node's own charge, settling on its tombstone
+//     first, makes it a plain refunded row. Replays (see replay.go) count
+//     as served retries too (their own count, events.replays, named by node
+//     in events.replayed_by: a take-back counts off its own node's), in log
+//     order with the batch's charges and refunds. So an event is billed
+//     exactly when some attempt under it was served.
 //     With Events off: charges and refunds all apply, no dedup, and replays
 //     change nothing.
 //  3. Daily usage aggregates (account, key, route, UTC day): units and

@@ -131,7 +131,7 @@ const pgInsertChargesSQL = `WITH ins AS (
 // charges still owed (owed.go). $1, $2: node, incarnation;
 // $13: the row's month; $14, $15: the retry's, into which the row moves
 // (pgTakeOverWhere).
-const pgTakeOverSQL = `UPDATE events SET refunded = false, refunded_at = NULL, refund_wall = NULL, served_again = -cardinality(owed), served_by = '{}', replays = 0, refund_pending = false,
+const pgTakeOverSQL = `UPDATE events SET refunded = false, refunded_at = NULL, refund_wall = NULL, served_again = -cardinality(owed), served_by = '{}', replays = 0, replayed_by = '{}', refund_pending = false,
 	client_id = $3, key_id = $4, route = $5, units = $6, charged_at = $7, node_id = $1, incarnation = $2, seq = $8,
 	grant_ids = $9, grant_units = $10, period = $14, period_start = $15` + pgTakeOverWhere + ` AND refunded AND NOT tombstone`
 
@@ -150,7 +150,7 @@ WHERE account_id = $11 AND event_id = $12 AND period_start = $13
 // charge, when it arrives, is owed (a debt named for node_id in owed).
 // $1, $2: node, incarnation.
 const pgTakeOverTombstoneSQL = `UPDATE events SET refunded = false, refunded_at = NULL, tombstone = false,
-	served_again = -cardinality(owed) - 1, served_by = '{}', owed = owed || node_id, replays = 0,
+	served_again = -cardinality(owed) - 1, served_by = '{}', owed = owed || node_id, replays = 0, replayed_by = '{}',
 	refund_pending = false, client_id = $3, key_id = $4, route = $5, units = $6, charged_at = $7, node_id = $1, incarnation = $2,
 	seq = $8, grant_ids = $9, grant_units = $10, period = $14, period_start = $15` + pgTakeOverWhere + ` AND tombstone AND refund_pending`
 
@@ -807,7 +807,7 @@ func (s *pgSettle) probe(ctx context.Context, tx pgx.Tx, c *Charge) (origin, err
 
 // pgReplayRowSQL reads and locks the event a replay counts on (servedAgain:
 // the retries served under it, againRow.standing).
-const pgReplayRowSQL = `SELECT refunded, tombstone, refund_pending, served_again + cardinality(owed), replays, node_id, refund_wall,
+const pgReplayRowSQL = `SELECT refunded, tombstone, refund_pending, served_again + cardinality(owed), replays, replayed_by, node_id, refund_wall,
 	key_id, route, charged_at, units, grant_ids, grant_units
 FROM events WHERE account_id = $1 AND event_id = $2 AND period_start = $3 FOR UPDATE`
 
@@ -817,7 +817,7 @@ const pgReplayWriteSQL = `UPDATE events SET refunded = $4,
 	refunded_at = CASE WHEN NOT $4 THEN NULL WHEN refunded THEN refunded_at ELSE now() END,
 	tombstone = $5, refund_pending = $6, replays = $7, refund_wall = CASE WHEN $8 THEN refund_wall END,
 	node_id = CASE WHEN $9 THEN $10 ELSE node_id END, incarnation = CASE WHEN $9 THEN $11 ELSE incarnation END,
-	seq = CASE WHEN $9 THEN $12 ELSE seq END
+	seq = CASE WHEN $9 THEN $12 ELSE seq END, replayed_by = $13
 WHERE account_id = $1 AND event_id = $2 AND period_start = $3`
 
 // pgTakeBackLaterSQL keeps a take-back whose replay has not settled yet.
@@ -987,7 +987,7 @@ func (s *pgSettle) settleReplay(ctx context.Context, tx pgx.Tx, r *Replay) error
 	read := func() error {
 		s.res.RoundTrips++
 		return tx.QueryRow(ctx, pgReplayRowSQL, r.Account, r.EventID, rowStart).Scan(&row.refunded, &row.tombstone, &row.pending, &row.servedAgain,
-			&row.replays, &row.node, &refundWall, &ev.key, &ev.route, &chargedAt, &ev.units, &ids, &units)
+			&row.replays, &row.replayedBy, &row.node, &refundWall, &ev.key, &ev.route, &chargedAt, &ev.units, &ids, &units)
 	}
 	err := read()
 	if p, near := neighbourMonth(r.Period, r.Wall); errors.Is(err, pgx.ErrNoRows) && near {
@@ -1008,7 +1008,8 @@ func (s *pgSettle) settleReplay(ctx context.Context, tx pgx.Tx, r *Replay) error
 	case err != nil:
 		return err
 	}
-	if r.Delta < 0 && row.replays <= 0 {
+	names, counts := countOn(row, r, node)
+	if r.Delta < 0 && (row.replays <= 0 || !counts) {
 		s.res.RoundTrips++
 		_, err := tx.Exec(ctx, pgTakeBackLaterSQL, r.Account, r.EventID, start, node)
 		return err
@@ -1021,7 +1022,7 @@ func (s *pgSettle) settleReplay(ctx context.Context, tx pgx.Tx, r *Replay) error
 	retomb := row.tombstone && !next.tombstone
 	s.res.RoundTrips++
 	if _, err := tx.Exec(ctx, pgReplayWriteSQL, r.Account, r.EventID, rowStart, next.refunded, next.tombstone, next.pending, next.replays,
-		next.refundWall != nil, retomb, s.b.Node, s.b.Incarnation, int64(r.Seq)); err != nil {
+		next.refundWall != nil, retomb, s.b.Node, s.b.Incarnation, int64(r.Seq), names); err != nil {
 		return err
 	}
 	ev.chargeWall, ev.allocs = chargedAt.UnixNano(), rowAllocs(ids, units)

@@ -15,9 +15,19 @@ package flush
 // again. A take-back can settle before its replay (another owner logged it,
 // or the replay's owner was down): it waits in replay_takebacks, and the
 // replay, when it settles, is cancelled by it.
+//
+// Replays are counted by node (events.replayed_by, one entry per replay):
+// a take-back counts off a replay of the node that answered it (Origin, or
+// the batch's node), and waits for that node's replay when none has settled
+// yet. Counted on one number, the take-back of another node's replay that
+// had not settled yet counted off this node's, which had: this node's own
+// take-back then waited for ever, and the late replay billed an event whose
+// every attempt failed. Rows of older builds have no names: replays beyond
+// replayed_by are theirs, and any take-back counts them off.
 
 import (
 	"fmt"
+	"slices"
 
 	"github.com/quotaring/quotaring/shard"
 )
@@ -46,6 +56,7 @@ type Replay struct {
 type replayRow struct {
 	refunded, tombstone, pending bool
 	servedAgain, replays         int64
+	replayedBy                   []string // the nodes whose replays count, one entry per replay
 	node                         string
 	refundWall                   *int64 // Unix ns; nil: none (an attempt's refund, or none)
 }
@@ -100,6 +111,24 @@ func decideReplay(row replayRow, r *Replay, node string) (replayRow, replayOutco
 		return next, replayBilled
 	}
 	return next, replayCounted // covered by the event's own refund
+}
+
+// countOn names replay r of node on row (whose replays it counts on):
+// false for a take-back that finds no replay of node's to count off (nor an
+// older build's unnamed one), which waits in replay_takebacks for it.
+func countOn(row replayRow, r *Replay, node string) (replayedBy []string, counts bool) {
+	if extra := int64(len(row.replayedBy)) - max(row.replays, 0); extra > 0 {
+		// Names of replays an older build counted off (or cleared, taking
+		// the event over) without removing them: the oldest go.
+		row.replayedBy = row.replayedBy[extra:]
+	}
+	if r.Delta > 0 {
+		return append(slices.Clip(row.replayedBy), node), true
+	}
+	if rest, ok := takeOne(row.replayedBy, node); ok {
+		return rest, true
+	}
+	return row.replayedBy, row.replays > int64(len(row.replayedBy))
 }
 
 // replayNode is the node that answered r's replay.

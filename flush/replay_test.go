@@ -2,6 +2,7 @@ package flush
 
 import (
 	"context"
+	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -133,5 +134,33 @@ func TestReplayServedBeforeAHandoffStaysBilled(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// countOn names replays by node: a take-back counts off its own node's
+// replay, or an older build's unnamed one, and otherwise waits; names an
+// older build left behind (more names than replays) are dropped, oldest
+// first, so that they neither count nor hide an unnamed replay.
+func TestCountOnNamesReplaysByNode(t *testing.T) {
+	replay, takeBack := &Replay{Delta: 1}, &Replay{Delta: -1}
+	for _, c := range []struct {
+		name   string
+		row    replayRow
+		r      *Replay
+		node   string
+		want   []string
+		counts bool
+	}{
+		{"a replay is named", replayRow{replays: 1, replayedBy: []string{"a"}}, replay, "b", []string{"a", "b"}, true},
+		{"its own node's", replayRow{replays: 2, replayedBy: []string{"a", "b"}}, takeBack, "b", []string{"a"}, true},
+		{"another node's waits", replayRow{replays: 1, replayedBy: []string{"a"}}, takeBack, "b", []string{"a"}, false},
+		{"an unnamed one", replayRow{replays: 2, replayedBy: []string{"a"}}, takeBack, "b", []string{"a"}, true},
+		{"stale names go", replayRow{replays: 1, replayedBy: []string{"a", "b"}}, takeBack, "a", []string{"b"}, false},
+		{"stale names of none", replayRow{replays: 0, replayedBy: []string{"a"}}, replay, "a", []string{"a"}, true},
+	} {
+		got, counts := countOn(c.row, c.r, c.node)
+		if !slices.Equal(got, c.want) || counts != c.counts {
+			t.Errorf("%s: countOn(%+v, delta %d, %s) = %v, %v; want %v, %v", c.name, c.row, c.r.Delta, c.node, got, counts, c.want, c.counts)
+		}
 	}
 }

@@ -238,7 +238,7 @@ func (st *sqliteSettle) logCharge(ctx context.Context, ins *sql.Stmt, c *Charge)
 // still owed.
 func (st *sqliteSettle) takeOver(ctx context.Context, c *Charge, owed []string) error {
 	if _, err := st.exec(ctx, `UPDATE events SET refunded = 0, refunded_at = NULL, refund_wall = NULL, tombstone = 0, served_again = ?, served_by = '[]', owed = ?,
-			replays = 0, refund_pending = 0, client_id = ?,
+			replays = 0, replayed_by = '[]', refund_pending = 0, client_id = ?,
 			key_id = ?, route = ?, units = ?, charged_at = ?, period = ?, node_id = ?, incarnation = ?, seq = ?, allocations = ?
 		WHERE account_id = ? AND event_id = ?`, -int64(len(owed)), encodeNodes(owed), c.ClientID, c.Key, c.Route, c.Units, c.Wall, c.Period.String(),
 		st.b.Node, st.b.Incarnation, int64(c.Seq), encodeAllocs(c.Allocs), c.Account, c.EventID); err != nil {
@@ -263,11 +263,11 @@ func (st *sqliteSettle) settleReplay(ctx context.Context, r *Replay) error {
 	var row replayRow
 	var ev refundedEvent
 	var refundWall sql.NullInt64
-	var allocs string
+	var allocs, replayedBy string
 	// servedAgain: the retries served under the event (againRow.standing).
-	err := st.queryRow(ctx, `SELECT refunded, tombstone, refund_pending, served_again + json_array_length(owed), replays, node_id, refund_wall, key_id, route, charged_at, units, allocations
+	err := st.queryRow(ctx, `SELECT refunded, tombstone, refund_pending, served_again + json_array_length(owed), replays, replayed_by, node_id, refund_wall, key_id, route, charged_at, units, allocations
 		FROM events WHERE account_id = ? AND event_id = ?`, r.Account, r.EventID).Scan(&row.refunded, &row.tombstone, &row.pending, &row.servedAgain,
-		&row.replays, &row.node, &refundWall, &ev.key, &ev.route, &ev.chargeWall, &ev.units, &allocs)
+		&row.replays, &replayedBy, &row.node, &refundWall, &ev.key, &ev.route, &ev.chargeWall, &ev.units, &allocs)
 	switch {
 	case errors.Is(err, sql.ErrNoRows) && r.Delta > 0:
 		return nil // its charge is not in the log (events were off): nothing to count on
@@ -275,8 +275,13 @@ func (st *sqliteSettle) settleReplay(ctx context.Context, r *Replay) error {
 		row.replays = 0
 	case err != nil:
 		return err
+	default:
+		if row.replayedBy, err = decodeNodes(replayedBy); err != nil {
+			return fmt.Errorf("replayed_by: %w", err)
+		}
 	}
-	if r.Delta < 0 && row.replays <= 0 {
+	names, counts := countOn(row, r, node)
+	if r.Delta < 0 && (row.replays <= 0 || !counts) {
 		_, err := st.exec(ctx, `INSERT INTO replay_takebacks (account_id, event_id, node_id, count) VALUES (?, ?, ?, 1)
 			ON CONFLICT (account_id, event_id, node_id) DO UPDATE SET count = count + 1`, r.Account, r.EventID, node)
 		return err
@@ -293,9 +298,9 @@ func (st *sqliteSettle) settleReplay(ctx context.Context, r *Replay) error {
 			refunded_at = CASE WHEN NOT ?1 THEN NULL WHEN refunded THEN refunded_at ELSE ?2 END,
 			tombstone = ?3, refund_pending = ?4, replays = ?5, refund_wall = CASE WHEN ?6 THEN refund_wall END,
 			node_id = CASE WHEN ?7 THEN ?8 ELSE node_id END, incarnation = CASE WHEN ?7 THEN ?9 ELSE incarnation END,
-			seq = CASE WHEN ?7 THEN ?10 ELSE seq END
+			seq = CASE WHEN ?7 THEN ?10 ELSE seq END, replayed_by = ?13
 		WHERE account_id = ?11 AND event_id = ?12`, next.refunded, st.now, next.tombstone, next.pending, next.replays,
-		next.refundWall != nil, retomb, st.b.Node, st.b.Incarnation, int64(r.Seq), r.Account, r.EventID); err != nil {
+		next.refundWall != nil, retomb, st.b.Node, st.b.Incarnation, int64(r.Seq), r.Account, r.EventID, encodeNodes(names)); err != nil {
 		return err
 	}
 	st.plan.replayed(r.Account, out, ev, retomb)
