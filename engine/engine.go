@@ -104,6 +104,14 @@ type Options struct {
 	// Owns reports whether this node owns an account now. It is called under
 	// the account's stripe lock; nil means every account.
 	Owns func(account string) bool
+	// Tenure, when set, names the stretch of time over which this node has
+	// owned account without a break (ring.Ring.Tenure; 0: it does not own
+	// it). Called like Owns. An account found under another tenure than the
+	// one it last decided under went to another node and came back, whether
+	// or not the node let it go meanwhile (its ring's changes can come too
+	// late for that): it is regained (see regainLocked), since the other
+	// owner may have refunded or charged its events meanwhile.
+	Tenure func(account string) uint64
 	// MayRefund, when set, lets refunds through for an account Owns says
 	// this node does not own: a draining node's accounts while no member
 	// serves them (the whole cluster stopping at once). Called like Owns.
@@ -214,7 +222,9 @@ type entry struct {
 	letGo bool
 	// reseed is set when the account came back while letGo (regainLocked):
 	// the next snapshot with all its records sets its use to the ledger's.
-	reseed  bool
+	reseed bool
+	// tenure is Options.Tenure's at the account's last decision (0: none yet).
+	tenure  uint64
 	chunk   int64 // size of its last reservation
 	topping bool  // a top-up is queued
 	// waiting is the units of charges blocked on a reservation right now: a
@@ -375,6 +385,14 @@ func (e *Engine) entryLocked(st *stripe, account string) (*entry, bool) {
 		return nil, false
 	}
 	if ent, ok := st.accounts[account]; ok {
+		if e.opts.Tenure != nil {
+			if t := e.opts.Tenure(account); t != 0 {
+				if ent.tenure != 0 && ent.tenure != t {
+					ent.letGo = true // away and back: regained below
+				}
+				ent.tenure = t
+			}
+		}
 		if ent.letGo && e.ownsLocked(account) {
 			regainLocked(ent)
 		}
@@ -382,6 +400,9 @@ func (e *Engine) entryLocked(st *stripe, account string) (*entry, bool) {
 	}
 	cfg, _ := snap.AccountConfig(account)
 	ent := &entry{acct: shard.NewAccount(cfg)}
+	if e.opts.Tenure != nil {
+		ent.tenure = e.opts.Tenure(account)
+	}
 	st.accounts[account] = ent
 	return ent, true
 }

@@ -128,3 +128,37 @@ func openOwned(t *testing.T, ledger *fakeLedger) (*Engine, *wal.Log, *atomic.Boo
 	t.Cleanup(func() { e.Close(); l.Close() })
 	return e, l, owns
 }
+
+// The ring can take an account away and give it back before the node hears
+// of the loss (its Changes are read after the fact: by then the account is
+// its own again, and nothing is let go). The tenure tells: an account found
+// under another tenure than its last decision's is regained, so a retry of
+// k1, which the other owner refunded meanwhile, is charged, not answered
+// Replayed, and the usage by route does not count k1's refunded charge.
+func TestAccountBackUnderANewTenure(t *testing.T) {
+	ctx := context.Background()
+	tenure := new(atomic.Uint64)
+	tenure.Store(1)
+	l := openLog(t, t.TempDir())
+	e, err := Open(Options{Log: l, Clock: NewManualClock(time.Date(2026, 6, 10, 0, 0, 0, 0, time.UTC)),
+		Tenure: func(string) uint64 { return tenure.Load() }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close(); l.Close() })
+	refreshAcme(t, e, 1, 0)
+	k1 := shard.Charge{EventID: "k1", ClientID: true, Units: 4, Route: "GET /x"}
+	if res, err := e.Charge(ctx, "acme", k1); err != nil || res.Reason != shard.OK {
+		t.Fatalf("charge: %+v %v", res, err)
+	}
+	if res, err := e.Charge(ctx, "acme", k1); err != nil || res.Reason != shard.Replayed {
+		t.Fatalf("a retry under the same tenure: %+v %v, want Replayed", res, err)
+	}
+	tenure.Store(2) // away and back; the other owner refunded k1
+	if res, err := e.Charge(ctx, "acme", k1); err != nil || res.Reason != shard.OK {
+		t.Fatalf("the retry under a new tenure: %+v %v, want OK (charged: what this node remembers of k1 is stale)", res, err)
+	}
+	if u, ok, err := e.Usage("acme"); err != nil || !ok || u.Routes["GET /x"] != 4 {
+		t.Errorf("usage under the new tenure: %+v, %v; want 4 units on GET /x (the retry's)", u, err)
+	}
+}

@@ -719,6 +719,7 @@ func regainLocked(ent *entry) {
 	}
 	ent.letGo = false
 	ent.acct.ForgetIDs()
+	ent.acct.ForgetRoutes()
 	ent.dirty = true
 	ent.reseed = true
 }

@@ -543,7 +543,7 @@ func (n *Node) openEngine(pauseBound time.Duration) error {
 		Log: n.wal, Clock: n.clock, Reserver: (*nodeReserver)(n), ReserveWindow: n.cfg.SettleInterval,
 		LedgerTimeout: n.cfg.LedgerTimeout, // top-ups and release retries, bounded as settles are
 		Params:        shard.Params{DedupMax: n.cfg.DedupMaxIDs, MaxReplays: int32(max(-1, min(n.cfg.DedupMaxReplays, 1<<30)))},
-		Owns:          n.owns, MayRefund: n.drainOwns, Hold: n.pause.check, Logger: n.log.With("component", "engine"), OnCharge: n.onCharge,
+		Owns:          n.owns, Tenure: n.tenure, MayRefund: n.drainOwns, Hold: n.pause.check, Logger: n.log.With("component", "engine"), OnCharge: n.onCharge,
 		SettleSoon: n.settleSoon,
 	})
 	if err != nil {
@@ -578,6 +578,16 @@ func (n *Node) owns(account string) bool {
 	}
 	m, ok := r.Owner(account)
 	return ok && m.ID == n.cfg.ID
+}
+
+// tenure is the engine's Tenure: the ring's, 0 while the node leaves (it
+// owns nothing then; see owns).
+func (n *Node) tenure(account string) uint64 {
+	r := n.ring.Load()
+	if r == nil || n.leaving.Load() {
+		return 0
+	}
+	return r.Tenure(account)
 }
 
 // drainOwns is the engine's MayRefund: while this node drains and no

@@ -111,7 +111,14 @@ type snapshot struct {
 	// node's config, sorted by member.
 	mismatches []Mismatch
 	err        error // why table does not match members, if it doesn't
-	changed    chan struct{}
+	// gen counts this process's tables: one more for each table with a new
+	// epoch. (An epoch names a set of members, so it comes back with the
+	// set: no good to tell one tenure from the next.)
+	gen uint64
+	// tenure maps partition -> the gen since which this node has owned it
+	// without a break (0: not this node's); see Ring.Tenure.
+	tenure  []uint64
+	changed chan struct{}
 }
 
 // nodeEvent is a memberlist event, copied out of the callback.
@@ -240,6 +247,39 @@ func (r *Ring) Self() Meta {
 // serving.
 func (r *Ring) Owner(account string) (Meta, bool) {
 	return r.state.Load().table.Owner(account)
+}
+
+// Tenure names the stretch of time over which this node has owned account
+// without a break (a number that grows with each table this process
+// builds), or is 0 when it does not own it. An account's owner compares it
+// with the tenure it last decided under: an account that went to another
+// node and came back between two of its requests has a new tenure, and
+// what the node remembers of it from before is stale, since the other owner
+// may have refunded or charged its events meanwhile. (The subscriber's
+// Changes can miss it: when the loss is read after the account came back,
+// the account looks owned and is not let go.)
+func (r *Ring) Tenure(account string) uint64 {
+	s := r.state.Load()
+	if p := r.layout.Partition(account); p < len(s.tenure) {
+		return s.tenure[p]
+	}
+	return 0
+}
+
+// tenureOf is the tenure of each partition in t, gen-th table: this
+// node's (self) since old's tenure, or since gen.
+func tenureOf(old *snapshot, t *Table, gen uint64, self string) []uint64 {
+	out := make([]uint64, t.layout.PartitionCount)
+	for p := range out {
+		switch {
+		case ownerID(t, p) != self:
+		case p < len(old.tenure) && old.tenure[p] != 0 && ownerID(old.table, p) == self:
+			out[p] = old.tenure[p]
+		default:
+			out[p] = gen
+		}
+	}
+	return out
 }
 
 // Partition returns the partition account hashes to. It depends only on the
@@ -640,6 +680,11 @@ func (r *Ring) publish(members map[string]Meta, warned map[string]Mismatch) {
 		next.table = t
 	}
 
+	next.gen, next.tenure = old.gen, old.tenure
+	if next.table.Epoch() != old.table.Epoch() {
+		next.gen++
+		next.tenure = tenureOf(old, next.table, next.gen, r.cfg.NodeID)
+	}
 	r.subMu.Lock()
 	r.state.Store(next)
 	if next.table.Epoch() != old.table.Epoch() {

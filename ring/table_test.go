@@ -516,3 +516,42 @@ func TestSplitLevel(t *testing.T) {
 		}
 	}
 }
+
+// A partition's tenure is the table since which this node has owned it
+// without a break: kept while it stays the node's, 0 while another node owns
+// it, and new when it comes back, though the members and so the epoch are
+// those of before.
+func TestTenure(t *testing.T) {
+	l := DefaultLayout()
+	s0 := &snapshot{table: mustTable(t, l)}
+	two, three := mustTable(t, l, "n1", "n2"), mustTable(t, l, "n1", "n2", "n3")
+	s1 := &snapshot{table: two, gen: 1, tenure: tenureOf(s0, two, 1, "n1")}
+	s2 := &snapshot{table: three, gen: 2, tenure: tenureOf(s1, three, 2, "n1")}
+	s3 := &snapshot{table: two, gen: 3, tenure: tenureOf(s2, two, 3, "n1")}
+	if two.Epoch() != s3.table.Epoch() {
+		t.Fatal("the same members made another epoch")
+	}
+	var kept, back int
+	for p := range l.PartitionCount {
+		o1, o2 := ownerID(two, p), ownerID(three, p)
+		switch {
+		case o1 != "n1":
+			if s1.tenure[p]|s2.tenure[p]|s3.tenure[p] != 0 {
+				t.Fatalf("partition %d, never n1's: tenures %d %d %d, want 0", p, s1.tenure[p], s2.tenure[p], s3.tenure[p])
+			}
+		case o2 == "n1":
+			kept++
+			if s1.tenure[p] != 1 || s2.tenure[p] != 1 || s3.tenure[p] != 1 {
+				t.Fatalf("partition %d, n1's throughout: tenures %d %d %d, want 1 1 1", p, s1.tenure[p], s2.tenure[p], s3.tenure[p])
+			}
+		default:
+			back++
+			if s1.tenure[p] != 1 || s2.tenure[p] != 0 || s3.tenure[p] != 3 {
+				t.Fatalf("partition %d, n1's, then %s's, then n1's again: tenures %d %d %d, want 1 0 3", p, o2, s1.tenure[p], s2.tenure[p], s3.tenure[p])
+			}
+		}
+	}
+	if kept == 0 || back == 0 {
+		t.Fatalf("%d partitions kept, %d came back: want some of each", kept, back)
+	}
+}

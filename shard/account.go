@@ -850,7 +850,9 @@ func (a *Account) notExhausted(allocs []Alloc, params *Params) {
 func (a *Account) unspend(rec *Record) {
 	a.spend(rec.Allocs, -1, rec.Reserved)
 	if rec.Period == a.period && a.routes != nil {
-		a.routes[rec.Route] -= rec.Units
+		// Never below zero: the routes count this owner's charges since the
+		// account came (back) here, and the refund may be of one before.
+		a.routes[rec.Route] = max(0, a.routes[rec.Route]-rec.Units)
 	}
 }
 
@@ -975,6 +977,13 @@ type Usage struct {
 	Reset     int64 // Unix seconds
 	Routes    map[string]int64
 }
+
+// ForgetRoutes drops the by-route counts of the period: the account came
+// back from another owner, which may have refunded charges counted here, so
+// these counts are stale. From here on they count what this owner charges
+// (as for an account that moved here), and Usage's total is the monthly
+// grant's, which the ledger reseeds.
+func (a *Account) ForgetRoutes() { clear(a.routes) }
 
 // Usage reports the current period's usage at now.
 func (a *Account) Usage(now Now) Usage {

@@ -1830,3 +1830,25 @@ func TestReplayTakenBackAfterTheIDWasForgotten(t *testing.T) {
 		t.Fatalf("a take-back with no receipt once the id was forgotten: %+v (record %+v), want UnknownEvent and nothing logged", d, rec)
 	}
 }
+
+// An account back from another owner counts by route what this owner
+// charges from then on (ForgetRoutes): a refund of a charge from before
+// (its receipt still refunds it) leaves the route at zero, not below, and
+// the month's use is the grant's.
+func TestRefundOfAChargeBeforeTheRoutesWereForgotten(t *testing.T) {
+	p := DefaultParams()
+	a := NewAccount(AccountConfig{ID: "a", Plan: hardPlan(10)})
+	now := at("2026-06-10T00:00:00Z")
+	_, crec := charge(a, "k", 4, now, &p)
+	receipt := &Receipt{EventID: "k", Node: "n1", Gen: crec.Gen, Units: 4, Period: crec.Period, Route: "GET /x", Allocs: crec.Allocs}
+	a.ForgetIDs()
+	a.ForgetRoutes()
+	charge(a, "k2", 1, now, &p)
+	var rec Record
+	if d := a.Refund("k", receipt, "n1", now, &p, &rec); d.Reason != Refunded {
+		t.Fatalf("refund by receipt of a charge from before: %+v", d)
+	}
+	if u := a.Usage(now); u.Routes["GET /x"] != 0 || u.Used != 1 {
+		t.Errorf("usage after the refund: %+v; want GET /x at 0 (not below) and 1 used (k2)", u)
+	}
+}
