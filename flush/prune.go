@@ -174,7 +174,18 @@ func checkPrunable(o PruneOptions, months []shard.Period, nodes []NodeRow, now t
 			"%v after it was last heard from, or name it with --lost-node",
 			ErrInvalid, o.Before, strings.Join(names, ", "), oldBuildWindow)
 	}
-	for _, p := range append(slices.Clone(months), o.Before) {
+	// Every month from the first one dropped to Before, not only those
+	// with events: a dropped month's charges may be refunded in the next
+	// month, whose only records may be such refunds (they land on the
+	// dropped month's rows and leave none of their own).
+	check := []shard.Period{o.Before}
+	if len(months) > 0 {
+		check = check[:0]
+		for p := slices.Min(months); p <= o.Before; p++ {
+			check = append(check, p)
+		}
+	}
+	for _, p := range check {
 		if final, unsettled := SettledMonth(live, p, now); !final {
 			var names []string
 			for _, n := range unsettled {

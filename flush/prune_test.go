@@ -1,9 +1,13 @@
 package flush
 
 import (
+	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/quotaring/quotaring/shard"
 )
 
 // A prune waits for nodes that may run a quotad from before the retention
@@ -37,5 +41,25 @@ func TestOlderBuilds(t *testing.T) {
 	}
 	if fmt.Sprint(got) != "[n1/a n6/old]" {
 		t.Fatalf("olderBuilds = %v, want [n1/a n6/old]", got)
+	}
+}
+
+// A month's charges may be refunded in the next month: a prune that drops
+// June must wait for July to be final even when July has no events of its
+// own (its only records were refunds of June's charges, which land on
+// June's rows), or a node that crashed in July holding such a refund has
+// it settled against a month already dropped.
+func TestPruneWaitsForTheMonthAfterADroppedOne(t *testing.T) {
+	now := time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC)
+	june := shard.Period(2026*12 + 5)
+	x := NodeRow{Node: "x", Incarnation: "x-inc", Build: "v9.9.9", SchemaKnown: 14,
+		Heartbeat:      time.Date(2026, 7, 20, 0, 0, 0, 0, time.UTC), // heard from in July, then crashed
+		SettledThrough: time.Date(2026, 7, 10, 0, 0, 0, 0, time.UTC)} // settled all it held on 10 July only
+	err := checkPrunable(PruneOptions{Before: june + 2}, []shard.Period{june}, []NodeRow{x}, now)
+	if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "2026-07 is not final") {
+		t.Fatalf("prune of June before August while x may hold July's refunds of June: %v, want ErrInvalid naming 2026-07", err)
+	}
+	if err := checkPrunable(PruneOptions{Before: june + 2, Lost: []string{"x"}}, []shard.Period{june}, []NodeRow{x}, now); err != nil {
+		t.Fatalf("the same with x lost: %v", err)
 	}
 }
