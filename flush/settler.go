@@ -110,6 +110,9 @@ type Settler struct {
 	// the log in an outage).
 	beatLog logsample.Sampler
 	stats   SettlerStats
+	// drain is the point the next batch that reaches drain.seq claims the
+	// log drained at (Batch.DrainedAt). Protected by mu.
+	drain drainMark
 
 	kick   chan struct{}
 	cancel context.CancelFunc
@@ -124,6 +127,7 @@ type SettlerStats struct {
 type logView interface {
 	SettledSeq() uint64
 	DurableSeq() uint64
+	LastSeq() uint64
 	Scan(after, upto uint64, fn func(seq uint64, payload []byte) error) error
 	NodeID() string
 	Incarnation() string
@@ -391,6 +395,25 @@ func (s *Settler) SettleOnce(ctx context.Context) (int, error) {
 	return total, nil
 }
 
+// drainMark is a time, at, and the log's last record then, seq: every
+// record made before at has a seq up to seq (give or take drainSlack), so
+// once the log is settled through seq the node holds nothing unsettled made
+// before at. The durable end is no such mark: a record made before it is
+// read may still wait for the disk (a charge in the middle of its fsync, or
+// a disk that stalls across midnight), and settles after. The last record
+// is, but under steady traffic the log is never settled through the one
+// appended as the settle starts; so a round takes a mark and a later batch
+// that reaches it claims it.
+type drainMark struct {
+	at  time.Time
+	seq uint64
+}
+
+// drainSlack is how much earlier than a mark's time a batch claims: a
+// decision takes its record's time, then waits for its account's lock and
+// the log's before its record gets a seq.
+const drainSlack = time.Second
+
 // heartbeat refreshes this node's heartbeat_at in the ledger unless a
 // settle or an earlier heartbeat did within the last Heartbeat.
 func (s *Settler) heartbeat(ctx context.Context) error {
@@ -407,8 +430,8 @@ func (s *Settler) heartbeatLocked(ctx context.Context) error {
 	// An idle node still says it is alive, so that quotad revoke can tell a
 	// running node from a lost one.
 	var drainedAt time.Time
-	if looked := time.Now(); s.log.DurableSeq() == s.log.SettledSeq() { // NB: the time before the look, as in settleBatch
-		drainedAt = looked
+	if looked := time.Now(); s.log.LastSeq() == s.log.SettledSeq() { // NB: the time before the look (drainMark)
+		drainedAt = looked.Add(-drainSlack)
 	}
 	if err := s.call(ctx, "heartbeat", func(ctx context.Context) error {
 		_, err := s.opts.Ledger.Heartbeat(ctx, s.node, s.inc, drainedAt)
@@ -449,8 +472,12 @@ func (s *Settler) warnBeat(err error) {
 const HeartbeatEvery = 2 * time.Second
 
 func (s *Settler) settleBatch(ctx context.Context) (n int, more bool, err error) {
-	readAt := time.Now() // NB: before the durable end is read; a record durable after it is made after it
+	readAt := time.Now() // NB: before the last record is read (drainMark)
+	last := s.log.LastSeq()
 	prev, durable := s.log.SettledSeq(), s.log.DurableSeq()
+	if s.drain.at.IsZero() || s.drain.seq <= prev {
+		s.drain = drainMark{at: readAt, seq: last} // none waits: a new one
+	}
 	if durable <= prev {
 		return 0, false, nil
 	}
@@ -460,8 +487,9 @@ func (s *Settler) settleBatch(ctx context.Context) (n int, more bool, err error)
 		return 0, false, err
 	}
 	next = b.Next // NB: cut before a charge of an event the batch refunds
-	if next == durable {
-		b.DrainedAt = readAt
+	mark := s.drain
+	if next >= mark.seq {
+		b.DrainedAt = mark.at.Add(-drainSlack)
 	}
 	t0 := time.Now()
 	s.log.NoteSettleSent(next)
@@ -510,6 +538,9 @@ func (s *Settler) settleBatch(ctx context.Context) (n int, more bool, err error)
 			s.limit, s.regrow = max(minBatch, s.limit/2), true
 		}
 		return 0, false, fmt.Errorf("flush: settle (%d, %d] of node %s: %w", prev, next, s.node, err)
+	}
+	if next >= mark.seq {
+		s.drain = drainMark{} // claimed: the next round takes a new one
 	}
 	if s.regrow && rep.Took < s.opts.CallTimeout/4 {
 		s.limit = min(s.opts.MaxBatch, 2*s.limit)

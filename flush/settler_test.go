@@ -12,9 +12,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/quotaring/quotaring/engine"
+	"github.com/quotaring/quotaring/internal/gatefs"
+	"github.com/quotaring/quotaring/internal/waitfor"
 	"github.com/quotaring/quotaring/shard"
 	"github.com/quotaring/quotaring/wal"
 )
@@ -305,12 +308,15 @@ func TestHeartbeatFailureMakesTheSettlerUnhealthy(t *testing.T) {
 // drainLedger records each batch's range and DrainedAt.
 type drainLedger struct {
 	Ledger
-	batches []*Batch
+	batches []*Batch     // read once the settles return
+	sent    atomic.Int64 // the batches settled
 }
 
 func (l *drainLedger) Settle(ctx context.Context, b *Batch) (SettleResult, error) {
 	l.batches = append(l.batches, b)
-	return l.Ledger.Settle(ctx, b)
+	res, err := l.Ledger.Settle(ctx, b)
+	l.sent.Add(1)
+	return res, err
 }
 
 // settleInBatches registers a Settler with opts (its Ledger wrapped to
@@ -414,4 +420,67 @@ func TestRetryOfARefundedEventSettlesInTheNextBatch(t *testing.T) {
 		}
 		wantReconciled(t, l)
 	})
+}
+
+// A batch claims the log drained (DrainedAt) only once it reaches every
+// record made before the time it claims, durable then or not: a charge in
+// the middle of its fsync when a settle read the log (a disk that stalls
+// across midnight) was made before that time and settled after it, and
+// the settle that read the log's durable end claimed it had nothing
+// unsettled: the month read final, then the charge was billed into it.
+func TestDrainedOnlyPastRecordsStillWaitingForTheDisk(t *testing.T) {
+	ctx := context.Background()
+	l := migratedSQLite(t, nil)
+	fs := gatefs.New(vfs.NewMem())
+	log, err := wal.Open(wal.Options{Dir: "data", NodeID: "q1", FS: fs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := engine.Open(engine.Options{Log: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close(); log.Close() })
+	t.Cleanup(fs.Release) // runs first: a failed test must not hang Close
+	dl := &drainLedger{Ledger: l}
+	s, err := NewSettler(SettlerOptions{Ledger: dl, Engine: e})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Register(ctx); err != nil {
+		t.Fatal(err)
+	}
+	appendCharges(t, e, 1)
+	fs.Arm()
+	rec := shard.Record{Type: shard.RecCharge, Account: "acct-1", EventID: "in-flight", Units: 1}
+	made := time.Now()
+	if _, err := log.Append(rec.AppendEncode(nil)); err != nil {
+		t.Fatal(err)
+	}
+	<-fs.Entered // its commit is inside fsync
+	// The settle reaches the ledger; marking its records settled here then
+	// waits for the disk too.
+	errc := make(chan error, 1)
+	go func() { _, err := s.SettleOnce(ctx); errc <- err }()
+	waitfor.Cond(t, 10*time.Second, "the first batch to reach the ledger", func() bool { return dl.sent.Load() == 1 })
+	fs.Release()
+	if err := <-errc; err != nil {
+		t.Fatal(err)
+	}
+	if err := log.WaitDurable(ctx, log.LastSeq()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.SettleOnce(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, b := range dl.batches {
+		got = append(got, fmt.Sprintf("(%d,%d] drained=%v", b.Prev, b.Next, !b.DrainedAt.IsZero()))
+	}
+	if want := []string{"(0,1] drained=false", "(1,2] drained=true"}; !slices.Equal(got, want) {
+		t.Fatalf("batches %v, want %v (the first left a record made before it unsettled)", got, want)
+	}
+	if at := dl.batches[1].DrainedAt; at.After(made) {
+		t.Errorf("the batch that settled the record claims the log drained at %v, after the record was made (%v)", at, made)
+	}
 }
