@@ -220,8 +220,9 @@ type entry struct {
 	// letGo is set when Forget was asked while the snapshot lacked some of
 	// the account's records: the first snapshot that includes them drops it.
 	letGo bool
-	// reseed is set when the account came back while letGo (regainLocked):
-	// the next snapshot with all its records sets its use to the ledger's.
+	// reseed is set when the account came here (a new entry), came back
+	// while letGo (regainLocked) or was restored: the next snapshot with
+	// all its records sets its use to the ledger's.
 	reseed bool
 	// tenure is Options.Tenure's at the account's last decision (0: none yet).
 	tenure  uint64
@@ -399,7 +400,12 @@ func (e *Engine) entryLocked(st *stripe, account string) (*entry, bool) {
 		return ent, true
 	}
 	cfg, _ := snap.AccountConfig(account)
-	ent := &entry{acct: shard.NewAccount(cfg)}
+	// reseed: the snapshot's use may count a charge whose refund another
+	// owner (the account's last) had not settled when it was read; a refresh
+	// only raises use, so the first one that holds every record of this
+	// node's of the account sets it to the ledger's, as for an account
+	// regained (regainLocked) or restored.
+	ent := &entry{acct: shard.NewAccount(cfg), reseed: true}
 	if e.opts.Tenure != nil {
 		ent.tenure = e.opts.Tenure(account)
 	}

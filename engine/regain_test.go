@@ -162,3 +162,30 @@ func TestAccountBackUnderANewTenure(t *testing.T) {
 		t.Errorf("usage under the new tenure: %+v, %v; want 4 units on GET /x (the retry's)", u, err)
 	}
 }
+
+// An account that comes to this node is seeded from the config snapshot,
+// whose use may count a charge the account's last owner refunded and had
+// not settled when the ledger was read: 4 used where the ledger, a moment
+// later, says 0. A refresh only raises use (this node's unsettled charges
+// are not in the ledger), so the 4 stayed counted for the month: usage
+// showed them, and alerts read them. The first refresh that holds every
+// record of this node's of the account sets its use to the ledger's.
+func TestNewOwnerTakesTheLedgersUseOnceItHoldsItsRecords(t *testing.T) {
+	ctx := context.Background()
+	e, l, _ := openOwned(t, nil)
+	refreshAcme(t, e, 1, 4) // the last owner's charge, its refund not settled yet
+	if res, err := e.Charge(ctx, "acme", shard.Charge{EventID: "k2", ClientID: true, Units: 1}); err != nil || res.Reason != shard.OK {
+		t.Fatalf("charge: %+v %v", res, err)
+	}
+	refreshAcme(t, e, 2, 0) // the refund settled; k2 has not: 5 used here stay
+	if u, ok, err := e.Usage("acme"); err != nil || !ok || u.Used != 5 {
+		t.Fatalf("with k2 unsettled: %+v, %v; want 5 used (raised only)", u, err)
+	}
+	if err := e.Settle(ctx, l.DurableSeq()); err != nil {
+		t.Fatal(err)
+	}
+	refreshAcme(t, e, 3, 1) // the ledger: k2 only
+	if u, ok, err := e.Usage("acme"); err != nil || !ok || u.Used != 1 || u.Remaining != 99 {
+		t.Errorf("once the ledger holds k2: %+v, %v; want 1 used, 99 left, as the ledger says", u, err)
+	}
+}
