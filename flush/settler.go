@@ -546,7 +546,11 @@ func (s *Settler) settleBatch(ctx context.Context) (n int, more bool, err error)
 		s.limit = min(s.opts.MaxBatch, 2*s.limit)
 		s.regrow = s.limit < s.opts.MaxBatch
 	}
-	return int(next - prev), next < durable, nil
+	// One round more when the records the mark waits for are durable by
+	// now (they were on their way to the disk): a settle asked for (a
+	// drain, SettleNow) then ends with the log drained.
+	more = next < durable || (next < mark.seq && s.log.DurableSeq() >= mark.seq)
+	return int(next - prev), more, nil
 }
 
 func (s *Settler) afterCommit(ctx context.Context, b *Batch, res SettleResult) error {
