@@ -476,7 +476,9 @@ func (p *Postgres) RecordAlert(ctx context.Context, a AlertRecord) (bool, error)
 		return false, err
 	}
 	// NB: the second EXISTS sees the rows committed before this statement,
-	// so a claim this caller made earlier (its reply lost) counts as won.
+	// so a claim this caller made earlier (its reply lost) counts as won;
+	// one that committed while the INSERT waited on its key is looked for
+	// below.
 	var won bool
 	err := p.pool.QueryRow(ctx, `WITH ins AS (
 			INSERT INTO alerts (account_id, period, threshold, crossed_at, claim, used, limit_units, state)
@@ -485,6 +487,14 @@ func (p *Postgres) RecordAlert(ctx context.Context, a AlertRecord) (bool, error)
 		SELECT EXISTS (SELECT 1 FROM ins) OR EXISTS (SELECT 1 FROM alerts
 			WHERE account_id = $1 AND period = $2 AND threshold = $3 AND claim = $5)`,
 		a.Account, a.Period.String(), a.Threshold, a.CrossedAt, a.Claim, a.Used, a.Limit).Scan(&won)
+	if err == nil && !won {
+		// The statement's snapshot is from before it waited on the key: an
+		// earlier attempt of this claim (its reply lost) that committed
+		// meanwhile is not in it. A statement of its own sees it.
+		err = p.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM alerts
+			WHERE account_id = $1 AND period = $2 AND threshold = $3 AND claim = $4)`,
+			a.Account, a.Period.String(), a.Threshold, a.Claim).Scan(&won)
+	}
 	if err != nil {
 		return false, p.fail("record alert", err)
 	}

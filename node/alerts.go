@@ -189,6 +189,7 @@ type delivery struct {
 	sent     int       // webhook calls of this round
 	next     time.Time // when to make the next attempt
 	until    time.Time // the round's last send starts before it: half the lease after the claim
+	claimed  time.Time // when the first claim attempt started: the ledger's claim may date from it
 	body     []byte
 	outcome  flush.AlertState // what the report stage records
 	lastErr  string           // the round's last failure
@@ -246,6 +247,12 @@ func (n *Node) startAlerts() error {
 	setDefault(&c.AlertGiveUp, 72*time.Hour)
 	if c.AlertGiveUp < c.AlertLease {
 		return fmt.Errorf("node: alert give-up age %s is shorter than the alert lease %s: an alert whose first round failed would be given up before any node took it over", c.AlertGiveUp, c.AlertLease)
+	}
+	if c.AlertGiveUp < 2*c.AlertLease {
+		// The sweep that finds a claim past its lease gives the alert up
+		// first when it is past the give-up age too: with a give-up age
+		// within a sweep of the lease, never taken over.
+		return fmt.Errorf("node: alert give-up age %s is less than twice the alert lease %s: an alert whose first round failed would be given up by the sweep that was to take it over", c.AlertGiveUp, c.AlertLease)
 	}
 	a := &alerter{n: n, log: n.log.With("component", "alerts"), url: c.AlertWebhook, shownURL: redactURL(u), secret: []byte(c.AlertSecret),
 		thresholds: thresholds, retry: c.AlertRetry, lease: c.AlertLease, giveUp: c.AlertGiveUp, client: &http.Client{Timeout: alertTimeout,
@@ -477,6 +484,7 @@ func (a *alerter) run(ctx context.Context) {
 		}
 		select {
 		case <-ctx.Done():
+			pending = a.recordAtStop(ctx, pending)
 			if n := len(pending) + len(a.queue); n > 0 {
 				a.log.Warn("stopping with quota alerts not delivered: the claimed ones stay pending in the ledger, and a node takes them over once their lease runs out",
 					"alerts", n, "lease", a.lease)
@@ -496,6 +504,25 @@ func (a *alerter) run(ctx context.Context) {
 			return a.step(ctx, d)
 		})
 	}
+}
+
+// alertStopWait bounds recordAtStop.
+const alertStopWait = 5 * time.Second
+
+// recordAtStop makes a last attempt, at the stop, to record the outcomes
+// of the rounds that ended and wait to be recorded (a failed FinishAlert,
+// retried later): a delivery made and left pending in the ledger is sent
+// again by the next node to take it over. It returns the deliveries left.
+func (a *alerter) recordAtStop(ctx context.Context, pending []*delivery) []*delivery {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), alertStopWait)
+	defer cancel()
+	return slices.DeleteFunc(pending, func(d *delivery) bool {
+		if d.stage != stageReport || ctx.Err() != nil {
+			return false
+		}
+		d.attempts = alertAttempts // the last one
+		return a.reportStep(ctx, d, a.log.With("account", d.a.Account, "period", d.a.Period, "threshold", d.a.Threshold))
+	})
 }
 
 // sweep takes over the pending alerts whose claim's lease ran out (their
@@ -602,7 +629,12 @@ func (a *alerter) step(ctx context.Context, d *delivery) (done bool) {
 	d.attempts++
 	switch d.stage {
 	case stageClaim:
-		start := time.Now()
+		if d.claimed.IsZero() {
+			// An attempt whose reply was lost may have made the claim: the
+			// ledger dates the lease from it, and a retry that wins finds
+			// that claim, not a new one.
+			d.claimed = time.Now()
+		}
 		won, err := a.claim(ctx, al)
 		switch {
 		case err != nil && d.attempts >= alertAttempts:
@@ -619,7 +651,7 @@ func (a *alerter) step(ctx context.Context, d *delivery) (done bool) {
 			logger.Debug("alert already claimed by another node or an earlier start: not sent again")
 			return true
 		}
-		d.stage, d.attempts, d.until, d.body = stageSend, 1, start.Add(a.lease/2), alertBody(al.Alert)
+		d.stage, d.attempts, d.until, d.body = stageSend, 1, d.claimed.Add(a.lease/2), alertBody(al.Alert)
 		return a.sendStep(ctx, d, logger)
 	case stageSend:
 		return a.sendStep(ctx, d, logger)
@@ -639,7 +671,10 @@ func (a *alerter) sendStep(ctx context.Context, d *delivery, logger *slog.Logger
 		return a.endRound(ctx, d, logger, flush.AlertPending, why)
 	}
 	timeout := min(left, alertTimeout)
-	status, err := a.send(ctx, d.body, timeout)
+	// Not cut off by the stop: the receiver may have taken a call on its
+	// way, and its answer, recorded at the stop (recordAtStop), keeps the
+	// next node from sending the alert again. timeout bounds the wait.
+	status, err := a.send(context.WithoutCancel(ctx), d.body, timeout)
 	d.sent++
 	if err != nil && timeout < alertTimeout && errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
 		// The round's own end cut the call short, not the webhook: the

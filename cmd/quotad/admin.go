@@ -47,7 +47,7 @@ func (af *serveAdminFlags) register(cmd *cobra.Command, token *string) {
 	fl.StringVar(&af.secret, "alert-secret", "", "HMAC-SHA256 key that signs alerts (X-Quotaring-Signature); required with --alert-webhook, at least 16 characters; prefer QUOTAD_ALERT_SECRET or QUOTAD_ALERT_SECRET_FILE (a file holding it)")
 	fl.IntSliceVar(&af.thresholds, "alert-thresholds", []int{80, 100}, "percentages of a period's quota that alert, once per account and month each")
 	fl.DurationVar(&af.lease, "alert-lease", 10*time.Minute, "how long a claimed alert may stay undelivered before any node takes it over and tries again (a node's own round of retries ends before half of it); at least 30s")
-	fl.DurationVar(&af.giveUp, "alert-give-up", 72*time.Hour, "how long after its first claim an undelivered alert is given up; at least --alert-lease")
+	fl.DurationVar(&af.giveUp, "alert-give-up", 72*time.Hour, "how long after its first claim an undelivered alert is given up; at least twice --alert-lease")
 }
 
 func (af *serveAdminFlags) apply(cfg *node.Config, token string) error {
@@ -64,6 +64,9 @@ func (af *serveAdminFlags) apply(cfg *node.Config, token string) error {
 	}
 	if af.giveUp < af.lease {
 		return fmt.Errorf("--alert-give-up %s is shorter than --alert-lease %s: an undelivered alert is taken over only after the lease, so every alert whose first round of retries failed would be given up untried; give up after the lease or later (default 72h)", af.giveUp, af.lease)
+	}
+	if af.giveUp < 2*af.lease {
+		return fmt.Errorf("--alert-give-up %s is less than twice --alert-lease %s: the sweep that finds an undelivered alert past its lease gives it up first when it is past the give-up age too, so every alert whose first round of retries failed would be given up untried; give up after twice the lease or later (default 72h)", af.giveUp, af.lease)
 	}
 	// NB: checked without --alert-webhook too, so that adding the webhook
 	// later does not turn a node that started into one that does not.

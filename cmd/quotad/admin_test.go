@@ -556,3 +556,17 @@ func TestQuotadAdminTokenFile(t *testing.T) {
 		t.Fatalf("a missing file: %v", err)
 	}
 }
+
+// A give-up age under twice the lease gives an alert whose first round
+// failed up at the sweep that was to take it over: refused.
+func TestServeAlertGiveUpLeavesATakeover(t *testing.T) {
+	var cfg node.Config
+	af := serveAdminFlags{webhook: "http://billing/hooks", secret: "s", lease: 10 * time.Minute, giveUp: 10 * time.Minute}
+	if err := af.apply(&cfg, ""); err == nil || !strings.Contains(err.Error(), "less than twice --alert-lease") {
+		t.Fatalf("--alert-give-up equal to --alert-lease: %v, want it refused", err)
+	}
+	af.giveUp = 20 * time.Minute
+	if err := af.apply(&cfg, ""); err != nil {
+		t.Fatalf("--alert-give-up twice --alert-lease: %v", err)
+	}
+}
