@@ -506,8 +506,10 @@ func (a *alerter) run(ctx context.Context) {
 	}
 }
 
-// alertStopWait bounds recordAtStop.
-const alertStopWait = 5 * time.Second
+// alertStopWait bounds recordAtStop. Short: the stop waits for it before
+// the final settle, whose budget (--settle-timeout) it shares; a record
+// lost here costs a second delivery of the alert, not a unit.
+const alertStopWait = 2 * time.Second
 
 // recordAtStop makes a last attempt, at the stop, to record the outcomes
 // of the rounds that ended and wait to be recorded (a failed FinishAlert,
@@ -671,10 +673,7 @@ func (a *alerter) sendStep(ctx context.Context, d *delivery, logger *slog.Logger
 		return a.endRound(ctx, d, logger, flush.AlertPending, why)
 	}
 	timeout := min(left, alertTimeout)
-	// Not cut off by the stop: the receiver may have taken a call on its
-	// way, and its answer, recorded at the stop (recordAtStop), keeps the
-	// next node from sending the alert again. timeout bounds the wait.
-	status, err := a.send(context.WithoutCancel(ctx), d.body, timeout)
+	status, err := a.send(ctx, d.body, timeout)
 	d.sent++
 	if err != nil && timeout < alertTimeout && errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
 		// The round's own end cut the call short, not the webhook: the
