@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"net/http/httptrace"
@@ -17,6 +18,7 @@ import (
 	"path"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -475,6 +477,15 @@ func (f *front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			rec.failed = true // NB: an abort after a failed write, or once the client left, is the client leaving, not the upstream failing
 		}
 		if body != nil {
+			if f.proxy && clientLeft(r) && !body.answered.Load() && !body.eof.Load() {
+				// The client went away (an HTTP/2 stream reset) before its
+				// body ended and before an answer: the upstream cannot have
+				// had the whole request (the transport aborts it), so it is
+				// broken off as a failed read would say. ReverseProxy returns
+				// on the cancelled context, often before the transport
+				// reads the body again.
+				body.broken.Store(true)
+			}
 			body.handlerDone()
 		}
 		f.finish(rec, r, c, body)
@@ -557,11 +568,31 @@ func overrides(r *http.Request, fn func(method string)) {
 	}
 	// NB: parsed whenever the query holds an escape too: ?%5Fmethod=DELETE
 	// is _method to every framework that reads it, and skipped the check.
-	if q := r.URL.RawQuery; strings.Contains(q, "_method") || strings.IndexByte(q, '%') >= 0 {
-		for _, v := range r.URL.Query()["_method"] {
-			each(v)
+	// The name is read as PHP reads it too (Symfony, Laravel): ?.method
+	// and ?+_method are $_GET['_method'] there.
+	if q := r.URL.RawQuery; strings.Contains(q, "method") || strings.IndexByte(q, '%') >= 0 {
+		query := r.URL.Query()
+		// NB: in order: RequestTarget hashes what this finds.
+		for _, k := range slices.Sorted(maps.Keys(query)) {
+			if k != "_method" && phpName(k) != "_method" {
+				continue
+			}
+			for _, v := range query[k] {
+				each(v)
+			}
 		}
 	}
+}
+
+// phpName is a query parameter's name as PHP registers it: leading spaces
+// dropped, the other spaces and dots made underscores.
+func phpName(k string) string {
+	return strings.Map(func(c rune) rune {
+		if c == ' ' || c == '.' {
+			return '_'
+		}
+		return c
+	}, strings.TrimLeft(k, " "))
 }
 
 // validMethod reports whether m is a method token (RFC 9110 section 9.1).
@@ -736,6 +767,15 @@ func cleanPath(p string) string {
 		np += "/"
 	}
 	return np
+}
+
+// canonicalRedirectStatus reports a status a mux answers a path with when
+// it only redirects it to its canonical form: Go's ServeMux (and nginx,
+// gorilla's StrictSlash, chi's RedirectSlashes) send 301; some send 307 or
+// 308 to keep the method. Never 302 or 303: those are a handler's
+// Post/Redirect/Get, which did the work, even back to the same path.
+func canonicalRedirectStatus(code int) bool {
+	return code == http.StatusMovedPermanently || code == http.StatusTemporaryRedirect || code == http.StatusPermanentRedirect
 }
 
 // canonicalRedirect reports whether the 3xx next answered is the redirect
@@ -942,7 +982,7 @@ func (f *front) finish(rec *recorder, r *http.Request, c *charged, body *limited
 	case rec.failed:
 		why = "the upstream failed"
 	case left:
-	case c.canonical != "" && code >= 300 && code < 400 && f.canonicalRedirect(rec, r, c.canonical):
+	case c.canonical != "" && canonicalRedirectStatus(code) && f.canonicalRedirect(rec, r, c.canonical):
 		why = fmt.Sprintf("the upstream only redirected the request to its canonical path (%d)", code)
 	case f.opts.BillOn == BillOn2xx && (code < 200 && code != http.StatusSwitchingProtocols || code >= 400):
 		why = fmt.Sprintf("the answer was %d (bill-on 2xx)", code) // NB: a protocol upgrade that took place is a success
@@ -1298,6 +1338,7 @@ type limitedBody struct {
 	// or the handler is done with it) or the handler returned are not.
 	broken atomic.Bool
 	closed atomic.Bool
+	eof    atomic.Bool // a read reached the body's end
 	// answered: the final answer's head went out (recorder.final). A body
 	// broken off after it is not broken: the client had its answer (a
 	// full-duplex upstream answers before it reads the whole body), and
@@ -1313,6 +1354,13 @@ type limitedBody struct {
 	// done is set when the handler has returned: a ResponseController must
 	// not be used after, and the transport may still read (and fail).
 	done atomic.Bool
+	// rcMu makes setting the read deadline and handlerDone exclusive: the
+	// transport reads the body on its own goroutine, and a deadline it set
+	// after the check of done and after the handler returned used a
+	// ResponseWriter net/http had taken back (HTTP/2 pools its state: a nil
+	// dereference on a goroutine nothing recovers, or another stream's
+	// deadline; the race detector saw it).
+	rcMu sync.Mutex
 }
 
 // whyTooLarge is the refund's reason for a body over the limit.
@@ -1348,7 +1396,21 @@ func (b *limitedBody) Close() error {
 
 // handlerDone stops the read deadlines: ServeHTTP calls it as the handler
 // returns.
-func (b *limitedBody) handlerDone() { b.done.Store(true) }
+func (b *limitedBody) handlerDone() {
+	b.rcMu.Lock()
+	defer b.rcMu.Unlock()
+	b.done.Store(true)
+}
+
+// setReadDeadline sets the request's read deadline to d unless the handler
+// has returned (NB: ErrNotSupported leaves the body unbounded, as before).
+func (b *limitedBody) setReadDeadline(d time.Time) {
+	b.rcMu.Lock()
+	defer b.rcMu.Unlock()
+	if !b.done.Load() {
+		_ = b.rc.SetReadDeadline(d)
+	}
+}
 
 func (b *limitedBody) Read(p []byte) (int, error) {
 	timed := b.rc != nil && !b.done.Load()
@@ -1359,9 +1421,12 @@ func (b *limitedBody) Read(p []byte) (int, error) {
 				d = next
 			}
 		}
-		_ = b.rc.SetReadDeadline(d) // NB: ErrNotSupported leaves the body unbounded, as before
+		b.setReadDeadline(d)
 	}
 	n, err := b.ReadCloser.Read(p)
+	if err == io.EOF {
+		b.eof.Store(true)
+	}
 	if err != nil && !b.answered.Load() {
 		// NB: once the answer's head went out, a body cut off, stalled or
 		// broken is billed as any answered request: the client had its
@@ -1382,13 +1447,13 @@ func (b *limitedBody) Read(p []byte) (int, error) {
 	if timed && !b.done.Load() {
 		switch {
 		case err == io.EOF:
-			_ = b.rc.SetReadDeadline(time.Time{})
+			b.setReadDeadline(time.Time{})
 		case err == nil && b.idle > 0:
 			// The idle bound is on a read that waits, not on the time
 			// between reads: on HTTP/2 the deadline's timer closes the
 			// body even while no read waits, so an upstream that paused
 			// reading had a steady upload cut off as stalled (408).
-			_ = b.rc.SetReadDeadline(b.deadline)
+			b.setReadDeadline(b.deadline)
 		}
 	}
 	return n, err

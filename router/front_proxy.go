@@ -348,7 +348,13 @@ func upstreamError(w http.ResponseWriter, r *http.Request, err error, maxBody in
 		return
 	}
 	if r.Context().Err() != nil {
-		return // the client went away before the upstream got the request (refunded); nobody reads an answer
+		// The client went away before the upstream got the request: it was
+		// not served, so it is refunded whatever BillOn says (as a client
+		// that left while its charge was decided); nobody reads an answer.
+		if rec != nil && rec.refundFirst != nil && !errors.Is(context.Cause(r.Context()), ErrCutOff) {
+			rec.refundFirst("the client went away before the request was served")
+		}
+		return
 	}
 	if refunds && rec != nil && rec.refundFirst != nil {
 		rec.refundFirst("the upstream failed")
