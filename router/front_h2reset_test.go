@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/quotaring/quotaring/internal/waitfor"
 )
 
 // endless is a request body that never ends, counting what was taken.
@@ -78,13 +80,7 @@ func TestH2StreamResetMidBodyIsRefunded(t *testing.T) {
 				if paused {
 					// 2 MiB taken: past the upstream's 1 MiB window, so the
 					// proxy's transport waits to write, not to read.
-					deadline := time.Now().Add(10 * time.Second)
-					for body.n.Load() < 2<<20 {
-						if time.Now().After(deadline) {
-							t.Fatalf("the client sent only %d bytes", body.n.Load())
-						}
-						time.Sleep(time.Millisecond) // NB: polls the condition, under the deadline
-					}
+					waitfor.Cond(t, 10*time.Second, "the client to send 2 MiB", func() bool { return body.n.Load() >= 2<<20 })
 				}
 				cancel() // RST_STREAM mid-body
 				<-errc

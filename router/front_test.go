@@ -2044,15 +2044,23 @@ func TestProxyPricesAndPassesWhatTheUpstreamSees(t *testing.T) {
 // Through the proxy, to an upstream under a base path: a Go ServeMux's
 // redirect of a non-canonical path to its canonical one is refunded; a
 // path-cleaning upstream's Post/Redirect/Get 303 on the same path is the
-// handler's work, and billed (it was refunded every time).
+// handler's work, and billed (it was refunded every time), also when it
+// sends the client back to the very path it cleaned (a 303 to the list:
+// only a mux's 301, 307 or 308 runs no handler).
 func TestProxyRefundsOnlyTheCanonicalRedirect(t *testing.T) {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /base/v1/tasks", func(w http.ResponseWriter, r *http.Request) {
 		http.Redirect(w, r, "/base/v1/tasks/7", http.StatusSeeOther)
 	})
-	cleaning := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		r.URL.Path = path.Clean(r.URL.Path) // as nginx's merge_slashes or Express
-		mux.ServeHTTP(w, r)
+	cleaning := func(h http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			r.URL.Path = path.Clean(r.URL.Path) // as nginx's merge_slashes or Express
+			h.ServeHTTP(w, r)
+		})
+	}
+	backToList := http.NewServeMux()
+	backToList.HandleFunc("POST /base/v1/tasks", func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, "/base/v1/tasks", http.StatusSeeOther)
 	})
 	for _, tc := range []struct {
 		name     string
@@ -2060,7 +2068,8 @@ func TestProxyRefundsOnlyTheCanonicalRedirect(t *testing.T) {
 		refunded bool
 	}{
 		{"a ServeMux's redirect to the canonical path", mux, true},
-		{"a path-cleaning upstream's 303", cleaning, false},
+		{"a path-cleaning upstream's 303", cleaning(mux), false},
+		{"a path-cleaning upstream's 303 to the same path", cleaning(backToList), false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			up := httptest.NewServer(tc.up)
