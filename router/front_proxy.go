@@ -81,18 +81,34 @@ func validPort(p string) bool {
 type trailerCopy struct {
 	io.ReadCloser
 	in, out http.Header
+	strip   bool // StripAPIKeyHeader (dropTrailer)
 }
 
 func (t *trailerCopy) Read(p []byte) (int, error) {
 	n, err := t.ReadCloser.Read(p)
 	if err == io.EOF {
 		for k, v := range t.in {
-			if len(v) > 0 {
+			if len(v) > 0 && !dropTrailer(k, t.strip) {
 				t.out[k] = v
 			}
 		}
 	}
 	return n, err
+}
+
+// dropTrailer reports a request trailer (canonical name k) the proxy does
+// not pass on: the names it sets for the upstream to trust (the caller's
+// account and event, the Idempotency-Key it billed under) and, with strip,
+// the API key's. A client's trailer of that name reached an upstream that
+// reads trailers as headers (many merge them), with the client's value.
+func dropTrailer(k string, strip bool) bool {
+	switch k {
+	case HeaderAccount, HeaderEvent, "Idempotency-Key":
+		return true
+	case "Authorization", "X-Api-Key":
+		return strip
+	}
+	return false
 }
 
 // NewProxy returns the clustered proxy: Middleware(opts) around an
@@ -114,7 +130,8 @@ func (t *trailerCopy) Read(p []byte) (int, error) {
 // Responses stream: ReverseProxy flushes at once for text/event-stream and
 // for bodies of unknown length (chunked answers, gRPC), so Server-Sent
 // Events and streaming RPCs are not buffered. Trailers pass through, a
-// request's too (trailerCopy); the front reads grpc-status from them.
+// request's too (trailerCopy, but for dropTrailer's names); the front
+// reads grpc-status from them.
 //
 // CONNECT is refused with 501 problem+json before the API key is looked
 // up, uncharged: the proxy tunnels nothing.
@@ -165,8 +182,13 @@ func NewProxy(upstream *url.URL, opts FrontOptions) (http.Handler, error) {
 			if len(pr.In.Trailer) > 0 && pr.Out.Body != nil && pr.Out.Trailer != nil {
 				// ReverseProxy copies the request's Trailer map before the
 				// body is read, with the names and no values: the upstream
-				// got the trailers empty.
-				pr.Out.Body = &trailerCopy{ReadCloser: pr.Out.Body, in: pr.In.Trailer, out: pr.Out.Trailer}
+				// got the trailers empty. (Not those dropTrailer names.)
+				for k := range pr.Out.Trailer {
+					if dropTrailer(k, opts.StripAPIKeyHeader) {
+						delete(pr.Out.Trailer, k)
+					}
+				}
+				pr.Out.Body = &trailerCopy{ReadCloser: pr.Out.Body, in: pr.In.Trailer, out: pr.Out.Trailer, strip: opts.StripAPIKeyHeader}
 			}
 			pr.SetURL(upstream)
 			in, h := pr.In.Header, pr.Out.Header

@@ -2384,7 +2384,10 @@ func TestChargeFailureLinesAreSampled(t *testing.T) {
 
 // Request trailers pass through with their values (README: trailers pass
 // through): ReverseProxy copied the Trailer map before the body was read,
-// and the upstream got the names without values.
+// and the upstream got the names without values. Not those the proxy sets
+// for the upstream to trust (X-Quota-Account, X-Quota-Event), nor the key
+// it strips: a client's trailer named them and reached the upstream, which
+// may read trailers as headers.
 func TestRequestTrailersPassThrough(t *testing.T) {
 	for _, proto := range []string{"http", "h2c"} {
 		t.Run(proto, func(t *testing.T) {
@@ -2395,7 +2398,7 @@ func TestRequestTrailersPassThrough(t *testing.T) {
 			}))
 			u, _ := url.Parse(up.URL)
 			u.Scheme = proto
-			proxy, err := NewProxy(u, FrontOptions{Charger: &fakeCharger{decision: okDecision()}, Config: testConfig(t)})
+			proxy, err := NewProxy(u, FrontOptions{Charger: &fakeCharger{decision: okDecision()}, Config: testConfig(t), StripAPIKeyHeader: true})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -2403,7 +2406,7 @@ func TestRequestTrailersPassThrough(t *testing.T) {
 			client := &http.Client{Transport: &http.Transport{Protocols: front.Config.Protocols}, Timeout: 10 * time.Second}
 			req, _ := http.NewRequest("POST", front.URL+"/v1/tasks", io.MultiReader(strings.NewReader("payload")))
 			req.Header.Set("X-Api-Key", "secret")
-			req.Trailer = http.Header{"X-Checksum": {"abc"}}
+			req.Trailer = http.Header{"X-Checksum": {"abc"}, HeaderAccount: {"victim"}, HeaderEvent: {"forged"}, "X-Api-Key": {"secret"}}
 			res, err := client.Do(req)
 			if err != nil {
 				t.Fatal(err)
@@ -2411,8 +2414,8 @@ func TestRequestTrailersPassThrough(t *testing.T) {
 			res.Body.Close()
 			select {
 			case tr := <-got:
-				if tr.Get("X-Checksum") != "abc" {
-					t.Fatalf("the upstream got trailers %v; want X-Checksum: abc", tr)
+				if tr.Get("X-Checksum") != "abc" || tr.Get(HeaderAccount) != "" || tr.Get(HeaderEvent) != "" || tr.Get("X-Api-Key") != "" {
+					t.Fatalf("the upstream got trailers %v; want X-Checksum: abc and none the proxy sets or strips", tr)
 				}
 			case <-time.After(10 * time.Second): // NB: a deadline, not a wait
 				t.Fatal("the upstream never got the request")
