@@ -1715,6 +1715,20 @@ func confSettledThrough(t *testing.T, l Ledger) {
 	if _, err := l.Heartbeat(ctx, "node-t", "inc-t", ahead); err != nil || !through("node-t").Before(ahead.Add(-time.Hour)) {
 		t.Fatalf("after a heartbeat from a clock a day ahead: %v, settled through %v; want the ledger's now", err, through("node-t"))
 	}
+	// Every time in UTC, on both ledgers: Postgres gave the heartbeat in
+	// the process's zone (quotad admin nodes --json showed +01:00 beside
+	// the other times' Z).
+	rows, err := l.Nodes(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range rows {
+		for _, tm := range []time.Time{r.Heartbeat, r.Stopped, r.SettledThrough} {
+			if !tm.IsZero() && tm.Location() != time.UTC {
+				t.Errorf("node %s: a time in %v, want UTC: %+v", r.Node, tm.Location(), r)
+			}
+		}
+	}
 }
 
 func confEventsOff(t *testing.T, l Ledger) {

@@ -458,7 +458,7 @@ func (p *Postgres) Nodes(ctx context.Context) ([]NodeRow, error) {
 		var seq int64
 		var stopped, through *time.Time
 		err := r.Scan(&n.Node, &n.Incarnation, &seq, &n.Heartbeat, &stopped, &n.Build, &n.SchemaKnown, &through)
-		n.Settled = uint64(seq)
+		n.Settled, n.Heartbeat = uint64(seq), n.Heartbeat.UTC() // NB: pgx gives the process's zone; SQLite's are UTC
 		if stopped != nil {
 			n.Stopped = stopped.UTC()
 		}
