@@ -120,8 +120,14 @@ func migratedSQLite(t *testing.T, clock func() time.Time) *SQLite {
 // and a log and an engine of node q1, closed when the test ends.
 func ledgerRig(t *testing.T, clock func() time.Time) (*SQLite, *engine.Engine) {
 	t.Helper()
+	return ledgerRigOn(t, clock, wal.Options{Dir: t.TempDir(), NodeID: "q1"})
+}
+
+// ledgerRigOn is ledgerRig with the log opened with opts.
+func ledgerRigOn(t *testing.T, clock func() time.Time, opts wal.Options) (*SQLite, *engine.Engine) {
+	t.Helper()
 	l := migratedSQLite(t, clock)
-	log, err := wal.Open(wal.Options{Dir: t.TempDir(), NodeID: "q1"})
+	log, err := wal.Open(opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -319,21 +325,29 @@ func (l *drainLedger) Settle(ctx context.Context, b *Batch) (SettleResult, error
 	return res, err
 }
 
-// settleInBatches registers a Settler with opts (its Ledger wrapped to
-// keep the batches it is sent) and settles the engine's log to its end in
-// at most tries SettleOnce calls, and returns the batches.
-func settleInBatches(t *testing.T, opts SettlerOptions, tries int) []*Batch {
+// drainSettler is a registered Settler with opts, its Ledger wrapped to
+// keep the batches it is sent.
+func drainSettler(t *testing.T, opts SettlerOptions) (*Settler, *drainLedger) {
 	t.Helper()
-	ctx := context.Background()
 	dl := &drainLedger{Ledger: opts.Ledger}
 	opts.Ledger = dl
 	s, err := NewSettler(opts)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Register(ctx); err != nil {
+	if err := s.Register(context.Background()); err != nil {
 		t.Fatal(err)
 	}
+	return s, dl
+}
+
+// settleInBatches registers a Settler with opts (its Ledger wrapped to
+// keep the batches it is sent) and settles the engine's log to its end in
+// at most tries SettleOnce calls, and returns the batches.
+func settleInBatches(t *testing.T, opts SettlerOptions, tries int) []*Batch {
+	t.Helper()
+	ctx := context.Background()
+	s, dl := drainSettler(t, opts)
 	log := opts.Engine.Log()
 	for try := 0; log.SettledSeq() < log.DurableSeq(); try++ {
 		if try == tries {
@@ -430,26 +444,11 @@ func TestRetryOfARefundedEventSettlesInTheNextBatch(t *testing.T) {
 // unsettled: the month read final, then the charge was billed into it.
 func TestDrainedOnlyPastRecordsStillWaitingForTheDisk(t *testing.T) {
 	ctx := context.Background()
-	l := migratedSQLite(t, nil)
 	fs := gatefs.New(vfs.NewMem())
-	log, err := wal.Open(wal.Options{Dir: "data", NodeID: "q1", FS: fs})
-	if err != nil {
-		t.Fatal(err)
-	}
-	e, err := engine.Open(engine.Options{Log: log})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { e.Close(); log.Close() })
+	l, e := ledgerRigOn(t, nil, wal.Options{Dir: "data", NodeID: "q1", FS: fs})
 	t.Cleanup(fs.Release) // runs first: a failed test must not hang Close
-	dl := &drainLedger{Ledger: l}
-	s, err := NewSettler(SettlerOptions{Ledger: dl, Engine: e})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Register(ctx); err != nil {
-		t.Fatal(err)
-	}
+	log := e.Log()
+	s, dl := drainSettler(t, SettlerOptions{Ledger: l, Engine: e})
 	appendCharges(t, e, 1)
 	fs.Arm()
 	rec := shard.Record{Type: shard.RecCharge, Account: "acct-1", EventID: "in-flight", Units: 1}
