@@ -1009,7 +1009,7 @@ func (s *pgSettle) settleReplay(ctx context.Context, tx pgx.Tx, r *Replay) error
 		return err
 	}
 	names, counts := countOn(row, r, node)
-	if r.Delta < 0 && (row.replays <= 0 || !counts) {
+	if r.Delta < 0 && !counts {
 		s.res.RoundTrips++
 		_, err := tx.Exec(ctx, pgTakeBackLaterSQL, r.Account, r.EventID, start, node)
 		return err

@@ -115,7 +115,8 @@ func decideReplay(row replayRow, r *Replay, node string) (replayRow, replayOutco
 
 // countOn names replay r of node on row (whose replays it counts on):
 // false for a take-back that finds no replay of node's to count off (nor an
-// older build's unnamed one), which waits in replay_takebacks for it.
+// older build's unnamed one; none at all when row.replays <= 0), which
+// waits in replay_takebacks for it.
 func countOn(row replayRow, r *Replay, node string) (replayedBy []string, counts bool) {
 	if extra := int64(len(row.replayedBy)) - max(row.replays, 0); extra > 0 {
 		// Names of replays an older build counted off (or cleared, taking

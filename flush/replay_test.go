@@ -157,6 +157,7 @@ func TestCountOnNamesReplaysByNode(t *testing.T) {
 		{"an unnamed one", replayRow{replays: 2, replayedBy: []string{"a"}}, takeBack, "b", []string{"a"}, true},
 		{"stale names go", replayRow{replays: 1, replayedBy: []string{"a", "b"}}, takeBack, "a", []string{"b"}, false},
 		{"stale names of none", replayRow{replays: 0, replayedBy: []string{"a"}}, replay, "a", []string{"a"}, true},
+		{"none to count off", replayRow{replays: 0, replayedBy: []string{"a"}}, takeBack, "a", []string{}, false},
 	} {
 		got, counts := countOn(c.row, c.r, c.node)
 		if !slices.Equal(got, c.want) || counts != c.counts {

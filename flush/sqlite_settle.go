@@ -281,7 +281,7 @@ func (st *sqliteSettle) settleReplay(ctx context.Context, r *Replay) error {
 		}
 	}
 	names, counts := countOn(row, r, node)
-	if r.Delta < 0 && (row.replays <= 0 || !counts) {
+	if r.Delta < 0 && !counts {
 		_, err := st.exec(ctx, `INSERT INTO replay_takebacks (account_id, event_id, node_id, count) VALUES (?, ?, ?, 1)
 			ON CONFLICT (account_id, event_id, node_id) DO UPDATE SET count = count + 1`, r.Account, r.EventID, node)
 		return err
