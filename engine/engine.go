@@ -158,6 +158,10 @@ type Engine struct {
 	// snapSettled is the log's settled mark read before snap was: snap's
 	// settled use includes this node's records up to it (SetSnapshot).
 	snapSettled atomic.Uint64
+	// reads counts the ledger reads begun (ReadMark): an account reseeded
+	// (entry.reseed) takes its use only from a snapshot read after it
+	// came here.
+	reads atomic.Uint64
 	// keptMarkKnown: recover read snapSettled with the kept snapshot
 	// (metaSnapshotSettled). Written and read by Open only.
 	keptMarkKnown bool
@@ -222,8 +226,12 @@ type entry struct {
 	letGo bool
 	// reseed is set when the account came here (a new entry), came back
 	// while letGo (regainLocked) or was restored: the next snapshot with
-	// all its records sets its use to the ledger's.
-	reseed bool
+	// all its records, read after reseedAfter, sets its use to the
+	// ledger's. One read before (Engine.reads) may lack what the account's
+	// other owner settled before it let the account go: the refund of a
+	// charge made here, which would stay counted for the month.
+	reseed      bool
+	reseedAfter uint64
 	// tenure is Options.Tenure's at the account's last decision (0: none yet).
 	tenure  uint64
 	chunk   int64 // size of its last reservation
@@ -395,7 +403,7 @@ func (e *Engine) entryLocked(st *stripe, account string) (*entry, bool) {
 			}
 		}
 		if ent.letGo && e.ownsLocked(account) {
-			regainLocked(ent)
+			e.regainLocked(ent)
 		}
 		return ent, true
 	}
@@ -405,7 +413,7 @@ func (e *Engine) entryLocked(st *stripe, account string) (*entry, bool) {
 	// only raises use, so the first one that holds every record of this
 	// node's of the account sets it to the ledger's, as for an account
 	// regained (regainLocked) or restored.
-	ent := &entry{acct: shard.NewAccount(cfg), reseed: true}
+	ent := &entry{acct: shard.NewAccount(cfg), reseed: true, reseedAfter: e.reads.Load()}
 	if e.opts.Tenure != nil {
 		ent.tenure = e.opts.Tenure(account)
 	}
@@ -1055,18 +1063,44 @@ func cmpString(a, b string) int {
 // counts every record this node logged: one made by hand (tests, bench).
 const AllSettled = ^uint64(0)
 
-// SetSnapshot makes s the config to serve from, keeps it in the log as the
-// last good one (when its version is new), and applies it to every account
-// this node holds.
-//
-// settled is the log's settled mark (Log().SettledSeq()) read before the
-// ledger was asked for s: s's settled use includes this node's records up
-// to it. An account with records above it keeps its use as counted here
-// (shard.AccountConfig.UseBehind): its charge may have settled and its
-// refund not, and the ledger's figure would count that charge again.
+// A ReadMark is taken (Engine.ReadMark) just before the ledger is asked for
+// a snapshot, and handed with it to SetSnapshotRead: it tells what the
+// snapshot can hold.
+type ReadMark struct {
+	// Settled is the log's settled mark (Log().SettledSeq()): the
+	// snapshot's settled use includes this node's records up to it.
+	Settled uint64
+	// read numbers the read among those begun (Engine.reads): an account
+	// that came here after it began gets no use set from it (entry.reseed).
+	read uint64
+}
+
+// ReadMark marks a ledger read about to begin: see SetSnapshotRead.
+func (e *Engine) ReadMark() ReadMark {
+	return ReadMark{Settled: e.log.SettledSeq(), read: e.reads.Add(1)}
+}
+
+// SetSnapshot is SetSnapshotRead for a snapshot current when it is set (one
+// made by hand: tests, bench), whose settled use counts this node's records
+// up to settled.
 func (e *Engine) SetSnapshot(s *snapshot.Snapshot, settled uint64) error {
+	return e.SetSnapshotRead(s, ReadMark{Settled: settled, read: ^uint64(0)})
+}
+
+// SetSnapshotRead makes s the config to serve from, keeps it in the log as
+// the last good one (when its version is new), and applies it to every
+// account this node holds.
+//
+// m is the ReadMark taken before the ledger was asked for s. An account
+// with records above m.Settled keeps its use as counted here
+// (shard.AccountConfig.UseBehind): its charge may have settled and its
+// refund not, and the ledger's figure would count that charge again. An
+// account that came (back) here after m was taken keeps it too, raised at
+// most: s may lack what its last owner settled before letting it go.
+func (e *Engine) SetSnapshotRead(s *snapshot.Snapshot, m ReadMark) error {
+	settled := m.Settled
 	if old := e.snap.Load(); old != nil && old.Version == s.Version && e.kept.Load() {
-		e.applySnapshot(s, settled) // same config; fresher settled use for new accounts
+		e.applySnapshot(s, m) // same config; fresher settled use for new accounts
 		return nil
 	}
 	data, err := s.Encode()
@@ -1081,12 +1115,13 @@ func (e *Engine) SetSnapshot(s *snapshot.Snapshot, settled uint64) error {
 	if err := e.log.PutMeta(metaSnapshotSettled, binary.BigEndian.AppendUint64(nil, settled)); err != nil {
 		return fmt.Errorf("engine: keep snapshot %d's settled mark: %w", s.Version, err)
 	}
-	e.applySnapshot(s, settled)
+	e.applySnapshot(s, m)
 	e.kept.Store(true)
 	return nil
 }
 
-func (e *Engine) applySnapshot(s *snapshot.Snapshot, settled uint64) {
+func (e *Engine) applySnapshot(s *snapshot.Snapshot, m ReadMark) {
+	settled := m.Settled
 	e.snapSettled.Store(settled)
 	e.snap.Store(s)
 	dropped := false
@@ -1105,9 +1140,9 @@ func (e *Engine) applySnapshot(s *snapshot.Snapshot, settled uint64) {
 			}
 			if cfg, ok := s.AccountConfig(id); ok {
 				cfg.UseBehind = ent.acct.LastSeq > settled
-				cfg.Reseed = ent.reseed
+				cfg.Reseed = ent.reseed && m.read > ent.reseedAfter
 				ent.acct.Configure(cfg)
-				if !cfg.UseBehind {
+				if cfg.Reseed && !cfg.UseBehind {
 					ent.reseed = false
 				}
 			}

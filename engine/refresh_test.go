@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/quotaring/quotaring/shard"
+	"github.com/quotaring/quotaring/snapshot"
 )
 
 // refreshAcme applies what the refresher would read from a ledger holding
@@ -14,16 +15,23 @@ import (
 // mark read first.
 func refreshAcme(t *testing.T, e *Engine, version, used int64) {
 	t.Helper()
-	settled := e.Log().SettledSeq()
+	mark := e.ReadMark()
+	if err := e.SetSnapshotRead(acmeSnapshot(t, version, used), mark); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// acmeSnapshot is version of a snapshot of one account, acme, with a
+// quota of 100 and used settled in June 2026.
+func acmeSnapshot(t *testing.T, version, used int64) *snapshot.Snapshot {
+	t.Helper()
 	s := testSnapshot(t, map[string]int64{"acme": 100})
 	s.Version = version
 	s.Accounts[0].MonthlyUsed = map[string]int64{"m:2026-06": used}
 	if err := s.Build(); err != nil {
 		t.Fatal(err)
 	}
-	if err := e.SetSnapshot(s, settled); err != nil {
-		t.Fatal(err)
-	}
+	return s
 }
 
 // A config refresh raises an account's use to the ledger's settled use only

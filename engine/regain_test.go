@@ -73,7 +73,12 @@ func TestRegainedHardAccountGetsItsRefundedUnits(t *testing.T) {
 	if err := e.Settle(ctx, l.DurableSeq()); err != nil {
 		t.Fatal(err)
 	}
-	refreshAcme(t, e, 2, 0) // ledger: 0 used, 100 free
+	// The first refresh finds the account back: it may have been read
+	// before the account came back, so its use is not taken (see
+	// TestRegainedAccountIgnoresASnapshotReadBeforeItCameBack); the next
+	// one's is.
+	refreshAcme(t, e, 2, 0)
+	refreshAcme(t, e, 3, 0) // ledger: 0 used, 100 free
 	res, err := e.Charge(ctx, "acme", shard.Charge{EventID: "k2", ClientID: true, Units: 50})
 	if err != nil || res.Reason != shard.OK {
 		t.Fatalf("charge of 50 with the ledger at 0 of 100 used: %+v %v", res.Reason, err)
@@ -187,5 +192,52 @@ func TestNewOwnerTakesTheLedgersUseOnceItHoldsItsRecords(t *testing.T) {
 	refreshAcme(t, e, 3, 1) // the ledger: k2 only
 	if u, ok, err := e.Usage("acme"); err != nil || !ok || u.Used != 1 || u.Remaining != 99 {
 		t.Errorf("once the ledger holds k2: %+v, %v; want 1 used, 99 left, as the ledger says", u, err)
+	}
+}
+
+// A snapshot read before an account came back must not set its use: it
+// may lack what the other owner settled before letting the account go.
+// Here a refresh began while the account was away, read the ledger before
+// the other owner's refund of k1 settled (4 used), and was applied after
+// the account came back: it set the use to its 4 and counted the account
+// reseeded, so the refund stayed counted here for the month (a refresh
+// only raises use) and the retry of k1 made it 8. (Found by
+// TestAccountComesBackAfterARefundElsewhere under load: the owner showed 2
+// used where the ledger held 1.)
+func TestRegainedAccountIgnoresASnapshotReadBeforeItCameBack(t *testing.T) {
+	ctx := context.Background()
+	e, l, owns := openOwned(t, nil)
+	refreshAcme(t, e, 1, 0)
+	if res, err := e.Charge(ctx, "acme", shard.Charge{EventID: "k1", ClientID: true, Units: 4}); err != nil || res.Reason != shard.OK {
+		t.Fatalf("charge: %+v %v", res, err)
+	}
+	if err := e.Settle(ctx, l.DurableSeq()); err != nil {
+		t.Fatal(err)
+	}
+	owns.Store(false) // lost: the snapshot lacks k1's charge, so kept
+	if e.Forget("acme") {
+		t.Fatal("Forget dropped an account whose charge the snapshot lacks")
+	}
+
+	stale := e.ReadMark() // a refresh begins: the ledger has k1 charged, 4 used
+	// The other owner refunds k1 and settles; the account comes back.
+	owns.Store(true)
+	if err := e.SetSnapshotRead(acmeSnapshot(t, 2, 4), stale); err != nil {
+		t.Fatal(err)
+	}
+
+	res, err := e.Charge(ctx, "acme", shard.Charge{EventID: "k1", ClientID: true, Units: 4})
+	if err != nil || res.Reason != shard.OK {
+		t.Fatalf("retry of k1, refunded elsewhere: %+v %v; want charged", res, err)
+	}
+	if err := e.Settle(ctx, l.DurableSeq()); err != nil {
+		t.Fatal(err)
+	}
+	fresh := e.ReadMark() // the ledger: k1's first attempt refunded, the retry charged
+	if err := e.SetSnapshotRead(acmeSnapshot(t, 3, 4), fresh); err != nil {
+		t.Fatal(err)
+	}
+	if u, ok, err := e.Usage("acme"); err != nil || !ok || u.Used != 4 {
+		t.Errorf("after a refresh read with every record settled: %+v %v; want 4 used as the ledger says", u, err)
 	}
 }

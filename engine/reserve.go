@@ -713,7 +713,7 @@ func (e *Engine) Forget(account string) bool {
 // and refunded its charges meanwhile. Its ids go (as Forget's would), and
 // its use is set to the ledger's by the first snapshot that includes every
 // record of it (not only raised). REQUIRES: the account's stripe mu held.
-func regainLocked(ent *entry) {
+func (e *Engine) regainLocked(ent *entry) {
 	if !ent.letGo {
 		return
 	}
@@ -721,14 +721,14 @@ func regainLocked(ent *entry) {
 	ent.acct.ForgetIDs()
 	ent.acct.ForgetRoutes()
 	ent.dirty = true
-	ent.reseed = true
+	ent.reseed, ent.reseedAfter = true, e.reads.Load()
 }
 
 // forgetLocked drops ent if Forget may now: see Forget. It clears letGo
 // when the account is this node's again. REQUIRES: st.mu held.
 func (e *Engine) forgetLocked(st *stripe, account string, ent *entry) bool {
 	if e.ownsLocked(account) {
-		regainLocked(ent)
+		e.regainLocked(ent)
 		return false
 	}
 	if len(ent.acct.Allowances()) > 0 || ent.waiting > 0 || ent.acct.LastSeq > e.snapSettled.Load() {

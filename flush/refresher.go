@@ -30,10 +30,10 @@ type Refresher struct {
 
 // RefreshOnce reads and applies one snapshot.
 func (r *Refresher) RefreshOnce(ctx context.Context) error {
-	settled := r.Engine.Log().SettledSeq() // before the read: the snapshot includes these records
+	mark := r.Engine.ReadMark() // before the read: what the snapshot can include
 	s, err := r.Ledger.Snapshot(ctx, time.Unix(0, r.Engine.Clock().Now().Wall).UTC())
 	if err == nil {
-		err = r.Engine.SetSnapshot(s, settled)
+		err = r.Engine.SetSnapshotRead(s, mark)
 	}
 	if err != nil {
 		r.errors.Add(1)
