@@ -164,19 +164,25 @@ func runReconcile(ctx context.Context, out, errOut io.Writer, dsn string, dataDi
 	// Every dir is listed, and the summary and the exit code say the
 	// ledger's verdict, whatever a dir's problem: a mistyped --data-dir
 	// ended the run with exit 1 and no summary, hiding a difference.
-	var dirErrs []error
+	// A dir's error is printed in the report, where it belongs; the error
+	// returned only counts them (it was the same text a second time).
+	var badDirs []string
 	for _, dir := range dataDirs {
 		if err := printUnsettled(ctx, out, errOut, l, dir); err != nil {
 			fmt.Fprintf(out, "\n%s: %v\n", dir, err)
-			dirErrs = append(dirErrs, err)
+			badDirs = append(badDirs, dir)
 		}
 	}
 	fmt.Fprintf(out, "\n%d rows compared, %d differences\n", rows, diffs)
+	var dirErr error
+	if len(badDirs) > 0 {
+		dirErr = fmt.Errorf("reconcile: could not list the unsettled records of --data-dir %s (the reason is printed above it)", strings.Join(badDirs, ", "))
+	}
 	if diffs > 0 {
 		err := fmt.Errorf("reconcile: %d differences between counters and the event log", diffs)
-		return &exitError{code: 3, err: errors.Join(append([]error{err}, dirErrs...)...)}
+		return &exitError{code: 3, err: errors.Join(err, dirErr)}
 	}
-	return errors.Join(dirErrs...)
+	return dirErr
 }
 
 // printUnsettled lists a stopped node's unsettled charges per account. A

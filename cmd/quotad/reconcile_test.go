@@ -317,7 +317,11 @@ func TestReconcileBadDirKeepsTheVerdict(t *testing.T) {
 	var out bytes.Buffer
 	err = runReconcile(context.Background(), &out, &out, "sqlite:"+path, []string{filepath.Join(t.TempDir(), "nope")}, false)
 	var exit *exitError
-	if !errors.As(err, &exit) || exit.code != 3 || !strings.Contains(err.Error(), "does not exist") || !strings.Contains(out.String(), "1 differences") {
+	if !errors.As(err, &exit) || exit.code != 3 || !strings.Contains(err.Error(), "could not list") || !strings.Contains(out.String(), "1 differences") {
 		t.Fatalf("reconcile with a difference and a bad --data-dir: %v\n%s\nwant exit 3, the summary and the dir's error", err, out.String())
+	}
+	// The dir's reason is told once, in the report, not again in the error.
+	if n := strings.Count(out.String()+err.Error(), "does not exist"); n != 1 {
+		t.Errorf("the dir's reason is told %d times, want once:\n%s\nerror: %v", n, out.String(), err)
 	}
 }
