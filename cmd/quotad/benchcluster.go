@@ -66,6 +66,12 @@ Clients:
       --accounts 10000 --concurrency 1,8,64,512 --mode routed --batch 1
   quotad bench cluster --nodes 127.0.0.10:7400 --mode direct --client embedded --concurrency 64,512`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			// --ledger given on the command line without --setup did
+			// nothing, silently (QUOTAD_LEDGER, set for other commands, is
+			// fine).
+			if l := cmd.Flags().Lookup("ledger"); l.Changed && l.Annotations[envAnnotation] == nil && !f.setup {
+				return fmt.Errorf("--ledger is read only with --setup (to create the bench plan and accounts first): add --setup, or leave --ledger out to bench accounts made before")
+			}
 			return runBenchCluster(cmd.Context(), cmd.OutOrStdout(), cmd.ErrOrStderr(), f)
 		},
 	}

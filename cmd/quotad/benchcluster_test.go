@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"io"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -58,6 +59,7 @@ func TestBenchBounds(t *testing.T) {
 		{[]string{"bench", "cluster", "--nodes", "127.0.0.1:1", "--concurrency", "64,1000000"}, `--concurrency "64,1000000": want comma-separated numbers from 1 to 100000`},
 		{[]string{"bench", "cluster", "--nodes", "127.0.0.1:1", "--accounts", "100000000"}, "--accounts 100000000: want 1 to 10000000"},
 		{[]string{"bench", "cluster", "--nodes", "127.0.0.1:1", "--setup"}, "--setup needs --ledger"},
+		{[]string{"bench", "cluster", "--nodes", "127.0.0.1:1", "--ledger", "sqlite:/tmp/x.db"}, "--ledger is read only with --setup"},
 		{[]string{"bench", "engine", "--accounts", "0"}, "--accounts 0: want 1 to 10000000"},
 	} {
 		if _, err := runQuotad(t, tc.args...); err == nil || !strings.Contains(err.Error(), tc.want) {
@@ -96,5 +98,15 @@ func TestBenchEngineStoppedPrintsItsRow(t *testing.T) {
 	err := root.ExecuteContext(ctx)
 	if exitCode(err) != 130 || !strings.Contains(stdout.String(), "(stopped after") || strings.Contains(stdout.String(), "engine-nosync       2") {
 		t.Fatalf("bench engine stopped during its first row: %v (exit %d)\n%s\nwant that row, marked as stopped, and no other, and exit 130", err, exitCode(err), stdout.String())
+	}
+}
+
+// QUOTAD_LEDGER, exported for the ledger commands, is no --ledger typed
+// without --setup: the bench goes on (here to a node that is not there).
+func TestBenchClusterLedgerFromEnvWithoutSetup(t *testing.T) {
+	t.Setenv("QUOTAD_LEDGER", "sqlite:"+filepath.Join(t.TempDir(), "ledger.db"))
+	_, err := runQuotad(t, "bench", "cluster", "--nodes", "127.0.0.1:1", "--duration", "1s", "--concurrency", "1")
+	if err == nil || strings.Contains(err.Error(), "--setup") {
+		t.Fatalf("bench cluster with QUOTAD_LEDGER set: %v, want it to go on to the nodes (and fail there)", err)
 	}
 }
