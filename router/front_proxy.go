@@ -96,6 +96,38 @@ func (t *trailerCopy) Read(p []byte) (int, error) {
 	return n, err
 }
 
+// responseTrailers is an upstream's response body that, as it ends, drops
+// the trailers named as the front's own headers (frontHeaders): an
+// upstream's value for one, announced or not, reached the client after the
+// body, where a client that merges trailers into headers read it beside or
+// instead of the front's. The transport fills res.Trailer as the body ends
+// (at EOF, or at Close), on the goroutine reading it: ReverseProxy's, which
+// copies res.Trailer to the client after Close.
+type responseTrailers struct {
+	io.ReadCloser
+	res *http.Response
+}
+
+func (b *responseTrailers) drop() {
+	for _, k := range frontHeaders {
+		b.res.Trailer.Del(k)
+	}
+}
+
+func (b *responseTrailers) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err != nil {
+		b.drop()
+	}
+	return n, err
+}
+
+func (b *responseTrailers) Close() error {
+	err := b.ReadCloser.Close()
+	b.drop()
+	return err
+}
+
 // dropTrailer reports a request trailer (canonical name k) the proxy does
 // not pass on: the names it sets for the upstream to trust (the caller's
 // account and event, the Idempotency-Key it billed under) and, with strip,
@@ -130,8 +162,9 @@ func dropTrailer(k string, strip bool) bool {
 // Responses stream: ReverseProxy flushes at once for text/event-stream and
 // for bodies of unknown length (chunked answers, gRPC), so Server-Sent
 // Events and streaming RPCs are not buffered. Trailers pass through, a
-// request's too (trailerCopy, but for dropTrailer's names); the front
-// reads grpc-status from them.
+// request's too (trailerCopy, but for dropTrailer's names), a response's but
+// for the front's own headers' names (responseTrailers); the front reads
+// grpc-status from them.
 //
 // CONNECT is refused with 501 problem+json before the API key is looked
 // up, uncharged: the proxy tunnels nothing.
@@ -263,6 +296,13 @@ func NewProxy(upstream *url.URL, opts FrontOptions) (http.Handler, error) {
 		ModifyResponse: func(res *http.Response) error {
 			for _, k := range frontHeaders {
 				res.Header.Del(k)
+				res.Trailer.Del(k) // those announced: not announced to the client either
+			}
+			// Trailers come after the body, at HTTP/2 or in a chunked
+			// HTTP/1 answer; a 101's body is the switched connection,
+			// which ReverseProxy needs as it is.
+			if res.StatusCode != http.StatusSwitchingProtocols && (res.ProtoMajor >= 2 || res.ContentLength < 0 || res.Trailer != nil) {
+				res.Body = &responseTrailers{ReadCloser: res.Body, res: res}
 			}
 			return nil
 		},

@@ -2423,3 +2423,53 @@ func TestRequestTrailersPassThrough(t *testing.T) {
 		})
 	}
 }
+
+// An upstream's trailers named as the front's own headers (RateLimit,
+// X-Quota-*) do not reach the client, announced or not: a client that
+// merges trailers into headers read the upstream's figures after the
+// front's. Its other trailers pass through with their values.
+func TestResponseTrailersDropTheFrontsNames(t *testing.T) {
+	for _, proto := range []string{"http", "h2c"} {
+		t.Run(proto, func(t *testing.T) {
+			up := protoServer(t, proto, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+				w.Header().Set("Trailer", "X-Checksum, X-Quota-Remaining, RateLimit")
+				io.WriteString(w, "ok")
+				w.Header().Set("X-Checksum", "abc")
+				w.Header().Set("X-Quota-Remaining", "1000000")
+				w.Header().Set("RateLimit", `"upstream";r=1000000`)
+				w.Header().Set(http.TrailerPrefix+"X-Quota-Limit", "1000000") // not announced
+				w.Header().Set(http.TrailerPrefix+"X-Late", "yes")
+			}))
+			u, _ := url.Parse(up.URL)
+			u.Scheme = proto
+			proxy, err := NewProxy(u, FrontOptions{Charger: &fakeCharger{decision: okDecision()}, Config: testConfig(t)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			front := protoServer(t, proto, proxy)
+			client := &http.Client{Transport: &http.Transport{Protocols: front.Config.Protocols}, Timeout: 10 * time.Second}
+			req, _ := http.NewRequest("POST", front.URL+"/v1/tasks", nil)
+			req.Header.Set("X-Api-Key", "secret")
+			res, err := client.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, err := io.ReadAll(res.Body)
+			res.Body.Close()
+			if err != nil || string(body) != "ok" || res.StatusCode != 200 {
+				t.Fatalf("answer %d %q (%v), want 200 ok", res.StatusCode, body, err)
+			}
+			if res.Trailer.Get("X-Checksum") != "abc" || res.Trailer.Get("X-Late") != "yes" {
+				t.Errorf("trailers %v: want X-Checksum: abc and X-Late: yes through", res.Trailer)
+			}
+			for _, k := range frontHeaders {
+				if _, ok := res.Trailer[http.CanonicalHeaderKey(k)]; ok {
+					t.Errorf("trailers %v: the upstream's %s reached the client", res.Trailer, k)
+				}
+			}
+			if res.Header.Get("X-Quota-Remaining") == "1000000" || res.Header.Get("X-Quota-Remaining") == "" {
+				t.Errorf("X-Quota-Remaining %q, want the front's", res.Header.Get("X-Quota-Remaining"))
+			}
+		})
+	}
+}
