@@ -447,6 +447,9 @@ func (f *front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		body = &limitedBody{ReadCloser: r.Body}
 		if bounded {
 			body.ReadCloser = http.MaxBytesReader(w, r.Body, f.opts.MaxBodyBytes)
+			if !f.proxy && r.ContentLength < 0 {
+				body.before = w.Header().Clone() // a body that may grow over the bound (finish)
+			}
 		}
 		if idle {
 			body.idle = f.opts.BodyIdleTimeout
@@ -961,6 +964,14 @@ func (f *front) finish(rec *recorder, r *http.Request, c *charged, body *limited
 	rec.pass() // an answer net/http completes after next returns is an answer too
 	cutWhy, cutProb := body.cutOff(f.opts.MaxBodyBytes)
 	if cutProb != nil && !rec.wrote {
+		if body.before != nil {
+			// The handler's headers describe an answer it never wrote
+			// (Content-Encoding, Set-Cookie, ETag...), not the front's
+			// problem: the map goes back to what it held before next.
+			h := rec.ResponseWriter.Header()
+			clear(h)
+			maps.Copy(h, body.before)
+		}
 		f.refundFirst(rec, r, c, cutWhy)
 		cutProb.write(rec, r)
 	}
@@ -1344,6 +1355,11 @@ type limitedBody struct {
 	// full-duplex upstream answers before it reads the whole body), and
 	// the request is billed as any answered one.
 	answered atomic.Bool
+
+	// before is the answer's headers before next ran, for a body of
+	// unknown length bounded by MaxBodyBytes in middleware mode: finish
+	// puts them back under the 413 it writes when next did not answer.
+	before http.Header
 
 	idle time.Duration // 0: no idle bound
 	// total is FrontOptions.BodyTimeout and deadline the request's arrival

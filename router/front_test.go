@@ -2473,3 +2473,37 @@ func TestResponseTrailersDropTheFrontsNames(t *testing.T) {
 		})
 	}
 }
+
+// A middleware handler that set headers for an answer it never wrote (its
+// read of a body over MaxBodyBytes failed) does not lend them to the
+// front's 413: a Content-Encoding: gzip made the problem's JSON unreadable.
+// Headers set before the front (an outer middleware's) stay.
+func TestCutOffAnswerDropsTheHandlersHeaders(t *testing.T) {
+	after := okDecision()
+	after.Reason, after.Remaining = shard.Refunded, 100
+	mw, err := Middleware(FrontOptions{Charger: &fakeCharger{decision: okDecision(), refundDecision: after}, Config: testConfig(t), MaxBodyBytes: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Encoding", "gzip")
+		w.Header().Set("Set-Cookie", "session=1")
+		w.Header().Set("Access-Control-Allow-Origin", "https://handler.example") // over the outer one's
+		if _, err := io.Copy(io.Discard, r.Body); err == nil {
+			t.Error("the handler read a body over the bound to its end")
+		}
+	}))
+	req := newRequest("POST", "/v1/tasks", io.MultiReader(strings.NewReader(strings.Repeat("x", 100))))
+	req.ContentLength = -1
+	w := httptest.NewRecorder()
+	w.Header().Set("Access-Control-Allow-Origin", "https://app.example") // an outer middleware's
+	h.ServeHTTP(w, req)
+	var p Problem
+	if err := json.Unmarshal(w.Body.Bytes(), &p); w.Code != 413 || err != nil {
+		t.Fatalf("answer %d %q (%v), want a 413 problem", w.Code, w.Body.String(), err)
+	}
+	if got := w.Header(); got.Get("Content-Encoding") != "" || got.Get("Set-Cookie") != "" ||
+		got.Get("Access-Control-Allow-Origin") != "https://app.example" || got.Get("Content-Type") != "application/problem+json" || got.Get("X-Quota-Remaining") != "100" {
+		t.Errorf("413 headers %v: want the outer middleware's and the front's, none of the handler's", got)
+	}
+}
