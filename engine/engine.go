@@ -112,6 +112,17 @@ type Options struct {
 	// late for that): it is regained (see regainLocked), since the other
 	// owner may have refunded or charged its events meanwhile.
 	Tenure func(account string) uint64
+	// ReseedWindow is how long after an account comes (back) here its use
+	// follows the ledger's at every config refresh that holds all its
+	// records here, down as well as up (default DefaultReseedWindow;
+	// negative: at the first such refresh only). The account's last owner
+	// may settle its last records a while after the account left it (a
+	// draining node settles after it announced draining): a refund of a
+	// charge settled then would stay counted here for the month, since
+	// after the window refreshes only raise use. Set it to the time a node
+	// takes from letting accounts go to its last settle (its drain and
+	// settle timeouts).
+	ReseedWindow time.Duration
 	// MayRefund, when set, lets refunds through for an account Owns says
 	// this node does not own: a draining node's accounts while no member
 	// serves them (the whole cluster stopping at once). Called like Owns.
@@ -225,13 +236,17 @@ type entry struct {
 	// the account's records: the first snapshot that includes them drops it.
 	letGo bool
 	// reseed is set when the account came here (a new entry), came back
-	// while letGo (regainLocked) or was restored: the next snapshot with
-	// all its records, read after reseedAfter, sets its use to the
-	// ledger's. One read before (Engine.reads) may lack what the account's
-	// other owner settled before it let the account go: the refund of a
-	// charge made here, which would stay counted for the month.
+	// while letGo (regainLocked) or was restored (armReseed): each
+	// snapshot with all its records, read after reseedAfter, sets its use
+	// to the ledger's, until one does at or after reseedUntil
+	// (Options.ReseedWindow, on the clock's Mono). One read before
+	// (Engine.reads) may lack what the account's other owner settled
+	// before it let the account go, and one read soon after what it
+	// settled after (a draining node's last settle): the refund of a charge
+	// made here, which would stay counted for the month.
 	reseed      bool
 	reseedAfter uint64
+	reseedUntil int64
 	// tenure is Options.Tenure's at the account's last decision (0: none yet).
 	tenure  uint64
 	chunk   int64 // size of its last reservation
@@ -292,6 +307,9 @@ func (e *ReserveUncertainError) Unwrap() error { return e.Err }
 // bound of quotad serve (flush.DefaultCallTimeout; flush imports engine).
 const DefaultLedgerTimeout = 10 * time.Second
 
+// DefaultReseedWindow is Options.ReseedWindow's default.
+const DefaultReseedWindow = 30 * time.Second
+
 // DefaultReserveTimeout is Options.ReserveTimeout's default.
 const DefaultReserveTimeout = 2 * time.Second
 
@@ -347,6 +365,9 @@ func (e *Engine) fillDefaults() {
 	}
 	if e.opts.LedgerTimeout <= 0 {
 		e.opts.LedgerTimeout = DefaultLedgerTimeout
+	}
+	if e.opts.ReseedWindow == 0 {
+		e.opts.ReseedWindow = DefaultReseedWindow
 	}
 	if e.opts.ReserveTimeout <= 0 {
 		e.opts.ReserveTimeout = DefaultReserveTimeout
@@ -413,12 +434,23 @@ func (e *Engine) entryLocked(st *stripe, account string) (*entry, bool) {
 	// only raises use, so the first one that holds every record of this
 	// node's of the account sets it to the ledger's, as for an account
 	// regained (regainLocked) or restored.
-	ent := &entry{acct: shard.NewAccount(cfg), reseed: true, reseedAfter: e.reads.Load()}
+	ent := &entry{acct: shard.NewAccount(cfg)}
+	e.armReseed(ent)
 	if e.opts.Tenure != nil {
 		ent.tenure = e.opts.Tenure(account)
 	}
 	st.accounts[account] = ent
 	return ent, true
+}
+
+// armReseed has ent's use follow the ledger's from the next refresh read
+// (see entry.reseed).
+func (e *Engine) armReseed(ent *entry) {
+	ent.reseed, ent.reseedAfter = true, e.reads.Load()
+	ent.reseedUntil = e.clock.Now().Mono
+	if e.opts.ReseedWindow > 0 {
+		ent.reseedUntil += int64(e.opts.ReseedWindow)
+	}
 }
 
 func (e *Engine) ownsLocked(account string) bool {
@@ -1124,6 +1156,7 @@ func (e *Engine) applySnapshot(s *snapshot.Snapshot, m ReadMark) {
 	settled := m.Settled
 	e.snapSettled.Store(settled)
 	e.snap.Store(s)
+	mono := e.clock.Now().Mono
 	dropped := false
 	defer func() {
 		if dropped {
@@ -1142,7 +1175,7 @@ func (e *Engine) applySnapshot(s *snapshot.Snapshot, m ReadMark) {
 				cfg.UseBehind = ent.acct.LastSeq > settled
 				cfg.Reseed = ent.reseed && m.read > ent.reseedAfter
 				ent.acct.Configure(cfg)
-				if cfg.Reseed && !cfg.UseBehind {
+				if cfg.Reseed && !cfg.UseBehind && mono >= ent.reseedUntil {
 					ent.reseed = false
 				}
 			}

@@ -127,7 +127,8 @@ func (e *Engine) recoveredEntry(account string) *entry {
 	// reseed: the use restored may count what another owner refunded while
 	// the account was away (its state is kept on disk when Forget drops
 	// it); the first snapshot that includes all its records sets it.
-	ent := &entry{acct: shard.NewAccount(cfg), reseed: true, reseedAfter: e.reads.Load()}
+	ent := &entry{acct: shard.NewAccount(cfg)}
+	e.armReseed(ent)
 	st.accounts[account] = ent
 	return ent
 }

@@ -721,7 +721,7 @@ func (e *Engine) regainLocked(ent *entry) {
 	ent.acct.ForgetIDs()
 	ent.acct.ForgetRoutes()
 	ent.dirty = true
-	ent.reseed, ent.reseedAfter = true, e.reads.Load()
+	e.armReseed(ent)
 }
 
 // forgetLocked drops ent if Forget may now: see Forget. It clears letGo

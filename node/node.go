@@ -545,6 +545,10 @@ func (n *Node) openEngine(pauseBound time.Duration) error {
 		Params:        shard.Params{DedupMax: n.cfg.DedupMaxIDs, MaxReplays: int32(max(-1, min(n.cfg.DedupMaxReplays, 1<<30)))},
 		Owns:          n.owns, Tenure: n.tenure, MayRefund: n.drainOwns, Hold: n.pause.check, Logger: n.log.With("component", "engine"), OnCharge: n.onCharge,
 		SettleSoon: n.settleSoon,
+		// From a node's letting accounts go (announcing draining) to its
+		// last settle, with a cluster's nodes configured alike; the
+		// settle intervals for a live owner that lost them.
+		ReseedWindow: n.cfg.DrainTimeout + n.cfg.SettleTimeout + 2*n.cfg.SettleInterval,
 	})
 	if err != nil {
 		return fmt.Errorf("node: recover the engine: %w", err)
