@@ -2167,20 +2167,7 @@ func TestBrokenBodyIsRefunded(t *testing.T) {
 						t.Fatalf("answer %d %s; want 400 bad-request, refunded", res.StatusCode, b)
 					}
 				}
-				select {
-				case err := <-reads:
-					if err == nil {
-						t.Fatal("the upstream read a complete body")
-					}
-				case <-time.After(10 * time.Second):
-					t.Fatal("the upstream's read of the body did not end within 10 s")
-				}
-				select {
-				case code := <-done:
-					t.Logf("the front heard %d", code)
-				case <-time.After(10 * time.Second):
-					t.Fatal("the front never finished the request")
-				}
+				waitBodyBrokenOff(t, reads, done)
 				if c, r := ch.counts(); c != 1 || r != 1 {
 					t.Fatalf("%d charges, %d refunds; want the charge refunded", c, r)
 				}
@@ -2505,5 +2492,26 @@ func TestCutOffAnswerDropsTheHandlersHeaders(t *testing.T) {
 	if got := w.Header(); got.Get("Content-Encoding") != "" || got.Get("Set-Cookie") != "" ||
 		got.Get("Access-Control-Allow-Origin") != "https://app.example" || got.Get("Content-Type") != "application/problem+json" || got.Get("X-Quota-Remaining") != "100" {
 		t.Errorf("413 headers %v: want the outer middleware's and the front's, none of the handler's", got)
+	}
+}
+
+// waitBodyBrokenOff waits (10 s at most for each) for the upstream's read
+// of a request body to fail, as it must for a body broken off, and then
+// for the front to finish the request (its OnRequest's code on done).
+func waitBodyBrokenOff(t *testing.T, reads <-chan error, done <-chan int) {
+	t.Helper()
+	select {
+	case err := <-reads:
+		if err == nil {
+			t.Fatal("the upstream read a complete body")
+		}
+	case <-time.After(10 * time.Second): // NB: a deadline, not a wait
+		t.Fatal("the upstream's read of the body did not end within 10 s")
+	}
+	select {
+	case code := <-done:
+		t.Logf("the front heard %d", code)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the front never finished the request")
 	}
 }
