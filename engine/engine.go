@@ -431,9 +431,9 @@ func (e *Engine) entryLocked(st *stripe, account string) (*entry, bool) {
 	cfg, _ := snap.AccountConfig(account)
 	// reseed: the snapshot's use may count a charge whose refund another
 	// owner (the account's last) had not settled when it was read; a refresh
-	// only raises use, so the first one that holds every record of this
-	// node's of the account sets it to the ledger's, as for an account
-	// regained (regainLocked) or restored.
+	// only raises use, so those read after it came that hold every record of
+	// this node's of the account set it to the ledger's (armReseed), as for
+	// an account regained (regainLocked) or restored.
 	ent := &entry{acct: shard.NewAccount(cfg)}
 	e.armReseed(ent)
 	if e.opts.Tenure != nil {

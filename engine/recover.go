@@ -126,7 +126,8 @@ func (e *Engine) recoveredEntry(account string) *entry {
 	cfg.UseBehind = true
 	// reseed: the use restored may count what another owner refunded while
 	// the account was away (its state is kept on disk when Forget drops
-	// it); the first snapshot that includes all its records sets it.
+	// it); the snapshots read after this that include all its records set
+	// it (armReseed).
 	ent := &entry{acct: shard.NewAccount(cfg)}
 	e.armReseed(ent)
 	st.accounts[account] = ent

@@ -711,8 +711,9 @@ func (e *Engine) Forget(account string) bool {
 // its records) that is this node's again: what it remembers from before the
 // loss is stale, since the other owner may have refunded or charged its ids
 // and refunded its charges meanwhile. Its ids go (as Forget's would), and
-// its use is set to the ledger's by the first snapshot that includes every
-// record of it (not only raised). REQUIRES: the account's stripe mu held.
+// its use is set to the ledger's (not only raised) by the snapshots read
+// after it came back that include every record of it (armReseed).
+// REQUIRES: the account's stripe mu held.
 func (e *Engine) regainLocked(ent *entry) {
 	if !ent.letGo {
 		return
