@@ -407,23 +407,24 @@ func (e *Engine) stripeFor(account string) *stripe {
 	return &e.stripes[xxhash.Sum64String(account)%uint64(len(e.stripes))]
 }
 
-// entryLocked finds or makes the account's entry from the snapshot.
-// REQUIRES: st.mu held.
-func (e *Engine) entryLocked(st *stripe, account string) (*entry, bool) {
+// entryLocked finds or makes the account's entry from the snapshot. t is
+// the account's tenure as this call read it (tenureLocked, or what
+// mayDecideLocked returned): the ownership a decision is let through under
+// and the tenure it is compared by come from one reading of the ring, since
+// between two the account could go and come back. REQUIRES: st.mu held.
+func (e *Engine) entryLocked(st *stripe, account string, t uint64) (*entry, bool) {
 	snap := e.snap.Load()
 	if snap == nil || !snap.HasAccount(account) {
 		return nil, false
 	}
 	if ent, ok := st.accounts[account]; ok {
-		if e.opts.Tenure != nil {
-			if t := e.opts.Tenure(account); t != 0 {
-				if ent.tenure != 0 && ent.tenure != t {
-					ent.letGo = true // away and back: regained below
-				}
-				ent.tenure = t
+		if t != 0 {
+			if ent.tenure != 0 && ent.tenure != t {
+				ent.letGo = true // away and back: regained below
 			}
+			ent.tenure = t
 		}
-		if ent.letGo && e.ownsLocked(account) {
+		if ent.letGo && e.ownsAtLocked(account, t) {
 			e.regainLocked(ent)
 		}
 		return ent, true
@@ -434,11 +435,8 @@ func (e *Engine) entryLocked(st *stripe, account string) (*entry, bool) {
 	// only raises use, so those read after it came that hold every record of
 	// this node's of the account set it to the ledger's (armReseed), as for
 	// an account regained (regainLocked) or restored.
-	ent := &entry{acct: shard.NewAccount(cfg)}
+	ent := &entry{acct: shard.NewAccount(cfg), tenure: t}
 	e.armReseed(ent)
-	if e.opts.Tenure != nil {
-		ent.tenure = e.opts.Tenure(account)
-	}
 	st.accounts[account] = ent
 	return ent, true
 }
@@ -457,23 +455,42 @@ func (e *Engine) ownsLocked(account string) bool {
 	return e.opts.Owns == nil || e.opts.Owns(account)
 }
 
-// mayDecideLocked is nil when this node may decide for account now: it
-// owns it (else ErrNotOwner) and Hold does not hold (else
-// ErrQuotaUnavailable). REQUIRES: the account's stripe mu held.
-func (e *Engine) mayDecideLocked(account string) error {
-	if !e.ownsLocked(account) {
-		return fmt.Errorf("%w: %q", ErrNotOwner, account)
+// tenureLocked is Options.Tenure's answer (0 when it is not set).
+// REQUIRES: the account's stripe mu held.
+func (e *Engine) tenureLocked(account string) uint64 {
+	if e.opts.Tenure == nil {
+		return 0
 	}
-	return e.holdLocked(account)
+	return e.opts.Tenure(account)
+}
+
+// ownsAtLocked is ownsLocked where the tenure read as t says so too (0
+// with Options.Tenure set: not this node's). REQUIRES: the account's
+// stripe mu held.
+func (e *Engine) ownsAtLocked(account string, t uint64) bool {
+	return (e.opts.Tenure == nil || t != 0) && e.ownsLocked(account)
+}
+
+// mayDecideLocked returns nil when this node may decide for account now:
+// it owns it (else ErrNotOwner) and Hold does not hold (else
+// ErrQuotaUnavailable); and the account's tenure as read for it, for
+// entryLocked. REQUIRES: the account's stripe mu held.
+func (e *Engine) mayDecideLocked(account string) (uint64, error) {
+	t := e.tenureLocked(account)
+	if !e.ownsAtLocked(account, t) {
+		return 0, fmt.Errorf("%w: %q", ErrNotOwner, account)
+	}
+	return t, e.holdLocked(account)
 }
 
 // mayRefundLocked is mayDecideLocked for a refund: Options.MayRefund may
 // let it through where Owns does not. REQUIRES: the account's stripe mu held.
-func (e *Engine) mayRefundLocked(account string) error {
-	if !e.ownsLocked(account) && (e.opts.MayRefund == nil || !e.opts.MayRefund(account)) {
-		return fmt.Errorf("%w: %q", ErrNotOwner, account)
+func (e *Engine) mayRefundLocked(account string) (uint64, error) {
+	t := e.tenureLocked(account)
+	if !e.ownsAtLocked(account, t) && (e.opts.MayRefund == nil || !e.opts.MayRefund(account)) {
+		return 0, fmt.Errorf("%w: %q", ErrNotOwner, account)
 	}
-	return e.holdLocked(account)
+	return t, e.holdLocked(account)
 }
 
 // holdLocked is Options.Hold's answer, as an error wrapping
@@ -879,10 +896,11 @@ func (e *Engine) chargeOnce(account string, req *shard.Charge) (Result, error) {
 	st := e.stripeFor(account)
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	if err := e.mayDecideLocked(account); err != nil {
+	t, err := e.mayDecideLocked(account)
+	if err != nil {
 		return Result{}, err
 	}
-	ent, ok := e.entryLocked(st, account)
+	ent, ok := e.entryLocked(st, account, t)
 	if !ok {
 		return Result{Decision: shard.Decision{Reason: shard.UnknownAccount}, EventID: req.EventID}, nil
 	}
@@ -973,11 +991,12 @@ func (e *Engine) refundWith(ctx context.Context, account, eventID string, apply 
 func (e *Engine) refundLogged(account, eventID string, apply func(*shard.Account, shard.Now, *shard.Record) shard.Decision) (d shard.Decision, wait bool, err error) {
 	st := e.stripeFor(account)
 	st.mu.Lock()
-	if err := e.mayRefundLocked(account); err != nil {
+	t, err := e.mayRefundLocked(account)
+	if err != nil {
 		st.mu.Unlock()
 		return shard.Decision{}, false, err
 	}
-	ent, ok := e.entryLocked(st, account)
+	ent, ok := e.entryLocked(st, account, t)
 	if !ok {
 		st.mu.Unlock()
 		return shard.Decision{Reason: shard.UnknownAccount}, false, nil
@@ -1015,10 +1034,11 @@ func (e *Engine) Usage(account string) (shard.Usage, bool, error) {
 	st := e.stripeFor(account)
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	if err := e.mayDecideLocked(account); err != nil {
+	t, err := e.mayDecideLocked(account)
+	if err != nil {
 		return shard.Usage{}, false, err
 	}
-	ent, ok := e.entryLocked(st, account)
+	ent, ok := e.entryLocked(st, account, t)
 	if !ok {
 		return shard.Usage{}, false, nil
 	}

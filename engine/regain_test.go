@@ -2,6 +2,8 @@ package engine
 
 import (
 	"context"
+	"errors"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -165,6 +167,52 @@ func TestAccountBackUnderANewTenure(t *testing.T) {
 	}
 	if u, ok, err := e.Usage("acme"); err != nil || !ok || u.Routes["GET /x"] != 4 {
 		t.Errorf("usage under the new tenure: %+v, %v; want 4 units on GET /x (the retry's)", u, err)
+	}
+}
+
+// A decision reads the ring once: the ownership it is let through under
+// and the tenure it compares are one reading. Here the ring changes between
+// two readings (Owns says owned under a new tenure, then the account is
+// gone again: Tenure says 0). Read apart, the decision went ahead without
+// noticing it had been away, and answered a retry of k1, which the other
+// owner had refunded, Replayed from what it remembered from before.
+func TestADecisionReadsTheTenureItIsLetThroughUnder(t *testing.T) {
+	ctx := context.Background()
+	var mu sync.Mutex // protects tenures
+	tenures := []uint64{1}
+	l := openLog(t, t.TempDir())
+	e, err := Open(Options{Log: l, Clock: NewManualClock(time.Date(2026, 6, 10, 0, 0, 0, 0, time.UTC)),
+		Owns: func(string) bool { return true },
+		Tenure: func(string) uint64 {
+			mu.Lock()
+			defer mu.Unlock()
+			t := tenures[0]
+			if len(tenures) > 1 {
+				tenures = tenures[1:]
+			}
+			return t
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close(); l.Close() })
+	refreshAcme(t, e, 1, 0)
+	k1 := shard.Charge{EventID: "k1", ClientID: true, Units: 4, Route: "GET /x"}
+	if res, err := e.Charge(ctx, "acme", k1); err != nil || res.Reason != shard.OK {
+		t.Fatalf("charge: %+v %v", res, err)
+	}
+	mu.Lock()
+	tenures = []uint64{0, 2} // the next reading finds it gone; the one after, back
+	mu.Unlock()
+	res, err := e.Charge(ctx, "acme", k1)
+	switch {
+	case errors.Is(err, ErrNotOwner):
+		res, err = e.Charge(ctx, "acme", k1) // the caller's retry, under tenure 2
+		if err != nil || res.Reason != shard.OK {
+			t.Fatalf("the retry under tenure 2: %+v %v, want OK (charged: what this node remembers of k1 is stale)", res, err)
+		}
+	case err != nil || res.Reason != shard.OK:
+		t.Fatalf("a retry of k1 decided while the ring moved: %+v %v; want ErrNotOwner or OK, never Replayed from before the account went away", res, err)
 	}
 }
 

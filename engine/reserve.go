@@ -24,11 +24,12 @@ func (e *Engine) reserve(ctx context.Context, account string, shortfall int64) e
 func (e *Engine) reserveOnce(ctx context.Context, account string, shortfall int64) error {
 	st := e.stripeFor(account)
 	st.mu.Lock()
-	if err := e.mayDecideLocked(account); err != nil {
+	t, err := e.mayDecideLocked(account)
+	if err != nil {
 		st.mu.Unlock()
 		return err
 	}
-	ent, ok := e.entryLocked(st, account)
+	ent, ok := e.entryLocked(st, account, t)
 	if !ok {
 		st.mu.Unlock()
 		return nil
@@ -125,8 +126,9 @@ func (e *Engine) applyReservation(account string, asked uint64, res ReserveResul
 	st := e.stripeFor(account)
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	ent, ok := e.entryLocked(st, account)
-	if !ok || !e.ownsLocked(account) {
+	t := e.tenureLocked(account)
+	ent, ok := e.entryLocked(st, account, t)
+	if !ok || !e.ownsAtLocked(account, t) {
 		return res.Granted, nil
 	}
 	now := e.clock.Now()
@@ -668,8 +670,9 @@ func (e *Engine) Prefetch(ctx context.Context, account string, units int64) erro
 	}
 	st := e.stripeFor(account)
 	st.mu.Lock()
-	ent, ok := e.entryLocked(st, account)
-	hard := ok && ent.acct.Plan().Hard && e.ownsLocked(account)
+	t := e.tenureLocked(account)
+	ent, ok := e.entryLocked(st, account, t)
+	hard := ok && ent.acct.Plan().Hard && e.ownsAtLocked(account, t)
 	st.mu.Unlock()
 	if !hard {
 		return nil
