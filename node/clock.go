@@ -94,7 +94,10 @@ func (n *Node) clockLoop(ctx context.Context) {
 		stepped = n.steady.Stepped()
 	}
 	first := clockCheckEvery
-	if n.watch.off {
+	n.clockMu.Lock()
+	off := n.watch.off
+	n.clockMu.Unlock()
+	if off {
 		// The others' verdicts may not have reached this node when Start
 		// checked: look again soon.
 		first = time.Second
@@ -115,14 +118,34 @@ func (n *Node) clockLoop(ctx context.Context) {
 }
 
 // checkClock runs one check of n.watch, with the ledger when it is reached
-// and the other members' verdicts from the ring. Only one goroutine at a
-// time: Start, then clockLoop.
+// and the other members' verdicts from the ring.
 func (n *Node) checkClock(ctx context.Context) {
+	n.clockMu.Lock()
+	defer n.clockMu.Unlock()
+	n.checkClockLocked(ctx)
+}
+
+// checkClockLocked is checkClock. REQUIRES: n.clockMu held.
+func (n *Node) checkClockLocked(ctx context.Context) {
 	var l ledgerClock
 	if fl := n.Ledger(); fl != nil {
 		l = fl
 	}
 	n.watch.check(ctx, l)
+}
+
+// confirmClock is the check before a node takes accounts (Start, or
+// awaitServable for a node that waited): it checks the clock, and when it
+// is off the ledger's it waits for the other members' verdicts
+// (awaitPeerClocks) and checks again, so that where they side with the
+// ledger the node bills by the ledger's time from its first account on.
+func (n *Node) confirmClock(ctx context.Context) {
+	n.clockMu.Lock()
+	defer n.clockMu.Unlock()
+	n.checkClockLocked(ctx)
+	if n.watch.off && n.awaitPeerClocks(ctx) {
+		n.checkClockLocked(ctx)
+	}
 }
 
 // peerClocks counts the other alive members whose last verdict on their

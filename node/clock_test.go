@@ -337,3 +337,48 @@ func gaugeValue(t *testing.T, nd *Node, name string) float64 {
 	t.Fatalf("no gauge %s", name)
 	return 0
 }
+
+// A node restarted alone with its clock a month ahead (its seeds do not
+// answer) waits for the others, as a node alone does; when they reach it,
+// it asks their verdicts on its clock before it takes an account, and
+// bills by the ledger's time from the first. It took accounts by its own
+// clock until the clock loop's next check: the accounts it charged moved
+// into the next month for good, and the client ids they remembered expired
+// there (a retry billed twice: chaos seed 56).
+func TestNodeRestartedAloneWithItsClockOffTakesTheLedgersTimeBeforeServing(t *testing.T) {
+	dsn := "sqlite:" + filepath.Join(t.TempDir(), "ledger.db")
+	seedLedger(t, dsn, twentyAccounts(100))
+	faults := func(c *Config) { c.TestFaults = true }
+	nodes := startNodesWith(t, dsn, faults, faults)
+	n1, n2 := nodes[0], nodes[1]
+	now := time.Now().UTC()
+	ahead := time.Date(now.Year(), now.Month()+1, 1, 1, 0, 0, 0, time.UTC).Sub(now)
+	cfg, gossip := n1.cfg, n1.GossipAddr()
+	cfg.GossipAddr = gossip // the same address, as a restarted process has
+	cfg.TestClockOffset = ahead
+	var logs logbuf.Buffer
+	cfg.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+	if err := n1.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if err := n2.gossipF.Block(gossip); err != nil { // n2 cannot reach it yet
+		t.Fatal(err)
+	}
+	again, err := Start(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { again.Shutdown(context.Background()) })
+	if why := again.notServable(); !strings.Contains(why, "alone in the ring") {
+		t.Fatalf("restarted alone: notServable %q, want it waiting for n2", why)
+	}
+
+	n2.gossipF.UnblockAll() // n2's rejoin loop reaches it
+	waitFor(t, 20*time.Second, "the restarted node serving", again.isServing)
+	if got := time.Unix(0, again.clock.Now().Wall).UTC(); got.Month() != now.Month() {
+		t.Fatalf("as it took accounts the node billed at %v, want this month (%v): n2 agrees with the ledger's clock\n%s", got, now.Month(), logs.String())
+	}
+	if !strings.Contains(logs.String(), "1 of the other members agree with the ledger's (0 do not)") {
+		t.Fatalf("no warning that the node takes the ledger's time:\n%s", logs.String())
+	}
+}

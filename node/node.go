@@ -250,7 +250,10 @@ type Node struct {
 	// holds to, in ns, at the last check; 0 while it follows it.
 	clockStep atomic.Int64
 	// watch is the clock checks' state (clock.go); clockWake asks
-	// clockLoop for a check now (tests).
+	// clockLoop for a check now (tests). clockMu serializes the checks
+	// and guards watch: Start's, clockLoop's, and awaitServable's before a
+	// node that waited takes accounts.
+	clockMu   sync.Mutex
 	watch     *clockWatch
 	clockWake chan struct{}
 	// pause notices pauses of this process and holds every decision after
@@ -420,10 +423,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	// The clock before the accounts: a node started with its clock off the
 	// ledger's, where the others agree with the ledger, takes the ledger's
 	// time before it decides anything (clock.go).
-	n.checkClock(ctx)
-	if n.watch.off && n.awaitPeerClocks(ctx) {
-		n.checkClock(ctx)
-	}
+	n.confirmClock(ctx)
 	if err := n.serve(); err != nil {
 		return nil, err
 	}
@@ -979,6 +979,14 @@ func (n *Node) awaitServable(ctx context.Context) {
 		}
 		why := n.notServable()
 		if why == "" {
+			// The clock check at Start may have found nobody to ask about
+			// a clock off the ledger's (this node was alone), or no ledger:
+			// check again, asking the members in view, before the first
+			// account. Until clockLoop's next check it decided by its own
+			// clock: a node restarted a month ahead moved the accounts it
+			// charged into that month for good, and their client ids
+			// expired there (a retry was billed twice: chaos seed 56).
+			n.confirmClock(ctx)
 			if err := n.serveOnceConfigured(ctx); err != nil {
 				n.log.Error("could not become serving; restart this node", "err", err)
 			} else {
