@@ -146,18 +146,7 @@ func TestAccountBackUnderANewTenure(t *testing.T) {
 	ctx := context.Background()
 	tenure := new(atomic.Uint64)
 	tenure.Store(1)
-	l := openLog(t, t.TempDir())
-	e, err := Open(Options{Log: l, Clock: NewManualClock(time.Date(2026, 6, 10, 0, 0, 0, 0, time.UTC)),
-		Tenure: func(string) uint64 { return tenure.Load() }})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { e.Close(); l.Close() })
-	refreshAcme(t, e, 1, 0)
-	k1 := shard.Charge{EventID: "k1", ClientID: true, Units: 4, Route: "GET /x"}
-	if res, err := e.Charge(ctx, "acme", k1); err != nil || res.Reason != shard.OK {
-		t.Fatalf("charge: %+v %v", res, err)
-	}
+	e, k1 := chargeK1(t, Options{Tenure: func(string) uint64 { return tenure.Load() }})
 	if res, err := e.Charge(ctx, "acme", k1); err != nil || res.Reason != shard.Replayed {
 		t.Fatalf("a retry under the same tenure: %+v %v, want Replayed", res, err)
 	}
@@ -180,9 +169,7 @@ func TestADecisionReadsTheTenureItIsLetThroughUnder(t *testing.T) {
 	ctx := context.Background()
 	var mu sync.Mutex // protects tenures
 	tenures := []uint64{1}
-	l := openLog(t, t.TempDir())
-	e, err := Open(Options{Log: l, Clock: NewManualClock(time.Date(2026, 6, 10, 0, 0, 0, 0, time.UTC)),
-		Owns: func(string) bool { return true },
+	e, k1 := chargeK1(t, Options{Owns: func(string) bool { return true },
 		Tenure: func(string) uint64 {
 			mu.Lock()
 			defer mu.Unlock()
@@ -192,15 +179,6 @@ func TestADecisionReadsTheTenureItIsLetThroughUnder(t *testing.T) {
 			}
 			return t
 		}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { e.Close(); l.Close() })
-	refreshAcme(t, e, 1, 0)
-	k1 := shard.Charge{EventID: "k1", ClientID: true, Units: 4, Route: "GET /x"}
-	if res, err := e.Charge(ctx, "acme", k1); err != nil || res.Reason != shard.OK {
-		t.Fatalf("charge: %+v %v", res, err)
-	}
 	mu.Lock()
 	tenures = []uint64{0, 2} // the next reading finds it gone; the one after, back
 	mu.Unlock()
@@ -336,4 +314,23 @@ func TestRegainedAccountFollowsTheLedgerForTheReseedWindow(t *testing.T) {
 	if u, ok, err := e.Usage("acme"); err != nil || !ok || u.Used != 4 {
 		t.Errorf("a lower figure after the window: %+v %v; want 4 used (refreshes only raise once the window is over)", u, err)
 	}
+}
+
+// chargeK1 opens an engine with opts (its log and clock added) serving
+// acme, and charges k1 (a client id, 4 units on GET /x) there.
+func chargeK1(t *testing.T, opts Options) (*Engine, shard.Charge) {
+	t.Helper()
+	l := openLog(t, t.TempDir())
+	opts.Log, opts.Clock = l, NewManualClock(time.Date(2026, 6, 10, 0, 0, 0, 0, time.UTC))
+	e, err := Open(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close(); l.Close() })
+	refreshAcme(t, e, 1, 0)
+	k1 := shard.Charge{EventID: "k1", ClientID: true, Units: 4, Route: "GET /x"}
+	if res, err := e.Charge(context.Background(), "acme", k1); err != nil || res.Reason != shard.OK {
+		t.Fatalf("charge: %+v %v", res, err)
+	}
+	return e, k1
 }

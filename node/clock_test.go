@@ -346,29 +346,12 @@ func gaugeValue(t *testing.T, nd *Node, name string) float64 {
 // into the next month for good, and the client ids they remembered expired
 // there (a retry billed twice: chaos seed 56).
 func TestNodeRestartedAloneWithItsClockOffTakesTheLedgersTimeBeforeServing(t *testing.T) {
-	dsn := "sqlite:" + filepath.Join(t.TempDir(), "ledger.db")
-	seedLedger(t, dsn, twentyAccounts(100))
-	faults := func(c *Config) { c.TestFaults = true }
-	nodes := startNodesWith(t, dsn, faults, faults)
-	n1, n2 := nodes[0], nodes[1]
 	now := time.Now().UTC()
-	ahead := time.Date(now.Year(), now.Month()+1, 1, 1, 0, 0, 0, time.UTC).Sub(now)
-	cfg, gossip := n1.cfg, n1.GossipAddr()
-	cfg.GossipAddr = gossip // the same address, as a restarted process has
-	cfg.TestClockOffset = ahead
 	var logs logbuf.Buffer
-	cfg.Logger = slog.New(slog.NewTextHandler(&logs, nil))
-	if err := n1.Shutdown(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	if err := n2.gossipF.Block(gossip); err != nil { // n2 cannot reach it yet
-		t.Fatal(err)
-	}
-	again, err := Start(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { again.Shutdown(context.Background()) })
+	again, n2 := restartAlone(t, func(c *Config) {
+		c.TestClockOffset = time.Date(now.Year(), now.Month()+1, 1, 1, 0, 0, 0, time.UTC).Sub(now)
+		c.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+	})
 	if why := again.notServable(); !strings.Contains(why, "alone in the ring") {
 		t.Fatalf("restarted alone: notServable %q, want it waiting for n2", why)
 	}

@@ -755,24 +755,7 @@ func TestServerErrorLog(t *testing.T) {
 // moments ago does not take accounts: it would own every account beside
 // them. It serves once they reach it.
 func TestRestartedNodeAloneWaitsForTheOthers(t *testing.T) {
-	dsn := "sqlite:" + filepath.Join(t.TempDir(), "ledger.db")
-	seedLedger(t, dsn, twentyAccounts(100))
-	faults := func(c *Config) { c.TestFaults = true }
-	nodes := startNodesWith(t, dsn, faults, faults)
-	n1, n2 := nodes[0], nodes[1]
-	cfg, gossip := n1.cfg, n1.GossipAddr()
-	cfg.GossipAddr = gossip // the same address, as a restarted process has
-	if err := n1.Shutdown(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	if err := n2.gossipF.Block(gossip); err != nil { // n2 cannot reach it yet
-		t.Fatal(err)
-	}
-	again, err := Start(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { again.Shutdown(context.Background()) })
+	again, n2 := restartAlone(t, nil)
 	why := again.notServable()
 	if !strings.Contains(why, "alone in the ring while the ledger heard from n2") {
 		t.Fatalf("restarted alone: notServable %q, want it waiting for n2", why)
@@ -799,4 +782,33 @@ func TestRestartedNodeAloneWaitsForTheOthers(t *testing.T) {
 		}
 		return owners["n1"] && owners["n2"] && again.isServing()
 	})
+}
+
+// restartAlone starts two nodes, n1 and n2, and restarts n1 (its config
+// changed by change, when set) while n2 cannot reach it: n1 comes back
+// alone in its ring. n2.gossipF.UnblockAll lets n2's rejoin loop reach it.
+func restartAlone(t *testing.T, change func(*Config)) (again, n2 *Node) {
+	t.Helper()
+	dsn := "sqlite:" + filepath.Join(t.TempDir(), "ledger.db")
+	seedLedger(t, dsn, twentyAccounts(100))
+	faults := func(c *Config) { c.TestFaults = true }
+	nodes := startNodesWith(t, dsn, faults, faults)
+	n1, n2 := nodes[0], nodes[1]
+	cfg, gossip := n1.cfg, n1.GossipAddr()
+	cfg.GossipAddr = gossip // the same address, as a restarted process has
+	if change != nil {
+		change(&cfg)
+	}
+	if err := n1.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if err := n2.gossipF.Block(gossip); err != nil { // n2 cannot reach it yet
+		t.Fatal(err)
+	}
+	again, err := Start(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { again.Shutdown(context.Background()) })
+	return again, n2
 }
