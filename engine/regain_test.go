@@ -232,18 +232,7 @@ func TestNewOwnerTakesTheLedgersUseOnceItHoldsItsRecords(t *testing.T) {
 // used where the ledger held 1.)
 func TestRegainedAccountIgnoresASnapshotReadBeforeItCameBack(t *testing.T) {
 	ctx := context.Background()
-	e, l, owns := openOwned(t, nil)
-	refreshAcme(t, e, 1, 0)
-	if res, err := e.Charge(ctx, "acme", shard.Charge{EventID: "k1", ClientID: true, Units: 4}); err != nil || res.Reason != shard.OK {
-		t.Fatalf("charge: %+v %v", res, err)
-	}
-	if err := e.Settle(ctx, l.DurableSeq()); err != nil {
-		t.Fatal(err)
-	}
-	owns.Store(false) // lost: the snapshot lacks k1's charge, so kept
-	if e.Forget("acme") {
-		t.Fatal("Forget dropped an account whose charge the snapshot lacks")
-	}
+	e, l, owns := awayAfterK1(t)
 
 	stale := e.ReadMark() // a refresh begins: the ledger has k1 charged, 4 used
 	// The other owner refunds k1 and settles; the account comes back.
@@ -279,19 +268,8 @@ func TestRegainedAccountIgnoresASnapshotReadBeforeItCameBack(t *testing.T) {
 // read begun before the account came back in place.)
 func TestRegainedAccountFollowsTheLedgerForTheReseedWindow(t *testing.T) {
 	ctx := context.Background()
-	e, l, owns := openOwned(t, nil)
+	e, l, owns := awayAfterK1(t)
 	clock := e.Clock().(*ManualClock)
-	refreshAcme(t, e, 1, 0)
-	if res, err := e.Charge(ctx, "acme", shard.Charge{EventID: "k1", ClientID: true, Units: 4}); err != nil || res.Reason != shard.OK {
-		t.Fatalf("charge: %+v %v", res, err)
-	}
-	if err := e.Settle(ctx, l.DurableSeq()); err != nil {
-		t.Fatal(err)
-	}
-	owns.Store(false)
-	if e.Forget("acme") {
-		t.Fatal("Forget dropped an account whose charge the snapshot lacks")
-	}
 	owns.Store(true)        // back; the other owner's refund of k1 not settled yet
 	refreshAcme(t, e, 2, 4) // finds it back (its read may be from before)
 	refreshAcme(t, e, 3, 4) // read after it came back, and still 4
@@ -333,4 +311,26 @@ func chargeK1(t *testing.T, opts Options) (*Engine, shard.Charge) {
 		t.Fatalf("charge: %+v %v", res, err)
 	}
 	return e, k1
+}
+
+// awayAfterK1 opens an engine that owns acme (openOwned), charges k1 there
+// (4 units) and settles it, and takes acme away: Forget keeps it, let go,
+// since the last snapshot lacks k1's charge. Store true in the returned
+// owns to bring it back.
+func awayAfterK1(t *testing.T) (*Engine, *wal.Log, *atomic.Bool) {
+	t.Helper()
+	ctx := context.Background()
+	e, l, owns := openOwned(t, nil)
+	refreshAcme(t, e, 1, 0)
+	if res, err := e.Charge(ctx, "acme", shard.Charge{EventID: "k1", ClientID: true, Units: 4}); err != nil || res.Reason != shard.OK {
+		t.Fatalf("charge: %+v %v", res, err)
+	}
+	if err := e.Settle(ctx, l.DurableSeq()); err != nil {
+		t.Fatal(err)
+	}
+	owns.Store(false)
+	if e.Forget("acme") {
+		t.Fatal("Forget dropped an account whose charge the snapshot lacks")
+	}
+	return e, l, owns
 }

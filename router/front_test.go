@@ -1330,6 +1330,21 @@ func protoServer(t *testing.T, proto string, h http.Handler) *httptest.Server {
 	return srv
 }
 
+// protoProxy serves NewProxy(opts) in front of up (an upstream from
+// protoServer), speaking proto ("http" or "h2c") both ways, and returns it
+// with a client that speaks proto to it, bounded by 10 s.
+func protoProxy(t *testing.T, proto string, up *httptest.Server, opts FrontOptions) (front *httptest.Server, client *http.Client) {
+	t.Helper()
+	u, _ := url.Parse(up.URL)
+	u.Scheme = proto
+	proxy, err := NewProxy(u, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	front = protoServer(t, proto, proxy)
+	return front, &http.Client{Transport: &http.Transport{Protocols: front.Config.Protocols}, Timeout: 10 * time.Second}
+}
+
 func TestChunkedBodyOverLimitAbortsTheUpstream(t *testing.T) {
 	for _, proto := range []string{"http", "h2c"} {
 		t.Run(proto, func(t *testing.T) {
@@ -1684,16 +1699,9 @@ func bodyCutRig(t *testing.T, proto string, opts FrontOptions) (ch *fakeCharger,
 			io.WriteString(w, "served")
 		}
 	}))
-	u, _ := url.Parse(up.URL)
-	u.Scheme = proto
 	ch = &fakeCharger{decision: okDecision()}
 	opts.Charger, opts.Config = ch, testConfig(t)
-	proxy, err := NewProxy(u, opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	front := protoServer(t, proto, proxy)
-	client := &http.Client{Transport: &http.Transport{Protocols: front.Config.Protocols}, Timeout: 10 * time.Second} // NB: a bound, see above
+	front, client := protoProxy(t, proto, up, opts) // NB: the client's timeout is a bound, see above
 	post = func(body io.Reader) (int, string) {
 		t.Helper()
 		req, _ := http.NewRequest("POST", front.URL+"/v1/tasks", body)
@@ -1784,15 +1792,8 @@ func TestUpstreamPauseIsNoStalledBody(t *testing.T) {
 				}
 				io.WriteString(w, "served")
 			}))
-			u, _ := url.Parse(up.URL)
-			u.Scheme = proto
 			ch := &fakeCharger{decision: okDecision()}
-			proxy, err := NewProxy(u, FrontOptions{Charger: ch, Config: testConfig(t), BodyIdleTimeout: idle, MaxBodyBytes: -1})
-			if err != nil {
-				t.Fatal(err)
-			}
-			front := protoServer(t, proto, proxy)
-			client := &http.Client{Transport: &http.Transport{Protocols: front.Config.Protocols}, Timeout: 10 * time.Second}
+			front, client := protoProxy(t, proto, up, FrontOptions{Charger: ch, Config: testConfig(t), BodyIdleTimeout: idle, MaxBodyBytes: -1})
 			req, _ := http.NewRequest("POST", front.URL+"/v1/tasks", bytes.NewReader(make([]byte, 8<<20)))
 			req.Header.Set("X-Api-Key", "secret")
 			res, err := client.Do(req)
@@ -2383,14 +2384,7 @@ func TestRequestTrailersPassThrough(t *testing.T) {
 				io.Copy(io.Discard, r.Body)
 				got <- r.Trailer.Clone()
 			}))
-			u, _ := url.Parse(up.URL)
-			u.Scheme = proto
-			proxy, err := NewProxy(u, FrontOptions{Charger: &fakeCharger{decision: okDecision()}, Config: testConfig(t), StripAPIKeyHeader: true})
-			if err != nil {
-				t.Fatal(err)
-			}
-			front := protoServer(t, proto, proxy)
-			client := &http.Client{Transport: &http.Transport{Protocols: front.Config.Protocols}, Timeout: 10 * time.Second}
+			front, client := protoProxy(t, proto, up, FrontOptions{Charger: &fakeCharger{decision: okDecision()}, Config: testConfig(t), StripAPIKeyHeader: true})
 			req, _ := http.NewRequest("POST", front.URL+"/v1/tasks", io.MultiReader(strings.NewReader("payload")))
 			req.Header.Set("X-Api-Key", "secret")
 			req.Trailer = http.Header{"X-Checksum": {"abc"}, HeaderAccount: {"victim"}, HeaderEvent: {"forged"}, "X-Api-Key": {"secret"}}
@@ -2427,14 +2421,7 @@ func TestResponseTrailersDropTheFrontsNames(t *testing.T) {
 				w.Header().Set(http.TrailerPrefix+"X-Quota-Limit", "1000000") // not announced
 				w.Header().Set(http.TrailerPrefix+"X-Late", "yes")
 			}))
-			u, _ := url.Parse(up.URL)
-			u.Scheme = proto
-			proxy, err := NewProxy(u, FrontOptions{Charger: &fakeCharger{decision: okDecision()}, Config: testConfig(t)})
-			if err != nil {
-				t.Fatal(err)
-			}
-			front := protoServer(t, proto, proxy)
-			client := &http.Client{Transport: &http.Transport{Protocols: front.Config.Protocols}, Timeout: 10 * time.Second}
+			front, client := protoProxy(t, proto, up, FrontOptions{Charger: &fakeCharger{decision: okDecision()}, Config: testConfig(t)})
 			req, _ := http.NewRequest("POST", front.URL+"/v1/tasks", nil)
 			req.Header.Set("X-Api-Key", "secret")
 			res, err := client.Do(req)
