@@ -930,8 +930,10 @@ func (e *Engine) chargeOnce(account string, req *shard.Charge) (Result, error) {
 		// The replay's receipt is the charge's, from this node: with it
 		// RefundReplay takes the replay back here or, after the account
 		// moved, at its next owner.
+		// Its record's seq names this replay (ReplaySeq): taken back twice,
+		// it counts off once.
 		res.Receipt = &shard.Receipt{EventID: r.EventID, Account: r.Account, Node: e.log.NodeID(), Gen: r.Gen, Units: r.Units, Period: r.Period, Wall: r.ChargeWall,
-			Key: r.Key, Route: r.Route, Allocs: slices.Clone(r.Allocs)}
+			Key: r.Key, Route: r.Route, Allocs: slices.Clone(r.Allocs), ReplaySeq: seq}
 		return res, nil
 	}
 	res.Receipt = &shard.Receipt{EventID: r.EventID, Account: r.Account, Node: e.log.NodeID(), Gen: r.Gen, Units: r.Units, Period: r.Period, Wall: r.Wall, Key: r.Key, Route: r.Route, Allocs: slices.Clone(r.Allocs)}

@@ -755,3 +755,73 @@ func TestHoldDecidesNothing(t *testing.T) {
 		t.Fatalf("charge after the hold: %+v %v", res.Reason, err)
 	}
 }
+
+// A replay's receipt names it (ReplaySeq, its record's seq), and a take-back
+// asked again with it (the HTTP front retries a refund whose answer was
+// lost) counts it off once, before and after a restart, whether the
+// restart finds the take-back in a checkpoint or in the log. Counted off
+// twice, the second take-back released the attempt's held refund while the
+// other replay may have been served: a served request unbilled.
+func TestATakeBackAskedAgainCountsOnce(t *testing.T) {
+	for _, settled := range []bool{false, true} {
+		t.Run(map[bool]string{false: "from the log", true: "from a checkpoint"}[settled], func(t *testing.T) {
+			ctx := context.Background()
+			e, dir, clock := openRestartable(t, map[string]int64{"acme": 100})
+			job := shard.Charge{EventID: "job", ClientID: true, Units: 5}
+			first, err := e.Charge(ctx, "acme", job)
+			if err != nil || first.Reason != shard.OK {
+				t.Fatalf("first attempt: %+v %v", first, err)
+			}
+			var replays []*shard.Receipt
+			for range 2 {
+				res, err := e.Charge(ctx, "acme", job)
+				if err != nil || res.Reason != shard.Replayed || res.Receipt == nil || res.Receipt.ReplaySeq != res.Seq {
+					t.Fatalf("retry: %+v %v; want Replayed with a receipt naming its record", res, err)
+				}
+				replays = append(replays, res.Receipt)
+			}
+			if replays[0].ReplaySeq == replays[1].ReplaySeq {
+				t.Fatalf("two replays named alike: %d", replays[0].ReplaySeq)
+			}
+			if d, err := e.RefundAttempt(ctx, "acme", "job", first.Receipt); err != nil || d.Reason != shard.Kept {
+				t.Fatalf("the first attempt's refund: %v %v, want kept (replays out)", d.Reason, err)
+			}
+			takeBack := func(e *Engine, r *shard.Receipt, want shard.Reason) {
+				t.Helper()
+				d, err := e.RefundReplay(ctx, "acme", "job", r)
+				if err != nil || d.Reason != want {
+					t.Fatalf("take-back of replay %d: %v %v, want %v", r.ReplaySeq, d.Reason, err, want)
+				}
+			}
+			takeBack(e, replays[0], shard.Kept)
+			last := e.Log().LastSeq()
+			takeBack(e, replays[0], shard.Kept)
+			if got := e.Log().LastSeq(); got != last {
+				t.Fatalf("the take-back asked again logged %d record(s)", got-last)
+			}
+			if settled {
+				if err := e.Settle(ctx, e.Log().DurableSeq()); err != nil {
+					t.Fatal(err)
+				}
+			}
+			l := e.Log()
+			e.Close()
+			l.Close()
+
+			e2 := openEngine(t, dir, clock, nil)
+			last = e2.Log().LastSeq()
+			takeBack(e2, replays[0], shard.Kept)
+			if got := e2.Log().LastSeq(); got != last {
+				t.Fatalf("after a restart, the take-back asked again logged %d record(s)", got-last)
+			}
+			if u, _, _ := e2.Usage("acme"); u.Used != 5 {
+				t.Fatalf("used %d, want 5: the second replay may be served", u.Used)
+			}
+			takeBack(e2, replays[1], shard.Refunded) // the last: the held refund applies
+			takeBack(e2, replays[1], shard.AlreadyRefunded)
+			if u, _, _ := e2.Usage("acme"); u.Used != 0 {
+				t.Fatalf("used %d, want 0: no attempt was served", u.Used)
+			}
+		})
+	}
+}

@@ -27,6 +27,13 @@ type Receipt struct {
 	Key    string
 	Route  string
 	Allocs []Alloc
+	// ReplaySeq, on a Replayed answer's receipt, is the seq of the replay's
+	// own log record at Node: it names that replay, so that RefundReplay
+	// takes it back once however often it is asked (a retry after a lost
+	// answer counted it off twice, and could release the attempt's refund
+	// while another replay was served). 0 on a charge's receipt, and in
+	// receipts of older builds, whose take-backs are not told apart.
+	ReplaySeq uint64
 }
 
 // Refundable reports whether a charge of period charged may still be
@@ -58,6 +65,14 @@ func elsewhereKey(eventID string, gen uint32, chargeWall int64, node string) str
 // storable.
 func refundedKey(eventID string, gen uint32, chargeWall int64) string {
 	return eventID + "\x00" + strconv.FormatUint(uint64(gen), 10) + "\x00" + strconv.FormatInt(chargeWall, 10)
+}
+
+// takeBackKey is the key in Account.refunded of a replay taken back: the
+// event id and generation, the node that answered the replay ("" for this
+// one: records name another node only, in Origin) and the seq of the
+// replay's record there, which names that replay.
+func takeBackKey(eventID string, gen uint32, node string, replaySeq uint64) string {
+	return eventID + "\x00" + strconv.FormatUint(uint64(gen), 10) + "\x00#" + node + "\x00" + strconv.FormatUint(replaySeq, 10)
 }
 
 // fits reports whether r can be a receipt of a charge of account: its
@@ -694,7 +709,42 @@ func (a *Account) RefundAttempt(eventID string, receipt *Receipt, self string, n
 // from older callers). When it names another node than self (the account
 // moved since), nothing of that replay is here: the record (Origin) only
 // tells the ledger, which counts the replay off the event there.
+//
+// A receipt that names its replay (ReplaySeq) is taken back once: asked
+// again (a retry whose first answer was lost), it changes nothing, logs
+// nothing and answers Kept, or AlreadyRefunded when the event is refunded.
+// The record names the replay too (Record.ReplaySeq), so that a restart
+// remembers it and the ledger counts it off once when a retry reaches
+// another owner.
 func (a *Account) RefundReplay(eventID string, receipt *Receipt, self string, now Now, params *Params, rec *Record) Decision {
+	key := ""
+	if receipt != nil && receipt.ReplaySeq != 0 && receipt.EventID == eventID && receipt.Node != "" {
+		node := receipt.Node
+		if node == self {
+			node = ""
+		}
+		key = takeBackKey(eventID, receipt.Gen, node, receipt.ReplaySeq)
+		a.refunded.expire(a.seen, RefundedWindow, params.DedupMax)
+		if _, done := a.refunded.get(key, a.seen, RefundedWindow); done {
+			rec.Type = 0
+			p, wall := a.advance(now.Wall)
+			d := Decision{Reset: p.End() / 1e9, Reason: Kept}
+			if e, ok := a.dedup.get(eventID, a.seen, params.DedupWindow); ok && e.refunded && e.gen == receipt.Gen {
+				d.Reason = AlreadyRefunded
+			}
+			a.fill(&d, now, wall)
+			return d
+		}
+	}
+	d := a.refundReplay(eventID, receipt, self, now, params, rec)
+	if key != "" && rec.Type != 0 {
+		rec.ReplaySeq = receipt.ReplaySeq
+		a.refunded.put(key, a.seen, struct{}{})
+	}
+	return d
+}
+
+func (a *Account) refundReplay(eventID string, receipt *Receipt, self string, now Now, params *Params, rec *Record) Decision {
 	rec.Type = 0
 	p, wall := a.advance(now.Wall)
 	d := Decision{Reset: p.End() / 1e9, Reason: Kept}

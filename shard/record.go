@@ -95,6 +95,14 @@ type Record struct {
 	// still refuses the id for another request.
 	Target uint64
 
+	// ReplaySeq is, on a replay taken back (Delta -1) and on the refund a
+	// take-back released (Released), the seq of the replay's own record at
+	// the node that answered it (Origin, or this one): it names the replay,
+	// so that the ledger counts a take-back asked twice (at two owners) off
+	// once, and a restarted owner still knows it was taken back. 0: not
+	// named (a caller without the replay's receipt, or an older build).
+	ReplaySeq uint64
+
 	allocBuf [4]Alloc
 }
 
@@ -114,13 +122,15 @@ func (r *Record) reset(t RecordType, account string, wall int64) {
 //	         bit 4: origin) | [gen uvarint] | [origin] | key | route | units uvarint | period uvarint | charge wall varint
 //	         | n uvarint | n × (grant | units uvarint)
 //	reserve: type=3 | wall varint | account | grant | delta varint
-//	replay:  type=4 | wall varint | account | event | flags byte (bit 2: generation, bit 4: origin) | [gen uvarint]
-//	         | [origin] | period uvarint | delta varint
+//	replay:  type=4 | wall varint | account | event | flags byte (bit 2: generation, bit 4: origin,
+//	         bit 7: a replay seq follows) | [gen uvarint] | [origin] | period uvarint | delta varint | [replay seq uvarint]
 //
-// where a refund's flags also carry bit 5 (Kept) and bit 6 (Released), and
-// a string is a uvarint length followed by its bytes. The target comes last
-// so that a quotad from before it (which ignores bit 7) finds trailing bytes
-// and refuses the record as corrupt rather than misreading it. Bit 7 is the
+// where a refund's flags also carry bit 5 (Kept), bit 6 (Released) and bit 7
+// (a replay seq follows, after the allocations), and a string is a uvarint
+// length followed by its bytes. The target and the replay seq come last so
+// that a quotad from before them (which ignores bit 7, or refuses it on a
+// refund or a replay) finds trailing bytes or a flag it does not take and
+// refuses the record as corrupt rather than misreading it. Bit 7 is the
 // flags byte's last: a later field needs a new record type (which an older
 // quotad refuses by its number).
 func (r *Record) AppendEncode(dst []byte) []byte {
@@ -146,6 +156,9 @@ func (r *Record) AppendEncode(dst []byte) []byte {
 		dst = binary.AppendUvarint(dst, uint64(r.Period))
 		dst = binary.AppendVarint(dst, r.ChargeWall)
 		dst = appendAllocs(dst, r.Allocs)
+		if r.ReplaySeq != 0 {
+			dst = binary.AppendUvarint(dst, r.ReplaySeq)
+		}
 	case RecReserve:
 		dst = appendString(dst, r.Grant)
 		dst = binary.AppendVarint(dst, r.Delta)
@@ -154,6 +167,9 @@ func (r *Record) AppendEncode(dst []byte) []byte {
 		dst = r.appendFlags(dst)
 		dst = binary.AppendUvarint(dst, uint64(r.Period))
 		dst = binary.AppendVarint(dst, r.Delta)
+		if r.ReplaySeq != 0 {
+			dst = binary.AppendUvarint(dst, r.ReplaySeq)
+		}
 	}
 	return dst
 }
@@ -181,7 +197,7 @@ func (r *Record) appendFlags(dst []byte) []byte {
 	if r.Released {
 		f |= 64
 	}
-	if r.Target != 0 && r.Type == RecCharge {
+	if (r.Target != 0 && r.Type == RecCharge) || (r.ReplaySeq != 0 && (r.Type == RecRefund || r.Type == RecReplay)) {
 		f |= 128
 	}
 	dst = append(dst, f)
@@ -195,7 +211,8 @@ func (r *Record) appendFlags(dst []byte) []byte {
 }
 
 // flags reads the flags byte and what follows it; it reports whether a
-// target follows at the record's end (bit 7).
+// target (a charge) or a replay seq (a refund, a replay) follows at the
+// record's end (bit 7).
 func (d *decoder) flags(r *Record) (target bool) {
 	f := d.byte()
 	r.ClientID, r.Reserved, r.Attempt = f&1 != 0, f&2 != 0, f&8 != 0
@@ -211,6 +228,15 @@ func (d *decoder) flags(r *Record) (target bool) {
 		r.Origin = d.string()
 	}
 	return f&128 != 0
+}
+
+// replaySeq reads a record's replay seq (Record.ReplaySeq), never 0.
+func (d *decoder) replaySeq() uint64 {
+	v := d.uvarint()
+	if v == 0 {
+		d.fail("replay seq")
+	}
+	return v
 }
 
 // LedgerEventID is the event id the ledger keeps for a charge: the id
@@ -257,24 +283,26 @@ func (r *Record) Decode(b []byte) error {
 		}
 	case RecRefund:
 		r.EventID = d.string()
-		if d.flags(r) {
-			d.fail("flags (a target on a refund)")
-		}
+		replaySeq := d.flags(r)
 		r.Key, r.Route = d.string(), d.string()
 		r.Units, r.Period = d.count(), d.period()
 		r.ChargeWall = d.varint()
 		r.Allocs = d.allocs(r.Allocs)
+		if replaySeq {
+			r.ReplaySeq = d.replaySeq()
+		}
 	case RecReserve:
 		r.Grant = d.string()
 		r.Delta = d.varint()
 	case RecReplay:
 		r.EventID = d.string()
-		if d.flags(r) {
-			d.fail("flags (a target on a replay)")
-		}
+		replaySeq := d.flags(r)
 		r.Period = d.period()
 		if r.Delta = d.varint(); r.Delta != 1 && r.Delta != -1 && d.err == nil {
 			d.fail("replay delta")
+		}
+		if replaySeq {
+			r.ReplaySeq = d.replaySeq()
 		}
 	default:
 		return fmt.Errorf("%w: unknown type %d (a newer quotad's? run that one or a later one)", ErrCorruptRecord, t)

@@ -27,6 +27,9 @@ func (a *Account) ApplyRecord(seq uint64, rec *Record, params *Params) {
 				key: rec.Key, route: rec.Route, target: rec.Target, allocs: slices.Clone(rec.Allocs)})
 		}
 	case RecRefund:
+		if rec.Released && rec.ReplaySeq != 0 {
+			a.refunded.put(takeBackKey(rec.EventID, rec.Gen, "", rec.ReplaySeq), rec.Wall, struct{}{})
+		}
 		if rec.Origin != "" {
 			// Another node's charge: only the use this owner counts of it
 			// is here (see unspendElsewhere), and that it was refunded.
@@ -52,6 +55,9 @@ func (a *Account) ApplyRecord(seq uint64, rec *Record, params *Params) {
 		a.refunded.put(refundedKey(rec.EventID, rec.Gen, rec.ChargeWall), a.seen, struct{}{})
 		a.unspend(rec)
 	case RecReplay:
+		if rec.Delta < 0 && rec.ReplaySeq != 0 {
+			a.refunded.put(takeBackKey(rec.EventID, rec.Gen, rec.Origin, rec.ReplaySeq), rec.Wall, struct{}{})
+		}
 		if rec.Origin != "" {
 			break // another node's replay: nothing of it is here
 		}

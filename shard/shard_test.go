@@ -787,6 +787,9 @@ func TestRecordRoundTrip(t *testing.T) {
 		{Type: RecReplay, Wall: 9, Account: "a", EventID: "e", Origin: "n2", Period: 24317, Delta: -1},
 		{Type: RecRefund, Wall: 10, Account: "a", EventID: "e", Attempt: true, Kept: true, Key: "k", Route: "r", Units: 3, Period: 1, Allocs: []Alloc{{"g", 3}}},
 		{Type: RecRefund, Wall: 11, Account: "a", EventID: "e", Attempt: true, Released: true, Reserved: true, Units: 3, Period: 1, Allocs: []Alloc{{"g", 3}}},
+		{Type: RecRefund, Wall: 12, Account: "a", EventID: "e", Attempt: true, Released: true, Units: 3, Period: 1, Allocs: []Alloc{{"g", 3}}, ReplaySeq: 41},
+		{Type: RecReplay, Wall: 13, Account: "a", EventID: "e", Gen: 2, Period: 24317, Delta: -1, ReplaySeq: 1 << 40},
+		{Type: RecReplay, Wall: 14, Account: "a", EventID: "e", Origin: "n2", Period: 24317, Delta: -1, ReplaySeq: 7},
 	}
 	for _, r := range recs {
 		b := r.AppendEncode(nil)
@@ -794,7 +797,7 @@ func TestRecordRoundTrip(t *testing.T) {
 		if err := got.Decode(b); err != nil {
 			t.Fatal(err)
 		}
-		if fmt.Sprintf("%+v", got.AppendEncode(nil)) != fmt.Sprintf("%+v", b) || got.Target != r.Target {
+		if fmt.Sprintf("%+v", got.AppendEncode(nil)) != fmt.Sprintf("%+v", b) || got.Target != r.Target || got.ReplaySeq != r.ReplaySeq {
 			t.Fatalf("round trip of %+v gave %+v", r, got)
 		}
 		for i := 0; i < len(b); i++ {
@@ -803,8 +806,9 @@ func TestRecordRoundTrip(t *testing.T) {
 			}
 		}
 	}
-	// A target is a charge's only: a refund whose flags promise one is
-	// corrupt, with or without one behind it.
+	// A target is a charge's only: on a refund, bit 7 promises a replay
+	// seq, so a refund with a target's 8 bytes behind it is corrupt, as is
+	// one whose flags promise more than there is.
 	refund := Record{Type: RecRefund, Wall: 10, Account: "a", EventID: "e", Units: 3, Period: 1, Allocs: []Alloc{{"g", 3}}}
 	b := refund.AppendEncode(nil)
 	const flagsAt = 1 + 1 + 2 + 2 // type, wall 10, "a", "e"
@@ -880,6 +884,89 @@ func TestReplaysAndKeptRefundsSurviveRecovery(t *testing.T) {
 	}
 	if u := b.Usage(now); u.Used != 0 {
 		t.Fatalf("after the release: used %d, want 0", u.Used)
+	}
+}
+
+// A replay taken back twice with its receipt (the first answer was lost,
+// and the HTTP front asked again) counts off once: the second changes
+// nothing, logs nothing, and the attempt's refund stays held while the
+// other replay may be served. A restart rebuilt from the records still
+// knows it was taken back.
+func TestAReplayIsTakenBackOnceHoweverOftenAsked(t *testing.T) {
+	p := DefaultParams()
+	cfg := AccountConfig{ID: "a", Plan: hardPlan(10)}
+	a := NewAccount(cfg)
+	now := at("2026-06-10T00:00:00Z")
+	var log []Record
+	keep := func(rec Record) {
+		if rec.Type != 0 {
+			log = append(log, rec)
+		}
+	}
+	_, crec := charge(a, "k", 2, now, &p)
+	keep(crec)
+	// Two retries answered Replayed; each receipt names its replay by the
+	// seq of its record (the engine's; here the index in log, from 1).
+	var replays []*Receipt
+	for range 2 {
+		d, rrec := charge(a, "k", 2, now, &p)
+		if d.Reason != Replayed {
+			t.Fatalf("retry: %v", d.Reason)
+		}
+		keep(rrec)
+		replays = append(replays, &Receipt{EventID: "k", Account: "a", Node: "n1", Gen: rrec.Gen, Units: 2, Period: rrec.Period, ReplaySeq: uint64(len(log))})
+	}
+	var rec Record
+	attempt := &Receipt{EventID: "k", Account: "a", Node: "n1", Gen: crec.Gen, Units: 2, Period: crec.Period}
+	if d := a.RefundAttempt("k", attempt, "n1", now, &p, &rec); d.Reason != Kept {
+		t.Fatalf("the attempt's refund with replays out: %+v", d)
+	}
+	keep(rec)
+
+	if d := a.RefundReplay("k", replays[0], "n1", now, &p, &rec); d.Reason != Kept || rec.Type != RecReplay || rec.ReplaySeq != replays[0].ReplaySeq {
+		t.Fatalf("the first replay taken back: %+v (record %+v)", d, rec)
+	}
+	keep(rec)
+	for i := range 2 {
+		if d := a.RefundReplay("k", replays[0], "n1", now, &p, &rec); d.Reason != Kept || rec.Type != 0 {
+			t.Fatalf("the first replay taken back again (%d): %+v (record type %v), want Kept and nothing logged", i+1, d, rec.Type)
+		}
+	}
+	if u := a.Usage(now); u.Used != 2 {
+		t.Fatalf("used %d, want 2: the second replay may be served, so the attempt's refund stays held", u.Used)
+	}
+
+	// Rebuilt from its records: the first replay is still taken back.
+	b := NewAccount(cfg)
+	for i := range log {
+		var got Record
+		if err := got.Decode(log[i].AppendEncode(nil)); err != nil {
+			t.Fatal(err)
+		}
+		b.ApplyRecord(uint64(i+1), &got, &p)
+	}
+	if d := b.RefundReplay("k", replays[0], "n1", now, &p, &rec); d.Reason != Kept || rec.Type != 0 {
+		t.Fatalf("after a restart, the first replay taken back again: %+v (record type %v), want Kept and nothing logged", d, rec.Type)
+	}
+	// The second replay taken back releases the refund, once.
+	if d := b.RefundReplay("k", replays[1], "n1", now, &p, &rec); d.Reason != Refunded || !rec.Released || rec.ReplaySeq != replays[1].ReplaySeq {
+		t.Fatalf("the second replay taken back: %+v (record %+v), want the pending refund released", d, rec)
+	}
+	if d := b.RefundReplay("k", replays[1], "n1", now, &p, &rec); d.Reason != AlreadyRefunded || rec.Type != 0 {
+		t.Fatalf("the second replay taken back again: %+v (record type %v), want AlreadyRefunded and nothing logged", d, rec.Type)
+	}
+	if u := b.Usage(now); u.Used != 0 {
+		t.Fatalf("after the release: used %d, want 0", u.Used)
+	}
+	// Another owner's records of take-backs name the replay's node: a
+	// retry that reaches it after it applied one is no second take-back.
+	c := NewAccount(cfg)
+	c.ApplyRecord(1, &Record{Type: RecReplay, Wall: now.Wall, Account: "a", EventID: "k", Origin: "n1", Period: crec.Period, Delta: -1, ReplaySeq: replays[0].ReplaySeq}, &p)
+	if d := c.RefundReplay("k", replays[0], "n2", now, &p, &rec); d.Reason != Kept || rec.Type != 0 {
+		t.Fatalf("at another owner, a take-back it logged asked again: %+v (record type %v), want Kept and nothing logged", d, rec.Type)
+	}
+	if d := c.RefundReplay("k", replays[1], "n2", now, &p, &rec); rec.Type != RecReplay || rec.Origin != "n1" || rec.ReplaySeq != replays[1].ReplaySeq {
+		t.Fatalf("at another owner, n1's other replay taken back: %+v (record %+v), want a record naming it", d, rec)
 	}
 }
 
