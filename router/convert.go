@@ -43,7 +43,7 @@ func receiptToPB(r *shard.Receipt) *pb.Receipt {
 	if r == nil {
 		return nil
 	}
-	out := &pb.Receipt{EventId: r.EventID, Account: r.Account, Node: r.Node, Gen: r.Gen, Units: r.Units, Period: int32(r.Period), Wall: r.Wall, Key: r.Key, Route: r.Route}
+	out := &pb.Receipt{EventId: r.EventID, Account: r.Account, Node: r.Node, Gen: r.Gen, Units: r.Units, Period: int32(r.Period), Wall: r.Wall, Key: r.Key, Route: r.Route, ReplaySeq: r.ReplaySeq}
 	for _, a := range r.Allocs {
 		out.Allocs = append(out.Allocs, &pb.Alloc{Grant: a.Grant, Units: a.Units})
 	}
@@ -54,7 +54,7 @@ func receiptFromPB(r *pb.Receipt) *shard.Receipt {
 	if r == nil {
 		return nil
 	}
-	out := &shard.Receipt{EventID: r.EventId, Account: r.Account, Node: r.Node, Gen: r.Gen, Units: r.Units, Period: shard.Period(r.Period), Wall: r.Wall, Key: r.Key, Route: r.Route}
+	out := &shard.Receipt{EventID: r.EventId, Account: r.Account, Node: r.Node, Gen: r.Gen, Units: r.Units, Period: shard.Period(r.Period), Wall: r.Wall, Key: r.Key, Route: r.Route, ReplaySeq: r.ReplaySeq}
 	for _, a := range r.Allocs {
 		out.Allocs = append(out.Allocs, shard.Alloc{Grant: a.Grant, Units: a.Units})
 	}

@@ -531,7 +531,11 @@ type Receipt struct {
 	// The node that charged.
 	Node string `protobuf:"bytes,9,opt,name=node,proto3" json:"node,omitempty"`
 	// The account charged: a refund with it for another account is refused.
-	Account       string `protobuf:"bytes,10,opt,name=account,proto3" json:"account,omitempty"`
+	Account string `protobuf:"bytes,10,opt,name=account,proto3" json:"account,omitempty"`
+	// On a Replayed answer's receipt: the seq of the replay's record at node,
+	// which names the replay, so that taking it back twice counts it off
+	// once. 0: not named (a charge's receipt, or an older node's).
+	ReplaySeq     uint64 `protobuf:"varint,11,opt,name=replay_seq,json=replaySeq,proto3" json:"replay_seq,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -634,6 +638,13 @@ func (x *Receipt) GetAccount() string {
 		return x.Account
 	}
 	return ""
+}
+
+func (x *Receipt) GetReplaySeq() uint64 {
+	if x != nil {
+		return x.ReplaySeq
+	}
+	return 0
 }
 
 // WrongOwner: the node asked does not own the account in its view; owner is
@@ -1762,7 +1773,7 @@ const file_quota_proto_rawDesc = "" +
 	"month_used\x18\f \x01(\x03R\tmonthUsed\"3\n" +
 	"\x05Alloc\x12\x14\n" +
 	"\x05grant\x18\x01 \x01(\tR\x05grant\x12\x14\n" +
-	"\x05units\x18\x02 \x01(\x03R\x05units\"\xfb\x01\n" +
+	"\x05units\x18\x02 \x01(\x03R\x05units\"\x9a\x02\n" +
 	"\aReceipt\x12\x19\n" +
 	"\bevent_id\x18\x01 \x01(\tR\aeventId\x12\x14\n" +
 	"\x05units\x18\x02 \x01(\x03R\x05units\x12\x16\n" +
@@ -1774,7 +1785,9 @@ const file_quota_proto_rawDesc = "" +
 	"\x03gen\x18\b \x01(\rR\x03gen\x12\x12\n" +
 	"\x04node\x18\t \x01(\tR\x04node\x12\x18\n" +
 	"\aaccount\x18\n" +
-	" \x01(\tR\aaccount\"Z\n" +
+	" \x01(\tR\aaccount\x12\x1d\n" +
+	"\n" +
+	"replay_seq\x18\v \x01(\x04R\treplaySeq\"Z\n" +
 	"\n" +
 	"WrongOwner\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x12\x19\n" +
