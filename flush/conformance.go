@@ -53,6 +53,7 @@ func RunConformance(t *testing.T, open func(t *testing.T) Ledger) {
 		{"ReleasedRefundAppliesThePendingOne", confReleasedRefundAppliesPending},
 		{"TakeBackBeforeARetryInOneBatch", confTakeBackBeforeRetry},
 		{"TakeBackCountsItsOwnNodesReplay", confTakeBackOfAnotherNodesReplay},
+		{"TakeBackAskedTwiceCountsOnce", confTakeBackAskedTwice},
 		{"ReserveInALaterMonth", confReserveLaterMonth},
 		{"Refunds", confRefunds},
 		{"TombstoneThenCharge", confTombstone},
@@ -171,6 +172,8 @@ type rec struct {
 	replay   bool
 	delta    int64
 	released bool
+	// replaySeq names the replay a take-back counts off (Replay.ReplaySeq).
+	replaySeq uint64
 }
 
 // replayOf is a retry of event answered Replayed; takeBackOf one taken back.
@@ -207,6 +210,9 @@ func (r rec) attempt() rec { r.attemptRefund = true; return r }
 // chargedBy names the node that charged the refunded attempt (Refund.Origin).
 func (r rec) chargedBy(node string) rec { r.origin = node; return r }
 
+// naming names the replay a take-back counts off (Replay.ReplaySeq).
+func (r rec) naming(replaySeq uint64) rec { r.replaySeq = replaySeq; return r }
+
 // batch numbers recs from the settler's mark without moving it.
 func (s *confSettler) batchLocked(recs ...rec) *Batch {
 	// DrainedAt: a test node's batch is all its log holds.
@@ -216,12 +222,12 @@ func (s *confSettler) batchLocked(recs ...rec) *Batch {
 		wall := r.wall.UnixNano()
 		if r.replay {
 			b.Replays = append(b.Replays, Replay{Seq: seq, Account: r.account, EventID: r.event, Period: shard.PeriodOf(wall),
-				Wall: wall, Delta: r.delta, Origin: r.origin})
+				Wall: wall, Delta: r.delta, Origin: r.origin, ReplaySeq: r.replaySeq})
 			continue
 		}
 		if r.released {
 			b.Replays = append(b.Replays, Replay{Seq: seq, Account: r.account, EventID: r.event, Period: shard.PeriodOf(wall),
-				Wall: wall, Delta: -1, Released: true})
+				Wall: wall, Delta: -1, Released: true, ReplaySeq: r.replaySeq})
 		}
 		if r.refund {
 			b.Refunds = append(b.Refunds, Refund{Seq: seq, Account: r.account, EventID: r.event, Key: "key-" + r.account, Route: r.route,
@@ -1843,27 +1849,35 @@ func confUsageReconcile(t *testing.T, l Ledger) {
 // is in June's list.
 // confPruneTakeBacks: a replay's take-back that settled before its replay
 // waits in the ledger for it; pruning the month drops it with the month's
-// events, on both ledgers (SQLite kept such rows for ever).
+// events, on both ledgers (SQLite kept such rows for ever), and the name of
+// the replay it took back (takeback_names) with it.
 func confPruneTakeBacks(t *testing.T, l Ledger) {
 	ctx := t.Context()
 	a, b := twoReservingNodes(t, l)
 	a.settle(t, chargeOf("acct-1", "e5", 1, confJune).withReserved())
 	b.settle(t, refundOf("acct-1", "e5", 1, confJune).attempt().chargedBy("node-a"))
-	b.settle(t, takeBackOf("acct-1", "e5").chargedBy("node-a"))
+	b.settle(t, takeBackOf("acct-1", "e5").chargedBy("node-a").naming(2))
 	counter, ok := l.(interface {
 		waitingTakeBacks(context.Context) (int64, error)
+		takeBackNames(context.Context) (int64, error)
 	})
 	if !ok {
-		t.Fatalf("%T does not count its waiting take-backs", l)
+		t.Fatalf("%T does not count its waiting take-backs and their names", l)
 	}
 	if n, err := counter.waitingTakeBacks(ctx); err != nil || n != 1 {
 		t.Fatalf("waiting take-backs before the prune: %d, %v; want 1", n, err)
+	}
+	if n, err := counter.takeBackNames(ctx); err != nil || n != 1 {
+		t.Fatalf("take-back names before the prune: %d, %v; want 1", n, err)
 	}
 	if _, err := l.PruneEvents(ctx, PruneOptions{Before: confPeriod + 1}); err != nil {
 		t.Fatal(err)
 	}
 	if n, err := counter.waitingTakeBacks(ctx); err != nil || n != 0 {
 		t.Fatalf("waiting take-backs after June was pruned: %d, %v; want 0", n, err)
+	}
+	if n, err := counter.takeBackNames(ctx); err != nil || n != 0 {
+		t.Fatalf("take-back names after June was pruned: %d, %v; want 0", n, err)
 	}
 }
 
@@ -2689,5 +2703,37 @@ func confTakeBackOfAnotherNodesReplay(t *testing.T, l Ledger) {
 	mustExecSQL(t, l, unnamed)
 	b.settle(t, takeBackOf("acct-1", "e3").chargedBy("node-c"))
 	wantBilled(t, l, "e3", 0, "the older build's replay was taken back")
+	wantReconciled(t, l)
+}
+
+// confTakeBackAskedTwice: a take-back names its replay
+// (ReplaySeq), and the same take-back settled again (asked again after a
+// lost answer, and logged by another owner after the account moved) counts
+// nothing. node-a charged e1 and answered two retries Replayed; their
+// attempt's refund is pending. The first replay's take-back settles from
+// node-a, then again from node-b: counted twice, it released the pending
+// refund while the second replay may have been served. e2: the take-back
+// reaches the ledger twice before its replay settles (from node-b and
+// node-c); waiting twice, it also cancelled node-a's other replay.
+func confTakeBackAskedTwice(t *testing.T, l Ledger) {
+	confSetup(t, l, 100, "acct-1")
+	a, b, c := confNode(t, l, "node-a"), confNode(t, l, "node-b"), confNode(t, l, "node-c")
+	a.settle(t, chargeOf("acct-1", "e1", 2, confJune), replayOf("acct-1", "e1"), replayOf("acct-1", "e1"))
+	a.settle(t, refundOf("acct-1", "e1", 2, confJune).attempt())
+	wantBilled(t, l, "e1", 2, "two replays out: the attempt's refund is pending")
+	a.settle(t, takeBackOf("acct-1", "e1").naming(2))
+	b.settle(t, takeBackOf("acct-1", "e1").chargedBy("node-a").naming(2))
+	wantBilled(t, l, "e1", 2, "the second replay may be served")
+	b.settle(t, takeBackOf("acct-1", "e1").chargedBy("node-a").naming(3))
+	wantBilled(t, l, "e1", 0, "both replays taken back: the pending refund applies")
+	c.settle(t, takeBackOf("acct-1", "e1").chargedBy("node-a").naming(3))
+	wantBilled(t, l, "e1", 0, "the last take-back asked again")
+
+	b.settle(t, takeBackOf("acct-1", "e2").chargedBy("node-a").naming(12))
+	c.settle(t, takeBackOf("acct-1", "e2").chargedBy("node-a").naming(12))
+	a.settle(t, chargeOf("acct-1", "e2", 3, confJune), replayOf("acct-1", "e2"), replayOf("acct-1", "e2"))
+	a.settle(t, refundOf("acct-1", "e2", 3, confJune).attempt())
+	wantBilled(t, l, "e2", 3, "one replay taken back (twice), the other may be served")
+	wantUsage(t, l, "acct-1", 3)
 	wantReconciled(t, l)
 }

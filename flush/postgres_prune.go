@@ -68,6 +68,9 @@ func (p *Postgres) dropMonth(ctx context.Context, per shard.Period) (n int64, er
 		if _, err := tx.Exec(ctx, `DELETE FROM replay_takebacks WHERE period_start = $1`, periodDate(per)); err != nil {
 			return err
 		}
+		if _, err := tx.Exec(ctx, `DELETE FROM takeback_names WHERE period_start = $1`, periodDate(per)); err != nil {
+			return err
+		}
 		if _, err := tx.Exec(ctx, `DROP TABLE `+name); err != nil {
 			return err
 		}

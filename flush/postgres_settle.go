@@ -827,6 +827,11 @@ ON CONFLICT (account_id, event_id, period_start, node_id) DO UPDATE SET count = 
 
 // pgTakenBackSQL cancels a replay by a take-back that settled before it;
 // no row: none waits. (A row spent to 0 stays: rare, and small.)
+// pgTakeBackNameSQL records a take-back's name (Replay.ReplaySeq); no row
+// affected: taken back before.
+const pgTakeBackNameSQL = `INSERT INTO takeback_names (account_id, event_id, period_start, node_id, replay_seq)
+	VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING`
+
 const pgTakenBackSQL = `UPDATE replay_takebacks SET count = count - 1
 WHERE account_id = $1 AND event_id = $2 AND period_start = $3 AND node_id = $4 AND count > 0
 RETURNING count`
@@ -962,6 +967,16 @@ func (s *pgSettle) settleReplays(ctx context.Context, tx pgx.Tx, want func(*Repl
 func (s *pgSettle) settleReplay(ctx context.Context, tx pgx.Tx, r *Replay) error {
 	start := periodDate(r.Period)
 	node := r.replayNode(s.b.Node)
+	if r.Delta < 0 && r.ReplaySeq != 0 {
+		s.res.RoundTrips++
+		tag, err := tx.Exec(ctx, pgTakeBackNameSQL, r.Account, r.EventID, start, node, int64(r.ReplaySeq))
+		if err != nil {
+			return err
+		}
+		if tag.RowsAffected() == 0 {
+			return nil // this replay was taken back before: the same take-back asked again
+		}
+	}
 	if r.Delta > 0 {
 		var left int32
 		s.res.RoundTrips++

@@ -335,6 +335,19 @@ func (s *SQLite) waitingTakeBacks(ctx context.Context) (n int64, err error) {
 	return n, err
 }
 
+// takeBackNames counts the names of replays taken back the ledger keeps
+// (tests: a pruned month leaves none).
+func (p *Postgres) takeBackNames(ctx context.Context) (n int64, err error) {
+	err = p.pool.QueryRow(ctx, `SELECT count(*) FROM takeback_names`).Scan(&n)
+	return n, err
+}
+
+// takeBackNames: as Postgres's.
+func (s *SQLite) takeBackNames(ctx context.Context) (n int64, err error) {
+	err = s.db.QueryRowContext(ctx, `SELECT count(*) FROM takeback_names`).Scan(&n)
+	return n, err
+}
+
 // timeOrNever formats t, or "never" for the zero time.
 func timeOrNever(t time.Time) string {
 	if t.IsZero() {

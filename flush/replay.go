@@ -16,6 +16,13 @@ package flush
 // or the replay's owner was down): it waits in replay_takebacks, and the
 // replay, when it settles, is cancelled by it.
 //
+// A take-back names its replay (Replay.ReplaySeq, with the replay's node):
+// the node that logs it counts a name once, and so does the ledger, in
+// takeback_names, for a take-back asked again that another owner logged
+// after the account moved (the HTTP front retries one whose answer was
+// lost). Counted twice, it released the attempt's pending refund while
+// another replay may have been served.
+//
 // Replays are counted by node (events.replayed_by, one entry per replay):
 // a take-back counts off a replay of the node that answered it (Origin, or
 // the batch's node), and waits for that node's replay when none has settled
@@ -50,6 +57,12 @@ type Replay struct {
 	// the node that answered it. That refund follows in the batch and
 	// applies by itself: this one only counts the replay off.
 	Released bool
+	// ReplaySeq names the replay a take-back (Delta -1) counts off: the seq
+	// of its record at the node that answered it (replayNode). A take-back
+	// of a replay named before counts nothing (takeback_names): the same
+	// take-back asked again, logged at another owner after the account
+	// moved. 0: not named (an older build's, or one without the receipt).
+	ReplaySeq uint64
 }
 
 // replayRow is what settling a replay reads of the event's row.

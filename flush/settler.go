@@ -620,13 +620,13 @@ func (s *Settler) batch(prev, next uint64, cut bool) (*Batch, error) {
 				Allocs: append([]shard.Alloc(nil), rec.Allocs...)})
 		case shard.RecReplay:
 			b.Replays = append(b.Replays, Replay{Seq: seq, Account: rec.Account, EventID: shard.LedgerEventID(rec.EventID, rec.Gen),
-				Period: rec.Period, Wall: rec.Wall, Delta: rec.Delta, Origin: rec.Origin})
+				Period: rec.Period, Wall: rec.Wall, Delta: rec.Delta, Origin: rec.Origin, ReplaySeq: rec.ReplaySeq})
 		case shard.RecRefund:
 			if rec.Released {
 				// The take-back of the charge's last replay, counted off
 				// before the refund it released.
 				b.Replays = append(b.Replays, Replay{Seq: seq, Account: rec.Account, EventID: shard.LedgerEventID(rec.EventID, rec.Gen),
-					Period: rec.Period, Wall: rec.Wall, Delta: -1, Released: true})
+					Period: rec.Period, Wall: rec.Wall, Delta: -1, Released: true, ReplaySeq: rec.ReplaySeq})
 			}
 			b.Refunds = append(b.Refunds, Refund{Seq: seq, Account: rec.Account, EventID: shard.LedgerEventID(rec.EventID, rec.Gen), Key: rec.Key, Route: rec.Route,
 				Units: rec.Units, Wall: rec.Wall, ChargeWall: rec.ChargeWall, Period: rec.Period, Reserved: rec.Reserved,

@@ -66,6 +66,9 @@ func (s *SQLite) dropMonth(ctx context.Context, per shard.Period) (n int64, err 
 			(SELECT account_id, event_id FROM events WHERE period = ?)`, per.String()); err != nil {
 			return err
 		}
+		if _, err := tx.ExecContext(ctx, `DELETE FROM takeback_names WHERE period = ?`, per.String()); err != nil {
+			return err
+		}
 		if _, err := tx.ExecContext(ctx, `DELETE FROM events WHERE period = ?`, per.String()); err != nil {
 			return err
 		}

@@ -250,6 +250,16 @@ func (st *sqliteSettle) takeOver(ctx context.Context, c *Charge, owed []string) 
 
 func (st *sqliteSettle) settleReplay(ctx context.Context, r *Replay) error {
 	node := r.replayNode(st.b.Node)
+	if r.Delta < 0 && r.ReplaySeq != 0 {
+		res, err := st.exec(ctx, `INSERT INTO takeback_names (account_id, event_id, period, node_id, replay_seq) VALUES (?, ?, ?, ?, ?)
+			ON CONFLICT DO NOTHING`, r.Account, r.EventID, r.Period.String(), node, int64(r.ReplaySeq))
+		if err != nil {
+			return err
+		}
+		if n, err := res.RowsAffected(); err != nil || n == 0 {
+			return err // n == 0: this replay was taken back before, the same take-back asked again
+		}
+	}
 	if r.Delta > 0 {
 		res, err := st.exec(ctx, `UPDATE replay_takebacks SET count = count - 1 WHERE account_id = ? AND event_id = ? AND node_id = ? AND count > 0`,
 			r.Account, r.EventID, node)

@@ -175,10 +175,12 @@ type RefundRequest struct {
 	Attempt bool
 	// Replay takes back an attempt that was answered Replayed and then not
 	// served: one retry fewer relies on the charge (the HTTP front). Send it
-	// once for each such answer and never otherwise: the owner counts them,
-	// and one too many would let a retry that was served lose its charge.
-	// With the Replayed answer's Receipt, a replay taken back after the
-	// account moved to another owner reaches the ledger too.
+	// for such answers only: the owner counts them, and one too many would
+	// let a retry that was served lose its charge. With the Replayed
+	// answer's Receipt, which names the replay (Receipt.ReplaySeq), it may
+	// be sent again (its answer was lost) and counts once, and a replay
+	// taken back after the account moved to another owner reaches the
+	// ledger too. Without the receipt, send it once per answer.
 	Replay bool
 }
 
