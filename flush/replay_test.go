@@ -137,6 +137,46 @@ func TestReplayServedBeforeAHandoffStaysBilled(t *testing.T) {
 	}
 }
 
+// q1 answered two retries Replayed and held its first attempt's refund
+// for them; the first retry failed, and its take-back reached q1, which
+// applied it, but the answer was lost; the account moved to q2, where the
+// front's second try landed. q2 logs it for the ledger, naming the replay,
+// and the ledger counts it once, whichever node settles first: the event
+// stays billed, since the second retry may be served. Counted twice, the
+// pending refund applied and the served retry went unbilled.
+func TestATakeBackAskedAgainAtTheNextOwnerCountsOnce(t *testing.T) {
+	ctx := context.Background()
+	for _, order := range [][]string{{"q1", "q2"}, {"q2", "q1"}} {
+		t.Run(order[0]+"-first", func(t *testing.T) {
+			r := newReplayRig(t)
+			first := r.charge(t, "q1", "k", 3, shard.OK)
+			replays := []*shard.Receipt{r.charge(t, "q1", "k", 3, shard.Replayed), r.charge(t, "q1", "k", 3, shard.Replayed)}
+			if d, err := r.e["q1"].RefundAttempt(ctx, "acct-1", "k", first); err != nil || d.Reason != shard.Kept {
+				t.Fatalf("the first attempt's refund: %+v, %v; want kept", d, err)
+			}
+			if d, err := r.e["q1"].RefundReplay(ctx, "acct-1", "k", replays[0]); err != nil || d.Reason != shard.Kept {
+				t.Fatalf("the first replay taken back at q1: %+v, %v", d, err)
+			}
+			r.owner.Store("q2")
+			if d, err := r.e["q2"].RefundReplay(ctx, "acct-1", "k", replays[0]); err != nil || d.Reason != shard.Kept {
+				t.Fatalf("the same take-back at q2: %+v, %v", d, err)
+			}
+			r.settle(t, order...)
+			if got := r.used(t); got != 3 {
+				t.Fatalf("used %d, want 3: the second replay may be served", got)
+			}
+			// The second replay failed too: nothing was served.
+			if d, err := r.e["q2"].RefundReplay(ctx, "acct-1", "k", replays[1]); err != nil || d.Reason != shard.Kept {
+				t.Fatalf("the second replay taken back at q2: %+v, %v", d, err)
+			}
+			r.settle(t, "q2")
+			if got := r.used(t); got != 0 {
+				t.Fatalf("used %d once both replays were taken back, want 0", got)
+			}
+		})
+	}
+}
+
 // countOn names replays by node: a take-back counts off its own node's
 // replay, or an older build's unnamed one, and otherwise waits; names an
 // older build left behind (more names than replays) are dropped, oldest
