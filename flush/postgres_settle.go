@@ -825,13 +825,13 @@ const pgTakeBackLaterSQL = `INSERT INTO replay_takebacks AS t (account_id, event
 VALUES ($1, $2, $3, $4, 1)
 ON CONFLICT (account_id, event_id, period_start, node_id) DO UPDATE SET count = t.count + 1`
 
-// pgTakenBackSQL cancels a replay by a take-back that settled before it;
-// no row: none waits. (A row spent to 0 stays: rare, and small.)
 // pgTakeBackNameSQL records a take-back's name (Replay.ReplaySeq); no row
 // affected: taken back before.
 const pgTakeBackNameSQL = `INSERT INTO takeback_names (account_id, event_id, period_start, node_id, replay_seq)
 	VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING`
 
+// pgTakenBackSQL cancels a replay by a take-back that settled before it;
+// no row: none waits. (A row spent to 0 stays: rare, and small.)
 const pgTakenBackSQL = `UPDATE replay_takebacks SET count = count - 1
 WHERE account_id = $1 AND event_id = $2 AND period_start = $3 AND node_id = $4 AND count > 0
 RETURNING count`
