@@ -19,7 +19,9 @@
 //     answers Replayed with the original units and charges nothing, but emits
 //     a RecReplay record: a retry served under the charge, which an attempt's
 //     refund (RefundAttempt) must not un-bill, counted here and in the ledger
-//     until RefundReplay takes it back. The caller must wait until
+//     until RefundReplay takes it back, once: the engine names the replay in
+//     its receipt (Receipt.ReplaySeq, its record's seq), and a take-back of a
+//     replay named before changes nothing. The caller must wait until
 //     Decision.Seq is durable before it answers, like the first time. The
 //     same id for another route (Charge.Route) is not a retry but a client's
 //     mistake: it answers IDReused and charges nothing, or a request to an
