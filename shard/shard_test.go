@@ -829,6 +829,29 @@ func TestRecordRoundTrip(t *testing.T) {
 	}
 }
 
+// recordLog keeps the records an account emits, as the engine's log does,
+// and rebuilds the account from them (a restart with no checkpoint since).
+type recordLog []Record
+
+func (l *recordLog) keep(rec Record) {
+	if rec.Type != 0 {
+		*l = append(*l, rec)
+	}
+}
+
+func (l recordLog) rebuild(t *testing.T, cfg AccountConfig, p *Params) *Account {
+	t.Helper()
+	a := NewAccount(cfg)
+	for i := range l {
+		var got Record
+		if err := got.Decode(l[i].AppendEncode(nil)); err != nil {
+			t.Fatal(err)
+		}
+		a.ApplyRecord(uint64(i+1), &got, p)
+	}
+	return a
+}
+
 // A replay's record holds its count across a restart, and a refund kept
 // for it holds the refund pending: the rebuilt account answers the replay's
 // take-back as the live one would have. A replay answered by another node
@@ -838,12 +861,8 @@ func TestReplaysAndKeptRefundsSurviveRecovery(t *testing.T) {
 	cfg := AccountConfig{ID: "a", Plan: hardPlan(10)}
 	a := NewAccount(cfg)
 	now := at("2026-06-10T00:00:00Z")
-	var log []Record
-	keep := func(rec Record) {
-		if rec.Type != 0 {
-			log = append(log, rec)
-		}
-	}
+	var log recordLog
+	keep := log.keep
 	d, crec := charge(a, "k", 2, now, &p)
 	keep(crec)
 	receipt := &Receipt{EventID: "k", Node: "n1", Gen: crec.Gen, Units: 2, Period: crec.Period}
@@ -858,14 +877,7 @@ func TestReplaysAndKeptRefundsSurviveRecovery(t *testing.T) {
 	}
 	keep(rec)
 	// Rebuilt from its records (a restart with no checkpoint since).
-	b := NewAccount(cfg)
-	for i := range log {
-		var got Record
-		if err := got.Decode(log[i].AppendEncode(nil)); err != nil {
-			t.Fatal(err)
-		}
-		b.ApplyRecord(uint64(i+1), &got, &p)
-	}
+	b := log.rebuild(t, cfg, &p)
 	if u := b.Usage(now); u.Used != 2 {
 		t.Fatalf("rebuilt: used %d, want 2 (the kept refund returned nothing)", u.Used)
 	}
@@ -897,12 +909,8 @@ func TestAReplayIsTakenBackOnceHoweverOftenAsked(t *testing.T) {
 	cfg := AccountConfig{ID: "a", Plan: hardPlan(10)}
 	a := NewAccount(cfg)
 	now := at("2026-06-10T00:00:00Z")
-	var log []Record
-	keep := func(rec Record) {
-		if rec.Type != 0 {
-			log = append(log, rec)
-		}
-	}
+	var log recordLog
+	keep := log.keep
 	_, crec := charge(a, "k", 2, now, &p)
 	keep(crec)
 	// Two retries answered Replayed; each receipt names its replay by the
@@ -937,14 +945,7 @@ func TestAReplayIsTakenBackOnceHoweverOftenAsked(t *testing.T) {
 	}
 
 	// Rebuilt from its records: the first replay is still taken back.
-	b := NewAccount(cfg)
-	for i := range log {
-		var got Record
-		if err := got.Decode(log[i].AppendEncode(nil)); err != nil {
-			t.Fatal(err)
-		}
-		b.ApplyRecord(uint64(i+1), &got, &p)
-	}
+	b := log.rebuild(t, cfg, &p)
 	if d := b.RefundReplay("k", replays[0], "n1", now, &p, &rec); d.Reason != Kept || rec.Type != 0 {
 		t.Fatalf("after a restart, the first replay taken back again: %+v (record type %v), want Kept and nothing logged", d, rec.Type)
 	}
@@ -1475,7 +1476,7 @@ func TestRefundByReceiptSurvivesRecovery(t *testing.T) {
 	cfg := AccountConfig{ID: "a", Plan: hardPlan(100)}
 	a := NewAccount(cfg)
 	now := at("2026-06-10T00:00:00Z")
-	var log []Record
+	var log recordLog
 	var rec Record
 	var rc *Receipt
 	for _, id := range []string{"gen-1", "gen-2"} {
@@ -1492,14 +1493,7 @@ func TestRefundByReceiptSurvivesRecovery(t *testing.T) {
 		t.Fatal(d.Reason)
 	}
 	log = append(log, rec)
-	b := NewAccount(cfg)
-	for i := range log {
-		var got Record
-		if err := got.Decode(log[i].AppendEncode(nil)); err != nil {
-			t.Fatal(err)
-		}
-		b.ApplyRecord(uint64(i+1), &got, &p)
-	}
+	b := log.rebuild(t, cfg, &p)
 	if d := b.Refund("gen-1", rc, "n1", now, &p, &rec); d.Reason != AlreadyRefunded || rec.Type != 0 || d.MonthUsed != 40 {
 		t.Fatalf("the receipt again after a restart: %+v (record %v), want already_refunded, used 40", d, rec.Type)
 	}
