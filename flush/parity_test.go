@@ -21,7 +21,7 @@ package flush
 // failure stays) and printed with its seed. It runs seeds 1-200 (about
 // 20 s); QUOTARING_PARITY_SEEDS=N and QUOTARING_PARITY_FIRST=K run N seeds
 // from K, QUOTARING_PARITY_NO_MINIMIZE=1 prints failures unminimized, and
-// QUOTARING_PARITY_NO_ORACLE=1 checks parity only. Seeds 1 to 3,000 pass
+// QUOTARING_PARITY_NO_ORACLE=1 checks parity only. Seeds 1 to 8,000 pass
 // (seeds 2,351 and 2,822 fail the oracle when the ledgers count a take-back
 // sent again twice: takeback_names).
 
