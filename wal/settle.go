@@ -153,20 +153,24 @@ func putCheckpoints(b *pebble.Batch, cps []Checkpoint) error {
 }
 
 // Checkpoints calls fn for each stored checkpoint, in account order. cp.Data
-// is a copy that fn may keep. fn must not call Close.
+// is a copy that fn may keep. fn must not call Close. The checkpoints and
+// their ids are read from one Pebble snapshot, so that a PutCheckpoints
+// meanwhile never pairs one account's state with another commit's ids.
 func (l *Log) Checkpoints(fn func(cp Checkpoint) error) error {
 	if err := l.acquire(); err != nil {
 		return err
 	}
 	defer l.release()
-	it, err := l.db.NewIter(&pebble.IterOptions{
+	snap := l.db.NewSnapshot()
+	defer snap.Close()
+	it, err := snap.NewIter(&pebble.IterOptions{
 		LowerBound: []byte{prefixCheckpoint},
 		UpperBound: prefixEnd(prefixCheckpoint),
 	})
 	if err != nil {
 		return l.pebbleError("read checkpoints", err)
 	}
-	ids, err := l.db.NewIter(&pebble.IterOptions{
+	ids, err := snap.NewIter(&pebble.IterOptions{
 		LowerBound: []byte{prefixIDs},
 		UpperBound: prefixEnd(prefixIDs),
 	})
