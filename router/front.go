@@ -1035,9 +1035,7 @@ func (f *front) refundFirst(rec *recorder, r *http.Request, c *charged, why stri
 	now := f.opts.Now().Unix()
 	rec.headers = func(h http.Header) {
 		if !ok {
-			for _, k := range frontHeaders {
-				h.Del(k)
-			}
+			delFrontHeaders(h)
 			return
 		}
 		setQuotaHeaders(h, &d, now, c.hard)

@@ -271,6 +271,14 @@ func setQuotaFields(h http.Header, limit, remaining, reset int64) {
 // values for them are dropped so a client never sees two.
 var frontHeaders = []string{"RateLimit-Policy", "RateLimit", "X-Quota-Limit", "X-Quota-Remaining", "X-Quota-Reset"}
 
+// delFrontHeaders deletes the front's own headers (frontHeaders) from h,
+// which may be nil.
+func delFrontHeaders(h http.Header) {
+	for _, k := range frontHeaders {
+		h.Del(k)
+	}
+}
+
 // refusal turns a refused decision into its problem. units is what the
 // request would have cost.
 func refusal(d *shard.Decision, units int64, quotaStatus int) *Problem {

@@ -108,23 +108,17 @@ type responseTrailers struct {
 	res *http.Response
 }
 
-func (b *responseTrailers) drop() {
-	for _, k := range frontHeaders {
-		b.res.Trailer.Del(k)
-	}
-}
-
 func (b *responseTrailers) Read(p []byte) (int, error) {
 	n, err := b.ReadCloser.Read(p)
 	if err != nil {
-		b.drop()
+		delFrontHeaders(b.res.Trailer)
 	}
 	return n, err
 }
 
 func (b *responseTrailers) Close() error {
 	err := b.ReadCloser.Close()
-	b.drop()
+	delFrontHeaders(b.res.Trailer)
 	return err
 }
 
@@ -294,10 +288,8 @@ func NewProxy(upstream *url.URL, opts FrontOptions) (http.Handler, error) {
 		Transport:  transport,
 		BufferPool: newBufferPool(),
 		ModifyResponse: func(res *http.Response) error {
-			for _, k := range frontHeaders {
-				res.Header.Del(k)
-				res.Trailer.Del(k) // those announced: not announced to the client either
-			}
+			delFrontHeaders(res.Header)
+			delFrontHeaders(res.Trailer) // those announced: not announced to the client either
 			// Trailers come after the body, at HTTP/2 or in a chunked
 			// HTTP/1 answer; a 101's body is the switched connection,
 			// which ReverseProxy needs as it is.
