@@ -134,6 +134,18 @@ type event struct {
 	allocs  []Alloc
 }
 
+// spentID is what an account keeps of a client id its dedup window let go
+// in the current period: the generation of the id's last charge, and
+// whether that charge was refunded.
+type spentID struct {
+	gen      uint32
+	refunded bool
+}
+
+// spentWindow bounds how long a spent id is kept by time; rollTo drops them
+// all at the end of their period anyway (the ledger names events per period).
+const spentWindow = int64(32 * 24 * time.Hour)
+
 // grant is one spendable pot: the plan's monthly quota for a period, or bought
 // credits.
 type grant struct {
@@ -229,6 +241,9 @@ type Account struct {
 	routes   map[string]int64
 	dedup    idWindow[event]
 	refunded idWindow[struct{}] // ids refunded through a receipt
+	// spent keeps, for the rest of the period, the generation of each
+	// client id the dedup window let go (see nextGen).
+	spent idWindow[spentID]
 	// LastSeq is the log sequence of the last record this account emitted or
 	// replayed; a checkpoint covers the records up to it.
 	LastSeq uint64
@@ -400,6 +415,12 @@ func (a *Account) advance(wall int64) (Period, int64) {
 func (a *Account) rollTo(p Period) {
 	a.period = p
 	clear(a.routes)
+	if a.spent.len() > 0 {
+		// The ledger names events per period: a client id's first charge
+		// in the new one is generation 0 again.
+		a.spent = idWindow[spentID]{}
+		a.RewriteIDs()
+	}
 	id := MonthlyGrantID(p)
 	if a.grant(id) == nil {
 		a.grants = append(a.grants, grant{id: id, monthly: true, startsAt: p.Start(), expiresAt: p.End(),
@@ -428,8 +449,10 @@ func (a *Account) Charge(req *Charge, now Now, params *Params, rec *Record) Deci
 	var replay event // the charge this one replays, when replaying is set
 	replaying := false
 	if req.ClientID {
-		a.dedup.expire(a.seen, params.DedupWindow, params.DedupMax)
-		if e, ok := a.dedup.get(req.EventID, a.seen, params.DedupWindow); ok {
+		a.expireIDs(params)
+		if e, ok := a.dedup.get(req.EventID, a.seen, params.DedupWindow); !ok {
+			gen = a.nextGen(req.EventID, params)
+		} else {
 			switch {
 			case e.refunded:
 				// Refunded (the work failed): a retry with the same id is a
@@ -524,6 +547,56 @@ func (a *Account) Charge(req *Charge, now Now, params *Params, rec *Record) Deci
 	d.Reason, d.Units = OK, req.Units
 	a.fill(&d, now, wall)
 	return d
+}
+
+// expireIDs lets go of the client ids older than the dedup window, and of
+// the oldest beyond Params.DedupMax, keeping in spent the generation of
+// those charged in the current period.
+func (a *Account) expireIDs(params *Params) {
+	a.dedup.expireFn(a.seen, params.DedupWindow, params.DedupMax, func(id string, wall int64, e event) {
+		if e.period == a.period {
+			a.spent.put(id, wall, spentID{gen: e.gen, refunded: e.refunded})
+		}
+	})
+	a.spent.expire(a.seen, spentWindow, params.spentMax())
+}
+
+// nextGen is the generation of a charge of client id that the dedup window
+// does not remember. The ledger bills an event id once a period
+// (LedgerEventID(id, gen) is the event's name), so:
+//
+//   - An id never let go this period (or let go longer ago than spent
+//     remembers) starts at generation 0, as a retry another owner charged
+//     first would: the ledger finds that charge and bills it once.
+//   - An id charged more than the window ago is new work under an
+//     Idempotency-Key used again (the window is what clients are told a key
+//     lasts): the next generation, billed apart from the earlier use. When
+//     that use was refunded, its own generation: the ledger bills a charge
+//     of a refunded event in its place, as it did before this was kept.
+//   - An id let go early (beyond Params.DedupMax) and charged again within
+//     the window is a retry of that charge, not new work: its generation,
+//     which the ledger bills once (or the next after a refund, as the dedup
+//     window would have given).
+//
+// Only ids this owner charged since it last got the account (ForgetIDs) are
+// spent: a retry of a charge another owner made within the window takes
+// generation 0 here, never a generation that owner did not give.
+func (a *Account) nextGen(id string, params *Params) uint32 {
+	var last spentID
+	var wall int64
+	if e, ok := a.dedup.m[id]; ok {
+		// Past the window, not expired yet (walls came out of order).
+		last, wall = spentID{gen: e.v.gen, refunded: e.v.refunded}, e.wall
+	} else if s, ok := a.spent.m[id]; ok {
+		last, wall = s.v, s.wall
+	} else {
+		return 0
+	}
+	past := a.seen-wall >= params.DedupWindow
+	if past != last.refunded {
+		return last.gen + 1
+	}
+	return last.gen
 }
 
 func (a *Account) refusal(exhausted bool, params *Params) Reason {
@@ -788,7 +861,7 @@ func (a *Account) refund(eventID string, receipt *Receipt, self string, attempt 
 	rec.Type = 0
 	p, wall := a.advance(now.Wall)
 	d := Decision{Reset: p.End() / 1e9}
-	a.dedup.expire(a.seen, params.DedupWindow, params.DedupMax)
+	a.expireIDs(params)
 	a.refunded.expire(a.seen, RefundedWindow, params.DedupMax)
 	rec.reset(RecRefund, a.cfg.ID, a.seen)
 	rec.EventID = eventID

@@ -28,7 +28,12 @@
 //     expensive route would be served for a cheap one's units. An id already
 //     replayed Params.MaxReplays times answers ReplayLimit and charges
 //     nothing: each replay is served for free, so the bound is what one
-//     charge can buy.
+//     charge can buy. An id charged anew gets a generation, which names it
+//     in the ledger (LedgerEventID), where an event id is billed once a
+//     month: the next one after a refund (the retry of failed work), and
+//     the next one for a use past the window (new work under a key used
+//     again), which the account knows from the generations of the ids the
+//     window let go this month, kept apart (Account.nextGen).
 //  3. Token bucket: one token per request, whatever its units (rate limits
 //     count requests, quotas count units). An empty bucket answers RateLimited
 //     with RetryAfter until the next token. A refused request takes no token: it

@@ -22,7 +22,7 @@ func (a *Account) ApplyRecord(seq uint64, rec *Record, params *Params) {
 			a.addRoute(rec.Route, rec.Units)
 		}
 		if rec.ClientID {
-			a.dedup.expire(a.seen, params.DedupWindow, params.DedupMax)
+			a.expireIDs(params)
 			a.dedup.put(rec.EventID, a.seen, event{gen: rec.Gen, units: rec.Units, seq: seq, period: rec.Period, chargeAt: rec.Wall,
 				key: rec.Key, route: rec.Route, target: rec.Target, allocs: slices.Clone(rec.Allocs)})
 		}
@@ -38,7 +38,7 @@ func (a *Account) ApplyRecord(seq uint64, rec *Record, params *Params) {
 			break
 		}
 		a.advance(rec.Wall)
-		a.dedup.expire(a.seen, params.DedupWindow, params.DedupMax)
+		a.expireIDs(params)
 		a.refunded.expire(a.seen, RefundedWindow, params.DedupMax)
 		if rec.Kept {
 			// Held back while replays may be served: pending, nothing returned.
@@ -62,7 +62,7 @@ func (a *Account) ApplyRecord(seq uint64, rec *Record, params *Params) {
 			break // another node's replay: nothing of it is here
 		}
 		a.advance(rec.Wall)
-		a.dedup.expire(a.seen, params.DedupWindow, params.DedupMax)
+		a.expireIDs(params)
 		if e, ok := a.dedup.get(rec.EventID, a.seen, params.DedupWindow); ok && e.gen == rec.Gen {
 			e.replays = max(e.replays+int32(rec.Delta), 0)
 			a.dedup.update(rec.EventID, e)
@@ -196,6 +196,7 @@ func (d *decoder) dedupValue() (wall int64, e event) {
 const (
 	IDClient   byte = 'd' // a client id the dedup window remembers
 	IDRefunded byte = 'r' // an id refunded by its receipt
+	IDSpent    byte = 's' // a client id the dedup window let go this period, with its generation
 )
 
 // StoredID is one remembered id as the engine stores it apart from the
@@ -228,17 +229,47 @@ func (a *Account) DrainIDs(fn func(StoredID)) (reset bool) {
 		}
 		fn(StoredID{Kind: IDRefunded, ID: id, Value: v})
 	})
-	if resetD != resetR {
-		panic("shard: an account's id windows disagree on a full rewrite") // both are set together
+	resetS := a.spent.drain(func(id string, wall int64, s spentID, present bool) {
+		var v []byte
+		if present {
+			v = appendSpentValue(make([]byte, 0, 16), wall, s)
+		}
+		fn(StoredID{Kind: IDSpent, ID: id, Value: v})
+	})
+	if resetD != resetR || resetD != resetS {
+		panic("shard: an account's id windows disagree on a full rewrite") // all are set together
 	}
 	return resetD
+}
+
+// appendSpentValue encodes a spent client id (without the id): gen uvarint
+// | wall varint | flags byte (bit 0: refunded).
+func appendSpentValue(dst []byte, wall int64, s spentID) []byte {
+	dst = binary.AppendUvarint(dst, uint64(s.gen))
+	dst = binary.AppendVarint(dst, wall)
+	return appendBool(dst, s.refunded)
+}
+
+func (d *decoder) spentValue() (wall int64, s spentID) {
+	s.gen, wall = uint32(d.uvarint()), d.varint()
+	switch f := d.byte(); f {
+	case 0, 1:
+		s.refunded = f == 1
+	default:
+		if d.err == nil {
+			d.fail(fmt.Sprintf("flags %#x (bits this quotad does not know: written by a newer quotad, run that one or a later one)", f))
+		}
+	}
+	return wall, s
 }
 
 // MayHaveStoredIDs reports whether ids drained from this account may be
 // stored: it remembers some, has changes not drained yet, or its stored
 // ids are unknown. False means what is stored for it holds no ids.
 func (a *Account) MayHaveStoredIDs() bool {
-	return a.dedup.len() > 0 || a.refunded.len() > 0 || len(a.dedup.changed) > 0 || len(a.refunded.changed) > 0 || a.dedup.all || a.refunded.all
+	return a.dedup.len() > 0 || a.refunded.len() > 0 || a.spent.len() > 0 ||
+		len(a.dedup.changed) > 0 || len(a.refunded.changed) > 0 || len(a.spent.changed) > 0 ||
+		a.dedup.all || a.refunded.all || a.spent.all
 }
 
 // RewriteIDs makes the next DrainIDs write every id over whatever is
@@ -247,26 +278,31 @@ func (a *Account) MayHaveStoredIDs() bool {
 func (a *Account) RewriteIDs() {
 	a.dedup.rewriteAll()
 	a.refunded.rewriteAll()
+	a.spent.rewriteAll()
 }
 
 // ForgetIDs drops every remembered client id: the account came back from
 // another owner, which may have refunded or charged them since, so what
 // this node remembers of them is stale (the ledger's unique event ids
-// decide from here on, as after a move to a node that never had it). The
-// refunds remembered stay: a receipt refunded here is refunded for good,
-// and with --events=false nothing else stops a second refund of it. The
-// next DrainIDs rewrites the stored ids.
+// decide from here on, as after a move to a node that never had it). So
+// are the generations of the ids spent: a retry of a charge the other
+// owner made must take generation 0 (see nextGen). The refunds remembered
+// stay: a receipt refunded here is refunded for good, and with
+// --events=false nothing else stops a second refund of it. The next
+// DrainIDs rewrites the stored ids.
 func (a *Account) ForgetIDs() {
 	a.dedup = idWindow[event]{}
+	a.spent = idWindow[spentID]{}
 	a.RewriteIDs()
 }
 
 // RestoreIDs adds the ids stored apart by DrainIDs to a state restored
 // from AppendCheckpointState, in any order.
 func (a *Account) RestoreIDs(ids []StoredID) error {
-	var dIDs, rIDs []string
-	var dWalls, rWalls []int64
+	var dIDs, rIDs, sIDs []string
+	var dWalls, rWalls, sWalls []int64
 	var dVals []event
+	var sVals []spentID
 	for _, s := range ids {
 		d := decoder{b: s.Value}
 		switch s.Kind {
@@ -275,8 +311,11 @@ func (a *Account) RestoreIDs(ids []StoredID) error {
 			dIDs, dWalls, dVals = append(dIDs, s.ID), append(dWalls, wall), append(dVals, e)
 		case IDRefunded:
 			rIDs, rWalls = append(rIDs, s.ID), append(rWalls, d.varint())
+		case IDSpent:
+			wall, v := d.spentValue()
+			sIDs, sWalls, sVals = append(sIDs, s.ID), append(sWalls, wall), append(sVals, v)
 		default:
-			return fmt.Errorf("%w: stored id %q of account %q has kind %d, this build knows %q and %q", ErrCorruptRecord, s.ID, a.cfg.ID, s.Kind, IDClient, IDRefunded)
+			return fmt.Errorf("%w: stored id %q of account %q has kind %d, this build knows %q, %q and %q (a newer quotad's? run that one or a later one)", ErrCorruptRecord, s.ID, a.cfg.ID, s.Kind, IDClient, IDRefunded, IDSpent)
 		}
 		if d.err != nil {
 			return fmt.Errorf("%w: stored id %q of account %q: %v", ErrCorruptRecord, s.ID, a.cfg.ID, d.err)
@@ -287,6 +326,7 @@ func (a *Account) RestoreIDs(ids []StoredID) error {
 	}
 	a.dedup.restore(dIDs, dWalls, dVals)
 	a.refunded.restore(rIDs, rWalls, make([]struct{}, len(rIDs)))
+	a.spent.restore(sIDs, sWalls, sVals)
 	return nil
 }
 

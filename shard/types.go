@@ -122,6 +122,11 @@ type Params struct {
 	MaxReplays int32
 }
 
+// spentMax bounds the client ids an account keeps past its dedup window
+// for the rest of the period (Account.nextGen): four times DedupMax, a
+// fraction of the memory (a spent id keeps its generation, not its charge).
+func (p *Params) spentMax() int { return 4 * p.DedupMax }
+
 // DefaultMaxReplays is DefaultParams' MaxReplays: ten served retries of one
 // request is far beyond what a client's retry loop sends (SDKs retry two or
 // three times), and still bounds what one charge buys.

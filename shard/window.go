@@ -116,7 +116,10 @@ func (w *idWindow[V]) update(id string, v V) {
 }
 
 // expire forgets ids older than window before now, and the oldest beyond max.
-func (w *idWindow[V]) expire(now, window int64, max int) {
+func (w *idWindow[V]) expire(now, window int64, max int) { w.expireFn(now, window, max, nil) }
+
+// expireFn is expire, calling dropped (when not nil) with each id it forgets.
+func (w *idWindow[V]) expireFn(now, window int64, max int, dropped func(id string, wall int64, v V)) {
 	for w.head < len(w.q) {
 		id := w.q[w.head]
 		e, ok := w.m[id]
@@ -126,6 +129,9 @@ func (w *idWindow[V]) expire(now, window int64, max int) {
 		if ok {
 			delete(w.m, id)
 			w.touch(id)
+			if dropped != nil {
+				dropped(id, e.wall, e.v)
+			}
 		}
 		w.q[w.head] = ""
 		w.head++
