@@ -117,10 +117,12 @@ type ChargeRequest struct {
 	// (IDReused). A retry is served again, so the owner answers Replayed
 	// at most its replay bound's times (quotad serve --dedup-max-replays,
 	// 10 by default; replays taken back with RefundReplay do not count)
-	// and ReplayLimit after that. The ledger bills an id once a month: the
-	// same id charged again after the owner forgot it (a day later) is
-	// charged and answered as new work but not billed (README, "A key used
-	// again after 24 hours"), so give each operation an id of its own.
+	// and ReplayLimit after that. The same id charged again after the
+	// owner forgot it (a day later) is new work, charged and billed apart
+	// from its earlier use, except at an owner that got the account less
+	// than a day before, which cannot tell it from a retry and has the
+	// ledger bill it once (README, "A key used again after 24 hours"): give
+	// each operation an id of its own.
 	//
 	// Leave EventID empty for a charge that needs no idempotency:
 	// Client.Charge then makes a unique id itself (so that its own retry at
