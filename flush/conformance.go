@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"reflect"
 	"slices"
@@ -64,6 +65,7 @@ func RunConformance(t *testing.T, open func(t *testing.T) Ledger) {
 		{"SettledThrough", confSettledThrough},
 		{"EventsOff", confEventsOff},
 		{"UsageAndReconcile", confUsageReconcile},
+		{"SnapshotRouteUsed", confSnapshotRouteUsed},
 		{"PruneEvents", confPruneEvents},
 		{"PruneTakeBacks", confPruneTakeBacks},
 		{"BillingUsage", confBillingUsage},
@@ -1075,6 +1077,50 @@ func confReplaysAcrossOwners(t *testing.T, l Ledger) {
 		t.Errorf("grant %+v, want used 12 within its units", g)
 	}
 	wantReconciled(t, l)
+}
+
+// The snapshot carries each account's settled use by route of the current
+// month and any later one (usage_monthly, kept from usage_daily by
+// triggers): charges, refunds, a month's edge, and an operator's own
+// UPDATE and DELETE of usage_daily rows.
+func confSnapshotRouteUsed(t *testing.T, l Ledger) {
+	ctx := t.Context()
+	confSetup(t, l, 100, "acct-1", "acct-2")
+	on := func(r rec, route string) rec { r.route = route; return r }
+	n := confNode(t, l, "node-a")
+	n.settle(t, chargeOf("acct-1", "e1", 2, confJune), on(chargeOf("acct-1", "e2", 25, confJune), "POST /v1/exports"),
+		chargeOf("acct-2", "e3", 1, confJune), on(chargeOf("acct-2", "e4", 5, confJune), "POST /v1/exports"))
+	n.settle(t, chargeOf("acct-1", "e5", 3, confJune), refundOf("acct-2", "e3", 1, confJune),
+		on(chargeOf("acct-1", "e6", 4, confJune), "DELETE /v1/tasks").at(confWallTime().AddDate(0, 1, 0)))
+	routes := func(wall time.Time, account, period string) map[string]int64 {
+		t.Helper()
+		s, err := l.Snapshot(ctx, wall)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, a := range s.Accounts {
+			if a.ID == account {
+				return a.RouteUsed[period]
+			}
+		}
+		t.Fatalf("snapshot has no %s", account)
+		return nil
+	}
+	want := func(got, want map[string]int64, what string) {
+		t.Helper()
+		if !maps.Equal(got, want) {
+			t.Errorf("%s: %v, want %v", what, got, want)
+		}
+	}
+	want(routes(confWallTime(), "acct-1", "2026-06"), map[string]int64{confRoute: 5, "POST /v1/exports": 25}, "acct-1 in June")
+	want(routes(confWallTime(), "acct-1", "2026-07"), map[string]int64{"DELETE /v1/tasks": 4}, "acct-1's July, read in June")
+	want(routes(confWallTime(), "acct-2", "2026-06"), map[string]int64{"POST /v1/exports": 5}, "acct-2 in June (its GET refunded)")
+	want(routes(confWallTime().AddDate(0, 1, 0), "acct-1", "2026-06"), nil, "acct-1's June, read in July")
+	// What an operator does to usage_daily shows too.
+	mustExecSQL(t, l, `UPDATE usage_daily SET units = units + 2 WHERE account_id = 'acct-2'`)
+	want(routes(confWallTime(), "acct-2", "2026-06"), map[string]int64{confRoute: 2, "POST /v1/exports": 7}, "acct-2 after an UPDATE")
+	mustExecSQL(t, l, `DELETE FROM usage_daily WHERE account_id = 'acct-2' AND route = 'POST /v1/exports'`)
+	want(routes(confWallTime(), "acct-2", "2026-06"), map[string]int64{confRoute: 2}, "acct-2 after a DELETE")
 }
 
 // at moves a record to wall, in wall's month and monthly grant.

@@ -830,6 +830,19 @@ func (p *Postgres) Snapshot(ctx context.Context, wall time.Time) (*snapshot.Snap
 		})
 		return err
 	})
+	// The settled split by route of the current period and any later one.
+	b.Queue(`SELECT account_id, period, route, units FROM usage_monthly WHERE period >= $1 AND units <> 0
+		ORDER BY period, account_id, route`, shard.PeriodOf(wall.UnixNano()).String()).Query(func(rows pgx.Rows) error {
+		var account, period, route string
+		var units int64
+		_, err := pgx.ForEachRow(rows, []any{&account, &period, &route, &units}, func() error {
+			if i, ok := accounts[account]; ok {
+				s.Accounts[i].AddRouteUsed(period, route, units)
+			}
+			return nil
+		})
+		return err
+	})
 	b.Queue(`SELECT key_id, key_hash, account_id FROM api_keys WHERE revoked_at IS NULL ORDER BY key_id`).Query(func(rows pgx.Rows) error {
 		var k snapshot.Key
 		_, err := pgx.ForEachRow(rows, []any{&k.ID, &k.Hash, &k.Account}, func() error {

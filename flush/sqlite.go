@@ -773,6 +773,22 @@ func (s *SQLite) Snapshot(ctx context.Context, wall time.Time) (*snapshot.Snapsh
 			}); err != nil {
 			return err
 		}
+		// The settled split by route of the current period and any later one.
+		if err := queryEach(ctx, tx, `SELECT account_id, period, route, units FROM usage_monthly WHERE period >= ? AND units <> 0
+			ORDER BY period, account_id, route`, []any{shard.PeriodOf(wall.UnixNano()).String()},
+			func(scan func(...any) error) error {
+				var account, period, route string
+				var units int64
+				if err := scan(&account, &period, &route, &units); err != nil {
+					return err
+				}
+				if i, ok := accounts[account]; ok {
+					snap.Accounts[i].AddRouteUsed(period, route, units)
+				}
+				return nil
+			}); err != nil {
+			return err
+		}
 		if err := queryEach(ctx, tx, `SELECT key_id, key_hash, account_id FROM api_keys WHERE revoked_at IS NULL ORDER BY key_id`, nil,
 			func(scan func(...any) error) error {
 				var k snapshot.Key

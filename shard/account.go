@@ -279,7 +279,10 @@ func (a *Account) Period() Period { return a.period }
 // that includes every record this owner logged for the account (not
 // cfg.UseBehind): settled use is a lower bound of the true use only then.
 func (a *Account) Configure(cfg AccountConfig) {
-	defer a.catchUp(cfg)
+	defer func() {
+		a.catchUp(cfg)
+		a.settledRoutes(cfg)
+	}()
 	a.cfg = cfg
 	if !cfg.Plan.Rate.Unlimited() && a.bucket.init {
 		a.bucket.reconfigure(&a.cfg.Plan)
@@ -344,6 +347,31 @@ func (a *Account) catchUp(cfg AccountConfig) {
 		}
 	}
 	a.moveTo(latest)
+}
+
+// settledRoutes takes the ledger's split by route of the account's period
+// (cfg.RouteUsed) as the grants take their settled use: each route raised
+// to it, or with cfg.Reseed set to it; and only from a config read after
+// every record this owner logged for the account settled (not UseBehind),
+// so that the ledger's figures hold this owner's charges too. Until then
+// the split counts what this owner charged since the account came here.
+func (a *Account) settledRoutes(cfg AccountConfig) {
+	if cfg.UseBehind {
+		return
+	}
+	settled := cfg.RouteUsed[a.period.String()]
+	if cfg.Reseed {
+		for r := range a.routes {
+			if _, ok := settled[r]; !ok {
+				delete(a.routes, r) // its charges were refunded elsewhere
+			}
+		}
+	}
+	for r, n := range settled {
+		if cur := a.routes[r]; n > cur || (cfg.Reseed && n < cur) {
+			a.addRoute(r, n-cur)
+		}
+	}
 }
 
 func findCredit(cs []GrantConfig, id string) (GrantConfig, bool) {
@@ -415,6 +443,11 @@ func (a *Account) advance(wall int64) (Period, int64) {
 func (a *Account) rollTo(p Period) {
 	a.period = p
 	clear(a.routes)
+	if !a.cfg.UseBehind {
+		for r, n := range a.cfg.RouteUsed[p.String()] {
+			a.addRoute(r, n) // what other owners settled in p (see settledRoutes)
+		}
+	}
 	if a.spent.len() > 0 {
 		// The ledger names events per period: a client id's first charge
 		// in the new one is generation 0 again.

@@ -91,6 +91,12 @@ type AccountConfig struct {
 	// MonthlyUsed seeds the current period's monthly grant of a new Account
 	// with the ledger's settled use, keyed by grant id (MonthlyGrantID).
 	MonthlyUsed map[string]int64
+	// RouteUsed is the ledger's settled use by route, keyed by period
+	// (Period.String) and route: what the account's usage split by route
+	// (Usage.Routes) shows at least, with UseBehind false (and set to,
+	// with Reseed), as the grants' use follows MonthlyUsed. Without it the
+	// split counts only this owner's charges.
+	RouteUsed map[string]map[string]int64
 	// UseBehind says the settled use above (and Credits' Used) may lack
 	// records of this account that its owner has applied: the ledger was
 	// read before they settled. Configure then leaves the grants' use as it

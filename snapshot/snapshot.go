@@ -61,6 +61,23 @@ type Account struct {
 	// MonthlyUsed is the settled use of monthly grants the ledger knows, by
 	// grant id ("m:2026-06"), to seed an account a node starts to serve.
 	MonthlyUsed map[string]int64 `json:"monthly_used,omitempty"`
+	// RouteUsed is the settled use by route the ledger knows, by period
+	// ("2026-06") and route, for the current period and any later one: the
+	// usage endpoint's split by route at a node that takes the account over.
+	RouteUsed map[string]map[string]int64 `json:"route_used,omitempty"`
+}
+
+// AddRouteUsed sets the settled use of route in period (RouteUsed).
+func (a *Account) AddRouteUsed(period, route string, units int64) {
+	if a.RouteUsed == nil {
+		a.RouteUsed = make(map[string]map[string]int64)
+	}
+	m := a.RouteUsed[period]
+	if m == nil {
+		m = make(map[string]int64)
+		a.RouteUsed[period] = m
+	}
+	m[route] = units
 }
 
 // Key is an API key: only its hash is stored.
@@ -331,7 +348,7 @@ func (s *Snapshot) AccountConfig(id string) (shard.AccountConfig, bool) {
 	if !ok {
 		return shard.AccountConfig{}, false
 	}
-	cfg := shard.AccountConfig{ID: a.ID, Plan: s.plans[a.Plan], MonthlyUsed: a.MonthlyUsed}
+	cfg := shard.AccountConfig{ID: a.ID, Plan: s.plans[a.Plan], MonthlyUsed: a.MonthlyUsed, RouteUsed: a.RouteUsed}
 	for _, g := range a.Credits {
 		gc := shard.GrantConfig{ID: g.ID, Units: g.Units, StartsAt: g.StartsAt.UnixNano(), Used: g.Used}
 		if !g.ExpiresAt.IsZero() {
