@@ -898,7 +898,16 @@ func (a *Account) refund(eventID string, receipt *Receipt, self string, attempt 
 	a.refunded.expire(a.seen, RefundedWindow, params.DedupMax)
 	rec.reset(RecRefund, a.cfg.ID, a.seen)
 	rec.EventID = eventID
-	if e, ok := a.dedup.get(eventID, a.seen, params.DedupWindow); ok {
+	e, ok := a.dedup.get(eventID, a.seen, params.DedupWindow)
+	if ok && !attempt && receipt != nil && receipt.EventID == eventID && (receipt.Node == "" || receipt.Node == self) &&
+		(receipt.Gen != e.gen || receipt.Period != e.period) {
+		// The receipt of an earlier charge of the id here: one refunded
+		// and charged again (a later generation now), or a use past the
+		// dedup window (of this month or an earlier one). It refunds that
+		// charge, by its receipt, not the one the window remembers.
+		ok = false
+	}
+	if ok {
 		switch {
 		case e.refunded:
 			d.Reason = AlreadyRefunded

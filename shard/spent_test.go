@@ -133,3 +133,52 @@ func TestAnAccountBackFromAnotherOwnerForgetsItsSpentIDs(t *testing.T) {
 		t.Fatalf("k after the account came back: %s generation %d, want ok 0", d.Reason, rec.Gen)
 	}
 }
+
+// receiptOf is the receipt the engine gives for a charge's record, made at
+// node.
+func receiptOf(rec Record, node string) *Receipt {
+	return &Receipt{EventID: rec.EventID, Account: rec.Account, Node: node, Units: rec.Units, Period: rec.Period, Wall: rec.Wall,
+		Key: rec.Key, Route: rec.Route, Gen: rec.Gen, Allocs: append([]Alloc(nil), rec.Allocs...)}
+}
+
+// A receipt names one charge: refunded while a later charge of the same id
+// is in the dedup window (a use past the window, or a retry after a
+// refund), it refunds its own charge, once, not the one the window
+// remembers. It refunded the later one, and after a refund and a retry the
+// first charge's receipt refunded the retry.
+func TestAReceiptRefundsItsOwnChargeNotALaterOne(t *testing.T) {
+	p := DefaultParams()
+	a := NewAccount(AccountConfig{ID: "a", Plan: hardPlan(1000)})
+	t0 := at("2026-06-02T00:00:00Z")
+	h := func(n int) Now {
+		return Now{Wall: t0.Wall + int64(n)*int64(time.Hour), Mono: t0.Mono + int64(n)*int64(time.Hour)}
+	}
+	refund := func(id string, r *Receipt, when Now, want Reason, wantWall int64) {
+		t.Helper()
+		var rec Record
+		d := a.Refund(id, r, "n1", when, &p, &rec)
+		if d.Reason != want || (want == Refunded && rec.ChargeWall != wantWall) {
+			t.Fatalf("refund of %s: %s of the charge at %v, want %s of the one at %v", id, d.Reason,
+				time.Unix(0, rec.ChargeWall).UTC(), want, time.Unix(0, wantWall).UTC())
+		}
+	}
+	_, first := charge(a, "k", 2, h(0), &p)
+	_, second := charge(a, "k", 3, h(30), &p) // past the window: generation 1
+	refund("k", receiptOf(first, "n1"), h(31), Refunded, first.Wall)
+	refund("k", receiptOf(first, "n1"), h(32), AlreadyRefunded, 0)
+	refund("k", nil, h(33), Refunded, second.Wall)
+	if u := a.Usage(h(34)); u.Used != 0 {
+		t.Fatalf("used %d after both refunds, want 0", u.Used)
+	}
+
+	_, r0 := charge(a, "x", 1, h(40), &p)
+	refund("x", nil, h(40), Refunded, r0.Wall)
+	_, r1 := charge(a, "x", 1, h(41), &p) // the retry: generation 1
+	if r1.Gen != 1 {
+		t.Fatalf("retry after a refund: generation %d, want 1", r1.Gen)
+	}
+	refund("x", receiptOf(r0, "n1"), h(42), AlreadyRefunded, 0)
+	if u := a.Usage(h(42)); u.Used != 1 {
+		t.Fatalf("used %d after the first charge's receipt came again, want 1 (the retry)", u.Used)
+	}
+}
