@@ -164,6 +164,19 @@ func (st *sqliteSettle) logCharge(ctx context.Context, ins *sql.Stmt, c *Charge)
 		st.plan.billCharge(c)
 		return nil
 	}
+	name, moved, err := st.resolveName(ctx, c.Account, c.EventID, c.Period, c.Wall, true)
+	if err != nil {
+		return err
+	}
+	if moved {
+		return st.logCharge(ctx, ins, c) // the plain name is free now
+	}
+	orig := c
+	if name != c.EventID {
+		named := *c
+		named.EventID = name
+		c = &named
+	}
 	var node, inc string
 	var seq int64
 	var refunded, tombstone, pending bool
@@ -228,9 +241,71 @@ func (st *sqliteSettle) logCharge(ctx context.Context, ins *sql.Stmt, c *Charge)
 			return err
 		}
 	}
-	st.res.Duplicates = append(st.res.Duplicates, chargeRef(c))
+	st.res.Duplicates = append(st.res.Duplicates, chargeRef(orig))
 	st.plan.reservedCharge(c)
 	return nil
+}
+
+// archivedName is the name an event's row takes in the SQLite event log
+// when a use of its id in another month needs the plain name (resolveName).
+// U+001E cannot be in a client id (shard: storable) nor in a generation's
+// suffix (LedgerEventID).
+func archivedName(eventID string, p shard.Period) string { return eventID + "\x1e" + p.String() }
+
+// resolveName finds the row of the event log that a record of eventID in
+// period p (at wall: a charge's or replay's time, a refund's charge time)
+// is about. Postgres keys the log by id and month; SQLite's has one row per
+// id, so an Idempotency-Key used again in a later month (an owner's
+// generations of an id start again each month: shard.Account.nextGen) met
+// the earlier month's row and was taken for a retry, never billed. A row of
+// another month, farther from the record than a retry comes from its first
+// attempt (the owners' dedup window, as Postgres looks across a month's
+// edge: crossMonthWindow), and not of this batch, is another use of the id: a charge moves that
+// row (and its waiting take-backs) to the row's archived name and takes
+// the plain one (moved: insert it again); a refund or a replay of a use
+// that was moved finds it at its archived name, and one of a use not
+// charged yet leaves its tombstone or waiting take-back there.
+func (st *sqliteSettle) resolveName(ctx context.Context, account, eventID string, p shard.Period, wall int64, charge bool) (name string, moved bool, err error) {
+	arch := archivedName(eventID, p)
+	var one int
+	switch err := st.queryRow(ctx, `SELECT 1 FROM events WHERE account_id = ? AND event_id = ?`, account, arch).Scan(&one); {
+	case err == nil:
+		return arch, false, nil
+	case !errors.Is(err, sql.ErrNoRows):
+		return "", false, err
+	}
+	var period, node, inc string
+	var chargedAt, seq int64
+	switch err := st.queryRow(ctx, `SELECT period, charged_at, node_id, incarnation, seq FROM events WHERE account_id = ? AND event_id = ?`,
+		account, eventID).Scan(&period, &chargedAt, &node, &inc, &seq); {
+	case errors.Is(err, sql.ErrNoRows):
+		return eventID, false, nil
+	case err != nil:
+		return "", false, err
+	}
+	if d := wall - chargedAt; period == p.String() || max(d, -d) <= crossMonthWindow() {
+		return eventID, false, nil
+	}
+	if node == st.b.Node && inc == st.b.Incarnation && uint64(seq) > st.b.Prev {
+		// Charged in this very batch: one event, as Postgres takes an id
+		// twice in one batch (conformance RetryAcrossMonthsOneBatch: a
+		// retry at a node whose clock jumped a month ahead).
+		return eventID, false, nil
+	}
+	if !charge {
+		return arch, false, nil
+	}
+	other, ok := shard.ParsePeriod(period)
+	if !ok {
+		return "", false, fmt.Errorf("event %s/%s: the event log's period %q is not YYYY-MM", account, eventID, period)
+	}
+	for _, q := range []string{`UPDATE events SET event_id = ? WHERE account_id = ? AND event_id = ?`,
+		`UPDATE replay_takebacks SET event_id = ? WHERE account_id = ? AND event_id = ?`} {
+		if _, err := st.exec(ctx, q, archivedName(eventID, other), account, eventID); err != nil {
+			return "", false, err
+		}
+	}
+	return eventID, true, nil
 }
 
 // takeOver gives the event's row to charge c (this batch's node's), billed:
@@ -259,6 +334,13 @@ func (st *sqliteSettle) settleReplay(ctx context.Context, r *Replay) error {
 		if n, err := res.RowsAffected(); err != nil || n == 0 {
 			return err // n == 0: this replay was taken back before, the same take-back asked again
 		}
+	}
+	if name, _, err := st.resolveName(ctx, r.Account, r.EventID, r.Period, r.Wall, false); err != nil {
+		return err
+	} else if name != r.EventID {
+		named := *r
+		named.EventID = name
+		r = &named
 	}
 	if r.Delta > 0 {
 		res, err := st.exec(ctx, `UPDATE replay_takebacks SET count = count - 1 WHERE account_id = ? AND event_id = ? AND node_id = ? AND count > 0`,
@@ -320,6 +402,14 @@ func (st *sqliteSettle) settleReplay(ctx context.Context, r *Replay) error {
 // logRefund applies a refund to the event log (see Batch: who may refund
 // an event that retries were served under).
 func (st *sqliteSettle) logRefund(ctx context.Context, r *Refund) error {
+	orig := r
+	if name, _, err := st.resolveName(ctx, r.Account, r.EventID, r.Period, r.ChargeWall, false); err != nil {
+		return err
+	} else if name != r.EventID {
+		named := *r
+		named.EventID = name
+		r = &named
+	}
 	var node, servedByText, owedText string
 	var refunded, pending bool
 	var replays int64
@@ -397,7 +487,7 @@ func (st *sqliteSettle) logRefund(ctx context.Context, r *Refund) error {
 		apply = counted && served == 1 && replays <= 0 && pending
 	}
 	if !apply {
-		st.res.DuplicateRefunds = append(st.res.DuplicateRefunds, refundRef(r))
+		st.res.DuplicateRefunds = append(st.res.DuplicateRefunds, refundRef(orig))
 		return nil
 	}
 	var ev refundedEvent
