@@ -121,7 +121,10 @@ type event struct {
 	seq      uint64
 	period   Period
 	chargeAt int64
-	refunded bool
+	// chargeMono is the monotonic clock at the charge, when this process
+	// made it (0: logged before a restart): see nextGen. Not stored.
+	chargeMono int64
+	refunded   bool
 	// replays counts retries answered Replayed whose requests may have been
 	// served under this charge (RefundReplay takes back a failed one); while
 	// it is above zero an attempt's refund (RefundAttempt) is held as
@@ -140,6 +143,7 @@ type event struct {
 type spentID struct {
 	gen      uint32
 	refunded bool
+	mono     int64 // event.chargeMono; not stored
 }
 
 // spentWindow bounds how long a spent id is kept by time; rollTo drops them
@@ -484,7 +488,7 @@ func (a *Account) Charge(req *Charge, now Now, params *Params, rec *Record) Deci
 	if req.ClientID {
 		a.expireIDs(params)
 		if e, ok := a.dedup.get(req.EventID, a.seen, params.DedupWindow); !ok {
-			gen = a.nextGen(req.EventID, params)
+			gen = a.nextGen(req.EventID, now.Mono, params)
 		} else {
 			switch {
 			case e.refunded:
@@ -573,7 +577,7 @@ func (a *Account) Charge(req *Charge, now Now, params *Params, rec *Record) Deci
 		rec.Units, rec.Period, rec.Gen = req.Units, p, gen
 		if req.ClientID {
 			rec.Target = req.Target
-			a.dedup.put(req.EventID, a.seen, event{gen: gen, units: req.Units, period: p, chargeAt: a.seen,
+			a.dedup.put(req.EventID, a.seen, event{gen: gen, units: req.Units, period: p, chargeAt: a.seen, chargeMono: now.Mono,
 				key: req.Key, route: req.Route, target: req.Target, allocs: slices.Clone(rec.Allocs)})
 		}
 	}
@@ -588,7 +592,7 @@ func (a *Account) Charge(req *Charge, now Now, params *Params, rec *Record) Deci
 func (a *Account) expireIDs(params *Params) {
 	a.dedup.expireFn(a.seen, params.DedupWindow, params.DedupMax, func(id string, wall int64, e event) {
 		if e.period == a.period {
-			a.spent.put(id, wall, spentID{gen: e.gen, refunded: e.refunded})
+			a.spent.put(id, wall, spentID{gen: e.gen, refunded: e.refunded, mono: e.chargeMono})
 		}
 	})
 	a.spent.expire(a.seen, spentWindow, params.spentMax())
@@ -609,23 +613,25 @@ func (a *Account) expireIDs(params *Params) {
 //   - An id let go early (beyond Params.DedupMax) and charged again within
 //     the window is a retry of that charge, not new work: its generation,
 //     which the ledger bills once (or the next after a refund, as the dedup
-//     window would have given).
+//     window would have given). So is one whose window the wall clock
+//     passed but the monotonic clock did not (mono: a wall clock that
+//     jumped forward), when this process made the earlier charge.
 //
 // Only ids this owner charged since it last got the account (ForgetIDs) are
 // spent: a retry of a charge another owner made within the window takes
 // generation 0 here, never a generation that owner did not give.
-func (a *Account) nextGen(id string, params *Params) uint32 {
+func (a *Account) nextGen(id string, mono int64, params *Params) uint32 {
 	var last spentID
 	var wall int64
 	if e, ok := a.dedup.m[id]; ok {
 		// Past the window, not expired yet (walls came out of order).
-		last, wall = spentID{gen: e.v.gen, refunded: e.v.refunded}, e.wall
+		last, wall = spentID{gen: e.v.gen, refunded: e.v.refunded, mono: e.v.chargeMono}, e.wall
 	} else if s, ok := a.spent.m[id]; ok {
 		last, wall = s.v, s.wall
 	} else {
 		return 0
 	}
-	past := a.seen-wall >= params.DedupWindow
+	past := a.seen-wall >= params.DedupWindow && (last.mono == 0 || mono-last.mono >= params.DedupWindow)
 	if past != last.refunded {
 		return last.gen + 1
 	}

@@ -182,3 +182,22 @@ func TestAReceiptRefundsItsOwnChargeNotALaterOne(t *testing.T) {
 		t.Fatalf("used %d after the first charge's receipt came again, want 1 (the retry)", u.Used)
 	}
 }
+
+// A wall clock that jumps forward past the dedup window within a month
+// does not make a retry new work: the monotonic clock says how long ago
+// this process made the charge, and the retry keeps its generation (the
+// ledger bills it once). A use a day later by both clocks is new work.
+func TestAWallClockJumpDoesNotMakeARetryNewWork(t *testing.T) {
+	p := DefaultParams()
+	a := NewAccount(AccountConfig{ID: "a", Plan: hardPlan(1000)})
+	t0 := at("2026-06-02T00:00:00Z")
+	charge(a, "k", 1, t0, &p)
+	jumped := Now{Wall: t0.Wall + int64(48*time.Hour), Mono: t0.Mono + int64(time.Minute)}
+	if d, rec := charge(a, "k", 1, jumped, &p); d.Reason != OK || rec.Gen != 0 {
+		t.Fatalf("a retry a minute later, the wall clock two days on: %s generation %d, want ok 0 (billed once)", d.Reason, rec.Gen)
+	}
+	later := Now{Wall: t0.Wall + int64(80*time.Hour), Mono: t0.Mono + int64(30*time.Hour)}
+	if d, rec := charge(a, "k", 1, later, &p); d.Reason != OK || rec.Gen != 1 {
+		t.Fatalf("a use more than a day later by both clocks: %s generation %d, want ok 1", d.Reason, rec.Gen)
+	}
+}
