@@ -5,6 +5,13 @@ import (
 	"time"
 )
 
+// hoursAfter gives the time n hours after t0, on both clocks.
+func hoursAfter(t0 Now) func(n int) Now {
+	return func(n int) Now {
+		return Now{Wall: t0.Wall + int64(n)*int64(time.Hour), Mono: t0.Mono + int64(n)*int64(time.Hour)}
+	}
+}
+
 // An Idempotency-Key used again after the dedup window is new work: the
 // owner charges it, and names it apart from the earlier use for the
 // ledger (the id's next generation), which bills an event id once a month.
@@ -13,9 +20,7 @@ func TestAKeyUsedAgainAfterTheWindowIsBilledApart(t *testing.T) {
 	p := DefaultParams()
 	a := NewAccount(AccountConfig{ID: "a", Plan: hardPlan(1000)})
 	t0 := at("2026-06-02T00:00:00Z")
-	h := func(n int) Now {
-		return Now{Wall: t0.Wall + int64(n)*int64(time.Hour), Mono: t0.Mono + int64(n)*int64(time.Hour)}
-	}
+	h := hoursAfter(t0)
 	names := map[string]bool{}
 	use := func(when Now, want Reason, wantGen uint32) {
 		t.Helper()
@@ -81,9 +86,7 @@ func TestSpentIDsSurviveARestart(t *testing.T) {
 	a := NewAccount(cfg)
 	var log recordLog
 	t0 := at("2026-06-02T00:00:00Z")
-	h := func(n int) Now {
-		return Now{Wall: t0.Wall + int64(n)*int64(time.Hour), Mono: t0.Mono + int64(n)*int64(time.Hour)}
-	}
+	h := hoursAfter(t0)
 	for _, c := range []struct {
 		id string
 		at Now
@@ -150,9 +153,7 @@ func TestAReceiptRefundsItsOwnChargeNotALaterOne(t *testing.T) {
 	p := DefaultParams()
 	a := NewAccount(AccountConfig{ID: "a", Plan: hardPlan(1000)})
 	t0 := at("2026-06-02T00:00:00Z")
-	h := func(n int) Now {
-		return Now{Wall: t0.Wall + int64(n)*int64(time.Hour), Mono: t0.Mono + int64(n)*int64(time.Hour)}
-	}
+	h := hoursAfter(t0)
 	refund := func(id string, r *Receipt, when Now, want Reason, wantWall int64) {
 		t.Helper()
 		var rec Record
