@@ -260,11 +260,12 @@ func archivedName(eventID string, p shard.Period) string { return eventID + "\x1
 // the earlier month's row and was taken for a retry, never billed. A row of
 // another month, farther from the record than a retry comes from its first
 // attempt (the owners' dedup window, as Postgres looks across a month's
-// edge: crossMonthWindow), and not of this batch, is another use of the id: a charge moves that
-// row (and its waiting take-backs) to the row's archived name and takes
-// the plain one (moved: insert it again); a refund or a replay of a use
-// that was moved finds it at its archived name, and one of a use not
-// charged yet leaves its tombstone or waiting take-back there.
+// edge: crossMonthWindow), and not of this batch, is another use of the
+// id: a charge moves that row (and its waiting take-backs) to the row's
+// archived name and takes the plain one (moved: insert it again); a refund
+// or a replay of a use that was moved finds it at its archived name, and
+// one of a use not charged yet leaves its tombstone or waiting take-back
+// there.
 func (st *sqliteSettle) resolveName(ctx context.Context, account, eventID string, p shard.Period, wall int64, charge bool) (name string, moved bool, err error) {
 	arch := archivedName(eventID, p)
 	var one int
