@@ -153,6 +153,13 @@ func TestAKeyUsedAgainNextMonthIsBilledAgain(t *testing.T) {
 		if j, k := r.billed(t, time.June), r.billed(t, time.July); j != 2 || k != 3 {
 			t.Fatalf("billed %d in June and %d in July, want 2 and 3", j, k)
 		}
+		rows, err := l.Events(context.Background(), "acct-1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(rows) != 2 || rows[0].EventID != "order-1" || rows[0].Period != "2026-06" || rows[1].EventID != "order-1" || rows[1].Period != "2026-07" {
+			t.Fatalf("the event log lists %+v, want order-1 in June and in July", rows)
+		}
 		// June's use refunded by its receipt, in July: June's units only.
 		if d, err := r.e.Refund(context.Background(), "acct-1", "order-1", june); err != nil || d.Reason != shard.Refunded {
 			t.Fatalf("refund of June's use: %v, %v", d.Reason, err)

@@ -1042,6 +1042,9 @@ func (s *SQLite) Events(ctx context.Context, account string) ([]EventRow, error)
 					return err
 				}
 				e.ChargedAt, e.Seq = time.Unix(0, charged).UTC(), uint64(seq)
+				// A row moved aside for a later use of its id (archivedName)
+				// is listed by its id, as Postgres lists an id's months.
+				e.EventID = strings.TrimSuffix(e.EventID, "\x1e"+e.Period)
 				out = append(out, e)
 				return nil
 			})
