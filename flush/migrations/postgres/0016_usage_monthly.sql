@@ -6,6 +6,12 @@
 -- month's routes in the usage endpoint, not only its own charges) at the
 -- cost of one row per account and route, not one per key, route and day.
 -- A month is the day's UTC month, as Usage and BillingUsage read usage_daily.
+-- Settles that write usage_daily while this runs (nodes of the previous
+-- build settle through a rolling upgrade) wait for it: otherwise a row
+-- written after the fill below read the table, and before the triggers
+-- exist, would never reach usage_monthly.
+LOCK TABLE usage_daily IN SHARE ROW EXCLUSIVE MODE;
+
 CREATE TABLE usage_monthly (
     account_id text   NOT NULL,
     period     text   NOT NULL,  -- "2026-06"
