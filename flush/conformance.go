@@ -45,6 +45,7 @@ func RunConformance(t *testing.T, open func(t *testing.T) Ledger) {
 		{"ReplaysAcrossOwners", confReplaysAcrossOwners},
 		{"RetryAcrossMonths", confAcrossMonths},
 		{"RetryAcrossMonthsOneBatch", confAcrossMonthsOneBatch},
+		{"KeyUsedAgainNextMonth", confKeyUsedAgainNextMonth},
 		{"RefundedRetryAcrossMonths", confRefundedAcrossMonths},
 		{"ReplayAfterRetryMovedMonths", confReplayAfterMove},
 		{"RefundsOfOneRowFromTwoMonths", confRefundsOfOneRowFromTwoMonths},
@@ -1349,6 +1350,42 @@ func confAcrossMonthsOneBatch(t *testing.T, l Ledger) {
 		t.Fatalf("billed %d units, want 2 (e1 once): %+v", billed, eventsOf(t, l, "acct-1"))
 	}
 	wantGrant(t, l, "acct-1", "m:2026-06", 2, 0)
+	wantReconciled(t, l)
+}
+
+// A client id charged in June and again in July, weeks apart, is two uses,
+// each billed in its month, and a refund finds the use of its own month,
+// in any order: e1's July refund settles before its July charge (the
+// charge meets the refund's tombstone: July bills nothing); e2's June use
+// is refunded after its July use settled (July stays billed). Postgres
+// keys the event log by month; SQLite moves the earlier month's row aside
+// (resolveName), where it took the July use for a retry and billed nothing.
+func confKeyUsedAgainNextMonth(t *testing.T, l Ledger) {
+	confSetup(t, l, 100, "acct-1")
+	a, b := confNode(t, l, "node-a"), confNode(t, l, "node-b")
+	june := time.Date(2026, 6, 3, 12, 0, 0, 0, time.UTC)
+	july := time.Date(2026, 7, 20, 12, 0, 0, 0, time.UTC)
+	a.settle(t, chargeOf("acct-1", "e1", 2, "").at(june), chargeOf("acct-1", "e2", 3, "").at(june))
+	if res := b.settle(t, refundOf("acct-1", "e1", 4, "").at(july)); len(res.DuplicateRefunds) != 0 {
+		t.Fatalf("e1's July refund before its charge: %+v, want applied (a tombstone)", res)
+	}
+	if res := b.settle(t, chargeOf("acct-1", "e1", 4, "").at(july), chargeOf("acct-1", "e2", 5, "").at(july)); len(res.Duplicates) != 1 {
+		t.Fatalf("e1 and e2 in July: %+v, want e1 a duplicate of its refund's tombstone and e2 billed", res)
+	}
+	if res := a.settle(t, refundOf("acct-1", "e2", 3, "").at(june)); len(res.DuplicateRefunds) != 0 {
+		t.Fatalf("e2's June use refunded after its July use settled: %+v, want applied", res)
+	}
+	wantGrant(t, l, "acct-1", "m:2026-06", 2, 0)
+	wantGrant(t, l, "acct-1", "m:2026-07", 5, 0)
+	billed := map[string]int64{}
+	for _, e := range eventsOf(t, l, "acct-1") {
+		if !e.Refunded {
+			billed[e.EventID+" "+e.Period] += e.Units
+		}
+	}
+	if want := map[string]int64{"e1 2026-06": 2, "e2 2026-07": 5}; !maps.Equal(billed, want) {
+		t.Errorf("billed %v, want %v", billed, want)
+	}
 	wantReconciled(t, l)
 }
 
