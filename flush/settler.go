@@ -561,7 +561,7 @@ func (s *Settler) afterCommit(ctx context.Context, b *Batch, res SettleResult) e
 		}
 	}
 	if len(res.Duplicates) > 0 {
-		s.opts.Logger.Warn("charges already billed were not billed again: retries that reached a new owner, or an Idempotency-Key used again after its 24 hours at an owner that got the account less than a day before (README: A key used again after 24 hours)", "count", len(res.Duplicates))
+		s.opts.Logger.Warn("charges already billed were not billed again: retries that reached a new owner, or an Idempotency-Key used again after its 24 hours at an owner that got the account after its earlier use (README: A key used again after 24 hours)", "count", len(res.Duplicates))
 	}
 	for _, r := range res.DuplicateRefunds {
 		if r.Reserved {

@@ -114,7 +114,7 @@ func newMetrics(n *Node) *metrics {
 		counter("quotaring_reservation_timeouts_total", "Reservation and release calls given up for a ledger that did not answer: a background top-up or release retry after --ledger-timeout, a charge's reservation after 2 s. A reserve cancelled after it committed leaves its units reserved for this node until its next start or stop.",
 			engStat(func(s *engine.Stats) int64 { return s.ReserveTimeouts.Load() })),
 		counter("quotaring_settle_errors_total", "Settles that failed (retried with backoff).", settleStat(func(s *flush.SettlerStats) int64 { return s.Errors.Load() })),
-		counter("quotaring_duplicate_events_total", "Charges found already billed at settle (a retry that reached a new owner, or an Idempotency-Key used again after its 24 hours at an owner that got the account less than a day before) and not billed again.",
+		counter("quotaring_duplicate_events_total", "Charges found already billed at settle (a retry that reached a new owner, or an Idempotency-Key used again after its 24 hours at an owner that got the account after its earlier use) and not billed again.",
 			settleStat(func(s *flush.SettlerStats) int64 { return s.Duplicates.Load() })),
 		counter("quotaring_duplicate_refunds_total", "Refunds found already applied at settle.", settleStat(func(s *flush.SettlerStats) int64 { return s.DuplicateRefunds.Load() })),
 		counter("quotaring_forwarded_total", "Calls forwarded to another owner.", routerStat(func(s *routerStats) int64 { return s.Forwarded.Load() })),

@@ -119,10 +119,10 @@ type ChargeRequest struct {
 	// 10 by default; replays taken back with RefundReplay do not count)
 	// and ReplayLimit after that. The same id charged again after the
 	// owner forgot it (a day later) is new work, charged and billed apart
-	// from its earlier use, except at an owner that got the account less
-	// than a day before, which cannot tell it from a retry and has the
-	// ledger bill it once (README, "A key used again after 24 hours"): give
-	// each operation an id of its own.
+	// from its earlier use, except at an owner that got the account after
+	// that use, which cannot tell it from a retry and has the ledger bill
+	// it once (README, "A key used again after 24 hours"): give each
+	// operation an id of its own.
 	//
 	// Leave EventID empty for a charge that needs no idempotency:
 	// Client.Charge then makes a unique id itself (so that its own retry at
