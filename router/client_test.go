@@ -620,6 +620,14 @@ func TestHungOwner(t *testing.T) {
 	}
 	const callTimeout = 2 * time.Second
 	client := dial(t, router.DialOptions{RefreshInterval: -1, CallTimeout: callTimeout, MaxInflight: 1, Dialer: dialer}, c.nodes[0].RPCAddr())
+	// A free charge first: the connection to the owner is made (gRPC
+	// connects lazily), so that the first write while hung is the first
+	// charge's, not the connection's preface. Counted, it let the queued
+	// charge below race the first for the one call in flight (CI, under
+	// load: the queued charge was sent and its outcome unknown).
+	if res, err := client.Charge(context.Background(), router.ChargeRequest{Account: acct.id, Units: 0}); err != nil || res.Reason != shard.OK {
+		t.Fatalf("a free charge before the owner hangs: %v, %v", res.Reason, err)
+	}
 	hang.Store(true)
 
 	first := make(chan error, 1)
