@@ -837,7 +837,7 @@ func (p *Postgres) Snapshot(ctx context.Context, wall time.Time) (*snapshot.Snap
 		var units int64
 		_, err := pgx.ForEachRow(rows, []any{&account, &period, &route, &units}, func() error {
 			if i, ok := accounts[account]; ok {
-				s.Accounts[i].AddRouteUsed(period, route, units)
+				s.Accounts[i].SetRouteUsed(period, route, units)
 			}
 			return nil
 		})

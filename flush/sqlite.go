@@ -783,7 +783,7 @@ func (s *SQLite) Snapshot(ctx context.Context, wall time.Time) (*snapshot.Snapsh
 					return err
 				}
 				if i, ok := accounts[account]; ok {
-					snap.Accounts[i].AddRouteUsed(period, route, units)
+					snap.Accounts[i].SetRouteUsed(period, route, units)
 				}
 				return nil
 			}); err != nil {

@@ -67,8 +67,8 @@ type Account struct {
 	RouteUsed map[string]map[string]int64 `json:"route_used,omitempty"`
 }
 
-// AddRouteUsed sets the settled use of route in period (RouteUsed).
-func (a *Account) AddRouteUsed(period, route string, units int64) {
+// SetRouteUsed sets the settled use of route in period (RouteUsed).
+func (a *Account) SetRouteUsed(period, route string, units int64) {
 	if a.RouteUsed == nil {
 		a.RouteUsed = make(map[string]map[string]int64)
 	}
