@@ -447,11 +447,7 @@ func (a *Account) advance(wall int64) (Period, int64) {
 func (a *Account) rollTo(p Period) {
 	a.period = p
 	clear(a.routes)
-	if !a.cfg.UseBehind {
-		for r, n := range a.cfg.RouteUsed[p.String()] {
-			a.addRoute(r, n) // what other owners settled in p (see settledRoutes)
-		}
-	}
+	a.settledRoutes(a.cfg) // what other owners settled in p
 	if a.spent.len() > 0 {
 		// The ledger names events per period: a client id's first charge
 		// in the new one is generation 0 again.
