@@ -49,6 +49,18 @@ type DialOptions struct {
 	// dials in plaintext.
 	TLS    *tls.Config
 	Logger *slog.Logger
+	// Gateway sends every call to the seeds (a load balancer's address, a
+	// Kubernetes Service), whose node forwards it to the account's owner,
+	// instead of to the owner itself: for a program that can reach the
+	// cluster only through that address, not the nodes' own RPC addresses
+	// (another network, another Kubernetes cluster). Each call takes one
+	// more hop (the node that answers forwards it once, never more), and
+	// the ring view and the config are read from the seeds only. A call
+	// the seed did not answer is not retried at another seed (its outcome
+	// is unknown: ErrUnavailable); the next call starts at the next seed.
+	// Needs nodes of this build or later: older ones answer WrongOwner to
+	// a forwarded refund or usage read, which is ErrUnavailable naming it.
+	Gateway bool
 }
 
 // ClientStats are a Client's counters.
@@ -68,6 +80,9 @@ type ClientStats struct {
 // c, Config: c}) runs the HTTP front inside a Go program. Its methods are
 // safe for concurrent use.
 //
+// With DialOptions.Gateway it sends every call to a seed instead, whose
+// node forwards it to the owner.
+//
 // Make it with Dial: a zero Client answers every call with an error that
 // says so. After Close, calls answer ErrClosed.
 type Client struct {
@@ -75,6 +90,9 @@ type Client struct {
 	seeds []string
 	peers *peers
 	stats ClientStats
+	// gateway is the index in seeds of the seed calls go to, with
+	// DialOptions.Gateway: moved on when one does not answer.
+	gateway atomic.Uint32
 
 	view atomic.Pointer[clientView]
 	snap atomic.Pointer[snapshot.Snapshot]
@@ -183,7 +201,7 @@ func (o DialOptions) Dial(ctx context.Context, seeds ...string) (*Client, error)
 	bg, cancel := context.WithCancel(context.Background())
 	c := &Client{opts: o, seeds: slices.Clone(seeds), bg: bg, cancel: cancel, done: make(chan struct{}), refreshing: make(chan struct{}, 1)}
 	c.peers = newPeers(bg, peerOptions{maxInflight: o.MaxInflight, maxBatch: o.MaxBatch, callTimeout: o.CallTimeout,
-		dialer: o.Dialer, epoch: c.epoch, hops: 0, token: o.Token, tls: o.TLS})
+		dialer: o.Dialer, epoch: c.epoch, hops: 0, route: o.Gateway, token: o.Token, tls: o.TLS})
 	if err := c.refreshView(ctx, ""); err != nil {
 		close(c.done)
 		c.Close()
@@ -514,7 +532,7 @@ func (c *Client) Usage(ctx context.Context, account string) (UsageResult, error)
 	err := c.route(ctx, opUsage, account, func(ctx context.Context, p *peer) (*pb.WrongOwner, error) {
 		ctx, cancel := context.WithTimeout(ctx, c.opts.CallTimeout)
 		defer cancel()
-		rep, err := p.client.Usage(ctx, &pb.UsageRequest{Epoch: c.epoch(), Account: account})
+		rep, err := p.client.Usage(ctx, &pb.UsageRequest{Epoch: c.epoch(), Account: account, Route: c.opts.Gateway})
 		if err != nil {
 			return nil, &rpcError{err}
 		}
@@ -571,6 +589,9 @@ func (e *rpcError) Unwrap() error { return e.err }
 // may still have applied the call: the error is ErrUnavailable, the outcome
 // unknown, naming the first owner, never "not sent" or ErrClosed.
 func (c *Client) route(ctx context.Context, o op, account string, call func(context.Context, *peer) (*pb.WrongOwner, error)) error {
+	if c.opts.Gateway {
+		return c.viaGateway(ctx, o, account, call)
+	}
 	sentTo := ""
 	err := c.attempts(ctx, o, account, call, &sentTo)
 	if err == nil || sentTo == "" {
@@ -673,6 +694,75 @@ func (c *Client) attempts(ctx context.Context, o op, account string, call func(c
 		}
 	}
 	return fmt.Errorf("%w: ownership of account %q is moving; retry", ErrUnavailable, account)
+}
+
+// viaGateway is route with DialOptions.Gateway: call runs at a seed, whose
+// node forwards it to account's owner (the batch is marked Route). A seed
+// that could not be reached (the call certainly not sent) gives way to the
+// next one, each seed once. A seed that took the call and did not answer
+// may have forwarded it: the error is ErrUnavailable with the outcome
+// unknown, and the next call starts at the next seed. A WrongOwner answer
+// (the ring moved under the node as it decided, or a node older than
+// Route for refunds and usage reads) is asked again at the same seed, at
+// most maxAttempts times.
+func (c *Client) viaGateway(ctx context.Context, o op, account string, call func(context.Context, *peer) (*pb.WrongOwner, error)) error {
+	if cerr := ctxEnded(ctx); cerr != nil {
+		return fmt.Errorf("router: %s for account %q not sent: %w", o.name, account, cerr)
+	}
+	first := c.gateway.Load()
+	n := uint32(len(c.seeds))
+	next := func(i uint32) { c.gateway.CompareAndSwap(i, (i+1)%n) }
+	var unreached []error
+	var wrong *pb.WrongOwner
+	for i, tried, wrongs := first%n, uint32(0), 0; tried < n && wrongs < maxAttempts; {
+		seed := c.seeds[i]
+		p, err := c.peers.get(seed)
+		if err != nil {
+			return c.peerError(err)
+		}
+		wo, err := call(ctx, p)
+		var rpcErr *rpcError
+		var ns *notSentError
+		switch {
+		case err == nil && wo == nil:
+			return nil
+		case err != nil && !errors.As(err, &rpcErr):
+			return err // the owner (or the seed forwarding) answered with an error
+		case err != nil && c.closed.Load():
+			return closedError(o, account, seed, rpcErr.err)
+		case c.closed.Load():
+			return ErrClosed // WrongOwner answered: nothing was applied
+		case err != nil && rejected(rpcErr.err):
+			return rejectedError(account, seed, o.name, rpcErr.err)
+		case err != nil && errors.As(err, &ns):
+			return fmt.Errorf("router: %s for account %q not sent: %w", o.name, account, ns.err)
+		case err != nil && notSent(rpcErr.err):
+			c.stats.Unreachable.Add(1)
+			unreached = append(unreached, fmt.Errorf("%s: %w", seed, rpcErr.err))
+			next(i)
+			i, tried = (i+1)%n, tried+1
+			continue
+		case err != nil:
+			c.stats.Unreachable.Add(1)
+			next(i)
+			if cerr := ctxEnded(ctx); cerr != nil {
+				return fmt.Errorf("%w: the seed %s did not answer the %s for account %q before the caller's context ended (%w); %s",
+					ErrUnavailable, seed, o.name, account, cerr, o.silent)
+			}
+			return fmt.Errorf("%w: the seed %s did not answer the %s for account %q (%v); %s",
+				ErrUnavailable, seed, o.name, account, rpcErr.err, o.silent)
+		default:
+			c.stats.WrongOwner.Add(1)
+			wrong, wrongs = wo, wrongs+1
+		}
+	}
+	if wrong == nil {
+		return fmt.Errorf("%w: no seed could be reached, so the %s for account %q was not sent: retry (%w)",
+			ErrUnavailable, o.name, account, errors.Join(unreached...))
+	}
+	return fmt.Errorf("%w: the seed answered the %s for account %q with WrongOwner (owner %q at %q) although the call asked it to forward: "+
+		"ownership is moving (retry), or the nodes run a build older than this client's that does not forward it (upgrade them, or dial without Gateway)",
+		ErrUnavailable, o.name, account, wrong.GetOwnerId(), wrong.GetOwnerRpc())
 }
 
 // closedError is the error of a call to account's owner at addr that Close
@@ -897,6 +987,14 @@ func (c *Client) sources(prefer, avoid string) []string {
 			seen[a] = true
 			out = append(out, a)
 		}
+	}
+	if c.opts.Gateway {
+		// The members' own addresses are out of reach (that is why): each
+		// would cost a refresh askStagger before the seeds are asked.
+		for i := range c.seeds {
+			add(c.seeds[(int(c.gateway.Load())+i)%len(c.seeds)])
+		}
+		return out
 	}
 	add(prefer)
 	if v := c.view.Load(); v != nil {

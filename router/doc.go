@@ -8,9 +8,9 @@
 //
 //   - Server (Router.Server): the gRPC service quota.proto describes. It
 //     decides for accounts this node owns and answers WrongOwner{epoch,
-//     owner} for the others. Only a client's call marked Route (hops 0) is
-//     forwarded, once, with hops 1, which is never forwarded again: a
-//     request takes at most one hop.
+//     owner} for the others. Only a client's call marked Route (hops 0:
+//     charges, refunds and usage reads) is forwarded, once, with hops 1,
+//     which is never forwarded again: a request takes at most one hop.
 //
 //   - Calls to one owner are coalesced: a call goes out at once when fewer
 //     than MaxInflight are in flight to that owner, and otherwise waits and
@@ -37,7 +37,8 @@
 //     from any node (RingView), calls owners directly with the same
 //     coalescing, follows WrongOwner, reads the config (Config RPC) so the
 //     Middleware can run in the program, and never decides anything itself.
-//     See "Embedding" below.
+//     With DialOptions.Gateway it sends every call to its seeds instead,
+//     marked Route. See "Embedding" below.
 //
 //   - The RPC token (ServerAuth, WithRPCToken, DialOptions.Token): a shared
 //     secret every internal call carries and every node checks, so that
@@ -62,6 +63,13 @@
 // A cluster whose nodes run with --rpc-token needs the token to dial:
 //
 //	client, err := router.DialOptions{Token: os.Getenv("QUOTAD_RPC_TOKEN")}.Dial(ctx, "quotad-0.quotad:7400")
+//
+// A program that reaches the cluster only through one address (a load
+// balancer, a Kubernetes Service from another cluster) and not the nodes'
+// own RPC addresses dials it with Gateway: every call goes there, and the
+// node that takes it forwards it to the owner (one hop more):
+//
+//	client, err := router.DialOptions{Gateway: true}.Dial(ctx, "quotad.example.internal:7400")
 //
 // Client.Charge, Refund and Usage call the owner directly. Check the error
 // before the result: with an error the result's Reason is shard.Undecided,

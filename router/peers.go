@@ -54,6 +54,9 @@ type peerOptions struct {
 	epoch                 func() uint64
 	// hops is 1 for a node forwarding, 0 for an embedded client.
 	hops uint32
+	// route marks every batch Route: the node that gets it forwards what
+	// it does not own (an embedded client with DialOptions.Gateway).
+	route bool
 	// token, when set, goes with every call (the cluster's RPC token).
 	token string
 	// tls, when set, makes every connection TLS (tls.go); nil is plaintext.
@@ -82,11 +85,11 @@ func (ps *peers) get(addr string) (*peer, error) {
 		return nil, fmt.Errorf("router: connect to %s: %w", addr, err)
 	}
 	p := &peer{addr: addr, conn: conn, client: pb.NewQuotaClient(conn)}
-	timeout, hops, epoch := ps.opts.callTimeout, ps.opts.hops, ps.opts.epoch
+	timeout, hops, epoch, route := ps.opts.callTimeout, ps.opts.hops, ps.opts.epoch, ps.opts.route
 	p.charges = newBatcher(ps.ctx, &ps.senders, ps.opts.maxInflight, ps.opts.maxBatch, func(ctx context.Context, reqs []*pb.ChargeRequest) ([]*pb.ChargeReply, error) {
 		ctx, cancel := context.WithTimeout(ctx, timeout)
 		defer cancel()
-		rep, err := p.client.Charge(ctx, &pb.ChargeBatch{Epoch: epoch(), Charges: reqs, Hops: hops})
+		rep, err := p.client.Charge(ctx, &pb.ChargeBatch{Epoch: epoch(), Charges: reqs, Hops: hops, Route: route})
 		if err != nil {
 			return nil, err
 		}
@@ -95,7 +98,7 @@ func (ps *peers) get(addr string) (*peer, error) {
 	p.refunds = newBatcher(ps.ctx, &ps.senders, ps.opts.maxInflight, ps.opts.maxBatch, func(ctx context.Context, reqs []*pb.RefundRequest) ([]*pb.RefundReply, error) {
 		ctx, cancel := context.WithTimeout(ctx, timeout)
 		defer cancel()
-		rep, err := p.client.Refund(ctx, &pb.RefundBatch{Epoch: epoch(), Refunds: reqs, Hops: hops})
+		rep, err := p.client.Refund(ctx, &pb.RefundBatch{Epoch: epoch(), Refunds: reqs, Hops: hops, Route: route})
 		if err != nil {
 			return nil, err
 		}

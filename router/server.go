@@ -14,14 +14,17 @@ import (
 
 	"github.com/quotaring/quotaring/engine"
 	"github.com/quotaring/quotaring/router/pb"
+	"github.com/quotaring/quotaring/shard"
 )
 
 // Server returns the gRPC service of this node: register it on a
 // grpc.Server. It decides for the accounts this node owns and answers
 // WrongOwner for the others. It forwards only a client's call marked Route
-// (hops 0: "decide wherever the owner is", what quotad bench cluster --mode
-// routed and the chaos harness send), once, with hops 1; a call with hops 1
-// is never forwarded again, so a request takes at most one hop.
+// (hops 0: "decide wherever the owner is", what router.Client with
+// DialOptions.Gateway, quotad bench cluster --mode routed and the chaos
+// harness send: charges, refunds and usage reads alike), once, with hops 1;
+// a call with hops 1 is never forwarded again, so a request takes at most
+// one hop.
 func (r *Router) Server() pb.QuotaServer { return &server{r: r} }
 
 type server struct {
@@ -233,8 +236,18 @@ func errorToPB(err error) *pb.Error {
 
 func (s *server) Refund(ctx context.Context, b *pb.RefundBatch) (*pb.RefundReplies, error) {
 	out := &pb.RefundReplies{Replies: make([]*pb.RefundReply, len(b.Refunds)), Epoch: s.r.cfg.Ring.Epoch()}
+	var routed sync.WaitGroup
+	defer routed.Wait() // NB: before out is returned; each fills its own reply
 	for i, rf := range b.Refunds {
 		if wo := s.wrongOwner(rf.Account); wo != nil {
+			if b.Route && b.Hops == 0 {
+				routed.Add(1)
+				go func() {
+					defer routed.Done()
+					out.Replies[i] = s.routeRefund(ctx, rf)
+				}()
+				continue
+			}
 			out.Replies[i] = &pb.RefundReply{WrongOwner: wo, Node: s.r.self}
 			continue
 		}
@@ -253,8 +266,43 @@ func (s *server) Refund(ctx context.Context, b *pb.RefundBatch) (*pb.RefundRepli
 	return out, nil
 }
 
+// routeRefund refunds rf at its owner for a routed batch, through
+// Router.Refund (one hop, WrongOwner followed a bounded number of times).
+func (s *server) routeRefund(ctx context.Context, rf *pb.RefundRequest) *pb.RefundReply {
+	d, err := s.r.Refund(ctx, RefundRequest{Account: rf.Account, EventID: rf.EventId,
+		Receipt: receiptFromPB(rf.Receipt), Attempt: rf.Attempt, Replay: rf.Replay})
+	if err != nil {
+		return &pb.RefundReply{Error: routedError(err), Node: s.r.self}
+	}
+	return &pb.RefundReply{Decision: decisionToPB(&d), Node: s.r.self}
+}
+
+// routedError is the answer for a call this node failed to forward: the
+// caller may retry (quota-unavailable) unless it is this node's own fault.
+// A rejection between nodes (their RPC tokens differ) is the operator's to
+// fix, not the caller's, as forwardBatch's; a deadline that passed left the
+// outcome unknown.
+func routedError(err error) *pb.Error {
+	switch {
+	case errors.Is(err, ErrUnavailable), errors.Is(err, ErrRejected),
+		errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
+		return &pb.Error{Code: pb.Error_QUOTA_UNAVAILABLE, Message: err.Error()}
+	}
+	return &pb.Error{Code: pb.Error_INTERNAL, Message: err.Error()}
+}
+
 func (s *server) Usage(ctx context.Context, req *pb.UsageRequest) (*pb.UsageReply, error) {
 	if wo := s.wrongOwner(req.Account); wo != nil {
+		if req.Route && req.Hops == 0 {
+			u, err := s.r.Usage(ctx, req.Account)
+			if err != nil {
+				if e := routedError(err); e.Code == pb.Error_QUOTA_UNAVAILABLE {
+					return nil, status.Error(codes.Unavailable, e.Message)
+				}
+				return nil, status.Error(codes.Internal, err.Error())
+			}
+			return usageToPB(u.Usage, u.Known, u.Node), nil
+		}
 		return &pb.UsageReply{WrongOwner: wo, Node: s.r.self}, nil
 	}
 	u, known, err := s.r.cfg.Engine.Usage(req.Account)
@@ -271,8 +319,13 @@ func (s *server) Usage(ctx context.Context, req *pb.UsageRequest) (*pb.UsageRepl
 	if err != nil {
 		return nil, status.Error(codes.Internal, err.Error())
 	}
+	return usageToPB(u, known, s.r.self), nil
+}
+
+// usageToPB is the answer for usage read at node.
+func usageToPB(u shard.Usage, known bool, node string) *pb.UsageReply {
 	return &pb.UsageReply{Known: known, Period: u.Period.String(), Limit: u.Limit, Used: u.Used, Remaining: u.Remaining,
-		Reset_: u.Reset, Routes: u.Routes, Node: s.r.self}, nil
+		Reset_: u.Reset, Routes: u.Routes, Node: node}
 }
 
 // LedgerStart reads a node id's latest start from this node's ledger

@@ -55,16 +55,19 @@ Modes:
 Clients:
   rpc       each call is a gRPC call of its own, as from a hand-written gRPC
             client (no coalescing across callers)
-  embedded  calls go through router.Client, the embedded Go client: it finds
-            owners itself and coalesces concurrent calls to one owner into
-            shared RPCs (what a Go service embedding quotaring gets). Direct
-            mode and one charge per call only.
+  embedded  calls go through router.Client, the embedded Go client, which
+            coalesces concurrent calls to one node into shared RPCs (what a
+            Go service embedding quotaring gets). Direct mode: it finds the
+            owners itself. Routed mode: router.DialOptions.Gateway, every
+            call to --nodes' first, as through a load balancer. One charge
+            per call only.
 
 --setup creates the bench plan and accounts in the ledger first (needs
 --ledger); the nodes pick them up at their next config refresh.`,
 		Example: `  quotad bench cluster --nodes 127.0.0.10:7400,127.0.0.11:7400 --ledger postgres://... --setup \
       --accounts 10000 --concurrency 1,8,64,512 --mode routed --batch 1
-  quotad bench cluster --nodes 127.0.0.10:7400 --mode direct --client embedded --concurrency 64,512`,
+  quotad bench cluster --nodes 127.0.0.10:7400 --mode direct --client embedded --concurrency 64,512
+  quotad bench cluster --nodes 127.0.0.10:7400 --mode routed --client embedded --concurrency 64,512`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			// --ledger given on the command line without --setup did
 			// nothing, silently (QUOTAD_LEDGER, set for other commands, is
@@ -84,8 +87,8 @@ Clients:
 	fl.DurationVar(&f.duration, "duration", 10*time.Second, "how long each concurrency runs")
 	fl.StringVar(&f.spread, "spread", "uniform", "how calls pick accounts: uniform or zipf")
 	fl.StringVar(&f.mode, "mode", "routed", "routed (through one node) or direct (to the owner)")
-	fl.StringVar(&f.client, "client", "rpc", "rpc (one gRPC call per call) or embedded (router.Client: coalesces concurrent calls; --mode direct, --batch 1)")
-	fl.IntVar(&f.inflight, "inflight", 0, "with --client embedded: calls in flight to one owner before calls are gathered into the next batch (router.DialOptions.MaxInflight; 0: its default)")
+	fl.StringVar(&f.client, "client", "rpc", "rpc (one gRPC call per call) or embedded (router.Client: coalesces concurrent calls; --batch 1; with --mode routed, DialOptions.Gateway)")
+	fl.IntVar(&f.inflight, "inflight", 0, "with --client embedded: calls in flight to one node before calls are gathered into the next batch (router.DialOptions.MaxInflight; 0: its default)")
 	fl.IntVar(&f.batch, "batch", 1, "charges per call")
 	fl.StringVar(&f.rpcToken, "rpc-token", "", "the nodes' --rpc-token, when they have one (of a list, the first); prefer QUOTAD_RPC_TOKEN, which ps does not show")
 	registerRPCTLSFlags(fl, &f.rpcTLS, "this client's")
@@ -114,8 +117,6 @@ func runBenchCluster(ctx context.Context, out, progress io.Writer, f benchCluste
 		return fmt.Errorf("--mode %q: want routed or direct", f.mode)
 	case f.client != "rpc" && f.client != "embedded":
 		return fmt.Errorf("--client %q: want rpc or embedded", f.client)
-	case f.client == "embedded" && f.mode != "direct":
-		return fmt.Errorf("--client embedded always calls owners directly: use it with --mode direct")
 	case f.inflight < 0 || (f.inflight > 0 && f.client != "embedded"):
 		return fmt.Errorf("--inflight %d: a positive number, with --client embedded only", f.inflight)
 	case f.setup && f.ledger == "":
@@ -175,7 +176,13 @@ func runBenchCluster(ctx context.Context, out, progress io.Writer, f benchCluste
 	var embedded *router.Client
 	if f.client == "embedded" {
 		opts := router.DialOptions{MaxInflight: f.inflight, Token: f.rpcToken, TLS: tlsConf}
-		if embedded, err = opts.Dial(ctx, f.nodes...); err != nil {
+		seeds := f.nodes
+		if f.mode == "routed" {
+			// Every call to the first node, which forwards: as a program
+			// that reaches the cluster through one load-balanced address.
+			opts.Gateway, seeds = true, f.nodes[:1]
+		}
+		if embedded, err = opts.Dial(ctx, seeds...); err != nil {
 			return fmt.Errorf("embedded client: %w", err)
 		}
 		defer embedded.Close()

@@ -979,10 +979,13 @@ func (x *RefundRequest) GetReplay() bool {
 }
 
 type RefundBatch struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Epoch         uint64                 `protobuf:"varint,1,opt,name=epoch,proto3" json:"epoch,omitempty"`
-	Refunds       []*RefundRequest       `protobuf:"bytes,2,rep,name=refunds,proto3" json:"refunds,omitempty"`
-	Hops          uint32                 `protobuf:"varint,3,opt,name=hops,proto3" json:"hops,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Epoch   uint64                 `protobuf:"varint,1,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Refunds []*RefundRequest       `protobuf:"bytes,2,rep,name=refunds,proto3" json:"refunds,omitempty"`
+	Hops    uint32                 `protobuf:"varint,3,opt,name=hops,proto3" json:"hops,omitempty"`
+	// As ChargeBatch.route: forward refunds this node does not own (hops 0
+	// only). A build from before it answers WrongOwner instead.
+	Route         bool `protobuf:"varint,4,opt,name=route,proto3" json:"route,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1036,6 +1039,13 @@ func (x *RefundBatch) GetHops() uint32 {
 		return x.Hops
 	}
 	return 0
+}
+
+func (x *RefundBatch) GetRoute() bool {
+	if x != nil {
+		return x.Route
+	}
+	return false
 }
 
 type RefundReply struct {
@@ -1159,10 +1169,13 @@ func (x *RefundReplies) GetEpoch() uint64 {
 }
 
 type UsageRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Epoch         uint64                 `protobuf:"varint,1,opt,name=epoch,proto3" json:"epoch,omitempty"`
-	Account       string                 `protobuf:"bytes,2,opt,name=account,proto3" json:"account,omitempty"`
-	Hops          uint32                 `protobuf:"varint,3,opt,name=hops,proto3" json:"hops,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Epoch   uint64                 `protobuf:"varint,1,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Account string                 `protobuf:"bytes,2,opt,name=account,proto3" json:"account,omitempty"`
+	Hops    uint32                 `protobuf:"varint,3,opt,name=hops,proto3" json:"hops,omitempty"`
+	// As ChargeBatch.route: read at the owner when this node is not it
+	// (hops 0 only). A build from before it answers WrongOwner instead.
+	Route         bool `protobuf:"varint,4,opt,name=route,proto3" json:"route,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1216,6 +1229,13 @@ func (x *UsageRequest) GetHops() uint32 {
 		return x.Hops
 	}
 	return 0
+}
+
+func (x *UsageRequest) GetRoute() bool {
+	if x != nil {
+		return x.Route
+	}
+	return false
 }
 
 type UsageReply struct {
@@ -1816,11 +1836,12 @@ const file_quota_proto_rawDesc = "" +
 	"\bevent_id\x18\x02 \x01(\tR\aeventId\x12/\n" +
 	"\areceipt\x18\x03 \x01(\v2\x15.quotaring.v1.ReceiptR\areceipt\x12\x18\n" +
 	"\aattempt\x18\x04 \x01(\bR\aattempt\x12\x16\n" +
-	"\x06replay\x18\x05 \x01(\bR\x06replay\"n\n" +
+	"\x06replay\x18\x05 \x01(\bR\x06replay\"\x84\x01\n" +
 	"\vRefundBatch\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x125\n" +
 	"\arefunds\x18\x02 \x03(\v2\x1b.quotaring.v1.RefundRequestR\arefunds\x12\x12\n" +
-	"\x04hops\x18\x03 \x01(\rR\x04hops\"\xbb\x01\n" +
+	"\x04hops\x18\x03 \x01(\rR\x04hops\x12\x14\n" +
+	"\x05route\x18\x04 \x01(\bR\x05route\"\xbb\x01\n" +
 	"\vRefundReply\x122\n" +
 	"\bdecision\x18\x01 \x01(\v2\x16.quotaring.v1.DecisionR\bdecision\x129\n" +
 	"\vwrong_owner\x18\x02 \x01(\v2\x18.quotaring.v1.WrongOwnerR\n" +
@@ -1829,11 +1850,12 @@ const file_quota_proto_rawDesc = "" +
 	"\x04node\x18\x04 \x01(\tR\x04node\"Z\n" +
 	"\rRefundReplies\x123\n" +
 	"\areplies\x18\x01 \x03(\v2\x19.quotaring.v1.RefundReplyR\areplies\x12\x14\n" +
-	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\"R\n" +
+	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\"h\n" +
 	"\fUsageRequest\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x12\x18\n" +
 	"\aaccount\x18\x02 \x01(\tR\aaccount\x12\x12\n" +
-	"\x04hops\x18\x03 \x01(\rR\x04hops\"\xe0\x02\n" +
+	"\x04hops\x18\x03 \x01(\rR\x04hops\x12\x14\n" +
+	"\x05route\x18\x04 \x01(\bR\x05route\"\xe0\x02\n" +
 	"\n" +
 	"UsageReply\x129\n" +
 	"\vwrong_owner\x18\x01 \x01(\v2\x18.quotaring.v1.WrongOwnerR\n" +
