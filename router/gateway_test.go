@@ -58,7 +58,9 @@ func TestGatewayClientReachesEveryOwnerThroughOneAddress(t *testing.T) {
 		accounts = append(accounts, account{id: id, key: keyOf(id), plan: monthly("m100", 100)})
 	}
 	c := startCluster(t, accounts, clusterOptions{nodes: 3, clock: engine.NewManualClock(june28), upstream: newUpstream(t).URL})
-	seedNode := c.nodes[len(c.nodes)-1] // last: a ring view lists the others first
+	// The last node: a ring view lists the others first, which a client
+	// asking the members would dial.
+	seedNode := c.nodes[len(c.nodes)-1]
 	var foreign []string // accounts the seed does not own
 	for _, a := range accounts {
 		if c.owner(t, a.id) != seedNode {
