@@ -25,27 +25,30 @@ func TestBenchClusterWithoutItsAccounts(t *testing.T) {
 // not record a run of refusals as a measurement.
 func TestBenchClusterFailsWhenCallsFail(t *testing.T) {
 	n := startAdminTestNode(t)
-	var stdout bytes.Buffer
-	root := newRootCmd()
-	root.SetArgs([]string{"bench", "cluster", "--nodes", n.RPCAddr(), "--accounts", "10", "--concurrency", "2", "--duration", "300ms", "--warm=false"})
-	root.SetOut(&stdout)
-	root.SetErr(io.Discard)
-	err := root.ExecuteContext(context.Background())
-	out := stdout.String()
-	if err == nil || !strings.Contains(err.Error(), "calls failed") {
-		t.Fatalf("bench cluster whose every call is refused: %v; want it to fail\n%s", err, out)
-	}
-	rows := 0
-	for _, line := range strings.Split(out, "\n") {
-		if f := strings.Fields(line); len(f) > 2 && f[0] == "2" {
-			rows++
-			if f[1] != "0" || f[2] != "0" {
-				t.Fatalf("row %q: refused calls counted as charges/s or calls/s", line)
+	// The gRPC client, and the embedded one through the node (Gateway).
+	for _, client := range [][]string{{}, {"--mode", "routed", "--client", "embedded"}} {
+		var stdout bytes.Buffer
+		root := newRootCmd()
+		root.SetArgs(append([]string{"bench", "cluster", "--nodes", n.RPCAddr(), "--accounts", "10", "--concurrency", "2", "--duration", "300ms", "--warm=false"}, client...))
+		root.SetOut(&stdout)
+		root.SetErr(io.Discard)
+		err := root.ExecuteContext(context.Background())
+		out := stdout.String()
+		if err == nil || !strings.Contains(err.Error(), "calls failed") || !strings.Contains(strings.ToLower(out), "first error: refused: unknown_account") {
+			t.Fatalf("bench cluster %v whose every call is refused: %v; want it to fail, naming the refusal\n%s", client, err, out)
+		}
+		rows := 0
+		for _, line := range strings.Split(out, "\n") {
+			if f := strings.Fields(line); len(f) > 2 && f[0] == "2" {
+				rows++
+				if f[1] != "0" || f[2] != "0" {
+					t.Fatalf("row %q: refused calls counted as charges/s or calls/s", line)
+				}
 			}
 		}
-	}
-	if rows != 1 {
-		t.Fatalf("want one row for concurrency 2 in:\n%s", out)
+		if rows != 1 {
+			t.Fatalf("want one row for concurrency 2 in:\n%s", out)
+		}
 	}
 }
 
