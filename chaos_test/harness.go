@@ -210,6 +210,7 @@ type harness struct {
 	hist     *cluster.History
 	conns    *cluster.Conns
 	client   *router.Client
+	gateway  *router.Client // DialOptions.Gateway: every call through a node, which forwards
 	http     *http.Client
 	upstream *http.Server
 	alerts   *alertSink // the quota alerts' webhook, on the upstream's server
@@ -354,6 +355,10 @@ func (h *harness) setup(ctx context.Context) error {
 		seeds = append(seeds, n.RPC)
 	}
 	h.client, err = router.DialOptions{CallTimeout: callTimeout, RefreshInterval: time.Second, Token: h.rpcToken, TLS: h.tlsClient}.Dial(ctx, seeds...)
+	if err != nil {
+		return err
+	}
+	h.gateway, err = router.DialOptions{CallTimeout: callTimeout, RefreshInterval: time.Second, Token: h.rpcToken, TLS: h.tlsClient, Gateway: true}.Dial(ctx, seeds...)
 	return err
 }
 
@@ -361,6 +366,9 @@ func (h *harness) setup(ctx context.Context) error {
 func (h *harness) close() {
 	if h.client != nil {
 		h.client.Close()
+	}
+	if h.gateway != nil {
+		h.gateway.Close()
 	}
 	h.conns.Close()
 	if h.c != nil {

@@ -31,10 +31,11 @@ import (
 //	     by a second refund of the same event the other way (refunds once)
 //	88%  a new charge: through a random node over gRPC (Route: the node
 //	     forwards to the owner), through the embedded client (router.Client,
-//	     which picks owners itself), or through a random node's HTTP proxy
-//	     (Authorization: Bearer, Idempotency-Key); a charge whose outcome is
-//	     unknown is retried with the same event id through other ways in,
-//	     up to 3 times
+//	     which picks owners itself), through an embedded client with
+//	     Gateway (every call to one node, which forwards), or through a
+//	     random node's HTTP proxy (Authorization: Bearer, Idempotency-Key);
+//	     a charge whose outcome is unknown is retried with the same event id
+//	     through other ways in, up to 3 times
 //
 // The seed fixes each worker's choices, not the interleaving: the nodes are
 // real processes.
@@ -127,17 +128,20 @@ func (w *worker) pickAccount() (string, bool) {
 	return a.rl[w.rng.IntN(len(a.rl))], true
 }
 
-// pickVia draws a way in: grpc 45%, client 35%, http 20%, other than not
-// (a retry goes another way), and never http for rate-limited accounts (G7
-// needs the deciding node, which HTTP answers do not name).
+// pickVia draws a way in: grpc 40%, client 25%, gateway 15%, http 20%,
+// other than not (a retry goes another way), and never http for
+// rate-limited accounts (G7 needs the deciding node, which HTTP answers do
+// not name).
 func (w *worker) pickVia(rateLimited bool, not string) string {
 	for {
 		v := "http"
 		switch r := w.rng.Float64(); {
-		case r < 0.45:
+		case r < 0.40:
 			v = "grpc"
-		case r < 0.80:
+		case r < 0.65:
 			v = "client"
+		case r < 0.80:
+			v = "gateway"
 		}
 		if (v == "http" && rateLimited) || v == not {
 			continue
@@ -162,7 +166,7 @@ func (w *worker) charge() {
 	w.seq++
 	ev := fmt.Sprintf("w%d-%d", w.id, w.seq)
 	via := w.pickVia(limited, "")
-	generated := via == "client" && w.rng.Float64() < 0.2
+	generated := (via == "client" || via == "gateway") && w.rng.Float64() < 0.2
 	if generated {
 		ev = ""
 	}
@@ -214,22 +218,24 @@ func (w *worker) replay() {
 	w.do(w.pickVia(limited, ""), a.account, a.event, a.path, a.units)
 }
 
-// refund refunds an acknowledged charge, and sometimes again the other way.
+// refund refunds an acknowledged charge, and sometimes again another way.
 func (w *worker) refund() {
+	refundVias := [...]string{"grpc", "client", "gateway"}
 	a := w.take()
-	via := "grpc"
-	if w.rng.IntN(2) == 0 {
-		via = "client"
-	}
-	w.doRefund(via, a)
+	i := w.rng.IntN(len(refundVias))
+	w.doRefund(refundVias[i], a)
 	if w.rng.Float64() < doubleRefund {
-		if via == "grpc" {
-			via = "client"
-		} else {
-			via = "grpc"
-		}
-		w.doRefund(via, a)
+		w.doRefund(refundVias[(i+1+w.rng.IntN(len(refundVias)-1))%len(refundVias)], a)
 	}
+}
+
+// embedded is the embedded client a way in names: "gateway" the one with
+// DialOptions.Gateway, "client" the one that calls owners.
+func (h *harness) embedded(via string) *router.Client {
+	if via == "gateway" {
+		return h.gateway
+	}
+	return h.client
 }
 
 // routeOf is the route the HTTP front charges a path under (the seeded
@@ -259,9 +265,9 @@ func (w *worker) do(via, acct, ev, path string, units int64) (cluster.Op, *shard
 		rep := w.h.conns.ChargeRouted(ctx, n, &pb.ChargeRequest{Account: acct, EventId: ev, ClientId: ev != "",
 			Key: "key-" + acct, Route: routeOf(path), Units: units}, &op)
 		receipt = receiptFromPB(rep.GetReceipt())
-	case "client":
-		op.Node = "client"
-		res, err := w.h.client.Charge(ctx, router.ChargeRequest{Account: acct, EventID: ev, ClientID: ev != "",
+	case "client", "gateway":
+		op.Node = via
+		res, err := w.h.embedded(via).Charge(ctx, router.ChargeRequest{Account: acct, EventID: ev, ClientID: ev != "",
 			Key: "key-" + acct, Route: routeOf(path), Units: units})
 		classifyClient(&op, res.Decision, res.Node, err)
 		if err == nil && op.EventID == "" {
@@ -290,9 +296,9 @@ func (w *worker) doRefund(via string, a acked) {
 	defer cancel()
 	op.Start = w.h.hist.Now()
 	switch via {
-	case "client":
-		op.Node = "client"
-		d, err := w.h.client.Refund(ctx, router.RefundRequest{Account: a.account, EventID: a.event, Receipt: a.receipt})
+	case "client", "gateway":
+		op.Node = via
+		d, err := w.h.embedded(via).Refund(ctx, router.RefundRequest{Account: a.account, EventID: a.event, Receipt: a.receipt})
 		classifyClient(&op, d, "", err)
 		if err == nil {
 			op.Status = cluster.StatusRefused

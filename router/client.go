@@ -66,7 +66,8 @@ type DialOptions struct {
 // ClientStats are a Client's counters.
 type ClientStats struct {
 	// WrongOwner counts answers naming another owner; Unreachable calls to
-	// an owner that failed; Refreshes ring views read.
+	// an owner (with Gateway: to a seed) that failed; Refreshes ring views
+	// read.
 	WrongOwner, Unreachable, Refreshes atomic.Int64
 }
 

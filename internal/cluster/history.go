@@ -30,13 +30,14 @@ const (
 // Op is one operation of a history: invoked at Start, answered at End
 // (nanoseconds since the history began, from the monotonic clock), through
 // entry point Node (a node id, or "client" for the embedded client, which
-// picks owners itself), decided by Decider (the node that answered for the
+// picks owners itself, "gateway" for one with DialOptions.Gateway, which
+// calls a node that forwards), decided by Decider (the node that answered for the
 // owner; empty when unknown).
 type Op struct {
 	ID      int    `json:"id"`
 	Worker  int    `json:"w"`
 	Kind    string `json:"kind"`
-	Via     string `json:"via"` // grpc, client, http
+	Via     string `json:"via"` // grpc, client, gateway, http
 	Node    string `json:"node,omitempty"`
 	Decider string `json:"decider,omitempty"`
 	Account string `json:"acct"`
