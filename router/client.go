@@ -682,8 +682,15 @@ func (c *Client) attempts(ctx context.Context, o op, account string, call func(c
 				}
 			}
 			if notSent(rpcErr.err) {
-				return fmt.Errorf("%w: the owner of account %q at %s could not be reached (%v); the %s was not sent to it: retry",
-					ErrUnavailable, account, target, rpcErr.err, o.name)
+				hint := ""
+				if !slices.Contains(c.seeds, target) {
+					// The seeds answered: a program that reaches the
+					// cluster only through them (a load balancer) fails
+					// like this for every account another node owns.
+					hint = "; if this program cannot reach the nodes' own addresses, only the seeds (a load balancer), dial with DialOptions.Gateway"
+				}
+				return fmt.Errorf("%w: the owner of account %q at %s could not be reached (%v); the %s was not sent to it: retry%s",
+					ErrUnavailable, account, target, rpcErr.err, o.name, hint)
 			}
 			return fmt.Errorf("%w: the owner of account %q at %s did not answer the %s (%v); %s",
 				ErrUnavailable, account, target, o.name, rpcErr.err, o.silent)

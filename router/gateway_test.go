@@ -74,8 +74,9 @@ func TestGatewayClientReachesEveryOwnerThroughOneAddress(t *testing.T) {
 
 	direct := dial(t, router.DialOptions{RefreshInterval: -1, CallTimeout: time.Second, Dialer: (&onlyDialer{allowed: []string{seedNode.RPCAddr()}}).dial},
 		seedNode.RPCAddr())
-	if _, err := direct.Charge(ctx, router.ChargeRequest{Account: foreign[0], Units: 1}); !errors.Is(err, router.ErrUnavailable) {
-		t.Fatalf("without Gateway, a charge whose owner is out of reach: %v, want ErrUnavailable", err)
+	if _, err := direct.Charge(ctx, router.ChargeRequest{Account: foreign[0], Units: 1}); !errors.Is(err, router.ErrUnavailable) ||
+		!strings.Contains(err.Error(), "dial with DialOptions.Gateway") {
+		t.Fatalf("without Gateway, a charge whose owner is out of reach: %v, want ErrUnavailable naming Gateway", err)
 	}
 
 	d := &onlyDialer{allowed: []string{seedNode.RPCAddr()}}
