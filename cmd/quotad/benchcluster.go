@@ -201,7 +201,11 @@ func runBenchCluster(ctx context.Context, out, progress io.Writer, f benchCluste
 			return router.ExplainTLSMismatch(err, tlsConf != nil)
 		}
 	}
-	fmt.Fprintf(out, "quotad bench cluster: %d accounts (%s), mode %s, client %s, %d charges per call, %s per run\n\n", f.accounts, f.spread, f.mode, f.client, f.batch, f.duration)
+	client := f.client
+	if f.client == "embedded" && f.mode == "routed" {
+		client = "embedded (Gateway, through " + f.nodes[0] + ")"
+	}
+	fmt.Fprintf(out, "quotad bench cluster: %d accounts (%s), mode %s, client %s, %d charges per call, %s per run\n\n", f.accounts, f.spread, f.mode, client, f.batch, f.duration)
 	fmt.Fprintf(out, "%6s %12s %12s %10s %10s %10s %8s\n", "conc", "charges/s", "calls/s", "p50", "p99", "p999", "errors")
 	var failed int64
 	for _, c := range concs {
