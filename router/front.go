@@ -1123,12 +1123,18 @@ type sentKey struct{}
 
 // markSent returns out with a trace that sets in's sent flag once out's
 // head is written (to the upstream), or out as it is outside the front.
+// Each attempt clears it as it begins (GetConn): the transport tries a
+// request again on a fresh connection when a kept-alive one turned out
+// closed by the upstream before it read it, and a client that leaves while
+// that retry dials was never served (its first head went nowhere), so it
+// is refunded. With the flag kept from the first attempt it stayed billed.
 func markSent(in, out *http.Request) *http.Request {
 	sent, ok := in.Context().Value(sentKey{}).(*atomic.Bool)
 	if !ok {
 		return out
 	}
 	return out.WithContext(httptrace.WithClientTrace(out.Context(), &httptrace.ClientTrace{
+		GetConn:      func(string) { sent.Store(false) },
 		WroteHeaders: func() { sent.Store(true) },
 	}))
 }
