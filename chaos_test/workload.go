@@ -28,7 +28,8 @@ import (
 //	 5%  a retry of a charge it saw acknowledged, same event id, through
 //	     another way in (it must be replayed, never billed twice)
 //	 7%  a refund of a charge it saw acknowledged; a third of them followed
-//	     by a second refund of the same event the other way (refunds once)
+//	     by a second refund of the same event another way (refunds once):
+//	     over gRPC at a node, the embedded client, or the Gateway one
 //	88%  a new charge: through a random node over gRPC (Route: the node
 //	     forwards to the owner), through the embedded client (router.Client,
 //	     which picks owners itself), through an embedded client with
