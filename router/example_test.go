@@ -82,6 +82,56 @@ func ExampleMiddleware() {
 	// used 100 of 100 map[POST /v1/exports:100]
 }
 
+// A program that reaches the cluster only through one address (a load
+// balancer in front of the nodes' RPC port) dials it with Gateway: every
+// call goes there, and the node that takes it forwards it to the account's
+// owner. The example's one-node cluster stands in for the balancer.
+func ExampleDialOptions_Dial_gateway() {
+	ctx := context.Background()
+	dir, err := os.MkdirTemp("", "quotaring-example")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	ledger := "sqlite:" + filepath.Join(dir, "ledger.db")
+	if err := seedExample(ctx, ledger); err != nil {
+		log.Fatal(err)
+	}
+	n, err := node.Start(ctx, node.Config{ID: "q1", DataDir: filepath.Join(dir, "q1"), Ledger: ledger, RingPreset: ring.PresetLocal,
+		RPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", AdminAddr: "127.0.0.1:0", GossipAddr: "127.0.0.1:0"})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer n.Shutdown(ctx)
+
+	// The program's side: the balancer's address, say quotad.example.internal:7400.
+	client, err := router.DialOptions{Gateway: true}.Dial(ctx, n.RPCAddr())
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer client.Close()
+	res, err := client.Charge(ctx, router.ChargeRequest{Account: "acme", Route: "POST /v1/exports", Units: 25,
+		EventID: "order-42", ClientID: true})
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(res.Reason, res.Remaining)
+	d, err := client.Refund(ctx, router.RefundRequest{Account: "acme", EventID: res.EventID, Receipt: res.Receipt})
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(d.Reason, d.Remaining)
+	u, err := client.Usage(ctx, "acme")
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("used", u.Used, "of", u.Limit)
+	// Output:
+	// ok 75
+	// refunded 100
+	// used 0 of 100
+}
+
 // seedExample writes the config: a plan of 100 units a month, the account
 // acme with one key, and the route weights (an export costs 25).
 func seedExample(ctx context.Context, dsn string) error {
