@@ -18,24 +18,11 @@ import (
 
 // A Go program charges its own handler's requests: Dial any node, and wrap
 // the handler in Middleware with the client as Charger and Config. The
-// example starts a one-node cluster in-process first.
+// example starts a one-node cluster in-process first (startExampleNode).
 func ExampleMiddleware() {
 	ctx := context.Background()
-	dir, err := os.MkdirTemp("", "quotaring-example")
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer os.RemoveAll(dir)
-	ledger := "sqlite:" + filepath.Join(dir, "ledger.db")
-	if err := seedExample(ctx, ledger); err != nil {
-		log.Fatal(err)
-	}
-	n, err := node.Start(ctx, node.Config{ID: "q1", DataDir: filepath.Join(dir, "q1"), Ledger: ledger, RingPreset: ring.PresetLocal,
-		RPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", AdminAddr: "127.0.0.1:0", GossipAddr: "127.0.0.1:0"})
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer n.Shutdown(ctx)
+	n, stop := startExampleNode(ctx)
+	defer stop()
 
 	// The program's side.
 	client, err := router.Dial(ctx, n.RPCAddr())
@@ -88,21 +75,8 @@ func ExampleMiddleware() {
 // owner. The example's one-node cluster stands in for the balancer.
 func ExampleDialOptions_Dial_gateway() {
 	ctx := context.Background()
-	dir, err := os.MkdirTemp("", "quotaring-example")
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer os.RemoveAll(dir)
-	ledger := "sqlite:" + filepath.Join(dir, "ledger.db")
-	if err := seedExample(ctx, ledger); err != nil {
-		log.Fatal(err)
-	}
-	n, err := node.Start(ctx, node.Config{ID: "q1", DataDir: filepath.Join(dir, "q1"), Ledger: ledger, RingPreset: ring.PresetLocal,
-		RPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", AdminAddr: "127.0.0.1:0", GossipAddr: "127.0.0.1:0"})
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer n.Shutdown(ctx)
+	n, stop := startExampleNode(ctx)
+	defer stop()
 
 	// The program's side: the balancer's address, say quotad.example.internal:7400.
 	client, err := router.DialOptions{Gateway: true}.Dial(ctx, n.RPCAddr())
@@ -130,6 +104,29 @@ func ExampleDialOptions_Dial_gateway() {
 	// ok 75
 	// refunded 100
 	// used 0 of 100
+}
+
+// startExampleNode starts a one-node cluster in-process on a SQLite ledger
+// in a temporary dir, with seedExample's config; stop shuts it down and
+// removes the dir.
+func startExampleNode(ctx context.Context) (n *node.Node, stop func()) {
+	dir, err := os.MkdirTemp("", "quotaring-example")
+	if err != nil {
+		log.Fatal(err)
+	}
+	ledger := "sqlite:" + filepath.Join(dir, "ledger.db")
+	if err := seedExample(ctx, ledger); err != nil {
+		log.Fatal(err)
+	}
+	n, err = node.Start(ctx, node.Config{ID: "q1", DataDir: filepath.Join(dir, "q1"), Ledger: ledger, RingPreset: ring.PresetLocal,
+		RPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", AdminAddr: "127.0.0.1:0", GossipAddr: "127.0.0.1:0"})
+	if err != nil {
+		log.Fatal(err)
+	}
+	return n, func() {
+		n.Shutdown(ctx)
+		os.RemoveAll(dir)
+	}
 }
 
 // seedExample writes the config: a plan of 100 units a month, the account
