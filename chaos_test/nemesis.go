@@ -152,6 +152,13 @@ func (h *harness) begin(ctx context.Context, e *Episode) error {
 	if err != nil {
 		return err
 	}
+	if h.unrevoked[n.ID] && !n.Running() && e.Fault != Kill && e.Fault != DiskLoss {
+		// Its lost disk's revoke waits for the ledger, and it with it: the
+		// plan could not know. (A kill of it does nothing: kill.)
+		h.logf("%s %s not applied: %s stays down until the ledger is back (its lost disk's revoke waits)",
+			clock(time.Duration(h.hist.Now())), e.Fault, n.ID)
+		return nil
+	}
 	switch e.Fault {
 	case Kill:
 		h.kill(n)
@@ -177,6 +184,7 @@ func (h *harness) begin(ctx context.Context, e *Episode) error {
 			return nil
 		}
 		h.started()
+		h.rejoinPartitions(ctx, n)
 	case ScaleDown:
 		h.terminate(ctx, n)
 		h.removed[n.ID] = true
@@ -220,7 +228,11 @@ func (h *harness) end(ctx context.Context, e *Episode) error {
 			return nil
 		}
 		h.start(ctx, n)
+		h.rejoinPartitions(ctx, n)
 	case Pause:
+		if !h.paused[n.ID] {
+			return nil // not applied: the node was down (begin)
+		}
 		if err := n.Resume(); err != nil {
 			h.liveness(n.ID, "could not be resumed: "+err.Error())
 		}
@@ -313,6 +325,45 @@ func (h *harness) startRevoked(ctx context.Context) {
 		}
 		if h.revokeLost(ctx, n) {
 			h.start(ctx, n)
+			h.rejoinPartitions(ctx, n)
+		}
+	}
+}
+
+// rejoinPartitions applies to n, started while partitions are on, the
+// blocks between it and the other side of each that names it: cut left it
+// out while it was down, or its process restarted without the blocks it
+// had (they live in the process).
+func (h *harness) rejoinPartitions(ctx context.Context, n *cluster.Node) {
+	h.mu.Lock()
+	var cuts []*Episode
+	for _, e := range h.active {
+		if e.Fault == Isolate || e.Fault == Split || e.Fault == Bridge {
+			cuts = append(cuts, e)
+		}
+	}
+	h.mu.Unlock()
+	for _, e := range cuts {
+		for i, ids := range e.Sides {
+			if !slices.Contains(ids, n.ID) {
+				continue
+			}
+			var others []*cluster.Node
+			for _, id := range e.Sides[1-i] {
+				if m, err := h.mustNode(id); err == nil && m.Running() {
+					others = append(others, m)
+				}
+			}
+			actx, cancel := context.WithTimeout(ctx, 30*time.Second)
+			err := n.WaitAlive(actx)
+			cancel()
+			if err != nil {
+				h.liveness(n.ID, "not serving its admin port for the partition it started in: "+err.Error())
+				continue
+			}
+			if err := cluster.Partition(ctx, n, others...); err != nil {
+				h.liveness(n.ID, "partition not applied after its start: "+err.Error())
+			}
 		}
 	}
 }
@@ -408,6 +459,12 @@ func (h *harness) cut(ctx context.Context, e *Episode) error {
 			n, err := h.mustNode(id)
 			if err != nil {
 				return nil, err
+			}
+			if h.unrevoked[n.ID] && !n.Running() {
+				// Down until the ledger is back (its lost disk's revoke
+				// waits): it takes its side's blocks when it starts
+				// (startRevoked).
+				continue
 			}
 			out = append(out, n)
 		}
