@@ -820,10 +820,14 @@ func rejectedError(account, addr, what string, err error) error {
 
 // notSent reports whether err, a failed call, certainly never reached the
 // node: gRPC could not connect (refused, no route, the Dialer's error), so
-// the call was not written to any connection.
+// the call was not written to any connection. Only this client's own
+// transport's error counts ("connection error: ..."), not a node's answer
+// quoting one (a seed that could not reach the owner of a usage read it
+// forwarded for a Gateway client: that seed took the call).
 func notSent(err error) bool {
 	st, ok := status.FromError(err)
-	return ok && st.Code() == codes.Unavailable && strings.Contains(strings.ToLower(st.Message()), "error while dialing")
+	msg := strings.ToLower(st.Message())
+	return ok && st.Code() == codes.Unavailable && strings.HasPrefix(msg, "connection error") && strings.Contains(msg, "error while dialing")
 }
 
 // refreshAfter reads a new ring view unless another call replaced seen

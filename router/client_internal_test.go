@@ -12,6 +12,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
 	"github.com/quotaring/quotaring/internal/waitfor"
@@ -731,5 +732,32 @@ func TestConfigRefreshKeepsANewerOneThanALaggingNodes(t *testing.T) {
 	}
 	if v := c2.Snapshot().Version; v != 1 {
 		t.Fatalf("config version %d when every node serves version 1, want 1 (a ledger rebuilt from scratch)", v)
+	}
+}
+
+// notSent counts this client's own failed connection, not a node's answer
+// that quotes one (a seed forwarding a Gateway client's usage read to an
+// owner it could not reach).
+func TestNotSentIsTheClientsOwnDialError(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := lis.Addr().String()
+	lis.Close() // nothing listens: the connection is refused
+	conn, err := grpc.NewClient("passthrough:///"+addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	_, own := pb.NewQuotaClient(conn).Usage(ctx, &pb.UsageRequest{Account: "a"})
+	if !notSent(own) {
+		t.Fatalf("this client's refused connection %v: want it taken as not sent", own)
+	}
+	quoted := status.Error(codes.Unavailable, "router: quota unavailable: the owner of account \"a\" at 10.0.0.2:7400 did not answer: "+own.Error())
+	if notSent(quoted) {
+		t.Fatalf("a node's answer quoting a dial error %v: want it taken as sent (the node took the call)", quoted)
 	}
 }
