@@ -335,15 +335,23 @@ func (e *Engine) Release(ctx context.Context, account string) error {
 	// nobody until it restarts or an operator revokes them.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
 	defer cancel()
-	if err := e.log.WaitDurable(ctx, seq); err != nil {
-		return fmt.Errorf("engine: release of account %q: %w", account, err)
-	}
 	// Queued first, then sent with any earlier release of the account still
 	// waiting, in seq order: sent straight away, a newer release could
 	// apply before an older one, whose retry the ledger would then skip as
 	// applied (its key is older than the row's) though it never was.
+	//
+	// Queued even when the zeroing record is not durable within the bound
+	// (a slow fsync, or this process stopped by SIGSTOP past it): the retry
+	// loop sends it once the record is (sendReleases). Returned unqueued,
+	// the account was let go (LetGo) with nothing left to hand its units
+	// back, and the ledger kept them reserved for a node that held none
+	// until it stopped (quotad chaos --faults pause,kill --seed 21, RES
+	// before the drain).
 	e.unreleased.add(account, pendingRelease{seq: seq, allocs: allocs, after: after})
-	if err := e.sendReleases(ctx, account); err != nil && !errors.Is(err, errRefundUnsettled) {
+	if err := e.log.WaitDurable(ctx, seq); err != nil {
+		return fmt.Errorf("engine: release of account %q: the record zeroing its allowance is not durable yet (%w); the hand-back is retried in the background once it is", account, err)
+	}
+	if err := e.sendReleases(ctx, account); err != nil && !waiting(err) {
 		return fmt.Errorf("engine: release of account %q in the ledger (retried in the background; the units stay reserved until then): %w", account, err)
 	}
 	return nil
@@ -352,6 +360,19 @@ func (e *Engine) Release(ctx context.Context, account string) error {
 // errRefundUnsettled stops sendReleases at a hand-back that waits for a
 // refund to settle (pendingRelease.after).
 var errRefundUnsettled = errors.New("engine: the hand-back waits until the refunds before it are settled")
+
+// errZeroingNotDurable stops sendReleases at a hand-back whose zeroing
+// record is not durable yet: sent before, a crash would restart this node
+// with the allowance in its log while the ledger gave the units to others
+// (G1).
+var errZeroingNotDurable = errors.New("engine: the hand-back waits until the record zeroing the allowance is durable")
+
+// waiting reports whether sendReleases stopped at a hand-back that waits
+// for this node's log (errRefundUnsettled, errZeroingNotDurable), not for
+// the ledger: no failure, the retry loop sends it when it may go.
+func waiting(err error) bool {
+	return errors.Is(err, errRefundUnsettled) || errors.Is(err, errZeroingNotDurable)
+}
 
 // sendReleases sends the queued releases of account to the ledger in seq
 // order, stopping at the first that fails (it and the rest stay queued for
@@ -368,8 +389,13 @@ func (e *Engine) sendReleases(ctx context.Context, account string) error {
 	defer func() { <-sem }()
 	pending := e.unreleased.takeAccount(account)
 	for i, p := range pending {
-		err := errRefundUnsettled
-		if p.after <= e.log.SettledSeq() {
+		var err error
+		switch {
+		case p.seq > e.log.DurableSeq():
+			err = errZeroingNotDurable
+		case p.after > e.log.SettledSeq():
+			err = errRefundUnsettled
+		default:
 			err = e.opts.Reserver.Release(ctx, account, p.allocs, p.seq)
 		}
 		if err != nil {
@@ -463,7 +489,7 @@ func (u *unreleased) empty() bool {
 func (e *Engine) RetryReleases(ctx context.Context) error {
 	var first error
 	for _, account := range e.unreleased.accounts() {
-		if err := e.sendReleases(ctx, account); err != nil && !errors.Is(err, errRefundUnsettled) && first == nil {
+		if err := e.sendReleases(ctx, account); err != nil && !waiting(err) && first == nil {
 			first = fmt.Errorf("engine: release of account %q in the ledger: %w", account, err)
 		}
 	}
