@@ -638,11 +638,24 @@ func (c *Client) attempts(ctx context.Context, o op, account string, call func(c
 			return c.peerError(err)
 		}
 		wo, err := call(ctx, p)
-		final, done, rpcErr := c.ended(o, account, target, wo, err)
+		var rpcErr *rpcError
 		switch {
-		case done:
-			return final
-		case rpcErr != nil:
+		case err == nil && wo == nil:
+			return nil
+		case err != nil && !errors.As(err, &rpcErr):
+			return err // the owner answered with an error
+		case err != nil && c.closed.Load():
+			return closedError(o, account, target, rpcErr.err)
+		case c.closed.Load():
+			return ErrClosed // WrongOwner answered: nothing was applied
+		case err != nil && rejected(rpcErr.err):
+			return rejectedError(account, target, o.name, rpcErr.err)
+		case err != nil:
+			var ns *notSentError
+			if errors.As(err, &ns) {
+				// Still queued when ctx ended: never sent, so not applied.
+				return fmt.Errorf("router: %s for account %q not sent: %w", o.name, account, ns.err)
+			}
 			c.stats.Unreachable.Add(1)
 			if cerr := ctxEnded(ctx); cerr != nil {
 				// The caller left before the owner answered: read the ring
@@ -691,33 +704,6 @@ func (c *Client) attempts(ctx context.Context, o op, account string, call func(c
 	return fmt.Errorf("%w: ownership of account %q is moving; retry", ErrUnavailable, account)
 }
 
-// ended classifies what a call to addr (an owner, or a seed that forwards)
-// came back with, as attempts and viaGateway share it. done: the route ends
-// with final: an answer (nil, or the node's error), the client closed, the
-// call turned away (ErrRejected), or never sent (still queued when ctx
-// ended: not applied). Otherwise rpcErr is the call that got no answer, or
-// nil for a WrongOwner answer; the caller goes on.
-func (c *Client) ended(o op, account, addr string, wo *pb.WrongOwner, err error) (final error, done bool, rpcErr *rpcError) {
-	switch {
-	case err == nil && wo == nil:
-		return nil, true, nil
-	case err != nil && !errors.As(err, &rpcErr):
-		return err, true, nil // the node answered with an error
-	case err != nil && c.closed.Load():
-		return closedError(o, account, addr, rpcErr.err), true, nil
-	case c.closed.Load():
-		return ErrClosed, true, nil // WrongOwner answered: nothing was applied
-	case err != nil && rejected(rpcErr.err):
-		return rejectedError(account, addr, o.name, rpcErr.err), true, nil
-	}
-	var ns *notSentError
-	if errors.As(err, &ns) {
-		// Still queued when ctx ended: never sent, so not applied.
-		return fmt.Errorf("router: %s for account %q not sent: %w", o.name, account, ns.err), true, nil
-	}
-	return nil, false, rpcErr
-}
-
 // viaGateway is route with DialOptions.Gateway: call runs at a seed, whose
 // node forwards it to account's owner (the batch is marked Route). A seed
 // that could not be reached (the call certainly not sent) gives way to the
@@ -743,17 +729,28 @@ func (c *Client) viaGateway(ctx context.Context, o op, account string, call func
 			return c.peerError(err)
 		}
 		wo, err := call(ctx, p)
-		final, done, rpcErr := c.ended(o, account, seed, wo, err)
+		var rpcErr *rpcError
+		var ns *notSentError
 		switch {
-		case done:
-			return final
-		case rpcErr != nil && notSent(rpcErr.err):
+		case err == nil && wo == nil:
+			return nil
+		case err != nil && !errors.As(err, &rpcErr):
+			return err // the owner (or the seed forwarding) answered with an error
+		case err != nil && c.closed.Load():
+			return closedError(o, account, seed, rpcErr.err)
+		case c.closed.Load():
+			return ErrClosed // WrongOwner answered: nothing was applied
+		case err != nil && rejected(rpcErr.err):
+			return rejectedError(account, seed, o.name, rpcErr.err)
+		case err != nil && errors.As(err, &ns):
+			return fmt.Errorf("router: %s for account %q not sent: %w", o.name, account, ns.err)
+		case err != nil && notSent(rpcErr.err):
 			c.stats.Unreachable.Add(1)
 			unreached = append(unreached, fmt.Errorf("%s: %w", seed, rpcErr.err))
 			next(i)
 			i, tried = (i+1)%n, tried+1
 			continue
-		case rpcErr != nil:
+		case err != nil:
 			c.stats.Unreachable.Add(1)
 			next(i)
 			if cerr := ctxEnded(ctx); cerr != nil {
