@@ -1779,7 +1779,11 @@ func TestStalledBodyIsCutOff(t *testing.T) {
 func TestUpstreamPauseIsNoStalledBody(t *testing.T) {
 	for _, proto := range []string{"http", "h2c"} {
 		t.Run(proto, func(t *testing.T) {
-			const idle = 200 * time.Millisecond
+			// Real time (a network bound): wide enough that a client starved
+			// of CPU (-race beside the chaos runs on two cores) does not leave
+			// its flow-controlled upload idle that long between window
+			// updates, as 200 ms once did.
+			const idle = 500 * time.Millisecond
 			up := protoServer(t, proto, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				if _, err := io.CopyN(io.Discard, r.Body, 64<<10); err != nil {
 					http.Error(w, err.Error(), 400)
