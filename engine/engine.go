@@ -1078,6 +1078,39 @@ func (e *Engine) AllowanceHeld() int64 {
 	return n
 }
 
+// Held is an allowance this node holds: units of an account's grant the
+// ledger reserved for it and it has not spent (below zero: owed, see
+// TakeBack).
+type Held struct {
+	Account, Grant string
+	Units          int64
+}
+
+// Held lists every allowance this node holds, by account and grant: what
+// the ledger's reservations for this node should show, beyond the units
+// in doubt (Stats.UncertainUnits). quotad admin reservations compares the
+// two, to name the accounts whose units are stranded.
+func (e *Engine) Held() []Held {
+	var out []Held
+	for i := range e.stripes {
+		st := &e.stripes[i]
+		st.mu.Lock()
+		for id, ent := range st.accounts {
+			for _, a := range ent.acct.Allowances() {
+				out = append(out, Held{Account: id, Grant: a.Grant, Units: a.Units})
+			}
+		}
+		st.mu.Unlock()
+	}
+	slices.SortFunc(out, func(a, b Held) int {
+		if c := cmpString(a.Account, b.Account); c != 0 {
+			return c
+		}
+		return cmpString(a.Grant, b.Grant)
+	})
+	return out
+}
+
 // AccountView is an account as the status page and tests see it.
 type AccountView struct {
 	ID     string

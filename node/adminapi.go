@@ -1169,7 +1169,20 @@ func (n *Node) listReservations(ctx context.Context, w http.ResponseWriter, r *h
 	for _, x := range rs {
 		out = append(out, row{x.Node, x.Account, x.Grant, x.Units})
 	}
-	return writeJSON(w, http.StatusOK, map[string]any{"reservations": out})
+	// What this node holds itself, read after the ledger's rows: its
+	// reservations there are these, plus at most the units it counts in
+	// doubt. Units the ledger reserves for it beyond both are stranded
+	// (spendable by nobody until it stops or starts); a difference seen
+	// once may be a reservation or hand-back on its way.
+	held := []row{}
+	var doubt int64
+	if n.eng != nil {
+		for _, h := range n.eng.Held() {
+			held = append(held, row{n.cfg.ID, h.Account, h.Grant, h.Units})
+		}
+		doubt = n.eng.Stats().UncertainUnits.Load()
+	}
+	return writeJSON(w, http.StatusOK, map[string]any{"reservations": out, "node": n.cfg.ID, "held_here": held, "in_doubt_here": doubt})
 }
 
 // NodeView is a (node, incarnation) of the ledger with, for its latest

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -376,10 +377,46 @@ func TestAdminAPI(t *testing.T) {
 			t.Fatalf("quotaring_build_info's labels %v, want version %q", labels, build)
 		}
 	}
-	var rs struct{ Reservations []map[string]any }
-	if status, raw := adminCall(t, n1, testAdminToken, "GET", "/admin/v1/reservations", nil, &rs); status != 200 || len(rs.Reservations) == 0 {
-		t.Fatalf("reservations: %d %s", status, raw)
+	// The reservations, and what the node that answers holds itself: the
+	// same units, grant by grant, once no top-up is on its way. (n1 holds
+	// units of an account it owns once it charged it.)
+	mine := ""
+	for i := 0; mine == ""; i++ {
+		if owner, _ := n1.Ring().Owner(fmt.Sprintf("res-%d", i)); owner.ID == "n1" {
+			mine = fmt.Sprintf("res-%d", i)
+		}
 	}
+	if status, raw := adminCall(t, n1, testAdminToken, "PUT", "/admin/v1/accounts/"+mine, map[string]any{"plan": "gold"}, nil); status != 200 {
+		t.Fatalf("put %s: %d %s", mine, status, raw)
+	}
+	waitFor(t, 10*time.Second, "n1 charging "+mine, func() bool {
+		res, err := n1.Router().Charge(ctx, router.ChargeRequest{Account: mine, Route: "GET /v1/tasks", Units: 1})
+		return err == nil && res.Reason == shard.OK
+	})
+	type resRow struct {
+		Node, Account, Grant string
+		Units                int64
+	}
+	var rs struct {
+		Reservations []resRow
+		Node         string
+		HeldHere     []resRow `json:"held_here"`
+		InDoubtHere  int64    `json:"in_doubt_here"`
+	}
+	waitFor(t, 10*time.Second, "n1's allowances to equal the ledger's reservations of n1", func() bool {
+		rs.Reservations, rs.HeldHere = nil, nil
+		if status, raw := adminCall(t, n1, testAdminToken, "GET", "/admin/v1/reservations", nil, &rs); status != 200 {
+			t.Fatalf("reservations: %d %s", status, raw)
+		}
+		var ledger []resRow
+		for _, r := range rs.Reservations {
+			if r.Node == "n1" {
+				ledger = append(ledger, r)
+			}
+		}
+		return rs.Node == "n1" && slices.ContainsFunc(ledger, func(r resRow) bool { return r.Account == mine }) &&
+			slices.Equal(ledger, rs.HeldHere) && rs.InDoubtHere == 0
+	})
 
 	// Revoking the key takes it out of the nodes' snapshots.
 	if status, raw := adminCall(t, n1, testAdminToken, "DELETE", "/admin/v1/keys/"+key.KeyID, nil, nil); status != 200 {

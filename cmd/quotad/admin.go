@@ -176,7 +176,16 @@ repeat. Give them on the command line; a QUOTAD_UNITS gets a warning.`,
 			Short: "List the units each node holds reserved, per account and grant",
 			Long: `List the reservations in the ledger: units of hard-limited grants that a node
 may spend without asking the ledger. A node that is gone for good keeps its
-reservations frozen until it comes back or 'quotad revoke --node ID' frees them.`,
+reservations frozen until it comes back or 'quotad revoke --node ID' frees them.
+
+Beside the rows of the node that answers (--addr), it prints what that node
+holds of each grant itself (HELD BY), marks the grants that differ, and ends
+with a line comparing the two: the node holds what the ledger reserves for it;
+or the units it counts in doubt (reservations whose answer it never got) cover
+the difference; or some units look stranded, reserved for it and spendable by
+nobody until it stops or starts; or it holds units no grant backs. A
+reservation or hand-back on its way differs for a moment: run it again before
+reporting a difference. Ask each node to compare its own.`,
 			Args: noArgs,
 			RunE: func(cmd *cobra.Command, _ []string) error { return c.reservations(cmd) },
 		},
@@ -910,22 +919,98 @@ says that every route is to cost --default.`,
 
 // --- cluster ----------------------------------------------------------------
 
+// reservationRow is a row of GET /admin/v1/reservations: units of an
+// account's grant reserved for (or held by) a node.
+type reservationRow struct {
+	Node, Account, Grant string
+	Units                int64
+}
+
 func (c *adminClient) reservations(cmd *cobra.Command) error {
 	var out struct {
-		Reservations []struct {
-			Node, Account, Grant string
-			Units                int64
-		}
+		Reservations []reservationRow
+		// Node, HeldHere and InDoubtHere are the answering node's own
+		// allowances (absent from an older quotad's answer).
+		Node        string
+		HeldHere    []reservationRow `json:"held_here"`
+		InDoubtHere int64            `json:"in_doubt_here"`
 	}
 	return c.run(cmd, "GET", "/admin/v1/reservations", nil, &out, func(w io.Writer) {
+		printReservations(w, out.Node, out.Reservations, out.HeldHere, out.InDoubtHere)
+	})
+}
+
+// printReservations prints the ledger's reservations with, on the rows of
+// self (the node that answered), what that node holds itself (a row of
+// its own where the ledger has none), and a last line comparing the two.
+// self is empty for an older quotad's answer: the ledger's rows only.
+func printReservations(w io.Writer, self string, ledger, held []reservationRow, doubt int64) {
+	if self == "" {
 		fmt.Fprintln(w, "NODE\tACCOUNT\tGRANT\tUNITS")
 		var total int64
-		for _, r := range out.Reservations {
+		for _, r := range ledger {
 			fmt.Fprintf(w, "%s\t%s\t%s\t%d\n", r.Node, r.Account, r.Grant, r.Units)
 			total += r.Units
 		}
 		fmt.Fprintf(w, "\t\ttotal\t%d\n", total)
-	})
+		return
+	}
+	type key struct{ account, grant string }
+	here := map[key]int64{}
+	for _, h := range held {
+		here[key{h.Account, h.Grant}] += h.Units
+	}
+	fmt.Fprintf(w, "NODE\tACCOUNT\tGRANT\tUNITS\tHELD BY %s\t\n", self)
+	var total, reserved, holds int64
+	differ := 0
+	row := func(node, account, grant string, units int64, held string, differs bool) {
+		mark := ""
+		if differs {
+			mark, differ = "differs", differ+1
+		}
+		fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%s\t%s\n", node, account, grant, units, held, mark)
+	}
+	for _, r := range ledger {
+		total += r.Units
+		if r.Node != self {
+			row(r.Node, r.Account, r.Grant, r.Units, "-", false)
+			continue
+		}
+		k := key{r.Account, r.Grant}
+		h := here[k]
+		delete(here, k)
+		reserved, holds = reserved+r.Units, holds+h
+		row(r.Node, r.Account, r.Grant, r.Units, strconv.FormatInt(h, 10), h != r.Units)
+	}
+	for _, h := range held { // held here, no row in the ledger
+		k := key{h.Account, h.Grant}
+		if u, ok := here[k]; ok && u != 0 {
+			delete(here, k)
+			holds += u
+			row(self, h.Account, h.Grant, 0, strconv.FormatInt(u, 10), true)
+		}
+	}
+	fmt.Fprintf(w, "\t\ttotal\t%d\t%d\t\n", total, holds)
+	const again = "Run this again: a difference that stays is no reservation or hand-back on its way"
+	switch extra := reserved - holds; {
+	case differ == 0:
+		fmt.Fprintf(w, "%s (the node that answered) holds what the ledger reserves for it: %d units.\n", self, reserved)
+	case extra > 0 && extra <= doubt:
+		fmt.Fprintf(w, "%s (the node that answered) holds %d of the %d units the ledger reserves for it; the %d units it counts in doubt "+
+			"(reservations whose answer it never got) cover the difference: they return to the grants when %s stops or starts.\n",
+			self, holds, reserved, doubt, self)
+	case extra > 0:
+		fmt.Fprintf(w, "%s (the node that answered) holds %d of the %d units the ledger reserves for it, %d in doubt: %d units look stranded, "+
+			"spendable by nobody until %s stops or starts. %s; report it with %s's log.\n",
+			self, holds, reserved, doubt, extra-doubt, self, again, self)
+	case extra < 0:
+		fmt.Fprintf(w, "%s (the node that answered) holds %d units and the ledger reserves %d for it: %d units no grant backs. %s; report it with %s's log.\n",
+			self, holds, reserved, -extra, again, self)
+	default:
+		fmt.Fprintf(w, "%s (the node that answered) holds the %d units the ledger reserves for it, spread differently over %d grants. %s; report it with %s's log.\n",
+			self, reserved, differ, again, self)
+	}
+	fmt.Fprintln(w, "Each node compares only its own (ask another with --addr); a node gone for good keeps its reservations until 'quotad revoke --node ID'.")
 }
 
 func (c *adminClient) nodes(cmd *cobra.Command) error {

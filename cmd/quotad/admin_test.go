@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -163,7 +164,7 @@ func TestQuotadAdmin(t *testing.T) {
 		!strings.Contains(out, "BUILD") || !strings.Contains(out, buildinfo.Read().Short()) {
 		t.Fatalf("nodes: %q, want n1 serving, with its build", out)
 	}
-	if out := mustAdmin(t, n, "reservations"); !strings.Contains(out, "total") {
+	if out := mustAdmin(t, n, "reservations"); !strings.Contains(out, "total") || !strings.Contains(out, "n1 (the node that answered) holds what the ledger reserves for it") {
 		t.Fatalf("reservations: %q", out)
 	}
 	// An alert claimed in the ledger (as a node does when acme crosses 80 %).
@@ -568,5 +569,60 @@ func TestServeAlertGiveUpLeavesATakeover(t *testing.T) {
 	af.giveUp = 20 * time.Minute
 	if err := af.apply(&cfg, ""); err != nil {
 		t.Fatalf("--alert-give-up twice --alert-lease: %v", err)
+	}
+}
+
+// quotad admin reservations compares the ledger's rows of the node that
+// answered with what that node holds, and names the grants that differ:
+// units the ledger reserves for a node that holds none are stranded
+// (spendable by nobody until it stops), unless its units in doubt cover
+// them.
+func TestPrintReservationsComparesTheAnsweringNode(t *testing.T) {
+	ledger := []reservationRow{
+		{"n1", "acme", "m:2026-12", 10},
+		{"n1", "hard-033", "m:2026-12", 2},
+		{"n2", "acme", "m:2026-12", 7},
+	}
+	held := []reservationRow{{"n1", "acme", "m:2026-12", 10}, {"n1", "zed", "credits", 3}}
+	print := func(self string, ledger, held []reservationRow, doubt int64) string {
+		var b strings.Builder
+		tw := tabwriter.NewWriter(&b, 0, 4, 2, ' ', 0)
+		printReservations(tw, self, ledger, held, doubt)
+		tw.Flush()
+		t.Logf("\n%s", b.String())
+		return b.String()
+	}
+	lines := func(out string) map[string]string { // account+grant -> its line, of n1's rows
+		m := map[string]string{}
+		for _, l := range strings.Split(out, "\n") {
+			if f := strings.Fields(l); len(f) >= 5 && f[0] == "n1" {
+				m[f[1]+" "+f[2]] = strings.Join(f, " ")
+			}
+		}
+		return m
+	}
+
+	out := print("n1", ledger, held[:1], 0)
+	if l := lines(out); l["acme m:2026-12"] != "n1 acme m:2026-12 10 10" || l["hard-033 m:2026-12"] != "n1 hard-033 m:2026-12 2 0 differs" {
+		t.Fatalf("n1's rows: %q", l)
+	}
+	if !strings.Contains(out, "n2    acme") || !strings.Contains(out, "7      -") {
+		t.Fatalf("another node's row is not shown as the ledger's only:\n%s", out)
+	}
+	if !strings.Contains(out, "holds 10 of the 12 units the ledger reserves for it, 0 in doubt: 2 units look stranded") {
+		t.Fatalf("no stranded units named:\n%s", out)
+	}
+	if out := print("n1", ledger, held[:1], 2); !strings.Contains(out, "the 2 units it counts in doubt") || strings.Contains(out, "stranded") {
+		t.Fatalf("units in doubt covering the difference:\n%s", out)
+	}
+	out = print("n1", ledger[:1], held, 0)
+	if l := lines(out); l["zed credits"] != "n1 zed credits 0 3 differs" || !strings.Contains(out, "holds 13 units and the ledger reserves 10 for it: 3 units no grant backs") {
+		t.Fatalf("units held with no row in the ledger:\n%s", out)
+	}
+	if out := print("n1", ledger[:1], held[:1], 0); !strings.Contains(out, "holds what the ledger reserves for it: 10 units") {
+		t.Fatalf("agreeing:\n%s", out)
+	}
+	if out := print("", ledger, nil, 0); strings.Contains(out, "HELD BY") || !strings.Contains(strings.Join(strings.Fields(out), " "), "total 19") {
+		t.Fatalf("an older quotad's answer (the ledger's rows only):\n%s", out)
 	}
 }
