@@ -2,6 +2,7 @@ package chaos
 
 import (
 	"context"
+	crand "crypto/rand"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -221,6 +222,9 @@ type harness struct {
 	gossipKey, rpcToken string
 	rpcTLS              router.TLSFiles
 	tlsClient           *tls.Config
+	// adminToken turns the nodes' admin API on (and guards /test/): the
+	// harness reads a node's own reservations there (keepHoldEvidence).
+	adminToken string
 
 	mu      sync.Mutex // protects the fields below
 	active  []*Episode // faults on now (progress lines)
@@ -269,7 +273,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	// and gossip with the RPC token, mutual TLS and the gossip key.
 	gossipKey, rpcToken := cluster.NewSecrets()
 	h := &harness{cfg: cfg, plan: plan, removed: map[string]bool{}, paused: map[string]bool{}, unrevoked: map[string]bool{}, conns: &cluster.Conns{Token: rpcToken},
-		gossipKey: gossipKey, rpcToken: rpcToken,
+		gossipKey: gossipKey, rpcToken: rpcToken, adminToken: crand.Text(),
 		http: &http.Client{Timeout: httpTimeout, Transport: &http.Transport{MaxIdleConnsPerHost: 64}}}
 	h.logf = func(format string, args ...any) {
 		if cfg.Progress != nil {
@@ -339,7 +343,7 @@ func (h *harness) setup(ctx context.Context) error {
 	h.c, err = cluster.Start(ctx, cluster.Options{Binary: bin, Nodes: h.cfg.Nodes, Ledger: nodeDSN, Dir: filepath.Join(h.dir, "nodes"),
 		Args: []string{"--upstream", up, "--snapshot-interval", "1s",
 			"--alert-webhook", up + alertPath, "--alert-secret", h.alerts.secret, "--alert-lease", alertLease.String()}, TestFaults: true, SettleInterval: h.cfg.SettleInterval, FirstIP: h.cfg.FirstIP, Subnet: h.cfg.Subnet,
-		GossipKey: h.gossipKey, RPCToken: h.rpcToken, RPCTLS: h.rpcTLS})
+		GossipKey: h.gossipKey, RPCToken: h.rpcToken, RPCTLS: h.rpcTLS, AdminToken: h.adminToken})
 	if err != nil {
 		return err
 	}

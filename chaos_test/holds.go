@@ -1,11 +1,15 @@
 package chaos
 
 import (
+	"cmp"
 	"context"
+	"encoding/json"
 	"fmt"
+	"maps"
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -59,18 +63,15 @@ func (h *harness) readHolds(ctx context.Context) []cluster.NodeHold {
 }
 
 // keepHoldEvidence writes, for each node whose reservations disagree with
-// the ledger's, what both sides show per account before the drain erases
-// it: the node's status page (each owned account's grants, with the units
-// its allowance holds as "reserved") and the ledger's reservation rows of
-// the node, to NODE-status.html and NODE-reservations.txt in the run's dir.
+// the ledger's, what both sides show per grant before the drain erases
+// it, and notes the grants that differ: the node's status page (each
+// owned account's grants, with the units its allowance holds as
+// "reserved") to NODE-status.html, and the node's answer of GET
+// /admin/v1/reservations (the ledger's rows beside the allowances it
+// holds, of every account it has state for) to NODE-reservations.txt.
 func (h *harness) keepHoldEvidence(ctx context.Context, nodes []string) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
-	rs, err := h.ledger.Reservations(ctx)
-	if err != nil {
-		h.note("the ledger's reservations could not be kept for %v: %v", nodes, err)
-		return
-	}
 	for _, node := range nodes {
 		for _, n := range h.c.Nodes {
 			if n.ID != node || !n.Running() {
@@ -79,17 +80,74 @@ func (h *harness) keepHoldEvidence(ctx context.Context, nodes []string) {
 			if _, body, err := n.AdminGet(ctx, "/status"); err == nil {
 				_ = os.WriteFile(filepath.Join(h.dir, node+"-status.html"), []byte(body), 0o644)
 			}
-		}
-		var b strings.Builder
-		fmt.Fprintf(&b, "# the ledger's reservations of %s before the drain: account grant units\n", node)
-		for _, r := range rs {
-			if r.Node == node && r.Units != 0 {
-				fmt.Fprintf(&b, "%s %s %d\n", r.Account, r.Grant, r.Units)
+			diff, table, err := holdsByGrant(ctx, n)
+			if err != nil {
+				h.note("%s's reservations disagree with the ledger's before the drain, and its own could not be read grant by grant: %v", node, err)
+				continue
 			}
+			_ = os.WriteFile(filepath.Join(h.dir, node+"-reservations.txt"), []byte(table), 0o644)
+			more := ""
+			if len(diff) > 10 {
+				diff, more = diff[:10], fmt.Sprintf(" and %d more", len(diff)-10)
+			}
+			h.note("%s's reservations disagree with the ledger's before the drain; the grants that differ (account grant: ledger, node): %s%s. Its status page and both sides' rows are kept in %s (%s-status.html, %s-reservations.txt)",
+				node, strings.Join(diff, "; "), more, h.dir, node, node)
 		}
-		_ = os.WriteFile(filepath.Join(h.dir, node+"-reservations.txt"), []byte(b.String()), 0o644)
-		h.note("%s's reservations disagree with the ledger's before the drain: its status page and the ledger's rows are kept in %s (%s-status.html, %s-reservations.txt)", node, h.dir, node, node)
 	}
+}
+
+// holdsByGrant reads node n's GET /admin/v1/reservations and returns the
+// grants where the ledger's reservation of n and n's allowance differ
+// ("account grant: ledger L, node N"), and a table of both for every
+// grant either side has.
+func holdsByGrant(ctx context.Context, n *cluster.Node) (diff []string, table string, err error) {
+	code, body, err := n.AdminGet(ctx, "/admin/v1/reservations")
+	if err == nil && code != http.StatusOK {
+		err = fmt.Errorf("answered %d: %.200s", code, body)
+	}
+	if err != nil {
+		return nil, "", fmt.Errorf("%s /admin/v1/reservations: %w", n.ID, err)
+	}
+	type row struct {
+		Node, Account, Grant string
+		Units                int64
+	}
+	var ans struct {
+		Reservations []row
+		HeldHere     []row `json:"held_here"`
+		InDoubtHere  int64 `json:"in_doubt_here"`
+	}
+	if err := json.Unmarshal([]byte(body), &ans); err != nil {
+		return nil, "", fmt.Errorf("%s /admin/v1/reservations: %w", n.ID, err)
+	}
+	type key struct{ account, grant string }
+	ledger, held := map[key]int64{}, map[key]int64{}
+	for _, r := range ans.Reservations {
+		if r.Node == n.ID {
+			ledger[key{r.Account, r.Grant}] += r.Units
+		}
+	}
+	for _, r := range ans.HeldHere {
+		held[key{r.Account, r.Grant}] += r.Units
+	}
+	keys := slices.Collect(maps.Keys(ledger))
+	for k := range held {
+		if _, ok := ledger[k]; !ok {
+			keys = append(keys, k)
+		}
+	}
+	slices.SortFunc(keys, func(a, b key) int { return cmp.Or(cmp.Compare(a.account, b.account), cmp.Compare(a.grant, b.grant)) })
+	var b strings.Builder
+	fmt.Fprintf(&b, "# %s before the drain, per grant: account grant ledger-reserved node-held (%d units in doubt at the node)\n", n.ID, ans.InDoubtHere)
+	for _, k := range keys {
+		mark := ""
+		if ledger[k] != held[k] {
+			mark = " differs"
+			diff = append(diff, fmt.Sprintf("%s %s: ledger %d, node %d", k.account, k.grant, ledger[k], held[k]))
+		}
+		fmt.Fprintf(&b, "%s %s %d %d%s\n", k.account, k.grant, ledger[k], held[k], mark)
+	}
+	return diff, b.String(), nil
 }
 
 // holdsOnce is one reading: each running node's metrics, then the

@@ -101,6 +101,10 @@ type Options struct {
 	// --rpc-tls-*, through QUOTAD_RPC_TLS_*); Node.Dial then dials with
 	// its client side. NewTLS makes one.
 	RPCTLS router.TLSFiles
+	// AdminToken, when set, turns the admin API on (quotad serve
+	// --admin-token, through QUOTAD_ADMIN_TOKEN); Node.AdminGet and
+	// AdminPost send it, as /debug/ and /test/ then ask for it too.
+	AdminToken string
 }
 
 // TLSServerName is the name NewTLS's node certificate carries (and its
@@ -159,6 +163,7 @@ type Node struct {
 	args                     []string
 	env                      []string // added to the process's environment
 	rpcToken                 string
+	adminToken               string
 	tls                      *tls.Config // client side, with Options.RPCTLS
 	bin                      string
 	mu                       sync.Mutex // protects cmd, exited and exitErr
@@ -249,6 +254,9 @@ func (c *Cluster) newNode(i int) (*Node, error) {
 	}
 	if c.opts.RPCToken != "" {
 		n.env, n.rpcToken = append(n.env, "QUOTAD_RPC_TOKEN="+c.opts.RPCToken), c.opts.RPCToken
+	}
+	if c.opts.AdminToken != "" {
+		n.env, n.adminToken = append(n.env, "QUOTAD_ADMIN_TOKEN="+c.opts.AdminToken), c.opts.AdminToken
 	}
 	if f := c.opts.RPCTLS; f.Enabled() {
 		n.env = append(n.env, "QUOTAD_RPC_TLS_CERT="+f.Cert, "QUOTAD_RPC_TLS_KEY="+f.Key, "QUOTAD_RPC_TLS_CA="+f.CA,
@@ -445,18 +453,23 @@ func (n *Node) WaitAlive(ctx context.Context) error {
 
 // AdminGet GETs a path on the node's admin port.
 func (n *Node) AdminGet(ctx context.Context, path string) (int, string, error) {
-	return httpDo(ctx, http.MethodGet, "http://"+n.Admin+path)
+	return httpDo(ctx, http.MethodGet, "http://"+n.Admin+path, n.adminToken)
 }
 
 // AdminPost POSTs to a path on the node's admin port.
 func (n *Node) AdminPost(ctx context.Context, path string) (int, string, error) {
-	return httpDo(ctx, http.MethodPost, "http://"+n.Admin+path)
+	return httpDo(ctx, http.MethodPost, "http://"+n.Admin+path, n.adminToken)
 }
 
-func httpDo(ctx context.Context, method, url string) (int, string, error) {
+// httpDo sends a request without a body, with token as its bearer token
+// when set.
+func httpDo(ctx context.Context, method, url, token string) (int, string, error) {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	req, _ := http.NewRequestWithContext(ctx, method, url, nil)
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		return 0, "", err
