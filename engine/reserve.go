@@ -484,6 +484,12 @@ func (u *unreleased) empty() bool {
 	return len(u.m) == 0
 }
 
+// HandingBack lists the accounts with a hand-back queued (the ledger
+// refused it, or it waits for this node's log): the ledger still reserves
+// their units for this node, which holds none of them, until the retry
+// loop sends it.
+func (e *Engine) HandingBack() []string { return e.unreleased.accounts() }
+
 // RetryReleases retries the hand-backs the ledger refused (see Release) and
 // returns the first error; what fails again is kept for the next try.
 func (e *Engine) RetryReleases(ctx context.Context) error {

@@ -2307,6 +2307,12 @@ func confNodesAlerts(t *testing.T, l Ledger) {
 	if err != nil || !slices.Equal(rs, want) {
 		t.Errorf("reservations %+v, %v; want %+v", rs, err, want)
 	}
+	if rs, err := l.ReservationsOf(ctx, "node-a"); err != nil || !slices.Equal(rs, want[:2]) {
+		t.Errorf("reservations of node-a %+v, %v; want %+v", rs, err, want[:2])
+	}
+	if rs, err := l.ReservationsOf(ctx, "node-z"); err != nil || len(rs) != 0 {
+		t.Errorf("reservations of a node without any: %+v, %v", rs, err)
+	}
 	freed, err := l.ReleaseNode(ctx, "node-a")
 	wantFreed := []Released{{"acct-1", confJune, 5}, {"acct-2", confJune, 7}}
 	if err != nil || !slices.Equal(freed, wantFreed) {

@@ -91,6 +91,9 @@ type Ledger interface {
 	// Reservations lists the reservations held, for the status page, revoke
 	// and the chaos checkers.
 	Reservations(ctx context.Context) ([]Reservation, error)
+	// ReservationsOf lists the reservations node holds (units > 0), for
+	// its reservation audit.
+	ReservationsOf(ctx context.Context, node string) ([]Reservation, error)
 
 	// Snapshot reads the config a node serves from at wall: plans, accounts
 	// with their credit grants (and the settled use of credit grants and of

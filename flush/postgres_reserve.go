@@ -225,12 +225,22 @@ func (p *Postgres) ReleaseNode(ctx context.Context, node string) ([]Released, er
 
 // Reservations lists the reservations held (units > 0).
 func (p *Postgres) Reservations(ctx context.Context) ([]Reservation, error) {
-	rows, _ := p.pool.Query(ctx, `SELECT node_id, account_id, grant_id, units FROM reservations WHERE units > 0
+	return p.reservations(ctx, "list reservations", `SELECT node_id, account_id, grant_id, units FROM reservations WHERE units > 0
 		ORDER BY node_id, account_id, grant_id`)
+}
+
+// ReservationsOf lists the reservations node holds (units > 0).
+func (p *Postgres) ReservationsOf(ctx context.Context, node string) ([]Reservation, error) {
+	return p.reservations(ctx, "list the reservations of "+node, `SELECT node_id, account_id, grant_id, units FROM reservations WHERE units > 0 AND node_id = $1
+		ORDER BY account_id, grant_id`, node)
+}
+
+func (p *Postgres) reservations(ctx context.Context, op, query string, args ...any) ([]Reservation, error) {
+	rows, _ := p.pool.Query(ctx, query, args...)
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Reservation, error) {
 		var v Reservation
 		err := r.Scan(&v.Node, &v.Account, &v.Grant, &v.Units)
 		return v, err
 	})
-	return out, p.fail("list reservations", err)
+	return out, p.fail(op, err)
 }

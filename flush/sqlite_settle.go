@@ -762,15 +762,25 @@ func (s *SQLite) ReleaseNode(ctx context.Context, node string) ([]Released, erro
 
 // Reservations lists the reservations held (units > 0).
 func (s *SQLite) Reservations(ctx context.Context) ([]Reservation, error) {
+	return s.reservations(ctx, "list reservations", `SELECT node_id, account_id, grant_id, units FROM reservations WHERE units > 0
+		ORDER BY node_id, account_id, grant_id`, nil)
+}
+
+// ReservationsOf lists the reservations node holds (units > 0).
+func (s *SQLite) ReservationsOf(ctx context.Context, node string) ([]Reservation, error) {
+	return s.reservations(ctx, "list the reservations of "+node, `SELECT node_id, account_id, grant_id, units FROM reservations WHERE units > 0 AND node_id = ?
+		ORDER BY account_id, grant_id`, []any{node})
+}
+
+func (s *SQLite) reservations(ctx context.Context, op, query string, args []any) ([]Reservation, error) {
 	var out []Reservation
 	err := s.read(ctx, func(tx *sql.Tx) error {
-		return queryEach(ctx, tx, `SELECT node_id, account_id, grant_id, units FROM reservations WHERE units > 0
-			ORDER BY node_id, account_id, grant_id`, nil, func(scan func(...any) error) error {
+		return queryEach(ctx, tx, query, args, func(scan func(...any) error) error {
 			var v Reservation
 			err := scan(&v.Node, &v.Account, &v.Grant, &v.Units)
 			out = append(out, v)
 			return err
 		})
 	})
-	return out, s.fail("list reservations", err)
+	return out, s.fail(op, err)
 }

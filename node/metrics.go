@@ -32,6 +32,8 @@ type metrics struct {
 	// times it out) is seen rather than leaving an old count standing.
 	reconcileErrors prometheus.Counter
 	reconcileLast   prometheus.Gauge
+	// reservationsStranded is the reservation audit's finding (audit.go).
+	reservationsStranded prometheus.Gauge
 	// HTTPRequests and ProxySeconds are the HTTP front's (router).
 	HTTPRequests *prometheus.CounterVec
 	ProxySeconds prometheus.Histogram
@@ -54,6 +56,8 @@ func newMetrics(n *Node) *metrics {
 		settleRecords: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "quotaring_settle_batch_records",
 			Help: "Records per settle batch.", Buckets: prometheus.ExponentialBuckets(1, 4, 10)}),
 		ringChanges: prometheus.NewCounter(prometheus.CounterOpts{Name: "quotaring_ring_changes_total", Help: "Ownership changes this node saw."}),
+		reservationsStranded: prometheus.NewGauge(prometheus.GaugeOpts{Name: "quotaring_reservations_stranded_units",
+			Help: "Units the ledger reserved for this node, in two reservation audits in a row, on accounts it neither owns nor holds an allowance of, beyond its units in doubt: spendable by nobody until it stops or starts (quotad admin reservations names them). Above 0 is a bug to report."}),
 		reconcileDiffs: prometheus.NewGauge(prometheus.GaugeOpts{Name: "quotaring_reconcile_differences",
 			Help: "Differences between the ledger's counters and its event log at the last periodic reconcile (quotad reconcile names them)."}),
 		reconcileErrors: prometheus.NewCounter(prometheus.CounterOpts{Name: "quotaring_reconcile_errors_total",
@@ -107,7 +111,7 @@ func newMetrics(n *Node) *metrics {
 	n.reg.MustRegister(
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		m.charges, m.chargeSeconds, m.commitSeconds, m.commitRecords, m.settleSeconds, m.settleRecords,
-		m.ringChanges, m.reconcileDiffs, m.reconcileErrors, m.reconcileLast, m.HTTPRequests, m.ProxySeconds,
+		m.ringChanges, m.reconcileDiffs, m.reconcileErrors, m.reconcileLast, m.reservationsStranded, m.HTTPRequests, m.ProxySeconds,
 		counter("quotaring_refunds_total", "Refunds applied.", engStat(func(s *engine.Stats) int64 { return s.Refunds.Load() })),
 		counter("quotaring_reservation_requests_total", "Reservation round trips to the ledger.", engStat(func(s *engine.Stats) int64 { return s.Reservations.Load() })),
 		counter("quotaring_reservation_errors_total", "Reservation round trips that failed.", engStat(func(s *engine.Stats) int64 { return s.ReserveErrors.Load() })),

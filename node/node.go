@@ -106,6 +106,10 @@ type Config struct {
 	// with the smallest id (one node of the ring does it); negative turns it
 	// off.
 	ReconcileInterval time.Duration
+	// ReservationAudit is how often the node looks in the ledger for units
+	// reserved for it on accounts it has let go (audit.go) and exports them
+	// (quotaring_reservations_stranded_units) [1m]; negative turns it off.
+	ReservationAudit time.Duration
 	// DedupMaxIDs bounds the client event ids (Idempotency-Keys) an owner
 	// remembers per account for the dedup window; the oldest go first
 	// [100,000]; each takes a few hundred bytes of memory: see README,
@@ -206,8 +210,10 @@ type Node struct {
 	// token, and refusedLog samples their log lines (rpcRefused).
 	rpcRefusedCalls atomic.Int64
 	refusedLog      logsample.Sampler
-	reg             *prometheus.Registry
-	metrics         *metrics
+	// audits counts the reservation audit's rounds (audit.go), for tests.
+	audits  atomic.Int64
+	reg     *prometheus.Registry
+	metrics *metrics
 
 	// chargeHooks hear every answered charge (set before Start returns,
 	// read-only afterwards).
@@ -288,7 +294,7 @@ func (c *Config) defaults() error {
 	if c.RingPreset == "" {
 		c.RingPreset = ring.PresetLAN
 	}
-	for _, d := range []*time.Duration{&c.SettleInterval, &c.DrainTimeout, &c.SettleTimeout, &c.LedgerTimeout, &c.SnapshotInterval, &c.LedgerRetry, &c.MaxClockOffset} { // ReconcileInterval < 0 means off
+	for _, d := range []*time.Duration{&c.SettleInterval, &c.DrainTimeout, &c.SettleTimeout, &c.LedgerTimeout, &c.SnapshotInterval, &c.LedgerRetry, &c.MaxClockOffset} { // ReconcileInterval and ReservationAudit < 0 mean off
 		if *d < 0 {
 			return fmt.Errorf("node: durations must not be negative (got %s)", *d)
 		}
@@ -300,6 +306,7 @@ func (c *Config) defaults() error {
 	setDefault(&c.LedgerTimeout, flush.DefaultCallTimeout)
 	setDefault(&c.LedgerRetry, 2*time.Second)
 	setDefault(&c.ReconcileInterval, 15*time.Minute)
+	setDefault(&c.ReservationAudit, auditEvery)
 	if c.TestClockOffset != 0 && c.Clock != nil {
 		return errors.New("node: TestClockOffset shifts the system clock: not with Config.Clock")
 	}
@@ -440,6 +447,9 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	n.goLoop(n.forgetNotOwned)
 	if n.cfg.ReconcileInterval > 0 {
 		n.goLoop(n.reconcileLoop)
+	}
+	if n.cfg.ReservationAudit > 0 {
+		n.goLoop(n.auditLoop)
 	}
 	n.goLoop(n.clockLoop)
 	n.ready.Store(true)
