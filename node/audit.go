@@ -82,7 +82,7 @@ func (n *Node) auditOnce(ctx context.Context, a *audit) (int64, []string) {
 		return 0, nil
 	}
 	mark := n.wal.LastSeq()
-	rctx, cancel := context.WithTimeout(ctx, min(n.cfg.ReservationAudit/2, 30*time.Second))
+	rctx, cancel := context.WithTimeout(ctx, min(max(n.cfg.ReservationAudit/2, 5*time.Second), 30*time.Second))
 	rows, err := l.ReservationsOf(rctx, n.cfg.ID)
 	cancel()
 	if err != nil {
