@@ -297,6 +297,7 @@ func TestServeFrontAndAlertFlags(t *testing.T) {
 		"settle-timeout":       {[]string{"--settle-timeout", "1ns"}, "--settle-timeout 1ns: want at least 100ms"},
 		"drain-timeout":        {[]string{"--drain-timeout", "0"}, "--drain-timeout 0s: want a positive duration"},
 		"reconcile-interval":   {[]string{"--reconcile-interval", "1s"}, "--reconcile-interval 1s: want at least 1m0s"},
+		"reservation-audit":    {[]string{"--reservation-audit", "10ms"}, "--reservation-audit 10ms: want at least 1s"},
 		"upstream port":        {[]string{"--upstream", "http://127.0.0.1:99999"}, `--upstream http://127.0.0.1:99999: port "99999" is not a number from 1 to 65535`},
 		"upstream host":        {[]string{"--upstream", "http://:8081"}, "--upstream http://:8081: the URL names no host"},
 		"upstream fragment":    {[]string{"--upstream", "http://127.0.0.1:8081/api#v1"}, "a #fragment is never sent"},

@@ -35,6 +35,7 @@ type serveFlags struct {
 	rpcTLS                                   router.TLSFiles
 	advertiseHost                            string
 	reconcileInterval                        time.Duration
+	reservationAudit                         time.Duration
 	reconcileSet                             bool // --reconcile-interval given (flag or QUOTAD_RECONCILE_INTERVAL)
 	dedupMaxIDs, dedupMaxReplays             int
 	maxClockOffset                           time.Duration
@@ -103,6 +104,7 @@ for the next start.`,
 	fl.DurationVar(&f.drainTimeout, "drain-timeout", 10*time.Second, "on SIGTERM, how long in-flight requests may take to finish")
 	fl.DurationVar(&f.settleTimeout, "settle-timeout", 20*time.Second, "on SIGTERM, how long handing reservations back and the final settle may take together; at least 100ms")
 	fl.DurationVar(&f.ledgerTimeout, "ledger-timeout", flush.DefaultCallTimeout, "how long one settle, heartbeat or background reservation top-up may wait for the ledger's answer: past it the call is cancelled and retried, and the ledger counts as down (quotaring_ledger_up 0, a WARN); at least 100ms")
+	fl.DurationVar(&f.reservationAudit, "reservation-audit", time.Minute, "how often this node reads its reservations in the ledger, looking for units reserved for it on accounts it let go, which nobody can spend until it stops or starts (exported as quotaring_reservations_stranded_units, logged at WARN); at least 1s, or 0 to turn it off")
 	fl.DurationVar(&f.reconcileInterval, "reconcile-interval", 15*time.Minute, "how often to check the ledger's counters against its event log (exported as quotaring_reconcile_differences); one node, the serving member with the smallest id, runs it; at least 1m, or 0 to turn it off (off by default with --events=false, which keeps no event log, and refused with it)")
 	fl.IntVar(&f.dedupMaxIDs, "dedup-max-ids", shard.DefaultParams().DedupMax, fmt.Sprintf("the Idempotency-Keys an owner remembers per account for 24 h, the oldest dropped first (%d to %d); a few hundred bytes of memory each, and for the rest of the month the generation of up to 4 times as many keys it let go, about 140 bytes each, so that a key used again after 24 h is billed again (README: Accounts that send many Idempotency-Keys)", minDedupMaxIDs, maxDedupMaxIDs))
 	fl.IntVar(&f.dedupMaxReplays, "dedup-max-replays", shard.DefaultMaxReplays, fmt.Sprintf("the retries of one Idempotency-Key an owner serves again, billed once, before it refuses the next 422 idempotency-replay-limit (0 to %d; 0 serves every retry: one charge then buys any number of runs within 24 h; README: Idempotency)", maxDedupMaxReplays))
@@ -196,6 +198,9 @@ func (f *serveFlags) config(logger *slog.Logger) (node.Config, error) {
 	if f.reconcileInterval < 0 || f.reconcileInterval > 0 && f.reconcileInterval < minReconcileInterval {
 		return node.Config{}, fmt.Errorf("--reconcile-interval %s: want at least %s (each run reads the month's whole event log), such as 15m, or 0 to turn it off", f.reconcileInterval, minReconcileInterval)
 	}
+	if f.reservationAudit < 0 || f.reservationAudit > 0 && f.reservationAudit < time.Second {
+		return node.Config{}, fmt.Errorf("--reservation-audit %s: want at least 1s (each audit reads this node's reservations from the ledger), such as 1m, or 0 to turn it off", f.reservationAudit)
+	}
 	reconcile := f.reconcileInterval
 	if !f.events && reconcile > 0 {
 		// Reconcile checks the counters against the event log, which
@@ -232,7 +237,7 @@ func (f *serveFlags) config(logger *slog.Logger) (node.Config, error) {
 	}
 	return node.Config{HTTPTLS: f.httpTLS, AdminTLS: f.adminTLS, ID: f.nodeID, DataDir: f.dataDir, Ledger: f.ledger,
 		RPCAddr: f.rpcAddr, HTTPAddr: f.httpAddr, AdminAddr: f.adminAddr, GossipAddr: f.gossipAddr,
-		Join: f.join, GossipKeys: gossipKeys, RPCTokens: rpcTokens, RPCTLS: f.rpcTLS, AdvertiseHost: f.advertiseHost, ReconcileInterval: reconcileInterval(reconcile), RingPreset: f.ringPreset, SettleInterval: f.settleInterval, SnapshotInterval: f.snapshotInterval,
+		Join: f.join, GossipKeys: gossipKeys, RPCTokens: rpcTokens, RPCTLS: f.rpcTLS, AdvertiseHost: f.advertiseHost, ReconcileInterval: reconcileInterval(reconcile), ReservationAudit: reconcileInterval(f.reservationAudit), RingPreset: f.ringPreset, SettleInterval: f.settleInterval, SnapshotInterval: f.snapshotInterval,
 		NoSync: !f.walSync, EventsOff: !f.events, DrainTimeout: f.drainTimeout, SettleTimeout: f.settleTimeout, LedgerTimeout: f.ledgerTimeout,
 		MaxClockOffset: f.maxClockOffset, DedupMaxIDs: f.dedupMaxIDs, DedupMaxReplays: dedupMaxReplays(f.dedupMaxReplays), TestFaults: f.testFaults, TestClockOffset: f.testClockOffset, Logger: logger}, nil
 }
@@ -478,7 +483,8 @@ const (
 	minReconcileInterval = time.Minute
 )
 
-// reconcileInterval maps the flag's 0 (off) to node.Config's negative.
+// reconcileInterval maps the flag's 0 (off) to node.Config's negative
+// (--reconcile-interval's and --reservation-audit's).
 func reconcileInterval(d time.Duration) time.Duration {
 	if d == 0 {
 		return -1
