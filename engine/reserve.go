@@ -388,6 +388,7 @@ func (e *Engine) sendReleases(ctx context.Context, account string) error {
 	}
 	defer func() { <-sem }()
 	pending := e.unreleased.takeAccount(account)
+	defer e.unreleased.sent()
 	for i, p := range pending {
 		var err error
 		switch {
@@ -424,9 +425,12 @@ const retryReleaseEvery = time.Second
 // retried in seq order, never merged: merged under the later seq, an
 // earlier release that had applied would apply again.
 type unreleased struct {
-	mu   sync.Mutex // protects m and send
+	mu   sync.Mutex // protects m, sending and send
 	m    map[string][]pendingRelease
-	send chan struct{} // holds a token while one goroutine sends releases (sendReleases)
+	// sending is the account whose releases the sender took out of m and
+	// is sending now ("" when none): they are on their way, not done.
+	sending string
+	send    chan struct{} // holds a token while one goroutine sends releases (sendReleases)
 }
 
 // sendSem is the one-token semaphore of the release sender.
@@ -440,12 +444,36 @@ func (u *unreleased) sendSem() chan struct{} {
 }
 
 // takeAccount removes and returns account's queued releases, in seq order.
+// REQUIRES: the send token; sent ends the send.
 func (u *unreleased) takeAccount(account string) []pendingRelease {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	p := u.m[account]
 	delete(u.m, account)
+	u.sending = account
 	return p
+}
+
+// sent marks the end of the send takeAccount began: what failed is in m
+// again.
+func (u *unreleased) sent() {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	u.sending = ""
+}
+
+// handingBack lists the accounts with releases queued or being sent.
+func (u *unreleased) handingBack() []string {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	ids := make([]string, 0, len(u.m)+1)
+	for id := range u.m {
+		ids = append(ids, id)
+	}
+	if u.sending != "" {
+		ids = append(ids, u.sending)
+	}
+	return ids
 }
 
 // accounts lists the accounts with queued releases.
@@ -485,10 +513,10 @@ func (u *unreleased) empty() bool {
 }
 
 // HandingBack lists the accounts with a hand-back queued (the ledger
-// refused it, or it waits for this node's log): the ledger still reserves
-// their units for this node, which holds none of them, until the retry
-// loop sends it.
-func (e *Engine) HandingBack() []string { return e.unreleased.accounts() }
+// refused it, or it waits for this node's log) or on its way: the ledger
+// still reserves their units for this node, which holds none of them,
+// until it arrives.
+func (e *Engine) HandingBack() []string { return e.unreleased.handingBack() }
 
 // RetryReleases retries the hand-backs the ledger refused (see Release) and
 // returns the first error; what fails again is kept for the next try.
