@@ -194,6 +194,11 @@ func TestEachCheckerCanFail(t *testing.T) {
 			"before the drain the ledger reserved 5 units for node n1, which held 2 (1 in doubt): 2 units stranded until it stops", nil},
 		{"a node holds what the ledger does not reserve", "RES", func(w *world) { w.in.Holds[0].Held = 4 },
 			"before the drain node n1 held 4 units and the ledger reserved 3 for it: 1 units no grant backs", nil},
+		{"a reservation audit found units stranded during the run", "RES", func(w *world) {
+			w.in.Strands = parseStrands("n2", []byte(`{"time":"2026-06-28T12:00:05Z","level":"INFO","msg":"serving"}
+{"time":"2026-06-28T12:01:05Z","level":"WARN","msg":"the ledger reserves 3 units for this node on accounts it neither owns nor holds anything of: spendable by nobody","node":"n2","units":3,"accounts":["hard-1 m:2026-06 3"]}
+`))
+		}, "node n2's reservation audit found 3 units stranded at 2026-06-28T12:01:05Z (account grant units: hard-1 m:2026-06 3)", nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			w := newWorld()

@@ -342,7 +342,8 @@ func (h *harness) setup(ctx context.Context) error {
 	h.logf("starting %d nodes on %s.%d-%d (data dirs and logs in %s)", h.cfg.Nodes, h.cfg.Subnet, h.cfg.FirstIP, h.cfg.FirstIP+h.cfg.Nodes-1, h.dir)
 	h.c, err = cluster.Start(ctx, cluster.Options{Binary: bin, Nodes: h.cfg.Nodes, Ledger: nodeDSN, Dir: filepath.Join(h.dir, "nodes"),
 		Args: []string{"--upstream", up, "--snapshot-interval", "1s",
-			"--alert-webhook", up + alertPath, "--alert-secret", h.alerts.secret, "--alert-lease", alertLease.String()}, TestFaults: true, SettleInterval: h.cfg.SettleInterval, FirstIP: h.cfg.FirstIP, Subnet: h.cfg.Subnet,
+			"--alert-webhook", up + alertPath, "--alert-secret", h.alerts.secret, "--alert-lease", alertLease.String(),
+			"--reservation-audit", reservationAudit.String()}, TestFaults: true, SettleInterval: h.cfg.SettleInterval, FirstIP: h.cfg.FirstIP, Subnet: h.cfg.Subnet,
 		GossipKey: h.gossipKey, RPCToken: h.rpcToken, RPCTLS: h.rpcTLS, AdminToken: h.adminToken})
 	if err != nil {
 		return err
@@ -590,7 +591,7 @@ func (h *harness) run(ctx context.Context) (*Report, error) {
 		return nil, err
 	}
 	in := &cluster.CheckInput{Ops: h.hist.Ops(), Accounts: h.acct.limits, Ledger: st, Logs: logs, Lost: h.lost, Starts: h.starts,
-		Faults: h.windows, Holds: holds}
+		Faults: h.windows, Holds: holds, Strands: h.auditStrands()}
 	for _, w := range h.windows {
 		if w.Kind == string(LedgerDown) {
 			in.LedgerDown = append(in.LedgerDown, w)

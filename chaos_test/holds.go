@@ -1,6 +1,7 @@
 package chaos
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"encoding/json"
@@ -148,6 +149,52 @@ func holdsByGrant(ctx context.Context, n *cluster.Node) (diff []string, table st
 		fmt.Fprintf(&b, "%s %s %d %d%s\n", k.account, k.grant, ledger[k], held[k], mark)
 	}
 	return diff, b.String(), nil
+}
+
+// reservationAudit is the nodes' --reservation-audit: often, so that a
+// run of a minute audits a dozen times.
+const reservationAudit = 5 * time.Second
+
+// auditFinding starts the message of a node's reservation audit's finding
+// (node/audit.go).
+const auditFinding = "the ledger reserves "
+
+// auditStrands reads the findings of the nodes' reservation audits from
+// their logs (every incarnation's: a node's log is appended to across
+// restarts), for RES.
+func (h *harness) auditStrands() []cluster.Strand {
+	var out []cluster.Strand
+	for _, n := range h.c.List() {
+		b, err := os.ReadFile(n.LogPath)
+		if err != nil {
+			h.note("%s's log could not be read for its reservation audits: %v", n.ID, err)
+			continue
+		}
+		out = append(out, parseStrands(n.ID, b)...)
+	}
+	return out
+}
+
+// parseStrands picks a node's reservation audit findings out of its JSON
+// log.
+func parseStrands(node string, log []byte) []cluster.Strand {
+	var out []cluster.Strand
+	for _, line := range bytes.Split(log, []byte("\n")) {
+		if !bytes.Contains(line, []byte(auditFinding)) {
+			continue
+		}
+		var l struct {
+			Time     string   `json:"time"`
+			Msg      string   `json:"msg"`
+			Units    int64    `json:"units"`
+			Accounts []string `json:"accounts"`
+		}
+		if json.Unmarshal(line, &l) != nil || !strings.HasPrefix(l.Msg, auditFinding) || !strings.Contains(l.Msg, "on accounts it neither owns") {
+			continue
+		}
+		out = append(out, cluster.Strand{Node: node, At: l.Time, Units: l.Units, Accounts: l.Accounts})
+	}
+	return out
 }
 
 // holdsOnce is one reading: each running node's metrics, then the

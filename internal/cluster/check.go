@@ -88,6 +88,22 @@ type CheckInput struct {
 	// Holds are each running node's reservations before the final drain
 	// (RES); nil when they were not read.
 	Holds []NodeHold
+	// Strands are what the nodes' reservation audits found during the run
+	// (RES): units stranded while a node ran, which a later restart of it
+	// may have freed before Holds were read.
+	Strands []Strand
+}
+
+// Strand is one finding of a node's reservation audit (quotad serve
+// --reservation-audit), from its log: units the ledger kept reserved for
+// the node, in two audits in a row, on accounts it had let go.
+type Strand struct {
+	Node string `json:"node"`
+	// At is the log line's time (RFC 3339).
+	At    string `json:"at"`
+	Units int64  `json:"units"`
+	// Accounts are "account grant units", at most 10.
+	Accounts []string `json:"accounts"`
 }
 
 // NodeHold is what one node holds reserved and what the ledger reserves
@@ -1125,6 +1141,10 @@ func CheckReservations(in *CheckInput) Result {
 				h.Ledger, h.Node, h.Held, h.Uncertain, h.Ledger-h.Held-h.Uncertain)})
 		}
 	}
+	for _, s := range in.Strands {
+		c.add(Violation{Detail: fmt.Sprintf("node %s's reservation audit found %d units stranded at %s (account grant units: %s)",
+			s.Node, s.Units, s.At, strings.Join(s.Accounts, "; "))})
+	}
 	var units int64
 	for _, r := range in.Ledger.Reservations {
 		if r.Units != 0 {
@@ -1143,5 +1163,5 @@ func CheckReservations(in *CheckInput) Result {
 	if in.Holds != nil {
 		before = fmt.Sprintf("before the drain %d of %d nodes agree with the ledger (%d units in doubt, %d of them reserved)", agree, len(in.Holds), doubt, excess)
 	}
-	return c.done(fmt.Sprintf("%s; after it %d reservation rows, %d units held", before, len(in.Ledger.Reservations), units))
+	return c.done(fmt.Sprintf("%s; after it %d reservation rows, %d units held; %d findings of the nodes' reservation audits during the run", before, len(in.Ledger.Reservations), units, len(in.Strands)))
 }
