@@ -425,8 +425,8 @@ const retryReleaseEvery = time.Second
 // retried in seq order, never merged: merged under the later seq, an
 // earlier release that had applied would apply again.
 type unreleased struct {
-	mu   sync.Mutex // protects m, sending and send
-	m    map[string][]pendingRelease
+	mu sync.Mutex // protects m, sending and send
+	m  map[string][]pendingRelease
 	// sending is the account whose releases the sender took out of m and
 	// is sending now ("" when none): they are on their way, not done.
 	sending string
