@@ -38,6 +38,13 @@ const auditEvery = time.Minute
 // auditLogEvery bounds how often a finding is logged again while it stands.
 const auditLogEvery = 10 * time.Minute
 
+// strandFinding is the reservation audit's last finding, for the status
+// page: units stranded and the accounts ("account grant units").
+type strandFinding struct {
+	units    int64
+	accounts []string
+}
+
 // grantKey is an account's grant.
 type grantKey struct{ account, grant string }
 
@@ -62,6 +69,7 @@ func (n *Node) auditLoop(ctx context.Context) {
 		}
 		stranded, accounts := n.auditOnce(ctx, &a)
 		n.metrics.reservationsStranded.Set(float64(stranded))
+		n.stranded.Store(&strandFinding{units: stranded, accounts: accounts})
 		n.audits.Add(1)
 		if stranded > 0 && time.Since(a.logged) >= auditLogEvery {
 			a.logged = time.Now()

@@ -2,7 +2,9 @@ package node
 
 import (
 	"context"
+	"io"
 	"log/slog"
+	"net/http"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -68,6 +70,12 @@ func TestReservationAuditFindsUnitsOfAnAccountLetGo(t *testing.T) {
 	if v := gaugeValue(t, n2, "quotaring_reservations_stranded_units"); v != 0 {
 		t.Fatalf("n2 judged %v units stranded: n1's strand is not n2's", v)
 	}
+	if page := statusPage(t, n1); !strings.Contains(page, "5 stranded: "+let+" "+res.Granted[0].Grant+" 5") {
+		t.Fatalf("n1's status page does not show the stranded units on %s", let)
+	}
+	if page := statusPage(t, n2); strings.Contains(page, "stranded:") {
+		t.Fatal("n2's status page shows stranded units")
+	}
 
 	// Freed (quotad revoke, a restart): the finding goes.
 	if err := l.Release(ctx, "n1", let, []shard.Alloc{{Grant: res.Granted[0].Grant, Units: 5}}, flush.ReleaseKey{}); err != nil {
@@ -76,4 +84,19 @@ func TestReservationAuditFindsUnitsOfAnAccountLetGo(t *testing.T) {
 	waitFor(t, 10*time.Second, "n1's audit to find nothing stranded", func() bool {
 		return gaugeValue(t, n1, "quotaring_reservations_stranded_units") == 0
 	})
+}
+
+// statusPage is nd's GET /status.
+func statusPage(t *testing.T, nd *Node) string {
+	t.Helper()
+	resp, err := http.Get("http://" + nd.AdminAddr() + "/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET /status: %d %v", resp.StatusCode, err)
+	}
+	return string(body)
 }

@@ -210,10 +210,12 @@ type Node struct {
 	// token, and refusedLog samples their log lines (rpcRefused).
 	rpcRefusedCalls atomic.Int64
 	refusedLog      logsample.Sampler
-	// audits counts the reservation audit's rounds (audit.go), for tests.
-	audits  atomic.Int64
-	reg     *prometheus.Registry
-	metrics *metrics
+	// audits counts the reservation audit's rounds (audit.go), for tests;
+	// stranded is its last finding (nil before the first), for /status.
+	audits   atomic.Int64
+	stranded atomic.Pointer[strandFinding]
+	reg      *prometheus.Registry
+	metrics  *metrics
 
 	// chargeHooks hear every answered charge (set before Start returns,
 	// read-only afterwards).

@@ -91,7 +91,11 @@ type statusData struct {
 	Refused        int64
 	Refunds        int64
 
-	HeldHere     int64
+	HeldHere int64
+	// Stranded and StrandedOn are the reservation audit's last finding
+	// (audit.go): units stranded, and on which accounts.
+	Stranded     int64
+	StrandedOn   string
 	Reservations []statusReservation
 	ResByNode    []statusNodeHold
 	ResMore      int
@@ -227,6 +231,9 @@ func (n *Node) statusData(ctx context.Context) *statusData {
 		st := n.eng.Stats()
 		d.Charges, d.Refused, d.Refunds = st.Charges.Load(), st.Refused.Load(), st.Refunds.Load()
 		d.HeldHere = n.eng.AllowanceHeld()
+		if f := n.stranded.Load(); f != nil && f.units > 0 {
+			d.Stranded, d.StrandedOn = f.units, strings.Join(f.accounts, "; ")
+		}
 		n.statusAccounts(d, owned)
 	}
 	n.statusReservations(ctx, d)
