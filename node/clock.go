@@ -139,13 +139,21 @@ func (n *Node) checkClockLocked(ctx context.Context) {
 // is off the ledger's it waits for the other members' verdicts
 // (awaitPeerClocks) and checks again, so that where they side with the
 // ledger the node bills by the ledger's time from its first account on.
-func (n *Node) confirmClock(ctx context.Context) {
+// It reports whether that settled the question: false when the clock was
+// off with no other member to ask (alone, no --join), which Start asks
+// again if others reach the node before it serves.
+func (n *Node) confirmClock(ctx context.Context) (settled bool) {
 	n.clockMu.Lock()
 	defer n.clockMu.Unlock()
 	n.checkClockLocked(ctx)
-	if n.watch.off && n.awaitPeerClocks(ctx) {
-		n.checkClockLocked(ctx)
+	if !n.watch.off {
+		return true
 	}
+	if n.awaitPeerClocks(ctx) {
+		n.checkClockLocked(ctx)
+		return true
+	}
+	return false
 }
 
 // peerClocks counts the other alive members whose last verdict on their

@@ -365,3 +365,58 @@ func TestNodeRestartedAloneWithItsClockOffTakesTheLedgersTimeBeforeServing(t *te
 		t.Fatalf("no warning that the node takes the ledger's time:\n%s", logs.String())
 	}
 }
+
+// A first node (no --join) restarted with its clock a month ahead finds
+// nobody to ask at its clock check, alone in its ring; when the others
+// reach it before it looks whether it may serve, it asks them before its
+// first account. It served by its own clock until the clock loop's next
+// check: the accounts it charged moved into the next month for good, and
+// retries of their client ids were billed twice (chaos seed 81).
+func TestFirstNodeRestartedWithItsClockOffAsksTheOthersWhoReachedIt(t *testing.T) {
+	dsn := "sqlite:" + filepath.Join(t.TempDir(), "ledger.db")
+	seedLedger(t, dsn, twentyAccounts(100))
+	faults := func(c *Config) { c.TestFaults = true }
+	nodes := startNodesWith(t, dsn, faults, faults)
+	n1, n2 := nodes[0], nodes[1]
+	if len(n1.cfg.Join) != 0 {
+		t.Fatalf("n1 has --join %v: the test wants the first node, which has none", n1.cfg.Join)
+	}
+	cfg, gossip := n1.cfg, n1.GossipAddr()
+	cfg.GossipAddr = gossip
+	now := time.Now().UTC()
+	cfg.TestClockOffset = time.Date(now.Year(), now.Month()+1, 1, 1, 0, 0, 0, time.UTC).Sub(now)
+	var logs logbuf.Buffer
+	cfg.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+	checked := false
+	cfg.afterClockCheck = func(nd *Node) {
+		checked = true
+		if !strings.Contains(logs.String(), "ahead of the ledger's") {
+			t.Errorf("at the clock check the node did not find its clock ahead:\n%s", logs.String())
+		}
+		n2.gossipF.UnblockAll() // n2's rejoin loop reaches it now
+		waitFor(t, 20*time.Second, "the restarted node seeing n2", func() bool { return len(nd.Ring().View().Members) == 2 })
+	}
+	if err := n1.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if err := n2.gossipF.Block(gossip); err != nil { // alone at its clock check
+		t.Fatal(err)
+	}
+	again, err := Start(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { again.Shutdown(context.Background()) })
+	if !checked {
+		t.Fatal("Start did not run the hook after its clock check")
+	}
+	if !again.isServing() {
+		t.Fatalf("n2 reached the node before it looked, but it did not serve at once: %q", again.notServable())
+	}
+	if got := time.Unix(0, again.clock.Now().Wall).UTC(); got.Month() != now.Month() {
+		t.Fatalf("as it took accounts the node billed at %v, want this month (%v): n2 agrees with the ledger's clock\n%s", got, now.Month(), logs.String())
+	}
+	if !strings.Contains(logs.String(), "1 of the other members agree with the ledger's (0 do not)") {
+		t.Fatalf("no warning that the node takes the ledger's time:\n%s", logs.String())
+	}
+}

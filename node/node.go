@@ -123,6 +123,9 @@ type Config struct {
 	// TestFaults exposes fault injection on the admin port (/test/...): for
 	// the chaos tests only.
 	TestFaults bool
+	// afterClockCheck, when set (tests in this package), runs in Start
+	// right after the clock check before the node takes accounts.
+	afterClockCheck func(*Node)
 	// TestClockOffset shifts the system clock from the start, as if the
 	// machine's clock were off (tests and chaos: a node started with its
 	// clock off, which no step reveals). Not with Clock.
@@ -432,7 +435,10 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	// The clock before the accounts: a node started with its clock off the
 	// ledger's, where the others agree with the ledger, takes the ledger's
 	// time before it decides anything (clock.go).
-	n.confirmClock(ctx)
+	clockSettled := n.confirmClock(ctx)
+	if n.cfg.afterClockCheck != nil {
+		n.cfg.afterClockCheck(n)
+	}
 	if err := n.serve(); err != nil {
 		return nil, err
 	}
@@ -442,8 +448,20 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	if why := n.notServable(); why != "" {
 		n.log.Warn("not taking accounts yet: " + why + "; it stays a member of the ring that owns nothing, and the other nodes serve every account meanwhile")
 		n.goLoop(n.awaitServable)
-	} else if err := n.serveOnceConfigured(ctx); err != nil {
-		return nil, err
+	} else {
+		if !clockSettled {
+			// The check found the clock off and nobody to ask (a first
+			// node restarted without --join, alone then), and the others
+			// reached it since: ask them now. It took accounts by its own
+			// clock, a month ahead, until the clock loop's next check: the
+			// accounts it charged moved into that month for good, and
+			// the client ids they remembered expired there (retries
+			// billed twice: chaos seed 81).
+			n.confirmClock(ctx)
+		}
+		if err := n.serveOnceConfigured(ctx); err != nil {
+			return nil, err
+		}
 	}
 	n.goLoop(n.fenceLoop)
 	n.goLoop(n.forgetNotOwned)
