@@ -449,7 +449,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 		n.log.Warn("not taking accounts yet: " + why + "; it stays a member of the ring that owns nothing, and the other nodes serve every account meanwhile")
 		n.goLoop(n.awaitServable)
 	} else {
-		if !clockSettled {
+		if _, _, others := n.countPeerClocks(); !clockSettled && others > 0 {
 			// The check found the clock off and nobody to ask (a first
 			// node restarted without --join, alone then), and the others
 			// reached it since: ask them now. It took accounts by its own
