@@ -348,7 +348,7 @@ func gaugeValue(t *testing.T, nd *Node, name string) float64 {
 func TestNodeRestartedAloneWithItsClockOffTakesTheLedgersTimeBeforeServing(t *testing.T) {
 	now := time.Now().UTC()
 	var logs logbuf.Buffer
-	again, n2 := restartAlone(t, func(c *Config) {
+	again, n2 := restartAlone(t, func(c *Config, _ *Node) {
 		c.TestClockOffset = time.Date(now.Year(), now.Month()+1, 1, 1, 0, 0, 0, time.UTC).Sub(now)
 		c.Logger = slog.New(slog.NewTextHandler(&logs, nil))
 	})
@@ -373,40 +373,24 @@ func TestNodeRestartedAloneWithItsClockOffTakesTheLedgersTimeBeforeServing(t *te
 // check: the accounts it charged moved into the next month for good, and
 // retries of their client ids were billed twice (chaos seed 81).
 func TestFirstNodeRestartedWithItsClockOffAsksTheOthersWhoReachedIt(t *testing.T) {
-	dsn := "sqlite:" + filepath.Join(t.TempDir(), "ledger.db")
-	seedLedger(t, dsn, twentyAccounts(100))
-	faults := func(c *Config) { c.TestFaults = true }
-	nodes := startNodesWith(t, dsn, faults, faults)
-	n1, n2 := nodes[0], nodes[1]
-	if len(n1.cfg.Join) != 0 {
-		t.Fatalf("n1 has --join %v: the test wants the first node, which has none", n1.cfg.Join)
-	}
-	cfg, gossip := n1.cfg, n1.GossipAddr()
-	cfg.GossipAddr = gossip
 	now := time.Now().UTC()
-	cfg.TestClockOffset = time.Date(now.Year(), now.Month()+1, 1, 1, 0, 0, 0, time.UTC).Sub(now)
 	var logs logbuf.Buffer
-	cfg.Logger = slog.New(slog.NewTextHandler(&logs, nil))
 	checked := false
-	cfg.afterClockCheck = func(nd *Node) {
-		checked = true
-		if !strings.Contains(logs.String(), "ahead of the ledger's") {
-			t.Errorf("at the clock check the node did not find its clock ahead:\n%s", logs.String())
+	again, _ := restartAlone(t, func(c *Config, n2 *Node) {
+		if len(c.Join) != 0 {
+			t.Fatalf("n1 has --join %v: the test wants the first node, which has none", c.Join)
 		}
-		n2.gossipF.UnblockAll() // n2's rejoin loop reaches it now
-		waitFor(t, 20*time.Second, "the restarted node seeing n2", func() bool { return len(nd.Ring().View().Members) == 2 })
-	}
-	if err := n1.Shutdown(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	if err := n2.gossipF.Block(gossip); err != nil { // alone at its clock check
-		t.Fatal(err)
-	}
-	again, err := Start(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { again.Shutdown(context.Background()) })
+		c.TestClockOffset = time.Date(now.Year(), now.Month()+1, 1, 1, 0, 0, 0, time.UTC).Sub(now)
+		c.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+		c.afterClockCheck = func(nd *Node) { // alone at its clock check: n2 cannot reach it
+			checked = true
+			if !strings.Contains(logs.String(), "ahead of the ledger's") {
+				t.Errorf("at the clock check the node did not find its clock ahead:\n%s", logs.String())
+			}
+			n2.gossipF.UnblockAll() // n2's rejoin loop reaches it now
+			waitFor(t, 20*time.Second, "the restarted node seeing n2", func() bool { return len(nd.Ring().View().Members) == 2 })
+		}
+	})
 	if !checked {
 		t.Fatal("Start did not run the hook after its clock check")
 	}

@@ -785,9 +785,10 @@ func TestRestartedNodeAloneWaitsForTheOthers(t *testing.T) {
 }
 
 // restartAlone starts two nodes, n1 and n2, and restarts n1 (its config
-// changed by change, when set) while n2 cannot reach it: n1 comes back
-// alone in its ring. n2.gossipF.UnblockAll lets n2's rejoin loop reach it.
-func restartAlone(t *testing.T, change func(*Config)) (again, n2 *Node) {
+// changed by change, when set, which is given n2) while n2 cannot reach
+// it: n1 comes back alone in its ring. n2.gossipF.UnblockAll lets n2's
+// rejoin loop reach it.
+func restartAlone(t *testing.T, change func(c *Config, n2 *Node)) (again, n2 *Node) {
 	t.Helper()
 	dsn := "sqlite:" + filepath.Join(t.TempDir(), "ledger.db")
 	seedLedger(t, dsn, twentyAccounts(100))
@@ -797,7 +798,7 @@ func restartAlone(t *testing.T, change func(*Config)) (again, n2 *Node) {
 	cfg, gossip := n1.cfg, n1.GossipAddr()
 	cfg.GossipAddr = gossip // the same address, as a restarted process has
 	if change != nil {
-		change(&cfg)
+		change(&cfg, n2)
 	}
 	if err := n1.Shutdown(context.Background()); err != nil {
 		t.Fatal(err)
