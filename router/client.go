@@ -706,7 +706,8 @@ func (c *Client) attempts(ctx context.Context, o op, account string, call func(c
 
 // viaGateway is route with DialOptions.Gateway: call runs at a seed, whose
 // node forwards it to account's owner (the batch is marked Route). A seed
-// that could not be reached (the call certainly not sent) gives way to the
+// that could not be reached, or whose connection was not made within the
+// call's deadline (the call certainly not sent), gives way to the
 // next one, each seed once. A seed that took the call and did not answer
 // may have forwarded it: the error is ErrUnavailable with the outcome
 // unknown, and the next call starts at the next seed. A WrongOwner answer
@@ -819,15 +820,28 @@ func rejectedError(account, addr, what string, err error) error {
 }
 
 // notSent reports whether err, a failed call, certainly never reached the
-// node: gRPC could not connect (refused, no route, the Dialer's error), so
-// the call was not written to any connection. Only this client's own
-// transport's error counts ("connection error: ..."), not a node's answer
-// quoting one (a seed that could not reach the owner of a usage read it
-// forwarded for a Gateway client: that seed took the call).
+// node: gRPC could not connect (refused, no route, the Dialer's error), or
+// the call's deadline came while it waited for a connection still being
+// made (an address that takes the TCP connection and never answers, a
+// blackholed one: gRPC had picked no transport, so it opened no stream),
+// so the call was not written to any connection. Only this client's own
+// transport's errors count ("connection error: ...", "... while waiting for
+// connections to become ready"), not a node's answer quoting one (a seed
+// that could not reach the owner of a usage read it forwarded for a
+// Gateway client: that seed took the call).
 func notSent(err error) bool {
 	st, ok := status.FromError(err)
+	if !ok {
+		return false
+	}
 	msg := strings.ToLower(st.Message())
-	return ok && st.Code() == codes.Unavailable && strings.HasPrefix(msg, "connection error") && strings.Contains(msg, "error while dialing")
+	switch st.Code() {
+	case codes.Unavailable:
+		return strings.HasPrefix(msg, "connection error") && strings.Contains(msg, "error while dialing")
+	case codes.DeadlineExceeded, codes.Canceled:
+		return strings.HasPrefix(msg, "context ") && strings.HasSuffix(msg, " while waiting for connections to become ready")
+	}
+	return false
 }
 
 // refreshAfter reads a new ring view unless another call replaced seen

@@ -167,6 +167,32 @@ func TestGatewayClientSkipsAnUnreachableSeed(t *testing.T) {
 	t.Log(err)
 }
 
+// A seed that takes the TCP connection and never answers (a hung process,
+// a load balancer with no backend) fails the call at CallTimeout while it
+// waits for the connection: gRPC opened no stream, so the call was not
+// sent, and it goes to the next seed, charged once, not answered
+// "outcome unknown".
+func TestGatewayClientSkipsAHungSeed(t *testing.T) {
+	acct := account{id: "gw-hung", key: keyOf("gw-hung"), plan: monthly("m100", 100)}
+	c := startCluster(t, []account{acct}, clusterOptions{nodes: 1, clock: engine.NewManualClock(june28)})
+	hung := hungSeed(t)
+	client := dial(t, router.DialOptions{Gateway: true, RefreshInterval: -1, CallTimeout: 500 * time.Millisecond}, hung, c.nodes[0].RPCAddr())
+	ctx := context.Background()
+	for i := 0; i < 2; i++ {
+		res, err := client.Charge(ctx, router.ChargeRequest{Account: acct.id, Units: 1})
+		if err != nil || res.Reason != shard.OK {
+			t.Fatalf("charge %d with the first seed hung: %+v, %v; want it sent to the second seed", i+1, res, err)
+		}
+	}
+	if n := client.Stats().Unreachable.Load(); n != 1 {
+		t.Fatalf("Unreachable %d: want the first call's wait for the hung seed only", n)
+	}
+	u, err := client.Usage(ctx, acct.id)
+	if err != nil || u.Used != 2 {
+		t.Fatalf("usage: %+v, %v; want 2 units used (each charge applied once)", u, err)
+	}
+}
+
 // A node forwards a routed refund or usage read once: marked Route with
 // hops 1 (a node's own forwarding) it answers WrongOwner, never forwards
 // again; with hops 0 it forwards to the owner.
