@@ -440,6 +440,9 @@ func checkCharge(req *ChargeRequest) error {
 	case req.EventID != "" && !req.ClientID:
 		return fmt.Errorf("%w: ChargeRequest.EventID %q is set without ClientID: set ClientID: true to make it an idempotency key "+
 			"(a retry with it is charged and billed once), or leave EventID empty and the client makes a unique id", ErrInvalidRequest, req.EventID)
+	case req.ClientID && req.EventID == "":
+		return fmt.Errorf("%w: ChargeRequest.ClientID is set with an empty EventID: a retry could not be told from a new charge; "+
+			"set EventID to the operation's idempotency key, or leave ClientID false and the client makes a unique id", ErrInvalidRequest)
 	}
 	return nil
 }
@@ -469,6 +472,12 @@ func checkRefund(req *RefundRequest) error {
 		return fmt.Errorf("%w: RefundRequest.Account is empty: name the account of the charge", ErrInvalidRequest)
 	case req.EventID == "":
 		return fmt.Errorf("%w: RefundRequest.EventID is empty: use the charge's ChargeResult.EventID (and its Receipt)", ErrInvalidRequest)
+	case req.Replay && req.Receipt == nil:
+		// Without the receipt a take-back cannot be told from another one,
+		// so the retry this client makes after a silent owner (or a
+		// caller's after ErrUnavailable) would take back a second replay,
+		// and a retry that was served could lose its charge.
+		return fmt.Errorf("%w: RefundRequest.Replay without a Receipt: send the Replayed answer's ChargeResult.Receipt with it (which makes it safe to retry)", ErrInvalidRequest)
 	}
 	if len(req.Account) > MaxField || len(req.EventID) > MaxEventID {
 		return fmt.Errorf("%w: RefundRequest.Account is %d bytes and EventID %d: want at most %d and %d (router.MaxField, MaxEventID)",
@@ -535,6 +544,9 @@ func (c *Client) Usage(ctx context.Context, account string) (UsageResult, error)
 		defer cancel()
 		rep, err := p.client.Usage(ctx, &pb.UsageRequest{Epoch: c.epoch(), Account: account, Route: c.opts.Gateway})
 		if err != nil {
+			if ierr := usageFailed(account, p.addr, err); ierr != nil {
+				return nil, ierr
+			}
 			return nil, &rpcError{err}
 		}
 		if rep.WrongOwner != nil {
@@ -772,6 +784,19 @@ func (c *Client) viaGateway(ctx context.Context, o op, account string, call func
 	return fmt.Errorf("%w: the seed answered the %s for account %q with WrongOwner (owner %q at %q) although the call asked it to forward: "+
 		"ownership is moving (retry), or the nodes run a build older than this client's that does not forward it (upgrade them, or dial without Gateway)",
 		ErrUnavailable, o.name, account, wrong.GetOwnerId(), wrong.GetOwnerRpc())
+}
+
+// usageFailed is ErrInternal when err, a usage read's failure, is the node
+// at addr answering that it failed (gRPC Internal: the owner's engine, or
+// a node forwarding it for a Gateway client), as a charge's failure at its
+// owner is; nil for any other error. It was "did not answer" with
+// ErrUnavailable, the owner counted unreachable and the ring read again.
+func usageFailed(account, addr string, err error) error {
+	st, ok := status.FromError(err)
+	if !ok || st.Code() != codes.Internal {
+		return nil
+	}
+	return fmt.Errorf("%w: %s failed the usage read of account %q: %s", ErrInternal, addr, account, st.Message())
 }
 
 // closedError is the error of a call to account's owner at addr that Close

@@ -207,6 +207,33 @@ func TestClientRejectedCallIsNotUnavailable(t *testing.T) {
 	}
 }
 
+// A usage read the owner answers with a failure of its own (gRPC
+// Internal) is ErrInternal, as a charge's is: not ErrUnavailable "did not
+// answer", and the owner is not counted unreachable.
+func TestClientUsageFailureAtTheOwnerIsInternal(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := &rejectingNode{addr: lis.Addr().String(), code: codes.Internal}
+	srv := grpc.NewServer()
+	pb.RegisterQuotaServer(srv, n)
+	go srv.Serve(lis)
+	defer srv.Stop()
+	c, err := DialOptions{RefreshInterval: -1}.Dial(context.Background(), n.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_, err = c.Usage(context.Background(), "acme")
+	if !errors.Is(err, ErrInternal) || errors.Is(err, ErrUnavailable) || !strings.Contains(err.Error(), n.addr) || !strings.Contains(err.Error(), "turned away by the test") {
+		t.Errorf("usage the owner failed: %v; want ErrInternal naming %s and its message", err, n.addr)
+	}
+	if u := c.Stats().Unreachable.Load(); u != 0 {
+		t.Errorf("Unreachable %d, want 0 (the owner answered)", u)
+	}
+}
+
 // A node forwarding to an owner that turns the call away says so
 // (ErrRejected, the code kept), rather than "did not answer".
 func TestOwnerSilentKeepsARejection(t *testing.T) {

@@ -364,8 +364,8 @@ func TestClosedAndZeroClient(t *testing.T) {
 		go func() { done <- call(&zero) }()
 		select {
 		case err := <-done:
-			if err == nil || errors.Is(err, router.ErrUnavailable) || !strings.Contains(err.Error(), "Dial") {
-				t.Errorf("%s on a zero Client: %v; want an error that says to use Dial", name, err)
+			if !errors.Is(err, router.ErrInvalidRequest) || errors.Is(err, router.ErrUnavailable) || !strings.Contains(err.Error(), "Dial") {
+				t.Errorf("%s on a zero Client: %v; want ErrInvalidRequest that says to use Dial", name, err)
 			}
 		case <-time.After(10 * time.Second):
 			t.Fatalf("%s on a zero Client hangs", name)
@@ -393,6 +393,9 @@ func TestClientRefusesBadRequests(t *testing.T) {
 		{router.ChargeRequest{Account: acct.id, Units: -1}, "Units"},
 		{router.ChargeRequest{Account: acct.id, Units: shard.MaxUnits + 1}, "Units"},
 		{router.ChargeRequest{Account: acct.id, Units: 2, EventID: "plain-1"}, "ClientID"},
+		// ClientID without an id: the client used to make one up, and a
+		// retry of the same request was a new charge.
+		{router.ChargeRequest{Account: acct.id, Units: 2, ClientID: true}, "EventID"},
 	} {
 		res, err := client.Charge(ctx, tc.req)
 		if !errors.Is(err, router.ErrInvalidRequest) || errors.Is(err, router.ErrUnavailable) || !strings.Contains(err.Error(), tc.field) {
@@ -410,6 +413,9 @@ func TestClientRefusesBadRequests(t *testing.T) {
 	}
 	if _, err := client.Refund(ctx, router.RefundRequest{Account: acct.id}); !errors.Is(err, router.ErrInvalidRequest) || !strings.Contains(err.Error(), "EventID") {
 		t.Errorf("refund without an event id: %v, want ErrInvalidRequest naming EventID", err)
+	}
+	if _, err := client.Refund(ctx, router.RefundRequest{Account: acct.id, EventID: "k-1", Replay: true}); !errors.Is(err, router.ErrInvalidRequest) || !strings.Contains(err.Error(), "Receipt") {
+		t.Errorf("a replay's take-back without its receipt: %v, want ErrInvalidRequest naming Receipt", err)
 	}
 }
 

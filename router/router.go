@@ -40,8 +40,10 @@ var (
 	ErrClosed = errors.New("router: the client is closed (Close was called); Dial a new one")
 	// ErrInvalidRequest: the Client refused a request before sending it
 	// (an empty Account, Units out of range, an EventID without ClientID or
-	// longer than MaxEventID, an Account, Route or Key longer than MaxField,
-	// a string that is not valid UTF-8 or holds a NUL byte, a nil context),
+	// longer than MaxEventID, ClientID without an EventID, a Replay refund
+	// without its Receipt, an Account, Route or Key longer than MaxField,
+	// a string that is not valid UTF-8 or holds a NUL byte, a nil context,
+	// a zero Client not made by Dial),
 	// or Dial refused its options; the error names the field. Retrying the
 	// same request cannot help.
 	ErrInvalidRequest = errors.New("router: invalid request")
@@ -63,7 +65,7 @@ var (
 	// another node can answer).
 	errClosed = errors.New("router: closed")
 	// errNotDialed is what a Client not made by Dial answers.
-	errNotDialed = errors.New("router: this Client was not made by Dial (a zero Client): use router.Dial or DialOptions.Dial")
+	errNotDialed = fmt.Errorf("%w: this Client was not made by Dial (a zero Client): use router.Dial or DialOptions.Dial", ErrInvalidRequest)
 )
 
 // Ring is what the router needs of the ring (ring.Ring implements it).
@@ -185,7 +187,11 @@ type RefundRequest struct {
 	// answer's Receipt, which names the replay (Receipt.ReplaySeq), it may
 	// be sent again (its answer was lost) and counts once, and a replay
 	// taken back after the account moved to another owner reaches the
-	// ledger too. Without the receipt, send it once per answer.
+	// ledger too. Client.Refund refuses it without the receipt
+	// (ErrInvalidRequest): it retries a refund whose owner was silent, and
+	// a take-back without a receipt cannot be told from another one.
+	// Router.Refund (at a node) takes it, for callers older than receipts:
+	// send it once per answer.
 	Replay bool
 }
 
@@ -580,6 +586,9 @@ func (r *Router) Usage(ctx context.Context, account string) (UsageResult, error)
 		if err != nil {
 			if rejected(err) {
 				return UsageResult{}, rejectedError(account, target, "usage read", err)
+			}
+			if ierr := usageFailed(account, target, err); ierr != nil {
+				return UsageResult{}, ierr
 			}
 			return UsageResult{}, fmt.Errorf("%w: the owner of account %q at %s did not answer: %v", ErrUnavailable, account, target, err)
 		}

@@ -1136,9 +1136,11 @@ func (a *Account) ActiveGrants(now Now) []GrantView {
 type Usage struct {
 	Period Period
 	Limit  int64
-	// Used is what the period used: what this owner charged by route, or the
-	// monthly grant's use when that is more (an account that moved here
-	// carries the ledger's settled use; Routes only what this owner saw).
+	// Used is what the period used: the sum of Routes, or the monthly
+	// grant's use when that is more (an account that moved here carries the
+	// ledger's settled use at once; Routes takes the ledger's settled split
+	// by route once this owner's own records of it are settled, and counts
+	// what this owner charged until then: see settledRoutes).
 	Used      int64
 	Remaining int64
 	Reset     int64 // Unix seconds
