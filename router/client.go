@@ -1147,17 +1147,26 @@ func (c *Client) refreshConfig(ctx context.Context) error {
 
 // dialError classifies a failed Dial as the calls' errors are: the error
 // of ctx when it ended, ErrRejected when a node turned the client away (a
-// wrong RPC token: retrying cannot help), else ErrUnavailable (no node
-// answered: retry). A node's public HTTP port dialled for its RPC port is
-// named as such.
+// wrong RPC token: retrying cannot help) or a seed answered HTTP, not gRPC
+// (a node's public or admin port: retrying cannot help either), else
+// ErrUnavailable (no node answered: retry). A node's public HTTP port
+// dialled for its RPC port is named as such, with an upstream (asking for
+// an API key) or without (answering 404 problem+json).
 func dialError(ctx context.Context, err error) error {
+	msg := err.Error()
 	switch {
 	case ctxEnded(ctx) != nil:
 		return err // it wraps ctx's error (firstAnswer)
-	case anyRejected(err):
-		if strings.Contains(err.Error(), "API key") {
-			return fmt.Errorf("%w: %w (the address answered as a node's public HTTP port, --http-addr, asking for an API key: dial the node's RPC port, --rpc-addr)", ErrRejected, err)
+	case strings.Contains(msg, `received unexpected content-type "application/problem+json"`), anyRejected(err) && strings.Contains(msg, "API key"):
+		what := "answering 404 (a node without --upstream)"
+		if strings.Contains(msg, "API key") {
+			what = "asking for an API key"
 		}
+		return fmt.Errorf("%w: %w (the address answered as a node's public HTTP port, --http-addr, %s: dial the node's RPC port, --rpc-addr)", ErrRejected, err, what)
+	case strings.Contains(msg, "looked like an HTTP/1.1 header"), strings.Contains(msg, "received unexpected content-type"):
+		// ExplainTLSMismatch named the likely ports for HTTP/1.1.
+		return fmt.Errorf("%w: %w; the address answered HTTP, not gRPC: dial the node's RPC port, --rpc-addr (retrying cannot help)", ErrRejected, err)
+	case anyRejected(err):
 		return fmt.Errorf("%w: %w; fix what it names (DialOptions.Token for the nodes' --rpc-token, the nodes' versions): retrying cannot help", ErrRejected, err)
 	}
 	return fmt.Errorf("%w: %w", ErrUnavailable, err)

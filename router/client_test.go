@@ -480,8 +480,16 @@ func TestDialErrorsAreClassified(t *testing.T) {
 	if _, err := o.Dial(ctx, nd.HTTPAddr()); err == nil || !strings.Contains(err.Error(), "dial the node's RPC port, --rpc-addr") {
 		t.Errorf("Dial of the public HTTP port: %v; want it named, and --rpc-addr", err)
 	}
-	if _, err := o.Dial(ctx, nd.AdminAddr()); err == nil || !strings.Contains(err.Error(), "dial the node's RPC port, --rpc-addr") {
-		t.Errorf("Dial of the admin port: %v; want it named, and --rpc-addr", err)
+	if _, err := o.Dial(ctx, nd.AdminAddr()); !errors.Is(err, router.ErrRejected) || errors.Is(err, router.ErrUnavailable) ||
+		!strings.Contains(err.Error(), "dial the node's RPC port, --rpc-addr") {
+		t.Errorf("Dial of the admin port: %v; want ErrRejected (retrying cannot help), the port named, and --rpc-addr", err)
+	}
+	// A node without --upstream, as nodes for embedded clients are: its
+	// public port answers 404, not asking for an API key.
+	bare := startCluster(t, []account{acct}, clusterOptions{nodes: 1})
+	if _, err := opts.Dial(ctx, bare.nodes[0].HTTPAddr()); !errors.Is(err, router.ErrRejected) || errors.Is(err, router.ErrUnavailable) ||
+		!strings.Contains(err.Error(), "dial the node's RPC port, --rpc-addr") || strings.Contains(err.Error(), "DialOptions.Token") {
+		t.Errorf("Dial of the public HTTP port of a node without --upstream: %v; want ErrRejected, the port named, and --rpc-addr, not the token", err)
 	}
 	// The gossip port closes the connection as a node requiring TLS does:
 	// the hint names both, not TLS alone.
