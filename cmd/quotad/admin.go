@@ -62,9 +62,6 @@ func (af *serveAdminFlags) apply(cfg *node.Config, token string) error {
 			return err
 		}
 	}
-	if af.giveUp < af.lease {
-		return fmt.Errorf("--alert-give-up %s is shorter than --alert-lease %s: an undelivered alert is taken over only after the lease, so every alert whose first round of retries failed would be given up untried; give up after the lease or later (default 72h)", af.giveUp, af.lease)
-	}
 	if af.giveUp < 2*af.lease {
 		return fmt.Errorf("--alert-give-up %s is less than twice --alert-lease %s: the sweep that finds an undelivered alert past its lease gives it up first when it is past the give-up age too, so every alert whose first round of retries failed would be given up untried; give up after twice the lease or later (default 72h)", af.giveUp, af.lease)
 	}
@@ -78,16 +75,21 @@ func (af *serveAdminFlags) apply(cfg *node.Config, token string) error {
 	return nil
 }
 
-// givenEmpty refuses a flag of cmd given with an empty value: --period ""
-// from an unset variable ($LASTMONTH) meant the current month, and a
-// billing job exported the running one.
-func givenEmpty(cmd *cobra.Command, names ...string) error {
-	for _, name := range names {
-		if f := cmd.Flags().Lookup(name); f != nil && f.Changed && f.Value.String() == "" {
-			return fmt.Errorf("--%s is empty (an unset variable?): give a value, or leave --%s out for its default", name, name)
+// givenEmpty refuses every string flag of cmd given with an empty value
+// (--id "$ORDER_ID" with the variable unset), which would read as the
+// flag's default: an empty --id made a retried grant a second grant, an
+// empty --expires a grant that never lapses, an empty --rate a plan
+// without its rate limit, an empty --period the current month. quotad
+// admin checks it for every command before it runs. An empty --token has
+// its own answer (no token given: set --token or QUOTAD_ADMIN_TOKEN).
+func givenEmpty(cmd *cobra.Command) error {
+	var err error
+	cmd.Flags().VisitAll(func(f *pflag.Flag) {
+		if err == nil && f.Changed && f.Value.Type() == "string" && f.Value.String() == "" && f.Name != "token" {
+			err = fmt.Errorf("--%s is empty (an unset variable?): give a value, or leave --%s out for its default", f.Name, f.Name)
 		}
-	}
-	return nil
+	})
+	return err
 }
 
 // --- quotad admin -------------------------------------------------------------
@@ -161,6 +163,9 @@ repeat. Give them on the command line; a QUOTAD_UNITS gets a warning.`,
   quotad admin usage --period 2026-06 --csv`,
 		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
 			warnUnknownEnv(cmd.ErrOrStderr(), cmd.Root(), os.Environ())
+			if err := givenEmpty(cmd); err != nil {
+				return err
+			}
 			return c.init(cmd.Flags())
 		},
 	}
@@ -641,9 +646,6 @@ Settled figures trail the charges by up to one settle interval.`,
   quotad admin accounts show acme --period 2026-05 --json`,
 		Args: oneID("account id"),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := givenEmpty(cmd, "period"); err != nil {
-				return err
-			}
 			path := "/admin/v1/accounts/" + pathID(args[0])
 			if period != "" {
 				if _, err := node.ParseMonth(period); err != nil {
@@ -1049,9 +1051,6 @@ month and threshold.`,
   quotad admin alerts --period 2026-06 --limit 5000 --json`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := givenEmpty(cmd, "account", "period", "state"); err != nil {
-				return err
-			}
 			// Checked here too, so a typo is named before the network is.
 			switch state {
 			case "", "pending", "delivered", "given_up", "legacy":

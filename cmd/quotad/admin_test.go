@@ -302,7 +302,7 @@ func TestServeAlertFlags(t *testing.T) {
 		t.Fatalf("a zero lease: %v", err)
 	}
 	af.lease = 2 * time.Hour
-	if err := af.apply(&cfg, ""); err == nil || !strings.Contains(err.Error(), "--alert-give-up 1h0m0s is shorter than --alert-lease 2h0m0s") {
+	if err := af.apply(&cfg, ""); err == nil || !strings.Contains(err.Error(), "--alert-give-up 1h0m0s is less than twice --alert-lease 2h0m0s") {
 		t.Fatalf("a give-up age shorter than the lease: %v", err)
 	}
 	af.lease = 5 * time.Second

@@ -61,6 +61,13 @@ func TestQuotadAdminFlagsAsTyped(t *testing.T) {
 		{[]string{"accounts", "show", "acme", "--period", ""}, "--period is empty (an unset variable?)"},
 		{[]string{"usage", "--period", ""}, "--period is empty"},
 		{[]string{"alerts", "--account", ""}, "--account is empty"},
+		// Read as their defaults, these gave a second grant on a retry, a
+		// grant that never lapses and a plan without its rate limit.
+		{[]string{"grants", "add", "acme", "--units", "5", "--id", ""}, "--id is empty"},
+		{[]string{"grants", "add", "acme", "--units", "5", "--expires", ""}, "--expires is empty"},
+		{[]string{"grants", "add", "acme", "--units", "5", "--starts", ""}, "--starts is empty"},
+		{[]string{"plans", "set", "pro", "--quota", "5", "--hard", "--rate", ""}, "--rate is empty"},
+		{[]string{"--ca-cert", "", "nodes"}, "--ca-cert is empty"},
 	} {
 		if err := adminNoNode(t, c.args...); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("quotad admin %q: %v, want it refused before the call, saying %q", c.args, err, c.want)

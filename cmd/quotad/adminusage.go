@@ -59,9 +59,6 @@ figures can still go down by such refunds until the next month is over.
   quotad admin usage --period 2026-06 --json | jq '.usage[] | select(.overage > 0)'`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := givenEmpty(cmd, "period"); err != nil {
-				return err
-			}
 			if period != "" {
 				if _, err := node.ParseMonth(period); err != nil {
 					return fmt.Errorf("--period %v", err)
