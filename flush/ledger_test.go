@@ -368,10 +368,14 @@ func TestPostgresUnavailable(t *testing.T) {
 	wantGrant(t, l, "acct-1", confJune, 3, 0)
 }
 
-func TestSQLiteUnavailable(t *testing.T) {
+// A directory that is missing is a mistake in --ledger, not a ledger that
+// is down: ErrInvalid (a node refuses to start), not ErrUnavailable (a
+// node retried it every 2 s for ever, not ready).
+func TestSQLiteInAMissingDirectoryIsInvalid(t *testing.T) {
 	_, err := OpenSQLite(t.Context(), filepath.Join(t.TempDir(), "missing-dir", "ledger.db"), SQLiteOptions{})
-	if !errors.Is(err, ErrUnavailable) || !strings.Contains(err.Error(), "missing-dir") {
-		t.Errorf("open in a missing directory: %v; want ErrUnavailable naming the path", err)
+	if !errors.Is(err, ErrInvalid) || errors.Is(err, ErrUnavailable) || !strings.Contains(err.Error(), "missing-dir") ||
+		!strings.Contains(err.Error(), "check that its directory exists") {
+		t.Errorf("open in a missing directory: %v; want ErrInvalid naming the path and what to check", err)
 	}
 }
 
@@ -416,6 +420,34 @@ func TestSQLiteLedgerThatCanNeverOpen(t *testing.T) {
 		if err := CheckLedger(ledger); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "sqlite:/path/to/ledger.db, with one slash") {
 			t.Errorf("CheckLedger(%q) = %v; want ErrInvalid naming the one-slash form", ledger, err)
 		}
+	}
+}
+
+// --ledger strings that can only be a mistake are refused as invalid with
+// what to write instead: an in-memory SQLite ledger (accepted, it lost every
+// plan, key and charge at exit), a scheme in capitals (the error showed it
+// lower-cased, like the form it asked for), another scheme whose string
+// ends in .db (taken as a relative path, and waited for).
+func TestLedgerStringsThatCanOnlyBeMistakes(t *testing.T) {
+	for ledger, want := range map[string]string{
+		"sqlite::memory:":               "in-memory SQLite database",
+		":memory:":                      "in-memory SQLite database",
+		"Postgres://u@127.0.0.1:1/x":    `write the scheme "Postgres:" in lower case`,
+		"SQLite:/tmp/ledger.db":         `write the scheme "SQLite:" in lower case`,
+		"file:/tmp/x.db":                "takes no file ledger",
+		"mysql://db.internal/ledger.db": "takes no mysql ledger",
+	} {
+		if err := CheckLedger(ledger); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), want) {
+			t.Errorf("CheckLedger(%q) = %v; want ErrInvalid saying %q", ledger, err, want)
+		}
+	}
+	for _, ledger := range []string{"ledger.db", "data/ledger.db", "/var/lib/quotad/ledger.db", "sqlite:data:1/ledger.db", "postgres://u@127.0.0.1:1/x"} {
+		if err := CheckLedger(ledger); err != nil {
+			t.Errorf("CheckLedger(%q) = %v; want it taken", ledger, err)
+		}
+	}
+	if path, ok := SQLitePath("file:/tmp/x.db"); ok {
+		t.Errorf("SQLitePath(file:/tmp/x.db) = %q, true; want it not taken as a path", path)
 	}
 }
 

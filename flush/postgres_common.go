@@ -65,21 +65,38 @@ func SQLitePath(ledger string) (string, bool) {
 	if path, ok := strings.CutPrefix(ledger, "sqlite:"); ok {
 		return path, true
 	}
-	return ledger, strings.HasSuffix(ledger, ".db")
+	return ledger, strings.HasSuffix(ledger, ".db") && !schemePrefix.MatchString(ledger)
 }
+
+// schemePrefix matches a URL scheme at the start of a --ledger string
+// (file:, mysql://, Postgres://): not a plain path, though it ends in .db.
+var schemePrefix = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9+.-]*:`)
 
 // CheckLedger reports a --ledger string Open could never use (ErrInvalid):
 // neither form, a Postgres DSN that does not parse, an SQLite path that is
-// empty. It does no I/O: a program checks it before it touches anything
-// else (quotad serve, before it binds its data dir to its node id).
+// empty, an in-memory SQLite ledger (a process's own, gone when it exits:
+// every plan, key and charge with it), a scheme in capitals (which pgx and
+// the SQLite form do not take), another scheme whose string ends in .db. It
+// does no I/O: a program checks it before it touches anything else (quotad
+// serve, before it binds its data dir to its node id).
 func CheckLedger(ledger string) error {
+	scheme := schemePrefix.FindString(ledger)
+	lower := strings.ToLower(scheme)
 	switch {
+	case scheme != lower && (lower == "postgres:" || lower == "postgresql:" || lower == "sqlite:"):
+		return fmt.Errorf("%w: ledger %q: write the scheme %q in lower case, %s", ErrInvalid, redactDSN(ledger), scheme, lower)
+	case ledger == "sqlite::memory:" || ledger == ":memory:":
+		return fmt.Errorf("%w: ledger %q is an in-memory SQLite database, private to this process and gone when it exits, with every plan, key and charge in it: "+
+			"name a file, sqlite:/path/to/ledger.db (or a Postgres DSN)", ErrInvalid, ledger)
 	case isPostgres(ledger):
 		_, err := parsePGConfig(ledger)
 		return err
-	case strings.HasPrefix(ledger, "sqlite:"), strings.HasSuffix(ledger, ".db"):
+	case strings.HasPrefix(ledger, "sqlite:"), strings.HasSuffix(ledger, ".db") && scheme == "":
 		path, _ := SQLitePath(ledger)
 		return checkSQLitePath(path)
+	case scheme != "":
+		return fmt.Errorf("%w: ledger %q: this quotad takes no %s ledger: postgres://USER:PASSWORD@HOST:PORT/DB (or postgresql://...) for Postgres, "+
+			"or sqlite:/path/to/file.db (or a path ending in .db) for SQLite; a path holding a colon goes after sqlite:", ErrInvalid, redactDSN(ledger), strings.TrimSuffix(scheme, ":"))
 	}
 	return fmt.Errorf("%w: ledger %q is neither form this quotad accepts: postgres://USER:PASSWORD@HOST:PORT/DB (or postgresql://...) for Postgres, "+
 		"or sqlite:/path/to/file.db (or a path ending in .db) for SQLite", ErrInvalid, redactDSN(ledger))

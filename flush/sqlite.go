@@ -31,6 +31,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"modernc.org/sqlite"
@@ -74,7 +75,7 @@ var _ Ledger = (*SQLite)(nil)
 func checkSQLitePath(path string) error {
 	switch {
 	case path == "" || strings.ContainsAny(path, "?#"):
-		return fmt.Errorf("%w: SQLite ledger path %q: want sqlite:/path/to/ledger.db, a file path without ? or #, or :memory:", ErrInvalid, path)
+		return fmt.Errorf("%w: SQLite ledger path %q: want sqlite:/path/to/ledger.db, a file path without ? or #", ErrInvalid, path)
 	case strings.HasPrefix(path, "//"):
 		return fmt.Errorf("%w: SQLite ledger path %q: want sqlite:/path/to/ledger.db, with one slash after the colon (sqlite://... reads as a URL naming a host), or sqlite:relative/ledger.db", ErrInvalid, path)
 	}
@@ -115,6 +116,11 @@ func OpenSQLite(ctx context.Context, path string, opts SQLiteOptions) (*SQLite, 
 		switch {
 		case err == nil:
 			f.Close()
+		case errors.Is(err, fs.ErrNotExist), errors.Is(err, syscall.ENOTDIR), errors.Is(err, fs.ErrPermission), errors.Is(err, syscall.EROFS):
+			// A directory that is missing or not this user's to write:
+			// waiting will not make it (a node retried for ever).
+			return nil, fmt.Errorf("%w: cannot create the SQLite ledger at %s: %v: check that its directory exists and is writable by this user",
+				ErrInvalid, path, err)
 		case !errors.Is(err, fs.ErrExist):
 			return nil, fmt.Errorf("%w: cannot create the SQLite ledger at %s: %v: check that its directory exists and is writable by this user",
 				ErrUnavailable, path, err)
