@@ -140,6 +140,12 @@ func SettledMonth(rows []NodeRow, p shard.Period, now time.Time) (final bool, un
 	return len(unsettled) == 0, unsettled
 }
 
+// LostNodeQuiet is how long a node must have been silent (no heartbeat in
+// the ledger, written every HeartbeatEvery) before it may be named gone:
+// quotad revoke frees its reservations and PruneOptions.Lost stops it
+// holding months back only then (revoke has --force).
+const LostNodeQuiet = 2 * time.Minute
+
 // checkPrunable refuses a prune that could lose a change to the events it
 // drops (see the package's retention notes): months holds the months with
 // events before o.Before.
@@ -153,9 +159,17 @@ func checkPrunable(o PruneOptions, months []shard.Period, nodes []NodeRow, now t
 			"it is %v by the ledger's clock, so the latest you can give is %v (which drops the events of %v and before)",
 			ErrInvalid, o.Before, cur, cur-1, cur-2)
 	}
+	running := LatestRunning(nodes)
 	for _, x := range o.Lost {
 		if !slices.ContainsFunc(nodes, func(n NodeRow) bool { return n.Node == x }) {
 			return fmt.Errorf("%w: --lost-node %q: the ledger knows no such node", ErrInvalid, x)
+		}
+		if last := running[x].Heartbeat; now.Sub(last) < LostNodeQuiet {
+			// Its log may hold refunds of the months this would drop: they
+			// would be settled against events no longer there.
+			return fmt.Errorf("%w: --lost-node %s: it was heard from %s ago (its last heartbeat, at %s): it may be running, and what its log holds "+
+				"of the months this drops would settle unchecked. Stop it (or run quotad revoke --node %s once it is gone), wait until it has been silent for %s, then prune",
+				ErrInvalid, x, now.Sub(last).Round(time.Second), last.UTC().Format(time.RFC3339), x, LostNodeQuiet)
 		}
 	}
 	live := slices.DeleteFunc(slices.Clone(nodes), func(n NodeRow) bool { return slices.Contains(o.Lost, n.Node) })

@@ -62,4 +62,11 @@ func TestPruneWaitsForTheMonthAfterADroppedOne(t *testing.T) {
 	if err := checkPrunable(PruneOptions{Before: june + 2, Lost: []string{"x"}}, []shard.Period{june}, []NodeRow{x}, now); err != nil {
 		t.Fatalf("the same with x lost: %v", err)
 	}
+	// x heard from a minute ago is not lost: it may be running, holding
+	// refunds of the months dropped.
+	x.Heartbeat = now.Add(-time.Minute)
+	if err := checkPrunable(PruneOptions{Before: june + 2, Lost: []string{"x"}}, []shard.Period{june}, []NodeRow{x}, now); !errors.Is(err, ErrInvalid) ||
+		!strings.Contains(err.Error(), "--lost-node x: it was heard from 1m0s ago") {
+		t.Fatalf("--lost-node of a node heard from a minute ago: %v, want it refused", err)
+	}
 }

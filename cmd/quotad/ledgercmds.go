@@ -412,7 +412,7 @@ node id the ledger has never seen is refused too.`,
 // revokeQuiet is how long a node must have been silent (no heartbeat in
 // the ledger, written every flush.HeartbeatEvery) before revoke frees it
 // without --force.
-const revokeQuiet = 2 * time.Minute
+const revokeQuiet = flush.LostNodeQuiet
 
 // runRevoke frees nodeID's reservations; now is the ledger's clock (how
 // long ago the node was heard from is measured by the clock that wrote its
