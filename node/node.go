@@ -884,10 +884,15 @@ func (n *Node) advertiseHost() string {
 	return "127.0.0.1"
 }
 
+// NoFrontTitle is the title of what the public port of a node without
+// --upstream answers every request (404 problem+json): quotad admin pointed
+// there by mistake tells it from the admin API by it.
+const NoFrontTitle = "no upstream configured"
+
 func noFront(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "application/problem+json")
 	w.WriteHeader(http.StatusNotFound)
-	fmt.Fprint(w, `{"type":"about:blank","title":"no upstream configured","status":404,"detail":"this node serves no HTTP front: start it with --upstream"}`)
+	fmt.Fprintf(w, `{"type":"about:blank","title":%q,"status":404,"detail":"this node serves no HTTP front: start it with --upstream"}`, NoFrontTitle)
 }
 
 // goLoop runs fn in a goroutine that Shutdown stops and waits for.

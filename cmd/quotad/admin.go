@@ -344,7 +344,7 @@ func (c *adminClient) do(ctx context.Context, method, path string, body, out any
 			if flag, ok := fieldFlags[p.Field]; ok && strings.HasPrefix(msg, p.Field+": ") {
 				msg = flag + ": " + strings.TrimPrefix(msg, p.Field+": ")
 			}
-			if resp.Header.Get(node.AdminAPIHeader) == "" && isFrontProblem(p.Type) {
+			if resp.Header.Get(node.AdminAPIHeader) == "" && (isFrontProblem(p.Type) || p.Title == node.NoFrontTitle) {
 				msg += fmt.Sprintf(" (this answer came from a node's public HTTP port, --http-addr: point --addr or QUOTAD_ADMIN_URL at its admin port, --admin-addr, not %s)", c.addr)
 			} else if resp.StatusCode == http.StatusUnauthorized && c.token == "" {
 				msg += " (no token given: set --token or QUOTAD_ADMIN_TOKEN)"

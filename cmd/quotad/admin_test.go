@@ -264,7 +264,7 @@ func TestQuotadAdminUnreachable(t *testing.T) {
 // quotad admin pointed at a server that is not the admin API says so,
 // instead of printing an empty success: another JSON API (here quotad
 // bench upstream's answer), and a node's public port, whose problem says
-// the key is unknown.
+// the key is unknown, or (without --upstream) that it serves no front.
 func TestQuotadAdminWrongServer(t *testing.T) {
 	other := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
@@ -278,9 +278,13 @@ func TestQuotadAdminWrongServer(t *testing.T) {
 			"detail": "The API key is not known (revoked, mistyped, or not sent)."})
 	}))
 	defer front.Close()
+	// A node without --upstream answers 404 on its public port, where the
+	// command said to start it with --upstream.
+	bare := startAdminTestNode(t)
 	for _, tc := range []struct{ addr, want string }{
 		{other.URL, "the answer is not the quotad admin API's"},
 		{front.URL, "this answer came from a node's public HTTP port, --http-addr"},
+		{"http://" + bare.HTTPAddr(), "this answer came from a node's public HTTP port, --http-addr"},
 	} {
 		for _, args := range [][]string{{"keys", "create", "acme"}, {"nodes"}} {
 			var out bytes.Buffer
