@@ -23,9 +23,9 @@ const (
 	PresetLocal = "local"
 )
 
-// maxNodeIDLen bounds Config.NodeID: the name travels in every gossip
-// message about the node.
-const maxNodeIDLen = 128
+// MaxNodeIDLen bounds Config.NodeID (quotad serve --node-id): the name
+// travels in every gossip message about the node.
+const MaxNodeIDLen = 128
 
 // defaultBroadcastWait bounds SetState and Leave when their context has no
 // deadline: memberlist can only wait for its broadcast with a timeout.
@@ -215,8 +215,8 @@ func validateNodeID(id string) error {
 	if id == "" {
 		return errors.New("ring: NodeID is empty")
 	}
-	if len(id) > maxNodeIDLen {
-		return fmt.Errorf("ring: NodeID is %d bytes, at most %d", len(id), maxNodeIDLen)
+	if len(id) > MaxNodeIDLen {
+		return fmt.Errorf("ring: NodeID is %d bytes, at most %d", len(id), MaxNodeIDLen)
 	}
 	if !utf8.ValidString(id) {
 		return fmt.Errorf("ring: NodeID %q is not UTF-8", id)

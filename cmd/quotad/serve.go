@@ -153,6 +153,9 @@ func (f *serveFlags) config(logger *slog.Logger) (node.Config, error) {
 		// character would forge lines in logs and the chaos report.
 		return node.Config{}, fmt.Errorf("--node-id %q: want a non-empty id without spaces, commas, slashes or control characters, such as q1 or the pod's name", f.nodeID)
 	}
+	if len(f.nodeID) > ring.MaxNodeIDLen {
+		return node.Config{}, fmt.Errorf("--node-id is %d bytes: want at most %d (it travels in every gossip message about the node), such as q1 or the pod's name", len(f.nodeID), ring.MaxNodeIDLen)
+	}
 	for _, a := range []struct{ flag, v, example string }{{"rpc-addr", f.rpcAddr, ":7400"}, {"http-addr", f.httpAddr, ":8080"},
 		{"admin-addr", f.adminAddr, ":9090"}, {"gossip-addr", f.gossipAddr, ":7946"}} {
 		if err := checkListenAddr(a.flag, a.v, a.example); err != nil {
