@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"net"
 	"strings"
 	"sync"
 	"time"
@@ -123,6 +124,13 @@ func runBenchCluster(ctx context.Context, out, progress io.Writer, f benchCluste
 		return fmt.Errorf("--setup needs --ledger: the ledger (a Postgres DSN or a SQLite path) to create the bench plan and accounts in")
 	case f.client == "embedded" && f.batch != 1:
 		return fmt.Errorf("--client embedded charges one unit of work per call (its batching is the coalescing of concurrent calls): use --batch 1, or --client rpc for --batch %d", f.batch)
+	}
+	for _, a := range f.nodes {
+		// Checked before any load, so that a typo is named by its flag and
+		// not by gRPC's warm-up error ("missing port in address").
+		if _, port, err := net.SplitHostPort(a); err != nil || port == "" || port == "0" || strings.Contains(a, "://") {
+			return fmt.Errorf("--nodes %q: want a node's RPC address, host:port (its --rpc-addr, such as 127.0.0.1:7400), not a URL", a)
+		}
 	}
 	if err := checkRPCTLSFlags(f.rpcTLS); err != nil {
 		return err

@@ -20,6 +20,17 @@ func TestBenchClusterWithoutItsAccounts(t *testing.T) {
 	}
 }
 
+// --nodes that cannot be a node's RPC address is named before any load:
+// it failed at warm-up with gRPC's "missing port in address".
+func TestBenchClusterChecksNodes(t *testing.T) {
+	for _, a := range []string{"127.0.0.31", "http://127.0.0.1:7400", "127.0.0.1:0"} {
+		_, err := runQuotad(t, "bench", "cluster", "--nodes", a, "--duration", "1s")
+		if err == nil || !strings.Contains(err.Error(), `--nodes "`+a+`": want a node's RPC address, host:port`) {
+			t.Errorf("bench cluster --nodes %s: %v; want it named as not host:port", a, err)
+		}
+	}
+}
+
 // Calls that fail while measuring are no charges/s: the row counts only
 // the calls that succeeded, and the command fails, so that a script does
 // not record a run of refusals as a measurement.

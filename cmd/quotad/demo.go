@@ -195,7 +195,7 @@ func demoDir(dir string) (string, func(), error) {
 	if dir == "" {
 		dir, err := os.MkdirTemp("", "quotad-demo-")
 		if err != nil {
-			return "", nil, err
+			return "", nil, fmt.Errorf("cannot make the demo's temporary directory (%w): set TMPDIR to a writable directory, or give --dir", err)
 		}
 		return dir, func() { os.RemoveAll(dir) }, nil
 	}
@@ -207,7 +207,7 @@ func demoDir(dir string) (string, func(), error) {
 	switch {
 	case errors.Is(err, os.ErrNotExist):
 		if err := os.MkdirAll(abs, 0o755); err != nil {
-			return "", nil, err
+			return "", nil, fmt.Errorf("--dir %s: cannot create it (%w): give a directory this user can create, or leave --dir out for a temporary one", dir, err)
 		}
 		return abs, func() { os.RemoveAll(abs) }, nil
 	case err != nil:

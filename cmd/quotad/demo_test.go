@@ -225,3 +225,14 @@ func TestDemoAlertProblems(t *testing.T) {
 		t.Errorf("problems: %q", got)
 	}
 }
+
+// A --dir the demo cannot create is named by its flag: it printed only
+// "mkdir ...: no such file or directory". (/proc takes no directories,
+// root's included.)
+func TestDemoDirThatCannotBeMade(t *testing.T) {
+	const dir = "/proc/quotaring-demo-test/demo"
+	_, _, err := demoDir(dir)
+	if err == nil || !strings.Contains(err.Error(), "--dir "+dir+": cannot create it") {
+		t.Fatalf("demo --dir under /proc: %v; want --dir named", err)
+	}
+}

@@ -46,9 +46,29 @@ a running node's own dir), which have none.`,
 	root.SetVersionTemplate(build.String()) // quotad --version: as quotad version
 	root.Flags().BoolP("version", "v", false, "print which build of quotad this is (as quotad version)")
 	root.AddCommand(newVersionCmd(build), newServeCmd(), newDemoCmd(), newBenchCmd(), newMigrateCmd(), newReconcileCmd(), newRevokeCmd(), newPruneCmd(), newAdminCmd(), newChaosCmd())
+	root.SetHelpCommand(newHelpCmd())
 	noStrayArgs(root)
 	nameEnvInErrors(root)
 	return root
+}
+
+// newHelpCmd is 'quotad help [command]': cobra's own printed "Unknown help
+// topic" for a mistyped command ('quotad help sevre') and exited 0, which a
+// script takes for success; this one exits 1 and names the commands.
+func newHelpCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "help [command]",
+		Short: "Help about any command",
+		Long:  "Help about any command: quotad help serve, quotad help admin grants add (as quotad serve --help).",
+		RunE: func(c *cobra.Command, args []string) error {
+			cmd, rest, err := c.Root().Find(args)
+			if err != nil || cmd == nil || len(rest) > 0 {
+				return fmt.Errorf("help %s: no such command; quotad --help lists them", strings.Join(args, " "))
+			}
+			cmd.InitDefaultHelpFlag()
+			return cmd.Help()
+		},
+	}
 }
 
 func newVersionCmd(build buildinfo.Info) *cobra.Command {

@@ -74,6 +74,9 @@ func TestUnknownSubcommand(t *testing.T) {
 		{[]string{"bench", "clsuter"}, `unknown command "clsuter" for quotad bench (its commands: cluster, engine, proxy, upstream): did you mean quotad bench cluster?`},
 		{[]string{"admin", "plan"}, `unknown command "plan" for quotad admin`},
 		{[]string{"admin", "keys", "rm"}, `unknown command "rm" for quotad admin keys`},
+		// cobra's help command printed "Unknown help topic" and exited 0.
+		{[]string{"help", "sevre"}, "help sevre: no such command; quotad --help lists them"},
+		{[]string{"help", "admin", "nosuch"}, "help admin nosuch: no such command"},
 	} {
 		if _, err := runQuotad(t, tc.args...); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("quotad %s: %v, want %q", strings.Join(tc.args, " "), err, tc.want)
@@ -85,6 +88,15 @@ func TestUnknownSubcommand(t *testing.T) {
 	root.SetOut(&out)
 	if err := root.Execute(); err != nil || !strings.Contains(out.String(), "cluster") {
 		t.Fatalf("quotad bench: %v\n%s", err, out.String())
+	}
+	for _, args := range [][]string{{"help", "serve"}, {"help", "admin", "grants", "add"}, {"help"}} {
+		var out bytes.Buffer
+		root := newRootCmd()
+		root.SetArgs(args)
+		root.SetOut(&out)
+		if err := root.Execute(); err != nil || !strings.Contains(out.String(), "Usage:") {
+			t.Errorf("quotad %s: %v\n%s; want the help, exit 0", strings.Join(args, " "), err, out.String())
+		}
 	}
 }
 
