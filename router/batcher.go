@@ -67,9 +67,11 @@ func newBatcher[Req, Rep any](ctx context.Context, group *goroutines, maxInfligh
 // batchers' senders. After wait has begun, start runs f in the caller's
 // goroutine instead (a closed batcher fails at once, so it does not block).
 type goroutines struct {
-	mu     sync.Mutex // protects closed; orders every wg.Add before wg.Wait
-	closed bool
-	wg     sync.WaitGroup
+	mu      sync.Mutex // protects closed, running and idle; orders every wg.Add before wg.Wait
+	closed  bool
+	running int
+	idle    []chan struct{} // closed when running drops to 0 (waitIdle)
+	wg      sync.WaitGroup
 }
 
 func (g *goroutines) start(f func()) {
@@ -80,11 +82,45 @@ func (g *goroutines) start(f func()) {
 		return
 	}
 	g.wg.Add(1)
+	g.running++
 	g.mu.Unlock()
 	go func() {
 		defer g.wg.Done()
+		defer g.ended()
 		f()
 	}()
+}
+
+// ended counts a goroutine of start's out, and wakes waitIdle at the last.
+func (g *goroutines) ended() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.running--; g.running == 0 {
+		for _, ch := range g.idle {
+			close(ch)
+		}
+		g.idle = nil
+	}
+}
+
+// waitIdle waits until no goroutine of start's is running, or ctx ends
+// (its error). Unlike wait it does not close the group: one started later
+// runs as before.
+func (g *goroutines) waitIdle(ctx context.Context) error {
+	g.mu.Lock()
+	if g.running == 0 {
+		g.mu.Unlock()
+		return nil
+	}
+	ch := make(chan struct{})
+	g.idle = append(g.idle, ch)
+	g.mu.Unlock()
+	select {
+	case <-ch:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // wait waits until every goroutine start began has returned.

@@ -113,6 +113,64 @@ type Client struct {
 	cancel context.CancelFunc
 	done   chan struct{}
 	closed atomic.Bool
+
+	// calls counts the Charge, Refund and Usage calls in flight, for
+	// Shutdown.
+	calls inflightCalls
+}
+
+// inflightCalls counts calls in flight; once draining (Shutdown), no call
+// begins and the last to end wakes the waiters.
+type inflightCalls struct {
+	mu       sync.Mutex // protects n, draining and idle
+	n        int
+	draining bool
+	idle     []chan struct{}
+}
+
+// begin counts a call in, unless draining.
+func (f *inflightCalls) begin() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.draining {
+		return false
+	}
+	f.n++
+	return true
+}
+
+// end counts a call begin let in out.
+func (f *inflightCalls) end() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.n--; f.n == 0 {
+		for _, ch := range f.idle {
+			close(ch)
+		}
+		f.idle = nil
+	}
+}
+
+// drain lets no call begin from now on and waits until none is in flight,
+// or ctx ends: then it returns how many still are, and ctx's error.
+func (f *inflightCalls) drain(ctx context.Context) (int, error) {
+	f.mu.Lock()
+	f.draining = true
+	if f.n == 0 {
+		f.mu.Unlock()
+		return 0, nil
+	}
+	ch := make(chan struct{})
+	f.idle = append(f.idle, ch)
+	f.mu.Unlock()
+	select {
+	case <-ch:
+		return 0, nil
+	case <-ctx.Done():
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		return f.n, ctx.Err()
+	}
 }
 
 // clientView is one ring view, as a node answered it (immutable).
@@ -270,7 +328,7 @@ const (
 // Close cut it got no answer, so its owner may have applied it: it answers
 // ErrUnavailable, the outcome unknown, as any call its owner did not answer
 // (retry it on a new Client, with the same event id when it has ClientID).
-// Closing again does nothing.
+// Closing again does nothing. Shutdown closes without cutting calls.
 func (c *Client) Close() error {
 	if c.peers == nil {
 		return errNotDialed
@@ -282,6 +340,46 @@ func (c *Client) Close() error {
 	<-c.done
 	c.behind.wait() // they end now: c.bg is canceled
 	return c.peers.close()
+}
+
+// Shutdown closes c gracefully, as http.Server's Shutdown closes a server:
+// calls begun from now on answer ErrClosed (nothing was applied), and it
+// waits until every Charge, Refund and Usage in flight has its answer, and
+// until the refunds the client sends by itself are done (a charge its
+// owner applied after the caller's context had ended: see Charge), then
+// closes as Close does. A program stopping calls it after its HTTP
+// server's Shutdown, so that the middleware's refunds of requests served
+// meanwhile are sent. If ctx ends first, Shutdown returns its error and
+// leaves the calls in flight to go on; Close then cuts them (those already
+// sent answer ErrUnavailable, their outcome unknown).
+func (c *Client) Shutdown(ctx context.Context) error {
+	switch {
+	case ctx == nil:
+		return errNilContext
+	case c.peers == nil:
+		return errNotDialed
+	case c.closed.Load():
+		return nil
+	}
+	if n, err := c.calls.drain(ctx); err != nil {
+		return fmt.Errorf("router: Shutdown: %d calls still in flight when the context ended (%w); Close cuts them", n, err)
+	}
+	if err := c.peers.senders.waitIdle(ctx); err != nil {
+		return fmt.Errorf("router: Shutdown: the client's own refunds of charges whose callers left were still on their way when the context ended (%w); Close cuts them", err)
+	}
+	return c.Close()
+}
+
+// begin is usable, and counts the call in flight for Shutdown: a nil error
+// must be paired with c.calls.end().
+func (c *Client) begin(ctx context.Context) error {
+	if err := c.usable(ctx); err != nil {
+		return err
+	}
+	if !c.calls.begin() {
+		return ErrClosed
+	}
+	return nil
 }
 
 // usable is nil when c can call nodes (made by Dial and not closed) with
@@ -373,9 +471,10 @@ func (c *Client) loop(ctx context.Context) {
 // Final), or is unknown_account (the owner's config lacks the account; one
 // created seconds ago is loaded within a few seconds; not Final).
 func (c *Client) Charge(ctx context.Context, req ChargeRequest) (ChargeResult, error) {
-	if err := c.usable(ctx); err != nil {
+	if err := c.begin(ctx); err != nil {
 		return ChargeResult{}, err
 	}
+	defer c.calls.end()
 	if err := checkCharge(&req); err != nil {
 		return ChargeResult{}, err
 	}
@@ -495,9 +594,10 @@ func checkRefund(req *RefundRequest) error {
 // of that month (quotad prune). Errors are as for Charge;
 // after ErrUnavailable a retry of the same refund is safe.
 func (c *Client) Refund(ctx context.Context, req RefundRequest) (shard.Decision, error) {
-	if err := c.usable(ctx); err != nil {
+	if err := c.begin(ctx); err != nil {
 		return shard.Decision{}, err
 	}
+	defer c.calls.end()
 	if err := checkRefund(&req); err != nil {
 		return shard.Decision{}, err
 	}
@@ -529,9 +629,10 @@ func (c *Client) Refund(ctx context.Context, req RefundRequest) (shard.Decision,
 // Usage reads an account's current period at its owner. An account the
 // owner's config lacks answers Known false and no error (see UsageResult).
 func (c *Client) Usage(ctx context.Context, account string) (UsageResult, error) {
-	if err := c.usable(ctx); err != nil {
+	if err := c.begin(ctx); err != nil {
 		return UsageResult{}, err
 	}
+	defer c.calls.end()
 	if account == "" {
 		return UsageResult{}, fmt.Errorf("%w: Usage needs an account", ErrInvalidRequest)
 	}

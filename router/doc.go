@@ -60,6 +60,13 @@
 //	}
 //	return http.ListenAndServe(":8080", charge(api))
 //
+// To stop without cutting calls in flight, shut the HTTP server down first
+// and then the client (Client.Shutdown waits for every answer, and for the
+// refunds the client sends by itself, before it closes):
+//
+//	srv.Shutdown(ctx)
+//	client.Shutdown(ctx)
+//
 // A cluster whose nodes run with --rpc-token needs the token to dial:
 //
 //	client, err := router.DialOptions{Token: os.Getenv("QUOTAD_RPC_TOKEN")}.Dial(ctx, "quotad-0.quotad:7400")
