@@ -1186,6 +1186,13 @@ func checkSecurity(t *testing.T, q *quotadPod) {
 	if !spread && !anti {
 		t.Errorf("want the pods spread across nodes (topologySpreadConstraints on kubernetes.io/hostname, or podAntiAffinity)")
 	}
+	// A spread that counts hosts the pod cannot run on (cordoned for a
+	// drain, tainted) as empty ones leaves a drained pod Pending.
+	for _, c := range q.pod.TopologySpreadConstraints {
+		if c.WhenUnsatisfiable == corev1.DoNotSchedule && (c.NodeTaintsPolicy == nil || *c.NodeTaintsPolicy != corev1.NodeInclusionPolicyHonor) {
+			t.Errorf("topologySpreadConstraint on %s with DoNotSchedule: want nodeTaintsPolicy: Honor", c.TopologyKey)
+		}
+	}
 }
 
 func isTrue(b *bool) bool { return b != nil && *b }

@@ -132,6 +132,15 @@ func TestMetricsList(t *testing.T) {
 	names := exportedMetrics(t)
 	if len(names) != 50 {
 		t.Errorf("metrics.txt lists %d metrics, want the 28 of issue 7, the 8 of quota alerts, the clock offset, step and tolerance, the build, the reconcile's errors and last success, the RPC calls refused both ways, the pauses noticed and held against, the reservation calls timed out, the units in doubt and those stranded, and the ring members of another config", len(names))
+	}	// README.md's table says what each one means: four were missing.
+	readme, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for m := range names {
+		if !strings.Contains(string(readme), "| `"+m) && !strings.Contains(string(readme), ", `"+m) {
+			t.Errorf("README.md: metric %s is not in the metrics table", m)
+		}
 	}
 }
 
@@ -171,6 +180,10 @@ func TestAlertRules(t *testing.T) {
 		"graphLink", "tableLink", "sortByLabel", "stripPort", "stripDomain", "pathPrefix", "externalURL", "safeHtml"} {
 		funcs[f] = fmtAny
 	}
+	readme, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
 	alerts := map[string]bool{}
 	usedBy := map[string][]string{} // metric -> alerts
 	for _, g := range rf.Groups {
@@ -184,6 +197,9 @@ func TestAlertRules(t *testing.T) {
 				t.Errorf("%s: alert %s defined twice", path, r.Alert)
 			}
 			alerts[r.Alert] = true
+			if !strings.Contains(string(readme), "| "+r.Alert+" |") {
+				t.Errorf("README.md: alert %s is not in the alerts table", r.Alert)
+			}
 			if r.For != "" {
 				if _, err := time.ParseDuration(r.For); err != nil {
 					t.Errorf("%s: for %q: %v", where, r.For, err)
@@ -212,6 +228,15 @@ func TestAlertRules(t *testing.T) {
 			for _, m := range checkExpr(t, where, r.Expr, exported) {
 				usedBy[m] = append(usedBy[m], r.Alert)
 			}
+			// instance is the pod's name, the same in every cluster's
+			// namespace (quotad-0): grouping or matching by it alone mixes
+			// two clusters that one Prometheus scrapes.
+			for _, g := range byLabels.FindAllStringSubmatch(r.Expr, -1) {
+				labels := strings.Split(strings.ReplaceAll(g[2], " ", ""), ",")
+				if slices.Contains(labels, "instance") && !slices.Contains(labels, "namespace") {
+					t.Errorf("%s: %s (%s) without namespace: two clusters' %s would mix", where, g[1], g[2], "quotad-0")
+				}
+			}
 		}
 	}
 	// The alerts issue 7 asks for, by what they watch.
@@ -225,10 +250,6 @@ func TestAlertRules(t *testing.T) {
 	}
 	// The job the rules select is the one the README's scrape config names
 	// (a rule on another job never fires, or fires for ever).
-	readme, err := os.ReadFile("README.md")
-	if err != nil {
-		t.Fatal(err)
-	}
 	jobName := regexp.MustCompile(`(?m)^\s*- job_name:\s*(\S+)`).FindSubmatch(readme)
 	if jobName == nil {
 		t.Fatal("README.md: no Prometheus scrape config with a job_name")
@@ -246,6 +267,10 @@ func TestAlertRules(t *testing.T) {
 		t.Logf("NOTE: promtool is not on PATH: the PromQL is checked for metric names, function use and brackets only")
 	}
 }
+
+// byLabels finds the label lists of by (...), without (...), on (...) and
+// ignoring (...) in PromQL.
+var byLabels = regexp.MustCompile(`\b(by|on|without|ignoring)\s*\(([^)]*)\)`)
 
 func fmtAny(...any) string { return "" }
 

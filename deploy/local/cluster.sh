@@ -77,10 +77,12 @@ esac
 [[ $timeout =~ ^[0-9]+$ ]] && ((timeout >= 1)) || die "--timeout $timeout: want a number of seconds"
 
 # The shutdown budgets the nodes get, and how long stop waits for them:
-# quotad serve bounds its shutdown by drain + settle + 10s.
+# quotad serve bounds its shutdown by drain + settle + 17s (10s for the
+# hand-back and leaving, 5s to close the ring, 2s for the ledger's
+# connections); 3s more for the process to exit.
 drain_timeout=5
 settle_timeout=10
-stop_wait=$((drain_timeout + settle_timeout + 15))
+stop_wait=$((drain_timeout + settle_timeout + 20))
 
 marker=.quotaring-local-cluster
 
