@@ -375,9 +375,25 @@ func (f *front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		f.observe(p.Status, time.Since(start))
 		return
 	}
+	if r.URL.Path == f.opts.UsagePath && !f.opts.NoUsageEndpoint {
+		// Before preflights: the usage endpoint is the front's, never the
+		// API's, so a preflight for it is not the API's to answer either
+		// (it gets the endpoint's 405).
+		f.observe(f.serveUsage(w, r), time.Since(start))
+		return
+	}
 	if !f.opts.ChargePreflights && isPreflight(r) {
 		// A browser's CORS preflight carries no credentials: the API answers
 		// it, uncharged; the request it announces is charged as usual.
+		if r.ContentLength != 0 {
+			// Browsers send none: a body here is a request dressed as a
+			// preflight to pass uncharged and unbounded (--max-body-bytes).
+			p := newProblem(ProblemBadRequest, "Bad Request", http.StatusBadRequest,
+				"A CORS preflight (OPTIONS with Origin and Access-Control-Request-Method) carries no body; send the request itself with its API key.")
+			p.write(w, r)
+			f.observe(p.Status, time.Since(start))
+			return
+		}
 		if r.Header.Get(HeaderAccount) != "" || r.Header.Get(HeaderEvent) != "" {
 			r = r.Clone(r.Context()) // the caller's request stays as it was
 			r.Header.Del(HeaderAccount)
@@ -386,10 +402,6 @@ func (f *front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		rec := &recorder{ResponseWriter: w}
 		f.next.ServeHTTP(rec, r)
 		f.observe(rec.code(r), 0) // NB: the front added nothing
-		return
-	}
-	if r.URL.Path == f.opts.UsagePath && !f.opts.NoUsageEndpoint {
-		f.observe(f.serveUsage(w, r), time.Since(start))
 		return
 	}
 	c, prob := f.admit(r)
@@ -408,7 +420,8 @@ func (f *front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	now := f.opts.Now().Unix()
 	setQuotaHeaders(w.Header(), &c.Decision, now, c.hard)
-	rec := &recorder{ResponseWriter: w, headers: func(h http.Header) { setQuotaHeaders(h, &c.Decision, now, c.hard) }}
+	rec := &recorder{ResponseWriter: w, headers: func(h http.Header) { setQuotaHeaders(h, &c.Decision, now, c.hard) },
+		charged: c.receipt != nil || c.Replayed}
 	rec.refundFirst = func(why string) { f.refundFirst(rec, r, c, why) }
 	if c.durable != nil {
 		rec.gate = func() error {
@@ -715,8 +728,14 @@ func (f *front) failedLog(msg, account string, err error) {
 var ownedHeaders = []string{HeaderAccount, HeaderEvent, "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto",
 	"X-Real-Ip", "Forwarded", "Via"}
 
+// lookalikeOnly are request headers the front passes on as the client sent
+// them but whose "_" spellings it drops: Idempotency_Key, merged by CGI,
+// WSGI and Rack into the real one, would give the upstream another key than
+// the one the request was billed under, and defeat its de-duplication.
+var lookalikeOnly = []string{"Idempotency-Key"}
+
 // withoutLookalikes returns r without the headers whose names read as one
-// of ownedHeaders or methodOverrides once "_" is read as "-"
+// of ownedHeaders, methodOverrides or lookalikeOnly once "_" is read as "-"
 // (X_Quota_Account, X_HTTP_Method_Override): the front
 // replaces the real ones, but an upstream that maps both to one name (CGI,
 // WSGI, Rack: HTTP_X_QUOTA_ACCOUNT) would take a client's forged copy
@@ -729,7 +748,7 @@ func withoutLookalikes(r *http.Request) *http.Request {
 			continue
 		}
 		dashed := strings.ReplaceAll(name, "_", "-")
-		for _, o := range slices.Concat(ownedHeaders, methodOverrides) {
+		for _, o := range slices.Concat(ownedHeaders, methodOverrides, lookalikeOnly) {
 			if strings.EqualFold(dashed, o) {
 				drop = append(drop, name)
 				break
@@ -1163,6 +1182,7 @@ type recorder struct {
 	status   int
 	wrote    bool
 	failed   bool // the upstream failed (ErrorHandler) or the handler panicked
+	charged  bool // the request was charged units (not a preflight, not a route of weight 0)
 	hijacked bool // the handler took the connection over (Hijack)
 	writeErr error
 	// gate, when set, runs once before anything reaches the client: the
@@ -1214,6 +1234,13 @@ func (w *recorder) WriteHeader(code int) {
 	if !w.wrote && (code >= 200 || code == http.StatusSwitchingProtocols) {
 		w.status, w.wrote = code, true // 1xx other than 101 are interim: the final status is still to come
 		w.final()
+	} else if code < 200 && code != http.StatusSwitchingProtocols {
+		// An interim answer (103 Early Hints) goes out with the header map
+		// as it is: the front's values, set before the handler ran, and any
+		// the upstream put on its 1xx (ReverseProxy adds them), which must
+		// never reach the client. The quota headers belong on the final
+		// answer, where final puts the front's back.
+		delFrontHeaders(w.Header())
 	}
 	w.ResponseWriter.WriteHeader(code)
 }

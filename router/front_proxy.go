@@ -416,9 +416,12 @@ func upstreamError(w http.ResponseWriter, r *http.Request, err error, maxBody in
 	var ne net.Error
 	timeout := errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout())
 	log.Warn("upstream failed", "method", r.Method, "path", r.URL.Path, "timeout", timeout, "err", err)
-	charge := " The charge is refunded."
-	if !refunds {
-		charge = " The charge stands (bill-on always)."
+	charge := " The charge is refunded: retry later."
+	switch {
+	case rec == nil || !rec.charged:
+		charge = " Nothing was charged: retry later." // a preflight, a route of weight 0
+	case !refunds:
+		charge = " The charge stands (bill-on always): a retry is charged again, unless it carries the same Idempotency-Key."
 	}
 	if timeout {
 		newProblem(ProblemUpstreamUnavailable, "Upstream timed out", http.StatusGatewayTimeout,

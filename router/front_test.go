@@ -547,6 +547,22 @@ func TestUnreachableUpstreamUnderBillOnAlways(t *testing.T) {
 		if _, r := ch.counts(); w.Code != http.StatusBadGateway || r != refunds {
 			t.Errorf("bill-on %s, upstream unreachable: %d with %d refunds, want 502 with %d", policy, w.Code, r, refunds)
 		}
+		want := "The charge is refunded"
+		if refunds == 0 {
+			want = "The charge stands"
+		}
+		if !strings.Contains(w.Body.String(), want) {
+			t.Errorf("bill-on %s, upstream unreachable: %s; want it to say %q", policy, w.Body, want)
+		}
+		// A preflight was charged nothing: the answer said it was refunded.
+		pre := httptest.NewRequest("OPTIONS", "/v1/tasks", nil)
+		pre.Header.Set("Origin", "https://app.example")
+		pre.Header.Set("Access-Control-Request-Method", "POST")
+		w = httptest.NewRecorder()
+		p.ServeHTTP(w, pre)
+		if w.Code != http.StatusBadGateway || !strings.Contains(w.Body.String(), "Nothing was charged") {
+			t.Errorf("bill-on %s, a preflight, upstream unreachable: %d %s; want 502 saying nothing was charged", policy, w.Code, w.Body)
+		}
 	}
 }
 
@@ -650,8 +666,11 @@ func TestMaxBodyBytes(t *testing.T) {
 func TestQuotaHeadersAfterInterimAnswers(t *testing.T) {
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Link", "</style.css>; rel=preload")
+		w.Header().Set("X-Quota-Remaining", "999999") // on the 103: never reaches the client either
+		w.Header().Set("RateLimit", `"evil";r=999`)
 		w.WriteHeader(http.StatusEarlyHints)
 		w.Header().Del("Link")
+		w.Header().Del("RateLimit")
 		w.Header().Set("X-Quota-Remaining", "1000000") // an upstream's own value never reaches the client
 		io.WriteString(w, "ok")
 	}))
@@ -667,8 +686,12 @@ func TestQuotaHeadersAfterInterimAnswers(t *testing.T) {
 	req, _ := http.NewRequest("POST", front.URL+"/v1/tasks", nil)
 	req.Header.Set("X-Api-Key", "secret")
 	var interim []int
+	var interimHeaders []textproto.MIMEHeader
 	req = req.WithContext(httptrace.WithClientTrace(req.Context(), &httptrace.ClientTrace{
-		Got1xxResponse: func(code int, _ textproto.MIMEHeader) error { interim = append(interim, code); return nil },
+		Got1xxResponse: func(code int, h textproto.MIMEHeader) error {
+			interim, interimHeaders = append(interim, code), append(interimHeaders, h)
+			return nil
+		},
 	}))
 	res, err := http.DefaultClient.Do(req)
 	if err != nil {
@@ -676,7 +699,13 @@ func TestQuotaHeadersAfterInterimAnswers(t *testing.T) {
 	}
 	res.Body.Close()
 	if len(interim) != 1 || interim[0] != 103 {
-		t.Errorf("interim answers %v, want [103]: the test's upstream did not send one", interim)
+		t.Fatalf("interim answers %v, want [103]: the test's upstream did not send one", interim)
+	}
+	// The 103 carries the upstream's Link, and none of the quota headers:
+	// the upstream's values of them reached the client there, beside the
+	// front's, which belong on the final answer.
+	if h := interimHeaders[0]; h.Get("Link") == "" || len(h.Values("X-Quota-Remaining")) != 0 || len(h.Values("Ratelimit")) != 0 {
+		t.Errorf("the 103's headers %v: want its Link and no quota headers", h)
 	}
 	for k, want := range map[string]string{"X-Quota-Limit": "100", "X-Quota-Remaining": "98", "X-Quota-Reset": "2026-07-01T00:00:00Z"} {
 		if got := res.Header.Get(k); got != want {
@@ -875,6 +904,22 @@ func TestPreflightPassesUncharged(t *testing.T) {
 	if c, _ := ch.counts(); w.Code != 401 || served != 1 || c != 0 {
 		t.Fatalf("OPTIONS without preflight headers or key: %d, served %d, %d charges", w.Code, served, c)
 	}
+	// A preflight with a body (browsers send none) passed uncharged and
+	// past MaxBodyBytes; one for the usage path reached the API.
+	preflight := func(path string, body io.Reader) *http.Request {
+		req := httptest.NewRequest("OPTIONS", path, body)
+		req.Header.Set("Origin", "https://app.example")
+		req.Header.Set("Access-Control-Request-Method", "POST")
+		return req
+	}
+	w, _ = serve(t, FrontOptions{Charger: ch, Config: testConfig(t), MaxBodyBytes: 10}, h, preflight("/v1/exports", strings.NewReader(strings.Repeat("x", 100))))
+	if c, _ := ch.counts(); w.Code != 400 || served != 1 || c != 0 || !strings.Contains(w.Body.String(), "carries no body") {
+		t.Fatalf("a preflight with a body: %d %s, served %d, %d charges; want 400, not served", w.Code, w.Body, served, c)
+	}
+	w, _ = serve(t, FrontOptions{Charger: ch, Config: testConfig(t), UsagePath: "/usage"}, h, preflight("/usage", nil))
+	if w.Code != 405 || served != 1 {
+		t.Fatalf("a preflight for the usage path: %d, served %d; want the usage endpoint's 405, not the API", w.Code, served)
+	}
 }
 
 // The handler behind the middleware sees the front's X-Quota-Account and
@@ -971,7 +1016,7 @@ func TestTrustForwarded(t *testing.T) {
 		// Lookalikes of the headers the proxy owns, which an upstream that
 		// reads "_" as "-" (CGI, WSGI, Rack) would take for them; a header
 		// of the API's own with an underscore passes.
-		for _, name := range []string{"X_Quota_Account", "x_quota_event", "X_Forwarded_For", "X_REAL_IP", "Forwarded_", "X_HTTP_Method_Override"} {
+		for _, name := range []string{"X_Quota_Account", "x_quota_event", "X_Forwarded_For", "X_REAL_IP", "Forwarded_", "X_HTTP_Method_Override", "Idempotency_Key"} {
 			req.Header[name] = []string{"forged"}
 		}
 		req.Header["X_Api_Trace"] = []string{"kept"}
