@@ -1,7 +1,9 @@
 package flush
 
 import (
+	"bytes"
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"net"
@@ -448,6 +450,68 @@ func TestLedgerStringsThatCanOnlyBeMistakes(t *testing.T) {
 	}
 	if path, ok := SQLitePath("file:/tmp/x.db"); ok {
 		t.Errorf("SQLitePath(file:/tmp/x.db) = %q, true; want it not taken as a path", path)
+	}
+}
+
+// Another program's SQLite database is never made a ledger: migrating it
+// added the ledger's tables to it (exit 0). Reading its schema version
+// leaves it byte for byte as it was, as it leaves an empty file empty (a
+// read-only command used to switch the one to WAL mode and make the other
+// a database before refusing them).
+func TestSQLiteForeignDatabase(t *testing.T) {
+	dir := t.TempDir()
+	foreign := filepath.Join(dir, "other-app.db")
+	db, err := sql.Open("sqlite", foreign)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec("CREATE TABLE users (id INTEGER PRIMARY KEY)"); err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+	before, err := os.ReadFile(foreign)
+	if err != nil {
+		t.Fatal(err)
+	}
+	empty := filepath.Join(dir, "empty.db")
+	if err := os.WriteFile(empty, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, path := range []string{foreign, empty} {
+		if v, err := SQLiteSchemaVersion(t.Context(), path); v != 0 || err != nil {
+			t.Errorf("SQLiteSchemaVersion(%s) = %d, %v; want 0, nil", filepath.Base(path), v, err)
+		}
+	}
+	if after, _ := os.ReadFile(foreign); !bytes.Equal(after, before) {
+		t.Error("reading the foreign database's schema version changed it")
+	}
+	if fi, err := os.Stat(empty); err != nil || fi.Size() != 0 {
+		t.Errorf("reading the empty file's schema version changed it (%v)", err)
+	}
+	if _, err := SQLiteSchemaVersion(t.Context(), filepath.Join(dir, "missing.db")); !errors.Is(err, ErrInvalid) {
+		t.Errorf("SQLiteSchemaVersion of a missing file: %v, want ErrInvalid", err)
+	}
+	l, err := OpenSQLite(t.Context(), foreign, SQLiteOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if err := l.Migrate(t.Context()); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "tables of another program (users)") {
+		t.Fatalf("migrate another program's database: %v; want ErrInvalid naming its tables", err)
+	}
+	ledger := filepath.Join(dir, "ledger.db")
+	l2, err := OpenSQLite(t.Context(), ledger, SQLiteOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l2.Close()
+	for range 2 { // a new ledger, then one up to date
+		if err := l2.Migrate(t.Context()); err != nil {
+			t.Fatalf("migrate a ledger: %v", err)
+		}
+	}
+	if v, err := SQLiteSchemaVersion(t.Context(), ledger); v == 0 || err != nil {
+		t.Errorf("SQLiteSchemaVersion of a migrated ledger = %d, %v", v, err)
 	}
 }
 

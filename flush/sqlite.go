@@ -116,6 +116,12 @@ func OpenSQLite(ctx context.Context, path string, opts SQLiteOptions) (*SQLite, 
 		switch {
 		case err == nil:
 			f.Close()
+		case errors.Is(err, fs.ErrExist) && syscall.Access(path, 2 /* W_OK */) != nil:
+			// SQLite opens it and fails every write with "attempt to write
+			// a readonly database", which read as a ledger down: a node
+			// waited for it for ever.
+			return nil, fmt.Errorf("%w: the SQLite ledger at %s is read-only for this user: make the file (and its -wal and -shm files) writable by the user quotad runs as",
+				ErrInvalid, path)
 		case errors.Is(err, fs.ErrNotExist), errors.Is(err, syscall.ENOTDIR), errors.Is(err, fs.ErrPermission), errors.Is(err, syscall.EROFS):
 			// A directory that is missing or not this user's to write:
 			// waiting will not make it (a node retried for ever).
@@ -151,6 +157,41 @@ func OpenSQLite(ctx context.Context, path string, opts SQLiteOptions) (*SQLite, 
 		now = time.Now
 	}
 	return &SQLite{db: db, path: path, log: orDiscard(opts.Logger), now: now, migrations: ms}, nil
+}
+
+// SQLiteSchemaVersion reads the schema version of the SQLite ledger file at
+// path without changing the file: opened read-only, so that neither its
+// journal mode nor its size changes (a command that only reads a ledger
+// used to turn another program's database into WAL mode, and an empty
+// file into a database, before it refused them). It is 0 with a nil error
+// for a file that is no migrated ledger (empty, or a database without
+// quotaring's schema), and an error for a missing file or one that is not
+// an SQLite database.
+func SQLiteSchemaVersion(ctx context.Context, path string) (int, error) {
+	if err := checkSQLitePath(path); err != nil {
+		return 0, err
+	}
+	if _, err := os.Stat(path); err != nil {
+		return 0, fmt.Errorf("%w: no SQLite ledger at %s: %v", ErrInvalid, path, err)
+	}
+	db, err := sql.Open("sqlite", "file:"+sqliteURIPath(path)+"?mode=ro&_pragma=busy_timeout(5000)")
+	if err != nil {
+		return 0, fmt.Errorf("flush: open SQLite ledger %s: %w", path, err)
+	}
+	defer db.Close()
+	db.SetMaxOpenConns(1)
+	var v int
+	err = db.QueryRowContext(ctx, "SELECT coalesce(max(version), 0) FROM schema_migrations").Scan(&v)
+	switch {
+	case err != nil && strings.Contains(err.Error(), "no such table"):
+		return 0, nil
+	case err != nil:
+		if c := sqliteCode(err) & 0xff; c == sqliteNotADB || c == sqliteCorrupt {
+			return 0, fmt.Errorf("%w: the SQLite ledger at %s is not a database, or is damaged (%v): check that --ledger names the ledger's file", ErrInvalid, path, err)
+		}
+		return 0, fmt.Errorf("flush: read the schema version of the SQLite ledger at %s: %w", path, err)
+	}
+	return v, nil
 }
 
 // Close closes the database.
@@ -221,6 +262,30 @@ func (s *SQLite) read(ctx context.Context, fn func(tx *sql.Tx) error) error {
 // Migrate applies the embedded migrations, each in a BEGIN IMMEDIATE
 // transaction, which is the lock: the version is read again inside it.
 func (s *SQLite) Migrate(ctx context.Context) error {
+	// A database of another program's (tables, and no schema_migrations):
+	// migrating added the ledger's tables to it, and exit 0.
+	var foreign []string
+	rows, err := s.db.QueryContext(ctx, "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' ORDER BY name")
+	if err != nil {
+		return s.fail("migrate: list the tables", err)
+	}
+	for rows.Next() {
+		var name string
+		if err := rows.Scan(&name); err != nil {
+			rows.Close()
+			return s.fail("migrate: list the tables", err)
+		}
+		if name == "schema_migrations" {
+			foreign = nil
+			break
+		}
+		foreign = append(foreign, name)
+	}
+	rows.Close()
+	if len(foreign) > 0 {
+		return fmt.Errorf("%w: the SQLite file %s holds tables of another program (%s) and no quotaring schema: it is not a ledger; give --ledger a new file (or the ledger's)",
+			ErrInvalid, s.path, strings.Join(foreign[:min(len(foreign), 5)], ", "))
+	}
 	if _, err := s.db.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (
 		version    INTEGER PRIMARY KEY,
 		applied_at INTEGER NOT NULL)`); err != nil {

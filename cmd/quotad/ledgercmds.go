@@ -38,9 +38,16 @@ func openLedger(ctx context.Context, dsn string) (flush.Ledger, error) {
 // migrated: the commands that read one (reconcile, revoke) must not create
 // an empty SQLite file at a mistyped path and then fail on a missing table.
 func openMigratedLedger(ctx context.Context, dsn string) (flush.Ledger, error) {
-	if path, ok := flush.SQLitePath(dsn); ok && path != ":memory:" {
+	if path, ok := flush.SQLitePath(dsn); ok {
 		if _, err := os.Stat(path); err != nil {
 			return nil, fmt.Errorf("--ledger %s: no ledger there (%v); check the path (quotad serve and quotad migrate create one)", dsn, err)
+		}
+		// Read-only first: opening it for writing turns another program's
+		// database into WAL mode, and an empty file into a database.
+		if v, err := flush.SQLiteSchemaVersion(ctx, path); err != nil {
+			return nil, fmt.Errorf("--ledger %s: %w", dsn, err)
+		} else if v == 0 {
+			return nil, fmt.Errorf("--ledger %s: not a migrated quotaring ledger (no schema); run quotad migrate --ledger ... first, or check the path", dsn)
 		}
 	}
 	l, err := openLedger(ctx, dsn)

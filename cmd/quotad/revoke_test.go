@@ -106,6 +106,10 @@ func TestReadingCommandsNeedAMigratedLedger(t *testing.T) {
 	if _, err := openMigratedLedger(context.Background(), "sqlite:"+empty); err == nil || !strings.Contains(err.Error(), "run quotad migrate") {
 		t.Fatalf("an unmigrated ledger: %v", err)
 	}
+	// Refused without a write: the empty file became a database.
+	if fi, err := os.Stat(empty); err != nil || fi.Size() != 0 {
+		t.Fatalf("refusing the empty file changed it (%v)", err)
+	}
 }
 
 // Ids the admin API would not route are refused before any request, and an

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"database/sql"
 	"errors"
 	"io"
 	"os"
@@ -405,7 +406,22 @@ func TestServeRefusesToJoinOnANewSQLiteLedger(t *testing.T) {
 	if err := os.WriteFile(empty, nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	for _, path := range []string{filepath.Join(dir, "ledgr.db"), empty} {
+	// Another program's database: it was migrated into a new ledger, and
+	// the node served on it.
+	foreign := filepath.Join(dir, "other-app.db")
+	db, err := sql.Open("sqlite", foreign)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec("CREATE TABLE users (id INTEGER PRIMARY KEY, name TEXT)"); err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+	before, err := os.ReadFile(foreign)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, path := range []string{filepath.Join(dir, "ledgr.db"), empty, foreign} {
 		data := filepath.Join(dir, "n2")
 		root := newRootCmd()
 		root.SetArgs([]string{"serve", "--node-id", "n2", "--data-dir", data, "--ledger", "sqlite:" + path, "--join", "127.0.0.1:7946",
@@ -418,6 +434,12 @@ func TestServeRefusesToJoinOnANewSQLiteLedger(t *testing.T) {
 		}
 		if _, err := os.Stat(data); !errors.Is(err, os.ErrNotExist) {
 			t.Errorf("the data dir exists after the refusal (%v)", err)
+		}
+		if path == foreign {
+			if after, err := os.ReadFile(foreign); err != nil || !bytes.Equal(after, before) {
+				t.Errorf("%s was changed by the refusal (%v)", path, err)
+			}
+			continue
 		}
 		if fi, err := os.Stat(path); path != empty && !errors.Is(err, os.ErrNotExist) || path == empty && (err != nil || fi.Size() != 0) {
 			t.Errorf("%s was created or changed by the refusal (%v)", path, err)

@@ -542,14 +542,22 @@ func checkJoinedSQLite(ledger string, join []string) error {
 	if !ok || len(join) == 0 {
 		return nil
 	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
 	fi, err := os.Stat(path)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
 	case err == nil && fi.Size() == 0:
+	case err == nil:
+		// A file with no ledger schema (another program's database, or one
+		// a read-only command once opened) was migrated into a new ledger.
+		if v, err := flush.SQLiteSchemaVersion(ctx, path); err != nil || v > 0 {
+			return nil // a ledger, or not readable: opening it says what is wrong
+		}
 	default:
-		return nil // there, or not readable: opening it says what is wrong
+		return nil // not readable: opening it says what is wrong
 	}
-	return fmt.Errorf("--ledger %q: there is no SQLite ledger at %s (no file, or an empty one), and --join names a cluster to join: "+
+	return fmt.Errorf("--ledger %q: there is no SQLite ledger at %s (no file, an empty one, or one without quotaring's schema), and --join names a cluster to join: "+
 		"the nodes of a cluster share one ledger, which holds its accounts, and a node on a new one would own accounts it knows nothing of. "+
 		"Check the path against the other nodes' --ledger; to start a new cluster, start its first node without --join (it creates the "+
 		"ledger), or create it with quotad migrate --ledger %q", ledger, path, ledger)
