@@ -223,7 +223,17 @@ func printUnsettled(ctx context.Context, out, errOut io.Writer, l flush.Ledger, 
 	if err != nil {
 		return fmt.Errorf("%s: %w", dir, err)
 	}
+	if !known && !isStale && settled > 0 {
+		// It settled into a ledger that is not this one: "pending" would
+		// read as "settled at the next start", which this ledger refuses.
+		return fmt.Errorf("--data-dir %s: this ledger has never seen the dir's node %s (incarnation %s), though the dir settled records into a ledger up to %d: "+
+			"--ledger is most likely not the ledger this node settles into (compare it with the node's --ledger); nothing can be told about the dir's records here",
+			dir, wl.NodeID(), wl.Incarnation(), settled)
+	}
 	fmt.Fprintf(out, "\nnode %s (%s): %d records not settled yet\n", wl.NodeID(), dir, durable-settled)
+	if !known && !isStale {
+		fmt.Fprintf(out, "  this ledger has never seen the dir's incarnation (%s): the node never reached it from this dir (its records settle at its next start, if this is its ledger), or --ledger is not its ledger\n", wl.Incarnation())
+	}
 	switch {
 	case isStale:
 		billed := min(max(stale.Billed, settled), durable)

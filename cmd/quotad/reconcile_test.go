@@ -301,6 +301,52 @@ func TestReconcileDoesNotCallAnOlderDirsRecordsPending(t *testing.T) {
 	}
 }
 
+// A dir that settled into another ledger, given with a ledger that never
+// saw its node: its records were listed as "units pending" (settled at
+// the next start), which that ledger would refuse. It is an error naming
+// the likely mistake. A dir that never reached any ledger is listed, with
+// a note that this ledger has not seen it.
+func TestReconcileDirOfAnotherLedger(t *testing.T) {
+	ctx := context.Background()
+	fresh := migratedSQLite(t)
+	dir := filepath.Join(t.TempDir(), "q9")
+	log, err := wal.Open(wal.Options{Dir: dir, NodeID: "q9"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 4 {
+		rec := shard.Record{Type: shard.RecCharge, Account: "acct-1", EventID: fmt.Sprint("e", i), Units: 2}
+		seq, err := log.Append(rec.AppendEncode(nil))
+		if err == nil {
+			err = log.WaitDurable(ctx, seq)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := log.Close(); err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	if err := runReconcile(ctx, &out, &out, "sqlite:"+fresh, []string{dir}, false); err != nil || !strings.Contains(out.String(), "this ledger has never seen the dir's incarnation") {
+		t.Errorf("reconcile of a dir that reached no ledger yet: %v\n%s\nwant it listed with a note", err, out.String())
+	}
+	if log, err = wal.Open(wal.Options{Dir: dir, NodeID: "q9"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := log.Settle(2, nil); err != nil { // it settled into another ledger
+		t.Fatal(err)
+	}
+	if err := log.Close(); err != nil {
+		t.Fatal(err)
+	}
+	out.Reset()
+	err = runReconcile(ctx, &out, &out, "sqlite:"+fresh, []string{dir}, false)
+	if err == nil || !strings.Contains(out.String()+err.Error(), "is most likely not the ledger this node settles into") || strings.Contains(out.String(), "units pending") {
+		t.Fatalf("reconcile of a dir of another ledger: %v\n%s\nwant an error naming the likely mistake, no units pending", err, out.String())
+	}
+}
+
 // A --data-dir that cannot be read does not hide the ledger's verdict: the
 // summary is printed and a difference still exits 3 (it was exit 1 with no
 // summary).
