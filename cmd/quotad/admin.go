@@ -1101,7 +1101,7 @@ refused alerts (given_up), or when a receiver lost one it had taken.`,
 		Args:    alertKeyArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var out node.AlertView
-			path := "/admin/v1/alerts/" + url.PathEscape(args[0]) + "/" + url.PathEscape(args[1]) + "/" + url.PathEscape(strings.TrimSuffix(args[2], "%")) + "/resend"
+			path := "/admin/v1/alerts/" + pathID(args[0]) + "/" + url.PathEscape(args[1]) + "/" + url.PathEscape(strings.TrimSuffix(args[2], "%")) + "/resend"
 			return c.run(cmd, "POST", path, nil, &out, func(w io.Writer) {
 				fmt.Fprintf(w, "the %s %d%% alert of %s is pending again (%s so far): a node with a webhook sends it at its next sweep\n",
 					out.Period, out.Threshold, out.Account, plural(int64(out.Attempts), "attempt", "attempts"))

@@ -233,6 +233,17 @@ func TestUsageCSVNeutralisesFormulas(t *testing.T) {
 	}
 }
 
+// alerts resend of an account named "." reached no endpoint ("no admin
+// endpoint POST /admin/v1/alerts/2026-12/80/resend"): its id went into the
+// path unescaped, a dot-segment the node's mux cleaned away.
+func TestAlertsResendOfADotAccount(t *testing.T) {
+	n := startAdminTestNode(t)
+	_, _, err := quotadAdmin(t, n, adminTestToken, "alerts", "resend", ".", "2026-12", "80")
+	if err == nil || strings.Contains(err.Error(), "no admin endpoint") || !strings.Contains(err.Error(), "404") {
+		t.Fatalf("alerts resend . 2026-12 80: %v; want the API's 404 for an alert it does not have", err)
+	}
+}
+
 // An id is one path segment, whatever it holds: "." and ".." too, which
 // unescaped are dot-segments the node's mux cleans away (the admin API
 // takes them as ids when escaped).
