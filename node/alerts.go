@@ -493,6 +493,12 @@ func (a *alerter) run(ctx context.Context) {
 		case qa := <-in:
 			pending = append(pending, &delivery{a: qa, next: time.Now()})
 		case <-sweep.C:
+			// Alerts the charges queued first: a sweep that ran before them
+			// (the sender was busy with a slow receiver, and select picked
+			// the tick) took their crossings for missed ones, and sent
+			// them as caught up, with the sweep's time as when the node saw
+			// the crossing.
+			pending = drainQueued(pending, in)
 			pending = a.sweep(ctx, pending)
 		case <-due:
 		}
@@ -613,6 +619,18 @@ func (a *alerter) sweepMissed(ctx context.Context, l flush.Ledger, pending []*de
 		}
 	}
 	return pending
+}
+
+// drainQueued moves what is queued in in to pending, without waiting.
+func drainQueued(pending []*delivery, in <-chan queuedAlert) []*delivery {
+	for {
+		select {
+		case qa := <-in:
+			pending = append(pending, &delivery{a: qa, next: time.Now()})
+		default:
+			return pending
+		}
+	}
 }
 
 func alertBody(al Alert) []byte {

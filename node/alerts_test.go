@@ -737,3 +737,23 @@ func settleOthersMonth(t *testing.T, l flush.Ledger, period shard.Period) {
 		t.Fatalf("settle the other owner's charge: %+v, %v", res, err)
 	}
 }
+
+// A sweep takes what the charges queued first: it ran before them when the
+// sender had been busy with a slow receiver, took their crossings for
+// missed ones and sent them as caught up, at the sweep's time.
+func TestSweepTakesTheQueuedAlertsFirst(t *testing.T) {
+	in := make(chan queuedAlert, 3)
+	in <- queuedAlert{Alert: Alert{Account: "gamma", Threshold: 100}}
+	in <- queuedAlert{Alert: Alert{Account: "delta", Threshold: 80}}
+	pending := drainQueued([]*delivery{{a: queuedAlert{Alert: Alert{Account: "beta", Threshold: 80}}}}, in)
+	var got []string
+	for _, d := range pending {
+		got = append(got, d.a.Account)
+	}
+	if !slices.Equal(got, []string{"beta", "gamma", "delta"}) || len(in) != 0 {
+		t.Fatalf("pending %v with %d left queued; want beta, gamma, delta and none", got, len(in))
+	}
+	if p := drainQueued(pending, in); len(p) != 3 {
+		t.Fatalf("an empty queue added %d", len(p)-3)
+	}
+}
