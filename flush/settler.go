@@ -327,7 +327,8 @@ func (s *Settler) staleDir(mark uint64) error {
 	return fmt.Errorf("%w: %w: the ledger has node %s (incarnation %s) settled to %d, but this log held records only to %d when it opened and sent none past that "+
 		"to the ledger since (its log ends at %d): the dir was restored from a copy or a snapshot, or another process runs "+
 		"as this node with a copy of it. Nothing is marked settled, and this dir can never settle: %s. Stop this node; if another process runs as it, "+
-		"stop one of them; otherwise bill those charges by hand, then run quotad revoke --node %s and start the node with an empty data dir (README: the ledger)",
+		"stop one of them; if the node's current data dir still exists (this one a copy restored by mistake, a wrong --data-dir), start the node on that one; "+
+		"otherwise bill what reconcile lists to bill by hand (if anything), then run quotad revoke --node %s and start the node with an empty data dir (README: the ledger)",
 		ErrMarkConflict, ErrStaleDataDir, s.node, s.inc, mark, billed, durable, taken, s.node)
 }
 

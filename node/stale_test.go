@@ -134,6 +134,10 @@ func TestStaleDataDirStopsWhenTheLedgerAnswers(t *testing.T) {
 		!strings.Contains(err.Error(), "the ledger was reached and refused this data dir") || strings.Contains(err.Error(), "never reached") {
 		t.Fatalf("StopFenced: %v; want the mark conflict, saying the ledger refused the dir", err)
 	}
+	// The likeliest remedy first: the node's current dir, if it exists.
+	if !strings.Contains(logs.String(), "if the node's current data dir still exists") {
+		t.Errorf("the conflict's log does not say to start the node on its current dir if it still exists:\n%s", logs.String())
+	}
 
 	// The dir says which records the ledger billed (the copy's, to
 	// opened) and which it never saw (the 5 taken since).
