@@ -67,11 +67,69 @@ func newBatcher[Req, Rep any](ctx context.Context, group *goroutines, maxInfligh
 // batchers' senders. After wait has begun, start runs f in the caller's
 // goroutine instead (a closed batcher fails at once, so it does not block).
 type goroutines struct {
-	mu      sync.Mutex // protects closed, running and idle; orders every wg.Add before wg.Wait
+	mu      sync.Mutex // protects closed; orders every wg.Add before wg.Wait
 	closed  bool
-	running int
-	idle    []chan struct{} // closed when running drops to 0 (waitIdle)
+	running counter // the goroutines of start's running (waitIdle)
 	wg      sync.WaitGroup
+}
+
+// counter counts work in flight, and wakes its waiters when none is left.
+type counter struct {
+	mu     sync.Mutex // protects n, closed and idle
+	n      int
+	closed bool            // add refuses (close)
+	idle   []chan struct{} // closed when n drops to 0
+}
+
+// add counts one in, unless closed.
+func (c *counter) add() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return false
+	}
+	c.n++
+	return true
+}
+
+// done counts one add let in out.
+func (c *counter) done() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.n--; c.n == 0 {
+		for _, ch := range c.idle {
+			close(ch)
+		}
+		c.idle = nil
+	}
+}
+
+// close makes add refuse from now on.
+func (c *counter) close() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.closed = true
+}
+
+// wait waits until none is in flight, or ctx ends: then it returns how
+// many still are, and ctx's error.
+func (c *counter) wait(ctx context.Context) (int, error) {
+	c.mu.Lock()
+	if c.n == 0 {
+		c.mu.Unlock()
+		return 0, nil
+	}
+	ch := make(chan struct{})
+	c.idle = append(c.idle, ch)
+	c.mu.Unlock()
+	select {
+	case <-ch:
+		return 0, nil
+	case <-ctx.Done():
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return c.n, ctx.Err()
+	}
 }
 
 func (g *goroutines) start(f func()) {
@@ -82,45 +140,21 @@ func (g *goroutines) start(f func()) {
 		return
 	}
 	g.wg.Add(1)
-	g.running++
+	g.running.add()
 	g.mu.Unlock()
 	go func() {
 		defer g.wg.Done()
-		defer g.ended()
+		defer g.running.done()
 		f()
 	}()
-}
-
-// ended counts a goroutine of start's out, and wakes waitIdle at the last.
-func (g *goroutines) ended() {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if g.running--; g.running == 0 {
-		for _, ch := range g.idle {
-			close(ch)
-		}
-		g.idle = nil
-	}
 }
 
 // waitIdle waits until no goroutine of start's is running, or ctx ends
 // (its error). Unlike wait it does not close the group: one started later
 // runs as before.
 func (g *goroutines) waitIdle(ctx context.Context) error {
-	g.mu.Lock()
-	if g.running == 0 {
-		g.mu.Unlock()
-		return nil
-	}
-	ch := make(chan struct{})
-	g.idle = append(g.idle, ch)
-	g.mu.Unlock()
-	select {
-	case <-ch:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
+	_, err := g.running.wait(ctx)
+	return err
 }
 
 // wait waits until every goroutine start began has returned.

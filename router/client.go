@@ -115,62 +115,8 @@ type Client struct {
 	closed atomic.Bool
 
 	// calls counts the Charge, Refund and Usage calls in flight, for
-	// Shutdown.
-	calls inflightCalls
-}
-
-// inflightCalls counts calls in flight; once draining (Shutdown), no call
-// begins and the last to end wakes the waiters.
-type inflightCalls struct {
-	mu       sync.Mutex // protects n, draining and idle
-	n        int
-	draining bool
-	idle     []chan struct{}
-}
-
-// begin counts a call in, unless draining.
-func (f *inflightCalls) begin() bool {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.draining {
-		return false
-	}
-	f.n++
-	return true
-}
-
-// end counts a call begin let in out.
-func (f *inflightCalls) end() {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.n--; f.n == 0 {
-		for _, ch := range f.idle {
-			close(ch)
-		}
-		f.idle = nil
-	}
-}
-
-// drain lets no call begin from now on and waits until none is in flight,
-// or ctx ends: then it returns how many still are, and ctx's error.
-func (f *inflightCalls) drain(ctx context.Context) (int, error) {
-	f.mu.Lock()
-	f.draining = true
-	if f.n == 0 {
-		f.mu.Unlock()
-		return 0, nil
-	}
-	ch := make(chan struct{})
-	f.idle = append(f.idle, ch)
-	f.mu.Unlock()
-	select {
-	case <-ch:
-		return 0, nil
-	case <-ctx.Done():
-		f.mu.Lock()
-		defer f.mu.Unlock()
-		return f.n, ctx.Err()
-	}
+	// Shutdown, which closes it: no call begins then.
+	calls counter
 }
 
 // clientView is one ring view, as a node answered it (immutable).
@@ -353,15 +299,14 @@ func (c *Client) Close() error {
 // leaves the calls in flight to go on; Close then cuts them (those already
 // sent answer ErrUnavailable, their outcome unknown).
 func (c *Client) Shutdown(ctx context.Context) error {
-	switch {
-	case ctx == nil:
-		return errNilContext
-	case c.peers == nil:
-		return errNotDialed
-	case c.closed.Load():
-		return nil
+	if err := c.usable(ctx); err != nil {
+		if errors.Is(err, ErrClosed) {
+			return nil // closed already
+		}
+		return err
 	}
-	if n, err := c.calls.drain(ctx); err != nil {
+	c.calls.close()
+	if n, err := c.calls.wait(ctx); err != nil {
 		return fmt.Errorf("router: Shutdown: %d calls still in flight when the context ended (%w); Close cuts them", n, err)
 	}
 	if err := c.peers.senders.waitIdle(ctx); err != nil {
@@ -371,12 +316,12 @@ func (c *Client) Shutdown(ctx context.Context) error {
 }
 
 // begin is usable, and counts the call in flight for Shutdown: a nil error
-// must be paired with c.calls.end().
+// must be paired with c.calls.done().
 func (c *Client) begin(ctx context.Context) error {
 	if err := c.usable(ctx); err != nil {
 		return err
 	}
-	if !c.calls.begin() {
+	if !c.calls.add() {
 		return ErrClosed
 	}
 	return nil
@@ -474,7 +419,7 @@ func (c *Client) Charge(ctx context.Context, req ChargeRequest) (ChargeResult, e
 	if err := c.begin(ctx); err != nil {
 		return ChargeResult{}, err
 	}
-	defer c.calls.end()
+	defer c.calls.done()
 	if err := checkCharge(&req); err != nil {
 		return ChargeResult{}, err
 	}
@@ -597,7 +542,7 @@ func (c *Client) Refund(ctx context.Context, req RefundRequest) (shard.Decision,
 	if err := c.begin(ctx); err != nil {
 		return shard.Decision{}, err
 	}
-	defer c.calls.end()
+	defer c.calls.done()
 	if err := checkRefund(&req); err != nil {
 		return shard.Decision{}, err
 	}
@@ -632,7 +577,7 @@ func (c *Client) Usage(ctx context.Context, account string) (UsageResult, error)
 	if err := c.begin(ctx); err != nil {
 		return UsageResult{}, err
 	}
-	defer c.calls.end()
+	defer c.calls.done()
 	if account == "" {
 		return UsageResult{}, fmt.Errorf("%w: Usage needs an account", ErrInvalidRequest)
 	}

@@ -96,7 +96,7 @@ func TestShutdownWaitsForCallsAndRefunds(t *testing.T) {
 	waitfor.Cond(t, 10*time.Second, "Shutdown draining", func() bool {
 		c.calls.mu.Lock()
 		defer c.calls.mu.Unlock()
-		return c.calls.draining
+		return c.calls.closed
 	})
 	if _, err := c.Charge(ctx, ChargeRequest{Account: "late", Units: 1}); !errors.Is(err, ErrClosed) {
 		t.Fatalf("a charge begun during Shutdown: %v, want ErrClosed", err)
