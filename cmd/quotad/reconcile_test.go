@@ -250,6 +250,22 @@ func TestReconcileCountsRecordsTheLedgerSettledAsBilled(t *testing.T) {
 // reconcileDir makes a stopped node q1's data dir holding records charges
 // of 2 units to acct-1, and a migrated SQLite ledger that settled its
 // incarnation to settled (beyond the log's end when settled > records).
+// appendCharges logs n durable charges of units each to acct-1 (event ids
+// e0, e1, ...).
+func appendCharges(t *testing.T, log *wal.Log, n int, units int64) {
+	t.Helper()
+	for i := range n {
+		rec := shard.Record{Type: shard.RecCharge, Account: "acct-1", EventID: fmt.Sprint("e", i), Units: units}
+		seq, err := log.Append(rec.AppendEncode(nil))
+		if err == nil {
+			err = log.WaitDurable(context.Background(), seq)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 func reconcileDir(t *testing.T, records int, settled uint64) (path, dir string) {
 	t.Helper()
 	ctx := context.Background()
@@ -259,16 +275,7 @@ func reconcileDir(t *testing.T, records int, settled uint64) (path, dir string) 
 	if err != nil {
 		t.Fatal(err)
 	}
-	for i := range records {
-		rec := shard.Record{Type: shard.RecCharge, Account: "acct-1", EventID: fmt.Sprint("e", i), Units: 2}
-		seq, err := log.Append(rec.AppendEncode(nil))
-		if err == nil {
-			err = log.WaitDurable(ctx, seq)
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
+	appendCharges(t, log, records, 2)
 	l, err := flush.OpenSQLite(ctx, path, flush.SQLiteOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -314,16 +321,7 @@ func TestReconcileDirOfAnotherLedger(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for i := range 4 {
-		rec := shard.Record{Type: shard.RecCharge, Account: "acct-1", EventID: fmt.Sprint("e", i), Units: 2}
-		seq, err := log.Append(rec.AppendEncode(nil))
-		if err == nil {
-			err = log.WaitDurable(ctx, seq)
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
+	appendCharges(t, log, 4, 2)
 	if err := log.Close(); err != nil {
 		t.Fatal(err)
 	}
