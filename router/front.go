@@ -138,6 +138,14 @@ type FrontOptions struct {
 	// to the handler or upstream uncharged and without a Caller (see
 	// Middleware).
 	ChargePreflights bool
+	// CORSOrigins, when set, makes the front answer CORS for browser pages
+	// on these origins ("https://app.example.com", or "*" for any): it
+	// answers their preflights itself, and every final answer to their
+	// requests (its own refusals and usage answers, and the API's) carries
+	// Access-Control-Allow-Origin and exposes the quota headers. Without
+	// it CORS is the API's, and a page cannot read the front's own
+	// answers. Other origins are left to the API as before.
+	CORSOrigins []string
 	// TrustForwarded keeps the X-Forwarded-For, -Host and -Proto, X-Real-IP
 	// and Forwarded the client sent (NewProxy only; X-Forwarded-For and
 	// Forwarded get the proxy's peer appended): set it when quotad runs
@@ -201,6 +209,9 @@ func (o *FrontOptions) defaults() error {
 }
 
 func (o *FrontOptions) policyDefaults() error {
+	if err := checkCORSOrigins(o.CORSOrigins); err != nil {
+		return err
+	}
 	if o.Now == nil {
 		o.Now = time.Now
 	}
@@ -374,6 +385,14 @@ func (f *front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		p.write(w, r)
 		f.observe(p.Status, time.Since(start))
 		return
+	}
+	if origin := f.corsOrigin(r); origin != "" {
+		w = &corsWriter{ResponseWriter: w, origin: origin}
+		if isPreflight(r) {
+			answerPreflight(w, r) // the front answers CORS for these origins: the API never sees it
+			f.observe(http.StatusNoContent, time.Since(start))
+			return
+		}
 	}
 	if r.URL.Path == f.opts.UsagePath && !f.opts.NoUsageEndpoint {
 		// Before preflights: the usage endpoint is the front's, never the

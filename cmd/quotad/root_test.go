@@ -300,6 +300,7 @@ func TestServeFrontAndAlertFlags(t *testing.T) {
 		"events off reconcile": {[]string{"--events=false", "--reconcile-interval", "15m"}, "--reconcile-interval 15m0s with --events=false: reconcile checks the ledger's counters against its event log"},
 		"node-id comma":        {[]string{"--node-id", "q1,q2"}, `--node-id "q1,q2": want a non-empty id without spaces, commas, slashes or control characters`},
 		"node-id too long":     {[]string{"--node-id", strings.Repeat("q", 200)}, "--node-id is 200 bytes: want at most 128"},
+		"cors-origins":         {[]string{"--cors-origins", "https://app.example/"}, `--cors-origins: router: CORS origin "https://app.example/": want scheme://host[:port]`},
 		"node-id control":      {[]string{"--node-id", "q1\x1b[31m"}, `--node-id "q1\x1b[31m"`},
 		"upgrades none and":    {[]string{"--upgrades", "none,websocket"}, `--upgrades "none,websocket": "none" allows no protocol switch and stands alone`},
 		"upgrades h2c":         {[]string{"--upgrades", "websocket,h2c"}, "--upgrades: router: upgrade h2c cannot be allowed"},

@@ -365,6 +365,7 @@ type frontFlags struct {
 	bodyTimeout       time.Duration
 	stripAPIKey       bool
 	chargePreflights  bool
+	corsOrigins       []string
 	trustForwarded    bool
 	upgrades          []string
 }
@@ -381,6 +382,7 @@ func (ff *frontFlags) register(cmd *cobra.Command, upstream *string) {
 	fl.DurationVar(&ff.bodyTimeout, "body-timeout", 0, "cut off a request body not sent in full within this long of the request's headers, however steadily it trickles: 408 and refund (gRPC calls exempt); set it above the slowest upload you serve; 0: no bound")
 	fl.BoolVar(&ff.stripAPIKey, "strip-api-key-header", false, "remove the header the API key came from before proxying: X-Api-Key, or Authorization when the key was its Bearer token")
 	fl.BoolVar(&ff.chargePreflights, "charge-preflights", false, "treat CORS preflights (OPTIONS with Origin and Access-Control-Request-Method) as any request: they then need an API key, which browsers never send with them; only for an API no browser calls across origins. Default: they reach the upstream uncharged")
+	fl.StringSliceVar(&ff.corsOrigins, "cors-origins", nil, "browser origins the front answers CORS for itself (comma-separated, such as https://app.example.com, or * for any): it answers their preflights, and every answer to them (its own 429s, 401s and usage answers included, which a page cannot read otherwise) carries Access-Control-Allow-Origin and exposes the quota headers. Default: none, CORS is the upstream's")
 	fl.StringSliceVar(&ff.upgrades, "upgrades", []string{"websocket"}, "protocols a client may switch to through the proxy (the Upgrade header's names, comma-separated), or none. After the switch the proxy relays bytes and bills the connection once, as one request: allow only protocols that serve one request's worth over it, such as tcp for Docker's attach. Other offers are taken out and the request is served without switching; h2c is never allowed")
 	fl.BoolVar(&ff.trustForwarded, "trust-forwarded-headers", false, "keep the client's X-Forwarded-For/-Host/-Proto, X-Real-IP and Forwarded (set it behind a load balancer that sets them); otherwise they are replaced, since clients can forge them")
 	cmd.Example += `
@@ -418,6 +420,9 @@ func (ff *frontFlags) check() error {
 	if ff.maxBodyBytes == 0 || ff.maxBodyBytes < -1 {
 		return fmt.Errorf("--max-body-bytes %d: want a positive size, or -1 for no limit", ff.maxBodyBytes)
 	}
+	if err := (router.FrontOptions{CORSOrigins: ff.corsOrigins}).Check(); err != nil {
+		return fmt.Errorf("--cors-origins: %w", err)
+	}
 	switch none := slices.IndexFunc(ff.upgrades, func(p string) bool { return strings.EqualFold(p, "none") }); {
 	case len(ff.upgrades) == 0:
 		return errors.New(`--upgrades is empty: give the protocols to allow, such as websocket, or "none" to allow no protocol switch`)
@@ -450,7 +455,7 @@ func (ff *frontFlags) build(upstream string) (func(*node.Node) (http.Handler, er
 	opts := func(o router.FrontOptions) router.FrontOptions {
 		o.UsagePath, o.QuotaStatus, o.BillOn = ff.usagePath, ff.quotaStatus, ff.billOn
 		o.MaxBodyBytes, o.UpstreamTimeout, o.StripAPIKeyHeader = ff.maxBodyBytes, ff.upstreamTimeout, ff.stripAPIKey
-		o.TrustForwarded, o.ChargePreflights = ff.trustForwarded, ff.chargePreflights
+		o.TrustForwarded, o.ChargePreflights, o.CORSOrigins = ff.trustForwarded, ff.chargePreflights, ff.corsOrigins
 		o.BodyIdleTimeout, o.BodyTimeout = ff.bodyIdleTimeout, ff.bodyTimeout
 		if len(ff.upgrades) == 1 && strings.EqualFold(ff.upgrades[0], "none") {
 			o.NoUpgrades = true
