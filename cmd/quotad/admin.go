@@ -104,6 +104,9 @@ const adminDefaultTimeout = node.AdminLedgerTimeout + 15*time.Second
 // adminClient talks to a node's admin API.
 type adminClient struct {
 	addr, token string
+	// fieldFlags are the running command's own fields named by a flag
+	// (grants add's id is its --id), beside the global fieldFlags.
+	fieldFlags map[string]string
 	caCert      string // a PEM bundle to trust for an https --addr
 	json        bool
 	timeout     time.Duration
@@ -341,7 +344,11 @@ func (c *adminClient) do(ctx context.Context, method, path string, body, out any
 		var p problem
 		if strings.HasPrefix(resp.Header.Get("Content-Type"), "application/problem+json") && json.Unmarshal(raw, &p) == nil && p.Detail != "" {
 			msg := p.Detail
-			if flag, ok := fieldFlags[p.Field]; ok && strings.HasPrefix(msg, p.Field+": ") {
+			flag, ok := fieldFlags[p.Field]
+			if f, mine := c.fieldFlags[p.Field]; mine {
+				flag, ok = f, true
+			}
+			if ok && strings.HasPrefix(msg, p.Field+": ") {
 				msg = flag + ": " + strings.TrimPrefix(msg, p.Field+": ")
 			}
 			if resp.Header.Get(node.AdminAPIHeader) == "" && (isFrontProblem(p.Type) || p.Title == node.NoFrontTitle) {
@@ -808,6 +815,7 @@ together (--expires on the first of a month), the quota goes first.`,
 				}
 				body["id"] = id
 			}
+			c.fieldFlags = map[string]string{"id": "--id"} // the grant's id; elsewhere an id is an argument
 			var g struct {
 				Account   string     `json:"account"`
 				ID        string     `json:"id"`

@@ -126,8 +126,9 @@ func TestQuotadAdmin(t *testing.T) {
 	if out := mustAdmin(t, n, "grants", "add", "acme", "--units", "500", "--expires", "2200-01-01", "--id", "order-1"); !strings.Contains(out, "grant order-1 was there already, the same: 500 units") {
 		t.Fatalf("a retry of grants add: %q", out)
 	}
-	if _, _, err := quotadAdmin(t, n, adminTestToken, "grants", "add", "acme", "--units", "501", "--id", "order-1"); err == nil || !strings.Contains(err.Error(), "(HTTP 409)") {
-		t.Fatalf("another grant under order-1: %v, want a 409", err)
+	if _, _, err := quotadAdmin(t, n, adminTestToken, "grants", "add", "acme", "--units", "501", "--id", "order-1"); err == nil || !strings.Contains(err.Error(), "(HTTP 409)") ||
+		!strings.HasPrefix(err.Error(), "--id: ") {
+		t.Fatalf("another grant under order-1: %v, want a 409 naming --id", err)
 	}
 
 	if out := mustAdmin(t, n, "routes", "set", "--default", "1", "GET /v1/tasks=1", "POST /v1/exports=25"); !strings.Contains(out, "2 patterns, default 1") {
