@@ -107,10 +107,10 @@ type adminClient struct {
 	// fieldFlags are the running command's own fields named by a flag
 	// (grants add's id is its --id), beside the global fieldFlags.
 	fieldFlags map[string]string
-	caCert      string // a PEM bundle to trust for an https --addr
-	json        bool
-	timeout     time.Duration
-	http        *http.Client
+	caCert     string // a PEM bundle to trust for an https --addr
+	json       bool
+	timeout    time.Duration
+	http       *http.Client
 }
 
 // adminEnv are quotad admin's flags with environment twins, and the twins.
