@@ -118,15 +118,11 @@ func OpenSQLite(ctx context.Context, path string, opts SQLiteOptions) (*SQLite, 
 			f.Close()
 		case errors.Is(err, fs.ErrExist) && syscall.Access(path, 2 /* W_OK */) != nil:
 			// SQLite opens it and fails every write with "attempt to write
-			// a readonly database", which read as a ledger down: a node
-			// waited for it for ever.
+			// a readonly database", and the advice was about the directory.
+			// Unavailable, as a missing directory: an operator may fix
+			// either while the node waits (a volume mounted late).
 			return nil, fmt.Errorf("%w: the SQLite ledger at %s is read-only for this user: make the file (and its -wal and -shm files) writable by the user quotad runs as",
-				ErrInvalid, path)
-		case errors.Is(err, fs.ErrNotExist), errors.Is(err, syscall.ENOTDIR), errors.Is(err, fs.ErrPermission), errors.Is(err, syscall.EROFS):
-			// A directory that is missing or not this user's to write:
-			// waiting will not make it (a node retried for ever).
-			return nil, fmt.Errorf("%w: cannot create the SQLite ledger at %s: %v: check that its directory exists and is writable by this user",
-				ErrInvalid, path, err)
+				ErrUnavailable, path)
 		case !errors.Is(err, fs.ErrExist):
 			return nil, fmt.Errorf("%w: cannot create the SQLite ledger at %s: %v: check that its directory exists and is writable by this user",
 				ErrUnavailable, path, err)
