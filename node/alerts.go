@@ -484,8 +484,14 @@ func (a *alerter) run(ctx context.Context) {
 		}
 		select {
 		case <-ctx.Done():
-			pending = a.recordAtStop(ctx, pending)
-			if n := len(pending) + len(a.queue); n > 0 {
+			n := len(a.queue) // not delivered: queued, claimed, in a round (recorded at stop or not)
+			for _, d := range pending {
+				if d.stage != stageReport || d.outcome != flush.AlertDelivered {
+					n++
+				}
+			}
+			a.recordAtStop(ctx, pending)
+			if n > 0 {
 				a.log.Warn("stopping with quota alerts not delivered: the claimed ones stay pending in the ledger, and a node takes them over once their lease runs out",
 					"alerts", n, "lease", a.lease)
 			}
@@ -525,7 +531,15 @@ func (a *alerter) recordAtStop(ctx context.Context, pending []*delivery) []*deli
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), alertStopWait)
 	defer cancel()
 	return slices.DeleteFunc(pending, func(d *delivery) bool {
-		if d.stage != stageReport || ctx.Err() != nil {
+		switch {
+		case ctx.Err() != nil:
+			return false
+		case d.stage == stageSend && d.sent > 0:
+			// A round the stop cut short: recorded as one that ended
+			// undelivered, or its calls and its last failure were lost (0
+			// attempts and no error, until a takeover's own).
+			d.stage, d.outcome = stageReport, flush.AlertPending
+		case d.stage != stageReport:
 			return false
 		}
 		d.attempts = alertAttempts // the last one

@@ -369,6 +369,31 @@ func TestAlertSurvivesItsNodeStopping(t *testing.T) {
 	})
 }
 
+// A round of retries the node's stop cuts short is recorded as a round
+// that ended undelivered: its calls count and its last failure stays (they
+// were lost, the row showing 0 attempts and no error until a takeover).
+func TestAlertRoundCutByAStopIsRecorded(t *testing.T) {
+	rc := &receiver{status: http.StatusInternalServerError}
+	srv := httptest.NewServer(rc)
+	defer srv.Close()
+	l := testLedger(t)
+	a := testAlerter(t, srv.URL, l, func(c *Config) { c.AlertLease, c.AlertRetry = time.Hour, time.Hour })
+	a.onCharge("acme", decision(10, 10, june2026), nil) // 80 % and 100 %
+	waitFor(t, 10*time.Second, "the first attempts answered", func() bool {
+		return a.stats.Attempts.Load() == 2 && rc.callCount() == 2
+	})
+	stopAlerts(a.n)() // mid-round: the next attempts wait an hour
+	all, err := l.Alerts(context.Background(), flush.AlertQuery{Account: "acme"})
+	if err != nil || len(all) != 2 {
+		t.Fatalf("ledger %+v, %v", all, err)
+	}
+	for _, al := range all {
+		if al.State != flush.AlertPending || al.Attempts != 1 || !strings.Contains(al.LastError, "500") {
+			t.Errorf("%d%% alert after a stop mid-round: %s, %d attempts, last error %q; want pending, 1 attempt and the 500", al.Threshold, al.State, al.Attempts, al.LastError)
+		}
+	}
+}
+
 // An alert undelivered for AlertGiveUp is given up, and says why.
 func TestAlertGivenUpAfterItsAge(t *testing.T) {
 	rc := &receiver{status: http.StatusBadGateway}
