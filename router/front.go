@@ -372,6 +372,10 @@ type charged struct {
 	hard bool
 }
 
+// units reports whether the request was charged units now: not for a route
+// of weight 0, which has no receipt and nothing to refund.
+func (c *charged) units() bool { return c.receipt != nil || c.Replayed }
+
 func (f *front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	r = withoutLookalikes(r)
@@ -440,7 +444,7 @@ func (f *front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	now := f.opts.Now().Unix()
 	setQuotaHeaders(w.Header(), &c.Decision, now, c.hard)
 	rec := &recorder{ResponseWriter: w, headers: func(h http.Header) { setQuotaHeaders(h, &c.Decision, now, c.hard) },
-		charged: c.receipt != nil || c.Replayed}
+		charged: c.units()}
 	rec.refundFirst = func(why string) { f.refundFirst(rec, r, c, why) }
 	if c.durable != nil {
 		rec.gate = func() error {
@@ -1013,7 +1017,7 @@ func (f *front) finish(rec *recorder, r *http.Request, c *charged, body *limited
 		f.refundFirst(rec, r, c, cutWhy)
 		cutProb.write(rec, r)
 	}
-	if c.receipt == nil && !c.Replayed {
+	if !c.units() {
 		return // a weight-0 route: nothing of ours to return
 	}
 	why := ""
@@ -1066,7 +1070,7 @@ func (f *front) finish(rec *recorder, r *http.Request, c *charged, body *limited
 // The cost is the refund's round trip (at most RefundTimeout) on these
 // answers only.
 func (f *front) refundFirst(rec *recorder, r *http.Request, c *charged, why string) {
-	if c.refunded || (c.receipt == nil && !c.Replayed) {
+	if c.refunded || !c.units() {
 		return // nothing was charged now (weight 0): the headers stand
 	}
 	d, ok := f.refund(r, c, why)
@@ -1086,7 +1090,7 @@ func (f *front) refundFirst(rec *recorder, r *http.Request, c *charged, why stri
 // the owner's answer, and whether that answer is the account's state after
 // the refund (false when the refund failed or was not made).
 func (f *front) refund(r *http.Request, c *charged, why string) (shard.Decision, bool) {
-	if c.refunded || (c.receipt == nil && !c.Replayed) {
+	if c.refunded || !c.units() {
 		return shard.Decision{}, false
 	}
 	c.refunded = true
