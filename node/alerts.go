@@ -526,25 +526,25 @@ const alertStopWait = 2 * time.Second
 // recordAtStop makes a last attempt, at the stop, to record the outcomes
 // of the rounds that ended and wait to be recorded (a failed FinishAlert,
 // retried later): a delivery made and left pending in the ledger is sent
-// again by the next node to take it over. It returns the deliveries left.
-func (a *alerter) recordAtStop(ctx context.Context, pending []*delivery) []*delivery {
+// again by the next node to take it over.
+func (a *alerter) recordAtStop(ctx context.Context, pending []*delivery) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), alertStopWait)
 	defer cancel()
-	return slices.DeleteFunc(pending, func(d *delivery) bool {
+	for _, d := range pending {
 		switch {
 		case ctx.Err() != nil:
-			return false
+			return
 		case d.stage == stageSend && d.sent > 0:
 			// A round the stop cut short: recorded as one that ended
 			// undelivered, or its calls and its last failure were lost (0
 			// attempts and no error, until a takeover's own).
 			d.stage, d.outcome = stageReport, flush.AlertPending
 		case d.stage != stageReport:
-			return false
+			continue
 		}
 		d.attempts = alertAttempts // the last one
-		return a.reportStep(ctx, d, a.log.With("account", d.a.Account, "period", d.a.Period, "threshold", d.a.Threshold))
-	})
+		a.reportStep(ctx, d, a.log.With("account", d.a.Account, "period", d.a.Period, "threshold", d.a.Threshold))
+	}
 }
 
 // sweep takes over the pending alerts whose claim's lease ran out (their
