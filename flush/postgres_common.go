@@ -82,6 +82,7 @@ var schemePrefix = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9+.-]*:`)
 func CheckLedger(ledger string) error {
 	scheme := schemePrefix.FindString(ledger)
 	lower := strings.ToLower(scheme)
+	path, isSQLite := SQLitePath(ledger)
 	switch {
 	case scheme != lower && (lower == "postgres:" || lower == "postgresql:" || lower == "sqlite:"):
 		return fmt.Errorf("%w: ledger %q: write the scheme %q in lower case, %s", ErrInvalid, redactDSN(ledger), scheme, lower)
@@ -91,8 +92,7 @@ func CheckLedger(ledger string) error {
 	case isPostgres(ledger):
 		_, err := parsePGConfig(ledger)
 		return err
-	case strings.HasPrefix(ledger, "sqlite:"), strings.HasSuffix(ledger, ".db") && scheme == "":
-		path, _ := SQLitePath(ledger)
+	case isSQLite:
 		return checkSQLitePath(path)
 	case scheme != "":
 		return fmt.Errorf("%w: ledger %q: this quotad takes no %s ledger: postgres://USER:PASSWORD@HOST:PORT/DB (or postgresql://...) for Postgres, "+
