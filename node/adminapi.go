@@ -19,6 +19,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf16"
 	"unicode/utf8"
 
 	"github.com/quotaring/quotaring/flush"
@@ -254,25 +255,57 @@ func unstorable(s string) string {
 	return ""
 }
 
-// hasNULEscape reports whether JSON text data holds a \u0000 escape (a NUL
-// in a string, which Postgres refuses in text; a raw NUL byte is not JSON),
-// not counting an escaped backslash followed by "u0000".
-func hasNULEscape(data []byte) bool {
-	for i := 0; ; {
-		j := bytes.Index(data[i:], []byte(`\u0000`))
-		if j < 0 {
-			return false
+// jsonTextProblem says what in JSON text data (valid JSON) encoding/json
+// would let through silently though no stored text may hold it, or "": a
+// \u0000 escape (a NUL in a string, which Postgres refuses in text; a raw
+// NUL byte is not JSON), a byte that is not UTF-8, or an escaped UTF-16
+// surrogate without its other half ("\ud800"). encoding/json turns the last
+// two into U+FFFD without a word, so grant ids "order\xff1" and
+// "order\xfe1" became one id, the second grant taken for a retry of the
+// first and never granted. In valid JSON a backslash occurs only inside a
+// string and always starts an escape, so one pass over the bytes reads
+// every escape.
+func jsonTextProblem(data []byte) string {
+	if !utf8.Valid(data) {
+		for i := 0; i < len(data); {
+			r, n := utf8.DecodeRune(data[i:])
+			if r == utf8.RuneError && n == 1 {
+				return fmt.Sprintf("byte %d (0x%02X) is not UTF-8: send the text as UTF-8", i+1, data[i])
+			}
+			i += n
 		}
-		j += i
-		n := 0 // backslashes ending at j, j's own included
-		for k := j; k >= 0 && data[k] == '\\'; k-- {
-			n++
-		}
-		if n%2 == 1 {
-			return true
-		}
-		i = j + 1
 	}
+	hex4 := func(i int) (rune, bool) { // the \uXXXX escape at data[i:], if any
+		if i+6 > len(data) || data[i] != '\\' || data[i+1] != 'u' {
+			return 0, false
+		}
+		v, err := strconv.ParseUint(string(data[i+2:i+6]), 16, 16)
+		return rune(v), err == nil
+	}
+	for i := 0; i < len(data); i++ {
+		if data[i] != '\\' {
+			continue
+		}
+		r, ok := hex4(i)
+		if !ok {
+			i++ // an escape of one character: skip it
+			continue
+		}
+		switch {
+		case r == 0:
+			return "a string holds a NUL character (\\u0000), which the ledger cannot store: leave it out"
+		case utf16.IsSurrogate(r) && r < 0xDC00:
+			if lo, ok := hex4(i + 6); ok && lo >= 0xDC00 && lo <= 0xDFFF {
+				i += 6 // the pair's low half read with it
+				break
+			}
+			fallthrough
+		case utf16.IsSurrogate(r):
+			return fmt.Sprintf("byte %d: the escape %s is half of a UTF-16 surrogate pair without its other half, which is no character: send the text as UTF-8", i+1, data[i:i+6])
+		}
+		i += 5
+	}
+	return ""
 }
 
 // adminProblem is an RFC 9457 problem. Field, when set, names the input at
@@ -374,6 +407,11 @@ func decodeBody(w http.ResponseWriter, r *http.Request, v any) error {
 	} else if err != nil {
 		return badInput("body", "%v", err)
 	}
+	if bytes.HasPrefix(data, []byte("\xEF\xBB\xBF")) {
+		// Some Windows editors and PowerShell write one; it does not show
+		// when the body is printed back.
+		return badInput("body", "starts with a UTF-8 byte-order mark (bytes EF BB BF), which JSON does not allow: send the body without it")
+	}
 	if t := bytes.TrimLeft(data, " \t\r\n"); len(t) > 0 && t[0] != '{' {
 		// null decoded into nothing and set every member to its zero.
 		return badInput("body", "want a JSON object ({...}), got %s", strings.Fields(string(t[:min(len(t), 20)]))[0])
@@ -388,8 +426,8 @@ func decodeBody(w http.ResponseWriter, r *http.Request, v any) error {
 		if _, err := dec.Token(); err != io.EOF {
 			return badInput("body", "one JSON object expected, found more after it")
 		}
-		if hasNULEscape(data) {
-			return badInput("body", "a string holds a NUL character (\\u0000), which the ledger cannot store: leave it out")
+		if p := jsonTextProblem(data); p != "" {
+			return badInput("body", "%s", p)
 		}
 		// NB: encoding/json keeps the last of a member given twice, and
 		// matches names regardless of case: a body with {"hard": true,

@@ -78,6 +78,32 @@ func TestAdminAPIInput(t *testing.T) {
 		if _, raw := adminCall(t, nd, testAdminToken, "PUT", "/admin/v1/accounts/acme", `{"plan":"pro\\u0000"}`, nil); strings.Contains(string(raw), "NUL") {
 			t.Errorf("an escaped backslash read as a NUL: %s", raw)
 		}
+		// encoding/json reads a byte that is not UTF-8 and a lone
+		// surrogate escape as U+FFFD: grant ids "order\xff1" and
+		// "order\xfe1" were one id, the second grant answered as a retry
+		// of the first and never granted.
+		for body, want := range map[string]string{
+			"{\"units\":1,\"id\":\"order\xff1\"}": "byte 23 (0xFF) is not UTF-8",
+			`{"units":1,"id":"lone\ud800"}`:       `the escape \ud800 is half of a UTF-16 surrogate pair`,
+			`{"units":1,"id":"lone\udc00x"}`:      `the escape \udc00 is half`,
+			`{"units":1,"id":"hi\ud83d\u0041"}`:   `the escape \ud83d is half`,
+			"\xEF\xBB\xBF{\"units\":1}":           "byte-order mark",
+		} {
+			if p := wantProblem(t, nd, "POST", "/admin/v1/accounts/acme/grants", body, 400, "body"); !strings.Contains(p.Detail, want) {
+				t.Errorf("%q: %q, want it to say %q", body, p.Detail, want)
+			}
+		}
+		wantProblem(t, nd, "PUT", "/admin/v1/routes", "{\"default\":1,\"weights\":{\"GET /caf\xe9\":3}}", 400, "body")
+		// A whole pair is a character, and an escaped backslash before
+		// "ud800" no escape.
+		if status, raw := adminCall(t, nd, testAdminToken, "PUT", "/admin/v1/accounts/text", map[string]any{"plan": "pro"}, nil); status != 200 {
+			t.Fatalf("put account: %d %s", status, raw)
+		}
+		for _, id := range []string{`smile\ud83d\ude00`, `lone\\ud800`} {
+			if status, raw := adminCall(t, nd, testAdminToken, "POST", "/admin/v1/accounts/text/grants", `{"units":1,"id":"`+id+`"}`, nil); status != 201 {
+				t.Errorf("grant id %s: %d %s, want 201", id, status, raw)
+			}
+		}
 	})
 
 	// A threshold is digits and an optional %: "+80" and " 80" were read
