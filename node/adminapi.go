@@ -630,10 +630,10 @@ func (n *Node) configSnapshot(ctx context.Context, l flush.Ledger) (*snapshot.Sn
 // planBody is a plan as PUT takes it. Hard and MonthlyQuota are required: a
 // missing one is more likely a mistake than a wish for the zero value.
 type planBody struct {
-	Rate         string `json:"rate"`
-	Burst        *int64 `json:"burst"`
-	MonthlyQuota *int64 `json:"monthly_quota"`
-	Hard         *bool  `json:"hard"`
+	Rate         *string `json:"rate"`
+	Burst        *int64  `json:"burst"`
+	MonthlyQuota *int64  `json:"monthly_quota"`
+	Hard         *bool   `json:"hard"`
 }
 
 func (n *Node) listPlans(ctx context.Context, w http.ResponseWriter, r *http.Request, l flush.Ledger) error {
@@ -667,8 +667,12 @@ func (n *Node) putPlan(ctx context.Context, w http.ResponseWriter, r *http.Reque
 	if err := decodeBody(w, r, &b); err != nil {
 		return err
 	}
-	p := snapshot.Plan{ID: id, Rate: b.Rate}
-	rate, err := snapshot.ParseRate(b.Rate)
+	rateText, err := optional("rate", b.Rate, "TOKENS/PERIOD such as 10/s")
+	if err != nil {
+		return err
+	}
+	p := snapshot.Plan{ID: id, Rate: rateText}
+	rate, err := snapshot.ParseRate(rateText)
 	if err != nil {
 		return badInput("rate", "%v (or leave it out for no rate limit)", err)
 	}
@@ -932,10 +936,25 @@ func noAccount(err error, account string) error {
 // grantBody is a credit grant as POST takes it. Times are RFC 3339; StartsAt
 // defaults to now, ExpiresAt to never, ID to a generated one.
 type grantBody struct {
-	ID        string `json:"id"`
-	Units     *int64 `json:"units"`
-	StartsAt  string `json:"starts_at"`
-	ExpiresAt string `json:"expires_at"`
+	ID        *string `json:"id"`
+	Units     *int64  `json:"units"`
+	StartsAt  *string `json:"starts_at"`
+	ExpiresAt *string `json:"expires_at"`
+}
+
+// optional reads an optional string member of a body: left out is "", and
+// given empty is refused, as quotad admin refuses a flag given empty: from
+// a script, {"id": "$ORDER"} with ORDER unset made a new grant on each
+// retry, {"expires_at": "$EXPIRY"} one that never lapses, and
+// {"rate": "$RATE"} a plan without a rate limit. use says what to give.
+func optional(field string, p *string, use string) (string, error) {
+	switch {
+	case p == nil:
+		return "", nil
+	case *p == "":
+		return "", badInput(field, "empty: give %s, or leave the member out", use)
+	}
+	return *p, nil
 }
 
 func parseTime(field, s string) (time.Time, error) {
@@ -958,8 +977,19 @@ func (n *Node) addGrant(ctx context.Context, w http.ResponseWriter, r *http.Requ
 	if err := decodeBody(w, r, &b); err != nil {
 		return err
 	}
-	g := snapshot.Grant{ID: b.ID, StartsAt: n.wall()}
-	var err error
+	id, err := optional("id", b.ID, "the grant's id (a retry with it grants nothing again)")
+	if err != nil {
+		return err
+	}
+	startsAt, err := optional("starts_at", b.StartsAt, "an RFC 3339 time")
+	if err != nil {
+		return err
+	}
+	expiresAt, err := optional("expires_at", b.ExpiresAt, "an RFC 3339 time")
+	if err != nil {
+		return err
+	}
+	g := snapshot.Grant{ID: id, StartsAt: n.wall()}
 	switch {
 	case b.Units == nil:
 		return badInput("units", "required: the number of units granted")
@@ -977,22 +1007,31 @@ func (n *Node) addGrant(ctx context.Context, w http.ResponseWriter, r *http.Requ
 		}
 	}
 	g.Units = *b.Units
-	if b.StartsAt != "" {
-		if g.StartsAt, err = parseTime("starts_at", b.StartsAt); err != nil {
+	if startsAt != "" {
+		if g.StartsAt, err = parseTime("starts_at", startsAt); err != nil {
 			return err
 		}
 	}
-	if b.ExpiresAt != "" {
-		if g.ExpiresAt, err = parseTime("expires_at", b.ExpiresAt); err != nil {
+	if expiresAt != "" {
+		if g.ExpiresAt, err = parseTime("expires_at", expiresAt); err != nil {
 			return err
 		}
-		if !g.ExpiresAt.After(g.StartsAt) {
+		now := n.wall()
+		switch {
+		case startsAt != "" && !g.ExpiresAt.After(g.StartsAt):
 			return badInput("expires_at", "%s is not after starts_at %s", g.ExpiresAt.Format(time.RFC3339), g.StartsAt.Format(time.RFC3339))
-		}
-		if now := n.wall(); !g.ExpiresAt.After(now) {
+		case !g.ExpiresAt.After(now):
 			// With a past starts_at it was taken, and listed as if it
-			// could be spent.
-			return badInput("expires_at", "%s has passed (it is %s): the grant could never be spent", g.ExpiresAt.Format(time.RFC3339), now.Format(time.RFC3339))
+			// could be spent. A retry of a grant stored before it
+			// lapsed is answered as any retry (200, or 409 for another
+			// grant under the id): it was refused, blaming a starts_at
+			// the caller never sent.
+			passed := badInput("expires_at", "%s has passed (it is %s): the grant could never be spent", g.ExpiresAt.Format(time.RFC3339), now.Format(time.RFC3339))
+			if id == "" {
+				return passed
+			}
+			g.StartsAt, g.ExpiresAt = g.StartsAt.Truncate(time.Microsecond), g.ExpiresAt.Truncate(time.Microsecond)
+			return n.existingGrant(ctx, w, l, account, g, startsAt != "", passed)
 		}
 	}
 	// Postgres keeps microseconds: the 201 showed nanoseconds that a
@@ -1002,8 +1041,8 @@ func (n *Node) addGrant(ctx context.Context, w http.ResponseWriter, r *http.Requ
 		return err
 	}
 	if err := l.AddGrant(ctx, account, g); err != nil {
-		if errors.Is(err, flush.ErrInvalid) && b.ID != "" { // checked above but for its uniqueness
-			return n.existingGrant(ctx, w, l, account, g, b.StartsAt != "", err)
+		if errors.Is(err, flush.ErrInvalid) && id != "" { // checked above but for its uniqueness
+			return n.existingGrant(ctx, w, l, account, g, startsAt != "", badInput("id", "%s", ledgerDetail(err)))
 		}
 		return noAccount(err, account)
 	}
@@ -1064,14 +1103,14 @@ func grantAnswer(account string, g snapshot.Grant, created bool) map[string]any 
 // the same grant again (units, expires_at, and starts_at when given: when
 // left out it was the first request's now) answers 200 with created
 // false, and changes nothing; another grant under the id is a 409.
-func (n *Node) existingGrant(ctx context.Context, w http.ResponseWriter, l flush.Ledger, account string, g snapshot.Grant, startsGiven bool, err error) error {
-	rows, gerr := l.Grants(ctx, account)
-	if gerr != nil {
-		return gerr
+func (n *Node) existingGrant(ctx context.Context, w http.ResponseWriter, l flush.Ledger, account string, g snapshot.Grant, startsGiven bool, notFound error) error {
+	rows, err := l.Grants(ctx, account)
+	if err != nil {
+		return noAccount(err, account)
 	}
 	i := slices.IndexFunc(rows, func(x flush.GrantRow) bool { return !x.Monthly && x.Grant == g.ID })
 	if i < 0 {
-		return badInput("id", "%s", ledgerDetail(err))
+		return notFound
 	}
 	old := snapshot.Grant{ID: g.ID, Units: rows[i].Units, StartsAt: rows[i].StartsAt.UTC(), ExpiresAt: rows[i].ExpiresAt}
 	if !old.ExpiresAt.IsZero() {

@@ -7,7 +7,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/quotaring/quotaring/engine"
 	"github.com/quotaring/quotaring/shard"
+	"github.com/quotaring/quotaring/snapshot"
 )
 
 // startAdminNode starts one node with the admin API on a fresh SQLite
@@ -215,4 +217,76 @@ func TestAdminAPIInput(t *testing.T) {
 			t.Fatalf("grants %+v %v, want order-1 once", rows, err)
 		}
 	})
+}
+
+// A member given empty is refused, as quotad admin refuses an empty flag:
+// from a script with the variable unset, {"id": ""} granted again on each
+// retry, {"expires_at": ""} made a grant that never lapses and
+// {"rate": ""} a plan without a rate limit.
+func TestAdminAPIEmptyMembers(t *testing.T) {
+	nd := startAdminNode(t)
+	for _, c := range []struct {
+		path, field string
+		body        map[string]any
+	}{
+		{"/admin/v1/accounts/acme/grants", "id", map[string]any{"units": 100, "id": ""}},
+		{"/admin/v1/accounts/acme/grants", "starts_at", map[string]any{"units": 100, "id": "o-1", "starts_at": ""}},
+		{"/admin/v1/accounts/acme/grants", "expires_at", map[string]any{"units": 100, "id": "o-1", "expires_at": ""}},
+		{"/admin/v1/plans/pro", "rate", map[string]any{"rate": "", "monthly_quota": 10, "hard": true}},
+	} {
+		method := "POST"
+		if c.field == "rate" {
+			method = "PUT"
+		}
+		if p := wantProblem(t, nd, method, c.path, c.body, 400, c.field); !strings.Contains(p.Detail, "empty: give") {
+			t.Errorf("%v: %q, want it to say it is empty", c.body, p.Detail)
+		}
+	}
+	if rows, err := nd.Ledger().Grants(t.Context(), "acme"); err != nil || len(rows) != 0 {
+		t.Fatalf("grants %+v %v, want none", rows, err)
+	}
+	var p snapshot.Plan
+	if status, raw := adminCall(t, nd, testAdminToken, "GET", "/admin/v1/plans/pro", nil, &p); status != 200 || p.MonthlyQuota != 100 {
+		t.Fatalf("plan pro %d %s, want it unchanged", status, raw)
+	}
+	// Left out, they keep their meaning: a made-up id, now, never, no
+	// rate limit.
+	if status, raw := adminCall(t, nd, testAdminToken, "POST", "/admin/v1/accounts/acme/grants", map[string]any{"units": 1}, nil); status != 201 {
+		t.Fatalf("grant without an id: %d %s", status, raw)
+	}
+}
+
+// A retry of a grant stored before its expires_at passed is answered as any
+// retry; it was a 400 blaming a starts_at the caller never sent.
+func TestAdminAPIGrantRetryAfterItLapsed(t *testing.T) {
+	clock := engine.NewManualClock(time.Now())
+	dsn := "sqlite:" + filepath.Join(t.TempDir(), "ledger.db")
+	nd := startNodesWith(t, dsn, func(c *Config) { c.AdminToken, c.Clock = testAdminToken, clock })[0]
+	for path, body := range map[string]map[string]any{
+		"/admin/v1/plans/pro":     {"monthly_quota": 100, "hard": true},
+		"/admin/v1/accounts/acme": {"plan": "pro"},
+	} {
+		if status, raw := adminCall(t, nd, testAdminToken, "PUT", path, body, nil); status != 200 {
+			t.Fatalf("PUT %s: %d %s", path, status, raw)
+		}
+	}
+	expires := time.Unix(0, clock.Now().Wall).Add(time.Hour).UTC().Format(time.RFC3339)
+	grant := map[string]any{"units": 5, "id": "order-1", "expires_at": expires}
+	if status, raw := adminCall(t, nd, testAdminToken, "POST", "/admin/v1/accounts/acme/grants", grant, nil); status != 201 {
+		t.Fatalf("add grant: %d %s", status, raw)
+	}
+	clock.SetWall(time.Unix(0, clock.Now().Wall).Add(2 * time.Hour))
+	var a struct{ Created bool }
+	if status, raw := adminCall(t, nd, testAdminToken, "POST", "/admin/v1/accounts/acme/grants", grant, &a); status != 200 || a.Created {
+		t.Fatalf("the same grant again after it lapsed: %d %s, want 200 with created false", status, raw)
+	}
+	wantProblem(t, nd, "POST", "/admin/v1/accounts/acme/grants", map[string]any{"units": 6, "id": "order-1", "expires_at": expires}, 409, "id")
+	for _, body := range []map[string]any{
+		{"units": 5, "id": "order-2", "expires_at": expires},
+		{"units": 5, "expires_at": "2020-01-01T00:00:00Z"},
+	} {
+		if p := wantProblem(t, nd, "POST", "/admin/v1/accounts/acme/grants", body, 400, "expires_at"); !strings.Contains(p.Detail, "has passed") {
+			t.Errorf("%v: %q, want it to say expires_at has passed", body, p.Detail)
+		}
+	}
 }
