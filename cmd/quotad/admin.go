@@ -524,12 +524,15 @@ func newAdminPlansCmd(c *adminClient) *cobra.Command {
 including the current month's quota (a lower quota can leave an account over it:
 it is refused until the next month under --hard).
 
---rate is TOKENS/PERIOD: 10/s, 600/m, 5/h or 100/1m30s; without it there is no
-rate limit. --burst defaults to one period's worth of tokens.
+--rate is TOKENS/PERIOD: 10/s, 600/m, 5/h or 100/1m30s, or none for no rate
+limit. --burst defaults to one period's worth of tokens.
+Every setting is replaced: when the plan exists with a rate, or a burst of its
+own, and --rate (or --burst, for the same rate) is not given, the command
+refuses and shows the value to give to keep it, rather than remove it.
 --hard refuses requests past the monthly quota; --soft lets them through and
 records the overage for billing.`,
 		Example: `  quotad admin plans set pro --rate 10/s --burst 20 --quota 100000 --hard
-  quotad admin plans set credits-only --quota 0 --hard
+  quotad admin plans set credits-only --quota 0 --hard --rate none
   quotad admin plans set metered --rate 50/s --quota 1000000 --soft`,
 		Args: newID("plan id"),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -548,8 +551,11 @@ records the overage for billing.`,
 			if burst < 0 {
 				return fmt.Errorf("--burst %d: want 0 or more", burst)
 			}
+			if err := c.keepsPlanRate(cmd, args[0], rate, cmd.Flags().Changed("burst")); err != nil {
+				return err
+			}
 			body := map[string]any{"monthly_quota": quota, "hard": hard}
-			if rate != "" {
+			if rate != "" && rate != "none" {
 				body["rate"] = rate
 			}
 			if cmd.Flags().Changed("burst") {
@@ -562,7 +568,7 @@ records the overage for billing.`,
 		},
 	}
 	fl := set.Flags()
-	fl.StringVar(&rate, "rate", "", "requests allowed per period: 10/s, 600/m, 5/h (empty: no rate limit)")
+	fl.StringVar(&rate, "rate", "", "requests allowed per period: 10/s, 600/m, 5/h, or none (needed to change a plan that has a rate)")
 	fl.Int64Var(&burst, "burst", 0, "requests allowed at once (default: one period's worth of --rate)")
 	fl.Int64Var(&quota, "quota", 0, "units per calendar month (UTC); 0 for a plan that runs on granted credits only")
 	fl.BoolVar(&hard, "hard", false, "refuse requests past the monthly quota")
@@ -587,6 +593,33 @@ records the overage for billing.`,
 	}
 	cmd.AddCommand(set, list)
 	return cmd
+}
+
+// keepsPlanRate refuses to replace plan id's rate limit, or its own burst,
+// by leaving out --rate or --burst: plans set replaces every setting, and
+// `plans set big --quota 1000000 --hard`, meant to raise a quota, removed
+// the rate limit that protects the upstream. rate is --rate ("" when not
+// given); burstGiven whether --burst was.
+func (c *adminClient) keepsPlanRate(cmd *cobra.Command, id, rate string, burstGiven bool) error {
+	if rate != "" && burstGiven {
+		return nil
+	}
+	var out struct{ Plans []snapshot.Plan }
+	if _, err := c.do(cmd.Context(), "GET", "/admin/v1/plans", nil, &out); err != nil {
+		return err
+	}
+	i := slices.IndexFunc(out.Plans, func(p snapshot.Plan) bool { return p.ID == id })
+	if i < 0 {
+		return nil // a new plan
+	}
+	old := out.Plans[i]
+	switch {
+	case rate == "" && old.Rate != "":
+		return fmt.Errorf("plan %s has the rate limit %s (burst %s), which plans set would remove: give --rate %s to keep it (and --burst), or --rate none to remove it", id, old.Rate, burstText(old), old.Rate)
+	case !burstGiven && old.Burst != 0 && (rate == old.Rate || rate == "" && old.Rate == ""):
+		return fmt.Errorf("plan %s has the burst %d, which plans set would reset to one period's worth of %s: give --burst %d to keep it, or --burst 0 for the default", id, old.Burst, old.Rate, old.Burst)
+	}
+	return nil
 }
 
 func describePlan(p snapshot.Plan) string {
@@ -896,13 +929,24 @@ says that every route is to cost --default.`,
 				}
 				weights[p] = n
 			}
+			if !cmd.Flags().Changed("default") {
+				// The table is replaced, its default too: a free default
+				// (0) went back to 1 when a pattern was added.
+				var old node.RoutesView
+				if _, err := c.do(cmd.Context(), "GET", "/admin/v1/routes", nil, &old); err != nil {
+					return err
+				}
+				if old.Default != def {
+					return fmt.Errorf("the active route table's default is %d, which routes set would change to %d: give --default %d to keep it (or the one you want)", old.Default, def, old.Default)
+				}
+			}
 			var v node.RoutesView
 			return c.run(cmd, "PUT", "/admin/v1/routes", map[string]any{"default": def, "weights": weights}, &v, func(w io.Writer) {
 				fmt.Fprintf(w, "route weights version %d is active: %d patterns, default %d; %s\n", v.Version, len(v.Weights), v.Default, refreshNote)
 			})
 		},
 	}
-	set.Flags().Int64Var(&def, "default", 1, "units for requests that match no pattern")
+	set.Flags().Int64Var(&def, "default", 1, "units for requests that match no pattern (needed when the active table's default is not 1)")
 	set.Flags().BoolVar(&clearAll, "clear", false, "set an empty table (no patterns): every request costs --default")
 	show := &cobra.Command{
 		Use:   "show",

@@ -92,6 +92,28 @@ func TestQuotadAdmin(t *testing.T) {
 	if out := mustAdmin(t, n, "plans", "list"); !strings.Contains(out, "pro") || !strings.Contains(out, "metered") || !strings.Contains(out, "soft") {
 		t.Fatalf("plans list: %q", out)
 	}
+	// plans set replaces every setting: leaving out --rate (or --burst, for
+	// the same rate) of a plan that has one would remove it; refused,
+	// naming the value that keeps it.
+	for args, want := range map[string]string{
+		"plans set pro --quota 2000 --hard":             "give --rate 10/s to keep it",
+		"plans set pro --rate 10/s --quota 2000 --hard": "give --burst 20 to keep it",
+		"plans set pro --burst 20 --quota 2000 --hard":  "give --rate 10/s to keep it",
+	} {
+		if _, _, err := quotadAdmin(t, n, adminTestToken, strings.Fields(args)...); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: %v, want a refusal saying %q", args, err, want)
+		}
+	}
+	if out := mustAdmin(t, n, "plans", "list"); !strings.Contains(out, "10/s") {
+		t.Fatalf("plans list after the refusals: %q, want pro's rate kept", out)
+	}
+	if out := mustAdmin(t, n, "plans", "set", "metered", "--rate", "none", "--quota", "60", "--soft"); !strings.Contains(out, "no rate limit, 60 units") {
+		t.Fatalf("plans set --rate none: %q", out)
+	}
+	mustAdmin(t, n, "plans", "set", "limited", "--rate", "5/s", "--quota", "10", "--hard")
+	if out := mustAdmin(t, n, "plans", "set", "limited", "--rate", "none", "--quota", "10", "--hard"); !strings.Contains(out, "no rate limit") {
+		t.Fatalf("plans set --rate none on a plan with a rate: %q", out)
+	}
 	if out := mustAdmin(t, n, "accounts", "set", "acme", "--plan", "pro"); !strings.Contains(out, "account acme is on plan pro") {
 		t.Fatalf("accounts set: %q", out)
 	}
@@ -147,6 +169,12 @@ func TestQuotadAdmin(t *testing.T) {
 	if out := mustAdmin(t, n, "routes", "show"); !strings.Contains(out, "POST /v1/exports") {
 		t.Fatalf("routes show after the refusals: %q, want the table untouched", out)
 	}
+	// A default other than 1 is not reset by leaving --default out.
+	mustAdmin(t, n, "routes", "set", "--default", "0", "GET /v1/tasks=1")
+	if _, _, err := quotadAdmin(t, n, adminTestToken, "routes", "set", "GET /v1/tasks=1", "POST /v1/exports=25"); err == nil || !strings.Contains(err.Error(), "give --default 0 to keep it") {
+		t.Fatalf("routes set without --default over a default of 0: %v, want a refusal naming --default 0", err)
+	}
+	mustAdmin(t, n, "routes", "set", "--default", "1", "GET /v1/tasks=1", "POST /v1/exports=25")
 
 	out = mustAdmin(t, n, "accounts", "show", "acme")
 	for _, want := range []string{"plan     pro (rate 10/s, burst 20, 1000 units a month, hard)", k.ID, "order-1", "credits", "500", "2200-01-01T00:00:00Z"} {
