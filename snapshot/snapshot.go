@@ -32,6 +32,8 @@ import (
 	"unicode"
 	"unicode/utf8"
 
+	"golang.org/x/text/unicode/norm"
+
 	"github.com/quotaring/quotaring/shard"
 )
 
@@ -199,7 +201,11 @@ const MaxIDLen = 200
 // no one sees ("acme" and "acme\u200b" both list as acme), and an id must
 // read back as it was stored (invalid UTF-8 comes back as U+FFFD, which
 // finds nothing). Its error names the first character at fault and where
-// it is.
+// it is. For the same reason it refuses the letters that show as blank
+// (the Hangul fillers, the braille blank), a combining mark with no
+// character before it to join, and an id not in Unicode normal form NFC:
+// "ü" written as u and a combining diaeresis (as macOS writes file names)
+// looks like, and is not, the "ü" of an id stored before.
 //
 // Build does not apply it: an id stored before the check still loads.
 func CheckID(id string) error {
@@ -222,14 +228,27 @@ func CheckID(id string) error {
 			what = "a format character, which does not show"
 		case !unicode.IsPrint(r):
 			what = "not printable"
+		case blankLetters[r]:
+			what = "a letter that shows as blank"
+		case i == 0 && unicode.In(r, unicode.Mn, unicode.Me, unicode.Mc):
+			what = "a combining mark with no character before it to join"
 		}
 		if what != "" {
 			return fmt.Errorf("%q: character %d (U+%04X, at byte %d) is %s: an id is printable characters without spaces, slashes or invisible ones", id, n, r, i+1, what)
 		}
 		i += size
 	}
+	if !norm.NFC.IsNormalString(id) {
+		return fmt.Errorf("%q is not in Unicode normal form NFC (a letter and its accent written as two characters, which looks like the one character): write it as %q", id, norm.NFC.String(id))
+	}
 	return nil
 }
+
+// blankLetters are the printable letters and symbols that show as blank
+// space: U+115F and U+1160 (Hangul choseong and jungseong fillers), U+3164
+// (Hangul filler), U+FFA0 (halfwidth Hangul filler) and U+2800 (braille
+// pattern blank). "acme\u3164" lists as acme.
+var blankLetters = map[rune]bool{0x115F: true, 0x1160: true, 0x3164: true, 0xFFA0: true, 0x2800: true}
 
 // ErrInvalid wraps every validation error.
 var ErrInvalid = errors.New("snapshot: invalid config")

@@ -192,7 +192,7 @@ func TestStoredLegacyRate(t *testing.T) {
 // back as stored, are refused for new plans, accounts and grants; a stored
 // one still loads.
 func TestCheckID(t *testing.T) {
-	for _, id := range []string{"acme", "order-1234", "team#42", "Ünïcødé", "日本", "a:b", strings.Repeat("x", MaxIDLen)} {
+	for _, id := range []string{"acme", "order-1234", "team#42", "Ünïcødé", "日本", "q\u0307x" /* NFC: no one character for both */, "\u0915\u094d\u0937", "a:b", strings.Repeat("x", MaxIDLen)} {
 		if err := CheckID(id); err != nil {
 			t.Errorf("CheckID(%q): %v", id, err)
 		}
@@ -211,6 +211,10 @@ func TestCheckID(t *testing.T) {
 		"a\u2028":                       "is a space",
 		"a\U000E0001":                   "is a format character",
 		"a\ue000":                       "is not printable", // private use
+		"acme\u3164":                    "character 5 (U+3164, at byte 5) is a letter that shows as blank",
+		"acme\u2800":                    "is a letter that shows as blank",
+		"\u0301acme":                    "character 1 (U+0301, at byte 1) is a combining mark with no character before it",
+		"u\u0308ber":                    `is not in Unicode normal form NFC (a letter and its accent written as two characters, which looks like the one character): write it as "über"`,
 		"":                              "an id is 1 to 200",
 		strings.Repeat("x", MaxIDLen+1): "201 bytes",
 	} {
