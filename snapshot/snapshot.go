@@ -161,7 +161,9 @@ func namedPeriod(per string) (time.Duration, bool) {
 
 // ratePeriod is a period ParseRate takes besides s, m and h: whole numbers
 // with units, as time.ParseDuration writes them, without sign or fraction.
-var ratePeriod = regexp.MustCompile(`^([0-9]+(ns|us|µs|ms|s|m|h))+$`)
+// The units are ms, s, m and h: ns and us were taken, and "10/1ns" (10^10
+// tokens a second, a typo for 1ms) made a plan with no limit at all.
+var ratePeriod = regexp.MustCompile(`^([0-9]+(ms|s|m|h))+$`)
 
 // legacyRate is ParseRate as it was before it was strict: the count is
 // the leading digits of what is before the / ("1e3/s" is 1/s, "+5/s" 5/s),
@@ -441,7 +443,9 @@ var httpMethods = []string{"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "CON
 // or a path without its leading slash ("GET v1/x" is the host "v1" and the
 // path "/x": a host must hold a dot or a port, or be localhost), or a path
 // holding a query or a fragment ("GET /v1/q?x=1" matches only a request
-// whose path holds an escaped ?, %3F, never /v1/q with the query x=1).
+// whose path holds an escaped ?, %3F, never /v1/q with the query x=1), or
+// a % in the path that starts no escape ("GET /a%zz": Go's server answers
+// such a request path 400 before any handler).
 // Its error names the pattern and the fix. Patterns that ServeMux itself
 // refuses are left to Build.
 //
@@ -497,6 +501,11 @@ func CheckPattern(p string) error {
 	}
 	if strings.IndexFunc(path, unicode.IsSpace) >= 0 {
 		return fmt.Errorf("route %q: the path %q holds whitespace: write a space in a path as %%20, and nothing after the path", p, path)
+	}
+	if _, err := url.PathUnescape(path); err != nil {
+		// Go's server answers a request path with a bad escape 400 before
+		// any handler: the pattern matches no request.
+		return fmt.Errorf("route %q: the path %q holds a %% that starts no escape of two hex digits (%v), which no request path can hold: write a %% in a path as %%25", p, path, err)
 	}
 	if i := strings.IndexAny(path, "?#"); i >= 0 {
 		what := "the query (?...) is not part of a route pattern: a pattern matches the path alone, whatever the query"

@@ -117,6 +117,8 @@ func TestCheckPattern(t *testing.T) {
 		"GET api.example.com:8443/x": `the host "api.example.com:8443" names a port (8443): a request's host is matched without its port, so this pattern matches no request; write "GET api.example.com/x"`,
 		"localhost:8080/v1/x":        `write "localhost/v1/x"`,
 		"GET [::1]:8080/x":           `write "GET [::1]/x"`,
+		"GET /%zz":                   `the path "/%zz" holds a % that starts no escape of two hex digits`,
+		"GET /v1/100%":               `write a % in a path as %25`,
 		"GET /v1/page#top":           `the path "/v1/page#top" holds '#': a fragment (#...) is never sent to a server, so no request holds it; write "GET /v1/page" (a '#' that is part of the path itself is written %23)`,
 	} {
 		err := CheckPattern(p)
@@ -132,7 +134,7 @@ func TestCheckPattern(t *testing.T) {
 		}
 	}
 	for _, p := range []string{"POST /v1/exports", "GET /v1/tasks/{id}", "/v1/files/", "GET\t/v1/tasks", "GET  /v1/tasks",
-		"api.example.com/v1/x", "POST api.example.com/v1/x", "localhost/v1/x", "PURGE /cache/{key...}", "GET /files/my%20doc", "GET /v1/q%3Fx", "GET /v1/c%23",
+		"api.example.com/v1/x", "POST api.example.com/v1/x", "localhost/v1/x", "PURGE /cache/{key...}", "GET /files/my%20doc", "GET /v1/q%3Fx", "GET /v1/c%23", "GET /v1/100%25",
 		"POST /pkg.Service/Method", "GET /{$}", "GET /v1/{id}/posts", "GET 127.0.0.1/x", "GET [::1]/x"} {
 		if err := CheckPattern(p); err != nil {
 			t.Errorf("CheckPattern(%q): %v", p, err)
@@ -159,6 +161,8 @@ func TestParseRate(t *testing.T) {
 		"0/s": "not from 1 to", "99999999999999999999/s": "not from 1 to", "1000000000000001/s": "not from 1 to",
 		"10": "no /", "ten": "no /", "10/ s": `period " s"`, "10/S": `period "S"`, "10/sec": `period "sec"`, "10/1.5s": `period "1.5s"`,
 		"10/+1s": `period "+1s"`, "10/0s": `period "0s"`, "10/s ": `period "s "`, "10/-1m": `period "-1m"`, "10/": `period ""`,
+		// 10/1ns is 10^10 a second, no limit at all: a typo for ms.
+		"10/1ns": `period "1ns"`, "10/500us": `period "500us"`, "10/500µs": `period "500µs"`, "10/1s1ns": `period "1s1ns"`,
 	} {
 		_, err := ParseRate(s)
 		if err == nil || !strings.Contains(err.Error(), why) || !strings.Contains(err.Error(), fmt.Sprintf("rate %q", s)) ||
