@@ -27,6 +27,7 @@ type Log struct {
 	opts        Options // with defaults
 	db          *pebble.DB
 	fsCloser    io.Closer // disk-health checker around opts.FS
+	dirLock     io.Closer // the data dir's own lock (dirlock.go), released by Close
 	writeOpts   *pebble.WriteOptions
 	incarnation string
 	log         *slog.Logger
@@ -138,6 +139,23 @@ func Open(opts Options) (*Log, error) {
 			return nil, fmt.Errorf("wal: create dir %s: %w", opts.Dir, err)
 		}
 	}
+	var dirLock io.Closer = io.NopCloser(nil)
+	if !opts.ReadOnly {
+		// NB: before anything opens Pebble, which writes to the dir.
+		if dirLock, err = lockDataDir(opts); err != nil {
+			return nil, err
+		}
+	}
+	l, err := openDir(opts)
+	if err != nil {
+		return nil, errors.Join(err, dirLock.Close())
+	}
+	l.dirLock = dirLock
+	return l, nil
+}
+
+// openDir is Open past its checks of the dir, with the dir locked.
+func openDir(opts Options) (*Log, error) {
 	seen, err := readDurableMark(opts.FS, opts.Dir)
 	if err != nil {
 		return nil, err
@@ -561,7 +579,7 @@ func (l *Log) close() error {
 	l.mu.Unlock()
 	l.wake()
 	l.users.Wait()
-	return l.closeDB()
+	return errors.Join(l.closeDB(), l.dirLock.Close())
 }
 
 // closeDB closes Pebble, then the disk-health checker and the durable mark.

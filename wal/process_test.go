@@ -14,6 +14,8 @@ import (
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/quotaring/quotaring/internal/dirsnap"
 )
 
 // childDirEnv switches the test binary into the child of
@@ -191,7 +193,7 @@ func newestWALFile(t *testing.T, dir string) string {
 
 // TestLockedDirNamesTheOtherProcess starts a child that holds a log open,
 // then opens the same dir: the error must say that another process holds
-// the dir's LOCK and what to do, not only "resource temporarily
+// the dir's lock and what to do, not only "resource temporarily
 // unavailable".
 func TestLockedDirNamesTheOtherProcess(t *testing.T) {
 	if testing.Short() {
@@ -219,10 +221,44 @@ func TestLockedDirNamesTheOtherProcess(t *testing.T) {
 		_ = l.Close()
 		t.Fatal("Open succeeded on a dir another process holds")
 	}
-	for _, want := range []string{"another process holds its lock", filepath.Join(dir, "LOCK"), "stop that process"} {
+	for _, want := range []string{"is in use: another process holds its lock", "fuser -v " + dir, "stop that process"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error %q does not say %q", err, want)
 		}
 	}
 	t.Log(err)
+}
+
+// TestDeletedLOCKStillExcludes: Pebble's LOCK file is created anew when
+// missing, so with it deleted a second Open locked a new one and wrote a
+// MANIFEST, sstables and the durable mark into a dir a node still served
+// from. The lock on the directory itself refuses it before any write, and
+// is released by Close.
+func TestDeletedLOCKStillExcludes(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "data")
+	l, err := Open(Options{Dir: dir, NodeID: "n1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(filepath.Join(dir, "LOCK")); err != nil {
+		t.Fatal(err)
+	}
+	before := dirsnap.Take(t, dir)
+	if l2, err := Open(Options{Dir: dir, NodeID: "n1"}); err == nil {
+		_ = l2.Close()
+		t.Fatal("a second Open of a dir in use, its LOCK deleted, succeeded")
+	} else if !strings.Contains(err.Error(), "is in use") || !strings.Contains(err.Error(), "fuser -v "+dir) {
+		t.Errorf("second Open: %v, want the dir named in use", err)
+	}
+	before.Unchanged(t, dir, "the refused Open")
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	l, err = Open(Options{Dir: dir, NodeID: "n1"})
+	if err != nil {
+		t.Fatalf("Open after Close: %v, want the lock released", err)
+	}
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
 }
