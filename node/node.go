@@ -1070,6 +1070,9 @@ func (n *Node) loadRPCTLS() error {
 	if !f.Enabled() {
 		return nil
 	}
+	if host, _, err := net.SplitHostPort(n.advertised(n.cfg.RPCAddr)); err == nil {
+		f.SelfHost = host
+	}
 	f.OnReload = func(err error) {
 		if err != nil {
 			n.log.Error("RPC TLS: the changed certificate, key or CA bundle did not load; the previous set stays in use", "err", err)

@@ -52,6 +52,14 @@ type TLSFiles struct {
 	// certificate carries (say quotad.internal) to verify against that
 	// instead.
 	ServerName string
+	// SelfHost, for a node, is the host its RPC address advertises: with
+	// no ServerName the other nodes check its certificate against it. A
+	// node's certificate must carry the name the others check (ServerName,
+	// or else SelfHost), at the first reading and at each renewal: one
+	// without it was taken, the node went ready and took accounts whose
+	// charges every other node then failed to forward. Empty (an embedded
+	// client, whose certificate is a client's only): not checked.
+	SelfHost string
 	// OnReload, when set, hears of every reading of the files after the
 	// first (one of them changed): nil when the new set is in use, else why
 	// the previous one stays.
@@ -60,6 +68,18 @@ type TLSFiles struct {
 
 // Enabled reports whether any file is named.
 func (f TLSFiles) Enabled() bool { return f.Cert != "" || f.Key != "" || f.CA != "" }
+
+// selfName is the name a node's own certificate must carry (see SelfHost),
+// and where it comes from; "" for an embedded client.
+func (f TLSFiles) selfName() (name, from string) {
+	switch {
+	case f.SelfHost == "":
+		return "", ""
+	case f.ServerName != "":
+		return f.ServerName, "--rpc-tls-server-name, which the other nodes check it against"
+	}
+	return f.SelfHost, "the host this node advertises for RPC (--advertise-host, or --rpc-addr's), which the other nodes check it against with no --rpc-tls-server-name"
+}
 
 // ServerConfig loads the files and returns the TLS config of a node's RPC
 // port: it presents Cert and requires a client certificate chaining to CA.
@@ -152,6 +172,7 @@ func (f TLSFiles) load() (*keyPair, error) {
 		return nil, fmt.Errorf("router: RPC TLS needs a certificate, its key and the CA bundle; missing: %v", missing)
 	}
 	kp := &keyPair{label: "RPC TLS", cert: f.Cert, key: f.Key, ca: f.CA, onReload: f.OnReload}
+	kp.selfName, kp.selfFrom = f.selfName()
 	if err := kp.reload(); err != nil {
 		return nil, err
 	}
@@ -180,7 +201,11 @@ func verifyPair(pair *tls.Certificate, roots *x509.CertPool) error {
 	}{{"server", x509.ExtKeyUsageServerAuth}, {"client", x509.ExtKeyUsageClientAuth}} {
 		if _, err := pair.Leaf.Verify(x509.VerifyOptions{Roots: roots, Intermediates: intermediates(pair),
 			KeyUsages: []x509.ExtKeyUsage{use.eku}}); err != nil {
-			return fmt.Errorf("not valid as a %s certificate under the CA bundle (it is both, so its extended key usages must allow both or be absent): %w", use.name, err)
+			var invalid x509.CertificateInvalidError
+			if errors.As(err, &invalid) && invalid.Reason == x509.IncompatibleUsage {
+				return fmt.Errorf("not valid as a %s certificate under the CA bundle (it is both, so its extended key usages must allow both or be absent): %w", use.name, err)
+			}
+			return fmt.Errorf("not valid under the CA bundle: %w", err)
 		}
 	}
 	return nil
@@ -201,9 +226,12 @@ func intermediates(c *tls.Certificate) *x509.CertPool {
 type keyPair struct {
 	label         string // what the pair is for, in errors: "RPC TLS"
 	cert, key, ca string // ca: "" when the pair chains to no bundle of ours (HTTPS)
-	onReload      func(error)
-	mu            sync.Mutex // protects current, roots and stamp
-	current       *tls.Certificate
+	// selfName is the name the certificate must carry, and selfFrom why
+	// (TLSFiles.selfName); "" checks none.
+	selfName, selfFrom string
+	onReload           func(error)
+	mu                 sync.Mutex // protects current, roots and stamp
+	current            *tls.Certificate
 	// roots is the CA bundle read with current (nil without ca): the pair
 	// chains to it for both uses, and peers are checked against it.
 	roots *x509.CertPool
@@ -301,6 +329,13 @@ func (k *keyPair) reloadLocked() error {
 	if roots != nil {
 		if err := verifyPair(&pair, roots); err != nil {
 			return fmt.Errorf("router: %s: %s: %w (CA bundle %s)", k.label, k.cert, err, k.ca)
+		}
+		if k.selfName != "" {
+			if err := pair.Leaf.VerifyHostname(k.selfName); err != nil {
+				return fmt.Errorf("router: %s: %s does not carry the name %s (%s): every other node would refuse its calls to this one: "+
+					"issue the certificate with %s as a subject alternative name, or give every node --rpc-tls-server-name, a DNS name all their certificates carry (%v)",
+					k.label, k.cert, k.selfName, k.selfFrom, k.selfName, err)
+			}
 		}
 	} else if now := time.Now(); now.After(pair.Leaf.NotAfter) || now.Before(pair.Leaf.NotBefore) {
 		return fmt.Errorf("router: %s: %s is valid from %s to %s, not now: every client would refuse it; renew it",

@@ -251,9 +251,85 @@ func TestTLSFilesErrors(t *testing.T) {
 			t.Errorf("%s: %v, want an error saying %q", name, err, tc.want)
 			continue
 		}
+		// The hint on extended key usages is for errors of key usage only:
+		// it was given for an expired certificate, one of another CA.
+		if usage := strings.Contains(tc.want, "not valid as a"); usage != strings.Contains(err.Error(), "extended key usages") {
+			t.Errorf("%s: %v: the hint on extended key usages, want it only for a usage error", name, err)
+		}
 		if errors.Is(err, os.ErrNotExist) && !strings.Contains(err.Error(), "nope.pem") {
 			t.Errorf("%s: %v does not name the file", name, err)
 		}
+	}
+}
+
+// TestTLSFilesSelfName: a node's certificate must carry the name the
+// other nodes check it against (--rpc-tls-server-name, or else the host it
+// advertises), at start and at each renewal. One without it was taken: the
+// node went ready, and every other node failed to forward to it.
+func TestTLSFilesSelfName(t *testing.T) {
+	dir := t.TempDir()
+	ca, _ := pki.NewCA("test CA")
+	byIP, err := ca.WriteFiles(filepath.Join(dir, "ip"), "node", pki.Names{IPs: []net.IP{net.IPv4(127, 0, 0, 1)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	byName, _ := ca.WriteFiles(filepath.Join(dir, "dns"), "node", pki.Names{DNS: []string{"quotad.internal"}})
+	with := func(f router.TLSFiles, self, server string) router.TLSFiles {
+		f.SelfHost, f.ServerName = self, server
+		return f
+	}
+	for name, tc := range map[string]struct {
+		files router.TLSFiles
+		want  string // "" for no error
+	}{
+		"the advertised IP":                    {with(byIP, "127.0.0.1", ""), ""},
+		"another advertised IP":                {with(byIP, "127.0.0.2", ""), "does not carry the name 127.0.0.2 (the host this node advertises for RPC"},
+		"a DNS name, no --rpc-tls-server-name": {with(byName, "127.0.0.1", ""), "does not carry the name 127.0.0.1"},
+		"the server name":                      {with(byName, "127.0.0.1", "quotad.internal"), ""},
+		"another server name":                  {with(byName, "127.0.0.1", "other.internal"), "does not carry the name other.internal (--rpc-tls-server-name"},
+		"an IP, with a server name":            {with(byIP, "127.0.0.1", "quotad.internal"), "does not carry the name quotad.internal"},
+		"an embedded client's":                 {with(byName, "", ""), ""},
+	} {
+		_, err := tc.files.ServerConfig()
+		switch {
+		case tc.want == "" && err != nil:
+			t.Errorf("%s: %v, want it taken", name, err)
+		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+			t.Errorf("%s: %v, want an error saying %q", name, err, tc.want)
+		}
+	}
+
+	// A renewal without the name keeps the previous pair, and says why.
+	files := with(byIP, "127.0.0.1", "")
+	var mu sync.Mutex
+	var reloads []error
+	files.OnReload = func(err error) { mu.Lock(); reloads = append(reloads, err); mu.Unlock() }
+	srv, cli, err := files.Configs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := tlsServer(t, srv)
+	first, err := handshake(addr, cli)
+	if err != nil {
+		t.Fatal(err)
+	}
+	certPEM, keyPEM, err := ca.Issue("node", pki.Names{DNS: []string{"quotad.internal"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	later := time.Now().Add(time.Minute)
+	for path, b := range map[string][]byte{files.Cert: certPEM, files.Key: keyPEM} {
+		writeFile(t, path, b)
+		os.Chtimes(path, later, later)
+	}
+	kept, err := handshake(addr, cli)
+	if err != nil || kept.SerialNumber.Cmp(first.SerialNumber) != 0 {
+		t.Fatalf("after a renewal without the name: %v, want the first certificate kept", err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(reloads) != 1 || reloads[0] == nil || !strings.Contains(reloads[0].Error(), "does not carry the name 127.0.0.1") {
+		t.Fatalf("OnReload heard %v, want the missing name", reloads)
 	}
 }
 
