@@ -143,6 +143,9 @@ func TestParseGossipKeys(t *testing.T) {
 		"not base64!":                "--gossip-key: key 1 is not base64",
 		"c2hvcnQ=":                   "--gossip-key: key 1 is 5 bytes once decoded, want 16, 24 or 32: make one with openssl rand -base64 32",
 		"MDEyMzQ1Njc4OWFiY2RlZg==,,": "--gossip-key: key 2 is 0 bytes",
+		// openssl rand -hex 16: 32 hex digits decode as base64 to 24 bytes.
+		"3f1a9c0e5b7d2468ace0135792468bdf":                     "--gossip-key: key 1 is 32 hex digits (openssl rand -hex?), but keys are base64",
+		"MDEyMzQ1Njc4OWFiY2RlZg==," + strings.Repeat("ab", 32): "key 2 is 64 hex digits",
 	} {
 		if _, err := parseGossipKeys(in); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("parseGossipKeys(%q): %v, want %q", in, err, want)

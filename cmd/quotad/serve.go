@@ -280,7 +280,15 @@ func parseGossipKeys(s string) ([][]byte, error) {
 	}
 	var keys [][]byte
 	for i, part := range strings.Split(s, ",") {
-		key, err := base64.StdEncoding.DecodeString(strings.TrimSpace(part))
+		part = strings.TrimSpace(part)
+		if isHexKey(part) {
+			// 32 hex digits (openssl rand -hex 16) decode as base64 to a
+			// valid 24-byte key: taken, it was not the key the operator
+			// made, and one node given the same key in base64 could not
+			// join the others.
+			return nil, fmt.Errorf("--gossip-key: key %d is %d hex digits (openssl rand -hex?), but keys are base64: make one with openssl rand -base64 32", i+1, len(part))
+		}
+		key, err := base64.StdEncoding.DecodeString(part)
 		if err != nil {
 			return nil, fmt.Errorf("--gossip-key: key %d is not base64 (%v): make one with openssl rand -base64 32", i+1, err)
 		}
@@ -292,6 +300,16 @@ func parseGossipKeys(s string) ([][]byte, error) {
 		keys = append(keys, key)
 	}
 	return keys, nil
+}
+
+// isHexKey reports whether s is 32, 48 or 64 hex digits: a key of 16, 24
+// or 32 bytes written in hex. Random base64 of that length is hex digits
+// alone with a chance of 1 in 4^32.
+func isHexKey(s string) bool {
+	if len(s) != 32 && len(s) != 48 && len(s) != 64 {
+		return false
+	}
+	return strings.IndexFunc(s, func(r rune) bool { return !strings.ContainsRune("0123456789abcdefABCDEF", r) }) < 0
 }
 
 // parseRPCTokens splits --rpc-token: "" is none; otherwise a comma list,
