@@ -256,17 +256,28 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		// test that tested nothing.
 		return nil, fmt.Errorf("chaos: no fault of --faults %s fits this run, so it would test nothing: %s", joinFaults(cfg.Faults), plan.whyMissing(plan.Missing()))
 	}
-	if err := cfg.checkDirs(); err != nil {
-		return nil, err
+	if m := plan.Unplanned(); len(m) > 0 {
+		// It ran without them and passed, "every invariant held", the
+		// plan's note on stderr alone.
+		fix := "give a longer --duration, or leave them out of --faults"
+		if d := plan.FittingDuration(); d > 0 {
+			fix = fmt.Sprintf("give --duration %s or more (for this seed), or leave them out of --faults", d)
+		}
+		return nil, fmt.Errorf("chaos: the plan of --seed %d has no episode of %s, so the run would pass without trying them: %s; %s",
+			cfg.Seed, joinFaults(m), plan.whyMissing(m), fix)
 	}
 	if fi, err := os.Stat(cfg.Binary); err != nil || fi.IsDir() || fi.Mode().Perm()&0o111 == 0 {
 		// Checked before Postgres starts and anything is written to --dir
-		// (still empty, so the same --dir serves the next run): a typo
-		// failed at the first node's start and left --dir in use.
+		// (still empty, so the same --dir serves the next run) or removed
+		// from --out (an earlier run's report): a typo failed at the first
+		// node's start and left --dir in use.
 		if err == nil {
 			err = errors.New("not an executable file")
 		}
 		return nil, fmt.Errorf("chaos: --binary %s: want a quotad executable (%v)", cfg.Binary, err)
+	}
+	if err := cfg.checkDirs(); err != nil {
+		return nil, err
 	}
 	// The cluster runs with its internal ports locked, as the README
 	// advises for production: the faults then also exercise forwarding

@@ -305,6 +305,30 @@ func (p *Plan) whyMissing(m []Fault) string {
 	return strings.Join(parts, "; ")
 }
 
+// Unplanned is Missing less what the operator can expect missing: with
+// every fault asked for (--faults all), scale-down on a cluster it never
+// takes below minNodes. A run with faults Unplanned would pass without
+// having tried them: Run refuses it.
+func (p *Plan) Unplanned() []Fault {
+	m := p.Missing()
+	if p.Nodes <= minNodes && len(p.Faults) == len(AllFaults) {
+		m = slices.DeleteFunc(m, func(f Fault) bool { return f == ScaleDown })
+	}
+	return m
+}
+
+// FittingDuration is the shortest duration, in steps of 15 s up to an
+// hour, at which the plan of this seed, nodes and faults has every fault
+// Unplanned lists; 0 if none has.
+func (p *Plan) FittingDuration() time.Duration {
+	for d := p.Duration.Truncate(15*time.Second) + 15*time.Second; d <= time.Hour; d += 15 * time.Second {
+		if q, err := NewPlan(p.Seed, p.Nodes, d, p.Faults); err == nil && len(q.Unplanned()) == 0 {
+			return d
+		}
+	}
+	return 0
+}
+
 // Missing lists the faults the plan was given but has no episode of: a
 // short duration leaves no room for them.
 func (p *Plan) Missing() []Fault {

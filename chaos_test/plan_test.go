@@ -162,3 +162,28 @@ func TestPlanNamesTheFaultsItHasNoRoomFor(t *testing.T) {
 		}
 	}
 }
+
+// A plan without some of the faults asked for is refused by Run (it would
+// pass without trying them), naming a duration that fits them; with every
+// fault asked for, scale-down on 3 nodes is expected missing.
+func TestUnplanned(t *testing.T) {
+	for _, seed := range []uint64{1, 5, 87, 91} {
+		if p := mustPlan(t, seed, 3, 10*time.Minute, "all"); len(p.Unplanned()) > 0 {
+			t.Errorf("seed %d, 3 nodes, all, 10m: unplanned %v, want none (scale-down is expected missing)", seed, p.Unplanned())
+		}
+	}
+	p := mustPlan(t, 5, 3, 45*time.Second, "kill,pause,ledger-down,isolate,disk-loss")
+	if m := p.Unplanned(); len(m) == 0 {
+		t.Fatalf("45 s with five faults: nothing unplanned:\n%s", p)
+	}
+	d := p.FittingDuration()
+	if d == 0 {
+		t.Fatal("no duration fits the five faults")
+	}
+	if q := mustPlan(t, 5, 3, d, "kill,pause,ledger-down,isolate,disk-loss"); len(q.Unplanned()) > 0 {
+		t.Errorf("FittingDuration %s does not fit: %v", d, q.Unplanned())
+	}
+	if q := mustPlan(t, 5, 3, d-15*time.Second, "kill,pause,ledger-down,isolate,disk-loss"); len(q.Unplanned()) == 0 && d-15*time.Second > p.Duration {
+		t.Errorf("FittingDuration %s is not the shortest: %s fits too", d, d-15*time.Second)
+	}
+}

@@ -37,6 +37,10 @@ func TestChaosFlags(t *testing.T) {
 		{[]string{"--settle-interval", "0"}, "--settle-interval 0s"},
 		{[]string{"--settle-interval", "1ms"}, "--settle-interval 1ms: want at least 10ms"}, // the nodes refused it, after Postgres started
 		{[]string{"--nodes", "3", "--faults", "scale-down"}, "no fault of --faults scale-down fits this run"},
+		// A run that would pass without some of the faults asked for.
+		{[]string{"--nodes", "3", "--duration", "45s", "--faults", "kill,pause,ledger-down,isolate,disk-loss", "--seed", "5"},
+			"has no episode of ledger-down,disk-loss, so the run would pass without trying them: no room in 45s"},
+		{[]string{"--nodes", "4", "--duration", "1m", "--faults", "all", "--seed", "5"}, "or more (for this seed), or leave them out of --faults"},
 		{[]string{"--first-ip", "0"}, "--first-ip 0"},
 		{[]string{"--faults", "crashes"}, `unknown fault "crashes"`},
 		{[]string{"--faults", ","}, "no faults given"},
@@ -55,6 +59,21 @@ func TestChaosFlags(t *testing.T) {
 		}
 	}
 	dir := t.TempDir()
+	// A refused run leaves the earlier run's report in --out: it is
+	// removed when a run starts, and this one never did.
+	out := filepath.Join(dir, "out")
+	if err := os.MkdirAll(out, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(out, "report.md"), []byte("earlier\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := runQuotad(t, "chaos", "--binary", filepath.Join(dir, "nope"), "--dir", filepath.Join(dir, "run"), "--out", out); err == nil || !strings.Contains(err.Error(), "--binary") {
+		t.Errorf("quotad chaos with a missing --binary and --out: %v, want --binary named", err)
+	}
+	if b, err := os.ReadFile(filepath.Join(out, "report.md")); err != nil || string(b) != "earlier\n" {
+		t.Errorf("a run refused for its --binary removed the earlier report.md: %q %v", b, err)
+	}
 	if _, err := runQuotad(t, "chaos", "--binary", filepath.Join(dir, "nope"), "--dir", filepath.Join(dir, "run")); err == nil || !strings.Contains(err.Error(), "--binary") {
 		t.Errorf("quotad chaos with a missing --binary: %v, want it named before anything starts", err)
 	}
