@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -103,9 +104,11 @@ func TestWorkDirKeptAfterAViolation(t *testing.T) {
 	}
 }
 
-// progressCancel cancels a run once a progress line counts an operation.
+// progressCancel cancels a run once a progress line matches at (by
+// default, once one counts an operation).
 type progressCancel struct {
 	cancel context.CancelFunc
+	at     *regexp.Regexp
 	mu     sync.Mutex
 	lines  strings.Builder
 }
@@ -116,7 +119,11 @@ func (p *progressCancel) Write(b []byte) (int, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.lines.Write(b)
-	if someOps.Match(b) {
+	at := p.at
+	if at == nil {
+		at = someOps
+	}
+	if at.Match(b) {
 		p.cancel()
 	}
 	return len(b), nil
@@ -131,7 +138,10 @@ func (p *progressCancel) String() string {
 // An interrupted run (Ctrl-C: its context ends) stops everything it
 // started and keeps what it recorded: the operations and faults so far in
 // Out, marked as not checked, and the nodes' data dirs and logs. It said
-// only "context canceled", wrote nothing, and removed the node logs.
+// only "context canceled", wrote nothing, and removed the node logs. Here
+// the interrupt comes during a kill: the fault still on is in the faults
+// as applied, up to the interrupt (it was left out), and the report gives
+// the time of the interrupt, not the time the load had stopped by.
 func TestInterruptKeepsWhatWasRecorded(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a cluster")
@@ -139,7 +149,7 @@ func TestInterruptKeepsWhatWasRecorded(t *testing.T) {
 	pgtest.RequireBinaries(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	progress := &progressCancel{cancel: cancel}
+	progress := &progressCancel{cancel: cancel, at: regexp.MustCompile(`begin kill`)}
 	out := t.TempDir()
 	rep, err := Run(ctx, Config{Nodes: 3, Duration: 20 * time.Second, Faults: []Fault{Kill}, Seed: 1, Binary: binary,
 		Out: out, Workers: 4, Rate: 50, Progress: progress, ProgressEvery: 100 * time.Millisecond})
@@ -170,6 +180,13 @@ func TestInterruptKeepsWhatWasRecorded(t *testing.T) {
 	}
 	if !strings.Contains(progress.String(), "interrupted: stopping") || !strings.Contains(progress.String(), rep.Dir) {
 		t.Fatalf("the progress lines do not say the run stops and where the node logs are:\n%s", progress)
+	}
+	said := regexp.MustCompile(`chaos: (\S+) interrupted: stopping`).FindStringSubmatch(progress.String())
+	if said == nil || !strings.HasPrefix(rep.Interrupted, "interrupted at "+said[1]+" ") {
+		t.Errorf("report: %q, want the time the progress line gave the interrupt (%v)", rep.Interrupted, said)
+	}
+	if !slices.ContainsFunc(rep.Applied, func(w cluster.Window) bool { return w.Kind == string(Kill) && w.End > w.Start }) {
+		t.Errorf("the faults as applied %+v hold no kill, though one was on at the interrupt", rep.Applied)
 	}
 }
 

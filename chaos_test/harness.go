@@ -226,14 +226,21 @@ type harness struct {
 	// harness reads a node's own reservations there (keepHoldEvidence).
 	adminToken string
 
-	mu      sync.Mutex // protects the fields below
-	active  []*Episode // faults on now (progress lines)
-	windows []cluster.Window
-	lost    []cluster.LostCharge
-	starts  []int64
-	revoked int64
-	live    []cluster.Violation // liveness failures: nodes that did not come back
-	notes   []string
+	mu     sync.Mutex // protects the fields below
+	active []*Episode // faults on now (progress lines)
+	// activeSince is when each episode of active began (the interrupted
+	// report shows the ones still on).
+	activeSince map[*Episode]int64
+	// interruptAt is when the run's context ended (Ctrl-C), if it did:
+	// the load then takes seconds to stop.
+	interruptAt    int64
+	wasInterrupted bool
+	windows        []cluster.Window
+	lost           []cluster.LostCharge
+	starts         []int64
+	revoked        int64
+	live           []cluster.Violation // liveness failures: nodes that did not come back
+	notes          []string
 
 	// keepWhy, when set, keeps a temporary dir at the end, and says why.
 	keepWhy string
@@ -294,7 +301,10 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	defer h.close()
 	h.logf("%s", strings.TrimRight(plan.String(), "\n"))
 	if err := h.setup(ctx); err != nil {
-		if h.c != nil {
+		// Interrupted before the load: nothing was recorded, so nothing
+		// is kept (a cluster of 100 nodes kept 6.9 GB, as "the run
+		// failed").
+		if h.c != nil && ctx.Err() == nil {
 			h.keepWhy = "the run failed"
 		}
 		return nil, err
@@ -552,10 +562,14 @@ func (h *harness) run(ctx context.Context) (*Report, error) {
 	began := time.Now()
 	// Say at once what an interrupt does: stopping takes a few seconds.
 	defer context.AfterFunc(ctx, func() {
-		h.logf("%s interrupted: stopping the load, then the nodes and Postgres; no check will run", clock(time.Duration(h.hist.Now())))
+		at := h.hist.Now()
+		h.mu.Lock()
+		h.interruptAt, h.wasInterrupted = at, true
+		h.mu.Unlock()
+		h.logf("%s interrupted: stopping the load, then the nodes and Postgres; no check will run", clock(time.Duration(at)))
 	})()
 	wctx, stopLoad := context.WithCancel(ctx)
-	load := h.startWorkload(wctx)
+	load := h.startWorkload(wctx, ctx)
 	progress := h.startProgress(wctx)
 	err := h.runPlan(ctx)
 	if err == nil {
@@ -628,10 +642,21 @@ func (h *harness) run(ctx context.Context) (*Report, error) {
 // Out, and the data dirs and node logs are kept. The error wraps ctx's.
 func (h *harness) interrupted(ctx context.Context, began time.Time) (*Report, error) {
 	h.keepWhy = "interrupted"
-	at := time.Duration(h.hist.Now())
+	h.mu.Lock()
+	now := h.hist.Now()
+	if h.wasInterrupted {
+		now = h.interruptAt // the load and the faults took a while to stop after it
+	}
+	// The faults still on go into the faults as applied, up to the
+	// interrupt: they were missing, and the answers they caused unexplained.
+	for _, e := range h.active {
+		h.windows = append(h.windows, cluster.Window{Kind: string(e.Fault), Node: e.Node, Start: h.activeSince[e], End: now})
+	}
+	h.mu.Unlock()
+	at := time.Duration(now)
 	ops := h.hist.Ops()
 	if on := h.activeNames(); on != "none" {
-		h.note("faults still on when the run was interrupted: %s", on)
+		h.note("faults still on when the run was interrupted (in the faults as applied up to %s): %s", clock(at), on)
 	}
 	rep := h.report(&cluster.CheckInput{Ops: ops, Accounts: h.acct.limits}, nil, began)
 	rep.Interrupted = fmt.Sprintf("interrupted at %s of %s, after %d operations: no check was run", clock(at), clock(h.cfg.Duration), len(ops))
@@ -652,6 +677,10 @@ func (h *harness) livenessResult() cluster.Result {
 		r.Violations = h.live[:min(len(h.live), 10)]
 	}
 	r.Summary = fmt.Sprintf("%d node starts after the first, every node drained with SIGTERM at the end", len(h.starts))
+	if r.Count > 0 {
+		// It said every node drained beside a node that exited 9 on SIGTERM.
+		r.Summary = fmt.Sprintf("%d node starts after the first; %d failures to come back, converge or drain and exit 0 (below)", len(h.starts), r.Count)
+	}
 	return r
 }
 

@@ -106,7 +106,12 @@ func (h *harness) setActive(e *Episode, on bool) {
 	defer h.mu.Unlock()
 	if on {
 		h.active = append(h.active, e)
+		if h.activeSince == nil {
+			h.activeSince = map[*Episode]int64{}
+		}
+		h.activeSince[e] = h.hist.Now()
 	} else {
+		delete(h.activeSince, e)
 		h.active = slices.DeleteFunc(h.active, func(x *Episode) bool { return x == e })
 	}
 }

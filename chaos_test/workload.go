@@ -62,10 +62,14 @@ type worker struct {
 	rng    *rand.Rand
 	seq    int
 	recent []acked
+	// halt ends when the run is interrupted: an operation then makes no
+	// more retries (each takes up to callTimeout: Ctrl-C waited for them).
+	halt context.Context
 }
 
 // startWorkload starts the workers; the returned group ends when ctx does.
-func (h *harness) startWorkload(ctx context.Context) *sync.WaitGroup {
+// halt is the run's context: once it ends, operations are not retried.
+func (h *harness) startWorkload(ctx, halt context.Context) *sync.WaitGroup {
 	tokens := make(chan struct{}, h.cfg.Workers)
 	var wg sync.WaitGroup
 	wg.Add(1)
@@ -89,7 +93,7 @@ func (h *harness) startWorkload(ctx context.Context) *sync.WaitGroup {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			w := &worker{h: h, id: i, rng: rand.New(rand.NewPCG(h.cfg.Seed, uint64(i)+1))}
+			w := &worker{h: h, id: i, rng: rand.New(rand.NewPCG(h.cfg.Seed, uint64(i)+1)), halt: halt}
 			for {
 				select {
 				case <-ctx.Done():
@@ -181,7 +185,7 @@ func (w *worker) charge() {
 		}
 	}
 	op, receipt := w.do(via, acct, ev, path, units)
-	for try := 0; op.Status == cluster.StatusUnknown && !generated && try < maxRetries; try++ {
+	for try := 0; op.Status == cluster.StatusUnknown && !generated && try < maxRetries && w.halt.Err() == nil; try++ {
 		if via != "http" { // an HTTP client retries the same request (the front may refund it)
 			via = w.pickVia(limited, via)
 		}
