@@ -99,8 +99,8 @@ func (s *alertSink) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // waitAlerts waits until the ledger holds no pending alert and no
 // threshold crossed without one (Ledger.MissedAlerts: the nodes' sweeps
 // alert those within a sweep of the last settle), or alertWait.
-func (h *harness) waitAlerts(ctx context.Context) {
-	ctx, cancel := context.WithTimeout(ctx, alertWait)
+func (h *harness) waitAlerts(run context.Context) {
+	ctx, cancel := context.WithTimeout(run, alertWait)
 	defer cancel()
 	tick := time.NewTicker(200 * time.Millisecond)
 	defer tick.Stop()
@@ -125,7 +125,13 @@ func (h *harness) waitAlerts(ctx context.Context) {
 		}
 		select {
 		case <-ctx.Done():
-			h.logf("%d quota alerts still pending and %d thresholds crossed without one after %s (err %v)", pending, missed, alertWait, err)
+			if run.Err() == nil { // interrupted: the run says so
+				why := ""
+				if err != nil {
+					why = fmt.Sprintf(" (the last read of the ledger failed: %v)", err)
+				}
+				h.logf("%d quota alerts still pending and %d thresholds crossed without one after %s%s", pending, missed, alertWait, why)
+			}
 			return
 		case <-tick.C:
 		}

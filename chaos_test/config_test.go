@@ -217,3 +217,27 @@ func TestReportCommandReproducesTheWorkload(t *testing.T) {
 		}
 	}
 }
+
+// After the load stops, the waits (settle, alerts, drain) say every
+// ProgressEvery what they wait for; they were silent for up to 90 s.
+func TestPhaseProgress(t *testing.T) {
+	var mu sync.Mutex
+	var lines []string
+	h := &harness{cfg: Config{ProgressEvery: 10 * time.Millisecond}, hist: cluster.NewHistory()}
+	h.logf = func(format string, args ...any) { mu.Lock(); lines = append(lines, fmt.Sprintf(format, args...)); mu.Unlock() }
+	count := func() int { mu.Lock(); defer mu.Unlock(); return len(lines) }
+	done := h.phase("waiting for every log to settle")
+	deadline := time.Now().Add(10 * time.Second)
+	for count() < 2 && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond) // a poll with a deadline, not a wait for time to pass
+	}
+	done()
+	n := count()
+	if n < 2 || !strings.Contains(lines[0], "still waiting for every log to settle (") {
+		t.Fatalf("progress lines %q, want two or more naming the wait", lines)
+	}
+	// done waits for the goroutine: nothing is logged after it.
+	if count() != n {
+		t.Fatalf("a line after done: %q", lines)
+	}
+}

@@ -594,20 +594,26 @@ func (h *harness) run(ctx context.Context) (*Report, error) {
 	}
 	h.logf("%s load stopped after %d operations; waiting for every log to settle", clock(time.Duration(h.hist.Now())), h.hist.Len())
 	sctx, cancel := context.WithTimeout(ctx, settleTimeout)
+	done := h.phase("waiting for every log to settle")
 	if err := h.c.WaitSettled(sctx); err != nil && ctx.Err() == nil {
 		h.liveness("cluster", "logs not settled within "+settleTimeout.String()+" of the heal: "+err.Error())
 	}
+	done()
 	cancel()
 	if ctx.Err() != nil {
 		return h.interrupted(ctx, began)
 	}
 	holds := h.readHolds(ctx)
+	done = h.phase("waiting for the quota alerts to be delivered")
 	h.waitAlerts(ctx)
+	done()
 	alerts := h.alertResult(ctx)
 	if ctx.Err() != nil {
 		return h.interrupted(ctx, began)
 	}
+	done = h.phase("draining the nodes (SIGTERM)")
 	logs := h.drain(ctx)
+	done()
 	if ctx.Err() != nil {
 		return h.interrupted(ctx, began)
 	}
@@ -634,6 +640,30 @@ func (h *harness) run(ctx context.Context) (*Report, error) {
 		}
 	}
 	return rep, nil
+}
+
+// phase logs that what is still going on, every ProgressEvery, until the
+// function it returns is called: after the load stops, the settle wait (up
+// to 90 s), the alerts' (60 s) and the drain were silent.
+func (h *harness) phase(what string) (done func()) {
+	start := time.Now()
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		t := time.NewTicker(h.cfg.ProgressEvery)
+		defer t.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-t.C:
+				h.logf("%s still %s (%s so far)", clock(time.Duration(h.hist.Now())), what, time.Since(start).Round(time.Second))
+			}
+		}
+	}()
+	return func() { close(stop); wg.Wait() }
 }
 
 // interrupted ends a run whose ctx ended once the workload had begun: no
