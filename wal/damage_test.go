@@ -380,6 +380,25 @@ func TestCutManifestIsNamed(t *testing.T) {
 	before.Unchanged(t, dir, "a refused Open")
 }
 
+// A MANIFEST cut to a few bytes does not read at all: Pebble's "malformed
+// manifest file" came with the generic remedy, which did not name the
+// MANIFEST. It is named, to restore first.
+func TestMalformedManifestIsNamed(t *testing.T) {
+	dir, _ := flushedDir(t, 40)
+	manifests, _ := filepath.Glob(filepath.Join(dir, "MANIFEST-*"))
+	slices.Sort(manifests)
+	manifest := manifests[len(manifests)-1]
+	data, err := os.ReadFile(manifest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, manifest, data[:20])
+	before := dirsnap.Take(t, dir)
+	requireBothRefuse(t, dir, "Pebble's MANIFEST "+manifest+", which lists the files that hold the records, does not read",
+		"restore that file", "quotad revoke --node")
+	before.Unchanged(t, dir, "a refused Open")
+}
+
 // A deleted sstable got Pebble's own message ("file 000005 (type sstable)
 // unknown to the objstorage provider"): it is named, with the remedy.
 func TestMissingSSTableIsNamed(t *testing.T) {

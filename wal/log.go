@@ -289,6 +289,15 @@ func openError(opts Options, err error) error {
 			}
 		}
 	}
+	if m := malformedManifest.FindStringSubmatch(err.Error()); m != nil {
+		return &damagedFileError{
+			msg: fmt.Sprintf("%s: dir %s: Pebble's MANIFEST %s, which lists the files that hold the records, does not read (cut "+
+				"short, or changed: a copy that did not finish, a full disk while copying); the sstables and WAL files it lists are "+
+				"likely intact: restore that file from a copy of the disk and start again; if it cannot be restored, %s",
+				ErrCorrupt, opts.Dir, opts.FS.PathJoin(opts.Dir, m[1]), remedy(opts.NodeID)),
+			cause: err,
+		}
+	}
 	if m := truncatedTable.FindStringSubmatch(err.Error()); m != nil {
 		return &damagedFileError{
 			msg: fmt.Sprintf("%s: dir %s: the sstable %s is %s bytes long, but its MANIFEST says %s: it was cut short or changed "+
@@ -651,12 +660,16 @@ func lockHeld(err error) bool {
 		strings.Contains(err.Error(), "lock held by current process")
 }
 
-// missingTable finds the number of the sstable in Pebble's error for a file
-// its MANIFEST lists that is not in the dir.
 // truncatedTable finds, in Pebble's error, an sstable whose size on disk
 // is not the one its MANIFEST recorded (the first, when there are several).
 var truncatedTable = regexp.MustCompile(`object size mismatch \(([^)]+)\): (\d+) \(disk\) != (\d+) \(MANIFEST\)`)
 
+// malformedManifest finds, in Pebble's error, a MANIFEST that does not
+// read as one (cut short to a few bytes: no record of the log files).
+var malformedManifest = regexp.MustCompile(`malformed manifest file "(MANIFEST-\d+)"`)
+
+// missingTable finds the number of the sstable in Pebble's error for a file
+// its MANIFEST lists that is not in the dir.
 var missingTable = regexp.MustCompile(`file (\d+) \(type sstable\) unknown`)
 
 // missingManifest matches Pebble's error for a MANIFEST its marker names
