@@ -47,8 +47,10 @@ func remedy(node string) string {
 		node = "ID"
 	}
 	return "do not serve from this data dir: restore it from a copy of the disk; if it cannot be " +
-		"restored, keep it aside as evidence, run `quotad revoke --node " + node + "` and start the node " +
-		"with an empty data dir (a new incarnation; its unsettled charges are lost, as for a lost disk)"
+		"restored, keep it aside as evidence, list the unsettled charges it can still read with " +
+		"`quotad reconcile --ledger DSN --data-dir DIR` (the revoke below means they are never settled: bill them by hand), " +
+		"run `quotad revoke --node " + node + "` and start the node " +
+		"with an empty data dir (a new incarnation; its unsettled charges are lost to the ledger, as for a lost disk)"
 }
 
 // damagedFileError reports on-disk corruption that Pebble found in one of
