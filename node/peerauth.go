@@ -110,14 +110,57 @@ func (n *Node) probeRefusal(ctx context.Context) (why string, first error) {
 			strings.Join(token, ", "), msg))
 	}
 	if len(cert) > 0 {
-		whys = append(whys, fmt.Sprintf("the TLS handshake with %s failed (one refused the other's certificate, or only one side has --rpc-tls-*): "+
-			"give every node certificates from the same CA (--rpc-tls-cert, --rpc-tls-key, --rpc-tls-ca), allowed for client auth, or none", strings.Join(cert, ", ")))
+		var cause string
+		for _, p := range probes {
+			if p.err != nil && !p.tokenless && !isTokenRefusal(p.err) {
+				cause = handshakeCause(p.err)
+				break
+			}
+		}
+		whys = append(whys, fmt.Sprintf("the TLS handshake with %s failed (%s): %s", strings.Join(cert, ", "), cause, n.handshakeFix(cause)))
 	}
 	if len(tokenless) > 0 {
 		whys = append(whys, fmt.Sprintf("the serving nodes %s have no RPC token, so they send none, while this node requires one (--rpc-token): it would refuse every charge they forward to it; "+
 			"give every node the same --rpc-token (QUOTAD_RPC_TOKEN), or none", strings.Join(tokenless, ", ")))
 	}
 	return strings.Join(whys, "; "), first
+}
+
+// handshakeCause is the part of a failed call's error that says why the
+// handshake failed (gRPC wraps it in two layers of "desc = ..."), cut to
+// a line: /readyz gave one text for every cause, and the log alone the
+// real one.
+func handshakeCause(err error) string {
+	msg := status.Convert(err).Message()
+	for _, mark := range []string{"tls: ", "x509: ", "transport: "} {
+		if i := strings.Index(msg, mark); i >= 0 {
+			msg = msg[i:]
+			break
+		}
+	}
+	msg = strings.TrimRight(strings.TrimPrefix(msg, `connection error: desc = "`), `"`)
+	if len(msg) > 240 {
+		msg = msg[:240] + "..."
+	}
+	return msg
+}
+
+// handshakeFix says what to change for a handshake that failed with cause
+// (handshakeCause): the generic advice named neither the side that has no
+// TLS nor --rpc-tls-server-name.
+func (n *Node) handshakeFix(cause string) string {
+	switch {
+	case n.rpcTLS.client == nil:
+		return "this node has no --rpc-tls-*, and the serving nodes speak TLS: give it the cluster's --rpc-tls-cert, --rpc-tls-key and --rpc-tls-ca (QUOTAD_RPC_TLS_CERT, _KEY, _CA)"
+	case strings.Contains(cause, "server preface") || strings.Contains(cause, "first record does not look like a TLS handshake"):
+		return "this node speaks TLS (--rpc-tls-*), and the serving nodes do not: give every node the same --rpc-tls-* files, or none"
+	case strings.Contains(cause, "certificate is valid for") || strings.Contains(cause, "IP SANs"):
+		return "their certificates do not carry the name this node checks (the address dialled, or --rpc-tls-server-name when set): give every node " +
+			"--rpc-tls-server-name, one DNS name all their certificates carry, or certificates with their IP addresses"
+	case strings.Contains(cause, "expired") || strings.Contains(cause, "not yet valid"):
+		return "a certificate is outside its validity dates (or a clock is wrong): renew it; nodes read renewed files without a restart"
+	}
+	return "give every node certificates from the same CA (--rpc-tls-cert, --rpc-tls-key, --rpc-tls-ca), allowed for client auth, or none"
 }
 
 // servingPeers are the other members on the ring (serving) in this node's

@@ -171,16 +171,22 @@ func TestNodeWhoseRPCCertificateThePeersRefuseOwnsNothing(t *testing.T) {
 	dsn := "sqlite:" + filepath.Join(t.TempDir(), "ledger.db")
 	seedLedger(t, dsn, twentyAccounts(100))
 	n1 := startNodesWith(t, dsn, func(c *Config) { c.RPCTLS = files })[0]
+	// /readyz gives the handshake's own cause and the fix for it: it gave
+	// one text for every cause, never naming the side without TLS.
 	for _, tc := range []struct {
 		id, name string
 		files    router.TLSFiles
+		want     string
 	}{
-		{"n2", "a certificate of a CA the cluster does not trust", bundle},
-		{"n3", "another CA's certificate and CA", otherFiles},
-		{"n4", "no TLS", router.TLSFiles{}},
+		{"n2", "a certificate of a CA the cluster does not trust", bundle, "failed (tls: unknown certificate authority): give every node certificates from the same CA"},
+		{"n3", "another CA's certificate and CA", otherFiles, "failed (tls: failed to verify certificate: x509: certificate signed by unknown authority)"},
+		{"n4", "no TLS", router.TLSFiles{}, "failed (error reading server preface: EOF): this node has no --rpc-tls-*, and the serving nodes speak TLS"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			joinRefused(t, n1, dsn, tc.id, "the TLS handshake with n1 at", func(c *Config) { c.RPCTLS = tc.files })
+			n, _ := joinRefused(t, n1, dsn, tc.id, "the TLS handshake with n1 at", func(c *Config) { c.RPCTLS = tc.files })
+			if _, body := readyz(t, n); !strings.Contains(body, tc.want) {
+				t.Errorf("%s: /readyz %q, want it to say %q", tc.id, body, tc.want)
+			}
 		})
 	}
 }
@@ -225,4 +231,37 @@ func mismatchGauge(t *testing.T, nd *Node, reason string) float64 {
 	}
 	t.Fatalf("no quotaring_ring_mismatched_members{reason=%q}", reason)
 	return 0
+}
+
+// A node whose certificate lacks the name the others check it against
+// (its advertised IP, or --rpc-tls-server-name) is refused at start: it
+// could dial the others, so it went ready and took accounts that no other
+// node could forward a charge to.
+func TestRPCCertificateWithoutTheNodesNameIsRefused(t *testing.T) {
+	dir := t.TempDir()
+	ca, err := pki.NewCA("cluster CA")
+	if err != nil {
+		t.Fatal(err)
+	}
+	files, err := ca.WriteFiles(dir, "node", pki.Names{DNS: []string{"quotad.internal"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dsn := "sqlite:" + filepath.Join(t.TempDir(), "ledger.db")
+	for _, tc := range []struct{ server, want string }{
+		{"", "does not carry the name 127.0.0.1 (the host this node advertises for RPC"},
+		{"other.internal", "does not carry the name other.internal (--rpc-tls-server-name"},
+	} {
+		cfg := nodeConfig(dsn, "n1", filepath.Join(t.TempDir(), "n1"))
+		cfg.RPCTLS = files
+		cfg.RPCTLS.ServerName = tc.server
+		n, err := Start(context.Background(), cfg)
+		if err == nil {
+			n.Shutdown(context.Background())
+			t.Fatalf("server name %q: Start succeeded", tc.server)
+		}
+		if !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("server name %q: %v, want it to say %q", tc.server, err, tc.want)
+		}
+	}
 }
