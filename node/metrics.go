@@ -1,6 +1,7 @@
 package node
 
 import (
+	"crypto/tls"
 	"errors"
 	"time"
 
@@ -41,6 +42,20 @@ type metrics struct {
 
 // newMetrics makes the metrics; the gauges read the node's parts when
 // scraped, so they may be registered before those parts exist.
+// certExpiry is quotaring_tls_certificate_expiry_timestamp_seconds of a
+// port: when the certificate it presents now stops being valid (renewed
+// files are read at the scrape), 0 when the port has no TLS.
+func certExpiry(port string, cfg func() *tls.Config) prometheus.Collector {
+	return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "quotaring_tls_certificate_expiry_timestamp_seconds",
+		Help:        "Unix time at which the certificate the port presents expires (port rpc: --rpc-tls-cert, http: --http-tls-cert, admin: --admin-tls-cert), read again when renewed; 0 when the port serves no TLS.",
+		ConstLabels: prometheus.Labels{"port": port}}, func() float64 {
+		if t, ok := router.CertNotAfter(cfg()); ok {
+			return float64(t.Unix())
+		}
+		return 0
+	})
+}
+
 func newMetrics(n *Node) *metrics {
 	m := &metrics{
 		charges: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "quotaring_charges_total",
@@ -192,6 +207,12 @@ func newMetrics(n *Node) *metrics {
 			}
 			return 0
 		}),
+		// One series per port, 0 without TLS there: an RPC certificate
+		// that expired went unnoticed (connections open keep working), until
+		// a restarted node could not join.
+		certExpiry("rpc", func() *tls.Config { return n.rpcTLS.server }),
+		certExpiry("http", func() *tls.Config { return n.httpTLS }),
+		certExpiry("admin", func() *tls.Config { return n.adminTLS }),
 		gauge("quotaring_ready", "1 when /readyz answers 200.", func() float64 {
 			if n.Ready() {
 				return 1

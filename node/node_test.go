@@ -563,6 +563,18 @@ func TestRPCTLS(t *testing.T) {
 	if !strings.Contains(string(page), "RPC over mutual TLS") {
 		t.Error("the status page does not say the RPC port is mutual TLS")
 	}
+	// The certificate's expiry is exported per port (an expired RPC
+	// certificate went unnoticed until a node restarted); 0 without TLS.
+	pair, err := tls.LoadX509KeyPair(files.Cert, files.Key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := labeledGauge(t, nodes[0], "quotaring_tls_certificate_expiry_timestamp_seconds", "port", "rpc"), float64(pair.Leaf.NotAfter.Unix()); got != want {
+		t.Errorf("quotaring_tls_certificate_expiry_timestamp_seconds{port=rpc} = %v, want %v", got, want)
+	}
+	if got := labeledGauge(t, nodes[0], "quotaring_tls_certificate_expiry_timestamp_seconds", "port", "http"); got != 0 {
+		t.Errorf("quotaring_tls_certificate_expiry_timestamp_seconds{port=http} = %v, want 0 (no TLS there)", got)
+	}
 }
 
 // TestRPCTLSCARotation: the cluster's CA rotates on running nodes, with no

@@ -213,23 +213,29 @@ func TestRingPresetMismatchIsCounted(t *testing.T) {
 // mismatchGauge reads quotaring_ring_mismatched_members{reason}.
 func mismatchGauge(t *testing.T, nd *Node, reason string) float64 {
 	t.Helper()
+	return labeledGauge(t, nd, "quotaring_ring_mismatched_members", "reason", reason)
+}
+
+// labeledGauge is the value of the gauge name{label="value"} nd exports.
+func labeledGauge(t *testing.T, nd *Node, name, label, value string) float64 {
+	t.Helper()
 	families, err := nd.reg.Gather()
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, f := range families {
-		if f.GetName() != "quotaring_ring_mismatched_members" {
+		if f.GetName() != name {
 			continue
 		}
 		for _, m := range f.GetMetric() {
 			for _, l := range m.GetLabel() {
-				if l.GetName() == "reason" && l.GetValue() == reason {
+				if l.GetName() == label && l.GetValue() == value {
 					return m.GetGauge().GetValue()
 				}
 			}
 		}
 	}
-	t.Fatalf("no quotaring_ring_mismatched_members{reason=%q}", reason)
+	t.Fatalf("no %s{%s=%q}", name, label, value)
 	return 0
 }
 

@@ -345,6 +345,28 @@ func (k *keyPair) reloadLocked() error {
 	return nil
 }
 
+// CertNotAfter is when the certificate that cfg, a server config of
+// TLSFiles or CertFiles, presents stops being valid (its files are read
+// again first if they changed, as at a handshake); false for a config of
+// neither, or nil.
+func CertNotAfter(cfg *tls.Config) (time.Time, bool) {
+	var pair *tls.Certificate
+	switch {
+	case cfg == nil:
+		return time.Time{}, false
+	case cfg.GetCertificate != nil:
+		pair, _ = cfg.GetCertificate(&tls.ClientHelloInfo{})
+	case cfg.GetConfigForClient != nil:
+		if c, err := cfg.GetConfigForClient(&tls.ClientHelloInfo{}); err == nil && c != nil && len(c.Certificates) > 0 {
+			pair = &c.Certificates[0]
+		}
+	}
+	if pair == nil || pair.Leaf == nil {
+		return time.Time{}, false
+	}
+	return pair.Leaf.NotAfter, true
+}
+
 // CertFiles names the PEM certificate chain and key a node serves HTTPS
 // with on its public or its admin port (quotad serve --http-tls-* and
 // --admin-tls-*). Clients are not asked for certificates there: the API
