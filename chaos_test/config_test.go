@@ -224,7 +224,11 @@ func TestPhaseProgress(t *testing.T) {
 	var mu sync.Mutex
 	var lines []string
 	h := &harness{cfg: Config{ProgressEvery: 10 * time.Millisecond}, hist: cluster.NewHistory()}
-	h.logf = func(format string, args ...any) { mu.Lock(); lines = append(lines, fmt.Sprintf(format, args...)); mu.Unlock() }
+	h.logf = func(format string, args ...any) {
+		mu.Lock()
+		lines = append(lines, fmt.Sprintf(format, args...))
+		mu.Unlock()
+	}
 	count := func() int { mu.Lock(); defer mu.Unlock(); return len(lines) }
 	done := h.phase("waiting for every log to settle")
 	deadline := time.Now().Add(10 * time.Second)
