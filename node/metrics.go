@@ -143,6 +143,8 @@ func newMetrics(n *Node) *metrics {
 			routerStat(func(s *routerStats) int64 { return s.Refused.Load() })),
 		counter("quotaring_rpc_refused_total", "Calls to this node's RPC port refused for a missing or wrong RPC token (--rpc-token), from nodes or embedded clients.",
 			func() float64 { return float64(n.rpcRefusedCalls.Load()) }),
+		counter("quotaring_rpc_handshakes_refused_total", "TLS handshakes this node's RPC port failed (--rpc-tls-*): a caller with a certificate of another CA, none, or no TLS; connections closed before a word are not counted.",
+			func() float64 { return float64(n.rpcHandshakeFailures.Load()) }),
 		gauge("quotaring_unsettled_records", "Records in the log not yet settled.", func() float64 {
 			if n.wal == nil {
 				return 0

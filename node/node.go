@@ -213,6 +213,10 @@ type Node struct {
 	// token, and refusedLog samples their log lines (rpcRefused).
 	rpcRefusedCalls atomic.Int64
 	refusedLog      logsample.Sampler
+	// rpcHandshakeFailures counts the TLS handshakes the RPC port failed,
+	// and handshakeLog samples their log lines (rpcHandshakeFailed).
+	rpcHandshakeFailures atomic.Int64
+	handshakeLog         logsample.Sampler
 	// audits counts the reservation audit's rounds (audit.go), for tests;
 	// stranded is its last finding (nil before the first), for /status.
 	audits   atomic.Int64
@@ -758,7 +762,7 @@ func (n *Node) serve() error {
 	opts := append([]grpc.ServerOption{grpc.NumStreamWorkers(uint32(4 * runtime.GOMAXPROCS(0)))}, // NB: shared write buffers are grpc's default now
 		router.ServerAuthNotify(n.rpcRefused, n.cfg.RPCTokens...)...)
 	if n.rpcTLS.server != nil {
-		opts = append(opts, grpc.Creds(credentials.NewTLS(n.rpcTLS.server)))
+		opts = append(opts, grpc.Creds(handshakeNotify{credentials.NewTLS(n.rpcTLS.server), n.rpcHandshakeFailed}))
 	}
 	n.grpcSrv = grpc.NewServer(opts...)
 	pb.RegisterQuotaServer(n.grpcSrv, n.router.Server())

@@ -183,9 +183,15 @@ func TestNodeWhoseRPCCertificateThePeersRefuseOwnsNothing(t *testing.T) {
 		{"n4", "no TLS", router.TLSFiles{}, "failed (error reading server preface: EOF): this node has no --rpc-tls-*, and the serving nodes speak TLS"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			before := n1.rpcHandshakeFailures.Load()
 			n, _ := joinRefused(t, n1, dsn, tc.id, "the TLS handshake with n1 at", func(c *Config) { c.RPCTLS = tc.files })
 			if _, body := readyz(t, n); !strings.Contains(body, tc.want) {
 				t.Errorf("%s: /readyz %q, want it to say %q", tc.id, body, tc.want)
+			}
+			// n1 refused its handshakes: counted there too (it left no
+			// trace on the node that refused).
+			if n1.rpcHandshakeFailures.Load() == before {
+				t.Errorf("%s: n1 counted none of the handshakes it refused", tc.id)
 			}
 		})
 	}
