@@ -245,3 +245,16 @@ func TestPhaseProgress(t *testing.T) {
 		t.Fatalf("a line after done: %q", lines)
 	}
 }
+
+// A run is refused before it starts where its disk has less free space
+// than it needs (100 nodes kept 6.9 GB); --dir need not exist yet.
+func TestCheckDisk(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "not", "yet")
+	if err := (&Config{Nodes: 3, Dir: dir}).checkDisk(); err != nil {
+		t.Fatalf("3 nodes: %v", err)
+	}
+	err := (&Config{Nodes: 100_000_000, Dir: dir}).checkDisk()
+	if err == nil || !strings.Contains(err.Error(), "a run of 100000000 nodes needs about") || !strings.Contains(err.Error(), filepath.Dir(filepath.Dir(dir))) {
+		t.Fatalf("a run no disk holds: %v, want it refused naming the dir", err)
+	}
+}

@@ -283,6 +283,9 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		}
 		return nil, fmt.Errorf("chaos: --binary %s: want a quotad executable (%v)", cfg.Binary, err)
 	}
+	if err := cfg.checkDisk(); err != nil {
+		return nil, err
+	}
 	if err := cfg.checkDirs(); err != nil {
 		return nil, err
 	}

@@ -62,8 +62,10 @@ run could not be done, 130 when interrupted: Ctrl-C (or SIGTERM) stops the
 load, the nodes and Postgres, checks nothing, writes what was recorded so far
 to --out and keeps the data dirs and node logs, as a violation does; a
 second Ctrl-C ends it at once, the nodes and Postgres with it. A kept
-directory holds the ledger too (ledger.sql, a pg_dump of it). Needs
-about 1 GB of disk and 2 cores; run it as a user that may start Postgres (as
+directory holds the ledger too (ledger.sql, a pg_dump of it). Needs about
+100 MB of disk a node (scale-ups included) and 200 MB for Postgres, in --dir
+or the temporary directory (TMPDIR): a run is refused before it starts where
+less is free. Needs 2 cores; run it as a user that may start Postgres (as
 root it runs Postgres as the postgres user).`,
 		Example: `  quotad chaos --nodes 5 --duration 10m --faults all --seed 42 --out ./chaos-report
   quotad chaos --nodes 3 --duration 2m --faults kill,ledger-down --seed 7`,
