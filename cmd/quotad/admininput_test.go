@@ -114,7 +114,8 @@ func TestQuotadAdminTimeout(t *testing.T) {
 		root.SetErr(io.Discard)
 		return root.ExecuteContext(context.Background())
 	}
-	err := run("plans", "set", "pro", "--quota", "5", "--hard")
+	// NB: with --rate and --burst, plans set makes no read before its write.
+	err := run("plans", "set", "pro", "--quota", "5", "--hard", "--rate", "10/s", "--burst", "20")
 	if err == nil || strings.Contains(err.Error(), "cannot reach") || !strings.Contains(err.Error(), "no answer within --timeout 100ms") ||
 		!strings.Contains(err.Error(), "may or may not have been applied") {
 		t.Errorf("a write timing out: %v", err)
