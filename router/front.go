@@ -330,11 +330,44 @@ func CallerFrom(ctx context.Context) (*Caller, bool) {
 // MaxBodyBytes, the proxy's 502 and 504) wait for the refund before
 // anything is sent, and carry the quota headers of the state after it, or
 // none when the refund failed.
+//
+// The options marked "NewProxy only" are refused here: they describe the
+// proxy's upstream, and set on a middleware they did nothing
+// (StripAPIKeyHeader left the key in the handler's request). A nil
+// handler is refused when it is wrapped, as http.Handle does, not at each
+// request.
 func Middleware(opts FrontOptions) (func(http.Handler) http.Handler, error) {
+	if names := opts.proxyOnly(); len(names) > 0 {
+		return nil, fmt.Errorf("router: Middleware: FrontOptions.%s apply to NewProxy only (they describe its upstream): leave them unset for a middleware",
+			strings.Join(names, ", FrontOptions."))
+	}
 	if err := opts.defaults(); err != nil {
 		return nil, err
 	}
-	return func(next http.Handler) http.Handler { return &front{opts: opts, next: next} }, nil
+	return func(next http.Handler) http.Handler {
+		if next == nil {
+			panic("router: Middleware: a nil http.Handler")
+		}
+		return &front{opts: opts, next: next}
+	}, nil
+}
+
+// proxyOnly names the options of o that only NewProxy uses, set.
+func (o *FrontOptions) proxyOnly() []string {
+	var names []string
+	for _, x := range []struct {
+		name string
+		set  bool
+	}{
+		{"UpstreamTimeout", o.UpstreamTimeout != 0}, {"BodyIdleTimeout", o.BodyIdleTimeout != 0}, {"BodyTimeout", o.BodyTimeout != 0},
+		{"Transport", o.Transport != nil}, {"StripAPIKeyHeader", o.StripAPIKeyHeader}, {"TrustForwarded", o.TrustForwarded},
+		{"Upgrades", len(o.Upgrades) > 0}, {"NoUpgrades", o.NoUpgrades},
+	} {
+		if x.set {
+			names = append(names, x.name)
+		}
+	}
+	return names
 }
 
 type front struct {
@@ -469,6 +502,8 @@ func (f *front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		ctx = context.WithValue(ctx, sentKey{}, new(atomic.Bool))
 	}
 	r = r.WithContext(ctx)
+	served := r
+	rec.clientLeft = func() bool { return clientLeft(served) }
 	// Only the front says which account and event a request was charged
 	// to: a client's own values are forged.
 	r.Header = r.Header.Clone()
@@ -515,6 +550,7 @@ func (f *front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if p != nil && (p != http.ErrAbortHandler || (rec.writeErr == nil && !clientLeft(r))) {
 			rec.failed = true // NB: an abort after a failed write, or once the client left, is the client leaving, not the upstream failing
 		}
+		rec.panicked = p != nil
 		if body != nil {
 			if f.proxy && clientLeft(r) && !body.answered.Load() && !body.eof.Load() {
 				// The client went away (an HTTP/2 stream reset) before its
@@ -713,9 +749,13 @@ func (f *front) admit(r *http.Request) (*charged, *Problem) {
 // not the client, whose retry goes through once they have. Nothing in
 // these says the client's request is at fault; clients that retry only 503
 // dropped them as 500s.
+//
+// ErrClosed too: the Charger is a Client closed or shutting down, as the
+// process serving the middleware stops; another replica serves the retry.
+// It was a 500 "failed to decide", with an ERROR line per request.
 func retryable(ctx context.Context, err error) bool {
-	return errors.Is(err, ErrUnavailable) || errors.Is(err, ErrRejected) || errors.Is(err, context.DeadlineExceeded) ||
-		ctxEnded(ctx) != nil
+	return errors.Is(err, ErrUnavailable) || errors.Is(err, ErrRejected) || errors.Is(err, ErrClosed) ||
+		errors.Is(err, context.DeadlineExceeded) || ctxEnded(ctx) != nil
 }
 
 // undecidedLog logs a charge answered quota-unavailable (retryable), one
@@ -1027,7 +1067,11 @@ func (f *front) finish(rec *recorder, r *http.Request, c *charged, body *limited
 	// got (a 499 under bill-on 2xx, a gRPC stream the client cancelled,
 	// whose status is then missing or CANCELLED). Refunding it let a
 	// client that hangs up early start work for free.
-	left := clientLeft(r) && (!rec.wrote || rec.grpcCall(r))
+	// So did a client that left before the answer's head: a handler that
+	// answers its cancelled context with a 500 (http.Error on ctx.Done(),
+	// a common pattern) was refunded work started for a client that hung
+	// up on purpose.
+	left := clientLeft(r) && (!rec.wrote || rec.leftBeforeHead || rec.grpcCall(r))
 	switch {
 	case cutWhy != "":
 		why = cutWhy
@@ -1055,7 +1099,11 @@ func (f *front) finish(rec *recorder, r *http.Request, c *charged, body *limited
 	// go out as headers without the end of the stream, so that the client
 	// reads INTERNAL ("closed the stream without sending trailers") instead
 	// of the status. Nor after refundFirst, whose answer is written whole.
-	if rec.wrote && rec.writeErr == nil && !rec.hijacked && !c.refunded && !isGRPCCall(r) {
+	// Never after a panic: net/http sends nothing of a buffered answer
+	// whose handler panicked, and a flush here sent a handler's whole "200
+	// OK" (written before a deferred call panicked) with the charge
+	// refunded.
+	if rec.wrote && rec.writeErr == nil && !rec.hijacked && !rec.panicked && !c.refunded && !isGRPCCall(r) {
 		_ = http.NewResponseController(rec.ResponseWriter).Flush()
 	}
 	f.refund(r, c, why)
@@ -1205,6 +1253,12 @@ type recorder struct {
 	status   int
 	wrote    bool
 	failed   bool // the upstream failed (ErrorHandler) or the handler panicked
+	panicked bool // the handler panicked: its buffered answer is never flushed
+	// clientLeft, when set, says whether the client has hung up (the
+	// request as the handler got it), and leftBeforeHead whether it had
+	// when the answer's head was written.
+	clientLeft     func() bool
+	leftBeforeHead bool
 	charged  bool // the request was charged units (not a preflight, not a route of weight 0)
 	hijacked bool // the handler took the connection over (Hijack)
 	writeErr error
@@ -1229,6 +1283,9 @@ type recorder struct {
 
 // final runs before the final status goes out.
 func (w *recorder) final() {
+	if w.clientLeft != nil {
+		w.leftBeforeHead = w.clientLeft()
+	}
 	if w.body != nil {
 		w.body.answered.Store(true)
 	}
