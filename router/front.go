@@ -1259,9 +1259,9 @@ type recorder struct {
 	// when the answer's head was written.
 	clientLeft     func() bool
 	leftBeforeHead bool
-	charged  bool // the request was charged units (not a preflight, not a route of weight 0)
-	hijacked bool // the handler took the connection over (Hijack)
-	writeErr error
+	charged        bool // the request was charged units (not a preflight, not a route of weight 0)
+	hijacked       bool // the handler took the connection over (Hijack)
+	writeErr       error
 	// gate, when set, runs once before anything reaches the client: the
 	// charge's durability wait. If it fails, gateFailed answers instead and
 	// everything next writes is dropped.
