@@ -90,7 +90,11 @@ type FrontOptions struct {
 	// a body without one that grows past the bound is cut off, answered 413
 	// and refunded whatever BillOn says. Such a body streams, so the
 	// upstream (NewProxy) has had its headers and up to MaxBodyBytes of it:
-	// it sees the request aborted (its body read fails), not complete. gRPC calls (Content-Type
+	// it sees the request aborted (its body read fails), not complete.
+	// Behind Middleware, a handler that answers the cut-off read itself
+	// (its own 400, or a 200 over what it read) keeps its answer, which the
+	// front cannot replace once written, and the charge is refunded all
+	// the same: treat the read's error as a refusal. gRPC calls (Content-Type
 	// application/grpc...) are streams that may run for hours: the bound
 	// does not apply to them (the gRPC server's message size limit does).
 	// A body whose read fails before its end (the client went away
@@ -424,7 +428,12 @@ func (f *front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if origin := f.corsOrigin(r); origin != "" {
-		w = &corsWriter{ResponseWriter: w, origin: origin}
+		cw := &corsWriter{ResponseWriter: w, origin: origin}
+		// An answer nobody wrote (the handler returned without a word)
+		// goes out after ServeHTTP returns, with the header map as it is
+		// then: it carried no CORS headers, and a page could not read it.
+		defer cw.set()
+		w = cw
 		if isPreflight(r) {
 			answerPreflight(w, r) // the front answers CORS for these origins: the API never sees it
 			f.observe(http.StatusNoContent, time.Since(start))
@@ -1341,9 +1350,15 @@ func (w *recorder) Write(b []byte) (int, error) {
 }
 
 // Flush implements http.Flusher for handlers that type-assert it.
-func (w *recorder) Flush() {
+func (w *recorder) Flush() { _ = w.FlushError() }
+
+// FlushError is Flush with its error, as http.ResponseController.Flush
+// returns it: without it the controller reached the writer below through
+// Unwrap, and a handler behind the middleware never saw a client's broken
+// pipe there.
+func (w *recorder) FlushError() error {
 	if !w.pass() {
-		return
+		return w.gateErr
 	}
 	if !w.wrote {
 		w.status, w.wrote = http.StatusOK, true
@@ -1353,6 +1368,7 @@ func (w *recorder) Flush() {
 	if err != nil && !errors.Is(err, http.ErrNotSupported) && w.writeErr == nil {
 		w.writeErr = err
 	}
+	return err
 }
 
 // Hijack implements http.Hijacker, for handlers that type-assert it and

@@ -117,4 +117,14 @@ func (w *corsWriter) Write(b []byte) (int, error) {
 	return w.ResponseWriter.Write(b)
 }
 
+// FlushError (which http.ResponseController.Flush calls) and Flush put the
+// CORS headers on an answer whose head a flush sends first (an event
+// stream): through Unwrap they went out without them.
+func (w *corsWriter) FlushError() error {
+	w.set()
+	return http.NewResponseController(w.ResponseWriter).Flush()
+}
+
+func (w *corsWriter) Flush() { _ = w.FlushError() }
+
 func (w *corsWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }

@@ -142,3 +142,54 @@ func TestMiddlewareRefusesProxyOptionsAndANilHandler(t *testing.T) {
 	}()
 	mw(nil)
 }
+
+// With CORSOrigins, an answer whose head a flush sends (an event stream)
+// and one the handler never wrote carry the CORS headers too: they went
+// out without them, and a page could read neither.
+func TestMiddlewareCORSOnStreamsAndEmptyAnswers(t *testing.T) {
+	ch := &fakeCharger{decision: okDecision()}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/stream", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		http.NewResponseController(w).Flush()
+		w.Write([]byte("data: x\n\n"))
+	})
+	mux.HandleFunc("/nothing", func(http.ResponseWriter, *http.Request) {})
+	url, codes := mwServer(t, FrontOptions{Charger: ch, Config: testConfig(t), CORSOrigins: []string{"https://app.example.com"}}, mux)
+	for _, path := range []string{"/stream", "/nothing"} {
+		req, _ := http.NewRequest("GET", url+path, nil)
+		req.Header.Set("Authorization", "Bearer secret")
+		req.Header.Set("Origin", "https://app.example.com")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		waitCode(t, codes)
+		if got := resp.Header.Get("Access-Control-Allow-Origin"); resp.StatusCode != 200 || got != "https://app.example.com" ||
+			!strings.Contains(resp.Header.Get("Access-Control-Expose-Headers"), "RateLimit") {
+			t.Errorf("%s: %d, Access-Control-Allow-Origin %q, exposed %q; want the CORS headers", path, resp.StatusCode, got, resp.Header.Get("Access-Control-Expose-Headers"))
+		}
+	}
+}
+
+// errFlusher is a ResponseWriter whose flush fails, as on a broken pipe.
+type errFlusher struct{ http.ResponseWriter }
+
+var errBrokenPipe = errors.New("write: broken pipe (a test's)")
+
+func (errFlusher) FlushError() error { return errBrokenPipe }
+
+// http.ResponseController.Flush through the middleware returns the flush's
+// error: it reached the writer below by Unwrap, past the recorder, and a
+// handler streaming to a client gone never heard of it there.
+func TestRecorderFlushError(t *testing.T) {
+	rec := &recorder{ResponseWriter: errFlusher{httptest.NewRecorder()}}
+	if err := http.NewResponseController(rec).Flush(); !errors.Is(err, errBrokenPipe) {
+		t.Errorf("Flush through the recorder: %v, want the writer's error", err)
+	}
+	if !errors.Is(rec.writeErr, errBrokenPipe) {
+		t.Errorf("the recorder noted %v, want the flush's error", rec.writeErr)
+	}
+}
