@@ -68,7 +68,7 @@ prints plain lines.`,
 	fl := cmd.Flags()
 	fl.DurationVar(&f.duration, "duration", 60*time.Second, "how long the customers' traffic runs (10s to 30m); a node is killed at 40% and restarted a while later (from 17s, with 2 or more nodes)")
 	fl.IntVar(&f.nodes, "nodes", 3, "quotad processes to run (1 to 9); with 1 there is no failover to show")
-	fl.StringVar(&f.dir, "dir", "", "where the data dirs, node logs and the ledger go: a new or empty directory (default: a temp dir)")
+	fl.StringVar(&f.dir, "dir", "", "where the data dirs, node logs and the ledger go: a new or empty directory (default: a temp dir), removed at the end unless --keep")
 	fl.BoolVar(&f.keep, "keep", false, "keep the directory at the end (it is also kept when the demo fails)")
 	fl.BoolVar(&f.plain, "plain", false, "print plain lines even on a terminal (no live view)")
 	return cmd

@@ -21,7 +21,8 @@ func main() {
 	}
 }
 
-// notifyContext returns a context that ends on the first SIGINT or SIGTERM:
+// notifyContext returns a context that ends on the first SIGINT, SIGTERM
+// or SIGHUP (unless ignored):
 // every command then stops in order (a node drains, chaos stops its
 // processes and keeps what it recorded, the demo stops its processes and
 // removes its dir unless --keep). A second Ctrl-C (SIGINT, a
@@ -33,6 +34,13 @@ func notifyContext() (ctx context.Context, stop func()) {
 	ctx, cancel := context.WithCancel(context.Background())
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	if !signal.Ignored(syscall.SIGHUP) {
+		// A closed terminal or a dropped SSH session (SIGHUP) stops as a
+		// Ctrl-C does: it killed the process at once, a node without its
+		// drain, the demo leaving its directory behind. Not under nohup,
+		// which ignores it on purpose (Notify would undo that).
+		signal.Notify(sigs, syscall.SIGHUP)
+	}
 	done := make(chan struct{})
 	go func() {
 		select {

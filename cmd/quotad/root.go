@@ -41,6 +41,7 @@ a running node's own dir), which have none.`,
 			return bindEnv(cmd.Flags())
 		},
 	}
+	root.SetFlagErrorFunc(flagError)
 	build := buildinfo.Read()
 	root.Version = build.Short()
 	root.SetVersionTemplate(build.String()) // quotad --version: as quotad version
@@ -205,6 +206,46 @@ func noArgs(cmd *cobra.Command, args []string) error {
 		return fmt.Errorf("%s takes no arguments, only flags: did you mean --%s %s?", cmd.CommandPath(), f, args[0])
 	}
 	return fmt.Errorf("%s takes no arguments, only flags (got %q): see %s --help", cmd.CommandPath(), strings.Join(args, " "), cmd.CommandPath())
+}
+
+// flagError adds to a flag cobra could not parse the closest flag of the
+// command, if one is near, and where the flags are listed: "unknown
+// flag: --duraton" said nothing more.
+func flagError(cmd *cobra.Command, err error) error {
+	msg := err.Error()
+	if name, ok := strings.CutPrefix(msg, "unknown flag: --"); ok {
+		best, dist := "", 3 // at most 2 edits away
+		cmd.Flags().VisitAll(func(f *pflag.Flag) {
+			if d := editDistance(name, f.Name); !f.Hidden && d < dist {
+				best, dist = f.Name, d
+			}
+		})
+		if best != "" {
+			return fmt.Errorf("%w: did you mean --%s? (%s --help lists the flags)", err, best, cmd.CommandPath())
+		}
+	}
+	return fmt.Errorf("%w (%s --help lists the flags)", err, cmd.CommandPath())
+}
+
+// editDistance is the Levenshtein distance of a and b, in bytes.
+func editDistance(a, b string) int {
+	prev := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur := make([]int, len(b)+1)
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev = cur
+	}
+	return prev[len(b)]
 }
 
 // unknownSubcommand runs a group command: alone it prints the group's

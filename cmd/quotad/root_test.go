@@ -554,3 +554,18 @@ func TestServeSecretsFromFiles(t *testing.T) {
 		t.Fatal("a flag that is not a secret read a _FILE variable")
 	}
 }
+
+// A mistyped flag is answered with the closest flag of the command and
+// where the flags are listed: "unknown flag: --duraton" said nothing more.
+func TestUnknownFlagSuggests(t *testing.T) {
+	for args, want := range map[string]string{
+		"demo --duraton 2s":           "unknown flag: --duraton: did you mean --duration? (quotad demo --help lists the flags)",
+		"serve --data-dri x":          "did you mean --data-dir?",
+		"admin plans set p --qouta 5": "did you mean --quota?",
+		"demo --zzz":                  "unknown flag: --zzz (quotad demo --help lists the flags)",
+	} {
+		if _, err := runQuotad(t, strings.Fields(args)...); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("quotad %s: %v, want %q", args, err, want)
+		}
+	}
+}
