@@ -70,6 +70,9 @@ type statusData struct {
 	PortsLocked, RPCTLS bool
 
 	Members    []statusMember
+	// Gone are the members this node knew that are not alive now
+	// (ring.Gone): a dead node vanished from the page.
+	Gone []statusGone
 	Partitions int
 	Strip      []statusRun // the ring, partition by partition (runs of one owner)
 	Unowned    int         // partitions without an owner (nobody serves)
@@ -113,6 +116,11 @@ type statusMember struct {
 	// Clock is the member's verdict on its clock against the ledger's
 	// (ring.Meta.Clock): agrees, off or unknown.
 	Clock string
+}
+
+// statusGone is a member not alive now, and for how long.
+type statusGone struct {
+	ID, Addr, For string
 }
 
 // statusRun is a run of consecutive partitions with one owner, drawn as
@@ -280,6 +288,9 @@ func (n *Node) statusRing(d *statusData, r *ring.Ring) {
 			sm.Serves = "handing its accounts over"
 		}
 		d.Members = append(d.Members, sm)
+	}
+	for _, g := range r.Gone() {
+		d.Gone = append(d.Gone, statusGone{ID: g.ID, Addr: g.GossipAddr, For: time.Since(g.Since).Round(time.Second).String()})
 	}
 	for i := 0; i < len(v.Owners); {
 		j := i

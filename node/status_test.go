@@ -257,3 +257,30 @@ func tail(s string, lines int) string {
 	}
 	return strings.Join(parts, "\n")
 }
+
+// A member that died or left is listed as gone on the others' pages, with
+// how long: it vanished from them, with nothing to say a node was down.
+func TestStatusPageListsGoneMembers(t *testing.T) {
+	dsn := "sqlite:" + filepath.Join(t.TempDir(), "ledger.db")
+	seedLedger(t, dsn, twentyAccounts(100))
+	nodes := startNodesWith(t, dsn, nil, nil)
+	n1, n2 := nodes[0], nodes[1]
+	if err := n2.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 30*time.Second, "n2 gone from n1's ring", func() bool {
+		return len(n1.Ring().View().Members) == 1 && len(n1.Ring().Gone()) == 1
+	})
+	resp, err := http.Get("http://" + n1.AdminAddr() + "/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	page := string(body)
+	for _, want := range []string{"1 alive, 1 gone", "<td>n2</td>", `<span class="pill gone">gone</span>`, "(dead, or left the ring)"} {
+		if !strings.Contains(page, want) {
+			t.Errorf("n1's page lacks %q", want)
+		}
+	}
+}

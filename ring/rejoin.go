@@ -156,6 +156,31 @@ func (r *Ring) rejoinTargets(ctx context.Context) ([]string, []error) {
 	return targets, errs
 }
 
+// GoneMember is a member this node knew that is not alive now.
+type GoneMember struct {
+	ID, GossipAddr string
+	// Since is when this node last heard of it (its death or leave, as
+	// gossip told it).
+	Since time.Time
+}
+
+// Gone lists the members this node knew that are not alive now, sorted by
+// ID, until ForgetAfter: the status page lists them, since a dead member
+// vanished from it with nothing to say it was down.
+func (r *Ring) Gone() []GoneMember {
+	snap := r.state.Load()
+	r.knownMu.Lock()
+	defer r.knownMu.Unlock()
+	var out []GoneMember
+	for name, k := range r.known {
+		if name != r.cfg.NodeID && !snap.member(name) {
+			out = append(out, GoneMember{ID: name, GossipAddr: k.addr, Since: k.lastAlive})
+		}
+	}
+	slices.SortFunc(out, func(a, b GoneMember) int { return strings.Compare(a.ID, b.ID) })
+	return out
+}
+
 // resolveSeed turns a Join entry into gossip addresses: an IP or host with
 // an optional port (defPort when absent); a host name stands for all its
 // addresses.
