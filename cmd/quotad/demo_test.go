@@ -236,3 +236,18 @@ func TestDemoDirThatCannotBeMade(t *testing.T) {
 		t.Fatalf("demo --dir under /proc: %v; want --dir named", err)
 	}
 }
+
+// The live view's REFUSED/S counts decided refusals, as the status page
+// does: with the charges answered quota-unavailable in it, the two
+// disagreed (0.3 a second against "0 refused").
+func TestDemoViewCountsDecidedRefusals(t *testing.T) {
+	m := parseMetrics(strings.NewReader(`# TYPE quotaring_charges_total counter
+quotaring_charges_total{reason="ok",result="ok"} 300
+quotaring_charges_total{reason="quota_exceeded",result="refused"} 4
+quotaring_charges_total{reason="rate_limited",result="refused"} 2
+quotaring_charges_total{reason="unavailable",result="refused"} 12
+`))
+	if m["ok"] != 300 || m["refused"] != 6 || m["quotaring_charges_total"] != 318 {
+		t.Errorf("parsed %v, want ok 300, refused 6 (quota-unavailable left out), total 318", m)
+	}
+}

@@ -232,8 +232,15 @@ func scrapeMetrics(ctx context.Context, n *cluster.Node) map[string]float64 {
 	if resp.StatusCode != http.StatusOK {
 		return nil
 	}
+	return parseMetrics(resp.Body)
+}
+
+// parseMetrics reads the quotaring_ series of a /metrics text, summing over
+// labels, with quotaring_charges_total split into "ok" and "refused"
+// (decided refusals).
+func parseMetrics(r io.Reader) map[string]float64 {
 	out := map[string]float64{}
-	sc := bufio.NewScanner(resp.Body)
+	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	for sc.Scan() {
 		line := sc.Text()
@@ -257,7 +264,10 @@ func scrapeMetrics(ctx context.Context, n *cluster.Node) map[string]float64 {
 			switch {
 			case strings.Contains(labels, `result="ok"`):
 				out["ok"] += v
-			case strings.Contains(labels, `result="refused"`):
+			case strings.Contains(labels, `result="refused"`) && !strings.Contains(labels, `reason="unavailable"`):
+				// Decided refusals only, as the status page counts them:
+				// a charge answered quota-unavailable was decided by nobody
+				// (the accounts' UNAVAIL column counts those).
 				out["refused"] += v
 			}
 		}
