@@ -3,12 +3,12 @@ package main
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
 	"net"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -76,7 +76,15 @@ Clients:
 			if l := cmd.Flags().Lookup("ledger"); l.Changed && l.Annotations[envAnnotation] == nil && !f.setup {
 				return fmt.Errorf("--ledger is read only with --setup (to create the bench plan and accounts first): add --setup, or leave --ledger out to bench accounts made before")
 			}
-			return runBenchCluster(cmd.Context(), cmd.OutOrStdout(), cmd.ErrOrStderr(), f)
+			err := runBenchCluster(cmd.Context(), cmd.OutOrStdout(), cmd.ErrOrStderr(), f)
+			var exit *exitError
+			if err != nil && cmd.Context().Err() != nil && !errors.As(err, &exit) {
+				// Ctrl-C before the first row (the setup, the config wait,
+				// the warm-up): "context canceled" and exit 1 read as a
+				// failure of the cluster.
+				return benchInterrupted("cluster")
+			}
+			return err
 		},
 	}
 	fl := cmd.Flags()
@@ -196,7 +204,7 @@ func runBenchCluster(ctx context.Context, out, progress io.Writer, f benchCluste
 		defer embedded.Close()
 	} else if f.mode == "direct" {
 		if owners, err = ownerTable(ctx, first); err != nil {
-			return err
+			return explainPort(err, f.nodes[0])
 		}
 		for _, a := range accounts {
 			if _, err := dial(owners(a)); err != nil {
@@ -206,7 +214,7 @@ func runBenchCluster(ctx context.Context, out, progress io.Writer, f benchCluste
 	}
 	if f.warm {
 		if err := warmAccounts(ctx, progress, first, accounts); err != nil {
-			return router.ExplainTLSMismatch(err, tlsConf != nil)
+			return explainPort(router.ExplainTLSMismatch(err, tlsConf != nil), f.nodes[0])
 		}
 	}
 	client := f.client
@@ -270,7 +278,7 @@ func benchCall(ctx context.Context, mode string, first pb.QuotaClient, owners fu
 			groups[c] = append(groups[c], r)
 		}
 	}
-	for c, rs := range groups {
+	send := func(c pb.QuotaClient, rs []*pb.ChargeRequest) error {
 		rep, err := c.Charge(ctx, &pb.ChargeBatch{Charges: rs, Route: mode == "routed"})
 		if err != nil {
 			return err
@@ -285,8 +293,27 @@ func benchCall(ctx context.Context, mode string, first pb.QuotaClient, owners fu
 				return fmt.Errorf("refused: %s", r.Decision.Reason)
 			}
 		}
+		return nil
 	}
-	return nil
+	if len(groups) == 1 {
+		for c, rs := range groups {
+			return send(c, rs)
+		}
+	}
+	// The owners at once, as a routed node fans a batch out: one after
+	// another, a direct call cost the sum of the owners' round trips, and
+	// direct looked slower than routed at 100 charges a call.
+	errs := make(chan error, len(groups))
+	for c, rs := range groups {
+		go func() { errs <- send(c, rs) }()
+	}
+	var firstErr error
+	for range groups {
+		if err := <-errs; err != nil && firstErr == nil {
+			firstErr = err
+		}
+	}
+	return firstErr
 }
 
 // embeddedCall charges one unit through the embedded client.
@@ -299,6 +326,22 @@ func embeddedCall(ctx context.Context, c *router.Client, account string) error {
 		return fmt.Errorf("refused: %s", res.Reason)
 	}
 	return nil
+}
+
+// explainPort adds to a call's error the likely mistake when addr answered
+// as a node's HTTP port, not its RPC port, as the embedded client's Dial
+// does: through the public port the front asked for an API key, which read
+// as a missing key, and the admin port's HTTP/1 answer read as "frame too
+// large".
+func explainPort(err error, addr string) error {
+	msg := err.Error()
+	switch {
+	case strings.Contains(msg, "application/problem+json"), strings.Contains(msg, "API key"):
+		return fmt.Errorf("%w (%s answered as a node's public HTTP port, --http-addr: give --nodes the nodes' RPC ports, --rpc-addr)", err, addr)
+	case strings.Contains(msg, "frame too large"), strings.Contains(msg, "looked like an HTTP/1.1 header"), strings.Contains(msg, "unexpected content-type"):
+		return fmt.Errorf("%w (%s answered HTTP, not gRPC: a node's admin or public port; give --nodes the nodes' RPC ports, --rpc-addr)", err, addr)
+	}
+	return err
 }
 
 // ownerTable reads the ring from a node: account -> owner RPC address.
@@ -320,25 +363,24 @@ func ownerTable(ctx context.Context, c pb.QuotaClient) (func(string) string, err
 	}, nil
 }
 
-// picker returns a per-worker account chooser.
+// picker returns a per-worker account chooser: worker w alone calls it
+// with w, so each worker's generators are its own, made up front (a lock
+// taken for every pick, 100 a call at --batch 100, was load generator
+// cost on the cores the cluster uses).
 func picker(spread string, n, workers int) func(w int) int {
-	var mu sync.Mutex // protects rngs (one per worker, created lazily)
 	rngs := make([]*rand.Rand, workers)
 	zipfs := make([]*rand.Zipf, workers)
-	return func(w int) int {
-		mu.Lock()
-		if rngs[w] == nil {
-			rngs[w] = rand.New(rand.NewPCG(uint64(w), 42))
-			if spread == "zipf" && n > 1 {
-				zipfs[w] = rand.NewZipf(rngs[w], 1.1, 1, uint64(n-1))
-			}
+	for w := range workers {
+		rngs[w] = rand.New(rand.NewPCG(uint64(w), 42))
+		if spread == "zipf" && n > 1 {
+			zipfs[w] = rand.NewZipf(rngs[w], 1.1, 1, uint64(n-1))
 		}
-		r, z := rngs[w], zipfs[w]
-		mu.Unlock()
-		if z != nil {
+	}
+	return func(w int) int {
+		if z := zipfs[w]; z != nil {
 			return int(z.Uint64())
 		}
-		return r.IntN(n)
+		return rngs[w].IntN(n)
 	}
 }
 

@@ -3,11 +3,18 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"io"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
+
+	"google.golang.org/grpc"
+
+	"github.com/quotaring/quotaring/internal/loadgen"
+	"github.com/quotaring/quotaring/router/pb"
 )
 
 // quotad bench cluster on a cluster without its accounts says how to make
@@ -122,5 +129,89 @@ func TestBenchClusterLedgerFromEnvWithoutSetup(t *testing.T) {
 	_, err := runQuotad(t, "bench", "cluster", "--nodes", "127.0.0.1:1", "--duration", "1s", "--concurrency", "1")
 	if err == nil || strings.Contains(err.Error(), "--setup") {
 		t.Fatalf("bench cluster with QUOTAD_LEDGER set: %v, want it to go on to the nodes (and fail there)", err)
+	}
+}
+
+// barrierOwner is an owner whose Charge answers only once every owner of
+// the call has been asked: calls made one after another never get there.
+type barrierOwner struct {
+	pb.QuotaClient
+	arrived *sync.WaitGroup
+}
+
+func (o barrierOwner) Charge(ctx context.Context, b *pb.ChargeBatch, _ ...grpc.CallOption) (*pb.ChargeReplies, error) {
+	o.arrived.Done()
+	done := make(chan struct{})
+	go func() { o.arrived.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	rep := &pb.ChargeReplies{}
+	for range b.Charges {
+		rep.Replies = append(rep.Replies, &pb.ChargeReply{Decision: &pb.Decision{Reason: pb.Reason_OK}})
+	}
+	return rep, nil
+}
+
+// Direct mode sends a call's charges to their owners at once, as a routed
+// node fans a batch out: one after another, a direct call cost the sum of
+// the owners' round trips.
+func TestBenchDirectCallsOwnersAtOnce(t *testing.T) {
+	var arrived sync.WaitGroup
+	arrived.Add(3)
+	conns := map[string]pb.QuotaClient{}
+	for _, a := range []string{"a:1", "b:1", "c:1"} {
+		conns[a] = &barrierOwner{arrived: &arrived} // NB: pointers: equal values would be one map key, one group
+	}
+	owners := func(account string) string { return account + ":1" }
+	reqs := []*pb.ChargeRequest{{Account: "a"}, {Account: "b"}, {Account: "c"}, {Account: "a"}}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := benchCall(ctx, "direct", nil, owners, conns, reqs); err != nil {
+		t.Fatalf("benchCall: %v, want the three owners asked at once", err)
+	}
+}
+
+// The RPC client at a node's HTTP port is told so: through the public port
+// the front asked for an API key, which read as a key missing.
+func TestBenchClusterExplainsAWrongPort(t *testing.T) {
+	for msg, want := range map[string]string{
+		"warm-up: rpc error: code = Unauthenticated desc = Unknown API key: No API key was sent": "answered as a node's public HTTP port",
+		"ring view: rpc error: code = Unavailable desc = http2: frame too large":                 "answered HTTP, not gRPC",
+		"rpc error: code = Unavailable desc = connection refused":                                "",
+	} {
+		got := explainPort(errors.New(msg), "127.0.0.1:8080").Error()
+		if want == "" && got != msg || want != "" && !strings.Contains(got, want) {
+			t.Errorf("%q -> %q, want it to say %q", msg, got, want)
+		}
+	}
+}
+
+// Ctrl-C before the first row (setup, warm-up) exits 130 as every bench's
+// interrupt does, not 1 with "context canceled".
+func TestBenchClusterInterruptedBeforeItsFirstRow(t *testing.T) {
+	n := startAdminTestNode(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	root := newRootCmd()
+	root.SetArgs([]string{"bench", "cluster", "--nodes", n.RPCAddr(), "--accounts", "10", "--duration", "1s"})
+	root.SetOut(io.Discard)
+	root.SetErr(io.Discard)
+	err := root.ExecuteContext(ctx)
+	var exit *exitError
+	if !errors.As(err, &exit) || exit.code != 130 {
+		t.Fatalf("bench cluster interrupted before its first row: %v, want exit 130", err)
+	}
+}
+
+// The group-commit ratio compares the most callers with the fewest, in
+// whatever order --concurrency lists them: 64,1 compared 1 against 64.
+func TestPrintRatiosOrdersConcurrency(t *testing.T) {
+	var out bytes.Buffer
+	printRatios(&out, map[string]loadgen.Report{"engine64": {Ops: 1, OpsPerSec: 100_000}, "engine1": {Ops: 1, OpsPerSec: 5_000}}, []int{64, 1})
+	if !strings.Contains(out.String(), "engine (Sync) at 64 callers vs 1: 20x") {
+		t.Errorf("ratios:\n%s", out.String())
 	}
 }

@@ -35,6 +35,9 @@ type benchProxyFlags struct {
 	serverTiming  bool
 	timeout       time.Duration
 	caCert        string
+	// anyProxy measures a --proxy that is not quotad's front (a bare
+	// reverse proxy to compare with): its answers carry no quota headers.
+	anyProxy bool
 }
 
 func newBenchProxyCmd() *cobra.Command {
@@ -74,6 +77,7 @@ as an error and is reported.`,
 	fl := cmd.Flags()
 	fl.StringVar(&f.proxy, "proxy", "", "a node's proxy: its --http-addr as http://host:port (required)")
 	fl.StringVar(&f.direct, "direct", "", "the upstream the node forwards to, as http://host:port (required)")
+	fl.BoolVar(&f.anyProxy, "any-proxy", false, "--proxy is not a quotad node (a bare reverse proxy to compare with): do not require the quota headers on its first answer")
 	fl.StringSliceVar(&f.keys, "api-key", nil, "API keys for the proxied requests, used in turn (required; prefer QUOTAD_API_KEY, which ps does not show)")
 	fl.StringVar(&f.method, "method", http.MethodGet, "request method")
 	fl.StringVar(&f.path, "path", "/v1/tasks", "request path (and query)")
@@ -172,12 +176,19 @@ func runBenchProxy(ctx context.Context, out, progress io.Writer, f benchProxyFla
 	// One request each way first: a wrong key or address is an error now,
 	// not thousands of errors later.
 	for _, t := range targets {
-		if _, err := t.send(ctx, f, 0); err != nil {
+		_, h, err := t.do(ctx, f, 0)
+		if err != nil {
 			var unknown x509.UnknownAuthorityError
 			if errors.As(err, &unknown) {
 				err = fmt.Errorf("%w (give the CA that issued its certificate with --ca-cert)", err)
 			}
 			return fmt.Errorf("first %s request (%s %s%s): %w", t.name, f.method, t.base, f.path, err)
+		}
+		if t.name == "proxied" && !f.anyProxy && h.Get("RateLimit-Policy") == "" && h.Get("X-Quota-Remaining") == "" {
+			// A --proxy mistyped as the upstream's address measured the
+			// upstream against itself: "added +20µs", exit 0.
+			return fmt.Errorf("first proxied request (%s %s%s): the answer carries no quota headers (RateLimit-Policy, X-Quota-Remaining), which the quotad proxy puts on every answer: is --proxy a node's public address (--http-addr of quotad serve --upstream), not the upstream's? (--any-proxy measures a proxy that is not quotad's)",
+				f.method, t.base, f.path)
 		}
 	}
 	fmt.Fprintf(out, "quotad bench proxy: %s %s at %d requests/s, %d rounds of %s each way (direct: %s, proxied: %s)\n",
@@ -185,10 +196,16 @@ func runBenchProxy(ctx context.Context, out, progress io.Writer, f benchProxyFla
 	if f.warmup > 0 {
 		for _, t := range targets {
 			fmt.Fprintf(progress, "warm-up: %s for %s\n", t.name, f.warmup)
-			if _, err := t.openLoop(ctx, f, f.warmup); ctx.Err() != nil {
+			r, err := t.openLoop(ctx, f, f.warmup)
+			if ctx.Err() != nil {
 				return benchInterrupted("proxy")
 			} else if err != nil {
 				return err
+			}
+			if r.errors > 0 {
+				// Not counted, but said: a warm-up that used up the key's
+				// quota left every measured request a 429, unexplained.
+				fmt.Fprintf(progress, "warm-up: %s: %d of its requests failed, first: %v\n", t.name, r.errors, r.firstErr)
 			}
 		}
 	}
@@ -229,6 +246,9 @@ rounds:
 		fmt.Fprintf(out, "%-8s %9d %10s %10s %10s %7d\n", name, len(r.lat), fmtDur(pctile(r.lat, 50)), fmtDur(pctile(r.lat, 99)), fmtDur(pctile(r.lat, 99.9)), r.errors)
 	}
 	added := func(q float64) string {
+		if len(p.lat) == 0 || len(d.lat) == 0 {
+			return "n/a" // nothing to compare: a side had no request through
+		}
 		diff := pctile(p.lat, q) - pctile(d.lat, q)
 		if diff < 0 {
 			return "-" + fmtDur(-diff)
@@ -297,9 +317,15 @@ func (t *benchTarget) openLoop(ctx context.Context, f benchProxyFlags, d time.Du
 // time when it reports it and f.serverTiming is set. A non-2xx answer is an
 // error that quotes the body's start (a problem+json names its cause).
 func (t *benchTarget) send(ctx context.Context, f benchProxyFlags, i int) (time.Duration, error) {
+	took, _, err := t.do(ctx, f, i)
+	return took, err
+}
+
+// do is send, with the answer's headers.
+func (t *benchTarget) do(ctx context.Context, f benchProxyFlags, i int) (time.Duration, http.Header, error) {
 	req, err := http.NewRequestWithContext(ctx, f.method, t.base+f.path, nil)
 	if err != nil {
-		return 0, err
+		return 0, nil, err
 	}
 	if len(t.keys) > 0 {
 		req.Header.Set("Authorization", "Bearer "+t.keys[i%len(t.keys)])
@@ -307,21 +333,21 @@ func (t *benchTarget) send(ctx context.Context, f benchProxyFlags, i int) (time.
 	sent := time.Now()
 	res, err := t.client.Do(req)
 	if err != nil {
-		return 0, err
+		return 0, nil, err
 	}
 	body, err := io.ReadAll(io.LimitReader(res.Body, 1<<20))
 	res.Body.Close()
 	took := time.Since(sent)
 	if err != nil {
-		return 0, fmt.Errorf("reading the answer: %w", err)
+		return 0, nil, fmt.Errorf("reading the answer: %w", err)
 	}
 	if res.StatusCode < 200 || res.StatusCode > 299 {
-		return 0, fmt.Errorf("%s answered %s: %.300s", t.name, res.Status, strings.TrimSpace(string(body)))
+		return 0, nil, fmt.Errorf("%s answered %s: %.300s", t.name, res.Status, strings.TrimSpace(string(body)))
 	}
 	if f.serverTiming {
 		took -= serverTimingApp(res.Header)
 	}
-	return took, nil
+	return took, res.Header, nil
 }
 
 // serverTimingApp reads the "app" metric's duration (milliseconds) from

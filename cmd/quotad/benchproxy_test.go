@@ -50,6 +50,7 @@ func TestBenchProxy(t *testing.T) {
 			w.Write([]byte(`{"type":"https://quotaring.dev/problems/unknown-key"}`))
 			return
 		}
+		w.Header().Set("RateLimit-Policy", `"monthly";q=1000`) // as the quotad front's every answer
 		rp.ServeHTTP(w, r)
 	}))
 	defer front.Close()
@@ -59,6 +60,18 @@ func TestBenchProxy(t *testing.T) {
 	var out, progress bytes.Buffer
 	if err := runBenchProxy(ctx, &out, &progress, f); err != nil {
 		t.Fatalf("bench proxy: %v\n%s", err, out.String())
+	}
+	// --proxy mistyped as the upstream's address measured the upstream
+	// against itself, exit 0: refused, since its answers carry no quota
+	// headers.
+	wrong := f
+	wrong.proxy = "http://" + up
+	if err := runBenchProxy(ctx, &bytes.Buffer{}, &bytes.Buffer{}, wrong); err == nil || !strings.Contains(err.Error(), "carries no quota headers") {
+		t.Errorf("bench proxy with --proxy at the upstream: %v, want it refused", err)
+	}
+	wrong.anyProxy, wrong.rounds = true, 1 // a bare reverse proxy, on purpose
+	if err := runBenchProxy(ctx, &bytes.Buffer{}, &bytes.Buffer{}, wrong); err != nil {
+		t.Errorf("bench proxy --any-proxy: %v", err)
 	}
 	for _, want := range []string{"direct          40", "proxied         40", "added", "round 2/2 proxied"} {
 		if !strings.Contains(out.String()+progress.String(), want) {

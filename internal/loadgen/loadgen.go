@@ -15,6 +15,7 @@ package loadgen
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -35,7 +36,16 @@ type Config struct {
 	ProgressEvery time.Duration
 	Interactive   bool
 	Label         string
+	// AfterWarmup, when set, runs between the warm-up and the measured
+	// run: a bench reads its own counters there (a log's fsyncs), so that
+	// the warm-up's are not divided by the run's operations.
+	AfterWarmup func()
 }
+
+// ErrNothingMeasured is Run's error for a run that recorded no call at all,
+// neither a success nor a failure: too short to measure anything. Its rows
+// of zeros were printed as a result.
+var ErrNothingMeasured = errors.New("loadgen: the run recorded no call (too short a duration to measure anything)")
 
 // Func does one call. It returns how many operations the call carried (a
 // batched call may carry many; 0 is counted as 1).
@@ -81,10 +91,18 @@ func Run(ctx context.Context, cfg Config, fn Func) (Report, error) {
 	if cfg.ProgressEvery <= 0 {
 		cfg.ProgressEvery = time.Second
 	}
+	// A worker's call index i counts its warm-up's calls too: the run's
+	// went back to 0, and a Func building ids from (worker, i) repeated
+	// the warm-up's (a store that takes a repeated id for a retry answers
+	// it without the write, which flattered its figures).
+	next := make([]int64, cfg.Concurrency)
 	if cfg.Warmup > 0 {
 		wctx, cancel := context.WithTimeout(ctx, cfg.Warmup)
-		drive(wctx, cfg.Concurrency, fn, &Histogram{}, newCounters(cfg.Concurrency))
+		drive(wctx, cfg.Concurrency, fn, &Histogram{}, newCounters(cfg.Concurrency), next)
 		cancel()
+	}
+	if cfg.AfterWarmup != nil {
+		cfg.AfterWarmup()
 	}
 	runCtx, cancel := context.WithTimeout(ctx, cfg.Duration)
 	defer cancel()
@@ -100,7 +118,7 @@ func Run(ctx context.Context, cfg Config, fn Func) (Report, error) {
 			progress(cfg, c, start, done)
 		}()
 	}
-	drive(runCtx, cfg.Concurrency, fn, &hist, c)
+	drive(runCtx, cfg.Concurrency, fn, &hist, c, next)
 	close(done)
 	pwg.Wait()
 	elapsed := time.Since(start)
@@ -113,6 +131,9 @@ func Run(ctx context.Context, cfg Config, fn Func) (Report, error) {
 	rep.OpsPerSec = float64(rep.Ops) / elapsed.Seconds()
 	if Ended(ctx) {
 		return rep, endedErr(ctx)
+	}
+	if rep.Calls == 0 && rep.Errors == 0 {
+		return rep, ErrNothingMeasured
 	}
 	return rep, nil
 }
@@ -148,7 +169,9 @@ func (c *counters) errors() int64 {
 	return c.sum(func(w *workerCounts) *atomic.Int64 { return &w.errors })
 }
 
-func drive(ctx context.Context, n int, fn Func, hist *Histogram, c *counters) {
+// drive runs n workers until ctx ends; worker w's first call has index
+// next[w], and next[w] is its next index when drive returns.
+func drive(ctx context.Context, n int, fn Func, hist *Histogram, c *counters, next []int64) {
 	var wg sync.WaitGroup
 	for w := 0; w < n; w++ {
 		wg.Add(1)
@@ -156,10 +179,13 @@ func drive(ctx context.Context, n int, fn Func, hist *Histogram, c *counters) {
 			defer wg.Done()
 			var local Histogram
 			defer hist.Merge(&local)
-			for i := int64(0); !Ended(ctx); i++ {
+			i := next[w]
+			defer func() { next[w] = i }()
+			for ; !Ended(ctx); i++ {
 				t0 := time.Now()
 				ops, err := fn(ctx, w, i)
 				if err != nil && Ended(ctx) {
+					i++ // its index is spent: the call may have done its work
 					return // cut short by the end of the run: not an error
 				}
 				wc := &c.workers[w]

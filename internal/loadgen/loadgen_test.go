@@ -3,6 +3,7 @@ package loadgen
 import (
 	"context"
 	"errors"
+	"sync"
 	"testing"
 	"time"
 )
@@ -77,5 +78,36 @@ func TestRunPastItsCallersDeadlineIsStopped(t *testing.T) {
 	})
 	if !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Run = %v, want context.DeadlineExceeded", err)
+	}
+}
+
+// The measured run's call indices never repeat the warm-up's (a store that
+// takes a repeated event id for a retry answers it without a write, which
+// flattered its figures), AfterWarmup runs between the two, and a run
+// that recorded no call at all is an error, not a row of zeros.
+func TestWarmupIndicesHookAndEmptyRuns(t *testing.T) {
+	var mu sync.Mutex
+	seen := map[int64]string{}
+	phase := "warm-up"
+	hooks := 0
+	_, err := Run(context.Background(), Config{Concurrency: 1, Duration: 50 * time.Millisecond, Warmup: 50 * time.Millisecond,
+		AfterWarmup: func() { mu.Lock(); phase = "run"; hooks++; mu.Unlock() }},
+		func(ctx context.Context, w int, i int64) (int, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			if p, dup := seen[i]; dup && p != phase {
+				t.Errorf("index %d in the %s and the %s", i, p, phase)
+			}
+			seen[i] = phase
+			return 1, nil
+		})
+	if err != nil || hooks != 1 {
+		t.Fatalf("Run: %v, AfterWarmup ran %d times, want once", err, hooks)
+	}
+	if _, err := Run(context.Background(), Config{Duration: time.Nanosecond}, func(ctx context.Context, w int, i int64) (int, error) {
+		<-ctx.Done() // every call ends with the run: none recorded
+		return 1, ctx.Err()
+	}); !errors.Is(err, ErrNothingMeasured) {
+		t.Errorf("a run that recorded no call: %v, want ErrNothingMeasured", err)
 	}
 }
