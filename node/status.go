@@ -69,10 +69,10 @@ type statusData struct {
 	// client certificate (portsLocked); RPCTLS: the RPC port is mutual TLS.
 	PortsLocked, RPCTLS bool
 
-	Members    []statusMember
+	Members []statusMember
 	// Gone are the members this node knew that are not alive now
 	// (ring.Gone): a dead node vanished from the page.
-	Gone []statusGone
+	Gone       []statusGone
 	Partitions int
 	Strip      []statusRun // the ring, partition by partition (runs of one owner)
 	Unowned    int         // partitions without an owner (nobody serves)

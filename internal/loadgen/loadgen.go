@@ -185,7 +185,7 @@ func drive(ctx context.Context, n int, fn Func, hist *Histogram, c *counters, ne
 				t0 := time.Now()
 				ops, err := fn(ctx, w, i)
 				if err != nil && Ended(ctx) {
-					i++ // its index is spent: the call may have done its work
+					i++    // its index is spent: the call may have done its work
 					return // cut short by the end of the run: not an error
 				}
 				wc := &c.workers[w]
