@@ -368,8 +368,18 @@ func (n *Node) PID() int {
 func (n *Node) signal(sig syscall.Signal) error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	if n.cmd == nil || n.isExitedLocked() {
+	if n.cmd == nil {
 		return fmt.Errorf("cluster: node %s is not running", n.ID)
+	}
+	if n.isExitedLocked() {
+		// How it ended: a node found dead when it was to be resumed said
+		// only "not running", which left a kill from outside the run
+		// (signal: killed) and a crash (exit status 2) alike.
+		how := "exit status 0"
+		if n.exitErr != nil {
+			how = n.exitErr.Error()
+		}
+		return fmt.Errorf("cluster: node %s is not running (it ended: %s)", n.ID, how)
 	}
 	return n.cmd.Process.Signal(sig)
 }
