@@ -1097,8 +1097,9 @@ func grantAnswer(account string, g snapshot.Grant, created bool) map[string]any 
 		"expires_at": nullTime(g.ExpiresAt), "created": created}
 }
 
-// existingGrant answers a grant whose id the account has already (the
-// ledger refused it with err). A grant's id is the key that makes a retry
+// existingGrant answers a grant whose id the account may have already (the
+// ledger refused it as a duplicate, or its expires_at has passed): notFound
+// is the answer when the account has no grant of that id. A grant's id is the key that makes a retry
 // safe (a client that timed out cannot tell whether its grant was stored):
 // the same grant again (units, expires_at, and starts_at when given: when
 // left out it was the first request's now) answers 200 with created
