@@ -650,23 +650,11 @@ func (h *harness) run(ctx context.Context) (*Report, error) {
 // to 90 s), the alerts' (60 s) and the drain were silent.
 func (h *harness) phase(what string) (done func()) {
 	start := time.Now()
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		t := time.NewTicker(h.cfg.ProgressEvery)
-		defer t.Stop()
-		for {
-			select {
-			case <-stop:
-				return
-			case <-t.C:
-				h.logf("%s still %s (%s so far)", clock(time.Duration(h.hist.Now())), what, time.Since(start).Round(time.Second))
-			}
-		}
-	}()
-	return func() { close(stop); wg.Wait() }
+	ctx, cancel := context.WithCancel(context.Background())
+	wg := h.every(ctx, func() {
+		h.logf("%s still %s (%s so far)", clock(time.Duration(h.hist.Now())), what, time.Since(start).Round(time.Second))
+	})
+	return func() { cancel(); wg.Wait() }
 }
 
 // interrupted ends a run whose ctx ended once the workload had begun: no

@@ -310,26 +310,34 @@ func sortedKeys[V any](m map[string]V) []string {
 
 // startProgress prints a line every ProgressEvery until ctx ends.
 func (h *harness) startProgress(ctx context.Context) *sync.WaitGroup {
+	last := 0
+	return h.every(ctx, func() {
+		ops := h.hist.Ops()
+		w := summarize(ops)
+		rate := float64(len(ops)-last) / h.cfg.ProgressEvery.Seconds()
+		last = len(ops)
+		h.logf("%s/%s  %d ops (ok %d, refused %d, unknown %d), %.0f/s; faults on: %s",
+			clock(time.Duration(h.hist.Now())), clock(h.cfg.Duration), w.Ops, w.ByState[cluster.StatusOK],
+			w.ByState[cluster.StatusRefused], w.ByState[cluster.StatusUnknown], rate, h.activeNames())
+	})
+}
+
+// every runs f every ProgressEvery, in a goroutine of its own, until ctx
+// ends; the group is done once it has stopped.
+func (h *harness) every(ctx context.Context, f func()) *sync.WaitGroup {
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
 		t := time.NewTicker(h.cfg.ProgressEvery)
 		defer t.Stop()
-		last := 0
 		for {
 			select {
 			case <-ctx.Done():
 				return
 			case <-t.C:
+				f()
 			}
-			ops := h.hist.Ops()
-			w := summarize(ops)
-			rate := float64(len(ops)-last) / h.cfg.ProgressEvery.Seconds()
-			last = len(ops)
-			h.logf("%s/%s  %d ops (ok %d, refused %d, unknown %d), %.0f/s; faults on: %s",
-				clock(time.Duration(h.hist.Now())), clock(h.cfg.Duration), w.Ops, w.ByState[cluster.StatusOK],
-				w.ByState[cluster.StatusRefused], w.ByState[cluster.StatusUnknown], rate, h.activeNames())
 		}
 	}()
 	return &wg
