@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -182,18 +183,7 @@ func TestTLSFilesReload(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var mu sync.Mutex
-	var reloads []error
-	files.OnReload = func(err error) { mu.Lock(); reloads = append(reloads, err); mu.Unlock() }
-	srv, cli, err := files.Configs()
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := tlsServer(t, srv)
-	first, err := handshake(addr, cli)
-	if err != nil {
-		t.Fatal(err)
-	}
+	addr, cli, first, reloaded := serveReloading(t, files)
 
 	renewed, _, keyPEM := renew(t, ca, "node", ip, files.Cert, files.Key, addr, cli, first)
 
@@ -208,12 +198,30 @@ func TestTLSFilesReload(t *testing.T) {
 	if kept.SerialNumber.Cmp(renewed.SerialNumber) != 0 {
 		t.Fatal("the server changed certificate on a pair that does not load")
 	}
-	mu.Lock()
-	defer mu.Unlock()
+	reloads := reloaded()
 	if len(reloads) != 2 || reloads[0] != nil || reloads[1] == nil {
 		t.Fatalf("OnReload heard %v, want nil (renewed) then an error (half-written)", reloads)
 	}
 	t.Logf("half-written: %v", reloads[1])
+}
+
+// serveReloading serves TLS with files' server config on loopback, makes a
+// first handshake with its client config, and records what OnReload hears
+// (reloaded returns it so far).
+func serveReloading(t *testing.T, files router.TLSFiles) (addr string, cli *tls.Config, first *x509.Certificate, reloaded func() []error) {
+	t.Helper()
+	var mu sync.Mutex
+	var reloads []error
+	files.OnReload = func(err error) { mu.Lock(); reloads = append(reloads, err); mu.Unlock() }
+	srv, cli, err := files.Configs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr = tlsServer(t, srv)
+	if first, err = handshake(addr, cli); err != nil {
+		t.Fatal(err)
+	}
+	return addr, cli, first, func() []error { mu.Lock(); defer mu.Unlock(); return slices.Clone(reloads) }
 }
 
 // TestTLSFilesErrors: what a node says at start about files that cannot
@@ -301,18 +309,7 @@ func TestTLSFilesSelfName(t *testing.T) {
 
 	// A renewal without the name keeps the previous pair, and says why.
 	files := with(byIP, "127.0.0.1", "")
-	var mu sync.Mutex
-	var reloads []error
-	files.OnReload = func(err error) { mu.Lock(); reloads = append(reloads, err); mu.Unlock() }
-	srv, cli, err := files.Configs()
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := tlsServer(t, srv)
-	first, err := handshake(addr, cli)
-	if err != nil {
-		t.Fatal(err)
-	}
+	addr, cli, first, reloaded := serveReloading(t, files)
 	certPEM, keyPEM, err := ca.Issue("node", pki.Names{DNS: []string{"quotad.internal"}})
 	if err != nil {
 		t.Fatal(err)
@@ -326,9 +323,7 @@ func TestTLSFilesSelfName(t *testing.T) {
 	if err != nil || kept.SerialNumber.Cmp(first.SerialNumber) != 0 {
 		t.Fatalf("after a renewal without the name: %v, want the first certificate kept", err)
 	}
-	mu.Lock()
-	defer mu.Unlock()
-	if len(reloads) != 1 || reloads[0] == nil || !strings.Contains(reloads[0].Error(), "does not carry the name 127.0.0.1") {
+	if reloads := reloaded(); len(reloads) != 1 || reloads[0] == nil || !strings.Contains(reloads[0].Error(), "does not carry the name 127.0.0.1") {
 		t.Fatalf("OnReload heard %v, want the missing name", reloads)
 	}
 }

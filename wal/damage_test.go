@@ -367,17 +367,27 @@ func TestMissingMarkersAreNamed(t *testing.T) {
 // left as it is.
 func TestCutManifestIsNamed(t *testing.T) {
 	dir, sst := flushedDir(t, 40)
+	manifest, data := currentManifest(t, dir)
+	writeFile(t, manifest, data[:50])
+	before := dirsnap.Take(t, dir)
+	requireBothRefuse(t, dir, filepath.Base(sst), "not listed in", filepath.Base(manifest), "restore")
+	before.Unchanged(t, dir, "a refused Open")
+}
+
+// currentManifest is the path and content of dir's newest MANIFEST.
+func currentManifest(t *testing.T, dir string) (string, []byte) {
+	t.Helper()
 	manifests, _ := filepath.Glob(filepath.Join(dir, "MANIFEST-*"))
 	slices.Sort(manifests)
+	if len(manifests) == 0 {
+		t.Fatalf("no MANIFEST in %s", dir)
+	}
 	manifest := manifests[len(manifests)-1]
 	data, err := os.ReadFile(manifest)
 	if err != nil {
 		t.Fatal(err)
 	}
-	writeFile(t, manifest, data[:50])
-	before := dirsnap.Take(t, dir)
-	requireBothRefuse(t, dir, filepath.Base(sst), "not listed in", filepath.Base(manifest), "restore")
-	before.Unchanged(t, dir, "a refused Open")
+	return manifest, data
 }
 
 // A MANIFEST cut to a few bytes does not read at all: Pebble's "malformed
@@ -385,13 +395,7 @@ func TestCutManifestIsNamed(t *testing.T) {
 // MANIFEST. It is named, to restore first.
 func TestMalformedManifestIsNamed(t *testing.T) {
 	dir, _ := flushedDir(t, 40)
-	manifests, _ := filepath.Glob(filepath.Join(dir, "MANIFEST-*"))
-	slices.Sort(manifests)
-	manifest := manifests[len(manifests)-1]
-	data, err := os.ReadFile(manifest)
-	if err != nil {
-		t.Fatal(err)
-	}
+	manifest, data := currentManifest(t, dir)
 	writeFile(t, manifest, data[:20])
 	before := dirsnap.Take(t, dir)
 	requireBothRefuse(t, dir, "Pebble's MANIFEST "+manifest+", which lists the files that hold the records, does not read",
