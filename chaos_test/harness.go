@@ -671,7 +671,10 @@ func (h *harness) interrupted(ctx context.Context, began time.Time) (*Report, er
 	// The faults still on go into the faults as applied, up to the
 	// interrupt: they were missing, and the answers they caused unexplained.
 	for _, e := range h.active {
-		h.windows = append(h.windows, cluster.Window{Kind: string(e.Fault), Node: e.Node, Start: h.activeSince[e], End: now})
+		// NB: an episode may have begun just after the interrupt (the
+		// plan's timer and ctx ended together): no window ends before it
+		// starts.
+		h.windows = append(h.windows, cluster.Window{Kind: string(e.Fault), Node: e.Node, Start: h.activeSince[e], End: max(now, h.activeSince[e])})
 	}
 	h.mu.Unlock()
 	at := time.Duration(now)

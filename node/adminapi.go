@@ -616,6 +616,27 @@ func checkID(field, id string) error {
 	return nil
 }
 
+// storedID reports whether the ledger holds a plan, an account or (of
+// account) a grant with this id: one stored before the id rules it breaks
+// (an id in NFD, as macOS writes names) can still be changed, or a grant
+// retried, while new ones are refused. A ledger error reads as not stored:
+// the id's own problem is the answer then.
+func (n *Node) storedID(ctx context.Context, l flush.Ledger, kind, account, id string) bool {
+	switch kind {
+	case "grant":
+		rows, err := l.Grants(ctx, account)
+		return err == nil && slices.ContainsFunc(rows, func(g flush.GrantRow) bool { return !g.Monthly && g.Grant == id })
+	}
+	s, err := n.configSnapshot(ctx, l)
+	if err != nil {
+		return false
+	}
+	if kind == "account" {
+		return s.HasAccount(id)
+	}
+	return slices.ContainsFunc(s.Plans, func(p snapshot.Plan) bool { return p.ID == id })
+}
+
 // wall is the node's wall clock, as a time.
 func (n *Node) wall() time.Time { return time.Unix(0, n.clock.Now().Wall).UTC() }
 
@@ -660,7 +681,7 @@ func (n *Node) getPlan(ctx context.Context, w http.ResponseWriter, r *http.Reque
 
 func (n *Node) putPlan(ctx context.Context, w http.ResponseWriter, r *http.Request, l flush.Ledger) error {
 	id := r.PathValue("id")
-	if err := checkID("id", id); err != nil {
+	if err := checkID("id", id); err != nil && !n.storedID(ctx, l, "plan", "", id) {
 		return err
 	}
 	var b planBody
@@ -821,7 +842,7 @@ func (n *Node) getAccount(ctx context.Context, w http.ResponseWriter, r *http.Re
 
 func (n *Node) putAccount(ctx context.Context, w http.ResponseWriter, r *http.Request, l flush.Ledger) error {
 	id := r.PathValue("id")
-	if err := checkID("id", id); err != nil {
+	if err := checkID("id", id); err != nil && !n.storedID(ctx, l, "account", "", id) {
 		return err
 	}
 	var b accountBody
@@ -1002,7 +1023,7 @@ func (n *Node) addGrant(ctx context.Context, w http.ResponseWriter, r *http.Requ
 	case strings.HasPrefix(g.ID, "m:"):
 		return badInput("id", "%q: ids starting with m: name monthly grants; choose another", g.ID)
 	default:
-		if err := checkID("id", g.ID); err != nil {
+		if err := checkID("id", g.ID); err != nil && !n.storedID(ctx, l, "grant", account, g.ID) {
 			return err
 		}
 	}

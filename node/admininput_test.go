@@ -2,6 +2,7 @@ package node
 
 import (
 	"fmt"
+	"net/url"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -289,4 +290,28 @@ func TestAdminAPIGrantRetryAfterItLapsed(t *testing.T) {
 			t.Errorf("%v: %q, want it to say expires_at has passed", body, p.Detail)
 		}
 	}
+}
+
+// An id stored before a rule it breaks (an account in NFD, as macOS writes
+// names) can still be changed, and its grant retried; a new such id is
+// refused. The rules refused every change to it.
+func TestAdminAPIStoredIDsBeforeTheRules(t *testing.T) {
+	nd := startAdminNode(t)
+	nfd := "mu\u0308ller"
+	l := nd.Ledger()
+	if err := l.UpsertAccount(t.Context(), nfd, "pro"); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.AddGrant(t.Context(), "acme", snapshot.Grant{ID: "order-u\u0308", Units: 5, StartsAt: time.Now().Add(-time.Hour).Truncate(time.Microsecond)}); err != nil {
+		t.Fatal(err)
+	}
+	if status, raw := adminCall(t, nd, testAdminToken, "PUT", "/admin/v1/accounts/"+url.PathEscape(nfd), map[string]any{"plan": "pro"}, nil); status != 200 {
+		t.Errorf("PUT of an account stored in NFD: %d %s, want 200", status, raw)
+	}
+	var a struct{ Created bool }
+	if status, raw := adminCall(t, nd, testAdminToken, "POST", "/admin/v1/accounts/acme/grants", map[string]any{"units": 5, "id": "order-u\u0308"}, &a); status != 200 || a.Created {
+		t.Errorf("a retry of a grant stored with an NFD id: %d %s, want 200 created false", status, raw)
+	}
+	wantProblem(t, nd, "PUT", "/admin/v1/accounts/"+url.PathEscape("schu\u0308tz"), map[string]any{"plan": "pro"}, 400, "id")
+	wantProblem(t, nd, "POST", "/admin/v1/accounts/acme/grants", map[string]any{"units": 5, "id": "other-u\u0308"}, 400, "id")
 }

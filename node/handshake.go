@@ -40,8 +40,9 @@ func (h handshakeNotify) Clone() credentials.TransportCredentials {
 // closed before it said anything (a TCP probe, a port scan's connect) is
 // no refusal: not counted.
 func (n *Node) rpcHandshakeFailed(remote string, err error) {
-	if errors.Is(err, io.EOF) || strings.HasSuffix(err.Error(), "EOF") {
-		return
+	var ne net.Error
+	if errors.Is(err, io.EOF) || strings.HasSuffix(err.Error(), "EOF") || errors.As(err, &ne) && ne.Timeout() {
+		return // a connection that said nothing, or nothing in time (gRPC's handshake deadline)
 	}
 	n.rpcHandshakeFailures.Add(1)
 	ok, held := n.handshakeLog.Allow(time.Now(), refusedEvery)
@@ -52,7 +53,12 @@ func (n *Node) rpcHandshakeFailed(remote string, err error) {
 	if ids := n.membersOnHost(remote); len(ids) > 0 {
 		from += " (the host of " + strings.Join(ids, ", ") + ")"
 	}
-	n.log.Error("refused a TLS handshake on the RPC port from "+from+": "+err.Error()+
-		"; a node or embedded client without a certificate of this cluster's CA (--rpc-tls-ca), or without TLS, cannot reach this node",
+	why := "; a node or embedded client without a certificate of this cluster's CA (--rpc-tls-ca), or without TLS, cannot reach this node"
+	if strings.Contains(err.Error(), "remote error: ") {
+		// The caller's TLS alert: it refused this node's certificate
+		// (expired, of another CA, without the name it checks).
+		why = "; the caller refused this node's certificate (--rpc-tls-cert): check its dates, CA and names against what the caller trusts and checks"
+	}
+	n.log.Error("refused a TLS handshake on the RPC port from "+from+": "+err.Error()+why,
 		"remote", remote, "similar_lines_held_back", held)
 }

@@ -1074,7 +1074,12 @@ func (n *Node) loadRPCTLS() error {
 	if !f.Enabled() {
 		return nil
 	}
-	if host, _, err := net.SplitHostPort(n.advertised(n.cfg.RPCAddr)); err == nil {
+	// The host the others dial, when known before the port is opened: an
+	// IP, given or advertised. A host name in --rpc-addr is resolved when
+	// the port opens, and the others check the IP it listens on, which is
+	// not known here: not checked then (a false refusal would stop a
+	// working node).
+	if host, _, err := net.SplitHostPort(n.advertised(n.cfg.RPCAddr)); err == nil && net.ParseIP(host) != nil {
 		f.SelfHost = host
 	}
 	f.OnReload = func(err error) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -139,11 +140,18 @@ func handshakeCause(err error) string {
 		}
 	}
 	msg = strings.TrimRight(strings.TrimPrefix(msg, `connection error: desc = "`), `"`)
+	// x509 names the time of the check ("current time 2026-...Z is after
+	// ..."): it changed every second, and each probe logged the reason anew.
+	msg = checkTime.ReplaceAllString(msg, "")
 	if len(msg) > 240 {
 		msg = msg[:240] + "..."
 	}
 	return msg
 }
+
+// checkTime is x509's "current time T is after|before T" in a validity
+// error.
+var checkTime = regexp.MustCompile(`: current time \S+ is (after|before) \S+`)
 
 // handshakeFix says what to change for a handshake that failed with cause
 // (handshakeCause): the generic advice named neither the side that has no

@@ -173,7 +173,10 @@ func (r *Ring) Gone() []GoneMember {
 	defer r.knownMu.Unlock()
 	var out []GoneMember
 	for name, k := range r.known {
-		if name != r.cfg.NodeID && !snap.member(name) {
+		// NB: by the member's own last event, not the published view
+		// alone: between an event and the view built from it a member
+		// that just joined read as gone.
+		if name != r.cfg.NodeID && k.gone && !snap.member(name) {
 			out = append(out, GoneMember{ID: name, GossipAddr: k.addr, Since: k.lastAlive})
 		}
 	}

@@ -132,6 +132,8 @@ type nodeEvent struct {
 type knownMember struct {
 	addr      string
 	lastAlive time.Time
+	// gone: the member's last event said it died or left (Gone lists it).
+	gone bool
 }
 
 // New validates cfg, starts memberlist, joins the seeds and starts the
@@ -630,7 +632,7 @@ func (r *Ring) apply(members map[string]Meta, warned map[string]Mismatch, evs ma
 	defer r.knownMu.Unlock()
 	for name, ev := range evs {
 		if name != r.cfg.NodeID {
-			r.known[name] = knownMember{addr: ev.addr, lastAlive: now}
+			r.known[name] = knownMember{addr: ev.addr, lastAlive: now, gone: !ev.alive}
 		}
 		if !ev.alive {
 			delete(members, name)

@@ -512,7 +512,11 @@ func (f *front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	r = r.WithContext(ctx)
 	served := r
-	rec.clientLeft = func() bool { return clientLeft(served) }
+	rec.clientLeft = func() bool {
+		// Canceled alone: a deadline (an outer middleware's timeout) is
+		// the server giving up, and its 504 is refunded as before.
+		return clientLeft(served) && errors.Is(served.Context().Err(), context.Canceled)
+	}
 	// Only the front says which account and event a request was charged
 	// to: a client's own values are forged.
 	r.Header = r.Header.Clone()

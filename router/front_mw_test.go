@@ -193,3 +193,27 @@ func TestRecorderFlushError(t *testing.T) {
 		t.Errorf("the recorder noted %v, want the flush's error", rec.writeErr)
 	}
 }
+
+// A server-side timeout (an outer middleware's deadline) is not the client
+// leaving: the handler's 504 on it is refunded, as before.
+func TestMiddlewareServerTimeoutIsRefunded(t *testing.T) {
+	ch := &fakeCharger{decision: okDecision()}
+	mw, err := Middleware(FrontOptions{Charger: ch, Config: testConfig(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		<-r.Context().Done()
+		http.Error(w, "timed out", http.StatusGatewayTimeout)
+	}))
+	withTimeout := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithTimeout(r.Context(), 50*time.Millisecond)
+		defer cancel()
+		h.ServeHTTP(w, r.WithContext(ctx))
+	})
+	w := httptest.NewRecorder()
+	withTimeout.ServeHTTP(w, newRequest("POST", "/v1/tasks", nil))
+	if _, refunds := ch.counts(); w.Code != http.StatusGatewayTimeout || refunds != 1 {
+		t.Errorf("a 504 on the server's own deadline: %d, %d refunds; want it refunded once", w.Code, refunds)
+	}
+}

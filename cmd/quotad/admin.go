@@ -498,16 +498,21 @@ func oneID(what string) cobra.PositionalArgs {
 // printable UTF-8 without spaces, slashes, format or control characters).
 // oneID alone serves the commands that look an id up, so that one stored
 // before the check can still be shown.
-func newID(what string) cobra.PositionalArgs {
-	return func(cmd *cobra.Command, args []string) error {
-		if err := oneID(what)(cmd, args); err != nil {
-			return err
-		}
-		if err := snapshot.CheckID(args[0]); err != nil {
-			return fmt.Errorf("%s %v", what, err)
-		}
+//
+// newOrStoredID checks id, named what, as the admin API checks a new one,
+// before the call; an id the rules refuse is let through when the ledger
+// has it already (path answers 200, and stored, when set, says so of its
+// answer): one stored before a rule (an id in NFD, as macOS writes names)
+// can still be changed, or its grant retried, as the API allows.
+func (c *adminClient) newOrStoredID(cmd *cobra.Command, what, path, id string, stored func([]byte) bool) error {
+	err := snapshot.CheckID(id)
+	if err == nil {
 		return nil
 	}
+	if raw, gerr := c.do(cmd.Context(), "GET", path, nil, nil); gerr == nil && (stored == nil || stored(raw)) {
+		return nil
+	}
+	return fmt.Errorf("%s %v", what, err)
 }
 
 // --- plans ------------------------------------------------------------------
@@ -534,8 +539,11 @@ records the overage for billing.`,
 		Example: `  quotad admin plans set pro --rate 10/s --burst 20 --quota 100000 --hard
   quotad admin plans set credits-only --quota 0 --hard --rate none
   quotad admin plans set metered --rate 50/s --quota 1000000 --soft`,
-		Args: newID("plan id"),
+		Args: oneID("plan id"),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := c.newOrStoredID(cmd, "plan id", "/admin/v1/plans/"+pathID(args[0]), args[0], nil); err != nil {
+				return err
+			}
 			for _, f := range []struct {
 				name string
 				v    bool
@@ -615,6 +623,11 @@ func (c *adminClient) keepsPlanRate(cmd *cobra.Command, id, rate string, burstGi
 	old := out.Plans[i]
 	switch {
 	case rate == "" && old.Rate != "":
+		if _, err := snapshot.ParseRate(old.Rate); err != nil {
+			// Stored before rates were read strictly ("1e3/s"): giving it
+			// again would be refused.
+			return fmt.Errorf("plan %s has the rate limit %s, in a form new plans refuse (%v), which plans set would remove: give --rate with the rate you want, or --rate none", id, old.Rate, err)
+		}
 		return fmt.Errorf("plan %s has the rate limit %s (burst %s), which plans set would remove: give --rate %s to keep it (and --burst), or --rate none to remove it", id, old.Rate, burstText(old), old.Rate)
 	case !burstGiven && old.Burst != 0 && (rate == old.Rate || rate == "" && old.Rate == ""):
 		return fmt.Errorf("plan %s has the burst %d, which plans set would reset to one period's worth of %s: give --burst %d to keep it, or --burst 0 for the default", id, old.Burst, old.Rate, old.Burst)
@@ -663,8 +676,11 @@ func newAdminAccountsCmd(c *adminClient) *cobra.Command {
 		Use:     "set ID --plan PLAN",
 		Short:   "Create an account or move it to another plan",
 		Example: `  quotad admin accounts set acme --plan pro`,
-		Args:    newID("account id"),
+		Args:    oneID("account id"),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := c.newOrStoredID(cmd, "account id", "/admin/v1/accounts/"+pathID(args[0]), args[0], nil); err != nil {
+				return err
+			}
 			var out struct{ ID, Plan string }
 			return c.run(cmd, "PUT", "/admin/v1/accounts/"+pathID(args[0]), map[string]string{"plan": plan}, &out, func(w io.Writer) {
 				fmt.Fprintf(w, "account %s is on plan %s; %s\n", out.ID, out.Plan, refreshNote)
@@ -843,8 +859,12 @@ together (--expires on the first of a month), the quota goes first.`,
 				}
 			}
 			if id != "" {
-				if err := snapshot.CheckID(id); err != nil {
-					return fmt.Errorf("--id %v", err)
+				stored := func(raw []byte) bool { // the account has a grant of this id: a retry
+					var v node.AccountView
+					return json.Unmarshal(raw, &v) == nil && slices.ContainsFunc(v.Grants, func(g node.GrantView) bool { return !g.Monthly && g.ID == id })
+				}
+				if err := c.newOrStoredID(cmd, "--id", "/admin/v1/accounts/"+pathID(args[0]), id, stored); err != nil {
+					return err
 				}
 				body["id"] = id
 			}

@@ -659,3 +659,21 @@ func TestPrintReservationsComparesTheAnsweringNode(t *testing.T) {
 		t.Fatalf("an older quotad's answer (the ledger's rows only):\n%s", out)
 	}
 }
+
+// An id stored before a rule it breaks (NFD, as macOS writes names) can
+// still be changed through the command, which checks new ids before the
+// call; a new such id is refused there.
+func TestQuotadAdminStoredIDs(t *testing.T) {
+	for _, e := range adminEnv {
+		t.Setenv(e.env, "")
+	}
+	n := startAdminTestNode(t)
+	mustAdmin(t, n, "plans", "set", "pro", "--quota", "100", "--hard")
+	if err := n.Ledger().UpsertAccount(context.Background(), "mu\u0308ller", "pro"); err != nil {
+		t.Fatal(err)
+	}
+	mustAdmin(t, n, "accounts", "set", "mu\u0308ller", "--plan", "pro")
+	if _, _, err := quotadAdmin(t, n, adminTestToken, "accounts", "set", "schu\u0308tz", "--plan", "pro"); err == nil || !strings.Contains(err.Error(), "not in Unicode normal form NFC") {
+		t.Errorf("accounts set of a new NFD id: %v, want it refused", err)
+	}
+}

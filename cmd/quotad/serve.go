@@ -215,9 +215,16 @@ func (f *serveFlags) config(logger *slog.Logger) (node.Config, error) {
 		reconcile = 0
 		logger.Info("periodic reconcile is off: --events=false keeps no event log to check the counters against")
 	}
-	gossipKeys, err := parseGossipKeys(f.gossipKey)
+	gossipKeys, hexKeys, err := parseGossipKeys(f.gossipKey)
 	if err != nil {
 		return node.Config{}, err
+	}
+	for _, i := range hexKeys {
+		// Warned, not refused: a cluster started with such a key runs on
+		// it (every node reads the same string the same way), and a key
+		// has no other spelling to upgrade to; it rotates as any key.
+		logger.Warn(fmt.Sprintf("--gossip-key: key %d is hex digits (openssl rand -hex?), which decode as base64 to another key than the one written: "+
+			"it works while every node has the same string, but make the next key with openssl rand -base64 32 and rotate to it (README, \"Rotating\")", i))
 	}
 	rpcTokens, err := parseRPCTokens(f.rpcToken)
 	if err != nil {
@@ -274,32 +281,30 @@ func checkListenAddr(flag, addr, example string) error {
 
 // parseGossipKeys decodes --gossip-key: "" is none; otherwise a comma list
 // of standard base64 AES keys, the one to send first.
-func parseGossipKeys(s string) ([][]byte, error) {
+// hexKeys are the 1-based positions of keys that look like hex (32 hex
+// digits, from openssl rand -hex 16, decode as base64 to a valid 24-byte
+// key that is not the one written): serve warns of them.
+func parseGossipKeys(s string) (keys [][]byte, hexKeys []int, err error) {
 	if strings.TrimSpace(s) == "" {
-		return nil, nil
+		return nil, nil, nil
 	}
-	var keys [][]byte
 	for i, part := range strings.Split(s, ",") {
 		part = strings.TrimSpace(part)
-		if isHexKey(part) {
-			// 32 hex digits (openssl rand -hex 16) decode as base64 to a
-			// valid 24-byte key: taken, it was not the key the operator
-			// made, and one node given the same key in base64 could not
-			// join the others.
-			return nil, fmt.Errorf("--gossip-key: key %d is %d hex digits (openssl rand -hex?), but keys are base64: make one with openssl rand -base64 32", i+1, len(part))
-		}
 		key, err := base64.StdEncoding.DecodeString(part)
 		if err != nil {
-			return nil, fmt.Errorf("--gossip-key: key %d is not base64 (%v): make one with openssl rand -base64 32", i+1, err)
+			return nil, nil, fmt.Errorf("--gossip-key: key %d is not base64 (%v): make one with openssl rand -base64 32", i+1, err)
 		}
-		switch len(key) {
-		case 16, 24, 32:
-		default:
-			return nil, fmt.Errorf("--gossip-key: key %d is %d bytes once decoded, want 16, 24 or 32: make one with openssl rand -base64 32", i+1, len(key))
+		switch {
+		case len(key) != 16 && len(key) != 24 && len(key) != 32 && isHexKey(part):
+			return nil, nil, fmt.Errorf("--gossip-key: key %d is %d hex digits (openssl rand -hex?), but keys are base64: make one with openssl rand -base64 32", i+1, len(part))
+		case len(key) != 16 && len(key) != 24 && len(key) != 32:
+			return nil, nil, fmt.Errorf("--gossip-key: key %d is %d bytes once decoded, want 16, 24 or 32: make one with openssl rand -base64 32", i+1, len(key))
+		case isHexKey(part):
+			hexKeys = append(hexKeys, i+1)
 		}
 		keys = append(keys, key)
 	}
-	return keys, nil
+	return keys, hexKeys, nil
 }
 
 // isHexKey reports whether s is 32, 48 or 64 hex digits: a key of 16, 24
