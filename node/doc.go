@@ -7,6 +7,14 @@
 // same way, and so that several nodes can run in one process (nothing here
 // is global).
 //
+// # Use
+//
+//	n, err := node.Start(ctx, node.Config{ID: "n1", DataDir: "data/n1",
+//		Ledger: "sqlite:ledger.db", RPCAddr: "127.0.0.1:7400", ...})
+//	if err != nil { ... }   // the error names the flag or file at fault
+//	defer n.Shutdown(ctx)   // drain, settle, leave (below); Kill for crash tests
+//	n.Router().Charge(ctx, router.ChargeRequest{...})   // or its HTTP front
+//
 // # Start
 //
 //	bind the RPC, HTTP, admin and gossip listeners

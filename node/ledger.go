@@ -68,9 +68,9 @@ type reachedLedger struct {
 // reachLedger is the first half of connectLedger: open, migrate, check the
 // node id, register and record this start. Nothing is settled into the
 // ledger, and nothing read from it is used, until useLedger.
-func (n *Node) reachLedger(ctx context.Context, beforeServing bool) (*reachedLedger, error) {
+func (n *Node) reachLedger(parent context.Context, beforeServing bool) (*reachedLedger, error) {
 	timeout := 10*time.Second + nodeLease // checkNodeIDFree may wait that long
-	ctx, cancel := context.WithTimeout(ctx, timeout)
+	ctx, cancel := context.WithTimeout(parent, timeout)
 	defer cancel()
 	l, err := flush.Open(ctx, n.cfg.Ledger, n.log.With("component", "ledger"))
 	if errors.Is(err, flush.ErrInvalid) {
@@ -85,7 +85,18 @@ func (n *Node) reachLedger(ctx context.Context, beforeServing bool) (*reachedLed
 		// for the nodes does not have; quotad migrate, run as the ledger's
 		// owner, has them.
 		if err = flush.CheckSchema(ctx, l); err != nil && !errors.Is(err, flush.ErrSchemaTooNew) {
-			err = l.Migrate(ctx)
+			// Not under the start's budget: a migration of a large ledger
+			// (a backfill of millions of rows) ran past it, was cancelled
+			// with its table lock still held by the server, and ran again
+			// every 2 s, for ever, stalling every node's settles. It stops
+			// with the node.
+			n.log.Info("the ledger's schema is behind this quotad: migrating it (on a large ledger this takes a while; quotad migrate, run first, does the same)", "schema", err)
+			if err = l.Migrate(parent); err == nil {
+				n.log.Info("ledger migrated")
+				rest, cancelRest := context.WithTimeout(parent, timeout) // the start's budget, anew
+				defer cancelRest()
+				ctx = rest
+			}
 		}
 		if err != nil {
 			l.Close()
@@ -160,11 +171,19 @@ func (n *Node) useLedger(ctx context.Context, p *reachedLedger, beforeServing bo
 	}
 	n.startRecorded.Store(true)
 	n.ledger.Store(&ledgerBox{l: l})
+	// NB: the loops start under n.mu, and only while the node is not
+	// stopping: stopLoops cancels n.ctx, then reads these under n.mu to
+	// close them. Started after that read (a stop that came while the
+	// ledger was reached), they ran on for the life of the process against
+	// a closed log and ledger. Stored all the same: finalSettle uses the
+	// settler, as after reachAtStop.
 	n.mu.Lock()
 	n.settler, n.refresher = settler, refresher
+	if n.ctx.Err() == nil {
+		settler.Start()
+		refresher.Start()
+	}
 	n.mu.Unlock()
-	settler.Start()
-	refresher.Start()
 	if !beforeServing {
 		// Reached late: accounts that moved away while the ledger was down
 		// still hold the allowance this node replayed; hand it back.

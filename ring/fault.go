@@ -53,8 +53,8 @@ type FaultTransport struct {
 	shutdownOnce sync.Once
 	shutdownErr  error
 
-	mu sync.Mutex
 	// protects blocked and self
+	mu      sync.Mutex
 	blocked map[string]bool // canonical host:port
 	self    string          // our advertised address, sent in the preamble
 

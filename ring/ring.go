@@ -59,41 +59,41 @@ type Ring struct {
 	// (and New before it starts), read by anyone.
 	state atomic.Pointer[snapshot]
 
-	selfMu sync.Mutex
 	// protects self and selfMeta (read by memberlist through NodeMeta)
+	selfMu   sync.Mutex
 	self     Meta
 	selfMeta []byte
 
-	eventsMu sync.Mutex
 	// protects pending: the latest memberlist event per node name, not yet
 	// applied by the rebuild goroutine
-	pending map[string]nodeEvent
-	kick    chan struct{} // capacity 1: "pending is not empty"
+	eventsMu sync.Mutex
+	pending  map[string]nodeEvent
+	kick     chan struct{} // capacity 1: "pending is not empty"
 
-	subMu sync.Mutex
 	// protects subs and subsClosed, sending on and closing subscriber
 	// channels, and publishing a snapshot (so a Subscribe sees a snapshot
 	// and exactly the Changes after it)
+	subMu      sync.Mutex
 	subs       map[*subscriber]struct{}
 	subsClosed bool
 
-	knownMu sync.Mutex
 	// protects known: gossip address and last time alive of every member
 	// seen, the rejoin targets
-	known map[string]knownMember
+	knownMu sync.Mutex
+	known   map[string]knownMember
 
-	refusalMu sync.Mutex
 	// protects refusal: the last peer that answered a join but could not
 	// gossip with this node (Refusal)
-	refusal struct {
+	refusalMu sync.Mutex
+	refusal   struct {
 		addr string
 		err  error
 	}
 
-	lifeMu sync.RWMutex
 	// protects closed and left. Held for reading across memberlist calls
 	// that must not overlap Shutdown (memberlist.Leave panics after it),
 	// for writing by Leave and Close.
+	lifeMu sync.RWMutex
 	closed bool
 	left   bool
 
@@ -363,7 +363,7 @@ func (r *Ring) Subscribe(buf int) (<-chan Change, func()) {
 // by gossip and push-pull, and the error wraps ErrUnconfirmed.
 func (r *Ring) SetState(ctx context.Context, s State) error {
 	if !s.Valid() {
-		return fmt.Errorf("ring: invalid state %q", s)
+		return fmt.Errorf("ring: invalid state %q (want joining, serving or draining)", s)
 	}
 	if err := r.setSelf(ctx, "set state "+string(s), func(m *Meta) { m.State = s }, func(m Meta) bool { return m.State == s }); err != nil {
 		return err

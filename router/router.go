@@ -237,6 +237,9 @@ type Router struct {
 	peers  *peers
 	stats  Stats
 	cancel context.CancelFunc
+	// forgot is closed when forgetLoop has returned: Close waits for it,
+	// so that no forget runs beside or after the peers' close.
+	forgot chan struct{}
 }
 
 // New makes a router.
@@ -257,7 +260,7 @@ func New(cfg Config) (*Router, error) {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	r := &Router{cfg: cfg, self: cfg.Ring.Self().ID, cancel: cancel}
+	r := &Router{cfg: cfg, self: cfg.Ring.Self().ID, cancel: cancel, forgot: make(chan struct{})}
 	opts := peerOptions{maxInflight: cfg.MaxInflight, maxBatch: cfg.MaxBatch, callTimeout: cfg.CallTimeout, epoch: cfg.Ring.Epoch, hops: 1, token: cfg.Token, tls: cfg.TLS}
 	if cfg.Faults != nil {
 		opts.dialer = cfg.Faults.dial
@@ -270,6 +273,7 @@ func New(cfg Config) (*Router, error) {
 // forgetLoop closes, every quarter of peerGrace until ctx ends, the
 // connections to addresses that are no longer ring members (peers.forget).
 func (r *Router) forgetLoop(ctx context.Context) {
+	defer close(r.forgot)
 	t := time.NewTicker(peerGrace / 4)
 	defer t.Stop()
 	for {
@@ -328,6 +332,7 @@ func (r *Router) Probe(ctx context.Context, addr string) (tokenless bool, err er
 // Close stops forwarding and closes peer connections.
 func (r *Router) Close() error {
 	r.cancel()
+	<-r.forgot
 	return r.peers.close()
 }
 

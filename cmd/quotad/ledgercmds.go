@@ -186,7 +186,8 @@ func runReconcile(ctx context.Context, out, errOut io.Writer, dsn string, dataDi
 		dirErr = fmt.Errorf("reconcile: could not list the unsettled records of --data-dir %s (the reason is printed above it)", strings.Join(badDirs, ", "))
 	}
 	if diffs > 0 {
-		err := fmt.Errorf("reconcile: %d differences between counters and the event log", diffs)
+		err := fmt.Errorf("reconcile: %d differences between counters and the event log: the rows above name each grant and month; "+
+			"nothing is changed by this command, and a difference is a bug to report with them (README, \"The ledger\": quotad reconcile)", diffs)
 		return &exitError{code: 3, err: errors.Join(err, dirErr)}
 	}
 	return dirErr

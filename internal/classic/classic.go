@@ -10,6 +10,14 @@
 // commit is durable like the engine's Sync). It is exact and simple, and
 // every charge waits for the database: that is the cost the engine's group
 // commit and in-memory decisions remove.
+//
+//	s, err := classic.Open(":memory:") // or a file's path
+//	err = s.SetQuota(ctx, "acme", 1000)
+//	charged, err := s.Charge(ctx, "acme", "event-1", 1) // false, nil: the event id was charged before
+//	// err is ErrQuotaExceeded past the quota
+//
+// quotad bench engine runs it beside the engine (its sqlite-memory and
+// sqlite-file targets).
 package classic
 
 import (
