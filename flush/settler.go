@@ -52,6 +52,14 @@ type SettlerOptions struct {
 	// before it is marked settled locally: a failpoint for the test that kills
 	// a node exactly there.
 	AfterCommit func()
+	// OnRefused, when set, hears once that the loop's settle was refused
+	// for good: the ledger's mark and the log disagree on what was settled
+	// (ErrMarkConflict that the ledger being ahead within the log does not
+	// explain: a ledger restored from a backup older than the log). The
+	// loop goes on retrying, as before, and logs it: the node should stop
+	// taking charges it can never settle. It was retried for ever while the
+	// node served.
+	OnRefused func(error)
 	// Start, when its Process is set, is recorded with the node's
 	// registration (Ledger.RecordStart): which process and build run it.
 	Start NodeStart
@@ -75,6 +83,8 @@ type Settler struct {
 	node string
 	inc  string
 	mu   sync.Mutex // serialises SettleOnce; protects lastBeat, limit, regrow and downSince
+	// refused runs OnRefused once.
+	refused sync.Once
 	// lastBeat is when this node last wrote its heartbeat to the ledger
 	// (a settle or Register).
 	lastBeat time.Time
@@ -698,6 +708,9 @@ func (s *Settler) loop(ctx context.Context) {
 			}
 		}
 		if _, err := s.SettleOnce(ctx); err != nil && ctx.Err() == nil {
+			if errors.Is(err, ErrMarkConflict) && s.opts.OnRefused != nil {
+				s.refused.Do(func() { s.opts.OnRefused(err) })
+			}
 			fails := s.failed.Add(1)
 			wait = backoff(s.opts.Interval, s.opts.MaxBackoff, fails)
 			s.warnSettle(err, wait)

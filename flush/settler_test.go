@@ -483,3 +483,50 @@ func TestDrainedOnlyPastRecordsStillWaitingForTheDisk(t *testing.T) {
 		t.Errorf("the batch that settled the record claims the log drained at %v, after the record was made (%v)", at, made)
 	}
 }
+
+// restoredLedger is a ledger restored from a backup older than the node's
+// log: it refuses every settle as a mark conflict, and has the node at 0.
+type restoredLedger struct{ Ledger }
+
+func (restoredLedger) Settle(context.Context, *Batch) (SettleResult, error) {
+	return SettleResult{}, fmt.Errorf("%w: the ledger is behind the log (a test's)", ErrMarkConflict)
+}
+
+func (restoredLedger) RegisterNode(context.Context, string, string) (uint64, error) { return 0, nil }
+
+// A settle the ledger refuses for good, found by the loop while the node
+// serves (the ledger restored from an older backup), is told to OnRefused
+// once, so that the node stops taking charges it can never settle: it was
+// retried for ever.
+func TestSettleLoopReportsARefusalForGood(t *testing.T) {
+	ctx := context.Background()
+	sq, e := ledgerRig(t, nil)
+	refused := make(chan error, 4)
+	s, err := NewSettler(SettlerOptions{Ledger: sq, Engine: e, Interval: time.Millisecond,
+		OnRefused: func(err error) { refused <- err }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Register(ctx); err != nil {
+		t.Fatal(err)
+	}
+	s.opts.Ledger = restoredLedger{sq} // restored while the node ran
+	rec := shard.Record{Type: shard.RecCharge, Account: "acct-1", EventID: "e", Units: 1}
+	seq, err := e.Log().Append(rec.AppendEncode(nil))
+	if err == nil {
+		err = e.Log().WaitDurable(ctx, seq)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Start()
+	defer s.Close()
+	select {
+	case err := <-refused:
+		if !errors.Is(err, ErrMarkConflict) {
+			t.Fatalf("OnRefused heard %v, want the mark conflict", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the loop never reported the refusal")
+	}
+}

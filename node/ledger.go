@@ -134,7 +134,7 @@ func (n *Node) reachLedger(parent context.Context, beforeServing bool) (*reached
 	}
 	settler, err := flush.NewSettler(flush.SettlerOptions{Ledger: l, Engine: n.eng, Interval: n.cfg.SettleInterval,
 		Events: !n.cfg.EventsOff, CallTimeout: n.cfg.LedgerTimeout, Logger: n.log.With("component", "settler"), OnSettle: n.metrics.onSettle,
-		AfterCommit: n.afterCommitFailpoint, Start: n.startToRecord()})
+		AfterCommit: n.afterCommitFailpoint, Start: n.startToRecord(), OnRefused: n.settleRefused})
 	if err == nil {
 		err = settler.Register(ctx)
 	}
@@ -191,6 +191,18 @@ func (n *Node) useLedger(ctx context.Context, p *reachedLedger, beforeServing bo
 	}
 	n.log.Info("ledger connected", "settled", n.wal.SettledSeq())
 	return true, nil
+}
+
+// settleRefused stops a serving node whose settles the ledger refuses for
+// good (flush.SettlerOptions.OnRefused): every charge it takes from then on
+// can never be settled, and it was retried for ever while the node served.
+// It stops as a fenced node does; the other nodes take its accounts, and
+// its log keeps what it took for the remedy the error gives.
+func (n *Node) settleRefused(err error) {
+	n.ledgerRefused.Store(&err)
+	n.fenceWith(err, "the ledger refused this node's settle for good: its mark and this node's log disagree on what was settled "+
+		"(a ledger restored from a backup older than this node's log, or another cluster's ledger): this node can never settle what it takes, "+
+		"so it stops taking charges and exits without settling; the other nodes take its accounts. Follow the error's remedy", "err", err)
 }
 
 // ledgerFailed logs why reaching or using the ledger failed. What waiting
