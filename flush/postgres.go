@@ -166,11 +166,25 @@ func OpenPostgres(ctx context.Context, dsn string, opts PGOptions) (*Postgres, e
 	defer cancel()
 	if err := p.pool.Ping(pctx); err != nil {
 		p.pool.Close()
-		return nil, fmt.Errorf("%w: cannot connect to Postgres at %s: %s: check that the server is up and reachable from here, "+
-			"and the user, password, database name and sslmode in the DSN", ErrUnavailable, p.where, scrubPassword(err.Error(), dsn))
+		// NB: %w of a scrubbed error, not %s of its text: the server's
+		// SQLSTATE (28P01 a wrong password, 3D000 no such database) stays
+		// in the chain for WhatToCheck, whose advice for them was never
+		// reached.
+		return nil, fmt.Errorf("%w: cannot connect to Postgres at %s: %w: check that the server is up and reachable from here, "+
+			"and the user, password, database name and sslmode in the DSN", ErrUnavailable, p.where, scrubbedError{scrubPassword(err.Error(), dsn), err})
 	}
 	return p, nil
 }
+
+// scrubbedError is an error whose message had the DSN's password scrubbed
+// (scrubPassword), with the original kept for errors.As (its SQLSTATE).
+type scrubbedError struct {
+	msg   string
+	cause error
+}
+
+func (e scrubbedError) Error() string { return e.msg }
+func (e scrubbedError) Unwrap() error { return e.cause }
 
 // scrubPassword removes the DSN's password from a message, on top of pgx's
 // own best-effort redaction: in a URL's userinfo, after "password=", and

@@ -156,6 +156,10 @@ func WhatToCheck(err error) string {
 		return "the credentials in --ledger (user and password), and pg_hba.conf on the server"
 	case sqlInvalidCatalogName:
 		return "the database name in --ledger: the server has no such database"
+	case "53300": // too_many_connections
+		return "the server's connections are used up: raise its max_connections, or lower each node's pool (pool_max_conns in --ledger) so that nodes x pool fits"
+	case "57P03": // cannot_connect_now
+		return "the server is starting up or in recovery: wait for it, or point --ledger at the primary"
 	}
 	return "the --ledger address, the database's reachability from this host, and its credentials"
 }
