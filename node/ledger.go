@@ -103,16 +103,28 @@ func (n *Node) reachLedger(parent context.Context, beforeServing bool) (*reached
 		}
 	}
 	switch {
+	case errors.Is(err, flush.ErrSchemaTooNew) && !beforeServing:
+		// Reached late (it was down at start), migrated meanwhile by a
+		// newer build: this node can never settle into it. It was retried
+		// every 2 s for ever while the node took charges; it stops, as a
+		// fenced node does, its log keeping what it took for a newer
+		// quotad started on this data dir.
+		n.fenceWith(err, "the ledger, reached late (it was down when this node started), was migrated by a newer quotad: this node cannot settle into it, "+
+			"so it stops taking charges and exits; its log keeps what it took: start a newer quotad on this data dir (never roll back below the ledger's schema)", "err", err)
+		return nil, err
 	case errors.Is(err, flush.ErrSchemaTooNew):
-		// Waiting will not fix it: Start refuses to go on; retryLedger (the
-		// ledger was migrated while this node waited for it) says so again.
+		// Waiting will not fix it: Start refuses to go on.
 		n.log.Error("the ledger was migrated by a newer quotad: upgrade this node (never roll back below the ledger's schema)", "err", err)
 		return nil, err
 	case err != nil && ctx.Err() != nil:
 		return nil, err // stopping: not the ledger's fault
 	case err != nil:
-		n.log.Warn("ledger not reached; trying again", "err", err,
-			"what_to_check", flush.WhatToCheck(err))
+		// Once a minute at most, with the count held back: every 2 s (each
+		// try) filled the log of a node whose ledger stayed away.
+		if ok, held := n.unreachedLog.Allow(time.Now(), time.Minute); ok {
+			n.log.Warn("ledger not reached; trying again", "err", err,
+				"what_to_check", flush.WhatToCheck(err), "retry_every", n.cfg.LedgerRetry, "similar_lines_held_back", held)
+		}
 		return nil, err
 	}
 	// NB: before Register (which writes this node's heartbeat) and

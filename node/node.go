@@ -213,6 +213,8 @@ type Node struct {
 	// token, and refusedLog samples their log lines (rpcRefused).
 	rpcRefusedCalls atomic.Int64
 	refusedLog      logsample.Sampler
+	// unreachedLog samples "ledger not reached" (reachLedger).
+	unreachedLog logsample.Sampler
 	// rpcHandshakeFailures counts the TLS handshakes the RPC port failed,
 	// and handshakeLog samples their log lines (rpcHandshakeFailed).
 	rpcHandshakeFailures atomic.Int64

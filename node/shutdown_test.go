@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"log/slog"
 	"net/http"
@@ -795,5 +796,37 @@ func TestRefundsWhileTheWholeClusterDrains(t *testing.T) {
 	// Charges stay refused: a drained node takes none.
 	if _, err := n1.Router().Charge(ctx, router.ChargeRequest{Account: acct, Route: "GET /x", Units: 1}); !errors.Is(err, router.ErrUnavailable) {
 		t.Fatalf("a charge while the whole cluster drains: %v, want unavailable", err)
+	}
+}
+
+// A ledger first reached after the start (down then) and found migrated by
+// a newer quotad stops the node, which can never settle into it: it was
+// retried every LedgerRetry for ever while the node took charges.
+func TestLateLedgerFromANewerQuotadFencesTheNode(t *testing.T) {
+	ctx := context.Background()
+	dir, dsn := lateLedger(t)
+	db, err := sql.Open("sqlite", strings.TrimPrefix(dsn, "sqlite:"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec(`INSERT INTO schema_migrations (version, applied_at) VALUES (9999, 0)`); err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+	link := filepath.Join(dir, "link")
+	nd, err := Start(ctx, Config{ID: "n1", DataDir: filepath.Join(dir, "n1"), Ledger: "sqlite:" + filepath.Join(link, "l.db"),
+		RPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", AdminAddr: "127.0.0.1:0", GossipAddr: "127.0.0.1:0", RingPreset: ring.PresetLocal,
+		LedgerRetry: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nd.StopFenced(ctx)
+	if err := os.Symlink(filepath.Join(dir, "ledger"), link); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-nd.Fenced():
+	case <-time.After(10 * time.Second):
+		t.Fatal("a node that reached a ledger of a newer quotad late was not stopped")
 	}
 }

@@ -451,6 +451,8 @@ func waitConfig(ctx context.Context, dsn string, nodes []string, dial func(strin
 // call from 16 callers, so that the measured runs see owners that hold
 // reservations (steady state) rather than first charges.
 func warmAccounts(ctx context.Context, progress io.Writer, c pb.QuotaClient, accounts []string) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	t0 := time.Now()
 	next := make(chan int)
 	errc := make(chan error, 16)
@@ -484,10 +486,17 @@ func warmAccounts(ctx context.Context, progress io.Writer, c pb.QuotaClient, acc
 			errc <- nil
 		}()
 	}
+	// Every worker's answer, the first error kept: returning at the first
+	// left the producer and the other workers charging the cluster.
+	var first error
 	for w := 0; w < 16; w++ {
-		if err := <-errc; err != nil {
-			return err
+		if err := <-errc; err != nil && first == nil {
+			first = err
+			cancel() // the producer stops; the workers drain what is queued
 		}
+	}
+	if first != nil {
+		return first
 	}
 	fmt.Fprintf(progress, "warm-up: %d accounts charged once in %s\n", len(accounts), time.Since(t0).Round(time.Millisecond))
 	return nil
