@@ -768,7 +768,7 @@ func (n *Node) serve() error {
 	}
 	n.grpcSrv = grpc.NewServer(opts...)
 	pb.RegisterQuotaServer(n.grpcSrv, n.router.Server())
-	go n.grpcSrv.Serve(n.lis.rpc)
+	n.serveLogged("the RPC port (--rpc-addr)", func() error { return n.grpcSrv.Serve(n.lis.rpc) })
 	front := http.Handler(http.HandlerFunc(noFront))
 	if n.cfg.Front != nil {
 		h, err := n.cfg.Front(n)
@@ -796,17 +796,18 @@ func (n *Node) serve() error {
 		IdleTimeout: publicIdleTimeout, // a Prometheus scraper's or a dashboard's idle connection, as on the public port
 		ErrorLog:    slog.NewLogLogger(serverErrorLog(n.log.With("component", "admin-http")), slog.LevelWarn)}
 	for _, s := range []struct {
-		srv *http.Server
-		lis net.Listener
-		tls *tls.Config
-	}{{n.httpSrv, n.lis.http, n.httpTLS}, {n.admin, n.lis.admin, n.adminTLS}} {
+		srv  *http.Server
+		lis  net.Listener
+		tls  *tls.Config
+		what string
+	}{{n.httpSrv, n.lis.http, n.httpTLS, "the public port (--http-addr)"}, {n.admin, n.lis.admin, n.adminTLS, "the admin port (--admin-addr)"}} {
 		if s.tls == nil {
-			go s.srv.Serve(s.lis)
+			n.serveLogged(s.what, func() error { return s.srv.Serve(s.lis) })
 			continue
 		}
 		// ServeTLS offers HTTP/2 by ALPN along with HTTP/1.1.
 		s.srv.TLSConfig = s.tls
-		go s.srv.ServeTLS(s.lis, "", "")
+		n.serveLogged(s.what, func() error { return s.srv.ServeTLS(s.lis, "", "") })
 	}
 	return nil
 }
@@ -907,6 +908,20 @@ func (n *Node) goLoop(fn func(ctx context.Context)) {
 	go func() {
 		defer n.wg.Done()
 		fn(n.ctx)
+	}()
+}
+
+// serveLogged runs a server's Serve in a goroutine that ends when the
+// server is stopped or closed (the node's stop), and logs at ERROR why it
+// ended otherwise: the error was dropped, and a port that stopped
+// accepting (a failed accept) left the node saying it was ready.
+func (n *Node) serveLogged(what string, serve func() error) {
+	go func() {
+		err := serve()
+		if err == nil || errors.Is(err, http.ErrServerClosed) || errors.Is(err, grpc.ErrServerStopped) {
+			return
+		}
+		n.log.Error(what+" stopped serving: restart the node", "err", err)
 	}()
 }
 
