@@ -57,7 +57,10 @@ func TestRunChecksItsDirsFirst(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			var progress bytes.Buffer
 			cfg := tc.cfg
-			cfg.Nodes, cfg.Duration, cfg.Faults, cfg.Binary, cfg.Progress = 3, 20*time.Second, []Fault{Kill}, "/nonexistent/quotad", &progress
+			// NB: an executable --binary (this test's own): since a refused
+			// run keeps the earlier report, --binary is checked before the
+			// dirs, and a missing one was refused first.
+			cfg.Nodes, cfg.Duration, cfg.Faults, cfg.Binary, cfg.Progress = 3, 20*time.Second, []Fault{Kill}, os.Args[0], &progress
 			rep, err := Run(context.Background(), cfg)
 			if err == nil || rep != nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("Run: %v, %v; want no report and an error with %q", rep, err, tc.want)
