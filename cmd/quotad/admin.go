@@ -493,13 +493,10 @@ func oneID(what string) cobra.PositionalArgs {
 	}
 }
 
-// newID is oneID for the id of a plan or account to create or change: it
-// must also be one the admin API takes for a new one (snapshot.CheckID:
-// printable UTF-8 without spaces, slashes, format or control characters).
-// oneID alone serves the commands that look an id up, so that one stored
-// before the check can still be shown.
-//
-// newOrStoredID checks id, named what, as the admin API checks a new one,
+// newOrStoredID checks the id of a plan, account or grant to create or
+// change, named what, as the admin API checks a new one (snapshot.CheckID:
+// printable UTF-8 without spaces, slashes, format, control or blank
+// characters, in NFC),
 // before the call; an id the rules refuse is let through when the ledger
 // has it already (path answers 200, and stored, when set, says so of its
 // answer): one stored before a rule (an id in NFD, as macOS writes names)
