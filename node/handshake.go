@@ -17,7 +17,7 @@ import (
 // logger, which quotad does not install.
 
 // handshakeNotify wraps a server's transport credentials: each failed
-// handshake is told to failed with the caller's address.
+// handshake calls failed with the caller's address and the error.
 type handshakeNotify struct {
 	credentials.TransportCredentials
 	failed func(remote string, err error)
