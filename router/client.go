@@ -1191,24 +1191,21 @@ func (c *Client) refreshConfig(ctx context.Context) error {
 	return nil
 }
 
-// dialError classifies a failed Dial as the calls' errors are: the error
-// of ctx when it ended, ErrRejected when a node turned the client away (a
-// wrong RPC token: retrying cannot help) or a seed answered HTTP, not gRPC
-// (a node's public or admin port: retrying cannot help either), else
-// ErrUnavailable (no node answered: retry). A node's public HTTP port
-// dialled for its RPC port is named as such, with an upstream (asking for
-// an API key) or without (answering 404 problem+json).
+// dialError classifies a failed Dial (its error explained by
+// ExplainTLSMismatch) as the calls' errors are: the error of ctx when it
+// ended, ErrRejected when a node turned the client away (a wrong RPC
+// token: retrying cannot help) or a seed answered HTTP, not gRPC (a node's
+// public or admin port: retrying cannot help either), else ErrUnavailable
+// (no node answered: retry).
 func dialError(ctx context.Context, err error) error {
 	msg := err.Error()
+	_, public := publicPortAnswer(err)
 	switch {
 	case ctxEnded(ctx) != nil:
 		return err // it wraps ctx's error (firstAnswer)
-	case strings.Contains(msg, `received unexpected content-type "application/problem+json"`), anyRejected(err) && strings.Contains(msg, "API key"):
-		what := "answering 404 (a node without --upstream)"
-		if strings.Contains(msg, "API key") {
-			what = "asking for an API key"
-		}
-		return fmt.Errorf("%w: %w (the address answered as a node's public HTTP port, --http-addr, %s: dial the node's RPC port, --rpc-addr)", ErrRejected, err, what)
+	case public:
+		// ExplainTLSMismatch named the public port.
+		return fmt.Errorf("%w: %w", ErrRejected, err)
 	case strings.Contains(msg, "looked like an HTTP/1.1 header"), strings.Contains(msg, "received unexpected content-type"):
 		// ExplainTLSMismatch named the likely ports for HTTP/1.1.
 		return fmt.Errorf("%w: %w; the address answered HTTP, not gRPC: dial the node's RPC port, --rpc-addr (retrying cannot help)", ErrRejected, err)
@@ -1216,6 +1213,20 @@ func dialError(ctx context.Context, err error) error {
 		return fmt.Errorf("%w: %w; fix what it names (DialOptions.Token for the nodes' --rpc-token, the nodes' versions): retrying cannot help", ErrRejected, err)
 	}
 	return fmt.Errorf("%w: %w", ErrUnavailable, err)
+}
+
+// publicPortAnswer reports whether err is a node's public HTTP port
+// answering a gRPC call (dialled for its RPC port), and how: with an
+// upstream, asking for an API key; without, answering 404 problem+json.
+func publicPortAnswer(err error) (what string, ok bool) {
+	msg := err.Error()
+	if !strings.Contains(msg, `received unexpected content-type "application/problem+json"`) && !(anyRejected(err) && strings.Contains(msg, "API key")) {
+		return "", false
+	}
+	if strings.Contains(msg, "API key") {
+		return "asking for an API key", true
+	}
+	return "answering 404 (a node without --upstream)", true
 }
 
 // anyRejected reports whether err, or any error joined in it (one per node
@@ -1243,12 +1254,16 @@ func ExplainTLSMismatch(err error, withTLS bool) error {
 		return nil
 	}
 	msg := err.Error()
+	if what, ok := publicPortAnswer(err); ok {
+		return fmt.Errorf("%w (the address answered as a node's public HTTP port, --http-addr, %s: dial the node's RPC port, --rpc-addr)", err, what)
+	}
 	switch {
 	case strings.Contains(msg, "looked like an HTTP/1.1 header"):
 		return fmt.Errorf("%w (the address answered HTTP/1.1, not gRPC: it is likely a node's public or admin port, --http-addr or --admin-addr; dial the node's RPC port, --rpc-addr)", err)
 	case !withTLS && strings.Contains(msg, "error reading server preface: http2: frame too large"):
-		// What a node's gossip port with a --gossip-key answers gRPC.
-		return fmt.Errorf("%w (the address answered, but not gRPC: it is likely a node's gossip port, --gossip-addr; dial the node's RPC port, --rpc-addr)", err)
+		// What a node's gossip port with a --gossip-key answers gRPC, and
+		// its admin port (an HTTP/1.1 answer read as a frame).
+		return fmt.Errorf("%w (the address answered, but not gRPC: it is likely a node's gossip port, --gossip-addr, or its admin port, --admin-addr; dial the node's RPC port, --rpc-addr)", err)
 	case !withTLS && strings.Contains(msg, "error reading server preface"):
 		// A node's gossip port without a --gossip-key closes the
 		// connection the same way: the two cannot be told apart.

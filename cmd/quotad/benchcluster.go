@@ -204,7 +204,7 @@ func runBenchCluster(ctx context.Context, out, progress io.Writer, f benchCluste
 		defer embedded.Close()
 	} else if f.mode == "direct" {
 		if owners, err = ownerTable(ctx, first); err != nil {
-			return explainPort(err, f.nodes[0])
+			return router.ExplainTLSMismatch(err, tlsConf != nil)
 		}
 		for _, a := range accounts {
 			if _, err := dial(owners(a)); err != nil {
@@ -214,7 +214,7 @@ func runBenchCluster(ctx context.Context, out, progress io.Writer, f benchCluste
 	}
 	if f.warm {
 		if err := warmAccounts(ctx, progress, first, accounts); err != nil {
-			return explainPort(router.ExplainTLSMismatch(err, tlsConf != nil), f.nodes[0])
+			return router.ExplainTLSMismatch(err, tlsConf != nil)
 		}
 	}
 	client := f.client
@@ -326,22 +326,6 @@ func embeddedCall(ctx context.Context, c *router.Client, account string) error {
 		return fmt.Errorf("refused: %s", res.Reason)
 	}
 	return nil
-}
-
-// explainPort adds to a call's error the likely mistake when addr answered
-// as a node's HTTP port, not its RPC port, as the embedded client's Dial
-// does: through the public port the front asked for an API key, which read
-// as a missing key, and the admin port's HTTP/1 answer read as "frame too
-// large".
-func explainPort(err error, addr string) error {
-	msg := err.Error()
-	switch {
-	case strings.Contains(msg, "application/problem+json"), strings.Contains(msg, "API key"):
-		return fmt.Errorf("%w (%s answered as a node's public HTTP port, --http-addr: give --nodes the nodes' RPC ports, --rpc-addr)", err, addr)
-	case strings.Contains(msg, "frame too large"), strings.Contains(msg, "looked like an HTTP/1.1 header"), strings.Contains(msg, "unexpected content-type"):
-		return fmt.Errorf("%w (%s answered HTTP, not gRPC: a node's admin or public port; give --nodes the nodes' RPC ports, --rpc-addr)", err, addr)
-	}
-	return err
 }
 
 // ownerTable reads the ring from a node: account -> owner RPC address.

@@ -174,17 +174,23 @@ func TestBenchDirectCallsOwnersAtOnce(t *testing.T) {
 	}
 }
 
-// The RPC client at a node's HTTP port is told so: through the public port
-// the front asked for an API key, which read as a key missing.
+// The RPC client at a node's HTTP ports is told so, as the embedded
+// client's Dial is (router.ExplainTLSMismatch): through the public port the
+// front's answer read as a key missing, and the admin port's as "frame too
+// large" with no hint.
 func TestBenchClusterExplainsAWrongPort(t *testing.T) {
-	for msg, want := range map[string]string{
-		"warm-up: rpc error: code = Unauthenticated desc = Unknown API key: No API key was sent": "answered as a node's public HTTP port",
-		"ring view: rpc error: code = Unavailable desc = http2: frame too large":                 "answered HTTP, not gRPC",
-		"rpc error: code = Unavailable desc = connection refused":                                "",
+	n := startAdminTestNode(t)
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--nodes", n.HTTPAddr()}, "answered as a node's public HTTP port, --http-addr"},
+		{[]string{"--nodes", n.HTTPAddr(), "--mode", "direct"}, "answered as a node's public HTTP port, --http-addr"},
+		{[]string{"--nodes", n.AdminAddr(), "--mode", "direct"}, "--admin-addr; dial the node's RPC port, --rpc-addr"},
 	} {
-		got := explainPort(errors.New(msg), "127.0.0.1:8080").Error()
-		if want == "" && got != msg || want != "" && !strings.Contains(got, want) {
-			t.Errorf("%q -> %q, want it to say %q", msg, got, want)
+		_, err := runQuotad(t, append([]string{"bench", "cluster", "--accounts", "10", "--concurrency", "1", "--duration", "1s"}, c.args...)...)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("bench cluster %v: %v, want it to say %q", c.args, err, c.want)
 		}
 	}
 }
