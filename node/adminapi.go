@@ -267,13 +267,7 @@ func unstorable(s string) string {
 // every escape.
 func jsonTextProblem(data []byte) string {
 	if !utf8.Valid(data) {
-		for i := 0; i < len(data); {
-			r, n := utf8.DecodeRune(data[i:])
-			if r == utf8.RuneError && n == 1 {
-				return fmt.Sprintf("byte %d (0x%02X) is not UTF-8: send the text as UTF-8", i+1, data[i])
-			}
-			i += n
-		}
+		return unstorable(string(data)) + ": send the text as UTF-8" // NB: a raw NUL is no JSON, refused before
 	}
 	hex4 := func(i int) (rune, bool) { // the \uXXXX escape at data[i:], if any
 		if i+6 > len(data) || data[i] != '\\' || data[i+1] != 'u' {
