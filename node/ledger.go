@@ -211,10 +211,19 @@ func (n *Node) useLedger(ctx context.Context, p *reachedLedger, beforeServing bo
 // It stops as a fenced node does; the other nodes take its accounts, and
 // its log keeps what it took for the remedy the error gives.
 func (n *Node) settleRefused(err error) {
+	n.fenceMarkConflict(err, "by a settle while it served (a ledger restored from a backup older than this node's log, or another cluster's ledger)")
+}
+
+// fenceMarkConflict stops a serving node whose log and ledger disagree on
+// what was settled (flush.ErrMarkConflict), found as found says: every
+// charge it takes from here on gets a sequence number the ledger settled
+// for another, and is billed only by hand. It stops, as a fenced node does,
+// and the other nodes take its accounts.
+func (n *Node) fenceMarkConflict(err error, found string) {
 	n.ledgerRefused.Store(&err)
-	n.fenceWith(err, "the ledger refused this node's settle for good: its mark and this node's log disagree on what was settled "+
-		"(a ledger restored from a backup older than this node's log, or another cluster's ledger): this node can never settle what it takes, "+
-		"so it stops taking charges and exits without settling; the other nodes take its accounts. Follow the error's remedy", "err", err)
+	n.fenceWith(err, "the ledger and this node's log disagree on what was settled, found "+found+
+		": this node can never settle what it takes, so it stops taking charges and exits "+
+		"without settling; the other nodes take its accounts. Follow the error's remedy", "err", err)
 }
 
 // ledgerFailed logs why reaching or using the ledger failed. What waiting
@@ -243,19 +252,14 @@ func (n *Node) ledgerFailed(err error, beforeServing bool) {
 			"its log keeps what it took, unsettled, for a start with the right --ledger", "err", err)
 	case errors.Is(err, flush.ErrMarkConflict):
 		// Retrying will not fix it; the records stay in the log, unsettled.
-		n.ledgerRefused.Store(&err)
 		if beforeServing {
+			n.ledgerRefused.Store(&err)
 			n.log.Error("the ledger and this node's log disagree on what was settled: nothing is marked settled; follow the error's remedy", "err", err)
 			return
 		}
-		// Serving already (the ledger was down at start): every charge it
-		// takes from here on gets a sequence number the ledger settled for
-		// another, and is billed only by hand; its allowances are the
-		// copy's, which the ledger may no longer back. It stops, as a
-		// fenced node does, and the other nodes take its accounts.
-		n.fenceWith(err, "the ledger and this node's log disagree on what was settled, found when the ledger was first reached "+
-			"(it was down when this node started): this node can never settle what it takes, so it stops taking charges and exits "+
-			"without settling; the other nodes take its accounts. Follow the error's remedy", "err", err)
+		// Serving already (the ledger was down at start); its allowances
+		// are the copy's, which the ledger may no longer back.
+		n.fenceMarkConflict(err, "when the ledger was first reached (it was down when this node started)")
 	default:
 		n.log.Warn("ledger reached but not usable yet", "err", err)
 	}
