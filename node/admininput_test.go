@@ -263,12 +263,15 @@ func TestAdminAPIGrantRetryAfterItLapsed(t *testing.T) {
 	clock := engine.NewManualClock(time.Now())
 	dsn := "sqlite:" + filepath.Join(t.TempDir(), "ledger.db")
 	nd := startNodesWith(t, dsn, func(c *Config) { c.AdminToken, c.Clock = testAdminToken, clock })[0]
-	for path, body := range map[string]map[string]any{
-		"/admin/v1/plans/pro":     {"monthly_quota": 100, "hard": true},
-		"/admin/v1/accounts/acme": {"plan": "pro"},
+	for _, put := range []struct {
+		path string
+		body map[string]any
+	}{ // NB: in order: the plan before the account on it
+		{"/admin/v1/plans/pro", map[string]any{"monthly_quota": 100, "hard": true}},
+		{"/admin/v1/accounts/acme", map[string]any{"plan": "pro"}},
 	} {
-		if status, raw := adminCall(t, nd, testAdminToken, "PUT", path, body, nil); status != 200 {
-			t.Fatalf("PUT %s: %d %s", path, status, raw)
+		if status, raw := adminCall(t, nd, testAdminToken, "PUT", put.path, put.body, nil); status != 200 {
+			t.Fatalf("PUT %s: %d %s", put.path, status, raw)
 		}
 	}
 	expires := time.Unix(0, clock.Now().Wall).Add(time.Hour).UTC().Format(time.RFC3339)
