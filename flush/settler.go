@@ -82,7 +82,7 @@ type Settler struct {
 	log  logView
 	node string
 	inc  string
-	mu   sync.Mutex // serialises SettleOnce; protects lastBeat, limit, regrow and downSince
+	mu   sync.Mutex // serialises SettleOnce; protects lastBeat, limit, regrow, growBelow and downSince
 	// refused runs OnRefused once.
 	refused sync.Once
 	// lastBeat is when this node last wrote its heartbeat to the ledger
@@ -91,14 +91,21 @@ type Settler struct {
 	// limit is the records of one settle: MaxBatch, halved (down to
 	// minBatch) each time the ledger cancels a settle for taking too long.
 	limit int
-	// regrow says limit was cut by settles that timed out on our side
-	// (CallTimeout), not by the ledger's statement_timeout: it doubles
-	// back towards MaxBatch after each quick settle, since a ledger that
-	// hung for a minute is not slow for ever.
-	regrow  bool
-	failed  atomic.Int64
-	lastOK  atomic.Int64 // stamp of the last successful settle
-	lastErr atomic.Int64 // stamp of the last failed one
+	// regrow says limit was cut by a settle that timed out, on our side
+	// (CallTimeout) or the ledger's (statement_timeout): it doubles back
+	// towards MaxBatch after each settle quicker than growBelow, since a
+	// ledger that hung for a minute is not slow for ever, and a role's
+	// statement_timeout can be raised, or its cancel have been one
+	// statement's wait on a lock.
+	regrow bool
+	// growBelow is a quarter of how long the settle that cut limit took
+	// before it was cancelled (about the timeout that cancelled it): a
+	// settle of limit records quicker than that can double and still end
+	// before that timeout.
+	growBelow time.Duration
+	failed    atomic.Int64
+	lastOK    atomic.Int64 // stamp of the last successful settle
+	lastErr   atomic.Int64 // stamp of the last failed one
 	// beatOK and beatErr are the stamps of the last heartbeat (or settle)
 	// that reached the ledger and of the last heartbeat that did not: an
 	// idle node learns that the ledger is down from its heartbeats only.
@@ -502,7 +509,7 @@ func (s *Settler) settleBatch(ctx context.Context) (n int, more bool, err error)
 	if next >= mark.seq {
 		b.DrainedAt = mark.at.Add(-drainSlack)
 	}
-	t0 := time.Now()
+	t0 := s.opts.Now()
 	s.log.NoteSettleSent(next)
 	var res SettleResult
 	err = s.call(ctx, "settle", func(ctx context.Context) error {
@@ -516,7 +523,7 @@ func (s *Settler) settleBatch(ctx context.Context) (n int, more bool, err error)
 		return err
 	})
 	rep := SettleReport{Records: int(next - prev), Charges: len(b.Charges), Duplicates: len(res.Duplicates),
-		Applied: res.Applied, Took: time.Since(t0), RoundTrips: res.RoundTrips, Err: err}
+		Applied: res.Applied, Took: s.opts.Now().Sub(t0), RoundTrips: res.RoundTrips, Err: err}
 	if errors.Is(err, ErrMarkConflict) {
 		var mark uint64
 		rerr := s.call(ctx, "settle", func(ctx context.Context) (err error) {
@@ -540,20 +547,21 @@ func (s *Settler) settleBatch(ctx context.Context) (n int, more bool, err error)
 		case statementTimedOut(err) && s.limit > minBatch:
 			// A role's statement_timeout shorter than one settle failed the
 			// same range at the same size for ever.
-			s.limit, s.regrow = max(minBatch, s.limit/2), false
+			s.limit, s.regrow, s.growBelow = max(minBatch, s.limit/2), true, rep.Took/4
 			s.opts.Logger.Warn("the ledger cancelled a settle for taking too long (its statement_timeout?): settling in smaller batches",
-				"records", next-prev, "batch", s.limit, "what_to_do", "raise statement_timeout for the nodes' role, or leave it: smaller batches cost more round trips")
+				"records", next-prev, "took", rep.Took.Round(time.Millisecond), "batch", s.limit,
+				"what_to_do", "raise statement_timeout for the nodes' role, or leave it: smaller batches cost more round trips, and the batch grows back after settles quicker than a quarter of that")
 		case CallTimedOut(err) && s.limit > minBatch:
 			// The same for our own bound: a ledger slow rather than hung
 			// gets through in smaller batches.
-			s.limit, s.regrow = max(minBatch, s.limit/2), true
+			s.limit, s.regrow, s.growBelow = max(minBatch, s.limit/2), true, s.opts.CallTimeout/4
 		}
 		return 0, false, fmt.Errorf("flush: settle (%d, %d] of node %s: %w", prev, next, s.node, err)
 	}
 	if next >= mark.seq {
 		s.drain = drainMark{} // claimed: the next round takes a new one
 	}
-	if s.regrow && rep.Took < s.opts.CallTimeout/4 {
+	if s.regrow && rep.Took < s.growBelow {
 		s.limit = min(s.opts.MaxBatch, 2*s.limit)
 		s.regrow = s.limit < s.opts.MaxBatch
 	}

@@ -260,6 +260,58 @@ func TestSettlerShrinksBatchesTheLedgerTimesOut(t *testing.T) {
 	}
 }
 
+// stallLedger is a ledger on a clock of its own: a settle takes perRecord
+// a record, but the next stalls ones wait on a lock until the server's
+// statement_timeout (timeout) cancels them.
+type stallLedger struct {
+	Ledger
+	perRecord, timeout time.Duration
+	stalls             int
+	now                atomic.Int64 // ns since the clock's zero
+	settled            []uint64     // the sizes it took
+}
+
+func (l *stallLedger) Settle(_ context.Context, b *Batch) (SettleResult, error) {
+	if l.stalls > 0 {
+		l.stalls--
+		l.now.Add(int64(l.timeout))
+		return SettleResult{}, &pgconn.PgError{Code: "57014", Message: "canceling statement due to statement timeout"}
+	}
+	l.now.Add(int64(time.Duration(b.Next-b.Prev) * l.perRecord))
+	l.settled = append(l.settled, b.Next-b.Prev)
+	return SettleResult{Applied: true}, nil
+}
+
+func (l *stallLedger) clock() time.Time { return time.Unix(0, l.now.Load()) }
+
+// Two settles cancelled by the role's statement_timeout while they waited
+// on a lock (a migration's, say) cut the batch to a quarter, and it stayed
+// there until the node restarted (a backlog of millions settled 1,000
+// records a round trip). It grows back, doubling after each settle that
+// took less than a quarter of the time the cancelled one ran.
+func TestSettlerGrowsBatchesBackAfterAStatementTimeout(t *testing.T) {
+	ctx := context.Background()
+	sq, e := ledgerRig(t, nil)
+	log := e.Log()
+	l := &stallLedger{Ledger: sq, perRecord: 10 * time.Microsecond, timeout: time.Second, stalls: 2}
+	s, err := NewSettler(SettlerOptions{Ledger: l, Engine: e, MaxBatch: 8000, Now: l.clock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	appendCharges(t, e, 30000)
+	for try := 0; log.SettledSeq() < 30000; try++ {
+		if try == 20 {
+			t.Fatalf("settled to %d of 30000 after 20 tries, in batches of %v", log.SettledSeq(), l.settled)
+		}
+		_, _ = s.SettleOnce(ctx)
+	}
+	// 2,000 records take 20 ms, under a quarter of the second the
+	// cancelled settles ran: the next one doubles, and so on to MaxBatch.
+	if want := []uint64{2000, 4000, 8000, 8000, 8000}; !slices.Equal(l.settled, want) {
+		t.Fatalf("batches %v, want %v (8000 halved twice, then doubled back)", l.settled, want)
+	}
+}
+
 // downLedger fails every call of RegisterNode (a heartbeat) while down.
 type downLedger struct {
 	Ledger
