@@ -2,11 +2,13 @@ package flush
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"sync/atomic"
 	"time"
 
 	"github.com/quotaring/quotaring/engine"
+	"github.com/quotaring/quotaring/internal/logsample"
 	"github.com/quotaring/quotaring/snapshot"
 )
 
@@ -17,10 +19,18 @@ type Refresher struct {
 	Ledger   Ledger
 	Engine   *engine.Engine
 	Interval time.Duration // default 3 s
-	Logger   *slog.Logger
+	// Timeout bounds each read of the loop (default DefaultRefreshTimeout):
+	// without it a read that hung (a lock on a config table, a connection
+	// to a server gone without a word) stopped the loop for good, and the
+	// node enforced its last snapshot for the rest of its life.
+	Timeout time.Duration
+	Logger  *slog.Logger
 
 	lastOK atomic.Int64
 	errors atomic.Int64
+	// failLog samples the loop's failure warnings (a WARN every Interval
+	// flooded the log through an outage).
+	failLog logsample.Sampler
 	// warned is the route weights version whose unmatchable patterns were
 	// logged.
 	warned atomic.Int64
@@ -76,10 +86,22 @@ func (r *Refresher) LastSuccess() time.Time {
 // Errors counts failed refreshes.
 func (r *Refresher) Errors() int64 { return r.errors.Load() }
 
+// DefaultRefreshTimeout bounds a read of the config snapshot by the loop
+// (Refresher.Timeout): a snapshot of a million accounts and keys reads in a
+// few seconds.
+const DefaultRefreshTimeout = time.Minute
+
+// refreshFailEvery is how often the loop logs a failed refresh: the first
+// at once, then one a minute with the count held back.
+const refreshFailEvery = time.Minute
+
 // Start runs the loop until Close.
 func (r *Refresher) Start() {
 	if r.Interval <= 0 {
 		r.Interval = 3 * time.Second
+	}
+	if r.Timeout <= 0 {
+		r.Timeout = DefaultRefreshTimeout
 	}
 	if r.Logger == nil {
 		r.Logger = slog.New(slog.DiscardHandler)
@@ -95,9 +117,7 @@ func (r *Refresher) Start() {
 			case <-ctx.Done():
 				return
 			case <-t.C:
-				if err := r.RefreshOnce(ctx); err != nil && ctx.Err() == nil {
-					r.Logger.Warn("config snapshot refresh failed; serving the last good one", "err", err)
-				}
+				r.refreshLogged(ctx)
 			}
 		}
 	}()
@@ -108,5 +128,27 @@ func (r *Refresher) Close() {
 	if r.cancel != nil {
 		r.cancel()
 		<-r.done
+	}
+}
+
+// refreshLogged is one round of the loop: RefreshOnce within Timeout, a
+// failure logged (sampled) with how old the snapshot in use is.
+func (r *Refresher) refreshLogged(ctx context.Context) {
+	cctx, cancel := context.WithTimeout(ctx, r.Timeout)
+	defer cancel()
+	err := r.RefreshOnce(cctx)
+	if err == nil || ctx.Err() != nil {
+		return
+	}
+	if cctx.Err() != nil {
+		err = fmt.Errorf("no snapshot within %s, cancelled: %w", r.Timeout, err)
+	}
+	if ok, held := r.failLog.Allow(time.Now(), refreshFailEvery); ok {
+		age := "none read yet"
+		if t := r.LastSuccess(); !t.IsZero() {
+			age = time.Since(t).Round(time.Second).String()
+		}
+		r.Logger.Warn("config snapshot refresh failed; serving the last good one (plans, accounts, keys and route weights changed since are not enforced here)",
+			"err", err, "snapshot_age", age, "similar_lines_held_back", held)
 	}
 }

@@ -6,7 +6,13 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
+
+	"github.com/quotaring/quotaring/internal/logbuf"
+	"github.com/quotaring/quotaring/internal/waitfor"
+	"github.com/quotaring/quotaring/snapshot"
 )
 
 // A route table stored before SetRoutes refused unmatchable patterns is
@@ -39,5 +45,40 @@ func TestRefresherWarnsOfUnmatchableRoutes(t *testing.T) {
 	out.Reset()
 	if err := r.RefreshOnce(ctx); err != nil || out.Len() != 0 {
 		t.Fatalf("refresh of a clean table: %v, logged %q", err, out.String())
+	}
+}
+
+// hungSnapshotLedger's Snapshot hangs until its caller gives up.
+type hungSnapshotLedger struct {
+	Ledger
+	calls atomic.Int64
+}
+
+func (l *hungSnapshotLedger) Snapshot(ctx context.Context, _ time.Time) (*snapshot.Snapshot, error) {
+	l.calls.Add(1)
+	<-ctx.Done()
+	return nil, ctx.Err()
+}
+
+// A snapshot read that hung (a lock on a config table, a connection to a
+// server gone without a word) stopped the loop for good: the node enforced
+// its last config for the rest of its life, without a word in the log. Each
+// read is bounded, the loop goes on, and the failures are logged once a
+// minute, with the snapshot's age.
+func TestRefresherGivesUpOnAHungRead(t *testing.T) {
+	sq, e := ledgerRig(t, nil)
+	l := &hungSnapshotLedger{Ledger: sq}
+	var out logbuf.Buffer
+	r := &Refresher{Ledger: l, Engine: e, Interval: time.Millisecond, Timeout: 5 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(&out, nil))}
+	r.Start()
+	defer r.Close()
+	waitfor.Cond(t, 10*time.Second, "three snapshot reads", func() bool { return l.calls.Load() >= 3 })
+	r.Close()
+	if n := r.Errors(); n < 2 {
+		t.Fatalf("%d failed refreshes counted, want each hung read", n)
+	}
+	log := out.String()
+	if n := strings.Count(log, "level=WARN"); n != 1 || !strings.Contains(log, "no snapshot within 5ms") || !strings.Contains(log, "snapshot_age=\"none read yet\"") {
+		t.Fatalf("%d warnings, want 1 naming the bound and the snapshot's age:\n%s", n, log)
 	}
 }

@@ -567,6 +567,25 @@ func (n *Node) Settler() *flush.Settler {
 	return n.settler
 }
 
+// configRead is when this node last read its config snapshot from the
+// ledger (plans, accounts, keys, route weights), zero if it has read none:
+// changes made since are not enforced here.
+func (n *Node) configRead() time.Time {
+	n.mu.Lock()
+	r := n.refresher
+	n.mu.Unlock()
+	if r == nil {
+		return time.Time{}
+	}
+	return r.LastSuccess()
+}
+
+// configStale says a config snapshot of age (or none, since the start that
+// long ago) is older than a few failed refreshes: the status page marks it.
+func (n *Node) configStale(age time.Duration) bool {
+	return age > max(30*time.Second, 10*n.cfg.SnapshotInterval)
+}
+
 // SettleNow settles what is durable now (tests and shutdown).
 func (n *Node) SettleNow(ctx context.Context) (int, error) {
 	s := n.Settler()

@@ -167,6 +167,14 @@ func newMetrics(n *Node) *metrics {
 			}
 			return time.Since(last).Seconds()
 		}),
+		gauge("quotaring_config_snapshot_age_seconds", "Seconds since this node last read its config snapshot (plans, accounts, keys, route weights) from the ledger, every --snapshot-interval (3 s); since start if it has read none. Changes made since are not enforced by this node.",
+			func() float64 {
+				last := n.configRead()
+				if last.IsZero() {
+					last = n.started
+				}
+				return time.Since(last).Seconds()
+			}),
 		gauge("quotaring_clock_offset_seconds", "The clock this node bills by minus the ledger's (the Postgres server's) at the last check, every 15 s: each node decides the month from its own.",
 			func() float64 { return time.Duration(n.clockOffset.Load()).Seconds() }),
 		gauge("quotaring_clock_max_offset_seconds", "This node's clock tolerance (--max-clock-offset): past it the node warns about its offset from the ledger's clock, holds against a step, or takes the ledger's time. The alert rules compare the offset with it.",

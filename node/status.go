@@ -90,6 +90,8 @@ type statusData struct {
 	LedgerValue    string // up, down, not reached
 	LedgerState    string // what it means
 	LedgerOK       bool
+	ConfigAge      string // since the config snapshot was read
+	ConfigStale    bool
 	Charges        int64
 	Refused        int64
 	Refunds        int64
@@ -226,6 +228,11 @@ func (n *Node) statusData(ctx context.Context) *statusData {
 	}
 	if d.LastSettle == "" {
 		d.LastSettle = "none yet"
+	}
+	if t := n.configRead(); !t.IsZero() {
+		d.ConfigAge, d.ConfigStale = since(now, t)+" ago", n.configStale(now.Sub(t))
+	} else {
+		d.ConfigAge, d.ConfigStale = "none yet", n.configStale(now.Sub(n.started))
 	}
 	d.SettleLag = "0 s"
 	if d.Unsettled > 0 {

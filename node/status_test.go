@@ -156,7 +156,7 @@ func TestStatusPage(t *testing.T) {
 	checkStatusHTML(t, page, f, nd)
 	// Each node's clock verdict: this one's, at least, is known by now
 	// (Start checks the clock before it takes accounts).
-	for _, s := range []string{"quotad " + nd.build.Short() + " ·", "Unsettled log", "Settle lag", "Reservations in the ledger", "holds", "internal ports <span class=\"bad\"", "<th>clock</th>", "<span>agrees</span>"} {
+	for _, s := range []string{"quotad " + nd.build.Short() + " ·", "Unsettled log", "Settle lag", "config read ", "Reservations in the ledger", "holds", "internal ports <span class=\"bad\"", "<th>clock</th>", "<span>agrees</span>"} {
 		if !strings.Contains(page, s) {
 			t.Errorf("the page lacks %q", s)
 		}
