@@ -130,3 +130,80 @@ func TestRestartedAccountTakesTheLedgersUse(t *testing.T) {
 	}
 	n1.charge("a1", 95)
 }
+
+// A node killed while it owned a1 comes back with its data dir, and with
+// it its memory of client id K, charged there (60 of a hard 100). Meanwhile
+// n2 owned a1, refunded K's attempt (its upstream failed) and charged the
+// freed units. A retry of K at the restarted n1 is answered Replayed from
+// that memory, spending nothing; the ledger billed the replay again, and
+// the account stood at 120 used of 100. It is served, but billed again
+// only within the limit: here not at all (G1).
+func TestAStaleReplayAfterARestartStaysWithinTheHardLimit(t *testing.T) {
+	ctx := context.Background()
+	o := newTwoOwners(t, "a1")
+	n1, n2 := o.n1, o.n2
+	k := shard.Charge{Route: "r", Units: 60, EventID: "K", ClientID: true}
+	res, err := n1.e.Charge(ctx, "a1", k)
+	if err != nil || res.Reason != shard.OK {
+		t.Fatalf("charge K: %s, %v", res.Reason, err)
+	}
+	n1.settle()
+	n1.close() // killed while it owns a1
+	o.owns1.Store(false)
+
+	o.owns2.Store(true)
+	n2.openOwning(&o.owns2)
+	n2.refresh()
+	n1.clock.Advance(time.Minute)
+	if d, err := n2.e.Refund(ctx, "a1", "K", res.Receipt); err != nil || d.Reason != shard.Refunded {
+		t.Fatalf("refund K at n2: %s, %v", d.Reason, err)
+	}
+	n2.settle()
+	n2.refresh()
+	gs, err := n2.l.Grants(ctx, "a1")
+	if err != nil || len(gs) != 1 {
+		t.Fatalf("grants of a1: %+v, %v", gs, err)
+	}
+	free := gs[0].Units - gs[0].Used - gs[0].Reserved // n1's frozen reservation aside
+	if free < 60 {
+		t.Fatalf("%d units free after K's refund, want its 60 at least: %+v", free, gs[0])
+	}
+	if r, err := n2.e.Charge(ctx, "a1", shard.Charge{Route: "r", Units: free}); err != nil || r.Reason != shard.OK {
+		t.Fatalf("n2 charging the %d free units: %s, %v", free, r.Reason, err)
+	}
+	n2.settle()
+	o.owns2.Store(false)
+	if err := n2.e.Release(ctx, "a1"); err != nil {
+		t.Fatal(err)
+	}
+	n2.settle()
+	n2.close()
+
+	// n1 restarts with its data dir, as a node does: settle, zero, free,
+	// refresh; then a retry of K reaches it.
+	o.owns1.Store(true)
+	n1.openOwning(&o.owns1)
+	t.Cleanup(n1.close)
+	n1.settle()
+	if err := n1.e.ZeroAllowances(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := n1.l.ReleaseNode(ctx, "n1"); err != nil {
+		t.Fatal(err)
+	}
+	n1.refresh()
+	n1.clock.Advance(time.Minute)
+	if again, err := n1.e.Charge(ctx, "a1", k); err != nil || again.Reason != shard.Replayed {
+		t.Logf("retry of K at the restarted n1: %s, %v (the test expects the stale Replayed it guards against)", again.Reason, err)
+	}
+	n1.settle()
+	gs, err = n1.l.Grants(ctx, "a1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, g := range gs {
+		if g.Used+g.Reserved > g.Units {
+			t.Errorf("grant %s: used %d + reserved %d over its %d units: the stale replay was billed past the hard limit", g.Grant, g.Used, g.Reserved, g.Units)
+		}
+	}
+}

@@ -48,6 +48,7 @@ func RunConformance(t *testing.T, open func(t *testing.T) Ledger) {
 		{"KeyUsedAgainNextMonth", confKeyUsedAgainNextMonth},
 		{"RefundedRetryAcrossMonths", confRefundedAcrossMonths},
 		{"ReplayAfterRetryMovedMonths", confReplayAfterMove},
+		{"ReplayBilledAgainOnlyWithinAHardLimit", confReplayWithinHardLimit},
 		{"RefundsOfOneRowFromTwoMonths", confRefundsOfOneRowFromTwoMonths},
 		{"RefundBeforeATakeBackInOneBatch", confRefundBeforeTakeBack},
 		{"ReleasedRefundOfAnUnbilledRetry", confReleasedRefundOfUnbilledRetry},
@@ -1320,6 +1321,56 @@ func confReplayAfterMove(t *testing.T, l Ledger) {
 	}
 	if n, err := counter.waitingTakeBacks(t.Context()); err != nil || n != 0 {
 		t.Errorf("waiting take-backs: %d, %v; want 0 (node-a's replay and its take-back both settled)", n, err)
+	}
+	wantReconciled(t, l)
+}
+
+// A replay of an event refunded elsewhere bills it again (the retry was
+// served) only while the hard limit has those units free: node-a charged e1
+// (60 of 100), was cut off or restarted, and node-b refunded e1's attempt,
+// so the ledger freed its units and node-b reserved them. Node-a, its dedup
+// memory stale, answered a retry of e1 Replayed, spending nothing: billed
+// again, the account used 60 + 100 reserved of 100. Not billed, the retry
+// was served for free, and the limit holds (G1). With the units free
+// (e2: node-b reserved only 40), the replay bills as before.
+func confReplayWithinHardLimit(t *testing.T, l Ledger) {
+	ctx := t.Context()
+	confSetup(t, l, 100, "acct-1", "acct-2")
+	a, b := confNode(t, l, "node-a"), confNode(t, l, "node-b")
+	for _, c := range []struct {
+		account, event string
+		reserveB       int64 // what node-b reserves after the refund
+		billed         bool
+	}{
+		{"acct-1", "e1", 100, false},
+		{"acct-2", "e2", 40, true},
+	} {
+		if _, err := l.Reserve(ctx, "node-a", ReserveRequest{Account: c.account, Wall: confWallTime(), Need: 60}); err != nil {
+			t.Fatal(err)
+		}
+		a.settle(t, chargeOf(c.account, c.event, 60, confJune).withReserved())
+		b.settle(t, refundOf(c.account, c.event, 60, confJune).attempt().chargedBy("node-a"))
+		if res, err := l.Reserve(ctx, "node-b", ReserveRequest{Account: c.account, Wall: confWallTime(), Need: c.reserveB}); err != nil || len(res.Granted) == 0 {
+			t.Fatalf("node-b reserving %d of %s after the refund: %+v, %v", c.reserveB, c.account, res, err)
+		}
+		res := a.settle(t, replayOf(c.account, c.event))
+		used, unbilled := int64(0), 1
+		if c.billed {
+			used, unbilled = 60, 0
+		}
+		if len(res.UnbilledReplays) != unbilled {
+			t.Errorf("%s: the replay's settle reports %d unbilled replays (%+v), want %d", c.event, len(res.UnbilledReplays), res.UnbilledReplays, unbilled)
+		}
+		wantGrant(t, l, c.account, confJune, used, c.reserveB)
+		billed := int64(0)
+		for _, e := range eventsOf(t, l, c.account) {
+			if e.EventID == c.event && !e.Refunded {
+				billed += e.Units
+			}
+		}
+		if billed != used {
+			t.Errorf("%s billed %d units in the event log, want %d: %+v", c.event, billed, used, eventsOf(t, l, c.account))
+		}
 	}
 	wantReconciled(t, l)
 }

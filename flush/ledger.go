@@ -337,6 +337,10 @@ type SettleResult struct {
 	Duplicates []EventRef
 	// DuplicateRefunds are refunds of events already refunded.
 	DuplicateRefunds []EventRef
+	// UnbilledReplays are replays of refunded events of a hard plan that
+	// were not billed again for lack of free units (see replayFits): served
+	// for free, in the customer's favour, rather than over the limit.
+	UnbilledReplays []EventRef
 	// RoundTrips is the number of statements sent (for benchmarks).
 	RoundTrips int
 }

@@ -352,6 +352,47 @@ JOIN plans p ON p.plan_id = a.plan_id
 ORDER BY m.account_id, m.grant_id
 ON CONFLICT (account_id, grant_id) DO NOTHING`
 
+// pgGrantRoomSQL locks an account's grants $2 in grant order, as
+// pgLockGrantsSQL would, and reads their free units and whether the
+// account's plan is hard (replayFits).
+const pgGrantRoomSQL = `SELECT g.grant_id, g.units - g.used - g.reserved, p.hard
+FROM grants g
+JOIN accounts a ON a.account_id = g.account_id
+JOIN plans p ON p.plan_id = a.plan_id
+WHERE g.account_id = $1 AND g.grant_id = ANY($2::text[])
+ORDER BY g.grant_id
+FOR UPDATE OF g`
+
+// grantRoom reads (and locks, until the commit: a reserve waits rather
+// than take the units meanwhile) what replayFits needs of account's grants
+// in allocs. NB: the lock comes before the batch's ordered lock of all its
+// grants; a settle of another node touching the same account's grants may
+// then deadlock with this one, and Postgres cancels one of the two, which
+// is retried (replays billed again are rare: a refund elsewhere first).
+func (s *pgSettle) grantRoom(ctx context.Context, tx pgx.Tx, account string, allocs []shard.Alloc) (map[string]grantRoom, error) {
+	ids := make([]string, 0, len(allocs))
+	for _, a := range allocs {
+		ids = append(ids, a.Grant)
+	}
+	s.res.RoundTrips++
+	rows, err := tx.Query(ctx, pgGrantRoomSQL, account, ids)
+	if err != nil {
+		return nil, err
+	}
+	room := map[string]grantRoom{}
+	for rows.Next() {
+		var id string
+		var r grantRoom
+		if err := rows.Scan(&id, &r.free, &r.hard); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		room[id] = r
+	}
+	rows.Close()
+	return room, rows.Err()
+}
+
 // pgLockGrantsSQL locks grants in (account, grant) order, the one order
 // every writer uses, and returns the ones it found.
 const pgLockGrantsSQL = `SELECT g.account_id, g.grant_id FROM grants g
@@ -1033,14 +1074,24 @@ func (s *pgSettle) settleReplay(ctx context.Context, tx pgx.Tx, r *Replay) error
 		w := refundWall.UnixNano()
 		row.refundWall = &w
 	}
+	ev.chargeWall, ev.allocs = chargedAt.UnixNano(), rowAllocs(ids, units)
 	next, out := decideReplay(row, r, s.b.Node)
+	if out == replayBilled {
+		room, err := s.grantRoom(ctx, tx, r.Account, ev.allocs)
+		if err != nil {
+			return err
+		}
+		if !s.plan.replayFits(r.Account, ev.allocs, room) {
+			next, out = unbilled(row, next), replayCounted
+			s.res.UnbilledReplays = append(s.res.UnbilledReplays, EventRef{Account: r.Account, EventID: r.EventID})
+		}
+	}
 	retomb := row.tombstone && !next.tombstone
 	s.res.RoundTrips++
 	if _, err := tx.Exec(ctx, pgReplayWriteSQL, r.Account, r.EventID, rowStart, next.refunded, next.tombstone, next.pending, next.replays,
 		next.refundWall != nil, retomb, s.b.Node, s.b.Incarnation, int64(r.Seq), names); err != nil {
 		return err
 	}
-	ev.chargeWall, ev.allocs = chargedAt.UnixNano(), rowAllocs(ids, units)
 	s.plan.replayed(r.Account, out, ev, retomb)
 	return nil
 }

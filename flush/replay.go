@@ -83,6 +83,51 @@ const (
 	replayRefunded                      // the last replay taken back released the pending refund
 )
 
+// A replay that bills a refunded event again spends units nobody reserved:
+// the owner that answered it spent nothing (it took the id for billed),
+// while the refund, settled first, gave the units back, and another node
+// may have reserved and spent them since. Two ways there: an owner that
+// restarted with its data dir after another owner refunded the event
+// (its dedup memory comes back from its log), and an owner cut off from
+// the ring that still takes the account for its own. Billed anyway, a hard
+// limit was overshot (used 120 of 100). So, on a hard plan, the ledger
+// bills it again only while every grant it took units from has that many
+// free (units - used - reserved, this batch's own deltas included);
+// otherwise the replay is counted but the event stays refunded: the retry
+// was served for free, in the customer's favour (SettleResult.
+// UnbilledReplays), as losing a node's disk is.
+
+// grantRoom is what replayFits reads of one of the event's grants.
+type grantRoom struct {
+	free int64 // units - used - reserved, before this batch's deltas
+	hard bool  // the account's plan is hard
+}
+
+// replayFits says whether billing allocs of account again keeps every
+// grant of a hard plan within its units, given room (by grant id: the
+// grants the ledger has; a grant missing there bills nothing, as
+// addGrants updates no row) and the deltas p holds so far.
+func (p *settlePlan) replayFits(account string, allocs []shard.Alloc, room map[string]grantRoom) bool {
+	for _, a := range allocs {
+		r, ok := room[a.Grant]
+		if !ok || !r.hard {
+			continue
+		}
+		d := p.grants[grantKey{account, a.Grant}]
+		if r.free-d.used-d.reserved < a.Units {
+			return false
+		}
+	}
+	return true
+}
+
+// unbilled is the row a replay leaves when it counts without billing
+// (replayFits said no): row, one replay more (next's count and names).
+func unbilled(row, next replayRow) replayRow {
+	row.replays = next.replays
+	return row
+}
+
 // decideReplay works out the event's next state for a replay that counts on
 // row: a replay (1) that no earlier take-back cancelled, or a take-back (-1)
 // of a replay counted there (row.replays > 0; otherwise the take-back waits

@@ -139,6 +139,9 @@ type Settler struct {
 // SettlerStats are counters for metrics.
 type SettlerStats struct {
 	Settles, Errors, Records, Duplicates, DuplicateRefunds atomic.Int64
+	// UnbilledReplays counts replays the ledger did not bill again for a
+	// hard limit without free units (SettleResult.UnbilledReplays).
+	UnbilledReplays atomic.Int64
 }
 
 type logView interface {
@@ -589,6 +592,11 @@ func (s *Settler) afterCommit(ctx context.Context, b *Batch, res SettleResult) e
 			}
 		}
 	}
+	if n := len(res.UnbilledReplays); n > 0 {
+		s.opts.Logger.Warn("retries answered Replayed after their charge had been refunded through another owner were served for free: billing them again would have taken the account past its hard limit, whose units others had reserved since (an owner restarted with its data dir, or cut off from the ring, answered from its memory of the charge)",
+			"count", n, "account", res.UnbilledReplays[0].Account, "event", res.UnbilledReplays[0].EventID)
+	}
+	s.stats.UnbilledReplays.Add(int64(len(res.UnbilledReplays)))
 	s.stats.Duplicates.Add(int64(len(res.Duplicates)))
 	s.stats.DuplicateRefunds.Add(int64(len(res.DuplicateRefunds)))
 	return s.opts.Engine.Settle(ctx, b.Next)

@@ -58,6 +58,30 @@ func (st *sqliteSettle) exec(ctx context.Context, query string, args ...any) (sq
 	return st.tx.ExecContext(ctx, query, args...)
 }
 
+// grantRoom reads what replayFits needs of account's grants in allocs
+// (the settle's write transaction holds the database: nothing reserves
+// meanwhile).
+func (st *sqliteSettle) grantRoom(ctx context.Context, account string, allocs []shard.Alloc) (map[string]grantRoom, error) {
+	room := map[string]grantRoom{}
+	for _, a := range allocs {
+		if _, ok := room[a.Grant]; ok {
+			continue
+		}
+		var r grantRoom
+		err := st.queryRow(ctx, `SELECT g.units - g.used - g.reserved, p.hard FROM grants g
+			JOIN accounts a ON a.account_id = g.account_id JOIN plans p ON p.plan_id = a.plan_id
+			WHERE g.account_id = ? AND g.grant_id = ?`, account, a.Grant).Scan(&r.free, &r.hard)
+		switch {
+		case errors.Is(err, sql.ErrNoRows):
+			continue
+		case err != nil:
+			return nil, err
+		}
+		room[a.Grant] = r
+	}
+	return room, nil
+}
+
 func (st *sqliteSettle) queryRow(ctx context.Context, query string, args ...any) *sql.Row {
 	st.res.RoundTrips++
 	return st.tx.QueryRowContext(ctx, query, args...)
@@ -386,6 +410,16 @@ func (st *sqliteSettle) settleReplay(ctx context.Context, r *Replay) error {
 		return err
 	}
 	next, out := decideReplay(row, r, st.b.Node)
+	if out == replayBilled {
+		room, err := st.grantRoom(ctx, r.Account, ev.allocs)
+		if err != nil {
+			return err
+		}
+		if !st.plan.replayFits(r.Account, ev.allocs, room) {
+			next, out = unbilled(row, next), replayCounted
+			st.res.UnbilledReplays = append(st.res.UnbilledReplays, EventRef{Account: r.Account, EventID: r.EventID})
+		}
+	}
 	retomb := row.tombstone && !next.tombstone
 	if _, err := st.exec(ctx, `UPDATE events SET refunded = ?1,
 			refunded_at = CASE WHEN NOT ?1 THEN NULL WHEN refunded THEN refunded_at ELSE ?2 END,

@@ -135,6 +135,8 @@ func newMetrics(n *Node) *metrics {
 		counter("quotaring_settle_errors_total", "Settles that failed (retried with backoff).", settleStat(func(s *flush.SettlerStats) int64 { return s.Errors.Load() })),
 		counter("quotaring_duplicate_events_total", "Charges found already billed at settle (a retry that reached a new owner, or an Idempotency-Key used again after its 24 hours at an owner that got the account after its earlier use) and not billed again.",
 			settleStat(func(s *flush.SettlerStats) int64 { return s.Duplicates.Load() })),
+		counter("quotaring_unbilled_replays_total", "Retries answered Replayed after their charge had been refunded through another owner that the ledger did not bill again, since the account's hard limit had no units free for them: served for free, in the customer's favour, rather than over the limit.",
+			settleStat(func(s *flush.SettlerStats) int64 { return s.UnbilledReplays.Load() })),
 		counter("quotaring_duplicate_refunds_total", "Refunds found already applied at settle.", settleStat(func(s *flush.SettlerStats) int64 { return s.DuplicateRefunds.Load() })),
 		counter("quotaring_forwarded_total", "Calls forwarded to another owner.", routerStat(func(s *routerStats) int64 { return s.Forwarded.Load() })),
 		counter("quotaring_wrong_owner_total", "WrongOwner answers received.", routerStat(func(s *routerStats) int64 { return s.WrongOwner.Load() })),
