@@ -207,3 +207,22 @@ func TestAStaleReplayAfterARestartStaysWithinTheHardLimit(t *testing.T) {
 		}
 	}
 }
+
+// The ids the engine makes for charges without a client id have the shape
+// shard.MadeIDShape refuses as client ids: a client could otherwise send
+// one (the HTTP front passes it to the upstream as X-Quota-Event) as its
+// Idempotency-Key and have its charge taken for that event by the ledger.
+func TestMadeEventIDsHaveTheShapeClientIDsMayNotHave(t *testing.T) {
+	ctx := context.Background()
+	o := newTwoOwners(t, "a1")
+	t.Cleanup(o.n1.close)
+	for range 50 {
+		res, err := o.n1.e.Charge(ctx, "a1", shard.Charge{Route: "r", Units: 1})
+		if err != nil || res.Reason != shard.OK || res.Receipt == nil {
+			t.Fatalf("charge: %s, %v", res.Reason, err)
+		}
+		if id := res.Receipt.EventID; !shard.MadeIDShape(id) {
+			t.Fatalf("made event id %q does not have shard.MadeIDShape", id)
+		}
+	}
+}

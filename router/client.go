@@ -424,7 +424,7 @@ func (c *Client) Charge(ctx context.Context, req ChargeRequest) (ChargeResult, e
 		return ChargeResult{}, err
 	}
 	if req.EventID == "" {
-		req.EventID, req.ClientID = "c"+rand.Text(), false
+		req.EventID, req.ClientID = madeEventID(), false
 	}
 	in := chargeToPB(&req)
 	var res ChargeResult
@@ -487,9 +487,16 @@ func checkCharge(req *ChargeRequest) error {
 	case req.ClientID && req.EventID == "":
 		return fmt.Errorf("%w: ChargeRequest.ClientID is set with an empty EventID: a retry could not be told from a new charge; "+
 			"set EventID to the operation's idempotency key, or leave ClientID false and the client makes a unique id", ErrInvalidRequest)
+	case req.ClientID && shard.ClientIDProblem(req.EventID) != "":
+		return fmt.Errorf("%w: ChargeRequest.EventID %q cannot be an idempotency key: %s", ErrInvalidRequest, req.EventID, shard.ClientIDProblem(req.EventID))
 	}
 	return nil
 }
+
+// madeEventID is the id Charge makes for a request without one: "c" and
+// 26 base32 letters, which shard.MadeIDShape refuses as a client id, so no
+// idempotency key can name the charge.
+func madeEventID() string { return "c" + rand.Text() }
 
 // checkUTF8 refuses a string field of what (name, value pairs) that is not
 // valid UTF-8, which gRPC cannot send (it failed as an unknown outcome at

@@ -1026,6 +1026,9 @@ func idempotencyKey(h http.Header) (string, *Problem) {
 	if k == "" || len(k) > maxIdempotencyKey {
 		return "", badRequest(fmt.Sprintf("The Idempotency-Key must be 1 to %d characters long (got %d).", maxIdempotencyKey, len(k)))
 	}
+	if why := shard.ClientIDProblem(k); why != "" {
+		return "", badRequest(fmt.Sprintf("The Idempotency-Key %q cannot be used: %s.", k, why))
+	}
 	return k, nil
 }
 

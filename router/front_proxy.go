@@ -127,14 +127,45 @@ func (b *responseTrailers) Close() error {
 // account and event, the Idempotency-Key it billed under) and, with strip,
 // the API key's. A client's trailer of that name reached an upstream that
 // reads trailers as headers (many merge them), with the client's value.
+// So are the names that say who the client is (forged, they pass for the
+// balancer's or this proxy's) and the method overrides (the front prices a
+// POST by its override header, not by a trailer).
 func dropTrailer(k string, strip bool) bool {
 	switch k {
-	case HeaderAccount, HeaderEvent, "Idempotency-Key":
+	case HeaderAccount, HeaderEvent, "Idempotency-Key", "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto", "Forwarded", "X-Real-Ip", "Via":
 		return true
 	case "Authorization", "X-Api-Key":
 		return strip
 	}
-	return false
+	return slices.Contains(clientIPHeaders, k) || slices.Contains(methodOverrides, k)
+}
+
+// clientIPHeaders are the other headers frameworks read the client's
+// address from (chi's RealIP reads True-Client-IP before X-Real-IP and
+// X-Forwarded-For; Cloudflare's, Akamai's and Fastly's, which libraries
+// trust when present). The proxy sets X-Forwarded-For and X-Real-IP; these
+// a client sent are dropped, since none of them came from this proxy.
+// With TrustForwarded, the balancer in front may set them: they pass.
+var clientIPHeaders = []string{"True-Client-Ip", "X-Client-Ip", "Cf-Connecting-Ip", "Fastly-Client-Ip", "X-Cluster-Client-Ip"}
+
+// canonicalKey is the form in which the proxy passes an Idempotency-Key
+// on: the key itself when it can stand bare, else an sf-string. "k1" and
+// k1 are one key, billed once: the upstream, which de-duplicates by the
+// key it receives, must get one spelling of it.
+func canonicalKey(k string) string {
+	if !strings.ContainsAny(k, `"\,`) {
+		return k
+	}
+	var b strings.Builder
+	b.WriteByte('"')
+	for i := range len(k) {
+		if k[i] == '"' || k[i] == '\\' {
+			b.WriteByte('\\')
+		}
+		b.WriteByte(k[i])
+	}
+	b.WriteByte('"')
+	return b.String()
 }
 
 // NewProxy returns the clustered proxy: Middleware(opts) around an
@@ -255,6 +286,9 @@ func NewProxy(upstream *url.URL, opts FrontOptions) (http.Handler, error) {
 				// chi's RealIP, gin and nginx's realip trust X-Real-IP
 				// before X-Forwarded-For: a client's own is forged.
 				h.Del("X-Real-IP")
+				for _, k := range clientIPHeaders {
+					h.Del(k)
+				}
 				if peer != "" {
 					h.Set("X-Real-IP", peer)
 				}
@@ -265,12 +299,14 @@ func NewProxy(upstream *url.URL, opts FrontOptions) (http.Handler, error) {
 			// RFC 9110 section 7.6.3: a gateway sends Via in each inbound
 			// request, after the Via the request came with.
 			h.Add("Via", viaProtocol(pr.In)+" quotad")
-			if k := pr.In.Header.Values("Idempotency-Key"); len(k) > 0 {
+			if k, prob := idempotencyKey(pr.In.Header); prob == nil && k != "" {
 				// The key the request was billed under reaches the upstream
 				// even if the client named it in Connection (hop-by-hop,
 				// which ReverseProxy drops): an upstream that refuses a key
-				// it has completed must see it.
-				h["Idempotency-Key"] = k
+				// it has completed must see it. In one spelling: "k1"
+				// and k1 are billed as one key, and an upstream that
+				// compared what it got ran the work twice.
+				h["Idempotency-Key"] = []string{canonicalKey(k)}
 			}
 			h.Del(HeaderAccount)
 			h.Del(HeaderEvent)

@@ -193,6 +193,13 @@ func TestIdempotencyKeyHeader(t *testing.T) {
 		{[]string{`a\b`}, "", false},
 		{[]string{`a, b`}, "", false},
 		{[]string{`abc"`}, "", false},
+		// The shape of an event id the proxy makes for a request without
+		// a key (passed to the upstream as X-Quota-Event): it could name
+		// that request's event in the ledger, which billed nothing.
+		{[]string{"74J561BS-6"}, "", false},
+		{[]string{`"74J561BS-6"`}, "", false},
+		{[]string{"cABCDEFGHIJKLMNOPQRSTUVWXYZ"}, "", false},
+		{[]string{"74j561bs-6"}, "74j561bs-6", true},
 	} {
 		h := http.Header{}
 		for _, v := range tc.vals {
@@ -202,6 +209,30 @@ func TestIdempotencyKeyHeader(t *testing.T) {
 		if got != tc.want || (p == nil) != tc.ok || (p != nil && (p.Status != 400 || p.Type != ProblemBadRequest)) {
 			t.Errorf("%q: %q, %+v; want %q ok=%v", tc.vals, got, p, tc.want, tc.ok)
 		}
+	}
+}
+
+// The ids router.Client makes have the shape no client id may have.
+func TestMadeEventIDsAreNoClientIDs(t *testing.T) {
+	for range 100 {
+		if id := madeEventID(); !shard.MadeIDShape(id) || shard.ClientIDProblem(id) == "" {
+			t.Fatalf("router.Client's made id %q could be sent as a client id", id)
+		}
+	}
+}
+
+// The proxy passes an Idempotency-Key on in one spelling: the key read
+// back from it is the key billed.
+func TestCanonicalKeyReadsBackAsTheKey(t *testing.T) {
+	for _, k := range []string{"order-42", "with space and ~!", `a"b`, `a\b`, "a,b", `"starts quoted`, `\`} {
+		c := canonicalKey(k)
+		got, p := idempotencyKey(http.Header{"Idempotency-Key": {c}})
+		if p != nil || got != k {
+			t.Errorf("key %q passed on as %q reads back as %q (%v)", k, c, got, p)
+		}
+	}
+	if c := canonicalKey("order-42"); c != "order-42" {
+		t.Errorf("a key that can stand bare is passed on as %q", c)
 	}
 }
 
@@ -1011,6 +1042,8 @@ func TestTrustForwarded(t *testing.T) {
 		req.Header.Set("X-Forwarded-For", "203.0.113.7")
 		req.Header.Set("X-Forwarded-Proto", "https")
 		req.Header.Set("X-Real-IP", "203.0.113.9")
+		req.Header.Set("True-Client-IP", "203.0.113.10") // chi's RealIP reads it first
+		req.Header.Set("CF-Connecting-IP", "203.0.113.11")
 		req.Header.Set("Forwarded", "for=203.0.113.7;proto=https")
 		req.Header.Set("Via", "1.1 lb")
 		// Lookalikes of the headers the proxy owns, which an upstream that
@@ -1039,6 +1072,15 @@ func TestTrustForwarded(t *testing.T) {
 		// client forged it; Forwarded was dropped even when trusted.
 		if r, f := got.Get("X-Real-IP"), strings.Join(got.Values("Forwarded"), ", "); r != wantReal || f != wantFwd {
 			t.Errorf("trust %v: upstream saw X-Real-IP %q, Forwarded %q; want %q, %q", trust, r, f, wantReal, wantFwd)
+		}
+		// The other client-address headers frameworks trust: the client's
+		// own are dropped; a trusted balancer's pass.
+		wantTrue, wantCF := "", ""
+		if trust {
+			wantTrue, wantCF = "203.0.113.10", "203.0.113.11"
+		}
+		if tc, cf := got.Get("True-Client-IP"), got.Get("CF-Connecting-IP"); tc != wantTrue || cf != wantCF {
+			t.Errorf("trust %v: upstream saw True-Client-IP %q, CF-Connecting-IP %q; want %q, %q", trust, tc, cf, wantTrue, wantCF)
 		}
 		for name, vs := range got {
 			if strings.Contains(name, "_") && name != "X_api_trace" && name != "Forwarded_" {
@@ -2070,7 +2112,7 @@ func TestProxyPricesAndPassesWhatTheUpstreamSees(t *testing.T) {
 		req.Host = "free.example.com"
 		req.Header.Set("X-Api-Key", "secret")
 		req.Header.Set("X-Forwarded-Host", "api.example.com")
-		req.Header.Set("Idempotency-Key", "order-1")
+		req.Header.Set("Idempotency-Key", `"order-1"`) // billed as order-1, passed on so
 		req.Header.Set("Connection", "Idempotency-Key")
 		res, err := http.DefaultClient.Do(req)
 		front.Close()
@@ -2436,7 +2478,13 @@ func TestRequestTrailersPassThrough(t *testing.T) {
 			front, client := protoProxy(t, proto, up, FrontOptions{Charger: &fakeCharger{decision: okDecision()}, Config: testConfig(t), StripAPIKeyHeader: true})
 			req, _ := http.NewRequest("POST", front.URL+"/v1/tasks", io.MultiReader(strings.NewReader("payload")))
 			req.Header.Set("X-Api-Key", "secret")
-			req.Trailer = http.Header{"X-Checksum": {"abc"}, HeaderAccount: {"victim"}, HeaderEvent: {"forged"}, "X-Api-Key": {"secret"}}
+			// And the names that say who the client is, or price a POST
+			// (a review's raw request carried all of them to the upstream).
+			forged := []string{HeaderAccount, HeaderEvent, "X-Api-Key", "X-Forwarded-For", "X-Real-Ip", "Forwarded", "X-Forwarded-Host", "True-Client-Ip", "X-Http-Method-Override"}
+			req.Trailer = http.Header{"X-Checksum": {"abc"}}
+			for _, k := range forged {
+				req.Trailer[k] = []string{"forged"}
+			}
 			res, err := client.Do(req)
 			if err != nil {
 				t.Fatal(err)
@@ -2444,8 +2492,8 @@ func TestRequestTrailersPassThrough(t *testing.T) {
 			res.Body.Close()
 			select {
 			case tr := <-got:
-				if tr.Get("X-Checksum") != "abc" || tr.Get(HeaderAccount) != "" || tr.Get(HeaderEvent) != "" || tr.Get("X-Api-Key") != "" {
-					t.Fatalf("the upstream got trailers %v; want X-Checksum: abc and none the proxy sets or strips", tr)
+				if tr.Get("X-Checksum") != "abc" || slices.ContainsFunc(forged, func(k string) bool { return tr.Get(k) != "" }) {
+					t.Fatalf("the upstream got trailers %v; want X-Checksum: abc and none the proxy sets, strips or owns", tr)
 				}
 			case <-time.After(10 * time.Second): // NB: a deadline, not a wait
 				t.Fatal("the upstream never got the request")

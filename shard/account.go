@@ -473,7 +473,8 @@ func (a *Account) Charge(req *Charge, now Now, params *Params, rec *Record) Deci
 	rec.Type = 0
 	p, wall := a.advance(now.Wall)
 	d := Decision{Reset: p.End() / 1e9}
-	if req.Units < 0 || req.Units > MaxUnits || req.EventID == "" || !storable(req.EventID) || !storable(req.Key) || !storable(req.Route) {
+	if req.Units < 0 || req.Units > MaxUnits || req.EventID == "" || !storable(req.EventID) || !storable(req.Key) || !storable(req.Route) ||
+		req.ClientID && ClientIDProblem(req.EventID) != "" {
 		d.Reason = Invalid
 		return d
 	}

@@ -144,6 +144,38 @@ func TestRetryAfterOnlyWhenWaitingHelps(t *testing.T) {
 	}
 }
 
+// A client id with the shape of an id quotaring makes (the engine's for a
+// request without an Idempotency-Key, which the upstream sees as
+// X-Quota-Event; router.Client's), or with a separator of the ledger's
+// event names, could name another charge's event in the ledger, which
+// then took the client's charge for a retry of it and billed nothing: it
+// is Invalid. The same text with ClientID false (made ids) is taken.
+func TestClientIDsThatCouldNameAnotherEventAreInvalid(t *testing.T) {
+	p := DefaultParams()
+	now := at("2026-06-10T00:00:00Z")
+	a := NewAccount(AccountConfig{ID: "a", Plan: hardPlan(100)})
+	var rec Record
+	for _, id := range []string{"74J561BS-6", "00000000-zz", "VVVVVVVV-0123456789abc", "cABCDEFGHIJKLMNOPQRSTUVWXYZ", "c234567ABCDEFGHIJKLMNOPQRS", "k\x1f1", "k\x1e2026-06"} {
+		if len(id) == 26 {
+			id += "T" // c and 26 letters
+		}
+		if d := a.Charge(&Charge{EventID: id, ClientID: true, Units: 1, Route: "r"}, now, &p, &rec); d.Reason != Invalid || rec.Type != 0 {
+			t.Errorf("client id %q: %v (record type %d); want invalid, nothing logged", id, d.Reason, rec.Type)
+		}
+		if ClientIDProblem(id) == "" {
+			t.Errorf("ClientIDProblem(%q) is empty", id)
+		}
+	}
+	for _, id := range []string{"74j561bs-6", "74J561BS-", "74J561BS-6-1", "74J561BW-6", "order-42", "cABCDEFGHIJKLMNOPQRSTUVWXY", "c1BCDEFGHIJKLMNOPQRSTUVWXYZ", "550E8400-E29B-41D4-A716-446655440000"} {
+		if d := a.Charge(&Charge{EventID: id, ClientID: true, Units: 1, Route: "r"}, now, &p, &rec); d.Reason != OK {
+			t.Errorf("client id %q: %v, want ok", id, d.Reason)
+		}
+	}
+	if d := a.Charge(&Charge{EventID: "74J561BS-7", Units: 1, Route: "r"}, now, &p, &rec); d.Reason != OK {
+		t.Errorf("a made id without ClientID: %v, want ok", d.Reason)
+	}
+}
+
 // A charge whose EventID, Key or Route could never be stored is Invalid and
 // changes nothing: the log would take it, and then every settle into
 // Postgres (which refuses a NUL byte and bytes that are not UTF-8 in text)

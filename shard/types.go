@@ -230,6 +230,55 @@ func storable(s string) bool {
 	return len(s) <= MaxTextLen && strings.IndexByte(s, 0) < 0 && utf8.ValidString(s)
 }
 
+// MadeIDShape reports whether id has the shape of an event id quotaring
+// makes for a charge sent without a client id: the engine's (8 base32hex
+// letters, a dash, base-36 digits: "74J561BS-6", which the HTTP front
+// passes to the upstream as X-Quota-Event) or router.Client's ("c" and 26
+// base32 letters). The ledger keys an account's events by id alone, so a
+// client id of that shape could name another request's event, and the
+// ledger took the client's charge for a retry of it and billed nothing (a
+// review served 100 units for 27 billed). Charges with such a client id are
+// Invalid (ClientIDProblem).
+func MadeIDShape(id string) bool {
+	if head, tail, ok := strings.Cut(id, "-"); ok && len(head) == 8 && tail != "" && len(tail) <= 13 {
+		for i := range len(head) {
+			if c := head[i]; !('0' <= c && c <= '9' || 'A' <= c && c <= 'V') {
+				return false
+			}
+		}
+		for i := range len(tail) {
+			if c := tail[i]; !('0' <= c && c <= '9' || 'a' <= c && c <= 'z') {
+				return false
+			}
+		}
+		return true
+	}
+	if len(id) == 27 && id[0] == 'c' {
+		for i := 1; i < len(id); i++ {
+			if c := id[i]; !('A' <= c && c <= 'Z' || '2' <= c && c <= '7') {
+				return false
+			}
+		}
+		return true
+	}
+	return false
+}
+
+// ClientIDProblem says why id cannot be a client's idempotency key, ""
+// when it can: the shape of an id quotaring makes (MadeIDShape), or one of
+// the separators the ledger builds event names with (U+001F: LedgerEventID;
+// U+001E: the SQLite ledger's archived names), with which "k\x1f1" named
+// the second generation of "k".
+func ClientIDProblem(id string) string {
+	switch {
+	case MadeIDShape(id):
+		return "it has the shape of the event ids quotaring makes for requests sent without one (8 letters or digits, a dash and a number, such as 74J561BS-6, or c and 26 capitals): it could name another request's charge; use another key"
+	case strings.ContainsAny(id, "\x1e\x1f"):
+		return "it holds U+001E or U+001F, which the ledger uses to build event names; use another key"
+	}
+	return ""
+}
+
 // MaxUnits bounds the Units of one charge: a charge of more is Invalid.
 // Units are summed into usage, allowances and the ledger's int64 columns,
 // and the log refuses counts above 2^62 as corrupt, so a soft plan's
