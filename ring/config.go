@@ -238,6 +238,15 @@ func (c Config) memberlistConfig() *memberlist.Config {
 	default:
 		mc = memberlist.DefaultLANConfig()
 	}
+	// A member declared dead may come back on another address (a pod
+	// recreated with a new IP, a node moved): memberlist's default (0)
+	// refuses the name a new address until the dead entry is dropped,
+	// GossipToTheDeadTime later (30 s with lan), and meanwhile the node
+	// back sees a ring with itself serving while the others do not (two
+	// owners of its partitions for about 50 s in a review, and ERRORs that
+	// two processes share an id). A member alive on its old address still
+	// keeps its name.
+	mc.DeadNodeReclaimTime = deadNodeReclaimTime
 	mc.Name = c.NodeID
 	mc.BindAddr = c.BindAddr
 	mc.BindPort = c.BindPort
@@ -263,6 +272,12 @@ func (c Config) memberlistConfig() *memberlist.Config {
 	}
 	return mc
 }
+
+// deadNodeReclaimTime is how long after a member is declared dead its name
+// may be taken by a member on another address (memberlist.Config.
+// DeadNodeReclaimTime): at once, in effect, since declared dead it owns
+// nothing.
+const deadNodeReclaimTime = time.Millisecond
 
 // MinFailureTimeout is the shortest time after which the other members can
 // declare this node dead once it stops answering: a probe of it times out

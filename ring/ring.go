@@ -740,6 +740,6 @@ func (d delegate) NotifyLeave(n *memberlist.Node)  { d.r.queue(n, false) }
 // NotifyConflict reports two nodes claiming one name: they would share an
 // owner identity, so it is logged as an error.
 func (d delegate) NotifyConflict(existing, other *memberlist.Node) {
-	d.r.log.Error("two nodes claim the same NodeID", "id", existing.Name,
+	d.r.log.Error("two nodes claim the same NodeID: two processes run with one --node-id, or the node restarted on a new address before the others declared it dead on its old one (that ends by itself within the failure timeout)", "id", existing.Name,
 		"existing", existing.Address(), "other", other.Address())
 }

@@ -314,6 +314,44 @@ func TestPartitionHeal(t *testing.T) {
 		majority.Round(10*time.Millisecond), isolated.Round(10*time.Millisecond), heal.Round(10*time.Millisecond))
 }
 
+// A member that died without leaving comes back under its id on another
+// address (a pod recreated with a new IP): the others take it at once.
+// memberlist refused the name a new address until the dead entry was
+// dropped (GossipToTheDeadTime: 5 s here, 30 s with lan), while the node
+// back served a ring of its own with itself in it.
+func TestAMemberBackOnANewAddressIsTakenAtOnce(t *testing.T) {
+	n1 := startNode(t, "node-1", withFault(t)) // NB: fault transports speak only to their kind
+	n2 := startNode(t, "node-2", withFault(t), withJoin(n1.Self().GossipAddr))
+	for _, n := range []*node{n1, n2} {
+		n.serve(t)
+	}
+	eventually(t, 10*time.Second, func() error { return agree([]*node{n1, n2}, "node-1", "node-2") })
+	// node-2 dies without a word: cut off both ways, as a killed process.
+	if err := n2.fault.Block(n1.Self().GossipAddr); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, func() error { return agree([]*node{n1}, "node-1") })
+	ft, err := NewFaultNetTransport("127.0.0.2", 0, testLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	back := startNode(t, "node-2", withJoin(n1.Self().GossipAddr), func(c *Config) { c.BindAddr, c.Transport = "127.0.0.2", ft })
+	back.serve(t)
+	// Well under GossipToTheDeadTime (5 s), after which the old entry
+	// would be gone anyway.
+	eventually(t, 3*time.Second, func() error {
+		if err := agree([]*node{n1, back}, "node-1", "node-2"); err != nil {
+			return err
+		}
+		for _, m := range n1.View().Members {
+			if m.ID == "node-2" && !strings.HasPrefix(m.GossipAddr, "127.0.0.2:") {
+				return fmt.Errorf("node-1 has node-2 at %s", m.GossipAddr)
+			}
+		}
+		return nil
+	})
+}
+
 // TestFaultTransportBlocksBothWays: a block on one side alone cuts streams
 // in both directions (the preamble attributes inbound streams).
 func TestFaultTransportBlocksBothWays(t *testing.T) {
