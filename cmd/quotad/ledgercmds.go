@@ -424,6 +424,7 @@ node id the ledger has never seen is refused too.`,
 	cmd.Flags().BoolVar(&dryRun, "dry-run", false, "only list what would be freed")
 	cmd.Flags().BoolVar(&force, "force", false, "revoke even though the node was heard from in the last 2 minutes (only when you know it is stopped)")
 	markNoEnv(cmd, "force", safetyOverride)
+	markNoEnv(cmd, "node", destructiveTarget)
 	return cmd
 }
 

@@ -5,6 +5,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/signal"
@@ -31,7 +32,8 @@ func main() {
 // is ignored, so that a drain is never cut short by it. stop releases the
 // signals and ends the goroutine that watches them.
 func notifyContext() (ctx context.Context, stop func()) {
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancelCause := context.WithCancelCause(context.Background())
+	cancel := func() { cancelCause(nil) }
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
 	if !signal.Ignored(syscall.SIGHUP) {
@@ -43,14 +45,15 @@ func notifyContext() (ctx context.Context, stop func()) {
 	}
 	done := make(chan struct{})
 	go func() {
+		var sig os.Signal
 		select {
-		case <-sigs:
+		case sig = <-sigs:
 		case <-done:
 			return
 		}
 		// Reset before cancel: whoever sees ctx end may rely on it.
 		signal.Reset(os.Interrupt)
-		cancel()
+		cancelCause(signalReceived{sig}) // context.Cause names it (serve logs which)
 		<-done
 	}()
 	return ctx, func() {
@@ -58,4 +61,29 @@ func notifyContext() (ctx context.Context, stop func()) {
 		close(done)
 		cancel()
 	}
+}
+
+// signalReceived is the cause of notifyContext's end: which signal came.
+type signalReceived struct{ sig os.Signal }
+
+func (s signalReceived) Error() string {
+	switch s.sig {
+	case os.Interrupt:
+		return "SIGINT (Ctrl-C)"
+	case syscall.SIGTERM:
+		return "SIGTERM"
+	case syscall.SIGHUP:
+		return "SIGHUP (a closed terminal, or a reload signal: quotad has none, and stops)"
+	}
+	return s.sig.String()
+}
+
+// signalName is the signal that ended ctx (notifyContext), or "" when none
+// did.
+func signalName(ctx context.Context) string {
+	var s signalReceived
+	if errors.As(context.Cause(ctx), &s) {
+		return s.Error()
+	}
+	return ""
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -98,5 +99,41 @@ func TestHangupStopsInOrder(t *testing.T) {
 		if err != nil || !strings.Contains(string(out), want) {
 			t.Errorf("%s: %v, output:\n%s\nwant %q", mode, err, out, want)
 		}
+	}
+}
+
+// JSON logs (the Kubernetes config's) give durations as text does: slog
+// wrote "took":5000000, a number no reader could tell from a count.
+func TestJSONLogsWriteDurationsWithTheirUnit(t *testing.T) {
+	var out strings.Builder
+	l, err := newLogger(&out, "info", "json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.Info("settled", "took", 5*time.Millisecond, slog.Group("retry", "every", 10*time.Second), "records", 3)
+	if s := out.String(); !strings.Contains(s, `"took":"5ms"`) || !strings.Contains(s, `"retry":{"every":"10s"}`) || !strings.Contains(s, `"records":3`) {
+		t.Fatalf("JSON log line %s: want durations as 5ms and 10s, counts as numbers", s)
+	}
+}
+
+// The signal that stopped a command is named (serve logs it): a SIGHUP
+// from a supervisor's reload or a logrotate script drained a node with
+// only "signal received" to show for it.
+func TestNotifyContextNamesTheSignal(t *testing.T) {
+	if signal.Ignored(syscall.SIGHUP) {
+		t.Skip("SIGHUP is ignored in this process (nohup): notifyContext leaves it so")
+	}
+	ctx, stop := notifyContext()
+	defer stop()
+	if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-ctx.Done():
+	case <-time.After(10 * time.Second): // NB: a deadline, not a wait
+		t.Fatal("SIGHUP did not end the context")
+	}
+	if got := signalName(ctx); !strings.HasPrefix(got, "SIGHUP") {
+		t.Fatalf("signalName = %q, want SIGHUP named", got)
 	}
 }

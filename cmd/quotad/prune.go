@@ -83,6 +83,8 @@ nothing.`,
 	cmd.Flags().BoolVar(&dryRun, "dry-run", false, "check and count the events of each month that would go; change nothing")
 	cmd.Flags().StringSliceVar(&lost, "lost-node", nil, "a node gone for good (revoked) whose last heartbeat would otherwise hold its months back; repeat or comma-separate")
 	markNoEnv(cmd, "lost-node", safetyOverride)
+	markNoEnv(cmd, "before", destructiveTarget)
+	markNoEnv(cmd, "keep-months", destructiveTarget)
 	return cmd
 }
 

@@ -160,9 +160,14 @@ func TestSafetyOverridesHaveNoEnvTwin(t *testing.T) {
 	}
 	// reconcile's --data-dir lists stopped nodes' dirs: the running node's
 	// own QUOTAD_DATA_DIR (a pod's environment) is not one of them.
+	// Nor do the flags that name what prune and revoke destroy.
 	t.Setenv("QUOTAD_DATA_DIR", t.TempDir())
+	t.Setenv("QUOTAD_KEEP_MONTHS", "1")
+	t.Setenv("QUOTAD_BEFORE", "2026-09")
+	t.Setenv("QUOTAD_NODE", "q1")
 	root := newRootCmd()
-	for _, c := range []struct{ cmd, flag string }{{"reconcile", "data-dir"}, {"prune", "lost-node"}, {"revoke", "force"}} {
+	for _, c := range []struct{ cmd, flag string }{{"reconcile", "data-dir"}, {"prune", "lost-node"}, {"revoke", "force"},
+		{"prune", "keep-months"}, {"prune", "before"}, {"revoke", "node"}} {
 		cmd, _, err := root.Find([]string{c.cmd})
 		if err != nil {
 			t.Fatal(err)

@@ -372,6 +372,11 @@ func markNoEnv(cmd *cobra.Command, flag, why string) {
 // safetyOverride is markNoEnv's why for a flag that overrides a check.
 const safetyOverride = "overrides a safety check and has no environment twin; give it on the command line"
 
+// destructiveTarget is markNoEnv's why for a flag that names what a command
+// destroys (prune's months, revoke's node): a variable left set turned a
+// bare `quotad prune`, refused without it, into dropping event-log months.
+const destructiveTarget = "names what the command destroys and has no environment twin; give it on the command line"
+
 // secretFlags are the flags whose values are secrets. Each also reads
 // QUOTAD_<FLAG>_FILE: the path of a file that holds the value (a mounted
 // Kubernetes Secret, a Docker or systemd credential), so that the secret

@@ -70,8 +70,20 @@ settles later.
 SIGTERM drains: the node stops taking requests, lets in-flight ones finish,
 hands its reservations back, settles everything, leaves the ring and exits 0;
 if the final settle fails, it exits 1 and the records stay in the data dir
-for the next start.`,
-		Example: `  quotad serve --node-id q1 --data-dir /var/lib/quotad --ledger postgres://quotad@db/quotaring \
+for the next start. SIGINT (Ctrl-C) and SIGHUP (a closed terminal) do the
+same: there is no reload signal (plans, accounts, keys and route weights are
+read from the ledger every --snapshot-interval, certificate files when they
+change), so a supervisor's reload must not send SIGHUP. The stop takes at
+most --drain-timeout + --settle-timeout + 17 s (10 s + 20 s + 17 s by
+default): give the supervisor's stop timeout at least that (systemd
+TimeoutStopSec, docker --stop-timeout, Kubernetes
+terminationGracePeriodSeconds, plus any preStop sleep), or it kills the
+final settle.
+
+Every flag can also be set by its environment twin, QUOTAD_ and the flag in
+upper case with - as _ (--data-dir is QUOTAD_DATA_DIR); a flag on the
+command line wins. Secrets may come from a file named by QUOTAD_<FLAG>_FILE.`,
+		Example: `  quotad serve --node-id q1 --data-dir /var/lib/quotad/data --ledger postgres://quotad@db/quotaring \
       --join quotad-gossip.default.svc.cluster.local`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			f.reconcileSet = cmd.Flags().Changed("reconcile-interval")
@@ -130,6 +142,15 @@ func newLogger(w io.Writer, level, format string) (*slog.Logger, error) {
 	case "text":
 		return slog.New(slog.NewTextHandler(w, opts)), nil
 	case "json":
+		// slog's JSON writes a duration as integer nanoseconds
+		// ("took":5000000), which no reader of the log can tell from a
+		// count: as text does, "5ms".
+		opts.ReplaceAttr = func(_ []string, a slog.Attr) slog.Attr {
+			if a.Value.Kind() == slog.KindDuration {
+				a.Value = slog.StringValue(a.Value.Duration().String())
+			}
+			return a
+		}
 		return slog.New(slog.NewJSONHandler(w, opts)), nil
 	}
 	return nil, fmt.Errorf("--log-format %q: want text or json", format)
@@ -371,7 +392,7 @@ func runServe(ctx context.Context, logTo io.Writer, f serveFlags) error {
 		defer cancel()
 		return n.StopFenced(sctx)
 	}
-	logger.Info("signal received: draining")
+	logger.Info("signal received: draining", "signal", signalName(ctx))
 	sctx, cancel := context.WithTimeout(context.Background(), budget)
 	defer cancel()
 	return n.Shutdown(sctx)
