@@ -74,6 +74,7 @@ func RunConformance(t *testing.T, open func(t *testing.T) Ledger) {
 		{"NodesReservationsAlerts", confNodesAlerts},
 		{"NodeStarts", confNodeStarts},
 		{"MissedAlerts", confMissedAlerts},
+		{"AlertsReArmedByARaisedQuota", confAlertsRearmed},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -2451,6 +2452,62 @@ func confMissedAlerts(t *testing.T, l Ledger) {
 			t.Errorf("missed alerts %v limit %d: %v, want ErrInvalid", bad.thresholds, bad.limit, err)
 		}
 	}
+}
+
+// A quota raised mid-month makes its thresholds new crossings: an alert
+// delivered (or given up) for a lower limit is claimed again for the
+// higher one, once, and the sweep for missed alerts sees a crossing of the
+// grant's new units that only a lower limit's alert records. A lower
+// limit, or one while the alert is pending, re-arms nothing. (A customer
+// who upgraded from 10 to 100 units used the 100 with no alert at all.)
+func confAlertsRearmed(t *testing.T, l Ledger) {
+	ctx := t.Context()
+	confSetup(t, l, 10, "acct-1")
+	a := confNode(t, l, "node-a")
+	record := func(what string, claim string, used, limit int64, want bool) AlertRecord {
+		t.Helper()
+		r := AlertRecord{Account: "acct-1", Period: confPeriod, Threshold: 80, Claim: claim, Used: used, Limit: limit, CrossedAt: confWallTime()}
+		if won, err := l.RecordAlert(ctx, r); err != nil || won != want {
+			t.Fatalf("%s: %v, %v; want %v", what, won, err, want)
+		}
+		return r
+	}
+	missed := func() []MissedAlert {
+		t.Helper()
+		got, err := l.MissedAlerts(ctx, confPeriod, []int{80}, 10)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+	first := record("the 80 % alert of 10", "c1", 8, 10, true)
+	record("the same crossing from another node", "c2", 8, 10, false)
+	record("80 % of 100 while the alert of 10 is pending", "c3", 80, 100, false)
+	if ok, err := l.FinishAlert(ctx, first, AlertDelivered, 1, ""); err != nil || !ok {
+		t.Fatalf("deliver: %v, %v", ok, err)
+	}
+	// The plan's quota goes to 100 and the account uses 85 of it.
+	if err := l.UpsertPlan(ctx, snapshot.Plan{ID: "basic", Rate: "10/s", Burst: 20, MonthlyQuota: 100, Hard: true}); err != nil {
+		t.Fatal(err)
+	}
+	a.settle(t, chargeOf("acct-1", "e1", 85, confJune))
+	if got := missed(); !slices.Equal(got, []MissedAlert{{"acct-1", 80, 85, 100}}) {
+		t.Errorf("missed alerts after the quota went to 100 with 85 used: %+v, want 80 %% of 100", got)
+	}
+	record("80 % of 100 after the alert of 10 was delivered", "c4", 80, 100, true)
+	record("80 % of 100 again, from another node", "c5", 80, 100, false)
+	record("its own claim again (a lost reply)", "c4", 80, 100, true)
+	if got := missed(); len(got) != 0 {
+		t.Errorf("missed alerts with 80 %% of 100 claimed: %+v", got)
+	}
+	all, err := l.Alerts(ctx, AlertQuery{Account: "acct-1"})
+	if err != nil || len(all) != 1 || all[0].Claim != "c4" || all[0].Limit != 100 || all[0].Used != 80 || all[0].State != AlertPending || all[0].Attempts != 0 {
+		t.Fatalf("alerts of acct-1: %+v, %v; want the one of 100, pending under c4", all, err)
+	}
+	if ok, err := l.FinishAlert(ctx, all[0], AlertDelivered, 1, ""); err != nil || !ok {
+		t.Fatalf("deliver the alert of 100: %v, %v", ok, err)
+	}
+	record("80 % of 50 (a smaller plan) after that of 100", "c6", 40, 50, false)
 }
 
 func confAlert(account string, period shard.Period, threshold int, claim string) AlertRecord {

@@ -554,6 +554,28 @@ type NodeStart struct {
 	Incarnation string
 }
 
+// A quota raised mid-month (a bigger plan, the plan's quota raised) makes
+// its thresholds new crossings: 80 % of 100 is not 80 % of 10. An alert
+// delivered or given up for a lower limit is re-armed by RecordAlert for
+// the new one (its row then records the latest: figures, claim, attempts);
+// one still pending is left to its round. Without it a customer who
+// upgraded mid-month used up the new quota with no alert at all. These are
+// the clauses both dialects use.
+const (
+	// alertRearmSet replaces an alert's row with the new crossing's (the
+	// INSERT's values: excluded).
+	alertRearmSet = `crossed_at = excluded.crossed_at, claim = excluded.claim, used = excluded.used,
+		limit_units = excluded.limit_units, state = 'pending', created_at = excluded.created_at,
+		claimed_at = excluded.claimed_at, finished_at = NULL, attempts = 0, last_error = ''`
+	// alertRearmWhere says which rows a new crossing re-arms.
+	alertRearmWhere = `alerts.state IN ('delivered', 'given_up') AND alerts.limit_units < excluded.limit_units`
+	// alertCovers says an alert row a (MissedAlerts) stands for the
+	// crossing of grant g: made for its units or more, or one RecordAlert
+	// does not re-arm (pending, or legacy: from before delivery was
+	// tracked).
+	alertCovers = `(a.limit_units >= g.units OR a.state NOT IN ('delivered', 'given_up'))`
+)
+
 // checkAlertKey checks what RecordAlert needs.
 func checkAlertKey(a AlertRecord) error {
 	if a.Account == "" || a.Claim == "" || a.Threshold < 1 || a.Threshold > 100 {

@@ -497,7 +497,8 @@ func (p *Postgres) RecordAlert(ctx context.Context, a AlertRecord) (bool, error)
 	err := p.pool.QueryRow(ctx, `WITH ins AS (
 			INSERT INTO alerts (account_id, period, threshold, crossed_at, claim, used, limit_units, state)
 			VALUES ($1, $2, $3, $4, $5, $6, $7, 'pending')
-			ON CONFLICT (account_id, period, threshold) DO NOTHING RETURNING 1)
+			ON CONFLICT (account_id, period, threshold) DO UPDATE SET `+alertRearmSet+`
+			WHERE `+alertRearmWhere+` RETURNING 1)
 		SELECT EXISTS (SELECT 1 FROM ins) OR EXISTS (SELECT 1 FROM alerts
 			WHERE account_id = $1 AND period = $2 AND threshold = $3 AND claim = $5)`,
 		a.Account, a.Period.String(), a.Threshold, a.CrossedAt, a.Claim, a.Used, a.Limit).Scan(&won)
@@ -600,7 +601,8 @@ func (p *Postgres) MissedAlerts(ctx context.Context, period shard.Period, thresh
 	rows, _ := p.pool.Query(ctx, `SELECT g.account_id, t.threshold, g.used, g.units
 		FROM grants g CROSS JOIN unnest($2::int[]) AS t(threshold)
 		WHERE g.grant_id = $1 AND g.units > 0 AND g.used >= (g.units / 100) * t.threshold + ((g.units % 100) * t.threshold + 99) / 100
-			AND NOT EXISTS (SELECT 1 FROM alerts a WHERE a.account_id = g.account_id AND a.period = $3 AND a.threshold = t.threshold)
+			AND NOT EXISTS (SELECT 1 FROM alerts a WHERE a.account_id = g.account_id AND a.period = $3 AND a.threshold = t.threshold
+				AND `+alertCovers+`)
 		ORDER BY g.account_id, t.threshold
 		LIMIT $4`, shard.MonthlyGrantID(period), thresholds, period.String(), limit)
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (MissedAlert, error) {

@@ -448,7 +448,8 @@ func (s *SQLite) RecordAlert(ctx context.Context, a AlertRecord) (bool, error) {
 		now := s.now().UnixNano()
 		r, err := tx.ExecContext(ctx, `INSERT INTO alerts (account_id, period, threshold, crossed_at, claim, used, limit_units, state, created_at, claimed_at)
 			VALUES (?, ?, ?, ?, ?, ?, ?, 'pending', ?, ?)
-			ON CONFLICT (account_id, period, threshold) DO NOTHING`,
+			ON CONFLICT (account_id, period, threshold) DO UPDATE SET `+alertRearmSet+`
+			WHERE `+alertRearmWhere,
 			a.Account, a.Period.String(), a.Threshold, a.CrossedAt.UnixNano(), a.Claim, a.Used, a.Limit, now, now)
 		if err == nil {
 			n, err = r.RowsAffected()
@@ -473,7 +474,8 @@ func (s *SQLite) MissedAlerts(ctx context.Context, period shard.Period, threshol
 		return queryEach(ctx, tx, `SELECT g.account_id, t.value, g.used, g.units
 			FROM grants g, json_each(?) t
 			WHERE g.grant_id = ? AND g.units > 0 AND g.used >= (g.units / 100) * t.value + ((g.units % 100) * t.value + 99) / 100
-				AND NOT EXISTS (SELECT 1 FROM alerts a WHERE a.account_id = g.account_id AND a.period = ? AND a.threshold = t.value)
+				AND NOT EXISTS (SELECT 1 FROM alerts a WHERE a.account_id = g.account_id AND a.period = ? AND a.threshold = t.value
+					AND `+alertCovers+`)
 			ORDER BY g.account_id, t.value
 			LIMIT ?`, []any{string(ts), shard.MonthlyGrantID(period), period.String(), limit},
 			func(scan func(...any) error) error {

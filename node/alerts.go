@@ -157,6 +157,11 @@ type alerter struct {
 type alertMemo struct {
 	period shard.Period
 	done   uint32
+	// limit is the month's quota done's crossings were of: a higher one (a
+	// quota raised, a bigger plan) clears done, as the ledger re-arms
+	// alerts delivered for a lower limit (RecordAlert). Without it a
+	// customer who upgraded mid-month ran into the new limit unwarned.
+	limit int64
 }
 
 type queuedAlert struct {
@@ -384,7 +389,7 @@ func (a *alerter) onCharge(account string, d *shard.Decision, err error) {
 	// Reset is the end of the decision's period (Unix seconds), so the
 	// period is the decision's own, not a second reading of the clock.
 	period := shard.PeriodOf(d.Reset*int64(time.Second) - 1)
-	fresh := a.mark(account, period, crossed)
+	fresh := a.mark(account, period, limit, crossed)
 	if fresh == 0 {
 		return
 	}
@@ -410,14 +415,15 @@ func (a *alerter) onCharge(account string, d *shard.Decision, err error) {
 	}
 }
 
-// mark records the crossed thresholds of account in period and returns the
-// ones not recorded before.
-func (a *alerter) mark(account string, period shard.Period, crossed uint32) uint32 {
+// mark records the crossed thresholds of account in period, of the month's
+// quota limit, and returns the ones not recorded before (all of them again
+// when limit is higher than the one recorded).
+func (a *alerter) mark(account string, period shard.Period, limit int64, crossed uint32) uint32 {
 	// Every charge of an account past a threshold lands here: a shared lock
 	// answers the common "already known" case without serializing them.
 	a.mu.RLock()
 	m, ok := a.memo[account]
-	known := ok && (m.period > period || m.period == period && crossed&^m.done == 0)
+	known := ok && (m.period > period || m.period == period && crossed&^m.done == 0 && limit <= m.limit)
 	a.mu.RUnlock()
 	if known {
 		return 0
@@ -440,6 +446,9 @@ func (a *alerter) mark(account string, period shard.Period, crossed uint32) uint
 		return 0 // a late answer from a month already over
 	case m.period < period:
 		m = alertMemo{period: period}
+	}
+	if limit > m.limit {
+		m.done, m.limit = 0, limit // raised: the crossings of the new limit are new alerts
 	}
 	fresh := crossed &^ m.done
 	m.done |= crossed
@@ -624,7 +633,7 @@ func (a *alerter) sweepMissed(ctx context.Context, l flush.Ledger, pending []*de
 				continue // claimed by an earlier sweep's delivery, not recorded yet
 			}
 			bit := uint32(1) << i
-			a.mark(m.Account, period, bit) // the charge hook need not queue it too
+			a.mark(m.Account, period, m.Limit, bit) // the charge hook need not queue it too
 			a.stats.CaughtUp.Add(1)
 			a.log.Info("quota threshold crossed with no alert recorded: the ledger's settled use shows it (charges another owner decided, or use from before alerts were on); alerting",
 				"account", m.Account, "period", period.String(), "threshold", m.Threshold, "used", m.Used, "limit", m.Limit)

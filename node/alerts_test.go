@@ -782,3 +782,69 @@ func TestSweepTakesTheQueuedAlertsFirst(t *testing.T) {
 		t.Fatalf("an empty queue added %d", len(p)-3)
 	}
 }
+
+// A quota raised mid-month (the plan's, or a bigger plan) makes its
+// thresholds new crossings: the customer who upgraded from 10 to 20 units
+// is warned at 16 and 20, not left to run into the new limit unwarned
+// (a review: alerts went silent for the rest of the month).
+func TestAlertsAgainAfterTheQuotaIsRaised(t *testing.T) {
+	rc := &receiver{}
+	srv := httptest.NewServer(rc)
+	defer srv.Close()
+	dsn := "sqlite:" + filepath.Join(t.TempDir(), "ledger.db")
+	seedLedger(t, dsn, map[string]int64{"acme": 10})
+	// NB: the ledger's clock, not a test month: UpsertPlan raises the monthly
+	// grant of the ledger's current month.
+	clock := engine.NewManualClock(time.Now())
+	cfg := func(c *Config) {
+		c.Clock, c.AlertWebhook, c.AlertSecret, c.AlertRetry = clock, srv.URL+"/hooks/quota", testAlertSecret, 5*time.Millisecond
+		c.SnapshotInterval = 20 * time.Millisecond
+	}
+	nodes := startNodesWith(t, dsn, cfg, cfg)
+	ctx := context.Background()
+	charge := func(n int) {
+		t.Helper()
+		for range n {
+			if res, err := nodes[0].Router().Charge(ctx, router.ChargeRequest{Account: "acme", Route: "GET /x", Units: 1}); err != nil || res.Reason != shard.OK {
+				t.Fatalf("charge: %v %v", res.Reason, err)
+			}
+		}
+	}
+	waitAlerts := func(n int) {
+		t.Helper()
+		waitFor(t, 20*time.Second, strconv.Itoa(n)+" alerts at the receiver", func() bool { return len(rc.alerts()) >= n })
+	}
+	charge(10)
+	waitAlerts(2)
+	l, err := flush.Open(ctx, dsn, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = l.UpsertPlan(ctx, snapshot.Plan{ID: "plan-acme", MonthlyQuota: 20, Hard: true})
+	l.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A refused charge leaves no trace: try until the owner has the new
+	// quota and the units it frees reserved.
+	waitFor(t, 20*time.Second, "a charge past the old quota", func() bool {
+		res, err := nodes[0].Router().Charge(ctx, router.ChargeRequest{Account: "acme", Route: "GET /x", Units: 1})
+		return err == nil && res.Reason == shard.OK
+	})
+	charge(5) // 16 of 20: 80 %
+	waitAlerts(3)
+	charge(4) // 20 of 20
+	waitAlerts(4)
+	got := rc.alerts()
+	if len(got) != 4 {
+		t.Fatalf("alerts %+v, want 4", got)
+	}
+	for i, w := range []struct {
+		threshold   int
+		used, limit int64
+	}{{80, 8, 10}, {100, 10, 10}, {80, 16, 20}, {100, 20, 20}} {
+		if a := got[i]; a.Threshold != w.threshold || a.Used != w.used || a.Limit != w.limit {
+			t.Errorf("alert %d: %+v, want %d %% at %d of %d", i, a, w.threshold, w.used, w.limit)
+		}
+	}
+}
