@@ -137,3 +137,32 @@ func TestNotifyContextNamesTheSignal(t *testing.T) {
 		t.Fatalf("signalName = %q, want SIGHUP named", got)
 	}
 }
+
+// Settings that do nothing as they stand are named at start: a review set
+// --bill-on without --upstream and --advertise-host beside addresses that
+// all name their host, and the node took both without a word.
+func TestServeWarnsOfSettingsWithoutEffect(t *testing.T) {
+	warned := func(f serveFlags) string {
+		var out strings.Builder
+		f.warnIneffective(slog.New(slog.NewTextHandler(&out, nil)))
+		return out.String()
+	}
+	base := serveFlags{rpcAddr: "127.0.0.1:7400", httpAddr: "127.0.0.1:8080", adminAddr: "127.0.0.1:9090", gossipAddr: "127.0.0.1:7946",
+		drainTimeout: 10 * time.Second}
+	base.front.upstreamTimeout = 30 * time.Second
+	f := base
+	f.changed = map[string]bool{"bill-on": true, "advertise-host": true}
+	if out := warned(f); !strings.Contains(out, "ignored=--bill-on") || !strings.Contains(out, "--advertise-host has no effect") {
+		t.Errorf("warnings:\n%s\nwant --bill-on without --upstream and --advertise-host named", out)
+	}
+	f = base
+	f.upstream, f.changed = "http://127.0.0.1:8081", map[string]bool{"upstream-timeout": true}
+	if out := warned(f); !strings.Contains(out, "longer than --drain-timeout") {
+		t.Errorf("warnings:\n%s\nwant the upstream timeout over the drain named", out)
+	}
+	f = base
+	f.rpcAddr, f.upstream, f.changed = ":7400", "http://127.0.0.1:8081", map[string]bool{"bill-on": true, "advertise-host": true}
+	if out := warned(f); out != "" {
+		t.Errorf("warnings for settings that take effect (defaults, an advertised listener on all addresses):\n%s", out)
+	}
+}

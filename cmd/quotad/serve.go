@@ -28,6 +28,9 @@ import (
 )
 
 type serveFlags struct {
+	// changed names the flags given, on the command line or by their
+	// environment twins (warnIneffective).
+	changed map[string]bool
 	nodeID, dataDir, ledger                  string
 	rpcAddr, httpAddr, adminAddr, gossipAddr string
 	join                                     []string
@@ -87,6 +90,8 @@ command line wins. Secrets may come from a file named by QUOTAD_<FLAG>_FILE.`,
       --join quotad-gossip.default.svc.cluster.local`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			f.reconcileSet = cmd.Flags().Changed("reconcile-interval")
+			f.changed = map[string]bool{}
+			cmd.Flags().Visit(func(fl *pflag.Flag) { f.changed[fl.Name] = true })
 			return runServe(cmd.Context(), cmd.ErrOrStderr(), f)
 		},
 	}
@@ -367,6 +372,7 @@ func runServe(ctx context.Context, logTo io.Writer, f serveFlags) error {
 	if cfg.Front, err = f.front.build(f.upstream); err != nil {
 		return err
 	}
+	f.warnIneffective(logger)
 	if err := f.adminAPI.apply(&cfg, f.adminToken); err != nil {
 		return err
 	}
@@ -478,6 +484,46 @@ func (ff *frontFlags) check() error {
 		}
 	}
 	return nil
+}
+
+// frontOnly are the flags that configure the HTTP front, which only
+// --upstream serves.
+var frontOnly = []string{"usage-path", "quota-status", "bill-on", "max-body-bytes", "upstream-timeout", "body-idle-timeout", "body-timeout",
+	"strip-api-key-header", "charge-preflights", "cors-origins", "upgrades", "trust-forwarded-headers"}
+
+// warnIneffective logs the settings given (flag or environment twin) that
+// do nothing, or cut requests off, as they stand: they were taken without a
+// word (a review set --bill-on and --advertise-host to no effect, and an
+// --upstream-timeout above --drain-timeout that cut long requests off at
+// every stop).
+func (f *serveFlags) warnIneffective(logger *slog.Logger) {
+	var given []string
+	for _, name := range frontOnly {
+		if f.changed[name] {
+			given = append(given, "--"+name)
+		}
+	}
+	if f.upstream == "" && len(given) > 0 {
+		logger.Warn("settings of the HTTP front given without --upstream have no effect: the node serves no front", "ignored", strings.Join(given, " "),
+			"what_to_do", "give --upstream (QUOTAD_UPSTREAM), or drop them")
+	}
+	if f.upstream != "" && f.front.upstreamTimeout > f.drainTimeout && (f.changed["upstream-timeout"] || f.changed["drain-timeout"]) {
+		logger.Warn("--upstream-timeout is longer than --drain-timeout: a stop cuts off the proxied requests that run longer than the drain (refunded)",
+			"upstream_timeout", f.front.upstreamTimeout, "drain_timeout", f.drainTimeout, "what_to_do", "raise --drain-timeout to at least --upstream-timeout (and the supervisor's stop timeout with it)")
+	}
+	if f.changed["advertise-host"] {
+		unspecified := false
+		for _, a := range []string{f.rpcAddr, f.httpAddr, f.adminAddr, f.gossipAddr} {
+			if host, _, err := net.SplitHostPort(a); err == nil {
+				ip := net.ParseIP(host)
+				unspecified = unspecified || host == "" || ip != nil && ip.IsUnspecified()
+			}
+		}
+		if !unspecified {
+			logger.Warn("--advertise-host has no effect: every address names its host, which the others reach this node at", "advertise_host", f.advertiseHost,
+				"what_to_do", "drop it, or listen on all addresses (--rpc-addr :7400 ...) and advertise this one")
+		}
+	}
 }
 
 // build returns node.Config.Front, or nil without --upstream. It validates
