@@ -30,7 +30,7 @@ import (
 type serveFlags struct {
 	// changed names the flags given, on the command line or by their
 	// environment twins (warnIneffective).
-	changed map[string]bool
+	changed                                  map[string]bool
 	nodeID, dataDir, ledger                  string
 	rpcAddr, httpAddr, adminAddr, gossipAddr string
 	join                                     []string
