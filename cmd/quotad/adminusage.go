@@ -239,7 +239,9 @@ func printUsage(w io.Writer, exp *node.UsageExport, byRoute bool) {
 		units += u.Units
 		overage += u.Overage
 	}
-	fmt.Fprintf(w, "total\t\t\t%d\t\t\t%d\n", units, overage)
+	// NB: with a space, which no account id has: "total" alone was an
+	// account's row as well as the sum's.
+	fmt.Fprintf(w, "= total\t\t\t%d\t\t\t%d\n", units, overage)
 }
 
 func sortedRoutes(m map[string]int64) []string {

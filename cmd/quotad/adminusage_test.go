@@ -97,7 +97,7 @@ func TestQuotadAdminUsage(t *testing.T) {
 		"beta     metered  soft   25     10     25          15       0",
 		"delta    metered  soft   5      -      0           0        5",
 		"3 accounts with usage or a monthly grant in 2001-06",
-		"total                    85                        15\n",
+		"= total                  85                        15\n",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("usage lacks %q:\n%s", want, out)
