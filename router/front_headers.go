@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"math"
 	"math/bits"
 	"net/http"
 	"strconv"
@@ -163,12 +164,25 @@ func rateLimitHeaders(d *shard.Decision, now int64, quota bool) (policy, limit s
 }
 
 // appendBurstPolicy appends RateLimit-Policy's "burst" item: a bucket of
-// burst tokens that refills in window ns.
+// burst tokens that refills in window ns. A bucket that refills within a
+// second is described per second, q the tokens a second brings (rounded
+// down): w is whole seconds, and "q=1;w=1" for 600/m with a burst of 1
+// (a token every 100 ms) told clients pacing by it a tenth of the rate.
 func appendBurstPolicy(pb []byte, burst, window int64) []byte {
+	q, w := burst, max(1, ceilSeconds(window))
+	if window > 0 && window < int64(time.Second) && burst > 0 {
+		hi, lo := bits.Mul64(uint64(burst), uint64(time.Second))
+		q = math.MaxInt64
+		if hi < uint64(window) { // NB: else the quotient passes 64 bits
+			if quo, _ := bits.Div64(hi, lo, uint64(window)); quo <= math.MaxInt64 {
+				q = int64(quo)
+			}
+		}
+	}
 	pb = append(pb, `"burst";q=`...)
-	pb = strconv.AppendInt(pb, burst, 10)
+	pb = strconv.AppendInt(pb, q, 10)
 	pb = append(pb, ";w="...)
-	return strconv.AppendInt(pb, max(1, ceilSeconds(window)), 10)
+	return strconv.AppendInt(pb, w, 10)
 }
 
 // nextToken is the ns until the bucket of d, empty, has a token again: a

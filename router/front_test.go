@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -53,7 +54,16 @@ func TestRateLimitHeaders(t *testing.T) {
 		{shard.Decision{RateBurst: 5, RateRemaining: 5, RateReset: 0, RateWindow: int64(1500 * time.Millisecond), Limit: 1, Remaining: 1, Reset: july},
 			`"burst";q=5;w=2, "quota";q=1;w=2592000`, `"burst";r=5;t=0, "quota";r=1;t=216000`}, // full bucket: t=0; windows round up
 		{shard.Decision{RateBurst: 100, RateRemaining: -1, RateReset: 1, RateWindow: 1, Limit: 10, Remaining: -3, Reset: july},
-			`"burst";q=100;w=1, "quota";q=10;w=2592000`, `"burst";r=0;t=1, "quota";r=0;t=216000`}, // never a negative r, never w=0
+			`"burst";q=100000000000;w=1, "quota";q=10;w=2592000`, `"burst";r=0;t=1, "quota";r=0;t=216000`}, // never a negative r, never w=0
+		// A bucket that refills within a second, described per second:
+		// 600/m with a burst of 1 is 10 a second, not "q=1;w=1" (a tenth
+		// of the rate); 3 tokens in 700 ms are 4 a second (rounded down).
+		{shard.Decision{RateBurst: 1, RateRemaining: 1, RateWindow: int64(100 * time.Millisecond), Limit: 60, Remaining: 7, Reset: july},
+			`"burst";q=10;w=1, "quota";q=60;w=2592000`, `"burst";r=1;t=0, "quota";r=7;t=216000`},
+		{shard.Decision{RateBurst: 3, RateRemaining: 3, RateWindow: int64(700 * time.Millisecond), Limit: 60, Remaining: 7, Reset: july},
+			`"burst";q=4;w=1, "quota";q=60;w=2592000`, `"burst";r=3;t=0, "quota";r=7;t=216000`},
+		{shard.Decision{RateBurst: math.MaxInt64 / 2, RateRemaining: 0, RateWindow: 1, Limit: 60, Remaining: 7, Reset: july},
+			`"burst";q=9223372036854775807;w=1, "quota";q=60;w=2592000`, `"burst";r=0;t=1, "quota";r=7;t=216000`}, // no overflow
 		// February 2027 has 28 days; a period already over (a clock behind) says t=0.
 		{shard.Decision{Limit: 9, Remaining: 9, Reset: time.Date(2027, 3, 1, 0, 0, 0, 0, time.UTC).Unix()},
 			`"quota";q=9;w=2419200`, `"quota";r=9;t=` + fmt.Sprint(time.Date(2027, 3, 1, 0, 0, 0, 0, time.UTC).Unix()-now)},
