@@ -893,6 +893,21 @@ func (a *Account) refundReplay(eventID string, receipt *Receipt, self string, no
 	return d
 }
 
+// namesOther says receipt r (of e's id) is of another charge than e, the
+// one this account's window remembers. Of a charge this node made: another
+// generation, period or charge time. Of another node's (the account moved
+// since): another period, more than a dedup window from e, so no retry of
+// one use (a retry across a month's edge that another owner charged again
+// is the same event in the ledger, and refunds e); a June use's receipt
+// refunded this node's July use of the id, and June's refund was lost.
+func (r *Receipt) namesOther(e event, self string, params *Params) bool {
+	if r.Node == "" || r.Node == self {
+		return r.Gen != e.gen || r.Period != e.period || r.Wall != 0 && r.Wall != e.chargeAt
+	}
+	apart := r.Wall - e.chargeAt
+	return r.Period != e.period && r.Wall != 0 && max(apart, -apart) > params.DedupWindow
+}
+
 func (a *Account) refund(eventID string, receipt *Receipt, self string, attempt bool, now Now, params *Params, rec *Record) Decision {
 	rec.Type = 0
 	p, wall := a.advance(now.Wall)
@@ -902,12 +917,14 @@ func (a *Account) refund(eventID string, receipt *Receipt, self string, attempt 
 	rec.reset(RecRefund, a.cfg.ID, a.seen)
 	rec.EventID = eventID
 	e, ok := a.dedup.get(eventID, a.seen, params.DedupWindow)
-	if ok && !attempt && receipt != nil && receipt.EventID == eventID && (receipt.Node == "" || receipt.Node == self) &&
-		(receipt.Gen != e.gen || receipt.Period != e.period) {
+	if ok && !attempt && receipt != nil && receipt.EventID == eventID && receipt.namesOther(e, self, params) {
 		// The receipt of an earlier charge of the id here: one refunded
 		// and charged again (a later generation now), or a use past the
 		// dedup window (of this month or an earlier one). It refunds that
-		// charge, by its receipt, not the one the window remembers.
+		// charge, by its receipt, not the one the window remembers. The
+		// charge's time tells them apart too: a refunded id used again
+		// after its window takes its generation over, so the first use's
+		// receipt, sent again (a lost answer), refunded the second use.
 		ok = false
 	}
 	if ok {

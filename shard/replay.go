@@ -42,13 +42,13 @@ func (a *Account) ApplyRecord(seq uint64, rec *Record, params *Params) {
 		a.refunded.expire(a.seen, RefundedWindow, params.DedupMax)
 		if rec.Kept {
 			// Held back while replays may be served: pending, nothing returned.
-			if e, ok := a.dedup.get(rec.EventID, a.seen, params.DedupWindow); ok && e.gen == rec.Gen {
+			if e, ok := a.dedup.get(rec.EventID, a.seen, params.DedupWindow); ok && e.names(rec) {
 				e.pending = true
 				a.dedup.update(rec.EventID, e)
 			}
 			break
 		}
-		if e, ok := a.dedup.get(rec.EventID, a.seen, params.DedupWindow); ok && e.gen == rec.Gen {
+		if e, ok := a.dedup.get(rec.EventID, a.seen, params.DedupWindow); ok && e.names(rec) {
 			e.refunded = true
 			a.dedup.update(rec.EventID, e)
 		}
@@ -382,4 +382,14 @@ func (a *Account) RestoreCheckpoint(b []byte) error {
 	*a = n
 	a.Configure(a.cfg)
 	return nil
+}
+
+// names says refund record rec is of the charge e: the same generation, and
+// the same charge time (ChargeWall, when the record has one). Live, a
+// receipt's refund of an earlier use of the id (last month's, of the same
+// generation) left the remembered charge alone; replayed by generation
+// alone, it marked the remembered one refunded, and the client's retry of
+// that charge was billed again after a restart.
+func (e event) names(rec *Record) bool {
+	return e.gen == rec.Gen && (rec.ChargeWall == 0 || rec.ChargeWall == e.chargeAt)
 }
