@@ -75,6 +75,7 @@ func RunConformance(t *testing.T, open func(t *testing.T) Ledger) {
 		{"NodeStarts", confNodeStarts},
 		{"MissedAlerts", confMissedAlerts},
 		{"AlertsReArmedByARaisedQuota", confAlertsRearmed},
+		{"RetryOfALaterGenerationAtANewOwner", confRetryOfLaterGeneration},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -1322,6 +1323,37 @@ func confReplayAfterMove(t *testing.T, l Ledger) {
 	}
 	if n, err := counter.waitingTakeBacks(t.Context()); err != nil || n != 0 {
 		t.Errorf("waiting take-backs: %d, %v; want 0 (node-a's replay and its take-back both settled)", n, err)
+	}
+	wantReconciled(t, l)
+}
+
+// node-a charged K, its attempt failed and was refunded; the client's
+// retry was K's next generation there (K␟1), served and billed. Its answer
+// was lost, the account moved to node-b, and the client retried K again:
+// node-b, which never knew K, charged generation 0, which took the refunded
+// K over and billed it: one request billed twice (a review). A later
+// generation standing billed makes it a duplicate; once that generation is
+// refunded too, a retry takes K over as before.
+func confRetryOfLaterGeneration(t *testing.T, l Ledger) {
+	a, b := twoReservingNodes(t, l)
+	k1 := shard.LedgerEventID("K", 1)
+	a.settle(t, chargeOf("acct-1", "K", 5, confJune).withReserved())
+	a.settle(t, refundOf("acct-1", "K", 5, confJune).attempt())
+	a.settle(t, chargeOf("acct-1", k1, 5, confJune).withReserved().at(confWallTime().Add(time.Minute)))
+	if res := b.settle(t, chargeOf("acct-1", "K", 5, confJune).withReserved().at(confWallTime().Add(2*time.Minute))); len(res.Duplicates) != 1 {
+		t.Errorf("node-b's charge of K while K␟1 stands billed: %+v, want a duplicate", res)
+	}
+	if got := billedOf(t, l, "K") + billedOf(t, l, k1); got != 5 {
+		t.Errorf("the client's K billed %d units, want 5 (one request, retried): %+v", got, eventsOf(t, l, "acct-1"))
+	}
+	// K␟1's attempt fails too, and another retry is served at node-b: with
+	// every generation refunded, it takes K over and is billed.
+	a.settle(t, refundOf("acct-1", k1, 5, confJune).attempt().at(confWallTime().Add(time.Minute)))
+	if res := b.settle(t, chargeOf("acct-1", "K", 5, confJune).withReserved().at(confWallTime().Add(3*time.Minute))); len(res.Duplicates) != 0 {
+		t.Errorf("node-b's served retry of K with every generation refunded: %+v, want it billed", res)
+	}
+	if got := billedOf(t, l, "K") + billedOf(t, l, k1); got != 5 {
+		t.Errorf("the client's K billed %d units after the last retry, want 5: %+v", got, eventsOf(t, l, "acct-1"))
 	}
 	wantReconciled(t, l)
 }

@@ -493,6 +493,8 @@ type pgSettle struct {
 	// dupSeqs: the seqs of res.Duplicates' charges, to put them in log
 	// order, as SQLite reports them, when settleMixed decided some later.
 	dupSeqs []uint64
+	// touched is touchedIDs(b), made when first needed.
+	touched map[string]bool
 }
 
 // queueCrossMonth queues pgCrossMonthSQL for the batch's client-id charges
@@ -794,7 +796,17 @@ func (s *pgSettle) decideCharge(ctx context.Context, tx pgx.Tx, c *Charge, o ori
 	case o.refunded != nil && *o.refunded:
 		// A retry served, the event refunded (an attempt's refund, or
 		// the event's own decided before this charge): it takes the
-		// event over and is billed.
+		// event over and is billed. Not a retry of a later generation
+		// of the id that stands billed (laterGenerations): a duplicate.
+		var err error
+		if s.laterGenerationBilled(ctx, tx, c, &err) {
+			s.res.Duplicates, s.dupSeqs = append(s.res.Duplicates, chargeRef(c)), append(s.dupSeqs, c.Seq)
+			s.plan.reservedCharge(c)
+			return nil
+		}
+		if err != nil {
+			return err
+		}
 		query = pgTakeOverSQL
 	default:
 		if o.node != nil {
@@ -818,6 +830,36 @@ func (s *pgSettle) decideCharge(ctx context.Context, tx pgx.Tx, c *Charge, o ori
 		return err
 	}
 	return s.decideCharge(ctx, tx, c, o, true)
+}
+
+// laterGenerationBilled says a later generation of c's client id stands
+// billed (see laterGenerations); a query error goes to *errp (and reads
+// false).
+func (s *pgSettle) laterGenerationBilled(ctx context.Context, tx pgx.Tx, c *Charge, errp *error) bool {
+	lo, hi, ok := laterGenerations(c.EventID)
+	if !ok || !c.ClientID {
+		return false
+	}
+	var starts []time.Time
+	for _, p := range laterGenerationMonths(c) {
+		starts = append(starts, periodDate(p))
+	}
+	if s.touched == nil {
+		s.touched = touchedIDs(s.b)
+	}
+	s.res.RoundTrips++
+	rows, err := tx.Query(ctx, `SELECT event_id FROM events WHERE account_id = $1 AND event_id >= $2 AND event_id < $3
+		AND period_start = ANY($4::timestamptz[]) AND NOT refunded AND NOT tombstone`, c.Account, lo, hi, starts)
+	if err != nil {
+		*errp = err
+		return false
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		*errp = err
+		return false
+	}
+	return slices.ContainsFunc(ids, func(id string) bool { return !s.touched[c.Account+"\x00"+id] })
 }
 
 // probe reads the origin of c's event row afresh: in c's month, else (near

@@ -35,6 +35,7 @@ package flush
 import (
 	"fmt"
 	"slices"
+	"strings"
 
 	"github.com/quotaring/quotaring/shard"
 )
@@ -221,4 +222,61 @@ func validReplay(r *Replay) error {
 		return fmt.Errorf("replay seq %d (account %q, event %q): want account and event id set and a delta of 1 or -1", r.Seq, r.Account, r.EventID)
 	}
 	return nil
+}
+
+// laterGenerations is the range of ledger event ids [lo, hi) that name the
+// later generations of a client id's first one (shard.LedgerEventID: id,
+// U+001F, the generation), ok false for an id that is a later generation
+// itself. A charge of the first generation that meets its event refunded
+// takes it over (a retry served), unless a later generation of the id
+// stands billed in that month: then it is a retry of that one, charged
+// again by an owner that never knew of it (the account moved after the
+// refunded id's retry was charged as its next generation at the old
+// owner), and billing it billed one request twice (a review). Taken for a
+// duplicate instead; as other limits of generations do, that under-bills,
+// never over-bills: a use of the id that is new work, and the retry served
+// here when the later generation's own attempt fails after all (its refund
+// un-bills the id's every use; counting this retry as served under it, as
+// served_again does for a retry of one generation, would need the retry's
+// own attempt refund, which names the first generation, to count it off
+// there).
+//
+// The months looked in are the charge's and, near its edge, the
+// neighbouring one (as a retry's event is looked for: neighbourMonth), the
+// same on both ledgers; the rows the batch itself charges, refunds or
+// replays do not count: Postgres logs a batch's charges before its replays
+// and refunds, SQLite one record after the other, so their state in the
+// middle of a batch differs between the two (a node that charged or
+// refunded both generations knew the id anyway).
+func laterGenerations(eventID string) (lo, hi string, ok bool) {
+	if strings.ContainsRune(eventID, '\x1f') {
+		return "", "", false
+	}
+	return eventID + "\x1f", eventID + "\x20", true
+}
+
+// laterGenerationMonths are the months laterGenerations looks in for
+// charge c.
+func laterGenerationMonths(c *Charge) []shard.Period {
+	months := []shard.Period{c.Period}
+	if p, near := neighbourMonth(c.Period, c.Wall); near {
+		months = append(months, p)
+	}
+	return months
+}
+
+// touchedIDs is the set of ledger event ids b's records name: the rows
+// laterGenerations leaves out.
+func touchedIDs(b *Batch) map[string]bool {
+	ids := make(map[string]bool, len(b.Charges)+len(b.Refunds)+len(b.Replays))
+	for i := range b.Charges {
+		ids[b.Charges[i].Account+"\x00"+b.Charges[i].EventID] = true
+	}
+	for i := range b.Refunds {
+		ids[b.Refunds[i].Account+"\x00"+b.Refunds[i].EventID] = true
+	}
+	for i := range b.Replays {
+		ids[b.Replays[i].Account+"\x00"+b.Replays[i].EventID] = true
+	}
+	return ids
 }

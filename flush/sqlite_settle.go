@@ -51,6 +51,8 @@ type sqliteSettle struct {
 	res  *SettleResult
 	plan *settlePlan
 	now  int64
+	// touched is touchedIDs(b), made when first needed.
+	touched map[string]bool
 }
 
 func (st *sqliteSettle) exec(ctx context.Context, query string, args ...any) (sql.Result, error) {
@@ -249,8 +251,15 @@ func (st *sqliteSettle) logCharge(ctx context.Context, ins *sql.Stmt, c *Charge)
 		// charged by another owner, was served: it takes the event over
 		// and is billed, the other nodes' late charges still owed. Not a
 		// retry charged before the event's own refund (refund_wall):
-		// that refund covers it.
-		return st.takeOver(ctx, c, ag.owed)
+		// that refund covers it. Nor a retry of a later generation of
+		// the id that stands billed (laterGenerations): a duplicate.
+		stands, err := st.laterGenerationBilled(ctx, orig)
+		if err != nil {
+			return err
+		}
+		if !stands {
+			return st.takeOver(ctx, c, ag.owed)
+		}
 	case debts:
 		// An older build's debt, paid back by this late charge.
 		ag.served++
@@ -331,6 +340,40 @@ func (st *sqliteSettle) resolveName(ctx context.Context, account, eventID string
 		}
 	}
 	return eventID, true, nil
+}
+
+// laterGenerationBilled says a later generation of c's client id stands
+// billed (see laterGenerations).
+func (st *sqliteSettle) laterGenerationBilled(ctx context.Context, c *Charge) (bool, error) {
+	lo, hi, ok := laterGenerations(c.EventID)
+	if !ok || !c.ClientID {
+		return false, nil
+	}
+	if st.touched == nil {
+		st.touched = touchedIDs(st.b)
+	}
+	for _, p := range laterGenerationMonths(c) {
+		rows, err := st.tx.QueryContext(ctx, `SELECT event_id FROM events WHERE account_id = ? AND event_id >= ? AND event_id < ? AND period = ?
+			AND NOT refunded AND NOT tombstone`, c.Account, lo, hi, p.String())
+		st.res.RoundTrips++
+		if err != nil {
+			return false, err
+		}
+		stands := false
+		for rows.Next() {
+			var id string
+			if err := rows.Scan(&id); err != nil {
+				rows.Close()
+				return false, err
+			}
+			stands = stands || !st.touched[c.Account+"\x00"+id]
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil || stands {
+			return stands, err
+		}
+	}
+	return false, nil
 }
 
 // takeOver gives the event's row to charge c (this batch's node's), billed:
