@@ -63,6 +63,38 @@ func TestBatcherLoneCallerSendsInline(t *testing.T) {
 	}
 }
 
+// A lone caller whose ctx ends while its request is on its way (a charge
+// with a short deadline, at a quiet time) gets its ctx's error, and the
+// reply, when the owner applied it after all, goes to orphan to be taken
+// back. Sent inline under the caller's ctx, the call was cut with nothing
+// to take back, and the charge stayed billed.
+func TestBatcherLoneCallerThatLeavesIsOrphaned(t *testing.T) {
+	f := &fakeSend{hold: make(chan struct{}), entered: make(chan struct{}, 1)}
+	b := newBatcher(context.Background(), &goroutines{}, 4, 512, f.send)
+	orphans := make(chan [2]int, 1)
+	b.orphan = func(req, rep int) { orphans <- [2]int{req, rep} }
+	ctx, cancel := context.WithCancel(context.Background())
+	left := make(chan error, 1)
+	go func() {
+		_, err := b.do(ctx, 3)
+		left <- err
+	}()
+	<-f.entered // on its way (applied, say, at the owner)
+	cancel()
+	if err := <-left; !errors.Is(err, context.Canceled) {
+		t.Fatalf("the caller that left: %v, want context.Canceled", err)
+	}
+	close(f.hold) // the owner's answer arrives
+	select {
+	case o := <-orphans:
+		if o != [2]int{3, 30} {
+			t.Fatalf("orphan %v, want [3 30]", o)
+		}
+	case <-time.After(10 * time.Second): // NB: a deadline, not a wait
+		t.Fatal("the reply of the request whose caller left never reached orphan: nothing takes it back")
+	}
+}
+
 // While the only slot is busy, callers queue, and the slot's holder sends
 // everything queued as one batch when its own send ends; a queued caller
 // whose context ends gets its context's error, and its request is not sent.

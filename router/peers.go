@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 
 	"github.com/quotaring/quotaring/router/pb"
 	"github.com/quotaring/quotaring/shard"
@@ -67,6 +68,10 @@ func newPeers(ctx context.Context, opts peerOptions) *peers {
 	return &peers{opts: opts, ctx: ctx, byAddr: make(map[string]*peer)}
 }
 
+// peerMaxBackoff caps the wait between two tries to reconnect to a peer
+// that was unreachable: a node back serves its accounts within it.
+const peerMaxBackoff = 2 * time.Second
+
 func (ps *peers) get(addr string) (*peer, error) {
 	ps.mu.Lock()
 	defer ps.mu.Unlock()
@@ -77,6 +82,15 @@ func (ps *peers) get(addr string) (*peer, error) {
 		return p, nil
 	}
 	dialOpts := NodeDialOptions(ps.opts.token, ps.opts.tls)
+	// A node that was down and serves again: gRPC's reconnect backoff,
+	// grown through the outage (1 s x 1.6 a try, up to 120 s), kept failing
+	// calls to it at once with the old dial error long after it was back
+	// (a review: 15-20 s after a 45 s outage, for every embedded client
+	// and forwarding node), while a new connection would have worked.
+	dialOpts = append(dialOpts, grpc.WithConnectParams(grpc.ConnectParams{
+		Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: peerMaxBackoff},
+		MinConnectTimeout: 5 * time.Second,
+	}))
 	if ps.opts.dialer != nil {
 		dialOpts = append(dialOpts, grpc.WithContextDialer(ps.opts.dialer))
 	}
