@@ -618,6 +618,16 @@ func (c *Client) Usage(ctx context.Context, account string) (UsageResult, error)
 // did not answer (silent), and when Close cut it after it was sent (closed).
 type op struct{ name, silent, closed string }
 
+// unanswered is the error a call sent that got no answer wraps:
+// ErrUnavailable with ErrOutcomeUnknown (ErrUnavailable alone for a usage
+// read, which changes nothing).
+func (o op) unanswered() error {
+	if o == opUsage {
+		return ErrUnavailable
+	}
+	return errUnknownOutcome
+}
+
 const onNewClient = "on a new client (Dial one: this one is closed)"
 
 var (
@@ -669,10 +679,10 @@ func (c *Client) route(ctx context.Context, o op, account string, call func(cont
 	}
 	if cerr := ctxEnded(ctx); cerr != nil {
 		return fmt.Errorf("%w: the owner of account %q at %s did not answer the %s, and the retry at the owner the ring names now failed (%v; %w); %s",
-			ErrUnavailable, account, sentTo, o.name, err, cerr, then)
+			o.unanswered(), account, sentTo, o.name, err, cerr, then)
 	}
 	return fmt.Errorf("%w: the owner of account %q at %s did not answer the %s, and the retry at the owner the ring names now failed (%v); %s",
-		ErrUnavailable, account, sentTo, o.name, err, then)
+		o.unanswered(), account, sentTo, o.name, err, then)
 }
 
 // attempts is route's loop. *sentTo is set to an owner it left without
@@ -729,7 +739,7 @@ func (c *Client) attempts(ctx context.Context, o op, account string, call func(c
 				// with RefreshInterval < 0), each waiting its whole deadline.
 				c.refreshBehind(v, target)
 				return fmt.Errorf("%w: the owner of account %q at %s did not answer the %s before the caller's context ended (%w); %s",
-					ErrUnavailable, account, target, o.name, cerr, o.silent)
+					o.unanswered(), account, target, o.name, cerr, o.silent)
 			}
 			if !refreshed {
 				refreshed = true
@@ -758,7 +768,7 @@ func (c *Client) attempts(ctx context.Context, o op, account string, call func(c
 					ErrUnavailable, account, target, rpcErr.err, o.name, hint)
 			}
 			return fmt.Errorf("%w: the owner of account %q at %s did not answer the %s (%v); %s",
-				ErrUnavailable, account, target, o.name, rpcErr.err, o.silent)
+				o.unanswered(), account, target, o.name, rpcErr.err, o.silent)
 		default:
 			c.stats.WrongOwner.Add(1)
 			c.refreshAfter(ctx, v, target, "")
@@ -821,10 +831,10 @@ func (c *Client) viaGateway(ctx context.Context, o op, account string, call func
 			next(i)
 			if cerr := ctxEnded(ctx); cerr != nil {
 				return fmt.Errorf("%w: the seed %s did not answer the %s for account %q before the caller's context ended (%w); %s",
-					ErrUnavailable, seed, o.name, account, cerr, o.silent)
+					o.unanswered(), seed, o.name, account, cerr, o.silent)
 			}
 			return fmt.Errorf("%w: the seed %s did not answer the %s for account %q (%v); %s",
-				ErrUnavailable, seed, o.name, account, rpcErr.err, o.silent)
+				o.unanswered(), seed, o.name, account, rpcErr.err, o.silent)
 		default:
 			c.stats.WrongOwner.Add(1)
 			wrong, wrongs = wo, wrongs+1
@@ -864,7 +874,7 @@ func closedError(o op, account, addr string, err error) error {
 		return fmt.Errorf("%w: the %s for account %q was not sent, so nothing was applied", ErrClosed, o.name, account)
 	}
 	return fmt.Errorf("%w: the client was closed before the owner of account %q at %s answered the %s (%v); %s",
-		ErrUnavailable, account, addr, o.name, err, o.closed)
+		o.unanswered(), account, addr, o.name, err, o.closed)
 }
 
 // peerError is the error for a connection the client could not get.

@@ -57,7 +57,28 @@ var (
 	// quota-unavailable, with Retry-After: between nodes it is an operator's
 	// to fix, not the client's, whose retry succeeds once that is done.
 	ErrRejected = errors.New("router: the node rejected the call")
+	// ErrOutcomeUnknown marks an ErrUnavailable whose call was sent and got
+	// no answer (a deadline, an owner that died or hung, a Close that cut
+	// it): the owner may have applied it. errors.Is(err, ErrUnavailable)
+	// holds for it too. An ErrUnavailable without it was not applied (not
+	// sent, turned away, refused for now). A charge with a ClientID is
+	// safe to retry with its event id either way; one without cannot be
+	// told apart from a new charge, and one its caller's deadline cut is
+	// refunded by the client when the owner's answer arrives.
+	ErrOutcomeUnknown = errors.New("router: the outcome is unknown")
 )
+
+// errUnknownOutcome is ErrUnavailable with ErrOutcomeUnknown, in a chain
+// whose text is ErrUnavailable's: the errors of calls that got no answer
+// wrap it.
+var errUnknownOutcome error = unknownOutcome{}
+
+type unknownOutcome struct{}
+
+func (unknownOutcome) Error() string { return ErrUnavailable.Error() }
+func (unknownOutcome) Is(target error) bool {
+	return target == ErrUnavailable || target == ErrOutcomeUnknown
+}
 
 var (
 	// errClosed is what peers answer once closed: the Client's Close
@@ -452,9 +473,9 @@ func ownerSilent(ctx context.Context, account, addr string, err error) error {
 	}
 	if cerr := ctxEnded(ctx); cerr != nil {
 		return fmt.Errorf("%w: the owner of account %q at %s did not answer before the caller's deadline (%w); the outcome is unknown, retry with the same event id",
-			ErrUnavailable, account, addr, cerr)
+			errUnknownOutcome, account, addr, cerr)
 	}
-	return fmt.Errorf("%w: the owner of account %q at %s did not answer (%v); the outcome is unknown, retry with the same event id", ErrUnavailable, account, addr, err)
+	return fmt.Errorf("%w: the owner of account %q at %s did not answer (%v); the outcome is unknown, retry with the same event id", errUnknownOutcome, account, addr, err)
 }
 
 func resultFromPB(rep *pb.ChargeReply) (ChargeResult, error) {
