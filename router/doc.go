@@ -81,7 +81,8 @@
 // Client.Charge, Refund and Usage call the owner directly. Check the error
 // before the result: with an error the result's Reason is shard.Undecided,
 // never accepted. ErrUnavailable means not decided now, or the outcome is
-// unknown (the owner did not answer): retry. Only a charge with an EventID
+// unknown (the owner did not answer; the error then matches
+// ErrOutcomeUnknown too): retry. Only a charge with an EventID
 // and ClientID is safe to retry (with the same id: charged and billed
 // once); a charge without ClientID sent again is a new charge, with a new
 // id, which may bill twice when the first was applied. ErrInvalidRequest, ErrRejected (the node turned the call
