@@ -82,22 +82,20 @@ type Settler struct {
 	log  logView
 	node string
 	inc  string
-	mu   sync.Mutex // serialises SettleOnce; protects lastBeat, limit, regrow, growBelow and downSince
+	mu   sync.Mutex // serialises SettleOnce; protects lastBeat, limit, growBelow and downSince
 	// refused runs OnRefused once.
 	refused sync.Once
 	// lastBeat is when this node last wrote its heartbeat to the ledger
 	// (a settle or Register).
 	lastBeat time.Time
 	// limit is the records of one settle: MaxBatch, halved (down to
-	// minBatch) each time the ledger cancels a settle for taking too long.
+	// minBatch) each time a settle times out, on our side (CallTimeout) or
+	// the ledger's (statement_timeout). Below MaxBatch it doubles back
+	// after each settle quicker than growBelow, since a ledger that hung
+	// for a minute is not slow for ever, and a role's statement_timeout
+	// can be raised, or its cancel have been one statement's wait on a
+	// lock.
 	limit int
-	// regrow says limit was cut by a settle that timed out, on our side
-	// (CallTimeout) or the ledger's (statement_timeout): it doubles back
-	// towards MaxBatch after each settle quicker than growBelow, since a
-	// ledger that hung for a minute is not slow for ever, and a role's
-	// statement_timeout can be raised, or its cancel have been one
-	// statement's wait on a lock.
-	regrow bool
 	// growBelow is a quarter of how long the settle that cut limit took
 	// before it was cancelled (about the timeout that cancelled it): a
 	// settle of limit records quicker than that can double and still end
@@ -550,23 +548,22 @@ func (s *Settler) settleBatch(ctx context.Context) (n int, more bool, err error)
 		case statementTimedOut(err) && s.limit > minBatch:
 			// A role's statement_timeout shorter than one settle failed the
 			// same range at the same size for ever.
-			s.limit, s.regrow, s.growBelow = max(minBatch, s.limit/2), true, rep.Took/4
+			s.limit, s.growBelow = max(minBatch, s.limit/2), rep.Took/4
 			s.opts.Logger.Warn("the ledger cancelled a settle for taking too long (its statement_timeout?): settling in smaller batches",
 				"records", next-prev, "took", rep.Took.Round(time.Millisecond), "batch", s.limit,
 				"what_to_do", "raise statement_timeout for the nodes' role, or leave it: smaller batches cost more round trips, and the batch grows back after settles quicker than a quarter of that")
 		case CallTimedOut(err) && s.limit > minBatch:
 			// The same for our own bound: a ledger slow rather than hung
 			// gets through in smaller batches.
-			s.limit, s.regrow, s.growBelow = max(minBatch, s.limit/2), true, s.opts.CallTimeout/4
+			s.limit, s.growBelow = max(minBatch, s.limit/2), s.opts.CallTimeout/4
 		}
 		return 0, false, fmt.Errorf("flush: settle (%d, %d] of node %s: %w", prev, next, s.node, err)
 	}
 	if next >= mark.seq {
 		s.drain = drainMark{} // claimed: the next round takes a new one
 	}
-	if s.regrow && rep.Took < s.growBelow {
+	if s.limit < s.opts.MaxBatch && rep.Took < s.growBelow {
 		s.limit = min(s.opts.MaxBatch, 2*s.limit)
-		s.regrow = s.limit < s.opts.MaxBatch
 	}
 	// One round more when the records the mark waits for are durable by
 	// now (they were on their way to the disk): a settle asked for (a
@@ -623,15 +620,14 @@ func (s *Settler) report(rep SettleReport, err error) {
 func (s *Settler) batch(prev, next uint64, cut bool) (*Batch, error) {
 	b := &Batch{Node: s.node, Incarnation: s.inc, Prev: prev, Next: next, Events: s.opts.Events}
 	var rec shard.Record
-	type event struct{ account, id string }
-	var refunded map[event]bool // cut: the events this batch refunds so far
+	var refunded map[eventKey]bool // cut: the events this batch refunds so far
 	err := s.log.Scan(prev, next, func(seq uint64, p []byte) error {
 		if err := rec.Decode(p); err != nil {
 			return fmt.Errorf("record %d: %w", seq, err)
 		}
 		switch rec.Type {
 		case shard.RecCharge:
-			if cut && rec.ClientID && refunded[event{rec.Account, shard.LedgerEventID(rec.EventID, rec.Gen)}] {
+			if cut && rec.ClientID && refunded[eventKey{rec.Account, shard.LedgerEventID(rec.EventID, rec.Gen)}] {
 				// A charge of an event this batch refunded before it (the
 				// node had forgotten the id: its dedup window passed, or
 				// DedupMax evicted it): settled with the refund, it met the
@@ -660,9 +656,9 @@ func (s *Settler) batch(prev, next uint64, cut bool) (*Batch, error) {
 				Attempt: rec.Attempt, Origin: rec.Origin, Released: rec.Released, Allocs: append([]shard.Alloc(nil), rec.Allocs...)})
 			if cut {
 				if refunded == nil {
-					refunded = map[event]bool{}
+					refunded = map[eventKey]bool{}
 				}
-				refunded[event{rec.Account, shard.LedgerEventID(rec.EventID, rec.Gen)}] = true
+				refunded[eventKey{rec.Account, shard.LedgerEventID(rec.EventID, rec.Gen)}] = true
 			}
 		}
 		return nil
