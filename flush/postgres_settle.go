@@ -216,6 +216,16 @@ func neighbourMonth(p shard.Period, wall int64) (shard.Period, bool) {
 	return 0, false
 }
 
+// chargeMonths are the months charge c's event row may be in: its own and,
+// near its edge, the neighbouring one (neighbourMonth).
+func chargeMonths(c *Charge) []shard.Period {
+	months := []shard.Period{c.Period}
+	if p, near := neighbourMonth(c.Period, c.Wall); near {
+		months = append(months, p)
+	}
+	return months
+}
+
 // pgRefundsSQL applies refunds: found and unrefunded -> refunded (returning
 // the event as the log has it); not found -> a tombstone; found refunded ->
 // a duplicate refund. $1, $2: node, incarnation; $3..$12: the refunds;
@@ -494,7 +504,7 @@ type pgSettle struct {
 	// order, as SQLite reports them, when settleMixed decided some later.
 	dupSeqs []uint64
 	// touched is touchedIDs(b), made when first needed.
-	touched map[string]bool
+	touched map[eventKey]bool
 }
 
 // queueCrossMonth queues pgCrossMonthSQL for the batch's client-id charges
@@ -798,14 +808,12 @@ func (s *pgSettle) decideCharge(ctx context.Context, tx pgx.Tx, c *Charge, o ori
 		// the event's own decided before this charge): it takes the
 		// event over and is billed. Not a retry of a later generation
 		// of the id that stands billed (laterGenerations): a duplicate.
-		var err error
-		if s.laterGenerationBilled(ctx, tx, c, &err) {
-			s.res.Duplicates, s.dupSeqs = append(s.res.Duplicates, chargeRef(c)), append(s.dupSeqs, c.Seq)
-			s.plan.reservedCharge(c)
-			return nil
-		}
-		if err != nil {
+		switch stands, err := s.laterGenerationBilled(ctx, tx, c); {
+		case err != nil:
 			return err
+		case stands:
+			s.duplicate(c)
+			return nil
 		}
 		query = pgTakeOverSQL
 	default:
@@ -815,8 +823,7 @@ func (s *pgSettle) decideCharge(ctx context.Context, tx pgx.Tx, c *Charge, o ori
 				return err
 			}
 		}
-		s.res.Duplicates, s.dupSeqs = append(s.res.Duplicates, chargeRef(c)), append(s.dupSeqs, c.Seq)
-		s.plan.reservedCharge(c)
+		s.duplicate(c)
 		return nil
 	}
 	switch took, err := s.takeOver(ctx, tx, query, c, from); {
@@ -832,16 +839,22 @@ func (s *pgSettle) decideCharge(ctx context.Context, tx pgx.Tx, c *Charge, o ori
 	return s.decideCharge(ctx, tx, c, o, true)
 }
 
+// duplicate counts charge c a duplicate: not billed, its reserved units
+// off the node's reservation.
+func (s *pgSettle) duplicate(c *Charge) {
+	s.res.Duplicates, s.dupSeqs = append(s.res.Duplicates, chargeRef(c)), append(s.dupSeqs, c.Seq)
+	s.plan.reservedCharge(c)
+}
+
 // laterGenerationBilled says a later generation of c's client id stands
-// billed (see laterGenerations); a query error goes to *errp (and reads
-// false).
-func (s *pgSettle) laterGenerationBilled(ctx context.Context, tx pgx.Tx, c *Charge, errp *error) bool {
+// billed (see laterGenerations).
+func (s *pgSettle) laterGenerationBilled(ctx context.Context, tx pgx.Tx, c *Charge) (bool, error) {
 	lo, hi, ok := laterGenerations(c.EventID)
 	if !ok || !c.ClientID {
-		return false
+		return false, nil
 	}
 	var starts []time.Time
-	for _, p := range laterGenerationMonths(c) {
+	for _, p := range chargeMonths(c) {
 		starts = append(starts, periodDate(p))
 	}
 	if s.touched == nil {
@@ -851,25 +864,16 @@ func (s *pgSettle) laterGenerationBilled(ctx context.Context, tx pgx.Tx, c *Char
 	rows, err := tx.Query(ctx, `SELECT event_id FROM events WHERE account_id = $1 AND event_id >= $2 AND event_id < $3
 		AND period_start = ANY($4::timestamptz[]) AND NOT refunded AND NOT tombstone`, c.Account, lo, hi, starts)
 	if err != nil {
-		*errp = err
-		return false
+		return false, err
 	}
 	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		*errp = err
-		return false
-	}
-	return slices.ContainsFunc(ids, func(id string) bool { return !s.touched[c.Account+"\x00"+id] })
+	return slices.ContainsFunc(ids, func(id string) bool { return !s.touched[eventKey{c.Account, id}] }), err
 }
 
 // probe reads the origin of c's event row afresh: in c's month, else (near
 // an edge) in the neighbouring one.
 func (s *pgSettle) probe(ctx context.Context, tx pgx.Tx, c *Charge) (origin, error) {
-	months := []shard.Period{c.Period}
-	if p, near := neighbourMonth(c.Period, c.Wall); near {
-		months = append(months, p)
-	}
-	for _, p := range months {
+	for _, p := range chargeMonths(c) {
 		dups := map[uint64]origin{}
 		s.res.RoundTrips++
 		rows, _ := tx.Query(ctx, pgReprobeSQL, s.b.Node, []int64{int64(c.Seq)}, []string{c.Account}, []string{c.EventID},

@@ -242,8 +242,8 @@ func validReplay(r *Replay) error {
 // there).
 //
 // The months looked in are the charge's and, near its edge, the
-// neighbouring one (as a retry's event is looked for: neighbourMonth), the
-// same on both ledgers; the rows the batch itself charges, refunds or
+// neighbouring one (chargeMonths, where a retry's event is looked for),
+// the same on both ledgers; the rows the batch itself charges, refunds or
 // replays do not count: Postgres logs a batch's charges before its replays
 // and refunds, SQLite one record after the other, so their state in the
 // middle of a batch differs between the two (a node that charged or
@@ -255,28 +255,21 @@ func laterGenerations(eventID string) (lo, hi string, ok bool) {
 	return eventID + "\x1f", eventID + "\x20", true
 }
 
-// laterGenerationMonths are the months laterGenerations looks in for
-// charge c.
-func laterGenerationMonths(c *Charge) []shard.Period {
-	months := []shard.Period{c.Period}
-	if p, near := neighbourMonth(c.Period, c.Wall); near {
-		months = append(months, p)
-	}
-	return months
-}
+// eventKey names an event of the ledger's log: an account's event id.
+type eventKey struct{ account, id string }
 
-// touchedIDs is the set of ledger event ids b's records name: the rows
+// touchedIDs is the set of ledger events b's records name: the rows
 // laterGenerations leaves out.
-func touchedIDs(b *Batch) map[string]bool {
-	ids := make(map[string]bool, len(b.Charges)+len(b.Refunds)+len(b.Replays))
+func touchedIDs(b *Batch) map[eventKey]bool {
+	ids := make(map[eventKey]bool, len(b.Charges)+len(b.Refunds)+len(b.Replays))
 	for i := range b.Charges {
-		ids[b.Charges[i].Account+"\x00"+b.Charges[i].EventID] = true
+		ids[eventKey{b.Charges[i].Account, b.Charges[i].EventID}] = true
 	}
 	for i := range b.Refunds {
-		ids[b.Refunds[i].Account+"\x00"+b.Refunds[i].EventID] = true
+		ids[eventKey{b.Refunds[i].Account, b.Refunds[i].EventID}] = true
 	}
 	for i := range b.Replays {
-		ids[b.Replays[i].Account+"\x00"+b.Replays[i].EventID] = true
+		ids[eventKey{b.Replays[i].Account, b.Replays[i].EventID}] = true
 	}
 	return ids
 }

@@ -52,7 +52,7 @@ type sqliteSettle struct {
 	plan *settlePlan
 	now  int64
 	// touched is touchedIDs(b), made when first needed.
-	touched map[string]bool
+	touched map[eventKey]bool
 }
 
 func (st *sqliteSettle) exec(ctx context.Context, query string, args ...any) (sql.Result, error) {
@@ -352,7 +352,7 @@ func (st *sqliteSettle) laterGenerationBilled(ctx context.Context, c *Charge) (b
 	if st.touched == nil {
 		st.touched = touchedIDs(st.b)
 	}
-	for _, p := range laterGenerationMonths(c) {
+	for _, p := range chargeMonths(c) {
 		rows, err := st.tx.QueryContext(ctx, `SELECT event_id FROM events WHERE account_id = ? AND event_id >= ? AND event_id < ? AND period = ?
 			AND NOT refunded AND NOT tombstone`, c.Account, lo, hi, p.String())
 		st.res.RoundTrips++
@@ -366,7 +366,7 @@ func (st *sqliteSettle) laterGenerationBilled(ctx context.Context, c *Charge) (b
 				rows.Close()
 				return false, err
 			}
-			stands = stands || !st.touched[c.Account+"\x00"+id]
+			stands = stands || !st.touched[eventKey{c.Account, id}]
 		}
 		rows.Close()
 		if err := rows.Err(); err != nil || stands {
