@@ -189,14 +189,9 @@ func (b *batcher[Req, Rep]) doMany(ctx context.Context, reqs []Req) ([]Rep, []er
 	if ctx.Done() == nil && b.inflight < b.maxInflight && len(b.queue) == 0 && len(reqs) <= b.maxBatch {
 		b.inflight++
 		b.mu.Unlock()
-		got, err := b.send(ctx, reqs)
+		got, err := b.send(ctx, reqs) // NB: ctx cannot end: its error is the send's own
 		if err == nil && len(got) != len(reqs) {
 			err = errShortReply
-		}
-		if err != nil {
-			if cerr := ctxEnded(ctx); cerr != nil {
-				err = cerr // as a queued caller gets it; the send's error may come first (a server's deadline)
-			}
 		}
 		b.next()
 		for i := range reqs {
