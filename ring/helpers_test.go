@@ -93,12 +93,15 @@ func startNode(t *testing.T, id string, opts ...nodeOpt) *node {
 }
 
 // withFault gives the node a FaultTransport on 127.0.0.1.
-func withFault(t *testing.T) nodeOpt {
-	ft, err := NewFaultNetTransport("127.0.0.1", 0, testLogger())
+func withFault(t *testing.T) nodeOpt { return withFaultOn(t, "127.0.0.1") }
+
+// withFaultOn gives the node a FaultTransport on host, its bind address.
+func withFaultOn(t *testing.T, host string) nodeOpt {
+	ft, err := NewFaultNetTransport(host, 0, testLogger())
 	if err != nil {
 		t.Fatal(err)
 	}
-	return func(c *Config) { c.Transport = ft }
+	return func(c *Config) { c.BindAddr, c.Transport = host, ft }
 }
 
 // sync applies every Change queued for n, checking the Change contract, and

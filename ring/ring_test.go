@@ -331,11 +331,7 @@ func TestAMemberBackOnANewAddressIsTakenAtOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	eventually(t, 10*time.Second, func() error { return agree([]*node{n1}, "node-1") })
-	ft, err := NewFaultNetTransport("127.0.0.2", 0, testLogger())
-	if err != nil {
-		t.Fatal(err)
-	}
-	back := startNode(t, "node-2", withJoin(n1.Self().GossipAddr), func(c *Config) { c.BindAddr, c.Transport = "127.0.0.2", ft })
+	back := startNode(t, "node-2", withJoin(n1.Self().GossipAddr), withFaultOn(t, "127.0.0.2"))
 	back.serve(t)
 	// Well under GossipToTheDeadTime (5 s), after which the old entry
 	// would be gone anyway.
