@@ -131,3 +131,29 @@ func TestChargeJoiningAHungTopUpWaitsReserveTimeout(t *testing.T) {
 		t.Errorf("%d timeouts counted, want 1", e.Stats().ReserveTimeouts.Load())
 	}
 }
+
+// Reserving names an account while its reservation is on its way (the
+// ledger may hold the units for this node before the answer is in the
+// allowance), and no longer once the answer is in: the reservation audit
+// leaves such accounts alone (node/audit.go).
+func TestReservingListsAReservationOnItsWay(t *testing.T) {
+	var logs logbuf.Buffer
+	r := newHungReserver()
+	e := openHung(t, r, &logs, time.Minute, time.Minute)
+	if res, err := e.Charge(context.Background(), "acme", shard.Charge{Units: 1}); err != nil || res.Reason != shard.OK {
+		t.Fatalf("first charge: %+v %v", res, err)
+	}
+	if got := e.Reserving(); len(got) != 0 {
+		t.Fatalf("Reserving %v with the reservation answered, want none", got)
+	}
+	r.gate.Hung.Store(true)
+	chargeUntilTopUp(t, e, 1)
+	<-r.gate.Entered
+	if got := e.Reserving(); len(got) != 1 || got[0] != "acme" {
+		t.Fatalf("Reserving %v with a top-up of acme held at the ledger, want [acme]", got)
+	}
+	held := e.AllowanceHeld()
+	r.gate.Release()
+	waitfor.Cond(t, 3*time.Second, "the top-up's units in the allowance", func() bool { return e.AllowanceHeld() > held })
+	waitfor.Cond(t, 3*time.Second, "acme no longer reserving", func() bool { return len(e.Reserving()) == 0 })
+}

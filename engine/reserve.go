@@ -512,6 +512,12 @@ func (u *unreleased) empty() bool {
 	return len(u.m) == 0
 }
 
+// Reserving lists the accounts with a reservation on its way: asked of the
+// ledger, and its answer not yet in the allowance or, for an account the
+// node lost meanwhile, not yet handed back. The ledger may hold its units
+// for this node already: under a slow ledger, for seconds.
+func (e *Engine) Reserving() []string { return e.flights.keys() }
+
 // HandingBack lists the accounts with a hand-back queued (the ledger
 // refused it, or it waits for this node's log) or on its way: the ledger
 // still reserves their units for this node, which holds none of them,
@@ -584,6 +590,17 @@ type flightGroup struct {
 type flight struct {
 	done chan struct{}
 	err  error
+}
+
+// keys lists the keys with a call running.
+func (g *flightGroup) keys() []string {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	keys := make([]string, 0, len(g.calls))
+	for k := range g.calls {
+		keys = append(keys, k)
+	}
+	return keys
 }
 
 func (g *flightGroup) do(ctx context.Context, key string, fn func() error) error {

@@ -7,11 +7,13 @@ import (
 	"net/http"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/quotaring/quotaring/flush"
 	"github.com/quotaring/quotaring/internal/logbuf"
+	"github.com/quotaring/quotaring/router"
 	"github.com/quotaring/quotaring/shard"
 )
 
@@ -99,4 +101,134 @@ func statusPage(t *testing.T, nd *Node) string {
 		t.Fatalf("GET /status: %d %v", resp.StatusCode, err)
 	}
 	return string(body)
+}
+
+// A settle that commits while the audit reads the ledger does not make its
+// charges' units look stranded: the rows were read before it, so the
+// records it settled must not count as settled for them. The audit took
+// the settled mark after the read, and the units a lost account's
+// unsettled charges still held of the reservation (gone a moment later)
+// were judged stranded (CI, quotad chaos --seed 12 with the ledger slow).
+func TestReservationAuditIgnoresASettleDuringItsRead(t *testing.T) {
+	dir := t.TempDir()
+	dsn := "sqlite:" + filepath.Join(dir, "ledger.db")
+	accounts := twentyAccounts(1000)
+	seedLedger(t, dsn, accounts)
+	var rl *auditRaceLedger
+	nodes := startNodesWith(t, dsn, func(c *Config) {
+		c.ReservationAudit = -1 // rounds run by the test
+		c.wrapLedger = func(l flush.Ledger) flush.Ledger {
+			rl = &auditRaceLedger{Ledger: l}
+			return rl
+		}
+	}, func(c *Config) { c.ReservationAudit = -1 })
+	n1, n2 := nodes[0], nodes[1]
+	chargeEachThrough(t, n1, accounts)
+	waitFor(t, 10*time.Second, "n1's charges settled", func() bool { return n1.wal.SettledSeq() == n1.wal.DurableSeq() })
+	ctx := context.Background()
+
+	// A charge logged and not settled (the settle held), and units of an
+	// account n2 owns that the ledger reserves for n1 until that settle
+	// commits: what a lost account's unsettled charges hold of n1's
+	// reservation after its hand-back.
+	hold := rl.holdSettles()
+	if res, err := n1.Router().Charge(ctx, router.ChargeRequest{Account: ownedBy(t, n1, accounts), Route: "GET /x", Units: 1}); err != nil || res.Reason != shard.OK {
+		t.Fatalf("charge at n1: %+v %v", res, err)
+	}
+	lost := ownedBy(t, n2, accounts)
+	rl.setPhantom(flush.Reservation{Node: "n1", Account: lost, Grant: "g-lost", Units: 2}, true)
+	var a audit
+	if units, _ := n1.auditOnce(ctx, &a); units != 0 || a.prev[grantKey{lost, "g-lost"}] != 2 {
+		t.Fatalf("first round: %d units judged, candidates %v; want none judged and %s a candidate", units, a.prev, lost)
+	}
+	if n1.wal.SettledSeq() >= a.prevMark {
+		t.Fatal("the charge settled with settles held: the test does not set the race up")
+	}
+	// The second round's read sees the units, and the settle commits
+	// before the read returns.
+	rl.duringRead(func() {
+		close(hold)
+		waitFor(t, 10*time.Second, "the held settle to commit", func() bool { return n1.wal.SettledSeq() >= a.prevMark })
+	})
+	if units, names := n1.auditOnce(ctx, &a); units != 0 {
+		t.Fatalf("second round judged %d units stranded (%v) that a settle during its read took off", units, names)
+	}
+	for range 2 {
+		if units, names := n1.auditOnce(ctx, &a); units != 0 {
+			t.Fatalf("after the settle: %d units judged stranded (%v)", units, names)
+		}
+	}
+
+	// Units that stay (no settle takes them off) are still found.
+	rl.setPhantom(flush.Reservation{Node: "n1", Account: lost, Grant: "g-lost", Units: 2}, false)
+	n1.auditOnce(ctx, &a)
+	if units, names := n1.auditOnce(ctx, &a); units != 2 || len(names) != 1 || names[0] != lost+" g-lost 2" {
+		t.Fatalf("units that stay reserved: %d judged stranded (%v), want 2 on %s", units, names, lost)
+	}
+}
+
+// auditRaceLedger is a ledger whose reads of a node's reservations can
+// show a phantom row (taken off by the next settle, or kept), run a hook
+// before they return, and whose settles can be held back.
+type auditRaceLedger struct {
+	flush.Ledger
+	mu      sync.Mutex // protects the fields below
+	hold    chan struct{}
+	phantom *flush.Reservation
+	clear   bool   // the next settle takes the phantom off
+	during  func() // run once by the next ReservationsOf, after its read
+}
+
+func (l *auditRaceLedger) holdSettles() chan struct{} {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.hold = make(chan struct{})
+	return l.hold
+}
+
+func (l *auditRaceLedger) setPhantom(r flush.Reservation, clearOnSettle bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.phantom, l.clear = &r, clearOnSettle
+}
+
+func (l *auditRaceLedger) duringRead(fn func()) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.during = fn
+}
+
+func (l *auditRaceLedger) Settle(ctx context.Context, b *flush.Batch) (flush.SettleResult, error) {
+	l.mu.Lock()
+	hold := l.hold
+	l.mu.Unlock()
+	if hold != nil {
+		select {
+		case <-hold:
+		case <-ctx.Done():
+			return flush.SettleResult{}, ctx.Err()
+		}
+	}
+	res, err := l.Ledger.Settle(ctx, b)
+	l.mu.Lock()
+	if err == nil && l.clear {
+		l.phantom, l.clear = nil, false
+	}
+	l.mu.Unlock()
+	return res, err
+}
+
+func (l *auditRaceLedger) ReservationsOf(ctx context.Context, node string) ([]flush.Reservation, error) {
+	rows, err := l.Ledger.ReservationsOf(ctx, node)
+	l.mu.Lock()
+	if l.phantom != nil && l.phantom.Node == node {
+		rows = append(rows, *l.phantom)
+	}
+	during := l.during
+	l.during = nil
+	l.mu.Unlock()
+	if during != nil {
+		during()
+	}
+	return rows, err
 }

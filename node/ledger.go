@@ -73,6 +73,9 @@ func (n *Node) reachLedger(parent context.Context, beforeServing bool) (*reached
 	ctx, cancel := context.WithTimeout(parent, timeout)
 	defer cancel()
 	l, err := flush.Open(ctx, n.cfg.Ledger, n.log.With("component", "ledger"))
+	if err == nil && n.cfg.wrapLedger != nil {
+		l = n.cfg.wrapLedger(l)
+	}
 	if errors.Is(err, flush.ErrInvalid) {
 		// A --ledger that does not parse, as opposed to one not reached:
 		// waiting will not fix it, and Start refuses to go on.

@@ -126,6 +126,9 @@ type Config struct {
 	// afterClockCheck, when set (tests in this package), runs in Start
 	// right after the clock check before the node takes accounts.
 	afterClockCheck func(*Node)
+	// wrapLedger, when set (tests in this package), wraps the ledger the
+	// node opens, before anything uses it.
+	wrapLedger func(flush.Ledger) flush.Ledger
 	// TestClockOffset shifts the system clock from the start, as if the
 	// machine's clock were off (tests and chaos: a node started with its
 	// clock off, which no step reveals). Not with Clock.
