@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -156,4 +157,54 @@ func TestReservingListsAReservationOnItsWay(t *testing.T) {
 	r.gate.Release()
 	waitfor.Cond(t, 3*time.Second, "the top-up's units in the allowance", func() bool { return e.AllowanceHeld() > held })
 	waitfor.Cond(t, 3*time.Second, "acme no longer reserving", func() bool { return len(e.Reserving()) == 0 })
+}
+
+// A reservation answered after its account was let go hands its units back
+// and leaves no state behind: it made the account's entry again from the
+// config snapshot, not owned and never dropped, and if the account came
+// back it was decided from that snapshot's use instead of the ledger's.
+func TestAReservationAnsweredAfterALetGoLeavesNoEntry(t *testing.T) {
+	r := newHungReserver()
+	var owns atomic.Bool
+	owns.Store(true)
+	l := openLog(t, t.TempDir())
+	e, err := Open(Options{Log: l, Clock: NewManualClock(time.Date(2026, 6, 10, 0, 0, 0, 0, time.UTC)), Reserver: r,
+		LedgerTimeout: time.Minute, ReserveTimeout: time.Minute, Owns: func(string) bool { return owns.Load() }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close(); l.Close() })
+	snap := testSnapshot(t, map[string]int64{"acme": 1000})
+	if err := e.SetSnapshot(snap, AllSettled); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := e.Charge(context.Background(), "acme", shard.Charge{Units: 1}); err != nil || res.Reason != shard.OK {
+		t.Fatalf("first charge: %+v %v", res, err)
+	}
+	r.gate.Hung.Store(true)
+	chargeUntilTopUp(t, e, 1)
+	<-r.gate.Entered
+
+	owns.Store(false)
+	if err := e.SetSnapshot(snap, AllSettled); err != nil { // every record of acme settled: Forget may drop it
+		t.Fatal(err)
+	}
+	if err := e.LetGo(context.Background(), "acme"); err != nil {
+		t.Fatal(err)
+	}
+	if ids := e.AccountIDs(); len(ids) != 0 {
+		t.Fatalf("after the let-go the engine holds %v, want nothing", ids)
+	}
+	r.mu.Lock()
+	released := r.released["acme"]
+	r.mu.Unlock()
+	r.gate.Release()
+	waitfor.Cond(t, 3*time.Second, "the late reservation handed back", func() bool {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		return r.released["acme"] > released && len(e.Reserving()) == 0
+	})
+	if ids := e.AccountIDs(); len(ids) != 0 {
+		t.Fatalf("the late reservation left state for %v, an account this node does not own", ids)
+	}
 }

@@ -126,9 +126,15 @@ func (e *Engine) applyReservation(account string, asked uint64, res ReserveResul
 	st := e.stripeFor(account)
 	st.mu.Lock()
 	defer st.mu.Unlock()
+	// NB: ownership first: entryLocked makes the entry of an account
+	// forgotten since the reservation was asked, and it stayed, owned by
+	// nobody here and never dropped.
 	t := e.tenureLocked(account)
+	if !e.ownsAtLocked(account, t) {
+		return res.Granted, nil
+	}
 	ent, ok := e.entryLocked(st, account, t)
-	if !ok || !e.ownsAtLocked(account, t) {
+	if !ok {
 		return res.Granted, nil
 	}
 	now := e.clock.Now()
@@ -748,8 +754,11 @@ func (e *Engine) Prefetch(ctx context.Context, account string, units int64) erro
 	st := e.stripeFor(account)
 	st.mu.Lock()
 	t := e.tenureLocked(account)
-	ent, ok := e.entryLocked(st, account, t)
-	hard := ok && ent.acct.Plan().Hard && e.ownsAtLocked(account, t)
+	hard := false
+	if e.ownsAtLocked(account, t) { // not entryLocked first: see applyReservation
+		ent, ok := e.entryLocked(st, account, t)
+		hard = ok && ent.acct.Plan().Hard
+	}
 	st.mu.Unlock()
 	if !hard {
 		return nil
