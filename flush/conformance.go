@@ -38,6 +38,7 @@ func RunConformance(t *testing.T, open func(t *testing.T) Ledger) {
 		{"SnapshotLoadsUnmatchableRoute", confSnapshotUnmatchableRoute},
 		{"SettleOnce", confSettleOnce},
 		{"SettleRejectsMalformedBatch", confSettleInvalid},
+		{"SettleRefusedToAnEarlierProcess", confSettleOtherProcess},
 		{"Duplicates", confDuplicates},
 		{"RetriesServedAcrossOwners", confServedAcrossOwners},
 		{"LateAttemptCharge", confLateAttemptCharge},
@@ -569,6 +570,65 @@ func confSnapshotMalformed(t *testing.T, l Ledger) {
 	s, err := l.Snapshot(ctx, confWallTime())
 	if err != nil || len(s.Plans) != 2 || !s.HasAccount("acct-1") {
 		t.Errorf("snapshot after the fix: %v, %v", s, err)
+	}
+}
+
+// confSettleOtherProcess: once a later process started as a node and
+// incarnation (RecordStart), the ledger refuses the earlier process's
+// batches (ErrOtherProcess, an ErrMarkConflict), whether its mark is at the
+// batch's Prev or already past its Next (the later process's own records
+// settled under the same numbers: never "applied before"), and applies
+// nothing of them. Batches without a Process, and the later process's, go
+// on as before.
+func confSettleOtherProcess(t *testing.T, l Ledger) {
+	ctx := t.Context()
+	confSetup(t, l, 100, "acct-1")
+	n := confNode(t, l, "node-a") // started as node-a-proc
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	batch := func(process string, prev uint64, r rec) *Batch {
+		n.next = prev
+		b := n.batchLocked(r)
+		b.Process = process
+		return b
+	}
+	if res, err := l.Settle(ctx, batch("node-a-proc", 0, chargeOf("acct-1", "e1", 3, confJune))); err != nil || !res.Applied {
+		t.Fatalf("the process's own settle: %+v, %v", res, err)
+	}
+	if err := l.RecordStart(ctx, "node-a", "node-a-inc", NodeStart{Build: "v9.9.9", Process: "copy-proc"}); err != nil {
+		t.Fatal(err)
+	}
+	// The earlier process's next batch, the mark at its Prev.
+	early := batch("node-a-proc", 1, chargeOf("acct-1", "a2", 4, confJune))
+	_, err := l.Settle(ctx, early)
+	wantErrIs(t, "the earlier process's batch on its mark", err, ErrOtherProcess)
+	wantErrIs(t, "the earlier process's batch on its mark", err, ErrMarkConflict)
+	if err != nil && (!strings.Contains(err.Error(), "copy-proc") || !strings.Contains(err.Error(), "node-a-proc")) {
+		t.Errorf("the refusal %q should name both processes", err)
+	}
+	wantGrant(t, l, "acct-1", confJune, 3, 0)
+	// The later process settles its own record under the same number.
+	if res, err := l.Settle(ctx, batch("copy-proc", 1, chargeOf("acct-1", "b2", 5, confJune))); err != nil || !res.Applied {
+		t.Fatalf("the later process's settle: %+v, %v", res, err)
+	}
+	// The mark is at the earlier process's Next now: still refused, not
+	// taken as applied before.
+	res, err := l.Settle(ctx, early)
+	wantErrIs(t, "the earlier process's batch with the mark at its Next", err, ErrOtherProcess)
+	if res.Applied {
+		t.Error("the earlier process's batch applied")
+	}
+	wantGrant(t, l, "acct-1", confJune, 8, 0)
+	ids := map[string]bool{}
+	for _, e := range eventsOf(t, l, "acct-1") {
+		ids[e.EventID] = true
+	}
+	if !ids["e1"] || !ids["b2"] || ids["a2"] {
+		t.Errorf("events %v: want e1 and b2, not a2", ids)
+	}
+	// A batch that names no process (an older quotad, a tool) goes on.
+	if res, err := l.Settle(ctx, batch("", 2, chargeOf("acct-1", "e3", 1, confJune))); err != nil || !res.Applied {
+		t.Fatalf("a batch without a process: %+v, %v", res, err)
 	}
 }
 

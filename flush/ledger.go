@@ -200,6 +200,13 @@ var (
 	// batch's Prev nor at or past its Next: another process settles as this
 	// node. The node must stop.
 	ErrMarkConflict = errors.New("flush: settled mark conflict: the ledger and this node's log disagree on what was settled")
+	// ErrOtherProcess: the batch's Process is not the process the ledger
+	// last recorded starting as its (node, incarnation) (RecordStart): a
+	// later process runs on a copy of this one's data dir, and settles its
+	// own records under the same sequence numbers. Nothing is applied, and
+	// the mark is not taken as this process's even when it is at or past
+	// the batch. It matches ErrMarkConflict too.
+	ErrOtherProcess = errors.New("flush: another process started as this node and incarnation after the settling one")
 	// ErrNotFound: no such account, plan, key or grant.
 	ErrNotFound = errors.New("flush: not found")
 	// ErrInvalid: a config change that would make the config invalid.
@@ -210,9 +217,11 @@ var (
 //
 // Settle, in one transaction:
 //  1. UPDATE nodes SET settled_seq = Next WHERE node = Node AND incarnation =
-//     Incarnation AND settled_seq = Prev. No row: if the mark is already >=
-//     Next the batch was applied before (SettleResult.Applied = false, nothing
-//     else happens); otherwise ErrMarkConflict.
+//     Incarnation AND settled_seq = Prev (and the process last recorded is
+//     Process, when both are set). No row: a later process recorded,
+//     ErrOtherProcess; if the mark is already >= Next the batch was applied
+//     before (SettleResult.Applied = false, nothing else happens); otherwise
+//     ErrMarkConflict.
 //  2. With Events on: insert the charges into the event log, ON CONFLICT
 //     (account, event id) DO NOTHING; a charge whose event id the log already
 //     holds from another origin (node, incarnation, seq) is a Duplicate: a
@@ -262,8 +271,16 @@ var (
 //     reserved total move by the same units (never below zero).
 type Batch struct {
 	Node, Incarnation string
-	Prev, Next        uint64
-	Events            bool // keep the event log (default on; --events=off)
+	// Process, when set, is the settling process's name (NodeStart.Process):
+	// the batch applies only while the ledger has no later process recorded
+	// as started for (Node, Incarnation) (else ErrOtherProcess). Two
+	// processes on copies of one data dir share an incarnation, and each
+	// numbers its own charges from the copied end: a settle of one moved
+	// the mark over the other's records, which the other then took as
+	// settled (its own answer lost, it thought) and dropped.
+	Process    string
+	Prev, Next uint64
+	Events     bool // keep the event log (default on; --events=off)
 	// DrainedAt, when not zero, says Next was the log's durable end when
 	// the batch was read, at that time (the node's clock): once it commits,
 	// the node holds nothing unsettled made before, and the settle moves

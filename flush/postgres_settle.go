@@ -71,10 +71,11 @@ import (
 const pgMarkSQL = `WITH upd AS (
 	UPDATE nodes SET settled_seq = $4, heartbeat_at = now(), stopped_at = NULL,
 		settled_through = CASE WHEN $5::timestamptz IS NULL THEN settled_through ELSE LEAST(now(), $5::timestamptz) END
-	WHERE node_id = $1 AND incarnation = $2 AND settled_seq = $3
+	WHERE node_id = $1 AND incarnation = $2 AND settled_seq = $3 AND ($6 = '' OR process IS NULL OR process = $6)
 	RETURNING 1
 )
-SELECT (SELECT count(*) FROM upd), (SELECT settled_seq FROM nodes WHERE node_id = $1 AND incarnation = $2)`
+SELECT (SELECT count(*) FROM upd), n.settled_seq, n.process FROM (SELECT 1) one
+	LEFT JOIN nodes n ON n.node_id = $1 AND n.incarnation = $2`
 
 const pgStagingSQL = `CREATE TEMP TABLE settle_charges (
 	account_id text, event_id text, client_id boolean, key_id text, route text, units bigint,
@@ -591,7 +592,7 @@ func (s *pgSettle) run(ctx context.Context) error {
 	withLog := b.Events && len(b.Charges)+len(b.Refunds)+len(b.Replays) > 0
 	first := &pgx.Batch{}
 	first.BeginTx(pgx.TxOptions{})
-	first.Queue(pgMarkSQL, b.Node, b.Incarnation, int64(b.Prev), int64(b.Next), nullTime(b.DrainedAt)).QueryRow(s.readMark)
+	first.Queue(pgMarkSQL, b.Node, b.Incarnation, int64(b.Prev), int64(b.Next), nullTime(b.DrainedAt), b.Process).QueryRow(s.readMark)
 	if withLog && len(b.Charges) > 0 {
 		first.Queue(`SAVEPOINT settle_events`).Exec(nop)
 		s.queueCrossMonth(first)
@@ -634,20 +635,29 @@ func (s *pgSettle) run(ctx context.Context) error {
 func (s *pgSettle) readMark(r pgx.Row) error {
 	var moved int64
 	var mark *int64
-	if err := r.Scan(&moved, &mark); err != nil {
+	var process *string
+	if err := r.Scan(&moved, &mark, &process); err != nil {
 		return err
 	}
 	if moved == 1 {
 		return nil
 	}
-	return markOutcome(s.b, mark, true)
+	return markOutcome(s.b, mark, process, true)
 }
 
 // markOutcome decides what a mark that did not move means. mark is nil
-// when the node is not registered. racy says the reading may predate a
-// concurrent move (then a mark still at Prev is a race, not a conflict).
-func markOutcome(b *Batch, mark *int64, racy bool) error {
+// when the node is not registered; process is the process last recorded
+// as started for it (nil: none recorded). racy says the reading may
+// predate a concurrent move (then a mark still at Prev is a race, not a
+// conflict).
+func markOutcome(b *Batch, mark *int64, process *string, racy bool) error {
 	switch {
+	case mark != nil && b.Process != "" && process != nil && *process != b.Process:
+		// NB: before the mark: at or past Next it is the other process's
+		// settle of its own records, not this batch's.
+		return fmt.Errorf("%w: %w: node %q incarnation %q: process %s started as it after this process (%s), on a copy of this data dir; "+
+			"the ledger's mark (%d) counts that process's records, not this one's from %d on",
+			ErrMarkConflict, ErrOtherProcess, b.Node, b.Incarnation, *process, b.Process, *mark, b.Prev+1)
 	case mark == nil:
 		return fmt.Errorf("%w: node %q incarnation %q is not registered (call RegisterNode before settling batch (%d, %d])",
 			ErrNotFound, b.Node, b.Incarnation, b.Prev, b.Next)
@@ -672,15 +682,16 @@ func markOutcome(b *Batch, mark *int64, racy bool) error {
 // recheckMark reads the mark afresh after errMarkRace.
 func (p *Postgres) recheckMark(ctx context.Context, b *Batch, res *SettleResult) error {
 	var mark *int64
+	var process *string
 	res.RoundTrips++
-	err := p.pool.QueryRow(ctx, `SELECT settled_seq FROM nodes WHERE node_id = $1 AND incarnation = $2`, b.Node, b.Incarnation).Scan(&mark)
+	err := p.pool.QueryRow(ctx, `SELECT settled_seq, process FROM nodes WHERE node_id = $1 AND incarnation = $2`, b.Node, b.Incarnation).Scan(&mark, &process)
 	if errors.Is(err, pgx.ErrNoRows) {
-		mark, err = nil, nil
+		mark, process, err = nil, nil, nil
 	}
 	if err != nil {
 		return err
 	}
-	switch err := markOutcome(b, mark, false); {
+	switch err := markOutcome(b, mark, process, false); {
 	case errors.Is(err, errAppliedBefore):
 		return nil
 	case err != nil:

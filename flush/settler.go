@@ -63,6 +63,12 @@ type SettlerOptions struct {
 	// Start, when its Process is set, is recorded with the node's
 	// registration (Ledger.RecordStart): which process and build run it.
 	Start NodeStart
+	// Process is this process's name, sent with every batch (Batch.Process)
+	// so that the ledger refuses its settles once a later process started
+	// as its node and incarnation (ErrOtherProcess) [Start.Process]. Set
+	// it on every settler of a process, also those whose Start is empty
+	// (registered again after the ledger came back).
+	Process string
 }
 
 // SettleReport describes one attempt.
@@ -161,6 +167,9 @@ func NewSettler(opts SettlerOptions) (*Settler, error) {
 	}
 	if opts.Heartbeat <= 0 {
 		opts.Heartbeat = HeartbeatEvery
+	}
+	if opts.Process == "" {
+		opts.Process = opts.Start.Process
 	}
 	if opts.Interval <= 0 {
 		opts.Interval = time.Second
@@ -294,11 +303,49 @@ func (s *Settler) Register(ctx context.Context) error {
 		if err := s.opts.Ledger.RecordStart(ctx, s.node, s.inc, s.opts.Start); err != nil {
 			return fmt.Errorf("flush: register node %s: %w", s.node, err)
 		}
+		// The mark again, now that the ledger refuses an earlier
+		// process's settles (ErrOtherProcess): one that settled between
+		// the two reads moved it over records this process numbers alike,
+		// and a mark within what this process sent later reads as its own.
+		if mark, err = s.opts.Ledger.RegisterNode(ctx, s.node, s.inc); err != nil {
+			return fmt.Errorf("flush: register node %s: %w", s.node, err)
+		}
 	}
 	s.mu.Lock()
 	s.lastBeat = time.Now()
 	s.mu.Unlock()
 	return s.catchUp(ctx, mark)
+}
+
+// otherProcess handles ErrOtherProcess: a later process started as this
+// node and incarnation, on a copy of this data dir, and settles its own
+// records under the numbers this one's have. This process's records past
+// its settled mark can never be settled: it records that in the data dir
+// (StaleDir, with them as the ones to bill by hand: quotad reconcile
+// --data-dir lists them, and a start on this dir is refused) and returns
+// err with what to do.
+func (s *Settler) otherProcess(ctx context.Context, err error) error {
+	settled, durable := s.log.SettledSeq(), s.log.DurableSeq()
+	var mark uint64
+	_ = s.call(ctx, "settle", func(ctx context.Context) (err error) {
+		mark, err = s.opts.Ledger.RegisterNode(ctx, s.node, s.inc)
+		return err
+	})
+	lost := ""
+	if sent := s.log.Vouched(); sent > settled {
+		lost = fmt.Sprintf(" (those to %d were sent in a settle whose answer never came, and are billed if it committed: look each up in the ledger's events before billing it)", min(sent, durable))
+	}
+	sd := StaleDir{Node: s.node, Incarnation: s.inc, LedgerMark: mark, Billed: settled, Durable: durable, Found: time.Now(), OtherProcess: true}
+	if rerr := recordStaleDir(s.log, sd); rerr != nil {
+		return fmt.Errorf("%w; recording it in the data dir failed too (%v): records %d to %d of this dir can never settle from it%s", err, rerr, settled+1, durable, lost)
+	}
+	if durable <= settled {
+		return fmt.Errorf("%w: this process stops; it holds no unsettled record. Give each process a --node-id and data dir of its own", err)
+	}
+	return fmt.Errorf("%w: this process stops; records %d to %d of this dir can never settle from it: those the two dirs held in common when the copy was made are "+
+		"the other process's to settle, the rest are in no ledger%s. quotad reconcile --data-dir lists them, to bill by hand those the ledger's event log lacks. "+
+		"Start nothing more on this dir (a start is refused), and give each process a --node-id and data dir of its own",
+		err, settled+1, durable, lost)
 }
 
 func (s *Settler) catchUp(ctx context.Context, mark uint64) error {
@@ -525,7 +572,12 @@ func (s *Settler) settleBatch(ctx context.Context) (n int, more bool, err error)
 	})
 	rep := SettleReport{Records: int(next - prev), Charges: len(b.Charges), Duplicates: len(res.Duplicates),
 		Applied: res.Applied, Took: s.opts.Now().Sub(t0), RoundTrips: res.RoundTrips, Err: err}
-	if errors.Is(err, ErrMarkConflict) {
+	switch {
+	case errors.Is(err, ErrOtherProcess):
+		// NB: never caught up with: the mark counts the other process's
+		// records, under the numbers of this one's.
+		err = s.otherProcess(ctx, err)
+	case errors.Is(err, ErrMarkConflict):
 		var mark uint64
 		rerr := s.call(ctx, "settle", func(ctx context.Context) (err error) {
 			mark, err = s.opts.Ledger.RegisterNode(ctx, s.node, s.inc)
@@ -618,7 +670,7 @@ func (s *Settler) report(rep SettleReport, err error) {
 // ledger changed them when they were made. Replay records, and the replay
 // a released refund takes back, go to Batch.Replays.
 func (s *Settler) batch(prev, next uint64, cut bool) (*Batch, error) {
-	b := &Batch{Node: s.node, Incarnation: s.inc, Prev: prev, Next: next, Events: s.opts.Events}
+	b := &Batch{Node: s.node, Incarnation: s.inc, Process: s.opts.Process, Prev: prev, Next: next, Events: s.opts.Events}
 	var rec shard.Record
 	var refunded map[eventKey]bool // cut: the events this batch refunds so far
 	err := s.log.Scan(prev, next, func(seq uint64, p []byte) error {

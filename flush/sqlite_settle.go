@@ -92,18 +92,20 @@ func (st *sqliteSettle) queryRow(ctx context.Context, query string, args ...any)
 func (st *sqliteSettle) run(ctx context.Context) error {
 	b := st.b
 	r, err := st.exec(ctx, `UPDATE nodes SET settled_seq = ?, heartbeat_at = ?, stopped_at = NULL,
-		settled_through = CASE WHEN ? IS NULL THEN settled_through ELSE min(?, ?) END WHERE node_id = ? AND incarnation = ? AND settled_seq = ?`,
-		int64(b.Next), st.now, nullNanos(b.DrainedAt), st.now, nullNanos(b.DrainedAt), b.Node, b.Incarnation, int64(b.Prev))
+		settled_through = CASE WHEN ? IS NULL THEN settled_through ELSE min(?, ?) END WHERE node_id = ? AND incarnation = ? AND settled_seq = ?
+		AND (? = '' OR process IS NULL OR process = ?)`,
+		int64(b.Next), st.now, nullNanos(b.DrainedAt), st.now, nullNanos(b.DrainedAt), b.Node, b.Incarnation, int64(b.Prev), b.Process, b.Process)
 	if err != nil {
 		return err
 	}
 	if n, _ := r.RowsAffected(); n == 0 {
 		var mark *int64
-		err := st.queryRow(ctx, `SELECT settled_seq FROM nodes WHERE node_id = ? AND incarnation = ?`, b.Node, b.Incarnation).Scan(&mark)
+		var process *string
+		err := st.queryRow(ctx, `SELECT settled_seq, process FROM nodes WHERE node_id = ? AND incarnation = ?`, b.Node, b.Incarnation).Scan(&mark, &process)
 		if err != nil && !errors.Is(err, sql.ErrNoRows) {
 			return err
 		}
-		return markOutcome(b, mark, false)
+		return markOutcome(b, mark, process, false)
 	}
 	if b.Events {
 		if err := st.logInOrder(ctx); err != nil {

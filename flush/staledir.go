@@ -49,6 +49,14 @@ type StaleDir struct {
 	Durable uint64 `json:"durable"`
 	// Found is when the conflict was found (this node's clock).
 	Found time.Time `json:"found"`
+	// OtherProcess says the ledger refused this dir's settles because a
+	// later process started as its node and incarnation, on a copy of the
+	// dir (ErrOtherProcess). Billed is then this dir's own settled mark:
+	// of the records after it, those the two dirs held in common when the
+	// copy was made are the other process's to settle, and one sent in a
+	// settle whose answer never came may be billed; which, only the
+	// ledger's event log tells (the event at the same incarnation and seq).
+	OtherProcess bool `json:"other_process,omitempty"`
 }
 
 // metaStore is the part of a data dir's log that keeps meta values.
@@ -98,6 +106,12 @@ var ErrStaleDataDir = errors.New("this data dir is older than the ledger")
 // StaleDirError is the refusal to start a node on a data dir with a StaleDir
 // note.
 func StaleDirError(dir string, sd StaleDir) error {
+	if sd.OtherProcess {
+		return fmt.Errorf("%w: %w: on %s, node %s (incarnation %s) found that another process had started as it on a copy of this data dir, and the ledger refused this one's settles: "+
+			"records after %d can never settle from this dir. List them with quotad reconcile --data-dir %s: those the ledger's event log holds (the same event at the same seq) are billed, "+
+			"the others are to bill by hand. Do not start a node on this dir again, nor run quotad revoke for %s while the other process runs as it; give each process a --node-id and data dir of its own",
+			ErrMarkConflict, ErrStaleDataDir, sd.Found.UTC().Format(time.RFC3339), sd.Node, sd.Incarnation, sd.Billed, dir, sd.Node)
+	}
 	return fmt.Errorf("%w: %w: on %s, node %s (incarnation %s) found the ledger settled to %d while this log held records only to %d when it opened: "+
 		"records after %d are charges taken under sequence numbers the ledger settled for others, and this dir can never settle them. "+
 		"List what to bill with quotad reconcile --data-dir %s (it tells the records the ledger billed already from those to bill by hand), "+

@@ -149,7 +149,7 @@ func (n *Node) reachLedger(parent context.Context, beforeServing bool) (*reached
 	}
 	settler, err := flush.NewSettler(flush.SettlerOptions{Ledger: l, Engine: n.eng, Interval: n.cfg.SettleInterval,
 		Events: !n.cfg.EventsOff, CallTimeout: n.cfg.LedgerTimeout, Logger: n.log.With("component", "settler"), OnSettle: n.metrics.onSettle,
-		AfterCommit: n.afterCommitFailpoint, Start: n.startToRecord(), OnRefused: n.settleRefused})
+		AfterCommit: n.afterCommitFailpoint, Start: n.startToRecord(), Process: n.process, OnRefused: n.settleRefused})
 	if err == nil {
 		err = settler.Register(ctx)
 	}
@@ -214,6 +214,13 @@ func (n *Node) useLedger(ctx context.Context, p *reachedLedger, beforeServing bo
 // It stops as a fenced node does; the other nodes take its accounts, and
 // its log keeps what it took for the remedy the error gives.
 func (n *Node) settleRefused(err error) {
+	if errors.Is(err, flush.ErrOtherProcess) {
+		n.ledgerRefused.Store(&err)
+		n.fenceWith(err, "another process started as this node id after this one, on a copy of its data dir, and the ledger refuses this one's settles: "+
+			"this one stops taking charges and exits; the charges it took that are not settled are in no ledger (the error names them). "+
+			"Give each process a --node-id and data dir of its own (a StatefulSet's pod names and volumes, not a Deployment's shared config)", "err", err)
+		return
+	}
 	n.fenceMarkConflict(err, "by a settle while it served (a ledger restored from a backup older than this node's log, or another cluster's ledger)")
 }
 

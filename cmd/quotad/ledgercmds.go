@@ -236,6 +236,8 @@ func printUnsettled(ctx context.Context, out, errOut io.Writer, l flush.Ledger, 
 		fmt.Fprintf(out, "  this ledger has never seen the dir's incarnation (%s): the node never reached it from this dir (its records settle at its next start, if this is its ledger), or --ledger is not its ledger\n", wl.Incarnation())
 	}
 	switch {
+	case isStale && stale.OtherProcess:
+		return printOtherProcess(ctx, out, l, wl, stale, settled, durable)
 	case isStale:
 		billed := min(max(stale.Billed, settled), durable)
 		fmt.Fprintf(out, "  this data dir is older than the ledger: on %s the node found the ledger had it (incarnation %s) settled to %d while the dir held records only to %d when it opened",
@@ -301,6 +303,103 @@ func printUnsettled(ctx context.Context, out, errOut io.Writer, l flush.Ledger, 
 		return err
 	}
 	printUnits(out, "  ", sum, "units pending")
+	return nil
+}
+
+// printOtherProcess is printUnsettled for a dir whose node found that a
+// later process had started as it on a copy of the dir (StaleDir's
+// OtherProcess): its records past its settled mark can never settle from
+// it, and the ledger's event log tells which of them are billed (the same
+// event at this incarnation and seq: a record the copy held too, settled
+// by the other process, or one this dir sent in a settle whose answer
+// never came) from those to bill by hand.
+func printOtherProcess(ctx context.Context, out io.Writer, l flush.Ledger, wl *wal.Log, stale flush.StaleDir, settled, durable uint64) error {
+	fmt.Fprintf(out, "  on %s the node found that another process had started as it (incarnation %s) on a copy of this dir, and the ledger refused this one's settles from then on: "+
+		"none of these records can be settled from it\n", stale.Found.UTC().Format(time.RFC3339), stale.Incarnation)
+	if durable <= settled {
+		fmt.Fprintln(out, "  nothing to bill by hand; do not start a node on this dir again")
+		return nil
+	}
+	type record struct {
+		seq     uint64
+		refund  bool
+		account string
+		event   string
+		line    string
+	}
+	var recs []record
+	var lines []string
+	var rec shard.Record
+	err := wl.Scan(settled, durable, func(seq uint64, p []byte) error {
+		if err := rec.Decode(p); err != nil {
+			return err
+		}
+		if rec.Type != shard.RecCharge && (rec.Type != shard.RecRefund || rec.Kept) {
+			return nil
+		}
+		lines = lines[:0]
+		if _, err := unsettledUnits(wl, seq-1, seq, &lines); err != nil || len(lines) != 1 {
+			return err
+		}
+		recs = append(recs, record{seq: seq, refund: rec.Type == shard.RecRefund, account: rec.Account,
+			event: shard.LedgerEventID(rec.EventID, rec.Gen), line: lines[0]})
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	// The ledger's events of each account these records name.
+	type origin struct {
+		node, inc string
+		seq       uint64
+	}
+	byID := map[[2]string]flush.EventRow{}
+	seen := map[string]bool{}
+	for _, r := range recs {
+		if seen[r.account] {
+			continue
+		}
+		seen[r.account] = true
+		rows, err := l.Events(ctx, r.account)
+		if err != nil {
+			return fmt.Errorf("read the ledger's events of %s: %w", r.account, err)
+		}
+		for _, e := range rows {
+			byID[[2]string{e.Account, e.EventID}] = e
+		}
+	}
+	var billed, toBill, refunds []string
+	for _, r := range recs {
+		e, ok := byID[[2]string{r.account, r.event}]
+		switch {
+		case r.refund && ok && e.Refunded:
+			refunds = append(refunds, r.line+"  (refunded in the ledger)")
+		case r.refund:
+			refunds = append(refunds, r.line+"  (NOT refunded in the ledger: refund it by hand if its charge is billed)")
+		case ok && !e.Tombstone && (origin{e.Node, e.Incarnation, e.Seq} == origin{wl.NodeID(), wl.Incarnation(), r.seq}):
+			billed = append(billed, r.line)
+		case ok && !e.Tombstone:
+			billed = append(billed, r.line+fmt.Sprintf("  (a retry: the ledger billed the event from %s/%s seq %d)", e.Node, e.Incarnation, e.Seq))
+		default:
+			toBill = append(toBill, r.line)
+		}
+	}
+	section := func(title string, ls []string) {
+		if len(ls) == 0 {
+			return
+		}
+		fmt.Fprintf(out, "  %s (%d):\n", title, len(ls))
+		for _, line := range ls {
+			fmt.Fprintln(out, "    "+line)
+		}
+	}
+	section("charges the ledger billed already (the same event in its event log): do not bill them again", billed)
+	section("charges in no ledger: BILL THEM BY HAND", toBill)
+	section("refunds", refunds)
+	if len(toBill) == 0 {
+		fmt.Fprintln(out, "  nothing to bill by hand")
+	}
+	fmt.Fprintf(out, "  do not start a node on this dir again, nor run quotad revoke --node %s while the other process runs as it\n", wl.NodeID())
 	return nil
 }
 

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -367,5 +368,106 @@ func TestReconcileBadDirKeepsTheVerdict(t *testing.T) {
 	// The dir's reason is told once, in the report, not again in the error.
 	if n := strings.Count(out.String()+err.Error(), "does not exist"); n != 1 {
 		t.Errorf("the dir's reason is told %d times, want once:\n%s\nerror: %v", n, out.String(), err)
+	}
+}
+
+// A dir whose node found that another process had started as it on a copy
+// of the dir: reconcile --data-dir tells, record by record, the charges the
+// ledger billed (the records the copy held too, settled by the other
+// process) from those in no ledger (taken since the copy), from the
+// ledger's event log; and warns off a revoke, which would free the other
+// process's reservations.
+func TestReconcileTellsACopysBilledRecordsFromItsOwn(t *testing.T) {
+	ctx := context.Background()
+	path := migratedSQLite(t)
+	period := shard.PeriodOf(time.Now().UnixNano())
+	logCharges := func(log *wal.Log, prefix string, n int) {
+		t.Helper()
+		for i := range n {
+			rec := shard.Record{Type: shard.RecCharge, Account: "acct-1", EventID: fmt.Sprint(prefix, "-", i), Units: 2,
+				Key: "k1", Route: "GET /x", Period: period, Wall: time.Now().UnixNano()}
+			seq, err := log.Append(rec.AppendEncode(nil))
+			if err == nil {
+				err = log.WaitDurable(ctx, seq)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	dirA := filepath.Join(t.TempDir(), "q1")
+	log, err := wal.Open(wal.Options{Dir: dirA, NodeID: "q1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	logCharges(log, "orig", 3) // both dirs' records 1..3
+	if err := log.Close(); err != nil {
+		t.Fatal(err)
+	}
+	dirB := filepath.Join(t.TempDir(), "copy")
+	if out, err := exec.Command("cp", "-a", dirA, dirB).CombinedOutput(); err != nil {
+		t.Fatalf("cp -a: %v: %s", err, out)
+	}
+	l, err := flush.OpenSQLite(ctx, path, flush.SQLiteOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	open := func(dir, process string) (*wal.Log, *engine.Engine, *flush.Settler) {
+		log, err := wal.Open(wal.Options{Dir: dir, NodeID: "q1"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		e, err := engine.Open(engine.Options{Log: log})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := flush.NewSettler(flush.SettlerOptions{Ledger: l, Engine: e, Events: true, Start: flush.NodeStart{Process: process}})
+		if err == nil {
+			err = s.Register(ctx)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		return log, e, s
+	}
+	logA, eA, sA := open(dirA, "proc-a")
+	logB, eB, sB := open(dirB, "proc-b")
+	defer func() { eB.Close(); logB.Close() }()
+	logCharges(logA, "a", 2) // A's own, 4..5
+	logCharges(logB, "b", 2) // B's own, 4..5
+	if _, err := sA.SettleOnce(ctx); !errors.Is(err, flush.ErrOtherProcess) {
+		t.Fatalf("A's settle: %v, want ErrOtherProcess", err)
+	}
+	if _, err := sB.SettleOnce(ctx); err != nil {
+		t.Fatalf("B's settle: %v", err)
+	}
+	eA.Close()
+	if err := logA.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	var out bytes.Buffer
+	if err := runReconcile(ctx, &out, &out, "sqlite:"+path, []string{dirA}, false); err != nil {
+		t.Fatalf("reconcile: %v\n%s", err, out.String())
+	}
+	got := out.String()
+	billed := got[strings.Index(got, "charges the ledger billed already"):]
+	toBill := billed[strings.Index(billed, "charges in no ledger: BILL THEM BY HAND (2)"):]
+	billed = billed[:len(billed)-len(toBill)]
+	for _, want := range []string{"another process had started as it", "do not start a node on this dir again, nor run quotad revoke --node q1"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("reconcile does not say %q:\n%s", want, got)
+		}
+	}
+	for i := range 3 {
+		if id := fmt.Sprintf(`event "orig-%d"`, i); !strings.Contains(billed, id) || strings.Contains(toBill, id) {
+			t.Errorf("%s is not listed as billed alone:\n%s", id, got)
+		}
+	}
+	for i := range 2 {
+		if id := fmt.Sprintf(`event "a-%d"`, i); !strings.Contains(toBill, id) || strings.Contains(billed, id) {
+			t.Errorf("%s is not listed to bill by hand alone:\n%s", id, got)
+		}
 	}
 }

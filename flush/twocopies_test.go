@@ -1,0 +1,178 @@
+package flush
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/quotaring/quotaring/engine"
+	"github.com/quotaring/quotaring/shard"
+	"github.com/quotaring/quotaring/wal"
+)
+
+// twoCopies makes a data dir of node q1 with 5 charges, copies it, and
+// opens both: two processes as one node and incarnation.
+func twoCopies(t *testing.T) (logA, logB *wal.Log, eA, eB *engine.Engine) {
+	t.Helper()
+	dirA := t.TempDir()
+	log, err := wal.Open(wal.Options{Dir: dirA, NodeID: "q1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	logCharges(t, log, "orig", 5)
+	if err := log.Close(); err != nil {
+		t.Fatal(err)
+	}
+	dirB := filepath.Join(t.TempDir(), "copy")
+	if out, err := exec.Command("cp", "-a", dirA, dirB).CombinedOutput(); err != nil {
+		t.Fatalf("cp -a: %v: %s", err, out)
+	}
+	open := func(dir string) (*wal.Log, *engine.Engine) {
+		log, err := wal.Open(wal.Options{Dir: dir, NodeID: "q1"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		e, err := engine.Open(engine.Options{Log: log})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { e.Close(); log.Close() })
+		return log, e
+	}
+	logA, eA = open(dirA)
+	logB, eB = open(dirB)
+	return logA, logB, eA, eB
+}
+
+// logCharges logs n durable one-unit charges of acct-1, ids prefix-i.
+func logCharges(t *testing.T, log *wal.Log, prefix string, n int) {
+	t.Helper()
+	for i := range n {
+		rec := shard.Record{Type: shard.RecCharge, Wall: time.Now().UnixNano(), Account: "acct-1",
+			EventID: fmt.Sprintf("%s-%d", prefix, i), ClientID: true, Units: 1}
+		seq, err := log.Append(rec.AppendEncode(nil))
+		if err == nil {
+			err = log.WaitDurable(context.Background(), seq)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func eventCount(t *testing.T, l *SQLite, like string) int {
+	t.Helper()
+	var n int
+	if err := l.db.QueryRowContext(t.Context(), `SELECT count(*) FROM events WHERE event_id LIKE ?`, like).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// Two processes on copies of one data dir, both registered: the earlier
+// one's settles are refused from the later one's start on, and it records
+// in its dir which of its charges are in no ledger; the later one settles
+// all of its own. Before, the earlier one settled first, and the later one,
+// its own batch refused, took the ledger's mark as its own settle whose
+// answer was lost and marked its charges under those numbers settled:
+// acknowledged, in no ledger, and listed nowhere.
+func TestAProcessOnACopyOfItsDirKeepsItsCharges(t *testing.T) {
+	ctx := context.Background()
+	l := migratedSQLite(t, nil)
+	logA, logB, eA, eB := twoCopies(t)
+	sA, err := NewSettler(SettlerOptions{Ledger: l, Engine: eA, Events: true, Start: NodeStart{Process: "proc-a"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sB, err := NewSettler(SettlerOptions{Ledger: l, Engine: eB, Events: true, Start: NodeStart{Process: "proc-b"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sA.Register(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := sB.Register(ctx); err != nil {
+		t.Fatal(err)
+	}
+	logCharges(t, logA, "a", 3) // seqs 6..8 at A
+	logCharges(t, logB, "b", 6) // seqs 6..11 at B
+
+	_, err = sA.SettleOnce(ctx)
+	if !errors.Is(err, ErrOtherProcess) {
+		t.Fatalf("A's settle after B started: %v, want ErrOtherProcess", err)
+	}
+	sd, ok, rerr := ReadStaleDir(logA)
+	if rerr != nil || !ok || !sd.OtherProcess || sd.Billed != 0 || sd.Durable != 8 {
+		t.Fatalf("A's dir records %+v (%v, %v); want records 1 to 8 as never to settle from it, for another process", sd, ok, rerr)
+	}
+	for range 3 {
+		if _, err := sB.SettleOnce(ctx); err != nil {
+			t.Fatalf("B's settle: %v", err)
+		}
+	}
+	if got := logB.SettledSeq(); got != 11 {
+		t.Errorf("B settled to %d, want 11", got)
+	}
+	if a, b := eventCount(t, l, "a-%"), eventCount(t, l, "b-%"); a != 0 || b != 6 {
+		t.Errorf("the ledger holds %d of A's charges and %d of B's; want 0 and all 6", a, b)
+	}
+}
+
+// startRace is a ledger in which another process settles right after the
+// settler's first registration read, before its start is recorded.
+type startRace struct {
+	*SQLite
+	between func()
+}
+
+func (r *startRace) RecordStart(ctx context.Context, node, inc string, s NodeStart) error {
+	if r.between != nil {
+		r.between()
+		r.between = nil
+	}
+	return r.SQLite.RecordStart(ctx, node, inc, s)
+}
+
+// A settle by the earlier process between the later one's first read of
+// the mark and the record of its start is seen: the later process reads
+// the mark again after the record (from then on the earlier one is
+// refused), finds the dir behind the ledger, and refuses it. Read only
+// before, that mark was later taken as its own settle and its charges
+// under those numbers dropped.
+func TestARegistrationReadsTheMarkAfterItsStart(t *testing.T) {
+	ctx := context.Background()
+	l := migratedSQLite(t, nil)
+	logA, logB, eA, eB := twoCopies(t)
+	sA, err := NewSettler(SettlerOptions{Ledger: l, Engine: eA, Events: true, Start: NodeStart{Process: "proc-a"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sA.Register(ctx); err != nil {
+		t.Fatal(err)
+	}
+	logCharges(t, logA, "a", 3)
+	logCharges(t, logB, "b", 6)
+	race := &startRace{SQLite: l, between: func() {
+		if _, err := sA.SettleOnce(ctx); err != nil {
+			t.Errorf("A's settle before B's start is recorded: %v", err)
+		}
+	}}
+	sB, err := NewSettler(SettlerOptions{Ledger: race, Engine: eB, Events: true, Start: NodeStart{Process: "proc-b"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = sB.Register(ctx)
+	if !errors.Is(err, ErrStaleDataDir) {
+		t.Fatalf("B's registration after A settled past B's copy: %v, want ErrStaleDataDir", err)
+	}
+	if logB.SettledSeq() != 0 {
+		t.Errorf("B marked records to %d settled", logB.SettledSeq())
+	}
+	if sd, ok, err := ReadStaleDir(logB); err != nil || !ok || sd.Billed != 5 || sd.LedgerMark != 8 {
+		t.Errorf("B's dir records %+v (%v, %v); want it older than the ledger's mark 8 from record 6 on", sd, ok, err)
+	}
+}
