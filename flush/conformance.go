@@ -2411,6 +2411,11 @@ func confNodesAlerts(t *testing.T, l Ledger) {
 		nodes[0].Incarnation != "node-a-inc" || nodes[0].Heartbeat.IsZero() || !nodes[0].Stopped.IsZero() {
 		t.Errorf("nodes: %+v, %v", nodes, err)
 	}
+	for _, x := range nodes {
+		if x.Created.IsZero() || x.Created.After(x.Heartbeat) || time.Since(x.Created) > time.Hour {
+			t.Errorf("node %s registered at %v (heartbeat %v): want the registration's time", x.Node, x.Created, x.Heartbeat)
+		}
+	}
 	// A clean stop is recorded only at the ledger's settled mark, and a
 	// settle or a registration of the incarnation clears it.
 	stoppedA := func() bool {

@@ -552,6 +552,10 @@ type NodeRow struct {
 	// incarnation of a build before settledThroughSchema, whose months are
 	// judged by its heartbeat.
 	SettledThrough time.Time
+	// Created is when the incarnation first registered (zero when not
+	// known): it took no charge before (a new data dir registers before it
+	// serves).
+	Created time.Time
 }
 
 // Running reports whether the incarnation may still be running: it has

@@ -466,13 +466,13 @@ func (p *Postgres) LastStart(ctx context.Context, node string) (NodeStart, error
 // Nodes lists every (node, incarnation) with its settled mark.
 func (p *Postgres) Nodes(ctx context.Context) ([]NodeRow, error) {
 	rows, _ := p.pool.Query(ctx, `SELECT node_id, incarnation, settled_seq, heartbeat_at, stopped_at, coalesce(build, ''), coalesce(schema_known, 0),
-		settled_through FROM nodes ORDER BY node_id, incarnation`)
+		settled_through, created_at FROM nodes ORDER BY node_id, incarnation`)
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (NodeRow, error) {
 		var n NodeRow
 		var seq int64
 		var stopped, through *time.Time
-		err := r.Scan(&n.Node, &n.Incarnation, &seq, &n.Heartbeat, &stopped, &n.Build, &n.SchemaKnown, &through)
-		n.Settled, n.Heartbeat = uint64(seq), n.Heartbeat.UTC() // NB: pgx gives the process's zone; SQLite's are UTC
+		err := r.Scan(&n.Node, &n.Incarnation, &seq, &n.Heartbeat, &stopped, &n.Build, &n.SchemaKnown, &through, &n.Created)
+		n.Settled, n.Heartbeat, n.Created = uint64(seq), n.Heartbeat.UTC(), n.Created.UTC() // NB: pgx gives the process's zone; SQLite's are UTC
 		if stopped != nil {
 			n.Stopped = stopped.UTC()
 		}

@@ -123,7 +123,10 @@ const oldBuildWindow = time.Hour
 // incarnation) may hold unsettled charges of p: p is final when there are
 // none. A node last heard from
 // before p began holds no charge of p, nor does one that stopped cleanly
-// (NodeStopped) after it was last heard from.
+// (NodeStopped) after it was last heard from, nor one that first
+// registered finalAfter past its end (a node that never settled, such as
+// one whose start was refused, held every month it had been heard from
+// back for good, those before it existed too).
 func SettledMonth(rows []NodeRow, p shard.Period, now time.Time) (final bool, unsettled []NodeRow) {
 	end := time.Unix(0, p.End())
 	if now.Before(end) {
@@ -132,7 +135,7 @@ func SettledMonth(rows []NodeRow, p shard.Period, now time.Time) (final bool, un
 	latest := LatestIncarnations(rows)
 	start, settledBy := time.Unix(0, p.Start()), end.Add(finalAfter)
 	for _, x := range latest {
-		if !x.Heartbeat.Before(start) && x.settledThrough().Before(settledBy) && x.Stopped.IsZero() {
+		if !x.Heartbeat.Before(start) && x.settledThrough().Before(settledBy) && x.Stopped.IsZero() && !x.Created.After(settledBy) {
 			unsettled = append(unsettled, x)
 		}
 	}

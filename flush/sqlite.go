@@ -416,15 +416,15 @@ func (s *SQLite) Nodes(ctx context.Context) ([]NodeRow, error) {
 	var out []NodeRow
 	err := s.read(ctx, func(tx *sql.Tx) error {
 		return queryEach(ctx, tx, `SELECT node_id, incarnation, settled_seq, heartbeat_at, stopped_at, coalesce(build, ''), coalesce(schema_known, 0),
-			settled_through FROM nodes ORDER BY node_id, incarnation`, nil,
+			settled_through, created_at FROM nodes ORDER BY node_id, incarnation`, nil,
 			func(scan func(...any) error) error {
 				var n NodeRow
-				var seq, hb int64
+				var seq, hb, created int64
 				var stopped, through sql.NullInt64
-				if err := scan(&n.Node, &n.Incarnation, &seq, &hb, &stopped, &n.Build, &n.SchemaKnown, &through); err != nil {
+				if err := scan(&n.Node, &n.Incarnation, &seq, &hb, &stopped, &n.Build, &n.SchemaKnown, &through, &created); err != nil {
 					return err
 				}
-				n.Settled, n.Heartbeat = uint64(seq), time.Unix(0, hb).UTC()
+				n.Settled, n.Heartbeat, n.Created = uint64(seq), time.Unix(0, hb).UTC(), time.Unix(0, created).UTC()
 				if stopped.Valid {
 					n.Stopped = time.Unix(0, stopped.Int64).UTC()
 				}

@@ -46,6 +46,12 @@ func TestSettledMonth(t *testing.T) {
 			row("n2", "b", "2026-06-29T00:00:00Z"), row("n3", "c", "2026-08-01T00:00:00Z")}, "2026-08-01T00:00:00Z", false, []string{"n2/b"}},
 		{"a node stopped cleanly in the month (nothing unsettled)", []flush.NodeRow{{Node: "n1", Incarnation: "a",
 			Heartbeat: at("2026-06-12T00:00:00Z"), Stopped: at("2026-06-12T00:00:01Z")}}, "2026-07-01T00:00:00Z", true, nil},
+		// A current build that never settled (its start refused): what
+		// it held is told by SettledThrough, never set.
+		{"a node first registered after the month ended", []flush.NodeRow{{Node: "n9", Incarnation: "z", SchemaKnown: 16,
+			Heartbeat: at("2026-07-05T00:00:00Z"), Created: at("2026-07-05T00:00:00Z")}}, "2026-07-06T00:00:00Z", true, nil},
+		{"a node first registered less than a minute after the end", []flush.NodeRow{{Node: "n9", Incarnation: "z", SchemaKnown: 16,
+			Heartbeat: at("2026-07-05T00:00:00Z"), Created: at("2026-07-01T00:00:30Z")}}, "2026-07-06T00:00:00Z", false, []string{"n9/z"}},
 		{"two silent nodes, by id", []flush.NodeRow{row("n3", "c", "2026-06-29T00:00:00Z"), row("n2", "b", "2026-06-01T00:00:00Z")},
 			"2026-09-01T00:00:00Z", false, []string{"n2/b", "n3/c"}},
 	} {
