@@ -25,6 +25,7 @@ import (
 	"github.com/quotaring/quotaring/flush"
 	"github.com/quotaring/quotaring/shard"
 	"github.com/quotaring/quotaring/snapshot"
+	"github.com/quotaring/quotaring/wal"
 )
 
 // The admin API: JSON over HTTP on the admin port, under /admin/v1/, behind
@@ -1248,6 +1249,10 @@ func (n *Node) putRoutes(ctx context.Context, w http.ResponseWriter, r *http.Req
 // --- Cluster ----------------------------------------------------------------
 
 func (n *Node) listReservations(ctx context.Context, w http.ResponseWriter, r *http.Request, l flush.Ledger) error {
+	var from uint64 // NB: read before the ledger (see unsettled_here below)
+	if n.wal != nil {
+		from = n.wal.SettledSeq()
+	}
 	rs, err := l.Reservations(ctx)
 	if err != nil {
 		return err
@@ -1263,11 +1268,14 @@ func (n *Node) listReservations(ctx context.Context, w http.ResponseWriter, r *h
 		out = append(out, row{x.Node, x.Account, x.Grant, x.Units})
 	}
 	// What this node holds itself, read after the ledger's rows: its
-	// reservations there are these, plus at most the units it counts in
-	// doubt. Units the ledger reserves for it beyond both are stranded
-	// (spendable by nobody until it stops or starts); a difference seen
-	// once may be a reservation or hand-back on its way.
-	held := []row{}
+	// reservations there are these, plus the units its charges not settled
+	// yet spent of them (the ledger takes them off when they settle), plus
+	// at most the units it counts in doubt. Units the ledger reserves for
+	// it beyond all three are stranded (spendable by nobody until it stops
+	// or starts); a difference seen once may be a reservation or hand-back
+	// on its way. The unsettled charges are read from the settled mark of
+	// before the ledger's read: a settle between the two only counts more.
+	held, unsettled := []row{}, []row{}
 	var doubt int64
 	if n.eng != nil {
 		for _, h := range n.eng.Held() {
@@ -1275,7 +1283,50 @@ func (n *Node) listReservations(ctx context.Context, w http.ResponseWriter, r *h
 		}
 		doubt = n.eng.Stats().UncertainUnits.Load()
 	}
-	return writeJSON(w, http.StatusOK, map[string]any{"reservations": out, "node": n.cfg.ID, "held_here": held, "in_doubt_here": doubt})
+	if n.wal != nil {
+		spent, err := unsettledSpent(n.wal, from)
+		if err != nil {
+			return err
+		}
+		for k, units := range spent {
+			if units != 0 {
+				unsettled = append(unsettled, row{n.cfg.ID, k.account, k.grant, units})
+			}
+		}
+		slices.SortFunc(unsettled, func(a, b row) int { return strings.Compare(a.Account+" "+a.Grant, b.Account+" "+b.Grant) })
+	}
+	return writeJSON(w, http.StatusOK, map[string]any{"reservations": out, "node": n.cfg.ID, "held_here": held,
+		"unsettled_here": unsettled, "in_doubt_here": doubt})
+}
+
+// unsettledSpent sums, by account and grant, what the records of log after
+// from (to its durable end) take off this node's reservations in the
+// ledger when they settle: a charge's units from reservations, less a
+// refund's into them (records of older versions).
+func unsettledSpent(log *wal.Log, from uint64) (map[grantKey]int64, error) {
+	spent := map[grantKey]int64{}
+	var rec shard.Record
+	err := log.Scan(from, log.DurableSeq(), func(_ uint64, p []byte) error {
+		if err := rec.Decode(p); err != nil {
+			return err
+		}
+		sign := int64(0)
+		switch {
+		case !rec.Reserved:
+		case rec.Type == shard.RecCharge:
+			sign = 1
+		case rec.Type == shard.RecRefund && !rec.Kept:
+			sign = -1
+		}
+		for _, a := range rec.Allocs {
+			spent[grantKey{rec.Account, a.Grant}] += sign * a.Units
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read this node's unsettled records: %w", err)
+	}
+	return spent, nil
 }
 
 // NodeView is a (node, incarnation) of the ledger with, for its latest

@@ -1001,21 +1001,25 @@ func (c *adminClient) reservations(cmd *cobra.Command) error {
 	var out struct {
 		Reservations []reservationRow
 		// Node, HeldHere and InDoubtHere are the answering node's own
-		// allowances (absent from an older quotad's answer).
-		Node        string
-		HeldHere    []reservationRow `json:"held_here"`
-		InDoubtHere int64            `json:"in_doubt_here"`
+		// allowances (absent from an older quotad's answer), UnsettledHere
+		// what its charges not settled yet spent of its reservations.
+		Node          string
+		HeldHere      []reservationRow `json:"held_here"`
+		UnsettledHere []reservationRow `json:"unsettled_here"`
+		InDoubtHere   int64            `json:"in_doubt_here"`
 	}
 	return c.run(cmd, "GET", "/admin/v1/reservations", nil, &out, func(w io.Writer) {
-		printReservations(w, out.Node, out.Reservations, out.HeldHere, out.InDoubtHere)
+		printReservations(w, out.Node, out.Reservations, out.HeldHere, out.UnsettledHere, out.InDoubtHere)
 	})
 }
 
 // printReservations prints the ledger's reservations with, on the rows of
-// self (the node that answered), what that node holds itself (a row of
-// its own where the ledger has none), and a last line comparing the two.
-// self is empty for an older quotad's answer: the ledger's rows only.
-func printReservations(w io.Writer, self string, ledger, held []reservationRow, doubt int64) {
+// self (the node that answered), what that node holds itself and what its
+// charges not settled yet spent of them (which the ledger counts reserved
+// until they settle; a row of its own where the ledger has none), and a
+// last line comparing the two. self is empty for an older quotad's
+// answer: the ledger's rows only.
+func printReservations(w io.Writer, self string, ledger, held, unsettled []reservationRow, doubt int64) {
 	if self == "" {
 		fmt.Fprintln(w, "NODE\tACCOUNT\tGRANT\tUNITS")
 		var total int64
@@ -1027,41 +1031,53 @@ func printReservations(w io.Writer, self string, ledger, held []reservationRow, 
 		return
 	}
 	type key struct{ account, grant string }
-	here := map[key]int64{}
+	here, spent := map[key]int64{}, map[key]int64{}
 	for _, h := range held {
 		here[key{h.Account, h.Grant}] += h.Units
 	}
-	fmt.Fprintf(w, "NODE\tACCOUNT\tGRANT\tUNITS\tHELD BY %s\t\n", self)
-	var total, reserved, holds int64
+	for _, u := range unsettled {
+		spent[key{u.Account, u.Grant}] += u.Units
+	}
+	fmt.Fprintf(w, "NODE\tACCOUNT\tGRANT\tUNITS\tHELD BY %s\tUNSETTLED\t\n", self)
+	var total, reserved, holds, spentAll int64
 	differ := 0
-	row := func(node, account, grant string, units int64, held string, differs bool) {
+	row := func(node, account, grant string, units int64, held, spent string, differs bool) {
 		mark := ""
 		if differs {
 			mark, differ = "differs", differ+1
 		}
-		fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%s\t%s\n", node, account, grant, units, held, mark)
+		fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%s\t%s\t%s\n", node, account, grant, units, held, spent, mark)
 	}
 	for _, r := range ledger {
 		total += r.Units
 		if r.Node != self {
-			row(r.Node, r.Account, r.Grant, r.Units, "-", false)
+			row(r.Node, r.Account, r.Grant, r.Units, "-", "-", false)
 			continue
 		}
 		k := key{r.Account, r.Grant}
-		h := here[k]
+		h, s := here[k], spent[k]
 		delete(here, k)
-		reserved, holds = reserved+r.Units, holds+h
-		row(r.Node, r.Account, r.Grant, r.Units, strconv.FormatInt(h, 10), h != r.Units)
+		delete(spent, k)
+		reserved, holds, spentAll = reserved+r.Units, holds+h+s, spentAll+s
+		row(r.Node, r.Account, r.Grant, r.Units, strconv.FormatInt(h, 10), strconv.FormatInt(s, 10), h+s != r.Units)
 	}
-	for _, h := range held { // held here, no row in the ledger
-		k := key{h.Account, h.Grant}
-		if u, ok := here[k]; ok && u != 0 {
+	for _, rs := range [][]reservationRow{held, unsettled} { // here, no row in the ledger
+		for _, x := range rs {
+			k := key{x.Account, x.Grant}
+			h, s := here[k], spent[k]
+			if h == 0 && s == 0 {
+				continue
+			}
 			delete(here, k)
-			holds += u
-			row(self, h.Account, h.Grant, 0, strconv.FormatInt(u, 10), true)
+			delete(spent, k)
+			holds, spentAll = holds+h+s, spentAll+s
+			row(self, x.Account, x.Grant, 0, strconv.FormatInt(h, 10), strconv.FormatInt(s, 10), true)
 		}
 	}
-	fmt.Fprintf(w, "\t\ttotal\t%d\t%d\t\n", total, holds)
+	fmt.Fprintf(w, "\t\ttotal\t%d\t%d\t%d\t\n", total, holds-spentAll, spentAll)
+	if spentAll != 0 {
+		fmt.Fprintf(w, "%s's charges not settled yet spent %d of its reserved units (UNSETTLED): the ledger counts them reserved until they settle, so they count as held here.\n", self, spentAll)
+	}
 	const again = "Run this again: a difference that stays is no reservation or hand-back on its way"
 	switch extra := reserved - holds; {
 	case differ == 0:

@@ -617,10 +617,10 @@ func TestPrintReservationsComparesTheAnsweringNode(t *testing.T) {
 		{"n2", "acme", "m:2026-12", 7},
 	}
 	held := []reservationRow{{"n1", "acme", "m:2026-12", 10}, {"n1", "zed", "credits", 3}}
-	print := func(self string, ledger, held []reservationRow, doubt int64) string {
+	print := func(self string, ledger, held []reservationRow, doubt int64, unsettled ...reservationRow) string {
 		var b strings.Builder
 		tw := tabwriter.NewWriter(&b, 0, 4, 2, ' ', 0)
-		printReservations(tw, self, ledger, held, doubt)
+		printReservations(tw, self, ledger, held, unsettled, doubt)
 		tw.Flush()
 		t.Logf("\n%s", b.String())
 		return b.String()
@@ -636,7 +636,7 @@ func TestPrintReservationsComparesTheAnsweringNode(t *testing.T) {
 	}
 
 	out := print("n1", ledger, held[:1], 0)
-	if l := lines(out); l["acme m:2026-12"] != "n1 acme m:2026-12 10 10" || l["hard-033 m:2026-12"] != "n1 hard-033 m:2026-12 2 0 differs" {
+	if l := lines(out); l["acme m:2026-12"] != "n1 acme m:2026-12 10 10 0" || l["hard-033 m:2026-12"] != "n1 hard-033 m:2026-12 2 0 0 differs" {
 		t.Fatalf("n1's rows: %q", l)
 	}
 	if !strings.Contains(out, "n2    acme") || !strings.Contains(out, "7      -") {
@@ -649,11 +649,18 @@ func TestPrintReservationsComparesTheAnsweringNode(t *testing.T) {
 		t.Fatalf("units in doubt covering the difference:\n%s", out)
 	}
 	out = print("n1", ledger[:1], held, 0)
-	if l := lines(out); l["zed credits"] != "n1 zed credits 0 3 differs" || !strings.Contains(out, "holds 13 units and the ledger reserves 10 for it: 3 units no grant backs") {
+	if l := lines(out); l["zed credits"] != "n1 zed credits 0 3 0 differs" || !strings.Contains(out, "holds 13 units and the ledger reserves 10 for it: 3 units no grant backs") {
 		t.Fatalf("units held with no row in the ledger:\n%s", out)
 	}
 	if out := print("n1", ledger[:1], held[:1], 0); !strings.Contains(out, "holds what the ledger reserves for it: 10 units") {
 		t.Fatalf("agreeing:\n%s", out)
+	}
+	// Units its charges not settled yet spent: reserved in the ledger
+	// until they settle, neither stranded nor differing.
+	out = print("n1", ledger[:2], held[:1], 0, reservationRow{"n1", "hard-033", "m:2026-12", 2})
+	if l := lines(out); l["hard-033 m:2026-12"] != "n1 hard-033 m:2026-12 2 0 2" || strings.Contains(out, "stranded") ||
+		!strings.Contains(out, "holds what the ledger reserves for it: 12 units") || !strings.Contains(out, "spent 2 of its reserved units (UNSETTLED)") {
+		t.Fatalf("units spent by unsettled charges:\n%s", out)
 	}
 	if out := print("", ledger, nil, 0); strings.Contains(out, "HELD BY") || !strings.Contains(strings.Join(strings.Fields(out), " "), "total 19") {
 		t.Fatalf("an older quotad's answer (the ledger's rows only):\n%s", out)
