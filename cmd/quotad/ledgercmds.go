@@ -75,13 +75,21 @@ func newMigrateCmd() *cobra.Command {
 		Short: "Apply the ledger's schema migrations and exit",
 		Long: `Apply the embedded schema migrations to the ledger, under a lock (several
 nodes starting at once are safe; quotad serve also migrates at start). A ledger
-migrated by a newer quotad is refused: run the newer one.`,
+migrated by a newer quotad is refused: run the newer one. It says what it did:
+created the schema in an empty database (a new ledger: if you meant an existing
+one, check --ledger), migrated from one version to another, or nothing.`,
+		Example: `  QUOTAD_LEDGER="$OWNER_DSN" quotad migrate     # as the ledger's owner, before a rolling upgrade
+  quotad migrate --ledger sqlite:/var/lib/quotad/ledger.db`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			l, err := openLedger(cmd.Context(), dsn)
 			if err != nil {
 				return err
 			}
 			defer l.Close()
+			was, err := l.SchemaVersion(cmd.Context())
+			if err != nil {
+				return err
+			}
 			if err := l.Migrate(cmd.Context()); err != nil {
 				return err
 			}
@@ -89,7 +97,15 @@ migrated by a newer quotad is refused: run the newer one.`,
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "ledger at schema version %d\n", v)
+			out := cmd.OutOrStdout()
+			switch {
+			case was == 0:
+				fmt.Fprintf(out, "created a new ledger, at schema version %d, in a database that held none: if you meant an existing ledger, check --ledger\n", v)
+			case was < v:
+				fmt.Fprintf(out, "migrated the ledger from schema version %d to %d\n", was, v)
+			default:
+				fmt.Fprintf(out, "the ledger is at schema version %d already: nothing to do\n", v)
+			}
 			return nil
 		},
 	}
@@ -116,6 +132,9 @@ again) and those taken since under reused sequence numbers, listed record by
 record: bill exactly those by hand.
 
 Exits 0 when everything agrees, 3 when a difference is found, 1 on errors.`,
+		Example: `  quotad reconcile --ledger "$DSN"                          # differences only; exit 3 if any
+  quotad reconcile --ledger "$DSN" --all                    # every row
+  quotad reconcile --ledger "$DSN" --data-dir /var/lib/quotad/q2   # and what a stopped node's log holds`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return runReconcile(cmd.Context(), cmd.OutOrStdout(), cmd.ErrOrStderr(), dsn, dataDirs, all)
 		},
@@ -499,6 +518,8 @@ node that is running: a running node writes its heartbeat to the ledger every
 2 s, and revoke refuses a node heard from in the last 2 minutes unless --force,
 or unless it stopped cleanly since (SIGTERM: the ledger records the stop); a
 node id the ledger has never seen is refused too.`,
+		Example: `  quotad revoke --ledger "$DSN" --node q2 --dry-run   # what would be freed, and the overshoot it allows
+  quotad revoke --ledger "$DSN" --node q2`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if nodeID == "" {
 				return fmt.Errorf("--node is required: the id of the lost node")

@@ -575,3 +575,27 @@ func TestUnknownFlagSuggests(t *testing.T) {
 		}
 	}
 }
+
+// quotad migrate says what it did: a new ledger created (a mistyped
+// --ledger makes one silently otherwise), or nothing to do.
+func TestMigrateSaysWhatItDid(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "ledger.db")
+	run := func() string {
+		t.Helper()
+		var out bytes.Buffer
+		root := newRootCmd()
+		root.SetArgs([]string{"migrate", "--ledger", "sqlite:" + path})
+		root.SetOut(&out)
+		root.SetErr(&out)
+		if err := root.ExecuteContext(context.Background()); err != nil {
+			t.Fatalf("quotad migrate: %v\n%s", err, out.String())
+		}
+		return out.String()
+	}
+	if out := run(); !strings.Contains(out, "created a new ledger, at schema version") || !strings.Contains(out, "check --ledger") {
+		t.Errorf("migrate of an empty database says %q", out)
+	}
+	if out := run(); !strings.Contains(out, "already: nothing to do") {
+		t.Errorf("migrate of a migrated ledger says %q", out)
+	}
+}
