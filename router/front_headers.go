@@ -294,8 +294,9 @@ func delFrontHeaders(h http.Header) {
 }
 
 // refusal turns a refused decision into its problem. units is what the
-// request would have cost.
-func refusal(d *shard.Decision, units int64, quotaStatus int) *Problem {
+// request would have cost; now is the front's clock, Unix seconds (0: not
+// known).
+func refusal(d *shard.Decision, units int64, quotaStatus int, now int64) *Problem {
 	switch d.Reason {
 	case shard.RateLimited:
 		wait := max(1, ceilSeconds(d.RetryAfter))
@@ -316,6 +317,12 @@ func refusal(d *shard.Decision, units int64, quotaStatus int) *Problem {
 			return p
 		}
 		p.retryAfter = max(1, ceilSeconds(d.RetryAfter))
+		if at := now + p.retryAfter; now > 0 && at < d.Reset-1 {
+			// Before the month's end: credits bought that start then.
+			p.Detail = fmt.Sprintf("This request costs %s and the account has %d left of %d; credits that start at %s give it the units: retry then.",
+				unitsText(units), max(0, d.Remaining), d.Limit, formatReset(at))
+			return p
+		}
 		p.Detail = fmt.Sprintf("This request costs %s and the account has %d left of %d this period; the quota renews at %s.",
 			unitsText(units), max(0, d.Remaining), d.Limit, formatReset(d.Reset))
 		return p

@@ -193,6 +193,31 @@ func (a *Account) creditsAt(wall int64) int64 {
 	return n
 }
 
+// creditStartFits is the earliest start of a credit grant that has not
+// started at wall, before end, from which on the grants active have free
+// units for the charge; 0 when none does. A refusal told to come back at
+// the month's end (or never, with no monthly quota) when bought credits
+// start within the hour was retried weeks late, or not at all.
+func (a *Account) creditStartFits(units, wall, end int64) int64 {
+	var best int64
+	for i := range a.grants {
+		t := a.grants[i].startsAt
+		if a.grants[i].monthly || t <= wall || t >= end || best != 0 && t >= best {
+			continue
+		}
+		var free int64
+		for j := range a.grants {
+			if g := &a.grants[j]; g.active(t) {
+				free += g.free()
+			}
+		}
+		if free >= units {
+			best = t
+		}
+	}
+	return best
+}
+
 // settledAtLeast raises the grant's use to what the ledger has settled
 // (every node's charges), when that is more than this owner counted: after
 // the account moved away and back, the other owner's charges are settled
@@ -555,6 +580,9 @@ func (a *Account) Charge(req *Charge, now Now, params *Params, rec *Record) Deci
 					// then) is not helped by waiting: it was told to
 					// come back next month, and refused again then.
 					d.RetryAfter = p.End() - wall
+				}
+				if t := a.creditStartFits(req.Units, wall, p.End()); t != 0 {
+					d.RetryAfter = t - wall
 				}
 			}
 			a.fill(&d, now, wall)

@@ -132,6 +132,12 @@ func TestRetryAfterOnlyWhenWaitingHelps(t *testing.T) {
 		{"past any month's quota", nil, 25, Never},
 		{"past the quota, within it and a credit", []GrantConfig{{ID: "c", Units: 20, StartsAt: now.Wall - 1, ExpiresAt: at("2026-09-01T00:00:00Z").Wall}}, 25, toJuly},
 		{"past the quota and a credit that ends with June", []GrantConfig{{ID: "c", Units: 20, StartsAt: now.Wall - 1, ExpiresAt: at("2026-07-01T00:00:00Z").Wall}}, 25, Never},
+		// Credits bought that start later this month: retry when they
+		// start (it said next month, or never), the earliest that fits.
+		{"a credit that starts in 10 minutes", []GrantConfig{{ID: "c", Units: 20, StartsAt: now.Wall + int64(10*time.Minute)}}, 8, int64(10 * time.Minute)},
+		{"credits that start later, the first too small", []GrantConfig{{ID: "c1", Units: 3, StartsAt: now.Wall + int64(time.Hour)},
+			{ID: "c2", Units: 5, StartsAt: now.Wall + int64(2*time.Hour)}}, 8, int64(2 * time.Hour)},
+		{"a credit that starts later, too small", []GrantConfig{{ID: "c", Units: 3, StartsAt: now.Wall + int64(time.Hour)}}, 8, toJuly},
 	} {
 		a := NewAccount(AccountConfig{ID: "a", Plan: hardPlan(10), Credits: c.credits})
 		var rec Record
@@ -141,6 +147,13 @@ func TestRetryAfterOnlyWhenWaitingHelps(t *testing.T) {
 		if d := a.Charge(&Charge{EventID: "e", Units: c.units, Route: "r"}, now, &p, &rec); d.Reason != QuotaExceeded || d.RetryAfter != c.want {
 			t.Errorf("%s: %v, retry after %d; want quota_exceeded, %d", c.name, d.Reason, d.RetryAfter, c.want)
 		}
+	}
+	// A prepaid plan (no monthly quota) with credits that start later.
+	prepaid := hardPlan(0)
+	a := NewAccount(AccountConfig{ID: "a", Plan: prepaid, Credits: []GrantConfig{{ID: "c", Units: 50, StartsAt: now.Wall + int64(3*time.Hour)}}})
+	var rec Record
+	if d := a.Charge(&Charge{EventID: "e", Units: 1, Route: "r"}, now, &p, &rec); d.Reason != QuotaExceeded || d.RetryAfter != int64(3*time.Hour) {
+		t.Errorf("prepaid, credits in 3 hours: %v, retry after %d; want quota_exceeded, 3h", d.Reason, d.RetryAfter)
 	}
 }
 
