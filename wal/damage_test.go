@@ -818,3 +818,33 @@ func TestUnwritableDirIsNotALockHeld(t *testing.T) {
 		t.Errorf("fcntl's EAGAIN: %v; want the lock named as held", err)
 	}
 }
+
+// A file in the data dir this user may not read (left by a run as root)
+// gets the same fix as an unwritable dir, not Pebble's raw error, which
+// read like damage.
+func TestUnreadableFileNamesTheFix(t *testing.T) {
+	err := pebbleError("/data", "node-1", `get meta "wal.node_id"`,
+		fmt.Errorf("pebble: backing file 000005 error: %w", &iofs.PathError{Op: "open", Path: "/data/000005.sst", Err: syscall.EACCES}))
+	if !strings.Contains(err.Error(), "not readable or writable by this process's user") || !strings.Contains(err.Error(), "chown -R") || errors.Is(err, ErrCorrupt) {
+		t.Errorf("an unreadable sstable: %v; want the access problem and its fix, not damage", err)
+	}
+}
+
+// A dir in another log format says whether a newer or an older quotad
+// wrote it, and what to do, instead of the format's raw bytes.
+func TestOtherLogFormatIsNamed(t *testing.T) {
+	dir := t.TempDir()
+	l := mustOpen(t, Options{Dir: dir, NodeID: "node-1"})
+	if err := l.db.Set(prefixKey(prefixMeta, metaFormat), encodeFrame(encodeU64(formatVersion+1)), pebble.Sync); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if l, err := Open(Options{Dir: dir, NodeID: "node-1"}); err == nil || !strings.Contains(err.Error(), fmt.Sprintf("in log format %d, written by a newer quotad", formatVersion+1)) {
+		if err == nil {
+			l.Close()
+		}
+		t.Fatalf("a dir in a newer format: %v", err)
+	}
+}

@@ -3,6 +3,7 @@ package wal
 import (
 	"errors"
 	"fmt"
+	"os"
 	"strings"
 
 	"github.com/cockroachdb/pebble/v2"
@@ -68,6 +69,9 @@ func (e *damagedFileError) Unwrap() []error { return []error{ErrCorrupt, e.cause
 // of node in dir. On-disk corruption becomes one line wrapping ErrCorrupt
 // that names the damaged file and what to do.
 func pebbleError(dir, node, what string, err error) error {
+	if errors.Is(err, os.ErrPermission) {
+		return permissionError(dir, what, err)
+	}
 	if strings.Contains(err.Error(), "written in unknown format major version") {
 		return fmt.Errorf("wal: %s in %s: the data dir was written by a newer quotad (a newer Pebble format: %s): run that build or a "+
 			"later one; never roll a node back below the build that last opened its data dir", what, dir, firstLine(err))
@@ -84,6 +88,14 @@ func pebbleError(dir, node, what string, err error) error {
 			ErrCorrupt, dir, what, file, firstLine(err), remedy(node)),
 		cause: err,
 	}
+}
+
+// permissionError is a file of the data dir this process may not read or
+// write: most often left by a quotad run once as another user (root).
+func permissionError(dir, what string, err error) error {
+	return fmt.Errorf("wal: %s in %s: a file of the data dir is not readable or writable by this process's user (uid %d), left by a run "+
+		"as another user (root?): give the dir and its files to that user (chown -R %d %s) or, in Kubernetes, set the pod's "+
+		"securityContext.fsGroup: %w", what, dir, os.Getuid(), os.Getuid(), dir, err)
 }
 
 // firstLine returns the first line of err's message: Pebble's errors may

@@ -454,9 +454,16 @@ func (l *Log) checkFormat() error {
 	if err != nil {
 		return err
 	}
-	if f, err := decodeU64(v); err != nil || f != formatVersion {
-		return fmt.Errorf("wal: dir %s has format %x, this build reads format %d",
-			l.opts.Dir, v, formatVersion)
+	f, err := decodeU64(v)
+	switch {
+	case err != nil:
+		return fmt.Errorf("%w: dir %s: its format meta value %x does not decode: %s", ErrCorrupt, l.opts.Dir, v, remedy(l.opts.NodeID))
+	case f > formatVersion:
+		return fmt.Errorf("wal: dir %s is in log format %d, written by a newer quotad; this build reads format %d: run that build or a later one "+
+			"(never roll a node back below the build that last opened its data dir)", l.opts.Dir, f, formatVersion)
+	case f < formatVersion:
+		return fmt.Errorf("wal: dir %s is in log format %d, written by an older quotad; this build reads format %d: stop the node cleanly "+
+			"with the build that wrote it (SIGTERM: everything settles), then start this build on an empty data dir", l.opts.Dir, f, formatVersion)
 	}
 	return nil
 }

@@ -56,6 +56,9 @@ func readDurableMark(fs vfs.FS, dir string) (markSeen, error) {
 	if errors.Is(err, os.ErrNotExist) {
 		return markSeen{}, nil
 	}
+	if errors.Is(err, os.ErrPermission) {
+		return markSeen{}, permissionError(dir, "read "+durableMarkName, err)
+	}
 	if err != nil {
 		return markSeen{}, fmt.Errorf("wal: read %s: %w", path, err)
 	}
