@@ -2160,10 +2160,10 @@ func confPruneEvents(t *testing.T, l Ledger) {
 	// node-old was last heard from in July: it may hold July's records,
 	// but it has not run since (its build is then no question).
 	old := time.Date(2026, 7, 10, 0, 0, 0, 0, time.UTC)
-	if _, ok := l.(*SQLite); ok {
-		mustExecSQL(t, l, fmt.Sprintf(`UPDATE nodes SET heartbeat_at = %d WHERE node_id = 'node-old'`, old.UnixNano()))
+	if _, ok := l.(*SQLite); ok { // registered before it too
+		mustExecSQL(t, l, fmt.Sprintf(`UPDATE nodes SET heartbeat_at = %d, created_at = %d WHERE node_id = 'node-old'`, old.UnixNano(), old.UnixNano()))
 	} else {
-		mustExecSQL(t, l, `UPDATE nodes SET heartbeat_at = '`+old.Format(time.RFC3339)+`' WHERE node_id = 'node-old'`)
+		mustExecSQL(t, l, `UPDATE nodes SET heartbeat_at = '`+old.Format(time.RFC3339)+`', created_at = '`+old.Format(time.RFC3339)+`' WHERE node_id = 'node-old'`)
 	}
 	_, err = l.PruneEvents(ctx, PruneOptions{Before: aug})
 	if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "2026-07 is not final") || !strings.Contains(err.Error(), "node-old") {
@@ -2174,6 +2174,18 @@ func confPruneEvents(t *testing.T, l Ledger) {
 	}
 	now, err := l.Clock(ctx)
 	if err != nil {
+		t.Fatal(err)
+	}
+	// A node named lost that still holds reservations was not revoked: it
+	// may come back, with refunds of the months this would drop.
+	if res, err := l.Reserve(ctx, "node-old", ReserveRequest{Account: "acct-1", Wall: time.Date(2026, 8, 20, 0, 0, 0, 0, time.UTC), Need: 2}); err != nil || len(res.Granted) == 0 {
+		t.Fatalf("reserve for node-old: %+v, %v", res, err)
+	}
+	if _, err := l.PruneEvents(ctx, PruneOptions{Before: aug, Lost: []string{"node-old"}, DryRun: true}); !errors.Is(err, ErrInvalid) ||
+		!strings.Contains(err.Error(), "quotad revoke --node node-old") {
+		t.Fatalf("prune naming as lost a node that holds reservations: %v, want ErrInvalid asking for its revoke", err)
+	}
+	if _, err := l.ReleaseNode(ctx, "node-old"); err != nil { // quotad revoke
 		t.Fatal(err)
 	}
 	cur := shard.PeriodOf(now.UnixNano())

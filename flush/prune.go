@@ -289,6 +289,21 @@ func pruneEvents(ctx context.Context, l monthPruner, o PruneOptions) (PruneResul
 	if err := checkPrunable(o, months, nodes, now); err != nil {
 		return res, err
 	}
+	for _, x := range o.Lost {
+		rs, err := l.ReservationsOf(ctx, x)
+		if err != nil {
+			return res, err
+		}
+		var units int64
+		for _, r := range rs {
+			units += r.Units
+		}
+		if units > 0 {
+			return res, fmt.Errorf("%w: --lost-node %s: the ledger still reserves %d units for it, so it was not revoked: a node gone for good is revoked first "+
+				"(quotad revoke --node %s frees them; its unsettled charges are the documented loss); one that may come back settles its months then, "+
+				"and what its log holds of the months this drops would settle unchecked", ErrInvalid, x, units, x)
+		}
+	}
 	for _, per := range months {
 		m := PrunedMonth{Period: per}
 		if o.DryRun {
