@@ -208,3 +208,41 @@ func TestAReservationAnsweredAfterALetGoLeavesNoEntry(t *testing.T) {
 		t.Fatalf("the late reservation left state for %v, an account this node does not own", ids)
 	}
 }
+
+// A config snapshot kept in the data dir that this build cannot decode (a
+// newer build wrote it, and the node was rolled back) is left out with a
+// WARN: it is a cache of the ledger's config, and the start refused
+// before, telling to move the data dir aside, unsettled records and all.
+func TestAnUndecodableKeptSnapshotIsLeftOut(t *testing.T) {
+	dir := t.TempDir()
+	l := openLog(t, dir)
+	e, err := Open(Options{Log: l, Clock: NewManualClock(time.Date(2026, 6, 10, 0, 0, 0, 0, time.UTC))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.SetSnapshot(testSnapshot(t, map[string]int64{"acme": 1000}), AllSettled); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := e.Charge(context.Background(), "acme", shard.Charge{Units: 1}); err != nil || res.Reason != shard.OK {
+		t.Fatalf("charge: %+v %v", res, err)
+	}
+	e.Close()
+	if err := l.PutMeta(metaSnapshot, []byte("a snapshot of a newer build")); err != nil {
+		t.Fatal(err)
+	}
+	var logs logbuf.Buffer
+	e, err = Open(Options{Log: l, Clock: NewManualClock(time.Date(2026, 6, 10, 0, 0, 0, 0, time.UTC)), Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	if err != nil {
+		t.Fatalf("open with an undecodable kept snapshot: %v", err)
+	}
+	defer e.Close()
+	if e.Snapshot() != nil || !strings.Contains(logs.String(), "level=WARN") || !strings.Contains(logs.String(), "does not decode") {
+		t.Fatalf("snapshot %v, log %q: want none kept and a WARN", e.Snapshot(), logs.String())
+	}
+	if err := e.SetSnapshot(testSnapshot(t, map[string]int64{"acme": 1000}), 0); err != nil { // read before the charge settled
+		t.Fatal(err)
+	}
+	if u, ok, err := e.Usage("acme"); err != nil || !ok || u.Used != 1 {
+		t.Fatalf("acme after the snapshot is read again: %+v %v %v; want its charge recovered from the log", u, ok, err)
+	}
+}

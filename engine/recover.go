@@ -16,11 +16,21 @@ func (e *Engine) recover() error {
 	if err != nil {
 		return fmt.Errorf("engine: read the kept snapshot: %w", err)
 	}
+	var s *snapshot.Snapshot
 	if ok {
-		s, err := snapshot.Decode(data)
-		if err != nil {
-			return fmt.Errorf("engine: the snapshot kept in %s does not decode (%w); move the data dir aside only if its unsettled records are settled elsewhere", e.log.Dir(), err)
+		// NB: the kept snapshot is a cache of the ledger's config, not a
+		// record: one this build cannot read (a newer build wrote it, and
+		// the node was rolled back) is left out, and the node starts as on
+		// a new dir, ready once it reads the config from the ledger. The
+		// start refused, telling to move the data dir aside, unsettled
+		// records and all.
+		if s, err = snapshot.Decode(data); err != nil {
+			e.opts.Logger.Warn("the config snapshot kept in the data dir does not decode (written by a newer quotad?): starting without it; "+
+				"this node serves once it reads the config from the ledger", "dir", e.log.Dir(), "err", err)
+			s = nil
 		}
+	}
+	if s != nil {
 		e.snap.Store(s)
 		e.kept.Store(true)
 		mark, ok, err := e.log.GetMeta(metaSnapshotSettled)
