@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/quotaring/quotaring/flush"
+	"github.com/quotaring/quotaring/internal/logbuf"
 	"github.com/quotaring/quotaring/internal/pki"
 	"github.com/quotaring/quotaring/internal/waitfor"
 	"github.com/quotaring/quotaring/ring"
@@ -223,16 +224,18 @@ func TestAdvertisesReachableAddresses(t *testing.T) {
 func TestGainedAccountsAreReservedAhead(t *testing.T) {
 	dsn := "sqlite:" + filepath.Join(t.TempDir(), "ledger.db")
 	seedLedger(t, dsn, map[string]int64{"busy": 1000})
-	nodes := startNodes(t, dsn, 2)
+	var logs [2]logbuf.Buffer
+	nodes := startNodesWith(t, dsn, func(c *Config) { c.Logger = slog.New(slog.NewTextHandler(&logs[0], nil)) },
+		func(c *Config) { c.Logger = slog.New(slog.NewTextHandler(&logs[1], nil)) })
 	ctx := context.Background()
 	for i := 0; i < 50; i++ {
 		if res, err := nodes[0].Router().Charge(ctx, router.ChargeRequest{Account: "busy", Units: 1}); err != nil || res.Reason != shard.OK {
 			t.Fatalf("charge %d: %v %v", i, res.Reason, err)
 		}
 	}
-	owner, other := nodes[0], nodes[1]
+	owner, other, otherLog := nodes[0], nodes[1], &logs[1]
 	if m, _ := owner.Ring().Owner("busy"); m.ID != owner.ID() {
-		owner, other = nodes[1], nodes[0]
+		owner, other, otherLog = nodes[1], nodes[0], &logs[0]
 	}
 	if other.Engine().AllowanceHeld() != 0 {
 		t.Fatal("the non-owner holds a reservation before the handoff")
@@ -243,6 +246,13 @@ func TestGainedAccountsAreReservedAhead(t *testing.T) {
 	waitFor(t, 20*time.Second, "the remaining node to reserve ahead for the account it gained", func() bool {
 		return other.Engine().AllowanceHeld() > 0
 	})
+	// It says so, counting the accounts it reserved for.
+	waitFor(t, 10*time.Second, "the log line of the prefetch", func() bool {
+		return strings.Contains(otherLog.String(), "reserved ahead for recently handed-off accounts")
+	})
+	if out := otherLog.String(); !strings.Contains(out, "accounts=1") {
+		t.Fatalf("the prefetch's log line does not count 1 account:\n%s", out)
+	}
 }
 
 // A busy port is an error that names the flag, and the ports opened before

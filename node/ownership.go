@@ -3,6 +3,7 @@ package node
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/quotaring/quotaring/ring"
@@ -177,6 +178,7 @@ func (n *Node) prefetchGained(ctx context.Context, gained []int) {
 	sem := make(chan struct{}, prefetchConcurrency)
 	var wg sync.WaitGroup
 	done := map[string]bool{}
+	var reserved atomic.Int64 // accounts reserved for, still owned
 	since := ledgerNow(ctx, l).Add(-handoffWindow) // handoffs carry the ledger's times
 	// The old owner records its handoff after it announced it is draining,
 	// which is what moved the ring here: look again a few times, so that a
@@ -205,14 +207,21 @@ func (n *Node) prefetchGained(ctx context.Context, gained []int) {
 			wg.Add(1)
 			go func() {
 				defer func() { <-sem; wg.Done() }()
+				if n.draining.Load() {
+					return // leaving: what it gained goes on to others
+				}
 				if err := n.eng.Prefetch(ctx, h.Account, h.Units); err != nil {
 					n.log.Debug("prefetch for a gained account failed; its first charge will reserve", "account", h.Account, "err", err)
+				} else if n.owns(h.Account) {
+					reserved.Add(1)
 				}
 			}()
 		}
 	}
 	wg.Wait()
-	if len(done) > 0 {
-		n.log.Info("gained partitions: reserved ahead for recently handed-off accounts", "partitions", len(gained), "accounts", len(done))
+	// NB: the accounts reserved for, not those looked at: a draining node
+	// logged that it had reserved ahead for partitions it had lost.
+	if k := reserved.Load(); k > 0 && !n.draining.Load() {
+		n.log.Info("gained partitions: reserved ahead for recently handed-off accounts", "partitions", len(gained), "accounts", k)
 	}
 }
