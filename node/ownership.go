@@ -178,7 +178,7 @@ func (n *Node) prefetchGained(ctx context.Context, gained []int) {
 	sem := make(chan struct{}, prefetchConcurrency)
 	var wg sync.WaitGroup
 	done := map[string]bool{}
-	var reserved atomic.Int64 // accounts reserved for, still owned
+	var reserved atomic.Int64                      // accounts reserved for, still owned
 	since := ledgerNow(ctx, l).Add(-handoffWindow) // handoffs carry the ledger's times
 	// The old owner records its handoff after it announced it is draining,
 	// which is what moved the ring here: look again a few times, so that a
