@@ -2,6 +2,7 @@ package flush
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -348,5 +349,26 @@ func TestSettleBatchShrinksOnTimeoutsAndGrowsBack(t *testing.T) {
 	}
 	if want := []uint64{1000, 2000, 2000, 4000}; !slices.Equal(l.sizes, want) {
 		t.Fatalf("batches %v after three timeouts, want %v (cut to 1000, then doubled back to 4000)", l.sizes, want)
+	}
+}
+
+// A write to the SQLite ledger waits for the one writer only as long as its
+// context lets it: a charge's reservation queued behind a settle stuck on a
+// lock another process held waited past its 2 s bound (15 s in a review),
+// when the writers queued on a mutex.
+func TestSQLiteWriterWaitEndsWithItsContext(t *testing.T) {
+	l := migratedSQLite(t, nil)
+	l.writeSem <- struct{}{} // a write that hangs
+	release := time.AfterFunc(5*time.Second, func() { <-l.writeSem })
+	defer release.Stop()
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	_, err := l.Reserve(ctx, "n1", ReserveRequest{Account: "acct-1", Wall: time.Now(), Need: 1})
+	if !release.Stop() {
+		t.Fatalf("the reserve returned (%v) only once the hung write let go, not at its context's end", err)
+	}
+	<-l.writeSem
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("a reserve behind a hung write: %v, want its context's deadline", err)
 	}
 }

@@ -4,10 +4,11 @@ package flush
 // installs), on modernc.org/sqlite: pure Go, nothing to install. Dialect
 // notes:
 //
-//   - SQLite has one writer. Every write transaction holds SQLite.writeMu and
-//     begins with BEGIN IMMEDIATE (the DSN's _txlock), so writers queue here
-//     instead of failing with SQLITE_BUSY; readers use deferred read-only
-//     transactions and, in WAL mode, never wait for the writer.
+//   - SQLite has one writer. Every write transaction holds SQLite.writeSem
+//     and begins with BEGIN IMMEDIATE (the DSN's _txlock), so writers queue
+//     here instead of failing with SQLITE_BUSY, each only until its
+//     context ends; readers use deferred read-only transactions and, in WAL
+//     mode, never wait for the writer.
 //   - The journal is WAL with synchronous=FULL: a commit is on disk when
 //     Commit returns, like a Postgres commit.
 //   - Statements run one per row inside the transaction: in-process round
@@ -30,7 +31,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
@@ -60,10 +60,26 @@ type SQLite struct {
 	now        func() time.Time
 	migrations []migration
 
-	// writeMu is held for every write transaction: SQLite has one writer,
-	// and queueing here beats retrying on SQLITE_BUSY.
-	writeMu sync.Mutex
+	// writeSem holds a token for every write transaction: SQLite has one
+	// writer, and queueing here beats retrying on SQLITE_BUSY. A channel,
+	// not a mutex, so that a writer waits only as long as its context
+	// lets it: behind a settle stuck on a lock another process held, a
+	// charge's reservation waited 15 s, past its 2 s bound.
+	writeSem chan struct{}
 }
+
+// lockWrite takes the writer's token, or fails when ctx ends first; the
+// caller releases it with unlockWrite.
+func (s *SQLite) lockWrite(ctx context.Context) error {
+	select {
+	case s.writeSem <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("waiting for the ledger's other writes (SQLite has one writer): %w", ctx.Err())
+	}
+}
+
+func (s *SQLite) unlockWrite() { <-s.writeSem }
 
 var _ Ledger = (*SQLite)(nil)
 
@@ -152,7 +168,7 @@ func OpenSQLite(ctx context.Context, path string, opts SQLiteOptions) (*SQLite, 
 	if now == nil {
 		now = time.Now
 	}
-	return &SQLite{db: db, path: path, log: orDiscard(opts.Logger), now: now, migrations: ms}, nil
+	return &SQLite{db: db, path: path, log: orDiscard(opts.Logger), now: now, migrations: ms, writeSem: make(chan struct{}, 1)}, nil
 }
 
 // SQLiteSchemaVersion reads the schema version of the SQLite ledger file at
@@ -230,8 +246,10 @@ func (s *SQLite) fail(op string, err error) error {
 
 // write runs fn in a write transaction (BEGIN IMMEDIATE) and commits.
 func (s *SQLite) write(ctx context.Context, fn func(tx *sql.Tx) error) error {
-	s.writeMu.Lock()
-	defer s.writeMu.Unlock()
+	if err := s.lockWrite(ctx); err != nil {
+		return err
+	}
+	defer s.unlockWrite()
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return err
@@ -336,8 +354,10 @@ func (s *SQLite) SchemaVersion(ctx context.Context) (int, error) {
 
 // execTestSQL runs SQL for the conformance suite's corruption tests.
 func (s *SQLite) execTestSQL(ctx context.Context, query string) error {
-	s.writeMu.Lock()
-	defer s.writeMu.Unlock()
+	if err := s.lockWrite(ctx); err != nil {
+		return err
+	}
+	defer s.unlockWrite()
 	_, err := s.db.ExecContext(ctx, query)
 	return err
 }
