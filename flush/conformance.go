@@ -70,6 +70,7 @@ func RunConformance(t *testing.T, open func(t *testing.T) Ledger) {
 		{"UsageAndReconcile", confUsageReconcile},
 		{"SnapshotRouteUsed", confSnapshotRouteUsed},
 		{"PruneEvents", confPruneEvents},
+		{"PruneOfNothingMovesNoMark", confPruneNothing},
 		{"PruneTakeBacks", confPruneTakeBacks},
 		{"BillingUsage", confBillingUsage},
 		{"NodesReservationsAlerts", confNodesAlerts},
@@ -2264,6 +2265,25 @@ func confPruneEvents(t *testing.T, l Ledger) {
 	n.settle(t, chargeOf("acct-1", "e9", 1, confJune))
 	wantGrant(t, l, "acct-1", confJune, 4, 0)
 	wantReconciled(t, l)
+}
+
+// confPruneNothing: a prune that drops nothing (no event before the month)
+// leaves the mark where it was: moved, every reconcile said the event log
+// had been pruned.
+func confPruneNothing(t *testing.T, l Ledger) {
+	ctx := t.Context()
+	confSetup(t, l, 100, "acct-1")
+	now, err := l.Clock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := shard.PeriodOf(now.UnixNano()) - 1
+	if res, err := l.PruneEvents(ctx, PruneOptions{Before: before}); err != nil || len(res.Months) != 0 || res.PrunedBefore != 0 {
+		t.Fatalf("prune of an empty event log: %+v, %v; want nothing dropped, no mark", res, err)
+	}
+	if p, err := l.EventsPrunedBefore(ctx); err != nil || p != 0 {
+		t.Fatalf("EventsPrunedBefore after a prune that dropped nothing: %v, %v; want 0", p, err)
+	}
 }
 
 // confNodeStarts: the latest RecordStart of any incarnation of a node id

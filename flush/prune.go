@@ -319,7 +319,10 @@ func pruneEvents(ctx context.Context, l monthPruner, o PruneOptions) (PruneResul
 			o.Progress(m)
 		}
 	}
-	if !o.DryRun {
+	// NB: not when nothing was dropped: each month's drop moved the mark
+	// past it already (a prune cut short leaves it right), and moved over
+	// months without events it said that the event log had been pruned.
+	if !o.DryRun && len(months) > 0 {
 		if err := l.markPrunedBefore(ctx, o.Before); err != nil {
 			return res, l.fail("prune events: record the mark", err)
 		}
