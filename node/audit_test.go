@@ -15,6 +15,7 @@ import (
 	"github.com/quotaring/quotaring/internal/logbuf"
 	"github.com/quotaring/quotaring/router"
 	"github.com/quotaring/quotaring/shard"
+	"github.com/quotaring/quotaring/wal"
 )
 
 // The reservation audit finds units the ledger reserves for a node on an
@@ -289,5 +290,39 @@ func TestReservationsListTheUnitsOfUnsettledCharges(t *testing.T) {
 	}
 	if ledger, held := sum(rs.Reservations), sum(rs.Held); ledger != held+3 {
 		t.Fatalf("%s: the ledger reserves %d for n1, n1 holds %d and its unsettled charges spent 3", mine, ledger, held)
+	}
+}
+
+// A node keeps in its data dir when it last read its config snapshot, and
+// a later process on the dir that has read none (restarted with the ledger
+// down, serving the kept snapshot) reports the config's age from then, not
+// from its own start (a review: 13.9 s for a snapshot days old).
+func TestTheConfigReadTimeOutlivesARestart(t *testing.T) {
+	dir := t.TempDir()
+	dsn := "sqlite:" + filepath.Join(dir, "ledger.db")
+	seedLedger(t, dsn, twentyAccounts(1000))
+	n1 := startNodesWith(t, dsn, nil)[0]
+	read := n1.configRead()
+	if read.IsZero() {
+		t.Fatal("a serving node has not read its config")
+	}
+	var kept time.Time
+	n1.keepConfigRead(&kept)
+	if !kept.Equal(read) {
+		t.Fatalf("kept %v, want the last read %v", kept, read)
+	}
+	dataDir := n1.cfg.DataDir
+	if err := n1.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	w, err := wal.Open(wal.Options{Dir: dataDir, NodeID: "n1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	later := &Node{wal: w, started: time.Now()}
+	later.loadConfigRead()
+	if got := later.configRead(); !got.Equal(read) {
+		t.Fatalf("a later process that read no config reports it read at %v, want %v (kept in the data dir)", got, read)
 	}
 }

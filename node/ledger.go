@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -584,10 +585,70 @@ func (n *Node) configRead() time.Time {
 	n.mu.Lock()
 	r := n.refresher
 	n.mu.Unlock()
-	if r == nil {
-		return time.Time{}
+	if r != nil {
+		if t := r.LastSuccess(); !t.IsZero() {
+			return t
+		}
 	}
-	return r.LastSuccess()
+	// None read by this process: when an earlier one last read it, as kept
+	// in the data dir with the snapshot (a node restarted with the ledger
+	// down serves that snapshot, maybe days old; its age read as the time
+	// since this start).
+	return n.keptConfigRead
+}
+
+// metaConfigRead keeps, in the data dir, when this node last read its
+// config snapshot from the ledger (Unix ns), at most configReadKeepEvery
+// behind.
+const metaConfigRead = "node.config_read_at"
+
+// configReadKeepEvery is how often the time of the last config read is
+// written to the data dir (one synced write).
+const configReadKeepEvery = time.Minute
+
+// loadConfigRead reads the kept time of the last config read.
+func (n *Node) loadConfigRead() {
+	v, ok, err := n.wal.GetMeta(metaConfigRead)
+	if err != nil || !ok || len(v) != 8 {
+		return
+	}
+	n.keptConfigRead = time.Unix(0, int64(binary.BigEndian.Uint64(v)))
+}
+
+// keepConfigReadLoop writes the time of the last config read to the data
+// dir every configReadKeepEvery while it moves, until ctx ends.
+func (n *Node) keepConfigReadLoop(ctx context.Context) {
+	t := time.NewTicker(configReadKeepEvery)
+	defer t.Stop()
+	var kept time.Time
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		n.keepConfigRead(&kept)
+	}
+}
+
+// keepConfigRead writes the last config read's time when it is later than
+// kept.
+func (n *Node) keepConfigRead(kept *time.Time) {
+	n.mu.Lock()
+	r := n.refresher
+	n.mu.Unlock()
+	if r == nil {
+		return
+	}
+	last := r.LastSuccess()
+	if !last.After(*kept) {
+		return
+	}
+	if err := n.wal.PutMeta(metaConfigRead, binary.BigEndian.AppendUint64(nil, uint64(last.UnixNano()))); err != nil {
+		n.log.Debug("the time of the last config read could not be kept in the data dir", "err", err)
+		return
+	}
+	*kept = last
 }
 
 // configStale says a config snapshot of age (or none, since the start that

@@ -169,7 +169,7 @@ func newMetrics(n *Node) *metrics {
 			}
 			return time.Since(last).Seconds()
 		}),
-		gauge("quotaring_config_snapshot_age_seconds", "Seconds since this node last read its config snapshot (plans, accounts, keys, route weights) from the ledger, every --snapshot-interval (3 s); since start if it has read none. Changes made since are not enforced by this node.",
+		gauge("quotaring_config_snapshot_age_seconds", "Seconds since this node last read its config snapshot (plans, accounts, keys, route weights) from the ledger, every --snapshot-interval (3 s); before its first read, since an earlier process on its data dir last read it (kept there once a minute), or since start. Changes made since are not enforced by this node.",
 			func() float64 {
 				last := n.configRead()
 				if last.IsZero() {

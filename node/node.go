@@ -241,7 +241,11 @@ type Node struct {
 	refresher *flush.Refresher
 
 	started time.Time
-	build   buildinfo.Info // this binary's (logged, exported, recorded in the ledger)
+	// keptConfigRead is when an earlier process on this data dir last read
+	// the config snapshot from the ledger (metaConfigRead; zero when not
+	// known). Set at the data dir's open, then only read.
+	keptConfigRead time.Time
+	build          buildinfo.Info // this binary's (logged, exported, recorded in the ledger)
 	// process names this process in the ledger (fence.go); startRecorded
 	// is set once the ledger has it.
 	process       string
@@ -481,6 +485,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 		n.goLoop(n.auditLoop)
 	}
 	n.goLoop(n.clockLoop)
+	n.goLoop(n.keepConfigReadLoop)
 	n.ready.Store(true)
 	n.log.Info("serving", "rpc", n.RPCAddr(), "http", n.HTTPAddr(), "admin", n.AdminAddr(), "gossip", n.GossipAddr(),
 		"http_tls", n.httpTLS != nil, "admin_tls", n.adminTLS != nil, "incarnation", n.wal.Incarnation())
@@ -553,6 +558,7 @@ func (n *Node) openEngine(pauseBound time.Duration) error {
 	if err != nil {
 		return fmt.Errorf("node: open the data dir: %w", err)
 	}
+	n.loadConfigRead()
 	if n.cfg.NoSync {
 		n.log.Warn("the log is not synced before answering (--wal-sync=false): a crash, even a kill -9 of this process, loses acknowledged charges; for benchmarks only, never in production")
 	}
