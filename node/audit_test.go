@@ -326,3 +326,18 @@ func TestTheConfigReadTimeOutlivesARestart(t *testing.T) {
 		t.Fatalf("a later process that read no config reports it read at %v, want %v (kept in the data dir)", got, read)
 	}
 }
+
+func TestExpiryText(t *testing.T) {
+	for _, c := range []struct {
+		at   time.Time
+		want string
+	}{
+		{time.Date(2027, 1, 1, 0, 0, 0, 0, time.UTC), "2027-01-01"},
+		{time.Date(2027, 1, 1, 0, 0, 30, 0, time.UTC), "2027-01-01 00:00:30 UTC"},
+		{time.Date(2026, 12, 31, 23, 59, 59, 500, time.UTC), "2026-12-31 23:59:59 UTC"},
+	} {
+		if got := expiryText(c.at.UnixNano()); got != c.want {
+			t.Errorf("expiryText(%v) = %q, want %q", c.at, got, c.want)
+		}
+	}
+}

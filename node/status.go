@@ -322,6 +322,17 @@ func (n *Node) statusRing(d *statusData, r *ring.Ring) {
 }
 
 // statusAccounts lists the accounts this node owns, busiest first.
+// expiryText is when a grant ends (Unix ns) for the status page: the day
+// when it ends at midnight UTC, else to the second (a credit that ends at
+// 00:00:30 read as ending the day before).
+func expiryText(ns int64) string {
+	at := time.Unix(0, ns).UTC()
+	if at.Equal(at.Truncate(24 * time.Hour)) {
+		return at.Format("2006-01-02")
+	}
+	return at.Format("2006-01-02 15:04:05 UTC")
+}
+
 func (n *Node) statusAccounts(d *statusData, owned func(string) bool) {
 	snap := n.eng.Snapshot()
 	var list []statusAccount
@@ -373,7 +384,7 @@ func (n *Node) statusAccounts(d *statusData, owned func(string) bool) {
 				sg.Percent = min(100, 100*float64(g.Used)/float64(g.Units))
 			}
 			if g.Expires != 0 {
-				sg.Expires = time.Unix(0, g.Expires).UTC().Format("2006-01-02")
+				sg.Expires = expiryText(g.Expires)
 			}
 			sa.Grants = append(sa.Grants, sg)
 		}
