@@ -25,7 +25,7 @@ var reasonFromPB = map[pb.Reason]shard.Reason{
 func decisionToPB(d *shard.Decision) *pb.Decision {
 	return &pb.Decision{Reason: reasonToPB[d.Reason], Units: d.Units, Limit: d.Limit, Remaining: d.Remaining, Reset_: d.Reset,
 		RetryAfter: d.RetryAfter, RateBurst: d.RateBurst, RateRemaining: d.RateRemaining, RateReset: d.RateReset, RateWindow: d.RateWindow,
-		MonthUnits: d.MonthUnits, MonthUsed: d.MonthUsed}
+		MonthUnits: d.MonthUnits, MonthUsed: d.MonthUsed, CreditsStart: d.CreditsStart}
 }
 
 // decisionFromPB reads d; a nil d, or a reason this build does not know,
@@ -36,7 +36,7 @@ func decisionFromPB(d *pb.Decision) shard.Decision {
 	}
 	return shard.Decision{Reason: reasonFromPB[d.Reason], Units: d.Units, Limit: d.Limit, Remaining: d.Remaining, Reset: d.Reset_,
 		RetryAfter: d.RetryAfter, RateBurst: d.RateBurst, RateRemaining: d.RateRemaining, RateReset: d.RateReset, RateWindow: d.RateWindow,
-		MonthUnits: d.MonthUnits, MonthUsed: d.MonthUsed}
+		MonthUnits: d.MonthUnits, MonthUsed: d.MonthUsed, CreditsStart: d.CreditsStart}
 }
 
 func receiptToPB(r *shard.Receipt) *pb.Receipt {

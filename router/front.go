@@ -741,7 +741,7 @@ func (f *front) admit(r *http.Request) (*charged, *Problem) {
 		if durable != nil {
 			_ = durable(ctx) // a refusal logs nothing; this only reports it to metrics
 		}
-		return c, refusal(&res.Decision, units, f.opts.QuotaStatus, f.opts.Now().Unix())
+		return c, refusal(&res.Decision, units, f.opts.QuotaStatus)
 	}
 	if res.Reason == shard.OK || res.Reason == shard.Replayed {
 		// A Replayed answer's receipt names the charge it relied on: the

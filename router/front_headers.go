@@ -294,9 +294,8 @@ func delFrontHeaders(h http.Header) {
 }
 
 // refusal turns a refused decision into its problem. units is what the
-// request would have cost; now is the front's clock, Unix seconds (0: not
-// known).
-func refusal(d *shard.Decision, units int64, quotaStatus int, now int64) *Problem {
+// request would have cost.
+func refusal(d *shard.Decision, units int64, quotaStatus int) *Problem {
 	switch d.Reason {
 	case shard.RateLimited:
 		wait := max(1, ceilSeconds(d.RetryAfter))
@@ -317,10 +316,12 @@ func refusal(d *shard.Decision, units int64, quotaStatus int, now int64) *Proble
 			return p
 		}
 		p.retryAfter = max(1, ceilSeconds(d.RetryAfter))
-		if at := now + p.retryAfter; now > 0 && at < d.Reset-1 {
-			// Before the month's end: credits bought that start then.
-			p.Detail = fmt.Sprintf("This request costs %s and the account has %d left of %d; credits that start at %s give it the units: retry then.",
-				unitsText(units), max(0, d.Remaining), d.Limit, formatReset(at))
+		if d.CreditsStart {
+			// NB: the owner says so; not read from the times: the front's
+			// clock and the owner's (or an account ahead in the next month,
+			// G9) differ, and a plain month-end refusal read as credits.
+			p.Detail = fmt.Sprintf("This request costs %s and the account has %d left of %d; credits that start in %d s give it the units: retry then.",
+				unitsText(units), max(0, d.Remaining), d.Limit, p.retryAfter)
 			return p
 		}
 		p.Detail = fmt.Sprintf("This request costs %s and the account has %d left of %d this period; the quota renews at %s.",

@@ -86,7 +86,7 @@ func TestRateLimitHeaders(t *testing.T) {
 	} {
 		d.Reason, d.Limit, d.Remaining, d.Reset = shard.RateLimited, 10, 10, july
 		_, limit := rateLimitHeaders(&d, now, true)
-		want := fmt.Sprintf(`"burst";r=0;t=%d,`, refusal(&d, 1, 429, 0).retryAfter)
+		want := fmt.Sprintf(`"burst";r=0;t=%d,`, refusal(&d, 1, 429).retryAfter)
 		if !strings.HasPrefix(limit, want) {
 			t.Errorf("%+v: RateLimit %q, want it to start %q (the Retry-After)", d, limit, want)
 		}
@@ -139,15 +139,15 @@ func TestProblemBodies(t *testing.T) {
 		retryAfter string
 		body       string
 	}{
-		{"rate limited", refusal(&shard.Decision{Reason: shard.RateLimited, RetryAfter: int64(1200 * time.Millisecond), RateBurst: 5}, 1, 429, 0), "2",
+		{"rate limited", refusal(&shard.Decision{Reason: shard.RateLimited, RetryAfter: int64(1200 * time.Millisecond), RateBurst: 5}, 1, 429), "2",
 			`{"type":"https://quotaring.dev/problems/rate-limited","title":"Rate limited","status":429,"detail":"The account's rate limit (a burst of 5 requests) is used up; retry in 2 s."}`},
-		{"quota exceeded", refusal(&shard.Decision{Reason: shard.QuotaExceeded, RetryAfter: int64(216000 * time.Second), Limit: 60, Remaining: 7, Reset: reset}, 25, 402, 0), "216000",
+		{"quota exceeded", refusal(&shard.Decision{Reason: shard.QuotaExceeded, RetryAfter: int64(216000 * time.Second), Limit: 60, Remaining: 7, Reset: reset}, 25, 402), "216000",
 			`{"type":"https://quotaring.dev/problems/quota-exceeded","title":"Quota exceeded","status":402,"detail":"This request costs 25 units and the account has 7 left of 60 this period; the quota renews at 2026-07-01T00:00:00Z."}`},
-		{"credits that start before the reset", refusal(&shard.Decision{Reason: shard.QuotaExceeded, RetryAfter: int64(600 * time.Second), Limit: 60, Remaining: 0, Reset: reset}, 25, 429, reset-86400), "600",
-			`{"type":"https://quotaring.dev/problems/quota-exceeded","title":"Quota exceeded","status":429,"detail":"This request costs 25 units and the account has 0 left of 60; credits that start at 2026-06-30T00:10:00Z give it the units: retry then."}`},
-		{"credits used up", refusal(&shard.Decision{Reason: shard.QuotaExceeded, RetryAfter: shard.Never, Limit: 10, Remaining: 0, Reset: reset}, 3, 403, 0), "",
+		{"credits that start before the reset", refusal(&shard.Decision{Reason: shard.QuotaExceeded, RetryAfter: int64(600 * time.Second), CreditsStart: true, Limit: 60, Remaining: 0, Reset: reset}, 25, 429), "600",
+			`{"type":"https://quotaring.dev/problems/quota-exceeded","title":"Quota exceeded","status":429,"detail":"This request costs 25 units and the account has 0 left of 60; credits that start in 600 s give it the units: retry then."}`},
+		{"credits used up", refusal(&shard.Decision{Reason: shard.QuotaExceeded, RetryAfter: shard.Never, Limit: 10, Remaining: 0, Reset: reset}, 3, 403), "",
 			`{"type":"https://quotaring.dev/problems/quota-exceeded","title":"Quota exceeded","status":403,"detail":"This request costs 3 units and the account has 0 left of 10; its credits are used up and waiting does not renew them."}`},
-		{"account not loaded", refusal(&shard.Decision{Reason: shard.UnknownAccount}, 1, 429, 0), "1",
+		{"account not loaded", refusal(&shard.Decision{Reason: shard.UnknownAccount}, 1, 429), "1",
 			`{"type":"https://quotaring.dev/problems/quota-unavailable","title":"Quota unavailable","status":503,"detail":"The owner of this key's account has not loaded its config yet; retry in a second."}`},
 		{"missing key", unknownKey(true), "",
 			`{"type":"https://quotaring.dev/problems/unknown-key","title":"Unknown API key","status":401,"detail":"No API key was sent: send it as 'Authorization: Bearer <key>' or 'X-Api-Key: <key>'."}`},
@@ -792,7 +792,7 @@ func TestProblemAsGRPC(t *testing.T) {
 		p    *Problem
 		code string
 	}{
-		{refusal(&shard.Decision{Reason: shard.RateLimited, RetryAfter: 1, RateBurst: 1}, 1, 429, 0), "8"},
+		{refusal(&shard.Decision{Reason: shard.RateLimited, RetryAfter: 1, RateBurst: 1}, 1, 429), "8"},
 		{unknownKey(true), "16"},
 		{unavailable("down"), "14"},
 		{newProblem(ProblemUpstreamUnavailable, "Upstream timed out", 504, "late"), "4"},

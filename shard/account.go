@@ -582,7 +582,7 @@ func (a *Account) Charge(req *Charge, now Now, params *Params, rec *Record) Deci
 					d.RetryAfter = p.End() - wall
 				}
 				if t := a.creditStartFits(req.Units, wall, p.End()); t != 0 {
-					d.RetryAfter = t - wall
+					d.RetryAfter, d.CreditsStart = t-wall, true
 				}
 			}
 			a.fill(&d, now, wall)

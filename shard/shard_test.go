@@ -144,15 +144,19 @@ func TestRetryAfterOnlyWhenWaitingHelps(t *testing.T) {
 		if d := a.Charge(&Charge{EventID: "fill", Units: 10, Route: "r"}, now, &p, &rec); d.Reason != OK {
 			t.Fatalf("%s: using the month up: %v", c.name, d.Reason)
 		}
-		if d := a.Charge(&Charge{EventID: "e", Units: c.units, Route: "r"}, now, &p, &rec); d.Reason != QuotaExceeded || d.RetryAfter != c.want {
+		d := a.Charge(&Charge{EventID: "e", Units: c.units, Route: "r"}, now, &p, &rec)
+		if d.Reason != QuotaExceeded || d.RetryAfter != c.want {
 			t.Errorf("%s: %v, retry after %d; want quota_exceeded, %d", c.name, d.Reason, d.RetryAfter, c.want)
+		}
+		if credits := c.want != toJuly && c.want != Never; d.CreditsStart != credits {
+			t.Errorf("%s: CreditsStart %v, want %v", c.name, d.CreditsStart, credits)
 		}
 	}
 	// A prepaid plan (no monthly quota) with credits that start later.
 	prepaid := hardPlan(0)
 	a := NewAccount(AccountConfig{ID: "a", Plan: prepaid, Credits: []GrantConfig{{ID: "c", Units: 50, StartsAt: now.Wall + int64(3*time.Hour)}}})
 	var rec Record
-	if d := a.Charge(&Charge{EventID: "e", Units: 1, Route: "r"}, now, &p, &rec); d.Reason != QuotaExceeded || d.RetryAfter != int64(3*time.Hour) {
+	if d := a.Charge(&Charge{EventID: "e", Units: 1, Route: "r"}, now, &p, &rec); d.Reason != QuotaExceeded || d.RetryAfter != int64(3*time.Hour) || !d.CreditsStart {
 		t.Errorf("prepaid, credits in 3 hours: %v, retry after %d; want quota_exceeded, 3h", d.Reason, d.RetryAfter)
 	}
 }

@@ -342,6 +342,9 @@ type Decision struct {
 	// (both 0 for a plan without a monthly quota): what quota alerts
 	// measure. Credits are not in them (they are in Limit and Remaining).
 	MonthUnits, MonthUsed int64
+	// CreditsStart, on QuotaExceeded, says RetryAfter is until credits that
+	// start before the period ends give the units (not until its end).
+	CreditsStart bool
 }
 
 // Never is RetryAfter for a refusal that waiting does not fix.

@@ -266,7 +266,8 @@ type ChargeBatch struct {
 	Hops uint32 `protobuf:"varint,3,opt,name=hops,proto3" json:"hops,omitempty"`
 	// Route asks the receiving node to forward charges it does not own to
 	// their owner (one hop) instead of answering WrongOwner: for callers that
-	// do not track the ring (quotad bench cluster through one node).
+	// do not track the ring or cannot reach the owners (router.Client with
+	// DialOptions.Gateway, quotad bench cluster through one node).
 	Route         bool `protobuf:"varint,4,opt,name=route,proto3" json:"route,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -345,8 +346,11 @@ type Decision struct {
 	RateReset     int64 `protobuf:"varint,9,opt,name=rate_reset,json=rateReset,proto3" json:"rate_reset,omitempty"`
 	RateWindow    int64 `protobuf:"varint,10,opt,name=rate_window,json=rateWindow,proto3" json:"rate_window,omitempty"`
 	// The active monthly grant's units and use (0: no monthly quota).
-	MonthUnits    int64 `protobuf:"varint,11,opt,name=month_units,json=monthUnits,proto3" json:"month_units,omitempty"`
-	MonthUsed     int64 `protobuf:"varint,12,opt,name=month_used,json=monthUsed,proto3" json:"month_used,omitempty"`
+	MonthUnits int64 `protobuf:"varint,11,opt,name=month_units,json=monthUnits,proto3" json:"month_units,omitempty"`
+	MonthUsed  int64 `protobuf:"varint,12,opt,name=month_used,json=monthUsed,proto3" json:"month_used,omitempty"`
+	// QUOTA_EXCEEDED: retry_after is until credits that start before the
+	// period ends give the units, not until the period's end.
+	CreditsStart  bool `protobuf:"varint,13,opt,name=credits_start,json=creditsStart,proto3" json:"credits_start,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -463,6 +467,13 @@ func (x *Decision) GetMonthUsed() int64 {
 		return x.MonthUsed
 	}
 	return 0
+}
+
+func (x *Decision) GetCreditsStart() bool {
+	if x != nil {
+		return x.CreditsStart
+	}
+	return false
 }
 
 type Alloc struct {
@@ -1770,7 +1781,7 @@ const file_quota_proto_rawDesc = "" +
 	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x125\n" +
 	"\acharges\x18\x02 \x03(\v2\x1b.quotaring.v1.ChargeRequestR\acharges\x12\x12\n" +
 	"\x04hops\x18\x03 \x01(\rR\x04hops\x12\x14\n" +
-	"\x05route\x18\x04 \x01(\bR\x05route\"\xff\x02\n" +
+	"\x05route\x18\x04 \x01(\bR\x05route\"\xa4\x03\n" +
 	"\bDecision\x12,\n" +
 	"\x06reason\x18\x01 \x01(\x0e2\x14.quotaring.v1.ReasonR\x06reason\x12\x14\n" +
 	"\x05units\x18\x02 \x01(\x03R\x05units\x12\x14\n" +
@@ -1790,7 +1801,8 @@ const file_quota_proto_rawDesc = "" +
 	"\vmonth_units\x18\v \x01(\x03R\n" +
 	"monthUnits\x12\x1d\n" +
 	"\n" +
-	"month_used\x18\f \x01(\x03R\tmonthUsed\"3\n" +
+	"month_used\x18\f \x01(\x03R\tmonthUsed\x12#\n" +
+	"\rcredits_start\x18\r \x01(\bR\fcreditsStart\"3\n" +
 	"\x05Alloc\x12\x14\n" +
 	"\x05grant\x18\x01 \x01(\tR\x05grant\x12\x14\n" +
 	"\x05units\x18\x02 \x01(\x03R\x05units\"\x9a\x02\n" +
