@@ -652,9 +652,11 @@ func (s *pgSettle) readMark(r pgx.Row) error {
 // conflict).
 func markOutcome(b *Batch, mark *int64, process *string, racy bool) error {
 	switch {
-	case mark != nil && b.Process != "" && process != nil && *process != b.Process:
-		// NB: before the mark: at or past Next it is the other process's
-		// settle of its own records, not this batch's.
+	case mark != nil && uint64(*mark) >= b.Prev && b.Process != "" && process != nil && *process != b.Process:
+		// NB: before the mark's own cases: at or past Next it is the other
+		// process's settle of its own records, not this batch's. Behind
+		// Prev, the ledger went back (a restore, which may lose starts
+		// too): that error says so, below.
 		return fmt.Errorf("%w: %w: node %q incarnation %q: process %s started as it after this process (%s), on a copy of this data dir; "+
 			"the ledger's mark (%d) counts that process's records, not this one's from %d on",
 			ErrMarkConflict, ErrOtherProcess, b.Node, b.Incarnation, *process, b.Process, *mark, b.Prev+1)

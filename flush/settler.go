@@ -300,6 +300,17 @@ func (s *Settler) Register(ctx context.Context) error {
 		return fmt.Errorf("flush: register node %s: %w", s.node, err)
 	}
 	if s.opts.Start.Process != "" {
+		// NB: a dir the ledger is ahead of is refused before its start is
+		// recorded: recorded, the ledger refused the settles of the
+		// process that runs on the original dir (ErrOtherProcess), for a
+		// copy that never served.
+		if s.behind(mark) {
+			return s.staleDir(mark)
+		}
+		prev, err := s.opts.Ledger.LastStart(ctx, s.node)
+		if err != nil {
+			return fmt.Errorf("flush: register node %s: %w", s.node, err)
+		}
 		if err := s.opts.Ledger.RecordStart(ctx, s.node, s.inc, s.opts.Start); err != nil {
 			return fmt.Errorf("flush: register node %s: %w", s.node, err)
 		}
@@ -309,6 +320,15 @@ func (s *Settler) Register(ctx context.Context) error {
 		// and a mark within what this process sent later reads as its own.
 		if mark, err = s.opts.Ledger.RegisterNode(ctx, s.node, s.inc); err != nil {
 			return fmt.Errorf("flush: register node %s: %w", s.node, err)
+		}
+		if s.behind(mark) {
+			// That process settled past this dir in between: it runs on,
+			// with its start recorded again (best effort: refused at once,
+			// it stops as fenced).
+			if prev.Incarnation == s.inc && prev.Process != "" {
+				_ = s.opts.Ledger.RecordStart(ctx, s.node, s.inc, prev)
+			}
+			return s.staleDir(mark)
 		}
 	}
 	s.mu.Lock()
@@ -323,8 +343,9 @@ func (s *Settler) Register(ctx context.Context) error {
 // its settled mark can never be settled: it records that in the data dir
 // (StaleDir, with them as the ones to bill by hand: quotad reconcile
 // --data-dir lists them, and a start on this dir is refused) and returns
-// err with what to do.
-func (s *Settler) otherProcess(ctx context.Context, err error) error {
+// err with what to do. vouched is what the log vouched for before the
+// refused batch was sent (Log.Vouched).
+func (s *Settler) otherProcess(ctx context.Context, err error, vouched uint64) error {
 	settled, durable := s.log.SettledSeq(), s.log.DurableSeq()
 	var mark uint64
 	_ = s.call(ctx, "settle", func(ctx context.Context) (err error) {
@@ -332,8 +353,8 @@ func (s *Settler) otherProcess(ctx context.Context, err error) error {
 		return err
 	})
 	lost := ""
-	if sent := s.log.Vouched(); sent > settled {
-		lost = fmt.Sprintf(" (those to %d were sent in a settle whose answer never came, and are billed if it committed: look each up in the ledger's events before billing it)", min(sent, durable))
+	if vouched > settled { // NB: not the refused batch, which the ledger did not apply
+		lost = fmt.Sprintf(" (those to %d were in the dir when this process opened it, or sent in a settle whose answer never came: they may be billed already)", min(vouched, durable))
 	}
 	sd := StaleDir{Node: s.node, Incarnation: s.inc, LedgerMark: mark, Billed: settled, Durable: durable, Found: time.Now(), OtherProcess: true}
 	if rerr := recordStaleDir(s.log, sd); rerr != nil {
@@ -348,12 +369,18 @@ func (s *Settler) otherProcess(ctx context.Context, err error) error {
 		err, settled+1, durable, lost)
 }
 
+// behind says the ledger's mark is beyond what this log can vouch for (see
+// staleDir).
+func (s *Settler) behind(mark uint64) bool {
+	return mark > s.log.SettledSeq() && (mark > s.log.DurableSeq() || mark > s.log.Vouched())
+}
+
 func (s *Settler) catchUp(ctx context.Context, mark uint64) error {
 	local := s.log.SettledSeq()
 	switch {
 	case mark <= local:
 		return nil
-	case mark > s.log.DurableSeq() || mark > s.log.Vouched():
+	case s.behind(mark):
 		return s.staleDir(mark)
 	}
 	s.opts.Logger.Info("the ledger had settled further than this node's log knew; marking locally", "ledger", mark, "local", local)
@@ -558,6 +585,7 @@ func (s *Settler) settleBatch(ctx context.Context) (n int, more bool, err error)
 		b.DrainedAt = mark.at.Add(-drainSlack)
 	}
 	t0 := s.opts.Now()
+	vouched := s.log.Vouched() // before this batch: for otherProcess
 	s.log.NoteSettleSent(next)
 	var res SettleResult
 	err = s.call(ctx, "settle", func(ctx context.Context) error {
@@ -576,7 +604,7 @@ func (s *Settler) settleBatch(ctx context.Context) (n int, more bool, err error)
 	case errors.Is(err, ErrOtherProcess):
 		// NB: never caught up with: the mark counts the other process's
 		// records, under the numbers of this one's.
-		err = s.otherProcess(ctx, err)
+		err = s.otherProcess(ctx, err, vouched)
 	case errors.Is(err, ErrMarkConflict):
 		var mark uint64
 		rerr := s.call(ctx, "settle", func(ctx context.Context) (err error) {

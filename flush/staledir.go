@@ -109,7 +109,7 @@ func StaleDirError(dir string, sd StaleDir) error {
 	if sd.OtherProcess {
 		return fmt.Errorf("%w: %w: on %s, node %s (incarnation %s) found that another process had started as it on a copy of this data dir, and the ledger refused this one's settles: "+
 			"records after %d can never settle from this dir. List them with quotad reconcile --data-dir %s: those the ledger's event log holds (the same event at the same seq) are billed, "+
-			"the others are to bill by hand. Do not start a node on this dir again, nor run quotad revoke for %s while the other process runs as it; give each process a --node-id and data dir of its own",
+			"those the other process settled other charges in place of are to bill by hand, and it says which it cannot tell yet (the other process has not settled that far). Do not start a node on this dir again, nor run quotad revoke for %s while the other process runs as it; give each process a --node-id and data dir of its own",
 			ErrMarkConflict, ErrStaleDataDir, sd.Found.UTC().Format(time.RFC3339), sd.Node, sd.Incarnation, sd.Billed, dir, sd.Node)
 	}
 	return fmt.Errorf("%w: %w: on %s, node %s (incarnation %s) found the ledger settled to %d while this log held records only to %d when it opened: "+

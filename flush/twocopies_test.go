@@ -176,3 +176,83 @@ func TestARegistrationReadsTheMarkAfterItsStart(t *testing.T) {
 		t.Errorf("B's dir records %+v (%v, %v); want it older than the ledger's mark 8 from record 6 on", sd, ok, err)
 	}
 }
+
+// A copy that the ledger is ahead of is refused before its start is
+// recorded: recorded, the ledger refused the settles of the process on
+// the original dir from then on, for a copy that never served, and that
+// process stopped with its dir marked as never to settle (a review's
+// reproduction).
+func TestARefusedStaleCopyLeavesTheOriginalSettling(t *testing.T) {
+	ctx := context.Background()
+	l := migratedSQLite(t, nil)
+	logA, _, eA, eB := twoCopies(t)
+	sA, err := NewSettler(SettlerOptions{Ledger: l, Engine: eA, Events: true, Start: NodeStart{Process: "proc-a"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sA.Register(ctx); err != nil {
+		t.Fatal(err)
+	}
+	logCharges(t, logA, "a", 3)
+	if _, err := sA.SettleOnce(ctx); err != nil { // the ledger to 8, past the copy's 5
+		t.Fatal(err)
+	}
+	recorded := false
+	watch := &startRace{SQLite: l, between: func() { recorded = true }}
+	sB, err := NewSettler(SettlerOptions{Ledger: watch, Engine: eB, Events: true, Start: NodeStart{Process: "proc-b"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sB.Register(ctx); !errors.Is(err, ErrStaleDataDir) {
+		t.Fatalf("the stale copy's registration: %v, want ErrStaleDataDir", err)
+	}
+	if recorded {
+		t.Error("the stale copy recorded its start")
+	}
+	logCharges(t, logA, "a2", 2)
+	if _, err := sA.SettleOnce(ctx); err != nil {
+		t.Fatalf("the original's settle after the copy was refused: %v", err)
+	}
+	if _, ok, err := ReadStaleDir(logA); err != nil || ok {
+		t.Fatalf("the original's dir is marked stale (%v, %v)", ok, err)
+	}
+	if got := logA.SettledSeq(); got != 10 {
+		t.Errorf("the original settled to %d, want 10", got)
+	}
+}
+
+// A settle of the original between the copy's first read of the mark and
+// the record of its start leaves the copy refused and the original's start
+// recorded again, so that it goes on settling.
+func TestACopyOvertakenWhileItRegistersGivesTheStartBack(t *testing.T) {
+	ctx := context.Background()
+	l := migratedSQLite(t, nil)
+	logA, _, eA, eB := twoCopies(t)
+	sA, err := NewSettler(SettlerOptions{Ledger: l, Engine: eA, Events: true, Start: NodeStart{Process: "proc-a"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sA.Register(ctx); err != nil {
+		t.Fatal(err)
+	}
+	logCharges(t, logA, "a", 3)
+	race := &startRace{SQLite: l, between: func() {
+		if _, err := sA.SettleOnce(ctx); err != nil {
+			t.Errorf("A's settle before B's start is recorded: %v", err)
+		}
+	}}
+	sB, err := NewSettler(SettlerOptions{Ledger: race, Engine: eB, Events: true, Start: NodeStart{Process: "proc-b"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sB.Register(ctx); !errors.Is(err, ErrStaleDataDir) {
+		t.Fatalf("B's registration: %v, want ErrStaleDataDir", err)
+	}
+	if s, err := l.LastStart(ctx, "q1"); err != nil || s.Process != "proc-a" {
+		t.Fatalf("the last start after B was refused: %+v, %v; want proc-a's again", s, err)
+	}
+	logCharges(t, logA, "a2", 2)
+	if _, err := sA.SettleOnce(ctx); err != nil {
+		t.Fatalf("A's settle after B was refused: %v", err)
+	}
+}

@@ -256,7 +256,7 @@ func printUnsettled(ctx context.Context, out, errOut io.Writer, l flush.Ledger, 
 	}
 	switch {
 	case isStale && stale.OtherProcess:
-		return printOtherProcess(ctx, out, l, wl, stale, settled, durable)
+		return printOtherProcess(ctx, out, l, wl, stale, settled, durable, mark)
 	case isStale:
 		billed := min(max(stale.Billed, settled), durable)
 		fmt.Fprintf(out, "  this data dir is older than the ledger: on %s the node found the ledger had it (incarnation %s) settled to %d while the dir held records only to %d when it opened",
@@ -331,8 +331,12 @@ func printUnsettled(ctx context.Context, out, errOut io.Writer, l flush.Ledger, 
 // it, and the ledger's event log tells which of them are billed (the same
 // event at this incarnation and seq: a record the copy held too, settled
 // by the other process, or one this dir sent in a settle whose answer
-// never came) from those to bill by hand.
-func printOtherProcess(ctx context.Context, out io.Writer, l flush.Ledger, wl *wal.Log, stale flush.StaleDir, settled, durable uint64) error {
+// never came) from those to bill by hand. It calls one to bill by hand
+// only where the ledger has settled that seq (mark, the ledger's mark of
+// the incarnation) with another event, its month's event log is there
+// (not pruned) and the log holds events of the incarnation at all (not
+// --events=off); the rest it cannot tell yet, and says why.
+func printOtherProcess(ctx context.Context, out io.Writer, l flush.Ledger, wl *wal.Log, stale flush.StaleDir, settled, durable, mark uint64) error {
 	fmt.Fprintf(out, "  on %s the node found that another process had started as it (incarnation %s) on a copy of this dir, and the ledger refused this one's settles from then on: "+
 		"none of these records can be settled from it\n", stale.Found.UTC().Format(time.RFC3339), stale.Incarnation)
 	if durable <= settled {
@@ -344,6 +348,7 @@ func printOtherProcess(ctx context.Context, out io.Writer, l flush.Ledger, wl *w
 		refund  bool
 		account string
 		event   string
+		period  shard.Period
 		line    string
 	}
 	var recs []record
@@ -361,7 +366,7 @@ func printOtherProcess(ctx context.Context, out io.Writer, l flush.Ledger, wl *w
 			return err
 		}
 		recs = append(recs, record{seq: seq, refund: rec.Type == shard.RecRefund, account: rec.Account,
-			event: shard.LedgerEventID(rec.EventID, rec.Gen), line: lines[0]})
+			event: shard.LedgerEventID(rec.EventID, rec.Gen), period: rec.Period, line: lines[0]})
 		return nil
 	})
 	if err != nil {
@@ -374,6 +379,7 @@ func printOtherProcess(ctx context.Context, out io.Writer, l flush.Ledger, wl *w
 	}
 	byID := map[[2]string]flush.EventRow{}
 	seen := map[string]bool{}
+	ours := 0 // the events of this incarnation among those read
 	for _, r := range recs {
 		if seen[r.account] {
 			continue
@@ -385,20 +391,33 @@ func printOtherProcess(ctx context.Context, out io.Writer, l flush.Ledger, wl *w
 		}
 		for _, e := range rows {
 			byID[[2]string{e.Account, e.EventID}] = e
+			if e.Node == wl.NodeID() && e.Incarnation == wl.Incarnation() {
+				ours++
+			}
 		}
 	}
-	var billed, toBill, refunds []string
+	pruned, err := l.EventsPrunedBefore(ctx)
+	if err != nil {
+		return err
+	}
+	var billed, toBill, undecided, refunds []string
 	for _, r := range recs {
 		e, ok := byID[[2]string{r.account, r.event}]
 		switch {
 		case r.refund && ok && e.Refunded:
 			refunds = append(refunds, r.line+"  (refunded in the ledger)")
 		case r.refund:
-			refunds = append(refunds, r.line+"  (NOT refunded in the ledger: refund it by hand if its charge is billed)")
+			refunds = append(refunds, r.line+"  (not refunded in the ledger: refund it by hand only if its charge is billed)")
 		case ok && !e.Tombstone && (origin{e.Node, e.Incarnation, e.Seq} == origin{wl.NodeID(), wl.Incarnation(), r.seq}):
 			billed = append(billed, r.line)
 		case ok && !e.Tombstone:
 			billed = append(billed, r.line+fmt.Sprintf("  (a retry: the ledger billed the event from %s/%s seq %d)", e.Node, e.Incarnation, e.Seq))
+		case r.seq > mark:
+			undecided = append(undecided, r.line+fmt.Sprintf("  (the other process has settled only to seq %d: if the copy held this record, it bills it)", mark))
+		case pruned != 0 && r.period < pruned:
+			undecided = append(undecided, r.line+fmt.Sprintf("  (the event log of %v was pruned)", r.period))
+		case ours == 0:
+			undecided = append(undecided, r.line+"  (the ledger's event log holds no event of this incarnation: --events=off?)")
 		default:
 			toBill = append(toBill, r.line)
 		}
@@ -413,9 +432,11 @@ func printOtherProcess(ctx context.Context, out io.Writer, l flush.Ledger, wl *w
 		}
 	}
 	section("charges the ledger billed already (the same event in its event log): do not bill them again", billed)
-	section("charges in no ledger: BILL THEM BY HAND", toBill)
+	section("charges in no ledger (the other process settled other charges under their numbers): BILL THEM BY HAND", toBill)
+	section("charges this cannot tell yet: do not bill them now; run this again once the other process has settled past them, "+
+		"or compare with its dir (quotad reconcile --data-dir on it, once stopped)", undecided)
 	section("refunds", refunds)
-	if len(toBill) == 0 {
+	if len(toBill) == 0 && len(undecided) == 0 {
 		fmt.Fprintln(out, "  nothing to bill by hand")
 	}
 	fmt.Fprintf(out, "  do not start a node on this dir again, nor run quotad revoke --node %s while the other process runs as it\n", wl.NodeID())
