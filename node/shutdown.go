@@ -331,6 +331,14 @@ func (n *Node) finalSettle(ctx context.Context) error {
 	defer cancel()
 	if _, err := s.SettleOnce(sctx); err != nil {
 		left = n.wal.DurableSeq() - n.wal.SettledSeq()
+		if errors.Is(err, flush.ErrMarkConflict) {
+			// NB: not "for the next start": the dir never settles (a start
+			// on it is refused where the settler recorded so).
+			n.log.Error("final settle: refused by the ledger (settled mark conflict); the records stay in the log and never settle from it",
+				"unsettled", left, "data_dir", n.cfg.DataDir, "err", err)
+			return fmt.Errorf("node: final settle refused, %d records stay in %s and never settle from it: quotad reconcile --data-dir %s tells "+
+				"the ones the ledger billed already from the ones to bill by hand: %w", left, n.cfg.DataDir, n.cfg.DataDir, err)
+		}
 		n.log.Error("final settle failed; the records stay in the log for the next start", "unsettled", left, "err", err)
 		return fmt.Errorf("node: final settle failed, %d records stay in %s for the next start: %w", left, n.cfg.DataDir, err)
 	}
