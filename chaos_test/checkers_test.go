@@ -150,6 +150,10 @@ func TestEachCheckerCanFail(t *testing.T) {
 			w.in.Ledger.Events["hard-1"] = append(w.in.Ledger.Events["hard-1"], flush.EventRow{Account: "hard-1", EventID: "e1", Units: 1,
 				Node: "n1", Incarnation: "inc-1", Seq: 7})
 		}, "billed 2 times", []int{0}},
+		{"double-billed across generations", "G3", func(w *world) {
+			w.in.Ledger.Events["hard-1"] = append(w.in.Ledger.Events["hard-1"], flush.EventRow{Account: "hard-1", EventID: "e1\x1f1", Units: 1,
+				Node: "n1", Incarnation: "inc-1", Seq: 7})
+		}, "billed under 2 of its generations at once", []int{0}},
 		{"refused charge billed", "G3", func(w *world) { w.row("hard-1", "e5", 6, false) }, "every attempt was answered refused", []int{5}},
 		{"double refund", "G4", func(w *world) { w.refund("hard-1", "e2", 65, "refunded") }, "2 refunds of one event answered refunded", []int{2, 12}},
 		{"served, yet refunded by the front", "G4", func(w *world) {

@@ -533,16 +533,30 @@ func CheckG3(in *CheckInput) Result {
 		// its charge of an abandoned attempt refunded there, while the
 		// served retry stayed billed in the right one: billed once).
 		byGen := map[string][]flush.EventRow{}
+		var billed []flush.EventRow
 		for _, r := range rs {
 			if !r.Refunded && !r.Tombstone {
 				byGen[r.EventID] = append(byGen[r.EventID], r)
+				billed = append(billed, r)
 			}
 		}
+		twice := false
 		for _, id := range sortedKeys(byGen) {
 			if g := byGen[id]; len(g) > 1 {
+				twice = true
 				c.add(Violation{Account: k.account, Event: k.event, Ops: x.opIDs(x.charges[k]),
 					Detail: fmt.Sprintf("billed %d times (by %s)", len(g), rowOrigins(g))})
 			}
+		}
+		// NB: across generations too: a generation is made when the one
+		// before was refunded (shard.LedgerEventID), so two billed at once
+		// are one client id billed twice (a refund the owner made in its
+		// memory that never reached the ledger). The workload never uses
+		// an id again after its own refund but through a retry, which
+		// takes the next generation only once the last is refunded.
+		if !twice && len(billed) > 1 {
+			c.add(Violation{Account: k.account, Event: k.event, Ops: x.opIDs(x.charges[k]),
+				Detail: fmt.Sprintf("billed under %d of its generations at once (by %s), each but one should be refunded", len(billed), rowOrigins(billed))})
 		}
 		idx, asked := x.charges[k]
 		if !asked {
