@@ -322,6 +322,22 @@ func TestNodeStartedWithItsClockOffTakesTheLedgersTimeAtOnce(t *testing.T) {
 	}
 }
 
+// The status page gives the time the node bills by (here a lone node's
+// clock, two days off, which it follows for want of others to side with
+// the ledger), not the process's.
+func TestStatusPageShowsTheTimeTheNodeBillsBy(t *testing.T) {
+	dsn := "sqlite:" + filepath.Join(t.TempDir(), "ledger.db")
+	seedLedger(t, dsn, map[string]int64{"acme": 10})
+	n1 := startNodesWith(t, dsn, func(c *Config) { c.TestClockOffset = 48 * time.Hour })[0]
+	billing := time.Unix(0, n1.clock.Now().Wall).UTC()
+	if billing.Sub(time.Now()) < 47*time.Hour {
+		t.Fatalf("the lone node bills at %v, not two days ahead: the test's premise does not hold", billing)
+	}
+	if page := statusPage(t, n1); !strings.Contains(page, billing.Format("2006-01-02")) {
+		t.Fatalf("the status page does not show the time the node bills by (%s)", billing.Format("2006-01-02"))
+	}
+}
+
 // gaugeValue reads one gauge from the node's registry.
 func gaugeValue(t *testing.T, nd *Node, name string) float64 {
 	t.Helper()

@@ -184,8 +184,10 @@ func (n *Node) statusPage(w http.ResponseWriter, r *http.Request) {
 }
 
 func (n *Node) statusData(ctx context.Context) *statusData {
-	now := time.Now()
-	d := &statusData{Node: n.cfg.ID, Now: now.UTC().Format("2006-01-02 15:04:05 UTC"),
+	now := time.Now() // for the ages below, which the process's clock measured
+	// NB: the time shown is the clock this node bills by (held against a
+	// step, or the ledger's), which may differ from the system's.
+	d := &statusData{Node: n.cfg.ID, Now: n.wall().Format("2006-01-02 15:04:05 UTC"),
 		Uptime: time.Since(n.started).Round(time.Second).String(), Build: n.build.Short(), State: "serving",
 		LedgerValue: "not reached", LedgerState: "serving from the data dir's config snapshot until it answers"}
 	if off := time.Duration(n.clockOffset.Load()); off != 0 {
