@@ -49,6 +49,16 @@ func twoCopies(t *testing.T) (logA, logB *wal.Log, eA, eB *engine.Engine) {
 }
 
 // logCharges logs n durable one-unit charges of acct-1, ids prefix-i.
+// copySettler is a settler of the engine e, naming its process.
+func copySettler(t *testing.T, l Ledger, e *engine.Engine, process string) *Settler {
+	t.Helper()
+	s, err := NewSettler(SettlerOptions{Ledger: l, Engine: e, Events: true, Start: NodeStart{Process: process}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
 func logCharges(t *testing.T, log *wal.Log, prefix string, n int) {
 	t.Helper()
 	for i := range n {
@@ -84,14 +94,8 @@ func TestAProcessOnACopyOfItsDirKeepsItsCharges(t *testing.T) {
 	ctx := context.Background()
 	l := migratedSQLite(t, nil)
 	logA, logB, eA, eB := twoCopies(t)
-	sA, err := NewSettler(SettlerOptions{Ledger: l, Engine: eA, Events: true, Start: NodeStart{Process: "proc-a"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	sB, err := NewSettler(SettlerOptions{Ledger: l, Engine: eB, Events: true, Start: NodeStart{Process: "proc-b"}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	sA := copySettler(t, l, eA, "proc-a")
+	sB := copySettler(t, l, eB, "proc-b")
 	if err := sA.Register(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -101,7 +105,7 @@ func TestAProcessOnACopyOfItsDirKeepsItsCharges(t *testing.T) {
 	logCharges(t, logA, "a", 3) // seqs 6..8 at A
 	logCharges(t, logB, "b", 6) // seqs 6..11 at B
 
-	_, err = sA.SettleOnce(ctx)
+	_, err := sA.SettleOnce(ctx)
 	if !errors.Is(err, ErrOtherProcess) {
 		t.Fatalf("A's settle after B started: %v, want ErrOtherProcess", err)
 	}
@@ -147,10 +151,7 @@ func TestARegistrationReadsTheMarkAfterItsStart(t *testing.T) {
 	ctx := context.Background()
 	l := migratedSQLite(t, nil)
 	logA, logB, eA, eB := twoCopies(t)
-	sA, err := NewSettler(SettlerOptions{Ledger: l, Engine: eA, Events: true, Start: NodeStart{Process: "proc-a"}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	sA := copySettler(t, l, eA, "proc-a")
 	if err := sA.Register(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -161,11 +162,8 @@ func TestARegistrationReadsTheMarkAfterItsStart(t *testing.T) {
 			t.Errorf("A's settle before B's start is recorded: %v", err)
 		}
 	}}
-	sB, err := NewSettler(SettlerOptions{Ledger: race, Engine: eB, Events: true, Start: NodeStart{Process: "proc-b"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	err = sB.Register(ctx)
+	sB := copySettler(t, race, eB, "proc-b")
+	err := sB.Register(ctx)
 	if !errors.Is(err, ErrStaleDataDir) {
 		t.Fatalf("B's registration after A settled past B's copy: %v, want ErrStaleDataDir", err)
 	}
@@ -186,10 +184,7 @@ func TestARefusedStaleCopyLeavesTheOriginalSettling(t *testing.T) {
 	ctx := context.Background()
 	l := migratedSQLite(t, nil)
 	logA, _, eA, eB := twoCopies(t)
-	sA, err := NewSettler(SettlerOptions{Ledger: l, Engine: eA, Events: true, Start: NodeStart{Process: "proc-a"}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	sA := copySettler(t, l, eA, "proc-a")
 	if err := sA.Register(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -199,10 +194,7 @@ func TestARefusedStaleCopyLeavesTheOriginalSettling(t *testing.T) {
 	}
 	recorded := false
 	watch := &startRace{SQLite: l, between: func() { recorded = true }}
-	sB, err := NewSettler(SettlerOptions{Ledger: watch, Engine: eB, Events: true, Start: NodeStart{Process: "proc-b"}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	sB := copySettler(t, watch, eB, "proc-b")
 	if err := sB.Register(ctx); !errors.Is(err, ErrStaleDataDir) {
 		t.Fatalf("the stale copy's registration: %v, want ErrStaleDataDir", err)
 	}
@@ -228,10 +220,7 @@ func TestACopyOvertakenWhileItRegistersGivesTheStartBack(t *testing.T) {
 	ctx := context.Background()
 	l := migratedSQLite(t, nil)
 	logA, _, eA, eB := twoCopies(t)
-	sA, err := NewSettler(SettlerOptions{Ledger: l, Engine: eA, Events: true, Start: NodeStart{Process: "proc-a"}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	sA := copySettler(t, l, eA, "proc-a")
 	if err := sA.Register(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -241,10 +230,7 @@ func TestACopyOvertakenWhileItRegistersGivesTheStartBack(t *testing.T) {
 			t.Errorf("A's settle before B's start is recorded: %v", err)
 		}
 	}}
-	sB, err := NewSettler(SettlerOptions{Ledger: race, Engine: eB, Events: true, Start: NodeStart{Process: "proc-b"}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	sB := copySettler(t, race, eB, "proc-b")
 	if err := sB.Register(ctx); !errors.Is(err, ErrStaleDataDir) {
 		t.Fatalf("B's registration: %v, want ErrStaleDataDir", err)
 	}

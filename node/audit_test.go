@@ -111,18 +111,8 @@ func statusPage(t *testing.T, nd *Node) string {
 // unsettled charges still held of the reservation (gone a moment later)
 // were judged stranded (CI, quotad chaos --seed 12 with the ledger slow).
 func TestReservationAuditIgnoresASettleDuringItsRead(t *testing.T) {
-	dir := t.TempDir()
-	dsn := "sqlite:" + filepath.Join(dir, "ledger.db")
 	accounts := twentyAccounts(1000)
-	seedLedger(t, dsn, accounts)
-	var rl *auditRaceLedger
-	nodes := startNodesWith(t, dsn, func(c *Config) {
-		c.ReservationAudit = -1 // rounds run by the test
-		c.wrapLedger = func(l flush.Ledger) flush.Ledger {
-			rl = &auditRaceLedger{Ledger: l}
-			return rl
-		}
-	}, func(c *Config) { c.ReservationAudit = -1 })
+	nodes, rl := startWrapped(t, accounts, func(c *Config) { c.ReservationAudit = -1 }) // rounds run by the test
 	n1, n2 := nodes[0], nodes[1]
 	chargeEachThrough(t, n1, accounts)
 	waitFor(t, 10*time.Second, "n1's charges settled", func() bool { return n1.wal.SettledSeq() == n1.wal.DurableSeq() })
@@ -166,6 +156,23 @@ func TestReservationAuditIgnoresASettleDuringItsRead(t *testing.T) {
 	if units, names := n1.auditOnce(ctx, &a); units != 2 || len(names) != 1 || names[0] != lost+" g-lost 2" {
 		t.Fatalf("units that stay reserved: %d judged stranded (%v), want 2 on %s", units, names, lost)
 	}
+}
+
+// startWrapped starts two nodes on a SQLite ledger of accounts, both set
+// by mod, n1's ledger wrapped in the auditRaceLedger it returns.
+func startWrapped(t *testing.T, accounts map[string]int64, mod func(*Config)) ([]*Node, *auditRaceLedger) {
+	t.Helper()
+	dsn := "sqlite:" + filepath.Join(t.TempDir(), "ledger.db")
+	seedLedger(t, dsn, accounts)
+	var rl *auditRaceLedger
+	nodes := startNodesWith(t, dsn, func(c *Config) {
+		mod(c)
+		c.wrapLedger = func(l flush.Ledger) flush.Ledger {
+			rl = &auditRaceLedger{Ledger: l}
+			return rl
+		}
+	}, mod)
+	return nodes, rl
 }
 
 // auditRaceLedger is a ledger whose reads of a node's reservations can
@@ -241,18 +248,8 @@ func (l *auditRaceLedger) ReservationsOf(ctx context.Context, node string) ([]fl
 // review: 12 units "stranded" on every run under load, 30 with a 60 s
 // settle interval).
 func TestReservationsListTheUnitsOfUnsettledCharges(t *testing.T) {
-	dir := t.TempDir()
-	dsn := "sqlite:" + filepath.Join(dir, "ledger.db")
 	accounts := twentyAccounts(1000)
-	seedLedger(t, dsn, accounts)
-	var rl *auditRaceLedger
-	nodes := startNodesWith(t, dsn, func(c *Config) {
-		c.AdminToken = testAdminToken
-		c.wrapLedger = func(l flush.Ledger) flush.Ledger {
-			rl = &auditRaceLedger{Ledger: l}
-			return rl
-		}
-	}, nil)
+	nodes, rl := startWrapped(t, accounts, func(c *Config) { c.AdminToken = testAdminToken })
 	n1 := nodes[0]
 	chargeEachThrough(t, n1, accounts)
 	waitFor(t, 10*time.Second, "n1's charges settled", func() bool { return n1.wal.SettledSeq() == n1.wal.DurableSeq() })
