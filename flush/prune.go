@@ -149,6 +149,57 @@ func SettledMonth(rows []NodeRow, p shard.Period, now time.Time) (final bool, un
 // holding months back only then (revoke has --force).
 const LostNodeQuiet = 2 * time.Minute
 
+// checkLost refuses a node named lost (--lost-node) that the ledger does
+// not know or heard from within LostNodeQuiet of now: it may be running.
+// risk says what naming it lost would risk, then what to do after.
+func checkLost(lost []string, nodes []NodeRow, now time.Time, risk, then string) error {
+	running := LatestRunning(nodes)
+	for _, x := range lost {
+		if !slices.ContainsFunc(nodes, func(n NodeRow) bool { return n.Node == x }) {
+			return fmt.Errorf("%w: --lost-node %q: the ledger knows no such node", ErrInvalid, x)
+		}
+		if last := running[x].Heartbeat; now.Sub(last) < LostNodeQuiet {
+			return fmt.Errorf("%w: --lost-node %s: it was heard from %s ago (its last heartbeat, at %s): it may be running, and %s. "+
+				"Stop it (or run quotad revoke --node %s once it is gone), wait until it has been silent for %s, then %s",
+				ErrInvalid, x, now.Sub(last).Round(time.Second), last.UTC().Format(time.RFC3339), risk, x, LostNodeQuiet, then)
+		}
+	}
+	return nil
+}
+
+// checkRevoked refuses a node named lost that the ledger still reserves
+// units for: it was not revoked, so it may come back.
+func checkRevoked(ctx context.Context, l Ledger, lost []string, risk string) error {
+	for _, x := range lost {
+		rs, err := l.ReservationsOf(ctx, x)
+		if err != nil {
+			return err
+		}
+		var units int64
+		for _, r := range rs {
+			units += r.Units
+		}
+		if units > 0 {
+			return fmt.Errorf("%w: --lost-node %s: the ledger still reserves %d units for it, so it was not revoked: a node gone for good is revoked first "+
+				"(quotad revoke --node %s frees them; its unsettled charges are the documented loss); one that may come back settles its months then, and %s",
+				ErrInvalid, x, units, x, risk)
+		}
+	}
+	return nil
+}
+
+// CheckLostNodes refuses, for a month's billing (quotad admin usage
+// --lost-node), nodes named lost that the ledger does not know, heard from
+// lately, or still reserves units for (not revoked); now is the clock the
+// heartbeats are compared with.
+func CheckLostNodes(ctx context.Context, l Ledger, nodes []NodeRow, lost []string, now time.Time) error {
+	const risk = "what its log holds of the month would be billed after the month was called final"
+	if err := checkLost(lost, nodes, now, risk, "export"); err != nil {
+		return err
+	}
+	return checkRevoked(ctx, l, lost, risk)
+}
+
 // checkPrunable refuses a prune that could lose a change to the events it
 // drops (see the package's retention notes): months holds the months with
 // events before o.Before.
@@ -162,18 +213,8 @@ func checkPrunable(o PruneOptions, months []shard.Period, nodes []NodeRow, now t
 			"it is %v by the ledger's clock, so the latest you can give is %v (which drops the events of %v and before)",
 			ErrInvalid, o.Before, cur, cur-1, cur-2)
 	}
-	running := LatestRunning(nodes)
-	for _, x := range o.Lost {
-		if !slices.ContainsFunc(nodes, func(n NodeRow) bool { return n.Node == x }) {
-			return fmt.Errorf("%w: --lost-node %q: the ledger knows no such node", ErrInvalid, x)
-		}
-		if last := running[x].Heartbeat; now.Sub(last) < LostNodeQuiet {
-			// Its log may hold refunds of the months this would drop: they
-			// would be settled against events no longer there.
-			return fmt.Errorf("%w: --lost-node %s: it was heard from %s ago (its last heartbeat, at %s): it may be running, and what its log holds "+
-				"of the months this drops would settle unchecked. Stop it (or run quotad revoke --node %s once it is gone), wait until it has been silent for %s, then prune",
-				ErrInvalid, x, now.Sub(last).Round(time.Second), last.UTC().Format(time.RFC3339), x, LostNodeQuiet)
-		}
+	if err := checkLost(o.Lost, nodes, now, "what its log holds of the months this drops would settle unchecked", "prune"); err != nil {
+		return err
 	}
 	live := slices.DeleteFunc(slices.Clone(nodes), func(n NodeRow) bool { return slices.Contains(o.Lost, n.Node) })
 	if old := olderBuilds(live, now); len(old) > 0 {
@@ -289,20 +330,8 @@ func pruneEvents(ctx context.Context, l monthPruner, o PruneOptions) (PruneResul
 	if err := checkPrunable(o, months, nodes, now); err != nil {
 		return res, err
 	}
-	for _, x := range o.Lost {
-		rs, err := l.ReservationsOf(ctx, x)
-		if err != nil {
-			return res, err
-		}
-		var units int64
-		for _, r := range rs {
-			units += r.Units
-		}
-		if units > 0 {
-			return res, fmt.Errorf("%w: --lost-node %s: the ledger still reserves %d units for it, so it was not revoked: a node gone for good is revoked first "+
-				"(quotad revoke --node %s frees them; its unsettled charges are the documented loss); one that may come back settles its months then, "+
-				"and what its log holds of the months this drops would settle unchecked", ErrInvalid, x, units, x)
-		}
+	if err := checkRevoked(ctx, l, o.Lost, "what its log holds of the months this drops would settle unchecked"); err != nil {
+		return res, err
 	}
 	for _, per := range months {
 		m := PrunedMonth{Period: per}

@@ -97,7 +97,7 @@ func (n *Node) adminAPI(mux *http.ServeMux) {
 		{"PUT", "/admin/v1/routes", n.putRoutes, nil},
 		{"GET", "/admin/v1/reservations", n.listReservations, nil},
 		{"GET", "/admin/v1/nodes", n.listNodes, nil},
-		{"GET", "/admin/v1/usage", n.listUsage, []string{"period", "after", "limit"}},
+		{"GET", "/admin/v1/usage", n.listUsage, []string{"period", "after", "limit", "lost_node"}},
 		{"GET", "/admin/v1/alerts", n.listAlerts, []string{"account", "period", "state", "limit"}},
 		{"POST", "/admin/v1/alerts/{account}/{period}/{threshold}/resend", n.resendAlert, nil},
 		{"POST", "/admin/v1/alerts/test", n.testAlert, nil},

@@ -217,7 +217,7 @@ func TestAdminAPI(t *testing.T) {
 		wantProblem(t, n1, "PUT", "/admin/v1/routes", map[string]any{"weights": map[string]int{"GET /x": -2}}, 400, `weights["GET /x"]`)
 		wantProblem(t, n1, "PUT", "/admin/v1/routes", map[string]any{"default": -1}, 400, "default")
 		// A typo in a query parameter must not answer for the default.
-		if p := wantProblem(t, n1, "GET", "/admin/v1/usage?month=2026-06", nil, 400, "month"); !strings.Contains(p.Detail, "takes period, after, limit") {
+		if p := wantProblem(t, n1, "GET", "/admin/v1/usage?month=2026-06", nil, 400, "month"); !strings.Contains(p.Detail, "takes period, after, limit, lost_node") {
 			t.Errorf("?month=: %q, want it to list the parameters the endpoint takes", p.Detail)
 		}
 		wantProblem(t, n1, "GET", "/admin/v1/plans?verbose=1", nil, 400, "verbose")

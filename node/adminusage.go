@@ -2,9 +2,12 @@ package node
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/quotaring/quotaring/flush"
@@ -28,6 +31,9 @@ type UsageExport struct {
 	AsOf           time.Time  `json:"as_of"`
 	Final          bool       `json:"final"`
 	UnsettledNodes []NodeView `json:"unsettled_nodes"`
+	// LostNodes are the nodes the request named gone for good (lost_node):
+	// left out of Final, as prune --lost-node does.
+	LostNodes []string `json:"lost_nodes,omitempty"`
 	// RefundsOpenUntil is the end of the month after Period: until then a
 	// refund of one of the month's charges (a charge is refundable in its
 	// month and the next) still lowers its figures, final or not.
@@ -80,9 +86,11 @@ func parseMonth(field, s string) (shard.Period, error) {
 }
 
 // listUsage answers GET /admin/v1/usage[?period=2026-06][&after=ID]
-// [&limit=N]: the period's usage of at most limit accounts (1,000 by
-// default, up to 10,000) whose ids sort after after, and next when more
-// follow. The period defaults to the current month by this node's clock.
+// [&limit=N][&lost_node=ID,...]: the period's usage of at most limit
+// accounts (1,000 by default, up to 10,000) whose ids sort after after,
+// and next when more follow. The period defaults to the current month by
+// this node's clock. A lost node (gone for good: silent for minutes and
+// revoked) holds no month back.
 func (n *Node) listUsage(ctx context.Context, w http.ResponseWriter, r *http.Request, l flush.Ledger) error {
 	v := r.URL.Query()
 	now := n.wall()
@@ -109,12 +117,28 @@ func (n *Node) listUsage(ctx context.Context, w http.ResponseWriter, r *http.Req
 	if err != nil {
 		return err
 	}
+	var lost []string
+	for _, s := range v["lost_node"] {
+		for _, x := range strings.Split(s, ",") {
+			if x = strings.TrimSpace(x); x != "" && !slices.Contains(lost, x) {
+				lost = append(lost, x)
+			}
+		}
+	}
+	if len(lost) > 0 {
+		if err := flush.CheckLostNodes(ctx, l, nodes, lost, now); errors.Is(err, flush.ErrInvalid) {
+			return badInput("lost_node", "%s", strings.TrimPrefix(err.Error(), flush.ErrInvalid.Error()+": "))
+		} else if err != nil {
+			return err
+		}
+		nodes = slices.DeleteFunc(slices.Clone(nodes), func(x flush.NodeRow) bool { return slices.Contains(lost, x.Node) })
+	}
 	final, unsettled := flush.SettledMonth(nodes, q.Period, now)
 	page, err := l.BillingUsage(ctx, q)
 	if err != nil {
 		return err
 	}
-	out := UsageExport{Period: q.Period.String(), AsOf: now, Final: final, UnsettledNodes: nonNil(n.nodeViews(unsettled)),
+	out := UsageExport{Period: q.Period.String(), AsOf: now, Final: final, UnsettledNodes: nonNil(n.nodeViews(unsettled)), LostNodes: lost,
 		RefundsOpenUntil: time.Unix(0, (q.Period + 1).End()).UTC(), Usage: make([]AccountUsageView, 0, len(page.Accounts)), Next: page.Next}
 	for _, a := range page.Accounts {
 		u := AccountUsageView{Account: a.Account, Plan: a.Plan, Hard: a.Hard, Units: a.Units, QuotaUsed: a.QuotaUsed,

@@ -241,6 +241,21 @@ func TestAdminUsage(t *testing.T) {
 	if p, raw := f.usage(t, "/admin/v1/usage"); p.Period != "2001-07" || len(p.Usage) != 0 || p.Final {
 		t.Fatalf("the default period on July 1: %s", raw)
 	}
+	// n9 named lost (silent since June 20, holding no reservation): June is
+	// final without it, as prune --lost-node has it. A node the ledger
+	// does not know, or one heard from lately, is refused.
+	if p, raw := f.usage(t, "/admin/v1/usage?period=2001-06&lost_node=n9"); !p.Final || len(p.UnsettledNodes) != 0 || len(p.LostNodes) != 1 || p.LostNodes[0] != "n9" {
+		t.Fatalf("June with n9 named lost: %s", raw)
+	}
+	wantProblem(t, f.n, "GET", "/admin/v1/usage?period=2001-06&lost_node=nope", nil, 400, "lost_node")
+	wantProblem(t, f.n, "GET", "/admin/v1/usage?period=2001-06&lost_node=n9,"+f.n.cfg.ID, nil, 400, "lost_node")
+	if res, err := f.l.Reserve(ctx, "n9", flush.ReserveRequest{Account: "acme", Wall: june2001(), Need: 1}); err != nil || len(res.Granted) == 0 {
+		t.Fatalf("reserve for n9: %+v %v", res, err)
+	}
+	wantProblem(t, f.n, "GET", "/admin/v1/usage?period=2001-06&lost_node=n9", nil, 400, "lost_node")
+	if _, err := f.l.ReleaseNode(ctx, "n9"); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := f.l.RegisterNode(ctx, "n9", "n9-inc"); err != nil { // heard from at 00:00:30: too early
 		t.Fatal(err)
 	}

@@ -26,6 +26,7 @@ func newAdminUsageCmd(c *adminClient) *cobra.Command {
 	var period string
 	var csvOut, byRoute bool
 	var pageSize int
+	var lost []string
 	cmd := &cobra.Command{
 		Use:   "usage [--period 2026-06] [--csv] [--by-route]",
 		Short: "A month's settled usage of every account, for billing: a table, CSV or JSON",
@@ -44,7 +45,9 @@ The figures are settled ones. They trail the charges by up to one settle
 interval, and a node that is down holds its unsettled charges until it comes
 back. A month is final once it is over and every node heard from during it has
 settled everything it held a minute or more after it ended; until then the
-output says which nodes may still hold charges of it (on stderr with --csv). A
+output says which nodes may still hold charges of it (on stderr with --csv).
+A node gone for good (its disk lost, revoked with quotad revoke, silent for 2
+minutes) holds its months back until named with --lost-node, as for prune. A
 charge refunded in the next month lowers its own month, so a final month's
 figures can still go down by such refunds until the next month is over.
 
@@ -56,7 +59,8 @@ figures can still go down by such refunds until the next month is over.
 		Example: `  quotad admin usage
   quotad admin usage --period 2026-06 --csv > usage-2026-06.csv
   quotad admin usage --period 2026-06 --csv --by-route > usage-2026-06-routes.csv
-  quotad admin usage --period 2026-06 --json | jq '.usage[] | select(.overage > 0)'`,
+  quotad admin usage --period 2026-06 --json | jq '.usage[] | select(.overage > 0)'
+  quotad admin usage --period 2026-06 --lost-node q3 --csv   # q3's disk was lost and revoked`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if period != "" {
@@ -75,7 +79,7 @@ figures can still go down by such refunds until the next month is over.
 			if byRoute && c.json {
 				return fmt.Errorf("--by-route is a form of the table and the CSV; --json always carries by_route")
 			}
-			exp, err := c.usageExport(cmd.Context(), period, pageSize)
+			exp, err := c.usageExport(cmd.Context(), period, pageSize, lost)
 			if err != nil {
 				return err
 			}
@@ -101,6 +105,8 @@ figures can still go down by such refunds until the next month is over.
 	fl.BoolVar(&csvOut, "csv", false, "print CSV with a header row, for a billing system to import")
 	fl.BoolVar(&byRoute, "by-route", false, "one row per account and route (period, account, route, units)")
 	fl.IntVar(&pageSize, "page-size", flush.BillingDefaultLimit, fmt.Sprintf("accounts per API call (1 to %d); every page is read", flush.BillingMaxLimit))
+	fl.StringSliceVar(&lost, "lost-node", nil, "a node gone for good (revoked) whose last heartbeat would otherwise hold the month back; repeat or comma-separate")
+	markNoEnv(cmd, "lost-node", safetyOverride)
 	return cmd
 }
 
@@ -108,7 +114,7 @@ figures can still go down by such refunds until the next month is over.
 // answer: the first page's period (so that a run across midnight at the
 // month's end stays in one month) and as_of, final only when every page
 // said so, and the nodes any page named.
-func (c *adminClient) usageExport(ctx context.Context, period string, pageSize int) (*node.UsageExport, error) {
+func (c *adminClient) usageExport(ctx context.Context, period string, pageSize int, lost []string) (*node.UsageExport, error) {
 	var all *node.UsageExport
 	seen := map[string]bool{"": true}
 	for after := ""; ; {
@@ -120,6 +126,9 @@ func (c *adminClient) usageExport(ctx context.Context, period string, pageSize i
 			v.Set("after", after)
 		}
 		v.Set("limit", strconv.Itoa(pageSize))
+		for _, x := range lost {
+			v.Add("lost_node", x)
+		}
 		var p node.UsageExport
 		if _, err := c.do(ctx, "GET", "/admin/v1/usage?"+v.Encode(), nil, &p); err != nil {
 			return nil, err

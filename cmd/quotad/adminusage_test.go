@@ -185,7 +185,7 @@ func TestQuotadAdminUsagePages(t *testing.T) {
 	}))
 	defer srv.Close()
 	c := &adminClient{addr: srv.URL, http: srv.Client()}
-	exp, err := c.usageExport(context.Background(), "", 1)
+	exp, err := c.usageExport(context.Background(), "", 1, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -200,13 +200,27 @@ func TestQuotadAdminUsagePages(t *testing.T) {
 		!exp.AsOf.Equal(time.Date(2026, 7, 1, 0, 0, 10, 0, time.UTC)) {
 		t.Fatalf("export %+v", exp)
 	}
-	if _, err := c.usageExport(context.Background(), "2026-06", 1); err != nil {
+	// --lost-node goes with every page.
+	mu.Lock()
+	asked = nil
+	mu.Unlock()
+	if _, err := c.usageExport(context.Background(), "2026-06", 1, []string{"q3", "q4"}); err != nil {
 		t.Fatal(err)
 	}
 	mu.Lock()
+	for _, q := range asked {
+		if !strings.Contains(q, "lost_node=q3&lost_node=q4") {
+			t.Errorf("a page asked %q, without the lost nodes", q)
+		}
+	}
+	if len(asked) != 3 {
+		t.Errorf("asked %q, want 3 pages", asked)
+	}
+	mu.Unlock()
+	mu.Lock()
 	pages["b"] = `{"period":"2026-06","usage":[],"next":"0"}`
 	mu.Unlock()
-	if _, err := c.usageExport(context.Background(), "", 1); err == nil || !strings.Contains(err.Error(), `the node answered the page after "a" a second time (after the page after "0")`) {
+	if _, err := c.usageExport(context.Background(), "", 1, nil); err == nil || !strings.Contains(err.Error(), `the node answered the page after "a" a second time (after the page after "0")`) {
 		t.Fatalf("a next that goes back: %v", err)
 	}
 }
