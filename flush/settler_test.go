@@ -127,6 +127,14 @@ func ledgerRig(t *testing.T, clock func() time.Time) (*SQLite, *engine.Engine) {
 func ledgerRigOn(t *testing.T, clock func() time.Time, opts wal.Options) (*SQLite, *engine.Engine) {
 	t.Helper()
 	l := migratedSQLite(t, clock)
+	_, e := openEngineOn(t, opts)
+	return l, e
+}
+
+// openEngineOn opens a log with opts and an engine over it, both closed
+// when the test ends.
+func openEngineOn(t *testing.T, opts wal.Options) (*wal.Log, *engine.Engine) {
+	t.Helper()
 	log, err := wal.Open(opts)
 	if err != nil {
 		t.Fatal(err)
@@ -136,7 +144,7 @@ func ledgerRigOn(t *testing.T, clock func() time.Time, opts wal.Options) (*SQLit
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { e.Close(); log.Close() })
-	return l, e
+	return log, e
 }
 
 // A data dir restored from a copy older than the ledger, started while the
@@ -440,15 +448,7 @@ func TestRetryOfARefundedEventSettlesInTheNextBatch(t *testing.T) {
 	onBothLedgers(t, func(t *testing.T, l Ledger) {
 		ctx := context.Background()
 		confSetup(t, l, 100, "acct-1")
-		log, err := wal.Open(wal.Options{Dir: t.TempDir(), NodeID: "q1"})
-		if err != nil {
-			t.Fatal(err)
-		}
-		e, err := engine.Open(engine.Options{Log: log})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { e.Close(); log.Close() })
+		log, e := openEngineOn(t, wal.Options{Dir: t.TempDir(), NodeID: "q1"})
 		june10 := time.Date(2026, 6, 10, 12, 0, 0, 0, time.UTC).UnixNano()
 		june11 := june10 + int64(24*time.Hour)
 		period := shard.PeriodOf(june10)

@@ -31,20 +31,8 @@ func twoCopies(t *testing.T) (logA, logB *wal.Log, eA, eB *engine.Engine) {
 	if out, err := exec.Command("cp", "-a", dirA, dirB).CombinedOutput(); err != nil {
 		t.Fatalf("cp -a: %v: %s", err, out)
 	}
-	open := func(dir string) (*wal.Log, *engine.Engine) {
-		log, err := wal.Open(wal.Options{Dir: dir, NodeID: "q1"})
-		if err != nil {
-			t.Fatal(err)
-		}
-		e, err := engine.Open(engine.Options{Log: log})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { e.Close(); log.Close() })
-		return log, e
-	}
-	logA, eA = open(dirA)
-	logB, eB = open(dirB)
+	logA, eA = openEngineOn(t, wal.Options{Dir: dirA, NodeID: "q1"})
+	logB, eB = openEngineOn(t, wal.Options{Dir: dirB, NodeID: "q1"})
 	return logA, logB, eA, eB
 }
 

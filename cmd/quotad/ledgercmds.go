@@ -352,21 +352,17 @@ func printOtherProcess(ctx context.Context, out io.Writer, l flush.Ledger, wl *w
 		line    string
 	}
 	var recs []record
-	var lines []string
 	var rec shard.Record
 	err := wl.Scan(settled, durable, func(seq uint64, p []byte) error {
 		if err := rec.Decode(p); err != nil {
 			return err
 		}
-		if rec.Type != shard.RecCharge && (rec.Type != shard.RecRefund || rec.Kept) {
+		delta, ok := billedDelta(&rec)
+		if !ok {
 			return nil
 		}
-		lines = lines[:0]
-		if _, err := unsettledUnits(wl, seq-1, seq, &lines); err != nil || len(lines) != 1 {
-			return err
-		}
 		recs = append(recs, record{seq: seq, refund: rec.Type == shard.RecRefund, account: rec.Account,
-			event: shard.LedgerEventID(rec.EventID, rec.Gen), period: rec.Period, line: lines[0]})
+			event: shard.LedgerEventID(rec.EventID, rec.Gen), period: rec.Period, line: recordLine(seq, &rec, delta)})
 		return nil
 	})
 	if err != nil {
@@ -471,29 +467,42 @@ func unsettledUnits(wl *wal.Log, after, upto uint64, lines *[]string) (map[acctP
 		if err := rec.Decode(p); err != nil {
 			return err
 		}
-		var delta int64
-		switch {
-		case rec.Type == shard.RecCharge:
-			delta = rec.Units
-		case rec.Type == shard.RecRefund && !rec.Kept: // a kept refund returned nothing
-			delta = -rec.Units
-		default:
+		delta, ok := billedDelta(&rec)
+		if !ok {
 			return nil
 		}
-		k := acctPeriod{rec.Account, rec.Period.String()}
-		units[k] += delta
+		units[acctPeriod{rec.Account, rec.Period.String()}] += delta
 		if lines != nil {
-			what := "charge"
-			if delta < 0 {
-				what = "refund"
-			}
-			*lines = append(*lines, fmt.Sprintf("seq %d  %s  %s  month %s  event %q  key %s  route %q  %+d units  at %s",
-				seq, what, rec.Account, k.period, shard.LedgerEventID(rec.EventID, rec.Gen), rec.Key, rec.Route, delta,
-				time.Unix(0, rec.Wall).UTC().Format(time.RFC3339Nano)))
+			*lines = append(*lines, recordLine(seq, &rec, delta))
 		}
 		return nil
 	})
 	return units, err
+}
+
+// billedDelta is what a record changes of its account's billed units: a
+// charge's units, less a refund's; ok is false for the other records (and
+// a kept refund, which returned nothing).
+func billedDelta(rec *shard.Record) (delta int64, ok bool) {
+	switch {
+	case rec.Type == shard.RecCharge:
+		return rec.Units, true
+	case rec.Type == shard.RecRefund && !rec.Kept:
+		return -rec.Units, true
+	}
+	return 0, false
+}
+
+// recordLine is one charge or refund of a data dir, to bill (or not) by
+// hand, with delta its billedDelta.
+func recordLine(seq uint64, rec *shard.Record, delta int64) string {
+	what := "charge"
+	if delta < 0 {
+		what = "refund"
+	}
+	return fmt.Sprintf("seq %d  %s  %s  month %s  event %q  key %s  route %q  %+d units  at %s",
+		seq, what, rec.Account, rec.Period.String(), shard.LedgerEventID(rec.EventID, rec.Gen), rec.Key, rec.Route, delta,
+		time.Unix(0, rec.Wall).UTC().Format(time.RFC3339Nano))
 }
 
 // printUnits prints units by account (and month, when there are several),
