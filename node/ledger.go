@@ -582,19 +582,26 @@ func (n *Node) Settler() *flush.Settler {
 // ledger (plans, accounts, keys, route weights), zero if it has read none:
 // changes made since are not enforced here.
 func (n *Node) configRead() time.Time {
-	n.mu.Lock()
-	r := n.refresher
-	n.mu.Unlock()
-	if r != nil {
-		if t := r.LastSuccess(); !t.IsZero() {
-			return t
-		}
+	if t := n.lastConfigRead(); !t.IsZero() {
+		return t
 	}
 	// None read by this process: when an earlier one last read it, as kept
 	// in the data dir with the snapshot (a node restarted with the ledger
 	// down serves that snapshot, maybe days old; its age read as the time
 	// since this start).
 	return n.keptConfigRead
+}
+
+// lastConfigRead is when this process last read the config snapshot from
+// the ledger (zero: never).
+func (n *Node) lastConfigRead() time.Time {
+	n.mu.Lock()
+	r := n.refresher
+	n.mu.Unlock()
+	if r == nil {
+		return time.Time{}
+	}
+	return r.LastSuccess()
 }
 
 // metaConfigRead keeps, in the data dir, when this node last read its
@@ -634,13 +641,7 @@ func (n *Node) keepConfigReadLoop(ctx context.Context) {
 // keepConfigRead writes the last config read's time when it is later than
 // kept.
 func (n *Node) keepConfigRead(kept *time.Time) {
-	n.mu.Lock()
-	r := n.refresher
-	n.mu.Unlock()
-	if r == nil {
-		return
-	}
-	last := r.LastSuccess()
+	last := n.lastConfigRead()
 	if !last.After(*kept) {
 		return
 	}
