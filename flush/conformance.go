@@ -608,6 +608,34 @@ func confSettleOtherProcess(t *testing.T, l Ledger) {
 		t.Errorf("the refusal %q should name both processes", err)
 	}
 	wantGrant(t, l, "acct-1", confJune, 3, 0)
+	// Nor does the earlier process speak for what the later one holds: its
+	// log drained (a heartbeat's drainedAt) or its clean stop at the mark
+	// would make the months the later one still holds look final.
+	nodeA := func() NodeRow {
+		t.Helper()
+		rows, err := l.Nodes(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range rows {
+			if r.Node == "node-a" {
+				return r
+			}
+		}
+		t.Fatal("node-a not in Nodes")
+		return NodeRow{}
+	}
+	before := nodeA().SettledThrough
+	drained := before.Add(-time.Hour).Truncate(time.Millisecond) // earlier: moves it whoever may
+	if _, err := l.Heartbeat(ctx, "node-a", "node-a-inc", "node-a-proc", drained); err != nil || !nodeA().SettledThrough.Equal(before) {
+		t.Errorf("the earlier process's drained heartbeat: %v, settled through %v; want unchanged (%v)", err, nodeA().SettledThrough, before)
+	}
+	if ok, err := l.NodeStopped(ctx, "node-a", "node-a-inc", "node-a-proc", 1); err != nil || ok || !nodeA().Stopped.IsZero() {
+		t.Errorf("the earlier process's clean stop at the mark: %v, %v; want false, nothing recorded", ok, err)
+	}
+	if _, err := l.Heartbeat(ctx, "node-a", "node-a-inc", "copy-proc", drained); err != nil || !nodeA().SettledThrough.Equal(drained) {
+		t.Errorf("the later process's drained heartbeat: %v, settled through %v; want %v", err, nodeA().SettledThrough, drained)
+	}
 	// The later process settles its own record under the same number.
 	if res, err := l.Settle(ctx, batch("copy-proc", 1, chargeOf("acct-1", "b2", 5, confJune))); err != nil || !res.Applied {
 		t.Fatalf("the later process's settle: %+v, %v", res, err)
@@ -630,6 +658,9 @@ func confSettleOtherProcess(t *testing.T, l Ledger) {
 	// A batch that names no process (an older quotad, a tool) goes on.
 	if res, err := l.Settle(ctx, batch("", 2, chargeOf("acct-1", "e3", 1, confJune))); err != nil || !res.Applied {
 		t.Fatalf("a batch without a process: %+v, %v", res, err)
+	}
+	if ok, err := l.NodeStopped(ctx, "node-a", "node-a-inc", "copy-proc", 3); err != nil || !ok || nodeA().Stopped.IsZero() {
+		t.Errorf("the later process's clean stop at the mark: %v, %v; want true, recorded", ok, err)
 	}
 }
 
@@ -1932,7 +1963,7 @@ func confSettledThrough(t *testing.T, l Ledger) {
 	if _, err := l.RegisterNode(ctx, "node-t", "inc-t"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := l.Heartbeat(ctx, "node-t", "inc-t", time.Time{}); err != nil || !through("node-t").IsZero() {
+	if _, err := l.Heartbeat(ctx, "node-t", "inc-t", "", time.Time{}); err != nil || !through("node-t").IsZero() {
 		t.Fatalf("after a heartbeat with records waiting: %v, settled through %v; want zero", err, through("node-t"))
 	}
 	partial := &Batch{Node: "node-t", Incarnation: "inc-t", Prev: 0, Next: 1, Events: true, Charges: charge(1, "t1")}
@@ -1942,11 +1973,11 @@ func confSettledThrough(t *testing.T, l Ledger) {
 	// A heartbeat that reaches the ledger late claims no more than the
 	// node knew when it looked; one from a node whose clock runs ahead, no
 	// more than the ledger's now.
-	if _, err := l.Heartbeat(ctx, "node-t", "inc-t", at); err != nil || !through("node-t").Equal(at) {
+	if _, err := l.Heartbeat(ctx, "node-t", "inc-t", "", at); err != nil || !through("node-t").Equal(at) {
 		t.Fatalf("after a heartbeat with nothing to settle at %v: %v, settled through %v; want %v", at, err, through("node-t"), at)
 	}
 	ahead := time.Now().Add(24 * time.Hour)
-	if _, err := l.Heartbeat(ctx, "node-t", "inc-t", ahead); err != nil || !through("node-t").Before(ahead.Add(-time.Hour)) {
+	if _, err := l.Heartbeat(ctx, "node-t", "inc-t", "", ahead); err != nil || !through("node-t").Before(ahead.Add(-time.Hour)) {
 		t.Fatalf("after a heartbeat from a clock a day ahead: %v, settled through %v; want the ledger's now", err, through("node-t"))
 	}
 	// Every time in UTC, on both ledgers: Postgres gave the heartbeat in
@@ -2458,17 +2489,17 @@ func confNodesAlerts(t *testing.T, l Ledger) {
 		}
 		return !nodes[0].Stopped.IsZero() && !nodes[0].Stopped.Before(nodes[0].Heartbeat)
 	}
-	if ok, err := l.NodeStopped(ctx, "node-a", "node-a-inc", 2); err != nil || ok || stoppedA() {
+	if ok, err := l.NodeStopped(ctx, "node-a", "node-a-inc", "", 2); err != nil || ok || stoppedA() {
 		t.Errorf("NodeStopped past the ledger's mark: %v, %v; want false, nothing recorded", ok, err)
 	}
-	if ok, err := l.NodeStopped(ctx, "node-a", "node-a-inc", 1); err != nil || !ok || !stoppedA() {
+	if ok, err := l.NodeStopped(ctx, "node-a", "node-a-inc", "", 1); err != nil || !ok || !stoppedA() {
 		t.Errorf("NodeStopped at the ledger's mark: %v, %v; want true, recorded", ok, err)
 	}
 	a.settle(t, chargeOf("acct-1", "e0", 0, confJune))
 	if stoppedA() {
 		t.Error("a settle after NodeStopped left it stopped")
 	}
-	if ok, err := l.NodeStopped(ctx, "node-a", "node-a-inc", 2); err != nil || !ok {
+	if ok, err := l.NodeStopped(ctx, "node-a", "node-a-inc", "", 2); err != nil || !ok {
 		t.Fatalf("NodeStopped: %v, %v", ok, err)
 	}
 	if _, err := l.RegisterNode(ctx, "node-a", "node-a-inc"); err != nil || stoppedA() {

@@ -45,14 +45,14 @@ func (l *hungLedger) Settle(ctx context.Context, b *Batch) (SettleResult, error)
 	return l.Ledger.Settle(ctx, b)
 }
 
-func (l *hungLedger) Heartbeat(ctx context.Context, node, inc string, drainedAt time.Time) (uint64, error) {
+func (l *hungLedger) Heartbeat(ctx context.Context, node, inc, process string, drainedAt time.Time) (uint64, error) {
 	if l.settlesOnly {
-		return l.Ledger.Heartbeat(ctx, node, inc, drainedAt)
+		return l.Ledger.Heartbeat(ctx, node, inc, process, drainedAt)
 	}
 	if err := l.gate.Wait(ctx); err != nil {
 		return 0, err
 	}
-	return l.Ledger.Heartbeat(ctx, node, inc, drainedAt)
+	return l.Ledger.Heartbeat(ctx, node, inc, process, drainedAt)
 }
 
 // appendCharges logs n durable charges of acct-1.

@@ -46,14 +46,20 @@ type Ledger interface {
 	// clock): settled_through (NodeRow.SettledThrough) then moves to the
 	// earlier of it and the ledger's now, so that a heartbeat that waited
 	// for the ledger (a slow ledger, a busy pool) claims no more than the
-	// node knew.
-	Heartbeat(ctx context.Context, node, incarnation string, drainedAt time.Time) (settled uint64, err error)
+	// node knew. process names the process that beats (SettlerOptions.
+	// Process); drainedAt counts only while it is the last recorded start
+	// of (node, incarnation) or process is empty, as for a batch: a process
+	// on a copy of the data dir that lost to a later one has nothing to say
+	// about what the later one holds.
+	Heartbeat(ctx context.Context, node, incarnation, process string, drainedAt time.Time) (settled uint64, err error)
 	// NodeStopped records that (node, incarnation) stopped cleanly with its
 	// log settled up to settled, all it holds: its months need not wait for
 	// it to come back (SettledMonth). It reports false, changing nothing,
-	// when the ledger's settled mark is not settled. RegisterNode and every
-	// settle of the incarnation clear it.
-	NodeStopped(ctx context.Context, node, incarnation string, settled uint64) (bool, error)
+	// when the ledger's settled mark is not settled, or when process is not
+	// empty and another process started as (node, incarnation) after it
+	// (the earlier of two processes on copies of one data dir). RegisterNode
+	// and every settle of the incarnation clear it.
+	NodeStopped(ctx context.Context, node, incarnation, process string, settled uint64) (bool, error)
 	// RecordStart records the process that runs (node, incarnation),
 	// registered before: its build (NodeRow.Build), the newest ledger
 	// schema that build knows (NodeRow.SchemaKnown), its name, and the

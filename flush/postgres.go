@@ -418,26 +418,28 @@ func (p *Postgres) execTestSQL(ctx context.Context, query string) error {
 // RegisterNode records (node, incarnation) if new, refreshes its heartbeat,
 // and returns its settled mark.
 func (p *Postgres) RegisterNode(ctx context.Context, node, incarnation string) (uint64, error) {
-	return p.Heartbeat(ctx, node, incarnation, time.Time{})
+	return p.Heartbeat(ctx, node, incarnation, "", time.Time{})
 }
 
 // Heartbeat implements Ledger.
-func (p *Postgres) Heartbeat(ctx context.Context, node, incarnation string, drainedAt time.Time) (uint64, error) {
+func (p *Postgres) Heartbeat(ctx context.Context, node, incarnation, process string, drainedAt time.Time) (uint64, error) {
 	if node == "" || incarnation == "" {
 		return 0, fmt.Errorf("%w: register node: node and incarnation must be set", ErrInvalid)
 	}
 	var seq int64
 	err := p.pool.QueryRow(ctx, `INSERT INTO nodes (node_id, incarnation) VALUES ($1, $2)
 		ON CONFLICT (node_id, incarnation) DO UPDATE SET heartbeat_at = now(), stopped_at = NULL,
-			settled_through = CASE WHEN $3::timestamptz IS NULL THEN nodes.settled_through ELSE LEAST(now(), $3::timestamptz) END
-		RETURNING settled_seq`, node, incarnation, nullTime(drainedAt)).Scan(&seq)
+			settled_through = CASE WHEN $3::timestamptz IS NULL OR NOT ($4 = '' OR nodes.process IS NULL OR nodes.process = $4) THEN nodes.settled_through
+				ELSE LEAST(now(), $3::timestamptz) END
+		RETURNING settled_seq`, node, incarnation, nullTime(drainedAt), process).Scan(&seq)
 	return uint64(seq), p.fail("register node "+node+"/"+incarnation, err)
 }
 
 // NodeStopped implements Ledger.
-func (p *Postgres) NodeStopped(ctx context.Context, node, incarnation string, settled uint64) (bool, error) {
-	tag, err := p.pool.Exec(ctx, `UPDATE nodes SET stopped_at = now() WHERE node_id = $1 AND incarnation = $2 AND settled_seq = $3`,
-		node, incarnation, int64(settled))
+func (p *Postgres) NodeStopped(ctx context.Context, node, incarnation, process string, settled uint64) (bool, error) {
+	tag, err := p.pool.Exec(ctx, `UPDATE nodes SET stopped_at = now() WHERE node_id = $1 AND incarnation = $2 AND settled_seq = $3
+		AND ($4 = '' OR process IS NULL OR process = $4)`,
+		node, incarnation, int64(settled), process)
 	return tag.RowsAffected() == 1, p.fail("record that node "+node+"/"+incarnation+" stopped", err)
 }
 

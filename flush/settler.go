@@ -527,7 +527,7 @@ func (s *Settler) heartbeatLocked(ctx context.Context) error {
 		drainedAt = looked.Add(-drainSlack)
 	}
 	if err := s.call(ctx, "heartbeat", func(ctx context.Context) error {
-		_, err := s.opts.Ledger.Heartbeat(ctx, s.node, s.inc, drainedAt)
+		_, err := s.opts.Ledger.Heartbeat(ctx, s.node, s.inc, s.opts.Process, drainedAt)
 		return err
 	}); err != nil {
 		s.beatErr.Store(s.stamp())

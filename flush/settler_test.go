@@ -327,14 +327,14 @@ type downLedger struct {
 }
 
 func (l *downLedger) RegisterNode(ctx context.Context, node, inc string) (uint64, error) {
-	return l.Heartbeat(ctx, node, inc, time.Time{})
+	return l.Heartbeat(ctx, node, inc, "", time.Time{})
 }
 
-func (l *downLedger) Heartbeat(ctx context.Context, node, inc string, drainedAt time.Time) (uint64, error) {
+func (l *downLedger) Heartbeat(ctx context.Context, node, inc, process string, drainedAt time.Time) (uint64, error) {
 	if l.down.Load() {
 		return 0, errors.New("connection refused")
 	}
-	return l.Ledger.Heartbeat(ctx, node, inc, drainedAt)
+	return l.Ledger.Heartbeat(ctx, node, inc, process, drainedAt)
 }
 
 // A node with nothing to settle learns that the ledger is down from its

@@ -367,11 +367,11 @@ func (s *SQLite) execTestSQL(ctx context.Context, query string) error {
 // RegisterNode records (node, incarnation) if new, refreshes its heartbeat,
 // and returns its settled mark.
 func (s *SQLite) RegisterNode(ctx context.Context, node, incarnation string) (uint64, error) {
-	return s.Heartbeat(ctx, node, incarnation, time.Time{})
+	return s.Heartbeat(ctx, node, incarnation, "", time.Time{})
 }
 
 // Heartbeat implements Ledger.
-func (s *SQLite) Heartbeat(ctx context.Context, node, incarnation string, drainedAt time.Time) (uint64, error) {
+func (s *SQLite) Heartbeat(ctx context.Context, node, incarnation, process string, drainedAt time.Time) (uint64, error) {
 	if node == "" || incarnation == "" {
 		return 0, fmt.Errorf("%w: register node: node and incarnation must be set", ErrInvalid)
 	}
@@ -380,18 +380,20 @@ func (s *SQLite) Heartbeat(ctx context.Context, node, incarnation string, draine
 		now := s.now().UnixNano()
 		return tx.QueryRowContext(ctx, `INSERT INTO nodes (node_id, incarnation, heartbeat_at, created_at) VALUES (?, ?, ?, ?)
 			ON CONFLICT (node_id, incarnation) DO UPDATE SET heartbeat_at = excluded.heartbeat_at, stopped_at = NULL,
-				settled_through = CASE WHEN ? IS NULL THEN settled_through ELSE min(excluded.heartbeat_at, ?) END
-			RETURNING settled_seq`, node, incarnation, now, now, nullNanos(drainedAt), nullNanos(drainedAt)).Scan(&seq)
+				settled_through = CASE WHEN ? IS NULL OR NOT (? = '' OR process IS NULL OR process = ?) THEN settled_through
+					ELSE min(excluded.heartbeat_at, ?) END
+			RETURNING settled_seq`, node, incarnation, now, now, nullNanos(drainedAt), process, process, nullNanos(drainedAt)).Scan(&seq)
 	})
 	return uint64(seq), s.fail("register node "+node+"/"+incarnation, err)
 }
 
 // NodeStopped implements Ledger.
-func (s *SQLite) NodeStopped(ctx context.Context, node, incarnation string, settled uint64) (bool, error) {
+func (s *SQLite) NodeStopped(ctx context.Context, node, incarnation, process string, settled uint64) (bool, error) {
 	var n int64
 	err := s.write(ctx, func(tx *sql.Tx) error {
-		r, err := tx.ExecContext(ctx, `UPDATE nodes SET stopped_at = ? WHERE node_id = ? AND incarnation = ? AND settled_seq = ?`,
-			s.now().UnixNano(), node, incarnation, int64(settled))
+		r, err := tx.ExecContext(ctx, `UPDATE nodes SET stopped_at = ? WHERE node_id = ? AND incarnation = ? AND settled_seq = ?
+			AND (? = '' OR process IS NULL OR process = ?)`,
+			s.now().UnixNano(), node, incarnation, int64(settled), process, process)
 		if err == nil {
 			n, err = r.RowsAffected()
 		}

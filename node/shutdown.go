@@ -197,12 +197,12 @@ func (n *Node) markStoppedOn(ctx context.Context, l flush.Ledger) {
 	}
 	sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	ok, err := l.NodeStopped(sctx, n.cfg.ID, n.wal.Incarnation(), n.wal.SettledSeq())
+	ok, err := l.NodeStopped(sctx, n.cfg.ID, n.wal.Incarnation(), n.process, n.wal.SettledSeq())
 	switch {
 	case err != nil:
 		n.log.Warn("could not record in the ledger that this node stopped with everything settled; its last month waits for it to come back to be final", "err", err)
 	case !ok:
-		n.log.Warn("the ledger's settled mark of this node differs from its log's; not recording a clean stop", "settled_seq", n.wal.SettledSeq())
+		n.log.Warn("the ledger's settled mark of this node differs from its log's, or another process started as this node since; not recording a clean stop", "settled_seq", n.wal.SettledSeq())
 	}
 }
 

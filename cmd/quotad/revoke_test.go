@@ -67,7 +67,7 @@ func TestRevokeAStoppedNode(t *testing.T) {
 	ctx := context.Background()
 	beat := time.Date(2026, 6, 10, 12, 0, 0, 0, time.UTC)
 	l := revokeLedger(t, beat)
-	if ok, err := l.NodeStopped(ctx, "q1", "q1-inc", 0); !ok || err != nil {
+	if ok, err := l.NodeStopped(ctx, "q1", "q1-inc", "", 0); !ok || err != nil {
 		t.Fatalf("NodeStopped: %v, %v", ok, err)
 	}
 	var out bytes.Buffer
