@@ -19,6 +19,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
 	"unicode/utf16"
 	"unicode/utf8"
 
@@ -67,8 +68,13 @@ const adminTokenMin = 16
 // checkAdminToken refuses a token too short to be safe; empty disables the
 // API.
 func checkAdminToken(token string) error {
-	if token != "" && len(token) < adminTokenMin {
+	switch {
+	case token != "" && len(token) < adminTokenMin:
 		return fmt.Errorf("node: --admin-token is %d characters; use at least %d random ones (openssl rand -hex 32)", len(token), adminTokenMin)
+	case strings.TrimSpace(token) != token || strings.ContainsFunc(token, unicode.IsControl) || strings.HasPrefix(token, "\uFEFF"):
+		// A client's token is read trimmed: with spaces around it, no
+		// call could ever match it.
+		return fmt.Errorf("node: --admin-token has spaces or a line break around it, or control characters: give the token alone, as clients send it")
 	}
 	return nil
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -445,6 +446,30 @@ func TestAdminTokenTooShort(t *testing.T) {
 	}
 	if checkAdminToken("") != nil || checkAdminToken(testAdminToken) != nil {
 		t.Fatal("empty (disabled) and long tokens are fine")
+	}
+	// A client's token is read trimmed: one configured with spaces or a
+	// line break around it could never be matched.
+	for _, tok := range []string{" " + testAdminToken, testAdminToken + "\n", "\uFEFF" + testAdminToken} {
+		if err := checkAdminToken(tok); err == nil || !strings.Contains(err.Error(), "spaces") {
+			t.Errorf("token %q: %v; want refused", tok, err)
+		}
+	}
+}
+
+func TestRedactURLHidesTokensInPaths(t *testing.T) {
+	for in, want := range map[string]string{
+		"https://hooks.slack.com/services/T000/B000/XXXXSECRET": "https://hooks.slack.com/services/…",
+		"https://u:pw@billing.example.com:8443/hooks?token=abc": "https://u@billing.example.com:8443/hooks?…",
+		"http://127.0.0.1:9000/":                                "http://127.0.0.1:9000",
+		"http://127.0.0.1:9000/quota/":                          "http://127.0.0.1:9000/quota",
+	} {
+		u, err := url.Parse(in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := redactURL(u); got != want || strings.Contains(got, "SECRET") || strings.Contains(got, "pw") {
+			t.Errorf("redactURL(%s) = %s; want %s", in, got, want)
+		}
 	}
 }
 

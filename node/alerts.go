@@ -296,14 +296,27 @@ func registerAll(reg *prometheus.Registry, cs ...prometheus.Collector) error {
 	return nil
 }
 
-// redactURL hides a password and the query (which may carry a token).
+// redactURL hides a password, the query and the path past its first
+// segment, where tokens live (Slack's /services/T…/B…/SECRET, a Zapier or
+// Teams hook's id): logs, errors and the ledger's last_error show only
+// scheme://host:port/first-segment/….
 func redactURL(u *url.URL) string {
-	r := *u
-	r.RawQuery = ""
-	if r.User != nil {
-		r.User = url.User(r.User.Username())
+	r := url.URL{Scheme: u.Scheme, Host: u.Host}
+	if u.User != nil {
+		r.User = url.User(u.User.Username())
 	}
-	return r.String()
+	s := r.String()
+	if p := strings.TrimPrefix(u.EscapedPath(), "/"); p != "" {
+		first, rest, more := strings.Cut(p, "/")
+		s += "/" + first
+		if more && rest != "" {
+			s += "/…"
+		}
+	}
+	if u.RawQuery != "" {
+		s += "?…"
+	}
+	return s
 }
 
 // CheckAlertWebhook parses Config.AlertWebhook, refusing what can never
@@ -813,7 +826,10 @@ func (a *alerter) send(ctx context.Context, body []byte, timeout time.Duration) 
 	if err != nil {
 		return 0, err
 	}
-	ts := strconv.FormatInt(time.Now().Unix(), 10)
+	// NB: the node's clock, which a start off from the ledger's corrects:
+	// by the system clock, minutes off, every receiver checking the
+	// timestamp's age refused each alert for good (401 is final).
+	ts := strconv.FormatInt(time.Unix(0, a.n.clock.Now().Wall).Unix(), 10)
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("User-Agent", "quotaring-alerts/1")
 	req.Header.Set(AlertTimestampHeader, ts)

@@ -56,7 +56,7 @@ type pairReceiver struct {
 
 func (p *pairReceiver) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	body, _ := io.ReadAll(r.Body)
-	if err := verifyAlert([]byte(testAlertSecret), r.Header, body, time.Now()); err != nil {
+	if err := verifyAlert([]byte(testAlertSecret), r.Header, body, alerterTime); err != nil { // testAlerter's clock
 		http.Error(w, err.Error(), http.StatusUnauthorized)
 		return
 	}

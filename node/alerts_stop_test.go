@@ -39,7 +39,7 @@ func (l *flakyFinishLedger) tried() bool {
 // records it on its way out: the ledger answers, and leaving the alert
 // pending has the next node send it again after the lease.
 func TestAlertStopRecordsADeliveryMade(t *testing.T) {
-	rc := &receiver{}
+	rc := alerterReceiver(&receiver{})
 	srv := httptest.NewServer(rc)
 	defer srv.Close()
 	l := testLedger(t)

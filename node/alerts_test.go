@@ -58,6 +58,10 @@ type receiver struct {
 	failFirst int
 	status    int // answer after the failures (0: 204)
 	hangAfter int // calls after this many hang until the caller gives up (0: none hang)
+	// clock, when set, is the receiver's time (the nodes' manual clock,
+	// standing for a system clock a node corrected from the ledger's);
+	// else time.Now.
+	clock *engine.ManualClock
 
 	mu    sync.Mutex // protects the fields below
 	calls int
@@ -87,7 +91,11 @@ func (rc *receiver) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(rc.status)
 		return
 	}
-	if err := verifyAlert([]byte(testAlertSecret), r.Header, body, time.Now()); err != nil {
+	now := time.Now()
+	if rc.clock != nil {
+		now = time.Unix(0, rc.clock.Now().Wall)
+	}
+	if err := verifyAlert([]byte(testAlertSecret), r.Header, body, now); err != nil {
 		rc.bad = append(rc.bad, err.Error())
 		http.Error(w, err.Error(), http.StatusUnauthorized)
 		return
@@ -121,12 +129,15 @@ func sumStats(nodes []*Node, f func(*alertStats) int64) int64 {
 }
 
 func TestAlertsOncePerThresholdAndPeriod(t *testing.T) {
-	rc := &receiver{failFirst: 2}
+	// The receiver checks the timestamp by the nodes' clock, months from
+	// this machine's: a node signs by the clock it bills by (which a start
+	// corrects from the ledger's), not the system clock.
+	clock := engine.NewManualClock(time.Date(2026, 6, 10, 12, 0, 0, 0, time.UTC))
+	rc := &receiver{failFirst: 2, clock: clock}
 	srv := httptest.NewServer(rc)
 	defer srv.Close()
 	dsn := "sqlite:" + filepath.Join(t.TempDir(), "ledger.db")
 	seedLedger(t, dsn, map[string]int64{"acme": 10})
-	clock := engine.NewManualClock(time.Date(2026, 6, 10, 12, 0, 0, 0, time.UTC))
 	cfg := func(c *Config) {
 		c.Clock, c.AlertWebhook, c.AlertSecret, c.AlertRetry = clock, srv.URL+"/hooks/quota", testAlertSecret, 5*time.Millisecond
 	}
@@ -219,8 +230,18 @@ func TestAlertsOncePerThresholdAndPeriod(t *testing.T) {
 	}
 }
 
+// alerterTime is the time of testAlerter's manual clock, and of a receiver
+// of its alerts (alerterReceiver): the alerter signs by it.
+var alerterTime = time.Date(2026, 6, 10, 12, 0, 0, 0, time.UTC)
+
+// alerterReceiver is a receiver on testAlerter's time.
+func alerterReceiver(rc *receiver) *receiver {
+	rc.clock = engine.NewManualClock(alerterTime)
+	return rc
+}
+
 // testAlerter starts an alerter on a bare node: ledger l (nil: not reached),
-// a manual clock, small retry waits, then what opts change.
+// a manual clock at alerterTime, small retry waits, then what opts change.
 func testAlerter(t *testing.T, url string, l flush.Ledger, opts ...func(*Config)) *alerter {
 	t.Helper()
 	cfg := Config{AlertWebhook: url, AlertSecret: testAlertSecret, AlertRetry: time.Millisecond}
@@ -228,7 +249,7 @@ func testAlerter(t *testing.T, url string, l flush.Ledger, opts ...func(*Config)
 		o(&cfg)
 	}
 	n := &Node{cfg: cfg, log: slog.New(slog.DiscardHandler), reg: prometheus.NewRegistry(),
-		clock: engine.NewManualClock(time.Date(2026, 6, 10, 12, 0, 0, 0, time.UTC))}
+		clock: engine.NewManualClock(alerterTime)}
 	n.ctx, n.cancel = context.WithCancel(context.Background())
 	if l != nil {
 		n.ledger.Store(&ledgerBox{l: l})
@@ -311,7 +332,7 @@ func TestAlertRetriesAreBounded(t *testing.T) {
 // A round of retries that ends undelivered leaves the alert pending; once
 // the claim's lease runs out a node takes it over and delivers it.
 func TestAlertTakenOverAfterAFailedRound(t *testing.T) {
-	rc := &receiver{status: http.StatusServiceUnavailable}
+	rc := alerterReceiver(&receiver{status: http.StatusServiceUnavailable})
 	srv := httptest.NewServer(rc)
 	defer srv.Close()
 	l := testLedger(t)
@@ -336,7 +357,7 @@ func TestAlertTakenOverAfterAFailedRound(t *testing.T) {
 // An alert claimed by a node that stops before delivering it is sent by
 // another node (or the same one started again) after the lease.
 func TestAlertSurvivesItsNodeStopping(t *testing.T) {
-	rc := &receiver{status: http.StatusServiceUnavailable}
+	rc := alerterReceiver(&receiver{status: http.StatusServiceUnavailable})
 	srv := httptest.NewServer(rc)
 	defer srv.Close()
 	l := testLedger(t)
@@ -590,7 +611,7 @@ func TestAlertsMeasureTheMonthsQuota(t *testing.T) {
 // A given-up alert resent (quotad admin alerts resend) is taken over by the
 // next sweep and delivered.
 func TestAlertResentAfterTheReceiverIsFixed(t *testing.T) {
-	rc := &receiver{status: http.StatusUnauthorized} // a receiver with the wrong secret
+	rc := alerterReceiver(&receiver{status: http.StatusUnauthorized}) // a receiver with the wrong secret
 	srv := httptest.NewServer(rc)
 	defer srv.Close()
 	l := testLedger(t)
@@ -684,7 +705,7 @@ func TestAlertForACrossingNoDecisionSaw(t *testing.T) {
 }
 
 func testAlertForACrossingNoDecisionSaw(t *testing.T, period shard.Period) {
-	rc := &receiver{}
+	rc := alerterReceiver(&receiver{})
 	srv := httptest.NewServer(rc)
 	defer srv.Close()
 	l := testLedger(t)
