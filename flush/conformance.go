@@ -2721,6 +2721,7 @@ func confAlertDelivery(t *testing.T, l Ledger) {
 		t.Fatalf("take over the rest: %+v, %v", taken, err)
 	}
 	finish("given up under a claim taken over", a100, "t1", AlertGivenUp, 1, "x", false)
+	finish("delivered under a claim taken over", a100, "t1", AlertDelivered, 1, "", false)
 	finish("delivered by the latest claim", a100, "t2", AlertDelivered, 1, "", true)
 
 	// Giving up: pending, past the lease and older than giveUpAfter.
@@ -2783,6 +2784,10 @@ func confAlertDelivery(t *testing.T, l Ledger) {
 	if _, err := l.ResendAlert(ctx, "acct-2", confPeriod, 100); !errors.Is(err, ErrNotFound) {
 		t.Errorf("resend an alert never recorded: %v, want ErrNotFound", err)
 	}
+	// A late report of a delivery before the resend (its claim's round
+	// had ended) does not close the resent alert, never sent.
+	finish("delivered under the claim before a resend", b80, "c4", AlertDelivered, 1, "", false)
+	finish("delivered under the ended claim before a resend", b80, "c4"+claimEnded, AlertDelivered, 1, "", false)
 	taken, _, err = l.TakeOverAlerts(ctx, "t4", time.Hour, time.Hour, 10)
 	if err != nil || len(taken) != 1 || taken[0].Account != "acct-2" || taken[0].Claim != "t4" {
 		t.Errorf("the sweep after a resend, with an hour's lease: %+v, %v; want the resent alert", taken, err)

@@ -162,14 +162,18 @@ type Ledger interface {
 	// same claim (its reply was lost) reports true again.
 	RecordAlert(ctx context.Context, a AlertRecord) (bool, error)
 	// FinishAlert records the end of a round of deliveries of a pending
-	// alert: AlertDelivered (whoever holds the claim now: it was sent),
+	// alert under a.Claim: AlertDelivered (also once that claim's round
+	// was recorded pending: its report of the delivery came late),
 	// AlertGivenUp (only while a.Claim holds it) or AlertPending (a round
 	// that failed: only the attempts and the error are recorded, and the
 	// alert waits for a takeover). attempts adds to the row's webhook calls.
 	// A pending round ends its claim (it becomes Claim + claimEnded), so
 	// that recording it again (its reply was lost) changes nothing and
 	// reports true, and the claim can no longer give the alert up.
-	// It reports false when the row was not pending under those terms.
+	// It reports false when the row was not pending under those terms: a
+	// claim taken over since speaks for nothing (after a resend or a
+	// re-arm, its delivery was of the alert before: recorded, the new one
+	// was never sent); the takeover sends it again (at least once).
 	FinishAlert(ctx context.Context, a AlertRecord, state AlertState, attempts int, lastErr string) (bool, error)
 	// TakeOverAlerts claims for claim up to limit pending alerts whose claim
 	// is older than lease by the ledger's clock (their node died or gave up

@@ -528,7 +528,7 @@ func (p *Postgres) FinishAlert(ctx context.Context, a AlertRecord, state AlertSt
 			finished_at = CASE WHEN $5 = 'pending' THEN NULL ELSE now() END,
 			claim = CASE WHEN $5 = 'pending' THEN $8 ELSE claim END
 		WHERE account_id = $1 AND period = $2 AND threshold = $3 AND state = 'pending'
-			AND (claim = $4 OR $5 = 'delivered' OR ($5 = 'pending' AND claim = $8))`,
+			AND (claim = $4 OR ($5 IN ('pending', 'delivered') AND claim = $8))`,
 		a.Account, a.Period.String(), a.Threshold, a.Claim, string(state), attempts, lastErr, a.Claim+claimEnded)
 	if err != nil {
 		return false, p.fail("finish alert", err)

@@ -526,9 +526,9 @@ func (s *SQLite) FinishAlert(ctx context.Context, a AlertRecord, state AlertStat
 				last_error = CASE WHEN ? = '' THEN last_error ELSE ? END, finished_at = ?,
 				claim = CASE WHEN ? = 'pending' THEN ? ELSE claim END
 			WHERE account_id = ? AND period = ? AND threshold = ? AND state = 'pending'
-				AND (claim = ? OR ? = 'delivered' OR (? = 'pending' AND claim = ?))`,
+				AND (claim = ? OR (? IN ('pending', 'delivered') AND claim = ?))`,
 			string(state), ended, attempts, lastErr, lastErr, finished, string(state), ended,
-			a.Account, a.Period.String(), a.Threshold, a.Claim, string(state), string(state), ended)
+			a.Account, a.Period.String(), a.Threshold, a.Claim, string(state), ended)
 		if err == nil {
 			n, err = r.RowsAffected()
 		}
