@@ -107,7 +107,11 @@ type FrontOptions struct {
 	// by cancelling it.
 	MaxBodyBytes int64
 	// UpstreamTimeout bounds the wait for the upstream's response headers
-	// (NewProxy only) [30s]. Streaming bodies are not cut off by it.
+	// (NewProxy only) [30s], and, before they come, the time the upstream
+	// takes nothing of the request body while the front has some to give
+	// (an upstream that hangs without reading: the transport's wait for
+	// headers starts only once the body is written). Streaming bodies are
+	// not cut off by it, nor gRPC calls' bodies.
 	UpstreamTimeout time.Duration
 	// BodyIdleTimeout cuts off a request body that sends nothing for this
 	// long (NewProxy only) [60s; negative: never]: a client that opens a
@@ -395,7 +399,9 @@ type front struct {
 type charged struct {
 	Caller
 	receipt  *shard.Receipt
-	refunded bool
+	refunded bool // a refund was made or tried (once only)
+	// refundFailed: the refund tried did not go through (the charge stands).
+	refundFailed bool
 	// durable, when set, waits until the charge is durable (EarlyCharger).
 	durable func(context.Context) error
 	// canonical, when set, is where a Go ServeMux would redirect the
@@ -487,7 +493,7 @@ func (f *front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	setQuotaHeaders(w.Header(), &c.Decision, now, c.hard)
 	rec := &recorder{ResponseWriter: w, headers: func(h http.Header) { setQuotaHeaders(h, &c.Decision, now, c.hard) },
 		charged: c.units()}
-	rec.refundFirst = func(why string) { f.refundFirst(rec, r, c, why) }
+	rec.refundFirst = func(why string) bool { return f.refundFirst(rec, r, c, why) }
 	if c.durable != nil {
 		rec.gate = func() error {
 			ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), f.opts.ChargeTimeout)
@@ -1070,8 +1076,7 @@ func (f *front) finish(rec *recorder, r *http.Request, c *charged, body *limited
 			clear(h)
 			maps.Copy(h, body.before)
 		}
-		f.refundFirst(rec, r, c, cutWhy)
-		cutProb.write(rec, r)
+		cutProb(f.refundFirst(rec, r, c, cutWhy)).write(rec, r)
 	}
 	if !c.units() {
 		return // a weight-0 route: nothing of ours to return
@@ -1133,9 +1138,12 @@ func (f *front) finish(rec *recorder, r *http.Request, c *charged, body *limited
 // carries no quota headers: the charged state would contradict the detail.
 // The cost is the refund's round trip (at most RefundTimeout) on these
 // answers only.
-func (f *front) refundFirst(rec *recorder, r *http.Request, c *charged, why string) {
+//
+// It reports whether the charge is refunded (or there was none to refund):
+// the answer's detail says which.
+func (f *front) refundFirst(rec *recorder, r *http.Request, c *charged, why string) (refunded bool) {
 	if c.refunded || !c.units() {
-		return // nothing was charged now (weight 0): the headers stand
+		return !c.refundFailed // nothing was charged now (weight 0), or refunded before: the headers stand
 	}
 	d, ok := f.refund(r, c, why)
 	now := f.opts.Now().Unix()
@@ -1146,6 +1154,7 @@ func (f *front) refundFirst(rec *recorder, r *http.Request, c *charged, why stri
 		}
 		setQuotaHeaders(h, &d, now, c.hard)
 	}
+	return !c.refundFailed
 }
 
 // refund returns c's units once: the attempt's own charge, or, for an
@@ -1174,6 +1183,7 @@ func (f *front) refund(r *http.Request, c *charged, why string) (shard.Decision,
 		// by id for the dedup window (router.Client.Refund).
 		f.opts.Logger.Warn("refund failed: the charge stands", "account", c.Account, "event", c.EventID,
 			"units", c.Units, "why", why, "reason", d.Reason, "err", err)
+		c.refundFailed = true
 		return d, false
 	}
 	f.opts.Logger.Debug("refunded", "account", c.Account, "event", c.EventID, "units", c.Units, "why", why)
@@ -1289,8 +1299,9 @@ type recorder struct {
 	// (100 Continue, 103 Early Hints).
 	headers func(http.Header)
 	// refundFirst refunds the charge before an answer the front writes
-	// for a refunded request (front.refundFirst).
-	refundFirst func(why string)
+	// for a refunded request (front.refundFirst), and reports whether it
+	// is refunded.
+	refundFirst func(why string) bool
 	// body is the request's body as the front wrapped it (nil when it did
 	// not): ReverseProxy's ErrorHandler gets a request whose Body may not
 	// be it.
@@ -1519,17 +1530,17 @@ const whyTooLarge = "the request body was over the limit"
 // cutOff says why the front cut the body off and what it answers: over the
 // limit (413), stalled or too slow (408); "" and nil when it did not (b
 // may be nil).
-func (b *limitedBody) cutOff(maxBody int64) (why string, answer *Problem) {
+func (b *limitedBody) cutOff(maxBody int64) (why string, answer func(refunded bool) *Problem) {
 	switch {
 	case b == nil:
 	case b.tripped.Load():
-		return whyTooLarge, cutTooLarge(maxBody)
+		return whyTooLarge, func(refunded bool) *Problem { return cutTooLarge(maxBody, refunded) }
 	case b.late.Load():
-		return "the request body took too long", bodyTooSlow(b.total)
+		return "the request body took too long", func(refunded bool) *Problem { return bodyTooSlow(b.total, refunded) }
 	case b.stalled.Load():
-		return "the request body stalled", bodyStalled(b.idle)
+		return "the request body stalled", func(refunded bool) *Problem { return bodyStalled(b.idle, refunded) }
 	case b.broken.Load():
-		return whyBodyBroken, bodyBroken()
+		return whyBodyBroken, bodyBroken
 	}
 	return "", nil
 }

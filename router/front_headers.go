@@ -381,26 +381,41 @@ func tooLarge(limit int64) *Problem {
 // that grew over the limit: it was charged and streamed, then cut off and
 // refunded. It said "nothing was charged", which the account's usage (a
 // charge and its refund) contradicted.
-func cutTooLarge(limit int64) *Problem {
+func cutTooLarge(limit int64, refunded bool) *Problem {
 	return newProblem(ProblemPayloadTooLarge, "Payload too large", http.StatusRequestEntityTooLarge,
-		fmt.Sprintf("The request body grew over the limit of %d bytes and was cut off; its charge is refunded. Send at most %d bytes (with a Content-Length, a larger body is refused before it is charged).", limit, limit))
+		fmt.Sprintf("The request body grew over the limit of %d bytes and was cut off; %s. Send at most %d bytes (with a Content-Length, a larger body is refused before it is charged).",
+			limit, refundText(refunded), limit))
 }
 
-func bodyStalled(idle time.Duration) *Problem {
+func bodyStalled(idle time.Duration, refunded bool) *Problem {
 	return newProblem(ProblemRequestTimeout, "Request body timed out", http.StatusRequestTimeout,
-		fmt.Sprintf("The request body sent nothing for %s; the request was cut off and the charge refunded. Send the body without pauses that long, or retry.", idle))
+		fmt.Sprintf("The request body sent nothing for %s; the request was cut off, and %s. Send the body without pauses that long, or retry.", idle, refundText(refunded)))
 }
 
-func bodyTooSlow(total time.Duration) *Problem {
+func bodyTooSlow(total time.Duration, refunded bool) *Problem {
 	return newProblem(ProblemRequestTimeout, "Request body timed out", http.StatusRequestTimeout,
-		fmt.Sprintf("The request body was not sent in full within %s of the request; the request was cut off and the charge refunded. Send it faster, or a smaller one.", total))
+		fmt.Sprintf("The request body was not sent in full within %s of the request; the request was cut off, and %s. Send it faster, or a smaller one.", total, refundText(refunded)))
 }
 
 // bodyBroken answers a request whose body could not be read to its end:
 // the client went away mid-body (nobody reads this), or sent a malformed
 // body (a broken chunked encoding, an HTTP/2 stream reset).
-func bodyBroken() *Problem {
-	return badRequest("The request body could not be read to its end (the connection closed or the stream was reset mid-body, or its chunked encoding is malformed); the request was cut off and the charge refunded. Send the whole body, or retry.")
+func bodyBroken(refunded bool) *Problem {
+	return badRequest("The request body could not be read to its end (the connection closed or the stream was reset mid-body, or its chunked encoding is malformed); the request was cut off, and " +
+		refundText(refunded) + ". Send the whole body, or retry.")
+}
+
+// refundText says what became of the charge of a request the front cut
+// off or the upstream failed: refunded, or (the owner did not answer the
+// refund in time) standing, in which case a retry under the same
+// Idempotency-Key is a replay, not a second charge. The text said
+// "refunded" either way, and a client that believed it and retried
+// without the key paid twice.
+func refundText(refunded bool) string {
+	if refunded {
+		return "the charge is refunded"
+	}
+	return "the charge could not be refunded now and stands: a retry with the same Idempotency-Key is not charged again"
 }
 
 func badRequest(detail string) *Problem {

@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"golang.org/x/net/http/httpguts"
 )
@@ -248,6 +249,7 @@ func NewProxy(upstream *url.URL, opts FrontOptions) (http.Handler, error) {
 				}
 				pr.Out.Body = &trailerCopy{ReadCloser: pr.Out.Body, in: pr.In.Trailer, out: pr.Out.Trailer, strip: opts.StripAPIKeyHeader}
 			}
+			pr.Out = watchUpload(pr.In, pr.Out, opts.UpstreamTimeout)
 			pr.SetURL(upstream)
 			in, h := pr.In.Header, pr.Out.Header
 			if h.Get("Upgrade") != "" {
@@ -335,7 +337,7 @@ func NewProxy(upstream *url.URL, opts FrontOptions) (http.Handler, error) {
 			return nil
 		},
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
-			upstreamError(w, r, err, opts.MaxBodyBytes, opts.BillOn != BillOnAlways, log)
+			upstreamError(w, r, err, opts.MaxBodyBytes, opts.UpstreamTimeout, opts.BillOn != BillOnAlways, log)
 		},
 		ErrorLog: slog.NewLogLogger(log.With("subsystem", "proxy").Handler(), slog.LevelWarn),
 	}
@@ -413,9 +415,12 @@ func viaProtocol(r *http.Request) string {
 
 // upstreamError is the ReverseProxy's ErrorHandler: the upstream gave no
 // answer. It marks the request failed (refund) and answers problem+json.
-func upstreamError(w http.ResponseWriter, r *http.Request, err error, maxBody int64, refunds bool, log *slog.Logger) {
+func upstreamError(w http.ResponseWriter, r *http.Request, err error, maxBody int64, upstreamTimeout time.Duration, refunds bool, log *slog.Logger) {
 	rec, _ := w.(*recorder)
-	if clientLeft(r) {
+	if stalled(r) {
+		// Before clientLeft: the cancel is the watch's, not the client's.
+		err = fmt.Errorf("%w for %s", errUpstreamStalled, upstreamTimeout)
+	} else if clientLeft(r) {
 		return // the client went away after the upstream got the request: the charge stands, nobody reads an answer
 	}
 	if rec != nil {
@@ -423,21 +428,22 @@ func upstreamError(w http.ResponseWriter, r *http.Request, err error, maxBody in
 	}
 	var mbe *http.MaxBytesError
 	var why string
-	var prob *Problem
+	var prob func(refunded bool) *Problem
 	switch {
 	case errors.As(err, &mbe):
-		why, prob = whyTooLarge, cutTooLarge(maxBody)
+		why, prob = whyTooLarge, func(refunded bool) *Problem { return cutTooLarge(maxBody, refunded) }
 	case rec != nil:
 		why, prob = rec.body.cutOff(maxBody)
 	}
 	if prob != nil {
+		refunded := true
 		if rec != nil && rec.refundFirst != nil {
-			rec.refundFirst(why)
+			refunded = rec.refundFirst(why)
 		}
-		prob.write(w, r)
+		prob(refunded).write(w, r)
 		return
 	}
-	if r.Context().Err() != nil {
+	if r.Context().Err() != nil && !stalled(r) {
 		// The client went away before the upstream got the request: it was
 		// not served, so it is refunded whatever BillOn says (as a client
 		// that left while its charge was decided); nobody reads an answer.
@@ -446,11 +452,13 @@ func upstreamError(w http.ResponseWriter, r *http.Request, err error, maxBody in
 		}
 		return
 	}
+	refunded := true
 	if refunds && rec != nil && rec.refundFirst != nil {
-		rec.refundFirst("the upstream failed")
+		refunded = rec.refundFirst("the upstream failed")
 	}
 	var ne net.Error
-	timeout := errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout())
+	stall := errors.Is(err, errUpstreamStalled)
+	timeout := errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout()) || stall
 	log.Warn("upstream failed", "method", r.Method, "path", r.URL.Path, "timeout", timeout, "err", err)
 	charge := " The charge is refunded: retry later."
 	switch {
@@ -458,8 +466,15 @@ func upstreamError(w http.ResponseWriter, r *http.Request, err error, maxBody in
 		charge = " Nothing was charged: retry later." // a preflight, a route of weight 0
 	case !refunds:
 		charge = " The charge stands (bill-on always): a retry is charged again, unless it carries the same Idempotency-Key."
+	case !refunded:
+		charge = " The charge could not be refunded now and stands: retry later with the same Idempotency-Key, which is not charged again."
 	}
-	if timeout {
+	switch {
+	case stall:
+		newProblem(ProblemUpstreamUnavailable, "Upstream timed out", http.StatusGatewayTimeout,
+			fmt.Sprintf("The upstream took none of the request body for %s and did not answer.", upstreamTimeout)+charge).write(w, r)
+		return
+	case timeout:
 		newProblem(ProblemUpstreamUnavailable, "Upstream timed out", http.StatusGatewayTimeout,
 			"The upstream did not answer in time."+charge).write(w, r)
 		return

@@ -580,7 +580,7 @@ func TestUnreachableUpstreamUnderBillOnAlways(t *testing.T) {
 	u, _ := url.Parse(up.URL)
 	up.Close() // nothing listens there any more
 	for policy, refunds := range map[string]int{BillOnSuccess: 1, BillOn2xx: 1, BillOnAlways: 0} {
-		ch := &fakeCharger{decision: okDecision()}
+		ch := &fakeCharger{decision: okDecision(), refundDecision: shard.Decision{Reason: shard.Refunded}}
 		p, err := NewProxy(u, FrontOptions{Charger: ch, Config: testConfig(t), BillOn: policy})
 		if err != nil {
 			t.Fatal(err)
@@ -1366,6 +1366,17 @@ func TestRefundedAnswerHeaders(t *testing.T) {
 	if w.Code != 413 || w.Header().Get("X-Quota-Remaining") != "100" || !strings.HasPrefix(w.Header().Get("RateLimit"), `"quota";r=100;`) {
 		t.Errorf("413: %d, X-Quota-Remaining %q, RateLimit %q; want 100 (after the refund), not 98", w.Code, w.Header().Get("X-Quota-Remaining"), w.Header().Get("RateLimit"))
 	}
+	if !strings.Contains(w.Body.String(), "the charge is refunded") {
+		t.Errorf("413 refunded: %s; want a detail saying the charge is refunded", w.Body)
+	}
+	req = newRequest("POST", "/v1/tasks", io.MultiReader(strings.NewReader(strings.Repeat("x", 100))))
+	req.ContentLength = -1
+	w, _ = serve(t, FrontOptions{Charger: &fakeCharger{decision: okDecision(), refundErr: ErrUnavailable}, Config: testConfig(t), MaxBodyBytes: 10,
+		RefundTimeout: 200 * time.Millisecond}, drain, req)
+	if w.Code != 413 || w.Header().Get("X-Quota-Remaining") != "" || !strings.Contains(w.Body.String(), "could not be refunded now and stands") {
+		t.Errorf("413 with the refund failing: %d, X-Quota-Remaining %q, %s; want no quota headers and a detail saying the charge stands",
+			w.Code, w.Header().Get("X-Quota-Remaining"), w.Body)
+	}
 
 	drop := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		if c, _, err := http.NewResponseController(w).Hijack(); err == nil {
@@ -1398,8 +1409,15 @@ func TestRefundedAnswerHeaders(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		body, _ := io.ReadAll(res.Body)
 		res.Body.Close()
 		front.Close()
+		// The detail says what became of the charge: "refunded" when the
+		// refund failed sent a client that trusted it to retry without its
+		// Idempotency-Key, and pay twice.
+		if want := map[bool]string{true: "The charge is refunded", false: "could not be refunded now and stands"}[tc.remaining != ""]; !strings.Contains(string(body), want) {
+			t.Errorf("%s: %s; want a detail saying %q", tc.what, body, want)
+		}
 		if res.StatusCode != 502 || res.Header.Get("X-Quota-Remaining") != tc.remaining || (tc.remaining == "") != (res.Header.Get("RateLimit") == "") {
 			t.Errorf("%s: %d, X-Quota-Remaining %q, RateLimit %q; want 502 with %q", tc.what, res.StatusCode,
 				res.Header.Get("X-Quota-Remaining"), res.Header.Get("RateLimit"), tc.remaining)

@@ -279,7 +279,7 @@ func TestProxyBadInput(t *testing.T) {
 			body: func() io.Reader { return bytes.NewReader(make([]byte, 2048)) }, status: 413, typ: router.ProblemPayloadTooLarge, detail: "1024 bytes; nothing was charged"},
 		{what: "a chunked body that grows over the limit", key: acct.key, path: "/v1/upload",
 			body: func() io.Reader { return io.MultiReader(bytes.NewReader(make([]byte, 2048))) }, status: 413, typ: router.ProblemPayloadTooLarge,
-			detail: "cut off; its charge is refunded", refunded: true}, // it said "nothing was charged"
+			detail: "cut off; the charge is refunded", refunded: true}, // it said "nothing was charged"
 		{what: "an upstream that hangs", key: acct.key, path: "/v1/hang", status: 504, typ: router.ProblemUpstreamUnavailable, detail: "in time", refunded: true},
 		{what: "an upstream that drops the connection", key: acct.key, path: "/v1/drop", status: 502, typ: router.ProblemUpstreamUnavailable, detail: "refunded", refunded: true},
 	}
