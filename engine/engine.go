@@ -484,11 +484,18 @@ func (e *Engine) mayDecideLocked(account string) (uint64, error) {
 }
 
 // mayRefundLocked is mayDecideLocked for a refund: Options.MayRefund may
-// let it through where Owns does not. REQUIRES: the account's stripe mu held.
-func (e *Engine) mayRefundLocked(account string) (uint64, error) {
+// let it through where Owns does not. A take-back (abandonLog) is not held
+// (Options.Hold): it undoes this node's own charge that nobody heard of,
+// and answers nobody; held, a charge answered after a pause of the process
+// (to a caller gone since) stayed, and was billed for a request that had
+// failed. REQUIRES: the account's stripe mu held.
+func (e *Engine) mayRefundLocked(account string, takeBack bool) (uint64, error) {
 	t := e.tenureLocked(account)
 	if !e.ownsAtLocked(account, t) && (e.opts.MayRefund == nil || !e.opts.MayRefund(account)) {
 		return 0, fmt.Errorf("%w: %q", ErrNotOwner, account)
+	}
+	if takeBack {
+		return t, nil
 	}
 	return t, e.holdLocked(account)
 }
@@ -566,12 +573,29 @@ func (e *Engine) Charge(ctx context.Context, account string, req shard.Charge) (
 	t0 := time.Now()
 	res, err := e.decide(ctx, account, req)
 	if err == nil && res.Seq > 0 {
-		if werr := e.log.WaitDurable(ctx, res.Seq); werr != nil {
+		if werr := durableInTime(ctx, e.log.WaitDurable(ctx, res.Seq)); werr != nil {
 			res, err = Result{}, e.abandon(account, res, werr)
 		}
 	}
 	e.heard(account, &res.Decision, err, t0)
 	return res, err
+}
+
+// errAnsweredLate is why a charge durable in time for nobody is taken back
+// (durableInTime).
+var errAnsweredLate = errors.New("durable only once the caller's context had ended (a pause of this process, or a deadline shorter than the wait for the disk)")
+
+// durableInTime is werr, the wait for a charge's record, or, when the
+// record became durable but the caller's context has ended by now, an
+// error wrapping errAnsweredLate and ctx's: the answer would go to a caller
+// gone (an RPC's deadline passed while the process was stopped, say) that
+// retries elsewhere or reports a failure, while the charge stood and was
+// billed for a request that failed. abandon takes such a charge back.
+func durableInTime(ctx context.Context, werr error) error {
+	if werr == nil && ctx.Err() != nil {
+		return fmt.Errorf("%w: %w", errAnsweredLate, ctx.Err())
+	}
+	return werr
 }
 
 // abandon is the error of a charge whose durability wait failed (werr). When
@@ -602,6 +626,9 @@ type takenBack struct {
 
 func (e *Engine) abandonLog(account string, res Result, werr error) takenBack {
 	err := fmt.Errorf("engine: charge %q of account %q not durable: %w", res.EventID, account, werr)
+	if errors.Is(werr, errAnsweredLate) {
+		err = fmt.Errorf("engine: charge %q of account %q %w", res.EventID, account, werr)
+	}
 	if !errors.Is(werr, context.Canceled) && !errors.Is(werr, context.DeadlineExceeded) {
 		return takenBack{err: err, final: true}
 	}
@@ -609,7 +636,7 @@ func (e *Engine) abandonLog(account string, res Result, werr error) takenBack {
 		return takenBack{err: err}
 	}
 	before := e.log.LastSeq()
-	d, _, rerr := e.refundLogged(account, res.EventID, func(a *shard.Account, now shard.Now, rec *shard.Record) shard.Decision {
+	d, _, rerr := e.refundLogged(account, res.EventID, true, func(a *shard.Account, now shard.Now, rec *shard.Record) shard.Decision {
 		if res.Reason == shard.Replayed {
 			return a.RefundReplay(res.EventID, res.Receipt, e.log.NodeID(), now, &e.params, rec)
 		}
@@ -749,7 +776,7 @@ func (e *Engine) ChargeMany(ctx context.Context, reqs []Request) []Outcome {
 		last = max(last, out[i].Seq)
 	}
 	if last > 0 {
-		if err := e.log.WaitDurable(ctx, last); err != nil {
+		if err := durableInTime(ctx, e.log.WaitDurable(ctx, last)); err != nil {
 			// Every charge taken back first, then one wait for them all
 			// (abandon), not one fsync after another.
 			tbs := make(map[int]takenBack)
@@ -977,7 +1004,7 @@ func (e *Engine) refund(ctx context.Context, account, eventID string, receipt *s
 // refundWith applies one kind of refund under the account's lock, logs its
 // record and waits until it is durable.
 func (e *Engine) refundWith(ctx context.Context, account, eventID string, apply func(*shard.Account, shard.Now, *shard.Record) shard.Decision) (shard.Decision, error) {
-	d, wait, err := e.refundLogged(account, eventID, apply)
+	d, wait, err := e.refundLogged(account, eventID, false, apply)
 	if err != nil || !wait {
 		return d, err
 	}
@@ -989,11 +1016,11 @@ func (e *Engine) refundWith(ctx context.Context, account, eventID string, apply 
 
 // refundLogged applies one kind of refund under the account's lock and logs
 // its record, without waiting; wait says whether the answer rests on a
-// record (d.Seq) that may not be durable yet.
-func (e *Engine) refundLogged(account, eventID string, apply func(*shard.Account, shard.Now, *shard.Record) shard.Decision) (d shard.Decision, wait bool, err error) {
+// record (d.Seq) that may not be durable yet. takeBack: see mayRefundLocked.
+func (e *Engine) refundLogged(account, eventID string, takeBack bool, apply func(*shard.Account, shard.Now, *shard.Record) shard.Decision) (d shard.Decision, wait bool, err error) {
 	st := e.stripeFor(account)
 	st.mu.Lock()
-	t, err := e.mayRefundLocked(account)
+	t, err := e.mayRefundLocked(account, takeBack)
 	if err != nil {
 		st.mu.Unlock()
 		return shard.Decision{}, false, err
