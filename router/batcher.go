@@ -179,6 +179,15 @@ func (b *batcher[Req, Rep]) do(ctx context.Context, req Req) (Rep, error) {
 // or ctx. It returns one reply and one error per request, in order.
 func (b *batcher[Req, Rep]) doMany(ctx context.Context, reqs []Req) ([]Rep, []error) {
 	reps, errs := make([]Rep, len(reqs)), make([]error, len(reqs))
+	if err := ctx.Err(); err != nil {
+		// Ended already (a refresh after WrongOwner used up the deadline):
+		// queued, the batch went out under b.ctx and the owner applied the
+		// calls for a caller gone, whose client then took them back.
+		for i := range errs {
+			errs[i] = &notSentError{err}
+		}
+		return reps, errs
+	}
 	b.mu.Lock()
 	// NB: only a caller whose ctx cannot end sends inline. Sent under a ctx
 	// that ends mid-call, the RPC was cut with its outcome unknown, and no

@@ -252,3 +252,25 @@ func TestBatcherOrphansAnswersOfCallersThatLeft(t *testing.T) {
 		t.Fatalf("orphans %v, want [[7 70]] (the left caller's request, applied for nobody)", orphans)
 	}
 }
+
+// A caller whose context has ended is not queued: its batch would go out
+// under the batcher's own context, and the owner apply calls for a caller
+// gone (a rate-limit token spent, a charge the client must take back).
+func TestBatcherSendsNothingForAnEndedContext(t *testing.T) {
+	f := &fakeSend{}
+	b := newBatcher(context.Background(), &goroutines{}, 4, 512, f.send)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	_, errs := b.doMany(ctx, []int{1, 2})
+	for i, err := range errs {
+		var ns *notSentError
+		if !errors.As(err, &ns) || !errors.Is(err, context.Canceled) {
+			t.Errorf("call %d with an ended context: %v; want not sent, canceled", i, err)
+		}
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(f.batches) != 0 {
+		t.Fatalf("batches sent for an ended context: %v", f.batches)
+	}
+}

@@ -695,6 +695,15 @@ func (c *Client) attempts(ctx context.Context, o op, account string, call func(c
 	target := ""
 	refreshed := false
 	for attempt := 0; attempt < maxAttempts; attempt++ {
+		if cerr := ctxEnded(ctx); cerr != nil && attempt > 0 {
+			// Following ownership (a refresh) used up the caller's time:
+			// the next owner is not asked. Sent after the deadline, the call
+			// was applied for a caller gone (a rate-limit token spent, the
+			// charge taken back by this client only if that refund worked).
+			// (route says the outcome is unknown when an earlier owner did
+			// not answer: *sentTo.)
+			return fmt.Errorf("router: %s for account %q not sent to the next owner: the caller's context ended while the client followed a change of owner (%w)", o.name, account, cerr)
+		}
 		if target == "" {
 			addr, ok := v.owner(account)
 			if !ok && !refreshed {
@@ -799,6 +808,10 @@ func (c *Client) viaGateway(ctx context.Context, o op, account string, call func
 	var unreached []error
 	var wrong *pb.WrongOwner
 	for i, tried, wrongs := first%n, uint32(0), 0; tried < n && wrongs < maxAttempts; {
+		if cerr := ctxEnded(ctx); cerr != nil && (tried > 0 || wrongs > 0) {
+			// Every earlier try was not sent or answered WrongOwner: none applied.
+			return fmt.Errorf("router: %s for account %q not sent: the caller's context ended before the next try (%w)", o.name, account, cerr)
+		}
 		seed := c.seeds[i]
 		p, err := c.peers.get(seed)
 		if err != nil {
@@ -854,12 +867,21 @@ func (c *Client) viaGateway(ctx context.Context, o op, account string, call func
 // a node forwarding it for a Gateway client), as a charge's failure at its
 // owner is; nil for any other error. It was "did not answer" with
 // ErrUnavailable, the owner counted unreachable and the ring read again.
+//
+// A node's own Unavailable answer (nodeAnswered: held after a pause,
+// handing the account over) is ErrUnavailable saying it answered: it read
+// "did not answer", counted the node unreachable and read the ring again.
 func usageFailed(account, addr string, err error) error {
 	st, ok := status.FromError(err)
-	if !ok || st.Code() != codes.Internal {
+	switch {
+	case !ok:
 		return nil
+	case st.Code() == codes.Internal:
+		return fmt.Errorf("%w: %s failed the usage read of account %q: %s", ErrInternal, addr, account, st.Message())
+	case st.Code() == codes.Unavailable && strings.HasPrefix(st.Message(), nodeAnswered):
+		return fmt.Errorf("%w: %s cannot read the usage of account %q now (%s); retry", ErrUnavailable, addr, account, strings.TrimPrefix(st.Message(), nodeAnswered))
 	}
-	return fmt.Errorf("%w: %s failed the usage read of account %q: %s", ErrInternal, addr, account, st.Message())
+	return nil
 }
 
 // closedError is the error of a call to account's owner at addr that Close
@@ -1156,7 +1178,7 @@ const maxConfigBytes = 1 << 30
 func (c *Client) refreshConfig(ctx context.Context) error {
 	// NB: the snapshot is one message, past gRPC's default 4 MiB limit on
 	// a received one from some 20,000 accounts with a key each.
-	var known int64
+	known := int64(-1) // none: a ledger whose config never changed is at version 0, which "unchanged" answered
 	held := c.snap.Load()
 	if held != nil {
 		known = held.Version

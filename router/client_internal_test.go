@@ -795,3 +795,129 @@ func TestNotSentIsTheClientsOwnDialError(t *testing.T) {
 		t.Fatalf("a node's answer quoting a dial error %v: want it taken as sent (the node took the call)", quoted)
 	}
 }
+
+// turningNode is a gRPC node on loopback whose ring view names owner (an
+// address) the owner of every account. Its Charge answers WrongOwner(to)
+// when to is set, else applies every charge (counted). With viewHeld set,
+// every RingView after the first waits until the call ends.
+type turningNode struct {
+	pb.UnimplementedQuotaServer
+	owner, to string
+	viewHeld  bool
+	views     atomic.Int64
+	applied   atomic.Int64
+}
+
+func (m *turningNode) RingView(ctx context.Context, _ *pb.RingViewRequest) (*pb.RingViewReply, error) {
+	if m.views.Add(1) > 1 && m.viewHeld {
+		<-ctx.Done() // a refresh slow enough to use up the caller's deadline
+		return nil, ctx.Err()
+	}
+	return &pb.RingViewReply{Epoch: 1, Hash: ringHash, PartitionCount: 8, Owners: make([]int32, 8),
+		Members: []*pb.Member{{Id: "owner", RpcAddr: m.owner, State: "serving"}}}, nil
+}
+
+func (m *turningNode) Charge(_ context.Context, b *pb.ChargeBatch) (*pb.ChargeReplies, error) {
+	out := &pb.ChargeReplies{}
+	for _, c := range b.Charges {
+		if m.to != "" {
+			out.Replies = append(out.Replies, &pb.ChargeReply{WrongOwner: &pb.WrongOwner{Epoch: 2, OwnerId: "b", OwnerRpc: m.to}, Node: "a"})
+			continue
+		}
+		m.applied.Add(1)
+		out.Replies = append(out.Replies, &pb.ChargeReply{Decision: &pb.Decision{Reason: pb.Reason_OK, Units: c.Units}, EventId: c.EventId,
+			Receipt: &pb.Receipt{EventId: c.EventId, Units: c.Units, Node: "b"}, Node: "b"})
+	}
+	return out, nil
+}
+
+func (m *turningNode) Refund(context.Context, *pb.RefundBatch) (*pb.RefundReplies, error) {
+	return &pb.RefundReplies{Replies: []*pb.RefundReply{{Decision: &pb.Decision{Reason: pb.Reason_REFUNDED}, Node: "b"}}}, nil
+}
+
+func serveTurning(t *testing.T, lis net.Listener, m *turningNode) {
+	srv := grpc.NewServer()
+	pb.RegisterQuotaServer(srv, m)
+	go srv.Serve(lis)
+	t.Cleanup(srv.Stop)
+}
+
+// A WrongOwner answer whose ring refresh used up the caller's deadline is
+// not followed: the charge was sent to the next owner after the deadline,
+// applied for a caller gone and taken back by the client (a rate-limit
+// token spent, and the charge standing if that refund failed), with an
+// error saying the owner did not answer although it was asked too late.
+func TestClientFollowsNoOwnerChangeAfterTheDeadline(t *testing.T) {
+	la, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	lb, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := &turningNode{owner: la.Addr().String(), to: lb.Addr().String(), viewHeld: true}
+	b := &turningNode{owner: lb.Addr().String()}
+	serveTurning(t, la, a)
+	serveTurning(t, lb, b)
+	c, err := DialOptions{RefreshInterval: -1}.Dial(context.Background(), a.owner)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	_, err = c.Charge(ctx, ChargeRequest{Account: "acme", Units: 7})
+	c.Close() // waits for its batches and its own take-backs
+	if n := b.applied.Load(); n != 0 {
+		t.Fatalf("the next owner applied %d charges for a caller whose deadline had passed (%v)", n, err)
+	}
+	if err == nil || !strings.Contains(err.Error(), "not sent") || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("charge: %v; want not sent, deadline exceeded", err)
+	}
+}
+
+// heldNode owns every account and answers every usage read Unavailable, as
+// a node holding its decisions after a pause does.
+type heldNode struct {
+	pb.UnimplementedQuotaServer
+	addr  string
+	views atomic.Int64
+}
+
+func (h *heldNode) RingView(context.Context, *pb.RingViewRequest) (*pb.RingViewReply, error) {
+	h.views.Add(1)
+	return &pb.RingViewReply{Epoch: 1, Hash: ringHash, PartitionCount: 8, Owners: make([]int32, 8),
+		Members: []*pb.Member{{Id: "held", RpcAddr: h.addr, State: "serving"}}}, nil
+}
+
+func (h *heldNode) Usage(context.Context, *pb.UsageRequest) (*pb.UsageReply, error) {
+	return nil, status.Error(codes.Unavailable, nodeAnswered+"engine: quota unavailable: node q1 is paused; retry")
+}
+
+// A usage read the owner answers Unavailable itself is ErrUnavailable that
+// says the owner answered: it said the owner "did not answer", counted it
+// unreachable and read the ring again.
+func TestUsageAnsweredUnavailableIsNoSilence(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := &heldNode{addr: lis.Addr().String()}
+	srv := grpc.NewServer()
+	pb.RegisterQuotaServer(srv, h)
+	go srv.Serve(lis)
+	t.Cleanup(srv.Stop)
+	c, err := DialOptions{RefreshInterval: -1}.Dial(context.Background(), h.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	views := h.views.Load()
+	_, err = c.Usage(context.Background(), "acme")
+	if !errors.Is(err, ErrUnavailable) || strings.Contains(err.Error(), "did not answer") || !strings.Contains(err.Error(), "is paused") {
+		t.Fatalf("usage at a held owner: %v; want ErrUnavailable with the owner's answer, not \"did not answer\"", err)
+	}
+	if n := c.Stats().Unreachable.Load(); n != 0 || h.views.Load() != views {
+		t.Fatalf("usage at a held owner: %d unreachable, %d ring reads; want none", n, h.views.Load()-views)
+	}
+}

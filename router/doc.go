@@ -60,10 +60,13 @@
 //	}
 //	return http.ListenAndServe(":8080", charge(api))
 //
-// To stop without cutting calls in flight, shut the HTTP server down first
-// and then the client (Client.Shutdown waits for every answer, and for the
-// refunds the client sends by itself, before it closes):
+// To stop without cutting calls in flight, serve through an http.Server
+// rather than http.ListenAndServe, and shut it down first, then the client
+// (Client.Shutdown waits for every answer, and for the refunds the client
+// sends by itself, before it closes):
 //
+//	srv := &http.Server{Addr: ":8080", Handler: charge(api)}
+//	// ... srv.ListenAndServe() in a goroutine; on SIGTERM:
 //	srv.Shutdown(ctx)
 //	client.Shutdown(ctx)
 //

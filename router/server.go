@@ -291,13 +291,20 @@ func routedError(err error) *pb.Error {
 	return &pb.Error{Code: pb.Error_INTERNAL, Message: err.Error()}
 }
 
+// nodeAnswered starts the message of a Usage call's Unavailable status the
+// node itself gave (held after a pause, handing the account over, a
+// forward that failed), so that a client tells it from its own transport's
+// Unavailable (no connection, a connection lost mid-call): the node
+// answered, and is neither unreachable nor a reason to read the ring again.
+const nodeAnswered = "the node answered: "
+
 func (s *server) Usage(ctx context.Context, req *pb.UsageRequest) (*pb.UsageReply, error) {
 	if wo := s.wrongOwner(req.Account); wo != nil {
 		if req.Route && req.Hops == 0 {
 			u, err := s.r.Usage(ctx, req.Account)
 			if err != nil {
 				if e := routedError(err); e.Code == pb.Error_QUOTA_UNAVAILABLE {
-					return nil, status.Error(codes.Unavailable, e.Message)
+					return nil, status.Error(codes.Unavailable, nodeAnswered+e.Message)
 				}
 				return nil, status.Error(codes.Internal, err.Error())
 			}
@@ -309,12 +316,12 @@ func (s *server) Usage(ctx context.Context, req *pb.UsageRequest) (*pb.UsageRepl
 	if errors.Is(err, engine.ErrNotOwner) {
 		wo, e := s.notOwner(req.Account)
 		if wo == nil {
-			return nil, status.Error(codes.Unavailable, e.Message)
+			return nil, status.Error(codes.Unavailable, nodeAnswered+e.Message)
 		}
 		return &pb.UsageReply{WrongOwner: wo, Node: s.r.self}, nil
 	}
 	if errors.Is(err, engine.ErrQuotaUnavailable) {
-		return nil, status.Error(codes.Unavailable, err.Error()) // a pause's hold: retry, as for a charge
+		return nil, status.Error(codes.Unavailable, nodeAnswered+err.Error()) // a pause's hold: retry, as for a charge
 	}
 	if err != nil {
 		return nil, status.Error(codes.Internal, err.Error())

@@ -3,6 +3,7 @@ package router
 import (
 	"context"
 	"errors"
+	"net"
 	"strings"
 	"testing"
 	"time"
@@ -181,5 +182,47 @@ func TestOwnerAnswersAPassedDeadlineUnavailable(t *testing.T) {
 	}
 	if _, err := resultFromPB(rep); !errors.Is(err, ErrUnavailable) {
 		t.Fatalf("the forwarding node reads it as %v, want ErrUnavailable", err)
+	}
+}
+
+// configNode is a node in a client's ring (hangingNode's view) whose
+// Config is a real router's.
+type configNode struct {
+	hangingNode
+	r *Router
+}
+
+func (n *configNode) Config(ctx context.Context, req *pb.ConfigRequest) (*pb.ConfigReply, error) {
+	return n.r.Server().Config(ctx, req)
+}
+
+// A ledger whose config never changed is at version 0: a client holding
+// nothing asked with KnownVersion 0, got "unchanged", and never loaded it
+// (its middleware answered quota-unavailable for every key until the first
+// change of config).
+func TestClientLoadsAConfigOfVersionZero(t *testing.T) {
+	r := openSelfOwned(t, nil)
+	s := &snapshot.Snapshot{Version: 0, Plans: []snapshot.Plan{{ID: "p", MonthlyQuota: 10}}, Accounts: []snapshot.Account{{ID: "zero", Plan: "p"}}}
+	if err := s.Build(); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.cfg.Engine.SetSnapshot(s, engine.AllSettled); err != nil {
+		t.Fatal(err)
+	}
+	if v := r.cfg.Engine.Snapshot().Version; v != 0 {
+		t.Fatalf("the node's config is at version %d, want 0", v)
+	}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	serveFake(t, lis, &configNode{hangingNode: hangingNode{addr: lis.Addr().String()}, r: r})
+	c, err := DialOptions{RefreshInterval: -1}.Dial(context.Background(), lis.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if s := c.Snapshot(); s == nil || !s.HasAccount("zero") {
+		t.Fatalf("config after Dial: %+v; want version 0 with account zero", s)
 	}
 }
