@@ -652,6 +652,9 @@ func (n *Node) configSnapshot(ctx context.Context, l flush.Ledger) (*snapshot.Sn
 // planBody is a plan as PUT takes it. Hard and MonthlyQuota are required: a
 // missing one is more likely a mistake than a wish for the zero value.
 type planBody struct {
+	// ID may come back from a GET (a plan read and put back): it must be
+	// the path's.
+	ID           *string `json:"id"`
 	Rate         *string `json:"rate"`
 	Burst        *int64  `json:"burst"`
 	MonthlyQuota *int64  `json:"monthly_quota"`
@@ -688,6 +691,9 @@ func (n *Node) putPlan(ctx context.Context, w http.ResponseWriter, r *http.Reque
 	var b planBody
 	if err := decodeBody(w, r, &b); err != nil {
 		return err
+	}
+	if b.ID != nil && *b.ID != id {
+		return badInput("id", "%q is not the plan this path names (%q): leave id out, or put to /admin/v1/plans/%s", *b.ID, id, *b.ID)
 	}
 	rateText, err := optional("rate", b.Rate, "TOKENS/PERIOD such as 10/s")
 	if err != nil {
@@ -1165,6 +1171,9 @@ func nullTime(t time.Time) any {
 // --- Routes -----------------------------------------------------------------
 
 type routesBody struct {
+	// Version may come back from a GET (a table read and put back); it is
+	// ignored: every put makes a new version.
+	Version *int64           `json:"version"`
 	Default *int64           `json:"default"`
 	Weights map[string]int64 `json:"weights"`
 }

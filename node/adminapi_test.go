@@ -195,6 +195,23 @@ func TestAdminAPI(t *testing.T) {
 
 	t.Run("bad input", func(t *testing.T) {
 		wantProblem(t, n1, "PUT", "/admin/v1/plans/gold", map[string]any{"rate": "ten", "monthly_quota": 5, "hard": true}, 400, "rate")
+		wantProblem(t, n1, "PUT", "/admin/v1/plans/gold", map[string]any{"id": "silver", "monthly_quota": 5, "hard": true}, 400, "id")
+		// What a GET gives can be put back (README): a plan with its id, a
+		// route table with its version.
+		for _, path := range []string{"/admin/v1/plans/gold", "/admin/v1/routes"} {
+			if path == "/admin/v1/plans/gold" {
+				if st, raw := adminCall(t, n1, testAdminToken, "PUT", path, map[string]any{"rate": "10/s", "monthly_quota": 5, "hard": true}, nil); st != 200 {
+					t.Fatalf("PUT %s: %d %s", path, st, raw)
+				}
+			}
+			var got map[string]any
+			if st, raw := adminCall(t, n1, testAdminToken, "GET", path, nil, &got); st != 200 {
+				t.Fatalf("GET %s: %d %s", path, st, raw)
+			}
+			if st, raw := adminCall(t, n1, testAdminToken, "PUT", path, got, nil); st != 200 {
+				t.Fatalf("a GET of %s put back: %d %s; want 200", path, st, raw)
+			}
+		}
 		wantProblem(t, n1, "PUT", "/admin/v1/plans/gold", map[string]any{"monthly_quota": 5}, 400, "hard")
 		wantProblem(t, n1, "PUT", "/admin/v1/plans/gold", map[string]any{"hard": true}, 400, "monthly_quota")
 		wantProblem(t, n1, "PUT", "/admin/v1/plans/gold", map[string]any{"montly_quota": 5, "hard": true}, 400, "montly_quota")
