@@ -591,11 +591,21 @@ var errAnsweredLate = errors.New("durable only once the caller's context had end
 // gone (an RPC's deadline passed while the process was stopped, say) that
 // retries elsewhere or reports a failure, while the charge stood and was
 // billed for a request that failed. abandon takes such a charge back.
+//
+// The deadline is read as well as Err: a process resumed after a stop runs
+// its goroutines before the timer that ends the context does, and Err was
+// still nil for most of a second past the deadline.
 func durableInTime(ctx context.Context, werr error) error {
-	if werr == nil && ctx.Err() != nil {
-		return fmt.Errorf("%w: %w", errAnsweredLate, ctx.Err())
+	if werr != nil {
+		return werr
 	}
-	return werr
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("%w: %w", errAnsweredLate, err)
+	}
+	if d, ok := ctx.Deadline(); ok && !time.Now().Before(d) {
+		return fmt.Errorf("%w: %w", errAnsweredLate, context.DeadlineExceeded)
+	}
+	return nil
 }
 
 // abandon is the error of a charge whose durability wait failed (werr). When

@@ -19,6 +19,13 @@ type stoppedCtx struct{ context.Context }
 
 func (stoppedCtx) Err() error { return context.DeadlineExceeded }
 
+// resumedCtx is stoppedCtx as the process sees it first on resuming: the
+// deadline has passed but the timer that ends the context has not run
+// yet, so Err is still nil.
+type resumedCtx struct{ context.Context }
+
+func (resumedCtx) Deadline() (time.Time, bool) { return time.Now().Add(-time.Second), true }
+
 // A charge durable only after its caller's context ended was answered OK to
 // nobody: the caller (an RPC past its deadline) retried at the next owner
 // or reported a failure, and the charge stood, billed for a request that
@@ -26,8 +33,18 @@ func (stoppedCtx) Err() error { return context.DeadlineExceeded }
 // requests). It is now taken back, even while the node holds its decisions
 // after the pause (the take-back answers nobody), and the error says so.
 func TestChargeDurableAfterItsCallerLeftIsTakenBack(t *testing.T) {
-	for _, many := range []bool{false, true} {
-		t.Run(map[bool]string{false: "Charge", true: "ChargeMany"}[many], func(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		many bool
+		ctx  context.Context
+	}{
+		{"Charge", false, stoppedCtx{context.Background()}},
+		{"ChargeMany", true, stoppedCtx{context.Background()}},
+		{"Charge before the deadline's timer ran", false, resumedCtx{context.Background()}},
+		{"ChargeMany before the deadline's timer ran", true, resumedCtx{context.Background()}},
+	} {
+		many, ctx := c.many, c.ctx
+		t.Run(c.name, func(t *testing.T) {
 			l := openLog(t, t.TempDir())
 			defer l.Close()
 			var holds atomic.Int64 // the first call (the charge's decision) passes; later ones hold, as after a pause
@@ -44,7 +61,6 @@ func TestChargeDurableAfterItsCallerLeftIsTakenBack(t *testing.T) {
 			if err := e.SetSnapshot(testSnapshot(t, map[string]int64{"acme": 100}), AllSettled); err != nil {
 				t.Fatal(err)
 			}
-			ctx := stoppedCtx{context.Background()}
 			req := shard.Charge{EventID: "job-1", ClientID: true, Units: 7}
 			if many {
 				err = e.ChargeMany(ctx, []Request{{Account: "acme", Charge: req}})[0].Err
