@@ -326,6 +326,7 @@ func NewProxy(upstream *url.URL, opts FrontOptions) (http.Handler, error) {
 		Transport:  transport,
 		BufferPool: newBufferPool(),
 		ModifyResponse: func(res *http.Response) error {
+			endUploadWatch(res.Request) // the round trip returned: the answer is under way
 			delFrontHeaders(res.Header)
 			delFrontHeaders(res.Trailer) // those announced: not announced to the client either
 			// Trailers come after the body, at HTTP/2 or in a chunked
@@ -417,9 +418,10 @@ func viaProtocol(r *http.Request) string {
 // answer. It marks the request failed (refund) and answers problem+json.
 func upstreamError(w http.ResponseWriter, r *http.Request, err error, maxBody int64, upstreamTimeout time.Duration, refunds bool, log *slog.Logger) {
 	rec, _ := w.(*recorder)
+	endUploadWatch(r)
 	if stalled(r) {
 		// Before clientLeft: the cancel is the watch's, not the client's.
-		err = fmt.Errorf("%w for %s", errUpstreamStalled, upstreamTimeout)
+		err = fmt.Errorf("%w for %s", context.Cause(r.Context()), upstreamTimeout)
 	} else if clientLeft(r) {
 		return // the client went away after the upstream got the request: the charge stands, nobody reads an answer
 	}
@@ -458,7 +460,7 @@ func upstreamError(w http.ResponseWriter, r *http.Request, err error, maxBody in
 	}
 	var ne net.Error
 	stall := errors.Is(err, errUpstreamStalled)
-	timeout := errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout()) || stall
+	timeout := errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout()) || stall || errors.Is(err, errUpstreamSilent)
 	log.Warn("upstream failed", "method", r.Method, "path", r.URL.Path, "timeout", timeout, "err", err)
 	charge := " The charge is refunded: retry later."
 	switch {

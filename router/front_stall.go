@@ -15,6 +15,14 @@ import (
 // FrontOptions.UpstreamTimeout (uploadWatch).
 var errUpstreamStalled = errors.New("router: the upstream took none of the request body and did not answer")
 
+// errUpstreamSilent is the cause when the whole body was taken and no
+// answer came within UpstreamTimeout: the wait the transport's
+// ResponseHeaderTimeout bounds too, whichever fires first.
+var errUpstreamSilent = errors.New("router: the upstream took the request body and did not answer in time")
+
+// uploadWatchKey is the context key of a proxied request's *uploadWatch.
+type uploadWatchKey struct{}
+
 // uploadWatch bounds an upstream that stops taking a request's body. The
 // transport's ResponseHeaderTimeout starts only once the whole body is
 // written: an upstream that hangs without reading (a deadlock, a stopped
@@ -37,7 +45,8 @@ type uploadWatch struct {
 
 	mu    sync.Mutex // protects the fields below
 	timer *time.Timer
-	done  bool // the answer began, or the request ended: never fire
+	done  bool // the answer began, or the round trip returned: never fire
+	eof   bool // the body was read to its end: a firing is the wait for the answer
 }
 
 // watchUpload returns out with a watch on its body when it has one to
@@ -49,6 +58,7 @@ func watchUpload(in, out *http.Request, d time.Duration) *http.Request {
 	}
 	ctx, cancel := context.WithCancelCause(out.Context())
 	w := &uploadWatch{d: d, cancel: cancel}
+	ctx = context.WithValue(ctx, uploadWatchKey{}, w) // for endUploadWatch
 	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
 		GetConn:              func(string) { w.pause() }, // a new attempt: dialing is the dialer's to bound
 		WroteHeaders:         w.resume,
@@ -75,9 +85,44 @@ func (w *uploadWatch) resume() {
 	switch {
 	case w.done:
 	case w.timer == nil:
-		w.timer = time.AfterFunc(w.d, func() { w.cancel(errUpstreamStalled) })
+		w.timer = time.AfterFunc(w.d, w.fire)
 	default:
 		w.timer.Reset(w.d)
+	}
+}
+
+// fire cancels the round trip, unless the answer began meanwhile (a timer
+// whose Stop came too late still runs this).
+func (w *uploadWatch) fire() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	switch {
+	case w.done:
+	case w.eof:
+		w.cancel(errUpstreamSilent)
+	default:
+		w.cancel(errUpstreamStalled)
+	}
+}
+
+// readEnded notes that the body was read to its end.
+func (w *uploadWatch) readEnded() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.eof = true
+}
+
+// endUploadWatch stops the watch of the round trip of out, the request
+// the transport was given (a response's Request, or an error's), if it
+// has one: a transport that reports no httptrace events (a custom
+// FrontOptions.Transport) never called GotFirstResponseByte, and the watch
+// cut its answers off mid-stream.
+func endUploadWatch(out *http.Request) {
+	if out == nil {
+		return
+	}
+	if w, ok := out.Context().Value(uploadWatchKey{}).(*uploadWatch); ok {
+		w.stop()
 	}
 }
 
@@ -104,11 +149,16 @@ type watchedBody struct {
 func (b *watchedBody) Read(p []byte) (int, error) {
 	b.w.pause()
 	n, err := b.ReadCloser.Read(p)
+	if err == io.EOF {
+		b.w.readEnded()
+	}
 	b.w.resume()
 	return n, err
 }
 
-// stalled reports a proxied request cancelled by its uploadWatch.
+// stalled reports a proxied request cancelled by its uploadWatch (either
+// cause).
 func stalled(r *http.Request) bool {
-	return errors.Is(context.Cause(r.Context()), errUpstreamStalled)
+	cause := context.Cause(r.Context())
+	return errors.Is(cause, errUpstreamStalled) || errors.Is(cause, errUpstreamSilent)
 }

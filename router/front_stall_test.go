@@ -2,9 +2,12 @@ package router
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"io"
 	"net/http"
+	"net/http/httptest"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -89,4 +92,91 @@ func TestProxyUpstreamThatTakesNoBodyTimesOut(t *testing.T) {
 func itoa(n int64) string {
 	b, _ := json.Marshal(n)
 	return string(b)
+}
+
+// An upstream that took the whole body and is slow to answer is the
+// ordinary timeout, not a stalled upload: the 504 said "took none of the
+// request body" for every slow answer to a POST.
+func TestProxySlowAnswerAfterTheBodyIsNoStall(t *testing.T) {
+	const timeout = 300 * time.Millisecond
+	for _, proto := range []string{"http", "h2c"} {
+		t.Run(proto, func(t *testing.T) {
+			release := make(chan struct{})
+			up := protoServer(t, proto, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				io.Copy(io.Discard, r.Body)
+				select { // reads it all, then answers too late
+				case <-release:
+				case <-r.Context().Done():
+				}
+			}))
+			defer close(release)
+			ch := &fakeCharger{decision: okDecision(), refundDecision: shard.Decision{Reason: shard.Refunded}}
+			front, client := protoProxy(t, proto, up, FrontOptions{Charger: ch, Config: testConfig(t), UpstreamTimeout: timeout})
+			req, _ := http.NewRequest("POST", front.URL+"/v1/tasks", strings.NewReader("0123456789"))
+			req.Header.Set("X-Api-Key", "secret")
+			res, err := client.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, _ := io.ReadAll(res.Body)
+			res.Body.Close()
+			if res.StatusCode != http.StatusGatewayTimeout || !strings.Contains(string(b), "did not answer in time") || strings.Contains(string(b), "took none") {
+				t.Errorf("%d %s; want 504 saying the upstream did not answer in time", res.StatusCode, b)
+			}
+		})
+	}
+}
+
+// slowTransport answers every request 200 with chunks spaced wider than
+// UpstreamTimeout, reporting no httptrace event (a custom Transport); the
+// answer ends early when its request's context does.
+type slowTransport struct{ gap time.Duration }
+
+func (s slowTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	io.Copy(io.Discard, r.Body)
+	r.Body.Close()
+	pr, pw := io.Pipe()
+	go func() {
+		for i := range 4 {
+			if i > 0 {
+				select {
+				case <-time.After(s.gap): // the upstream's own pace
+				case <-r.Context().Done(): // as a real transport, the answer ends with its request
+					pw.CloseWithError(context.Cause(r.Context()))
+					return
+				}
+			}
+			if _, err := pw.Write([]byte("chunk;")); err != nil {
+				return
+			}
+		}
+		pw.Close()
+	}()
+	return &http.Response{StatusCode: 200, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1, Header: http.Header{}, Body: pr, ContentLength: -1, Request: r}, nil
+}
+
+// A custom Transport that reports no httptrace event never told the watch
+// that the answer began: it fired UpstreamTimeout after the body's last
+// read and cut a streamed answer off, its charge standing.
+func TestProxyCustomTransportAnswerIsNotCut(t *testing.T) {
+	u, _ := url.Parse("http://127.0.0.1:1") // never dialled: the transport answers
+	ch := &fakeCharger{decision: okDecision(), refundDecision: shard.Decision{Reason: shard.Refunded}}
+	p, err := NewProxy(u, FrontOptions{Charger: ch, Config: testConfig(t), UpstreamTimeout: 100 * time.Millisecond,
+		Transport: slowTransport{gap: 250 * time.Millisecond}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	front := httptest.NewServer(p)
+	defer front.Close()
+	req, _ := http.NewRequest("POST", front.URL+"/v1/tasks", strings.NewReader("0123456789"))
+	req.Header.Set("X-Api-Key", "secret")
+	res, err := (&http.Client{Timeout: 10 * time.Second}).Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := io.ReadAll(res.Body)
+	res.Body.Close()
+	if res.StatusCode != 200 || string(b) != "chunk;chunk;chunk;chunk;" || err != nil {
+		t.Fatalf("%d %q %v; want 200 with the four chunks", res.StatusCode, b, err)
+	}
 }
