@@ -662,6 +662,10 @@ func confSettleOtherProcess(t *testing.T, l Ledger) {
 	if ok, err := l.NodeStopped(ctx, "node-a", "node-a-inc", "copy-proc", 3); err != nil || !ok || nodeA().Stopped.IsZero() {
 		t.Errorf("the later process's clean stop at the mark: %v, %v; want true, recorded", ok, err)
 	}
+	// A heartbeat of the earlier process leaves the later one's clean stop.
+	if _, err := l.Heartbeat(ctx, "node-a", "node-a-inc", "node-a-proc", time.Time{}); err != nil || nodeA().Stopped.IsZero() {
+		t.Errorf("the earlier process's heartbeat after the later one's clean stop: %v, stopped %v; want the stop kept", err, nodeA().Stopped)
+	}
 }
 
 func confSettleOnce(t *testing.T, l Ledger) {

@@ -428,7 +428,8 @@ func (p *Postgres) Heartbeat(ctx context.Context, node, incarnation, process str
 	}
 	var seq int64
 	err := p.pool.QueryRow(ctx, `INSERT INTO nodes (node_id, incarnation) VALUES ($1, $2)
-		ON CONFLICT (node_id, incarnation) DO UPDATE SET heartbeat_at = now(), stopped_at = NULL,
+		ON CONFLICT (node_id, incarnation) DO UPDATE SET heartbeat_at = now(),
+			stopped_at = CASE WHEN $4 = '' OR nodes.process IS NULL OR nodes.process = $4 THEN NULL ELSE nodes.stopped_at END,
 			settled_through = CASE WHEN $3::timestamptz IS NULL OR NOT ($4 = '' OR nodes.process IS NULL OR nodes.process = $4) THEN nodes.settled_through
 				ELSE LEAST(now(), $3::timestamptz) END
 		RETURNING settled_seq`, node, incarnation, nullTime(drainedAt), process).Scan(&seq)

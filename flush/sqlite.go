@@ -379,10 +379,11 @@ func (s *SQLite) Heartbeat(ctx context.Context, node, incarnation, process strin
 	err := s.write(ctx, func(tx *sql.Tx) error {
 		now := s.now().UnixNano()
 		return tx.QueryRowContext(ctx, `INSERT INTO nodes (node_id, incarnation, heartbeat_at, created_at) VALUES (?, ?, ?, ?)
-			ON CONFLICT (node_id, incarnation) DO UPDATE SET heartbeat_at = excluded.heartbeat_at, stopped_at = NULL,
+			ON CONFLICT (node_id, incarnation) DO UPDATE SET heartbeat_at = excluded.heartbeat_at,
+				stopped_at = CASE WHEN ? = '' OR process IS NULL OR process = ? THEN NULL ELSE stopped_at END,
 				settled_through = CASE WHEN ? IS NULL OR NOT (? = '' OR process IS NULL OR process = ?) THEN settled_through
 					ELSE min(excluded.heartbeat_at, ?) END
-			RETURNING settled_seq`, node, incarnation, now, now, nullNanos(drainedAt), process, process, nullNanos(drainedAt)).Scan(&seq)
+			RETURNING settled_seq`, node, incarnation, now, now, process, process, nullNanos(drainedAt), process, process, nullNanos(drainedAt)).Scan(&seq)
 	})
 	return uint64(seq), s.fail("register node "+node+"/"+incarnation, err)
 }
