@@ -184,6 +184,7 @@ func (c Config) Validate() error {
 	if m.State == "" {
 		m.State = StateJoining
 	}
+	m.ID, m.Preset = c.NodeID, c.Preset // as New encodes it: Validate passed meta New refused
 	if _, err := encodeMeta(m, 0); err != nil {
 		errs = append(errs, err)
 	}

@@ -105,8 +105,12 @@
 // loaded node's awareness multiplier (up to 8x) stretches its own probes.
 //
 // Between the two columns both sides of a partition own the isolated
-// node's accounts: quotas stay exact through ledger reservations, rate
-// limits may double for that window (DESIGN.md, G1 and G7).
+// node's accounts; after the second, the isolated node, alone in its ring,
+// owns every account until the partition heals (nothing tells a node it is
+// the minority: one whose peers all crashed sees the same). Quotas stay
+// exact through ledger reservations; rate limits count apart on each side,
+// up to double for an account whose requests reach both (DESIGN.md, G1
+// and G7).
 //
 // memberlist does not merge a healed partition by itself once it declared
 // the other side dead (it stops probing and pushing state to dead members).

@@ -11,17 +11,24 @@ import (
 	"time"
 )
 
-// Rejoin contacts, one by one, every seed address and every member this node
-// knew that is not alive now (for at most ForgetAfter after it stopped
-// being alive), skipping itself and alive members, and merges state with
-// each (a memberlist push-pull join). It returns how many answered. The
-// error is nil when one did or when there was nobody to contact; otherwise
-// it joins the resolution and join errors.
+// Rejoin contacts, one by one, every member this node knew that is not
+// alive now (for at most ForgetAfter after it stopped being alive), then
+// every seed address, skipping itself and alive members, and merges state
+// with each (a memberlist push-pull join). It returns how many answered.
+// The error is nil when one did or when there was nobody to contact;
+// otherwise it joins the resolution and join errors.
 //
 // The rejoin loop calls it every RejoinInterval: memberlist stops talking to
 // a member once it declared it dead and reaped it, so without this the two
 // sides of a healed partition would stay apart. Each join is bounded by
 // memberlist's TCPTimeout, not by ctx; ctx is checked between targets.
+// Former members come first, and need no DNS: the seeds' names were
+// resolved first, and a DNS server that did not answer (likely in the
+// same outage as the partition) used the whole budget every round, so no
+// former member was ever dialled and the partition never healed. Each
+// lookup is bounded (lookupTimeout), and the former members' order turns
+// every round, so addresses that hang (pods long gone) are not always the
+// ones the budget is spent on.
 func (r *Ring) Rejoin(ctx context.Context) (int, error) {
 	r.lifeMu.RLock()
 	err := r.lifeErrLocked()
@@ -29,20 +36,34 @@ func (r *Ring) Rejoin(ctx context.Context) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	targets, errs := r.rejoinTargets(ctx)
+	skip := r.rejoinSkip()
 	joined := 0
-	for _, addr := range targets {
-		if err := ctx.Err(); err != nil {
-			errs = append(errs, err)
-			break
+	var errs []error
+	try := func(targets []string) error {
+		for _, addr := range targets {
+			if err := ctx.Err(); err != nil {
+				errs = append(errs, err)
+				return err
+			}
+			n, err := r.joinOne(addr)
+			if errors.Is(err, ErrClosed) || errors.Is(err, ErrLeft) {
+				return err
+			}
+			joined += n
+			if err != nil {
+				errs = append(errs, err)
+			}
 		}
-		n, err := r.joinOne(addr)
-		if errors.Is(err, ErrClosed) || errors.Is(err, ErrLeft) {
+		return nil
+	}
+	if err := try(r.formerTargets(skip)); errors.Is(err, ErrClosed) || errors.Is(err, ErrLeft) {
+		return joined, err
+	}
+	if ctx.Err() == nil {
+		seeds, serrs := r.seedTargets(ctx, skip)
+		errs = append(errs, serrs...)
+		if err := try(seeds); errors.Is(err, ErrClosed) || errors.Is(err, ErrLeft) {
 			return joined, err
-		}
-		joined += n
-		if err != nil {
-			errs = append(errs, err)
 		}
 	}
 	if joined > 0 || len(errs) == 0 {
@@ -104,39 +125,35 @@ func (r *Ring) Refusal() (addr string, err error) {
 	return r.refusal.addr, r.refusal.err
 }
 
-// rejoinTargets lists gossip addresses to contact: resolved seeds, then
-// known members that are not alive, minus this node and alive members. It
-// also forgets members that have not been alive for ForgetAfter.
+// rejoinTargets lists gossip addresses to contact, as Rejoin does: known
+// members that are not alive (formerTargets), then resolved seeds
+// (seedTargets), minus this node and alive members.
 func (r *Ring) rejoinTargets(ctx context.Context) ([]string, []error) {
+	skip := r.rejoinSkip()
+	former := r.formerTargets(skip)
+	seeds, errs := r.seedTargets(ctx, skip)
+	return append(former, seeds...), errs
+}
+
+// rejoinSkip is the set of addresses never to contact: this node's and the
+// alive members'. formerTargets and seedTargets add what they return.
+func (r *Ring) rejoinSkip() map[string]bool {
 	snap := r.state.Load()
-	self := r.Self().GossipAddr
-	skip := map[string]bool{self: true}
+	skip := map[string]bool{r.Self().GossipAddr: true}
 	for _, m := range snap.members {
 		skip[m.GossipAddr] = true
 	}
-	var targets []string
-	add := func(addr string) {
-		if !skip[addr] {
-			skip[addr] = true
-			targets = append(targets, addr)
-		}
-	}
+	return skip
+}
 
-	var errs []error
-	_, port, _ := net.SplitHostPort(self)
-	defPort, _ := strconv.Atoi(port)
-	for _, seed := range r.cfg.Join {
-		addrs, err := r.resolveSeed(ctx, seed, defPort)
-		if err != nil {
-			errs = append(errs, err)
-		}
-		for _, a := range addrs {
-			add(a)
-		}
-	}
-
+// formerTargets lists the known members that are not alive, in an order
+// that turns by one every call, and forgets those not alive for
+// ForgetAfter.
+func (r *Ring) formerTargets(skip map[string]bool) []string {
+	snap := r.state.Load()
 	now := r.now()
 	r.knownMu.Lock()
+	defer r.knownMu.Unlock()
 	var names []string
 	for name, k := range r.known {
 		switch {
@@ -149,10 +166,44 @@ func (r *Ring) rejoinTargets(ctx context.Context) ([]string, []error) {
 		}
 	}
 	slices.Sort(names)
-	for _, name := range names {
-		add(r.known[name].addr)
+	if len(names) > 1 {
+		turn := int(r.rejoinTurn % uint64(len(names)))
+		names = append(names[turn:], names[:turn]...)
 	}
-	r.knownMu.Unlock()
+	r.rejoinTurn++
+	var targets []string
+	for _, name := range names {
+		if addr := r.known[name].addr; !skip[addr] {
+			skip[addr] = true
+			targets = append(targets, addr)
+		}
+	}
+	return targets
+}
+
+// lookupTimeout bounds one DNS lookup of a seed's name.
+const lookupTimeout = 5 * time.Second
+
+// seedTargets resolves the seeds into gossip addresses not in skip.
+func (r *Ring) seedTargets(ctx context.Context, skip map[string]bool) ([]string, []error) {
+	var targets []string
+	var errs []error
+	_, port, _ := net.SplitHostPort(r.Self().GossipAddr)
+	defPort, _ := strconv.Atoi(port)
+	for _, seed := range r.cfg.Join {
+		lctx, cancel := context.WithTimeout(ctx, lookupTimeout)
+		addrs, err := r.resolveSeed(lctx, seed, defPort)
+		cancel()
+		if err != nil {
+			errs = append(errs, err)
+		}
+		for _, a := range addrs {
+			if !skip[a] {
+				skip[a] = true
+				targets = append(targets, a)
+			}
+		}
+	}
 	return targets, errs
 }
 
@@ -282,7 +333,9 @@ func (r *Ring) rejoinLoop() {
 		switch {
 		case err != nil && alone && !stranded:
 			stranded = true
-			r.log.Warn("alone and cannot reach any seed or former member; still trying", "err", err)
+			r.log.Warn("alone and cannot reach any seed or former member; still trying. Meanwhile this node owns every account the requests that reach it name "+
+				"(quotas stay exact through reservations; rate limits count apart from the other nodes'): check --join (the others' --gossip-addr, "+
+				"or a DNS name that resolves to them), that the gossip port (TCP and UDP) is open between the nodes, and --gossip-key", "err", err)
 		case err != nil:
 			r.log.Debug("rejoin failed", "err", err)
 		case n > 0:

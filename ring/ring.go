@@ -77,10 +77,12 @@ type Ring struct {
 	subs       map[*subscriber]struct{}
 	subsClosed bool
 
-	// protects known: gossip address and last time alive of every member
-	// seen, the rejoin targets
-	knownMu sync.Mutex
-	known   map[string]knownMember
+	// protects known (gossip address and last time alive of every member
+	// seen, the rejoin targets) and rejoinTurn (how far formerTargets
+	// turns its order)
+	knownMu    sync.Mutex
+	known      map[string]knownMember
+	rejoinTurn uint64
 
 	// protects refusal: the last peer that answered a join but could not
 	// gossip with this node (Refusal)
@@ -218,7 +220,8 @@ func New(cfg Config) (r *Ring, err error) {
 		n, err := r.Rejoin(jctx)
 		jcancel()
 		if err != nil {
-			r.log.Warn("could not join the cluster yet; retrying", "join", cfg.Join, "every", cfg.RejoinInterval, "err", err)
+			r.log.Warn("could not join the cluster yet; retrying: check --join (the others' --gossip-addr, or a DNS name that resolves to them) "+
+				"and that the gossip port (TCP and UDP) is open between the nodes", "join", cfg.Join, "every", cfg.RejoinInterval, "err", err)
 		} else {
 			r.log.Info("joined the cluster", "contacted", n)
 		}
@@ -631,7 +634,16 @@ func (r *Ring) apply(members map[string]Meta, warned map[string]Mismatch, evs ma
 	r.knownMu.Lock()
 	defer r.knownMu.Unlock()
 	for name, ev := range evs {
-		if name != r.cfg.NodeID {
+		switch {
+		case name == r.cfg.NodeID:
+		case !ev.alive && members[name].State == StateDraining:
+			// Gone after draining: it left (quotad's stop drains, then
+			// leaves; memberlist's NotifyLeave does not say which). Not
+			// a member to merge with again: its address may soon be
+			// another process's (a pod IP reused), maybe of another
+			// cluster, whose ring the rejoin merged into this one.
+			delete(r.known, name)
+		default:
 			r.known[name] = knownMember{addr: ev.addr, lastAlive: now, gone: !ev.alive}
 		}
 		if !ev.alive {

@@ -297,7 +297,8 @@ func TestPartitionHeal(t *testing.T) {
 		}
 		return nil
 	})
-	// Split brain, as designed: both sides own node-3's old partitions.
+	// Split brain: alone in its ring, node-3 owns every partition, as the
+	// majority does (quotas rest on reservations; README, Failure detection).
 	if len(n3.owned) != n3.Layout().PartitionCount {
 		t.Fatalf("isolated node tracks %d partitions, want all", len(n3.owned))
 	}
