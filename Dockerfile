@@ -43,5 +43,9 @@ EXPOSE 8080/tcp 7400/tcp 9090/tcp 7946/tcp 7946/udp
 # nonroot is uid 65532 in distroless; numeric, so that Kubernetes'
 # runAsNonRoot can verify it without reading /etc/passwd.
 USER 65532:65532
+# Ready (GET /readyz on the admin port, which quotad healthcheck finds from
+# QUOTAD_ADMIN_ADDR): the image has no shell or HTTP client. A start replays
+# the log and may migrate the ledger first: the start period covers it.
+HEALTHCHECK --interval=10s --timeout=5s --start-period=5m --retries=3 CMD ["/usr/local/bin/quotad", "healthcheck"]
 ENTRYPOINT ["/usr/local/bin/quotad"]
 CMD ["serve"]

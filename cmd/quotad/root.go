@@ -46,7 +46,7 @@ a running node's own dir), which have none.`,
 	root.Version = build.Short()
 	root.SetVersionTemplate(build.String()) // quotad --version: as quotad version
 	root.Flags().BoolP("version", "v", false, "print which build of quotad this is (as quotad version)")
-	root.AddCommand(newVersionCmd(build), newServeCmd(), newDemoCmd(), newBenchCmd(), newMigrateCmd(), newReconcileCmd(), newRevokeCmd(), newPruneCmd(), newAdminCmd(), newChaosCmd())
+	root.AddCommand(newVersionCmd(build), newServeCmd(), newDemoCmd(), newBenchCmd(), newMigrateCmd(), newReconcileCmd(), newRevokeCmd(), newPruneCmd(), newAdminCmd(), newChaosCmd(), newHealthcheckCmd())
 	root.SetHelpCommand(newHelpCmd())
 	noStrayArgs(root)
 	nameEnvInErrors(root)
