@@ -25,8 +25,8 @@ func (e *Engine) recover() error {
 		// start refused, telling to move the data dir aside, unsettled
 		// records and all.
 		if s, err = snapshot.Decode(data); err != nil {
-			e.opts.Logger.Warn("the config snapshot kept in the data dir does not decode (written by a newer quotad?): starting without it; "+
-				"this node serves once it reads the config from the ledger", "dir", e.log.Dir(), "err", err)
+			e.opts.Logger.Warn("the config snapshot kept in the data dir does not decode (a newer quotad wrote it, or the file is damaged: err says which): starting without it; "+
+				"this node serves once it reads the config from the ledger, which writes a good copy again (nothing to remove by hand)", "dir", e.log.Dir(), "err", err)
 			s = nil
 		}
 	}

@@ -94,6 +94,9 @@ type Client struct {
 	// gateway is the index in seeds of the seed calls go to, with
 	// DialOptions.Gateway: moved on when one does not answer.
 	gateway atomic.Uint32
+	// configTurn turns the order in which config reads ask the nodes
+	// (refreshConfig).
+	configTurn atomic.Uint32
 
 	view atomic.Pointer[clientView]
 	snap atomic.Pointer[snapshot.Snapshot]
@@ -1169,8 +1172,8 @@ func (c *Client) readView(ctx context.Context, addr string) (*clientView, error)
 const maxConfigBytes = 1 << 30
 
 // refreshConfig reads the config snapshot from the first node that has one
-// (firstAnswer), sending the version held so an unchanged config costs no
-// bytes. A newer version replaces the held snapshot. An older one is a
+// (firstAnswer, starting at the next node each read), sending the version
+// held so an unchanged config costs no bytes. A newer version replaces the held snapshot. An older one is a
 // node that lags (its ledger down, it serves the config it last read: a
 // key revoked since would work again through this client), so the next
 // node is asked; it is taken only when no node answered the version held
@@ -1185,7 +1188,17 @@ func (c *Client) refreshConfig(ctx context.Context) error {
 	}
 	var olderMu sync.Mutex    // protects older
 	var older *pb.ConfigReply // the newest answer older than held
-	rep, err := firstAnswer(ctx, c.sources("", ""), func(ctx context.Context, addr string) (*pb.ConfigReply, error) {
+	// Each read starts at the next node: a node cut off from its ledger
+	// answers "unchanged" to the version it last read, and every client
+	// asked that one first (the members in order), so a key revoked since
+	// worked through every embedded client for the whole outage. Turning,
+	// a client finds the newer version within as many reads as nodes.
+	srcs := c.sources("", "")
+	if n := len(srcs); n > 1 {
+		turn := int(c.configTurn.Add(1)-1) % n
+		srcs = append(srcs[turn:], srcs[:turn]...)
+	}
+	rep, err := firstAnswer(ctx, srcs, func(ctx context.Context, addr string) (*pb.ConfigReply, error) {
 		p, err := c.peers.get(addr)
 		if err != nil {
 			return nil, err

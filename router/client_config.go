@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/quotaring/quotaring/router/pb"
+	"github.com/quotaring/quotaring/snapshot"
 )
 
 // Config answers the node's config snapshot, for embedded clients
@@ -19,9 +20,26 @@ func (s *server) Config(_ context.Context, req *pb.ConfigRequest) (*pb.ConfigRep
 	if req.KnownVersion == snap.Version {
 		return &pb.ConfigReply{Version: snap.Version, Unchanged: true, Node: s.r.self}, nil
 	}
-	data, err := snap.Encode()
+	data, err := s.r.encoded(snap)
 	if err != nil {
 		return nil, fmt.Errorf("router: encode config version %d: %w", snap.Version, err)
 	}
 	return &pb.ConfigReply{Version: snap.Version, Snapshot: data, Node: s.r.self}, nil
+}
+
+// encoded is snap's encoding, made once per snapshot: every client whose
+// version differs asks for it after a change of config, and each encoding
+// of a large config (200,000 accounts with a key: 40 MB, 180 MB allocated,
+// 0.3 s) made per caller risked the node's memory.
+func (r *Router) encoded(snap *snapshot.Snapshot) ([]byte, error) {
+	r.encMu.Lock()
+	defer r.encMu.Unlock()
+	if r.encSnap != snap {
+		data, err := snap.Encode()
+		if err != nil {
+			return nil, err
+		}
+		r.encSnap, r.encData = snap, data
+	}
+	return r.encData, nil
 }

@@ -921,3 +921,29 @@ func TestUsageAnsweredUnavailableIsNoSilence(t *testing.T) {
 		t.Fatalf("usage at a held owner: %d unreachable, %d ring reads; want none", n, h.views.Load()-views)
 	}
 }
+
+// A node cut off from its ledger answers "unchanged" to the version it last
+// read; every client asked it first (the members in order) and kept a key
+// revoked since working for the whole outage. Each read starts at the next
+// node, so the newer version comes within as many reads as there are nodes.
+func TestConfigRefreshLeavesAStaleFirstNode(t *testing.T) {
+	addrs := startVersionNodes(t, 3, 4, 4) // the stale node first
+	c, err := DialOptions{RefreshInterval: -1}.Dial(context.Background(), addrs[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	v3, err := snapshot.Decode([]byte(`{"version":3}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.snap.Store(v3)
+	for range len(addrs) {
+		if err := c.refreshConfig(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if v := c.Snapshot().Version; v != 4 {
+		t.Fatalf("config version %d after %d reads with nodes at 3, 4 and 4; want 4", v, len(addrs))
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -17,6 +18,7 @@ import (
 	"github.com/quotaring/quotaring/ring"
 	"github.com/quotaring/quotaring/router/pb"
 	"github.com/quotaring/quotaring/shard"
+	"github.com/quotaring/quotaring/snapshot"
 )
 
 // Errors callers act on. Every error comes with a zero ChargeResult (or
@@ -261,6 +263,13 @@ type Router struct {
 	// forgot is closed when forgetLoop has returned: Close waits for it,
 	// so that no forget runs beside or after the peers' close.
 	forgot chan struct{}
+
+	// encMu protects encSnap and encData, the config snapshot last encoded
+	// for an embedded client (server.Config) and its bytes; it is held
+	// while one is encoded, so that callers asking at once share it.
+	encMu   sync.Mutex
+	encSnap *snapshot.Snapshot
+	encData []byte
 }
 
 // New makes a router.
