@@ -176,6 +176,21 @@ func (n *Node) useLedger(ctx context.Context, p *reachedLedger, beforeServing bo
 	refresher := &flush.Refresher{Ledger: l, Engine: n.eng, Interval: n.cfg.SnapshotInterval, Logger: n.log.With("component", "snapshot")}
 	if err == nil {
 		err = refresher.RefreshOnce(ctx)
+		if errors.Is(err, flush.ErrInvalid) {
+			// A config row the ledger holds does not validate (a hand edit,
+			// another tool): the connection is good, and settles and
+			// reservations need it. Thrown away, the node ran as if the
+			// ledger were down (every hard account quota-unavailable once
+			// its units ran out, a node with an empty dir never ready) and
+			// said so, and a rolling restart took every hard account down.
+			// It serves the config it has (kept in the data dir: none on a
+			// new dir, not ready until the row is fixed), as a running node
+			// does, and the refresher reads again every interval.
+			n.log.Error("the ledger's config does not validate: serving the config this node has until it is fixed "+
+				"(none on a new data dir: not ready until then); settles and reservations go on. Fix or replace the row the error names "+
+				"(quotad admin plans/accounts/keys/routes, or the admin API); the node reads the config again every --snapshot-interval", "err", err)
+			err = nil
+		}
 	}
 	if err == nil && !beforeServing {
 		n.countInheritedReservations(ctx, l)

@@ -161,6 +161,7 @@ func (r *Ring) formerTargets(skip map[string]bool) []string {
 		case now.Sub(k.lastAlive) > r.cfg.ForgetAfter:
 			delete(r.known, name)
 			r.log.Info("forgetting member", "member", name, "addr", k.addr)
+		case k.left:
 		default:
 			names = append(names, name)
 		}

@@ -136,6 +136,8 @@ type knownMember struct {
 	lastAlive time.Time
 	// gone: the member's last event said it died or left (Gone lists it).
 	gone bool
+	// left: it drained before it went (quotad's stop): no rejoin target.
+	left bool
 }
 
 // New validates cfg, starts memberlist, joins the seeds and starts the
@@ -638,11 +640,12 @@ func (r *Ring) apply(members map[string]Meta, warned map[string]Mismatch, evs ma
 		case name == r.cfg.NodeID:
 		case !ev.alive && members[name].State == StateDraining:
 			// Gone after draining: it left (quotad's stop drains, then
-			// leaves; memberlist's NotifyLeave does not say which). Not
-			// a member to merge with again: its address may soon be
-			// another process's (a pod IP reused), maybe of another
-			// cluster, whose ring the rejoin merged into this one.
-			delete(r.known, name)
+			// leaves; memberlist's NotifyLeave does not say which). Still
+			// listed as gone, but not a member to merge with again: its
+			// address may soon be another process's (a pod IP reused),
+			// maybe of another cluster, whose ring the rejoin merged into
+			// this one.
+			r.known[name] = knownMember{addr: ev.addr, lastAlive: now, gone: true, left: true}
 		default:
 			r.known[name] = knownMember{addr: ev.addr, lastAlive: now, gone: !ev.alive}
 		}

@@ -517,11 +517,16 @@ func (a *Account) Charge(req *Charge, now Now, params *Params, rec *Record) Deci
 				// Refunded (the work failed): a retry with the same id is a
 				// new charge, the id's next generation, not a free replay.
 				gen = e.gen + 1
-			case e.route != req.Route || (e.target != 0 && req.Target != 0 && e.target != req.Target):
+			case (e.target != 0 && req.Target != 0 && e.target != req.Target) ||
+				(e.route != req.Route && (e.target == 0 || e.target != req.Target)):
 				// The id names a charge for another route, or another
 				// request: a client bug (one key for two requests), never a
 				// retry. Replaying it would serve the new request for the
-				// old one's units, or for nothing.
+				// old one's units, or for nothing. The same request (its
+				// Target) under another route name is a retry across a
+				// change of the route table (or a node that has not read it
+				// yet): refused, a client that believed "a new request
+				// needs a new key" ran the work twice.
 				d.Reason = IDReused
 				a.fill(&d, now, wall)
 				return d

@@ -1252,6 +1252,38 @@ func TestOneIDForTwoRoutesIsRefused(t *testing.T) {
 	}
 }
 
+// The same request (its Target) retried under another route name is a
+// retry across a change of the route table, or through a node that has not
+// read the change yet: replayed. It was refused IDReused, whose advice (a
+// new request needs a new key) ran a timed-out POST's work twice. Without a
+// Target, or with another one, another route is still refused.
+func TestOneRequestUnderARenamedRouteReplays(t *testing.T) {
+	p := DefaultParams()
+	a := NewAccount(AccountConfig{ID: "a", Plan: hardPlan(100)})
+	now := at("2026-06-10T00:00:00Z")
+	var rec Record
+	if d := a.Charge(&Charge{EventID: "k", ClientID: true, Route: "*", Units: 1, Target: 7}, now, &p, &rec); d.Reason != OK {
+		t.Fatalf("first try: %s", d.Reason)
+	}
+	for _, c := range []struct {
+		what   string
+		route  string
+		target uint64
+		want   Reason
+	}{
+		{"the same request, its route renamed", "POST /v1/reports", 7, Replayed},
+		{"another request, another route", "POST /v1/reports", 8, IDReused},
+		{"another route, no target", "POST /v1/reports", 0, IDReused},
+	} {
+		if d := a.Charge(&Charge{EventID: "k", ClientID: true, Route: c.route, Units: 5, Target: c.target}, now, &p, &rec); d.Reason != c.want {
+			t.Errorf("%s: %s, want %s", c.what, d.Reason, c.want)
+		}
+	}
+	if u := a.Usage(now); u.Used != 1 {
+		t.Errorf("used %d, want 1: a replay is served for the first try's units", u.Used)
+	}
+}
+
 // A replay is served again for no charge, so one id is served at most
 // Params.MaxReplays times over: the next retry is refused ReplayLimit,
 // charges nothing, logs nothing and takes no rate-limit token. A replay
