@@ -729,22 +729,30 @@ func startVersionNodes(t *testing.T, versions ...int64) []string {
 	return addrs
 }
 
+// dialHolding dials a client (no background refresh) through addr, closed
+// when the test ends, and has it hold an empty config of version.
+func dialHolding(t *testing.T, addr string, version int64) (*Client, *snapshot.Snapshot) {
+	t.Helper()
+	c, err := DialOptions{RefreshInterval: -1}.Dial(context.Background(), addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	held, err := snapshot.Decode([]byte(fmt.Sprintf(`{"version":%d}`, version)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.snap.Store(held)
+	return c, held
+}
+
 // A node whose ledger is down serves the config it last read: a client
 // that asked it took that older version over the newer one it held, and a
 // key it had seen revoked worked through it again. An older version is
 // taken only when no node has the one held (a ledger rebuilt from scratch).
 func TestConfigRefreshKeepsANewerOneThanALaggingNodes(t *testing.T) {
 	addrs := startVersionNodes(t, 1, 3) // the lagging node first: asked first
-	c, err := DialOptions{RefreshInterval: -1}.Dial(context.Background(), addrs[1])
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	v3, err := snapshot.Decode([]byte(`{"version":3}`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	c.snap.Store(v3)
+	c, v3 := dialHolding(t, addrs[1], 3)
 	for i := 0; i < 3; i++ {
 		if err := c.refreshConfig(context.Background()); err != nil {
 			t.Fatal(err)
@@ -928,16 +936,7 @@ func TestUsageAnsweredUnavailableIsNoSilence(t *testing.T) {
 // node, so the newer version comes within as many reads as there are nodes.
 func TestConfigRefreshLeavesAStaleFirstNode(t *testing.T) {
 	addrs := startVersionNodes(t, 3, 4, 4) // the stale node first
-	c, err := DialOptions{RefreshInterval: -1}.Dial(context.Background(), addrs[0])
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	v3, err := snapshot.Decode([]byte(`{"version":3}`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	c.snap.Store(v3)
+	c, _ := dialHolding(t, addrs[0], 3)
 	for range len(addrs) {
 		if err := c.refreshConfig(context.Background()); err != nil {
 			t.Fatal(err)
