@@ -730,7 +730,8 @@ func startVersionNodes(t *testing.T, versions ...int64) []string {
 }
 
 // dialHolding dials a client (no background refresh) through addr, closed
-// when the test ends, and has it hold an empty config of version.
+// when the test ends, and has it hold an empty config of version; it
+// returns that config too.
 func dialHolding(t *testing.T, addr string, version int64) (*Client, *snapshot.Snapshot) {
 	t.Helper()
 	c, err := DialOptions{RefreshInterval: -1}.Dial(context.Background(), addr)
@@ -752,7 +753,7 @@ func dialHolding(t *testing.T, addr string, version int64) (*Client, *snapshot.S
 // taken only when no node has the one held (a ledger rebuilt from scratch).
 func TestConfigRefreshKeepsANewerOneThanALaggingNodes(t *testing.T) {
 	addrs := startVersionNodes(t, 1, 3) // the lagging node first: asked first
-	c, v3 := dialHolding(t, addrs[1], 3)
+	c, _ := dialHolding(t, addrs[1], 3)
 	for i := 0; i < 3; i++ {
 		if err := c.refreshConfig(context.Background()); err != nil {
 			t.Fatal(err)
@@ -763,12 +764,7 @@ func TestConfigRefreshKeepsANewerOneThanALaggingNodes(t *testing.T) {
 	}
 
 	rebuilt := startVersionNodes(t, 1, 1)
-	c2, err := DialOptions{RefreshInterval: -1}.Dial(context.Background(), rebuilt[0])
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c2.Close()
-	c2.snap.Store(v3)
+	c2, _ := dialHolding(t, rebuilt[0], 3)
 	if err := c2.refreshConfig(context.Background()); err != nil {
 		t.Fatal(err)
 	}
