@@ -730,9 +730,8 @@ func startVersionNodes(t *testing.T, versions ...int64) []string {
 }
 
 // dialHolding dials a client (no background refresh) through addr, closed
-// when the test ends, and has it hold an empty config of version; it
-// returns that config too.
-func dialHolding(t *testing.T, addr string, version int64) (*Client, *snapshot.Snapshot) {
+// when the test ends, and has it hold an empty config of version.
+func dialHolding(t *testing.T, addr string, version int64) *Client {
 	t.Helper()
 	c, err := DialOptions{RefreshInterval: -1}.Dial(context.Background(), addr)
 	if err != nil {
@@ -744,7 +743,7 @@ func dialHolding(t *testing.T, addr string, version int64) (*Client, *snapshot.S
 		t.Fatal(err)
 	}
 	c.snap.Store(held)
-	return c, held
+	return c
 }
 
 // A node whose ledger is down serves the config it last read: a client
@@ -753,7 +752,7 @@ func dialHolding(t *testing.T, addr string, version int64) (*Client, *snapshot.S
 // taken only when no node has the one held (a ledger rebuilt from scratch).
 func TestConfigRefreshKeepsANewerOneThanALaggingNodes(t *testing.T) {
 	addrs := startVersionNodes(t, 1, 3) // the lagging node first: asked first
-	c, _ := dialHolding(t, addrs[1], 3)
+	c := dialHolding(t, addrs[1], 3)
 	for i := 0; i < 3; i++ {
 		if err := c.refreshConfig(context.Background()); err != nil {
 			t.Fatal(err)
@@ -764,7 +763,7 @@ func TestConfigRefreshKeepsANewerOneThanALaggingNodes(t *testing.T) {
 	}
 
 	rebuilt := startVersionNodes(t, 1, 1)
-	c2, _ := dialHolding(t, rebuilt[0], 3)
+	c2 := dialHolding(t, rebuilt[0], 3)
 	if err := c2.refreshConfig(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -932,7 +931,7 @@ func TestUsageAnsweredUnavailableIsNoSilence(t *testing.T) {
 // node, so the newer version comes within as many reads as there are nodes.
 func TestConfigRefreshLeavesAStaleFirstNode(t *testing.T) {
 	addrs := startVersionNodes(t, 3, 4, 4) // the stale node first
-	c, _ := dialHolding(t, addrs[0], 3)
+	c := dialHolding(t, addrs[0], 3)
 	for range len(addrs) {
 		if err := c.refreshConfig(context.Background()); err != nil {
 			t.Fatal(err)
