@@ -323,10 +323,9 @@ func NewProxy(upstream *url.URL, opts FrontOptions) (http.Handler, error) {
 				h.Del("X-Api-Key")
 			}
 		},
-		Transport:  transport,
+		Transport:  watchEnding{transport},
 		BufferPool: newBufferPool(),
 		ModifyResponse: func(res *http.Response) error {
-			endUploadWatch(res.Request) // the round trip returned: the answer is under way
 			delFrontHeaders(res.Header)
 			delFrontHeaders(res.Trailer) // those announced: not announced to the client either
 			// Trailers come after the body, at HTTP/2 or in a chunked

@@ -126,6 +126,18 @@ func endUploadWatch(out *http.Request) {
 	}
 }
 
+// watchEnding is the proxy's transport: it ends a request's watch when the
+// round trip returns, whatever the transport below reports (a custom
+// FrontOptions.Transport may report no httptrace event, and may leave a
+// response's Request unset).
+type watchEnding struct{ http.RoundTripper }
+
+func (t watchEnding) RoundTrip(req *http.Request) (*http.Response, error) {
+	res, err := t.RoundTripper.RoundTrip(req)
+	endUploadWatch(req)
+	return res, err
+}
+
 // stop ends the watch for good.
 func (w *uploadWatch) stop() {
 	w.mu.Lock()

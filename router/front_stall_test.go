@@ -152,7 +152,8 @@ func (s slowTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 		}
 		pw.Close()
 	}()
-	return &http.Response{StatusCode: 200, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1, Header: http.Header{}, Body: pr, ContentLength: -1, Request: r}, nil
+	// No Request: a transport may leave it unset.
+	return &http.Response{StatusCode: 200, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1, Header: http.Header{}, Body: pr, ContentLength: -1}, nil
 }
 
 // A custom Transport that reports no httptrace event never told the watch
