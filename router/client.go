@@ -1173,11 +1173,12 @@ const maxConfigBytes = 1 << 30
 
 // refreshConfig reads the config snapshot from the first node that has one
 // (firstAnswer, starting at the next node each read), sending the version
-// held so an unchanged config costs no bytes. A newer version replaces the held snapshot. An older one is a
-// node that lags (its ledger down, it serves the config it last read: a
-// key revoked since would work again through this client), so the next
-// node is asked; it is taken only when no node answered the version held
-// or a newer one (a ledger rebuilt from scratch starts again lower).
+// held so an unchanged config costs no bytes. A newer version replaces the
+// held snapshot. An older one is a node that lags (its ledger down, it
+// serves the config it last read: a key revoked since would work again
+// through this client), so the next node is asked; it is taken only when
+// no node answered the version held or a newer one (a ledger rebuilt from
+// scratch starts again lower).
 func (c *Client) refreshConfig(ctx context.Context) error {
 	// NB: the snapshot is one message, past gRPC's default 4 MiB limit on
 	// a received one from some 20,000 accounts with a key each.
