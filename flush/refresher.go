@@ -34,6 +34,9 @@ type Refresher struct {
 	// warned is the route weights version whose unmatchable patterns were
 	// logged.
 	warned atomic.Int64
+	// wentBack is 1 + the config version older than the one held that
+	// was last logged (warnWentBack); 0: none.
+	wentBack atomic.Int64
 	cancel context.CancelFunc
 	done   chan struct{}
 }
@@ -43,6 +46,7 @@ func (r *Refresher) RefreshOnce(ctx context.Context) error {
 	mark := r.Engine.ReadMark() // before the read: what the snapshot can include
 	s, err := r.Ledger.Snapshot(ctx, time.Unix(0, r.Engine.Clock().Now().Wall).UTC())
 	if err == nil {
+		r.warnWentBack(r.Engine.Snapshot(), s)
 		err = r.Engine.SetSnapshotRead(s, mark)
 	}
 	if err != nil {
@@ -52,6 +56,20 @@ func (r *Refresher) RefreshOnce(ctx context.Context) error {
 	r.lastOK.Store(time.Now().UnixNano())
 	r.warnUnmatchable(s)
 	return nil
+}
+
+// warnWentBack logs, once per version, a config older than the one held:
+// the ledger was restored from a backup or rebuilt, and what changed since
+// (a key revoked, a plan lowered) is undone on every node. It is applied
+// all the same (the ledger is the config's only source), but an operator
+// must redo those changes.
+func (r *Refresher) warnWentBack(held, s *snapshot.Snapshot) {
+	if held == nil || s.Version >= held.Version || r.wentBack.Swap(s.Version+1) == s.Version+1 {
+		return
+	}
+	r.logger().Warn("the ledger's config is older than the one this node held (a ledger restored from a backup, or rebuilt): "+
+		"what was changed since is undone, keys revoked since work again: redo those changes (quotad admin)",
+		"ledger_version", s.Version, "held_version", held.Version)
 }
 
 // warnUnmatchable logs, once per route weights version, the patterns

@@ -82,3 +82,44 @@ func TestRefresherGivesUpOnAHungRead(t *testing.T) {
 		t.Fatalf("%d warnings, want 1 naming the bound and the snapshot's age:\n%s", n, log)
 	}
 }
+
+// olderSnapshotLedger serves its ledger's config under a lower version, as
+// a ledger restored from a backup does.
+type olderSnapshotLedger struct{ Ledger }
+
+func (l olderSnapshotLedger) Snapshot(ctx context.Context, at time.Time) (*snapshot.Snapshot, error) {
+	s, err := l.Ledger.Snapshot(ctx, at)
+	if err == nil {
+		s.Version--
+	}
+	return s, err
+}
+
+// A config older than the one held (a ledger restored from a backup) undoes
+// what changed since on every node, keys revoked since working again; it is
+// applied (the ledger is the only source) with a warning, once a version.
+func TestRefresherWarnsOfAnOlderConfig(t *testing.T) {
+	ctx := context.Background()
+	l, e := ledgerRig(t, nil)
+	if _, err := l.SetRoutes(ctx, 1, map[string]int64{"GET /v1/tasks": 1}); err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	r := &Refresher{Ledger: l, Engine: e, Logger: slog.New(slog.NewTextHandler(&out, nil))}
+	if err := r.RefreshOnce(ctx); err != nil || out.Len() != 0 {
+		t.Fatalf("first refresh: %v, logged %q", err, out.String())
+	}
+	held := e.Snapshot().Version
+	r.Ledger = olderSnapshotLedger{l}
+	for range 2 {
+		if err := r.RefreshOnce(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := e.Snapshot().Version; got != held-1 {
+		t.Fatalf("config version %d after the older one was read, want %d (applied)", got, held-1)
+	}
+	if n := strings.Count(out.String(), "level=WARN"); n != 1 || !strings.Contains(out.String(), "older than the one this node held") {
+		t.Fatalf("%d warnings, want 1 saying the config went back:\n%s", n, out.String())
+	}
+}
