@@ -37,8 +37,8 @@ type Refresher struct {
 	// wentBack is 1 + the config version older than the one held that
 	// was last logged (warnWentBack); 0: none.
 	wentBack atomic.Int64
-	cancel context.CancelFunc
-	done   chan struct{}
+	cancel   context.CancelFunc
+	done     chan struct{}
 }
 
 // RefreshOnce reads and applies one snapshot.
