@@ -32,8 +32,9 @@ QUOTAD_ + the flag name in upper case with - as _ (--data-dir: QUOTAD_DATA_DIR).
 A flag on the command line wins over the environment. quotad admin is the
 exception: its five connection flags have QUOTAD_ADMIN_* twins and the rest
 have none (quotad admin --help); so are revoke --force and prune --lost-node
-(they override safety checks) and reconcile --data-dir (QUOTAD_DATA_DIR is
-a running node's own dir), which have none.`,
+(they override safety checks), revoke --node and prune --before and
+--keep-months (they name what is destroyed) and reconcile --data-dir
+(QUOTAD_DATA_DIR is a running node's own dir), which have none.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
