@@ -45,18 +45,12 @@ func TestProxyUpstreamThatTakesNoBodyTimesOut(t *testing.T) {
 				UpstreamTimeout: timeout, MaxBodyBytes: 256 << 20})
 
 			// 64 MiB: more than loopback's socket buffers and HTTP/2's windows hold.
-			req, _ := http.NewRequest("POST", front.URL+"/v1/tasks", bytes.NewReader(make([]byte, 64<<20)))
-			req.Header.Set("X-Api-Key", "secret")
-			res, err := client.Do(req)
-			if err != nil {
-				t.Fatalf("no answer from the front: %v", err)
-			}
+			code, b := postKeyed(t, client, front.URL+"/v1/tasks", bytes.NewReader(make([]byte, 64<<20)))
 			var p struct{ Type, Detail string }
-			json.NewDecoder(res.Body).Decode(&p)
-			res.Body.Close()
-			if res.StatusCode != http.StatusGatewayTimeout || !strings.HasSuffix(p.Type, ProblemUpstreamUnavailable) ||
+			json.Unmarshal([]byte(b), &p)
+			if code != http.StatusGatewayTimeout || !strings.HasSuffix(p.Type, ProblemUpstreamUnavailable) ||
 				!strings.Contains(p.Detail, "took none of the request body for 300ms") || !strings.Contains(p.Detail, "The charge is refunded") {
-				t.Errorf("%d %+v; want 504 upstream-unavailable saying the upstream took none of the body, the charge refunded", res.StatusCode, p)
+				t.Errorf("%d %+v; want 504 upstream-unavailable saying the upstream took none of the body, the charge refunded", code, p)
 			}
 			if c, r := ch.counts(); c != 1 || r != 1 {
 				t.Errorf("charges %d, refunds %d; want 1 and 1", c, r)
@@ -71,22 +65,32 @@ func TestProxyUpstreamThatTakesNoBodyTimesOut(t *testing.T) {
 				pw.Write(make([]byte, 1<<10))
 				pw.Close()
 			}()
-			req, _ = http.NewRequest("POST", front.URL+"/v1/reads", pr)
-			req.Header.Set("X-Api-Key", "secret")
-			res, err = client.Do(req)
-			if err != nil {
-				t.Fatal(err)
-			}
-			b, _ := io.ReadAll(res.Body)
-			res.Body.Close()
-			if res.StatusCode != 200 || string(b) != "took 2048" {
-				t.Errorf("a client pausing mid-body: %d %s; want 200 took 2048", res.StatusCode, b)
+			if code, b := postKeyed(t, client, front.URL+"/v1/reads", pr); code != 200 || b != "took 2048" {
+				t.Errorf("a client pausing mid-body: %d %s; want 200 took 2048", code, b)
 			}
 			if c, r := ch.counts(); c != 2 || r != 1 {
 				t.Errorf("after the paused upload: charges %d, refunds %d; want 2 and 1", c, r)
 			}
 		})
 	}
+}
+
+// postKeyed POSTs body to url with the test's API key through client and
+// returns the answer's status and body; a failed call fails the test.
+func postKeyed(t *testing.T, client *http.Client, url string, body io.Reader) (int, string) {
+	t.Helper()
+	req, _ := http.NewRequest("POST", url, body)
+	req.Header.Set("X-Api-Key", "secret")
+	res, err := client.Do(req)
+	if err != nil {
+		t.Fatalf("POST %s: no answer: %v", url, err)
+	}
+	defer res.Body.Close()
+	b, err := io.ReadAll(res.Body)
+	if err != nil {
+		t.Fatalf("POST %s: the answer's body: %v", url, err)
+	}
+	return res.StatusCode, string(b)
 }
 
 func itoa(n int64) string {
@@ -112,16 +116,9 @@ func TestProxySlowAnswerAfterTheBodyIsNoStall(t *testing.T) {
 			defer close(release)
 			ch := &fakeCharger{decision: okDecision(), refundDecision: shard.Decision{Reason: shard.Refunded}}
 			front, client := protoProxy(t, proto, up, FrontOptions{Charger: ch, Config: testConfig(t), UpstreamTimeout: timeout})
-			req, _ := http.NewRequest("POST", front.URL+"/v1/tasks", strings.NewReader("0123456789"))
-			req.Header.Set("X-Api-Key", "secret")
-			res, err := client.Do(req)
-			if err != nil {
-				t.Fatal(err)
-			}
-			b, _ := io.ReadAll(res.Body)
-			res.Body.Close()
-			if res.StatusCode != http.StatusGatewayTimeout || !strings.Contains(string(b), "did not answer in time") || strings.Contains(string(b), "took none") {
-				t.Errorf("%d %s; want 504 saying the upstream did not answer in time", res.StatusCode, b)
+			code, b := postKeyed(t, client, front.URL+"/v1/tasks", strings.NewReader("0123456789"))
+			if code != http.StatusGatewayTimeout || !strings.Contains(b, "did not answer in time") || strings.Contains(b, "took none") {
+				t.Errorf("%d %s; want 504 saying the upstream did not answer in time", code, b)
 			}
 		})
 	}
@@ -169,15 +166,7 @@ func TestProxyCustomTransportAnswerIsNotCut(t *testing.T) {
 	}
 	front := httptest.NewServer(p)
 	defer front.Close()
-	req, _ := http.NewRequest("POST", front.URL+"/v1/tasks", strings.NewReader("0123456789"))
-	req.Header.Set("X-Api-Key", "secret")
-	res, err := (&http.Client{Timeout: 10 * time.Second}).Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := io.ReadAll(res.Body)
-	res.Body.Close()
-	if res.StatusCode != 200 || string(b) != "chunk;chunk;chunk;chunk;" || err != nil {
-		t.Fatalf("%d %q %v; want 200 with the four chunks", res.StatusCode, b, err)
+	if code, b := postKeyed(t, &http.Client{Timeout: 10 * time.Second}, front.URL+"/v1/tasks", strings.NewReader("0123456789")); code != 200 || b != "chunk;chunk;chunk;chunk;" {
+		t.Fatalf("%d %q; want 200 with the four chunks", code, b)
 	}
 }
