@@ -116,6 +116,31 @@ func TestAProcessOnACopyOfItsDirKeepsItsCharges(t *testing.T) {
 
 // startRace is a ledger in which another process settles right after the
 // settler's first registration read, before its start is recorded.
+// registeredOriginal is twoCopies with the original's settler (proc-a)
+// registered on a new SQLite ledger and 3 more charges in the original's
+// log: what a copy started beside a running original finds.
+func registeredOriginal(t *testing.T) (l *SQLite, logA, logB *wal.Log, sA *Settler, eB *engine.Engine) {
+	t.Helper()
+	l = migratedSQLite(t, nil)
+	logA, logB, eA, eB := twoCopies(t)
+	sA = copySettler(t, l, eA, "proc-a")
+	if err := sA.Register(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	logCharges(t, logA, "a", 3)
+	return l, logA, logB, sA, eB
+}
+
+// settleBeforeTheStart is l, where sA settles once between a copy's first
+// read of the mark and the record of its start.
+func settleBeforeTheStart(t *testing.T, l *SQLite, sA *Settler) *startRace {
+	return &startRace{SQLite: l, between: func() {
+		if _, err := sA.SettleOnce(t.Context()); err != nil {
+			t.Errorf("A's settle before B's start is recorded: %v", err)
+		}
+	}}
+}
+
 type startRace struct {
 	*SQLite
 	between func()
@@ -137,19 +162,9 @@ func (r *startRace) RecordStart(ctx context.Context, node, inc string, s NodeSta
 // under those numbers dropped.
 func TestARegistrationReadsTheMarkAfterItsStart(t *testing.T) {
 	ctx := context.Background()
-	l := migratedSQLite(t, nil)
-	logA, logB, eA, eB := twoCopies(t)
-	sA := copySettler(t, l, eA, "proc-a")
-	if err := sA.Register(ctx); err != nil {
-		t.Fatal(err)
-	}
-	logCharges(t, logA, "a", 3)
+	l, _, logB, sA, eB := registeredOriginal(t)
 	logCharges(t, logB, "b", 6)
-	race := &startRace{SQLite: l, between: func() {
-		if _, err := sA.SettleOnce(ctx); err != nil {
-			t.Errorf("A's settle before B's start is recorded: %v", err)
-		}
-	}}
+	race := settleBeforeTheStart(t, l, sA)
 	sB := copySettler(t, race, eB, "proc-b")
 	err := sB.Register(ctx)
 	if !errors.Is(err, ErrStaleDataDir) {
@@ -170,13 +185,7 @@ func TestARegistrationReadsTheMarkAfterItsStart(t *testing.T) {
 // reproduction).
 func TestARefusedStaleCopyLeavesTheOriginalSettling(t *testing.T) {
 	ctx := context.Background()
-	l := migratedSQLite(t, nil)
-	logA, _, eA, eB := twoCopies(t)
-	sA := copySettler(t, l, eA, "proc-a")
-	if err := sA.Register(ctx); err != nil {
-		t.Fatal(err)
-	}
-	logCharges(t, logA, "a", 3)
+	l, logA, _, sA, eB := registeredOriginal(t)
 	if _, err := sA.SettleOnce(ctx); err != nil { // the ledger to 8, past the copy's 5
 		t.Fatal(err)
 	}
@@ -206,18 +215,8 @@ func TestARefusedStaleCopyLeavesTheOriginalSettling(t *testing.T) {
 // recorded again, so that it goes on settling.
 func TestACopyOvertakenWhileItRegistersGivesTheStartBack(t *testing.T) {
 	ctx := context.Background()
-	l := migratedSQLite(t, nil)
-	logA, _, eA, eB := twoCopies(t)
-	sA := copySettler(t, l, eA, "proc-a")
-	if err := sA.Register(ctx); err != nil {
-		t.Fatal(err)
-	}
-	logCharges(t, logA, "a", 3)
-	race := &startRace{SQLite: l, between: func() {
-		if _, err := sA.SettleOnce(ctx); err != nil {
-			t.Errorf("A's settle before B's start is recorded: %v", err)
-		}
-	}}
+	l, logA, _, sA, eB := registeredOriginal(t)
+	race := settleBeforeTheStart(t, l, sA)
 	sB := copySettler(t, race, eB, "proc-b")
 	if err := sB.Register(ctx); !errors.Is(err, ErrStaleDataDir) {
 		t.Fatalf("B's registration: %v, want ErrStaleDataDir", err)
