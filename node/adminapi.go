@@ -71,12 +71,22 @@ func checkAdminToken(token string) error {
 	switch {
 	case token != "" && len(token) < adminTokenMin:
 		return fmt.Errorf("node: --admin-token is %d characters; use at least %d random ones (openssl rand -hex 32)", len(token), adminTokenMin)
-	case strings.TrimSpace(token) != token || strings.ContainsFunc(token, unicode.IsControl) || strings.HasPrefix(token, "\uFEFF"):
+	case NotASecretAlone(token):
 		// A client's token is read trimmed: with spaces around it, no
 		// call could ever match it.
 		return fmt.Errorf("node: --admin-token has spaces or a line break around it, or control characters: give the token alone, as clients send it")
 	}
 	return nil
+}
+
+// NotASecretAlone reports whether v holds more than a secret: spaces around
+// it, a line break or other control characters, a byte-order mark. Kept,
+// they would make a token no client can send, or a key the other side
+// does not have, found only when calls fail. The node's checks of its
+// admin token and alert secret and quotad's of secrets read from the
+// environment or files share it.
+func NotASecretAlone(v string) bool {
+	return strings.TrimSpace(v) != v || strings.ContainsFunc(v, unicode.IsControl) || strings.HasPrefix(v, "\uFEFF")
 }
 
 // adminFunc is an endpoint: it gets a reached ledger and returns either

@@ -21,7 +21,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-	"unicode"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -232,7 +231,7 @@ func (n *Node) startAlerts() error {
 	if len(c.AlertSecret) < alertSecretMin {
 		return fmt.Errorf("node: --alert-secret is %d characters; use at least %d random ones (openssl rand -hex 32), and give the receiver the same: a short secret can be guessed, and then alerts forged", len(c.AlertSecret), alertSecretMin)
 	}
-	if strings.TrimSpace(c.AlertSecret) != c.AlertSecret || strings.ContainsFunc(c.AlertSecret, unicode.IsControl) || strings.HasPrefix(c.AlertSecret, "\uFEFF") {
+	if NotASecretAlone(c.AlertSecret) {
 		// The receiver is given the secret without them: every signature
 		// would fail its check, found only when alerts go missing.
 		return fmt.Errorf("node: --alert-secret has spaces or a line break around it, or control characters: give the secret alone, as the receiver has it")

@@ -8,9 +8,9 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"unicode"
 
 	"github.com/quotaring/quotaring/internal/buildinfo"
+	"github.com/quotaring/quotaring/node"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 )
@@ -403,7 +403,7 @@ func lookupEnv(env string, secret, emptyUnset bool) (v, from string, ok bool, er
 	fileEnv := env + "_FILE"
 	path, fileSet := os.LookupEnv(fileEnv)
 	if !fileSet || path == "" {
-		if ok && v != "" && notASecretAlone(v) {
+		if ok && v != "" && node.NotASecretAlone(v) {
 			// As for a file below: export X="$(cat f)" keeps no line
 			// break, but X=$'...\n' or a YAML block scalar does.
 			return "", "", false, fmt.Errorf("%s holds more than the secret (spaces around it, a line break, control characters or a byte-order mark): set it to the secret alone", env)
@@ -429,7 +429,7 @@ func lookupEnv(env string, secret, emptyUnset bool) (v, from string, ok bool, er
 	if strings.TrimSpace(v) == "" {
 		return "", "", false, fmt.Errorf("%s: %s is empty: it should hold the secret", fileEnv, path)
 	}
-	if notASecretAlone(v) {
+	if node.NotASecretAlone(v) {
 		// A second line, spaces around it, a byte-order mark: kept, they
 		// would make a token no client can send, found only when calls
 		// fail.
@@ -437,14 +437,6 @@ func lookupEnv(env string, secret, emptyUnset bool) (v, from string, ok bool, er
 			"write the secret alone, with at most one final line break", fileEnv, path)
 	}
 	return v, fileEnv, true, nil
-}
-
-// notASecretAlone reports whether v holds more than a secret: spaces around
-// it, a line break or other control characters, a byte-order mark. Kept,
-// they would make a token no client can send, or a key the other side
-// does not have, found only when calls fail.
-func notASecretAlone(v string) bool {
-	return strings.TrimSpace(v) != v || strings.ContainsFunc(v, unicode.IsControl) || strings.HasPrefix(v, "\uFEFF")
 }
 
 // envAnnotation marks a flag set from the environment; its value is the
